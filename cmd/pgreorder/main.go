@@ -1,0 +1,4 @@
+// Command pgreorder demonstrates, records and replays pgoutput streams.
+package main
+
+func main() {}

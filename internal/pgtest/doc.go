@@ -1,0 +1,2 @@
+// Package pgtest starts throwaway PostgreSQL servers (15 to 18) for tests.
+package pgtest
