@@ -1,0 +1,257 @@
+package spill
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io/fs"
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// Log is an append-only sequence of records that can be cut back to an earlier end. Create one
+// with Store.Create.
+type Log struct {
+	s    *Store
+	path string
+
+	f          File  // nil while closed by the descriptor budget (or not yet created)
+	prev, next *Log  // LRU links while f != nil
+	created    bool  // the file exists on disk
+	flushed    int64 // logical bytes in the file (file size - HeaderSize)
+
+	err     error // sticky I/O error
+	removed bool
+}
+
+// Path returns the log's file path (the file may not exist yet).
+func (l *Log) Path() string { return l.path }
+
+// Err returns the log's sticky error, if any.
+func (l *Log) Err() error { return l.err }
+
+// check returns the error every call on l must return before doing anything.
+func (l *Log) check() error {
+	if l.removed || l.s.closed {
+		return ErrClosed
+	}
+	return l.err
+}
+
+// fail makes err sticky on l, unless l already has an error, and returns l's error. It drops l's
+// buffered bytes: none of them may ever become readable.
+func (l *Log) fail(op string, err error) error {
+	if l.err == nil {
+		l.err = ioError(op, l.path, err)
+	}
+	if l.s.owner == l {
+		l.s.owner = nil
+		l.s.wbuf = l.s.wbuf[:0]
+	}
+	return l.err
+}
+
+// Size returns the logical end offset of the log: the bytes of all framed records appended and not
+// truncated away, including those still in the write buffer. It is always a record boundary.
+func (l *Log) Size() int64 {
+	if l.s.owner == l {
+		return l.flushed + int64(len(l.s.wbuf))
+	}
+	return l.flushed
+}
+
+// Append adds rec as the log's last record. rec is copied (or written) before Append returns, so
+// the caller may reuse it. An I/O error is returned here or from the log's next call, and sticks.
+func (l *Log) Append(rec []byte) error {
+	if err := l.check(); err != nil {
+		return err
+	}
+	if len(rec) > MaxRecordSize {
+		return fmt.Errorf("%w: %d bytes", ErrRecordTooLarge, len(rec))
+	}
+	s := l.s
+	if s.owner != l {
+		if s.owner != nil {
+			s.owner.flush() // an error sticks to the owner
+		}
+		s.owner = l
+		if s.wbuf == nil {
+			s.wbuf = make([]byte, 0, s.bufSize)
+		}
+	}
+	frame := FrameHeaderSize + len(rec)
+	if len(s.wbuf)+frame > cap(s.wbuf) {
+		if err := l.flush(); err != nil {
+			return err
+		}
+		s.owner = l
+	}
+	var hdr [FrameHeaderSize]byte
+	binary.LittleEndian.PutUint32(hdr[:4], uint32(len(rec)))
+	crc := crc32.Update(crc32.Update(0, castagnoli, hdr[:4]), castagnoli, rec)
+	binary.LittleEndian.PutUint32(hdr[4:], crc)
+	if frame <= cap(s.wbuf) {
+		s.wbuf = append(s.wbuf, hdr[:]...)
+		s.wbuf = append(s.wbuf, rec...)
+		return nil
+	}
+	// Larger than the buffer (which is empty now): write it through.
+	f, err := s.file(l)
+	if err != nil {
+		return err
+	}
+	off := HeaderSize + l.flushed
+	if err := writeFull(f, hdr[:], off); err != nil {
+		return l.fail("write", err)
+	}
+	if err := writeFull(f, rec, off+FrameHeaderSize); err != nil {
+		return l.fail("write", err)
+	}
+	if err := l.maybeSync(f); err != nil {
+		return err
+	}
+	l.flushed += int64(frame)
+	return nil
+}
+
+// flush writes l's buffered bytes, if l owns the write buffer, and releases the buffer.
+func (l *Log) flush() error {
+	s := l.s
+	if s.owner != l {
+		return l.err
+	}
+	if len(s.wbuf) == 0 {
+		s.owner = nil
+		return nil
+	}
+	f, err := s.file(l)
+	if err != nil {
+		return err
+	}
+	if err := writeFull(f, s.wbuf, HeaderSize+l.flushed); err != nil {
+		return l.fail("write", err)
+	}
+	if err := l.maybeSync(f); err != nil {
+		return err
+	}
+	l.flushed += int64(len(s.wbuf))
+	s.wbuf = s.wbuf[:0]
+	s.owner = nil
+	return nil
+}
+
+func (l *Log) maybeSync(f File) error {
+	if !l.s.sync {
+		return nil
+	}
+	if err := f.Sync(); err != nil {
+		return l.fail("sync", err)
+	}
+	return nil
+}
+
+// Truncate cuts the log back to off, which must be a value Size returned earlier for this log
+// (and not beyond the current Size). Records appended after that point are gone. An offset that is
+// not a record boundary is not detected here; reading would report the damage as a *CorruptError.
+func (l *Log) Truncate(off int64) error {
+	if err := l.check(); err != nil {
+		return err
+	}
+	if off < 0 || off > l.Size() {
+		return fmt.Errorf("%w: %d not in [0, %d]", ErrInvalidOffset, off, l.Size())
+	}
+	s := l.s
+	if s.owner == l {
+		if off >= l.flushed {
+			s.wbuf = s.wbuf[:off-l.flushed]
+			return nil
+		}
+		s.wbuf = s.wbuf[:0]
+		s.owner = nil
+	}
+	if off == l.flushed {
+		return nil
+	}
+	f, err := s.file(l)
+	if err != nil {
+		return err
+	}
+	if err := f.Truncate(HeaderSize + off); err != nil {
+		return l.fail("truncate", err)
+	}
+	if err := l.maybeSync(f); err != nil {
+		return err
+	}
+	l.flushed = off
+	return nil
+}
+
+// NewReader flushes the log and returns a reader of its records [0, Size()). A flush error is
+// returned by the reader's first Next. The log must not be truncated while the reader is in use;
+// records appended after NewReader are not read.
+func (l *Log) NewReader() *Reader {
+	r := &Reader{l: l}
+	if r.err = l.check(); r.err != nil {
+		return r
+	}
+	if r.err = l.flush(); r.err != nil {
+		return r
+	}
+	r.end = l.flushed
+	return r
+}
+
+// closeFile closes l's file, if open, and takes it out of the LRU. A close error sticks to l.
+func (l *Log) closeFile() error {
+	if l.f == nil {
+		return nil
+	}
+	s := l.s
+	s.unlink(l)
+	s.nOpen--
+	f := l.f
+	l.f = nil
+	if err := f.Close(); err != nil {
+		return l.fail("close", err)
+	}
+	return nil
+}
+
+// release closes and deletes l's file and forgets its buffered bytes.
+func (l *Log) release() error {
+	s := l.s
+	l.removed = true
+	if s.owner == l {
+		s.owner = nil
+		s.wbuf = s.wbuf[:0]
+	}
+	var errs []error
+	if l.f != nil {
+		prev := l.err
+		if err := l.closeFile(); err != nil && err != prev {
+			errs = append(errs, err)
+		}
+	}
+	if l.created {
+		if err := s.fs.Remove(l.path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
+		}
+		l.created = false
+	}
+	return errors.Join(errs...)
+}
+
+// Remove deletes the log and its file. The log's sticky error, if any, does not prevent the
+// removal and is not returned again; errors closing or removing the file are. Later calls on the
+// log return ErrClosed. Remove is safe to call twice.
+func (l *Log) Remove() error {
+	if l.removed || l.s.closed {
+		return nil
+	}
+	delete(l.s.logs, l)
+	if err := l.release(); err != nil {
+		return fmt.Errorf("spill: remove: %w", err)
+	}
+	return nil
+}

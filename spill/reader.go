@@ -1,0 +1,175 @@
+package spill
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"hash/crc32"
+	"io"
+)
+
+// Reader streams a log's records in order. Memory: one buffer of Options.BufferSize, plus one
+// buffer as large as the largest record that does not fit in it.
+type Reader struct {
+	l      *Log
+	end    int64  // logical end of the records to read
+	off    int64  // logical offset of buf[i]
+	buf    []byte // buf[i:j] are the file bytes at logical offsets [off, off+j-i)
+	i, j   int
+	big    []byte // holds a record larger than buf
+	header bool   // file header checked
+	err    error  // sticky
+}
+
+// Next returns the next record, or io.EOF after the last one. The slice is valid until the next
+// call to Next or Close. Damaged data gives a *CorruptError; any error is returned again by every
+// later call.
+func (r *Reader) Next() ([]byte, error) {
+	if r.err != nil {
+		return nil, r.err
+	}
+	rec, err := r.next()
+	if err != nil {
+		r.err = err
+	}
+	return rec, err
+}
+
+func (r *Reader) next() ([]byte, error) {
+	l := r.l
+	if err := l.check(); err != nil {
+		return nil, err
+	}
+	if r.off == r.end {
+		return nil, io.EOF
+	}
+	if !r.header {
+		if err := r.checkHeader(); err != nil {
+			return nil, err
+		}
+		r.header = true
+	}
+	if r.buf == nil {
+		r.buf = l.s.spare
+		l.s.spare = nil
+		if r.buf == nil {
+			r.buf = make([]byte, l.s.bufSize)
+		}
+	}
+	if r.end-r.off < FrameHeaderSize {
+		return nil, r.corrupt(io.ErrUnexpectedEOF)
+	}
+	if err := r.fill(FrameHeaderSize); err != nil {
+		return nil, err
+	}
+	hdr := r.buf[r.i : r.i+FrameHeaderSize]
+	n := int64(binary.LittleEndian.Uint32(hdr))
+	want := binary.LittleEndian.Uint32(hdr[4:])
+	if n > MaxRecordSize || n > r.end-r.off-FrameHeaderSize {
+		return nil, r.corrupt(errLength)
+	}
+	crc := crc32.Update(0, castagnoli, hdr[:4])
+	frame := FrameHeaderSize + int(n)
+	var rec []byte
+	if frame <= len(r.buf) {
+		if err := r.fill(frame); err != nil {
+			return nil, err
+		}
+		rec = r.buf[r.i+FrameHeaderSize : r.i+frame]
+	} else {
+		if cap(r.big) < int(n) {
+			r.big = make([]byte, n)
+		}
+		rec = r.big[:n]
+		have := copy(rec, r.buf[r.i+FrameHeaderSize:r.j])
+		if err := r.readAt(rec[have:], r.off+FrameHeaderSize+int64(have)); err != nil {
+			return nil, err
+		}
+		r.j = r.i + frame // as if the whole frame were buffered; consumed below
+	}
+	if crc32.Update(crc, castagnoli, rec) != want {
+		return nil, r.corrupt(errChecksum)
+	}
+	r.i += frame
+	r.off += int64(frame)
+	if r.i == r.j {
+		r.i, r.j = 0, 0
+	}
+	return rec, nil
+}
+
+// fill makes at least n bytes available at buf[i:]; n <= len(buf) and off+n <= end.
+func (r *Reader) fill(n int) error {
+	if r.j-r.i >= n {
+		return nil
+	}
+	if r.i > 0 {
+		r.j = copy(r.buf, r.buf[r.i:r.j])
+		r.i = 0
+	}
+	avail := int(min(int64(len(r.buf)-r.j), r.end-r.off-int64(r.j)))
+	if err := r.readAt(r.buf[r.j:r.j+avail], r.off+int64(r.j)); err != nil {
+		return err
+	}
+	r.j += avail
+	return nil
+}
+
+// readAt fills p from logical offset off.
+func (r *Reader) readAt(p []byte, off int64) error {
+	if len(p) == 0 {
+		return nil
+	}
+	f, err := r.l.s.file(r.l)
+	if err != nil {
+		return err
+	}
+	n, err := f.ReadAt(p, HeaderSize+off)
+	if n == len(p) {
+		return nil
+	}
+	if err == nil || errors.Is(err, io.EOF) {
+		return &CorruptError{Log: r.l.path, Offset: HeaderSize + off + int64(n), Err: io.ErrUnexpectedEOF}
+	}
+	return ioError("read", r.l.path, err)
+}
+
+func (r *Reader) checkHeader() error {
+	f, err := r.l.s.file(r.l)
+	if err != nil {
+		return err
+	}
+	var hdr [HeaderSize]byte
+	n, err := f.ReadAt(hdr[:], 0)
+	if n < HeaderSize {
+		if err == nil || errors.Is(err, io.EOF) {
+			return &CorruptError{Log: r.l.path, Offset: int64(n), Err: io.ErrUnexpectedEOF}
+		}
+		return ioError("read", r.l.path, err)
+	}
+	if !bytes.Equal(hdr[:4], []byte(Magic)) {
+		return &CorruptError{Log: r.l.path, Offset: 0, Err: errBadMagic}
+	}
+	if binary.LittleEndian.Uint32(hdr[4:]) != FormatVersion {
+		return &CorruptError{Log: r.l.path, Offset: 4, Err: errBadVersion}
+	}
+	return nil
+}
+
+func (r *Reader) corrupt(err error) error {
+	return &CorruptError{Log: r.l.path, Offset: HeaderSize + r.off, Err: err}
+}
+
+// Close releases the reader's buffers; later calls to Next return ErrClosed. It is safe to call
+// twice and always returns nil.
+func (r *Reader) Close() error {
+	if r.err == ErrClosed {
+		return nil
+	}
+	if r.buf != nil && !r.l.s.closed && r.l.s.spare == nil {
+		r.l.s.spare = r.buf
+	}
+	r.buf, r.big = nil, nil
+	r.err = ErrClosed
+	return nil
+}

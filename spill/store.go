@@ -1,0 +1,337 @@
+package spill
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+)
+
+// Format constants. They are part of the on-disk format described in the package documentation.
+const (
+	// Magic opens every log file.
+	Magic = "PGRS"
+	// FormatVersion follows Magic as a little-endian uint32.
+	FormatVersion uint32 = 1
+	// HeaderSize is the size of the file header (Magic + FormatVersion).
+	HeaderSize = 8
+	// FrameHeaderSize is the size of a record's length + CRC-32C prefix.
+	FrameHeaderSize = 8
+	// MaxRecordSize is the largest payload Append accepts (1 GiB, PostgreSQL's MaxAllocSize).
+	MaxRecordSize = 1<<30 - 1
+)
+
+// Defaults for zero Options fields.
+const (
+	DefaultMaxOpenFiles = 256
+	DefaultBufferSize   = 64 << 10
+)
+
+const (
+	storePrefix = "pgreorder-spill-"
+	lockSuffix  = ".lock"
+	logPrefix   = "log-"
+	logSuffix   = ".spill"
+)
+
+// Options configures a Store. The zero value is usable.
+type Options struct {
+	// Dir is where the store makes its private directory; "" means os.TempDir(). It is created if
+	// missing.
+	Dir string
+	// FS is the file system; nil means OSFS().
+	FS FS
+	// MaxOpenFiles bounds the log files kept open at once; 0 means DefaultMaxOpenFiles.
+	MaxOpenFiles int
+	// BufferSize is the size of the shared write buffer and of each Reader's read buffer;
+	// 0 means DefaultBufferSize. Values below 64 are raised to 64.
+	BufferSize int
+	// Sync makes every flush of a log fsync it. Off by default: spill files do not outlive the
+	// process, so durability is useless.
+	Sync bool
+}
+
+// Store is a set of logs in a private directory. It is not safe for concurrent use.
+type Store struct {
+	fs       FS
+	dir      string // the store's private directory
+	lockPath string
+	lock     io.Closer
+	maxOpen  int
+	bufSize  int
+	sync     bool
+
+	seq  uint64
+	logs map[*Log]struct{} // live (not removed) logs
+
+	// LRU of logs with an open file: head is the most recently used.
+	head, tail *Log
+	nOpen      int
+
+	wbuf  []byte // shared write buffer; holds bytes of owner only
+	owner *Log
+
+	spare []byte // a read buffer returned by a closed Reader, for the next one
+
+	closed bool
+}
+
+// Open creates a store in opts.Dir and removes stale stores that earlier processes left there.
+// Cleanup is best effort: what cannot be removed is left alone and does not fail Open.
+func Open(opts Options) (*Store, error) {
+	s := &Store{
+		fs:      opts.FS,
+		maxOpen: opts.MaxOpenFiles,
+		bufSize: opts.BufferSize,
+		sync:    opts.Sync,
+		logs:    make(map[*Log]struct{}),
+	}
+	if s.fs == nil {
+		s.fs = OSFS()
+	}
+	if s.maxOpen <= 0 {
+		s.maxOpen = DefaultMaxOpenFiles
+	}
+	if s.bufSize <= 0 {
+		s.bufSize = DefaultBufferSize
+	}
+	s.bufSize = max(s.bufSize, 64)
+	dir := opts.Dir
+	if dir == "" {
+		dir = os.TempDir()
+	}
+	if err := s.fs.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("spill: open: %w", err)
+	}
+	var name string
+	for attempt := 0; ; attempt++ {
+		var rnd [8]byte
+		if _, err := rand.Read(rnd[:]); err != nil {
+			return nil, fmt.Errorf("spill: open: %w", err)
+		}
+		name = storePrefix + strconv.Itoa(os.Getpid()) + "-" + hex.EncodeToString(rnd[:])
+		lock, err := s.fs.Lock(filepath.Join(dir, name+lockSuffix))
+		if errors.Is(err, ErrLocked) && attempt < 3 {
+			continue // a name collision; practically impossible
+		}
+		if err != nil {
+			return nil, fmt.Errorf("spill: open: %w", err)
+		}
+		s.lock = lock
+		break
+	}
+	s.lockPath = filepath.Join(dir, name+lockSuffix)
+	s.dir = filepath.Join(dir, name)
+	if err := s.fs.MkdirAll(s.dir, 0o700); err != nil {
+		s.fs.Remove(s.lockPath)
+		s.lock.Close()
+		return nil, fmt.Errorf("spill: open: %w", err)
+	}
+	removeStale(s.fs, dir, name)
+	return s, nil
+}
+
+// Dir returns the store's private directory.
+func (s *Store) Dir() string { return s.dir }
+
+// isStoreName reports whether name is pgreorder-spill-<pid>-<16 hex digits>.
+func isStoreName(name string) bool {
+	rest, ok := strings.CutPrefix(name, storePrefix)
+	if !ok {
+		return false
+	}
+	pid, rnd, ok := strings.Cut(rest, "-")
+	if !ok || !isDigits(pid) || len(rnd) != 16 {
+		return false
+	}
+	_, err := hex.DecodeString(rnd)
+	return err == nil && strings.ToLower(rnd) == rnd
+}
+
+// isLogName reports whether name is log-<decimal>.spill.
+func isLogName(name string) bool {
+	rest, ok := strings.CutPrefix(name, logPrefix)
+	if !ok {
+		return false
+	}
+	num, ok := strings.CutSuffix(rest, logSuffix)
+	return ok && isDigits(num)
+}
+
+func isDigits(s string) bool {
+	if s == "" || len(s) > 20 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// removeStale removes the stores in dir whose lock nobody holds, except own. Only files named by
+// this package are removed; a store directory that also holds foreign files is left in place.
+func removeStale(fsys FS, dir, own string) {
+	entries, err := fsys.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	seen := make(map[string]bool)
+	for _, e := range entries {
+		base := e.Name()
+		if b, ok := strings.CutSuffix(base, lockSuffix); ok {
+			if e.IsDir() {
+				continue
+			}
+			base = b
+		} else if !e.IsDir() {
+			continue
+		}
+		if base == own || seen[base] || !isStoreName(base) {
+			continue
+		}
+		seen[base] = true
+		lockPath := filepath.Join(dir, base+lockSuffix)
+		lock, err := fsys.Lock(lockPath)
+		if err != nil {
+			continue // held by a live store, or not ours to take
+		}
+		sub := filepath.Join(dir, base)
+		if files, err := fsys.ReadDir(sub); err == nil {
+			for _, f := range files {
+				if !f.IsDir() && isLogName(f.Name()) {
+					fsys.Remove(filepath.Join(sub, f.Name()))
+				}
+			}
+			fsys.Remove(sub) // fails, harmlessly, if foreign files remain
+		}
+		fsys.Remove(lockPath)
+		lock.Close()
+	}
+}
+
+// Create makes a new, empty log. No file is created until the log's first bytes are flushed.
+func (s *Store) Create() (*Log, error) {
+	if s.closed {
+		return nil, ErrClosed
+	}
+	s.seq++
+	l := &Log{s: s, path: filepath.Join(s.dir, logPrefix+strconv.FormatUint(s.seq, 10)+logSuffix)}
+	s.logs[l] = struct{}{}
+	return l, nil
+}
+
+// Close removes every file the store made: its logs, its directory and its lock file. Logs and
+// Readers return ErrClosed afterwards. Close is safe to call twice; the second call returns nil.
+func (s *Store) Close() error {
+	if s.closed {
+		return nil
+	}
+	s.closed = true
+	var errs []error
+	for l := range s.logs {
+		if err := l.release(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	s.logs = nil
+	s.wbuf, s.owner, s.spare = nil, nil, nil
+	if err := s.fs.Remove(s.dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		errs = append(errs, err)
+	}
+	if err := s.fs.Remove(s.lockPath); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		errs = append(errs, err)
+	}
+	if err := s.lock.Close(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("spill: close: %w", err)
+	}
+	return nil
+}
+
+// file returns l's open file, opening (and on first use creating) it, closing the least recently
+// used file if the budget is spent, and marks l most recently used. The caller checks l.err first;
+// an error here is made sticky on l.
+func (s *Store) file(l *Log) (File, error) {
+	if l.f != nil {
+		if s.head != l {
+			s.unlink(l)
+			s.pushFront(l)
+		}
+		return l.f, nil
+	}
+	for s.nOpen >= s.maxOpen && s.tail != nil {
+		victim := s.tail
+		victim.closeFile() // a close error sticks to victim
+	}
+	var (
+		f   File
+		err error
+	)
+	if !l.created {
+		f, err = s.fs.OpenFile(l.path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+		if err != nil {
+			return nil, l.fail("create", err)
+		}
+		l.created = true
+		var hdr [HeaderSize]byte
+		copy(hdr[:], Magic)
+		binary.LittleEndian.PutUint32(hdr[4:], FormatVersion)
+		if err := writeFull(f, hdr[:], 0); err != nil {
+			f.Close()
+			return nil, l.fail("write", err)
+		}
+	} else {
+		f, err = s.fs.OpenFile(l.path, os.O_RDWR, 0)
+		if err != nil {
+			return nil, l.fail("open", err)
+		}
+	}
+	l.f = f
+	s.nOpen++
+	s.pushFront(l)
+	return f, nil
+}
+
+func (s *Store) pushFront(l *Log) {
+	l.prev, l.next = nil, s.head
+	if s.head != nil {
+		s.head.prev = l
+	} else {
+		s.tail = l
+	}
+	s.head = l
+}
+
+func (s *Store) unlink(l *Log) {
+	if l.prev != nil {
+		l.prev.next = l.next
+	} else {
+		s.head = l.next
+	}
+	if l.next != nil {
+		l.next.prev = l.prev
+	} else {
+		s.tail = l.prev
+	}
+	l.prev, l.next = nil, nil
+}
+
+// writeFull writes p at off, turning a short write without error into io.ErrShortWrite.
+func writeFull(f File, p []byte, off int64) error {
+	n, err := f.WriteAt(p, off)
+	if err == nil && n < len(p) {
+		err = io.ErrShortWrite
+	}
+	return err
+}
