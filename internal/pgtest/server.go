@@ -1,0 +1,413 @@
+package pgtest
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// ServerUser is the unprivileged account that runs the servers when the caller is root
+// (PostgreSQL refuses to run as root). Start creates it with useradd if it does not exist.
+const ServerUser = "pgreorder"
+
+// SuperUser is the database superuser of every server Start makes (trust authentication).
+const SuperUser = "postgres"
+
+// tempPrefix names the folders Start creates; the creating process id follows it, so that
+// folders left by a process that died (SIGKILL, panic) are removed by the next Start.
+const tempPrefix = "pgreorder-pg-"
+
+// ErrNotInstalled is returned when no installation of a wanted major version was found.
+var ErrNotInstalled = errors.New("pgtest: PostgreSQL version not installed")
+
+// StartError reports a server that did not come up; Log holds the end of its log.
+type StartError struct {
+	Install Install
+	Err     error
+	Log     string
+}
+
+func (e *StartError) Error() string {
+	msg := fmt.Sprintf("pgtest: starting %s: %v", e.Install, e.Err)
+	if e.Log != "" {
+		msg += "\nserver log:\n" + e.Log
+	}
+	return msg
+}
+
+func (e *StartError) Unwrap() error { return e.Err }
+
+// Options configures Start. The zero value gives the defaults in DefaultSettings.
+type Options struct {
+	// Settings are extra server settings (GUCs), applied after DefaultSettings and so
+	// overriding them, e.g. {"logical_decoding_work_mem": "1MB"}.
+	Settings map[string]string
+}
+
+// DefaultSettings returns the settings every server starts with (besides port and sockets).
+func DefaultSettings() map[string]string {
+	return map[string]string{
+		"wal_level":                 "logical",
+		"max_replication_slots":     "32",
+		"max_wal_senders":           "32",
+		"max_prepared_transactions": "10",
+		"logical_decoding_work_mem": "64kB",
+		"max_connections":           "60",
+		"shared_buffers":            "32MB",
+		"fsync":                     "off",
+		"synchronous_commit":        "off",
+		"full_page_writes":          "off",
+		"wal_sender_timeout":        "0",
+		"log_min_messages":          "warning",
+		"log_destination":           "stderr",
+		"lc_messages":               "C",
+		"timezone":                  "UTC",
+	}
+}
+
+// Server is a running throwaway PostgreSQL server. Its data directory and sockets live in a
+// temporary folder that Stop removes.
+type Server struct {
+	install Install
+	dir     string // temporary folder: data/, server.log, the unix socket
+	port    int
+	cmd     *exec.Cmd
+	exited  chan struct{} // closed when the postmaster has been waited for
+	waitErr error
+
+	stopOnce sync.Once
+	stopErr  error
+}
+
+// Major returns the server's major version.
+func (s *Server) Major() int { return s.install.Major }
+
+// Install returns the installation the server runs from.
+func (s *Server) Install() Install { return s.install }
+
+// Port returns the TCP port the server listens on at 127.0.0.1 (and the number of its socket).
+func (s *Server) Port() int { return s.port }
+
+// SocketDir returns the folder holding the server's unix socket.
+func (s *Server) SocketDir() string { return s.dir }
+
+// ConnString returns a keyword/value connection string for dbname over the unix socket, as
+// the superuser.
+func (s *Server) ConnString(dbname string) string {
+	return fmt.Sprintf("host=%s port=%d user=%s dbname=%s sslmode=disable", s.dir, s.port, SuperUser, quoteConnValue(dbname))
+}
+
+// ReplicationConnString is ConnString plus replication=database: a walsender connection.
+func (s *Server) ReplicationConnString(dbname string) string {
+	return s.ConnString(dbname) + " replication=database"
+}
+
+// TCPConnString is ConnString over TCP to 127.0.0.1.
+func (s *Server) TCPConnString(dbname string) string {
+	return fmt.Sprintf("host=127.0.0.1 port=%d user=%s dbname=%s sslmode=disable", s.port, SuperUser, quoteConnValue(dbname))
+}
+
+func quoteConnValue(v string) string {
+	if v != "" && !strings.ContainsAny(v, ` '\`) {
+		return v
+	}
+	return "'" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(v) + "'"
+}
+
+// Start initializes a data directory in a new temporary folder and starts a server from in,
+// listening on a free TCP port at 127.0.0.1 and on a unix socket in that folder. As root it
+// runs initdb and the server as ServerUser. The server is a child of this process that receives
+// SIGQUIT (immediate shutdown) if this process dies; call Stop to stop it and remove its folder.
+// Start first removes folders left by earlier processes that died.
+func Start(ctx context.Context, in Install, opts Options) (*Server, error) {
+	sweepStale()
+	if err := hydrateSymlinks(in); err != nil {
+		return nil, err
+	}
+	cred, err := serverCredential()
+	if err != nil {
+		return nil, err
+	}
+	var lastErr error
+	for attempt := 0; attempt < 3; attempt++ { // another process may take the port we picked
+		s, err := start(ctx, in, opts, cred)
+		if err == nil {
+			return s, nil
+		}
+		lastErr = err
+		var se *StartError
+		if ctx.Err() != nil || !errors.As(err, &se) || !strings.Contains(se.Log, "could not bind") {
+			break
+		}
+	}
+	return nil, lastErr
+}
+
+func start(ctx context.Context, in Install, opts Options, cred *syscall.Credential) (_ *Server, err error) {
+	base := os.TempDir()
+	if cred != nil {
+		base = "/tmp" // TMPDIR may be under /root, which the server user cannot traverse
+	}
+	dir, err := os.MkdirTemp(base, tempPrefix+strconv.Itoa(os.Getpid())+"-")
+	if err != nil {
+		return nil, fmt.Errorf("pgtest: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			os.RemoveAll(dir)
+		}
+	}()
+	if err := os.Chmod(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("pgtest: %w", err)
+	}
+	if cred != nil {
+		if err := os.Chown(dir, int(cred.Uid), int(cred.Gid)); err != nil {
+			return nil, fmt.Errorf("pgtest: %w", err)
+		}
+	}
+	s := &Server{install: in, dir: dir, exited: make(chan struct{})}
+	data := filepath.Join(dir, "data")
+	logPath := filepath.Join(dir, "server.log")
+
+	if cred != nil {
+		// Fail clearly when the binaries sit where the server user cannot reach them (e.g. /root).
+		if out, err := s.command(ctx, cred, "postgres", "--version").CombinedOutput(); err != nil {
+			return nil, &StartError{Install: in, Err: fmt.Errorf("user %s cannot run %s (%w); install PostgreSQL in a folder others can read, such as /opt/pgreorder/pg", ServerUser, in.BinDir, err), Log: tail(out)}
+		}
+	}
+	initdb := s.command(ctx, cred, "initdb", "-D", data, "-U", SuperUser, "-A", "trust", "-E", "UTF8",
+		"--locale=C", "--no-sync", "--no-instructions")
+	if out, err := initdb.CombinedOutput(); err != nil {
+		return nil, &StartError{Install: in, Err: fmt.Errorf("initdb: %w", err), Log: tail(out)}
+	}
+
+	port, err := freePort()
+	if err != nil {
+		return nil, fmt.Errorf("pgtest: %w", err)
+	}
+	s.port = port
+	settings := DefaultSettings()
+	for k, v := range opts.Settings {
+		settings[k] = v
+	}
+	settings["port"] = strconv.Itoa(port)
+	settings["listen_addresses"] = "127.0.0.1"
+	settings["unix_socket_directories"] = dir
+	keys := make([]string, 0, len(settings))
+	for k := range settings {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var conf bytes.Buffer
+	conf.WriteString("\n# pgtest\n")
+	for _, k := range keys {
+		fmt.Fprintf(&conf, "%s = '%s'\n", k, strings.ReplaceAll(settings[k], "'", "''"))
+	}
+	f, err := os.OpenFile(filepath.Join(data, "postgresql.conf"), os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		return nil, fmt.Errorf("pgtest: %w", err)
+	}
+	_, err = f.Write(conf.Bytes())
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return nil, fmt.Errorf("pgtest: %w", err)
+	}
+
+	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("pgtest: %w", err)
+	}
+	defer logFile.Close() // the child holds its own descriptor
+	// Not exec.CommandContext: the server outlives ctx, which only bounds start-up.
+	s.cmd = s.command(context.Background(), cred, "postgres", "-D", data)
+	s.cmd.Stdout = logFile
+	s.cmd.Stderr = logFile
+	s.cmd.SysProcAttr.Setpgid = true              // a ^C in the terminal reaches us, not the server
+	s.cmd.SysProcAttr.Pdeathsig = syscall.SIGQUIT // immediate shutdown if we die
+	if err := s.cmd.Start(); err != nil {
+		return nil, &StartError{Install: in, Err: err}
+	}
+	go func() {
+		s.waitErr = s.cmd.Wait()
+		close(s.exited)
+	}()
+	if err := s.waitReady(ctx); err != nil {
+		s.kill()
+		b, _ := os.ReadFile(logPath)
+		return nil, &StartError{Install: in, Err: err, Log: tail(b)}
+	}
+	return s, nil
+}
+
+// command returns an exec.Cmd for one of the install's binaries, run as cred when not nil.
+func (s *Server) command(ctx context.Context, cred *syscall.Credential, name string, args ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, filepath.Join(s.install.BinDir, name), args...)
+	cmd.Dir = s.dir
+	env := []string{"LC_ALL=C", "TZ=UTC", "PATH=/usr/bin:/bin"}
+	if s.install.LibDir != "" {
+		env = append(env, "LD_LIBRARY_PATH="+s.install.LibDir)
+	}
+	if cred != nil {
+		env = append(env, "HOME="+s.dir, "USER="+ServerUser)
+	} else if h, err := os.UserHomeDir(); err == nil {
+		env = append(env, "HOME="+h)
+	}
+	cmd.Env = env
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	return cmd
+}
+
+// waitReady polls until the server accepts a connection, the postmaster exits or ctx ends
+// (at most a minute).
+func (s *Server) waitReady(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		cctx, ccancel := context.WithTimeout(ctx, 2*time.Second)
+		conn, err := pgconn.Connect(cctx, s.ConnString("postgres"))
+		ccancel()
+		if err == nil {
+			return conn.Close(ctx)
+		}
+		select {
+		case <-s.exited:
+			return fmt.Errorf("server exited: %v", s.waitErr)
+		case <-ctx.Done():
+			return fmt.Errorf("server not ready: %w (last error: %v)", ctx.Err(), err)
+		case <-tick.C:
+		}
+	}
+}
+
+// Stop stops the server at once (immediate shutdown, as pg_ctl stop -m immediate: nothing is
+// kept) and removes its folder. It is safe to call more than once and from several goroutines.
+func (s *Server) Stop() error {
+	s.stopOnce.Do(func() {
+		s.kill()
+		if err := os.RemoveAll(s.dir); err != nil {
+			s.stopErr = fmt.Errorf("pgtest: %w", err)
+		}
+	})
+	return s.stopErr
+}
+
+// kill sends SIGQUIT (immediate shutdown) and waits for the postmaster, then SIGKILLs its process
+// group if it has not exited after 30 seconds.
+func (s *Server) kill() {
+	if s.cmd == nil || s.cmd.Process == nil {
+		return
+	}
+	select {
+	case <-s.exited:
+		return
+	default:
+	}
+	_ = s.cmd.Process.Signal(syscall.SIGQUIT)
+	select {
+	case <-s.exited:
+	case <-time.After(30 * time.Second):
+		_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
+		<-s.exited
+	}
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func tail(b []byte) string {
+	const max = 4000
+	if len(b) > max {
+		b = b[len(b)-max:]
+	}
+	return strings.TrimSpace(string(b))
+}
+
+var userMu sync.Mutex
+
+// serverCredential returns nil when not root, else ServerUser's ids, creating the user if needed.
+func serverCredential() (*syscall.Credential, error) {
+	if os.Geteuid() != 0 {
+		return nil, nil
+	}
+	userMu.Lock()
+	defer userMu.Unlock()
+	u, err := user.Lookup(ServerUser)
+	if err != nil {
+		out, uerr := exec.Command("useradd", "--system", "--user-group", "--no-create-home",
+			"--home-dir", "/nonexistent", "--shell", "/usr/sbin/nologin", ServerUser).CombinedOutput()
+		// Another test binary may have created it meanwhile: look again before failing.
+		if u, err = user.Lookup(ServerUser); err != nil {
+			return nil, fmt.Errorf("pgtest: running as root and cannot create user %q: %v: %s", ServerUser, uerr, out)
+		}
+	}
+	uid, err1 := strconv.ParseUint(u.Uid, 10, 32)
+	gid, err2 := strconv.ParseUint(u.Gid, 10, 32)
+	if err1 != nil || err2 != nil {
+		return nil, fmt.Errorf("pgtest: user %q has non-numeric ids", ServerUser)
+	}
+	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), Groups: []uint32{}}, nil
+}
+
+var sweepOnce sync.Once
+
+// sweepStale removes folders left in the temporary directories by pgtest processes that no
+// longer exist (their servers died with them through Pdeathsig).
+func sweepStale() {
+	sweepOnce.Do(func() {
+		for _, base := range []string{os.TempDir(), "/tmp"} {
+			matches, _ := filepath.Glob(filepath.Join(base, tempPrefix+"*"))
+			for _, m := range matches {
+				rest := strings.TrimPrefix(filepath.Base(m), tempPrefix)
+				pidText, _, _ := strings.Cut(rest, "-")
+				pid, err := strconv.Atoi(pidText)
+				if err != nil || pid == os.Getpid() || processAlive(pid) {
+					continue
+				}
+				if postmasterAlive(m) {
+					continue
+				}
+				os.RemoveAll(m)
+			}
+		}
+	})
+}
+
+func processAlive(pid int) bool {
+	err := syscall.Kill(pid, 0)
+	return err == nil || errors.Is(err, syscall.EPERM)
+}
+
+// postmasterAlive reports whether the postmaster.pid in dir/data names a live process.
+func postmasterAlive(dir string) bool {
+	b, err := os.ReadFile(filepath.Join(dir, "data", "postmaster.pid"))
+	if err != nil {
+		return false
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	pid, err := strconv.Atoi(strings.TrimSpace(line))
+	return err == nil && pid > 0 && processAlive(pid)
+}
