@@ -108,30 +108,38 @@ func (r *Reader) fill(n int) error {
 		r.i = 0
 	}
 	avail := int(min(int64(len(r.buf)-r.j), r.end-r.off-int64(r.j)))
-	if err := r.readAt(r.buf[r.j:r.j+avail], r.off+int64(r.j)); err != nil {
-		return err
+	got, err := r.read(r.buf[r.j:r.j+avail], r.off+int64(r.j))
+	r.j += got
+	if r.j-r.i >= n {
+		return nil // a short file is reported when the missing bytes are needed
 	}
-	r.j += avail
-	return nil
+	return err
 }
 
 // readAt fills p from logical offset off.
 func (r *Reader) readAt(p []byte, off int64) error {
+	_, err := r.read(p, off)
+	return err
+}
+
+// read reads p from logical offset off. If it cannot fill p it returns how much it read and a
+// *CorruptError (the file is shorter than the log) or the read error.
+func (r *Reader) read(p []byte, off int64) (int, error) {
 	if len(p) == 0 {
-		return nil
+		return 0, nil
 	}
 	f, err := r.l.s.file(r.l)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	n, err := f.ReadAt(p, HeaderSize+off)
 	if n == len(p) {
-		return nil
+		return n, nil
 	}
 	if err == nil || errors.Is(err, io.EOF) {
-		return &CorruptError{Log: r.l.path, Offset: HeaderSize + off + int64(n), Err: io.ErrUnexpectedEOF}
+		return n, &CorruptError{Log: r.l.path, Offset: HeaderSize + off + int64(n), Err: io.ErrUnexpectedEOF}
 	}
-	return ioError("read", r.l.path, err)
+	return n, ioError("read", r.l.path, err)
 }
 
 func (r *Reader) checkHeader() error {
