@@ -110,10 +110,10 @@ func (r *Reader) fill(n int) error {
 	avail := int(min(int64(len(r.buf)-r.j), r.end-r.off-int64(r.j)))
 	got, err := r.read(r.buf[r.j:r.j+avail], r.off+int64(r.j))
 	r.j += got
-	if r.j-r.i >= n {
-		return nil // a short file is reported when the missing bytes are needed
+	if err != nil && (r.j-r.i < n || !errors.Is(err, ErrCorrupt)) {
+		return err // a short file is reported only when the missing bytes are needed
 	}
-	return err
+	return nil
 }
 
 // readAt fills p from logical offset off.
