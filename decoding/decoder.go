@@ -1,0 +1,186 @@
+package decoding
+
+// Decoder validates a pgoutput message stream against the protocol's state machine and decodes it.
+// The zero value is ready to use, with zero Options. A Decoder is not safe for concurrent use.
+type Decoder struct {
+	opts Options
+	st   state
+	rels RelationCache
+}
+
+type state struct {
+	inTxn      bool // between Begin and Commit, or Begin Prepare and Prepare
+	txnPrepare bool // the open transaction started with Begin Prepare
+	txnXid     uint32
+	inBlock    bool // between Stream Start and Stream Stop
+	blockXid   uint32
+}
+
+// NewDecoder returns a Decoder for a stream negotiated with opts.
+func NewDecoder(opts Options) *Decoder { return &Decoder{opts: opts} }
+
+// Options returns the options the Decoder was made with.
+func (d *Decoder) Options() Options { return d.opts }
+
+// InStream reports whether a stream block is open (Stream Start seen, Stream Stop not yet).
+func (d *Decoder) InStream() bool { return d.st.inBlock }
+
+// InTransaction reports whether a Begin…Commit or Begin Prepare…Prepare transaction is open.
+func (d *Decoder) InTransaction() bool { return d.st.inTxn }
+
+// Relations returns the cache that Decode keeps up to date with Relation and Type messages.
+func (d *Decoder) Relations() *RelationCache { return &d.rels }
+
+// Reset forgets the protocol state (open transaction or block) and the relation cache, as after a
+// reconnect: the server re-sends Relation messages on a new session.
+func (d *Decoder) Reset() {
+	d.st = state{}
+	d.rels.Reset()
+}
+
+// Next validates one message, its whole structure and its place in the stream, and advances the
+// protocol state. It does not allocate on success and does not retain data. On error the state is
+// unchanged. See the package doc for the rules and for Header's Xid.
+func (d *Decoder) Next(data []byte) (Header, error) {
+	if len(data) == 0 {
+		return Header{}, decodeErr(0, 0, ErrTruncated)
+	}
+	inBlock := d.st.inBlock
+	if MessageType(data[0]) == MsgStreamStart {
+		inBlock = false
+	}
+	if err := check(data, inBlock, d.opts); err != nil {
+		return Header{}, err
+	}
+	h, err := ParseHeader(data, inBlock)
+	if err != nil {
+		return Header{}, err // unreachable: check read every byte ParseHeader reads
+	}
+	if err := d.advance(&h); err != nil {
+		return Header{}, err
+	}
+	return h, nil
+}
+
+func (d *Decoder) advance(h *Header) error {
+	st := &d.st
+	var err error
+	switch h.Type {
+	case MsgInsert, MsgUpdate, MsgDelete, MsgTruncate, MsgRelation, MsgType, MsgOrigin, MsgMessage:
+		switch {
+		case h.Type == MsgMessage && !h.Transactional:
+			// Not part of any transaction: accepted anywhere (see the package doc).
+		case st.inBlock:
+			if h.Type == MsgOrigin {
+				h.Xid = st.blockXid
+			}
+		case st.inTxn:
+			h.Xid = st.txnXid
+		default:
+			err = ErrChangeOutsideTransaction
+		}
+	case MsgBegin, MsgBeginPrepare:
+		if st.inTxn || st.inBlock {
+			err = ErrBeginInTransaction
+			break
+		}
+		st.inTxn, st.txnPrepare, st.txnXid = true, h.Type == MsgBeginPrepare, h.Xid
+	case MsgCommit, MsgPrepare:
+		if !st.inTxn || st.txnPrepare != (h.Type == MsgPrepare) {
+			err = ErrCommitOutsideTransaction
+			break
+		}
+		if h.Type == MsgCommit {
+			h.Xid = st.txnXid
+		}
+		st.inTxn = false
+	case MsgStreamStart:
+		if st.inBlock {
+			err = ErrStreamStartInBlock
+			break
+		}
+		if st.inTxn {
+			err = ErrBeginInTransaction
+			break
+		}
+		st.inBlock, st.blockXid = true, h.Xid
+	case MsgStreamStop:
+		if !st.inBlock {
+			err = ErrStreamStopOutsideBlock
+			break
+		}
+		h.Xid = st.blockXid
+		st.inBlock = false
+	case MsgStreamCommit, MsgStreamAbort, MsgStreamPrepare, MsgCommitPrepared, MsgRollbackPrepared:
+		if st.inBlock {
+			err = ErrFinishInBlock
+		} else if st.inTxn {
+			err = ErrFinishInTransaction
+		}
+	}
+	if err != nil {
+		return decodeErr(h.Type, 0, err)
+	}
+	return nil
+}
+
+// Decode is Next followed by Parse: it validates and decodes one message, advances the protocol
+// state and applies Relation and Type messages to the relation cache. The message aliases data
+// (see the package doc). On error the state and the cache are unchanged.
+func (d *Decoder) Decode(data []byte) (Message, error) {
+	saved := d.st
+	h, err := d.Next(data)
+	if err != nil {
+		return nil, err
+	}
+	m, err := Parse(data, h.InStream && h.Type != MsgStreamStop, d.opts)
+	if err != nil {
+		d.st = saved // unreachable: Next checked the same structure
+		return nil, err
+	}
+	d.rels.Apply(m)
+	return m, nil
+}
+
+// RelationCache maps relation ids to their latest Relation message, and type OIDs to their latest
+// Type message. The zero value is empty and ready to use. It is not safe for concurrent use.
+type RelationCache struct {
+	rels  map[uint32]*Relation
+	types map[uint32]*TypeMessage
+}
+
+// Apply records m if it is a *Relation or a *TypeMessage (replacing an earlier one with the same
+// id) and ignores other messages. The cache keeps m: do not modify it afterwards. (Relation and
+// Type messages hold no bytes aliasing their input.)
+func (c *RelationCache) Apply(m Message) {
+	switch v := m.(type) {
+	case *Relation:
+		if c.rels == nil {
+			c.rels = make(map[uint32]*Relation)
+		}
+		c.rels[v.RelationID] = v
+	case *TypeMessage:
+		if c.types == nil {
+			c.types = make(map[uint32]*TypeMessage)
+		}
+		c.types[v.TypeOID] = v
+	}
+}
+
+// Relation returns the latest Relation message for id.
+func (c *RelationCache) Relation(id uint32) (*Relation, bool) {
+	r, ok := c.rels[id]
+	return r, ok
+}
+
+// Type returns the latest Type message for oid.
+func (c *RelationCache) Type(oid uint32) (*TypeMessage, bool) {
+	t, ok := c.types[oid]
+	return t, ok
+}
+
+// Len returns the number of relations in the cache.
+func (c *RelationCache) Len() int { return len(c.rels) }
+
+// Reset empties the cache.
+func (c *RelationCache) Reset() { c.rels, c.types = nil, nil }

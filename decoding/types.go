@@ -1,0 +1,344 @@
+package decoding
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+)
+
+// LSN is a WAL position; it prints as PostgreSQL does (%X/%X).
+type LSN = pglogrepl.LSN
+
+// MessageType is the first byte of a pgoutput message.
+type MessageType byte
+
+// The pgoutput message types.
+const (
+	MsgBegin            MessageType = 'B'
+	MsgCommit           MessageType = 'C'
+	MsgOrigin           MessageType = 'O'
+	MsgRelation         MessageType = 'R'
+	MsgType             MessageType = 'Y'
+	MsgInsert           MessageType = 'I'
+	MsgUpdate           MessageType = 'U'
+	MsgDelete           MessageType = 'D'
+	MsgTruncate         MessageType = 'T'
+	MsgMessage          MessageType = 'M'
+	MsgStreamStart      MessageType = 'S'
+	MsgStreamStop       MessageType = 'E'
+	MsgStreamCommit     MessageType = 'c'
+	MsgStreamAbort      MessageType = 'A'
+	MsgBeginPrepare     MessageType = 'b'
+	MsgPrepare          MessageType = 'P'
+	MsgCommitPrepared   MessageType = 'K'
+	MsgRollbackPrepared MessageType = 'r'
+	MsgStreamPrepare    MessageType = 'p'
+)
+
+var typeNames = [256]string{
+	'B': "Begin", 'C': "Commit", 'O': "Origin", 'R': "Relation", 'Y': "Type", 'I': "Insert",
+	'U': "Update", 'D': "Delete", 'T': "Truncate", 'M': "Message", 'S': "Stream Start",
+	'E': "Stream Stop", 'c': "Stream Commit", 'A': "Stream Abort", 'b': "Begin Prepare",
+	'P': "Prepare", 'K': "Commit Prepared", 'r': "Rollback Prepared", 'p': "Stream Prepare",
+}
+
+// minVersion is the first protocol version that has each message type (0: not a message type).
+var minVersion = [256]uint8{
+	'B': 1, 'C': 1, 'O': 1, 'R': 1, 'Y': 1, 'I': 1, 'U': 1, 'D': 1, 'T': 1, 'M': 1,
+	'S': 2, 'E': 2, 'c': 2, 'A': 2,
+	'b': 3, 'P': 3, 'K': 3, 'r': 3, 'p': 3,
+}
+
+// String returns the protocol documentation's name of t, or a quoted byte for unknown types.
+func (t MessageType) String() string {
+	if n := typeNames[t]; n != "" {
+		return n
+	}
+	return "unknown type " + strconv.QuoteRune(rune(t))
+}
+
+// Known reports whether t is a pgoutput message type of protocol 1 to 4.
+func (t MessageType) Known() bool { return minVersion[t] != 0 }
+
+// IsChange reports whether messages of type t carry a leading xid inside a stream block:
+// Insert, Update, Delete, Truncate, Relation, Type and Message.
+func (t MessageType) IsChange() bool {
+	switch t {
+	case MsgInsert, MsgUpdate, MsgDelete, MsgTruncate, MsgRelation, MsgType, MsgMessage:
+		return true
+	}
+	return false
+}
+
+// AbortInfo says whether Stream Abort messages carry abort_lsn and abort_time (protocol 4 with
+// streaming = parallel).
+type AbortInfo uint8
+
+const (
+	AbortInfoAuto   AbortInfo = iota // decide from the message length (the zero value)
+	AbortInfoNever                   // require the 9-byte layout (streaming = on)
+	AbortInfoAlways                  // require the 25-byte layout (streaming = parallel)
+)
+
+// Options describe what was negotiated with the server. The zero value accepts every message of
+// protocols 1 to 4 and detects the Stream Abort layout.
+type Options struct {
+	// ProtoVersion is the negotiated proto_version, 1 to 4; messages the version does not have are
+	// rejected with ErrVersion (except Stream Abort, see the package doc). 0 (or a version above 4)
+	// accepts all.
+	ProtoVersion int
+	AbortInfo    AbortInfo
+}
+
+func (o Options) allows(t MessageType) bool {
+	return o.ProtoVersion <= 0 || t == MsgStreamAbort || int(minVersion[t]) <= o.ProtoVersion
+}
+
+// Message is one decoded pgoutput message: one of the pointer types of this package.
+type Message interface {
+	Type() MessageType
+}
+
+// Column is one column of a tuple.
+type Column struct {
+	// Kind is 'n' (NULL), 'u' (unchanged TOASTed value, not sent), 't' (text) or 'b' (binary).
+	Kind byte
+	// Data is the value for 't' and 'b' (aliasing the input), nil otherwise.
+	Data []byte
+}
+
+// Column kinds.
+const (
+	ColumnNull      byte = 'n'
+	ColumnUnchanged byte = 'u'
+	ColumnText      byte = 't'
+	ColumnBinary    byte = 'b'
+)
+
+// Tuple is the TupleData of a change: the published columns, in relation order.
+type Tuple []Column
+
+// Begin starts a non-streamed transaction.
+type Begin struct {
+	FinalLSN   LSN // LSN of the commit record
+	CommitTime time.Time
+	Xid        uint32
+}
+
+// Commit ends a non-streamed transaction.
+type Commit struct {
+	Flags      uint8
+	CommitLSN  LSN
+	EndLSN     LSN // end of the commit record
+	CommitTime time.Time
+}
+
+// Origin names the replication origin of the transaction; it follows Begin, Begin Prepare or the
+// first Stream Start of a transaction.
+type Origin struct {
+	CommitLSN LSN // 0 inside streams
+	Name      string
+}
+
+// RelationColumn describes one column of a Relation.
+type RelationColumn struct {
+	Flags   uint8 // 1 = part of the replica identity key
+	Name    string
+	TypeOID uint32
+	TypeMod int32
+}
+
+// IsKey reports whether the column is part of the replica identity key.
+func (c RelationColumn) IsKey() bool { return c.Flags&1 != 0 }
+
+// Relation describes a table before the first change that uses it (and again after schema changes).
+type Relation struct {
+	Xid             uint32 // inside streams: the xid of the change that needed it; else 0
+	RelationID      uint32
+	Namespace       string // "" means pg_catalog
+	Name            string
+	ReplicaIdentity byte // 'd' default, 'n' nothing, 'f' full, 'i' index
+	Columns         []RelationColumn
+}
+
+// TypeMessage describes a non-built-in data type used by a Relation.
+type TypeMessage struct {
+	Xid       uint32
+	TypeOID   uint32
+	Namespace string
+	Name      string
+}
+
+// Insert is one inserted row.
+type Insert struct {
+	Xid        uint32 // inside streams: the writing (sub)transaction; else 0
+	RelationID uint32
+	New        Tuple
+}
+
+// Update is one updated row. OldKind is 0 (no old tuple), 'K' (the replica identity key changed:
+// Old holds the old key columns) or 'O' (REPLICA IDENTITY FULL: Old holds the whole old row).
+type Update struct {
+	Xid        uint32
+	RelationID uint32
+	OldKind    byte
+	Old        Tuple
+	New        Tuple
+}
+
+// Delete is one deleted row. OldKind is 'K' (key columns; others sent as NULL) or 'O' (REPLICA
+// IDENTITY FULL: the whole row).
+type Delete struct {
+	Xid        uint32
+	RelationID uint32
+	OldKind    byte
+	Old        Tuple
+}
+
+// Truncate options.
+const (
+	TruncateCascade         uint8 = 1
+	TruncateRestartIdentity uint8 = 2
+)
+
+// Truncate is one TRUNCATE of one or more relations.
+type Truncate struct {
+	Xid         uint32
+	Options     uint8 // TruncateCascade | TruncateRestartIdentity
+	RelationIDs []uint32
+}
+
+// LogicalMessage is a message emitted with pg_logical_emit_message.
+type LogicalMessage struct {
+	Xid     uint32 // inside streams: the top-level xid; else 0
+	Flags   uint8  // 1 = transactional
+	LSN     LSN
+	Prefix  string
+	Content []byte // aliases the input
+}
+
+// Transactional reports whether the message belongs to its transaction.
+func (m *LogicalMessage) Transactional() bool { return m.Flags&1 != 0 }
+
+// StreamStart opens a stream block of a top-level transaction.
+type StreamStart struct {
+	Xid          uint32
+	FirstSegment bool // first block of this xid in this walsender session
+}
+
+// StreamStop closes a stream block.
+type StreamStop struct{}
+
+// StreamCommit commits a streamed transaction.
+type StreamCommit struct {
+	Xid        uint32
+	Flags      uint8
+	CommitLSN  LSN
+	EndLSN     LSN
+	CommitTime time.Time
+}
+
+// StreamAbort aborts a streamed (sub)transaction: SubXid == Xid for the top level. AbortLSN and
+// AbortTime are present only with streaming = parallel (HasAbortInfo).
+type StreamAbort struct {
+	Xid          uint32
+	SubXid       uint32
+	HasAbortInfo bool
+	AbortLSN     LSN
+	AbortTime    time.Time
+}
+
+// BeginPrepare starts a non-streamed prepared transaction (two_phase).
+type BeginPrepare struct {
+	PrepareLSN  LSN
+	EndLSN      LSN
+	PrepareTime time.Time
+	Xid         uint32
+	GID         string
+}
+
+// Prepare ends a non-streamed prepared transaction (PREPARE TRANSACTION).
+type Prepare struct {
+	Flags       uint8
+	PrepareLSN  LSN
+	EndLSN      LSN
+	PrepareTime time.Time
+	Xid         uint32
+	GID         string
+}
+
+// CommitPrepared is COMMIT PREPARED of a transaction sent earlier.
+type CommitPrepared struct {
+	Flags      uint8
+	CommitLSN  LSN
+	EndLSN     LSN
+	CommitTime time.Time
+	Xid        uint32
+	GID        string
+}
+
+// RollbackPrepared is ROLLBACK PREPARED of a transaction sent earlier.
+type RollbackPrepared struct {
+	Flags          uint8
+	PrepareEndLSN  LSN
+	RollbackEndLSN LSN
+	PrepareTime    time.Time
+	RollbackTime   time.Time
+	Xid            uint32
+	GID            string
+}
+
+// StreamPrepare prepares a streamed transaction; same fields as Prepare.
+type StreamPrepare struct {
+	Flags       uint8
+	PrepareLSN  LSN
+	EndLSN      LSN
+	PrepareTime time.Time
+	Xid         uint32
+	GID         string
+}
+
+func (*Begin) Type() MessageType            { return MsgBegin }
+func (*Commit) Type() MessageType           { return MsgCommit }
+func (*Origin) Type() MessageType           { return MsgOrigin }
+func (*Relation) Type() MessageType         { return MsgRelation }
+func (*TypeMessage) Type() MessageType      { return MsgType }
+func (*Insert) Type() MessageType           { return MsgInsert }
+func (*Update) Type() MessageType           { return MsgUpdate }
+func (*Delete) Type() MessageType           { return MsgDelete }
+func (*Truncate) Type() MessageType         { return MsgTruncate }
+func (*LogicalMessage) Type() MessageType   { return MsgMessage }
+func (*StreamStart) Type() MessageType      { return MsgStreamStart }
+func (*StreamStop) Type() MessageType       { return MsgStreamStop }
+func (*StreamCommit) Type() MessageType     { return MsgStreamCommit }
+func (*StreamAbort) Type() MessageType      { return MsgStreamAbort }
+func (*BeginPrepare) Type() MessageType     { return MsgBeginPrepare }
+func (*Prepare) Type() MessageType          { return MsgPrepare }
+func (*CommitPrepared) Type() MessageType   { return MsgCommitPrepared }
+func (*RollbackPrepared) Type() MessageType { return MsgRollbackPrepared }
+func (*StreamPrepare) Type() MessageType    { return MsgStreamPrepare }
+
+// pgEpochUnix is 2000-01-01 00:00:00 UTC in Unix seconds: PostgreSQL timestamps count µs from it.
+const pgEpochUnix = 946684800
+
+// pgTime converts PostgreSQL µs-since-2000 to a UTC time. Every int64 converts exactly (and back,
+// with pgMicros), including PostgreSQL's ±infinity.
+func pgTime(us int64) time.Time {
+	return time.Unix(us/1e6+pgEpochUnix, (us%1e6)*1e3).UTC()
+}
+
+// pgMicros is the inverse of pgTime; ok is false if t is outside the int64 µs range.
+func pgMicros(t time.Time) (us int64, ok bool) {
+	sec := t.Unix() - pgEpochUnix
+	frac := int64(t.Nanosecond() / 1e3)
+	if sec < 0 && frac > 0 {
+		sec++
+		frac -= 1e6
+	}
+	const maxSec, minSec = 9223372036854, -9223372036854
+	if sec > maxSec || sec < minSec || (sec == maxSec && frac > 775807) || (sec == minSec && frac < -775808) {
+		return 0, false
+	}
+	return sec*1e6 + frac, true
+}
