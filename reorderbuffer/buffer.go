@@ -1,0 +1,586 @@
+package reorderbuffer
+
+import (
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/heap"
+	"github.com/pgreorder/pgreorder/spill"
+)
+
+// Buffer reorders one pgoutput stream. It is not safe for concurrent use: drive it from one
+// goroutine (see the package documentation for the loop).
+type Buffer struct {
+	cfg   Config
+	limit int64
+	dec   *decoding.Decoder
+
+	store    *spill.Store // opened on the first spill
+	txns     map[uint32]*txn
+	evict    *heap.Heap[*txn] // transactions with records in memory, most bytes on top
+	cur      *txn             // receiving changes: inside a stream block, or between Begin and Commit
+	curPlain bool             // cur was opened by Begin / Begin Prepare (not a stream block)
+
+	queue []*Txn // finished, not yet handed out by Next, in commit order
+	lent  *Txn   // handed out by the last Next; released by the next Next or Close
+	rels  decoding.RelationCache
+
+	acks      []*Txn // handed out or queued, not yet acknowledged, in commit order
+	acked     LSN    // end LSN of the last transaction of the acknowledged prefix
+	keepalive LSN    // highest walEnd of a keepalive
+	reported  LSN    // highest position FlushPosition returned
+
+	mem   int64 // bytes of records in memory (chunk capacity)
+	stats Stats
+	err   error
+	done  bool
+}
+
+// New returns a Buffer. It makes no files until the first transaction has to be spilled.
+func New(cfg Config) (*Buffer, error) {
+	b := &Buffer{
+		cfg:   cfg,
+		limit: cfg.limit(),
+		dec:   decoding.NewDecoder(cfg.Decoding),
+		txns:  make(map[uint32]*txn),
+		evict: heap.New(func(x, y *txn) bool { return x.mem.bytes() > y.mem.bytes() },
+			func(t *txn) *heap.Node[*txn] { return &t.node }),
+	}
+	if cfg.SkipThrough != 0 {
+		b.acked = cfg.SkipThrough
+	}
+	return b, nil
+}
+
+// Add feeds one pgoutput message: the payload of an XLogData message and its start LSN (which
+// may be 0; the buffer relies on the LSNs inside the messages). data is not retained: what the
+// buffer keeps, it copies, so the caller may reuse data as soon as Add returns.
+//
+// Committed transactions that become ready are handed out by Next. After an error every later
+// call returns an error wrapping ErrFailed.
+func (b *Buffer) Add(lsn LSN, data []byte) error {
+	if b.done {
+		return ErrClosed
+	}
+	if b.err != nil {
+		return fmt.Errorf("%w: %w", ErrFailed, b.err)
+	}
+	if err := b.add(lsn, data); err != nil {
+		var typ byte
+		if len(data) > 0 {
+			typ = data[0]
+		}
+		b.err = &InputError{LSN: lsn, Type: typ, Err: err}
+		return b.err
+	}
+	return nil
+}
+
+// Keepalive records the walEnd of a primary keepalive message. When nothing is pending, the
+// flush position advances to it so that an idle slot does not hold back WAL.
+func (b *Buffer) Keepalive(walEnd LSN) {
+	b.keepalive = max(b.keepalive, walEnd)
+}
+
+func (b *Buffer) add(lsn LSN, data []byte) error {
+	h, err := b.dec.Next(data)
+	if err != nil {
+		return err
+	}
+	if h.InStream {
+		b.stats.StreamBytes += int64(len(data))
+	}
+	switch h.Type {
+	case decoding.MsgInsert, decoding.MsgUpdate, decoding.MsgDelete, decoding.MsgTruncate:
+		return b.record(h, data, false)
+	case decoding.MsgRelation, decoding.MsgType:
+		return b.record(h, data, true)
+	case decoding.MsgMessage:
+		m, err := b.parse(data, h.InStream)
+		if err != nil {
+			return err
+		}
+		lm := m.(*decoding.LogicalMessage)
+		if !lm.Transactional() {
+			return b.nonTransactional(lm, data)
+		}
+		return b.record(h, data, false)
+
+	case decoding.MsgBegin:
+		m, err := b.parse(data, false)
+		if err != nil {
+			return err
+		}
+		bg := m.(*decoding.Begin)
+		t := b.open(bg.Xid)
+		t.finalLSN, t.commitTime = bg.FinalLSN, bg.CommitTime
+		b.cur, b.curPlain = t, true
+	case decoding.MsgBeginPrepare:
+		m, err := b.parse(data, false)
+		if err != nil {
+			return err
+		}
+		bp := m.(*decoding.BeginPrepare)
+		t := b.open(bp.Xid)
+		t.gid = bp.GID
+		b.cur, b.curPlain = t, true
+	case decoding.MsgOrigin:
+		m, err := b.parse(data, false)
+		if err != nil {
+			return err
+		}
+		if b.cur != nil {
+			o := m.(*decoding.Origin)
+			b.cur.origin, b.cur.originLSN = o.Name, o.CommitLSN
+		}
+	case decoding.MsgCommit:
+		m, err := b.parse(data, false)
+		if err != nil {
+			return err
+		}
+		c := m.(*decoding.Commit)
+		t := b.cur
+		b.cur, b.curPlain = nil, false
+		return b.finish(t, c.CommitLSN, c.EndLSN, c.CommitTime, "")
+	case decoding.MsgPrepare:
+		m, err := b.parse(data, false)
+		if err != nil {
+			return err
+		}
+		p := m.(*decoding.Prepare)
+		t := b.cur
+		b.cur, b.curPlain = nil, false
+		b.hold(t, p.GID, p.PrepareLSN, p.EndLSN, p.PrepareTime)
+
+	case decoding.MsgStreamStart:
+		t := b.txns[h.Xid]
+		if h.FirstSegment {
+			if t != nil {
+				// The server decodes the transaction again from its start after a restart.
+				b.stats.RestartedTxns++
+				b.drop(t)
+			}
+			t = b.open(h.Xid)
+			t.streamed = true
+			b.stats.StreamTxns++
+		} else if t == nil {
+			return fmt.Errorf("%w: stream of transaction %d continues, but its first segment was never received", ErrProtocol, h.Xid)
+		}
+		b.stats.StreamCount++
+		b.cur, b.curPlain = t, false
+	case decoding.MsgStreamStop:
+		b.cur = nil
+	case decoding.MsgStreamAbort:
+		t := b.txns[h.Xid]
+		switch {
+		case t == nil:
+			// PostgreSQL sends aborts for transactions that never streamed; nothing to do.
+		case h.SubXid == h.Xid:
+			b.stats.AbortedTxns++
+			b.drop(t)
+		default:
+			return b.abortSub(t, h.SubXid)
+		}
+	case decoding.MsgStreamCommit:
+		m, err := b.parse(data, false)
+		if err != nil {
+			return err
+		}
+		c := m.(*decoding.StreamCommit)
+		return b.finish(b.streamed(c.Xid), c.CommitLSN, c.EndLSN, c.CommitTime, "")
+	case decoding.MsgStreamPrepare:
+		m, err := b.parse(data, false)
+		if err != nil {
+			return err
+		}
+		p := m.(*decoding.StreamPrepare)
+		b.hold(b.streamed(p.Xid), p.GID, p.PrepareLSN, p.EndLSN, p.PrepareTime)
+	case decoding.MsgCommitPrepared:
+		m, err := b.parse(data, false)
+		if err != nil {
+			return err
+		}
+		c := m.(*decoding.CommitPrepared)
+		t := b.txns[c.Xid]
+		if t == nil || !t.prepared {
+			// Prepared before this session's start position and already handed out, or
+			// skipped through Config.SkipThrough: nothing is held for it.
+			b.stats.UnknownPrepared++
+			return nil
+		}
+		return b.finish(t, c.CommitLSN, c.EndLSN, c.CommitTime, c.GID)
+	case decoding.MsgRollbackPrepared:
+		m, err := b.parse(data, false)
+		if err != nil {
+			return err
+		}
+		r := m.(*decoding.RollbackPrepared)
+		if t := b.txns[r.Xid]; t != nil && t.prepared {
+			b.stats.AbortedTxns++
+			b.drop(t)
+		}
+	default:
+		return fmt.Errorf("%w: unexpected message type %q", ErrProtocol, byte(h.Type))
+	}
+	return nil
+}
+
+func (b *Buffer) parse(data []byte, inStream bool) (decoding.Message, error) {
+	return decoding.Parse(data, inStream, b.cfg.Decoding)
+}
+
+// open starts holding a transaction, discarding an older one with the same xid.
+func (b *Buffer) open(xid uint32) *txn {
+	if old := b.txns[xid]; old != nil {
+		b.drop(old)
+	}
+	t := &txn{xid: xid}
+	b.txns[xid] = t
+	return t
+}
+
+// streamed returns the streamed transaction xid, or an empty one when none is held: a
+// transaction whose changes were all rolled back (or that ran in an earlier session) still ends
+// with a Stream Commit that must be acknowledged.
+func (b *Buffer) streamed(xid uint32) *txn {
+	if t := b.txns[xid]; t != nil {
+		return t
+	}
+	return b.open(xid)
+}
+
+// record appends a change (or schema message) to the transaction receiving changes.
+func (b *Buffer) record(h decoding.Header, data []byte, schema bool) error {
+	t := b.cur
+	if t == nil { // the decoder rejects changes outside a transaction; be defensive anyway
+		return fmt.Errorf("%w: change outside any transaction", ErrProtocol)
+	}
+	var grown int64
+	if h.InStream {
+		if len(data) < 5 {
+			return fmt.Errorf("%w: short in-stream message", ErrProtocol)
+		}
+		if sub := h.Xid; sub != t.xid && !t.subs.contains(sub) {
+			t.subs.addMem(sub, t.mem.end())
+		}
+		// Keep the type byte and the body; the writer's xid is only needed for the
+		// subtransaction list above.
+		grown = t.mem.appendRecord(data[:1], data[5:])
+	} else {
+		grown = t.mem.appendRecord(data)
+	}
+	t.records++
+	t.bytes += int64(len(data))
+	if schema {
+		t.hasSchema = true
+	}
+	if grown > 0 {
+		b.grow(t, grown)
+		return b.checkLimit()
+	}
+	return nil
+}
+
+// grow accounts n more bytes in memory for t and keeps the eviction heap up to date.
+func (b *Buffer) grow(t *txn, n int64) {
+	b.mem += n
+	b.stats.PeakMemoryBytes = max(b.stats.PeakMemoryBytes, b.mem)
+	if !t.lent {
+		if t.node.InHeap() {
+			b.evict.Fix(t)
+		} else {
+			b.evict.Push(t)
+		}
+	}
+}
+
+// release accounts n fewer bytes in memory for t.
+func (b *Buffer) release(t *txn, n int64) {
+	b.mem -= n
+	if t.node.InHeap() {
+		if t.mem.bytes() == 0 {
+			b.evict.Remove(t)
+		} else {
+			b.evict.Fix(t)
+		}
+	}
+}
+
+// checkLimit spills the largest transactions until memory is within the limit.
+func (b *Buffer) checkLimit() error {
+	for b.mem > b.limit {
+		t, ok := b.evict.Peek()
+		if !ok {
+			return nil
+		}
+		if err := b.spill(t); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// spill appends t's in-memory records to its spill log and frees them.
+func (b *Buffer) spill(t *txn) error {
+	if t.log == nil {
+		if b.store == nil {
+			st, err := spill.Open(spill.Options{Dir: b.spillDir(), FS: b.cfg.FS})
+			if err != nil {
+				return fmt.Errorf("reorderbuffer: opening spill store: %w", err)
+			}
+			b.store = st
+		}
+		l, err := b.store.Create()
+		if err != nil {
+			return err
+		}
+		t.log = l
+	}
+	if !t.everSpilled {
+		t.everSpilled = true
+		b.stats.SpillTxns++
+	}
+	before := t.log.Size()
+	subs := t.subs.mem
+	j := 0
+	var err error
+	t.mem.all(func(pos int64, rec []byte) bool {
+		for j < len(subs) && subs[j].pos == pos {
+			t.subs.addSpilled(subs[j].xid, t.log.Size())
+			j++
+		}
+		err = t.log.Append(rec)
+		return err == nil
+	})
+	if err != nil {
+		return err
+	}
+	t.subs.mem, t.subs.memMin, t.subs.memMax = t.subs.mem[:0], t.subs.memMin[:0], t.subs.memMax[:0]
+	b.stats.SpillCount++
+	b.stats.SpillBytes += t.log.Size() - before
+	b.release(t, t.mem.reset())
+	return nil
+}
+
+func (b *Buffer) spillDir() string {
+	if b.cfg.Dir != "" {
+		return b.cfg.Dir
+	}
+	return os.TempDir()
+}
+
+// abortSub cuts t back to where subtransaction sub first wrote, dropping sub and every
+// subtransaction that appeared after it. A subtransaction with no entry had no changes in the
+// stream: nothing to do.
+func (b *Buffer) abortSub(t *txn, sub uint32) error {
+	if i := t.subs.findMem(sub); i >= 0 {
+		b.release(t, t.mem.truncate(t.subs.mem[i].pos))
+		t.subs.cutMem(i)
+		b.stats.AbortedSubxacts++
+		return nil
+	}
+	blk, j, off := t.subs.findSpilled(sub)
+	if blk < 0 {
+		return nil
+	}
+	if err := t.log.Truncate(off); err != nil {
+		return err
+	}
+	b.release(t, t.mem.reset())
+	t.subs.cutSpilled(blk, j)
+	b.stats.AbortedSubxacts++
+	return nil
+}
+
+// hold keeps a prepared transaction until COMMIT PREPARED or ROLLBACK PREPARED.
+func (b *Buffer) hold(t *txn, gid string, prepareLSN, endLSN LSN, at time.Time) {
+	t.prepared = true
+	t.gid = gid
+	t.prepareLSN, t.prepareEndLSN, t.prepareTime = prepareLSN, endLSN, at
+}
+
+// finish hands a committed transaction to the queue, or drops it if the consumer already has it.
+func (b *Buffer) finish(t *txn, commitLSN, endLSN LSN, at time.Time, gid string) error {
+	delete(b.txns, t.xid)
+	if endLSN <= b.cfg.SkipThrough {
+		b.stats.SkippedTxns++
+		b.free(t)
+		return nil
+	}
+	x := &Txn{
+		Xid:        t.xid,
+		CommitLSN:  commitLSN,
+		EndLSN:     endLSN,
+		CommitTime: at,
+		Origin:     t.origin,
+		OriginLSN:  t.originLSN,
+		GID:        gid,
+		Streamed:   t.streamed,
+		Records:    t.records,
+		b:          b,
+		t:          t,
+	}
+	b.stats.TotalTxns++
+	b.stats.TotalBytes += t.bytes
+	b.queue = append(b.queue, x)
+	b.acks = append(b.acks, x)
+	return nil
+}
+
+// nonTransactional queues a non-transactional logical message in its place.
+func (b *Buffer) nonTransactional(m *decoding.LogicalMessage, data []byte) error {
+	if m.LSN <= b.cfg.SkipThrough {
+		b.stats.SkippedTxns++
+		return nil
+	}
+	t := &txn{}
+	if grown := t.mem.appendRecord(data); grown > 0 {
+		b.grow(t, grown)
+	}
+	t.records = 1
+	x := &Txn{EndLSN: m.LSN, CommitLSN: m.LSN, NonTransactional: true, Records: 1, b: b, t: t}
+	b.queue = append(b.queue, x)
+	b.acks = append(b.acks, x)
+	return b.checkLimit()
+}
+
+// drop forgets a transaction that will never be handed out.
+func (b *Buffer) drop(t *txn) {
+	if b.txns[t.xid] == t {
+		delete(b.txns, t.xid)
+	}
+	if b.cur == t {
+		b.cur, b.curPlain = nil, false
+	}
+	b.free(t)
+}
+
+// free releases t's memory and spill log.
+func (b *Buffer) free(t *txn) {
+	b.release(t, t.mem.reset())
+	t.subs.reset()
+	if t.log != nil {
+		if err := t.log.Remove(); err != nil && b.err == nil {
+			b.err = err
+		}
+		t.log = nil
+	}
+}
+
+// Next returns the next committed transaction, in commit order, or false when none is ready.
+// It releases the transaction the previous call returned: read a transaction's changes before
+// calling Next again. Acknowledge each transaction with Ack once it is durably handled.
+func (b *Buffer) Next() (*Txn, bool) {
+	b.releaseLent()
+	if b.done || len(b.queue) == 0 {
+		return nil, false
+	}
+	x := b.queue[0]
+	b.queue[0] = nil
+	b.queue = b.queue[1:]
+	if len(b.queue) == 0 {
+		b.queue = b.queue[:0:0] // let the backing array go
+	}
+	x.t.lent = true
+	if x.t.node.InHeap() {
+		b.evict.Remove(x.t)
+	}
+	b.lent = x
+	return x, true
+}
+
+// Pending returns the number of transactions ready to be handed out by Next.
+func (b *Buffer) Pending() int { return len(b.queue) }
+
+func (b *Buffer) releaseLent() {
+	x := b.lent
+	if x == nil {
+		return
+	}
+	b.lent = nil
+	if x.t.hasSchema && !x.read {
+		// The consumer skipped the changes; later transactions still need the schema it carried.
+		for m, err := range x.changes() {
+			if err != nil {
+				break
+			}
+			_ = m
+		}
+	}
+	x.released = true
+	b.free(x.t)
+}
+
+// Ack records that the consumer has durably handled t. Transactions may be acknowledged in any
+// order; the flush position only passes a transaction once it and all before it are acknowledged.
+func (b *Buffer) Ack(t *Txn) {
+	if t == nil || t.b != b {
+		return
+	}
+	t.acked = true
+	b.advanceAcks()
+}
+
+func (b *Buffer) advanceAcks() {
+	i := 0
+	for ; i < len(b.acks) && b.acks[i].acked; i++ {
+		b.acked = max(b.acked, b.acks[i].EndLSN)
+		b.acks[i] = nil
+	}
+	b.acks = b.acks[i:]
+	if len(b.acks) == 0 {
+		b.acks = b.acks[:0:0]
+	}
+}
+
+// FlushPosition returns the position that is safe to report as flushed to the server: the end
+// LSN of the last transaction that was acknowledged together with every transaction before it;
+// when nothing is pending or being received, the highest keepalive position, so that an idle
+// slot does not hold back WAL. A prepared transaction the buffer holds pins the position at its
+// PREPARE, so that the server sends it again after a restart. The result never decreases.
+func (b *Buffer) FlushPosition() LSN {
+	pos := b.acked
+	if len(b.acks) == 0 && !(b.cur != nil && b.curPlain) {
+		pos = max(pos, b.keepalive)
+	}
+	for _, t := range b.txns {
+		if t.prepared && t.prepareLSN < pos {
+			pos = t.prepareLSN
+		}
+	}
+	if pos < b.reported {
+		pos = b.reported
+	}
+	b.reported = pos
+	return pos
+}
+
+// Close releases every transaction and removes every spill file. It is safe to call twice.
+func (b *Buffer) Close() error {
+	if b.done {
+		return nil
+	}
+	b.done = true
+	if x := b.lent; x != nil {
+		b.lent = nil
+		x.released = true
+		b.free(x.t)
+	}
+	for _, x := range b.queue {
+		x.released = true
+		b.free(x.t)
+	}
+	b.queue = nil
+	for _, t := range b.txns {
+		b.free(t)
+	}
+	clear(b.txns)
+	b.cur = nil
+	var err error
+	if b.store != nil {
+		err = b.store.Close()
+	}
+	return err
+}

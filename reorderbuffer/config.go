@@ -1,0 +1,105 @@
+package reorderbuffer
+
+import (
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+
+	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/spill"
+)
+
+// LSN is a PostgreSQL write-ahead log position.
+type LSN = decoding.LSN
+
+// DefaultWorkMem is the memory limit used when Config.WorkMem is 0: PostgreSQL's default for
+// logical_decoding_work_mem, 64MB.
+const DefaultWorkMem int64 = 64 << 20
+
+// SpillEverything, as Config.WorkMem, keeps no transaction data in memory: every record is written
+// to the transaction's spill log as soon as it arrives (logical_decoding_work_mem = 0 in spirit;
+// PostgreSQL's own minimum is 64kB).
+const SpillEverything int64 = -1
+
+// Config configures a Buffer. The zero value is ready to use: 64 MiB of memory, spill files in
+// os.TempDir(), protocol details detected from the stream.
+type Config struct {
+	// WorkMem is the most bytes of transaction data held in memory, like PostgreSQL's
+	// logical_decoding_work_mem. 0 means DefaultWorkMem; SpillEverything means none.
+	// Beyond the limit the transaction with the most bytes in memory is spilled to disk.
+	WorkMem int64
+
+	// Dir is the directory that holds spill files; "" means os.TempDir(). The buffer makes its own
+	// subdirectory there and removes it on Close; stale ones of dead processes are removed on start.
+	Dir string
+
+	// FS is the filesystem for spill files; nil means the operating system's.
+	FS spill.FS
+
+	// Decoding describes the negotiated protocol (version, and whether Stream Abort carries the
+	// protocol 4 abort LSN and time). The zero value accepts every version and detects the rest.
+	Decoding decoding.Options
+
+	// SkipThrough is the consumer's last durable position: the end LSN of the last transaction it
+	// applied before a restart. Transactions that end at or before it are dropped instead of being
+	// handed out again, as PostgreSQL's subscriber does with its replication origin.
+	SkipThrough LSN
+}
+
+func (c *Config) limit() int64 {
+	switch {
+	case c.WorkMem == 0:
+		return DefaultWorkMem
+	case c.WorkMem < 0:
+		return 0
+	default:
+		return c.WorkMem
+	}
+}
+
+// ParseWorkMem parses a memory limit written as PostgreSQL writes logical_decoding_work_mem:
+// a number with an optional unit B, kB, MB, GB or TB (multiples of 1024, as in PostgreSQL; KiB,
+// MiB, GiB and TiB are accepted too). A bare number is in kilobytes, as in postgresql.conf.
+// "0" means SpillEverything; "unlimited" (or "inf") means no limit. The result is a valid
+// Config.WorkMem.
+func ParseWorkMem(s string) (int64, error) {
+	s = strings.TrimSpace(s)
+	switch strings.ToLower(s) {
+	case "unlimited", "inf", "infinity":
+		return math.MaxInt64, nil
+	}
+	i := 0
+	for i < len(s) && s[i] >= '0' && s[i] <= '9' {
+		i++
+	}
+	if i == 0 {
+		return 0, fmt.Errorf("reorderbuffer: invalid memory size %q", s)
+	}
+	n, err := strconv.ParseInt(s[:i], 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("reorderbuffer: invalid memory size %q: %w", s, err)
+	}
+	var mult int64
+	switch strings.TrimSpace(s[i:]) {
+	case "B":
+		mult = 1
+	case "", "kB", "KB", "KiB":
+		mult = 1 << 10
+	case "MB", "MiB":
+		mult = 1 << 20
+	case "GB", "GiB":
+		mult = 1 << 30
+	case "TB", "TiB":
+		mult = 1 << 40
+	default:
+		return 0, fmt.Errorf("reorderbuffer: invalid memory unit in %q (want B, kB, MB, GB or TB)", s)
+	}
+	if n > math.MaxInt64/mult {
+		return 0, fmt.Errorf("reorderbuffer: memory size %q too large", s)
+	}
+	if n == 0 {
+		return SpillEverything, nil
+	}
+	return n * mult, nil
+}

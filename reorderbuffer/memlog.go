@@ -1,0 +1,152 @@
+package reorderbuffer
+
+import "encoding/binary"
+
+// memlog is a transaction's in-memory, append-only sequence of records.
+//
+// Records are framed as uvarint(len) || bytes and packed into chunks that grow geometrically from
+// minChunk to maxChunk bytes; a record never spans two chunks (a record larger than maxChunk gets a
+// chunk of its own, sized exactly). The bytes a memlog retains are exactly the capacities of its
+// chunks, which is what the buffer accounts: no hidden per-record allocations, no pointers for the
+// garbage collector to trace.
+//
+// Positions are byte offsets into the concatenation of all framed records, counted from the start of
+// the memlog (0 after reset). A position returned by end() is a record boundary until the memlog is
+// truncated before it or reset.
+type memlog struct {
+	chunks [][]byte
+	starts []int64 // starts[i] = position of chunks[i][0]
+	size   int64   // position after the last record
+	capSum int64   // sum of cap(chunks[i])
+	count  int     // records held
+}
+
+const (
+	minChunk = 256
+	maxChunk = 64 << 10
+)
+
+// end returns the position after the last record.
+func (m *memlog) end() int64 { return m.size }
+
+// bytes returns the memory the memlog retains.
+func (m *memlog) bytes() int64 { return m.capSum }
+
+// appendRecord appends a record made of the concatenation of parts.
+// It returns the number of bytes of new chunk capacity it allocated.
+func (m *memlog) appendRecord(parts ...[]byte) (grown int64) {
+	n := 0
+	for _, p := range parts {
+		n += len(p)
+	}
+	need := uvarintLen(uint64(n)) + n
+	last := len(m.chunks) - 1
+	if last < 0 || cap(m.chunks[last])-len(m.chunks[last]) < need {
+		size := minChunk
+		if last >= 0 {
+			size = min(2*cap(m.chunks[last]), maxChunk)
+		}
+		if size < need {
+			size = need
+		}
+		m.chunks = append(m.chunks, make([]byte, 0, size))
+		m.starts = append(m.starts, m.size)
+		m.capSum += int64(size)
+		grown = int64(size)
+		last++
+	}
+	c := binary.AppendUvarint(m.chunks[last], uint64(n))
+	for _, p := range parts {
+		c = append(c, p...)
+	}
+	m.chunks[last] = c
+	m.size += int64(need)
+	m.count++
+	return grown
+}
+
+// truncate drops every record at or after pos, which must be a record boundary. It returns the
+// chunk capacity it released.
+func (m *memlog) truncate(pos int64) (released int64) {
+	if pos >= m.size {
+		return 0
+	}
+	if pos <= 0 {
+		return m.reset()
+	}
+	// The chunk holding pos is the last one starting at or before it.
+	i := len(m.starts) - 1
+	for i > 0 && m.starts[i] > pos {
+		i--
+	}
+	// Count the records dropped so count stays exact.
+	m.count -= m.countFrom(i, pos)
+	for j := i + 1; j < len(m.chunks); j++ {
+		released += int64(cap(m.chunks[j]))
+		m.chunks[j] = nil
+	}
+	m.chunks = m.chunks[:i+1]
+	m.starts = m.starts[:i+1]
+	m.chunks[i] = m.chunks[i][:pos-m.starts[i]]
+	if len(m.chunks[i]) == 0 {
+		released += int64(cap(m.chunks[i]))
+		m.chunks[i] = nil
+		m.chunks = m.chunks[:i]
+		m.starts = m.starts[:i]
+	}
+	m.capSum -= released
+	m.size = pos
+	return released
+}
+
+// countFrom counts the records from position pos (inside chunk i) to the end.
+func (m *memlog) countFrom(i int, pos int64) int {
+	n := 0
+	off := int(pos - m.starts[i])
+	for ; i < len(m.chunks); i++ {
+		c := m.chunks[i]
+		for off < len(c) {
+			l, k := binary.Uvarint(c[off:])
+			off += k + int(l)
+			n++
+		}
+		off = 0
+	}
+	return n
+}
+
+// reset drops every record and returns the capacity released. Positions start again at 0.
+func (m *memlog) reset() (released int64) {
+	released = m.capSum
+	clear(m.chunks)
+	m.chunks = m.chunks[:0]
+	m.starts = m.starts[:0]
+	m.size, m.capSum, m.count = 0, 0, 0
+	return released
+}
+
+// all calls yield for every record in order with its position, until yield returns false. The slice
+// passed to yield aliases the memlog and is valid until the memlog is next modified.
+func (m *memlog) all(yield func(pos int64, rec []byte) bool) bool {
+	for i, c := range m.chunks {
+		off := 0
+		for off < len(c) {
+			l, k := binary.Uvarint(c[off:])
+			start := off + k
+			if !yield(m.starts[i]+int64(off), c[start:start+int(l):start+int(l)]) {
+				return false
+			}
+			off = start + int(l)
+		}
+	}
+	return true
+}
+
+func uvarintLen(x uint64) int {
+	n := 1
+	for x >= 0x80 {
+		x >>= 7
+		n++
+	}
+	return n
+}

@@ -1,0 +1,126 @@
+package reorderbuffer
+
+import (
+	"errors"
+	"io"
+	"iter"
+	"time"
+
+	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/heap"
+	"github.com/pgreorder/pgreorder/spill"
+)
+
+// txn is a transaction the buffer holds: its records (in memory, then in its spill log), the
+// positions of its subtransactions, and what the server told about it so far.
+type txn struct {
+	node heap.Node[*txn]
+	xid  uint32
+
+	mem  memlog
+	log  *spill.Log // nil until first spilled
+	subs subxacts
+
+	records int64 // records held
+	bytes   int64 // pgoutput bytes received for it
+
+	streamed, prepared, hasSchema, everSpilled, lent bool
+
+	finalLSN   LSN
+	commitTime time.Time
+	origin     string
+	originLSN  LSN
+
+	gid                       string
+	prepareLSN, prepareEndLSN LSN
+	prepareTime               time.Time
+}
+
+// Txn is a committed transaction handed out by Buffer.Next, or a non-transactional logical
+// message in its place in the stream.
+//
+// Its fields stay valid for good. Its changes can be read with Changes until the next call to
+// Buffer.Next or Buffer.Close, which release them.
+type Txn struct {
+	Xid        uint32    // top-level transaction id; 0 for a non-transactional message
+	CommitLSN  LSN       // LSN of the commit record (COMMIT PREPARED's for a two-phase transaction)
+	EndLSN     LSN       // end of the commit record: what to acknowledge to the server
+	CommitTime time.Time // commit time reported by the server
+	Origin     string    // replication origin of the transaction, if the server sent one
+	OriginLSN  LSN       // the origin's commit LSN (0 for streamed transactions: pgoutput sends 0)
+	GID        string    // global identifier of a two-phase transaction, "" otherwise
+	Streamed   bool      // the transaction arrived as a stream (it was larger than the server's work mem)
+	Records    int64     // number of records Changes yields (changes, schema messages, logical messages)
+
+	// NonTransactional marks a non-transactional logical message (pg_logical_emit_message with
+	// transactional = false); Changes yields just that message and CommitLSN = EndLSN = its LSN.
+	NonTransactional bool
+
+	b                    *Buffer
+	t                    *txn
+	read, released, acked bool
+}
+
+// Changes yields the transaction's messages in the order the server sent them: Relation and
+// Type messages (schema, before the changes that need it), Insert, Update, Delete, Truncate and
+// transactional logical messages. Records are read back from the spill log, then from memory,
+// one at a time, so memory stays bounded whatever the size of the transaction.
+//
+// A yielded message, and every byte slice in it, is valid only until the next iteration step.
+// Iteration stops after the first error; reading a released transaction yields ErrReleased.
+func (x *Txn) Changes() iter.Seq2[decoding.Message, error] {
+	return x.changes()
+}
+
+// Relation returns the relation with the given OID as known at the current point of reading the
+// changes: use it to name the table and columns of an Insert, Update or Delete.
+func (x *Txn) Relation(id uint32) (*decoding.Relation, bool) {
+	return x.b.rels.Relation(id)
+}
+
+func (x *Txn) changes() iter.Seq2[decoding.Message, error] {
+	return func(yield func(decoding.Message, error) bool) {
+		if x.released {
+			yield(nil, ErrReleased)
+			return
+		}
+		b, t := x.b, x.t
+		emit := func(rec []byte) bool {
+			m, err := decoding.Parse(rec, false, b.cfg.Decoding)
+			if err != nil {
+				yield(nil, err)
+				return false
+			}
+			switch m := m.(type) {
+			case *decoding.Relation, *decoding.TypeMessage:
+				b.rels.Apply(m)
+			}
+			return yield(m, nil)
+		}
+		if t.log != nil {
+			r := t.log.NewReader()
+			for {
+				rec, err := r.Next()
+				if errors.Is(err, io.EOF) {
+					break
+				}
+				if err != nil {
+					r.Close()
+					yield(nil, err)
+					return
+				}
+				if !emit(rec) {
+					r.Close()
+					return
+				}
+			}
+			if err := r.Close(); err != nil {
+				yield(nil, err)
+				return
+			}
+		}
+		if t.mem.all(func(_ int64, rec []byte) bool { return emit(rec) }) {
+			x.read = true
+		}
+	}
+}
