@@ -25,9 +25,9 @@ var (
 
 // InputError describes a message the buffer could not accept.
 type InputError struct {
-	LSN  LSN    // the position passed to Add
-	Type byte   // the message type byte, 0 if the message was empty
-	Err  error  // the cause: a decoding error, a protocol violation, or a spill I/O error
+	LSN  LSN   // the position passed to Add
+	Type byte  // the message type byte, 0 if the message was empty
+	Err  error // the cause: a decoding error, a protocol violation, or a spill I/O error
 }
 
 func (e *InputError) Error() string {

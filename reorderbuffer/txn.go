@@ -56,8 +56,8 @@ type Txn struct {
 	// transactional = false); Changes yields just that message and CommitLSN = EndLSN = its LSN.
 	NonTransactional bool
 
-	b                    *Buffer
-	t                    *txn
+	b                     *Buffer
+	t                     *txn
 	read, released, acked bool
 }
 
