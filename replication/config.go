@@ -1,0 +1,249 @@
+package replication
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/reorderbuffer"
+)
+
+// Streaming modes of the pgoutput "streaming" option.
+const (
+	StreamingOff      = "off"      // the server reorders (and spills) every transaction itself
+	StreamingOn       = "on"       // PostgreSQL 14+: large transactions are sent while they run
+	StreamingParallel = "parallel" // PostgreSQL 16+: as "on", and Stream Abort carries abort_lsn and abort_time
+)
+
+// DefaultStatusInterval is the longest time between two standby status updates when
+// Config.StatusInterval is zero. It is the default of PostgreSQL's own wal_receiver_status_interval
+// and well under the default wal_sender_timeout (60s).
+const DefaultStatusInterval = 10 * time.Second
+
+// Config describes one replication stream. The zero value is not enough on its own: ConnString,
+// Slot and Publications are required; every other field has a working zero value.
+type Config struct {
+	// ConnString is a libpq connection string or URL. "replication=database" is added if absent.
+	ConnString string
+	// Slot is the logical replication slot to read (pgoutput). Slot names are 1 to 63 characters
+	// of a-z, 0-9 and '_', as PostgreSQL requires.
+	Slot string
+	// Publications are the publication names passed to pgoutput (at least one).
+	Publications []string
+	// CreateSlot creates the slot (plugin pgoutput) before streaming if it does not exist yet.
+	CreateSlot bool
+	// TemporarySlot makes a created slot temporary: the server drops it when the connection ends.
+	TemporarySlot bool
+
+	// ProtoVersion is the pgoutput protocol version; 0 asks for the highest the server speaks:
+	// 1 below PostgreSQL 14, 2 on 14, 3 on 15, 4 on 16 and later.
+	ProtoVersion int
+	// Streaming is StreamingOff, StreamingOn or StreamingParallel; "" asks for the best the server
+	// supports: parallel on 16+, on for 14 and 15, off below.
+	Streaming string
+	// Binary asks for binary column values where the type has a send function (PostgreSQL 14+).
+	Binary bool
+	// Messages asks for logical decoding messages (pg_logical_emit_message), PostgreSQL 14+.
+	Messages bool
+	// TwoPhase asks for prepared transactions to be decoded at PREPARE (protocol 3+, PostgreSQL 15+).
+	// A created slot is created with two-phase enabled. Reading a slot once with two-phase turns it on
+	// for that slot for good.
+	TwoPhase bool
+	// Origin is "" (option not sent), "any" or "none" (PostgreSQL 16+: only changes without origin).
+	Origin string
+
+	// StatusInterval is the longest time between two standby status updates; 0 = DefaultStatusInterval.
+	StatusInterval time.Duration
+
+	// Buffer configures the reorder buffer. Buffer.Decoding.ProtoVersion and Buffer.Decoding.AbortInfo
+	// are overwritten with the negotiated values. Buffer.SkipThrough is also the resume position: pass
+	// the EndLSN of the last transaction the consumer durably handled, and the stream starts after it
+	// without repeating it (see the package documentation).
+	Buffer reorderbuffer.Config
+
+	// Logger receives progress messages; nil logs nothing.
+	Logger *slog.Logger
+}
+
+// Negotiated is what a Config resolves to against a given server.
+type Negotiated struct {
+	ServerMajor  int    // the server's major version, e.g. 15
+	ProtoVersion int    // the pgoutput protocol version sent
+	Streaming    string // StreamingOff, StreamingOn or StreamingParallel
+	// PluginArgs are the START_REPLICATION options, in the order sent, already quoted.
+	PluginArgs []string
+}
+
+// ErrUnsupported is wrapped by the *OptionError returned when the server cannot honour an option.
+var ErrUnsupported = errors.New("replication: option not supported by the server")
+
+// ErrInvalidConfig is wrapped by every error about a Config that no server would accept.
+var ErrInvalidConfig = errors.New("replication: invalid configuration")
+
+// OptionError reports an option that is invalid or that the server's version does not support.
+type OptionError struct {
+	Option      string
+	Value       string
+	ServerMajor int // 0 when the value is invalid for every server
+	Err         error
+}
+
+func (e *OptionError) Error() string {
+	if e.ServerMajor != 0 {
+		return fmt.Sprintf("replication: option %s=%q is not supported by PostgreSQL %d", e.Option, e.Value, e.ServerMajor)
+	}
+	return fmt.Sprintf("replication: invalid option %s=%q", e.Option, e.Value)
+}
+
+func (e *OptionError) Unwrap() error { return e.Err }
+
+var slotNameRE = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
+
+// maxProto returns the highest pgoutput protocol version the server major speaks.
+func maxProto(major int) int {
+	switch {
+	case major >= 16:
+		return 4
+	case major == 15:
+		return 3
+	case major == 14:
+		return 2
+	default:
+		return 1
+	}
+}
+
+// Negotiate resolves c against a server of the given major version: the protocol version, the
+// streaming mode and the exact pgoutput options START_REPLICATION will carry. It reports an
+// *OptionError for an option the server cannot honour rather than silently dropping it.
+func (c *Config) Negotiate(serverMajor int) (Negotiated, error) {
+	n := Negotiated{ServerMajor: serverMajor}
+	if !slotNameRE.MatchString(c.Slot) {
+		return n, &OptionError{Option: "slot", Value: c.Slot, Err: ErrInvalidConfig}
+	}
+	if len(c.Publications) == 0 {
+		return n, &OptionError{Option: "publication_names", Value: "", Err: ErrInvalidConfig}
+	}
+	unsupported := func(opt, val string) error {
+		return &OptionError{Option: opt, Value: val, ServerMajor: serverMajor, Err: ErrUnsupported}
+	}
+	top := maxProto(serverMajor)
+	n.ProtoVersion = c.ProtoVersion
+	switch {
+	case c.ProtoVersion == 0:
+		n.ProtoVersion = top
+	case c.ProtoVersion < 1 || c.ProtoVersion > 4:
+		return n, &OptionError{Option: "proto_version", Value: strconv.Itoa(c.ProtoVersion), Err: ErrInvalidConfig}
+	case c.ProtoVersion > top:
+		return n, unsupported("proto_version", strconv.Itoa(c.ProtoVersion))
+	}
+
+	switch c.Streaming {
+	case "":
+		switch {
+		case n.ProtoVersion >= 4:
+			n.Streaming = StreamingParallel
+		case n.ProtoVersion >= 2:
+			n.Streaming = StreamingOn
+		default:
+			n.Streaming = StreamingOff
+		}
+	case StreamingOff:
+		n.Streaming = StreamingOff
+	case StreamingOn:
+		if n.ProtoVersion < 2 {
+			return n, unsupported("streaming", c.Streaming)
+		}
+		n.Streaming = StreamingOn
+	case StreamingParallel:
+		if n.ProtoVersion < 4 {
+			return n, unsupported("streaming", c.Streaming)
+		}
+		n.Streaming = StreamingParallel
+	default:
+		return n, &OptionError{Option: "streaming", Value: c.Streaming, Err: ErrInvalidConfig}
+	}
+	if c.TwoPhase && n.ProtoVersion < 3 {
+		return n, unsupported("two_phase", "true")
+	}
+	if (c.Binary || c.Messages) && serverMajor < 14 {
+		opt := "binary"
+		if !c.Binary {
+			opt = "messages"
+		}
+		return n, unsupported(opt, "true")
+	}
+	origin := strings.ToLower(c.Origin)
+	switch origin {
+	case "":
+	case "any", "none":
+		if serverMajor < 16 {
+			return n, unsupported("origin", c.Origin)
+		}
+	default:
+		return n, &OptionError{Option: "origin", Value: c.Origin, Err: ErrInvalidConfig}
+	}
+
+	pubs := make([]string, len(c.Publications))
+	for i, p := range c.Publications {
+		if p == "" {
+			return n, &OptionError{Option: "publication_names", Value: p, Err: ErrInvalidConfig}
+		}
+		pubs[i] = quoteIdent(p)
+	}
+	n.PluginArgs = append(n.PluginArgs,
+		"proto_version '"+strconv.Itoa(n.ProtoVersion)+"'",
+		"publication_names "+quoteLiteral(strings.Join(pubs, ",")),
+	)
+	if n.ProtoVersion >= 2 {
+		// Sent explicitly even when off, so the choice never depends on a server default.
+		n.PluginArgs = append(n.PluginArgs, "streaming '"+n.Streaming+"'")
+	}
+	if c.Binary {
+		n.PluginArgs = append(n.PluginArgs, "binary 'true'")
+	}
+	if c.Messages {
+		n.PluginArgs = append(n.PluginArgs, "messages 'true'")
+	}
+	if c.TwoPhase {
+		n.PluginArgs = append(n.PluginArgs, "two_phase 'true'")
+	}
+	if origin != "" {
+		n.PluginArgs = append(n.PluginArgs, "origin '"+origin+"'")
+	}
+	return n, nil
+}
+
+// decodingOptions returns the decoder options that match what the server was asked for.
+func (n Negotiated) decodingOptions() decoding.Options {
+	ai := decoding.AbortInfoNever
+	if n.Streaming == StreamingParallel {
+		ai = decoding.AbortInfoAlways
+	}
+	return decoding.Options{ProtoVersion: n.ProtoVersion, AbortInfo: ai}
+}
+
+// quoteIdent quotes a publication name the way SplitIdentifierString expects it.
+func quoteIdent(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
+
+// quoteLiteral quotes s as a replication-command string literal.
+func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+
+// parseMajor extracts the major version from a server_version parameter such as "15.8 (Debian …)"
+// or "18beta1".
+func parseMajor(v string) (int, error) {
+	i := 0
+	for i < len(v) && v[i] >= '0' && v[i] <= '9' {
+		i++
+	}
+	m, err := strconv.Atoi(v[:i])
+	if err != nil || m < 10 {
+		return 0, fmt.Errorf("replication: cannot parse server_version %q", v)
+	}
+	return m, nil
+}
