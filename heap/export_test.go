@@ -15,7 +15,7 @@ func (h *Heap[T]) Check() error {
 		}
 		return nil
 	}
-	if h.root.prev != nil || h.root.next != nil {
+	if h.root.prev != nil || h.root.next != nil || h.root.parent != nil {
 		return errors.New("root has a parent or sibling")
 	}
 	count := 0
@@ -37,6 +37,9 @@ func (h *Heap[T]) Check() error {
 		for c := p.child; c != nil; c = c.next {
 			if c.prev != prev {
 				return errors.New("broken prev link")
+			}
+			if c.parent != p {
+				return errors.New("broken parent link")
 			}
 			if h.before(c.elem, p.elem) {
 				return errors.New("heap order violated: child before its parent")

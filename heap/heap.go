@@ -4,11 +4,12 @@ package heap
 // keep it alive as long as the element) and return it from the node function given to [New].
 // The zero Node is not in any heap. A Node must not be copied while it is in a heap.
 type Node[T any] struct {
-	elem  T        // the element that owns this node, set by Push; zero when not in a heap
-	child *Node[T] // leftmost child
-	next  *Node[T] // next sibling
-	prev  *Node[T] // previous sibling, or the parent for a leftmost child; nil for the root
-	in    bool
+	elem   T        // the element that owns this node, set by Push; zero when not in a heap
+	child  *Node[T] // leftmost child
+	next   *Node[T] // next sibling
+	prev   *Node[T] // previous sibling, or the parent for a leftmost child; nil for the root
+	parent *Node[T] // nil for the root
+	in     bool
 }
 
 // InHeap reports whether the node's element is currently in a heap. O(1).
@@ -89,19 +90,42 @@ func (h *Heap[T]) Remove(x T) {
 	n.clear()
 }
 
+// fixScan is how many children Fix compares with their parent before it falls back to
+// combining them, which bounds the worst-case time of a Fix that moves nothing.
+const fixScan = 4
+
 // Fix restores the heap order after the key of x changed, in either direction. It does nothing
 // if x is not in a heap; x must not be in a different heap. Calling Fix when the key did not
 // change is allowed and leaves a valid heap.
 //
-// The subtree of x is cut from the tree (O(1)), the children of x are combined into one tree as
-// Pop does, x and that tree are melded (x stays above its descendants if its key grew, and
-// goes below them if it shrank), and the result is melded with the root. O(log n) amortized;
-// in the worst case O(1) plus the number of children of x, which is at most two right after a
-// Fix of x, so a run of updates to the same element (a large transaction receiving many
-// changes) costs O(1) each.
+// If x has at most 4 children and none of them must now go before x (its key grew, or did not
+// shrink much), Fix takes O(1) time: x stays where it is unless it must now go before its
+// parent, in which case its subtree is cut and melded with the root, the pairing heap's
+// increase-key. Otherwise (x shrank below a child, or has many children), the children of x
+// are combined into one tree as in Pop, melded with x (which goes below them if it shrank),
+// and the result is melded with the root: O(log n) amortized. After that x has at most two
+// children, so a run of updates to one element (a large transaction receiving many changes)
+// takes O(1) time each.
 func (h *Heap[T]) Fix(x T) {
 	n := h.node(x)
 	if !n.in {
+		return
+	}
+	valid, k := true, 0
+	for c := n.child; c != nil; c = c.next {
+		if k == fixScan || h.before(c.elem, n.elem) {
+			valid = false
+			break
+		}
+		k++
+	}
+	if valid {
+		p := n.parent
+		if p == nil || !h.before(n.elem, p.elem) {
+			return // n is the root, or still after its parent: the order holds
+		}
+		h.cut(n)
+		h.root = h.meld(h.root, n)
 		return
 	}
 	if n == h.root {
@@ -139,6 +163,7 @@ func (h *Heap[T]) meld(a, b *Node[T]) *Node[T] {
 		a, b = b, a
 	}
 	b.prev = a
+	b.parent = a
 	b.next = a.child
 	if a.child != nil {
 		a.child.prev = b
@@ -155,7 +180,7 @@ func (h *Heap[T]) combine(first *Node[T]) *Node[T] {
 		return nil
 	}
 	if first.next == nil {
-		first.prev = nil
+		first.prev, first.parent = nil, nil
 		return first
 	}
 	var stack *Node[T]
@@ -163,13 +188,14 @@ func (h *Heap[T]) combine(first *Node[T]) *Node[T] {
 		a := first
 		b := a.next
 		if b == nil {
-			a.prev = nil
+			a.prev, a.parent = nil, nil
 			a.next = stack
 			stack = a
 			break
 		}
 		first = b.next
-		a.prev, a.next, b.prev, b.next = nil, nil, nil, nil
+		a.prev, a.next, a.parent = nil, nil, nil
+		b.prev, b.next, b.parent = nil, nil, nil
 		m := h.meld(a, b)
 		m.next = stack
 		stack = m
@@ -196,13 +222,13 @@ func (h *Heap[T]) cut(n *Node[T]) {
 	if n.next != nil {
 		n.next.prev = n.prev
 	}
-	n.prev, n.next = nil, nil
+	n.prev, n.next, n.parent = nil, nil, nil
 }
 
 // clear resets a node that has left the heap, dropping its reference to the element.
 func (n *Node[T]) clear() {
 	var zero T
 	n.elem = zero
-	n.child, n.next, n.prev = nil, nil, nil
+	n.child, n.next, n.prev, n.parent = nil, nil, nil, nil
 	n.in = false
 }
