@@ -49,21 +49,26 @@ func (d *Decoder) Next(data []byte) (Header, error) {
 	if MessageType(data[0]) == MsgStreamStart {
 		inBlock = false
 	}
+	h, err := ParseHeader(data, inBlock)
+	if err != nil {
+		return Header{}, err
+	}
+	if !d.opts.allows(h.Type) {
+		return Header{}, versionErr(h.Type, d.opts)
+	}
+	st := d.st
+	if err := st.advance(&h); err != nil {
+		return Header{}, err
+	}
 	if err := check(data, inBlock, d.opts); err != nil {
 		return Header{}, err
 	}
-	h, err := ParseHeader(data, inBlock)
-	if err != nil {
-		return Header{}, err // unreachable: check read every byte ParseHeader reads
-	}
-	if err := d.advance(&h); err != nil {
-		return Header{}, err
-	}
+	d.st = st
 	return h, nil
 }
 
-func (d *Decoder) advance(h *Header) error {
-	st := &d.st
+// advance checks that a message with header h may come in state st and moves st past it.
+func (st *state) advance(h *Header) error {
 	var err error
 	switch h.Type {
 	case MsgInsert, MsgUpdate, MsgDelete, MsgTruncate, MsgRelation, MsgType, MsgOrigin, MsgMessage:

@@ -3,6 +3,7 @@ package decoding
 import (
 	"errors"
 	"fmt"
+	"strings"
 )
 
 // Errors wrapped by [*DecodeError]. Test with errors.Is.
@@ -45,7 +46,7 @@ type DecodeError struct {
 }
 
 func (e *DecodeError) Error() string {
-	return fmt.Sprintf("decoding: %v message at offset %d: %v", e.Type, e.Offset, e.Err)
+	return fmt.Sprintf("decoding: %v message at offset %d: %s", e.Type, e.Offset, strings.TrimPrefix(e.Err.Error(), "decoding: "))
 }
 
 func (e *DecodeError) Unwrap() error { return e.Err }

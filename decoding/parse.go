@@ -347,8 +347,7 @@ func start(data []byte, opts Options) (cursor, error) {
 		return cursor{}, decodeErr(t, 0, ErrUnknownMessage)
 	}
 	if !opts.allows(t) {
-		return cursor{}, decodeErr(t, 0, fmt.Errorf("%w: %v needs protocol %d, negotiated %d",
-			ErrVersion, t, minVersion[t], opts.ProtoVersion))
+		return cursor{}, versionErr(t, opts)
 	}
 	return cursor{b: data, off: 1, t: t}, nil
 }
@@ -569,4 +568,8 @@ func check(data []byte, inStream bool, opts Options) error {
 		c.skipStr()
 	}
 	return c.end()
+}
+
+func versionErr(t MessageType, opts Options) error {
+	return decodeErr(t, 0, fmt.Errorf("%w: %v needs protocol %d, negotiated %d", ErrVersion, t, minVersion[t], opts.ProtoVersion))
 }
