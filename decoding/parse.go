@@ -175,6 +175,16 @@ func (c *cursor) u64() uint64 {
 	return v
 }
 
+// flag reads a boolean byte, which pgoutput writes as 0 or 1.
+func (c *cursor) flag() bool {
+	at := c.off
+	v := c.u8()
+	if v > 1 {
+		c.fail(at, malformed("boolean byte %d", v))
+	}
+	return v == 1
+}
+
 func (c *cursor) lsn() LSN        { return LSN(c.u64()) }
 func (c *cursor) time() time.Time { return pgTime(int64(c.u64())) }
 
@@ -458,7 +468,7 @@ func Parse(data []byte, inStream bool, opts Options) (Message, error) {
 		v.Content = c.bytes(c.length())
 		m = v
 	case MsgStreamStart:
-		m = &StreamStart{Xid: c.u32(), FirstSegment: c.u8() != 0}
+		m = &StreamStart{Xid: c.u32(), FirstSegment: c.flag()}
 	case MsgStreamStop:
 		m = &StreamStop{}
 	case MsgStreamCommit:
@@ -548,7 +558,8 @@ func check(data []byte, inStream bool, opts Options) error {
 		c.skipStr()
 		c.skip(c.length())
 	case MsgStreamStart:
-		c.skip(5)
+		c.skip(4)
+		c.flag()
 	case MsgStreamStop:
 	case MsgStreamCommit:
 		c.skip(29)
