@@ -64,7 +64,8 @@ var ErrUnsupported = errors.New("pgtest: variant not supported by this server")
 // TABLES and one temporary pgoutput slot per variant back to back, runs the workload part and
 // then reads every slot with pg_logical_slot_peek_binary_changes. The slots go away with
 // Record's connection, and the publication is dropped on return. Every session of the workload
-// must end outside a transaction block.
+// must end outside a transaction block. Sessions run with synchronous_commit on, because the
+// decoding functions read only WAL that has been flushed.
 func Record(ctx context.Context, connString string, w *Workload, opts RecordOptions) (_ []Capture, err error) {
 	ctl, err := pgconn.Connect(ctx, connString)
 	if err != nil {
@@ -210,6 +211,11 @@ func runSteps(ctx context.Context, connString string, sessions map[string]*pgcon
 				return fmt.Errorf("pgtest: record: session %s: %w", st.Session, err)
 			}
 			sessions[st.Session] = c
+			// The decoding functions read only flushed WAL: commits must not be left to the
+			// WAL writer (a workload that sets synchronous_commit off takes that risk).
+			if _, err := c.Exec(ctx, "SET synchronous_commit = on").ReadAll(); err != nil {
+				return fmt.Errorf("pgtest: record: session %s: %w", st.Session, err)
+			}
 		}
 		if _, err := c.Exec(ctx, st.SQL).ReadAll(); err != nil {
 			return fmt.Errorf("pgtest: record: workload line %d (session %s): %w", st.Line, st.Session, err)
