@@ -19,6 +19,7 @@ type Log struct {
 	f          File  // nil while closed by the descriptor budget (or not yet created)
 	prev, next *Log  // LRU links while f != nil
 	created    bool  // the file exists on disk
+	headed     bool  // the file header is written
 	flushed    int64 // logical bytes in the file (file size - HeaderSize)
 
 	err     error // sticky I/O error
@@ -77,7 +78,8 @@ func (l *Log) Append(rec []byte) error {
 		}
 		s.owner = l
 		if s.wbuf == nil {
-			s.wbuf = make([]byte, 0, s.bufSize)
+			s.wmem = make([]byte, HeaderSize+s.bufSize)
+			s.wbuf = s.wmem[HeaderSize:HeaderSize]
 		}
 	}
 	frame := FrameHeaderSize + len(rec)
@@ -100,6 +102,14 @@ func (l *Log) Append(rec []byte) error {
 	f, err := s.file(l)
 	if err != nil {
 		return err
+	}
+	if !l.headed {
+		var fh [HeaderSize]byte
+		putHeader(fh[:])
+		if err := writeFull(f, fh[:], 0); err != nil {
+			return l.fail("write", err)
+		}
+		l.headed = true
 	}
 	off := HeaderSize + l.flushed
 	if err := writeFull(f, hdr[:], off); err != nil {
@@ -129,9 +139,16 @@ func (l *Log) flush() error {
 	if err != nil {
 		return err
 	}
-	if err := writeFull(f, s.wbuf, HeaderSize+l.flushed); err != nil {
+	data, off := s.wbuf, HeaderSize+l.flushed
+	if !l.headed {
+		// The header goes out with the first bytes, in the room kept before wbuf.
+		data, off = s.wmem[:HeaderSize+len(s.wbuf)], 0
+		putHeader(data)
+	}
+	if err := writeFull(f, data, off); err != nil {
 		return l.fail("write", err)
 	}
+	l.headed = true
 	if err := l.maybeSync(f); err != nil {
 		return err
 	}

@@ -76,6 +76,7 @@ type Store struct {
 	nOpen      int
 
 	wbuf  []byte // shared write buffer; holds bytes of owner only
+	wmem  []byte // wbuf's memory: HeaderSize bytes in front of wbuf for a file header
 	owner *Log
 
 	spare []byte // a read buffer returned by a closed Reader, for the next one
@@ -243,7 +244,7 @@ func (s *Store) Close() error {
 		}
 	}
 	s.logs = nil
-	s.wbuf, s.owner, s.spare = nil, nil, nil
+	s.wbuf, s.wmem, s.owner, s.spare = nil, nil, nil, nil
 	if err := s.fs.Remove(s.dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		errs = append(errs, err)
 	}
@@ -283,14 +284,7 @@ func (s *Store) file(l *Log) (File, error) {
 		if err != nil {
 			return nil, l.fail("create", err)
 		}
-		l.created = true
-		var hdr [HeaderSize]byte
-		copy(hdr[:], Magic)
-		binary.LittleEndian.PutUint32(hdr[4:], FormatVersion)
-		if err := writeFull(f, hdr[:], 0); err != nil {
-			f.Close()
-			return nil, l.fail("write", err)
-		}
+		l.created = true // the header is written with the first bytes
 	} else {
 		f, err = s.fs.OpenFile(l.path, os.O_RDWR, 0)
 		if err != nil {
@@ -325,6 +319,12 @@ func (s *Store) unlink(l *Log) {
 		s.tail = l.prev
 	}
 	l.prev, l.next = nil, nil
+}
+
+// putHeader writes the file header into b.
+func putHeader(b []byte) {
+	copy(b, Magic)
+	binary.LittleEndian.PutUint32(b[4:HeaderSize], FormatVersion)
 }
 
 // writeFull writes p at off, turning a short write without error into io.ErrShortWrite.
