@@ -37,9 +37,10 @@ import (
 //     from the map in O(n). Same asymptotics as PostgreSQL's design (O(log n) per update plus
 //     a hash update), at most twice the entries. Popped stale entries are recycled through a
 //     free list, so the baseline is not penalised by garbage.
-//   - linear: PostgreSQL ≤ 16: growth costs nothing, eviction scans all N transactions. The
-//     scan walks a contiguous slice, which is kinder to the cache than PostgreSQL's walk of the
-//     by_txn hash table, so the ratio against it is conservative.
+//   - linear: PostgreSQL ≤ 16: growth costs nothing, eviction scans all N transactions. Like
+//     ReorderBufferLargestTXN's hash_seq_search over the by_txn hash table, it walks a hash
+//     table (a Go map from xid to transaction) and so visits the transactions in hash order,
+//     not in memory order.
 //
 // Run: go test -run '^$' -bench EvictionChoice ./heap/   (add -benchtime 1x for a smoke run).
 func BenchmarkEvictionChoice(b *testing.B) {
@@ -66,7 +67,7 @@ const (
 	// buffer is at logical_decoding_work_mem, every added change can trigger one; with many
 	// small transactions most evictions free little, so they come often.
 	evictEvery  = 16
-	warmupSteps = 64 * evictEvery
+	warmupSteps = 32 * evictEvery
 	benchSeed   = 0x5eed_2024
 )
 
@@ -315,22 +316,23 @@ type linTxn struct {
 
 func benchLinear(b *testing.B, n int) {
 	txns := make([]linTxn, n)
+	byXid := make(map[uint32]*linTxn, n)
 	w := newWorkload(n)
 	for i := range txns {
 		txns[i].size = w.initial()
+		byXid[uint32(i)+1000] = &txns[i]
 	}
 	step := func(k int) {
 		t := &txns[w.pick()]
 		t.size += w.change()
 		if k%evictEvery == evictEvery-1 {
-			best := -1
-			var bestSize int64
-			for i := range txns {
-				if txns[i].size > bestSize {
-					best, bestSize = i, txns[i].size
+			var best *linTxn
+			for _, t := range byXid {
+				if best == nil || t.size > best.size {
+					best = t
 				}
 			}
-			txns[best].size = 0
+			best.size = 0
 		}
 	}
 	for k := range warmupSteps {
