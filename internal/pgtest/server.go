@@ -148,6 +148,7 @@ func Start(ctx context.Context, in Install, opts Options) (*Server, error) {
 	for attempt := 0; attempt < 3; attempt++ { // another process may take the port we picked
 		s, err := start(ctx, in, opts, cred)
 		if err == nil {
+			report(in)
 			return s, nil
 		}
 		lastErr = err
@@ -412,4 +413,22 @@ func postmasterAlive(dir string) bool {
 	line, _, _ := strings.Cut(string(b), "\n")
 	pid, err := strconv.Atoi(strings.TrimSpace(line))
 	return err == nil && pid > 0 && processAlive(pid)
+}
+
+// EnvReport names a file to which Start appends one line per server started, so that a CI run
+// can show which versions its tests ran against (go test hides the output of passing packages).
+const EnvReport = "PGREORDER_PG_REPORT"
+
+func report(in Install) {
+	path := os.Getenv(EnvReport)
+	if path == "" {
+		return
+	}
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	// One short write per line: O_APPEND keeps lines from parallel test binaries whole.
+	fmt.Fprintf(f, "PostgreSQL %s\t%s\t%s\n", in.Version, filepath.Base(os.Args[0]), in.BinDir)
 }
