@@ -42,13 +42,14 @@
 //	         '------------ HeaderSize = 8 -------'
 //
 //	record:  +--------------+-------------------+---------------------------+
-//	         | length (4B)  | CRC-32C (4B)      | payload (length bytes)    |
+//	         | CRC-32C (4B) | length (4B)       | payload (length bytes)    |
 //	         | uint32       | uint32            |                           |
 //	         +--------------+-------------------+---------------------------+
 //	         '-- FrameHeaderSize = 8 -----------'
+//	                        '------------- covered by the CRC --------------'
 //
-// The CRC-32C (Castagnoli) covers the 4 length bytes followed by the payload, so a torn or
-// overwritten length is detected as well as a damaged payload. Offsets given to and returned by
+// The CRC-32C (Castagnoli) covers the 4 length bytes and the payload, so a torn or overwritten
+// length is detected as well as a damaged payload. Offsets given to and returned by
 // [Log.Size] and [Log.Truncate] are logical: they count record bytes only, so an empty log has
 // Size 0 and the record at logical offset o starts at file offset HeaderSize+o.
 // [CorruptError].Offset is a file offset, for use with a hex dump.

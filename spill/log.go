@@ -89,33 +89,38 @@ func (l *Log) Append(rec []byte) error {
 		}
 		s.owner = l
 	}
-	var hdr [FrameHeaderSize]byte
-	binary.LittleEndian.PutUint32(hdr[:4], uint32(len(rec)))
-	crc := crc32.Update(crc32.Update(0, castagnoli, hdr[:4]), castagnoli, rec)
-	binary.LittleEndian.PutUint32(hdr[4:], crc)
 	if frame <= cap(s.wbuf) {
-		s.wbuf = append(s.wbuf, hdr[:]...)
-		s.wbuf = append(s.wbuf, rec...)
+		n := len(s.wbuf)
+		s.wbuf = s.wbuf[:n+frame]
+		b := s.wbuf[n:]
+		binary.LittleEndian.PutUint32(b[4:FrameHeaderSize], uint32(len(rec)))
+		copy(b[FrameHeaderSize:], rec)
+		binary.LittleEndian.PutUint32(b[:4], crc32.Checksum(b[4:], castagnoli))
 		return nil
 	}
-	// Larger than the buffer (which is empty now): write it through.
+	// Larger than the buffer (which is empty now): write it through, with the frame header (and
+	// the file header, for a new file) built in the buffer's memory.
 	f, err := s.file(l)
 	if err != nil {
 		return err
 	}
-	if !l.headed {
-		var fh [HeaderSize]byte
-		putHeader(fh[:])
-		if err := writeFull(f, fh[:], 0); err != nil {
-			return l.fail("write", err)
-		}
-		l.headed = true
-	}
+	hdr := s.wmem[:HeaderSize+FrameHeaderSize]
+	putHeader(hdr)
+	fh := hdr[HeaderSize:]
+	binary.LittleEndian.PutUint32(fh[4:], uint32(len(rec)))
+	crc := crc32.Update(crc32.Checksum(fh[4:], castagnoli), castagnoli, rec)
+	binary.LittleEndian.PutUint32(fh[:4], crc)
 	off := HeaderSize + l.flushed
-	if err := writeFull(f, hdr[:], off); err != nil {
+	if !l.headed {
+		off = 0
+	} else {
+		hdr = fh
+	}
+	if err := writeFull(f, hdr, off); err != nil {
 		return l.fail("write", err)
 	}
-	if err := writeFull(f, rec, off+FrameHeaderSize); err != nil {
+	l.headed = true
+	if err := writeFull(f, rec, HeaderSize+l.flushed+FrameHeaderSize); err != nil {
 		return l.fail("write", err)
 	}
 	if err := l.maybeSync(f); err != nil {

@@ -63,20 +63,24 @@ func (r *Reader) next() ([]byte, error) {
 		return nil, err
 	}
 	hdr := r.buf[r.i : r.i+FrameHeaderSize]
-	n := int64(binary.LittleEndian.Uint32(hdr))
-	want := binary.LittleEndian.Uint32(hdr[4:])
+	want := binary.LittleEndian.Uint32(hdr)
+	n := int64(binary.LittleEndian.Uint32(hdr[4:]))
 	if n > MaxRecordSize || n > r.end-r.off-FrameHeaderSize {
 		return nil, r.corrupt(errLength)
 	}
-	crc := crc32.Update(0, castagnoli, hdr[:4])
 	frame := FrameHeaderSize + int(n)
-	var rec []byte
+	var (
+		rec []byte
+		crc uint32
+	)
 	if frame <= len(r.buf) {
 		if err := r.fill(frame); err != nil {
 			return nil, err
 		}
+		crc = crc32.Checksum(r.buf[r.i+4:r.i+frame], castagnoli)
 		rec = r.buf[r.i+FrameHeaderSize : r.i+frame]
 	} else {
+		crc = crc32.Checksum(hdr[4:], castagnoli)
 		if cap(r.big) < int(n) {
 			r.big = make([]byte, n)
 		}
@@ -85,9 +89,10 @@ func (r *Reader) next() ([]byte, error) {
 		if err := r.readAt(rec[have:], r.off+FrameHeaderSize+int64(have)); err != nil {
 			return nil, err
 		}
+		crc = crc32.Update(crc, castagnoli, rec)
 		r.j = r.i + frame // as if the whole frame were buffered; consumed below
 	}
-	if crc32.Update(crc, castagnoli, rec) != want {
+	if crc != want {
 		return nil, r.corrupt(errChecksum)
 	}
 	r.i += frame

@@ -307,9 +307,9 @@ func TestCorrupt(t *testing.T) {
 		wantErr    error // matched with errors.Is, besides ErrCorrupt
 	}{
 		{"payload bit flip", func(b []byte) []byte { b[off[1]+spill.FrameHeaderSize+2] ^= 1; return b }, 1, off[1], nil},
-		{"crc bit flip", func(b []byte) []byte { b[off[2]+4] ^= 0x80; return b }, 2, off[2], nil},
-		{"length grown", func(b []byte) []byte { b[off[0]]++; return b }, 0, off[0], nil},
-		{"length beyond end", func(b []byte) []byte { b[off[2]+3] = 0x7f; return b }, 2, off[2], nil},
+		{"crc bit flip", func(b []byte) []byte { b[off[2]+1] ^= 0x80; return b }, 2, off[2], nil},
+		{"length grown", func(b []byte) []byte { b[off[0]+4]++; return b }, 0, off[0], nil},
+		{"length beyond end", func(b []byte) []byte { b[off[2]+7] = 0x7f; return b }, 2, off[2], nil},
 		{"torn last record", func(b []byte) []byte { return b[:len(b)-10] }, 2, off[3] - 10, io.ErrUnexpectedEOF},
 		{"torn frame header", func(b []byte) []byte { return b[:off[2]+3] }, 2, off[2] + 3, io.ErrUnexpectedEOF},
 		{"bad magic", func(b []byte) []byte { b[0] = 'X'; return b }, 0, 0, nil},

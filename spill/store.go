@@ -22,7 +22,7 @@ const (
 	FormatVersion uint32 = 1
 	// HeaderSize is the size of the file header (Magic + FormatVersion).
 	HeaderSize = 8
-	// FrameHeaderSize is the size of a record's length + CRC-32C prefix.
+	// FrameHeaderSize is the size of a record's CRC-32C + length prefix.
 	FrameHeaderSize = 8
 	// MaxRecordSize is the largest payload Append accepts (1 GiB, PostgreSQL's MaxAllocSize).
 	MaxRecordSize = 1<<30 - 1
