@@ -352,9 +352,7 @@ func (s *Stream) sendStatus(requestReply bool) error {
 		return fmt.Errorf("replication: send status: %w", err)
 	}
 	s.last = time.Now()
-	if flush != s.pos.Flushed {
-		s.log.Debug("status", "write", write, "flush", flush)
-	}
+	s.log.Debug("status", "write", write, "flush", flush, "reply", requestReply)
 	s.pos.Flushed = flush
 	return nil
 }

@@ -3,8 +3,6 @@ package main
 import (
 	"bufio"
 	"context"
-	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -15,6 +13,7 @@ import (
 	"time"
 
 	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/internal/jsonl"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 	"github.com/pgreorder/pgreorder/replication"
 )
@@ -109,7 +108,7 @@ func runStream(ctx context.Context, args []string) error {
 		return err
 	}
 	out := bufio.NewWriterSize(os.Stdout, 64<<10)
-	enc := newTxnEncoder()
+	enc := jsonl.NewWriter(out)
 	var txns int
 	lastReport := time.Now()
 	for {
@@ -125,7 +124,7 @@ func runStream(ctx context.Context, args []string) error {
 			log.Info("stopped", "acknowledged", s.Position().Flushed)
 			return errors.Join(err, cerr)
 		}
-		if err := enc.write(out, t); err != nil {
+		if err := enc.WriteTxn(t); err != nil {
 			s.Close(context.WithoutCancel(ctx))
 			return err
 		}
@@ -181,165 +180,4 @@ func parseWorkMem(s string) (int64, error) {
 		return reorderbuffer.SpillEverything, nil
 	}
 	return n * mult, nil
-}
-
-// txnEncoder writes committed transactions in the JSON-lines format of `pgreorder replay`.
-// TODO(lead's JSON package): swap for the shared renderer once it lands, so both commands print
-// byte-identical lines.
-type txnEncoder struct {
-	rels map[uint32]*decoding.Relation
-	b    []byte
-}
-
-func newTxnEncoder() *txnEncoder { return &txnEncoder{rels: map[uint32]*decoding.Relation{}} }
-
-func (e *txnEncoder) write(w *bufio.Writer, t *reorderbuffer.Txn) error {
-	b := e.b[:0]
-	if t.NonTransactional {
-		for m, err := range t.Changes() {
-			if err != nil {
-				return err
-			}
-			if lm, ok := m.(*decoding.LogicalMessage); ok {
-				b = append(b, `{"op":"message","transactional":false,"lsn":"`...)
-				b = append(b, lm.LSN.String()...)
-				b = append(b, `","prefix":`...)
-				b = appendJSONString(b, lm.Prefix)
-				b = append(b, `,"content":"`...)
-				b = base64.StdEncoding.AppendEncode(b, lm.Content)
-				b = append(b, "\"}\n"...)
-			}
-		}
-		e.b = b
-		_, err := w.Write(b)
-		return err
-	}
-	b = append(b, `{"xid":`...)
-	b = strconv.AppendUint(b, uint64(t.Xid), 10)
-	b = append(b, `,"commit_lsn":"`...)
-	b = append(b, t.CommitLSN.String()...)
-	b = append(b, `","end_lsn":"`...)
-	b = append(b, t.EndLSN.String()...)
-	b = append(b, `","commit_time":"`...)
-	b = t.CommitTime.AppendFormat(b, "2006-01-02T15:04:05.000000Z07:00")
-	b = append(b, '"')
-	if t.GID != "" {
-		b = append(b, `,"gid":`...)
-		b = appendJSONString(b, t.GID)
-	}
-	b = append(b, `,"changes":[`...)
-	first := true
-	sep := func() {
-		if !first {
-			b = append(b, ',')
-		}
-		first = false
-	}
-	for m, err := range t.Changes() {
-		if err != nil {
-			return err
-		}
-		switch m := m.(type) {
-		case *decoding.Relation:
-			r := *m
-			r.Columns = append([]decoding.RelationColumn(nil), m.Columns...)
-			e.rels[m.RelationID] = &r
-		case *decoding.Insert:
-			sep()
-			b = append(b, `{"op":"insert","relation":`...)
-			b = e.appendRel(b, m.RelationID)
-			b = append(b, `,"new":`...)
-			b = e.appendTuple(b, m.RelationID, m.New)
-			b = append(b, '}')
-		case *decoding.Update:
-			sep()
-			b = append(b, `{"op":"update","relation":`...)
-			b = e.appendRel(b, m.RelationID)
-			if m.OldKind != 0 {
-				b = append(b, `,"old":`...)
-				b = e.appendTuple(b, m.RelationID, m.Old)
-			}
-			b = append(b, `,"new":`...)
-			b = e.appendTuple(b, m.RelationID, m.New)
-			b = append(b, '}')
-		case *decoding.Delete:
-			sep()
-			b = append(b, `{"op":"delete","relation":`...)
-			b = e.appendRel(b, m.RelationID)
-			b = append(b, `,"old":`...)
-			b = e.appendTuple(b, m.RelationID, m.Old)
-			b = append(b, '}')
-		case *decoding.Truncate:
-			sep()
-			b = append(b, `{"op":"truncate","relations":[`...)
-			for i, id := range m.RelationIDs {
-				if i > 0 {
-					b = append(b, ',')
-				}
-				b = e.appendRel(b, id)
-			}
-			b = append(b, `],"cascade":`...)
-			b = strconv.AppendBool(b, m.Options&decoding.TruncateCascade != 0)
-			b = append(b, `,"restart_identity":`...)
-			b = strconv.AppendBool(b, m.Options&decoding.TruncateRestartIdentity != 0)
-			b = append(b, '}')
-		case *decoding.LogicalMessage:
-			sep()
-			b = append(b, `{"op":"message","transactional":true,"prefix":`...)
-			b = appendJSONString(b, m.Prefix)
-			b = append(b, `,"content":"`...)
-			b = base64.StdEncoding.AppendEncode(b, m.Content)
-			b = append(b, `"}`...)
-		}
-	}
-	b = append(b, "]}\n"...)
-	e.b = b
-	_, err := w.Write(b)
-	return err
-}
-
-func (e *txnEncoder) appendRel(b []byte, id uint32) []byte {
-	r, ok := e.rels[id]
-	if !ok {
-		return appendJSONString(b, fmt.Sprintf("relation %d", id))
-	}
-	ns := r.Namespace
-	if ns == "" {
-		ns = "pg_catalog"
-	}
-	return appendJSONString(b, ns+"."+r.Name)
-}
-
-func (e *txnEncoder) appendTuple(b []byte, id uint32, tup decoding.Tuple) []byte {
-	r := e.rels[id]
-	b = append(b, '{')
-	for i, c := range tup {
-		if i > 0 {
-			b = append(b, ',')
-		}
-		name := fmt.Sprintf("column%d", i+1)
-		if r != nil && i < len(r.Columns) {
-			name = r.Columns[i].Name
-		}
-		b = appendJSONString(b, name)
-		b = append(b, ':')
-		switch c.Kind {
-		case decoding.ColumnNull:
-			b = append(b, "null"...)
-		case decoding.ColumnUnchanged:
-			b = append(b, `{"unchanged_toast":true}`...)
-		case decoding.ColumnBinary:
-			b = append(b, `{"binary":"`...)
-			b = base64.StdEncoding.AppendEncode(b, c.Data)
-			b = append(b, `"}`...)
-		default:
-			b = appendJSONString(b, string(c.Data))
-		}
-	}
-	return append(b, '}')
-}
-
-func appendJSONString(b []byte, s string) []byte {
-	j, _ := json.Marshal(s)
-	return append(b, j...)
 }
