@@ -27,6 +27,10 @@ var ErrClosed = errors.New("replication: stream closed")
 // does when it shuts down smartly.
 var ErrServerEndedStream = errors.New("replication: server ended the replication stream")
 
+// ErrSlotActive is wrapped by the error Start returns when another connection streams from the
+// slot. After a consumer dies, its walsender may hold the slot for a moment: retry after a delay.
+var ErrSlotActive = errors.New("replication: slot is in use by another connection")
+
 // ProtocolError reports a replication envelope message that could not be understood.
 type ProtocolError struct {
 	Msg string
@@ -131,6 +135,10 @@ func Start(ctx context.Context, cfg Config) (_ *Stream, err error) {
 		PluginArgs: neg.PluginArgs,
 	})
 	if err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "55006" { // object_in_use
+			return nil, fmt.Errorf("replication: START_REPLICATION: %w: %w", ErrSlotActive, err)
+		}
 		return nil, fmt.Errorf("replication: START_REPLICATION: %w", err)
 	}
 	log.Info("streaming", "slot", cfg.Slot, "start", start, "proto_version", neg.ProtoVersion,
