@@ -255,12 +255,20 @@ func (c *cursor) ncols() int {
 	return n
 }
 
-func (c *cursor) tuple() Tuple {
+func (c *cursor) tuple() Tuple { return c.tupleInto(nil) }
+
+// tupleInto decodes a tuple into buf if it is big enough, else into a new slice.
+func (c *cursor) tupleInto(buf []Column) Tuple {
 	n := c.ncols()
 	if c.err != nil {
 		return nil
 	}
-	cols := make(Tuple, n)
+	var cols Tuple
+	if n <= len(buf) {
+		cols = buf[:n:n]
+	} else {
+		cols = make(Tuple, n)
+	}
 	b := c.b
 	off := c.off
 	for i := range cols {
@@ -374,13 +382,15 @@ func Parse(data []byte, inStream bool, opts Options) (Message, error) {
 	var m Message
 	switch c.t {
 	case MsgInsert:
-		v := &Insert{}
+		// One allocation for the Insert and the columns of a narrow row.
+		a := &insertAlloc{}
+		v := &a.m
 		if inStream {
 			v.Xid = c.u32()
 		}
 		v.RelationID = c.u32()
 		c.marker("N")
-		v.New = c.tuple()
+		v.New = c.tupleInto(a.cols[:])
 		m = v
 	case MsgUpdate:
 		v := &Update{}
@@ -497,6 +507,12 @@ func Parse(data []byte, inStream bool, opts Options) (Message, error) {
 		return nil, err
 	}
 	return m, nil
+}
+
+// insertAlloc holds an Insert and the columns of a narrow row in one allocation.
+type insertAlloc struct {
+	m    Insert
+	cols [4]Column
 }
 
 // check validates the whole structure of a message without allocating (on success).
