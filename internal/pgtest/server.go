@@ -241,8 +241,11 @@ func start(ctx context.Context, in Install, opts Options, cred *syscall.Credenti
 	s.cmd = s.command(context.Background(), cred, "postgres", "-D", data)
 	s.cmd.Stdout = logFile
 	s.cmd.Stderr = logFile
-	s.cmd.SysProcAttr.Setpgid = true              // a ^C in the terminal reaches us, not the server
-	s.cmd.SysProcAttr.Pdeathsig = syscall.SIGQUIT // immediate shutdown if we die
+	s.cmd.SysProcAttr.Setpgid = true // a ^C in the terminal reaches us, not the server
+	// Immediate shutdown if we die. The kernel sends it when the forking thread exits; Go's
+	// runtime keeps its threads unless a goroutine exits while locked to one, which pgtest
+	// never does around Start.
+	s.cmd.SysProcAttr.Pdeathsig = syscall.SIGQUIT
 	if err := s.cmd.Start(); err != nil {
 		return nil, &StartError{Install: in, Err: err}
 	}
