@@ -1,0 +1,247 @@
+package replication_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/internal/pgtest"
+	"github.com/pgreorder/pgreorder/reorderbuffer"
+	"github.com/pgreorder/pgreorder/replication"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+func forMajors(t *testing.T, f func(t *testing.T, srv *pgtest.Server, db string)) {
+	for _, major := range pgtest.Majors(t) {
+		if major != 15 && major != 18 {
+			continue
+		}
+		t.Run(fmt.Sprintf("pg%d", major), func(t *testing.T) {
+			srv := pgtest.Shared(t, major)
+			db := pgtest.NewDatabase(t, srv)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			if err := pgtest.Exec(ctx, srv.ConnString(db),
+				`CREATE TABLE pub_t (id int PRIMARY KEY)`, `CREATE TABLE other_t (id int PRIMARY KEY)`,
+				`CREATE PUBLICATION pub FOR TABLE pub_t`); err != nil {
+				t.Fatal(err)
+			}
+			f(t, srv, db)
+		})
+	}
+}
+
+func slotLSN(ctx context.Context, t *testing.T, conn *pgx.Conn, waitInactive bool) decoding.LSN {
+	t.Helper()
+	for {
+		var active bool
+		var lsn decoding.LSN
+		if err := conn.QueryRow(ctx, `SELECT active, confirmed_flush_lsn::text FROM pg_replication_slots
+			WHERE slot_name = 's' AND database = current_database()`).Scan(&active, &lsn); err != nil {
+			t.Fatal(err)
+		}
+		if !waitInactive || !active {
+			return lsn
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatal("slot stayed active")
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// TestIdleSlotAdvances: with nothing published, the slot's confirmed_flush_lsn still follows the
+// WAL written by unrelated tables, so an idle slot does not pin WAL.
+func TestIdleSlotAdvances(t *testing.T) {
+	forMajors(t, func(t *testing.T, srv *pgtest.Server, db string) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		s, err := replication.Start(ctx, replication.Config{ConnString: srv.ReplicationConnString(db), Slot: "s",
+			Publications: []string{"pub"}, CreateSlot: true, StatusInterval: 50 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close(ctx)
+		conn, err := pgx.Connect(ctx, srv.ConnString(db))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close(ctx)
+		start := slotLSN(ctx, t, conn, false)
+		for i := range 20 {
+			if _, err := conn.Exec(ctx, `INSERT INTO other_t VALUES ($1)`, i); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var target decoding.LSN
+		if err := conn.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&target); err != nil {
+			t.Fatal(err)
+		}
+		// Drive the stream until the slot has confirmed past the unrelated WAL.
+		for slotLSN(ctx, t, conn, false) < target {
+			nctx, ncancel := context.WithTimeout(ctx, 100*time.Millisecond)
+			x, err := s.Next(nctx)
+			ncancel()
+			if x != nil {
+				t.Fatalf("received transaction %d: nothing is published", x.Xid)
+			}
+			if err != nil && !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatal(err)
+			}
+			if ctx.Err() != nil {
+				t.Fatalf("confirmed_flush_lsn stayed at %s, below %s", slotLSN(ctx, t, conn, false), target)
+			}
+		}
+		t.Logf("confirmed_flush_lsn advanced from %s past %s with no published change", start, target)
+	})
+}
+
+// TestUnackedIsResent: a transaction received but not acknowledged is not confirmed, and comes
+// again after a restart; once acknowledged (or skipped with SkipThrough) it does not.
+func TestUnackedIsResent(t *testing.T) {
+	forMajors(t, func(t *testing.T, srv *pgtest.Server, db string) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		cfg := replication.Config{ConnString: srv.ReplicationConnString(db), Slot: "s",
+			Publications: []string{"pub"}, CreateSlot: true, StatusInterval: 20 * time.Millisecond}
+		s, err := replication.Start(ctx, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := pgtest.Exec(ctx, srv.ConnString(db), `INSERT INTO pub_t SELECT generate_series(1, 3000)`,
+			`INSERT INTO pub_t VALUES (5000)`); err != nil {
+			t.Fatal(err)
+		}
+		first, err := s.Next(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !first.Streamed {
+			t.Logf("note: the first transaction was not streamed")
+		}
+		s.Ack(first)
+		second, err := s.Next(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		end2 := second.EndLSN
+		// Not acknowledged. Let status updates and keepalives flow for a while, then close.
+		if err := s.SendStatus(ctx, true); err != nil {
+			t.Fatal(err)
+		}
+		nctx, ncancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		if x, err := s.Next(nctx); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Next = %v, %v; want a deadline", x, err)
+		}
+		ncancel()
+		if err := s.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Close(ctx); err != nil {
+			t.Fatalf("second Close: %v", err)
+		}
+		if _, err := s.Next(ctx); !errors.Is(err, replication.ErrClosed) {
+			t.Fatalf("Next after Close: %v", err)
+		}
+		conn, err := pgx.Connect(ctx, srv.ConnString(db))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close(ctx)
+		if c := slotLSN(ctx, t, conn, true); c < first.EndLSN || c > second.CommitLSN {
+			t.Fatalf("confirmed_flush_lsn %s; want between the acked end %s and the unacked commit %s", c, first.EndLSN, second.CommitLSN)
+		}
+
+		// Restart: the unacknowledged transaction comes again, and only it.
+		cfg.CreateSlot = false
+		s2 := startRetry(ctx, t, cfg)
+		again, err := s2.Next(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if again.EndLSN != end2 {
+			t.Fatalf("after restart got end %s, want the unacknowledged %s", again.EndLSN, end2)
+		}
+		s2.Ack(again)
+		if err := s2.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if c := slotLSN(ctx, t, conn, true); c < end2 {
+			t.Fatalf("confirmed_flush_lsn %s after acknowledging %s", c, end2)
+		}
+
+		// Resume from a durable position ahead of the slot: nothing at or before it is repeated.
+		if err := pgtest.Exec(ctx, srv.ConnString(db), `INSERT INTO pub_t VALUES (6000)`); err != nil {
+			t.Fatal(err)
+		}
+		cfg.Buffer = reorderbuffer.Config{SkipThrough: end2}
+		s3 := startRetry(ctx, t, cfg)
+		defer s3.Close(ctx)
+		third, err := s3.Next(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if third.CommitLSN <= end2 {
+			t.Fatalf("resumed after %s but got commit %s", end2, third.CommitLSN)
+		}
+	})
+}
+
+// TestCancel: a cancelled context stops Next with its error and leaves the stream usable.
+func TestCancel(t *testing.T) {
+	forMajors(t, func(t *testing.T, srv *pgtest.Server, db string) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		s, err := replication.Start(ctx, replication.Config{ConnString: srv.ReplicationConnString(db), Slot: "s",
+			Publications: []string{"pub"}, CreateSlot: true, TemporarySlot: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close(ctx)
+		cctx, ccancel := context.WithCancel(ctx)
+		time.AfterFunc(50*time.Millisecond, ccancel)
+		if _, err := s.Next(cctx); !errors.Is(err, context.Canceled) {
+			t.Fatalf("Next with a cancelled context: %v", err)
+		}
+		if err := pgtest.Exec(ctx, srv.ConnString(db), `INSERT INTO pub_t VALUES (1)`); err != nil {
+			t.Fatal(err)
+		}
+		x, err := s.Next(ctx)
+		if err != nil {
+			t.Fatalf("Next after a cancelled one: %v", err)
+		}
+		n := 0
+		for m, err := range x.Changes() {
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, ok := m.(*decoding.Insert); ok {
+				n++
+			}
+		}
+		if n != 1 {
+			t.Fatalf("%d inserts, want 1", n)
+		}
+	})
+}
+
+func startRetry(ctx context.Context, t *testing.T, cfg replication.Config) *replication.Stream {
+	t.Helper()
+	for {
+		s, err := replication.Start(ctx, cfg)
+		if err == nil {
+			return s
+		}
+		if !errors.Is(err, replication.ErrSlotActive) || ctx.Err() != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
