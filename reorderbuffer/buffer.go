@@ -1,7 +1,9 @@
 package reorderbuffer
 
 import (
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"time"
 
@@ -152,7 +154,7 @@ func (b *Buffer) add(lsn LSN, data []byte) error {
 		p := m.(*decoding.Prepare)
 		t := b.cur
 		b.cur, b.curPlain = nil, false
-		b.hold(t, p.GID, p.PrepareLSN, p.EndLSN, p.PrepareTime)
+		return b.hold(t, p.GID, p.PrepareLSN, p.EndLSN, p.PrepareTime)
 
 	case decoding.MsgStreamStart:
 		t := b.txns[h.Xid]
@@ -196,7 +198,7 @@ func (b *Buffer) add(lsn LSN, data []byte) error {
 			return err
 		}
 		p := m.(*decoding.StreamPrepare)
-		b.hold(b.streamed(p.Xid), p.GID, p.PrepareLSN, p.EndLSN, p.PrepareTime)
+		return b.hold(b.streamed(p.Xid), p.GID, p.PrepareLSN, p.EndLSN, p.PrepareTime)
 	case decoding.MsgCommitPrepared:
 		m, err := b.parse(data, false)
 		if err != nil {
@@ -395,10 +397,69 @@ func (b *Buffer) abortSub(t *txn, sub uint32) error {
 }
 
 // hold keeps a prepared transaction until COMMIT PREPARED or ROLLBACK PREPARED.
-func (b *Buffer) hold(t *txn, gid string, prepareLSN, endLSN LSN, at time.Time) {
+//
+// pgoutput counts the schema it sent with a prepared transaction as known to the client from the
+// PREPARE on: transactions that commit before COMMIT PREPARED may use those relations without
+// describing them again. So the transaction's Relation and Type messages take effect now, as they
+// would for a consumer that applies prepared transactions (PostgreSQL's subscriber).
+func (b *Buffer) hold(t *txn, gid string, prepareLSN, endLSN LSN, at time.Time) error {
+	if t.hasSchema {
+		if err := b.applySchema(t); err != nil {
+			return err
+		}
+	}
 	t.prepared = true
 	t.gid = gid
 	t.prepareLSN, t.prepareEndLSN, t.prepareTime = prepareLSN, endLSN, at
+	return nil
+}
+
+// applySchema applies t's Relation and Type messages to the relation cache, in order.
+func (b *Buffer) applySchema(t *txn) error {
+	return b.eachRecord(t, func(rec []byte) error {
+		if typ := decoding.MessageType(rec[0]); typ != decoding.MsgRelation && typ != decoding.MsgType {
+			return nil
+		}
+		m, err := decoding.Parse(rec, false, b.cfg.Decoding)
+		if err != nil {
+			return err
+		}
+		b.rels.Apply(m)
+		return nil
+	})
+}
+
+// errStop ends eachRecord early without an error.
+var errStop = errors.New("stop")
+
+// eachRecord calls f for every record of t in order: the spill log, then memory. rec is valid
+// only during the call.
+func (b *Buffer) eachRecord(t *txn, f func(rec []byte) error) error {
+	if t.log != nil {
+		r := t.log.NewReader()
+		for {
+			rec, err := r.Next()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err == nil {
+				err = f(rec)
+			}
+			if err != nil {
+				r.Close()
+				return err
+			}
+		}
+		if err := r.Close(); err != nil {
+			return err
+		}
+	}
+	var err error
+	t.mem.all(func(_ int64, rec []byte) bool {
+		err = f(rec)
+		return err == nil
+	})
+	return err
 }
 
 // finish hands a committed transaction to the queue, or drops it if the consumer already has it.
@@ -502,11 +563,8 @@ func (b *Buffer) releaseLent() {
 	b.lent = nil
 	if x.t.hasSchema && !x.read {
 		// The consumer skipped the changes; later transactions still need the schema it carried.
-		for m, err := range x.changes() {
-			if err != nil {
-				break
-			}
-			_ = m
+		if err := b.applySchema(x.t); err != nil && b.err == nil {
+			b.err = err
 		}
 	}
 	x.released = true

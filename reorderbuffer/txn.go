@@ -1,8 +1,6 @@
 package reorderbuffer
 
 import (
-	"errors"
-	"io"
 	"iter"
 	"time"
 
@@ -85,42 +83,25 @@ func (x *Txn) changes() iter.Seq2[decoding.Message, error] {
 			return
 		}
 		b, t := x.b, x.t
-		emit := func(rec []byte) bool {
+		err := b.eachRecord(t, func(rec []byte) error {
 			m, err := decoding.Parse(rec, false, b.cfg.Decoding)
 			if err != nil {
-				yield(nil, err)
-				return false
+				return err
 			}
 			switch m := m.(type) {
 			case *decoding.Relation, *decoding.TypeMessage:
 				b.rels.Apply(m)
 			}
-			return yield(m, nil)
-		}
-		if t.log != nil {
-			r := t.log.NewReader()
-			for {
-				rec, err := r.Next()
-				if errors.Is(err, io.EOF) {
-					break
-				}
-				if err != nil {
-					r.Close()
-					yield(nil, err)
-					return
-				}
-				if !emit(rec) {
-					r.Close()
-					return
-				}
+			if !yield(m, nil) {
+				return errStop
 			}
-			if err := r.Close(); err != nil {
-				yield(nil, err)
-				return
-			}
-		}
-		if t.mem.all(func(_ int64, rec []byte) bool { return emit(rec) }) {
+			return nil
+		})
+		switch {
+		case err == nil:
 			x.read = true
+		case err != errStop:
+			yield(nil, err)
 		}
 	}
 }

@@ -1,0 +1,138 @@
+package reorderbuffer_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/internal/capture"
+	"github.com/pgreorder/pgreorder/internal/jsonl"
+	"github.com/pgreorder/pgreorder/internal/pgtest"
+	"github.com/pgreorder/pgreorder/reorderbuffer"
+	"github.com/stretchr/testify/require"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// reorder feeds captured messages through a Buffer and returns the committed transactions as
+// JSON lines (the replay format), with the buffer's statistics.
+func reorder(t testing.TB, recs []capture.Record, cfg reorderbuffer.Config) ([]string, reorderbuffer.Stats) {
+	t.Helper()
+	b, err := reorderbuffer.New(cfg)
+	require.NoError(t, err)
+	defer b.Close()
+	var out bytes.Buffer
+	w := jsonl.NewWriter(&out)
+	limit := cfg.WorkMem
+	if limit < 0 {
+		limit = 0
+	}
+	for i, r := range recs {
+		require.NoError(t, b.Add(r.LSN, r.Data), "record %d", i)
+		for x, ok := b.Next(); ok; x, ok = b.Next() {
+			require.NoError(t, w.WriteTxn(x))
+			b.Ack(x)
+		}
+		require.LessOrEqual(t, b.Stats().MemoryBytes, limit)
+	}
+	st := b.Stats()
+	require.Zero(t, st.OpenTxns, "transactions left open at the end of the capture")
+	return strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n"), st
+}
+
+// comparable drops what legitimately differs between a streamed and a non-streamed reading of
+// the same changes: transactions without changes (the server sends nothing for them with
+// streaming off) and the gid (a two-phase reading names the prepared transaction, a plain one
+// sees an ordinary commit).
+func comparable(t testing.TB, lines []string) []string {
+	t.Helper()
+	var out []string
+	for _, l := range lines {
+		if l == "" {
+			continue
+		}
+		var o map[string]any
+		require.NoError(t, json.Unmarshal([]byte(l), &o), l)
+		if ch, ok := o["changes"].([]any); ok && len(ch) == 0 {
+			continue
+		}
+		delete(o, "gid")
+		b, err := json.Marshal(o)
+		require.NoError(t, err)
+		out = append(out, string(b))
+	}
+	return out
+}
+
+// TestOracle is the differential test against PostgreSQL itself: for each workload, two slots
+// created back to back are read with streaming off (the server reorders) and with streaming on
+// at logical_decoding_work_mem = 64kB; the Buffer fed the streamed messages must hand out exactly
+// the server's non-streamed transactions, whatever its own memory limit.
+func TestOracle(t *testing.T) {
+	files, err := filepath.Glob("testdata/workloads/*.sql")
+	require.NoError(t, err)
+	require.NotEmpty(t, files)
+	for _, major := range pgtest.Majors(t) {
+		t.Run(fmt.Sprintf("pg%d", major), func(t *testing.T) {
+			srv := pgtest.Shared(t, major)
+			for _, f := range files {
+				name := strings.TrimSuffix(filepath.Base(f), ".sql")
+				t.Run(name, func(t *testing.T) {
+					text, err := os.ReadFile(f)
+					require.NoError(t, err)
+					w, err := pgtest.ParseWorkload(string(text))
+					require.NoError(t, err)
+					db := pgtest.NewDatabase(t, srv)
+					ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+					defer cancel()
+					caps, err := pgtest.Record(ctx, srv.ConnString(db), w, pgtest.RecordOptions{})
+					require.NoError(t, err)
+					checkCaptures(t, caps)
+				})
+			}
+		})
+	}
+}
+
+func checkCaptures(t *testing.T, caps []pgtest.Capture) {
+	var plain []string
+	for _, c := range caps {
+		if !c.Variant.Streamed() {
+			lines, _ := reorder(t, c.Records, reorderbuffer.Config{WorkMem: math.MaxInt64, Dir: t.TempDir()})
+			plain = comparable(t, lines)
+		}
+	}
+	require.NotNil(t, plain, "no non-streamed capture")
+	require.NotEmpty(t, plain, "the workload committed nothing")
+	streamedAny := false
+	for _, c := range caps {
+		if !c.Variant.Streamed() {
+			continue
+		}
+		for _, limit := range []int64{math.MaxInt64, 1 << 20, 64 << 10, reorderbuffer.SpillEverything} {
+			dir := t.TempDir()
+			lines, st := reorder(t, c.Records, reorderbuffer.Config{
+				WorkMem:  limit,
+				Dir:      dir,
+				Decoding: decoding.Options{ProtoVersion: c.Variant.ProtoVersion},
+			})
+			require.Equal(t, plain, comparable(t, lines), "%s at work mem %d", c.Variant.Name, limit)
+			streamedAny = streamedAny || st.StreamTxns > 0
+			if limit == reorderbuffer.SpillEverything && st.StreamTxns > 0 {
+				require.Positive(t, st.SpillBytes)
+			}
+			ents, err := os.ReadDir(dir)
+			require.NoError(t, err)
+			require.Empty(t, ents, "spill files left behind")
+		}
+	}
+	require.True(t, streamedAny, "no variant streamed: the workload is too small to test streaming")
+}
