@@ -9,6 +9,7 @@ import (
 
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/heap"
+	"github.com/pgreorder/pgreorder/internal/knobs"
 	"github.com/pgreorder/pgreorder/spill"
 )
 
@@ -278,7 +279,7 @@ func (b *Buffer) record(h decoding.Header, data []byte, schema bool) error {
 	if schema {
 		t.hasSchema = true
 	}
-	if grown > 0 {
+	if grown > 0 && !knobs.NoAccounting {
 		b.grow(t, grown)
 		return b.checkLimit()
 	}
