@@ -1,2 +1,25 @@
-// Package bench holds the benchmarks that reproduce PostgreSQL's published reorder-buffer workloads.
+// Package bench reproduces PostgreSQL's published reorder-buffer workloads as deterministic
+// pgoutput streams, and benchmarks pgreorder on them beside a naive baseline (every message
+// parsed with pglogrepl and kept in a map from xid to slice, with no memory limit: what most Go
+// CDC tools do today).
+//
+// The generators (ManySubxacts, BulkInsert, RollbackToSavepoint, SmallTxns, SmallTxnsStreamed)
+// are seeded and lazy: a Workload yields the same bytes every time, one message at a time in a
+// reused buffer, so that a 10M-row stream costs no memory and the heap measured during a
+// benchmark is the consumer's. A yielded message is valid only until the next iteration step.
+// Streamed workloads are cut into stream blocks as the server cuts them: a block each time the
+// transaction's changes reach the server's logical_decoding_work_mem (ServerChangeBytes per
+// change).
+//
+// The benchmarks are in the package's tests; BENCHMARKS.md at the repository root gives the
+// method, the commands, the results and the charts (drawn by bench/charts from the benchmark
+// output):
+//
+//	go test -run '^$' -bench . -benchtime 1x -short ./bench/...      # reduced sizes, minutes
+//	go test -run '^$' -bench . -benchtime 1x -bench.full ./bench/    # PostgreSQL's sizes
+//
+// Every benchmark reports ns/change, allocs/change, B/change, spilled-bytes and
+// peak-heap-bytes (the highest /memory/classes/heap/objects:bytes sampled every 4096 messages,
+// minus the value after a GC before the run: it includes garbage not yet collected) and
+// peak-live-bytes (the same for /gc/heap/live:bytes, the heap the last GC found live).
 package bench
