@@ -16,7 +16,7 @@
 // output):
 //
 //	go test -run '^$' -bench . -benchtime 1x -short ./bench/...      # reduced sizes, minutes
-//	go test -run '^$' -bench . -benchtime 1x -bench.full ./bench/    # PostgreSQL's sizes
+//	PGREORDER_BENCH_FULL=1 go test -run '^$' -bench . -benchtime 1x -timeout 60m ./bench/  # PostgreSQL's sizes
 //
 // Every benchmark reports ns/change, allocs/change, B/change, spilled-bytes and
 // peak-heap-bytes (the highest /memory/classes/heap/objects:bytes sampled every 4096 messages,

@@ -1,8 +1,8 @@
 package bench
 
 import (
-	"flag"
 	"fmt"
+	"os"
 	"runtime"
 	"runtime/metrics"
 	"slices"
@@ -15,9 +15,13 @@ import (
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 )
 
-var full = flag.Bool("bench.full", false, "run the benchmarks at PostgreSQL's published sizes (10M rows, 1M subtransactions, 100000×32 transactions); slow")
+// full runs the benchmarks at PostgreSQL's published sizes (10M rows, 1M subtransactions,
+// 100000×32 transactions): set PGREORDER_BENCH_FULL=1. An environment variable rather than a
+// flag, so that it works with package patterns like ./bench/... (a test flag would have to follow
+// the packages, and every package of the pattern would have to define it).
+var full = new(os.Getenv("PGREORDER_BENCH_FULL") == "1")
 
-// size returns the published size with -bench.full, and reduced otherwise (the -short run and
+// size returns the published size with PGREORDER_BENCH_FULL=1, and reduced otherwise (the -short run and
 // the default): small enough that the whole package runs in a few minutes on 2 cores.
 func size(fullSize, reduced int64) int64 {
 	if *full {

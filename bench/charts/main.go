@@ -1,0 +1,325 @@
+// Command charts reads `go test -bench` output of ./bench and ./heap and draws the SVG charts of
+// BENCHMARKS.md, and prints the targets' measured ratios as a Markdown table.
+//
+// Usage:
+//
+//	go run ./bench/charts -o bench/results bench/results/*.txt
+//
+// It writes, into the -o folder, ns-per-change.svg, peak-heap.svg, live.svg and
+// eviction-choice.svg (each only when the input has the benchmarks it draws). It uses the
+// standard library only: the SVG is written as text.
+package main
+
+import (
+	"bufio"
+	"flag"
+	"fmt"
+	"html"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// result is one benchmark line: its name (without the -GOMAXPROCS suffix) and its metrics by unit.
+type result struct {
+	name    string
+	metrics map[string]float64
+}
+
+var procSuffix = regexp.MustCompile(`-\d+$`)
+
+// parse reads benchmark lines: "BenchmarkName-2  1  123 ns/op  4.5 ns/change ...".
+func parse(r io.Reader) ([]result, error) {
+	var out []result
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) < 4 || !strings.HasPrefix(f[0], "Benchmark") {
+			continue
+		}
+		if _, err := strconv.Atoi(f[1]); err != nil {
+			continue
+		}
+		res := result{name: procSuffix.ReplaceAllString(f[0], ""), metrics: map[string]float64{}}
+		for i := 2; i+1 < len(f); i += 2 {
+			v, err := strconv.ParseFloat(f[i], 64)
+			if err != nil {
+				return nil, fmt.Errorf("benchmark %s: value %q: %v", f[0], f[i], err)
+			}
+			res.metrics[f[i+1]] = v
+		}
+		out = append(out, res)
+	}
+	return out, sc.Err()
+}
+
+// bar is one bar of a horizontal bar chart; mark, if > 0, draws a vertical tick at that value
+// (a limit to stay under).
+type bar struct {
+	label string
+	value float64
+	color string
+	mark  float64
+}
+
+// chart draws a horizontal bar chart as SVG.
+func chart(title, unit string, bars []bar, logScale bool) string {
+	const (
+		labelW = 560
+		plotW  = 460
+		rowH   = 18
+		top    = 44
+	)
+	maxV := 0.0
+	minV := math.Inf(1)
+	for _, b := range bars {
+		maxV = max(maxV, b.value, b.mark)
+		if b.value > 0 {
+			minV = min(minV, b.value)
+		}
+	}
+	if maxV == 0 {
+		maxV = 1
+	}
+	lo := 0.0
+	if logScale {
+		lo = math.Floor(math.Log10(minV))
+		maxV = math.Ceil(math.Log10(maxV))
+	}
+	x := func(v float64) float64 {
+		if logScale {
+			if v <= 0 {
+				return 0
+			}
+			return plotW * (math.Log10(v) - lo) / (maxV - lo)
+		}
+		return plotW * v / maxV
+	}
+	h := top + rowH*len(bars) + 30
+	var s strings.Builder
+	fmt.Fprintf(&s, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="11">`+"\n", labelW+plotW+90, h)
+	fmt.Fprintf(&s, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")
+	fmt.Fprintf(&s, `<text x="8" y="18" font-size="14" font-weight="bold">%s</text>`+"\n", html.EscapeString(title))
+	scale := "linear scale"
+	if logScale {
+		scale = "log scale"
+	}
+	fmt.Fprintf(&s, `<text x="8" y="34" fill="#555">%s, %s</text>`+"\n", html.EscapeString(unit), scale)
+	for i, b := range bars {
+		y := top + i*rowH
+		fmt.Fprintf(&s, `<text x="%d" y="%d" text-anchor="end">%s</text>`+"\n", labelW-6, y+13, html.EscapeString(b.label))
+		w := x(b.value)
+		fmt.Fprintf(&s, `<rect x="%d" y="%d" width="%.1f" height="%d" fill="%s"/>`+"\n", labelW, y+3, w, rowH-5, b.color)
+		fmt.Fprintf(&s, `<text x="%.1f" y="%d" fill="#333">%s</text>`+"\n", float64(labelW)+w+4, y+13, human(b.value))
+		if b.mark > 0 {
+			mx := float64(labelW) + x(b.mark)
+			fmt.Fprintf(&s, `<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#d62728" stroke-width="2"/>`+"\n", mx, y+1, mx, y+rowH-1)
+		}
+	}
+	fmt.Fprintf(&s, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#999"/>`+"\n", labelW, top, labelW, top+rowH*len(bars))
+	fmt.Fprintf(&s, "</svg>\n")
+	return s.String()
+}
+
+// human formats a value with 3 significant digits and a k/M/G suffix.
+func human(v float64) string {
+	switch a := math.Abs(v); {
+	case a >= 1e9:
+		return strconv.FormatFloat(v/1e9, 'g', 3, 64) + "G"
+	case a >= 1e6:
+		return strconv.FormatFloat(v/1e6, 'g', 3, 64) + "M"
+	case a >= 1e4:
+		return strconv.FormatFloat(v/1e3, 'g', 3, 64) + "k"
+	}
+	return strconv.FormatFloat(v, 'g', 3, 64)
+}
+
+const (
+	colorPgreorder = "#1f77b4"
+	colorNaive     = "#ff7f0e"
+	colorOther     = "#7f7f7f"
+)
+
+func implColor(name string) string {
+	switch {
+	case strings.Contains(name, "impl=naive"):
+		return colorNaive
+	case strings.Contains(name, "impl=pgreorder"):
+		return colorPgreorder
+	}
+	return colorOther
+}
+
+const slack = 16 << 20 // the peak heap target: work mem + 16 MiB
+
+func main() {
+	outDir := flag.String("o", ".", "folder to write the SVG files to")
+	flag.Parse()
+	var all []result
+	for _, p := range flag.Args() {
+		f, err := os.Open(p)
+		if err != nil {
+			fatal(err)
+		}
+		rs, err := parse(f)
+		f.Close()
+		if err != nil {
+			fatal(fmt.Errorf("%s: %v", p, err))
+		}
+		all = append(all, rs...)
+	}
+	if len(all) == 0 {
+		fatal(fmt.Errorf("no benchmark results in %v", flag.Args()))
+	}
+
+	var speed, heap, live, evict []bar
+	for _, r := range all {
+		label := strings.TrimPrefix(r.name, "Benchmark")
+		if v, ok := r.metrics["ns/change"]; ok {
+			speed = append(speed, bar{label: label, value: v, color: implColor(r.name)})
+		}
+		if v, ok := r.metrics["peak-heap-bytes"]; ok && !strings.Contains(r.name, "generator-only") {
+			b := bar{label: label, value: v / (1 << 20), color: implColor(r.name)}
+			if wm, ok := r.metrics["workmem-bytes"]; ok && !strings.Contains(r.name, "noaccounting") {
+				b.mark = (wm + slack) / (1 << 20)
+			}
+			heap = append(heap, b)
+		}
+		for unit, v := range r.metrics {
+			if strings.HasSuffix(unit, "-commit-to-last-ms") {
+				mode := strings.TrimSuffix(unit, "-commit-to-last-ms")
+				c := colorOther
+				if strings.HasPrefix(mode, "pgreorder") {
+					c = colorPgreorder
+				} else if strings.HasSuffix(mode, "-on") {
+					c = "#2ca02c"
+				}
+				live = append(live, bar{label: label + " " + mode, value: v, color: c})
+			}
+		}
+		if strings.HasPrefix(r.name, "BenchmarkEvictionChoice") {
+			if v, ok := r.metrics["ns/op"]; ok {
+				c := colorOther
+				if strings.Contains(r.name, "pairing") {
+					c = colorPgreorder
+				}
+				evict = append(evict, bar{label: label, value: v, color: c})
+			}
+		}
+	}
+	sort.SliceStable(live, func(i, j int) bool { return live[i].label < live[j].label })
+	write := func(name, svg string) {
+		p := filepath.Join(*outDir, name)
+		if err := os.WriteFile(p, []byte(svg), 0o644); err != nil {
+			fatal(err)
+		}
+		fmt.Fprintln(os.Stderr, "wrote", p)
+	}
+	if len(speed) > 0 {
+		write("ns-per-change.svg", chart("Time per change (lower is better; blue pgreorder, orange naive map of pglogrepl messages)", "ns/change", speed, false))
+	}
+	if len(heap) > 0 {
+		write("peak-heap.svg", chart("Peak Go heap during the run (red tick: work mem + 16 MiB)", "MiB above the baseline, heap objects incl. garbage not yet collected", heap, true))
+	}
+	if len(live) > 0 {
+		write("live.svg", chart("Live: COMMIT of a 1M-row INSERT → last change out (median)", "ms", live, false))
+	}
+	if len(evict) > 0 {
+		write("eviction-choice.svg", chart("Eviction choice: cost per change with N open transactions (blue: pairing heap)", "ns/op", evict, true))
+	}
+	targets(os.Stdout, all)
+}
+
+// targets prints the issue's targets with the measured values.
+func targets(w io.Writer, all []result) {
+	find := func(sub ...string) (result, bool) {
+	next:
+		for _, r := range all {
+			for _, s := range sub {
+				if !strings.Contains(r.name, s) {
+					continue next
+				}
+			}
+			return r, true
+		}
+		return result{}, false
+	}
+	fmt.Fprintln(w, "| target | measured | met |")
+	fmt.Fprintln(w, "|---|---|---|")
+	yes := func(ok bool) string {
+		if ok {
+			return "yes"
+		}
+		return "**no**"
+	}
+	if r, ok := find("BulkInsert", "accounting=paired"); ok {
+		v := r.metrics["overhead-%"]
+		fmt.Fprintf(w, "| accounting + heap cost ≤ 3%% (%s) | %.2f%% (off %.1f, on %.1f ns/change, best of alternating runs) | %s |\n",
+			short(r.name), v, r.metrics["off-ns/change"], r.metrics["on-ns/change"], yes(v <= 3))
+	}
+	worst, worstName, n := -math.MaxFloat64, "", 0
+	worstLive, worstLiveName := -math.MaxFloat64, ""
+	for _, r := range all {
+		wm, ok := r.metrics["workmem-bytes"]
+		if !ok || strings.Contains(r.name, "noaccounting") {
+			continue
+		}
+		n++
+		if d := r.metrics["peak-heap-bytes"] - (wm + slack); d > worst {
+			worst, worstName = d, r.name
+		}
+		if d := r.metrics["peak-live-bytes"] - (wm + slack); d > worstLive {
+			worstLive, worstLiveName = d, r.name
+		}
+	}
+	if n > 0 {
+		fmt.Fprintf(w, "| peak Go heap ≤ work mem + 16 MiB, every case (%d pgreorder cases) | heap objects: closest case %s at %+.1f MiB from the bound | %s |\n",
+			n, short(worstName), worst/(1<<20), yes(worst <= 0))
+		fmt.Fprintf(w, "| (same, live heap after each GC) | closest case %s at %+.1f MiB from the bound | %s |\n",
+			short(worstLiveName), worstLive/(1<<20), yes(worstLive <= 0))
+	}
+	for _, wm := range []string{"workmem=unlimited", "workmem=64MB", "workmem=256kB", "workmem=64kB"} {
+		p, ok1 := find("BulkInsert", wm, "impl=pgreorder")
+		if !ok1 || strings.Contains(p.name, "noaccounting") {
+			continue
+		}
+		rows := p.name[strings.Index(p.name, "rows="):]
+		rows = rows[:strings.Index(rows, "/")]
+		nv, ok2 := find("BulkInsert", rows+"/", "impl=naive")
+		if !ok2 {
+			continue
+		}
+		speedup := nv.metrics["ns/change"] / p.metrics["ns/change"]
+		mem := p.metrics["peak-heap-bytes"] / nv.metrics["peak-heap-bytes"]
+		live := p.metrics["peak-live-bytes"] / nv.metrics["peak-live-bytes"]
+		fmt.Fprintf(w, "| bulk insert ≥ 3× naive throughput (%s, %s) | %.2f× | %s |\n", rows, wm, speedup, yes(speedup >= 3))
+		fmt.Fprintf(w, "| bulk insert ≤ ¼ naive peak memory (%s, %s) | heap objects %.2f, live heap %.2f | %s |\n", rows, wm, mem, live, yes(mem <= 0.25))
+	}
+	for _, r := range all {
+		v, ok := r.metrics["pgreorder-vs-readonly-on-%"]
+		if !ok {
+			continue
+		}
+		fmt.Fprintf(w, "| live %s: pgreorder COMMIT→last within 5%% of read-only (streaming on) | %+.1f%% (%.0f vs %.0f ms; streaming off %.0f ms, %.2f× slower than on) | %s |\n",
+			short(r.name), v, r.metrics["pgreorder-on-commit-to-last-ms"], r.metrics["readonly-on-commit-to-last-ms"],
+			r.metrics["readonly-off-commit-to-last-ms"], r.metrics["readonly-off/on-x"], yes(v <= 5))
+		sp := r.metrics["pgreorder-on-spill-bytes"]
+		fmt.Fprintf(w, "| live %s: publisher spill 0 B with streaming on | %.0f B (streaming off: %s B; streamed %s B) | %s |\n",
+			short(r.name), sp, human(r.metrics["readonly-off-spill-bytes"]), human(r.metrics["pgreorder-on-stream-bytes"]), yes(sp == 0))
+		fmt.Fprintf(w, "| live %s: client CPU | pgreorder %.0f ms, read-only on %.0f ms, read-only off %.0f ms | — |\n",
+			short(r.name), r.metrics["pgreorder-on-cpu-ms"], r.metrics["readonly-on-cpu-ms"], r.metrics["readonly-off-cpu-ms"])
+	}
+}
+
+func short(name string) string { return strings.TrimPrefix(name, "Benchmark") }
+
+func fatal(err error) {
+	fmt.Fprintln(os.Stderr, "charts:", err)
+	os.Exit(1)
+}
