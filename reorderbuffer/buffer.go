@@ -31,14 +31,17 @@ type Buffer struct {
 	rels  decoding.RelationCache
 
 	acks      []*Txn // handed out or queued, not yet acknowledged, in commit order
+	pins      []*Txn // committed prepared transactions not yet acknowledged
+	held      int    // prepared transactions held (in txns)
 	acked     LSN    // end LSN of the last transaction of the acknowledged prefix
 	keepalive LSN    // highest walEnd of a keepalive
 	reported  LSN    // highest position FlushPosition returned
 
-	mem   int64 // bytes of records in memory (chunk capacity)
-	stats Stats
-	err   error
-	done  bool
+	mem      int64 // bytes of records in memory (chunk capacity)
+	chunkMax int   // largest memlog chunk: a quarter of the limit, within [minChunk, maxChunk]
+	stats    Stats
+	err      error
+	done     bool
 }
 
 // New returns a Buffer. It makes no files until the first transaction has to be spilled.
@@ -51,6 +54,7 @@ func New(cfg Config) (*Buffer, error) {
 		evict: heap.New(func(x, y *txn) bool { return x.mem.bytes() > y.mem.bytes() },
 			func(t *txn) *heap.Node[*txn] { return &t.node }),
 	}
+	b.chunkMax = int(min(max(b.limit/4, minChunk), maxChunk))
 	if cfg.SkipThrough != 0 {
 		b.acked = cfg.SkipThrough
 	}
@@ -117,18 +121,14 @@ func (b *Buffer) add(lsn LSN, data []byte) error {
 			return err
 		}
 		bg := m.(*decoding.Begin)
-		t := b.open(bg.Xid)
-		t.finalLSN, t.commitTime = bg.FinalLSN, bg.CommitTime
-		b.cur, b.curPlain = t, true
+		b.cur, b.curPlain = b.open(bg.Xid), true
 	case decoding.MsgBeginPrepare:
 		m, err := b.parse(data, false)
 		if err != nil {
 			return err
 		}
 		bp := m.(*decoding.BeginPrepare)
-		t := b.open(bp.Xid)
-		t.gid = bp.GID
-		b.cur, b.curPlain = t, true
+		b.cur, b.curPlain = b.open(bp.Xid), true
 	case decoding.MsgOrigin:
 		m, err := b.parse(data, false)
 		if err != nil {
@@ -136,7 +136,8 @@ func (b *Buffer) add(lsn LSN, data []byte) error {
 		}
 		if b.cur != nil {
 			o := m.(*decoding.Origin)
-			b.cur.origin, b.cur.originLSN = o.Name, o.CommitLSN
+			meta := b.cur.metadata()
+			meta.origin, meta.originLSN = o.Name, o.CommitLSN
 		}
 	case decoding.MsgCommit:
 		m, err := b.parse(data, false)
@@ -155,7 +156,7 @@ func (b *Buffer) add(lsn LSN, data []byte) error {
 		p := m.(*decoding.Prepare)
 		t := b.cur
 		b.cur, b.curPlain = nil, false
-		return b.hold(t, p.GID, p.PrepareLSN, p.EndLSN, p.PrepareTime)
+		return b.hold(t, p.GID, p.PrepareLSN)
 
 	case decoding.MsgStreamStart:
 		t := b.txns[h.Xid]
@@ -199,7 +200,7 @@ func (b *Buffer) add(lsn LSN, data []byte) error {
 			return err
 		}
 		p := m.(*decoding.StreamPrepare)
-		return b.hold(b.streamed(p.Xid), p.GID, p.PrepareLSN, p.EndLSN, p.PrepareTime)
+		return b.hold(b.streamed(p.Xid), p.GID, p.PrepareLSN)
 	case decoding.MsgCommitPrepared:
 		m, err := b.parse(data, false)
 		if err != nil {
@@ -260,28 +261,38 @@ func (b *Buffer) record(h decoding.Header, data []byte, schema bool) error {
 	if t == nil { // the decoder rejects changes outside a transaction; be defensive anyway
 		return fmt.Errorf("%w: change outside any transaction", ErrProtocol)
 	}
-	var grown int64
+	// The in-stream record keeps the type byte and the body: the writer's xid is only needed
+	// for the subtransaction list below.
+	head, body := data, []byte(nil)
 	if h.InStream {
 		if len(data) < 5 {
 			return fmt.Errorf("%w: short in-stream message", ErrProtocol)
 		}
-		if sub := h.Xid; sub != t.xid && !t.subs.contains(sub) {
+		head, body = data[:1], data[5:]
+	}
+	// Make room before the record's chunk is allocated, so that memory never exceeds the limit
+	// unless one chunk alone is larger than the limit. This may spill t itself.
+	if size := t.mem.chunkFor(len(head)+len(body), b.chunkMax); size > 0 && !knobs.NoAccounting {
+		if err := b.makeRoom(int64(size)); err != nil {
+			return err
+		}
+	}
+	if sub := h.Xid; h.InStream && sub != t.xid {
+		if t.subs == nil {
+			t.subs = &subxacts{}
+		}
+		if !t.subs.contains(sub) {
 			t.subs.addMem(sub, t.mem.end())
 		}
-		// Keep the type byte and the body; the writer's xid is only needed for the
-		// subtransaction list above.
-		grown = t.mem.appendRecord(data[:1], data[5:])
-	} else {
-		grown = t.mem.appendRecord(data)
 	}
-	t.records++
+	grown := t.mem.appendRecord(b.chunkMax, head, body)
 	t.bytes += int64(len(data))
 	if schema {
 		t.hasSchema = true
 	}
 	if grown > 0 && !knobs.NoAccounting {
 		b.grow(t, grown)
-		return b.checkLimit()
+		return b.makeRoom(0) // the chunk alone was larger than the room left
 	}
 	return nil
 }
@@ -311,9 +322,10 @@ func (b *Buffer) release(t *txn, n int64) {
 	}
 }
 
-// checkLimit spills the largest transactions until memory is within the limit.
-func (b *Buffer) checkLimit() error {
-	for b.mem > b.limit {
+// makeRoom spills the largest transactions until n more bytes fit within the limit, or nothing
+// in memory can be spilled.
+func (b *Buffer) makeRoom(n int64) error {
+	for b.mem+n > b.limit {
 		t, ok := b.evict.Peek()
 		if !ok {
 			return nil
@@ -346,7 +358,10 @@ func (b *Buffer) spill(t *txn) error {
 		b.stats.SpillTxns++
 	}
 	before := t.log.Size()
-	subs := t.subs.mem
+	var subs []memSub
+	if t.subs != nil {
+		subs = t.subs.mem
+	}
 	j := 0
 	var err error
 	t.mem.all(func(pos int64, rec []byte) bool {
@@ -360,7 +375,12 @@ func (b *Buffer) spill(t *txn) error {
 	if err != nil {
 		return err
 	}
-	t.subs.mem, t.subs.memMin, t.subs.memMax = t.subs.mem[:0], t.subs.memMin[:0], t.subs.memMax[:0]
+	for ; j < len(subs); j++ { // an entry past the last record (none is made, but be safe)
+		t.subs.addSpilled(subs[j].xid, t.log.Size())
+	}
+	if t.subs != nil {
+		t.subs.mem, t.subs.memMin, t.subs.memMax = t.subs.mem[:0], t.subs.memMin[:0], t.subs.memMax[:0]
+	}
 	b.stats.SpillCount++
 	b.stats.SpillBytes += t.log.Size() - before
 	b.release(t, t.mem.reset())
@@ -378,6 +398,9 @@ func (b *Buffer) spillDir() string {
 // subtransaction that appeared after it. A subtransaction with no entry had no changes in the
 // stream: nothing to do.
 func (b *Buffer) abortSub(t *txn, sub uint32) error {
+	if t.subs == nil {
+		return nil
+	}
 	if i := t.subs.findMem(sub); i >= 0 {
 		b.release(t, t.mem.truncate(t.subs.mem[i].pos))
 		t.subs.cutMem(i)
@@ -403,15 +426,16 @@ func (b *Buffer) abortSub(t *txn, sub uint32) error {
 // PREPARE on: transactions that commit before COMMIT PREPARED may use those relations without
 // describing them again. So the transaction's Relation and Type messages take effect now, as they
 // would for a consumer that applies prepared transactions (PostgreSQL's subscriber).
-func (b *Buffer) hold(t *txn, gid string, prepareLSN, endLSN LSN, at time.Time) error {
+func (b *Buffer) hold(t *txn, gid string, prepareLSN LSN) error {
 	if t.hasSchema {
 		if err := b.applySchema(t); err != nil {
 			return err
 		}
 	}
 	t.prepared = true
-	t.gid = gid
-	t.prepareLSN, t.prepareEndLSN, t.prepareTime = prepareLSN, endLSN, at
+	meta := t.metadata()
+	meta.gid, meta.prepareLSN = gid, prepareLSN
+	b.held++
 	return nil
 }
 
@@ -466,6 +490,10 @@ func (b *Buffer) eachRecord(t *txn, f func(rec []byte) error) error {
 // finish hands a committed transaction to the queue, or drops it if the consumer already has it.
 func (b *Buffer) finish(t *txn, commitLSN, endLSN LSN, at time.Time, gid string) error {
 	delete(b.txns, t.xid)
+	if t.prepared {
+		t.prepared = false
+		b.held--
+	}
 	if endLSN <= b.cfg.SkipThrough {
 		b.stats.SkippedTxns++
 		b.free(t)
@@ -476,13 +504,19 @@ func (b *Buffer) finish(t *txn, commitLSN, endLSN LSN, at time.Time, gid string)
 		CommitLSN:  commitLSN,
 		EndLSN:     endLSN,
 		CommitTime: at,
-		Origin:     t.origin,
-		OriginLSN:  t.originLSN,
 		GID:        gid,
 		Streamed:   t.streamed,
-		Records:    t.records,
 		b:          b,
 		t:          t,
+	}
+	if m := t.meta; m != nil {
+		x.Origin, x.OriginLSN = m.origin, m.originLSN
+		if gid != "" {
+			// Until the consumer has it, the server must send it again after a restart, and
+			// it only does while the confirmed position is before the PREPARE.
+			x.pin = m.prepareLSN
+			b.pins = append(b.pins, x)
+		}
 	}
 	b.stats.TotalTxns++
 	b.stats.TotalBytes += t.bytes
@@ -498,14 +532,19 @@ func (b *Buffer) nonTransactional(m *decoding.LogicalMessage, data []byte) error
 		return nil
 	}
 	t := &txn{}
-	if grown := t.mem.appendRecord(data); grown > 0 {
-		b.grow(t, grown)
+	if err := b.makeRoom(int64(t.mem.chunkFor(len(data), b.chunkMax))); err != nil {
+		return err
 	}
-	t.records = 1
-	x := &Txn{EndLSN: m.LSN, CommitLSN: m.LSN, NonTransactional: true, Records: 1, b: b, t: t}
+	if grown := t.mem.appendRecord(b.chunkMax, data); grown > 0 {
+		b.grow(t, grown)
+		if err := b.makeRoom(0); err != nil {
+			return err
+		}
+	}
+	x := &Txn{EndLSN: m.LSN, CommitLSN: m.LSN, NonTransactional: true, b: b, t: t}
 	b.queue = append(b.queue, x)
 	b.acks = append(b.acks, x)
-	return b.checkLimit()
+	return nil
 }
 
 // drop forgets a transaction that will never be handed out.
@@ -522,7 +561,11 @@ func (b *Buffer) drop(t *txn) {
 // free releases t's memory and spill log.
 func (b *Buffer) free(t *txn) {
 	b.release(t, t.mem.reset())
-	t.subs.reset()
+	t.subs = nil
+	if t.prepared {
+		t.prepared = false
+		b.held--
+	}
 	if t.log != nil {
 		if err := t.log.Remove(); err != nil && b.err == nil {
 			b.err = err
@@ -604,11 +647,23 @@ func (b *Buffer) FlushPosition() LSN {
 	if len(b.acks) == 0 && !(b.cur != nil && b.curPlain) {
 		pos = max(pos, b.keepalive)
 	}
-	for _, t := range b.txns {
-		if t.prepared && t.prepareLSN < pos {
-			pos = t.prepareLSN
+	if b.held > 0 {
+		for _, t := range b.txns {
+			if t.prepared && t.meta.prepareLSN < pos {
+				pos = t.meta.prepareLSN
+			}
 		}
 	}
+	i := 0
+	for _, x := range b.pins {
+		if !x.acked {
+			pos = min(pos, x.pin)
+			b.pins[i] = x
+			i++
+		}
+	}
+	clear(b.pins[i:])
+	b.pins = b.pins[:i]
 	if pos < b.reported {
 		pos = b.reported
 	}

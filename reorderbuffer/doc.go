@@ -19,10 +19,13 @@
 //     would have sent with streaming off, with the same changes in the same order, in commit
 //     order. Transactions whose changes were all rolled back are handed out empty: they still
 //     carry an end LSN to acknowledge.
-//   - Memory: the record bytes in memory never exceed Config.WorkMem after Add returns (the
-//     transaction being read by the consumer and the record being added are the exceptions, as
-//     on the server). Bookkeeping outside the limit is small and bounded: about 200 bytes per
-//     open transaction and about 4 bytes per subtransaction that wrote (Stats.OverheadBytes),
+//   - Memory: the record bytes in memory (Stats.MemoryBytes, counted as the capacity of the
+//     chunks that hold them) never exceed Config.WorkMem: room is made, by spilling, before a
+//     chunk is allocated. The only excess is a single record larger than the limit, which is
+//     spilled right after it arrives. A transaction handed out by Next stays counted but is no
+//     longer spilled while the consumer reads it. Bookkeeping outside the limit is small and
+//     bounded: about 200 bytes per open transaction (350 once it has a spill log) and about 4
+//     bytes per subtransaction that wrote (Stats.OverheadBytes),
 //     plus the spill store's one shared write buffer and one read buffer while reading.
 //   - Errors: bad bytes and protocol violations give an *InputError wrapping the decoding
 //     package's typed errors; a spill I/O error is returned by the call that hit it. After any

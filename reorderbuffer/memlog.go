@@ -18,7 +18,6 @@ type memlog struct {
 	starts []int64 // starts[i] = position of chunks[i][0]
 	size   int64   // position after the last record
 	capSum int64   // sum of cap(chunks[i])
-	count  int     // records held
 }
 
 const (
@@ -32,36 +31,43 @@ func (m *memlog) end() int64 { return m.size }
 // bytes returns the memory the memlog retains.
 func (m *memlog) bytes() int64 { return m.capSum }
 
+// chunkFor returns the capacity of the chunk that appending a record of n bytes would
+// allocate, or 0 if the record fits in the last chunk. Chunks grow up to maxSize (at least
+// minChunk, at most maxChunk), or to the record's size if larger.
+func (m *memlog) chunkFor(n, maxSize int) int {
+	need := uvarintLen(uint64(n)) + n
+	last := len(m.chunks) - 1
+	if last >= 0 && cap(m.chunks[last])-len(m.chunks[last]) >= need {
+		return 0
+	}
+	size := minChunk
+	if last >= 0 {
+		size = min(2*cap(m.chunks[last]), maxSize)
+	}
+	return max(size, need)
+}
+
 // appendRecord appends a record made of the concatenation of parts.
 // It returns the number of bytes of new chunk capacity it allocated.
-func (m *memlog) appendRecord(parts ...[]byte) (grown int64) {
+func (m *memlog) appendRecord(maxSize int, parts ...[]byte) (grown int64) {
 	n := 0
 	for _, p := range parts {
 		n += len(p)
 	}
 	need := uvarintLen(uint64(n)) + n
-	last := len(m.chunks) - 1
-	if last < 0 || cap(m.chunks[last])-len(m.chunks[last]) < need {
-		size := minChunk
-		if last >= 0 {
-			size = min(2*cap(m.chunks[last]), maxChunk)
-		}
-		if size < need {
-			size = need
-		}
+	if size := m.chunkFor(n, maxSize); size > 0 {
 		m.chunks = append(m.chunks, make([]byte, 0, size))
 		m.starts = append(m.starts, m.size)
 		m.capSum += int64(size)
 		grown = int64(size)
-		last++
 	}
+	last := len(m.chunks) - 1
 	c := binary.AppendUvarint(m.chunks[last], uint64(n))
 	for _, p := range parts {
 		c = append(c, p...)
 	}
 	m.chunks[last] = c
 	m.size += int64(need)
-	m.count++
 	return grown
 }
 
@@ -79,8 +85,6 @@ func (m *memlog) truncate(pos int64) (released int64) {
 	for i > 0 && m.starts[i] > pos {
 		i--
 	}
-	// Count the records dropped so count stays exact.
-	m.count -= m.countFrom(i, pos)
 	for j := i + 1; j < len(m.chunks); j++ {
 		released += int64(cap(m.chunks[j]))
 		m.chunks[j] = nil
@@ -99,29 +103,13 @@ func (m *memlog) truncate(pos int64) (released int64) {
 	return released
 }
 
-// countFrom counts the records from position pos (inside chunk i) to the end.
-func (m *memlog) countFrom(i int, pos int64) int {
-	n := 0
-	off := int(pos - m.starts[i])
-	for ; i < len(m.chunks); i++ {
-		c := m.chunks[i]
-		for off < len(c) {
-			l, k := binary.Uvarint(c[off:])
-			off += k + int(l)
-			n++
-		}
-		off = 0
-	}
-	return n
-}
-
 // reset drops every record and returns the capacity released. Positions start again at 0.
 func (m *memlog) reset() (released int64) {
 	released = m.capSum
 	clear(m.chunks)
 	m.chunks = m.chunks[:0]
 	m.starts = m.starts[:0]
-	m.size, m.capSum, m.count = 0, 0, 0
+	m.size, m.capSum = 0, 0
 	return released
 }
 

@@ -370,6 +370,9 @@ func TestModel(t *testing.T) {
 			dir := t.TempDir()
 			got, st := run(t, g.out, reorderbuffer.Config{WorkMem: limit, Dir: dir})
 			require.Equal(t, g.want, got, "seed %d limit %d", s, limit)
+			if limit > 0 {
+				require.LessOrEqual(t, st.PeakMemoryBytes, limit, "seed %d: peak memory over the limit", s)
+			}
 			if limit == reorderbuffer.SpillEverything && st.StreamTxns > 0 {
 				require.Positive(t, st.SpillBytes, "seed %d: nothing spilled with limit 0", s)
 			}

@@ -45,6 +45,9 @@ func reorder(t testing.TB, recs []capture.Record, cfg reorderbuffer.Config) ([]s
 	}
 	st := b.Stats()
 	require.Zero(t, st.OpenTxns, "transactions left open at the end of the capture")
+	if cfg.WorkMem > 0 {
+		require.LessOrEqual(t, st.PeakMemoryBytes, cfg.WorkMem, "peak memory over the limit")
+	}
 	return strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n"), st
 }
 

@@ -31,6 +31,11 @@ type Stats struct {
 // the struct itself and its map entry.
 const txnOverhead = int64(unsafe.Sizeof(txn{})) + 16
 
+// logOverhead approximates what a spill log costs in memory while it exists: the spill
+// package's Log and its file name. The descriptor budget keeps at most 256 files open whatever
+// the number of logs.
+const logOverhead = 160
+
 // Stats returns the current counters. It walks the open transactions, so it costs O(open
 // transactions): call it for monitoring, not per message.
 func (b *Buffer) Stats() Stats {
@@ -39,7 +44,16 @@ func (b *Buffer) Stats() Stats {
 	s.OpenTxns = len(b.txns)
 	s.QueuedTxns = len(b.queue)
 	for _, t := range b.txns {
-		s.OverheadBytes += txnOverhead + t.subs.overhead()
+		s.OverheadBytes += txnOverhead
+		if t.subs != nil {
+			s.OverheadBytes += t.subs.overhead()
+		}
+		if t.log != nil {
+			s.OverheadBytes += logOverhead
+		}
+		if t.meta != nil {
+			s.OverheadBytes += int64(unsafe.Sizeof(txnMeta{}))
+		}
 	}
 	return s
 }

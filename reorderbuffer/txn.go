@@ -13,25 +13,31 @@ import (
 // positions of its subtransactions, and what the server told about it so far.
 type txn struct {
 	node heap.Node[*txn]
-	xid  uint32
-
 	mem  memlog
 	log  *spill.Log // nil until first spilled
-	subs subxacts
+	subs *subxacts  // nil until a subtransaction writes
+	meta *txnMeta   // nil unless the transaction has an origin or is two-phase
 
-	records int64 // records held
-	bytes   int64 // pgoutput bytes received for it
+	bytes int64 // pgoutput bytes received for it
+	xid   uint32
 
 	streamed, prepared, hasSchema, everSpilled, lent bool
+}
 
-	finalLSN   LSN
-	commitTime time.Time
+// txnMeta holds what only some transactions have, to keep txn small: a buffer may hold 100k
+// open transactions.
+type txnMeta struct {
 	origin     string
 	originLSN  LSN
+	gid        string
+	prepareLSN LSN
+}
 
-	gid                       string
-	prepareLSN, prepareEndLSN LSN
-	prepareTime               time.Time
+func (t *txn) metadata() *txnMeta {
+	if t.meta == nil {
+		t.meta = &txnMeta{}
+	}
+	return t.meta
 }
 
 // Txn is a committed transaction handed out by Buffer.Next, or a non-transactional logical
@@ -48,7 +54,6 @@ type Txn struct {
 	OriginLSN  LSN       // the origin's commit LSN (0 for streamed transactions: pgoutput sends 0)
 	GID        string    // global identifier of a two-phase transaction, "" otherwise
 	Streamed   bool      // the transaction arrived as a stream (it was larger than the server's work mem)
-	Records    int64     // number of records Changes yields (changes, schema messages, logical messages)
 
 	// NonTransactional marks a non-transactional logical message (pg_logical_emit_message with
 	// transactional = false); Changes yields just that message and CommitLSN = EndLSN = its LSN.
@@ -56,6 +61,7 @@ type Txn struct {
 
 	b                     *Buffer
 	t                     *txn
+	pin                   LSN // a committed prepared transaction pins the flush position at its PREPARE until acknowledged
 	read, released, acked bool
 }
 

@@ -1,0 +1,380 @@
+package reorderbuffer_test
+
+import (
+	"errors"
+	"io/fs"
+	"math"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+
+	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/reorderbuffer"
+	"github.com/pgreorder/pgreorder/spill"
+	"github.com/pgreorder/pgreorder/spill/faultfs"
+	"github.com/stretchr/testify/require"
+)
+
+// enc encodes a message for the tests below.
+func enc(t testing.TB, m decoding.Message, inStream bool) []byte {
+	t.Helper()
+	b, err := decoding.Append(nil, m, inStream, decoding.Options{})
+	require.NoError(t, err)
+	return b
+}
+
+// feed adds messages in order, failing the test on the first error.
+func feed(t testing.TB, b *reorderbuffer.Buffer, msgs ...[]byte) {
+	t.Helper()
+	for i, m := range msgs {
+		require.NoError(t, b.Add(reorderbuffer.LSN(0x100+i), m), "message %d", i)
+	}
+}
+
+func streamTxn(t testing.TB, xid uint32, first bool, vals ...string) [][]byte {
+	out := [][]byte{enc(t, &decoding.StreamStart{Xid: xid, FirstSegment: first}, false)}
+	if first {
+		out = append(out, enc(t, relation(1, xid), true))
+	}
+	for _, v := range vals {
+		out = append(out, enc(t, insert(1, xid, v), true))
+	}
+	return append(out, enc(t, &decoding.StreamStop{}, true))
+}
+
+func streamCommit(t testing.TB, xid uint32, end reorderbuffer.LSN) []byte {
+	return enc(t, &decoding.StreamCommit{Xid: xid, CommitLSN: end - 8, EndLSN: end, CommitTime: epoch}, false)
+}
+
+func plainTxn(t testing.TB, xid uint32, end reorderbuffer.LSN, vals ...string) [][]byte {
+	out := [][]byte{enc(t, &decoding.Begin{FinalLSN: end - 8, CommitTime: epoch, Xid: xid}, false), enc(t, relation(1, 0), false)}
+	for _, v := range vals {
+		out = append(out, enc(t, insert(1, 0, v), false))
+	}
+	return append(out, enc(t, &decoding.Commit{CommitLSN: end - 8, EndLSN: end, CommitTime: epoch}, false))
+}
+
+func flat(parts ...[][]byte) [][]byte {
+	var out [][]byte
+	for _, p := range parts {
+		out = append(out, p...)
+	}
+	return out
+}
+
+func newBuffer(t testing.TB, cfg reorderbuffer.Config) *reorderbuffer.Buffer {
+	t.Helper()
+	if cfg.Dir == "" {
+		cfg.Dir = t.TempDir()
+	}
+	b, err := reorderbuffer.New(cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, b.Close()) })
+	return b
+}
+
+func values(t testing.TB, x *reorderbuffer.Txn) []string {
+	t.Helper()
+	var v []string
+	for m, err := range x.Changes() {
+		require.NoError(t, err)
+		if ins, ok := m.(*decoding.Insert); ok {
+			v = append(v, string(ins.New[0].Data))
+		}
+	}
+	return v
+}
+
+func TestFlushPosition(t *testing.T) {
+	t.Run("idle slot follows keepalives", func(t *testing.T) {
+		b := newBuffer(t, reorderbuffer.Config{})
+		require.Zero(t, b.FlushPosition())
+		b.Keepalive(0x5000)
+		require.Equal(t, reorderbuffer.LSN(0x5000), b.FlushPosition())
+	})
+	t.Run("an unacknowledged transaction holds the position back", func(t *testing.T) {
+		b := newBuffer(t, reorderbuffer.Config{})
+		feed(t, b, plainTxn(t, 10, 0x2000, "a")...)
+		feed(t, b, plainTxn(t, 11, 0x3000, "b")...)
+		b.Keepalive(0x9000)
+		x1, ok := b.Next()
+		require.True(t, ok)
+		require.Equal(t, []string{"a"}, values(t, x1))
+		x2, ok := b.Next()
+		require.True(t, ok)
+		require.Zero(t, b.FlushPosition(), "nothing acknowledged yet")
+		b.Ack(x2) // out of order: x1 still pending
+		require.Zero(t, b.FlushPosition())
+		b.Ack(x1)
+		require.Equal(t, reorderbuffer.LSN(0x9000), b.FlushPosition(), "all acknowledged: keepalive position")
+	})
+	t.Run("a transaction being received holds keepalives back", func(t *testing.T) {
+		b := newBuffer(t, reorderbuffer.Config{})
+		feed(t, b, plainTxn(t, 10, 0x2000, "a")...)
+		x, _ := b.Next()
+		b.Ack(x)
+		feed(t, b, enc(t, &decoding.Begin{FinalLSN: 0x3000, CommitTime: epoch, Xid: 11}, false))
+		b.Keepalive(0x9000)
+		require.Equal(t, reorderbuffer.LSN(0x2000), b.FlushPosition())
+	})
+	t.Run("an open streamed transaction does not hold keepalives back", func(t *testing.T) {
+		// The server sends a streamed transaction again from its start when it commits after
+		// the confirmed position, as PostgreSQL's subscriber relies on.
+		b := newBuffer(t, reorderbuffer.Config{})
+		feed(t, b, streamTxn(t, 10, true, "a")...)
+		b.Keepalive(0x9000)
+		require.Equal(t, reorderbuffer.LSN(0x9000), b.FlushPosition())
+	})
+	t.Run("a held prepared transaction pins the position before its PREPARE", func(t *testing.T) {
+		b := newBuffer(t, reorderbuffer.Config{})
+		feed(t, b, enc(t, &decoding.BeginPrepare{PrepareLSN: 0x4000, EndLSN: 0x4008, PrepareTime: epoch, Xid: 12, GID: "g"}, false),
+			enc(t, relation(1, 0), false), enc(t, insert(1, 0, "p"), false),
+			enc(t, &decoding.Prepare{PrepareLSN: 0x4000, EndLSN: 0x4008, PrepareTime: epoch, Xid: 12, GID: "g"}, false))
+		feed(t, b, plainTxn(t, 13, 0x5000, "after")...)
+		x, _ := b.Next()
+		b.Ack(x)
+		b.Keepalive(0x9000)
+		require.Equal(t, reorderbuffer.LSN(0x4000), b.FlushPosition())
+		feed(t, b, enc(t, &decoding.CommitPrepared{CommitLSN: 0x9100, EndLSN: 0x9108, CommitTime: epoch, Xid: 12, GID: "g"}, false))
+		x, ok := b.Next()
+		require.True(t, ok)
+		require.Equal(t, "g", x.GID)
+		require.Equal(t, []string{"p"}, values(t, x))
+		require.Equal(t, reorderbuffer.LSN(0x4000), b.FlushPosition())
+		b.Ack(x)
+		require.Equal(t, reorderbuffer.LSN(0x9108), b.FlushPosition())
+	})
+	t.Run("SkipThrough drops what the consumer already applied", func(t *testing.T) {
+		b := newBuffer(t, reorderbuffer.Config{SkipThrough: 0x3000})
+		feed(t, b, plainTxn(t, 10, 0x2000, "old")...)
+		feed(t, b, flat(streamTxn(t, 11, true, "old too"), [][]byte{streamCommit(t, 11, 0x3000)})...)
+		feed(t, b, plainTxn(t, 12, 0x4000, "new")...)
+		x, ok := b.Next()
+		require.True(t, ok)
+		require.Equal(t, []string{"new"}, values(t, x))
+		_, ok = b.Next()
+		require.False(t, ok)
+		require.Equal(t, reorderbuffer.LSN(0x3000), b.FlushPosition())
+		require.EqualValues(t, 2, b.Stats().SkippedTxns)
+	})
+}
+
+func TestStreamEdgeCases(t *testing.T) {
+	t.Run("first segment again discards the old state", func(t *testing.T) {
+		b := newBuffer(t, reorderbuffer.Config{})
+		feed(t, b, streamTxn(t, 10, true, "a", "b")...)
+		feed(t, b, streamTxn(t, 10, true, "a")...)
+		feed(t, b, streamTxn(t, 10, false, "c")...)
+		feed(t, b, streamCommit(t, 10, 0x2000))
+		x, ok := b.Next()
+		require.True(t, ok)
+		require.Equal(t, []string{"a", "c"}, values(t, x))
+		require.EqualValues(t, 1, b.Stats().RestartedTxns)
+	})
+	t.Run("stray aborts are no-ops", func(t *testing.T) {
+		b := newBuffer(t, reorderbuffer.Config{})
+		feed(t, b, enc(t, &decoding.StreamAbort{Xid: 77, SubXid: 77}, false)) // never streamed (PostgreSQL 18)
+		feed(t, b, streamTxn(t, 10, true, "a")...)
+		feed(t, b, enc(t, &decoding.StreamStart{Xid: 10}, false), enc(t, &decoding.StreamStop{}, true))
+		feed(t, b, enc(t, &decoding.StreamAbort{Xid: 10, SubXid: 99}, false)) // concurrent abort of an unseen subxact
+		feed(t, b, streamCommit(t, 10, 0x2000))
+		x, ok := b.Next()
+		require.True(t, ok)
+		require.Equal(t, []string{"a"}, values(t, x))
+	})
+	t.Run("a fully rolled back streamed transaction is handed out empty", func(t *testing.T) {
+		b := newBuffer(t, reorderbuffer.Config{})
+		feed(t, b, enc(t, &decoding.StreamStart{Xid: 10, FirstSegment: true}, false),
+			enc(t, relation(1, 11), true), enc(t, insert(1, 11, "gone"), true), enc(t, &decoding.StreamStop{}, true),
+			enc(t, &decoding.StreamAbort{Xid: 10, SubXid: 11}, false), streamCommit(t, 10, 0x2000))
+		x, ok := b.Next()
+		require.True(t, ok)
+		require.Empty(t, values(t, x))
+		require.Equal(t, reorderbuffer.LSN(0x2000), x.EndLSN)
+	})
+	t.Run("a released transaction cannot be read", func(t *testing.T) {
+		b := newBuffer(t, reorderbuffer.Config{})
+		feed(t, b, plainTxn(t, 10, 0x2000, "a")...)
+		x, _ := b.Next()
+		_, ok := b.Next()
+		require.False(t, ok)
+		for _, err := range x.Changes() {
+			require.ErrorIs(t, err, reorderbuffer.ErrReleased)
+		}
+	})
+	t.Run("schema of a skipped transaction still reaches later ones", func(t *testing.T) {
+		b := newBuffer(t, reorderbuffer.Config{})
+		feed(t, b, plainTxn(t, 10, 0x2000, "a")...)
+		// The second transaction relies on the relation described by the first.
+		feed(t, b, enc(t, &decoding.Begin{FinalLSN: 0x2ff8, CommitTime: epoch, Xid: 11}, false),
+			enc(t, insert(1, 0, "b"), false), enc(t, &decoding.Commit{CommitLSN: 0x2ff8, EndLSN: 0x3000, CommitTime: epoch}, false))
+		_, _ = b.Next() // not read
+		x, ok := b.Next()
+		require.True(t, ok)
+		for m, err := range x.Changes() {
+			require.NoError(t, err)
+			_, found := x.Relation(m.(*decoding.Insert).RelationID)
+			require.True(t, found)
+		}
+	})
+}
+
+func TestBadInput(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		msgs func(t *testing.T) [][]byte
+		is   error
+	}{
+		{"empty message", func(t *testing.T) [][]byte { return [][]byte{{}} }, decoding.ErrTruncated},
+		{"truncated insert", func(t *testing.T) [][]byte {
+			m := plainTxn(t, 10, 0x2000, "a")
+			m[2] = m[2][:7]
+			return m
+		}, decoding.ErrTruncated},
+		{"unknown type", func(t *testing.T) [][]byte { return [][]byte{{'Z', 0, 0}} }, decoding.ErrUnknownMessage},
+		{"change outside a transaction", func(t *testing.T) [][]byte {
+			return [][]byte{enc(t, insert(1, 0, "a"), false)}
+		}, decoding.ErrChangeOutsideTransaction},
+		{"stream start inside a block", func(t *testing.T) [][]byte {
+			s := streamTxn(t, 10, true, "a")
+			return append(s[:len(s)-1], enc(t, &decoding.StreamStart{Xid: 11, FirstSegment: true}, false))
+		}, decoding.ErrStreamStartInBlock},
+		{"stream commit inside a block", func(t *testing.T) [][]byte {
+			s := streamTxn(t, 10, true, "a")
+			return append(s[:len(s)-1], streamCommit(t, 10, 0x2000))
+		}, decoding.ErrFinishInBlock},
+		{"continued stream never started", func(t *testing.T) [][]byte {
+			return streamTxn(t, 10, false, "a")
+		}, reorderbuffer.ErrProtocol},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := newBuffer(t, reorderbuffer.Config{})
+			var err error
+			for i, m := range tc.msgs(t) {
+				if err = b.Add(reorderbuffer.LSN(i), m); err != nil {
+					break
+				}
+			}
+			require.ErrorIs(t, err, tc.is)
+			var ie *reorderbuffer.InputError
+			require.ErrorAs(t, err, &ie)
+			// Sticky: the buffer refuses further input.
+			err = b.Add(0, enc(t, &decoding.StreamAbort{Xid: 1, SubXid: 1}, false))
+			require.ErrorIs(t, err, reorderbuffer.ErrFailed)
+			require.ErrorIs(t, err, tc.is)
+		})
+	}
+}
+
+func TestSpillFaults(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		rule faultfs.Rule
+	}{
+		{"disk full", faultfs.Rule{Op: faultfs.OpWrite, Err: syscall.ENOSPC}},
+		{"disk full mid-write", faultfs.Rule{Op: faultfs.OpWrite, Err: syscall.ENOSPC, Partial: true}},
+		{"short write", faultfs.Rule{Op: faultfs.OpWrite, Partial: true}},
+		{"cannot create", faultfs.Rule{Op: faultfs.OpOpen, Err: fs.ErrPermission}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			ffs := faultfs.New(spill.OSFS())
+			ffs.Add(tc.rule)
+			b, err := reorderbuffer.New(reorderbuffer.Config{WorkMem: reorderbuffer.SpillEverything, Dir: dir, FS: ffs})
+			require.NoError(t, err)
+			var addErr error
+			var vals []string
+			for i := range 2000 {
+				vals = append(vals, string(rune('a'+i%26)))
+			}
+			for _, m := range flat(streamTxn(t, 10, true, vals...), [][]byte{streamCommit(t, 10, 0x9000)}) {
+				if addErr = b.Add(1, m); addErr != nil {
+					break
+				}
+			}
+			var readErr error
+			if addErr == nil { // the fault may surface only when the log is read back
+				x, ok := b.Next()
+				require.True(t, ok)
+				n := 0
+				for _, err := range x.Changes() {
+					if err != nil {
+						readErr = err
+						break
+					}
+					n++
+				}
+				require.Error(t, readErr, "a transaction with holes was handed out whole (%d records)", n)
+			} else {
+				require.ErrorIs(t, b.Add(1, streamCommit(t, 10, 0x9000)), reorderbuffer.ErrFailed)
+			}
+			require.NoError(t, b.Close())
+			left, _ := filepath.Glob(filepath.Join(dir, "*", "*.spill"))
+			require.Empty(t, left, "spill logs left after Close")
+		})
+	}
+}
+
+func TestManyOpenTransactions(t *testing.T) {
+	// 20k open streamed transactions under a small limit: memory stays within it, every
+	// transaction comes out whole, and the bookkeeping overhead is what the doc says.
+	n := 20000
+	if testing.Short() {
+		n = 2000
+	}
+	const limit = 256 << 10
+	b := newBuffer(t, reorderbuffer.Config{WorkMem: limit})
+	for x := range n {
+		feed(t, b, streamTxn(t, uint32(1000+x), true, "a")...)
+	}
+	for x := range n {
+		feed(t, b, streamTxn(t, uint32(1000+x), false, "b")...)
+	}
+	st := b.Stats()
+	require.LessOrEqual(t, st.MemoryBytes, int64(limit))
+	require.Equal(t, n, st.OpenTxns)
+	require.Less(t, st.OverheadBytes/int64(n), int64(400), "overhead per open transaction (spilled)")
+	require.Positive(t, st.SpillTxns)
+	for x := range n {
+		feed(t, b, streamCommit(t, uint32(1000+x), reorderbuffer.LSN(0x10000+16*x)))
+		got, ok := b.Next()
+		require.True(t, ok)
+		require.Equal(t, []string{"a", "b"}, values(t, got))
+		b.Ack(got)
+	}
+	require.Zero(t, b.Stats().OpenTxns)
+}
+
+func TestParseWorkMem(t *testing.T) {
+	for in, want := range map[string]int64{
+		"64kB": 64 << 10, "64": 64 << 10, "1MB": 1 << 20, "1MiB": 1 << 20, "4GB": 4 << 30, "512B": 512,
+		"0": reorderbuffer.SpillEverything, "unlimited": math.MaxInt64, " 2 MB ": 2 << 20,
+	} {
+		got, err := reorderbuffer.ParseWorkMem(in)
+		require.NoError(t, err, in)
+		require.Equal(t, want, got, in)
+	}
+	for _, in := range []string{"", "kB", "-1", "1XB", "99999999999TB", "1.5MB"} {
+		_, err := reorderbuffer.ParseWorkMem(in)
+		require.Error(t, err, in)
+	}
+}
+
+func TestCloseRemovesEverything(t *testing.T) {
+	dir := t.TempDir()
+	b, err := reorderbuffer.New(reorderbuffer.Config{WorkMem: reorderbuffer.SpillEverything, Dir: dir})
+	require.NoError(t, err)
+	feed(t, b, streamTxn(t, 10, true, "a", "b", "c")...)
+	feed(t, b, plainTxn(t, 11, 0x2000, "d")...)
+	ents, _ := os.ReadDir(dir)
+	require.NotEmpty(t, ents, "spilling made no files")
+	require.NoError(t, b.Close())
+	require.NoError(t, b.Close())
+	ents, _ = os.ReadDir(dir)
+	require.Empty(t, ents)
+	require.ErrorIs(t, b.Add(0, streamCommit(t, 10, 0x3000)), reorderbuffer.ErrClosed)
+	_, ok := b.Next()
+	require.False(t, ok)
+	require.False(t, errors.Is(nil, reorderbuffer.ErrClosed))
+}
