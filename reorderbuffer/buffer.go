@@ -29,6 +29,8 @@ type Buffer struct {
 	queue []*Txn // finished, not yet handed out by Next, in commit order
 	lent  *Txn   // handed out by the last Next; released by the next Next or Close
 	rels  decoding.RelationCache
+	ctl   decoding.Parser // control messages on input
+	out   decoding.Parser // changes handed out
 
 	acks      []*Txn // handed out or queued, not yet acknowledged, in commit order
 	pins      []*Txn // committed prepared transactions not yet acknowledged
@@ -50,6 +52,8 @@ func New(cfg Config) (*Buffer, error) {
 		cfg:   cfg,
 		limit: cfg.limit(),
 		dec:   decoding.NewDecoder(cfg.Decoding),
+		ctl:   decoding.Parser{Options: cfg.Decoding},
+		out:   decoding.Parser{Options: cfg.Decoding},
 		txns:  make(map[uint32]*txn),
 		evict: heap.New(func(x, y *txn) bool { return x.mem.bytes() > y.mem.bytes() },
 			func(t *txn) *heap.Node[*txn] { return &t.node }),
@@ -231,8 +235,9 @@ func (b *Buffer) add(lsn LSN, data []byte) error {
 	return nil
 }
 
+// parse decodes a control message; the result is valid until the next parse.
 func (b *Buffer) parse(data []byte, inStream bool) (decoding.Message, error) {
-	return decoding.Parse(data, inStream, b.cfg.Decoding)
+	return b.ctl.Parse(data, inStream)
 }
 
 // open starts holding a transaction, discarding an older one with the same xid.

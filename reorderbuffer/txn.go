@@ -90,7 +90,7 @@ func (x *Txn) changes() iter.Seq2[decoding.Message, error] {
 		}
 		b, t := x.b, x.t
 		err := b.eachRecord(t, func(rec []byte) error {
-			m, err := decoding.Parse(rec, false, b.cfg.Decoding)
+			m, err := b.out.Parse(rec, false)
 			if err != nil {
 				return err
 			}
