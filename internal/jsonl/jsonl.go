@@ -24,11 +24,11 @@ package jsonl
 
 import (
 	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"time"
+	"unicode/utf8"
 
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
@@ -237,10 +237,43 @@ func appendTuple(b []byte, r *decoding.Relation, t decoding.Tuple) ([]byte, erro
 	return append(b, '}'), nil
 }
 
-// appendString appends s as a JSON string, escaped as encoding/json escapes it.
+// appendString appends s as a JSON string. Unlike encoding/json it leaves <, > and & alone (the
+// output is not HTML); invalid UTF-8 becomes U+FFFD, as there.
 func appendString(b []byte, s string) []byte {
-	q, _ := json.Marshal(s) // a string always marshals
-	return append(b, q...)
+	const hex = "0123456789abcdef"
+	b = append(b, '"')
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			switch {
+			case c == '"' || c == '\\':
+				b = append(b, '\\', c)
+			case c == '\n':
+				b = append(b, '\\', 'n')
+			case c == '\r':
+				b = append(b, '\\', 'r')
+			case c == '\t':
+				b = append(b, '\\', 't')
+			case c < 0x20:
+				b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xF])
+			default:
+				b = append(b, c)
+			}
+			i++
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && size == 1:
+			b = append(b, `\ufffd`...)
+		case r == '\u2028' || r == '\u2029': // as encoding/json: JSONP-safe
+			b = append(b, '\\', 'u', '2', '0', '2', hex[r&0xF])
+		default:
+			b = append(b, s[i:i+size]...)
+		}
+		i += size
+	}
+	return append(b, '"')
 }
 
 // FormatTime formats a commit time as the format prints it.

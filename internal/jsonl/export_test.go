@@ -1,0 +1,4 @@
+package jsonl
+
+// AppendString exposes appendString to the tests.
+var AppendString = appendString
