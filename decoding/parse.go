@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -310,25 +311,51 @@ func (c *cursor) tupleInto(buf []Column) Tuple {
 
 func (c *cursor) skipTuple() {
 	n := c.ncols()
-	for i := 0; i < n && c.err == nil; i++ {
-		at := c.off
-		switch k := c.u8(); k {
+	if c.err != nil {
+		return
+	}
+	b, off := c.b, c.off
+	for range n {
+		if off >= len(b) {
+			c.fail(len(b), ErrTruncated)
+			return
+		}
+		switch k := b[off]; k {
 		case ColumnNull, ColumnUnchanged:
+			off++
 		case ColumnText, ColumnBinary:
-			c.skip(c.length())
-		default:
-			if c.err == nil {
-				c.fail(at, malformed("column kind %q", k))
+			if len(b)-off < 5 {
+				c.fail(len(b), ErrTruncated)
+				return
 			}
+			l := int32(be.Uint32(b[off+1:]))
+			if l < 0 {
+				c.fail(off+1, malformed("negative length %d", l))
+				return
+			}
+			off += 5
+			if int(l) > len(b)-off {
+				c.fail(len(b), ErrTruncated)
+				return
+			}
+			off += int(l)
+		default:
+			c.fail(off, malformed("column kind %q", k))
+			return
 		}
 	}
+	c.off = off
 }
 
 // marker reads a tuple marker byte and checks it is one of want.
 func (c *cursor) marker(want string) byte {
+	if c.err == nil && c.off < len(c.b) && c.b[c.off] == want[len(want)-1] { // the common 'N'
+		c.off++
+		return want[len(want)-1]
+	}
 	at := c.off
 	k := c.u8()
-	if c.err == nil && (k == 0 || !bytes.ContainsRune([]byte(want), rune(k))) {
+	if c.err == nil && (k == 0 || strings.IndexByte(want, k) < 0) {
 		c.fail(at, malformed("tuple marker %q, want one of %q", k, want))
 	}
 	return k
