@@ -31,7 +31,7 @@ const (
 // Defaults for zero Options fields.
 const (
 	DefaultMaxOpenFiles = 256
-	DefaultBufferSize   = 64 << 10
+	DefaultBufferSize   = 256 << 10
 )
 
 const (
