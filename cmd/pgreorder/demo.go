@@ -69,7 +69,7 @@ func runDemo(ctx context.Context, args []string) error {
 		fs.Usage()
 		return flag.ErrHelp
 	}
-	workMem, err := parseWorkMem(f.workMem)
+	workMem, err := reorderbuffer.ParseWorkMem(f.workMem)
 	if err != nil {
 		return err
 	}

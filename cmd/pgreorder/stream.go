@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"strconv"
 	"strings"
 	"time"
 
@@ -73,7 +72,7 @@ func runStream(ctx context.Context, args []string) error {
 		fs.Usage()
 		return flag.ErrHelp
 	}
-	workMem, err := parseWorkMem(f.workMem)
+	workMem, err := reorderbuffer.ParseWorkMem(f.workMem)
 	if err != nil {
 		return err
 	}
@@ -160,24 +159,3 @@ func parseLSN(s string) (decoding.LSN, error) {
 	return decoding.LSN(uint64(hi)<<32 | uint64(lo)), nil
 }
 
-// parseWorkMem parses a memory size as PostgreSQL writes it: a number with an optional unit B, kB,
-// MB, GB or TB (powers of 1024); "0" means spill everything.
-func parseWorkMem(s string) (int64, error) {
-	t := strings.TrimSpace(s)
-	i := 0
-	for i < len(t) && t[i] >= '0' && t[i] <= '9' {
-		i++
-	}
-	n, err := strconv.ParseInt(t[:i], 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("invalid size %q", s)
-	}
-	mult := map[string]int64{"": 1, "B": 1, "kB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40}[strings.TrimSpace(t[i:])]
-	if mult == 0 || n > (1<<62)/mult {
-		return 0, fmt.Errorf("invalid size %q (units: B, kB, MB, GB, TB)", s)
-	}
-	if n == 0 {
-		return reorderbuffer.SpillEverything, nil
-	}
-	return n * mult, nil
-}
