@@ -39,11 +39,14 @@ type Buffer struct {
 	keepalive LSN    // highest walEnd of a keepalive
 	reported  LSN    // highest position FlushPosition returned
 
-	mem      int64 // bytes of records in memory (chunk capacity)
-	chunkMax int   // largest memlog chunk: a quarter of the limit, within [minChunk, maxChunk]
-	stats    Stats
-	err      error
-	done     bool
+	mem       int64       // bytes in memory: capacity of the chunks holding records, and of free chunks
+	chunkMax  int         // largest memlog chunk: a power of two near a quarter of the limit, within [minChunk, maxChunk]
+	spare     [9][][]byte // free chunks by size class: minChunk << class
+	freeBytes int64
+	freeCap   int64 // most bytes of free chunks kept: min(limit, DefaultWorkMem)
+	stats     Stats
+	err       error
+	done      bool
 }
 
 // New returns a Buffer. It makes no files until the first transaction has to be spilled.
@@ -58,7 +61,11 @@ func New(cfg Config) (*Buffer, error) {
 		evict: heap.New(func(x, y *txn) bool { return x.mem.bytes() > y.mem.bytes() },
 			func(t *txn) *heap.Node[*txn] { return &t.node }),
 	}
-	b.chunkMax = int(min(max(b.limit/4, minChunk), maxChunk))
+	b.chunkMax = minChunk
+	for int64(b.chunkMax*2) <= b.limit/4 && b.chunkMax < maxChunk {
+		b.chunkMax *= 2
+	}
+	b.freeCap = min(b.limit, DefaultWorkMem)
 	if cfg.SkipThrough != 0 {
 		b.acked = cfg.SkipThrough
 	}
@@ -275,10 +282,11 @@ func (b *Buffer) record(h decoding.Header, data []byte, schema bool) error {
 		}
 		head, body = data[:1], data[5:]
 	}
-	// Make room before the record's chunk is allocated, so that memory never exceeds the limit
-	// unless one chunk alone is larger than the limit. This may spill t itself.
-	if size := t.mem.chunkFor(len(head)+len(body), b.chunkMax); size > 0 && !knobs.NoAccounting {
-		if err := b.makeRoom(int64(size)); err != nil {
+	// Get the record's chunk, if it needs one, before anything else: making room may spill t.
+	var chunk []byte
+	if size := t.mem.chunkFor(len(head)+len(body), b.chunkMax); size > 0 {
+		var err error
+		if chunk, err = b.getChunk(size); err != nil {
 			return err
 		}
 	}
@@ -290,32 +298,109 @@ func (b *Buffer) record(h decoding.Header, data []byte, schema bool) error {
 			t.subs.addMem(sub, t.mem.end())
 		}
 	}
-	grown := t.mem.appendRecord(b.chunkMax, head, body)
+	t.mem.appendRecord(chunk, head, body)
 	t.bytes += int64(len(data))
 	if schema {
 		t.hasSchema = true
 	}
-	if grown > 0 && !knobs.NoAccounting {
-		b.grow(t, grown)
-		return b.makeRoom(0) // the chunk alone was larger than the room left
+	if chunk != nil {
+		b.grew(t)
+		if b.mem > b.limit { // the chunk alone was larger than the room left
+			return b.makeRoom(0)
+		}
 	}
 	return nil
 }
 
-// grow accounts n more bytes in memory for t and keeps the eviction heap up to date.
-func (b *Buffer) grow(t *txn, n int64) {
-	b.mem += n
-	b.stats.PeakMemoryBytes = max(b.stats.PeakMemoryBytes, b.mem)
-	if !t.lent {
-		if t.node.InHeap() {
-			b.evict.Fix(t)
-		} else {
-			b.evict.Push(t)
+// getChunk returns an empty chunk of the given capacity for a transaction's records: a free one,
+// or a new one once room is made for it within the limit. Unless knobs.NoAccounting is set, its
+// bytes are counted in b.mem from now on (free chunks already are).
+func (b *Buffer) getChunk(size int) ([]byte, error) {
+	if c := b.takeFree(size); c != nil {
+		return c, nil
+	}
+	if !knobs.NoAccounting {
+		if err := b.makeRoom(int64(size)); err != nil {
+			return nil, err
 		}
+		if c := b.takeFree(size); c != nil { // spilling may have freed one
+			return c, nil
+		}
+		b.mem += int64(size)
+		b.stats.PeakMemoryBytes = max(b.stats.PeakMemoryBytes, b.mem)
+	}
+	return make([]byte, 0, size), nil
+}
+
+// Free chunks. Chunks dropped by spilling, truncation and release are kept, by size class (the
+// powers of two from minChunk to chunkMax), for the next records, up to freeCap bytes: spilling
+// a large transaction then turns over the same memory instead of making garbage for the
+// collector. Free chunks count in b.mem like chunks in use, so the limit covers them.
+
+func chunkClass(size int) int {
+	c := 0
+	for s := minChunk; s < size; s <<= 1 {
+		c++
+	}
+	return c
+}
+
+func (b *Buffer) takeFree(size int) []byte {
+	if b.freeBytes == 0 {
+		return nil
+	}
+	k := chunkClass(size)
+	if k >= len(b.spare) || minChunk<<k != size || len(b.spare[k]) == 0 {
+		return nil
+	}
+	l := b.spare[k]
+	c := l[len(l)-1]
+	l[len(l)-1] = nil
+	b.spare[k] = l[:len(l)-1]
+	b.freeBytes -= int64(cap(c))
+	return c
+}
+
+// recycle keeps c as a free chunk if there is room; it reports whether it did.
+func (b *Buffer) recycle(c []byte) bool {
+	n := cap(c)
+	k := chunkClass(n)
+	if k >= len(b.spare) || minChunk<<k != n || b.freeBytes+int64(n) > b.freeCap {
+		return false
+	}
+	b.spare[k] = append(b.spare[k], c[:0])
+	b.freeBytes += int64(n)
+	return true
+}
+
+// dropFree lets go of the largest free chunk; it reports whether there was one.
+func (b *Buffer) dropFree() bool {
+	for k := len(b.spare) - 1; k >= 0; k-- {
+		if l := b.spare[k]; len(l) > 0 {
+			n := int64(cap(l[len(l)-1]))
+			l[len(l)-1] = nil
+			b.spare[k] = l[:len(l)-1]
+			b.freeBytes -= n
+			b.mem -= n
+			return true
+		}
+	}
+	return false
+}
+
+// grew keeps the eviction heap up to date after t's memory grew.
+func (b *Buffer) grew(t *txn) {
+	if t.lent || knobs.NoAccounting {
+		return
+	}
+	if t.node.InHeap() {
+		b.evict.Fix(t)
+	} else {
+		b.evict.Push(t)
 	}
 }
 
-// release accounts n fewer bytes in memory for t.
+// release accounts n fewer bytes in memory (chunks let go of) after t's memory shrank.
 func (b *Buffer) release(t *txn, n int64) {
 	b.mem -= n
 	if t.node.InHeap() {
@@ -327,10 +412,19 @@ func (b *Buffer) release(t *txn, n int64) {
 	}
 }
 
-// makeRoom spills the largest transactions until n more bytes fit within the limit, or nothing
-// in memory can be spilled.
+// makeRoom frees memory until n more bytes fit within the limit: first free chunks, then by
+// spilling the transaction with the most bytes in memory; it stops early when a free chunk of
+// size n appears (spilling frees chunks) or nothing is left to free.
 func (b *Buffer) makeRoom(n int64) error {
 	for b.mem+n > b.limit {
+		if n > 0 && b.freeBytes > 0 {
+			if k := chunkClass(int(n)); k < len(b.spare) && minChunk<<k == int(n) && len(b.spare[k]) > 0 {
+				return nil
+			}
+		}
+		if b.dropFree() {
+			continue
+		}
 		t, ok := b.evict.Peek()
 		if !ok {
 			return nil
@@ -388,7 +482,7 @@ func (b *Buffer) spill(t *txn) error {
 	}
 	b.stats.SpillCount++
 	b.stats.SpillBytes += t.log.Size() - before
-	b.release(t, t.mem.reset())
+	b.release(t, t.mem.reset(b.recycle))
 	return nil
 }
 
@@ -407,7 +501,7 @@ func (b *Buffer) abortSub(t *txn, sub uint32) error {
 		return nil
 	}
 	if i := t.subs.findMem(sub); i >= 0 {
-		b.release(t, t.mem.truncate(t.subs.mem[i].pos))
+		b.release(t, t.mem.truncate(t.subs.mem[i].pos, b.recycle))
 		t.subs.cutMem(i)
 		b.stats.AbortedSubxacts++
 		return nil
@@ -419,7 +513,7 @@ func (b *Buffer) abortSub(t *txn, sub uint32) error {
 	if err := t.log.Truncate(off); err != nil {
 		return err
 	}
-	b.release(t, t.mem.reset())
+	b.release(t, t.mem.reset(b.recycle))
 	t.subs.cutSpilled(blk, j)
 	b.stats.AbortedSubxacts++
 	return nil
@@ -537,11 +631,13 @@ func (b *Buffer) nonTransactional(m *decoding.LogicalMessage, data []byte) error
 		return nil
 	}
 	t := &txn{}
-	if err := b.makeRoom(int64(t.mem.chunkFor(len(data), b.chunkMax))); err != nil {
+	chunk, err := b.getChunk(t.mem.chunkFor(len(data), b.chunkMax))
+	if err != nil {
 		return err
 	}
-	if grown := t.mem.appendRecord(b.chunkMax, data); grown > 0 {
-		b.grow(t, grown)
+	t.mem.appendRecord(chunk, data)
+	b.grew(t)
+	if b.mem > b.limit {
 		if err := b.makeRoom(0); err != nil {
 			return err
 		}
@@ -565,7 +661,7 @@ func (b *Buffer) drop(t *txn) {
 
 // free releases t's memory and spill log.
 func (b *Buffer) free(t *txn) {
-	b.release(t, t.mem.reset())
+	b.release(t, t.mem.reset(b.recycle))
 	t.subs = nil
 	if t.prepared {
 		t.prepared = false

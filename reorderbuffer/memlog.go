@@ -47,19 +47,17 @@ func (m *memlog) chunkFor(n, maxSize int) int {
 	return max(size, need)
 }
 
-// appendRecord appends a record made of the concatenation of parts.
-// It returns the number of bytes of new chunk capacity it allocated.
-func (m *memlog) appendRecord(maxSize int, parts ...[]byte) (grown int64) {
+// appendRecord appends a record made of the concatenation of parts. If chunkFor said a chunk
+// is needed, chunk must be an empty slice of at least that capacity; it becomes the last chunk.
+func (m *memlog) appendRecord(chunk []byte, parts ...[]byte) {
 	n := 0
 	for _, p := range parts {
 		n += len(p)
 	}
-	need := uvarintLen(uint64(n)) + n
-	if size := m.chunkFor(n, maxSize); size > 0 {
-		m.chunks = append(m.chunks, make([]byte, 0, size))
+	if chunk != nil {
+		m.chunks = append(m.chunks, chunk[:0])
 		m.starts = append(m.starts, m.size)
-		m.capSum += int64(size)
-		grown = int64(size)
+		m.capSum += int64(cap(chunk))
 	}
 	last := len(m.chunks) - 1
 	c := binary.AppendUvarint(m.chunks[last], uint64(n))
@@ -67,46 +65,50 @@ func (m *memlog) appendRecord(maxSize int, parts ...[]byte) (grown int64) {
 		c = append(c, p...)
 	}
 	m.chunks[last] = c
-	m.size += int64(need)
-	return grown
+	m.size += int64(uvarintLen(uint64(n)) + n)
 }
 
-// truncate drops every record at or after pos, which must be a record boundary. It returns the
-// chunk capacity it released.
-func (m *memlog) truncate(pos int64) (released int64) {
+// truncate drops every record at or after pos, which must be a record boundary. Each chunk it
+// drops is offered to recycle; it returns the capacity of the chunks recycle did not keep.
+func (m *memlog) truncate(pos int64, recycle func([]byte) bool) (released int64) {
 	if pos >= m.size {
 		return 0
 	}
 	if pos <= 0 {
-		return m.reset()
+		return m.reset(recycle)
 	}
 	// The chunk holding pos is the last one starting at or before it.
 	i := len(m.starts) - 1
 	for i > 0 && m.starts[i] > pos {
 		i--
 	}
-	for j := i + 1; j < len(m.chunks); j++ {
-		released += int64(cap(m.chunks[j]))
+	m.chunks[i] = m.chunks[i][:pos-m.starts[i]]
+	keep := i + 1
+	if len(m.chunks[i]) == 0 {
+		keep = i
+	}
+	for j := keep; j < len(m.chunks); j++ {
+		m.capSum -= int64(cap(m.chunks[j]))
+		if !recycle(m.chunks[j]) {
+			released += int64(cap(m.chunks[j]))
+		}
 		m.chunks[j] = nil
 	}
-	m.chunks = m.chunks[:i+1]
-	m.starts = m.starts[:i+1]
-	m.chunks[i] = m.chunks[i][:pos-m.starts[i]]
-	if len(m.chunks[i]) == 0 {
-		released += int64(cap(m.chunks[i]))
-		m.chunks[i] = nil
-		m.chunks = m.chunks[:i]
-		m.starts = m.starts[:i]
-	}
-	m.capSum -= released
+	m.chunks = m.chunks[:keep]
+	m.starts = m.starts[:keep]
 	m.size = pos
 	return released
 }
 
-// reset drops every record and returns the capacity released. Positions start again at 0.
-func (m *memlog) reset() (released int64) {
-	released = m.capSum
-	clear(m.chunks)
+// reset drops every record, offering each chunk to recycle, and returns the capacity of the
+// chunks recycle did not keep. Positions start again at 0.
+func (m *memlog) reset(recycle func([]byte) bool) (released int64) {
+	for i, c := range m.chunks {
+		if !recycle(c) {
+			released += int64(cap(c))
+		}
+		m.chunks[i] = nil
+	}
 	m.chunks = m.chunks[:0]
 	m.starts = m.starts[:0]
 	m.size, m.capSum = 0, 0

@@ -345,6 +345,7 @@ func run(t testing.TB, stream []wire, cfg reorderbuffer.Config) ([]wantTxn, reor
 			b.Ack(x)
 		}
 		require.LessOrEqual(t, b.Stats().MemoryBytes, limit, "memory over the limit after message %d", i)
+		require.NoError(t, b.CheckInvariants(), "after message %d", i)
 	}
 	st := b.Stats()
 	require.NoError(t, b.Close())
