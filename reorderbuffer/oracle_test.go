@@ -3,7 +3,6 @@ package reorderbuffer_test
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"math"
 	"os"
@@ -51,27 +50,11 @@ func reorder(t testing.TB, recs []capture.Record, cfg reorderbuffer.Config) ([]s
 	return strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n"), st
 }
 
-// comparable drops what legitimately differs between a streamed and a non-streamed reading of
-// the same changes: transactions without changes (the server sends nothing for them with
-// streaming off) and the gid (a two-phase reading names the prepared transaction, a plain one
-// sees an ordinary commit).
+// comparable keeps what a streamed and a plain reading must agree on (see jsonl.Comparable).
 func comparable(t testing.TB, lines []string) []string {
 	t.Helper()
-	var out []string
-	for _, l := range lines {
-		if l == "" {
-			continue
-		}
-		var o map[string]any
-		require.NoError(t, json.Unmarshal([]byte(l), &o), l)
-		if ch, ok := o["changes"].([]any); ok && len(ch) == 0 {
-			continue
-		}
-		delete(o, "gid")
-		b, err := json.Marshal(o)
-		require.NoError(t, err)
-		out = append(out, string(b))
-	}
+	out, err := jsonl.Comparable(strings.Join(lines, "\n"))
+	require.NoError(t, err)
 	return out
 }
 

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/jackc/pglogrepl"
 	"io"
 	"os"
 	"strings"
@@ -373,7 +374,7 @@ func demoRecord(ctx context.Context, conn *pgx.Conn, path string) error {
 		if err := rows.Scan(&lsn, &xid, &data); err != nil {
 			return err
 		}
-		l, err := parseLSN(lsn)
+		l, err := pglogrepl.ParseLSN(lsn)
 		if err != nil {
 			return err
 		}

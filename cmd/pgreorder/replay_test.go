@@ -3,19 +3,19 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"math"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/pgreorder/pgreorder/internal/jsonl"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 	"github.com/stretchr/testify/require"
 )
 
-// committedTxns runs replay over a capture file and returns its transactions with changes,
-// without the gid (a two-phase reading names what a plain reading sees as an ordinary commit).
+// committedTxns runs replay over a capture file and returns its transactions with changes, in
+// the form jsonl.Comparable gives.
 func committedTxns(t *testing.T, file string, workMem int64) []string {
 	t.Helper()
 	f, err := os.Open(file)
@@ -24,18 +24,8 @@ func committedTxns(t *testing.T, file string, workMem int64) []string {
 	var out bytes.Buffer
 	_, err = replay(context.Background(), f, &out, reorderbuffer.Config{WorkMem: workMem, Dir: t.TempDir()})
 	require.NoError(t, err, file)
-	var txns []string
-	for _, line := range strings.Split(strings.TrimSpace(out.String()), "\n") {
-		var o map[string]any
-		require.NoError(t, json.Unmarshal([]byte(line), &o), line)
-		if ch, ok := o["changes"].([]any); ok && len(ch) == 0 {
-			continue
-		}
-		delete(o, "gid")
-		b, err := json.Marshal(o)
-		require.NoError(t, err)
-		txns = append(txns, string(b))
-	}
+	txns, err := jsonl.Comparable(out.String())
+	require.NoError(t, err)
 	return txns
 }
 

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/jackc/pglogrepl"
 	"log/slog"
 	"os"
 	"strings"
@@ -78,7 +79,7 @@ func runStream(ctx context.Context, args []string) error {
 	}
 	var skip decoding.LSN
 	if f.resume != "" {
-		if skip, err = parseLSN(f.resume); err != nil {
+		if skip, err = pglogrepl.ParseLSN(f.resume); err != nil {
 			return err
 		}
 	}
@@ -149,13 +150,3 @@ func logStreamStats(log *slog.Logger, s *replication.Stream, txns int) {
 		"stream_bytes", st.StreamBytes, "total_txns", st.TotalTxns, "total_bytes", st.TotalBytes,
 		"memory_bytes", st.MemoryBytes, "peak_memory_bytes", st.PeakMemoryBytes)
 }
-
-// parseLSN parses X/X.
-func parseLSN(s string) (decoding.LSN, error) {
-	var hi, lo uint32
-	if _, err := fmt.Sscanf(s, "%X/%X", &hi, &lo); err != nil {
-		return 0, fmt.Errorf("invalid LSN %q", s)
-	}
-	return decoding.LSN(uint64(hi)<<32 | uint64(lo)), nil
-}
-

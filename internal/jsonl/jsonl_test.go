@@ -101,3 +101,18 @@ func FuzzAppendString(f *testing.F) {
 		require.Equal(t, b, a)
 	})
 }
+
+func TestComparable(t *testing.T) {
+	out := `{"xid":1,"commit_lsn":"0/1","end_lsn":"0/2","commit_time":"x","gid":"g","changes":[{"op":"truncate"}]}
+{"xid":2,"commit_lsn":"0/3","end_lsn":"0/4","commit_time":"x","changes":[]}
+{"op":"message","transactional":false,"lsn":"0/5","prefix":"p","content":""}
+`
+	got, err := jsonl.Comparable(out)
+	require.NoError(t, err)
+	require.Equal(t, []string{
+		`{"changes":[{"op":"truncate"}],"commit_lsn":"0/1","commit_time":"x","end_lsn":"0/2","xid":1}`,
+		`{"content":"","lsn":"0/5","op":"message","prefix":"p","transactional":false}`,
+	}, got)
+	_, err = jsonl.Comparable("{not json\n")
+	require.Error(t, err)
+}
