@@ -8,12 +8,12 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/jackc/pglogrepl"
 	"io"
 	"os"
 	"strings"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgreorder/pgreorder/decoding"

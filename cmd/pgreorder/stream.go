@@ -6,11 +6,12 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/jackc/pglogrepl"
 	"log/slog"
 	"os"
 	"strings"
 	"time"
+
+	"github.com/jackc/pglogrepl"
 
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/internal/jsonl"
