@@ -160,6 +160,7 @@ const slack = 16 << 20 // the peak heap target: work mem + 16 MiB
 
 func main() {
 	outDir := flag.String("o", ".", "folder to write the SVG files to")
+	tables := flag.Bool("tables", false, "also print the result table of each benchmark family (Markdown)")
 	flag.Parse()
 	var all []result
 	for _, p := range flag.Args() {
@@ -234,6 +235,44 @@ func main() {
 		write("eviction-choice.svg", chart("Eviction choice: cost per change with N open transactions (blue: pairing heap)", "ns/op", evict, true))
 	}
 	targets(os.Stdout, all)
+	if *tables {
+		resultTables(os.Stdout, all)
+	}
+}
+
+// resultTables prints one Markdown table per offline benchmark family, in input order.
+func resultTables(w io.Writer, all []result) {
+	mib := func(r result, unit string) string {
+		v, ok := r.metrics[unit]
+		if !ok {
+			return "—"
+		}
+		return strconv.FormatFloat(v/(1<<20), 'f', 1, 64)
+	}
+	num := func(r result, unit string) string {
+		v, ok := r.metrics[unit]
+		if !ok {
+			return "—"
+		}
+		return strconv.FormatFloat(v, 'g', 4, 64)
+	}
+	for _, fam := range []string{"ManySubxacts", "BulkInsert", "SmallTxns", "RollbackToSavepoint"} {
+		fmt.Fprintf(w, "\n%s:\n\n", fam)
+		fmt.Fprintln(w, "| case | ns/change | allocs/change | B/change | spilled MiB | peak heap MiB | peak live MiB | work mem + 16 MiB |")
+		fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|")
+		for _, r := range all {
+			if !strings.HasPrefix(r.name, "Benchmark"+fam+"/") || r.metrics["ns/change"] == 0 {
+				continue
+			}
+			bound := "—"
+			if wm, ok := r.metrics["workmem-bytes"]; ok && strings.Contains(r.name, "impl=pgreorder") && !strings.Contains(r.name, "noaccounting") {
+				bound = strconv.FormatFloat((wm+slack)/(1<<20), 'f', 1, 64)
+			}
+			fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s |\n", strings.TrimPrefix(r.name, "Benchmark"),
+				num(r, "ns/change"), num(r, "allocs/change"), num(r, "B/change"), mib(r, "spilled-bytes"),
+				mib(r, "peak-heap-bytes"), mib(r, "peak-live-bytes"), bound)
+		}
+	}
 }
 
 // targets prints the targets with the measured values.
