@@ -68,6 +68,17 @@ func BenchmarkInsert(b *testing.B) {
 			i++
 		}
 	})
+	b.Run("Parser", func(b *testing.B) { // reusing its messages: what the reorder buffer hands out
+		b.ReportAllocs()
+		var p decoding.Parser
+		i := 0
+		for b.Loop() {
+			if _, err := p.Parse(msgs[i%len(msgs)], false); err != nil {
+				b.Fatal(err)
+			}
+			i++
+		}
+	})
 	b.Run("pglogrepl.ParseV2", func(b *testing.B) {
 		b.ReportAllocs()
 		i := 0
