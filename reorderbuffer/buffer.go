@@ -51,6 +51,9 @@ type Buffer struct {
 
 // New returns a Buffer. It makes no files until the first transaction has to be spilled.
 func New(cfg Config) (*Buffer, error) {
+	if cfg.WorkMem < 0 && cfg.WorkMem != SpillEverything {
+		return nil, fmt.Errorf("reorderbuffer: invalid WorkMem %d (want bytes, 0 for the default, or SpillEverything)", cfg.WorkMem)
+	}
 	b := &Buffer{
 		cfg:   cfg,
 		limit: cfg.limit(),

@@ -361,6 +361,11 @@ func TestParseWorkMem(t *testing.T) {
 	}
 }
 
+func TestInvalidConfig(t *testing.T) {
+	_, err := reorderbuffer.New(reorderbuffer.Config{WorkMem: -2})
+	require.Error(t, err)
+}
+
 func TestCloseRemovesEverything(t *testing.T) {
 	dir := t.TempDir()
 	b, err := reorderbuffer.New(reorderbuffer.Config{WorkMem: reorderbuffer.SpillEverything, Dir: dir})

@@ -30,8 +30,9 @@ type Config struct {
 	// Beyond the limit the transaction with the most bytes in memory is spilled to disk.
 	WorkMem int64
 
-	// Dir is the directory that holds spill files; "" means os.TempDir(). The buffer makes its own
-	// subdirectory there and removes it on Close; stale ones of dead processes are removed on start.
+	// Dir is the directory that holds spill files; "" means os.TempDir(). When it first spills,
+	// the buffer makes its own subdirectory there (removing those that dead processes left
+	// behind, and nothing else), and removes it on Close.
 	Dir string
 
 	// FS is the filesystem for spill files; nil means the operating system's.
