@@ -20,7 +20,7 @@ type Buffer struct {
 	limit int64
 	dec   *decoding.Decoder
 
-	store    *spill.Store // opened on the first spill
+	store    *spill.Store
 	txns     map[uint32]*txn
 	evict    *heap.Heap[*txn] // transactions with records in memory, most bytes on top
 	cur      *txn             // receiving changes: inside a stream block, or between Begin and Commit
@@ -49,7 +49,8 @@ type Buffer struct {
 	done      bool
 }
 
-// New returns a Buffer. It makes no files until the first transaction has to be spilled.
+// New returns a Buffer. It opens its spill store in Config.Dir, which removes the spill files
+// that dead processes left there; files of its own appear only when a transaction is spilled.
 func New(cfg Config) (*Buffer, error) {
 	if cfg.WorkMem < 0 && cfg.WorkMem != SpillEverything {
 		return nil, fmt.Errorf("reorderbuffer: invalid WorkMem %d (want bytes, 0 for the default, or SpillEverything)", cfg.WorkMem)
@@ -64,6 +65,15 @@ func New(cfg Config) (*Buffer, error) {
 		evict: heap.New(func(x, y *txn) bool { return x.mem.bytes() > y.mem.bytes() },
 			func(t *txn) *heap.Node[*txn] { return &t.node }),
 	}
+	dir := cfg.Dir
+	if dir == "" {
+		dir = os.TempDir()
+	}
+	st, err := spill.Open(spill.Options{Dir: dir, FS: cfg.FS})
+	if err != nil {
+		return nil, fmt.Errorf("reorderbuffer: opening spill store: %w", err)
+	}
+	b.store = st
 	b.chunkMax = minChunk
 	for int64(b.chunkMax*2) <= b.limit/4 && b.chunkMax < maxChunk {
 		b.chunkMax *= 2
@@ -442,13 +452,6 @@ func (b *Buffer) makeRoom(n int64) error {
 // spill appends t's in-memory records to its spill log and frees them.
 func (b *Buffer) spill(t *txn) error {
 	if t.log == nil {
-		if b.store == nil {
-			st, err := spill.Open(spill.Options{Dir: b.spillDir(), FS: b.cfg.FS})
-			if err != nil {
-				return fmt.Errorf("reorderbuffer: opening spill store: %w", err)
-			}
-			b.store = st
-		}
 		l, err := b.store.Create()
 		if err != nil {
 			return err
@@ -487,13 +490,6 @@ func (b *Buffer) spill(t *txn) error {
 	b.stats.SpillBytes += t.log.Size() - before
 	b.release(t, t.mem.reset(b.recycle))
 	return nil
-}
-
-func (b *Buffer) spillDir() string {
-	if b.cfg.Dir != "" {
-		return b.cfg.Dir
-	}
-	return os.TempDir()
 }
 
 // abortSub cuts t back to where subtransaction sub first wrote, dropping sub and every

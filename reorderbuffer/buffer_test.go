@@ -364,6 +364,27 @@ func TestParseWorkMem(t *testing.T) {
 func TestInvalidConfig(t *testing.T) {
 	_, err := reorderbuffer.New(reorderbuffer.Config{WorkMem: -2})
 	require.Error(t, err)
+	file := filepath.Join(t.TempDir(), "not-a-dir")
+	require.NoError(t, os.WriteFile(file, nil, 0o644))
+	_, err = reorderbuffer.New(reorderbuffer.Config{Dir: file})
+	require.Error(t, err, "a spill directory that cannot be used is reported by New")
+}
+
+func TestStaleSpillFilesRemovedAtStart(t *testing.T) {
+	// What a crashed process leaves: its store directory with a log, no lock held; beside it a
+	// file that is not ours.
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "foreign.txt"), []byte("not ours"), 0o644))
+	stale := filepath.Join(dir, "pgreorder-spill-999999-0123456789abcdef")
+	require.NoError(t, os.MkdirAll(stale, 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(stale, "log-1.spill"), []byte("PGRS"), 0o644))
+	b2, err := reorderbuffer.New(reorderbuffer.Config{Dir: dir})
+	require.NoError(t, err)
+	defer b2.Close()
+	_, err = os.Stat(stale)
+	require.True(t, os.IsNotExist(err), "stale spill directory of a dead process left in place")
+	_, err = os.Stat(filepath.Join(dir, "foreign.txt"))
+	require.NoError(t, err, "a foreign file was removed")
 }
 
 func TestCloseRemovesEverything(t *testing.T) {

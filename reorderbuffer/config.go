@@ -30,9 +30,9 @@ type Config struct {
 	// Beyond the limit the transaction with the most bytes in memory is spilled to disk.
 	WorkMem int64
 
-	// Dir is the directory that holds spill files; "" means os.TempDir(). When it first spills,
-	// the buffer makes its own subdirectory there (removing those that dead processes left
-	// behind, and nothing else), and removes it on Close.
+	// Dir is the directory that holds spill files; "" means os.TempDir(). New makes the buffer's
+	// own subdirectory there (removing those that dead processes left behind, and nothing else);
+	// Close removes it.
 	Dir string
 
 	// FS is the filesystem for spill files; nil means the operating system's.
