@@ -20,11 +20,10 @@ type Buffer struct {
 	limit int64
 	dec   *decoding.Decoder
 
-	store    *spill.Store
-	txns     map[uint32]*txn
-	evict    *heap.Heap[*txn] // transactions with records in memory, most bytes on top
-	cur      *txn             // receiving changes: inside a stream block, or between Begin and Commit
-	curPlain bool             // cur was opened by Begin / Begin Prepare (not a stream block)
+	store *spill.Store
+	txns  map[uint32]*txn
+	evict *heap.Heap[*txn] // transactions with records in memory, most bytes on top
+	cur   *txn             // receiving changes: inside a stream block, or between Begin and Commit
 
 	queue []*Txn // finished, not yet handed out by Next, in commit order
 	lent  *Txn   // handed out by the last Next; released by the next Next or Close
@@ -145,14 +144,14 @@ func (b *Buffer) add(lsn LSN, data []byte) error {
 			return err
 		}
 		bg := m.(*decoding.Begin)
-		b.cur, b.curPlain = b.open(bg.Xid), true
+		b.cur = b.open(bg.Xid)
 	case decoding.MsgBeginPrepare:
 		m, err := b.parse(data, false)
 		if err != nil {
 			return err
 		}
 		bp := m.(*decoding.BeginPrepare)
-		b.cur, b.curPlain = b.open(bp.Xid), true
+		b.cur = b.open(bp.Xid)
 	case decoding.MsgOrigin:
 		m, err := b.parse(data, false)
 		if err != nil {
@@ -170,7 +169,7 @@ func (b *Buffer) add(lsn LSN, data []byte) error {
 		}
 		c := m.(*decoding.Commit)
 		t := b.cur
-		b.cur, b.curPlain = nil, false
+		b.cur = nil
 		return b.finish(t, c.CommitLSN, c.EndLSN, c.CommitTime, "")
 	case decoding.MsgPrepare:
 		m, err := b.parse(data, false)
@@ -179,7 +178,7 @@ func (b *Buffer) add(lsn LSN, data []byte) error {
 		}
 		p := m.(*decoding.Prepare)
 		t := b.cur
-		b.cur, b.curPlain = nil, false
+		b.cur = nil
 		return b.hold(t, p.GID, p.PrepareLSN)
 
 	case decoding.MsgStreamStart:
@@ -197,7 +196,7 @@ func (b *Buffer) add(lsn LSN, data []byte) error {
 			return fmt.Errorf("%w: stream of transaction %d continues, but its first segment was never received", ErrProtocol, h.Xid)
 		}
 		b.stats.StreamCount++
-		b.cur, b.curPlain = t, false
+		b.cur = t
 	case decoding.MsgStreamStop:
 		b.cur = nil
 	case decoding.MsgStreamAbort:
@@ -653,7 +652,7 @@ func (b *Buffer) drop(t *txn) {
 		delete(b.txns, t.xid)
 	}
 	if b.cur == t {
-		b.cur, b.curPlain = nil, false
+		b.cur = nil
 	}
 	b.free(t)
 }
@@ -744,7 +743,7 @@ func (b *Buffer) advanceAcks() {
 // PREPARE, so that the server sends it again after a restart. The result never decreases.
 func (b *Buffer) FlushPosition() LSN {
 	pos := b.acked
-	if len(b.acks) == 0 && !(b.cur != nil && b.curPlain) {
+	if len(b.acks) == 0 && !b.dec.InTransaction() { // nothing pending, no Begin…Commit half received
 		pos = max(pos, b.keepalive)
 	}
 	if b.held > 0 {
