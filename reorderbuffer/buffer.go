@@ -128,30 +128,17 @@ func (b *Buffer) add(lsn LSN, data []byte) error {
 	case decoding.MsgRelation, decoding.MsgType:
 		return b.record(h, data, true)
 	case decoding.MsgMessage:
+		if h.Transactional {
+			return b.record(h, data, false)
+		}
 		m, err := b.parse(data, h.InStream)
 		if err != nil {
 			return err
 		}
-		lm := m.(*decoding.LogicalMessage)
-		if !lm.Transactional() {
-			return b.nonTransactional(lm, data)
-		}
-		return b.record(h, data, false)
+		return b.nonTransactional(m.(*decoding.LogicalMessage), data)
 
-	case decoding.MsgBegin:
-		m, err := b.parse(data, false)
-		if err != nil {
-			return err
-		}
-		bg := m.(*decoding.Begin)
-		b.cur = b.open(bg.Xid)
-	case decoding.MsgBeginPrepare:
-		m, err := b.parse(data, false)
-		if err != nil {
-			return err
-		}
-		bp := m.(*decoding.BeginPrepare)
-		b.cur = b.open(bp.Xid)
+	case decoding.MsgBegin, decoding.MsgBeginPrepare: // the GID comes again with Prepare
+		b.cur = b.open(h.Xid)
 	case decoding.MsgOrigin:
 		m, err := b.parse(data, false)
 		if err != nil {
