@@ -19,14 +19,15 @@
 //     would have sent with streaming off, with the same changes in the same order, in commit
 //     order. Transactions whose changes were all rolled back are handed out empty: they still
 //     carry an end LSN to acknowledge.
-//   - Memory: the record bytes in memory (Stats.MemoryBytes, counted as the capacity of the
-//     chunks that hold them) never exceed Config.WorkMem: room is made, by spilling, before a
-//     chunk is allocated. The only excess is a single record larger than the limit, which is
-//     spilled right after it arrives. A transaction handed out by Next stays counted but is no
-//     longer spilled while the consumer reads it. Bookkeeping outside the limit is small and
-//     bounded: about 200 bytes per open transaction (350 once it has a spill log) and about 4
-//     bytes per subtransaction that wrote (Stats.OverheadBytes),
-//     plus the spill store's one shared write buffer and one read buffer while reading.
+//   - Memory: the record bytes in memory (Stats.MemoryBytes: the capacity of the chunks that
+//     hold records, plus free chunks kept for reuse, at most min(WorkMem, 64 MiB)) never exceed
+//     Config.WorkMem: room is made, by spilling, before a chunk is allocated. The only excess is
+//     a single record larger than the limit, which is spilled right after it arrives. A
+//     transaction handed out by Next stays counted but is no longer spilled while the consumer
+//     reads it. Bookkeeping outside the limit is small and bounded: about 200 bytes per open
+//     transaction (350 once it has a spill log), about 4 bytes per subtransaction that wrote
+//     (Stats.OverheadBytes), the spill store's shared 256 KiB write buffer and, while a spilled
+//     transaction is read, one 256 KiB read buffer.
 //   - Errors: bad bytes and protocol violations give an *InputError wrapping the decoding
 //     package's typed errors; a spill I/O error is returned by the call that hit it. After any
 //     error the Buffer refuses input (ErrFailed) rather than hand out a transaction with holes.
