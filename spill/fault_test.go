@@ -16,7 +16,6 @@ import (
 // that hit it (or the log's next call), sticks to that log, never yields a record that was not
 // completely written, and leaves the other logs of the store alone.
 func TestFaults(t *testing.T) {
-	rec := func(i, n int) []byte { return bytes.Repeat([]byte{byte(i)}, n) }
 	isLog := func(l **spill.Log) func(string) bool {
 		return func(p string) bool { return *l != nil && p == (*l).Path() }
 	}
@@ -36,10 +35,8 @@ func TestFaults(t *testing.T) {
 				return faultfs.Rule{Op: faultfs.OpWrite, Match: isLog(v), Err: syscall.ENOSPC}
 			},
 			act: func(t *testing.T, s *spill.Store, l *spill.Log) error {
-				for i := range 100 {
-					if err := l.Append(rec(i, 30)); err != nil {
-						return err
-					}
+				if err := appendN(l, 100, 30); err != nil {
+					return err
 				}
 				t.Fatal("no error from 100 appends")
 				return nil
@@ -53,10 +50,8 @@ func TestFaults(t *testing.T) {
 				return faultfs.Rule{Op: faultfs.OpWrite, Match: isLog(v), Err: syscall.ENOSPC, Partial: true}
 			},
 			act: func(t *testing.T, s *spill.Store, l *spill.Log) error {
-				for i := range 10 {
-					if err := l.Append(rec(i, 50)); err != nil {
-						return err
-					}
+				if err := appendN(l, 10, 50); err != nil {
+					return err
 				}
 				_, err := l.NewReader().Next()
 				return err
@@ -115,10 +110,8 @@ func TestFaults(t *testing.T) {
 				return faultfs.Rule{Op: faultfs.OpOpen, Match: isLog(v), Err: syscall.EMFILE}
 			},
 			act: func(t *testing.T, s *spill.Store, l *spill.Log) error {
-				for i := range 10 {
-					if err := l.Append(rec(i, 30)); err != nil {
-						return err
-					}
+				if err := appendN(l, 10, 30); err != nil {
+					return err
 				}
 				t.Fatal("no error")
 				return nil
@@ -132,10 +125,8 @@ func TestFaults(t *testing.T) {
 				return faultfs.Rule{Op: faultfs.OpSync, Match: isLog(v), Err: syscall.EIO}
 			},
 			act: func(t *testing.T, s *spill.Store, l *spill.Log) error {
-				for i := range 10 {
-					if err := l.Append(rec(i, 30)); err != nil {
-						return err
-					}
+				if err := appendN(l, 10, 30); err != nil {
+					return err
 				}
 				t.Fatal("no error")
 				return nil
@@ -168,10 +159,8 @@ func TestFaults(t *testing.T) {
 			},
 			act: func(t *testing.T, s *spill.Store, l *spill.Log) error {
 				mark := l.Size()
-				for i := range 5 {
-					if err := l.Append(rec(i, 30)); err != nil {
-						return err
-					}
+				if err := appendN(l, 5, 30); err != nil {
+					return err
 				}
 				return l.Truncate(mark)
 			},
@@ -184,10 +173,8 @@ func TestFaults(t *testing.T) {
 				return faultfs.Rule{Op: faultfs.OpRead, Match: isLog(v), Skip: 3, Count: 1, Err: syscall.EIO, Partial: true}
 			},
 			act: func(t *testing.T, s *spill.Store, l *spill.Log) error {
-				for i := range 10 {
-					if err := l.Append(rec(i, 30)); err != nil {
-						return err
-					}
+				if err := appendN(l, 10, 30); err != nil {
+					return err
 				}
 				r := l.NewReader()
 				defer r.Close()
@@ -301,4 +288,17 @@ func TestFaultNeverYieldsTornRecord(t *testing.T) {
 		}
 		r.Close()
 	}
+}
+
+// rec is record i of n bytes.
+func rec(i, n int) []byte { return bytes.Repeat([]byte{byte(i)}, n) }
+
+// appendN appends n records of the given size to l, stopping at the first error.
+func appendN(l *spill.Log, n, size int) error {
+	for i := range n {
+		if err := l.Append(rec(i, size)); err != nil {
+			return err
+		}
+	}
+	return nil
 }
