@@ -1,6 +1,6 @@
 module github.com/pgreorder/pgreorder
 
-go 1.26.8
+go 1.26
 
 require (
 	github.com/emirpasic/gods v1.18.1

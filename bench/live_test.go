@@ -205,7 +205,7 @@ func readOnly(ctx context.Context, srv *pgtest.Server, slot string, streaming bo
 		return err
 	}
 	var changes int64
-	var walEnd pglogrepl.LSN
+	var walEnd decoding.LSN
 	for {
 		msg, err := conn.ReceiveMessage(ctx)
 		if err != nil {
@@ -227,9 +227,9 @@ func readOnly(ctx context.Context, srv *pgtest.Server, slot string, streaming bo
 			if err != nil {
 				return err
 			}
-			walEnd = max(walEnd, k.ServerWALEnd)
+			walEnd = max(walEnd, decoding.LSN(k.ServerWALEnd))
 			if k.ReplyRequested {
-				if err := pglogrepl.SendStandbyStatusUpdate(ctx, conn, pglogrepl.StandbyStatusUpdate{WALWritePosition: walEnd}); err != nil {
+				if err := pglogrepl.SendStandbyStatusUpdate(ctx, conn, pglogrepl.StandbyStatusUpdate{WALWritePosition: pglogrepl.LSN(walEnd)}); err != nil {
 					return err
 				}
 			}
@@ -238,7 +238,7 @@ func readOnly(ctx context.Context, srv *pgtest.Server, slot string, streaming bo
 			if err != nil {
 				return err
 			}
-			walEnd = max(walEnd, x.WALStart)
+			walEnd = max(walEnd, decoding.LSN(x.WALStart))
 			switch decoding.MessageType(x.WALData[0]) {
 			case decoding.MsgInsert:
 				changes++

@@ -62,7 +62,7 @@ func Append(dst []byte, m Message, inStream bool, opts Options) ([]byte, error) 
 			e.u32(col.TypeOID)
 			e.u32(uint32(col.TypeMod))
 		}
-	case *TypeMessage:
+	case *DataType:
 		xid(v.Xid)
 		e.u32(v.TypeOID)
 		e.str(v.Namespace)

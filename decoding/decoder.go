@@ -71,9 +71,9 @@ func (d *Decoder) Next(data []byte) (Header, error) {
 func (st *state) advance(h *Header) error {
 	var err error
 	switch h.Type {
-	case MsgInsert, MsgUpdate, MsgDelete, MsgTruncate, MsgRelation, MsgType, MsgOrigin, MsgMessage:
+	case MsgInsert, MsgUpdate, MsgDelete, MsgTruncate, MsgRelation, MsgDataType, MsgOrigin, MsgLogicalMessage:
 		switch {
-		case h.Type == MsgMessage && !h.Transactional:
+		case h.Type == MsgLogicalMessage && !h.Transactional:
 			// Not part of any transaction: accepted anywhere (see the package doc).
 		case st.inBlock:
 			if h.Type == MsgOrigin {
@@ -151,10 +151,10 @@ func (d *Decoder) Decode(data []byte) (Message, error) {
 // Type message. The zero value is empty and ready to use. It is not safe for concurrent use.
 type RelationCache struct {
 	rels  map[uint32]*Relation
-	types map[uint32]*TypeMessage
+	types map[uint32]*DataType
 }
 
-// Apply records m if it is a *Relation or a *TypeMessage (replacing an earlier one with the same
+// Apply records m if it is a *Relation or a *DataType (replacing an earlier one with the same
 // id) and ignores other messages. The cache keeps m: do not modify it afterwards. (Relation and
 // Type messages hold no bytes aliasing their input.)
 func (c *RelationCache) Apply(m Message) {
@@ -164,9 +164,9 @@ func (c *RelationCache) Apply(m Message) {
 			c.rels = make(map[uint32]*Relation)
 		}
 		c.rels[v.RelationID] = v
-	case *TypeMessage:
+	case *DataType:
 		if c.types == nil {
-			c.types = make(map[uint32]*TypeMessage)
+			c.types = make(map[uint32]*DataType)
 		}
 		c.types[v.TypeOID] = v
 	}
@@ -179,7 +179,7 @@ func (c *RelationCache) Relation(id uint32) (*Relation, bool) {
 }
 
 // Type returns the latest Type message for oid.
-func (c *RelationCache) Type(oid uint32) (*TypeMessage, bool) {
+func (c *RelationCache) Type(oid uint32) (*DataType, bool) {
 	t, ok := c.types[oid]
 	return t, ok
 }

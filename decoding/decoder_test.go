@@ -57,7 +57,7 @@ func TestDecoderStateMachine(t *testing.T) {
 		{"stream stop outside", decoding.Options{}, []step{{stop, false, decoding.ErrStreamStopOutsideBlock}}},
 		{"change outside", decoding.Options{}, []step{{ins, false, decoding.ErrChangeOutsideTransaction}}},
 		{"relation outside", decoding.Options{}, []step{{&decoding.Relation{Name: "r"}, false, decoding.ErrChangeOutsideTransaction}}},
-		{"type outside", decoding.Options{}, []step{{&decoding.TypeMessage{Name: "r"}, false, decoding.ErrChangeOutsideTransaction}}},
+		{"type outside", decoding.Options{}, []step{{&decoding.DataType{Name: "r"}, false, decoding.ErrChangeOutsideTransaction}}},
 		{"origin outside", decoding.Options{}, []step{{origin, false, decoding.ErrChangeOutsideTransaction}}},
 		{"tx message outside", decoding.Options{}, []step{{tx, false, decoding.ErrChangeOutsideTransaction}}},
 		{"non-tx message anywhere", decoding.Options{}, []step{{nontx, false, nil}, {begin, false, nil}, {nontx, false, nil}, {commit, false, nil}, {start(5), false, nil}, {nontx, true, nil}, {stop, true, nil}}},
@@ -336,7 +336,7 @@ func TestRelationCache(t *testing.T) {
 	d := decoding.NewDecoder(decoding.Options{})
 	rel := &decoding.Relation{RelationID: 42, Namespace: "public", Name: "t", ReplicaIdentity: 'd',
 		Columns: []decoding.RelationColumn{{Flags: 1, Name: "id", TypeOID: 23, TypeMod: -1}}}
-	typ := &decoding.TypeMessage{TypeOID: 99, Namespace: "public", Name: "mood"}
+	typ := &decoding.DataType{TypeOID: 99, Namespace: "public", Name: "mood"}
 	for _, m := range []decoding.Message{begin, typ, rel, &decoding.Commit{}} {
 		if _, err := d.Decode(enc(t, m, false, decoding.Options{})); err != nil {
 			t.Fatal(err)

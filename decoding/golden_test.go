@@ -95,7 +95,7 @@ func describe(m decoding.Message) string {
 			}
 		}
 		b.WriteString("]")
-	case *decoding.TypeMessage:
+	case *decoding.DataType:
 		fmt.Fprintf(&b, " xid=%d oid=%d %q.%q", v.Xid, v.TypeOID, v.Namespace, v.Name)
 	case *decoding.Insert:
 		fmt.Fprintf(&b, " xid=%d rel=%d new=%s", v.Xid, v.RelationID, tuple(v.New))

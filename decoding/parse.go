@@ -42,11 +42,11 @@ func ParseHeader(data []byte, inStream bool) (Header, error) {
 	h := Header{Type: t, InStream: inStream}
 	need := 1
 	switch t {
-	case MsgInsert, MsgUpdate, MsgDelete, MsgTruncate, MsgRelation, MsgType:
+	case MsgInsert, MsgUpdate, MsgDelete, MsgTruncate, MsgRelation, MsgDataType:
 		if inStream {
 			need = 5
 		}
-	case MsgMessage:
+	case MsgLogicalMessage:
 		need = 2
 		if inStream {
 			need = 6
@@ -73,11 +73,11 @@ func ParseHeader(data []byte, inStream bool) (Header, error) {
 		return Header{}, decodeErr(t, len(data), ErrTruncated)
 	}
 	switch t {
-	case MsgInsert, MsgUpdate, MsgDelete, MsgTruncate, MsgRelation, MsgType:
+	case MsgInsert, MsgUpdate, MsgDelete, MsgTruncate, MsgRelation, MsgDataType:
 		if inStream {
 			h.Xid = be.Uint32(data[1:])
 		}
-	case MsgMessage:
+	case MsgLogicalMessage:
 		if inStream {
 			h.Xid = be.Uint32(data[1:])
 			h.Transactional = data[5]&1 != 0
@@ -468,8 +468,8 @@ func Parse(data []byte, inStream bool, opts Options) (Message, error) {
 			}
 		}
 		m = v
-	case MsgType:
-		v := &TypeMessage{}
+	case MsgDataType:
+		v := &DataType{}
 		if inStream {
 			v.Xid = c.u32()
 		}
@@ -494,7 +494,7 @@ func Parse(data []byte, inStream bool, opts Options) (Message, error) {
 			}
 		}
 		m = v
-	case MsgMessage:
+	case MsgLogicalMessage:
 		v := &LogicalMessage{}
 		if inStream {
 			v.Xid = c.u32()
@@ -585,7 +585,7 @@ func check(data []byte, inStream bool, opts Options) error {
 			c.skipStr()
 			c.skip(8)
 		}
-	case MsgType:
+	case MsgDataType:
 		c.skip(4)
 		c.skipStr()
 		c.skipStr()
@@ -596,7 +596,7 @@ func check(data []byte, inStream bool, opts Options) error {
 			c.fail(len(c.b), ErrTruncated)
 		}
 		c.skip(4 * int(n))
-	case MsgMessage:
+	case MsgLogicalMessage:
 		c.skip(9)
 		c.skipStr()
 		c.skip(c.length())

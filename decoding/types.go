@@ -3,12 +3,7 @@ package decoding
 import (
 	"strconv"
 	"time"
-
-	"github.com/jackc/pglogrepl"
 )
-
-// LSN is a WAL position; it prints as PostgreSQL does (%X/%X).
-type LSN = pglogrepl.LSN
 
 // MessageType is the first byte of a pgoutput message.
 type MessageType byte
@@ -19,12 +14,12 @@ const (
 	MsgCommit           MessageType = 'C'
 	MsgOrigin           MessageType = 'O'
 	MsgRelation         MessageType = 'R'
-	MsgType             MessageType = 'Y'
+	MsgDataType         MessageType = 'Y'
 	MsgInsert           MessageType = 'I'
 	MsgUpdate           MessageType = 'U'
 	MsgDelete           MessageType = 'D'
 	MsgTruncate         MessageType = 'T'
-	MsgMessage          MessageType = 'M'
+	MsgLogicalMessage   MessageType = 'M'
 	MsgStreamStart      MessageType = 'S'
 	MsgStreamStop       MessageType = 'E'
 	MsgStreamCommit     MessageType = 'c'
@@ -65,7 +60,7 @@ func (t MessageType) Known() bool { return minVersion[t] != 0 }
 // Insert, Update, Delete, Truncate, Relation, Type and Message.
 func (t MessageType) IsChange() bool {
 	switch t {
-	case MsgInsert, MsgUpdate, MsgDelete, MsgTruncate, MsgRelation, MsgType, MsgMessage:
+	case MsgInsert, MsgUpdate, MsgDelete, MsgTruncate, MsgRelation, MsgDataType, MsgLogicalMessage:
 		return true
 	}
 	return false
@@ -162,8 +157,8 @@ type Relation struct {
 	Columns         []RelationColumn
 }
 
-// TypeMessage describes a non-built-in data type used by a Relation.
-type TypeMessage struct {
+// DataType describes a non-built-in data type used by a Relation (the protocol's Type message).
+type DataType struct {
 	Xid       uint32
 	TypeOID   uint32
 	Namespace string
@@ -303,12 +298,12 @@ func (*Begin) Type() MessageType            { return MsgBegin }
 func (*Commit) Type() MessageType           { return MsgCommit }
 func (*Origin) Type() MessageType           { return MsgOrigin }
 func (*Relation) Type() MessageType         { return MsgRelation }
-func (*TypeMessage) Type() MessageType      { return MsgType }
+func (*DataType) Type() MessageType         { return MsgDataType }
 func (*Insert) Type() MessageType           { return MsgInsert }
 func (*Update) Type() MessageType           { return MsgUpdate }
 func (*Delete) Type() MessageType           { return MsgDelete }
 func (*Truncate) Type() MessageType         { return MsgTruncate }
-func (*LogicalMessage) Type() MessageType   { return MsgMessage }
+func (*LogicalMessage) Type() MessageType   { return MsgLogicalMessage }
 func (*StreamStart) Type() MessageType      { return MsgStreamStart }
 func (*StreamStop) Type() MessageType       { return MsgStreamStop }
 func (*StreamCommit) Type() MessageType     { return MsgStreamCommit }

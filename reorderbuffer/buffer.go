@@ -125,9 +125,9 @@ func (b *Buffer) add(lsn LSN, data []byte) error {
 	switch h.Type {
 	case decoding.MsgInsert, decoding.MsgUpdate, decoding.MsgDelete, decoding.MsgTruncate:
 		return b.record(h, data, false)
-	case decoding.MsgRelation, decoding.MsgType:
+	case decoding.MsgRelation, decoding.MsgDataType:
 		return b.record(h, data, true)
-	case decoding.MsgMessage:
+	case decoding.MsgLogicalMessage:
 		if h.Transactional {
 			return b.record(h, data, false)
 		}
@@ -526,7 +526,7 @@ func (b *Buffer) hold(t *txn, gid string, prepareLSN LSN) error {
 // applySchema applies t's Relation and Type messages to the relation cache, in order.
 func (b *Buffer) applySchema(t *txn) error {
 	return b.eachRecord(t, func(rec []byte) error {
-		if typ := decoding.MessageType(rec[0]); typ != decoding.MsgRelation && typ != decoding.MsgType {
+		if typ := decoding.MessageType(rec[0]); typ != decoding.MsgRelation && typ != decoding.MsgDataType {
 			return nil
 		}
 		m, err := decoding.Parse(rec, false, b.cfg.Decoding)

@@ -95,7 +95,7 @@ func (x *Txn) changes() iter.Seq2[decoding.Message, error] {
 				return err
 			}
 			switch m := m.(type) {
-			case *decoding.Relation, *decoding.TypeMessage:
+			case *decoding.Relation, *decoding.DataType:
 				b.rels.Apply(m)
 			}
 			if !yield(m, nil) {

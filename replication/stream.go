@@ -137,7 +137,7 @@ func Start(ctx context.Context, cfg Config) (_ *Stream, err error) {
 		}
 	}()
 	start := cfg.Buffer.SkipThrough
-	err = pglogrepl.StartReplication(ctx, conn, cfg.Slot, start, pglogrepl.StartReplicationOptions{
+	err = pglogrepl.StartReplication(ctx, conn, cfg.Slot, pglogrepl.LSN(start), pglogrepl.StartReplicationOptions{
 		Mode:       pglogrepl.LogicalReplication,
 		PluginArgs: neg.PluginArgs,
 	})
@@ -282,10 +282,10 @@ func (s *Stream) handle(msg pgproto3.BackendMessage) error {
 			if err != nil {
 				return &ProtocolError{Msg: err.Error()}
 			}
-			s.received(xld.WALStart)
-			s.received(xld.ServerWALEnd)
+			s.received(LSN(xld.WALStart))
+			s.received(LSN(xld.ServerWALEnd))
 			// xld.WALData aliases pgconn's read buffer; the buffer copies what it keeps.
-			if err := s.buf.Add(xld.WALStart, xld.WALData); err != nil {
+			if err := s.buf.Add(LSN(xld.WALStart), xld.WALData); err != nil {
 				return err
 			}
 		case pglogrepl.PrimaryKeepaliveMessageByteID:
@@ -293,8 +293,8 @@ func (s *Stream) handle(msg pgproto3.BackendMessage) error {
 			if err != nil {
 				return &ProtocolError{Msg: err.Error()}
 			}
-			s.received(ka.ServerWALEnd)
-			s.buf.Keepalive(ka.ServerWALEnd)
+			s.received(LSN(ka.ServerWALEnd))
+			s.buf.Keepalive(LSN(ka.ServerWALEnd))
 			if ka.ReplyRequested {
 				return s.sendStatus(false)
 			}

@@ -13,7 +13,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgreorder/pgreorder/decoding"
@@ -374,7 +373,7 @@ func demoRecord(ctx context.Context, conn *pgx.Conn, path string) error {
 		if err := rows.Scan(&lsn, &xid, &data); err != nil {
 			return err
 		}
-		l, err := pglogrepl.ParseLSN(lsn)
+		l, err := decoding.ParseLSN(lsn)
 		if err != nil {
 			return err
 		}

@@ -11,8 +11,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pglogrepl"
-
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/internal/jsonl"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
@@ -80,7 +78,7 @@ func runStream(ctx context.Context, args []string) error {
 	}
 	var skip decoding.LSN
 	if f.resume != "" {
-		if skip, err = pglogrepl.ParseLSN(f.resume); err != nil {
+		if skip, err = decoding.ParseLSN(f.resume); err != nil {
 			return err
 		}
 	}

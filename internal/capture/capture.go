@@ -17,12 +17,12 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/jackc/pglogrepl"
+	"github.com/pgreorder/pgreorder/decoding"
 )
 
 // Record is one captured message.
 type Record struct {
-	LSN  pglogrepl.LSN
+	LSN  decoding.LSN
 	Xid  uint32
 	Data []byte
 }
@@ -93,7 +93,7 @@ func (r *Reader) parse(line string) (Record, error) {
 	if !ok || strings.Contains(hexText, "\t") {
 		return Record{}, fmt.Errorf("%w: want 3 tab-separated columns", ErrSyntax)
 	}
-	lsn, err := pglogrepl.ParseLSN(lsnText)
+	lsn, err := decoding.ParseLSN(lsnText)
 	if err != nil {
 		return Record{}, fmt.Errorf("%w: lsn %q", ErrSyntax, lsnText)
 	}

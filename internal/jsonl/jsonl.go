@@ -126,7 +126,7 @@ type lookup func(id uint32) (*decoding.Relation, bool)
 func appendChange(b []byte, m decoding.Message, rel lookup) ([]byte, error) {
 	var err error
 	switch m := m.(type) {
-	case *decoding.Relation, *decoding.TypeMessage:
+	case *decoding.Relation, *decoding.DataType:
 		return b, nil
 	case *decoding.Insert:
 		r, ok := rel(m.RelationID)

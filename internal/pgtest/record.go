@@ -8,9 +8,9 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/internal/capture"
 )
 
@@ -246,7 +246,7 @@ func peekRecords(ctx context.Context, conn *pgconn.PgConn, sql string) ([]captur
 	var recs []capture.Record
 	for rr.NextRow() {
 		v := rr.Values()
-		lsn, err := pglogrepl.ParseLSN(string(v[0]))
+		lsn, err := decoding.ParseLSN(string(v[0]))
 		if err != nil {
 			rr.Close()
 			return nil, fmt.Errorf("lsn %q: %w", v[0], err)
