@@ -723,6 +723,39 @@ func (b *Buffer) advanceAcks() {
 	}
 }
 
+// AckedThrough returns the end LSN of the last transaction of the acknowledged prefix: that
+// transaction and every one handed out before it are acknowledged (Config.SkipThrough when none
+// is). It is the position a consumer may persist and resume from; the highest acknowledged end
+// LSN is not, when acknowledgements come out of order.
+func (b *Buffer) AckedThrough() LSN { return b.acked }
+
+// Restart prepares the buffer for a new replication session on the same slot, after the
+// connection was lost: the server will send again everything after the slot's confirmed
+// position. Transactions still being received are dropped (the server sends them again from
+// their start); transactions already complete (queued, handed out, or prepared and held) are
+// kept, and those the server sends again are dropped instead of being handed out twice.
+// Acknowledgements and the flush position carry over.
+func (b *Buffer) Restart() error {
+	if b.done {
+		return ErrClosed
+	}
+	if b.err != nil {
+		return fmt.Errorf("%w: %w", ErrFailed, b.err)
+	}
+	b.dec = decoding.NewDecoder(b.cfg.Decoding)
+	for _, t := range b.txns {
+		if !t.prepared {
+			b.drop(t)
+		}
+	}
+	b.cur = nil
+	if n := len(b.acks); n > 0 {
+		b.cfg.SkipThrough = max(b.cfg.SkipThrough, b.acks[n-1].EndLSN)
+	}
+	b.cfg.SkipThrough = max(b.cfg.SkipThrough, b.acked)
+	return nil
+}
+
 // FlushPosition returns the position that is safe to report as flushed to the server: the end
 // LSN of the last transaction that was acknowledged together with every transaction before it;
 // when nothing is pending or being received, the highest keepalive position, so that an idle

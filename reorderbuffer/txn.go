@@ -82,6 +82,12 @@ func (x *Txn) Relation(id uint32) (*decoding.Relation, bool) {
 	return x.b.rels.Relation(id)
 }
 
+// Type returns the data type with the given OID as described by the stream's Type messages at
+// the current point of reading the changes (only types that are not built in are described).
+func (x *Txn) Type(oid uint32) (*decoding.DataType, bool) {
+	return x.b.rels.Type(oid)
+}
+
 func (x *Txn) changes() iter.Seq2[decoding.Message, error] {
 	return func(yield func(decoding.Message, error) bool) {
 		if x.released {
