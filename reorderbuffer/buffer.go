@@ -703,12 +703,15 @@ func (b *Buffer) releaseLent() {
 
 // Ack records that the consumer has durably handled t. Transactions may be acknowledged in any
 // order; the flush position only passes a transaction once it and all before it are acknowledged.
-func (b *Buffer) Ack(t *Txn) {
+// Acknowledging t again does nothing. A nil t, or one another Buffer handed out, is an error
+// (ErrForeignTxn) and changes nothing.
+func (b *Buffer) Ack(t *Txn) error {
 	if t == nil || t.b != b {
-		return
+		return ErrForeignTxn
 	}
 	t.acked = true
 	b.advanceAcks()
+	return nil
 }
 
 func (b *Buffer) advanceAcks() {

@@ -18,6 +18,9 @@ var (
 	// Buffer.Next or Buffer.Close.
 	ErrReleased = errors.New("reorderbuffer: transaction already released")
 
+	// ErrForeignTxn is returned by Ack for a nil transaction or one another Buffer handed out.
+	ErrForeignTxn = errors.New("reorderbuffer: Ack of a transaction this buffer did not hand out")
+
 	// ErrProtocol is wrapped by errors for streams that are well formed message by message but
 	// inconsistent as a whole, such as a continued stream of a transaction never started.
 	ErrProtocol = errors.New("reorderbuffer: protocol violation")

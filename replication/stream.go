@@ -47,8 +47,10 @@ type Position struct {
 	// Flushed is the highest flush position sent to the server: the server will never send again a
 	// transaction committed at or before it.
 	Flushed LSN
-	// Acked is the EndLSN of the last transaction passed to Ack (0/0 if none). Pass it as
-	// Config.Buffer.SkipThrough when starting again if it is also durable on the consumer's side.
+	// Acked is the acknowledged prefix: the EndLSN of the last transaction that was acknowledged
+	// together with every transaction handed out before it (the resume position when none was).
+	// Pass it as Config.Buffer.SkipThrough when starting again if it is also durable on the
+	// consumer's side.
 	Acked LSN
 }
 
@@ -325,11 +327,12 @@ func (s *Stream) received(lsn LSN) {
 // non-transactional messages, must be acknowledged once, in any order). The flush position sent to
 // the server advances to the highest EndLSN whose transaction and all earlier ones are acknowledged;
 // it is sent with the next status update (at most StatusInterval later, or by SendStatus).
-func (s *Stream) Ack(t *reorderbuffer.Txn) {
-	s.buf.Ack(t)
-	if t.EndLSN > s.pos.Acked {
-		s.pos.Acked = t.EndLSN
+func (s *Stream) Ack(t *reorderbuffer.Txn) error {
+	if err := s.buf.Ack(t); err != nil {
+		return err
 	}
+	s.pos.Acked = s.buf.AckedThrough()
+	return nil
 }
 
 // SendStatus sends a standby status update now (write = received, flush = the acknowledged
