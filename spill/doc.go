@@ -31,27 +31,26 @@
 //
 // # File format
 //
-// Each log is one file. The constants [Magic], [FormatVersion], [HeaderSize], [FrameHeaderSize]
-// and [MaxRecordSize] are part of the format and must not change without a new FormatVersion.
-// All integers are little-endian.
+// Each log is one file, read only by the process that wrote it, so the format is an internal
+// detail that may change from one build to the next. All integers are little-endian.
 //
 //	file:    +--------------+-------------------+---------+---------+-----
 //	         | magic (4B)   | format version 4B | record  | record  | ...
 //	         | "PGRS"       | uint32 = 1        |         |         |
 //	         +--------------+-------------------+---------+---------+-----
-//	         '------------ HeaderSize = 8 -------'
+//	         '----------- header: 8 bytes ------'
 //
 //	record:  +--------------+-------------------+---------------------------+
 //	         | CRC-32C (4B) | length (4B)       | payload (length bytes)    |
 //	         | uint32       | uint32            |                           |
 //	         +--------------+-------------------+---------------------------+
-//	         '-- FrameHeaderSize = 8 -----------'
+//	         '-- frame header: 8 bytes ---------'
 //	                        '------------- covered by the CRC --------------'
 //
 // The CRC-32C (Castagnoli) covers the 4 length bytes and the payload, so a torn or overwritten
 // length is detected as well as a damaged payload. Offsets given to and returned by
 // [Log.Size] and [Log.Truncate] are logical: they count record bytes only, so an empty log has
-// Size 0 and the record at logical offset o starts at file offset HeaderSize+o.
+// Size 0 and the record at logical offset o starts at file offset 8+o.
 // [CorruptError].Offset is a file offset, for use with a hex dump.
 //
 // # File names

@@ -10,7 +10,7 @@ import (
 )
 
 func frameFor(rec []byte) []byte {
-	var h [FrameHeaderSize]byte
+	var h [frameHeaderSize]byte
 	binary.LittleEndian.PutUint32(h[4:], uint32(len(rec)))
 	binary.LittleEndian.PutUint32(h[:4], crc32.Update(crc32.Checksum(h[4:], castagnoli), castagnoli, rec))
 	return append(h[:], rec...)
@@ -36,7 +36,7 @@ func FuzzReader(f *testing.F) {
 		}
 		defer s.Close()
 		l, _ := s.Create()
-		file := make([]byte, HeaderSize, HeaderSize+len(data))
+		file := make([]byte, headerSize, headerSize+len(data))
 		putHeader(file)
 		file = append(file, data...)
 		mfs.files[l.path] = &file
@@ -57,8 +57,8 @@ func FuzzReader(f *testing.F) {
 				if !errors.As(err, &ce) || !errors.Is(err, ErrCorrupt) {
 					t.Fatalf("not a CorruptError: %v", err)
 				}
-				if ce.Offset != int64(HeaderSize+consumed) {
-					t.Fatalf("CorruptError offset %d, want %d", ce.Offset, HeaderSize+consumed)
+				if ce.Offset != int64(headerSize+consumed) {
+					t.Fatalf("CorruptError offset %d, want %d", ce.Offset, headerSize+consumed)
 				}
 				return
 			}

@@ -20,7 +20,7 @@ type Log struct {
 	prev, next *Log  // LRU links while f != nil
 	created    bool  // the file exists on disk
 	headed     bool  // the file header is written
-	flushed    int64 // logical bytes in the file (file size - HeaderSize)
+	flushed    int64 // logical bytes in the file (file size - headerSize)
 
 	err     error // sticky I/O error
 	removed bool
@@ -78,11 +78,11 @@ func (l *Log) Append(rec []byte) error {
 		}
 		s.owner = l
 		if s.wbuf == nil {
-			s.wmem = make([]byte, HeaderSize+s.bufSize)
-			s.wbuf = s.wmem[HeaderSize:HeaderSize]
+			s.wmem = make([]byte, headerSize+s.bufSize)
+			s.wbuf = s.wmem[headerSize:headerSize]
 		}
 	}
-	frame := FrameHeaderSize + len(rec)
+	frame := frameHeaderSize + len(rec)
 	if len(s.wbuf)+frame > cap(s.wbuf) {
 		if err := l.flush(); err != nil {
 			return err
@@ -93,8 +93,8 @@ func (l *Log) Append(rec []byte) error {
 		n := len(s.wbuf)
 		s.wbuf = s.wbuf[:n+frame]
 		b := s.wbuf[n:]
-		binary.LittleEndian.PutUint32(b[4:FrameHeaderSize], uint32(len(rec)))
-		copy(b[FrameHeaderSize:], rec)
+		binary.LittleEndian.PutUint32(b[4:frameHeaderSize], uint32(len(rec)))
+		copy(b[frameHeaderSize:], rec)
 		binary.LittleEndian.PutUint32(b[:4], crc32.Checksum(b[4:], castagnoli))
 		return nil
 	}
@@ -104,13 +104,13 @@ func (l *Log) Append(rec []byte) error {
 	if err != nil {
 		return err
 	}
-	hdr := s.wmem[:HeaderSize+FrameHeaderSize]
+	hdr := s.wmem[:headerSize+frameHeaderSize]
 	putHeader(hdr)
-	fh := hdr[HeaderSize:]
+	fh := hdr[headerSize:]
 	binary.LittleEndian.PutUint32(fh[4:], uint32(len(rec)))
 	crc := crc32.Update(crc32.Checksum(fh[4:], castagnoli), castagnoli, rec)
 	binary.LittleEndian.PutUint32(fh[:4], crc)
-	off := HeaderSize + l.flushed
+	off := headerSize + l.flushed
 	if !l.headed {
 		off = 0
 	} else {
@@ -120,7 +120,7 @@ func (l *Log) Append(rec []byte) error {
 		return l.fail("write", err)
 	}
 	l.headed = true
-	if err := writeFull(f, rec, HeaderSize+l.flushed+FrameHeaderSize); err != nil {
+	if err := writeFull(f, rec, headerSize+l.flushed+frameHeaderSize); err != nil {
 		return l.fail("write", err)
 	}
 	if err := l.maybeSync(f); err != nil {
@@ -144,10 +144,10 @@ func (l *Log) flush() error {
 	if err != nil {
 		return err
 	}
-	data, off := s.wbuf, HeaderSize+l.flushed
+	data, off := s.wbuf, headerSize+l.flushed
 	if !l.headed {
 		// The header goes out with the first bytes, in the room kept before wbuf.
-		data, off = s.wmem[:HeaderSize+len(s.wbuf)], 0
+		data, off = s.wmem[:headerSize+len(s.wbuf)], 0
 		putHeader(data)
 	}
 	if err := writeFull(f, data, off); err != nil {
@@ -199,7 +199,7 @@ func (l *Log) Truncate(off int64) error {
 	if err != nil {
 		return err
 	}
-	if err := f.Truncate(HeaderSize + off); err != nil {
+	if err := f.Truncate(headerSize + off); err != nil {
 		return l.fail("truncate", err)
 	}
 	if err := l.maybeSync(f); err != nil {

@@ -56,19 +56,19 @@ func (r *Reader) next() ([]byte, error) {
 			r.buf = make([]byte, l.s.bufSize)
 		}
 	}
-	if r.end-r.off < FrameHeaderSize {
+	if r.end-r.off < frameHeaderSize {
 		return nil, r.corrupt(io.ErrUnexpectedEOF)
 	}
-	if err := r.fill(FrameHeaderSize); err != nil {
+	if err := r.fill(frameHeaderSize); err != nil {
 		return nil, err
 	}
-	hdr := r.buf[r.i : r.i+FrameHeaderSize]
+	hdr := r.buf[r.i : r.i+frameHeaderSize]
 	want := binary.LittleEndian.Uint32(hdr)
 	n := int64(binary.LittleEndian.Uint32(hdr[4:]))
-	if n > MaxRecordSize || n > r.end-r.off-FrameHeaderSize {
+	if n > MaxRecordSize || n > r.end-r.off-frameHeaderSize {
 		return nil, r.corrupt(errLength)
 	}
-	frame := FrameHeaderSize + int(n)
+	frame := frameHeaderSize + int(n)
 	var (
 		rec []byte
 		crc uint32
@@ -78,15 +78,15 @@ func (r *Reader) next() ([]byte, error) {
 			return nil, err
 		}
 		crc = crc32.Checksum(r.buf[r.i+4:r.i+frame], castagnoli)
-		rec = r.buf[r.i+FrameHeaderSize : r.i+frame]
+		rec = r.buf[r.i+frameHeaderSize : r.i+frame]
 	} else {
 		crc = crc32.Checksum(hdr[4:], castagnoli)
 		if cap(r.big) < int(n) {
 			r.big = make([]byte, n)
 		}
 		rec = r.big[:n]
-		have := copy(rec, r.buf[r.i+FrameHeaderSize:r.j])
-		if err := r.readAt(rec[have:], r.off+FrameHeaderSize+int64(have)); err != nil {
+		have := copy(rec, r.buf[r.i+frameHeaderSize:r.j])
+		if err := r.readAt(rec[have:], r.off+frameHeaderSize+int64(have)); err != nil {
 			return nil, err
 		}
 		crc = crc32.Update(crc, castagnoli, rec)
@@ -137,12 +137,12 @@ func (r *Reader) read(p []byte, off int64) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	n, err := f.ReadAt(p, HeaderSize+off)
+	n, err := f.ReadAt(p, headerSize+off)
 	if n == len(p) {
 		return n, nil
 	}
 	if err == nil || errors.Is(err, io.EOF) {
-		return n, &CorruptError{Log: r.l.path, Offset: HeaderSize + off + int64(n), Err: io.ErrUnexpectedEOF}
+		return n, &CorruptError{Log: r.l.path, Offset: headerSize + off + int64(n), Err: io.ErrUnexpectedEOF}
 	}
 	return n, ioError("read", r.l.path, err)
 }
@@ -152,25 +152,25 @@ func (r *Reader) checkHeader() error {
 	if err != nil {
 		return err
 	}
-	var hdr [HeaderSize]byte
+	var hdr [headerSize]byte
 	n, err := f.ReadAt(hdr[:], 0)
-	if n < HeaderSize {
+	if n < headerSize {
 		if err == nil || errors.Is(err, io.EOF) {
 			return &CorruptError{Log: r.l.path, Offset: int64(n), Err: io.ErrUnexpectedEOF}
 		}
 		return ioError("read", r.l.path, err)
 	}
-	if !bytes.Equal(hdr[:4], []byte(Magic)) {
+	if !bytes.Equal(hdr[:4], []byte(magic)) {
 		return &CorruptError{Log: r.l.path, Offset: 0, Err: errBadMagic}
 	}
-	if binary.LittleEndian.Uint32(hdr[4:]) != FormatVersion {
+	if binary.LittleEndian.Uint32(hdr[4:]) != formatVersion {
 		return &CorruptError{Log: r.l.path, Offset: 4, Err: errBadVersion}
 	}
 	return nil
 }
 
 func (r *Reader) corrupt(err error) error {
-	return &CorruptError{Log: r.l.path, Offset: HeaderSize + r.off, Err: err}
+	return &CorruptError{Log: r.l.path, Offset: headerSize + r.off, Err: err}
 }
 
 // Close releases the reader's buffers; later calls to Next return ErrClosed. It is safe to call

@@ -14,19 +14,19 @@ import (
 	"strings"
 )
 
-// Format constants. They are part of the on-disk format described in the package documentation.
+// The file format (see the package documentation). Spill files never outlive the process that
+// writes them, so the format is not part of the API and changes need no migration; the magic and
+// version only make a file that is not what the store wrote fail loudly.
 const (
-	// Magic opens every log file.
-	Magic = "PGRS"
-	// FormatVersion follows Magic as a little-endian uint32.
-	FormatVersion uint32 = 1
-	// HeaderSize is the size of the file header (Magic + FormatVersion).
-	HeaderSize = 8
-	// FrameHeaderSize is the size of a record's CRC-32C + length prefix.
-	FrameHeaderSize = 8
-	// MaxRecordSize is the largest payload Append accepts (1 GiB, PostgreSQL's MaxAllocSize).
-	MaxRecordSize = 1<<30 - 1
+	magic                  = "PGRS" // opens every log file
+	formatVersion   uint32 = 1      // follows magic, little-endian
+	headerSize             = 8      // magic + formatVersion
+	frameHeaderSize        = 8      // a record's CRC-32C + length prefix
 )
+
+// MaxRecordSize is the largest record Append accepts: 1 GiB - 1 bytes, PostgreSQL's MaxAllocSize,
+// which no pgoutput message exceeds.
+const MaxRecordSize = 1<<30 - 1
 
 // Defaults for zero Options fields.
 const (
@@ -76,7 +76,7 @@ type Store struct {
 	nOpen      int
 
 	wbuf  []byte // shared write buffer; holds bytes of owner only
-	wmem  []byte // wbuf's memory: HeaderSize bytes in front of wbuf for a file header
+	wmem  []byte // wbuf's memory: headerSize bytes in front of wbuf for a file header
 	owner *Log
 
 	spare []byte // a read buffer returned by a closed Reader, for the next one
@@ -323,8 +323,8 @@ func (s *Store) unlink(l *Log) {
 
 // putHeader writes the file header into b.
 func putHeader(b []byte) {
-	copy(b, Magic)
-	binary.LittleEndian.PutUint32(b[4:HeaderSize], FormatVersion)
+	copy(b, magic)
+	binary.LittleEndian.PutUint32(b[4:headerSize], formatVersion)
 }
 
 // writeFull writes p at off, turning a short write without error into io.ErrShortWrite.

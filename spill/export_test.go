@@ -1,0 +1,7 @@
+package spill
+
+// The format sizes, for the tests of package spill_test that compute file offsets.
+const (
+	HeaderSize      = headerSize
+	FrameHeaderSize = frameHeaderSize
+)
