@@ -22,8 +22,10 @@
 //     is closed when the budget is reached, so any number of logs work under a low fd limit.
 //   - Errors stick: after a write, flush, sync, truncate or close of a log's file fails, every later
 //     call on that log (and a reader of it) returns that error, and a record that was not completely
-//     written is never returned. A write error of the shared buffer is charged to the log that owned
-//     the buffered bytes and is returned by that log's next call. Corrupt or torn data gives a
+//     written is never returned. The call that runs into an I/O error returns it, even when the
+//     error is another log's: writing the records another log has in the shared write buffer, or
+//     closing its file to free a descriptor. Such an error comes as a [*LogError] naming that log;
+//     it sticks to that log, and the call has no effect on its own. Corrupt or torn data gives a
 //     [*CorruptError] (errors.Is(err, [ErrCorrupt])).
 //   - [Store.Close] removes every file the store made and is safe to call twice. Spill files are not
 //     fsynced unless [Options].Sync is set: they die with the process, so durability buys nothing.

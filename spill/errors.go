@@ -47,6 +47,30 @@ func (e *CorruptError) Unwrap() error { return e.Err }
 // Is reports whether target is ErrCorrupt.
 func (e *CorruptError) Is(target error) bool { return target == ErrCorrupt }
 
+// LogError is an I/O error of one log returned by a call on another log that ran into it: an
+// Append that wrote the records another log had in the shared write buffer, or any call that
+// closed another log's file to free a descriptor. The error sticks to the log at Path (its Err
+// and its later calls return Err); the log the call was made on is unharmed, and the call had no
+// effect on it.
+type LogError struct {
+	Path string // the file of the log that failed
+	Err  error  // that log's sticky error
+}
+
+func (e *LogError) Error() string { return "spill: other log " + e.Path + ": " + e.Err.Error() }
+
+// Unwrap returns the failed log's error.
+func (e *LogError) Unwrap() error { return e.Err }
+
+// otherLogError returns err, an error of log o met by a call on another log, as a *LogError for o,
+// unless it already is one (for a third log).
+func otherLogError(o *Log, err error) error {
+	if _, ok := err.(*LogError); ok {
+		return err
+	}
+	return &LogError{Path: o.path, Err: err}
+}
+
 // ioError wraps a failed file operation on a log; it is what a log's sticky error holds.
 func ioError(op, path string, err error) error {
 	return fmt.Errorf("spill: %s %s: %w", op, path, err)

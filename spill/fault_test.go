@@ -3,6 +3,7 @@ package spill_test
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"strings"
 	"syscall"
@@ -13,7 +14,7 @@ import (
 )
 
 // TestFaults injects one kind of disk trouble per case and checks that it surfaces from the call
-// that hit it (or the log's next call), sticks to that log, never yields a record that was not
+// that hit it (or the log's next call, for buffered records), sticks to that log, never yields a record that was not
 // completely written, and leaves the other logs of the store alone.
 func TestFaults(t *testing.T) {
 	isLog := func(l **spill.Log) func(string) bool {
@@ -86,7 +87,7 @@ func TestFaults(t *testing.T) {
 			wantErr: syscall.ENOSPC, sticky: true,
 		},
 		{
-			name: "flush failure charged to the buffer's owner, reported by its next call",
+			name: "flush failure of the buffer's owner, returned by the Append that flushed",
 			opts: spill.Options{BufferSize: 4096},
 			rule: func(v **spill.Log) faultfs.Rule {
 				return faultfs.Rule{Op: faultfs.OpWrite, Match: isLog(v), Err: syscall.ENOSPC}
@@ -96,10 +97,11 @@ func TestFaults(t *testing.T) {
 					t.Fatalf("buffered Append failed: %v", err)
 				}
 				other := create(t, s)
-				if err := other.Append(rec(2, 10)); err != nil { // flushes l: fails, but not other's fault
-					t.Fatalf("other log's Append: %v", err)
+				err := other.Append(rec(2, 10)) // flushes l: fails
+				if other.Err() != nil || other.Size() != 0 {
+					t.Errorf("other log after its Append met l's error: Err %v, Size %d", other.Err(), other.Size())
 				}
-				return l.Append(rec(3, 10))
+				return err
 			},
 			wantErr: syscall.ENOSPC, sticky: true,
 		},
@@ -144,10 +146,11 @@ func TestFaults(t *testing.T) {
 					return err
 				}
 				other := create(t, s)
-				if err := other.Append(rec(2, 100)); err != nil { // evicts l's file
-					t.Fatalf("other log's Append: %v", err)
+				err := other.Append(rec(2, 100)) // evicts l's file: the close fails
+				if other.Err() != nil || other.Size() != 0 {
+					t.Errorf("other log after its Append met l's error: Err %v, Size %d", other.Err(), other.Size())
 				}
-				return l.Append(rec(3, 10))
+				return err
 			},
 			wantErr: syscall.EIO, sticky: true,
 		},
@@ -226,20 +229,23 @@ func TestFaults(t *testing.T) {
 			}
 			appendBystander()
 			if tt.sticky {
-				if err2 := l.Append([]byte("more")); err2 != err {
-					t.Errorf("Append after fault = %v, want %v", err2, err)
+				// The first error is l's own, or a *LogError for l returned by another log's call.
+				sticky := l.Err()
+				var le *spill.LogError
+				if err != sticky && !(errors.As(err, &le) && le.Path == l.Path() && le.Err == sticky) {
+					t.Errorf("first error %v is neither l's sticky error %v nor a *LogError for it", err, sticky)
 				}
-				if err2 := l.Truncate(0); err2 != err {
-					t.Errorf("Truncate after fault = %v, want %v", err2, err)
+				if err2 := l.Append([]byte("more")); err2 != sticky {
+					t.Errorf("Append after fault = %v, want %v", err2, sticky)
+				}
+				if err2 := l.Truncate(0); err2 != sticky {
+					t.Errorf("Truncate after fault = %v, want %v", err2, sticky)
 				}
 				r := l.NewReader()
-				if got, err2 := r.Next(); err2 != err {
-					t.Errorf("Reader.Next after fault = %q, %v; want %v", got, err2, err)
+				if got, err2 := r.Next(); err2 != sticky {
+					t.Errorf("Reader.Next after fault = %q, %v; want %v", got, err2, sticky)
 				}
 				r.Close()
-				if l.Err() != err {
-					t.Errorf("Err() = %v, want %v", l.Err(), err)
-				}
 			} else {
 				ffs.Reset()
 				if _, err := readAll(l); err != nil {
@@ -301,4 +307,99 @@ func appendN(l *spill.Log, n, size int) error {
 		}
 	}
 	return nil
+}
+
+// TestFlushErrorOfAnotherLog: when one log's Append flushes the shared write buffer holding
+// another log's records and that write fails, the Append returns the error, naming the other log.
+// The error sticks to the other log; the caller's log is unharmed and its record not appended.
+func TestFlushErrorOfAnotherLog(t *testing.T) {
+	for _, size := range []int{10, 5000} { // buffered, written through
+		t.Run(fmt.Sprintf("record=%d", size), func(t *testing.T) {
+			ffs := faultfs.New(spill.OSFS())
+			s := openStore(t, spill.Options{FS: ffs, BufferSize: 4096})
+			a, b := create(t, s), create(t, s)
+			if err := b.Append(rec(0, 10)); err != nil {
+				t.Fatal(err)
+			}
+			ffs.Add(faultfs.Rule{Op: faultfs.OpWrite, Match: func(p string) bool { return p == a.Path() }, Err: syscall.ENOSPC})
+			if err := a.Append(rec(1, 10)); err != nil { // takes the buffer, flushing b's record
+				t.Fatal(err)
+			}
+			size0 := b.Size()
+			err := b.Append(rec(2, size)) // flushes a's record: fails
+			if !errors.Is(err, syscall.ENOSPC) {
+				t.Fatalf("Append that flushed the other log's failing write = %v, want ENOSPC", err)
+			}
+			if !strings.Contains(err.Error(), a.Path()) {
+				t.Errorf("error %q does not name the log that failed", err)
+			}
+			var le *spill.LogError
+			if !errors.As(err, &le) || le.Path != a.Path() {
+				t.Errorf("error %v is not a *LogError for %s", err, a.Path())
+			}
+			if !errors.Is(a.Err(), syscall.ENOSPC) {
+				t.Errorf("the failed log's Err() = %v", a.Err())
+			}
+			if err := a.Append(rec(3, 10)); err != a.Err() {
+				t.Errorf("the failed log's next Append = %v, want its sticky error", err)
+			}
+			if b.Err() != nil || b.Size() != size0 {
+				t.Errorf("the caller's log: Err %v, Size %d (was %d)", b.Err(), b.Size(), size0)
+			}
+			if err := b.Append(rec(4, size)); err != nil {
+				t.Fatalf("the caller's log after the other's failure: %v", err)
+			}
+			got, err := readAll(b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			equalRecords(t, got, [][]byte{rec(0, 10), rec(4, size)})
+		})
+	}
+}
+
+// TestTruncateMeetsOtherLogError: a Truncate that must close another log's file to open its own,
+// and fails doing so, leaves its log exactly as it was, buffered records included.
+func TestTruncateMeetsOtherLogError(t *testing.T) {
+	ffs := faultfs.New(spill.OSFS())
+	s := openStore(t, spill.Options{FS: ffs, BufferSize: 4096, MaxOpenFiles: 1})
+	l, other := create(t, s), create(t, s)
+	var want [][]byte
+	for i := range 3 {
+		want = append(want, rec(i, 10))
+		if err := l.Append(want[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mark := l.Size() / 3 // after the first record
+	if _, err := readAll(l); err != nil {
+		t.Fatal(err)
+	}
+	want = append(want, rec(3, 10))
+	if err := l.Append(want[3]); err != nil { // buffered
+		t.Fatal(err)
+	}
+	if err := other.Append(rec(9, 5000)); err != nil { // flushes l, then takes the one descriptor
+		t.Fatal(err)
+	}
+	if err := l.Append(rec(4, 10)); err != nil { // buffered again, l's file closed
+		t.Fatal(err)
+	}
+	want = append(want, rec(4, 10))
+	size := l.Size()
+	ffs.Add(faultfs.Rule{Op: faultfs.OpClose, Match: func(p string) bool { return p == other.Path() }, Err: syscall.EIO})
+	err := l.Truncate(mark)
+	var le *spill.LogError
+	if !errors.As(err, &le) || le.Path != other.Path() || !errors.Is(err, syscall.EIO) {
+		t.Fatalf("Truncate = %v, want a *LogError for %s", err, other.Path())
+	}
+	if l.Err() != nil || l.Size() != size {
+		t.Fatalf("after the failed Truncate: Err %v, Size %d, want nil, %d", l.Err(), l.Size(), size)
+	}
+	ffs.Reset()
+	got, err := readAll(l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	equalRecords(t, got, want)
 }

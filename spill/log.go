@@ -63,7 +63,10 @@ func (l *Log) Size() int64 {
 }
 
 // Append adds rec as the log's last record. rec is copied (or written) before Append returns, so
-// the caller may reuse it. An I/O error is returned here or from the log's next call, and sticks.
+// the caller may reuse it. An I/O error of this log is returned here or from the log's next call,
+// and sticks. An I/O error of another log that this call ran into (writing that log's buffered
+// records to make room) is returned as a *LogError; then rec is not appended, and this log is
+// unharmed.
 func (l *Log) Append(rec []byte) error {
 	if err := l.check(); err != nil {
 		return err
@@ -73,8 +76,11 @@ func (l *Log) Append(rec []byte) error {
 	}
 	s := l.s
 	if s.owner != l {
-		if s.owner != nil {
-			s.owner.flush() // an error sticks to the owner
+		if o := s.owner; o != nil {
+			// o's error sticks to o; this call reports it too, having done nothing to l.
+			if err := o.flush(); err != nil {
+				return otherLogError(o, err)
+			}
 		}
 		s.owner = l
 		if s.wbuf == nil {
@@ -184,20 +190,20 @@ func (l *Log) Truncate(off int64) error {
 		return fmt.Errorf("%w: %d not in [0, %d]", ErrInvalidOffset, off, l.Size())
 	}
 	s := l.s
-	if s.owner == l {
-		if off >= l.flushed {
-			s.wbuf = s.wbuf[:off-l.flushed]
-			return nil
-		}
-		s.wbuf = s.wbuf[:0]
-		s.owner = nil
+	if s.owner == l && off >= l.flushed {
+		s.wbuf = s.wbuf[:off-l.flushed]
+		return nil
 	}
 	if off == l.flushed {
 		return nil
 	}
 	f, err := s.file(l)
 	if err != nil {
-		return err
+		return err // l is as it was, unless the error is l's own (and sticks)
+	}
+	if s.owner == l { // every buffered byte lies beyond off
+		s.wbuf = s.wbuf[:0]
+		s.owner = nil
 	}
 	if err := f.Truncate(headerSize + off); err != nil {
 		return l.fail("truncate", err)

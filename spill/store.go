@@ -261,8 +261,9 @@ func (s *Store) Close() error {
 }
 
 // file returns l's open file, opening (and on first use creating) it, closing the least recently
-// used file if the budget is spent, and marks l most recently used. The caller checks l.err first;
-// an error here is made sticky on l.
+// used file if the budget is spent, and marks l most recently used. The caller checks l.err first.
+// An error opening l's file is made sticky on l; an error closing another log's file sticks to that
+// log and is returned as a *LogError, leaving l as it was.
 func (s *Store) file(l *Log) (File, error) {
 	if l.f != nil {
 		if s.head != l {
@@ -273,7 +274,9 @@ func (s *Store) file(l *Log) (File, error) {
 	}
 	for s.nOpen >= s.maxOpen && s.tail != nil {
 		victim := s.tail
-		victim.closeFile() // a close error sticks to victim
+		if err := victim.closeFile(); err != nil {
+			return nil, otherLogError(victim, err)
+		}
 	}
 	var (
 		f   File
