@@ -5,3 +5,6 @@ const (
 	HeaderSize      = headerSize
 	FrameHeaderSize = frameHeaderSize
 )
+
+// MaxOpenFiles returns the store's descriptor budget.
+func MaxOpenFiles(s *Store) int { return s.maxOpen }

@@ -403,3 +403,62 @@ func TestTruncateMeetsOtherLogError(t *testing.T) {
 	}
 	equalRecords(t, got, want)
 }
+
+// TestOutOfDescriptors: when opening a log's file fails with EMFILE or ENFILE, the store closes
+// other logs' files, least recently used first, and tries again; it fails only when it has no file
+// left to close, and then the error sticks to the log whose records could not be written.
+func TestOutOfDescriptors(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		errno   syscall.Errno
+		count   int // failed opens before one succeeds; 0: every open fails
+		others  int // other logs with an open file
+		wantErr bool
+	}{
+		{"EMFILE once", syscall.EMFILE, 1, 3, false},
+		{"ENFILE until all others are closed", syscall.ENFILE, 3, 3, false},
+		{"EMFILE with nothing to close", syscall.EMFILE, 1, 0, true},
+		{"EMFILE for good", syscall.EMFILE, 0, 3, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ffs := faultfs.New(spill.OSFS())
+			s := openStore(t, spill.Options{FS: ffs, BufferSize: 64, MaxOpenFiles: 100})
+			var others []*spill.Log
+			for i := range tc.others {
+				o := create(t, s)
+				if err := o.Append(rec(i, 100)); err != nil { // written through: its file stays open
+					t.Fatal(err)
+				}
+				others = append(others, o)
+			}
+			l := create(t, s)
+			ffs.Add(faultfs.Rule{Op: faultfs.OpOpen, Match: func(p string) bool { return p == l.Path() }, Count: tc.count, Err: tc.errno})
+			err := l.Append(rec(7, 100))
+			if tc.wantErr {
+				if !errors.Is(err, tc.errno) || l.Err() != err {
+					t.Fatalf("Append = %v (Err %v), want sticky %v", err, l.Err(), tc.errno)
+				}
+			} else if err != nil {
+				t.Fatalf("Append = %v, want recovery", err)
+			}
+			if fired := ffs.Fired(); tc.count > 0 && fired != tc.count {
+				t.Errorf("%d opens failed, want %d", fired, tc.count)
+			}
+			ffs.Reset()
+			for i, o := range others {
+				got, err := readAll(o)
+				if err != nil {
+					t.Fatalf("other log %d: %v", i, err)
+				}
+				equalRecords(t, got, [][]byte{rec(i, 100)})
+			}
+			if !tc.wantErr {
+				got, err := readAll(l)
+				if err != nil {
+					t.Fatal(err)
+				}
+				equalRecords(t, got, [][]byte{rec(7, 100)})
+			}
+		})
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 )
 
 // The file format (see the package documentation). Spill files never outlive the process that
@@ -30,7 +31,12 @@ const MaxRecordSize = 1<<30 - 1
 
 // Defaults for zero Options fields.
 const (
+	// DefaultMaxOpenFiles is the most log files a store keeps open when Options.MaxOpenFiles is 0.
+	// The default budget is a quarter of the soft RLIMIT_NOFILE when Open runs (the rest is left to
+	// the process), but not more than DefaultMaxOpenFiles and not less than MinDefaultOpenFiles.
 	DefaultMaxOpenFiles = 256
+	// MinDefaultOpenFiles is the least default budget, however low RLIMIT_NOFILE is.
+	MinDefaultOpenFiles = 4
 	DefaultBufferSize   = 256 << 10
 )
 
@@ -48,7 +54,10 @@ type Options struct {
 	Dir string
 	// FS is the file system; nil means OSFS().
 	FS FS
-	// MaxOpenFiles bounds the log files kept open at once; 0 means DefaultMaxOpenFiles.
+	// MaxOpenFiles bounds the log files kept open at once; 0 means a default derived from
+	// RLIMIT_NOFILE (see DefaultMaxOpenFiles). Whatever the budget, a store that runs out of
+	// descriptors (EMFILE, ENFILE) closes its least recently used files and tries again; it fails
+	// only when it has none left to close.
 	MaxOpenFiles int
 	// BufferSize is the size of the shared write buffer and of each Reader's read buffer;
 	// 0 means DefaultBufferSize. Values below 64 are raised to 64.
@@ -98,7 +107,7 @@ func Open(opts Options) (*Store, error) {
 		s.fs = OSFS()
 	}
 	if s.maxOpen <= 0 {
-		s.maxOpen = DefaultMaxOpenFiles
+		s.maxOpen = defaultMaxOpenFiles()
 	}
 	if s.bufSize <= 0 {
 		s.bufSize = DefaultBufferSize
@@ -261,7 +270,8 @@ func (s *Store) Close() error {
 }
 
 // file returns l's open file, opening (and on first use creating) it, closing the least recently
-// used file if the budget is spent, and marks l most recently used. The caller checks l.err first.
+// used file if the budget is spent or the process is out of descriptors, and marks l most recently
+// used. The caller checks l.err first.
 // An error opening l's file is made sticky on l; an error closing another log's file sticks to that
 // log and is returned as a *LogError, leaving l as it was.
 func (s *Store) file(l *Log) (File, error) {
@@ -278,22 +288,23 @@ func (s *Store) file(l *Log) (File, error) {
 			return nil, otherLogError(victim, err)
 		}
 	}
-	var (
-		f   File
-		err error
-	)
+	op, flag := "open", os.O_RDWR
 	if !l.created {
-		f, err = s.fs.OpenFile(l.path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
-		if err != nil {
-			return nil, l.fail("create", err)
-		}
-		l.created = true // the header is written with the first bytes
-	} else {
-		f, err = s.fs.OpenFile(l.path, os.O_RDWR, 0)
-		if err != nil {
-			return nil, l.fail("open", err)
-		}
+		op, flag = "create", os.O_RDWR|os.O_CREATE|os.O_EXCL
 	}
+	f, err := s.fs.OpenFile(l.path, flag, 0o600)
+	for err != nil && tooManyFiles(err) && s.tail != nil {
+		// The process is out of descriptors: give one of ours back and try again.
+		victim := s.tail
+		if err := victim.closeFile(); err != nil {
+			return nil, otherLogError(victim, err)
+		}
+		f, err = s.fs.OpenFile(l.path, flag, 0o600)
+	}
+	if err != nil {
+		return nil, l.fail(op, err)
+	}
+	l.created = true // the header is written with the first bytes
 	l.f = f
 	s.nOpen++
 	s.pushFront(l)
@@ -337,4 +348,18 @@ func writeFull(f File, p []byte, off int64) error {
 		err = io.ErrShortWrite
 	}
 	return err
+}
+
+// defaultMaxOpenFiles is the descriptor budget for Options.MaxOpenFiles 0.
+func defaultMaxOpenFiles() int {
+	n := DefaultMaxOpenFiles
+	if soft, ok := fileLimit(); ok {
+		n = int(min(soft/4, DefaultMaxOpenFiles))
+	}
+	return max(n, MinDefaultOpenFiles)
+}
+
+// tooManyFiles reports whether err says that the process or the system has no descriptor left.
+func tooManyFiles(err error) bool {
+	return errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE)
 }
