@@ -7,9 +7,10 @@
 //
 // # Contract
 //
-//   - [Open] creates a private directory for the [Store] under [Options].Dir and removes what earlier,
-//     dead processes left there (only names spill itself makes; never foreign files). Two live stores
-//     may share a directory.
+//   - [Open] creates a private directory for the [Store] under [Options].Dir and removes what
+//     earlier, dead processes of the same user left there (only names spill itself makes; never
+//     foreign files). Two live stores may share a directory, and so may hostile users: see
+//     "Sharing the directory".
 //   - [Log.Append] copies the record into a write buffer shared by all logs of the store, or writes
 //     it straight through when it does not fit. [Log.Size] is the logical end of the log including
 //     buffered bytes; it is always a record boundary, and [Log.Truncate] accepts any value Size
@@ -18,8 +19,11 @@
 //     uses one fixed buffer of [Options].BufferSize plus, for records larger than it, one buffer of
 //     the largest record. The slice returned by [Reader.Next] is valid until the next call to Next
 //     or Close.
-//   - Files are opened lazily and at most [Options].MaxOpenFiles stay open; the least recently used
-//     is closed when the budget is reached, so any number of logs work under a low fd limit.
+//   - Files are opened lazily and at most [Options].MaxOpenFiles stay open (by default a quarter of
+//     the soft RLIMIT_NOFILE, at most [DefaultMaxOpenFiles]). The least recently used is closed
+//     when the budget is reached, and when opening a file fails with EMFILE or ENFILE, so any
+//     number of logs work under a low descriptor limit. Besides its logs' files a store holds
+//     three descriptors: [Options].Dir, its own directory and its lock file.
 //   - Errors stick: after a write, flush, sync, truncate or close of a log's file fails, every later
 //     call on that log (and a reader of it) returns that error, and a record that was not completely
 //     written is never returned. The call that runs into an I/O error returns it, even when the
@@ -57,7 +61,44 @@
 //
 // # File names
 //
-// A store lives in <Dir>/pgreorder-spill-<pid>-<16 hex digits>/ and holds an exclusive flock(2)
-// on <Dir>/pgreorder-spill-<pid>-<16 hex digits>.lock while open. Its logs are named
-// log-<decimal sequence>.spill. A store directory or lock file whose lock can be taken is stale.
+// A store lives in <Dir>/pgreorder-spill-<pid>-<16 hex digits>/ (mode 0700). Inside it are its
+// logs, log-<decimal sequence>.spill, and the file lock, on which the store holds an exclusive
+// flock(2) while open. The lock file is made as lock.new and renamed to lock once locked, so that
+// a cleanup never finds the lock of a live store free. A store directory whose lock can be taken is
+// stale; one without a lock file is being made (or died while being made, with no logs) and is
+// left alone. Where the system has no flock(2) (other than Linux, the BSDs, macOS and illumos) no
+// store is ever taken for stale, and stale stores are not removed.
+//
+// # Sharing the directory
+//
+// The default [Options].Dir, os.TempDir(), is shared with every local user, and any of them may
+// put anything there under any name, a store's names included. A store does not let such a
+// co-tenant make it open, create, write or remove anything but its own files, even when it runs as
+// root:
+//
+//   - Only the path given as [Options].Dir is followed through symbolic links. Every name below it
+//     is a single path element opened relative to an open directory (openat(2) and its relatives)
+//     without following a symbolic link, so a link planted under a store's name leads nowhere.
+//   - In the shared directory a store makes one entry, its directory, and checks on the opened
+//     descriptor that it is the one it made: a directory of the effective user's, closed to group
+//     and others. The lock file and logs live inside it, where nobody else can add, rename or
+//     remove a name.
+//   - The cleanup at Open takes an entry with a store's name for a stale store only if, opened,
+//     it is a directory of the effective user's that is not writable by group or others, and its
+//     lock file is a regular file of the same user's that nobody holds locked. From it, it removes
+//     the logs and the lock file, then the directory if that left it empty. A symbolic link, FIFO,
+//     device, file or other user's directory under a store's name is left alone (a FIFO is never
+//     opened in a way that could block), and so is every name a store does not make.
+//   - Close removes the store's directory by name only if the name still is the directory it made.
+//
+// What a co-tenant can still do is fill the file system and, in a directory that others may write
+// without the sticky bit (which /tmp has), rename a store's directory away or remove it while
+// still empty: a denial of service, never access to the store's files. The logs are protected by
+// their directory's permissions, not encrypted: root and the same user can read them.
+//
+// On Linux all of this works on directory descriptors. Elsewhere [OSFS] uses os.Root, which keeps
+// every name inside its directory but follows a symbolic link that stays inside it: there, a
+// co-tenant who replaces a name in the instant between a check and an open can make a store open
+// another entry of the same directory, which the ownership checks still refuse unless it is the
+// user's own.
 package spill

@@ -39,7 +39,7 @@ func FuzzReader(f *testing.F) {
 		file := make([]byte, headerSize, headerSize+len(data))
 		putHeader(file)
 		file = append(file, data...)
-		mfs.files[l.path] = &file
+		mfs.put(l.Path(), file)
 		l.created, l.headed, l.flushed = true, true, int64(len(data))
 		r := l.NewReader()
 		defer r.Close()

@@ -14,7 +14,8 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 // with Store.Create.
 type Log struct {
 	s    *Store
-	path string
+	name string // in the store's directory
+	path string // for messages
 
 	f          File  // nil while closed by the descriptor budget (or not yet created)
 	prev, next *Log  // LRU links while f != nil
@@ -262,7 +263,7 @@ func (l *Log) release() error {
 		}
 	}
 	if l.created {
-		if err := s.fs.Remove(l.path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		if err := s.dir.Remove(l.name); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			errs = append(errs, err)
 		}
 		l.created = false

@@ -1,58 +1,247 @@
 package spill
 
 import (
+	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"os"
+	"path/filepath"
 	"sync"
 )
 
-// memFS is an in-memory FS for tests that must not touch the disk (fuzzing).
+// memFS is an in-memory FS for tests that must not touch the disk (fuzzing). Directories are
+// named by path; a handle keeps the node it opened.
 type memFS struct {
 	mu    sync.Mutex
-	files map[string]*[]byte
+	nodes map[string]*memNode // by clean path
+	ino   uint64
 }
 
-func newMemFS() *memFS { return &memFS{files: make(map[string]*[]byte)} }
+type memNode struct {
+	ino    uint64
+	dir    bool
+	data   []byte
+	locked bool
+	nlink  uint64
+}
 
-func (m *memFS) OpenFile(name string, flag int, _ fs.FileMode) (File, error) {
+func newMemFS() *memFS { return &memFS{nodes: make(map[string]*memNode)} }
+
+func (m *memFS) newNode(dir bool) *memNode {
+	m.ino++
+	return &memNode{ino: m.ino, dir: dir, nlink: 1}
+}
+
+func (m *memFS) OpenDir(path string) (Dir, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	b, ok := m.files[name]
-	switch {
-	case ok && flag&os.O_EXCL != 0:
-		return nil, &os.PathError{Op: "open", Path: name, Err: fs.ErrExist}
-	case !ok && flag&os.O_CREATE == 0:
-		return nil, &os.PathError{Op: "open", Path: name, Err: fs.ErrNotExist}
-	case !ok:
-		b = new([]byte)
-		m.files[name] = b
+	path = filepath.Clean(path)
+	n := m.nodes[path]
+	if n == nil {
+		n = m.newNode(true)
+		m.nodes[path] = n
 	}
-	return &memFile{m: m, b: b}, nil
+	if !n.dir {
+		return nil, &fs.PathError{Op: "open", Path: path, Err: fs.ErrInvalid}
+	}
+	return &memDir{m: m, path: path, n: n}, nil
 }
 
-func (m *memFS) MkdirAll(string, fs.FileMode) error { return nil }
-func (m *memFS) Remove(name string) error {
+// put makes path a file holding data, for tests that write a log file directly.
+func (m *memFS) put(path string, data []byte) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	delete(m.files, name)
+	n := m.newNode(false)
+	n.data = data
+	m.nodes[filepath.Clean(path)] = n
+}
+
+type memDir struct {
+	m    *memFS
+	path string
+	n    *memNode
+}
+
+// lookup returns name's path and node (nil if none); the caller holds m.mu.
+func (d *memDir) lookup(name string) (string, *memNode, error) {
+	p := filepath.Join(d.path, name)
+	if !validName(name) {
+		return p, nil, &fs.PathError{Op: "open", Path: p, Err: fs.ErrInvalid}
+	}
+	return p, d.m.nodes[p], nil
+}
+
+func (d *memDir) OpenFile(name string, flag int, _ fs.FileMode) (File, error) {
+	d.m.mu.Lock()
+	defer d.m.mu.Unlock()
+	p, n, err := d.lookup(name)
+	switch {
+	case err != nil:
+		return nil, err
+	case n != nil && flag&os.O_EXCL != 0:
+		return nil, &fs.PathError{Op: "open", Path: p, Err: fs.ErrExist}
+	case n == nil && flag&os.O_CREATE == 0:
+		return nil, &fs.PathError{Op: "open", Path: p, Err: fs.ErrNotExist}
+	case n == nil:
+		n = d.m.newNode(false)
+		d.m.nodes[p] = n
+	case n.dir:
+		return nil, &fs.PathError{Op: "open", Path: p, Err: fs.ErrInvalid}
+	}
+	return &memFile{m: d.m, n: n}, nil
+}
+
+func (d *memDir) Lock(name string, create bool) (LockFile, error) {
+	flag := os.O_RDWR
+	if create {
+		flag |= os.O_CREATE | os.O_EXCL
+	}
+	f, err := d.OpenFile(name, flag, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	n := f.(*memFile).n
+	d.m.mu.Lock()
+	defer d.m.mu.Unlock()
+	if n.locked {
+		return nil, fmt.Errorf("%w: %s", ErrLocked, filepath.Join(d.path, name))
+	}
+	n.locked = true
+	return &memLock{m: d.m, n: n}, nil
+}
+
+func (d *memDir) Mkdir(name string, _ fs.FileMode) error {
+	d.m.mu.Lock()
+	defer d.m.mu.Unlock()
+	p, n, err := d.lookup(name)
+	if err != nil {
+		return err
+	}
+	if n != nil {
+		return &fs.PathError{Op: "mkdir", Path: p, Err: fs.ErrExist}
+	}
+	d.m.nodes[p] = d.m.newNode(true)
 	return nil
 }
-func (m *memFS) ReadDir(string) ([]fs.DirEntry, error) { return nil, nil }
-func (m *memFS) Lock(string) (io.Closer, error)        { return io.NopCloser(nil), nil }
+
+func (d *memDir) OpenDir(name string) (Dir, error) {
+	d.m.mu.Lock()
+	defer d.m.mu.Unlock()
+	p, n, err := d.lookup(name)
+	switch {
+	case err != nil:
+		return nil, err
+	case n == nil:
+		return nil, &fs.PathError{Op: "open", Path: p, Err: fs.ErrNotExist}
+	case !n.dir:
+		return nil, &fs.PathError{Op: "open", Path: p, Err: fs.ErrInvalid}
+	}
+	return &memDir{m: d.m, path: p, n: n}, nil
+}
+
+func (d *memDir) Remove(name string) error    { return d.remove(name, false) }
+func (d *memDir) RemoveDir(name string) error { return d.remove(name, true) }
+
+func (d *memDir) remove(name string, dir bool) error {
+	d.m.mu.Lock()
+	defer d.m.mu.Unlock()
+	p, n, err := d.lookup(name)
+	switch {
+	case err != nil:
+		return err
+	case n == nil:
+		return &fs.PathError{Op: "remove", Path: p, Err: fs.ErrNotExist}
+	case n.dir != dir:
+		return &fs.PathError{Op: "remove", Path: p, Err: fs.ErrInvalid}
+	}
+	if dir {
+		for q := range d.m.nodes {
+			if filepath.Dir(q) == p {
+				return &fs.PathError{Op: "remove", Path: p, Err: errors.New("directory not empty")}
+			}
+		}
+	}
+	n.nlink = 0
+	delete(d.m.nodes, p)
+	return nil
+}
+
+func (d *memDir) Rename(oldname, newname string) error {
+	d.m.mu.Lock()
+	defer d.m.mu.Unlock()
+	op, n, err := d.lookup(oldname)
+	if err != nil {
+		return err
+	}
+	np, old, err := d.lookup(newname)
+	switch {
+	case err != nil:
+		return err
+	case n == nil:
+		return &fs.PathError{Op: "rename", Path: op, Err: fs.ErrNotExist}
+	case n.dir || (old != nil && old.dir):
+		return &fs.PathError{Op: "rename", Path: op, Err: fs.ErrInvalid}
+	}
+	if old != nil {
+		old.nlink = 0
+	}
+	delete(d.m.nodes, op)
+	d.m.nodes[np] = n
+	return nil
+}
+
+func (d *memDir) ReadDir() ([]string, error) {
+	d.m.mu.Lock()
+	defer d.m.mu.Unlock()
+	var names []string
+	for q := range d.m.nodes {
+		if q != d.path && filepath.Dir(q) == d.path {
+			names = append(names, filepath.Base(q))
+		}
+	}
+	return names, nil
+}
+
+func (d *memDir) Stat() (Info, error) {
+	d.m.mu.Lock()
+	defer d.m.mu.Unlock()
+	return Info{Mode: fs.ModeDir | 0o700, UID: os.Geteuid(), Nlink: d.n.nlink, Ino: d.n.ino}, nil
+}
+
+func (d *memDir) Close() error { return nil }
+
+type memLock struct {
+	m *memFS
+	n *memNode
+}
+
+func (l *memLock) Stat() (Info, error) {
+	l.m.mu.Lock()
+	defer l.m.mu.Unlock()
+	return Info{Mode: 0o600, UID: os.Geteuid(), Nlink: l.n.nlink, Ino: l.n.ino}, nil
+}
+
+func (l *memLock) Close() error {
+	l.m.mu.Lock()
+	defer l.m.mu.Unlock()
+	l.n.locked = false
+	return nil
+}
 
 type memFile struct {
 	m *memFS
-	b *[]byte
+	n *memNode
 }
 
 func (f *memFile) ReadAt(p []byte, off int64) (int, error) {
 	f.m.mu.Lock()
 	defer f.m.mu.Unlock()
-	if off >= int64(len(*f.b)) {
+	b := f.n.data
+	if off >= int64(len(b)) {
 		return 0, io.EOF
 	}
-	n := copy(p, (*f.b)[off:])
+	n := copy(p, b[off:])
 	if n < len(p) {
 		return n, io.EOF
 	}
@@ -62,19 +251,19 @@ func (f *memFile) ReadAt(p []byte, off int64) (int, error) {
 func (f *memFile) WriteAt(p []byte, off int64) (int, error) {
 	f.m.mu.Lock()
 	defer f.m.mu.Unlock()
-	if end := off + int64(len(p)); end > int64(len(*f.b)) {
-		*f.b = append(*f.b, make([]byte, end-int64(len(*f.b)))...)
+	if end := off + int64(len(p)); end > int64(len(f.n.data)) {
+		f.n.data = append(f.n.data, make([]byte, end-int64(len(f.n.data)))...)
 	}
-	return copy((*f.b)[off:], p), nil
+	return copy(f.n.data[off:], p), nil
 }
 
 func (f *memFile) Truncate(size int64) error {
 	f.m.mu.Lock()
 	defer f.m.mu.Unlock()
-	if size <= int64(len(*f.b)) {
-		*f.b = (*f.b)[:size]
+	if size <= int64(len(f.n.data)) {
+		f.n.data = f.n.data[:size]
 	} else {
-		*f.b = append(*f.b, make([]byte, size-int64(len(*f.b)))...)
+		f.n.data = append(f.n.data, make([]byte, size-int64(len(f.n.data)))...)
 	}
 	return nil
 }

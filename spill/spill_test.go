@@ -468,23 +468,63 @@ func TestStaleCleanup(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	const dead1 = "pgreorder-spill-4242-0123456789abcdef" // dir + lock file, only our files
-	const dead2 = "pgreorder-spill-77-fedcba9876543210"   // dir without lock file, plus a foreign file
-	const dead3 = "pgreorder-spill-78-00000000000000aa"   // a lock file alone
+	const (
+		dead1    = "pgreorder-spill-4242-0123456789abcdef" // lock and logs only
+		dead2    = "pgreorder-spill-77-fedcba9876543210"   // lock, logs and foreign files
+		starting = "pgreorder-spill-78-00000000000000aa"   // empty, no lock: a store starting up
+		old      = "pgreorder-spill-79-00000000000000bb"   // a log but no lock inside: not this layout
+		shared   = "pgreorder-spill-80-00000000000000cc"   // group-writable: not private to us
+		linked   = "pgreorder-spill-81-00000000000000dd"   // a symlink to a stale-looking store
+		lockLink = "pgreorder-spill-82-00000000000000ee"   // its lock file is a symlink
+	)
+	elsewhere := t.TempDir() // outside dir: nothing in it may be touched
+	mkdir := func(rel string, perm os.FileMode) string {
+		p := filepath.Join(dir, rel)
+		if err := os.Mkdir(p, perm); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(p, perm); err != nil { // past the umask
+			t.Fatal(err)
+		}
+		return p
+	}
+	link := func(target, rel string) string {
+		p := filepath.Join(dir, rel)
+		if err := os.Symlink(target, p); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	mkdir(shared, 0o770)
+	for _, f := range []string{"lock", "log-1.spill"} {
+		if err := os.WriteFile(filepath.Join(elsewhere, f), []byte("x"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
 	gone := []string{
+		write(dead1 + "/lock"),
 		write(dead1 + "/log-1.spill"),
 		write(dead1 + "/log-22.spill"),
-		write(dead1 + ".lock"),
 		filepath.Join(dir, dead1),
+		write(dead2 + "/lock"),
 		write(dead2 + "/log-3.spill"),
-		write(dead3 + ".lock"),
 	}
 	kept := []string{
-		write(dead2 + "/notes.txt"),                             // foreign file inside a stale store
-		write(dead2 + "/log-x.spill"),                           // not our naming
-		write("pgreorder-spill-1-XYZ/log-1.spill"),              // directory name not ours
-		write("pgreorder-spill-1-0123456789ABCDEF/log-1.spill"), // upper-case hex is not ours
-		write("log-5.spill"),                                    // our log naming, but not in a store dir
+		write(dead2 + "/notes.txt"),                              // foreign file inside a stale store
+		write(dead2 + "/log-x.spill"),                            // not our naming
+		mkdir(starting, 0o700),                                   // no lock yet
+		write(old + "/log-1.spill"),                              // no lock to take
+		write(shared + "/lock"),                                  // in a group-writable directory
+		write(shared + "/log-1.spill"),                           //
+		link(elsewhere, linked),                                  // the link itself
+		filepath.Join(elsewhere, "lock"),                         // and what it points to
+		filepath.Join(elsewhere, "log-1.spill"),                  //
+		write(lockLink + "/log-1.spill"),                         // in a store whose lock
+		link(filepath.Join(elsewhere, "lock"), lockLink+"/lock"), // is a symlink
+		write("pgreorder-spill-1-XYZ/log-1.spill"),               // directory name not ours
+		write("pgreorder-spill-1-0123456789ABCDEF/log-1.spill"),  // upper-case hex is not ours
+		write("pgreorder-spill-5-0123456789abcdef.lock"),         // earlier versions' lock file beside the store
+		write("log-5.spill"),                                     // our log naming, but not in a store dir
 		write("other.lock"),
 	}
 	s, err := spill.Open(spill.Options{Dir: dir})

@@ -42,15 +42,17 @@ const (
 
 const (
 	storePrefix = "pgreorder-spill-"
-	lockSuffix  = ".lock"
+	lockName    = "lock"
+	newLockName = "lock.new" // the lock file until it is locked
 	logPrefix   = "log-"
 	logSuffix   = ".spill"
 )
 
 // Options configures a Store. The zero value is usable.
 type Options struct {
-	// Dir is where the store makes its private directory; "" means os.TempDir(). It is created if
-	// missing.
+	// Dir is where the store makes its private directory; "" means os.TempDir(). It is created
+	// (mode 0700) if missing. Symbolic links in Dir are followed; nothing below it is. Dir may be
+	// shared with other users (see the package documentation).
 	Dir string
 	// FS is the file system; nil means OSFS().
 	FS FS
@@ -69,13 +71,16 @@ type Options struct {
 
 // Store is a set of logs in a private directory. It is not safe for concurrent use.
 type Store struct {
-	fs       FS
-	dir      string // the store's private directory
-	lockPath string
-	lock     io.Closer
-	maxOpen  int
-	bufSize  int
-	sync     bool
+	fs      FS
+	parent  Dir      // Options.Dir
+	dir     Dir      // the store's private directory, in parent
+	name    string   // dir's name in parent
+	path    string   // dir's path, for messages
+	id      Info     // dir as made, to recognise it by name at Close
+	lock    LockFile // on dir/lock; nil where the platform has no locks
+	maxOpen int
+	bufSize int
+	sync    bool
 
 	seq  uint64
 	logs map[*Log]struct{} // live (not removed) logs
@@ -93,8 +98,9 @@ type Store struct {
 	closed bool
 }
 
-// Open creates a store in opts.Dir and removes stale stores that earlier processes left there.
-// Cleanup is best effort: what cannot be removed is left alone and does not fail Open.
+// Open creates a store in opts.Dir and removes stale stores that earlier processes of the same
+// user left there. Cleanup is best effort: what cannot be removed is left alone and does not fail
+// Open.
 func Open(opts Options) (*Store, error) {
 	s := &Store{
 		fs:      opts.FS,
@@ -113,43 +119,86 @@ func Open(opts Options) (*Store, error) {
 		s.bufSize = DefaultBufferSize
 	}
 	s.bufSize = max(s.bufSize, 64)
-	dir := opts.Dir
-	if dir == "" {
-		dir = os.TempDir()
+	path := opts.Dir
+	if path == "" {
+		path = os.TempDir()
 	}
-	if err := s.fs.MkdirAll(dir, 0o700); err != nil {
+	parent, err := s.fs.OpenDir(path)
+	if err != nil {
 		return nil, fmt.Errorf("spill: open: %w", err)
 	}
-	var name string
-	for attempt := 0; ; attempt++ {
-		var rnd [8]byte
-		if _, err := rand.Read(rnd[:]); err != nil {
+	for attempt := 1; ; attempt++ {
+		err := s.create(parent, path)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, fs.ErrExist) || attempt == 3 { // ErrExist: a name collision, practically impossible
+			parent.Close()
 			return nil, fmt.Errorf("spill: open: %w", err)
 		}
-		name = storePrefix + strconv.Itoa(os.Getpid()) + "-" + hex.EncodeToString(rnd[:])
-		lock, err := s.fs.Lock(filepath.Join(dir, name+lockSuffix))
-		if errors.Is(err, ErrLocked) && attempt < 3 {
-			continue // a name collision; practically impossible
-		}
-		if err != nil {
-			return nil, fmt.Errorf("spill: open: %w", err)
-		}
-		s.lock = lock
-		break
 	}
-	s.lockPath = filepath.Join(dir, name+lockSuffix)
-	s.dir = filepath.Join(dir, name)
-	if err := s.fs.MkdirAll(s.dir, 0o700); err != nil {
-		s.fs.Remove(s.lockPath)
-		s.lock.Close()
-		return nil, fmt.Errorf("spill: open: %w", err)
-	}
-	removeStale(s.fs, dir, name)
+	s.parent = parent
+	removeStale(parent, s.name)
 	return s, nil
 }
 
-// Dir returns the store's private directory.
-func (s *Store) Dir() string { return s.dir }
+// create makes the store's directory under a new name in parent, checks that the directory it
+// opens is the one it made, and takes the lock in it. The lock file is made and locked under
+// another name and then renamed into place: a cleanup, which opens only lockName, never finds the
+// lock of a live store unlocked.
+func (s *Store) create(parent Dir, path string) error {
+	var rnd [8]byte
+	if _, err := rand.Read(rnd[:]); err != nil {
+		return err
+	}
+	name := storePrefix + strconv.Itoa(os.Getpid()) + "-" + hex.EncodeToString(rnd[:])
+	if err := parent.Mkdir(name, 0o700); err != nil {
+		return err
+	}
+	dir, err := parent.OpenDir(name)
+	if err != nil {
+		parent.RemoveDir(name) // only ever an empty directory
+		return err
+	}
+	info, err := dir.Stat()
+	if err == nil && !private(info) {
+		err = fmt.Errorf("%s is not the directory just made: %v, owner %d", filepath.Join(path, name), info.Mode, info.UID)
+	}
+	if err != nil {
+		dir.Close() // not known to be ours: left alone
+		return err
+	}
+	lock, err := dir.Lock(newLockName, true)
+	if err == nil {
+		if err = dir.Rename(newLockName, lockName); err != nil {
+			lock.Close()
+		}
+	}
+	switch {
+	case err == nil:
+	case errors.Is(err, errors.ErrUnsupported):
+		lock = nil // no store is ever taken for stale on such a platform
+	default:
+		dir.Remove(newLockName)
+		dir.Close()
+		parent.RemoveDir(name)
+		return err
+	}
+	s.dir, s.name, s.path, s.id, s.lock = dir, name, filepath.Join(path, name), info, lock
+	return nil
+}
+
+// private reports whether info describes a directory of this user's that nobody else may enter,
+// as the store's own directory must be.
+func private(info Info) bool {
+	if info.UID < 0 {
+		return info.Mode.IsDir() // the platform has no owners
+	}
+	return info.Mode.IsDir() && info.UID == os.Geteuid() && info.Mode.Perm()&0o077 == 0
+}
+
+// Dir returns the path of the store's private directory.
+func (s *Store) Dir() string { return s.path }
 
 // isStoreName reports whether name is pgreorder-spill-<pid>-<16 hex digits>.
 func isStoreName(name string) bool {
@@ -187,46 +236,59 @@ func isDigits(s string) bool {
 	return true
 }
 
-// removeStale removes the stores in dir whose lock nobody holds, except own. Only files named by
-// this package are removed; a store directory that also holds foreign files is left in place.
-func removeStale(fsys FS, dir, own string) {
-	entries, err := fsys.ReadDir(dir)
+// removeStale removes the stale stores in parent other than own. A stale store is a directory
+// with a store's name that belongs to this user, is not writable by group or others, and whose
+// lock nobody holds; from it only logs and the lock file are removed, and then the directory if
+// that left it empty. Nothing is followed: a symbolic link, a FIFO, a file, or another user's
+// directory with a store's name is left alone.
+func removeStale(parent Dir, own string) {
+	names, err := parent.ReadDir()
 	if err != nil {
 		return
 	}
-	seen := make(map[string]bool)
-	for _, e := range entries {
-		base := e.Name()
-		if b, ok := strings.CutSuffix(base, lockSuffix); ok {
-			if e.IsDir() {
-				continue
-			}
-			base = b
-		} else if !e.IsDir() {
-			continue
+	euid := os.Geteuid()
+	for _, name := range names {
+		if name != own && isStoreName(name) {
+			removeIfStale(parent, name, euid)
 		}
-		if base == own || seen[base] || !isStoreName(base) {
-			continue
-		}
-		seen[base] = true
-		lockPath := filepath.Join(dir, base+lockSuffix)
-		lock, err := fsys.Lock(lockPath)
-		if err != nil {
-			continue // held by a live store, or not ours to take
-		}
-		sub := filepath.Join(dir, base)
-		if files, err := fsys.ReadDir(sub); err == nil {
-			for _, f := range files {
-				if !f.IsDir() && isLogName(f.Name()) {
-					fsys.Remove(filepath.Join(sub, f.Name()))
-				}
-			}
-			fsys.Remove(sub) // fails, harmlessly, if foreign files remain
-		}
-		fsys.Remove(lockPath)
-		lock.Close()
 	}
 }
+
+func removeIfStale(parent Dir, name string, euid int) {
+	dir, err := parent.OpenDir(name) // fails unless a directory, and for other users' private ones
+	if err != nil {
+		return
+	}
+	defer dir.Close()
+	if info, err := dir.Stat(); err != nil || !ownedBy(info, euid) || !info.Mode.IsDir() || info.Mode.Perm()&0o022 != 0 {
+		return
+	}
+	// No lock file means a store that is being made right now (its lock file appears only once
+	// locked) or one that died while being made, leaving at most an unlocked newLockName: left
+	// alone, as it has no logs.
+	lock, err := dir.Lock(lockName, false)
+	if err != nil {
+		return // no lock file, held by a live store, not a regular file, or no locks here
+	}
+	defer lock.Close()
+	if li, err := lock.Stat(); err != nil || !li.Mode.IsRegular() || !ownedBy(li, euid) || li.Nlink == 0 {
+		return // Nlink 0: another cleanup (or the store's Close) removed it before this lock
+	}
+	names, err := dir.ReadDir()
+	if err != nil {
+		return
+	}
+	for _, n := range names {
+		if isLogName(n) {
+			dir.Remove(n)
+		}
+	}
+	dir.Remove(lockName)
+	parent.RemoveDir(name) // fails, harmlessly, if foreign files remain
+}
+
+// ownedBy reports whether info's owner is the user euid.
+func ownedBy(info Info, euid int) bool { return info.UID >= 0 && info.UID == euid }
 
 // Create makes a new, empty log. No file is created until the log's first bytes are flushed.
 func (s *Store) Create() (*Log, error) {
@@ -234,12 +296,13 @@ func (s *Store) Create() (*Log, error) {
 		return nil, ErrClosed
 	}
 	s.seq++
-	l := &Log{s: s, path: filepath.Join(s.dir, logPrefix+strconv.FormatUint(s.seq, 10)+logSuffix)}
+	name := logPrefix + strconv.FormatUint(s.seq, 10) + logSuffix
+	l := &Log{s: s, name: name, path: filepath.Join(s.path, name)}
 	s.logs[l] = struct{}{}
 	return l, nil
 }
 
-// Close removes every file the store made: its logs, its directory and its lock file. Logs and
+// Close removes every file the store made: its logs, its lock file and its directory. Logs and
 // Readers return ErrClosed afterwards. Close is safe to call twice; the second call returns nil.
 func (s *Store) Close() error {
 	if s.closed {
@@ -254,17 +317,49 @@ func (s *Store) Close() error {
 	}
 	s.logs = nil
 	s.wbuf, s.wmem, s.owner, s.spare = nil, nil, nil, nil
-	if err := s.fs.Remove(s.dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if err := s.dir.Remove(lockName); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		errs = append(errs, err)
 	}
-	if err := s.fs.Remove(s.lockPath); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if err := s.dir.Close(); err != nil {
 		errs = append(errs, err)
 	}
-	if err := s.lock.Close(); err != nil {
+	if err := s.removeDir(); err != nil {
+		errs = append(errs, err)
+	}
+	if s.lock != nil {
+		if err := s.lock.Close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := s.parent.Close(); err != nil {
 		errs = append(errs, err)
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("spill: close: %w", err)
+	}
+	return nil
+}
+
+// removeDir removes the store's directory from its parent, if the name still is that directory:
+// in a parent where others may rename entries, it could now be something of theirs.
+func (s *Store) removeDir() error {
+	d, err := s.parent.OpenDir(s.name)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	info, err := d.Stat()
+	d.Close()
+	if err != nil {
+		return err
+	}
+	if info.Dev != s.id.Dev || info.Ino != s.id.Ino {
+		return fmt.Errorf("%s is no longer the store's directory; left in place", s.path)
+	}
+	if err := s.parent.RemoveDir(s.name); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
 	}
 	return nil
 }
@@ -292,14 +387,14 @@ func (s *Store) file(l *Log) (File, error) {
 	if !l.created {
 		op, flag = "create", os.O_RDWR|os.O_CREATE|os.O_EXCL
 	}
-	f, err := s.fs.OpenFile(l.path, flag, 0o600)
+	f, err := s.dir.OpenFile(l.name, flag, 0o600)
 	for err != nil && tooManyFiles(err) && s.tail != nil {
 		// The process is out of descriptors: give one of ours back and try again.
 		victim := s.tail
 		if err := victim.closeFile(); err != nil {
 			return nil, otherLogError(victim, err)
 		}
-		f, err = s.fs.OpenFile(l.path, flag, 0o600)
+		f, err = s.dir.OpenFile(l.name, flag, 0o600)
 	}
 	if err != nil {
 		return nil, l.fail(op, err)

@@ -1,13 +1,14 @@
 // Package faultfs wraps a spill.FS and injects errors into chosen operations, for tests of code
-// that must survive disk trouble: disk full, short writes, failing fsync or close, read errors.
+// that must survive disk trouble: disk full, short writes, failing fsync or close, read errors,
+// running out of descriptors.
 //
 // Rules are checked in the order they were added; the first rule that matches an operation decides
 // its fate. A FS is safe for concurrent use.
 package faultfs
 
 import (
-	"io"
 	"io/fs"
+	"path/filepath"
 	"sync"
 
 	"github.com/pgreorder/pgreorder/spill"
@@ -18,19 +19,22 @@ type Op int
 
 // Operations.
 const (
-	OpOpen     Op = iota + 1 // FS.OpenFile
-	OpMkdir                  // FS.MkdirAll
-	OpRemove                 // FS.Remove
-	OpReadDir                // FS.ReadDir
-	OpLock                   // FS.Lock
+	OpOpen     Op = iota + 1 // Dir.OpenFile
+	OpMkdir                  // Dir.Mkdir
+	OpRemove                 // Dir.Remove, Dir.RemoveDir
+	OpReadDir                // Dir.ReadDir
+	OpLock                   // Dir.Lock
 	OpRead                   // File.ReadAt
 	OpWrite                  // File.WriteAt
 	OpTruncate               // File.Truncate
 	OpSync                   // File.Sync
 	OpClose                  // File.Close (the file is closed anyway)
+	OpOpenDir                // FS.OpenDir, Dir.OpenDir
+	OpStat                   // Dir.Stat, LockFile.Stat
+	OpRename                 // Dir.Rename (the path is oldname's)
 )
 
-var opNames = [...]string{"", "open", "mkdir", "remove", "readdir", "lock", "read", "write", "truncate", "sync", "close"}
+var opNames = [...]string{"", "open", "mkdir", "remove", "readdir", "lock", "read", "write", "truncate", "sync", "close", "opendir", "stat", "rename"}
 
 func (o Op) String() string {
 	if o > 0 && int(o) < len(opNames) {
@@ -42,7 +46,7 @@ func (o Op) String() string {
 // Rule describes a fault.
 type Rule struct {
 	Op    Op
-	Match func(path string) bool // nil matches every path
+	Match func(path string) bool // nil matches every path; for Dir methods, the directory's path joined with the name
 	Skip  int                    // let this many matching operations succeed first
 	Count int                    // fail this many times, then stop; 0 = forever
 	Err   error                  // the error returned; must not be nil
@@ -111,54 +115,130 @@ func (f *FS) fault(op Op, path string) *Rule {
 	return nil
 }
 
-func (f *FS) OpenFile(name string, flag int, perm fs.FileMode) (spill.File, error) {
-	if r := f.fault(OpOpen, name); r != nil {
+// OpenDir opens a directory of the base FS, whose operations then go through f's rules.
+func (f *FS) OpenDir(path string) (spill.Dir, error) {
+	if r := f.fault(OpOpenDir, path); r != nil {
 		return nil, r.Err
 	}
-	file, err := f.base.OpenFile(name, flag, perm)
+	d, err := f.base.OpenDir(path)
 	if err != nil {
 		return nil, err
 	}
-	return &File{fs: f, name: name, f: file}, nil
+	return &dir{fs: f, path: path, d: d}, nil
 }
 
-func (f *FS) MkdirAll(name string, perm fs.FileMode) error {
-	if r := f.fault(OpMkdir, name); r != nil {
-		return r.Err
-	}
-	return f.base.MkdirAll(name, perm)
-}
-
-func (f *FS) Remove(name string) error {
-	if r := f.fault(OpRemove, name); r != nil {
-		return r.Err
-	}
-	return f.base.Remove(name)
-}
-
-func (f *FS) ReadDir(name string) ([]fs.DirEntry, error) {
-	if r := f.fault(OpReadDir, name); r != nil {
-		return nil, r.Err
-	}
-	return f.base.ReadDir(name)
-}
-
-func (f *FS) Lock(name string) (io.Closer, error) {
-	if r := f.fault(OpLock, name); r != nil {
-		return nil, r.Err
-	}
-	return f.base.Lock(name)
-}
-
-// File is a file opened through a FS.
-type File struct {
+// dir is a directory opened through a FS.
+type dir struct {
 	fs   *FS
-	name string
+	path string
+	d    spill.Dir
+}
+
+func (d *dir) OpenFile(name string, flag int, perm fs.FileMode) (spill.File, error) {
+	p := filepath.Join(d.path, name)
+	if r := d.fs.fault(OpOpen, p); r != nil {
+		return nil, r.Err
+	}
+	f, err := d.d.OpenFile(name, flag, perm)
+	if err != nil {
+		return nil, err
+	}
+	return &file{fs: d.fs, path: p, f: f}, nil
+}
+
+func (d *dir) Lock(name string, create bool) (spill.LockFile, error) {
+	p := filepath.Join(d.path, name)
+	if r := d.fs.fault(OpLock, p); r != nil {
+		return nil, r.Err
+	}
+	l, err := d.d.Lock(name, create)
+	if err != nil {
+		return nil, err
+	}
+	return &lockFile{fs: d.fs, path: p, l: l}, nil
+}
+
+func (d *dir) Mkdir(name string, perm fs.FileMode) error {
+	if r := d.fs.fault(OpMkdir, filepath.Join(d.path, name)); r != nil {
+		return r.Err
+	}
+	return d.d.Mkdir(name, perm)
+}
+
+func (d *dir) OpenDir(name string) (spill.Dir, error) {
+	p := filepath.Join(d.path, name)
+	if r := d.fs.fault(OpOpenDir, p); r != nil {
+		return nil, r.Err
+	}
+	sub, err := d.d.OpenDir(name)
+	if err != nil {
+		return nil, err
+	}
+	return &dir{fs: d.fs, path: p, d: sub}, nil
+}
+
+func (d *dir) Remove(name string) error {
+	if r := d.fs.fault(OpRemove, filepath.Join(d.path, name)); r != nil {
+		return r.Err
+	}
+	return d.d.Remove(name)
+}
+
+func (d *dir) RemoveDir(name string) error {
+	if r := d.fs.fault(OpRemove, filepath.Join(d.path, name)); r != nil {
+		return r.Err
+	}
+	return d.d.RemoveDir(name)
+}
+
+func (d *dir) Rename(oldname, newname string) error {
+	if r := d.fs.fault(OpRename, filepath.Join(d.path, oldname)); r != nil {
+		return r.Err
+	}
+	return d.d.Rename(oldname, newname)
+}
+
+func (d *dir) ReadDir() ([]string, error) {
+	if r := d.fs.fault(OpReadDir, d.path); r != nil {
+		return nil, r.Err
+	}
+	return d.d.ReadDir()
+}
+
+func (d *dir) Stat() (spill.Info, error) {
+	if r := d.fs.fault(OpStat, d.path); r != nil {
+		return spill.Info{}, r.Err
+	}
+	return d.d.Stat()
+}
+
+func (d *dir) Close() error { return d.d.Close() }
+
+// lockFile is a lock taken through a FS.
+type lockFile struct {
+	fs   *FS
+	path string
+	l    spill.LockFile
+}
+
+func (l *lockFile) Stat() (spill.Info, error) {
+	if r := l.fs.fault(OpStat, l.path); r != nil {
+		return spill.Info{}, r.Err
+	}
+	return l.l.Stat()
+}
+
+func (l *lockFile) Close() error { return l.l.Close() }
+
+// file is a file opened through a FS.
+type file struct {
+	fs   *FS
+	path string
 	f    spill.File
 }
 
-func (f *File) ReadAt(p []byte, off int64) (int, error) {
-	if r := f.fs.fault(OpRead, f.name); r != nil {
+func (f *file) ReadAt(p []byte, off int64) (int, error) {
+	if r := f.fs.fault(OpRead, f.path); r != nil {
 		if !r.Partial {
 			return 0, r.Err
 		}
@@ -168,8 +248,8 @@ func (f *File) ReadAt(p []byte, off int64) (int, error) {
 	return f.f.ReadAt(p, off)
 }
 
-func (f *File) WriteAt(p []byte, off int64) (int, error) {
-	if r := f.fs.fault(OpWrite, f.name); r != nil {
+func (f *file) WriteAt(p []byte, off int64) (int, error) {
+	if r := f.fs.fault(OpWrite, f.path); r != nil {
 		if !r.Partial {
 			return 0, r.Err
 		}
@@ -182,23 +262,23 @@ func (f *File) WriteAt(p []byte, off int64) (int, error) {
 	return f.f.WriteAt(p, off)
 }
 
-func (f *File) Truncate(size int64) error {
-	if r := f.fs.fault(OpTruncate, f.name); r != nil {
+func (f *file) Truncate(size int64) error {
+	if r := f.fs.fault(OpTruncate, f.path); r != nil {
 		return r.Err
 	}
 	return f.f.Truncate(size)
 }
 
-func (f *File) Sync() error {
-	if r := f.fs.fault(OpSync, f.name); r != nil {
+func (f *file) Sync() error {
+	if r := f.fs.fault(OpSync, f.path); r != nil {
 		return r.Err
 	}
 	return f.f.Sync()
 }
 
-func (f *File) Close() error {
+func (f *file) Close() error {
 	err := f.f.Close()
-	if r := f.fs.fault(OpClose, f.name); r != nil {
+	if r := f.fs.fault(OpClose, f.path); r != nil {
 		return r.Err
 	}
 	return err

@@ -1,0 +1,19 @@
+//go:build unix && (!linux || spill_osroot)
+
+package spill
+
+import (
+	"io/fs"
+	"syscall"
+)
+
+func infoOf(fi fs.FileInfo) Info {
+	info := Info{Mode: fi.Mode(), UID: -1, Nlink: 1}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		info.UID = int(st.Uid)
+		info.Nlink = uint64(st.Nlink)
+		info.Dev = uint64(st.Dev)
+		info.Ino = uint64(st.Ino)
+	}
+	return info
+}
