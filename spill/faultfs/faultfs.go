@@ -7,6 +7,7 @@
 package faultfs
 
 import (
+	"errors"
 	"io/fs"
 	"path/filepath"
 	"sync"
@@ -49,11 +50,24 @@ type Rule struct {
 	Match func(path string) bool // nil matches every path; for Dir methods, the directory's path joined with the name
 	Skip  int                    // let this many matching operations succeed first
 	Count int                    // fail this many times, then stop; 0 = forever
-	Err   error                  // the error returned; must not be nil
+	// Err is the error the operation returns; nil means ErrInjected, except with Partial.
+	Err error
 	// Partial, for OpWrite and OpRead, transfers the first half of the bytes before failing with
-	// Err, as a disk filling up mid-write does. With a nil Err a partial write returns no error at
-	// all (a short write that breaks the io.WriterAt contract).
+	// Err, as a disk filling up mid-write does. With a nil Err the partial transfer returns no
+	// error at all: a short write or read that breaks the io.WriterAt or io.ReaderAt contract, as
+	// a faulty file system might.
 	Partial bool
+}
+
+// ErrInjected is the error of a fault whose Rule has no Err.
+var ErrInjected = errors.New("faultfs: injected fault")
+
+// err is the error r injects into an operation that is not a partial transfer.
+func (r *Rule) err() error {
+	if r.Err == nil {
+		return ErrInjected
+	}
+	return r.Err
 }
 
 type rule struct {
@@ -118,7 +132,7 @@ func (f *FS) fault(op Op, path string) *Rule {
 // OpenDir opens a directory of the base FS, whose operations then go through f's rules.
 func (f *FS) OpenDir(path string) (spill.Dir, error) {
 	if r := f.fault(OpOpenDir, path); r != nil {
-		return nil, r.Err
+		return nil, r.err()
 	}
 	d, err := f.base.OpenDir(path)
 	if err != nil {
@@ -137,7 +151,7 @@ type dir struct {
 func (d *dir) OpenFile(name string, flag int, perm fs.FileMode) (spill.File, error) {
 	p := filepath.Join(d.path, name)
 	if r := d.fs.fault(OpOpen, p); r != nil {
-		return nil, r.Err
+		return nil, r.err()
 	}
 	f, err := d.d.OpenFile(name, flag, perm)
 	if err != nil {
@@ -149,7 +163,7 @@ func (d *dir) OpenFile(name string, flag int, perm fs.FileMode) (spill.File, err
 func (d *dir) Lock(name string, create bool) (spill.LockFile, error) {
 	p := filepath.Join(d.path, name)
 	if r := d.fs.fault(OpLock, p); r != nil {
-		return nil, r.Err
+		return nil, r.err()
 	}
 	l, err := d.d.Lock(name, create)
 	if err != nil {
@@ -160,7 +174,7 @@ func (d *dir) Lock(name string, create bool) (spill.LockFile, error) {
 
 func (d *dir) Mkdir(name string, perm fs.FileMode) error {
 	if r := d.fs.fault(OpMkdir, filepath.Join(d.path, name)); r != nil {
-		return r.Err
+		return r.err()
 	}
 	return d.d.Mkdir(name, perm)
 }
@@ -168,7 +182,7 @@ func (d *dir) Mkdir(name string, perm fs.FileMode) error {
 func (d *dir) OpenDir(name string) (spill.Dir, error) {
 	p := filepath.Join(d.path, name)
 	if r := d.fs.fault(OpOpenDir, p); r != nil {
-		return nil, r.Err
+		return nil, r.err()
 	}
 	sub, err := d.d.OpenDir(name)
 	if err != nil {
@@ -179,35 +193,35 @@ func (d *dir) OpenDir(name string) (spill.Dir, error) {
 
 func (d *dir) Remove(name string) error {
 	if r := d.fs.fault(OpRemove, filepath.Join(d.path, name)); r != nil {
-		return r.Err
+		return r.err()
 	}
 	return d.d.Remove(name)
 }
 
 func (d *dir) RemoveDir(name string) error {
 	if r := d.fs.fault(OpRemove, filepath.Join(d.path, name)); r != nil {
-		return r.Err
+		return r.err()
 	}
 	return d.d.RemoveDir(name)
 }
 
 func (d *dir) Rename(oldname, newname string) error {
 	if r := d.fs.fault(OpRename, filepath.Join(d.path, oldname)); r != nil {
-		return r.Err
+		return r.err()
 	}
 	return d.d.Rename(oldname, newname)
 }
 
 func (d *dir) ReadDir() ([]string, error) {
 	if r := d.fs.fault(OpReadDir, d.path); r != nil {
-		return nil, r.Err
+		return nil, r.err()
 	}
 	return d.d.ReadDir()
 }
 
 func (d *dir) Stat() (spill.Info, error) {
 	if r := d.fs.fault(OpStat, d.path); r != nil {
-		return spill.Info{}, r.Err
+		return spill.Info{}, r.err()
 	}
 	return d.d.Stat()
 }
@@ -223,7 +237,7 @@ type lockFile struct {
 
 func (l *lockFile) Stat() (spill.Info, error) {
 	if r := l.fs.fault(OpStat, l.path); r != nil {
-		return spill.Info{}, r.Err
+		return spill.Info{}, r.err()
 	}
 	return l.l.Stat()
 }
@@ -240,7 +254,7 @@ type file struct {
 func (f *file) ReadAt(p []byte, off int64) (int, error) {
 	if r := f.fs.fault(OpRead, f.path); r != nil {
 		if !r.Partial {
-			return 0, r.Err
+			return 0, r.err()
 		}
 		n, _ := f.f.ReadAt(p[:len(p)/2], off)
 		return n, r.Err
@@ -251,7 +265,7 @@ func (f *file) ReadAt(p []byte, off int64) (int, error) {
 func (f *file) WriteAt(p []byte, off int64) (int, error) {
 	if r := f.fs.fault(OpWrite, f.path); r != nil {
 		if !r.Partial {
-			return 0, r.Err
+			return 0, r.err()
 		}
 		n, err := f.f.WriteAt(p[:len(p)/2], off)
 		if err != nil {
@@ -264,14 +278,14 @@ func (f *file) WriteAt(p []byte, off int64) (int, error) {
 
 func (f *file) Truncate(size int64) error {
 	if r := f.fs.fault(OpTruncate, f.path); r != nil {
-		return r.Err
+		return r.err()
 	}
 	return f.f.Truncate(size)
 }
 
 func (f *file) Sync() error {
 	if r := f.fs.fault(OpSync, f.path); r != nil {
-		return r.Err
+		return r.err()
 	}
 	return f.f.Sync()
 }
@@ -279,7 +293,7 @@ func (f *file) Sync() error {
 func (f *file) Close() error {
 	err := f.f.Close()
 	if r := f.fs.fault(OpClose, f.path); r != nil {
-		return r.Err
+		return r.err()
 	}
 	return err
 }
