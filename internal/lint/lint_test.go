@@ -6,6 +6,7 @@ import (
 	"go/token"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -91,4 +92,58 @@ func TestCoreHasNoGoroutinesOrClock(t *testing.T) {
 			})
 		}
 	}
+}
+
+// TestSpillResolvesNamesInDirectories: below the directory its caller names, package spill
+// reaches files only through directory handles (openat and its relatives, or os.Root), never by
+// a path, which a co-tenant of a shared directory could redirect with a symbolic link. Path-based
+// calls are allowed only in osFS.OpenDir, which opens the caller's own path.
+func TestSpillResolvesNamesInDirectories(t *testing.T) {
+	byPath := map[string][]string{
+		"os": {"Chmod", "Chown", "Chtimes", "Create", "CreateTemp", "Lchown", "Link", "Lstat", "Mkdir",
+			"MkdirAll", "MkdirTemp", "Open", "OpenFile", "OpenRoot", "ReadDir", "ReadFile", "Readlink", "Remove",
+			"RemoveAll", "Rename", "Stat", "Symlink", "Truncate", "WriteFile"},
+		"syscall": {"Access", "Chmod", "Chown", "Creat", "Lchown", "Link", "Lstat", "Mkdir", "Mkfifo", "Mknod",
+			"Open", "Readlink", "Rename", "Rmdir", "Stat", "Symlink", "Truncate", "Unlink", "Utimes"},
+	}
+	files, err := filepath.Glob(filepath.Join("..", "..", "spill", "*.go"))
+	require.NoError(t, err)
+	require.NotEmpty(t, files)
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		file, err := parser.ParseFile(token.NewFileSet(), f, nil, 0)
+		require.NoError(t, err)
+		for _, decl := range file.Decls {
+			if fn, ok := decl.(*ast.FuncDecl); ok && fn.Name.Name == "OpenDir" && receiver(fn) == "osFS" {
+				continue
+			}
+			ast.Inspect(decl, func(n ast.Node) bool {
+				sel, ok := n.(*ast.SelectorExpr)
+				if !ok {
+					return true
+				}
+				if pkg, ok := sel.X.(*ast.Ident); ok && slices.Contains(byPath[pkg.Name], sel.Sel.Name) {
+					t.Errorf("%s: %s.%s resolves a path; use a spill.Dir", f, pkg.Name, sel.Sel.Name)
+				}
+				return true
+			})
+		}
+	}
+}
+
+// receiver returns the type name of fn's receiver, or "".
+func receiver(fn *ast.FuncDecl) string {
+	if fn.Recv == nil || len(fn.Recv.List) == 0 {
+		return ""
+	}
+	typ := fn.Recv.List[0].Type
+	if star, ok := typ.(*ast.StarExpr); ok {
+		typ = star.X
+	}
+	if id, ok := typ.(*ast.Ident); ok {
+		return id.Name
+	}
+	return ""
 }
