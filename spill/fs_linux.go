@@ -56,7 +56,7 @@ func (d *osDir) OpenFile(name string, flag int, perm fs.FileMode) (File, error) 
 	if err != nil {
 		return nil, err
 	}
-	return &rawFile{fd: fd, name: d.join(name)}, nil
+	return &rawFile{fd: fd, dir: d, name: name}, nil
 }
 
 func (d *osDir) Lock(name string, create bool) (LockFile, error) {
@@ -237,8 +237,12 @@ func closeFD(fd *int, name string) error {
 // log and buys nothing for regular files.
 type rawFile struct {
 	fd   int
-	name string
+	dir  *osDir
+	name string // in dir
 }
+
+// path returns the file's path, for errors (built only then: opening files is a hot path).
+func (f *rawFile) path() string { return f.dir.join(f.name) }
 
 func (f *rawFile) ReadAt(p []byte, off int64) (int, error) {
 	n := 0
@@ -248,7 +252,7 @@ func (f *rawFile) ReadAt(p []byte, off int64) (int, error) {
 			continue
 		}
 		if err != nil {
-			return n, &fs.PathError{Op: "read", Path: f.name, Err: err}
+			return n, &fs.PathError{Op: "read", Path: f.path(), Err: err}
 		}
 		if m == 0 {
 			return n, io.EOF
@@ -266,10 +270,10 @@ func (f *rawFile) WriteAt(p []byte, off int64) (int, error) {
 			continue
 		}
 		if err != nil {
-			return n, &fs.PathError{Op: "write", Path: f.name, Err: err}
+			return n, &fs.PathError{Op: "write", Path: f.path(), Err: err}
 		}
 		if m == 0 {
-			return n, &fs.PathError{Op: "write", Path: f.name, Err: io.ErrShortWrite}
+			return n, &fs.PathError{Op: "write", Path: f.path(), Err: io.ErrShortWrite}
 		}
 		n += m
 	}
@@ -278,16 +282,26 @@ func (f *rawFile) WriteAt(p []byte, off int64) (int, error) {
 
 func (f *rawFile) Truncate(size int64) error {
 	if _, err := retry(func() (int, error) { return 0, syscall.Ftruncate(f.fd, size) }); err != nil {
-		return &fs.PathError{Op: "truncate", Path: f.name, Err: err}
+		return &fs.PathError{Op: "truncate", Path: f.path(), Err: err}
 	}
 	return nil
 }
 
 func (f *rawFile) Sync() error {
 	if _, err := retry(func() (int, error) { return 0, syscall.Fsync(f.fd) }); err != nil {
-		return &fs.PathError{Op: "sync", Path: f.name, Err: err}
+		return &fs.PathError{Op: "sync", Path: f.path(), Err: err}
 	}
 	return nil
 }
 
-func (f *rawFile) Close() error { return closeFD(&f.fd, f.name) }
+func (f *rawFile) Close() error {
+	if f.fd < 0 {
+		return &fs.PathError{Op: "close", Path: f.path(), Err: os.ErrClosed}
+	}
+	err := syscall.Close(f.fd) // never retried on EINTR: the descriptor is gone either way
+	f.fd = -1
+	if err != nil {
+		return &fs.PathError{Op: "close", Path: f.path(), Err: err}
+	}
+	return nil
+}
