@@ -281,7 +281,7 @@ func (c *cursor) tupleInto(buf []Column) Tuple {
 		off++
 		switch k {
 		case ColumnNull, ColumnUnchanged:
-			cols[i].Kind = k
+			cols[i] = Column{Kind: k} // no Data: a reused buffer must not keep an earlier value
 		case ColumnText, ColumnBinary:
 			if len(b)-off < 4 {
 				c.fail(len(b), ErrTruncated)
