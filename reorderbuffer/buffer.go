@@ -25,7 +25,7 @@ type Buffer struct {
 	cur   *xact             // receiving changes: inside a stream block, or between Begin and Commit
 	pool  pool
 
-	queue  []*Txn // committed, not yet handed out by Next, in commit order
+	queue  []*Txn // committed (or parts), not yet handed out by Next, in commit order
 	lent   *Txn   // handed out by the last Next; released by the next Next or Close
 	schema *schema
 	prog   progress
@@ -33,6 +33,8 @@ type Buffer struct {
 	stats Stats
 	err   error
 	done  bool
+
+	partMax int64 // in parts: hand out what a transaction received once it is this many bytes
 
 	noAccounting bool // benchmarks only: measure what memory accounting costs
 }
@@ -52,6 +54,7 @@ func New(cfg Config) (*Buffer, error) {
 		pool:   newPool(cfg.limit()),
 		schema: &schema{},
 		prog:   newProgress(cfg.SkipThrough),
+		partMax: partSize(cfg.limit()),
 		evict: heap.New(func(x, y *xact) bool { return x.mem.bytes() > y.mem.bytes() },
 			func(t *xact) *heap.Node[*xact] { return &t.node }),
 	}
@@ -137,6 +140,15 @@ func (b *Buffer) add(lsn LSN, data []byte) error {
 		if old != nil && old.streamed && !old.prepared {
 			t.overStream = true
 		}
+		if b.cfg.Incremental && h.Type == decoding.MsgBegin {
+			m, err := b.ctl.Parse(data, false)
+			if err != nil {
+				return err
+			}
+			// Committed at or before the skip position: handing it out in parts would only
+			// make the consumer undo them.
+			t.quiet = m.(*decoding.Begin).FinalLSN < b.skip
+		}
 		b.cur = t
 	case decoding.MsgOrigin:
 		m, err := b.ctl.Parse(data, false)
@@ -193,6 +205,9 @@ func (b *Buffer) add(lsn LSN, data []byte) error {
 		b.stats.StreamCount++
 		b.cur = t
 	case decoding.MsgStreamStop:
+		if t := b.cur; t != nil && b.partable(t) && t.partBytes > 0 {
+			b.cut(t)
+		}
 		b.cur = nil
 	case decoding.MsgStreamAbort:
 		t := b.xacts[h.Xid]
@@ -202,6 +217,7 @@ func (b *Buffer) add(lsn LSN, data []byte) error {
 			// prepared transaction ends with COMMIT PREPARED or ROLLBACK PREPARED only.
 		case h.SubXid == h.Xid:
 			b.stats.AbortedTxns++
+			b.undo(t)
 			return b.drop(t)
 		default:
 			return b.abortSub(t, h.SubXid)
@@ -248,6 +264,7 @@ func (b *Buffer) add(lsn LSN, data []byte) error {
 		b.prog.receive(r.RollbackEndLSN)
 		if t := b.xacts[r.Xid]; t != nil && t.prepared {
 			b.stats.AbortedTxns++
+			b.undo(t)
 			return b.drop(t)
 		}
 		// Prepared before the resume position and rolled back after it: nothing was handed out.
@@ -270,10 +287,10 @@ func (b *Buffer) missing(xid uint32, gid string, lsn, end LSN, what string) erro
 }
 
 // open starts holding a transaction, replacing an older one with the same xid (the server sends
-// a transaction again from its start after a restart). A held prepared transaction is not let go
-// of until its replacement is prepared in turn: if the replacement is dropped (a Restart while it
-// is received again), the held one comes back, and with it the pin that keeps the flush position
-// before its PREPARE.
+// a transaction again from its start after a restart). A held prepared transaction stays held
+// while it is received again: when the replacement reaches its PREPARE it is dropped and the held
+// one kept, and if it is dropped earlier (a Restart while it is received again) the held one is
+// simply back. Either way the pin that keeps the flush position before the PREPARE never lapses.
 func (b *Buffer) open(xid uint32) *xact {
 	t := &xact{xid: xid}
 	if old := b.xacts[xid]; old != nil {
@@ -284,6 +301,7 @@ func (b *Buffer) open(xid uint32) *xact {
 		default:
 			t.replaces, old.replaces = old.replaces, nil
 			b.stats.RestartedTxns++
+			b.undo(old)
 			b.dropErr(old)
 		}
 	}
@@ -299,17 +317,14 @@ func (b *Buffer) dropErr(t *xact) {
 	}
 }
 
-// settle ends the wait of a replacement: the held transaction it replaces is let go of, its pin
-// passing to t when t is prepared.
+// settle lets go of the held prepared transaction t replaces, if any, when t ends otherwise
+// than by a PREPARE (which the server would not do for the same transaction).
 func (b *Buffer) settle(t *xact) error {
 	old := t.replaces
 	if old == nil {
 		return nil
 	}
 	t.replaces = nil
-	if old.pinned && t.prepared && !t.pinned {
-		old.pinned, t.pinned = false, true
-	}
 	b.stats.RestartedTxns++
 	return b.drop(old)
 }
@@ -337,9 +352,10 @@ func (b *Buffer) record(h decoding.Header, data []byte, schema bool) error {
 		desc = m
 	}
 	// The in-stream record keeps the type byte and the body: the writer's xid is only needed
-	// for the subtransaction list below.
+	// for the subtransaction list below. Handed out in parts, a streamed transaction's changes
+	// keep it: the consumer undoes a subtransaction's changes itself.
 	head, body := data, []byte(nil)
-	if h.InStream {
+	if h.InStream && !b.cfg.Incremental {
 		if len(data) < 5 {
 			return fmt.Errorf("%w: short in-stream message", ErrProtocol)
 		}
@@ -361,11 +377,17 @@ func (b *Buffer) record(h decoding.Header, data []byte, schema bool) error {
 	}
 	t.mem.appendRecord(chunk, head, body)
 	t.bytes += int64(len(data))
+	t.partBytes += int64(len(data))
 	if chunk != nil {
 		b.grew(t)
 		if b.pool.mem > b.pool.limit { // the chunk alone was larger than the room left
-			return b.makeRoom(0)
+			if err := b.makeRoom(0); err != nil {
+				return err
+			}
 		}
+	}
+	if t.partBytes >= b.partMax && b.partable(t) {
+		b.cut(t)
 	}
 	return nil
 }
@@ -464,8 +486,22 @@ func (b *Buffer) spill(t *xact) error {
 	return nil
 }
 
-// abortSub cuts t back to where subtransaction sub first wrote.
+// abortSub cuts t back to where subtransaction sub first wrote. In parts, if that was in a part
+// already handed out, the consumer is told to undo it, and what t holds goes (it all came after).
 func (b *Buffer) abortSub(t *xact, sub uint32) error {
+	if t.handed != nil {
+		if blk, j, _ := t.handed.findSpilled(sub); blk >= 0 {
+			t.handed.cutSpilled(blk, j)
+			released, err := t.free(b.recycle)
+			b.released(t, released)
+			if err != nil {
+				return err
+			}
+			b.stats.AbortedSubxacts++
+			b.enqueueMark(t, PartSubAbort, sub)
+			return nil
+		}
+	}
 	found, released, err := t.abortSub(sub, b.recycle)
 	b.released(t, released)
 	if err != nil {
@@ -484,10 +520,16 @@ func (b *Buffer) abortSub(t *xact, sub uint32) error {
 // PREPARE on: transactions that commit before COMMIT PREPARED may use those relations without
 // describing them again. So the transaction's descriptions take effect now, in stream order.
 func (b *Buffer) hold(t *xact, gid string, prepareLSN, endLSN LSN) error {
-	t.prepared = true
-	if err := b.settle(t); err != nil {
-		return err
+	b.prog.receive(endLSN)
+	if old := t.replaces; old != nil {
+		// The same prepared transaction, sent again after a restart: the one held has it all
+		// (and, handed out in parts, what the consumer applied), so keep that one.
+		t.replaces = nil
+		b.xacts[t.xid] = old
+		b.stats.RestartedTxns++
+		return b.free(t)
 	}
+	t.prepared = true
 	meta := t.metadata()
 	meta.gid, meta.prepareLSN = gid, prepareLSN
 	meta.base = b.describe(t)
@@ -495,7 +537,6 @@ func (b *Buffer) hold(t *xact, gid string, prepareLSN, endLSN LSN) error {
 		t.pinned = true
 		b.prog.pin(t.xid, prepareLSN)
 	}
-	b.prog.receive(endLSN)
 	return nil
 }
 
@@ -508,15 +549,19 @@ func (b *Buffer) hold(t *xact, gid string, prepareLSN, endLSN LSN) error {
 func (b *Buffer) describe(t *xact) *schema {
 	base := b.schema
 	base.shared++
-	for i, e := range t.schema {
-		if b.schema.describes(e.msg) {
+	msgs := t.described
+	for _, e := range t.schema {
+		msgs = append(msgs[:len(msgs):len(msgs)], e.msg)
+	}
+	for i, m := range msgs {
+		if b.schema.describes(m) {
 			continue
 		}
 		if b.schema == base {
 			b.schema = base.clone()
 		}
-		for _, e := range t.schema[i:] {
-			b.schema.set(e.msg)
+		for _, m := range msgs[i:] {
+			b.schema.set(m)
 		}
 		break
 	}
@@ -527,6 +572,15 @@ func unshare(s *schema) {
 	if s != nil {
 		s.shared--
 	}
+}
+
+// sharedOf returns the schema whose share a view with base holds: base, or the current-schema
+// snapshot a transaction's own earlier descriptions are layered on.
+func sharedOf(base *schema) *schema {
+	for base.parent != nil {
+		base = base.parent
+	}
+	return base
 }
 
 // finish hands a committed transaction to the queue, or drops it if the consumer already has it.
@@ -550,7 +604,15 @@ func (b *Buffer) finish(t *xact, commitLSN, endLSN LSN, at time.Time, gid string
 			t.pinned = false
 			b.prog.unpin(t.xid)
 		}
+		b.undo(t) // parts handed out before the commit showed it was the consumer's already
 		return b.free(t)
+	}
+	if len(t.described) > 0 { // the descriptions of earlier parts come first
+		local := &schema{parent: base}
+		for _, m := range t.described {
+			local.set(m)
+		}
+		base, local.shared = local, 0
 	}
 	x := &Txn{
 		Xid:        t.xid,
@@ -561,8 +623,11 @@ func (b *Buffer) finish(t *xact, commitLSN, endLSN LSN, at time.Time, gid string
 		Streamed:   t.streamed,
 		b:          b,
 		data:       t,
-		view:       view{base: base},
+		view:       view{base: base, shared: sharedOf(base)},
 		pinned:     t.pinned,
+	}
+	if b.cfg.Incremental {
+		x.Part = PartCommit
 	}
 	t.pinned = false
 	if m := t.meta; m != nil {
@@ -595,7 +660,7 @@ func (b *Buffer) nonTransactional(m *decoding.LogicalMessage, data []byte) error
 	}
 	base := b.schema
 	base.shared++
-	x := &Txn{EndLSN: m.LSN, CommitLSN: m.LSN, NonTransactional: true, b: b, data: t, view: view{base: base}}
+	x := &Txn{EndLSN: m.LSN, CommitLSN: m.LSN, NonTransactional: true, b: b, data: t, view: view{base: base, shared: base}}
 	x.seq = b.prog.enqueue(m.LSN)
 	b.queue = append(b.queue, x)
 	return nil
@@ -677,7 +742,7 @@ func (b *Buffer) release(x *Txn) error {
 		return nil
 	}
 	x.released = true
-	unshare(x.view.base)
+	unshare(x.view.shared)
 	x.view = view{}
 	t := x.data
 	x.data = nil
@@ -687,7 +752,8 @@ func (b *Buffer) release(x *Txn) error {
 // Ack records that the consumer has durably handled t. Transactions may be acknowledged in any
 // order; the flush position only passes a transaction once it and all before it are acknowledged.
 // Acknowledging t again does nothing. A nil t, or one another Buffer handed out, is an error
-// (ErrForeignTxn) and changes nothing.
+// (ErrForeignTxn) and changes nothing, and so is acknowledging a part that does not commit
+// (ErrNotCommit).
 //
 // Ack, AckedThrough and FlushPosition touch only the buffer's acknowledgement state: they may run
 // while another goroutine reads a handed-out transaction's Changes, as long as they are not
@@ -695,6 +761,9 @@ func (b *Buffer) release(x *Txn) error {
 func (b *Buffer) Ack(t *Txn) error {
 	if t == nil || t.b != b {
 		return ErrForeignTxn
+	}
+	if t.Part != Whole && t.Part != PartCommit {
+		return fmt.Errorf("%w (a %v part)", ErrNotCommit, t.Part)
 	}
 	if b.prog.ack(t.seq) && t.pinned {
 		b.prog.unpin(t.Xid)
@@ -733,6 +802,7 @@ func (b *Buffer) Restart() error {
 	b.cur = nil
 	for _, t := range b.xacts {
 		if !t.prepared {
+			b.undo(t)
 			if err := b.drop(t); err != nil {
 				b.err = err
 				return err

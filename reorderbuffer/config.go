@@ -47,6 +47,16 @@ type Config struct {
 	// protocol 4 abort LSN and time). The zero value accepts every version and detects the rest.
 	Decoding decoding.Options
 
+	// Incremental hands transactions out in parts as they arrive instead of whole at their
+	// commit: a streamed transaction's changes at the end of each stream block (or every few
+	// hundred kilobytes), a plain transaction's as it arrives, then what to undo (a
+	// subtransaction or the whole transaction) or the commit, each as a Txn with its Part set.
+	// Inside a streamed transaction every change carries the xid of the subtransaction that wrote
+	// it, so that a consumer can take a savepoint before each subtransaction's first change. See
+	// PartKind. Prepared transactions are handed out in parts up to their PREPARE, then held until
+	// COMMIT PREPARED.
+	Incremental bool
+
 	// SkipThrough is the consumer's last durable position: the end LSN of the last transaction it
 	// applied before a restart. Transactions that end at or before it are dropped instead of being
 	// handed out again, as PostgreSQL's subscriber does with its replication origin.

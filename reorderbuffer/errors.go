@@ -23,6 +23,10 @@ var (
 	// ErrForeignTxn is returned by Ack for a nil transaction or one another Buffer handed out.
 	ErrForeignTxn = errors.New("reorderbuffer: Ack of a transaction this buffer did not hand out")
 
+	// ErrNotCommit is returned by Ack for a part of a transaction that does not commit it (see
+	// PartKind): only whole transactions and their commit parts are acknowledged.
+	ErrNotCommit = errors.New("reorderbuffer: Ack of a part that does not commit")
+
 	// ErrProtocol is wrapped by errors for streams that are well formed message by message but
 	// inconsistent as a whole, such as a continued stream of a transaction never started.
 	ErrProtocol = errors.New("reorderbuffer: protocol violation")

@@ -64,7 +64,7 @@ func (b *Buffer) CheckInvariants() error {
 		if x.data.pinned {
 			return fmt.Errorf("txn %d: its data still holds the pin", x.Xid)
 		}
-		shared[x.view.base]++
+		shared[x.view.shared]++
 	}
 	if err := b.pool.check(); err != nil {
 		return err

@@ -120,11 +120,42 @@ func ours(t testing.TB, recs []capture.Record, cfg reorderbuffer.Config) []strin
 		ns := r.Namespace
 		return change(op, ns, r.Name, names, kinds, vals)
 	}
+	// With Config.Incremental, parts are assembled as a consumer applying them would: a
+	// savepoint before each subtransaction's first change, undone on PartSubAbort.
+	type applying struct {
+		changes  []string
+		subStart map[uint32]int
+	}
+	open := map[uint32]*applying{}
 	for _, rec := range recs {
 		require.NoError(t, b.Add(rec.LSN, rec.Data))
 		for x, ok := b.Next(); ok; x, ok = b.Next() {
-			var cur []string
+			ap := open[x.Xid]
+			if ap == nil {
+				ap = &applying{subStart: map[uint32]int{}}
+			}
+			switch x.Part {
+			case reorderbuffer.PartAbort:
+				delete(open, x.Xid)
+				continue
+			case reorderbuffer.PartSubAbort:
+				cut, ok := ap.subStart[x.SubXid]
+				require.True(t, ok, "undo of subtransaction %d that wrote nothing handed out", x.SubXid)
+				ap.changes = ap.changes[:cut]
+				for s, i := range ap.subStart {
+					if i >= cut {
+						delete(ap.subStart, s)
+					}
+				}
+				continue
+			}
+			cur := ap.changes
 			for m, err := range x.Changes() {
+				if xid := changeXid(m); xid != 0 && xid != x.Xid {
+					if _, ok := ap.subStart[xid]; !ok {
+						ap.subStart[xid] = len(cur)
+					}
+				}
 				require.NoError(t, err)
 				switch m := m.(type) {
 				case *decoding.Insert:
@@ -149,13 +180,35 @@ func ours(t testing.TB, recs []capture.Record, cfg reorderbuffer.Config) []strin
 					cur = append(cur, fmt.Sprintf("message %v %q %q", m.Transactional(), m.Prefix, m.Content))
 				}
 			}
+			if x.Part == reorderbuffer.PartChanges {
+				ap.changes = cur
+				open[x.Xid] = ap
+				continue
+			}
+			delete(open, x.Xid)
 			if len(cur) > 0 {
 				out = append(out, strings.Join(cur, "\n"))
 			}
 			require.NoError(t, b.Ack(x))
 		}
 	}
+	require.Empty(t, open, "parts of transactions never ended")
 	return out
+}
+
+// changeXid returns the xid a change carries (in parts, the subtransaction that wrote it).
+func changeXid(m decoding.Message) uint32 {
+	switch m := m.(type) {
+	case *decoding.Insert:
+		return m.Xid
+	case *decoding.Update:
+		return m.Xid
+	case *decoding.Delete:
+		return m.Xid
+	case *decoding.Truncate:
+		return m.Xid
+	}
+	return 0
 }
 
 // sameLines compares two renderings transaction by transaction and change by change, reporting

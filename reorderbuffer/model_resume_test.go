@@ -94,6 +94,7 @@ type consumer struct {
 	acked   map[reorderbuffer.LSN]bool // end LSNs acknowledged, over all lives (durable)
 	confirm reorderbuffer.LSN          // the server's confirmed position
 	flushed reorderbuffer.LSN          // the last flush position of this Buffer
+	parts   assembler                  // with Config.Incremental: transactions being applied
 }
 
 // start makes a new Buffer resumed at skip (the consumer's durable position) and a new session.
@@ -106,6 +107,7 @@ func (c *consumer) start(skip reorderbuffer.LSN, first bool) {
 	c.b = b
 	c.handed = nil
 	c.flushed = 0
+	c.parts = assembler{} // a crash loses what was being applied
 	c.expect = c.expect[:0]
 	for _, w := range c.want {
 		if w.end > skip {
@@ -129,8 +131,11 @@ func (c *consumer) next(step int) bool {
 	if !ok {
 		return false
 	}
+	got, done := c.parts.take(c.t, x)
+	if !done {
+		return true
+	}
 	require.NotEmpty(c.t, c.expect, "step %d: handed out %d (end %s), the model has nothing more", step, x.Xid, x.EndLSN)
-	got := record(c.t, x)
 	require.Equal(c.t, c.expect[0], got, "step %d: handed out out of order, twice, or with other contents", step)
 	c.expect = c.expect[1:]
 	c.handed = append(c.handed, x)
@@ -157,28 +162,28 @@ func TestModelResume(t *testing.T) {
 	for r := range rounds {
 		s := seed + uint64(r)
 		for _, limit := range []int64{math.MaxInt64, 4 << 10, reorderbuffer.SpillEverything} {
-			resumeRound(t, s, 200, limit)
+			resumeRound(t, s, 200, limit, r%2 == 1)
 		}
 	}
 }
 
 // FuzzModelResume runs the resume model with fuzzer-chosen seeds, sizes and memory limits.
 func FuzzModelResume(f *testing.F) {
-	f.Add(uint64(1), uint16(200), uint8(0))
-	f.Add(uint64(2), uint16(50), uint8(1))
-	f.Add(uint64(3), uint16(300), uint8(2))
-	f.Fuzz(func(t *testing.T, seed uint64, steps uint16, limit uint8) {
+	f.Add(uint64(1), uint16(200), uint8(0), false)
+	f.Add(uint64(2), uint16(50), uint8(1), true)
+	f.Add(uint64(3), uint16(300), uint8(2), true)
+	f.Fuzz(func(t *testing.T, seed uint64, steps uint16, limit uint8, incremental bool) {
 		limits := []int64{math.MaxInt64, 4 << 10, reorderbuffer.SpillEverything, 64 << 10}
-		resumeRound(t, seed, int(steps%400), limits[int(limit)%len(limits)])
+		resumeRound(t, seed, int(steps%400), limits[int(limit)%len(limits)], incremental)
 	})
 }
 
 // resumeRound generates a stream from seed and consumes it with restarts and crashes.
-func resumeRound(t *testing.T, s uint64, steps int, limit int64) {
+func resumeRound(t *testing.T, s uint64, steps int, limit int64, incremental bool) {
 	g := generate(t, s, steps)
 	dir := t.TempDir()
 	c := &consumer{
-		t: t, rng: rand.New(rand.NewPCG(s, 7)), cfg: reorderbuffer.Config{WorkMem: limit, Dir: dir},
+		t: t, rng: rand.New(rand.NewPCG(s, 7)), cfg: reorderbuffer.Config{WorkMem: limit, Dir: dir, Incremental: incremental},
 		srv: newServer(t, g.out), want: g.want, acked: map[reorderbuffer.LSN]bool{},
 	}
 	c.start(0, true)
@@ -242,6 +247,7 @@ func resumeRound(t *testing.T, s uint64, steps int, limit int64) {
 		}
 	}
 	require.Empty(t, c.expect, "seed %d limit %d: transactions never handed out", s, limit)
+	require.Empty(t, c.parts.open, "seed %d limit %d: parts of transactions never ended", s, limit)
 	for _, w := range g.want {
 		require.True(t, c.acked[w.end], "seed %d limit %d: transaction ending at %s never acknowledged", s, limit, w.end)
 	}

@@ -475,6 +475,78 @@ func record(t testing.TB, x *reorderbuffer.Txn) wantTxn {
 	return out
 }
 
+// assembler is a consumer of parts (Config.Incremental): it applies each part as it comes,
+// takes a "savepoint" at each subtransaction's first change, undoes what it is told to, and
+// renders a transaction as the model writes it when it commits.
+type assembler struct {
+	open map[uint32]*applying
+}
+
+type applying struct {
+	out      wantTxn
+	subStart map[uint32]int // subtransaction -> index of its first value
+}
+
+// take handles one handed-out Txn; it returns the transaction rendered when it is complete.
+func (a *assembler) take(t testing.TB, x *reorderbuffer.Txn) (wantTxn, bool) {
+	t.Helper()
+	if x.Part == reorderbuffer.Whole {
+		require.Nil(t, a.open[x.Xid], "a whole transaction while parts of it are open")
+		return record(t, x), true
+	}
+	if a.open == nil {
+		a.open = map[uint32]*applying{}
+	}
+	ap := a.open[x.Xid]
+	if ap == nil {
+		require.NotEqual(t, reorderbuffer.PartSubAbort, x.Part, "undo of a transaction never begun")
+		require.NotEqual(t, reorderbuffer.PartAbort, x.Part, "abort of a transaction never begun")
+		ap = &applying{subStart: map[uint32]int{}}
+		a.open[x.Xid] = ap
+	}
+	switch x.Part {
+	case reorderbuffer.PartSubAbort:
+		cut, ok := ap.subStart[x.SubXid]
+		require.True(t, ok, "undo of subtransaction %d that wrote nothing handed out", x.SubXid)
+		ap.out.values = ap.out.values[:cut]
+		if cut == 0 {
+			ap.out.values = nil
+		}
+		for s, i := range ap.subStart {
+			if i >= cut {
+				delete(ap.subStart, s)
+			}
+		}
+		return wantTxn{}, false
+	case reorderbuffer.PartAbort:
+		delete(a.open, x.Xid)
+		return wantTxn{}, false
+	}
+	for m, err := range x.Changes() {
+		require.NoError(t, err)
+		switch m := m.(type) {
+		case *decoding.Insert:
+			if m.Xid != 0 && m.Xid != x.Xid {
+				if _, ok := ap.subStart[m.Xid]; !ok {
+					ap.subStart[m.Xid] = len(ap.out.values)
+				}
+			}
+			r, ok := x.Relation(m.RelationID)
+			require.True(t, ok, "insert into undescribed relation %d", m.RelationID)
+			ap.out.values = append(ap.out.values, string(m.New[0].Data)+"@"+r.Columns[0].Name)
+		case *decoding.LogicalMessage:
+			ap.out.values = append(ap.out.values, "message:"+string(m.Content))
+		}
+	}
+	if x.Part != reorderbuffer.PartCommit {
+		return wantTxn{}, false
+	}
+	delete(a.open, x.Xid)
+	out := ap.out
+	out.xid, out.gid, out.end = x.Xid, x.GID, x.EndLSN
+	return out, true
+}
+
 // run feeds the stream to a Buffer and returns what came out, checking the memory limit and
 // the invariants after every message.
 func run(t testing.TB, stream []wire, cfg reorderbuffer.Config) ([]wantTxn, reorderbuffer.Stats) {
@@ -486,15 +558,22 @@ func run(t testing.TB, stream []wire, cfg reorderbuffer.Config) ([]wantTxn, reor
 	if limit < 0 {
 		limit = 0
 	}
+	var a assembler
 	for i, w := range stream {
 		require.NoError(t, b.Add(w.lsn, w.data), "message %d", i)
 		for x, ok := b.Next(); ok; x, ok = b.Next() {
-			got = append(got, record(t, x))
+			out, done := a.take(t, x)
+			if !done {
+				require.ErrorIs(t, b.Ack(x), reorderbuffer.ErrNotCommit)
+				continue
+			}
+			got = append(got, out)
 			require.NoError(t, b.Ack(x))
 		}
 		require.LessOrEqual(t, b.Stats().MemoryBytes, limit, "memory over the limit after message %d", i)
 		require.NoError(t, b.CheckInvariants(), "after message %d", i)
 	}
+	require.Empty(t, a.open, "parts of transactions never ended")
 	st := b.Stats()
 	require.NoError(t, b.Close())
 	require.NoError(t, b.Close(), "Close twice")
@@ -520,10 +599,11 @@ func TestModel(t *testing.T) {
 	for r := range rounds {
 		s := seed + uint64(r)
 		g := generate(t, s, 300)
-		for _, limit := range []int64{math.MaxInt64, 1 << 20, 4 << 10, reorderbuffer.SpillEverything} {
+		for i, limit := range []int64{math.MaxInt64, 1 << 20, 4 << 10, reorderbuffer.SpillEverything} {
 			dir := t.TempDir()
-			got, st := run(t, g.out, reorderbuffer.Config{WorkMem: limit, Dir: dir})
-			require.Equal(t, g.want, got, "seed %d limit %d", s, limit)
+			incremental := (r+i)%2 == 1
+			got, st := run(t, g.out, reorderbuffer.Config{WorkMem: limit, Dir: dir, Incremental: incremental})
+			require.Equal(t, g.want, got, "seed %d limit %d incremental %v", s, limit, incremental)
 			if limit > 0 {
 				require.LessOrEqual(t, st.PeakMemoryBytes, limit, "seed %d: peak memory over the limit", s)
 			}

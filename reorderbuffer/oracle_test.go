@@ -114,9 +114,13 @@ func checkCaptures(t *testing.T, caps []pgtest.Capture) {
 				Decoding: decoding.Options{ProtoVersion: c.Variant.ProtoVersion},
 			})
 			require.Equal(t, plain, comparable(t, lines), "%s at work mem %d", c.Variant.Name, limit)
-			sameLines(t, independent, ours(t, c.Records, reorderbuffer.Config{
-				WorkMem: limit, Dir: dir, Decoding: decoding.Options{ProtoVersion: c.Variant.ProtoVersion},
-			}), fmt.Sprintf("%s at work mem %d, against pglogrepl's reading of the plain stream", c.Variant.Name, limit))
+			for _, incremental := range []bool{false, true} {
+				sameLines(t, independent, ours(t, c.Records, reorderbuffer.Config{
+					WorkMem: limit, Dir: dir, Decoding: decoding.Options{ProtoVersion: c.Variant.ProtoVersion},
+					Incremental: incremental,
+				}), fmt.Sprintf("%s at work mem %d (incremental %v), against pglogrepl's reading of the plain stream",
+					c.Variant.Name, limit, incremental))
+			}
 			streamedAny = streamedAny || st.StreamTxns > 0
 			if limit == reorderbuffer.SpillEverything && st.StreamTxns > 0 {
 				require.Positive(t, st.SpillBytes)

@@ -102,8 +102,9 @@ type schemaEntry struct {
 // view is what a handed-out transaction resolves names against: the schema in effect before
 // it, and the descriptions read so far from its own records.
 type view struct {
-	base  *schema // shared by the transaction while it is not released
-	local *schema // descriptions read from the transaction itself; nil until the first
+	base   *schema // the schema before the transaction's own descriptions
+	shared *schema // the current-schema snapshot base is (or is layered on), shared until release
+	local  *schema // descriptions read from the transaction itself; nil until the first
 }
 
 func (v *view) relation(id uint32) (*decoding.Relation, bool) {

@@ -29,6 +29,13 @@ type Txn struct {
 	// transactional = false); Changes yields just that message and CommitLSN = EndLSN = its LSN.
 	NonTransactional bool
 
+	// Part says whether this is a whole transaction or, with Config.Incremental, which part of
+	// one. Only Whole and PartCommit carry the commit fields (CommitLSN, EndLSN, CommitTime,
+	// GID, Origin) and are acknowledged.
+	Part PartKind
+	// SubXid is the subtransaction to undo, for PartSubAbort.
+	SubXid uint32
+
 	b        *Buffer
 	data     *xact // nil once released
 	view     view
@@ -58,6 +65,8 @@ func (x *Txn) Changes() iter.Seq2[decoding.Message, error] {
 		}
 		p := &decoding.Parser{Options: x.b.cfg.Decoding}
 		x.view.local = nil // reading from the start
+		// In parts, a streamed transaction's records keep the writer's xid.
+		inStream := x.data.streamed && x.b.cfg.Incremental
 		rs := newRecords(x.data, func() bool { return x.released })
 		defer rs.close()
 		for {
@@ -67,7 +76,7 @@ func (x *Txn) Changes() iter.Seq2[decoding.Message, error] {
 			}
 			var m decoding.Message
 			if err == nil {
-				m, err = p.Parse(rec, false)
+				m, err = p.Parse(rec, inStream)
 			}
 			if err != nil {
 				yield(nil, err)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 
+	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/heap"
 	"github.com/pgreorder/pgreorder/spill"
 )
@@ -36,6 +37,13 @@ type xact struct {
 	everSpilled bool
 	lent        bool // handed out: no longer evicted
 	overStream  bool // a Begin arrived while a streamed part of the same xid was open
+
+	// In parts (Config.Incremental):
+	parts     int                // parts handed out (queued or lent) since it began
+	partBytes int64              // bytes received since the last part
+	handed    *subxacts          // subtransactions whose first change was handed out, in order
+	described []decoding.Message // descriptions handed out, in order
+	quiet     bool               // commits at or before the skip position: no parts
 }
 
 // xactMeta holds what only some transactions have, to keep xact small: a buffer may hold 100k
@@ -148,6 +156,7 @@ func (t *xact) free(recycle func([]byte) bool) (released int64, err error) {
 	released = t.mem.reset(recycle)
 	t.subs = nil
 	t.schema = nil
+	t.partBytes = 0
 	if t.log != nil {
 		err = t.log.Remove()
 		t.log = nil
