@@ -46,14 +46,14 @@ func New(cfg Config) (*Buffer, error) {
 		return nil, err
 	}
 	b := &Buffer{
-		cfg:    cfg,
-		dec:    decoding.NewDecoder(cfg.Decoding),
-		ctl:    decoding.Parser{Options: cfg.Decoding},
-		skip:   cfg.SkipThrough,
-		xacts:  make(map[uint32]*xact),
-		pool:   newPool(cfg.limit()),
-		schema: &schema{},
-		prog:   newProgress(cfg.SkipThrough),
+		cfg:     cfg,
+		dec:     decoding.NewDecoder(cfg.Decoding),
+		ctl:     decoding.Parser{Options: cfg.Decoding},
+		skip:    cfg.SkipThrough,
+		xacts:   make(map[uint32]*xact),
+		pool:    newPool(cfg.limit()),
+		schema:  &schema{},
+		prog:    newProgress(cfg.SkipThrough),
 		partMax: partSize(cfg.limit()),
 		evict: heap.New(func(x, y *xact) bool { return x.mem.bytes() > y.mem.bytes() },
 			func(t *xact) *heap.Node[*xact] { return &t.node }),
