@@ -7,14 +7,16 @@
 //
 // # Usage
 //
-//	dec := pgvalue.NewDecoder(nil) // or a *pgtype.Map with custom types registered
-//	for msg, err := range txn.Changes() {
-//		ch, ok, err := dec.Change(txn, msg) // txn: a *reorderbuffer.Txn, the Schema
-//		if !ok { continue }                 // Relation, Type and logical messages
+//	dec := pgvalue.NewDecoder(nil)          // or a *pgtype.Map with custom types registered
+//	for ch, err := range dec.Changes(txn) { // txn: a *reorderbuffer.Txn
+//		fmt.Println(ch)                      // "Insert public.person"
 //		for c := range ch.New.Columns() {
 //			v, err := c.Value()              // int32, string, time.Time, pgtype.Numeric, []any...
 //		}
 //	}
+//
+// [Decoder.Change] resolves one message at a time, for loops that also handle the others
+// (logical messages).
 //
 // # Types
 //
@@ -46,6 +48,7 @@ import (
 	"errors"
 	"fmt"
 	"iter"
+	"strings"
 
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/pgreorder/pgreorder/decoding"
@@ -163,6 +166,55 @@ func (d *Decoder) Change(s Schema, m decoding.Message) (Change, bool, error) {
 			RestartIdentity: m.Options&decoding.TruncateRestartIdentity != 0}, true, nil
 	}
 	return Change{}, false, nil
+}
+
+// Source is a committed transaction: its messages and the schema they refer to.
+// *reorderbuffer.Txn implements it.
+type Source interface {
+	Schema
+	Changes() iter.Seq2[decoding.Message, error]
+}
+
+// Changes yields the changes of x, resolved: its Inserts, Updates, Deletes and Truncates, leaving
+// out the other messages. Iteration stops after the first error. What a yielded Change holds is
+// valid until the next iteration step.
+func (d *Decoder) Changes(x Source) iter.Seq2[Change, error] {
+	return func(yield func(Change, error) bool) {
+		for m, err := range x.Changes() {
+			if err != nil {
+				yield(Change{}, err)
+				return
+			}
+			ch, ok, err := d.Change(x, m)
+			if err != nil {
+				yield(Change{}, err)
+				return
+			}
+			if ok && !yield(ch, nil) {
+				return
+			}
+		}
+	}
+}
+
+// String returns the operation and the qualified table names, as "Insert public.t" or
+// "Truncate public.a, public.b".
+func (c Change) String() string {
+	var b strings.Builder
+	b.WriteString(c.Op.String())
+	sep := " "
+	for _, r := range append([]*decoding.Relation{c.Relation}, c.Relations...) {
+		if r == nil {
+			continue
+		}
+		ns := r.Namespace
+		if ns == "" {
+			ns = "pg_catalog"
+		}
+		b.WriteString(sep + ns + "." + r.Name)
+		sep = ", "
+	}
+	return b.String()
 }
 
 func resolve(s Schema, id uint32, t decoding.Tuple) (*decoding.Relation, error) {

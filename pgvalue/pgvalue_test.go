@@ -407,3 +407,31 @@ func TestErrors(t *testing.T) {
 	require.False(t, ch.RestartIdentity)
 	require.Len(t, ch.Relations, 1)
 }
+
+// TestChanges: the iterator yields the row changes and truncates only, named by String.
+func TestChanges(t *testing.T) {
+	b, txn := committed(
+		&decoding.Relation{RelationID: 1, Namespace: "public", Name: "a", Columns: []decoding.RelationColumn{{Name: "id", TypeOID: pgtype.Int4OID}}},
+		&decoding.Relation{RelationID: 2, Name: "b", Columns: []decoding.RelationColumn{{Name: "id", TypeOID: pgtype.Int4OID}}},
+		&decoding.Insert{RelationID: 1, New: decoding.Tuple{{Kind: 't', Data: []byte("1")}}},
+		&decoding.LogicalMessage{Flags: 1, Prefix: "p", Content: []byte("c")},
+		&decoding.Delete{RelationID: 2, OldKind: 'K', Old: decoding.Tuple{{Kind: 't', Data: []byte("2")}}},
+		&decoding.Truncate{RelationIDs: []uint32{1, 2}},
+	)
+	defer b.Close()
+	var got []string
+	for ch, err := range pgvalue.NewDecoder(nil).Changes(txn) {
+		require.NoError(t, err)
+		got = append(got, ch.String())
+	}
+	require.Equal(t, []string{"Insert public.a", "Delete pg_catalog.b", "Truncate public.a, pg_catalog.b"}, got)
+
+	b2, txn2 := committed(&decoding.Insert{RelationID: 9, New: decoding.Tuple{{Kind: 'n'}}})
+	defer b2.Close()
+	n := 0
+	for _, err := range pgvalue.NewDecoder(nil).Changes(txn2) {
+		require.ErrorIs(t, err, pgvalue.ErrUnknownRelation)
+		n++
+	}
+	require.Equal(t, 1, n, "iteration stops after the error")
+}
