@@ -484,7 +484,7 @@ func appendNumericText(b, src []byte) ([]byte, error) {
 			if d == 0 {
 				b = strconv.AppendInt(b, int64(digit(d)), 10)
 			} else {
-				b = append(b, strconv.Itoa(digit(d)+10000)[1:]...)
+				b = append(b, strconv.Itoa(digit(d) + 10000)[1:]...)
 			}
 		}
 	}
@@ -492,7 +492,7 @@ func appendNumericText(b, src []byte) ([]byte, error) {
 		b = append(b, '.')
 		end := len(b) + dscale
 		for i := 0; i < dscale; i, d = i+4, d+1 {
-			b = append(b, strconv.Itoa(digit(d)+10000)[1:]...)
+			b = append(b, strconv.Itoa(digit(d) + 10000)[1:]...)
 		}
 		b = b[:end]
 	}
