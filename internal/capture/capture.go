@@ -101,8 +101,18 @@ func (r *Reader) start() error {
 	return nil
 }
 
+// Release lets the Reader drop the memory of the record Next returned last: call it when done
+// with Record.Data (for example once Buffer.Add copied it) so that a large message is not kept
+// until the next call to Next.
+func (r *Reader) Release() {
+	r.whole = nil
+	if cap(r.buf) > pieceSize {
+		r.buf = nil
+	}
+}
+
 // Next returns the next record, or io.EOF after the last one. Record.Data is valid until the next
-// call to Next. After an error other than io.EOF, Next keeps returning that error.
+// call to Next or Release. After an error other than io.EOF, Next keeps returning that error.
 func (r *Reader) Next() (Record, error) {
 	if r.err != nil {
 		return Record{}, r.err
