@@ -395,6 +395,27 @@ func TestErrors(t *testing.T) {
 	var v int32
 	require.ErrorIs(t, ch.New.Column(0).Scan(&v), pgvalue.ErrUnchanged)
 
+	// Values: every column but the unchanged one, NULL as nil.
+	b3, txn3 := committed(
+		&decoding.Relation{RelationID: 1, Namespace: "public", Name: "t", Columns: []decoding.RelationColumn{
+			{Flags: 1, Name: "id", TypeOID: pgtype.Int4OID}, {Name: "n", TypeOID: pgtype.TextOID}, {Name: "big", TypeOID: pgtype.TextOID}}},
+		&decoding.Update{RelationID: 1, New: decoding.Tuple{{Kind: 't', Data: []byte("3")}, {Kind: 'n'}, {Kind: 'u'}}},
+	)
+	defer b3.Close()
+	for ch, err := range dec.Changes(txn3) {
+		require.NoError(t, err)
+		vals, err := ch.New.Values()
+		require.NoError(t, err)
+		require.Equal(t, map[string]any{"id": int32(3), "n": nil}, vals)
+		var s *string
+		n, ok := ch.New.Lookup("n")
+		require.True(t, ok)
+		require.NoError(t, n.Scan(&s), "NULL into a pointer")
+		require.Nil(t, s)
+		_, ok = ch.New.Lookup("nope")
+		require.False(t, ok)
+	}
+
 	// The zero Column neither panics nor decodes.
 	var zero pgvalue.Column
 	require.Equal(t, "", zero.TypeName())
