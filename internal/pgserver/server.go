@@ -34,7 +34,8 @@ const SuperUser = "postgres"
 // folders left by a process that died (SIGKILL, panic) are removed by the next Start.
 const tempPrefix = "pgreorder-pg-"
 
-// ErrNotInstalled is returned when no installation of a wanted major version was found.
+// ErrNotInstalled is wrapped by the error Start returns for an Install without the postgres and
+// initdb programs.
 var ErrNotInstalled = errors.New("pgserver: PostgreSQL version not installed")
 
 // ErrNoServerUser is wrapped by the error Start returns when it runs as root, ServerUser does not
@@ -166,6 +167,12 @@ func quoteConnValue(v string) string {
 // SIGQUIT (immediate shutdown) if this process dies; call Stop to stop it and remove its folder.
 // Start first removes the folders of earlier processes that died without stopping theirs.
 func Start(ctx context.Context, in Install, opts Options) (*Server, error) {
+	// Check the install before changing anything on the system for it.
+	for _, name := range []string{"postgres", "initdb"} {
+		if !isExecutable(filepath.Join(in.BinDir, name)) {
+			return nil, &StartError{Install: in, Err: fmt.Errorf("%s: %w", filepath.Join(in.BinDir, name), ErrNotInstalled)}
+		}
+	}
 	sweepStale(opts.Log)
 	if err := hydrateSymlinks(in, opts.Log); err != nil {
 		return nil, err

@@ -48,11 +48,16 @@ func TestStartAnnounces(t *testing.T) {
 	require.NoDirExists(t, s.SocketDir())
 }
 
+// TestStartBadInstall: an install without binaries is refused before anything is changed on
+// the system (no folder, no user).
 func TestStartBadInstall(t *testing.T) {
 	dir := t.TempDir()
 	in := pgserver.Install{Major: 18, Version: "18.0", BinDir: dir}
-	_, err := pgserver.Start(context.Background(), in, pgserver.Options{CreateUser: true})
+	var log bytes.Buffer
+	_, err := pgserver.Start(context.Background(), in, pgserver.Options{CreateUser: true, Log: &log})
 	var se *pgserver.StartError
 	require.ErrorAs(t, err, &se)
+	require.ErrorIs(t, err, pgserver.ErrNotInstalled)
 	require.Equal(t, in, se.Install)
+	require.Empty(t, log.String())
 }
