@@ -31,6 +31,7 @@ type (
 	Capture = pgserver.Capture
 )
 
+// pgserver's constants, and the environment variables only tests read.
 const (
 	MinMajor     = pgserver.MinMajor
 	EnvPGDir     = pgserver.EnvPGDir
@@ -47,6 +48,7 @@ const (
 	EnvReport = "PGREORDER_PG_REPORT"
 )
 
+// pgserver's errors and variants.
 var (
 	ErrNotInstalled = pgserver.ErrNotInstalled
 	ErrUnsupported  = pgserver.ErrUnsupported
