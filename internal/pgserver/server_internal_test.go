@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 
@@ -30,6 +31,21 @@ func TestRootWithoutServerUser(t *testing.T) {
 	cred, err := serverCredential("root", Options{}) // an existing user: no change needed
 	require.NoError(t, err)
 	require.Zero(t, cred.Uid)
+
+	// With CreateUser, useradd runs after the announcement. A stand-in useradd records its
+	// arguments and fails, so that no account is made.
+	bin := t.TempDir()
+	argsFile := filepath.Join(bin, "args")
+	require.NoError(t, os.WriteFile(filepath.Join(bin, "useradd"), []byte("#!/bin/sh\necho \"$@\" > "+argsFile+"\nexit 9\n"), 0o755))
+	t.Setenv("PATH", bin+":"+os.Getenv("PATH"))
+	log.Reset()
+	_, err = serverCredential("pgreorder-no-such-user", Options{CreateUser: true, Log: &log})
+	require.Error(t, err)
+	require.NotErrorIs(t, err, ErrNoServerUser)
+	args, rerr := os.ReadFile(argsFile)
+	require.NoError(t, rerr, "useradd ran")
+	require.Equal(t, "--system --user-group --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin pgreorder-no-such-user\n", string(args))
+	require.Equal(t, "creating system user pgreorder-no-such-user (useradd "+strings.TrimSpace(string(args))+"): PostgreSQL refuses to run as root\n", log.String())
 }
 
 // TestSweepStale: folders of processes that no longer run are removed, and said so first;
