@@ -290,8 +290,13 @@ func demoLive(ctx context.Context, out io.Writer, srv *pgserver.Server, f demoFl
 		"back once pgreorder has received part of it.\n\n",
 		f.rows*f.chunks, demoBytes(int64(f.rows*f.chunks*230)), f.chunks, f.chunks+1)
 
-	// The workload rolls the second large transaction back once it has been streamed (the large
-	// one is streamed first), or after a few seconds if the server does not stream it.
+	// The workload rolls the second large transaction back once it has been streamed, or after
+	// 30 seconds if the server does not stream it. The first one is streamed before it, unless it
+	// is too small (about 230 bytes per row against the server's 64kB).
+	wantStreamed := int64(2)
+	if f.rows*f.chunks*230 < 64<<10 {
+		wantStreamed = 1
+	}
 	streamed := make(chan struct{})
 	werr := make(chan error, 1)
 	go func() { werr <- demoWorkload(ctx, dsn, f, streamed) }()
@@ -304,7 +309,7 @@ func demoLive(ctx context.Context, out io.Writer, srv *pgserver.Server, f demoFl
 		t, err := s.Next(nctx)
 		ncancel()
 		st := s.Stats()
-		if st.StreamTxns >= 2 && streamed != nil {
+		if st.StreamTxns >= wantStreamed && streamed != nil {
 			close(streamed)
 			streamed = nil
 		}
@@ -353,7 +358,7 @@ func demoLive(ctx context.Context, out io.Writer, srv *pgserver.Server, f demoFl
 
 // demoWorkload runs the large transaction on one connection and the small ones on another,
 // interleaved so that small transactions commit while the large one is open. The second large
-// transaction is rolled back once streamed is closed, or after 10 seconds.
+// transaction is rolled back once streamed is closed, or after 30 seconds.
 func demoWorkload(ctx context.Context, dsn string, f demoFlags, streamed <-chan struct{}) error {
 	big, err := pgx.Connect(ctx, dsn)
 	if err != nil {
@@ -402,7 +407,7 @@ func demoWorkload(ctx context.Context, dsn string, f demoFlags, streamed <-chan 
 	}
 	select {
 	case <-streamed:
-	case <-time.After(10 * time.Second):
+	case <-time.After(30 * time.Second):
 	case <-ctx.Done():
 		return ctx.Err()
 	}
