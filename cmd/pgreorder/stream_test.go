@@ -46,7 +46,7 @@ func streamMajors(t *testing.T) []int {
 		}
 	}
 	if len(out) == 0 {
-		t.Skip("neither PostgreSQL 15 nor 18 is installed")
+		pgtest.Unavailable(t, "neither PostgreSQL 15 nor 18 is installed")
 	}
 	return out
 }
