@@ -32,7 +32,7 @@ func checkDemoOutput(t *testing.T, out string) {
 // TestDemoCapture replays the embedded capture; demo itself checks that the large transaction
 // arrives whole, with every row kept by its savepoints, and that the capture ends with the marker.
 func TestDemoCapture(t *testing.T) {
-	for _, wm := range []string{"0", "64kB", "256kB", "64MB"} {
+	for _, wm := range []string{"none", "64kB", "256kB", "64MB"} {
 		t.Run(wm, func(t *testing.T) {
 			var out bytes.Buffer
 			require.NoError(t, demo(context.Background(), &out, []string{"-capture", "-work-mem", wm}))
@@ -40,7 +40,7 @@ func TestDemoCapture(t *testing.T) {
 			require.Contains(t, out.String(), "1 aborted", "PostgreSQL 15 streams the rolled-back transaction")
 			require.Contains(t, out.String(), "was streamed while it ran, then dropped at its Stream Abort")
 			spilled := map[string]string{
-				"0":     "spilled           14 transactions, ",
+				"none":  "spilled           14 transactions, ",
 				"64kB":  "spilled           2 transactions, ",
 				"256kB": "spilled           1 transaction, ",
 				"64MB":  "spilled           0 transactions, 0 times, 0 B",

@@ -24,16 +24,11 @@ func init() {
 const workMemHelp = "memory limit for transaction data: a size with a unit (64kB, 4MB, 1GB; " +
 	"a bare number is in kB, as in postgresql.conf), none (spill every transaction to disk) or unlimited"
 
-// parseWorkMem parses -work-mem. A size of 0 is refused: PostgreSQL never accepts it, and it
-// is easy to mean either "no limit" or "nothing in memory" by it; "none" says the latter.
+// parseWorkMem parses -work-mem as reorderbuffer.ParseWorkMem does (a size of 0 is refused:
+// it is easy to mean either "no limit" or "nothing in memory" by it; "none" says the latter),
+// naming the flag in errors.
 func parseWorkMem(s string) (int64, error) {
-	if strings.TrimSpace(s) == "none" {
-		return reorderbuffer.SpillEverything, nil
-	}
 	v, err := reorderbuffer.ParseWorkMem(s)
-	if err == nil && v == reorderbuffer.SpillEverything {
-		err = errors.New("a size of 0 is not accepted")
-	}
 	if err != nil {
 		return 0, fmt.Errorf("-work-mem %q: %v; want a size with a unit (64kB, 4MB, 1GB; a bare number is in kB), "+
 			"none (spill every transaction to disk) or unlimited", s, err)
