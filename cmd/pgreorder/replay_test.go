@@ -170,7 +170,7 @@ func TestReplayFlagErrors(t *testing.T) {
 		{nil, []string{"missing FILE"}},
 		{[]string{"a", "b"}, []string{"one FILE"}},
 		{[]string{"-proto", "9", file}, []string{"-proto 9", "1-4"}},
-		{[]string{"-work-mem", "0", file}, []string{"-work-mem", "not accepted", "none", "bare number is in kB"}},
+		{[]string{"-work-mem", "0", file}, []string{"-work-mem", "is zero", "none", "bare number is in kB"}},
 		{[]string{"-work-mem", "64kb", file}, []string{"-work-mem \"64kb\"", "bare number is in kB"}},
 		{[]string{"-format", "xml", file}, []string{"-format", "txn, debezium"}},
 	} {
