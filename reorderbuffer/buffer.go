@@ -377,6 +377,9 @@ func (b *Buffer) record(h decoding.Header, data []byte, schema bool) error {
 	}
 	t.mem.appendRecord(chunk, head, body)
 	t.bytes += int64(len(data))
+	if desc == nil {
+		t.changes++
+	}
 	t.partBytes += int64(len(data))
 	if chunk != nil {
 		b.grew(t)
@@ -636,6 +639,7 @@ func (b *Buffer) finish(t *xact, commitLSN, endLSN LSN, at time.Time, gid string
 	x.seq = b.prog.enqueue(endLSN)
 	b.stats.TotalTxns++
 	b.stats.TotalBytes += t.bytes
+	b.stats.TotalChanges += t.changes
 	b.queue = append(b.queue, x)
 	return nil
 }

@@ -365,3 +365,18 @@ func TestRestart(t *testing.T) {
 		require.NoError(t, b.CheckInvariants())
 	})
 }
+
+func TestStatsOnDiskAndChanges(t *testing.T) {
+	b := newBuffer(t, reorderbuffer.Config{WorkMem: reorderbuffer.SpillEverything})
+	feed(t, b, streamTxn(t, 10, true, "a", "b", "c")...)
+	st := b.Stats()
+	require.Positive(t, st.SpillBytesNow)
+	require.Equal(t, st.SpillBytes, st.SpillBytesNow)
+	feed(t, b, streamCommit(t, 10, 0x2000))
+	x, _ := b.Next()
+	require.Equal(t, []string{"a", "b", "c"}, values(t, x))
+	require.EqualValues(t, 3, b.Stats().TotalChanges, "inserts counted, the relation description not")
+	require.Positive(t, b.Stats().SpillBytesNow, "still on disk while handed out")
+	_, _ = b.Next()
+	require.Zero(t, b.Stats().SpillBytesNow)
+}

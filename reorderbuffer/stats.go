@@ -14,6 +14,9 @@ type Stats struct {
 	TotalTxns   int64 // committed transactions handed to the queue
 	TotalBytes  int64 // pgoutput bytes of those transactions
 
+	TotalChanges  int64 // changes (and transactional messages) of those transactions
+	SpillBytesNow int64 // bytes in spill logs now, of transactions held, queued or handed out
+
 	MemoryBytes     int64 // bytes of transaction records in memory now
 	PeakMemoryBytes int64 // highest MemoryBytes so far
 	OverheadBytes   int64 // bookkeeping outside the limit: per-transaction state and subtransaction lists
@@ -63,7 +66,21 @@ func (b *Buffer) Stats() Stats {
 	s.ReceivedLSN = b.prog.received
 	s.FlushLagBytes = int64(b.prog.received) - int64(b.prog.reported)
 	s.OverheadBytes = int64(cap(b.prog.pending)) * int64(unsafe.Sizeof(ackEntry{}))
+	onDisk := func(t *xact) {
+		for ; t != nil; t = t.replaces {
+			if t.log != nil {
+				s.SpillBytesNow += t.log.Size()
+			}
+		}
+	}
+	for _, x := range b.queue {
+		onDisk(x.data)
+	}
+	if b.lent != nil && !b.lent.released {
+		onDisk(b.lent.data)
+	}
 	for _, t := range b.xacts {
+		onDisk(t)
 		s.OverheadBytes += xactOverhead
 		if t.subs != nil {
 			s.OverheadBytes += t.subs.overhead()

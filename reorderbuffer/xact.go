@@ -28,8 +28,9 @@ type xact struct {
 	// after a restart, takes the place of once prepared (see Buffer.open).
 	replaces *xact
 
-	bytes int64 // pgoutput bytes received for it
-	xid   uint32
+	bytes   int64 // pgoutput bytes received for it
+	changes int64 // of its records, those that are not schema descriptions
+	xid     uint32
 
 	streamed    bool // arrived as a stream
 	prepared    bool // PREPARE received; held until COMMIT PREPARED or ROLLBACK PREPARED
