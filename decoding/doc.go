@@ -1,8 +1,8 @@
 // Package decoding is a pure, defensive decoder and encoder for PostgreSQL's pgoutput logical
-// replication protocol, versions 1 to 4: bytes in, typed messages out. It never does I/O and never
-// panics, whatever the input.
+// replication protocol, versions 1 to 4: bytes in, typed messages out. It never does I/O, depends
+// on the standard library only, and never panics, whatever the input.
 //
-// # Three levels
+// # Levels
 //
 //   - [ParseHeader] reads only the type byte and the few fixed fields a reorder buffer routes on
 //     (the leading xid of an in-stream change, the xid of Begin, Stream Start, Stream Abort…). It is
@@ -10,6 +10,8 @@
 //   - [Parse] fully decodes one message into one of the message structs ([*Insert], [*Begin], …).
 //     It is stateless: the caller says whether the message was inside a stream block, because
 //     in-stream changes carry a leading xid that nothing in the message itself announces.
+//   - [Parser] decodes like Parse but reuses the messages it returns for the bulk of a stream
+//     (Insert, Update, Delete, Begin, Commit, Stream Commit), so that it does not allocate.
 //   - [Decoder] owns the protocol state: whether a transaction (Begin…Commit or
 //     Begin Prepare…Prepare) or a stream block (Stream Start…Stream Stop) is open, and for which
 //     xid. [Decoder.Next] validates a message against that state and the negotiated protocol
@@ -17,7 +19,8 @@
 //     [Decoder.Decode] does the same and also returns the decoded message and keeps the
 //     [RelationCache] up to date.
 //
-// [Append] is the inverse of [Parse]: it encodes a message exactly as pgoutput does.
+// [Append] is the inverse of [Parse]: it encodes a message exactly as pgoutput does. All of them
+// follow one description of each message's wire layout, so they accept and write the same bytes.
 //
 // # Buffer ownership
 //
