@@ -24,11 +24,17 @@
 //
 // # Buffer ownership
 //
-// Messages alias their input: [Column.Data] and [LogicalMessage.Content] are sub-slices of the
-// data passed to Parse or Decode (with their capacity clipped, so appending to them never
-// overwrites the input). Callers that reuse the input buffer (pgconn reuses it on the next
-// receive) must copy the message bytes first or be done with the message. Strings (names, GIDs,
-// prefixes) are copies.
+// A decoded message is a view of its input, not a copy. [Column.Data] and
+// [LogicalMessage.Content] are sub-slices of the data passed to Parse, [Parser.Parse] or
+// [Decoder.Decode]: they hold valid bytes only until the caller overwrites or reuses that
+// buffer, which pgconn does on the next receive. A [Parser] reuses more: the *Insert, *Update,
+// *Delete, *Begin, *Commit and *StreamCommit it returns, and their tuples, are overwritten by its
+// next call. A message is valid only until then. To keep one longer, keep m.Clone() (or
+// [CloneMessage](m), or [Tuple.Clone] for a row): an independent deep copy of the same type that
+// shares no memory with the input or the Parser. Strings (names, GIDs, prefixes) are always
+// copies; sub-slices have their capacity clipped, so appending to them never overwrites the
+// input. [Decoder.Next] and [ParseHeader] retain nothing; [Append] only reads its message; a
+// [RelationCache] keeps the messages given to it.
 //
 // # Protocol state rules (Decoder)
 //

@@ -3,7 +3,7 @@ package decoding
 // Parser decodes messages like Parse, but reuses what it returns for the messages that make up
 // the bulk of a stream: an *Insert, *Update, *Delete, *Begin, *Commit or *StreamCommit it
 // returns, and its tuples, are valid only until the next call to Parse on the same Parser, which
-// overwrites them. It allocates only when a tuple is wider
+// overwrites them (keep m.Clone() to hold one longer). It allocates only when a tuple is wider
 // than every earlier one; messages of the other types are new on each call, as from the package's
 // Parse. The zero value is ready to use with zero Options. A Parser is not safe for concurrent
 // use.

@@ -109,7 +109,9 @@ func (o Options) allows(t MessageType) bool {
 	return o.ProtoVersion <= 0 || t == MsgStreamAbort || minVersion(t) <= o.ProtoVersion
 }
 
-// Message is one decoded pgoutput message: one of the pointer types of this package.
+// Message is one decoded pgoutput message: one of the pointer types of this package. A decoded
+// message may alias its input (see the package doc's Buffer ownership); each type has a Clone
+// method, and CloneMessage copies any of them.
 type Message interface {
 	Type() MessageType
 }
@@ -118,7 +120,8 @@ type Message interface {
 type Column struct {
 	// Kind is 'n' (NULL), 'u' (unchanged TOASTed value, not sent), 't' (text) or 'b' (binary).
 	Kind byte
-	// Data is the value for 't' and 'b' (aliasing the input), nil otherwise.
+	// Data is the value for 't' and 'b', nil otherwise. Decoded, it aliases the input: it is
+	// valid only until the input buffer is reused (see the package doc's Buffer ownership).
 	Data []byte
 }
 
@@ -229,7 +232,7 @@ type LogicalMessage struct {
 	Flags   uint8  // 1 = transactional
 	LSN     LSN
 	Prefix  string
-	Content []byte // aliases the input
+	Content []byte // decoded, aliases the input (see the package doc's Buffer ownership)
 }
 
 // Transactional reports whether the message belongs to its transaction.
