@@ -41,9 +41,13 @@ func slotLSN(ctx context.Context, t *testing.T, conn *pgx.Conn, waitInactive boo
 	t.Helper()
 	for {
 		var active bool
-		var lsn decoding.LSN
+		var text string
 		if err := conn.QueryRow(ctx, `SELECT active, confirmed_flush_lsn::text FROM pg_replication_slots
-			WHERE slot_name = 's' AND database = current_database()`).Scan(&active, &lsn); err != nil {
+			WHERE slot_name = 's' AND database = current_database()`).Scan(&active, &text); err != nil {
+			t.Fatal(err)
+		}
+		lsn, err := decoding.ParseLSN(text)
+		if err != nil {
 			t.Fatal(err)
 		}
 		if !waitInactive || !active {
@@ -80,8 +84,12 @@ func TestIdleSlotAdvances(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		var target decoding.LSN
-		if err := conn.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&target); err != nil {
+		var text string
+		if err := conn.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&text); err != nil {
+			t.Fatal(err)
+		}
+		target, err := decoding.ParseLSN(text)
+		if err != nil {
 			t.Fatal(err)
 		}
 		// Drive the stream until the slot has confirmed past the unrelated WAL.
