@@ -438,7 +438,7 @@ func openSession(ctx context.Context, cfg *Config, base *pgconn.Config, log *slo
 			Problem: fmt.Sprintf("wal_level is %q; logical decoding needs \"logical\"", s.settings.walLevel),
 			Fix:     "ALTER SYSTEM SET wal_level = logical, then restart the server"}
 	}
-	if err := checkPublications(ctx, conn, cfg.Publications, s.sys.dbName, log, first); err != nil {
+	if err := checkPublications(ctx, conn, s.major, cfg.Publications, s.sys.dbName, log, first); err != nil {
 		return nil, err
 	}
 	if s.slot, err = readSlot(ctx, conn, s.major, cfg, s.sys.dbName); err != nil {
@@ -500,7 +500,7 @@ func readSettings(ctx context.Context, conn *pgconn.PgConn) (serverSettings, err
 }
 
 // checkPublications checks that every publication exists and logs what each publishes.
-func checkPublications(ctx context.Context, conn *pgconn.PgConn, pubs []string, db string, log *slog.Logger, logTables bool) error {
+func checkPublications(ctx context.Context, conn *pgconn.PgConn, major int, pubs []string, db string, log *slog.Logger, logTables bool) error {
 	lits := make([]string, len(pubs))
 	for i, p := range pubs {
 		lits[i] = sqlLiteral(p)
@@ -532,8 +532,20 @@ func checkPublications(ctx context.Context, conn *pgconn.PgConn, pubs []string, 
 	if !logTables {
 		return nil
 	}
-	res, err = query(ctx, conn, "SELECT pubname, pg_catalog.quote_ident(schemaname) || '.' || pg_catalog.quote_ident(tablename) "+
-		"FROM pg_catalog.pg_publication_tables WHERE pubname IN ("+in+") ORDER BY 1, 2")
+	// Plain catalog scans, not the pg_publication_tables view: its function looks the publications
+	// up through the system caches of this backend, the walsender, under the current snapshot,
+	// and pgoutput would then find those cache entries while decoding under historic snapshots
+	// (a publication created after the slot's position would seem to exist before it).
+	sql := "SELECT p.pubname, pg_catalog.quote_ident(n.nspname) || '.' || pg_catalog.quote_ident(c.relname) " +
+		"FROM pg_catalog.pg_publication p JOIN pg_catalog.pg_publication_rel r ON r.prpubid = p.oid " +
+		"JOIN pg_catalog.pg_class c ON c.oid = r.prrelid JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace " +
+		"WHERE p.pubname IN (" + in + ")"
+	if major >= 15 {
+		sql += " UNION ALL SELECT p.pubname, pg_catalog.quote_ident(n.nspname) || '.*' " +
+			"FROM pg_catalog.pg_publication p JOIN pg_catalog.pg_publication_namespace s ON s.pnpubid = p.oid " +
+			"JOIN pg_catalog.pg_namespace n ON n.oid = s.pnnspid WHERE p.pubname IN (" + in + ")"
+	}
+	res, err = query(ctx, conn, sql+" ORDER BY 1, 2")
 	if err != nil {
 		return fmt.Errorf("replication: reading published tables: %w", err)
 	}
@@ -544,15 +556,19 @@ func checkPublications(ctx context.Context, conn *pgconn.PgConn, pubs []string, 
 	const show = 50
 	for _, p := range pubs {
 		t := tables[p]
+		if found[p] {
+			log.Info("publication", "publication", p, "all_tables", true)
+			continue
+		}
 		if len(t) == 0 {
-			log.Warn("publication publishes no table yet", "publication", p, "all_tables", found[p])
+			log.Warn("publication publishes no table yet", "publication", p)
 			continue
 		}
 		list := strings.Join(t[:min(len(t), show)], ", ")
 		if len(t) > show {
 			list += fmt.Sprintf(", ... (%d more)", len(t)-show)
 		}
-		log.Info("publication", "publication", p, "all_tables", found[p], "table_count", len(t), "tables", list)
+		log.Info("publication", "publication", p, "table_count", len(t), "tables", list)
 	}
 	return nil
 }
