@@ -137,6 +137,7 @@ func TestRetryable(t *testing.T) {
 		{"protocol", &ProtocolError{Msg: "x"}, false},
 		{"buffer input", &reorderbuffer.InputError{Err: reorderbuffer.ErrProtocol}, false},
 		{"buffer failed", fmt.Errorf("%w: x", reorderbuffer.ErrFailed), false},
+		{"data lost upstream", &reorderbuffer.InputError{Err: &reorderbuffer.MissingError{What: "COMMIT PREPARED"}}, false},
 		{"canceled", fmt.Errorf("x: %w", context.Canceled), false},
 		{"closed", ErrClosed, false},
 	} {

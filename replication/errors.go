@@ -125,7 +125,8 @@ func Retryable(err error) bool {
 		errors.Is(err, ErrInvalidConfig), errors.Is(err, ErrUnsupported),
 		errors.As(err, &check), errors.As(err, &option), errors.As(err, &proto), errors.As(err, &input),
 		errors.Is(err, reorderbuffer.ErrFailed), errors.Is(err, reorderbuffer.ErrProtocol),
-		errors.Is(err, reorderbuffer.ErrClosed), errors.Is(err, reorderbuffer.ErrForeignTxn):
+		errors.Is(err, reorderbuffer.ErrClosed), errors.Is(err, reorderbuffer.ErrForeignTxn),
+		errors.Is(err, reorderbuffer.ErrNotCommit), errors.Is(err, reorderbuffer.ErrReleased):
 		return false
 	case errors.As(err, &pgErr):
 		return retryableCode(pgErr.Code)

@@ -398,7 +398,8 @@ func (s *Stream) handle(msg pgproto3.BackendMessage) error {
 // flush position sent to the server advances to the acknowledged prefix: the highest EndLSN whose
 // transaction and all earlier ones are acknowledged. It is sent with the next status update (at
 // most StatusInterval later, or by SendStatus). A nil t or one another stream handed out is an
-// error (reorderbuffer.ErrForeignTxn) and changes nothing.
+// error (reorderbuffer.ErrForeignTxn) and changes nothing. With Config.Buffer.Incremental, Next
+// hands out parts of transactions: acknowledge the parts that commit (reorderbuffer.PartKind).
 func (s *Stream) Ack(t *reorderbuffer.Txn) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
