@@ -11,7 +11,6 @@ import (
 	"github.com/jackc/pglogrepl"
 
 	"github.com/pgreorder/pgreorder/decoding"
-	"github.com/pgreorder/pgreorder/internal/knobs"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 )
 
@@ -210,13 +209,9 @@ type impl struct {
 }
 
 // withBuffer returns the pgreorder consumer at the given work mem (spill files in a temporary
-// directory of the benchmark). noAccounting turns off accounting and eviction.
-func withBuffer(name string, workMem int64, noAccounting bool) impl {
+// directory of the benchmark).
+func withBuffer(name string, workMem int64) impl {
 	return impl{name: name, run: func(b testing.TB, wl *Workload, m *meter) (outcome, error) {
-		if noAccounting {
-			setNoAccounting(true)
-			defer setNoAccounting(false)
-		}
 		return runPgreorder(wl, reorderbuffer.Config{WorkMem: workMem, Dir: b.TempDir(), Decoding: Options}, m)
 	}}
 }
@@ -284,8 +279,6 @@ func rowsName(n int64) string {
 
 // seed is the generators' seed; every benchmark logs its workload with it.
 const seed = 20240501
-
-func setNoAccounting(v bool) { knobs.NoAccounting = v }
 
 // generatorOnly only generates the workload: its time is what every consumer's time includes
 // for producing the input.

@@ -3,9 +3,10 @@ package decoding
 // Decoder validates a pgoutput message stream against the protocol's state machine and decodes it.
 // The zero value is ready to use, with zero Options. A Decoder is not safe for concurrent use.
 type Decoder struct {
-	opts Options
-	st   state
-	rels RelationCache
+	opts    Options
+	st      state
+	rels    RelationCache
+	scratch messages // Next checks a message by decoding into these, keeping nothing
 }
 
 type state struct {
@@ -42,29 +43,35 @@ func (d *Decoder) Reset() {
 // protocol state. It does not allocate on success and does not retain data. On error the state is
 // unchanged. See the package doc for the rules and for Header's Xid.
 func (d *Decoder) Next(data []byte) (Header, error) {
-	if len(data) == 0 {
-		return Header{}, decodeErr(0, 0, ErrTruncated)
-	}
-	inBlock := d.st.inBlock
-	if MessageType(data[0]) == MsgStreamStart {
-		inBlock = false
-	}
-	h, err := ParseHeader(data, inBlock)
-	if err != nil {
-		return Header{}, err
-	}
-	if !d.opts.allows(h.Type) {
-		return Header{}, versionErr(h.Type, d.opts)
-	}
+	var h Header
 	st := d.st
-	if err := st.advance(&h); err != nil {
+	if err := d.route(data, &h, &st); err != nil {
 		return Header{}, err
 	}
-	if err := check(data, inBlock, d.opts); err != nil {
+	var c codec
+	c.b, c.off, c.t, c.inStream, c.abortMode = data, 1, h.Type, h.InStream, d.opts.AbortInfo
+	walk(&c, d.scratch.get(h.Type))
+	if err := c.end(); err != nil {
 		return Header{}, err
 	}
 	d.st = st
 	return h, nil
+}
+
+// route reads the header h of a message and checks it against the negotiated version and the
+// protocol state st, which it advances past the message.
+func (d *Decoder) route(data []byte, h *Header, st *state) error {
+	if len(data) == 0 {
+		return decodeErr(0, 0, ErrTruncated)
+	}
+	var err error
+	if *h, err = ParseHeader(data, st.inBlock && MessageType(data[0]) != MsgStreamStart); err != nil {
+		return err
+	}
+	if !d.opts.allows(h.Type) {
+		return versionErr(h.Type, d.opts)
+	}
+	return st.advance(h)
 }
 
 // advance checks that a message with header h may come in state st and moves st past it.
@@ -129,20 +136,20 @@ func (st *state) advance(h *Header) error {
 	return nil
 }
 
-// Decode is Next followed by Parse: it validates and decodes one message, advances the protocol
+// Decode is Next and Parse in one: it validates and decodes one message, advances the protocol
 // state and applies Relation and Type messages to the relation cache. The message aliases data
 // (see the package doc). On error the state and the cache are unchanged.
 func (d *Decoder) Decode(data []byte) (Message, error) {
-	saved := d.st
-	h, err := d.Next(data)
+	var h Header
+	st := d.st
+	if err := d.route(data, &h, &st); err != nil {
+		return nil, err
+	}
+	m, err := Parse(data, h.InStream, d.opts)
 	if err != nil {
 		return nil, err
 	}
-	m, err := Parse(data, h.InStream && h.Type != MsgStreamStop, d.opts)
-	if err != nil {
-		d.st = saved // unreachable: Next checked the same structure
-		return nil, err
-	}
+	d.st = st
 	d.rels.Apply(m)
 	return m, nil
 }

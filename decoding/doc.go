@@ -1,8 +1,8 @@
 // Package decoding is a pure, defensive decoder and encoder for PostgreSQL's pgoutput logical
-// replication protocol, versions 1 to 4: bytes in, typed messages out. It never does I/O and never
-// panics, whatever the input.
+// replication protocol, versions 1 to 4: bytes in, typed messages out. It never does I/O, depends
+// on the standard library only, and never panics, whatever the input.
 //
-// # Three levels
+// # Levels
 //
 //   - [ParseHeader] reads only the type byte and the few fixed fields a reorder buffer routes on
 //     (the leading xid of an in-stream change, the xid of Begin, Stream Start, Stream Abort…). It is
@@ -10,6 +10,8 @@
 //   - [Parse] fully decodes one message into one of the message structs ([*Insert], [*Begin], …).
 //     It is stateless: the caller says whether the message was inside a stream block, because
 //     in-stream changes carry a leading xid that nothing in the message itself announces.
+//   - [Parser] decodes like Parse but reuses the messages it returns for the bulk of a stream
+//     (Insert, Update, Delete, Begin, Commit, Stream Commit), so that it does not allocate.
 //   - [Decoder] owns the protocol state: whether a transaction (Begin…Commit or
 //     Begin Prepare…Prepare) or a stream block (Stream Start…Stream Stop) is open, and for which
 //     xid. [Decoder.Next] validates a message against that state and the negotiated protocol
@@ -17,15 +19,22 @@
 //     [Decoder.Decode] does the same and also returns the decoded message and keeps the
 //     [RelationCache] up to date.
 //
-// [Append] is the inverse of [Parse]: it encodes a message exactly as pgoutput does.
+// [Append] is the inverse of [Parse]: it encodes a message exactly as pgoutput does. All of them
+// follow one description of each message's wire layout, so they accept and write the same bytes.
 //
 // # Buffer ownership
 //
-// Messages alias their input: [Column.Data] and [LogicalMessage.Content] are sub-slices of the
-// data passed to Parse or Decode (with their capacity clipped, so appending to them never
-// overwrites the input). Callers that reuse the input buffer (pgconn reuses it on the next
-// receive) must copy the message bytes first or be done with the message. Strings (names, GIDs,
-// prefixes) are copies.
+// A decoded message is a view of its input, not a copy. [Column.Data] and
+// [LogicalMessage.Content] are sub-slices of the data passed to Parse, [Parser.Parse] or
+// [Decoder.Decode]: they hold valid bytes only until the caller overwrites or reuses that
+// buffer, which pgconn does on the next receive. A [Parser] reuses more: the *Insert, *Update,
+// *Delete, *Begin, *Commit and *StreamCommit it returns, and their tuples, are overwritten by its
+// next call. A message is valid only until then. To keep one longer, keep m.Clone() (or
+// [CloneMessage](m), or [Tuple.Clone] for a row): an independent deep copy of the same type that
+// shares no memory with the input or the Parser. Strings (names, GIDs, prefixes) are always
+// copies; sub-slices have their capacity clipped, so appending to them never overwrites the
+// input. [Decoder.Next] and [ParseHeader] retain nothing; [Append] only reads its message; a
+// [RelationCache] keeps the messages given to it.
 //
 // # Protocol state rules (Decoder)
 //

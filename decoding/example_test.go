@@ -58,3 +58,32 @@ func ExampleDecoder() {
 	// abort 999 of 999
 	// decoding: Insert message at offset 0: protocol violation: change outside any transaction or stream block
 }
+
+// A Parser overwrites the message it returned on its next call, and the message's column data
+// alias the input buffer, which the caller reuses. Clone keeps a message beyond both.
+func ExampleInsert_Clone() {
+	var p decoding.Parser
+	buf := make([]byte, 0, 64) // reused for every message, as pgconn reuses its receive buffer
+	var kept, aliased []*decoding.Insert
+	for _, v := range []string{"first", "second"} {
+		var err error
+		buf, err = decoding.Append(buf[:0], &decoding.Insert{RelationID: 1,
+			New: decoding.Tuple{{Kind: decoding.ColumnText, Data: []byte(v)}}}, false, decoding.Options{})
+		if err != nil {
+			panic(err)
+		}
+		m, err := p.Parse(buf, false)
+		if err != nil {
+			panic(err)
+		}
+		ins := m.(*decoding.Insert)
+		aliased = append(aliased, ins)
+		kept = append(kept, ins.Clone())
+	}
+	for i := range kept {
+		fmt.Printf("clone %s, original %s\n", kept[i].New[0].Data, aliased[i].New[0].Data)
+	}
+	// Output:
+	// clone first, original second
+	// clone second, original second
+}

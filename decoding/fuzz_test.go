@@ -2,6 +2,7 @@ package decoding_test
 
 import (
 	"bytes"
+	"errors"
 	"reflect"
 	"testing"
 
@@ -26,25 +27,143 @@ func seedCaptures(f *testing.F) {
 	}
 }
 
-// FuzzParse: any input gives a message or an error, never a panic; a parsed message encodes back
-// to exactly the input; Next accepts exactly what Parse accepts (Next also checks state, so it is
-// run on a Decoder forced into the matching state).
+// placeFor puts d in a protocol state where a message of data's type is allowed, inStream
+// meaning inside a stream block for the messages that carry a leading xid there. It reports
+// whether d is in a stream block.
+func placeFor(d *decoding.Decoder, data []byte, inStream bool) (inBlock bool) {
+	if len(data) == 0 {
+		return false
+	}
+	const txnXid, blockXid = 70, 80
+	t := decoding.MessageType(data[0])
+	h, err := decoding.ParseHeader(data, inStream)
+	switch {
+	case t == decoding.MsgCommit:
+		d.SetStateForTest(true, false, txnXid, false, 0)
+	case t == decoding.MsgPrepare:
+		d.SetStateForTest(true, true, txnXid, false, 0)
+	case t == decoding.MsgStreamStop:
+		d.SetStateForTest(false, false, 0, true, blockXid)
+		return true
+	case t.IsChange() || t == decoding.MsgOrigin:
+		switch {
+		case inStream:
+			d.SetStateForTest(false, false, 0, true, blockXid)
+			return true
+		case t == decoding.MsgLogicalMessage && (err != nil || !h.Transactional):
+			// A non-transactional message comes between transactions.
+		default:
+			d.SetStateForTest(true, false, txnXid, false, 0)
+		}
+	}
+	return false
+}
+
+// routing returns the header fields that ParseHeader reads from m, and whether m carries an xid
+// of its own (in-stream changes: their leading xid).
+func routing(m decoding.Message, inStream bool) (h decoding.Header, hasXid bool) {
+	h = decoding.Header{Type: m.Type(), InStream: inStream}
+	xid := func(x uint32) { h.Xid, hasXid = x, true }
+	switch v := m.(type) {
+	case *decoding.Begin:
+		xid(v.Xid)
+	case *decoding.BeginPrepare:
+		xid(v.Xid)
+	case *decoding.Prepare:
+		xid(v.Xid)
+	case *decoding.StreamPrepare:
+		xid(v.Xid)
+	case *decoding.CommitPrepared:
+		xid(v.Xid)
+	case *decoding.RollbackPrepared:
+		xid(v.Xid)
+	case *decoding.StreamCommit:
+		xid(v.Xid)
+	case *decoding.StreamStart:
+		xid(v.Xid)
+		h.FirstSegment = v.FirstSegment
+	case *decoding.StreamAbort:
+		xid(v.Xid)
+		h.SubXid = v.SubXid
+	case *decoding.LogicalMessage:
+		h.Transactional = v.Transactional()
+	}
+	if inStream && m.Type().IsChange() {
+		xid(reflect.ValueOf(m).Elem().FieldByName("Xid").Interface().(uint32))
+	}
+	return h, hasXid
+}
+
+// FuzzParse: any input gives a message or an error, never a panic, and every level agrees:
+//   - Parse does not modify its input;
+//   - a parsed message encodes back to exactly the input, and the encoding parses to it again;
+//   - ParseHeader accepts what Parse accepts and reads the same routing fields;
+//   - the reusing Parser returns the same message or the same error as Parse;
+//   - Next, on a Decoder in a state where the message's type is allowed, accepts exactly what
+//     Parse accepts, reports the same routing fields, and leaves the state unchanged on error;
+//     Decode in that state returns Parse's message;
+//   - a message's Clone equals it and survives the input being overwritten.
 func FuzzParse(f *testing.F) {
 	seedCaptures(f)
 	f.Fuzz(func(t *testing.T, data []byte, inStream bool, version, abortInfo uint8) {
 		opts := decoding.Options{ProtoVersion: int(version % 6), AbortInfo: decoding.AbortInfo(abortInfo % 3)}
 		input := bytes.Clone(data)
-		_, herr := decoding.ParseHeader(data, inStream)
+		h, herr := decoding.ParseHeader(data, inStream)
 		m, err := decoding.Parse(data, inStream, opts)
 		if !bytes.Equal(data, input) {
 			t.Fatal("Parse modified its input")
 		}
-		if err != nil {
+		var de *decoding.DecodeError
+		if err != nil && !errors.As(err, &de) {
+			t.Fatalf("Parse error %v is not a *DecodeError", err)
+		}
+
+		p := decoding.Parser{Options: opts}
+		pm, perr := p.Parse(data, inStream)
+		if (err == nil) != (perr == nil) || err != nil && err.Error() != perr.Error() {
+			t.Fatalf("Parse err %v, Parser err %v", err, perr)
+		}
+		if err == nil && !reflect.DeepEqual(pm, m) {
+			t.Fatalf("Parser = %#v, Parse = %#v", pm, m)
+		}
+
+		d := decoding.NewDecoder(opts)
+		inBlock := placeFor(d, data, inStream)
+		before := d.StateForTest()
+		nh, nerr := d.Next(data)
+		if (nerr == nil) != (err == nil) {
+			t.Fatalf("in a state that allows it, Next err = %v, Parse err = %v", nerr, err)
+		}
+		if nerr != nil {
+			if !errors.As(nerr, &de) {
+				t.Fatalf("Next error %v is not a *DecodeError", nerr)
+			}
+			if after := d.StateForTest(); after != before {
+				t.Fatalf("Next failed (%v) and changed the state from %+v to %+v", nerr, before, after)
+			}
 			return
 		}
+		dd := decoding.NewDecoder(opts)
+		placeFor(dd, data, inStream)
+		if dm, derr := dd.Decode(data); derr != nil || !reflect.DeepEqual(dm, m) {
+			t.Fatalf("Decode = %#v, %v; Parse = %#v", dm, derr, m)
+		}
+
+		want, hasXid := routing(m, inStream)
 		if herr != nil {
 			t.Fatalf("Parse accepted what ParseHeader rejects: %v", herr)
 		}
+		if h != want {
+			t.Fatalf("ParseHeader = %+v, the message says %+v", h, want)
+		}
+		if !hasXid {
+			nh.Xid = 0 // Next fills it in from the state
+		}
+		want.InStream = inBlock
+		if nh != want {
+			t.Fatalf("Next header = %+v, the message says %+v", nh, want)
+		}
+
 		out, err := decoding.Append(nil, m, inStream, opts)
 		if err != nil {
 			t.Fatalf("Append(%#v): %v", m, err)
@@ -56,11 +175,30 @@ func FuzzParse(f *testing.F) {
 		if err != nil || !reflect.DeepEqual(again, m) {
 			t.Fatalf("Parse(Append(m)) = %#v, %v; want %#v", again, err, m)
 		}
+
+		buf := bytes.Clone(data)
+		pm, err = p.Parse(buf, inStream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := decoding.CloneMessage(pm)
+		if !reflect.DeepEqual(c, m) {
+			t.Fatalf("CloneMessage = %#v, want %#v", c, m)
+		}
+		clear(buf)
+		if _, err := p.Parse(out, inStream); err != nil { // overwrites what the Parser returned
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(c, again) {
+			t.Fatalf("the clone changed with its input: %#v, want %#v", c, again)
+		}
 	})
 }
 
-// FuzzDecoder feeds a sequence of messages (length-prefixed by one byte) to a Decoder: never a
-// panic, Next and Decode agree, and a failed message leaves the state unchanged.
+// FuzzDecoder feeds a sequence of messages (length-prefixed by one byte) to Decoders: never a
+// panic; Next and Decode accept the same messages, return the same type and reach the same
+// state; Decode returns what Parse returns for the message in its place in the stream; a failed
+// message leaves the state unchanged.
 func FuzzDecoder(f *testing.F) {
 	for _, name := range captureNames(f) {
 		var seq []byte
@@ -82,20 +220,26 @@ func FuzzDecoder(f *testing.F) {
 			n := min(int(seq[0]), len(seq)-1)
 			msg := seq[1 : 1+n]
 			seq = seq[1+n:]
-			inStream, inTxn := a.InStream(), a.InTransaction()
+			before := a.StateForTest()
 			h, herr := a.Next(msg)
 			m, merr := b.Decode(msg)
 			if (herr == nil) != (merr == nil) {
 				t.Fatalf("Next err %v, Decode err %v", herr, merr)
 			}
 			if herr != nil {
-				if a.InStream() != inStream || a.InTransaction() != inTxn {
-					t.Fatal("state changed on error")
+				if a.StateForTest() != before || b.StateForTest() != before {
+					t.Fatalf("state changed on error %v", herr)
 				}
 				continue
 			}
+			if a.StateForTest() != b.StateForTest() {
+				t.Fatalf("after %v: Next state %+v, Decode state %+v", h.Type, a.StateForTest(), b.StateForTest())
+			}
 			if h.Type != m.Type() {
 				t.Fatalf("Next type %v, Decode type %v", h.Type, m.Type())
+			}
+			if pm, err := decoding.Parse(msg, h.InStream, opts); err != nil || !reflect.DeepEqual(pm, m) {
+				t.Fatalf("Decode = %#v; Parse = %#v, %v", m, pm, err)
 			}
 		}
 	})

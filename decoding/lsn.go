@@ -1,6 +1,7 @@
 package decoding
 
 import (
+	"database/sql/driver"
 	"fmt"
 	"strconv"
 	"strings"
@@ -65,3 +66,21 @@ func ParseLSN(s string) (LSN, error) {
 	}
 	return LSN(h<<32 | l), nil
 }
+
+// Scan implements database/sql's Scanner for a pg_lsn or text value, so that an LSN can be read
+// from a query (as pglogrepl's LSN can).
+func (l *LSN) Scan(src any) error {
+	switch v := src.(type) {
+	case string:
+		return l.UnmarshalText([]byte(v))
+	case []byte:
+		return l.UnmarshalText(v)
+	case nil:
+		return fmt.Errorf("decoding: cannot scan NULL into an LSN")
+	}
+	return fmt.Errorf("decoding: cannot scan %T into an LSN", src)
+}
+
+// Value implements database/sql/driver's Valuer: the text form, which PostgreSQL reads as a
+// pg_lsn.
+func (l LSN) Value() (driver.Value, error) { return l.String(), nil }

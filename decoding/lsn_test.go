@@ -35,3 +35,16 @@ func TestLSNText(t *testing.T) {
 		require.Error(t, err, "%q", bad)
 	}
 }
+
+func TestLSNScan(t *testing.T) {
+	var l decoding.LSN
+	require.NoError(t, l.Scan("16/B374D848"))
+	require.Equal(t, decoding.LSN(0x16B374D848), l)
+	require.NoError(t, l.Scan([]byte("0/1")))
+	require.Equal(t, decoding.LSN(1), l)
+	require.Error(t, l.Scan(nil))
+	require.Error(t, l.Scan(42))
+	v, err := l.Value()
+	require.NoError(t, err)
+	require.Equal(t, "0/1", v)
+}

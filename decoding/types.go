@@ -31,40 +31,59 @@ const (
 	MsgStreamPrepare    MessageType = 'p'
 )
 
-var typeNames = [256]string{
-	'B': "Begin", 'C': "Commit", 'O': "Origin", 'R': "Relation", 'Y': "Type", 'I': "Insert",
-	'U': "Update", 'D': "Delete", 'T': "Truncate", 'M': "Message", 'S': "Stream Start",
-	'E': "Stream Stop", 'c': "Stream Commit", 'A': "Stream Abort", 'b': "Begin Prepare",
-	'P': "Prepare", 'K': "Commit Prepared", 'r': "Rollback Prepared", 'p': "Stream Prepare",
+// kinds describes each message type: the protocol documentation's name, the first protocol
+// version that has it and how Parse allocates one (a zero kind: not a message type). The layout
+// of each type is its fields method (layout.go).
+var kinds = [256]struct {
+	name       string
+	minVersion uint8
+	new        func() Message
+}{
+	MsgBegin:            {"Begin", 1, newOf[Begin]},
+	MsgCommit:           {"Commit", 1, newOf[Commit]},
+	MsgOrigin:           {"Origin", 1, newOf[Origin]},
+	MsgRelation:         {"Relation", 1, newOf[Relation]},
+	MsgDataType:         {"Type", 1, newOf[DataType]},
+	MsgInsert:           {"Insert", 1, newOf[Insert]},
+	MsgUpdate:           {"Update", 1, newOf[Update]},
+	MsgDelete:           {"Delete", 1, newOf[Delete]},
+	MsgTruncate:         {"Truncate", 1, newOf[Truncate]},
+	MsgLogicalMessage:   {"Message", 1, newOf[LogicalMessage]},
+	MsgStreamStart:      {"Stream Start", 2, newOf[StreamStart]},
+	MsgStreamStop:       {"Stream Stop", 2, newOf[StreamStop]},
+	MsgStreamCommit:     {"Stream Commit", 2, newOf[StreamCommit]},
+	MsgStreamAbort:      {"Stream Abort", 2, newOf[StreamAbort]},
+	MsgBeginPrepare:     {"Begin Prepare", 3, newOf[BeginPrepare]},
+	MsgPrepare:          {"Prepare", 3, newOf[Prepare]},
+	MsgCommitPrepared:   {"Commit Prepared", 3, newOf[CommitPrepared]},
+	MsgRollbackPrepared: {"Rollback Prepared", 3, newOf[RollbackPrepared]},
+	MsgStreamPrepare:    {"Stream Prepare", 3, newOf[StreamPrepare]},
 }
 
-// minVersion is the first protocol version that has each message type (0: not a message type).
-var minVersion = [256]uint8{
-	'B': 1, 'C': 1, 'O': 1, 'R': 1, 'Y': 1, 'I': 1, 'U': 1, 'D': 1, 'T': 1, 'M': 1,
-	'S': 2, 'E': 2, 'c': 2, 'A': 2,
-	'b': 3, 'P': 3, 'K': 3, 'r': 3, 'p': 3,
+func newOf[T any, P interface {
+	*T
+	Message
+}]() Message {
+	return P(new(T))
 }
+
+// minVersion is the first protocol version that has messages of type t (0: not a message type).
+func minVersion(t MessageType) int { return int(kinds[t].minVersion) }
 
 // String returns the protocol documentation's name of t, or a quoted byte for unknown types.
 func (t MessageType) String() string {
-	if n := typeNames[t]; n != "" {
+	if n := kinds[t].name; n != "" {
 		return n
 	}
 	return "unknown type " + strconv.QuoteRune(rune(t))
 }
 
 // Known reports whether t is a pgoutput message type of protocol 1 to 4.
-func (t MessageType) Known() bool { return minVersion[t] != 0 }
+func (t MessageType) Known() bool { return minVersion(t) != 0 }
 
 // IsChange reports whether messages of type t carry a leading xid inside a stream block:
 // Insert, Update, Delete, Truncate, Relation, Type and Message.
-func (t MessageType) IsChange() bool {
-	switch t {
-	case MsgInsert, MsgUpdate, MsgDelete, MsgTruncate, MsgRelation, MsgDataType, MsgLogicalMessage:
-		return true
-	}
-	return false
-}
+func (t MessageType) IsChange() bool { return routes[1][t].change }
 
 // AbortInfo says whether Stream Abort messages carry abort_lsn and abort_time (protocol 4 with
 // streaming = parallel).
@@ -87,10 +106,12 @@ type Options struct {
 }
 
 func (o Options) allows(t MessageType) bool {
-	return o.ProtoVersion <= 0 || t == MsgStreamAbort || int(minVersion[t]) <= o.ProtoVersion
+	return o.ProtoVersion <= 0 || t == MsgStreamAbort || minVersion(t) <= o.ProtoVersion
 }
 
-// Message is one decoded pgoutput message: one of the pointer types of this package.
+// Message is one decoded pgoutput message: one of the pointer types of this package. A decoded
+// message may alias its input (see the package doc's Buffer ownership); each type has a Clone
+// method, and CloneMessage copies any of them.
 type Message interface {
 	Type() MessageType
 }
@@ -99,7 +120,8 @@ type Message interface {
 type Column struct {
 	// Kind is 'n' (NULL), 'u' (unchanged TOASTed value, not sent), 't' (text) or 'b' (binary).
 	Kind byte
-	// Data is the value for 't' and 'b' (aliasing the input), nil otherwise.
+	// Data is the value for 't' and 'b', nil otherwise. Decoded, it aliases the input: it is
+	// valid only until the input buffer is reused (see the package doc's Buffer ownership).
 	Data []byte
 }
 
@@ -210,7 +232,7 @@ type LogicalMessage struct {
 	Flags   uint8  // 1 = transactional
 	LSN     LSN
 	Prefix  string
-	Content []byte // aliases the input
+	Content []byte // decoded, aliases the input (see the package doc's Buffer ownership)
 }
 
 // Transactional reports whether the message belongs to its transaction.

@@ -3,84 +3,70 @@ package reorderbuffer
 import (
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"time"
 
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/heap"
-	"github.com/pgreorder/pgreorder/internal/knobs"
 	"github.com/pgreorder/pgreorder/spill"
 )
 
 // Buffer reorders one pgoutput stream. It is not safe for concurrent use: drive it from one
-// goroutine (see the package documentation for the loop).
+// goroutine (see the package documentation for the loop and the one exception).
 type Buffer struct {
-	cfg   Config
-	limit int64
-	dec   *decoding.Decoder
+	cfg  Config
+	dec  *decoding.Decoder
+	ctl  decoding.Parser // control messages on input
+	skip LSN             // transactions ending at or before it are dropped
 
 	store *spill.Store
-	txns  map[uint32]*txn
-	evict *heap.Heap[*txn] // transactions with records in memory, most bytes on top
-	cur   *txn             // receiving changes: inside a stream block, or between Begin and Commit
+	xacts map[uint32]*xact
+	evict *heap.Heap[*xact] // transactions with records in memory, not lent, most bytes on top
+	cur   *xact             // receiving changes: inside a stream block, or between Begin and Commit
+	pool  pool
 
-	queue []*Txn // finished, not yet handed out by Next, in commit order
-	lent  *Txn   // handed out by the last Next; released by the next Next or Close
-	rels  decoding.RelationCache
-	ctl   decoding.Parser // control messages on input
-	out   decoding.Parser // changes handed out
+	queue  []*Txn // committed (or parts), not yet handed out by Next, in commit order
+	lent   *Txn   // handed out by the last Next; released by the next Next or Close
+	schema *schema
+	prog   progress
 
-	acks      []*Txn // handed out or queued, not yet acknowledged, in commit order
-	pins      []*Txn // committed prepared transactions not yet acknowledged
-	held      int    // prepared transactions held (in txns)
-	acked     LSN    // end LSN of the last transaction of the acknowledged prefix
-	keepalive LSN    // highest walEnd of a keepalive
-	reported  LSN    // highest position FlushPosition returned
+	stats Stats
+	err   error
+	done  bool
 
-	mem       int64       // bytes in memory: capacity of the chunks holding records, and of free chunks
-	chunkMax  int         // largest memlog chunk: a power of two near a quarter of the limit, within [minChunk, maxChunk]
-	spare     [9][][]byte // free chunks by size class: minChunk << class
-	freeBytes int64
-	freeCap   int64 // most bytes of free chunks kept: min(limit, DefaultWorkMem)
-	stats     Stats
-	err       error
-	done      bool
+	partMax int64 // in parts: hand out what a transaction received once it is this many bytes
+
+	noAccounting bool // benchmarks only: measure what memory accounting costs
 }
 
 // New returns a Buffer. It opens its spill store in Config.Dir, which removes the spill files
 // that dead processes left there; files of its own appear only when a transaction is spilled.
 func New(cfg Config) (*Buffer, error) {
-	if cfg.WorkMem < 0 && cfg.WorkMem != SpillEverything {
-		return nil, fmt.Errorf("reorderbuffer: invalid WorkMem %d (want bytes, 0 for the default, or SpillEverything)", cfg.WorkMem)
+	if err := cfg.validate(); err != nil {
+		return nil, err
 	}
 	b := &Buffer{
-		cfg:   cfg,
-		limit: cfg.limit(),
-		dec:   decoding.NewDecoder(cfg.Decoding),
-		ctl:   decoding.Parser{Options: cfg.Decoding},
-		out:   decoding.Parser{Options: cfg.Decoding},
-		txns:  make(map[uint32]*txn),
-		evict: heap.New(func(x, y *txn) bool { return x.mem.bytes() > y.mem.bytes() },
-			func(t *txn) *heap.Node[*txn] { return &t.node }),
+		cfg:     cfg,
+		dec:     decoding.NewDecoder(cfg.Decoding),
+		ctl:     decoding.Parser{Options: cfg.Decoding},
+		skip:    cfg.SkipThrough,
+		xacts:   make(map[uint32]*xact),
+		pool:    newPool(cfg.limit()),
+		schema:  &schema{},
+		prog:    newProgress(cfg.SkipThrough),
+		partMax: partSize(cfg.limit()),
+		evict: heap.New(func(x, y *xact) bool { return x.mem.bytes() > y.mem.bytes() },
+			func(t *xact) *heap.Node[*xact] { return &t.node }),
 	}
 	dir := cfg.Dir
 	if dir == "" {
 		dir = os.TempDir()
 	}
-	st, err := spill.Open(spill.Options{Dir: dir, FS: cfg.FS})
+	st, err := spill.Open(spill.Options{Dir: dir, FS: cfg.FS, MaxOpenFiles: cfg.MaxOpenFiles})
 	if err != nil {
 		return nil, fmt.Errorf("reorderbuffer: opening spill store: %w", err)
 	}
 	b.store = st
-	b.chunkMax = minChunk
-	for int64(b.chunkMax*2) <= b.limit/4 && b.chunkMax < maxChunk {
-		b.chunkMax *= 2
-	}
-	b.freeCap = min(b.limit, DefaultWorkMem)
-	if cfg.SkipThrough != 0 {
-		b.acked = cfg.SkipThrough
-	}
 	return b, nil
 }
 
@@ -91,27 +77,38 @@ func New(cfg Config) (*Buffer, error) {
 // Committed transactions that become ready are handed out by Next. After an error every later
 // call returns an error wrapping ErrFailed.
 func (b *Buffer) Add(lsn LSN, data []byte) error {
+	if err := b.usable(); err != nil {
+		return err
+	}
+	if err := b.add(lsn, data); err != nil {
+		var typ decoding.MessageType
+		if len(data) > 0 {
+			typ = decoding.MessageType(data[0])
+		}
+		b.err = &InputError{LSN: lsn, Type: typ, Err: err}
+		return b.err
+	}
+	b.prog.receive(lsn)
+	return nil
+}
+
+// usable returns the error every input call must return before doing anything.
+func (b *Buffer) usable() error {
 	if b.done {
 		return ErrClosed
 	}
 	if b.err != nil {
 		return fmt.Errorf("%w: %w", ErrFailed, b.err)
 	}
-	if err := b.add(lsn, data); err != nil {
-		var typ byte
-		if len(data) > 0 {
-			typ = data[0]
-		}
-		b.err = &InputError{LSN: lsn, Type: typ, Err: err}
-		return b.err
-	}
 	return nil
 }
 
-// Keepalive records the walEnd of a primary keepalive message. When nothing is pending, the
-// flush position advances to it so that an idle slot does not hold back WAL.
+// Keepalive records the walEnd of a primary keepalive message: the server has sent everything
+// before it. When nothing is pending, the flush position advances to it so that an idle slot
+// does not hold back WAL.
 func (b *Buffer) Keepalive(walEnd LSN) {
-	b.keepalive = max(b.keepalive, walEnd)
+	b.prog.keepalive = max(b.prog.keepalive, walEnd)
+	b.prog.receive(walEnd)
 }
 
 func (b *Buffer) add(lsn LSN, data []byte) error {
@@ -131,16 +128,30 @@ func (b *Buffer) add(lsn LSN, data []byte) error {
 		if h.Transactional {
 			return b.record(h, data, false)
 		}
-		m, err := b.parse(data, h.InStream)
+		m, err := b.ctl.Parse(data, h.InStream)
 		if err != nil {
 			return err
 		}
 		return b.nonTransactional(m.(*decoding.LogicalMessage), data)
 
 	case decoding.MsgBegin, decoding.MsgBeginPrepare: // the GID comes again with Prepare
-		b.cur = b.open(h.Xid)
+		old := b.xacts[h.Xid]
+		t := b.open(h.Xid)
+		if old != nil && old.streamed && !old.prepared {
+			t.overStream = true
+		}
+		if b.cfg.Incremental && h.Type == decoding.MsgBegin {
+			m, err := b.ctl.Parse(data, false)
+			if err != nil {
+				return err
+			}
+			// Committed at or before the skip position: handing it out in parts would only
+			// make the consumer undo them.
+			t.quiet = m.(*decoding.Begin).FinalLSN < b.skip
+		}
+		b.cur = t
 	case decoding.MsgOrigin:
-		m, err := b.parse(data, false)
+		m, err := b.ctl.Parse(data, false)
 		if err != nil {
 			return err
 		}
@@ -150,120 +161,172 @@ func (b *Buffer) add(lsn LSN, data []byte) error {
 			meta.origin, meta.originLSN = o.Name, o.CommitLSN
 		}
 	case decoding.MsgCommit:
-		m, err := b.parse(data, false)
+		m, err := b.ctl.Parse(data, false)
 		if err != nil {
 			return err
 		}
 		c := m.(*decoding.Commit)
 		t := b.cur
 		b.cur = nil
+		if t == nil { // the decoder rejects a Commit without Begin; be defensive anyway
+			return fmt.Errorf("%w: Commit outside any transaction", ErrProtocol)
+		}
+		if t.overStream && c.EndLSN > b.skip {
+			return fmt.Errorf("%w: transaction %d (end %s) arrived whole while a streamed part of it was open: "+
+				"the stream was not restarted cleanly", ErrProtocol, t.xid, c.EndLSN)
+		}
 		return b.finish(t, c.CommitLSN, c.EndLSN, c.CommitTime, "")
 	case decoding.MsgPrepare:
-		m, err := b.parse(data, false)
+		m, err := b.ctl.Parse(data, false)
 		if err != nil {
 			return err
 		}
 		p := m.(*decoding.Prepare)
 		t := b.cur
 		b.cur = nil
-		return b.hold(t, p.GID, p.PrepareLSN)
+		if t == nil {
+			return fmt.Errorf("%w: Prepare outside any transaction", ErrProtocol)
+		}
+		return b.hold(t, p.GID, p.PrepareLSN, p.EndLSN)
 
 	case decoding.MsgStreamStart:
-		t := b.txns[h.Xid]
-		if h.FirstSegment {
-			if t != nil {
-				// The server decodes the transaction again from its start after a restart.
-				b.stats.RestartedTxns++
-				b.drop(t)
-			}
+		t := b.xacts[h.Xid]
+		switch {
+		case h.FirstSegment:
+			// The server decodes a transaction again from its start after a restart.
 			t = b.open(h.Xid)
 			t.streamed = true
 			b.stats.StreamTxns++
-		} else if t == nil {
-			return fmt.Errorf("%w: stream of transaction %d continues, but its first segment was never received", ErrProtocol, h.Xid)
+		case t == nil:
+			return &MissingError{Xid: h.Xid, LSN: lsn, What: "a stream continues, but its first segment was never received"}
+		case t.prepared:
+			return fmt.Errorf("%w: stream of transaction %d continues after its PREPARE", ErrProtocol, h.Xid)
 		}
 		b.stats.StreamCount++
 		b.cur = t
 	case decoding.MsgStreamStop:
+		if t := b.cur; t != nil && b.partable(t) && t.partBytes > 0 {
+			b.cut(t)
+		}
 		b.cur = nil
 	case decoding.MsgStreamAbort:
-		t := b.txns[h.Xid]
+		t := b.xacts[h.Xid]
 		switch {
-		case t == nil:
-			// PostgreSQL sends aborts for transactions that never streamed; nothing to do.
+		case t == nil || t.prepared:
+			// PostgreSQL sends aborts for transactions that never streamed; nothing to do. A
+			// prepared transaction ends with COMMIT PREPARED or ROLLBACK PREPARED only.
 		case h.SubXid == h.Xid:
 			b.stats.AbortedTxns++
-			b.drop(t)
+			b.undo(t)
+			return b.drop(t)
 		default:
 			return b.abortSub(t, h.SubXid)
 		}
 	case decoding.MsgStreamCommit:
-		m, err := b.parse(data, false)
+		m, err := b.ctl.Parse(data, false)
 		if err != nil {
 			return err
 		}
 		c := m.(*decoding.StreamCommit)
-		return b.finish(b.streamed(c.Xid), c.CommitLSN, c.EndLSN, c.CommitTime, "")
+		t := b.xacts[c.Xid]
+		if t == nil || !t.streamed || t.prepared {
+			return b.missing(c.Xid, "", c.CommitLSN, c.EndLSN, "Stream Commit")
+		}
+		return b.finish(t, c.CommitLSN, c.EndLSN, c.CommitTime, "")
 	case decoding.MsgStreamPrepare:
-		m, err := b.parse(data, false)
+		m, err := b.ctl.Parse(data, false)
 		if err != nil {
 			return err
 		}
 		p := m.(*decoding.StreamPrepare)
-		return b.hold(b.streamed(p.Xid), p.GID, p.PrepareLSN)
+		t := b.xacts[p.Xid]
+		if t == nil || !t.streamed || t.prepared {
+			return b.missing(p.Xid, p.GID, p.PrepareLSN, p.EndLSN, "Stream Prepare")
+		}
+		return b.hold(t, p.GID, p.PrepareLSN, p.EndLSN)
 	case decoding.MsgCommitPrepared:
-		m, err := b.parse(data, false)
+		m, err := b.ctl.Parse(data, false)
 		if err != nil {
 			return err
 		}
 		c := m.(*decoding.CommitPrepared)
-		t := b.txns[c.Xid]
+		t := b.xacts[c.Xid]
 		if t == nil || !t.prepared {
-			// Prepared before this session's start position and already handed out, or
-			// skipped through Config.SkipThrough: nothing is held for it.
-			b.stats.UnknownPrepared++
-			return nil
+			return b.missing(c.Xid, c.GID, c.CommitLSN, c.EndLSN, "COMMIT PREPARED")
 		}
 		return b.finish(t, c.CommitLSN, c.EndLSN, c.CommitTime, c.GID)
 	case decoding.MsgRollbackPrepared:
-		m, err := b.parse(data, false)
+		m, err := b.ctl.Parse(data, false)
 		if err != nil {
 			return err
 		}
 		r := m.(*decoding.RollbackPrepared)
-		if t := b.txns[r.Xid]; t != nil && t.prepared {
+		b.prog.receive(r.RollbackEndLSN)
+		if t := b.xacts[r.Xid]; t != nil && t.prepared {
 			b.stats.AbortedTxns++
-			b.drop(t)
+			b.undo(t)
+			return b.drop(t)
 		}
+		// Prepared before the resume position and rolled back after it: nothing was handed out.
 	default:
-		return fmt.Errorf("%w: unexpected message type %q", ErrProtocol, byte(h.Type))
+		return fmt.Errorf("%w: unexpected message type %v", ErrProtocol, h.Type)
 	}
 	return nil
 }
 
-// parse decodes a control message; the result is valid until the next parse.
-func (b *Buffer) parse(data []byte, inStream bool) (decoding.Message, error) {
-	return b.ctl.Parse(data, inStream)
+// missing handles the end of a transaction the buffer does not hold: harmless when the
+// transaction ends at or before the skip position (the consumer has it), data lost upstream of
+// the buffer otherwise.
+func (b *Buffer) missing(xid uint32, gid string, lsn, end LSN, what string) error {
+	if end <= b.skip {
+		b.stats.SkippedTxns++
+		b.prog.receive(end)
+		return nil
+	}
+	return &MissingError{Xid: xid, GID: gid, LSN: lsn, What: what + " of a transaction whose changes were never received"}
 }
 
-// open starts holding a transaction, discarding an older one with the same xid.
-func (b *Buffer) open(xid uint32) *txn {
-	if old := b.txns[xid]; old != nil {
-		b.drop(old)
+// open starts holding a transaction, replacing an older one with the same xid (the server sends
+// a transaction again from its start after a restart). A held prepared transaction stays held
+// while it is received again: when the replacement reaches its PREPARE it is dropped and the held
+// one kept, and if it is dropped earlier (a Restart while it is received again) the held one is
+// simply back. Either way the pin that keeps the flush position before the PREPARE never lapses.
+func (b *Buffer) open(xid uint32) *xact {
+	t := &xact{xid: xid}
+	if old := b.xacts[xid]; old != nil {
+		switch {
+		case old.prepared:
+			delete(b.xacts, xid)
+			t.replaces = old
+		default:
+			t.replaces, old.replaces = old.replaces, nil
+			b.stats.RestartedTxns++
+			b.undo(old)
+			b.dropErr(old)
+		}
 	}
-	t := &txn{xid: xid}
-	b.txns[xid] = t
+	b.xacts[xid] = t
 	return t
 }
 
-// streamed returns the streamed transaction xid, or an empty one when none is held: a
-// transaction whose changes were all rolled back (or that ran in an earlier session) still ends
-// with a Stream Commit that must be acknowledged.
-func (b *Buffer) streamed(xid uint32) *txn {
-	if t := b.txns[xid]; t != nil {
-		return t
+// dropErr drops t, keeping an error for the next call (open has no error to return; the
+// removal of a spill log is the only thing that can fail).
+func (b *Buffer) dropErr(t *xact) {
+	if err := b.drop(t); err != nil && b.err == nil {
+		b.err = err
 	}
-	return b.open(xid)
+}
+
+// settle lets go of the held prepared transaction t replaces, if any, when t ends otherwise
+// than by a PREPARE (which the server would not do for the same transaction).
+func (b *Buffer) settle(t *xact) error {
+	old := t.replaces
+	if old == nil {
+		return nil
+	}
+	t.replaces = nil
+	b.stats.RestartedTxns++
+	return b.drop(old)
 }
 
 // record appends a change (or schema message) to the transaction receiving changes.
@@ -272,10 +335,27 @@ func (b *Buffer) record(h decoding.Header, data []byte, schema bool) error {
 	if t == nil { // the decoder rejects changes outside a transaction; be defensive anyway
 		return fmt.Errorf("%w: change outside any transaction", ErrProtocol)
 	}
+	var desc decoding.Message
+	if schema {
+		m, err := decoding.Parse(data, h.InStream, b.cfg.Decoding)
+		if err != nil {
+			return err
+		}
+		// The in-stream xid names the change that needed the description; what is handed
+		// out is read back from records without it.
+		switch v := m.(type) {
+		case *decoding.Relation:
+			v.Xid = 0
+		case *decoding.DataType:
+			v.Xid = 0
+		}
+		desc = m
+	}
 	// The in-stream record keeps the type byte and the body: the writer's xid is only needed
-	// for the subtransaction list below.
+	// for the subtransaction list below. Handed out in parts, a streamed transaction's changes
+	// keep it: the consumer undoes a subtransaction's changes itself.
 	head, body := data, []byte(nil)
-	if h.InStream {
+	if h.InStream && !b.cfg.Incremental {
 		if len(data) < 5 {
 			return fmt.Errorf("%w: short in-stream message", ErrProtocol)
 		}
@@ -283,113 +363,59 @@ func (b *Buffer) record(h decoding.Header, data []byte, schema bool) error {
 	}
 	// Get the record's chunk, if it needs one, before anything else: making room may spill t.
 	var chunk []byte
-	if size := t.mem.chunkFor(len(head)+len(body), b.chunkMax); size > 0 {
+	if size := t.mem.chunkFor(len(head)+len(body), b.pool.chunkMax); size > 0 {
 		var err error
 		if chunk, err = b.getChunk(size); err != nil {
 			return err
 		}
 	}
 	if sub := h.Xid; h.InStream && sub != t.xid {
-		if t.subs == nil {
-			t.subs = &subxacts{}
-		}
-		if !t.subs.contains(sub) {
-			t.subs.addMem(sub, t.mem.end())
-		}
+		t.noteSub(sub)
+	}
+	if desc != nil {
+		t.schema = append(t.schema, schemaEntry{msg: desc, pos: t.mem.end()})
 	}
 	t.mem.appendRecord(chunk, head, body)
 	t.bytes += int64(len(data))
-	if schema {
-		t.hasSchema = true
+	if desc == nil {
+		t.changes++
 	}
+	t.partBytes += int64(len(data))
 	if chunk != nil {
 		b.grew(t)
-		if b.mem > b.limit { // the chunk alone was larger than the room left
-			return b.makeRoom(0)
+		if b.pool.mem > b.pool.limit { // the chunk alone was larger than the room left
+			if err := b.makeRoom(0); err != nil {
+				return err
+			}
 		}
+	}
+	if t.partBytes >= b.partMax && b.partable(t) {
+		b.cut(t)
 	}
 	return nil
 }
 
 // getChunk returns an empty chunk of the given capacity for a transaction's records: a free one,
-// or a new one once room is made for it within the limit. Unless knobs.NoAccounting is set, its
-// bytes are counted in b.mem from now on (free chunks already are).
+// or a new one once room is made for it within the limit.
 func (b *Buffer) getChunk(size int) ([]byte, error) {
-	if c := b.takeFree(size); c != nil {
+	if c := b.pool.takeFree(size); c != nil {
 		return c, nil
 	}
-	if !knobs.NoAccounting {
-		if err := b.makeRoom(int64(size)); err != nil {
-			return nil, err
-		}
-		if c := b.takeFree(size); c != nil { // spilling may have freed one
-			return c, nil
-		}
-		b.mem += int64(size)
-		b.stats.PeakMemoryBytes = max(b.stats.PeakMemoryBytes, b.mem)
+	if b.noAccounting {
+		return make([]byte, 0, size), nil
 	}
-	return make([]byte, 0, size), nil
-}
-
-// Free chunks. Chunks dropped by spilling, truncation and release are kept, by size class (the
-// powers of two from minChunk to chunkMax), for the next records, up to freeCap bytes: spilling
-// a large transaction then turns over the same memory instead of making garbage for the
-// collector. Free chunks count in b.mem like chunks in use, so the limit covers them.
-
-func chunkClass(size int) int {
-	c := 0
-	for s := minChunk; s < size; s <<= 1 {
-		c++
+	if err := b.makeRoom(int64(size)); err != nil {
+		return nil, err
 	}
-	return c
-}
-
-func (b *Buffer) takeFree(size int) []byte {
-	if b.freeBytes == 0 {
-		return nil
+	if c := b.pool.takeFree(size); c != nil { // spilling may have freed one
+		return c, nil
 	}
-	k := chunkClass(size)
-	if k >= len(b.spare) || minChunk<<k != size || len(b.spare[k]) == 0 {
-		return nil
-	}
-	l := b.spare[k]
-	c := l[len(l)-1]
-	l[len(l)-1] = nil
-	b.spare[k] = l[:len(l)-1]
-	b.freeBytes -= int64(cap(c))
-	return c
-}
-
-// recycle keeps c as a free chunk if there is room; it reports whether it did.
-func (b *Buffer) recycle(c []byte) bool {
-	n := cap(c)
-	k := chunkClass(n)
-	if k >= len(b.spare) || minChunk<<k != n || b.freeBytes+int64(n) > b.freeCap {
-		return false
-	}
-	b.spare[k] = append(b.spare[k], c[:0])
-	b.freeBytes += int64(n)
-	return true
-}
-
-// dropFree lets go of the largest free chunk; it reports whether there was one.
-func (b *Buffer) dropFree() bool {
-	for k := len(b.spare) - 1; k >= 0; k-- {
-		if l := b.spare[k]; len(l) > 0 {
-			n := int64(cap(l[len(l)-1]))
-			l[len(l)-1] = nil
-			b.spare[k] = l[:len(l)-1]
-			b.freeBytes -= n
-			b.mem -= n
-			return true
-		}
-	}
-	return false
+	return b.pool.alloc(size), nil
 }
 
 // grew keeps the eviction heap up to date after t's memory grew.
-func (b *Buffer) grew(t *txn) {
-	if t.lent || knobs.NoAccounting {
+func (b *Buffer) grew(t *xact) {
+	if t.lent || b.noAccounting {
 		return
 	}
 	if t.node.InHeap() {
@@ -399,9 +425,16 @@ func (b *Buffer) grew(t *txn) {
 	}
 }
 
-// release accounts n fewer bytes in memory (chunks let go of) after t's memory shrank.
-func (b *Buffer) release(t *txn, n int64) {
-	b.mem -= n
+// recycle offers a chunk a transaction lets go of to the pool.
+func (b *Buffer) recycle(c []byte) bool {
+	return !b.noAccounting && b.pool.recycle(c)
+}
+
+// released accounts n fewer bytes in memory (chunks let go of) after t's memory shrank.
+func (b *Buffer) released(t *xact, n int64) {
+	if !b.noAccounting {
+		b.pool.release(n)
+	}
 	if t.node.InHeap() {
 		if t.mem.bytes() == 0 {
 			b.evict.Remove(t)
@@ -415,13 +448,11 @@ func (b *Buffer) release(t *txn, n int64) {
 // spilling the transaction with the most bytes in memory; it stops early when a free chunk of
 // size n appears (spilling frees chunks) or nothing is left to free.
 func (b *Buffer) makeRoom(n int64) error {
-	for b.mem+n > b.limit {
-		if n > 0 && b.freeBytes > 0 {
-			if k := chunkClass(int(n)); k < len(b.spare) && minChunk<<k == int(n) && len(b.spare[k]) > 0 {
-				return nil
-			}
+	for b.pool.mem+n > b.pool.limit {
+		if n > 0 && b.pool.hasFree(int(n)) {
+			return nil
 		}
-		if b.dropFree() {
+		if b.pool.dropFree() {
 			continue
 		}
 		t, ok := b.evict.Peek()
@@ -436,7 +467,7 @@ func (b *Buffer) makeRoom(n int64) error {
 }
 
 // spill appends t's in-memory records to its spill log and frees them.
-func (b *Buffer) spill(t *txn) error {
+func (b *Buffer) spill(t *xact) error {
 	if t.log == nil {
 		l, err := b.store.Create()
 		if err != nil {
@@ -448,140 +479,143 @@ func (b *Buffer) spill(t *txn) error {
 		t.everSpilled = true
 		b.stats.SpillTxns++
 	}
-	before := t.log.Size()
-	var subs []memSub
-	if t.subs != nil {
-		subs = t.subs.mem
-	}
-	j := 0
-	var err error
-	t.mem.all(func(pos int64, rec []byte) bool {
-		for j < len(subs) && subs[j].pos == pos {
-			t.subs.addSpilled(subs[j].xid, t.log.Size())
-			j++
-		}
-		err = t.log.Append(rec)
-		return err == nil
-	})
+	written, released, err := t.spillTo(b.recycle)
 	if err != nil {
 		return err
 	}
-	for ; j < len(subs); j++ { // an entry past the last record (none is made, but be safe)
-		t.subs.addSpilled(subs[j].xid, t.log.Size())
-	}
-	if t.subs != nil {
-		t.subs.mem, t.subs.memMin, t.subs.memMax = t.subs.mem[:0], t.subs.memMin[:0], t.subs.memMax[:0]
-	}
 	b.stats.SpillCount++
-	b.stats.SpillBytes += t.log.Size() - before
-	b.release(t, t.mem.reset(b.recycle))
+	b.stats.SpillBytes += written
+	b.released(t, released)
 	return nil
 }
 
-// abortSub cuts t back to where subtransaction sub first wrote, dropping sub and every
-// subtransaction that appeared after it. A subtransaction with no entry had no changes in the
-// stream: nothing to do.
-func (b *Buffer) abortSub(t *txn, sub uint32) error {
-	if t.subs == nil {
-		return nil
+// abortSub cuts t back to where subtransaction sub first wrote. In parts, if that was in a part
+// already handed out, the consumer is told to undo it, and what t holds goes (it all came after).
+func (b *Buffer) abortSub(t *xact, sub uint32) error {
+	if t.handed != nil {
+		if blk, j, _ := t.handed.findSpilled(sub); blk >= 0 {
+			t.handed.cutSpilled(blk, j)
+			released, err := t.free(b.recycle)
+			b.released(t, released)
+			if err != nil {
+				return err
+			}
+			b.stats.AbortedSubxacts++
+			b.enqueueMark(t, PartSubAbort, sub)
+			return nil
+		}
 	}
-	if i := t.subs.findMem(sub); i >= 0 {
-		b.release(t, t.mem.truncate(t.subs.mem[i].pos, b.recycle))
-		t.subs.cutMem(i)
-		b.stats.AbortedSubxacts++
-		return nil
-	}
-	blk, j, off := t.subs.findSpilled(sub)
-	if blk < 0 {
-		return nil
-	}
-	if err := t.log.Truncate(off); err != nil {
+	found, released, err := t.abortSub(sub, b.recycle)
+	b.released(t, released)
+	if err != nil {
 		return err
 	}
-	b.release(t, t.mem.reset(b.recycle))
-	t.subs.cutSpilled(blk, j)
-	b.stats.AbortedSubxacts++
+	if found {
+		b.stats.AbortedSubxacts++
+	}
 	return nil
 }
 
-// hold keeps a prepared transaction until COMMIT PREPARED or ROLLBACK PREPARED.
+// hold keeps a prepared transaction until COMMIT PREPARED or ROLLBACK PREPARED, pinning the
+// flush position at its PREPARE.
 //
 // pgoutput counts the schema it sent with a prepared transaction as known to the client from the
 // PREPARE on: transactions that commit before COMMIT PREPARED may use those relations without
-// describing them again. So the transaction's Relation and Type messages take effect now, as they
-// would for a consumer that applies prepared transactions (PostgreSQL's subscriber).
-func (b *Buffer) hold(t *txn, gid string, prepareLSN LSN) error {
-	if t.hasSchema {
-		if err := b.applySchema(t); err != nil {
-			return err
-		}
+// describing them again. So the transaction's descriptions take effect now, in stream order.
+func (b *Buffer) hold(t *xact, gid string, prepareLSN, endLSN LSN) error {
+	b.prog.receive(endLSN)
+	if old := t.replaces; old != nil {
+		// The same prepared transaction, sent again after a restart: the one held has it all
+		// (and, handed out in parts, what the consumer applied), so keep that one.
+		t.replaces = nil
+		b.xacts[t.xid] = old
+		b.stats.RestartedTxns++
+		return b.free(t)
 	}
 	t.prepared = true
 	meta := t.metadata()
 	meta.gid, meta.prepareLSN = gid, prepareLSN
-	b.held++
+	meta.base = b.describe(t)
+	if !t.pinned {
+		t.pinned = true
+		b.prog.pin(t.xid, prepareLSN)
+	}
 	return nil
 }
 
-// applySchema applies t's Relation and Type messages to the relation cache, in order.
-func (b *Buffer) applySchema(t *txn) error {
-	return b.eachRecord(t, func(rec []byte) error {
-		if typ := decoding.MessageType(rec[0]); typ != decoding.MsgRelation && typ != decoding.MsgDataType {
-			return nil
+// describe makes t's schema descriptions take effect and returns the schema in effect before
+// them, shared by the caller (release it with unshare).
+//
+// A streamed transaction describes again every relation it uses; that changes nothing unless the
+// description differs, so the current schema is copied (because the caller shares it) only when
+// one does.
+func (b *Buffer) describe(t *xact) *schema {
+	base := b.schema
+	base.shared++
+	msgs := t.described
+	for _, e := range t.schema {
+		msgs = append(msgs[:len(msgs):len(msgs)], e.msg)
+	}
+	for i, m := range msgs {
+		if b.schema.describes(m) {
+			continue
 		}
-		m, err := decoding.Parse(rec, false, b.cfg.Decoding)
-		if err != nil {
-			return err
+		if b.schema == base {
+			b.schema = base.clone()
 		}
-		b.rels.Apply(m)
-		return nil
-	})
+		for _, m := range msgs[i:] {
+			b.schema.set(m)
+		}
+		break
+	}
+	return base
 }
 
-// errStop ends eachRecord early without an error.
-var errStop = errors.New("stop")
-
-// eachRecord calls f for every record of t in order: the spill log, then memory. rec is valid
-// only during the call.
-func (b *Buffer) eachRecord(t *txn, f func(rec []byte) error) error {
-	if t.log != nil {
-		r := t.log.NewReader()
-		for {
-			rec, err := r.Next()
-			if errors.Is(err, io.EOF) {
-				break
-			}
-			if err == nil {
-				err = f(rec)
-			}
-			if err != nil {
-				r.Close()
-				return err
-			}
-		}
-		if err := r.Close(); err != nil {
-			return err
-		}
+func unshare(s *schema) {
+	if s != nil {
+		s.shared--
 	}
-	var err error
-	t.mem.all(func(_ int64, rec []byte) bool {
-		err = f(rec)
-		return err == nil
-	})
-	return err
+}
+
+// sharedOf returns the schema whose share a view with base holds: base, or the current-schema
+// snapshot a transaction's own earlier descriptions are layered on.
+func sharedOf(base *schema) *schema {
+	for base.parent != nil {
+		base = base.parent
+	}
+	return base
 }
 
 // finish hands a committed transaction to the queue, or drops it if the consumer already has it.
-func (b *Buffer) finish(t *txn, commitLSN, endLSN LSN, at time.Time, gid string) error {
-	delete(b.txns, t.xid)
-	if t.prepared {
-		t.prepared = false
-		b.held--
+func (b *Buffer) finish(t *xact, commitLSN, endLSN LSN, at time.Time, gid string) error {
+	delete(b.xacts, t.xid)
+	if err := b.settle(t); err != nil {
+		return err
 	}
-	if endLSN <= b.cfg.SkipThrough {
+	var base *schema
+	if t.prepared {
+		base = t.meta.base
+		t.meta.base, t.prepared = nil, false
+	} else {
+		base = b.describe(t)
+	}
+	if endLSN <= b.skip {
 		b.stats.SkippedTxns++
-		b.free(t)
-		return nil
+		b.prog.receive(endLSN)
+		unshare(base)
+		if t.pinned {
+			t.pinned = false
+			b.prog.unpin(t.xid)
+		}
+		b.undo(t) // parts handed out before the commit showed it was the consumer's already
+		return b.free(t)
+	}
+	if len(t.described) > 0 { // the descriptions of earlier parts come first
+		local := &schema{parent: base}
+		for _, m := range t.described {
+			local.set(m)
+		}
+		base, local.shared = local, 0
 	}
 	x := &Txn{
 		Xid:        t.xid,
@@ -591,80 +625,95 @@ func (b *Buffer) finish(t *txn, commitLSN, endLSN LSN, at time.Time, gid string)
 		GID:        gid,
 		Streamed:   t.streamed,
 		b:          b,
-		t:          t,
+		data:       t,
+		view:       view{base: base, shared: sharedOf(base)},
+		pinned:     t.pinned,
 	}
+	if b.cfg.Incremental {
+		x.Part = PartCommit
+	}
+	t.pinned = false
 	if m := t.meta; m != nil {
 		x.Origin, x.OriginLSN = m.origin, m.originLSN
-		if gid != "" {
-			// Until the consumer has it, the server must send it again after a restart, and
-			// it only does while the confirmed position is before the PREPARE.
-			x.pin = m.prepareLSN
-			b.pins = append(b.pins, x)
-		}
 	}
+	x.seq = b.prog.enqueue(endLSN)
 	b.stats.TotalTxns++
 	b.stats.TotalBytes += t.bytes
+	b.stats.TotalChanges += t.changes
 	b.queue = append(b.queue, x)
-	b.acks = append(b.acks, x)
 	return nil
 }
 
 // nonTransactional queues a non-transactional logical message in its place.
 func (b *Buffer) nonTransactional(m *decoding.LogicalMessage, data []byte) error {
-	if m.LSN <= b.cfg.SkipThrough {
+	if m.LSN <= b.skip {
 		b.stats.SkippedTxns++
 		return nil
 	}
-	t := &txn{}
-	chunk, err := b.getChunk(t.mem.chunkFor(len(data), b.chunkMax))
+	t := &xact{}
+	chunk, err := b.getChunk(t.mem.chunkFor(len(data), b.pool.chunkMax))
 	if err != nil {
 		return err
 	}
 	t.mem.appendRecord(chunk, data)
 	b.grew(t)
-	if b.mem > b.limit {
+	if b.pool.mem > b.pool.limit {
 		if err := b.makeRoom(0); err != nil {
 			return err
 		}
 	}
-	x := &Txn{EndLSN: m.LSN, CommitLSN: m.LSN, NonTransactional: true, b: b, t: t}
+	base := b.schema
+	base.shared++
+	x := &Txn{EndLSN: m.LSN, CommitLSN: m.LSN, NonTransactional: true, b: b, data: t, view: view{base: base, shared: base}}
+	x.seq = b.prog.enqueue(m.LSN)
 	b.queue = append(b.queue, x)
-	b.acks = append(b.acks, x)
 	return nil
 }
 
-// drop forgets a transaction that will never be handed out.
-func (b *Buffer) drop(t *txn) {
-	if b.txns[t.xid] == t {
-		delete(b.txns, t.xid)
+// drop forgets a transaction that will never be handed out. If it was replacing a held
+// prepared transaction, that one is held again.
+func (b *Buffer) drop(t *xact) error {
+	if b.xacts[t.xid] == t {
+		delete(b.xacts, t.xid)
+		if old := t.replaces; old != nil {
+			t.replaces = nil
+			b.xacts[t.xid] = old
+		}
 	}
 	if b.cur == t {
 		b.cur = nil
 	}
-	b.free(t)
+	if t.pinned {
+		t.pinned = false
+		b.prog.unpin(t.xid)
+	}
+	if t.meta != nil {
+		unshare(t.meta.base)
+		t.meta.base = nil
+	}
+	return b.free(t)
 }
 
-// free releases t's memory and spill log.
-func (b *Buffer) free(t *txn) {
-	b.release(t, t.mem.reset(b.recycle))
-	t.subs = nil
-	if t.prepared {
-		t.prepared = false
-		b.held--
-	}
-	if t.log != nil {
-		if err := t.log.Remove(); err != nil && b.err == nil {
-			b.err = err
+// free releases t's memory and spill log, and those of the transaction it replaces, if any.
+func (b *Buffer) free(t *xact) error {
+	var errs []error
+	for ; t != nil; t = t.replaces {
+		released, err := t.free(b.recycle)
+		b.released(t, released)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("removing a spill log: %w", err))
 		}
-		t.log = nil
 	}
+	return errors.Join(errs...)
 }
 
 // Next returns the next committed transaction, in commit order, or false when none is ready.
 // It releases the transaction the previous call returned: read a transaction's changes before
 // calling Next again. Acknowledge each transaction with Ack once it is durably handled.
 func (b *Buffer) Next() (*Txn, bool) {
-	b.releaseLent()
+	if err := b.releaseLent(); err != nil && b.err == nil {
+		b.err = err
+	}
 	if b.done || len(b.queue) == 0 {
 		return nil, false
 	}
@@ -674,9 +723,9 @@ func (b *Buffer) Next() (*Txn, bool) {
 	if len(b.queue) == 0 {
 		b.queue = b.queue[:0:0] // let the backing array go
 	}
-	x.t.lent = true
-	if x.t.node.InHeap() {
-		b.evict.Remove(x.t)
+	x.data.lent = true
+	if x.data.node.InHeap() {
+		b.evict.Remove(x.data)
 	}
 	b.lent = x
 	return x, true
@@ -685,112 +734,87 @@ func (b *Buffer) Next() (*Txn, bool) {
 // Pending returns the number of transactions ready to be handed out by Next.
 func (b *Buffer) Pending() int { return len(b.queue) }
 
-func (b *Buffer) releaseLent() {
+func (b *Buffer) releaseLent() error {
 	x := b.lent
-	if x == nil {
-		return
-	}
 	b.lent = nil
-	if x.t.hasSchema && !x.read {
-		// The consumer skipped the changes; later transactions still need the schema it carried.
-		if err := b.applySchema(x.t); err != nil && b.err == nil {
-			b.err = err
-		}
+	return b.release(x)
+}
+
+// release lets go of a queued or lent transaction's records and schema.
+func (b *Buffer) release(x *Txn) error {
+	if x == nil || x.released {
+		return nil
 	}
 	x.released = true
-	b.free(x.t)
+	unshare(x.view.shared)
+	x.view = view{}
+	t := x.data
+	x.data = nil
+	return b.free(t)
 }
 
 // Ack records that the consumer has durably handled t. Transactions may be acknowledged in any
 // order; the flush position only passes a transaction once it and all before it are acknowledged.
 // Acknowledging t again does nothing. A nil t, or one another Buffer handed out, is an error
-// (ErrForeignTxn) and changes nothing.
+// (ErrForeignTxn) and changes nothing, and so is acknowledging a part that does not commit
+// (ErrNotCommit).
+//
+// Ack, AckedThrough and FlushPosition touch only the buffer's acknowledgement state: they may run
+// while another goroutine reads a handed-out transaction's Changes, as long as they are not
+// called concurrently with each other or with any other method.
 func (b *Buffer) Ack(t *Txn) error {
 	if t == nil || t.b != b {
 		return ErrForeignTxn
 	}
-	t.acked = true
-	b.advanceAcks()
+	if t.Part != Whole && t.Part != PartCommit {
+		return fmt.Errorf("%w (a %v part)", ErrNotCommit, t.Part)
+	}
+	if b.prog.ack(t.seq) && t.pinned {
+		b.prog.unpin(t.Xid)
+	}
 	return nil
-}
-
-func (b *Buffer) advanceAcks() {
-	i := 0
-	for ; i < len(b.acks) && b.acks[i].acked; i++ {
-		b.acked = max(b.acked, b.acks[i].EndLSN)
-		b.acks[i] = nil
-	}
-	b.acks = b.acks[i:]
-	if len(b.acks) == 0 {
-		b.acks = b.acks[:0:0]
-	}
 }
 
 // AckedThrough returns the end LSN of the last transaction of the acknowledged prefix: that
 // transaction and every one handed out before it are acknowledged (Config.SkipThrough when none
 // is). It is the position a consumer may persist and resume from; the highest acknowledged end
 // LSN is not, when acknowledgements come out of order.
-func (b *Buffer) AckedThrough() LSN { return b.acked }
-
-// Restart prepares the buffer for a new replication session on the same slot, after the
-// connection was lost: the server will send again everything after the slot's confirmed
-// position. Transactions still being received are dropped (the server sends them again from
-// their start); transactions already complete (queued, handed out, or prepared and held) are
-// kept, and those the server sends again are dropped instead of being handed out twice.
-// Acknowledgements and the flush position carry over.
-func (b *Buffer) Restart() error {
-	if b.done {
-		return ErrClosed
-	}
-	if b.err != nil {
-		return fmt.Errorf("%w: %w", ErrFailed, b.err)
-	}
-	b.dec = decoding.NewDecoder(b.cfg.Decoding)
-	for _, t := range b.txns {
-		if !t.prepared {
-			b.drop(t)
-		}
-	}
-	b.cur = nil
-	if n := len(b.acks); n > 0 {
-		b.cfg.SkipThrough = max(b.cfg.SkipThrough, b.acks[n-1].EndLSN)
-	}
-	b.cfg.SkipThrough = max(b.cfg.SkipThrough, b.acked)
-	return nil
-}
+func (b *Buffer) AckedThrough() LSN { return b.prog.acked }
 
 // FlushPosition returns the position that is safe to report as flushed to the server: the end
 // LSN of the last transaction that was acknowledged together with every transaction before it;
 // when nothing is pending or being received, the highest keepalive position, so that an idle
-// slot does not hold back WAL. A prepared transaction the buffer holds pins the position at its
-// PREPARE, so that the server sends it again after a restart. The result never decreases.
+// slot does not hold back WAL. A prepared transaction the buffer holds, or that was handed out
+// and is not acknowledged, pins the position at its PREPARE, so that the server sends it again
+// after a restart. The position never exceeds what was received (the LSNs passed to Add and
+// Keepalive and those inside the messages) and never decreases.
 func (b *Buffer) FlushPosition() LSN {
-	pos := b.acked
-	if len(b.acks) == 0 && !b.dec.InTransaction() { // nothing pending, no Begin…Commit half received
-		pos = max(pos, b.keepalive)
+	return b.prog.flush(b.dec.InTransaction())
+}
+
+// Restart prepares the buffer for a new replication session on the same slot, after the
+// connection was lost: the server will send again everything after the slot's confirmed
+// position. Transactions still being received are dropped (the server sends them again from
+// their start); complete ones (queued, handed out, or prepared and held) are kept, and those
+// the server sends again are dropped instead of being handed out twice. Acknowledgements, pins
+// and the flush position carry over.
+func (b *Buffer) Restart() error {
+	if err := b.usable(); err != nil {
+		return err
 	}
-	if b.held > 0 {
-		for _, t := range b.txns {
-			if t.prepared && t.meta.prepareLSN < pos {
-				pos = t.meta.prepareLSN
+	b.dec = decoding.NewDecoder(b.cfg.Decoding)
+	b.cur = nil
+	for _, t := range b.xacts {
+		if !t.prepared {
+			b.undo(t)
+			if err := b.drop(t); err != nil {
+				b.err = err
+				return err
 			}
 		}
 	}
-	i := 0
-	for _, x := range b.pins {
-		if !x.acked {
-			pos = min(pos, x.pin)
-			b.pins[i] = x
-			i++
-		}
-	}
-	clear(b.pins[i:])
-	b.pins = b.pins[:i]
-	if pos < b.reported {
-		pos = b.reported
-	}
-	b.reported = pos
-	return pos
+	b.skip = max(b.skip, b.prog.lastEnqueued())
+	return nil
 }
 
 // Close releases every transaction and removes every spill file. It is safe to call twice.
@@ -799,24 +823,18 @@ func (b *Buffer) Close() error {
 		return nil
 	}
 	b.done = true
-	if x := b.lent; x != nil {
-		b.lent = nil
-		x.released = true
-		b.free(x.t)
-	}
+	errs := []error{b.releaseLent()}
 	for _, x := range b.queue {
-		x.released = true
-		b.free(x.t)
+		errs = append(errs, b.release(x))
 	}
 	b.queue = nil
-	for _, t := range b.txns {
-		b.free(t)
+	for _, t := range b.xacts {
+		errs = append(errs, b.free(t))
 	}
-	clear(b.txns)
+	clear(b.xacts)
 	b.cur = nil
-	var err error
 	if b.store != nil {
-		err = b.store.Close()
+		errs = append(errs, b.store.Close())
 	}
-	return err
+	return errors.Join(errs...)
 }

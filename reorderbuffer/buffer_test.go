@@ -1,7 +1,6 @@
 package reorderbuffer_test
 
 import (
-	"errors"
 	"io/fs"
 	"math"
 	"os"
@@ -349,13 +348,14 @@ func TestManyOpenTransactions(t *testing.T) {
 func TestParseWorkMem(t *testing.T) {
 	for in, want := range map[string]int64{
 		"64kB": 64 << 10, "64": 64 << 10, "1MB": 1 << 20, "1MiB": 1 << 20, "4GB": 4 << 30, "512B": 512,
-		"0": reorderbuffer.SpillEverything, "unlimited": math.MaxInt64, " 2 MB ": 2 << 20,
+		"none": reorderbuffer.SpillEverything, "unlimited": math.MaxInt64, " 2 MB ": 2 << 20,
 	} {
 		got, err := reorderbuffer.ParseWorkMem(in)
 		require.NoError(t, err, in)
 		require.Equal(t, want, got, in)
 	}
-	for _, in := range []string{"", "kB", "-1", "1XB", "99999999999TB", "1.5MB"} {
+	// "0" is rejected: Config.WorkMem 0 means the default, so "0" would mean two things.
+	for _, in := range []string{"", "kB", "-1", "1XB", "99999999999TB", "1.5MB", "0", "0kB"} {
 		_, err := reorderbuffer.ParseWorkMem(in)
 		require.Error(t, err, in)
 	}
@@ -402,5 +402,5 @@ func TestCloseRemovesEverything(t *testing.T) {
 	require.ErrorIs(t, b.Add(0, streamCommit(t, 10, 0x3000)), reorderbuffer.ErrClosed)
 	_, ok := b.Next()
 	require.False(t, ok)
-	require.False(t, errors.Is(nil, reorderbuffer.ErrClosed))
+	require.ErrorIs(t, b.Restart(), reorderbuffer.ErrClosed)
 }

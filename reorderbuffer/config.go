@@ -18,8 +18,8 @@ type LSN = decoding.LSN
 const DefaultWorkMem int64 = 64 << 20
 
 // SpillEverything, as Config.WorkMem, keeps no transaction data in memory: every record is written
-// to the transaction's spill log as soon as it arrives (logical_decoding_work_mem = 0 in spirit;
-// PostgreSQL's own minimum is 64kB).
+// to the transaction's spill log as soon as it arrives (PostgreSQL's own minimum for
+// logical_decoding_work_mem is 64kB). ParseWorkMem returns it for "none".
 const SpillEverything int64 = -1
 
 // Config configures a Buffer. The zero value is ready to use: 64 MiB of memory, spill files in
@@ -38,14 +38,39 @@ type Config struct {
 	// FS is the filesystem for spill files; nil means the operating system's.
 	FS spill.FS
 
+	// MaxOpenFiles bounds the spill files kept open at once; 0 derives it from the process's
+	// file descriptor limit (see package spill). Any number of transactions can be spilled
+	// whatever the bound: the least recently used files are closed and opened again.
+	MaxOpenFiles int
+
 	// Decoding describes the negotiated protocol (version, and whether Stream Abort carries the
 	// protocol 4 abort LSN and time). The zero value accepts every version and detects the rest.
 	Decoding decoding.Options
+
+	// Incremental hands transactions out in parts as they arrive instead of whole at their
+	// commit: a streamed transaction's changes at the end of each stream block (or every few
+	// hundred kilobytes), a plain transaction's as it arrives, then what to undo (a
+	// subtransaction or the whole transaction) or the commit, each as a Txn with its Part set.
+	// Inside a streamed transaction every change carries the xid of the subtransaction that wrote
+	// it, so that a consumer can take a savepoint before each subtransaction's first change. See
+	// PartKind. Prepared transactions are handed out in parts up to their PREPARE, then held until
+	// COMMIT PREPARED.
+	Incremental bool
 
 	// SkipThrough is the consumer's last durable position: the end LSN of the last transaction it
 	// applied before a restart. Transactions that end at or before it are dropped instead of being
 	// handed out again, as PostgreSQL's subscriber does with its replication origin.
 	SkipThrough LSN
+}
+
+func (c *Config) validate() error {
+	if c.WorkMem < 0 && c.WorkMem != SpillEverything {
+		return fmt.Errorf("reorderbuffer: invalid WorkMem %d (want bytes, 0 for the default, or SpillEverything)", c.WorkMem)
+	}
+	if c.MaxOpenFiles < 0 {
+		return fmt.Errorf("reorderbuffer: invalid MaxOpenFiles %d", c.MaxOpenFiles)
+	}
+	return nil
 }
 
 func (c *Config) limit() int64 {
@@ -60,22 +85,25 @@ func (c *Config) limit() int64 {
 }
 
 // ParseWorkMem parses a memory limit written as PostgreSQL writes logical_decoding_work_mem:
-// a number with an optional unit B, kB, MB, GB or TB (multiples of 1024, as in PostgreSQL; KiB,
-// MiB, GiB and TiB are accepted too). A bare number is in kilobytes, as in postgresql.conf.
-// "0" means SpillEverything; "unlimited" (or "inf") means no limit. The result is a valid
-// Config.WorkMem.
+// a positive number with an optional unit B, kB, MB, GB or TB (multiples of 1024, as in
+// PostgreSQL; KiB, MiB, GiB and TiB are accepted too). A bare number is in kilobytes, as in
+// postgresql.conf. "none" keeps nothing in memory (SpillEverything); "unlimited" never spills.
+// "0" is rejected: as Config.WorkMem it would mean the default, which is not what anyone writing
+// it means. The result is a valid Config.WorkMem.
 func ParseWorkMem(s string) (int64, error) {
 	s = strings.TrimSpace(s)
 	switch strings.ToLower(s) {
 	case "unlimited", "inf", "infinity":
 		return math.MaxInt64, nil
+	case "none":
+		return SpillEverything, nil
 	}
 	i := 0
 	for i < len(s) && s[i] >= '0' && s[i] <= '9' {
 		i++
 	}
 	if i == 0 {
-		return 0, fmt.Errorf("reorderbuffer: invalid memory size %q", s)
+		return 0, fmt.Errorf("reorderbuffer: invalid memory size %q (want a number with a unit such as 64kB or 1MB; a bare number is kB; \"none\" or \"unlimited\")", s)
 	}
 	n, err := strconv.ParseInt(s[:i], 10, 64)
 	if err != nil {
@@ -100,7 +128,7 @@ func ParseWorkMem(s string) (int64, error) {
 		return 0, fmt.Errorf("reorderbuffer: memory size %q too large", s)
 	}
 	if n == 0 {
-		return SpillEverything, nil
+		return 0, fmt.Errorf("reorderbuffer: memory size %q is zero: write \"none\" to keep nothing in memory, or a size such as 64MB", s)
 	}
 	return n * mult, nil
 }

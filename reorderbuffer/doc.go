@@ -29,10 +29,22 @@
 //     (Stats.OverheadBytes), the spill store's shared 256 KiB write buffer and, while a spilled
 //     transaction is read, one 256 KiB read buffer.
 //   - Errors: bad bytes and protocol violations give an *InputError wrapping the decoding
-//     package's typed errors; a spill I/O error is returned by the call that hit it. After any
-//     error the Buffer refuses input (ErrFailed) rather than hand out a transaction with holes.
+//     package's typed errors; a spill I/O error is returned by the call that hit it. The end of a
+//     transaction whose beginning never arrived (a COMMIT PREPARED, a Stream Commit or a Begin
+//     over an open streamed part) is a *MissingError unless it ends at or before the skip
+//     position: its changes were lost upstream. After any error the Buffer refuses input
+//     (ErrFailed) rather than hand out a transaction with holes.
+//   - Schema: Relation and Type messages take effect in stream order, whatever the consumer
+//     does between Add and Next: a transaction's descriptions take effect for the others when it
+//     commits (a prepared transaction's at its PREPARE, as pgoutput assumes; an aborted one's
+//     never), including transactions dropped by the skip position. Each transaction handed out
+//     resolves relations and types (Txn.Relation, Txn.Type) as of its own position: the schema in
+//     effect before it, then its own descriptions as its changes are read.
 //   - No goroutines, no clock, no network: the Buffer is driven by calls, so it is deterministic
-//     under test. It is not safe for concurrent use.
+//     under test. It is not safe for concurrent use, with one exception: Ack, AckedThrough and
+//     FlushPosition may run while another goroutine reads a handed-out transaction's Changes (a
+//     replication client keeps sending status updates while its consumer works), provided they are
+//     not called concurrently with each other or with any other method.
 //
 // # Usage
 //
@@ -45,16 +57,40 @@
 //  3. Once a transaction is durably applied, call Ack. Transactions may be acknowledged out of
 //     order, and later than Next.
 //  4. Periodically send FlushPosition to the server as the flush position of a standby status
-//     update. Never report a position past a transaction that is not acknowledged: the server
-//     skips transactions that commit before the confirmed position when it resumes, so they
-//     would be lost. After a restart, start replication at the last durable position and pass
-//     it as Config.SkipThrough, so that transactions the server sends again are not handed out
-//     twice.
+//     update. It never passes a transaction that is not acknowledged (the server skips
+//     transactions that commit before the confirmed position when it resumes, so they would be
+//     lost), a prepared transaction held or handed out and not acknowledged (its PREPARE, which
+//     the server would not send again), or what was received.
+//
+// # Resuming
+//
+// The position a consumer persists is AckedThrough, the acknowledged prefix: with out-of-order
+// acknowledgements the highest end LSN acknowledged would skip earlier transactions for good.
+//
+// After a crash, start replication at the slot's own confirmed position (START_REPLICATION with
+// 0/0), never at the consumer's position: the server then sends again the PREPAREs the buffer
+// pinned. Pass the consumer's last durable position as Config.SkipThrough: it is a filter, and
+// the transactions the server sends again that end at or before it are dropped (their schema
+// still takes effect). Starting replication past a PREPARE whose COMMIT PREPARED comes later
+// loses that transaction; the buffer reports it with a MissingError instead of handing out an
+// empty transaction.
+//
+// After a lost connection, keep the Buffer and call Restart before feeding the new session:
+// transactions already complete stay (queued, handed out, held prepared), those still being
+// received are dropped, and what the server sends again is not handed out twice.
+//
+// Stats reports what a consumer that never acknowledges costs: UnackedTxns (16 bytes each until
+// acknowledged, and WAL the server keeps), OldestUnackedLSN and FlushLagBytes.
 //
 // # Buffer ownership
 //
 // Add copies what it keeps: the caller may reuse data when Add returns (pgconn reuses its
-// receive buffer). Messages yielded by Txn.Changes, and the byte slices inside them, alias the
-// buffer's memory or read buffer and are valid only until the next iteration step. A Txn's
-// fields are plain values and stay valid for good.
+// receive buffer).
+//
+// Messages yielded by Txn.Changes, and every byte slice and tuple inside them, alias the
+// buffer's memory, its read buffer or a reused message struct, and are valid ONLY until the next
+// iteration step, like bufio.Scanner.Bytes. Keep one longer with its Clone method. A Txn's
+// changes can be read until the next Next or Close releases it; afterwards (also from inside the
+// loop) reading yields ErrReleased. A Txn's exported fields are plain values and stay valid for
+// good.
 package reorderbuffer

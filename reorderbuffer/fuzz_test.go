@@ -12,7 +12,10 @@ import (
 
 // FuzzBuffer feeds arbitrary message sequences (length-prefixed messages in one input) to a
 // Buffer with a tiny memory limit and reads every transaction it hands out. Whatever the input:
-// no panic, and after an error every later Add fails.
+// no panic; the buffer's invariants hold after every message (memory accounted exactly and
+// within the limit, acknowledgement state consistent); after an error every later Add fails and
+// nothing more is handed out; the flush position never decreases. FuzzModelResume checks what
+// comes out against the model for well-formed streams.
 func FuzzBuffer(f *testing.F) {
 	seed := func(msgs ...[]byte) {
 		var in []byte
@@ -42,12 +45,14 @@ func FuzzBuffer(f *testing.F) {
 		require.NoError(t, err)
 		defer b.Close()
 		failed := false
+		var flushed reorderbuffer.LSN
 		for len(in) >= 2 {
 			n := int(binary.BigEndian.Uint16(in))
 			in = in[2:]
 			if n > len(in) {
 				n = len(in)
 			}
+			queued := b.Pending()
 			err := b.Add(0, in[:n])
 			in = in[n:]
 			if failed {
@@ -55,15 +60,22 @@ func FuzzBuffer(f *testing.F) {
 				continue
 			}
 			failed = err != nil
+			if failed {
+				require.Equal(t, queued, b.Pending(), "a failed Add queued a transaction")
+			}
 			for x, ok := b.Next(); ok; x, ok = b.Next() {
 				for _, err := range x.Changes() {
 					if err != nil {
 						break
 					}
 				}
-				b.Ack(x)
+				require.NoError(t, b.Ack(x))
 			}
-			_ = b.FlushPosition()
+			require.NoError(t, b.CheckInvariants())
+			require.LessOrEqual(t, b.Stats().MemoryBytes, int64(8<<10))
+			f := b.FlushPosition()
+			require.GreaterOrEqual(t, f, flushed, "flush position went back")
+			flushed = f
 		}
 	})
 }

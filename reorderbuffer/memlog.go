@@ -132,6 +132,26 @@ func (m *memlog) all(yield func(pos int64, rec []byte) bool) bool {
 	return true
 }
 
+// at returns the record at chunk index *chunk, byte offset *off, and moves them past it; ok is
+// false after the last record. Start with both at 0. The slice aliases the memlog and is valid
+// until the memlog is next modified. Unlike all, a caller may stop and resume at will, and a
+// memlog reset in between ends the walk instead of reading freed chunks.
+func (m *memlog) at(chunk, off *int) (rec []byte, ok bool) {
+	for *chunk < len(m.chunks) {
+		c := m.chunks[*chunk]
+		if *off < len(c) {
+			l, k := binary.Uvarint(c[*off:])
+			start := *off + k
+			end := start + int(l)
+			*off = end
+			return c[start:end:end], true
+		}
+		*chunk++
+		*off = 0
+	}
+	return nil, false
+}
+
 func uvarintLen(x uint64) int {
 	n := 1
 	for x >= 0x80 {

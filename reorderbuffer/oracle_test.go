@@ -89,11 +89,14 @@ func TestOracle(t *testing.T) {
 }
 
 func checkCaptures(t *testing.T, caps []pgtest.Capture) {
-	var plain []string
+	var plain, independent []string
 	for _, c := range caps {
 		if !c.Variant.Streamed() {
 			lines, _ := reorder(t, c.Records, reorderbuffer.Config{WorkMem: math.MaxInt64, Dir: t.TempDir()})
 			plain = comparable(t, lines)
+			independent = independentPlain(t, c.Records)
+			sameLines(t, independent, ours(t, c.Records, reorderbuffer.Config{Dir: t.TempDir()}),
+				"the plain reading decoded by pglogrepl and by us")
 		}
 	}
 	require.NotNil(t, plain, "no non-streamed capture")
@@ -111,6 +114,13 @@ func checkCaptures(t *testing.T, caps []pgtest.Capture) {
 				Decoding: decoding.Options{ProtoVersion: c.Variant.ProtoVersion},
 			})
 			require.Equal(t, plain, comparable(t, lines), "%s at work mem %d", c.Variant.Name, limit)
+			for _, incremental := range []bool{false, true} {
+				sameLines(t, independent, ours(t, c.Records, reorderbuffer.Config{
+					WorkMem: limit, Dir: dir, Decoding: decoding.Options{ProtoVersion: c.Variant.ProtoVersion},
+					Incremental: incremental,
+				}), fmt.Sprintf("%s at work mem %d (incremental %v), against pglogrepl's reading of the plain stream",
+					c.Variant.Name, limit, incremental))
+			}
 			streamedAny = streamedAny || st.StreamTxns > 0
 			if limit == reorderbuffer.SpillEverything && st.StreamTxns > 0 {
 				require.Positive(t, st.SpillBytes)

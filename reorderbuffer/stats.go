@@ -14,37 +14,74 @@ type Stats struct {
 	TotalTxns   int64 // committed transactions handed to the queue
 	TotalBytes  int64 // pgoutput bytes of those transactions
 
+	TotalChanges  int64 // changes (and transactional messages) of those transactions
+	SpillBytesNow int64 // bytes in spill logs now, of transactions held, queued or handed out
+
 	MemoryBytes     int64 // bytes of transaction records in memory now
 	PeakMemoryBytes int64 // highest MemoryBytes so far
 	OverheadBytes   int64 // bookkeeping outside the limit: per-transaction state and subtransaction lists
 	OpenTxns        int   // transactions received but not yet committed or aborted (prepared ones included)
 	QueuedTxns      int   // committed transactions not yet handed out by Next
 
+	// UnackedTxns counts transactions queued or handed out and not yet part of the acknowledged
+	// prefix (acknowledged out of order ones included). Each costs 16 bytes until then: a
+	// consumer that never acknowledges grows it without bound and holds the slot's WAL.
+	UnackedTxns int
+	// OldestUnackedLSN is the end LSN of the oldest transaction not acknowledged (0 if none).
+	OldestUnackedLSN LSN
+	// AckedThrough is the acknowledged prefix (see Buffer.AckedThrough).
+	AckedThrough LSN
+	// ReceivedLSN is the highest position known to be received in full.
+	ReceivedLSN LSN
+	// FlushLagBytes is ReceivedLSN minus the last flush position returned: WAL the server keeps
+	// for the consumer.
+	FlushLagBytes int64
+
 	AbortedTxns     int64 // transactions dropped by Stream Abort or ROLLBACK PREPARED
 	AbortedSubxacts int64 // subtransaction aborts that cut a transaction back
-	RestartedTxns   int64 // streamed transactions dropped because the server sent them again from the start
-	SkippedTxns     int64 // transactions dropped because they end at or before Config.SkipThrough
-	UnknownPrepared int64 // COMMIT PREPARED for a transaction the buffer did not hold
+	RestartedTxns   int64 // transactions dropped because the server sent them again from the start
+	SkippedTxns     int64 // transactions dropped because they end at or before the skip position
 }
 
-// txnOverhead is what one open transaction costs outside its records and subtransaction list:
+// xactOverhead is what one open transaction costs outside its records and subtransaction list:
 // the struct itself and its map entry.
-const txnOverhead = int64(unsafe.Sizeof(txn{})) + 16
+const xactOverhead = int64(unsafe.Sizeof(xact{})) + 16
 
 // logOverhead approximates what a spill log costs in memory while it exists: the spill
-// package's Log and its file name. The descriptor budget keeps at most 256 files open whatever
-// the number of logs.
+// package's Log and its file name. The descriptor budget bounds the open files whatever the
+// number of logs.
 const logOverhead = 160
 
 // Stats returns the current counters. It walks the open transactions, so it costs O(open
 // transactions): call it for monitoring, not per message.
 func (b *Buffer) Stats() Stats {
 	s := b.stats
-	s.MemoryBytes = b.mem
-	s.OpenTxns = len(b.txns)
+	s.MemoryBytes = b.pool.mem
+	s.PeakMemoryBytes = b.pool.peak
+	s.OpenTxns = len(b.xacts)
 	s.QueuedTxns = len(b.queue)
-	for _, t := range b.txns {
-		s.OverheadBytes += txnOverhead
+	s.UnackedTxns = len(b.prog.pending) - b.prog.head
+	s.OldestUnackedLSN = b.prog.oldestUnacked()
+	s.AckedThrough = b.prog.acked
+	s.ReceivedLSN = b.prog.received
+	s.FlushLagBytes = int64(b.prog.received) - int64(b.prog.reported)
+	s.OverheadBytes = int64(cap(b.prog.pending)) * int64(unsafe.Sizeof(ackEntry{}))
+	onDisk := func(t *xact) {
+		for ; t != nil; t = t.replaces {
+			if t.log != nil {
+				s.SpillBytesNow += t.log.Size()
+			}
+		}
+	}
+	for _, x := range b.queue {
+		onDisk(x.data)
+	}
+	if b.lent != nil && !b.lent.released {
+		onDisk(b.lent.data)
+	}
+	for _, t := range b.xacts {
+		onDisk(t)
+		s.OverheadBytes += xactOverhead
 		if t.subs != nil {
 			s.OverheadBytes += t.subs.overhead()
 		}
@@ -52,8 +89,9 @@ func (b *Buffer) Stats() Stats {
 			s.OverheadBytes += logOverhead
 		}
 		if t.meta != nil {
-			s.OverheadBytes += int64(unsafe.Sizeof(txnMeta{}))
+			s.OverheadBytes += int64(unsafe.Sizeof(xactMeta{}))
 		}
+		s.OverheadBytes += int64(cap(t.schema)) * int64(unsafe.Sizeof(schemaEntry{}))
 	}
 	return s
 }

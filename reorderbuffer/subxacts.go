@@ -44,9 +44,6 @@ type spillBlock struct {
 	data           []byte
 }
 
-// len returns the number of entries.
-func (s *subxacts) len() int { return s.n }
-
 // overhead returns an estimate of the bytes the list retains.
 func (s *subxacts) overhead() int64 {
 	b := int64(cap(s.mem))*16 + int64(cap(s.memMin)+cap(s.memMax))*4 + int64(cap(s.spilled))*80
@@ -170,17 +167,6 @@ func (s *subxacts) addSpilled(xid uint32, off int64) {
 	s.spilled[len(s.spilled)-1].add(xid, off)
 }
 
-// spillMem moves every in-memory entry to the spilled part; off maps a memlog position to the spill
-// offset its record was written at.
-func (s *subxacts) spillMem(off func(pos int64) int64) {
-	for _, e := range s.mem {
-		s.addSpilled(e.xid, off(e.pos))
-	}
-	s.mem = s.mem[:0]
-	s.memMin = s.memMin[:0]
-	s.memMax = s.memMax[:0]
-}
-
 // cutMem forgets the in-memory entry i and every entry after it.
 func (s *subxacts) cutMem(i int) {
 	s.mem = s.mem[:i]
@@ -228,6 +214,3 @@ func (s *subxacts) recount() {
 	}
 	s.hasLast = false
 }
-
-// reset forgets everything.
-func (s *subxacts) reset() { *s = subxacts{} }

@@ -1,50 +1,20 @@
 package reorderbuffer
 
 import (
+	"errors"
+	"io"
 	"iter"
 	"time"
 
 	"github.com/pgreorder/pgreorder/decoding"
-	"github.com/pgreorder/pgreorder/heap"
-	"github.com/pgreorder/pgreorder/spill"
 )
-
-// txn is a transaction the buffer holds: its records (in memory, then in its spill log), the
-// positions of its subtransactions, and what the server told about it so far.
-type txn struct {
-	node heap.Node[*txn]
-	mem  memlog
-	log  *spill.Log // nil until first spilled
-	subs *subxacts  // nil until a subtransaction writes
-	meta *txnMeta   // nil unless the transaction has an origin or is two-phase
-
-	bytes int64 // pgoutput bytes received for it
-	xid   uint32
-
-	streamed, prepared, hasSchema, everSpilled, lent bool
-}
-
-// txnMeta holds what only some transactions have, to keep txn small: a buffer may hold 100k
-// open transactions.
-type txnMeta struct {
-	origin     string
-	originLSN  LSN
-	gid        string
-	prepareLSN LSN
-}
-
-func (t *txn) metadata() *txnMeta {
-	if t.meta == nil {
-		t.meta = &txnMeta{}
-	}
-	return t.meta
-}
 
 // Txn is a committed transaction handed out by Buffer.Next, or a non-transactional logical
 // message in its place in the stream.
 //
-// Its fields stay valid for good. Its changes can be read with Changes until the next call to
-// Buffer.Next or Buffer.Close, which release them.
+// Its exported fields are plain values and stay valid for good. Its changes, and the relations
+// and types they refer to, can be read until the transaction is released by the next call to
+// Buffer.Next or by Buffer.Close.
 type Txn struct {
 	Xid        uint32    // top-level transaction id; 0 for a non-transactional message
 	CommitLSN  LSN       // LSN of the commit record (COMMIT PREPARED's for a two-phase transaction)
@@ -59,61 +29,83 @@ type Txn struct {
 	// transactional = false); Changes yields just that message and CommitLSN = EndLSN = its LSN.
 	NonTransactional bool
 
-	b                     *Buffer
-	t                     *txn
-	pin                   LSN // a committed prepared transaction pins the flush position at its PREPARE until acknowledged
-	read, released, acked bool
+	// Part says whether this is a whole transaction or, with Config.Incremental, which part of
+	// one. Only Whole and PartCommit carry the commit fields (CommitLSN, EndLSN, CommitTime,
+	// GID, Origin) and are acknowledged.
+	Part PartKind
+	// SubXid is the subtransaction to undo, for PartSubAbort.
+	SubXid uint32
+
+	b        *Buffer
+	data     *xact // nil once released
+	view     view
+	seq      uint64 // in the buffer's acknowledgement queue
+	pinned   bool   // a committed prepared transaction pins the flush position at its PREPARE until acknowledged
+	released bool
 }
 
 // Changes yields the transaction's messages in the order the server sent them: Relation and
-// Type messages (schema, before the changes that need it), Insert, Update, Delete, Truncate and
-// transactional logical messages. Records are read back from the spill log, then from memory,
-// one at a time, so memory stays bounded whatever the size of the transaction.
+// Type messages (schema, before the changes that need them), Insert, Update, Delete, Truncate
+// and transactional logical messages. Records are read back from the spill log, then from
+// memory, one at a time, so memory stays bounded whatever the size of the transaction. Changes
+// may be called again to read the transaction from the start, but not while another iteration
+// of the same transaction is in progress.
 //
-// A yielded message, and every byte slice in it, is valid only until the next iteration step.
-// Iteration stops after the first error; reading a released transaction yields ErrReleased.
+// A yielded message, and every byte slice and tuple in it, is only valid until the next
+// iteration step: the buffer reuses the memory for the next message. Call the message's Clone
+// method to keep one longer.
+//
+// Iteration stops after the first error. Reading a transaction released by Buffer.Next or
+// Buffer.Close, or calling either inside the loop, yields ErrReleased.
 func (x *Txn) Changes() iter.Seq2[decoding.Message, error] {
-	return x.changes()
-}
-
-// Relation returns the relation with the given OID as known at the current point of reading the
-// changes: use it to name the table and columns of an Insert, Update or Delete.
-func (x *Txn) Relation(id uint32) (*decoding.Relation, bool) {
-	return x.b.rels.Relation(id)
-}
-
-// Type returns the data type with the given OID as described by the stream's Type messages at
-// the current point of reading the changes (only types that are not built in are described).
-func (x *Txn) Type(oid uint32) (*decoding.DataType, bool) {
-	return x.b.rels.Type(oid)
-}
-
-func (x *Txn) changes() iter.Seq2[decoding.Message, error] {
 	return func(yield func(decoding.Message, error) bool) {
 		if x.released {
 			yield(nil, ErrReleased)
 			return
 		}
-		b, t := x.b, x.t
-		err := b.eachRecord(t, func(rec []byte) error {
-			m, err := b.out.Parse(rec, false)
+		p := &decoding.Parser{Options: x.b.cfg.Decoding}
+		x.view.local = nil // reading from the start
+		// In parts, a streamed transaction's records keep the writer's xid.
+		inStream := x.data.streamed && x.b.cfg.Incremental
+		rs := newRecords(x.data, func() bool { return x.released })
+		defer rs.close()
+		for {
+			rec, err := rs.next()
+			if errors.Is(err, io.EOF) {
+				return
+			}
+			var m decoding.Message
+			if err == nil {
+				m, err = p.Parse(rec, inStream)
+			}
 			if err != nil {
-				return err
+				yield(nil, err)
+				return
 			}
-			switch m := m.(type) {
-			case *decoding.Relation, *decoding.DataType:
-				b.rels.Apply(m)
-			}
+			x.view.read(m)
 			if !yield(m, nil) {
-				return errStop
+				return
 			}
-			return nil
-		})
-		switch {
-		case err == nil:
-			x.read = true
-		case err != errStop:
-			yield(nil, err)
 		}
 	}
+}
+
+// Relation returns the relation with the given OID as the stream described it at the current
+// point of reading the changes: the description the last yielded change refers to. It reports
+// false for a relation never described, and once the transaction is released.
+func (x *Txn) Relation(id uint32) (*decoding.Relation, bool) {
+	if x.released {
+		return nil, false
+	}
+	return x.view.relation(id)
+}
+
+// Type returns the data type with the given OID as described by the stream's Type messages at
+// the current point of reading the changes (only types that are not built in are described). It
+// reports false for a type never described, and once the transaction is released.
+func (x *Txn) Type(oid uint32) (*decoding.DataType, bool) {
+	if x.released {
+		return nil, false
+	}
+	return x.view.dataType(oid)
 }

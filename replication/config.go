@@ -1,6 +1,7 @@
 package replication
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -8,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
@@ -21,23 +24,48 @@ const (
 )
 
 // DefaultStatusInterval is the longest time between two standby status updates when
-// Config.StatusInterval is zero. It is the default of PostgreSQL's own wal_receiver_status_interval
-// and well under the default wal_sender_timeout (60s).
+// Config.StatusInterval is zero and the server's wal_sender_timeout is 40s or more (below that, a
+// quarter of it). It is the default of PostgreSQL's own wal_receiver_status_interval and well
+// under the default wal_sender_timeout (60s).
 const DefaultStatusInterval = 10 * time.Second
 
-// Config describes one replication stream. The zero value is not enough on its own: ConnString,
-// Slot and Publications are required; every other field has a working zero value.
+// Defaults of ReconnectPolicy.
+const (
+	DefaultMinReconnectDelay = 100 * time.Millisecond
+	DefaultMaxReconnectDelay = 30 * time.Second
+)
+
+// Config describes one replication stream. The zero value is not enough on its own: a connection
+// (ConnString or ConnConfig), Slot and Publications are required; every other field has a working
+// zero value.
 type Config struct {
-	// ConnString is a libpq connection string or URL. "replication=database" is added if absent.
+	// ConnString is a libpq connection string or URL. Use it or ConnConfig, not both.
 	ConnString string
+	// ConnConfig is a connection configuration made by pgconn.ParseConfig and then adjusted as the
+	// application needs: TLSConfig, DialFunc (tunnels), LookupFunc, ValidateConnect, AfterConnect,
+	// OnNotice, Fallbacks... It is copied before each connection attempt and never modified.
+	ConnConfig *pgconn.Config
+	// BeforeConnect, if set, is called before every connection attempt, the first one and each
+	// reconnection, with a fresh copy of the connection configuration that it may change: set a
+	// password that expires (an IAM authentication token), pick a host, open a tunnel. An error
+	// fails the attempt (Start returns it; a reconnection retries it).
+	BeforeConnect func(ctx context.Context, cfg *pgconn.Config) error
+
+	// Whatever the connection string or configuration says, the connection is made with
+	// replication=database and with the session settings pgoutput formats text values with
+	// pinned to PostgreSQL's own subscriber's (see the package documentation):
+	// DateStyle ISO, IntervalStyle postgres, extra_float_digits 3, and client_encoding UTF8.
+
 	// Slot is the logical replication slot to read (pgoutput). Slot names are 1 to 63 characters
 	// of a-z, 0-9 and '_', as PostgreSQL requires.
 	Slot string
-	// Publications are the publication names passed to pgoutput (at least one).
+	// Publications are the publication names passed to pgoutput (at least one). They must exist
+	// in the connection's database.
 	Publications []string
 	// CreateSlot creates the slot (plugin pgoutput) before streaming if it does not exist yet.
 	CreateSlot bool
-	// TemporarySlot makes a created slot temporary: the server drops it when the connection ends.
+	// TemporarySlot makes a created slot temporary: the server drops it when the connection ends,
+	// so a stream on a temporary slot cannot reconnect.
 	TemporarySlot bool
 
 	// ProtoVersion is the pgoutput protocol version; 0 asks for the highest the server speaks:
@@ -51,23 +79,66 @@ type Config struct {
 	// Messages asks for logical decoding messages (pg_logical_emit_message), PostgreSQL 14+.
 	Messages bool
 	// TwoPhase asks for prepared transactions to be decoded at PREPARE (protocol 3+, PostgreSQL 15+).
-	// A created slot is created with two-phase enabled. Reading a slot once with two-phase turns it on
-	// for that slot for good.
+	// It must match the slot: a created slot is created with two-phase decoding when it is set, and
+	// an existing slot must have been created the same way (pg_replication_slots.two_phase).
 	TwoPhase bool
 	// Origin is "" (option not sent), "any" or "none" (PostgreSQL 16+: only changes without origin).
 	Origin string
 
-	// StatusInterval is the longest time between two standby status updates; 0 = DefaultStatusInterval.
+	// StatusInterval is the longest time between two standby status updates, sent whether or not
+	// the consumer is inside Next. 0 means DefaultStatusInterval, or a quarter of the server's
+	// wal_sender_timeout if that is shorter.
 	StatusInterval time.Duration
 
+	// Reconnect says how a Stream reconnects after losing its connection. The zero value
+	// reconnects with exponential backoff for as long as Next's context allows.
+	Reconnect ReconnectPolicy
+
 	// Buffer configures the reorder buffer. Buffer.Decoding.ProtoVersion and Buffer.Decoding.AbortInfo
-	// are overwritten with the negotiated values. Buffer.SkipThrough is also the resume position: pass
-	// the EndLSN of the last transaction the consumer durably handled, and the stream starts after it
-	// without repeating it (see the package documentation).
+	// are overwritten with the negotiated values. Buffer.SkipThrough is the consumer's last durable
+	// position, the EndLSN of the last transaction it handled for good: the stream starts at the
+	// slot's own position and drops every transaction that ends at or before SkipThrough (see
+	// the package documentation). It must not be beyond the server's current WAL position.
 	Buffer reorderbuffer.Config
 
-	// Logger receives progress messages; nil logs nothing.
+	// Logger receives progress messages, server notices (at Warn) and reconnections; nil logs
+	// nothing.
 	Logger *slog.Logger
+}
+
+// ReconnectPolicy configures the reconnection of a Stream. Between two attempts it waits a delay
+// that starts at MinDelay and doubles up to MaxDelay, with ±20% jitter; a cancelled context or
+// Close stops the wait. Only errors for which Retryable is true are retried; the others end the
+// stream.
+type ReconnectPolicy struct {
+	// Disabled makes Next return the error that broke the connection instead of reconnecting.
+	Disabled bool
+	// MinDelay is the delay before the first attempt; 0 means DefaultMinReconnectDelay.
+	MinDelay time.Duration
+	// MaxDelay is the longest delay between two attempts; 0 means DefaultMaxReconnectDelay.
+	MaxDelay time.Duration
+	// MaxAttempts is the number of failed attempts in a row after which Next gives up and returns
+	// the last error; 0 means no limit.
+	MaxAttempts int
+}
+
+// delay returns the wait before attempt n (1-based), without jitter.
+func (p ReconnectPolicy) delay(n int) time.Duration {
+	lo, hi := p.MinDelay, p.MaxDelay
+	if lo <= 0 {
+		lo = DefaultMinReconnectDelay
+	}
+	if hi <= 0 {
+		hi = DefaultMaxReconnectDelay
+	}
+	if hi < lo {
+		hi = lo
+	}
+	d := lo
+	for i := 1; i < n && d < hi; i++ {
+		d *= 2
+	}
+	return min(d, hi)
 }
 
 // Negotiated is what a Config resolves to against a given server.
@@ -123,11 +194,8 @@ func maxProto(major int) int {
 // *OptionError for an option the server cannot honour rather than silently dropping it.
 func (c *Config) Negotiate(serverMajor int) (Negotiated, error) {
 	n := Negotiated{ServerMajor: serverMajor}
-	if !slotNameRE.MatchString(c.Slot) {
-		return n, &OptionError{Option: "slot", Value: c.Slot, Err: ErrInvalidConfig}
-	}
-	if len(c.Publications) == 0 {
-		return n, &OptionError{Option: "publication_names", Value: "", Err: ErrInvalidConfig}
+	if err := c.validate(); err != nil {
+		return n, err
 	}
 	unsupported := func(opt, val string) error {
 		return &OptionError{Option: opt, Value: val, ServerMajor: serverMajor, Err: ErrUnsupported}
@@ -191,9 +259,6 @@ func (c *Config) Negotiate(serverMajor int) (Negotiated, error) {
 
 	pubs := make([]string, len(c.Publications))
 	for i, p := range c.Publications {
-		if p == "" {
-			return n, &OptionError{Option: "publication_names", Value: p, Err: ErrInvalidConfig}
-		}
 		pubs[i] = quoteIdent(p)
 	}
 	n.PluginArgs = append(n.PluginArgs,
@@ -217,6 +282,22 @@ func (c *Config) Negotiate(serverMajor int) (Negotiated, error) {
 		n.PluginArgs = append(n.PluginArgs, "origin '"+origin+"'")
 	}
 	return n, nil
+}
+
+// validate checks what does not depend on the server: the slot name and the publications.
+func (c *Config) validate() error {
+	if !slotNameRE.MatchString(c.Slot) {
+		return &OptionError{Option: "slot", Value: c.Slot, Err: ErrInvalidConfig}
+	}
+	if len(c.Publications) == 0 {
+		return &OptionError{Option: "publication_names", Value: "", Err: ErrInvalidConfig}
+	}
+	for _, p := range c.Publications {
+		if p == "" {
+			return &OptionError{Option: "publication_names", Value: p, Err: ErrInvalidConfig}
+		}
+	}
+	return nil
 }
 
 // decodingOptions returns the decoder options that match what the server was asked for.

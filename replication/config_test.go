@@ -1,11 +1,22 @@
 package replication
 
 import (
+	"context"
 	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"net"
+	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/reorderbuffer"
 )
 
 func TestNegotiate(t *testing.T) {
@@ -94,6 +105,166 @@ func TestParseMajor(t *testing.T) {
 	for _, in := range []string{"", "9.6.1", "x"} {
 		if _, err := parseMajor(in); err == nil {
 			t.Errorf("parseMajor(%q) succeeded", in)
+		}
+	}
+}
+
+func TestRetryable(t *testing.T) {
+	pg := func(code string) error { return fmt.Errorf("replication: %w", &pgconn.PgError{Code: code}) }
+	for _, tt := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"nil", nil, false},
+		{"network", fmt.Errorf("replication: receive: %w", io.ErrUnexpectedEOF), true},
+		{"net.OpError", &net.OpError{Op: "dial", Err: errors.New("connection refused")}, true},
+		{"server ended", fmt.Errorf("%w (CommandComplete)", ErrServerEndedStream), true},
+		{"slot active", fmt.Errorf("x: %w: %w", ErrSlotActive, &pgconn.PgError{Code: "55006"}), true},
+		{"terminated", pg("57P01"), true},
+		{"starting up", pg("57P03"), true},
+		{"too many connections", pg("53300"), true},
+		{"connection failure", pg("08006"), true},
+		{"object in use", pg("55006"), true},
+		{"undefined object", pg("42704"), false},
+		{"slot invalidated", pg("55000"), false},
+		{"wal removed", pg("58P01"), false},
+		{"auth", pg("28P01"), false},
+		{"check", &CheckError{Setting: "wal_level", Err: ErrServerConfig}, false},
+		{"check with retryable cause", &CheckError{Setting: "max_wal_senders", Err: ErrServerConfig, Cause: &pgconn.PgError{Code: "53300"}}, false},
+		{"option", &OptionError{Option: "streaming", Err: ErrUnsupported}, false},
+		{"invalid config", fmt.Errorf("%w: x", ErrInvalidConfig), false},
+		{"protocol", &ProtocolError{Msg: "x"}, false},
+		{"buffer input", &reorderbuffer.InputError{Err: reorderbuffer.ErrProtocol}, false},
+		{"buffer failed", fmt.Errorf("%w: x", reorderbuffer.ErrFailed), false},
+		{"data lost upstream", &reorderbuffer.InputError{Err: &reorderbuffer.MissingError{What: "COMMIT PREPARED"}}, false},
+		{"canceled", fmt.Errorf("x: %w", context.Canceled), false},
+		{"closed", ErrClosed, false},
+	} {
+		if got := Retryable(tt.err); got != tt.want {
+			t.Errorf("%s: Retryable(%v) = %v, want %v", tt.name, tt.err, got, tt.want)
+		}
+	}
+}
+
+func TestFlushPosition(t *testing.T) {
+	for _, tt := range []struct {
+		name                         string
+		buffer, received, slot, sent LSN
+		want                         LSN
+	}{
+		{"acknowledged and received", 100, 150, 50, 80, 100},
+		{"resume position not received yet", 200, 150, 50, 80, 150},
+		{"nothing received: the slot's position", 200, 0, 50, 0, 50},
+		{"buffer behind the slot", 10, 150, 50, 0, 50},
+		{"never moves back", 90, 150, 50, 120, 120},
+	} {
+		if got := flushPosition(tt.buffer, tt.received, tt.slot, tt.sent); got != tt.want {
+			t.Errorf("%s: flushPosition(%d, %d, %d, %d) = %d, want %d", tt.name, tt.buffer, tt.received, tt.slot, tt.sent, got, tt.want)
+		}
+	}
+}
+
+func TestConnConfigPinsSettings(t *testing.T) {
+	base, err := pgconn.ParseConfig(`host=/tmp dbname=d replication=true DateStyle='SQL, DMY' IntervalStyle=sql_standard ` +
+		`extra_float_digits=0 client_encoding=LATIN1 options='-c datestyle=German'`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	orig := maps.Clone(base.RuntimeParams)
+	var hookSaw map[string]string
+	cfg := Config{BeforeConnect: func(_ context.Context, c *pgconn.Config) error {
+		hookSaw = maps.Clone(c.RuntimeParams)
+		c.RuntimeParams["DATESTYLE"] = "Postgres" // the hook cannot unpin either
+		c.Password = "token"
+		return nil
+	}}
+	pc, err := cfg.connConfig(context.Background(), base, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"replication": "database", "datestyle": "ISO", "intervalstyle": "postgres",
+		"extra_float_digits": "3", "client_encoding": "UTF8", "application_name": "pgreorder",
+		"options": "-c datestyle=German"}
+	if !maps.Equal(pc.RuntimeParams, want) {
+		t.Errorf("runtime params %v\nwant %v", pc.RuntimeParams, want)
+	}
+	if pc.Password != "token" || pc.OnNotice == nil {
+		t.Errorf("password %q, OnNotice set %v", pc.Password, pc.OnNotice != nil)
+	}
+	if !maps.Equal(base.RuntimeParams, orig) || base.Password == "token" || !maps.Equal(hookSaw, orig) {
+		t.Errorf("the base configuration was modified (%v) or the hook saw another (%v)", base.RuntimeParams, hookSaw)
+	}
+
+	base.RuntimeParams["application_name"] = "mine"
+	pc, err = (&Config{}).connConfig(context.Background(), base, slog.New(slog.DiscardHandler))
+	if err != nil || pc.RuntimeParams["application_name"] != "mine" {
+		t.Errorf("application_name %q, %v; want the configured one", pc.RuntimeParams["application_name"], err)
+	}
+
+	hookErr := errors.New("no token")
+	cfg.BeforeConnect = func(context.Context, *pgconn.Config) error { return hookErr }
+	if _, err := cfg.connConfig(context.Background(), base, slog.New(slog.DiscardHandler)); !errors.Is(err, hookErr) {
+		t.Errorf("failing hook: %v", err)
+	}
+}
+
+// TestConnectionMisuse: configurations that cannot work are errors, never panics, and nothing is
+// dialled for them.
+func TestConnectionMisuse(t *testing.T) {
+	parsed, err := pgconn.ParseConfig("host=/nonexistent dbname=d")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ok := Config{Slot: "s", Publications: []string{"p"}}
+	for _, tt := range []struct {
+		name string
+		mod  func(*Config)
+	}{
+		{"no connection", func(c *Config) {}},
+		{"both", func(c *Config) { c.ConnString, c.ConnConfig = "host=/nonexistent", parsed }},
+		{"not from ParseConfig", func(c *Config) { c.ConnConfig = &pgconn.Config{Host: "/nonexistent"} }},
+		{"bad connection string", func(c *Config) { c.ConnString = "host='" }},
+		{"bad slot", func(c *Config) { c.ConnString, c.Slot = "host=/nonexistent", "Bad" }},
+		{"no publication", func(c *Config) { c.ConnString, c.Publications = "host=/nonexistent", nil }},
+	} {
+		cfg := ok
+		tt.mod(&cfg)
+		_, err := Connect(context.Background(), cfg)
+		if !errors.Is(err, ErrInvalidConfig) || Retryable(err) {
+			t.Errorf("%s: %v; want ErrInvalidConfig, not retryable", tt.name, err)
+		}
+		if _, err := Start(context.Background(), cfg); !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("%s: Start: %v", tt.name, err)
+		}
+	}
+	c := &Conn{}
+	if _, err := c.CreateSlot(context.Background(), ExportSnapshot); !errors.Is(err, ErrClosed) {
+		t.Errorf("CreateSlot on a closed Conn: %v", err)
+	}
+	if err := c.Close(context.Background()); err != nil {
+		t.Errorf("Close twice: %v", err)
+	}
+}
+
+func TestReconnectDelay(t *testing.T) {
+	p := ReconnectPolicy{MinDelay: 100 * time.Millisecond, MaxDelay: time.Second}
+	var got []time.Duration
+	for n := 1; n <= 6; n++ {
+		got = append(got, p.delay(n))
+	}
+	want := []time.Duration{100 * time.Millisecond, 200 * time.Millisecond, 400 * time.Millisecond,
+		800 * time.Millisecond, time.Second, time.Second}
+	if !slices.Equal(got, want) {
+		t.Errorf("delays %v, want %v", got, want)
+	}
+	var zero ReconnectPolicy
+	if zero.delay(1) != DefaultMinReconnectDelay || zero.delay(100) != DefaultMaxReconnectDelay {
+		t.Errorf("default delays %v, %v", zero.delay(1), zero.delay(100))
+	}
+	for range 1000 {
+		if d := jitter(time.Second); d < 800*time.Millisecond || d > 1200*time.Millisecond {
+			t.Fatalf("jitter(1s) = %v", d)
 		}
 	}
 }

@@ -1,42 +1,143 @@
 // Package replication runs a logical replication connection (pgoutput) and feeds the reorder
 // buffer. It is the only package of pgreorder that talks to the network.
 //
-// Start connects with replication=database, runs IDENTIFY_SYSTEM, creates the slot when asked
-// (temporary or permanent, with two-phase), and sends START_REPLICATION with the highest pgoutput
-// protocol the server speaks (1 below PostgreSQL 14, 2 on 14, 3 on 15, 4 on 16+) and the best
-// streaming mode it supports ("parallel" on 16+, "on" on 14 and 15), unless Config says otherwise.
-// Config.Negotiate shows exactly what will be sent.
+// Start connects with replication=database, runs IDENTIFY_SYSTEM and the pre-flight checks,
+// creates the slot when asked (temporary or permanent, with two-phase decoding), and sends
+// START_REPLICATION with the highest pgoutput protocol the server speaks (1 below PostgreSQL 14,
+// 2 on 14, 3 on 15, 4 on 16+) and the best streaming mode it supports ("parallel" on 16+, "on"
+// on 14 and 15), unless Config says otherwise. Config.Negotiate shows exactly what will be sent.
+// Stream.Next then returns committed transactions in commit order; the consumer acknowledges
+// each with Stream.Ack once it has handled it for good.
 //
-// # Acknowledgements
+// Connect and Conn split Start in steps, for an initial copy of the tables (see below).
 //
-// Next hands out committed transactions in commit order. The consumer handles each one (writes,
-// fsyncs, commits downstream...) and then calls Ack. The standby status updates sent to the server
-// carry
+// # Pre-flight checks
 //
-//   - write = the highest position received,
-//   - flush = apply = the highest EndLSN such that it and every transaction before it were acked;
-//     when nothing received is pending, the walEnd of the last keepalive, so an idle slot's
-//     confirmed_flush_lsn keeps advancing and the slot does not pin WAL.
+// Before streaming, the connection checks what would otherwise fail late or, worse, silently:
+// wal_level is logical; every publication exists in the database (PostgreSQL 18 only warns
+// about a missing one, then confirms the slot with nothing sent); the slot exists (or CreateSlot
+// is set), is a logical pgoutput slot of this database with its WAL still there, and has
+// two-phase decoding exactly when Config.TwoPhase asks for it; when a slot is created, one is
+// free under max_replication_slots; a walsender is free under max_wal_senders; the resume
+// position (Config.Buffer.SkipThrough) is not beyond the server's current WAL position. A
+// failure is a *CheckError that names the setting and says how to fix it. What each publication
+// publishes is logged.
 //
-// They are sent at least every Config.StatusInterval (10s by default), at once when the server asks
-// for a reply, on SendStatus, and on Close. The flush position never passes a transaction the
-// consumer has not acknowledged: the server skips every transaction whose commit is before the
-// confirmed position, so that would lose it. (pglogrepl.SendStandbyStatusUpdate replaces a zero
-// flush position by the write position; this package encodes its own status messages and never
-// relies on that default.)
+// # Session settings
+//
+// pgoutput formats text values with the settings of the walsender's session, so a server or role
+// configured with DateStyle = 'SQL, DMY' would send the date 2024-03-04 as 04/03/2024. Like
+// PostgreSQL's own subscriber, every connection pins DateStyle ISO, IntervalStyle postgres and
+// extra_float_digits 3 (floating-point values that read back exactly), and client_encoding UTF8,
+// whatever postgresql.conf, ALTER ROLE/DATABASE SET or the connection string say. Server notices
+// (such as PostgreSQL 18's warning about a publication that does not exist yet at a point of the
+// WAL) are logged at Warn.
+//
+// # Acknowledgements and the flush position
+//
+// The standby status updates sent to the server carry
+//
+//   - write = the highest position received (XLogData and keepalive messages);
+//   - flush = apply = the acknowledged prefix: the highest EndLSN such that it and every
+//     transaction handed out before it were acknowledged, held back to the PREPARE of a
+//     prepared transaction that is not acknowledged yet (the server sends it again after a
+//     restart only while the confirmed position is before its PREPARE); when nothing is pending,
+//     the position of the last keepalive, so that an idle slot does not pin WAL.
+//
+// The flush position is never past what was received (a resume position the server never sent
+// is not a position to confirm), never below the slot's confirmed position, and never decreases.
+// It never passes a transaction the consumer has not acknowledged: the server skips every
+// transaction that commits before the confirmed position, so that would lose it.
+//
+// Updates are sent at least every Config.StatusInterval (10s, or a quarter of the server's
+// wal_sender_timeout if that is shorter), on SendStatus, on Close, and in reply to a keepalive
+// that asks for one. A reply whose flush position would be behind the keepalive's position
+// carries no flush position at all (which never confirms anything): a walsender that stops
+// because the server shuts down asks for replies until the flush position, or else the write
+// position, reaches what it sent, and would otherwise keep the shutdown waiting for
+// acknowledgements.
 //
 // # Resuming
 //
-// After an error (connection dropped, walsender terminated, server restarted) Close the stream and
-// Start a new one with Config.Buffer.SkipThrough set to the EndLSN of the last transaction the
-// consumer made durable (Position().Acked if every acked transaction is durable). START_REPLICATION
-// then starts there, and the buffer drops any transaction ending at or before it that the server
-// sends again because its confirmed position was behind. Together: nothing the consumer acknowledged
-// is repeated, and nothing after it is lost (the slot's confirmed_flush_lsn never passed it).
-// Partially received transactions are simply sent again by the server, from their first segment.
+// Streaming always starts at the slot's own confirmed position (START_REPLICATION ... 0/0): the
+// server sends again everything that commits after it, including the PREPARE of a prepared
+// transaction not acknowledged before. The consumer's durable position is
+// Config.Buffer.SkipThrough, a filter: the buffer drops every transaction that ends at or before
+// it. Starting at the consumer's position instead would make the server skip a PREPARE that
+// lies before it and send a bare COMMIT PREPARED: the transaction's changes would be lost.
+//
+// The position to persist, and to pass as SkipThrough when starting again, is the acknowledged
+// prefix, Position().Acked (once everything acknowledged is durable on the consumer's side), not
+// the highest acknowledged EndLSN: with acknowledgements out of order, a transaction before it
+// may not be handled yet. Consumers that write the EndLSN of each transaction together with its
+// effects (a progress row in the same target transaction) persist exactly that.
+//
+// A SkipThrough beyond the server's current WAL position is refused (ErrResumeAhead): it cannot
+// come from this server, and it would make the slot skip everything up to it. A SkipThrough
+// behind the slot's confirmed position is logged at Warn: transactions that committed in between
+// are not sent again (harmless when the consumer had them, which is the usual case after the slot
+// advanced over WAL in which nothing was published).
+//
+// # While the consumer works
+//
+// A goroutine sends status updates every StatusInterval while the consumer is outside Next, for
+// instance applying one very large transaction: the server's wal_sender_timeout (60s by default)
+// would otherwise end the connection. It only ever reports acknowledged positions. It stops with
+// Close.
+//
+// # Reconnecting
+//
+// When the connection is lost (network error, walsender terminated, server restarted, stream
+// ended by a shutdown, slot still held by the walsender of the previous connection), Next
+// connects again with backoff (Config.Reconnect: from 100ms, doubling up to 30s, with jitter,
+// for as long as Next's context allows unless MaxAttempts is set), running the pre-flight checks
+// and Config.BeforeConnect again, and streams from the slot's confirmed position. The reorder
+// buffer is kept: transactions complete before the loss (queued, handed out, or prepared and
+// held) stay, those being received are dropped (the server sends them again from their start),
+// and those the server sends again after having handed them out are dropped. The consumer's
+// Next just continues, without duplicates or gaps. Reconnections are logged and counted
+// (Reconnects).
+//
+// Errors that reconnecting cannot cure end the stream: configuration errors, pre-flight checks,
+// protocol errors, data loss reported by the reorder buffer, and server errors outside the
+// connection, resource and operator-intervention classes (see Retryable). A temporary slot dies
+// with its connection, so a stream on one does not reconnect. With Config.Reconnect.Disabled,
+// every error ends the stream and the consumer may use Retryable to decide to Start again. Start
+// itself retries only while the slot is in use (ErrSlotActive); other errors are returned at
+// once.
+//
+// # Connections
+//
+// Config.ConnString is a libpq connection string; Config.ConnConfig is a *pgconn.Config made by
+// pgconn.ParseConfig and adjusted by the application (TLS, a DialFunc for tunnels, fallbacks,
+// hooks). Config.BeforeConnect runs before every connection attempt on a fresh copy of it, so it
+// can set a password that expires, such as an IAM authentication token. The copy gets
+// replication=database, the pinned settings, application_name "pgreorder" unless one is set, a
+// notice logger (calling the configured OnNotice too) and a context watcher that ends waits with
+// a deadline, never with a cancel request (which would reach the walsender).
+//
+// # Initial copy
+//
+// To copy the published tables and then stream exactly what follows, create the slot with an
+// exported snapshot on a Conn, copy in that snapshot from other connections, then stream on the
+// same Conn:
+//
+//	conn, err := replication.Connect(ctx, cfg)
+//	snap, err := conn.CreateSlot(ctx, replication.ExportSnapshot)
+//	// other connections: BEGIN ISOLATION LEVEL REPEATABLE READ; SET TRANSACTION SNAPSHOT '<snap.Name>';
+//	// copy the tables; COMMIT
+//	stream, err := conn.StartStreaming(ctx)
+//
+// The copy sees every transaction committed before snap.ConsistentPoint and none after; the
+// stream sends those after it. The snapshot lives until StartStreaming or Close, so the copy must
+// have started (SET TRANSACTION SNAPSHOT) before either.
 //
 // # Concurrency and buffers
 //
-// A Stream is used from one goroutine. A transaction returned by Next, and the messages its Changes
-// iterator yields, are valid until the next call to Next or Close; copy what must outlive that.
+// Next, SendStatus and Close are the consumer's: one call at a time. Ack, Position, Stats,
+// Reconnects and Negotiated may be called from any goroutine at any time, including while Next
+// runs and while the consumer reads a transaction's changes; Close may be called from another
+// goroutine to stop a waiting Next (which returns ErrClosed). A transaction returned by Next, and
+// the messages its Changes iterator yields, are valid until the next call to Next or Close; copy
+// what must outlive that. Its fields (EndLSN...) stay valid, and it may be acknowledged later.
 package replication

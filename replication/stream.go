@@ -6,10 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
+	"math/rand/v2"
+	"sync"
 	"time"
 
-	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
 
@@ -20,241 +20,309 @@ import (
 // LSN is a WAL position; it prints as PostgreSQL does (%X/%X).
 type LSN = decoding.LSN
 
-// ErrClosed is returned by Next after Close.
-var ErrClosed = errors.New("replication: stream closed")
-
-// ErrServerEndedStream is returned by Next when the server ends the copy stream (CopyDone), as it
-// does when it shuts down smartly.
-var ErrServerEndedStream = errors.New("replication: server ended the replication stream")
-
-// ErrSlotActive is wrapped by the error Start returns when another connection streams from the
-// slot. After a consumer dies, its walsender may hold the slot for a moment: retry after a delay.
-var ErrSlotActive = errors.New("replication: slot is in use by another connection")
-
-// ProtocolError reports a replication envelope message that could not be understood.
-type ProtocolError struct {
-	Msg string
-}
-
-func (e *ProtocolError) Error() string { return "replication: protocol error: " + e.Msg }
-
 // Position is a snapshot of the stream's positions.
 type Position struct {
-	// Start is the position START_REPLICATION was sent with (0/0 = the slot's confirmed_flush_lsn).
+	// Start is the slot's confirmed position when the current connection started streaming: the
+	// server sends every transaction that commits after it.
 	Start LSN
-	// Received is the highest WAL position seen in XLogData and keepalive messages.
+	// Received is the highest WAL position seen in XLogData and keepalive messages, over all
+	// connections.
 	Received LSN
 	// Flushed is the highest flush position sent to the server: the server will never send again a
 	// transaction committed at or before it.
 	Flushed LSN
 	// Acked is the acknowledged prefix: the EndLSN of the last transaction that was acknowledged
-	// together with every transaction handed out before it (the resume position when none was).
-	// Pass it as Config.Buffer.SkipThrough when starting again if it is also durable on the
-	// consumer's side.
+	// together with every transaction handed out before it (Config.Buffer.SkipThrough while there
+	// is none). It is the position to persist and to pass as Config.Buffer.SkipThrough when starting
+	// again, provided everything acknowledged is durable on the consumer's side. The highest
+	// acknowledged EndLSN is not, when acknowledgements come out of order.
 	Acked LSN
 }
 
-// Stream is one logical replication connection feeding a reorder buffer. It is not safe for
-// concurrent use: call Next, Ack, Stats, Position and Close from one goroutine (or serialize them).
+// Stream is a logical replication stream feeding a reorder buffer, reconnecting when the
+// connection is lost.
+//
+// Next, SendStatus and Close are called by the consumer, one at a time. Ack, Position, Stats,
+// Reconnects and Negotiated may be called from any goroutine at any time, also while Next runs or
+// while the consumer reads a transaction's changes. Close may also be called from another
+// goroutine while Next waits: Next then returns ErrClosed.
 type Stream struct {
-	conn   *pgconn.PgConn
-	buf    *reorderbuffer.Buffer
-	log    *slog.Logger
-	neg    Negotiated
-	every  time.Duration
-	pos    Position
-	last   time.Time // when the last status update was sent
-	closed bool
+	cfg   Config
+	base  *pgconn.Config
+	log   *slog.Logger
+	neg   Negotiated
+	every time.Duration
 
+	life     context.Context // cancelled by Close: ends Next's waits and the keepalive goroutine
+	kill     context.CancelFunc
+	tickDone chan struct{}
+
+	// connMu serializes the use of the connection: Next holds it for its whole call; the
+	// keepalive goroutine, SendStatus and Close take it to send.
+	connMu    sync.Mutex
+	conn      *pgconn.PgConn // nil while disconnected
+	temporary bool           // the slot is temporary: it died with the connection
+	slotPos   LSN            // the slot's confirmed position when the connection started
+	last      time.Time      // when the last status update was sent
+	err       error          // sticky: a fatal error ends the stream
+	cause     error          // why the connection was lost, while reconnecting
+	attempt   int            // failed reconnection attempts in a row
 	// The receive context, with the deadline of the next status update, made once per
 	// deadline rather than once per message (a timer each: a quarter of the receive loop's CPU).
 	recv       context.Context
-	recvCancel context.CancelFunc
+	recvCancel func()
 	recvFrom   context.Context // the caller's ctx it derives from
 	recvUntil  time.Time
-	err        error // sticky: the connection is unusable after it
+
+	// mu guards the buffer and the positions: held briefly by every method.
+	mu         sync.Mutex
+	buf        *reorderbuffer.Buffer
+	pos        Position
+	reconnects int
+	closing    bool
+	closed     bool
 }
 
-// Start connects, creates the slot if asked, and starts streaming from the slot. The connection is
-// closed again if anything fails.
-func Start(ctx context.Context, cfg Config) (_ *Stream, err error) {
-	pcfg, err := pgconn.ParseConfig(cfg.ConnString)
-	if err != nil {
-		return nil, fmt.Errorf("replication: %w", err)
+func newStream(c *Conn, sess *session, buf *reorderbuffer.Buffer) *Stream {
+	s := &Stream{
+		cfg:       c.cfg,
+		base:      c.base,
+		log:       c.log,
+		neg:       c.neg,
+		every:     c.every,
+		tickDone:  make(chan struct{}),
+		conn:      sess.conn,
+		temporary: sess.slot.Temporary,
+		slotPos:   sess.slot.ConfirmedFlush,
+		last:      time.Now(),
+		buf:       buf,
 	}
-	if pcfg.RuntimeParams == nil {
-		pcfg.RuntimeParams = map[string]string{}
-	}
-	if pcfg.RuntimeParams["replication"] == "" {
-		pcfg.RuntimeParams["replication"] = "database"
-	}
-	log := cfg.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	conn, err := pgconn.ConnectConfig(ctx, pcfg)
-	if err != nil {
-		return nil, fmt.Errorf("replication: connect: %w", err)
-	}
-	defer func() {
-		if err != nil {
-			closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			conn.Close(closeCtx)
-			cancel()
-		}
-	}()
-	major, err := parseMajor(conn.ParameterStatus("server_version"))
-	if err != nil {
-		return nil, err
-	}
-	neg, err := cfg.Negotiate(major)
-	if err != nil {
-		return nil, err
-	}
-	sys, err := pglogrepl.IdentifySystem(ctx, conn)
-	if err != nil {
-		return nil, fmt.Errorf("replication: IDENTIFY_SYSTEM: %w", err)
-	}
-	if sys.DBName == "" {
-		return nil, fmt.Errorf("replication: %w: the connection is not bound to a database (replication=database)", ErrInvalidConfig)
-	}
-	log.Info("connected", "server_major", major, "system_id", sys.SystemID, "timeline", sys.Timeline,
-		"xlogpos", sys.XLogPos, "database", sys.DBName)
-
-	if cfg.CreateSlot {
-		if err := createSlot(ctx, conn, major, cfg); err != nil {
-			return nil, err
-		}
-	}
-
-	bcfg := cfg.Buffer
-	bcfg.Decoding = neg.decodingOptions()
-	buf, err := reorderbuffer.New(bcfg)
-	if err != nil {
-		return nil, err
-	}
-	defer func() {
-		if err != nil {
-			buf.Close()
-		}
-	}()
-	start := cfg.Buffer.SkipThrough
-	err = pglogrepl.StartReplication(ctx, conn, cfg.Slot, pglogrepl.LSN(start), pglogrepl.StartReplicationOptions{
-		Mode:       pglogrepl.LogicalReplication,
-		PluginArgs: neg.PluginArgs,
-	})
-	if err != nil {
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "55006" { // object_in_use
-			return nil, fmt.Errorf("replication: START_REPLICATION: %w: %w", ErrSlotActive, err)
-		}
-		return nil, fmt.Errorf("replication: START_REPLICATION: %w", err)
-	}
-	log.Info("streaming", "slot", cfg.Slot, "start", start, "proto_version", neg.ProtoVersion,
-		"streaming", neg.Streaming, "options", strings.Join(neg.PluginArgs, ", "))
-	every := cfg.StatusInterval
-	if every <= 0 {
-		every = DefaultStatusInterval
-	}
-	return &Stream{
-		conn:  conn,
-		buf:   buf,
-		log:   log,
-		neg:   neg,
-		every: every,
-		pos:   Position{Start: start, Flushed: start, Acked: start},
-		last:  time.Now(),
-	}, nil
-}
-
-// createSlot creates the slot unless it already exists.
-func createSlot(ctx context.Context, conn *pgconn.PgConn, major int, cfg Config) error {
-	var b strings.Builder
-	b.WriteString("CREATE_REPLICATION_SLOT " + cfg.Slot)
-	if cfg.TemporarySlot {
-		b.WriteString(" TEMPORARY")
-	}
-	b.WriteString(" LOGICAL pgoutput")
-	switch {
-	case major >= 15:
-		b.WriteString(" (SNAPSHOT 'nothing'")
-		if cfg.TwoPhase {
-			b.WriteString(", TWO_PHASE true")
-		}
-		b.WriteString(")")
-	case cfg.TwoPhase:
-		return &OptionError{Option: "two_phase", Value: "true", ServerMajor: major, Err: ErrUnsupported}
-	default:
-		b.WriteString(" NOEXPORT_SNAPSHOT")
-	}
-	_, err := conn.Exec(ctx, b.String()).ReadAll()
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "42710" && !cfg.TemporarySlot { // duplicate_object
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("replication: CREATE_REPLICATION_SLOT: %w", err)
-	}
-	return nil
+	s.pos = Position{Start: s.slotPos, Flushed: s.slotPos, Acked: buf.AckedThrough()}
+	s.life, s.kill = context.WithCancel(context.Background())
+	go s.keepalive()
+	return s
 }
 
 // Negotiated returns what was negotiated with the server.
 func (s *Stream) Negotiated() Negotiated { return s.neg }
 
 // Position returns the stream's current positions.
-func (s *Stream) Position() Position { return s.pos }
+func (s *Stream) Position() Position {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.pos
+}
 
 // Stats returns the reorder buffer's statistics.
-func (s *Stream) Stats() reorderbuffer.Stats { return s.buf.Stats() }
+func (s *Stream) Stats() reorderbuffer.Stats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.buf.Stats()
+}
+
+// Reconnects returns how many times the stream connected again after losing its connection.
+func (s *Stream) Reconnects() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.reconnects
+}
 
 // Next returns the next committed transaction, in commit order, blocking until one is complete.
-// While it waits it receives and buffers messages, answers keepalives that ask for a reply at once,
-// and sends a standby status update at least every StatusInterval. The returned transaction and its
-// Changes are valid until the next call to Next or Close. Errors are sticky: after one the stream
-// can only be closed (and started again; see the package documentation). A cancelled ctx stops
-// Next with ctx's error and leaves the stream usable.
+// While it waits it receives and buffers messages, answers keepalives that ask for a reply, and
+// sends a standby status update at least every StatusInterval.
+//
+// When the connection is lost (network error, walsender terminated, server restarted or shut
+// down, slot busy when connecting again), Next reconnects according to Config.Reconnect: it
+// connects with the same configuration (calling BeforeConnect again), checks the slot, and
+// streams from the slot's confirmed position again; the buffer keeps every complete
+// transaction and drops those the server sends again, so the transactions Next returns continue
+// without duplicates or gaps. Errors that reconnecting cannot cure (see Retryable), and every
+// error when reconnection is disabled, are sticky: the stream can only be closed.
+//
+// The returned transaction and its Changes are valid until the next call to Next or Close. A
+// cancelled ctx stops Next with ctx's error and leaves the stream usable. After Close, Next
+// returns ErrClosed.
 func (s *Stream) Next(ctx context.Context) (*reorderbuffer.Txn, error) {
-	if s.closed {
+	s.connMu.Lock()
+	defer s.connMu.Unlock()
+	if s.life.Err() != nil {
 		return nil, ErrClosed
 	}
 	if s.err != nil {
 		return nil, s.err
 	}
 	for {
-		if t, ok := s.buf.Next(); ok {
+		s.mu.Lock()
+		t, ok := s.buf.Next()
+		s.mu.Unlock()
+		if ok {
 			return t, nil
+		}
+		if s.conn == nil {
+			if err := s.reconnect(ctx); err != nil {
+				return nil, err
+			}
+			continue
 		}
 		if time.Since(s.last) >= s.every {
 			if err := s.sendStatus(false); err != nil {
-				return nil, s.fail(err)
+				if err := s.lost(err); err != nil {
+					return nil, err
+				}
+				continue
 			}
 		}
 		msg, err := s.conn.ReceiveMessage(s.receiveContext(ctx))
 		if err != nil {
-			if ctx.Err() != nil {
-				if s.conn.IsClosed() {
-					return nil, s.fail(ctx.Err())
+			switch {
+			case s.life.Err() != nil:
+				return nil, ErrClosed
+			case ctx.Err() != nil:
+				if s.conn.IsClosed() { // the connection broke while ctx ended
+					if err := s.lost(fmt.Errorf("replication: connection lost: %w", err)); err != nil {
+						return nil, err
+					}
 				}
 				return nil, ctx.Err()
-			}
-			if pgconn.Timeout(err) {
+			case pgconn.Timeout(err):
 				continue // time for a status update
 			}
-			return nil, s.fail(fmt.Errorf("replication: receive: %w", err))
+			err = fmt.Errorf("replication: receive: %w", err)
+		} else {
+			err = s.handle(msg)
 		}
-		if err := s.handle(msg); err != nil {
-			return nil, s.fail(err)
+		if err != nil {
+			if err := s.lost(err); err != nil {
+				return nil, err
+			}
 		}
 	}
 }
 
-// receiveContext returns ctx with the deadline of the next status update.
+// lost handles an error of the connection: a retryable one drops the connection (Next
+// reconnects), any other becomes the stream's sticky error, which lost returns.
+func (s *Stream) lost(err error) error {
+	switch {
+	case s.cfg.Reconnect.Disabled:
+	case s.temporary && Retryable(err):
+		err = fmt.Errorf("replication: the connection to the temporary slot %q was lost, and the slot with it: %w", s.cfg.Slot, err)
+	case Retryable(err):
+		s.log.Warn("replication connection lost", "error", err, "received", s.Position().Received)
+		s.drop(err)
+		return nil
+	}
+	s.err = err
+	return err
+}
+
+// drop closes the broken connection and prepares the buffer for the next session.
+func (s *Stream) drop(cause error) {
+	if s.conn == nil {
+		return
+	}
+	s.stopReceiveContext()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	s.conn.Close(ctx)
+	cancel()
+	s.conn = nil
+	s.cause = cause
+	s.mu.Lock()
+	err := s.buf.Restart()
+	s.mu.Unlock()
+	if err != nil {
+		s.err = err
+	}
+}
+
+// reconnect connects again, with backoff, until it succeeds, ctx ends, the stream is closed, or
+// an error cannot be cured by retrying.
+func (s *Stream) reconnect(ctx context.Context) error {
+	if s.err != nil {
+		return s.err
+	}
+	p := s.cfg.Reconnect
+	for {
+		s.attempt++
+		if p.MaxAttempts > 0 && s.attempt > p.MaxAttempts {
+			s.err = fmt.Errorf("replication: giving up after %d reconnection attempts: %w", p.MaxAttempts, s.cause)
+			return s.err
+		}
+		d := jitter(p.delay(s.attempt))
+		s.log.Info("reconnecting", "slot", s.cfg.Slot, "attempt", s.attempt, "delay", d, "cause", s.cause)
+		t := time.NewTimer(d)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			s.attempt--
+			return ctx.Err()
+		case <-s.life.Done():
+			t.Stop()
+			return ErrClosed
+		}
+		rctx, cancel := context.WithCancel(ctx)
+		stop := context.AfterFunc(s.life, cancel)
+		err := s.resume(rctx)
+		stop()
+		cancel()
+		switch {
+		case err == nil:
+			s.attempt, s.cause = 0, nil
+			return nil
+		case s.life.Err() != nil:
+			return ErrClosed
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case !Retryable(err):
+			s.err = err
+			return err
+		}
+		s.cause = err
+	}
+}
+
+// resume opens a new session on the slot and starts streaming from its confirmed position.
+func (s *Stream) resume(ctx context.Context) (err error) {
+	sess, err := openSession(ctx, &s.cfg, s.base, s.log, false)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			sess.close(ctx)
+		}
+	}()
+	if sess.slot == nil {
+		return slotNotFound(&s.cfg, sess.sys.dbName)
+	}
+	if err := startReplication(ctx, sess.conn, s.cfg.Slot, s.neg.PluginArgs); err != nil {
+		return err
+	}
+	s.conn, s.slotPos, s.last = sess.conn, sess.slot.ConfirmedFlush, time.Now()
+	s.mu.Lock()
+	s.reconnects++
+	s.pos.Start = s.slotPos
+	n, pos := s.reconnects, s.pos
+	s.mu.Unlock()
+	s.log.Info("reconnected", "slot", s.cfg.Slot, "reconnects", n, "start", pos.Start, "received", pos.Received,
+		"flushed", pos.Flushed, "acked", pos.Acked)
+	return nil
+}
+
+// jitter spreads d by ±20%, so that many consumers do not reconnect in step.
+func jitter(d time.Duration) time.Duration {
+	return d + time.Duration((rand.Float64()*0.4-0.2)*float64(d))
+}
+
+// receiveContext returns ctx with the deadline of the next status update, cancelled by Close.
 func (s *Stream) receiveContext(ctx context.Context) context.Context {
 	until := s.last.Add(s.every)
 	if s.recv == nil || s.recvFrom != ctx || !s.recvUntil.Equal(until) || s.recv.Err() != nil {
 		s.stopReceiveContext()
-		s.recv, s.recvCancel = context.WithDeadline(ctx, until)
-		s.recvFrom, s.recvUntil = ctx, until
+		rctx, cancel := context.WithDeadline(ctx, until)
+		stop := context.AfterFunc(s.life, cancel)
+		s.recv, s.recvFrom, s.recvUntil = rctx, ctx, until
+		s.recvCancel = func() { stop(); cancel() }
 	}
 	return s.recv
 }
@@ -266,10 +334,12 @@ func (s *Stream) stopReceiveContext() {
 	s.recv, s.recvCancel, s.recvFrom = nil, nil, nil
 }
 
-func (s *Stream) fail(err error) error {
-	s.err = err
-	return err
-}
+// Replication envelope messages (CopyData payloads).
+const (
+	msgXLogData      = 'w' // server: dataStart, walEnd, sendTime (int64 each), then one pgoutput message
+	msgKeepalive     = 'k' // server: walEnd, sendTime (int64), replyRequested (byte)
+	msgStandbyStatus = 'r' // client: write, flush, apply, sendTime (int64 each), replyRequested (byte)
+)
 
 // handle processes one backend message.
 func (s *Stream) handle(msg pgproto3.BackendMessage) error {
@@ -278,56 +348,64 @@ func (s *Stream) handle(msg pgproto3.BackendMessage) error {
 		if len(msg.Data) == 0 {
 			return &ProtocolError{Msg: "empty CopyData"}
 		}
-		switch msg.Data[0] {
-		case pglogrepl.XLogDataByteID:
-			xld, err := pglogrepl.ParseXLogData(msg.Data[1:])
-			if err != nil {
-				return &ProtocolError{Msg: err.Error()}
+		d := msg.Data
+		switch d[0] {
+		case msgXLogData:
+			if len(d) < 25 {
+				return &ProtocolError{Msg: fmt.Sprintf("XLogData of %d bytes", len(d))}
 			}
-			s.received(LSN(xld.WALStart))
-			s.received(LSN(xld.ServerWALEnd))
-			// xld.WALData aliases pgconn's read buffer; the buffer copies what it keeps.
-			if err := s.buf.Add(LSN(xld.WALStart), xld.WALData); err != nil {
-				return err
+			start := LSN(binary.BigEndian.Uint64(d[1:]))
+			end := LSN(binary.BigEndian.Uint64(d[9:]))
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			s.pos.Received = max(s.pos.Received, start, end)
+			// The payload aliases pgconn's read buffer; the buffer copies what it keeps.
+			return s.buf.Add(start, d[25:])
+		case msgKeepalive:
+			if len(d) < 18 {
+				return &ProtocolError{Msg: fmt.Sprintf("keepalive of %d bytes", len(d))}
 			}
-		case pglogrepl.PrimaryKeepaliveMessageByteID:
-			ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(msg.Data[1:])
-			if err != nil {
-				return &ProtocolError{Msg: err.Error()}
-			}
-			s.received(LSN(ka.ServerWALEnd))
-			s.buf.Keepalive(LSN(ka.ServerWALEnd))
-			if ka.ReplyRequested {
-				return s.sendStatus(false)
+			end := LSN(binary.BigEndian.Uint64(d[1:]))
+			s.mu.Lock()
+			s.pos.Received = max(s.pos.Received, end)
+			s.buf.Keepalive(end)
+			s.mu.Unlock()
+			if d[17] != 0 {
+				return s.reply(end)
 			}
 		default:
 			// 's' (primary status update, PostgreSQL 19) answers a request we never send; anything
 			// else is from a future protocol and carries nothing we need.
-			s.log.Debug("ignoring replication message", "type", string(msg.Data[0]))
+			s.log.Debug("ignoring replication message", "type", string(d[0]))
 		}
 		return nil
 	case *pgproto3.CopyDone:
-		return ErrServerEndedStream
+		return fmt.Errorf("%w (CopyDone)", ErrServerEndedStream)
+	case *pgproto3.CommandComplete:
+		// A walsender that stops because the server shuts down ends the copy this way.
+		return fmt.Errorf("%w (CommandComplete %q)", ErrServerEndedStream, msg.CommandTag)
 	case *pgproto3.ErrorResponse:
 		return fmt.Errorf("replication: %w", pgconn.ErrorResponseToPgError(msg))
 	case *pgproto3.NoticeResponse, *pgproto3.ParameterStatus:
-		return nil
+		return nil // notices were logged by the OnNotice handler
 	default:
 		return &ProtocolError{Msg: fmt.Sprintf("unexpected %T", msg)}
 	}
 }
 
-func (s *Stream) received(lsn LSN) {
-	if lsn > s.pos.Received {
-		s.pos.Received = lsn
-	}
-}
-
 // Ack records that the consumer has durably handled t (every transaction Next returns, including
-// non-transactional messages, must be acknowledged once, in any order). The flush position sent to
-// the server advances to the highest EndLSN whose transaction and all earlier ones are acknowledged;
-// it is sent with the next status update (at most StatusInterval later, or by SendStatus).
+// non-transactional messages, must be acknowledged once, in any order, from any goroutine). The
+// flush position sent to the server advances to the acknowledged prefix: the highest EndLSN whose
+// transaction and all earlier ones are acknowledged. It is sent with the next status update (at
+// most StatusInterval later, or by SendStatus). A nil t or one another stream handed out is an
+// error (reorderbuffer.ErrForeignTxn) and changes nothing. With Config.Buffer.Incremental, Next
+// hands out parts of transactions: acknowledge the parts that commit (reorderbuffer.PartKind).
 func (s *Stream) Ack(t *reorderbuffer.Txn) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return ErrClosed
+	}
 	if err := s.buf.Ack(t); err != nil {
 		return err
 	}
@@ -336,44 +414,102 @@ func (s *Stream) Ack(t *reorderbuffer.Txn) error {
 }
 
 // SendStatus sends a standby status update now (write = received, flush = the acknowledged
-// position), and asks the server for a reply if requestReply is set.
+// position), and asks the server for a reply if requestReply is set. It waits for a running Next
+// to return. While the stream is reconnecting it returns ErrNotConnected.
 func (s *Stream) SendStatus(ctx context.Context, requestReply bool) error {
-	if s.closed {
+	s.connMu.Lock()
+	defer s.connMu.Unlock()
+	switch {
+	case s.life.Err() != nil:
 		return ErrClosed
-	}
-	if s.err != nil {
+	case s.err != nil:
 		return s.err
+	case s.conn == nil:
+		return ErrNotConnected
 	}
 	if err := s.sendStatus(requestReply); err != nil {
-		return s.fail(err)
+		return s.lost(err)
 	}
 	return nil
 }
 
-// flushPosition is the position safe to confirm: the buffer's, never below what was already sent
-// (a confirmed position never moves back) nor below the resume position.
-func (s *Stream) flushPosition() LSN {
-	f := s.buf.FlushPosition()
-	if f < s.pos.Flushed {
-		f = s.pos.Flushed
+// keepalive sends status updates while the consumer is not inside Next (busy with a long
+// transaction), so that the server's wal_sender_timeout does not end the connection. It only ever
+// reports what the buffer says is safe: acknowledged transactions.
+func (s *Stream) keepalive() {
+	defer close(s.tickDone)
+	t := time.NewTimer(s.every)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.life.Done():
+			return
+		case <-t.C:
+		}
+		s.connMu.Lock() // waits while Next runs: Next sends its own updates
+		wait := s.every
+		if s.life.Err() == nil && s.err == nil && s.conn != nil && !s.conn.IsClosed() {
+			if since := time.Since(s.last); since < s.every {
+				wait = s.every - since
+			} else if err := s.sendStatus(false); err != nil {
+				// Next finds the broken connection on its next receive and reconnects.
+				s.log.Debug("status update failed", "error", err)
+			}
+		}
+		s.connMu.Unlock()
+		t.Reset(wait)
 	}
-	return f
 }
 
-// sendStatus writes an 'r' message. It does not use pglogrepl.SendStandbyStatusUpdate, which
-// replaces a zero flush position with the write position: that would confirm transactions the
-// consumer never handled.
+// flushPosition is the position safe to confirm: the buffer's (the acknowledged prefix, held back
+// by prepared transactions not yet acknowledged), never beyond what was received (a resume
+// position the server never sent is not a position to confirm), never below the slot's confirmed
+// position, and never below what was sent before. Called with mu held.
+func (s *Stream) flushPosition() LSN {
+	return flushPosition(s.buf.FlushPosition(), s.pos.Received, s.slotPos, s.pos.Flushed)
+}
+
+func flushPosition(buffer, received, slot, sent LSN) LSN {
+	return max(min(buffer, received), slot, sent)
+}
+
+// sendStatus writes an 'r' message with the write and flush positions. Called with connMu held.
 func (s *Stream) sendStatus(requestReply bool) error {
+	return s.status(requestReply, 0)
+}
+
+// reply answers a keepalive that asks for a reply, whose walEnd is end.
+//
+// When the flush position is behind end, the answer carries no flush position (InvalidXLogRecPtr,
+// which the server never takes as a confirmation). A walsender that stops because the server
+// shuts down waits until the flush position (or, if the client reports none, the write position)
+// reaches what it sent, asking for a reply after each one: a consumer holding back its flush
+// position for transactions it has not acknowledged, or for a prepared transaction, would keep
+// it, and the shutdown, waiting until wal_sender_timeout (for ever if that is 0), answering in a
+// tight loop. With no flush position, the walsender sees the write position, which is what was
+// received, and ends the stream at once. Flush positions go with the regular status updates.
+func (s *Stream) reply(end LSN) error {
+	return s.status(false, end)
+}
+
+// status writes an 'r' message. The write position is what was received (or the flush position,
+// if that is higher: the slot's position before anything arrived); never more, as a walsender
+// that shuts down waits for it to reach what it sent. If replyTo is set and the flush position is
+// behind it, the flush and apply positions are sent as invalid (see reply).
+func (s *Stream) status(requestReply bool, replyTo LSN) error {
+	s.mu.Lock()
 	flush := s.flushPosition()
-	write := s.pos.Received
-	if write < flush {
-		write = flush
+	write := max(s.pos.Received, flush)
+	s.mu.Unlock()
+	report := flush
+	if replyTo != 0 && flush < replyTo {
+		report = 0
 	}
 	var msg [34]byte
-	msg[0] = pglogrepl.StandbyStatusUpdateByteID
+	msg[0] = msgStandbyStatus
 	binary.BigEndian.PutUint64(msg[1:], uint64(write))
-	binary.BigEndian.PutUint64(msg[9:], uint64(flush))
-	binary.BigEndian.PutUint64(msg[17:], uint64(flush)) // apply: handled by the consumer = flushed
+	binary.BigEndian.PutUint64(msg[9:], uint64(report))
+	binary.BigEndian.PutUint64(msg[17:], uint64(report)) // apply: handled by the consumer = flushed
 	binary.BigEndian.PutUint64(msg[25:], uint64(pgTime(time.Now())))
 	if requestReply {
 		msg[33] = 1
@@ -385,9 +521,14 @@ func (s *Stream) sendStatus(requestReply bool) error {
 	if err := s.conn.Frontend().SendUnbufferedEncodedCopyData(buf); err != nil {
 		return fmt.Errorf("replication: send status: %w", err)
 	}
+	s.log.Debug("status", "write", write, "flush", report, "reply", requestReply)
+	if report == 0 {
+		return nil // not a full status update: the next one is still due
+	}
 	s.last = time.Now()
-	s.log.Debug("status", "write", write, "flush", flush, "reply", requestReply)
+	s.mu.Lock()
 	s.pos.Flushed = flush
+	s.mu.Unlock()
 	return nil
 }
 
@@ -396,28 +537,42 @@ func pgTime(t time.Time) int64 {
 	return t.Sub(time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)).Microseconds()
 }
 
-// Close sends a final status update with the acknowledged position (when the connection is still
-// healthy), closes the connection and the buffer (removing its spill files). ctx bounds the polite
-// part; the connection is closed regardless. Safe to call twice.
+// Close stops a waiting Next, sends a final status update with the acknowledged position (when
+// the connection is healthy), closes the connection and the buffer (removing its spill files),
+// and stops the keepalive goroutine. ctx bounds the polite part; the connection is closed
+// regardless. Safe to call twice.
 func (s *Stream) Close(ctx context.Context) error {
-	if s.closed {
+	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
 		return nil
 	}
-	s.closed = true
+	s.closing = true
+	s.mu.Unlock()
+	s.kill()
+	s.connMu.Lock()
 	s.stopReceiveContext()
 	var errs []error
-	if s.err == nil && !s.conn.IsClosed() {
-		if err := s.sendStatus(false); err != nil {
-			errs = append(errs, err)
-		} else {
-			s.log.Info("closed", "flush", s.pos.Flushed, "acked", s.pos.Acked, "received", s.pos.Received)
+	if s.conn != nil {
+		if s.err == nil && !s.conn.IsClosed() {
+			if err := s.sendStatus(false); err != nil {
+				errs = append(errs, err)
+			}
 		}
+		if err := s.conn.Close(ctx); err != nil && !errors.Is(err, context.Canceled) {
+			errs = append(errs, err)
+		}
+		s.conn = nil
 	}
-	if err := s.conn.Close(ctx); err != nil && !errors.Is(err, context.Canceled) {
-		errs = append(errs, err)
-	}
+	s.mu.Lock()
+	s.closed = true
 	if err := s.buf.Close(); err != nil {
 		errs = append(errs, err)
 	}
+	pos := s.pos
+	s.mu.Unlock()
+	s.connMu.Unlock()
+	<-s.tickDone
+	s.log.Info("closed", "flushed", pos.Flushed, "acked", pos.Acked, "received", pos.Received)
 	return errors.Join(errs...)
 }

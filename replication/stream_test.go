@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -41,9 +42,13 @@ func slotLSN(ctx context.Context, t *testing.T, conn *pgx.Conn, waitInactive boo
 	t.Helper()
 	for {
 		var active bool
-		var lsn decoding.LSN
+		var text string
 		if err := conn.QueryRow(ctx, `SELECT active, confirmed_flush_lsn::text FROM pg_replication_slots
-			WHERE slot_name = 's' AND database = current_database()`).Scan(&active, &lsn); err != nil {
+			WHERE slot_name = 's' AND database = current_database()`).Scan(&active, &text); err != nil {
+			t.Fatal(err)
+		}
+		lsn, err := decoding.ParseLSN(text)
+		if err != nil {
 			t.Fatal(err)
 		}
 		if !waitInactive || !active {
@@ -80,8 +85,12 @@ func TestIdleSlotAdvances(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		var target decoding.LSN
-		if err := conn.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&target); err != nil {
+		var text string
+		if err := conn.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&text); err != nil {
+			t.Fatal(err)
+		}
+		target, err := decoding.ParseLSN(text)
+		if err != nil {
 			t.Fatal(err)
 		}
 		// Drive the stream until the slot has confirmed past the unrelated WAL.
@@ -244,4 +253,92 @@ func startRetry(ctx context.Context, t *testing.T, cfg replication.Config) *repl
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// TestConcurrentAck: transactions are acknowledged by another goroutine while the consumer is
+// already waiting in Next for the next one, and a third goroutine reads the positions and
+// statistics meanwhile (run with -race). The slot ends confirmed through the last transaction.
+func TestConcurrentAck(t *testing.T) {
+	forMajors(t, func(t *testing.T, srv *pgtest.Server, db string) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		s, err := replication.Start(ctx, replication.Config{ConnString: srv.ReplicationConnString(db), Slot: "s",
+			Publications: []string{"pub"}, CreateSlot: true, StatusInterval: 5 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close(ctx)
+		const n = 50
+		stmts := make([]string, n)
+		for i := range stmts {
+			stmts[i] = fmt.Sprintf(`INSERT INTO pub_t VALUES (%d)`, i)
+		}
+		if err := pgtest.Exec(ctx, srv.ConnString(db), stmts...); err != nil {
+			t.Fatal(err)
+		}
+		acks := make(chan *reorderbuffer.Txn, n)
+		var wg sync.WaitGroup
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			for x := range acks {
+				time.Sleep(time.Millisecond) // the writer confirms later
+				if err := s.Ack(x); err != nil {
+					t.Error(err)
+				}
+			}
+		}()
+		stop := make(chan struct{})
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				// Before anything arrives, the flush position is the slot's own.
+				if p := s.Position(); p.Acked > p.Received || p.Flushed > max(p.Received, p.Start) {
+					t.Errorf("position %+v: acknowledged or flushed past what was received", p)
+					return
+				}
+				_ = s.Stats()
+				_ = s.Reconnects()
+			}
+		}()
+		var last *reorderbuffer.Txn
+		for i := range n {
+			x, err := s.Next(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(ids(t, x)) != 1 {
+				t.Fatalf("transaction %d has no insert", i)
+			}
+			acks <- x
+			last = x
+		}
+		close(acks)
+		close(stop)
+		wg.Wait()
+		if p := s.Position(); p.Acked != last.EndLSN {
+			t.Fatalf("acked %s, want the last end %s", p.Acked, last.EndLSN)
+		}
+		if err := s.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if c := slotLSN(ctx, t, mustConnect(ctx, t, srv.ConnString(db)), true); c < last.EndLSN {
+			t.Fatalf("confirmed_flush_lsn %s, want at least %s", c, last.EndLSN)
+		}
+	})
+}
+
+func mustConnect(ctx context.Context, t *testing.T, connString string) *pgx.Conn {
+	t.Helper()
+	conn, err := pgx.Connect(ctx, connString)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
 }

@@ -17,7 +17,7 @@ import (
 
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/internal/capture"
-	"github.com/pgreorder/pgreorder/internal/pgtest"
+	"github.com/pgreorder/pgreorder/internal/pgserver"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 	"github.com/pgreorder/pgreorder/replication"
 )
@@ -48,6 +48,11 @@ type demoFlags struct {
 }
 
 func runDemo(ctx context.Context, args []string) error {
+	return demo(ctx, os.Stdout, args)
+}
+
+// demo runs the demo command, printing to out (what it changes on the system goes to stderr).
+func demo(ctx context.Context, out io.Writer, args []string) error {
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	var f demoFlags
 	fs.StringVar(&f.workMem, "work-mem", "256kB", "memory limit of pgreorder's buffer (the server streams at 64kB)")
@@ -59,7 +64,9 @@ func runDemo(ctx context.Context, args []string) error {
 		fmt.Fprintf(fs.Output(), "usage: pgreorder demo [flags]\n\n"+
 			"Starts a throwaway PostgreSQL server (when one is installed), runs a large transaction that rolls back\n"+
 			"some savepoints while small transactions commit around it, streams it through pgreorder with a small\n"+
-			"memory limit and prints what arrives. Without a server it replays a recorded capture instead.\n\n")
+			"memory limit and prints what arrives. Without a server it replays a recorded capture instead.\n"+
+			"What starting the server changes on the system (a folder under the temporary directory; as root, the\n"+
+			"system user \"pgreorder\" if absent) is said on stderr first.\n\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -74,29 +81,29 @@ func runDemo(ctx context.Context, args []string) error {
 		return err
 	}
 	if !f.capture {
-		srv, why := demoServer(ctx)
+		srv, why := demoServer(ctx, out)
 		if srv != nil {
 			defer srv.Stop()
-			return demoLive(ctx, srv, f, workMem)
+			return demoLive(ctx, out, srv, f, workMem)
 		}
-		fmt.Printf("No PostgreSQL server could be started (%s).\n", why)
+		fmt.Fprintf(out, "No PostgreSQL server could be started (%s).\n", why)
 	}
-	fmt.Printf("Replaying the embedded capture of a real run instead (PostgreSQL 15, streaming on, 64kB).\n\n")
-	return demoReplay(workMem)
+	fmt.Fprintf(out, "Replaying the embedded capture of a real run instead (PostgreSQL 15, streaming on, 64kB).\n\n")
+	return demoReplay(out, workMem)
 }
 
 // demoServer starts the newest installed PostgreSQL, or says why it could not.
-func demoServer(ctx context.Context) (*pgtest.Server, string) {
-	installs := pgtest.FindInstalls()
+func demoServer(ctx context.Context, out io.Writer) (*pgserver.Server, string) {
+	installs := pgserver.FindInstalls()
 	if len(installs) == 0 {
-		return nil, "none installed; see README.md to install one"
+		return nil, "none installed; " + pgserver.HowToInstall
 	}
 	var reasons []string
 	for i := len(installs) - 1; i >= 0; i-- {
 		in := installs[i]
-		fmt.Printf("Starting a throwaway %s...\n", in)
+		fmt.Fprintf(out, "Starting a throwaway %s...\n", in)
 		sctx, cancel := context.WithTimeout(ctx, 60*time.Second)
-		srv, err := pgtest.Start(sctx, in, pgtest.Options{})
+		srv, err := pgserver.Start(sctx, in, pgserver.Options{CreateUser: true, Log: systemLog("demo")})
 		cancel()
 		if err == nil {
 			return srv, ""
@@ -113,13 +120,20 @@ func demoServer(ctx context.Context) (*pgtest.Server, string) {
 	return nil, strings.Join(reasons, "; ")
 }
 
-// demoPrinter prints one line per transaction and checks the large one.
+// demoPrinter prints one line per transaction, the buffer's progress in between, and checks the
+// large transaction.
 type demoPrinter struct {
+	out      io.Writer
+	workMem  int64
 	rels     map[uint32]string
-	txns     int
 	bigRows  int // rows of demo_big received
-	smallTxn int
 	done     bool
+	lastLine string // the last progress line
+	lastTime time.Time
+}
+
+func newDemoPrinter(out io.Writer, workMem int64) *demoPrinter {
+	return &demoPrinter{out: out, workMem: workMem, rels: map[uint32]string{}}
 }
 
 func (p *demoPrinter) print(t *reorderbuffer.Txn) error {
@@ -156,7 +170,6 @@ func (p *demoPrinter) print(t *reorderbuffer.Txn) error {
 			count("message " + m.Prefix)
 		}
 	}
-	p.txns++
 	kind := "whole   "
 	if t.Streamed {
 		kind = "streamed"
@@ -168,24 +181,51 @@ func (p *demoPrinter) print(t *reorderbuffer.Txn) error {
 	for i, k := range order {
 		parts[i] = fmt.Sprintf("%d × %s", counts[k], k)
 	}
-	fmt.Printf("  xid %-6d commit %-11s %s  %s\n", t.Xid, t.CommitLSN, kind, strings.Join(parts, ", "))
-	if len(order) == 1 && strings.HasPrefix(order[0], "insert demo_small") {
-		p.smallTxn++
-	}
+	fmt.Fprintf(p.out, "  xid %-6d commit %-11s %s  %s\n", t.Xid, t.CommitLSN, kind, strings.Join(parts, ", "))
 	return nil
 }
 
-func demoStats(st reorderbuffer.Stats, workMem int64) {
-	limit := fmt.Sprintf("%d bytes", workMem)
-	if workMem < 0 {
+// progress prints a line with what the buffer holds and has spilled when that changed since the
+// last line; with throttle set, at most every half second.
+func (p *demoPrinter) progress(st reorderbuffer.Stats, throttle bool) {
+	line := fmt.Sprintf("  ... %s in %s so far; %s open; %s in memory, %s spilled to disk\n",
+		demoBytes(st.StreamBytes), plural(st.StreamCount, "stream block"), plural(int64(st.OpenTxns), "transaction"),
+		demoBytes(st.MemoryBytes), demoBytes(st.SpillBytes))
+	if line == p.lastLine || (throttle && time.Since(p.lastTime) < 500*time.Millisecond) {
+		return
+	}
+	p.lastLine, p.lastTime = line, time.Now()
+	fmt.Fprint(p.out, line)
+}
+
+// stats prints the final statistics and what became of the rolled-back transactions.
+func (p *demoPrinter) stats(st reorderbuffer.Stats) {
+	limit := demoBytes(p.workMem)
+	if p.workMem < 0 {
 		limit = "0 (spill everything)"
 	}
-	fmt.Printf("\nStatistics (memory limit %s):\n", limit)
-	fmt.Printf("  transactions      %d committed, %d aborted, %d streamed (%d stream blocks, %s)\n",
-		st.TotalTxns, st.AbortedTxns, st.StreamTxns, st.StreamCount, demoBytes(st.StreamBytes))
-	fmt.Printf("  rolled back       %d subtransaction aborts cut a transaction back\n", st.AbortedSubxacts)
-	fmt.Printf("  spilled           %d transactions, %d times, %s\n", st.SpillTxns, st.SpillCount, demoBytes(st.SpillBytes))
-	fmt.Printf("  peak memory       %s of transaction data (+%s bookkeeping now)\n", demoBytes(st.PeakMemoryBytes), demoBytes(st.OverheadBytes))
+	fmt.Fprintf(p.out, "\nStatistics (memory limit %s):\n", limit)
+	fmt.Fprintf(p.out, "  transactions      %d committed, %d aborted, %d streamed (%s, %s)\n",
+		st.TotalTxns, st.AbortedTxns, st.StreamTxns, plural(st.StreamCount, "stream block"), demoBytes(st.StreamBytes))
+	fmt.Fprintf(p.out, "  rolled back       %s cut a transaction back\n", plural(st.AbortedSubxacts, "subtransaction abort"))
+	fmt.Fprintf(p.out, "  spilled           %s, %s, %s\n", plural(st.SpillTxns, "transaction"), plural(st.SpillCount, "time"), demoBytes(st.SpillBytes))
+	fmt.Fprintf(p.out, "  memory            peak %s, now %s (changes held, and free chunks kept for reuse); %s of bookkeeping besides\n",
+		demoBytes(st.PeakMemoryBytes), demoBytes(st.MemoryBytes), demoBytes(st.OverheadBytes))
+	if st.AbortedTxns > 0 {
+		fmt.Fprintf(p.out, "\nThe large transaction that rolled back was streamed while it ran, then dropped at its Stream Abort:\n"+
+			"none of its rows reached the output.\n")
+	} else {
+		fmt.Fprintf(p.out, "\nThe large transaction that rolled back never reached pgreorder, hence \"0 aborted\": the server\n"+
+			"decoded it only after its rollback, and PostgreSQL 18 does not stream a transaction it already knows\n"+
+			"is aborted (15 to 17 stream it and then send a Stream Abort).\n")
+	}
+}
+
+func plural(n int64, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }
 
 func demoBytes(n int64) string {
@@ -199,7 +239,7 @@ func demoBytes(n int64) string {
 }
 
 // demoLive runs the workload on srv and streams it.
-func demoLive(ctx context.Context, srv *pgtest.Server, f demoFlags, workMem int64) error {
+func demoLive(ctx context.Context, out io.Writer, srv *pgserver.Server, f demoFlags, workMem int64) error {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 	dsn := srv.ConnString("postgres")
@@ -236,7 +276,7 @@ func demoLive(ctx context.Context, srv *pgtest.Server, f demoFlags, workMem int6
 	}
 	defer s.Close(context.WithoutCancel(ctx))
 	n := s.Negotiated()
-	fmt.Printf("Streaming slot %q: proto_version %d, streaming %s; server logical_decoding_work_mem 64kB.\n\n",
+	fmt.Fprintf(out, "Streaming slot %q: proto_version %d, streaming %s; server logical_decoding_work_mem 64kB.\n\n",
 		"demo", n.ProtoVersion, n.Streaming)
 
 	kept := 0
@@ -245,18 +285,39 @@ func demoLive(ctx context.Context, srv *pgtest.Server, f demoFlags, workMem int6
 			kept += f.rows
 		}
 	}
-	fmt.Printf("Workload: one transaction inserts %d rows (~%s) under %d savepoints and rolls back every third;\n"+
-		"meanwhile a second connection commits %d small transactions and rolls back a large one.\n\n",
+	fmt.Fprintf(out, "Workload: one transaction inserts %d rows (~%s) under %d savepoints and rolls back every third;\n"+
+		"meanwhile a second connection commits %d small transactions, and opens a large one that it rolls\n"+
+		"back once pgreorder has received part of it.\n\n",
 		f.rows*f.chunks, demoBytes(int64(f.rows*f.chunks*230)), f.chunks, f.chunks+1)
 
+	// The workload rolls the second large transaction back once it has been streamed, or after
+	// 30 seconds if the server does not stream it. The first one is streamed before it, unless it
+	// is too small (about 230 bytes per row against the server's 64kB).
+	wantStreamed := int64(2)
+	if f.rows*f.chunks*230 < 64<<10 {
+		wantStreamed = 1
+	}
+	streamed := make(chan struct{})
 	werr := make(chan error, 1)
-	go func() { werr <- demoWorkload(ctx, dsn, f) }()
+	go func() { werr <- demoWorkload(ctx, dsn, f, streamed) }()
 
-	p := &demoPrinter{rels: map[uint32]string{}}
-	fmt.Println("Committed transactions, in commit order:")
+	p := newDemoPrinter(out, workMem)
+	fmt.Fprintln(out, "Committed transactions, in commit order (\"...\" lines: what pgreorder holds meanwhile):")
 	for !p.done {
-		t, err := s.Next(ctx)
+		// A short wait, so that progress shows while the large transaction streams in.
+		nctx, ncancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		t, err := s.Next(nctx)
+		ncancel()
+		st := s.Stats()
+		if st.StreamTxns >= wantStreamed && streamed != nil {
+			close(streamed)
+			streamed = nil
+		}
 		if err != nil {
+			if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+				p.progress(st, true)
+				continue
+			}
 			select {
 			case e := <-werr:
 				if e != nil {
@@ -266,20 +327,23 @@ func demoLive(ctx context.Context, srv *pgtest.Server, f demoFlags, workMem int6
 			}
 			return err
 		}
+		p.progress(st, false)
 		if err := p.print(t); err != nil {
 			return err
 		}
-		s.Ack(t)
+		if err := s.Ack(t); err != nil {
+			return err
+		}
 	}
 	if err := <-werr; err != nil {
 		return fmt.Errorf("workload: %w", err)
 	}
-	demoStats(s.Stats(), workMem)
+	p.stats(s.Stats())
 	var inTable int
 	if err := setup.QueryRow(ctx, `SELECT count(*) FROM demo_big`).Scan(&inTable); err != nil {
 		return err
 	}
-	fmt.Printf("\nThe large transaction arrived whole after its commit: %d rows received, %d in the table.\n", p.bigRows, inTable)
+	fmt.Fprintf(out, "\nThe large transaction arrived whole after its commit: %d rows received, %d in the table.\n", p.bigRows, inTable)
 	if p.bigRows != inTable || inTable != kept {
 		return fmt.Errorf("demo: received %d rows of demo_big, the table has %d, expected %d", p.bigRows, inTable, kept)
 	}
@@ -287,14 +351,15 @@ func demoLive(ctx context.Context, srv *pgtest.Server, f demoFlags, workMem int6
 		if err := demoRecord(ctx, setup, f.record); err != nil {
 			return err
 		}
-		fmt.Printf("Recorded the stream to %s.\n", f.record)
+		fmt.Fprintf(out, "Recorded the stream to %s.\n", f.record)
 	}
 	return nil
 }
 
 // demoWorkload runs the large transaction on one connection and the small ones on another,
-// interleaved so that small transactions commit while the large one is open.
-func demoWorkload(ctx context.Context, dsn string, f demoFlags) error {
+// interleaved so that small transactions commit while the large one is open. The second large
+// transaction is rolled back once streamed is closed, or after 30 seconds.
+func demoWorkload(ctx context.Context, dsn string, f demoFlags, streamed <-chan struct{}) error {
 	big, err := pgx.Connect(ctx, dsn)
 	if err != nil {
 		return err
@@ -333,12 +398,18 @@ func demoWorkload(ctx context.Context, dsn string, f demoFlags) error {
 			return err
 		}
 	}
-	// A large transaction that rolls back entirely: it is streamed, then dropped.
+	// A large transaction that rolls back entirely: streamed while it runs, then dropped.
 	if err := exec(small, `BEGIN`); err != nil {
 		return err
 	}
 	if err := exec(small, `INSERT INTO demo_small (note) SELECT 'rolled back ' || g FROM generate_series(1, 3000) g`); err != nil {
 		return err
+	}
+	select {
+	case <-streamed:
+	case <-time.After(30 * time.Second):
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 	if err := exec(small, `ROLLBACK`); err != nil {
 		return err
@@ -394,7 +465,7 @@ func demoRecord(ctx context.Context, conn *pgx.Conn, path string) error {
 }
 
 // demoReplay feeds the embedded capture through a Buffer.
-func demoReplay(workMem int64) error {
+func demoReplay(out io.Writer, workMem int64) error {
 	zr, err := gzip.NewReader(bytes.NewReader(demoCapture))
 	if err != nil {
 		return fmt.Errorf("demo: embedded capture: %w", err)
@@ -404,8 +475,8 @@ func demoReplay(workMem int64) error {
 		return err
 	}
 	defer buf.Close()
-	p := &demoPrinter{rels: map[uint32]string{}}
-	fmt.Println("Committed transactions, in commit order:")
+	p := newDemoPrinter(out, workMem)
+	fmt.Fprintln(out, "Committed transactions, in commit order (\"...\" lines: what pgreorder holds meanwhile):")
 	r := capture.NewReader(zr)
 	for {
 		rec, err := r.Next()
@@ -419,16 +490,19 @@ func demoReplay(workMem int64) error {
 			return fmt.Errorf("demo: embedded capture line %d: %w", r.Line(), err)
 		}
 		for t, ok := buf.Next(); ok; t, ok = buf.Next() {
+			p.progress(buf.Stats(), false)
 			if err := p.print(t); err != nil {
 				return err
 			}
-			buf.Ack(t)
+			if err := buf.Ack(t); err != nil {
+				return err
+			}
 		}
 	}
-	demoStats(buf.Stats(), workMem)
+	p.stats(buf.Stats())
 	if !p.done {
 		return errors.New("demo: the embedded capture is incomplete")
 	}
-	fmt.Printf("\nThe large transaction arrived whole after its commit: %d rows received.\n", p.bigRows)
+	fmt.Fprintf(out, "\nThe large transaction arrived whole after its commit: %d rows received.\n", p.bigRows)
 	return nil
 }

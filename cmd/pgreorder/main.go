@@ -4,6 +4,12 @@
 //	pgreorder record [flags] WORKLOAD.sql  capture a workload's stream with streaming off and on
 //	pgreorder replay [flags] FILE          reorder a capture and print committed transactions as JSON lines
 //	pgreorder stream [flags]               stream a live slot as JSON lines
+//
+// demo, and record without -dsn, start a throwaway PostgreSQL server from an installation they
+// find (see internal/pgserver). Before changing anything on the system for it they say so on
+// stderr: the folder they create under the temporary directory (removed at exit), the folders of
+// earlier runs that died which they remove, and, run as root, the system user "pgreorder" they
+// create with useradd if it does not exist (PostgreSQL refuses to run as root).
 package main
 
 import (
@@ -11,6 +17,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"sort"
@@ -64,4 +71,22 @@ func main() {
 		fmt.Fprintf(os.Stderr, "pgreorder %s: %v\n", os.Args[1], err)
 		os.Exit(1)
 	}
+}
+
+// systemLog returns the writer given to pgserver.Options.Log: every line written to it goes to
+// stderr after "pgreorder NAME: ". pgserver writes one whole line per call.
+func systemLog(name string) io.Writer {
+	return prefixWriter{w: os.Stderr, prefix: "pgreorder " + name + ": "}
+}
+
+type prefixWriter struct {
+	w      io.Writer
+	prefix string
+}
+
+func (p prefixWriter) Write(b []byte) (int, error) {
+	if _, err := io.WriteString(p.w, p.prefix+string(b)); err != nil {
+		return 0, err
+	}
+	return len(b), nil
 }

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/pgreorder/pgreorder/internal/capture"
-	"github.com/pgreorder/pgreorder/internal/pgtest"
+	"github.com/pgreorder/pgreorder/internal/pgserver"
 )
 
 func init() {
@@ -30,7 +30,7 @@ func runRecord(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("record", flag.ContinueOnError)
 	var f recordFlags
 	fs.StringVar(&f.dsn, "dsn", "", "connection string of the database to record on (superuser: it creates a publication and slots);\n"+
-		"empty: start a throwaway server")
+		"empty: start a throwaway server (what that changes on the system is said on stderr first)")
 	fs.IntVar(&f.major, "pg-major", 0, "major version of the throwaway server (0: the newest installed)")
 	fs.StringVar(&f.out, "o", "", "folder for the capture files (created if needed; required)")
 	fs.StringVar(&f.workMem, "work-mem", "64kB", "logical_decoding_work_mem for the streamed reads")
@@ -57,11 +57,11 @@ func runRecord(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	w, err := pgtest.ParseWorkload(string(text))
+	w, err := pgserver.ParseWorkload(string(text))
 	if err != nil {
 		return fmt.Errorf("%s: %w", fs.Arg(0), err)
 	}
-	opts := pgtest.RecordOptions{WorkMem: f.workMem, Immediate: f.immediate}
+	opts := pgserver.RecordOptions{WorkMem: f.workMem, Immediate: f.immediate}
 	if f.variants != "" {
 		for _, name := range strings.Split(f.variants, ",") {
 			v, ok := findVariant(strings.TrimSpace(name))
@@ -81,7 +81,7 @@ func runRecord(ctx context.Context, args []string) error {
 		defer srv.Stop()
 		dsn = srv.ConnString("postgres")
 	}
-	caps, err := pgtest.Record(ctx, dsn, w, opts)
+	caps, err := pgserver.Record(ctx, dsn, w, opts)
 	if err != nil {
 		return err
 	}
@@ -99,27 +99,27 @@ func runRecord(ctx context.Context, args []string) error {
 }
 
 func variantNames() string {
-	names := make([]string, len(pgtest.Variants))
-	for i, v := range pgtest.Variants {
+	names := make([]string, len(pgserver.Variants))
+	for i, v := range pgserver.Variants {
 		names[i] = v.Name
 	}
 	return strings.Join(names, ", ")
 }
 
-func findVariant(name string) (pgtest.Variant, bool) {
-	for _, v := range pgtest.Variants {
+func findVariant(name string) (pgserver.Variant, bool) {
+	for _, v := range pgserver.Variants {
 		if v.Name == name {
 			return v, true
 		}
 	}
-	return pgtest.Variant{}, false
+	return pgserver.Variant{}, false
 }
 
 // startRecordServer starts a throwaway server of the given major (0: the newest installed).
-func startRecordServer(ctx context.Context, major int) (*pgtest.Server, error) {
-	installs := pgtest.FindInstalls()
+func startRecordServer(ctx context.Context, major int) (*pgserver.Server, error) {
+	installs := pgserver.FindInstalls()
 	if len(installs) == 0 {
-		return nil, fmt.Errorf("no PostgreSQL installed: %s; or pass -dsn", pgtest.HowToInstall)
+		return nil, fmt.Errorf("no PostgreSQL installed: %s; or pass -dsn", pgserver.HowToInstall)
 	}
 	in := installs[len(installs)-1]
 	if major != 0 {
@@ -130,17 +130,17 @@ func startRecordServer(ctx context.Context, major int) (*pgtest.Server, error) {
 			}
 		}
 		if !found {
-			return nil, fmt.Errorf("PostgreSQL %d is not installed: %s", major, pgtest.HowToInstall)
+			return nil, fmt.Errorf("PostgreSQL %d is not installed: %s", major, pgserver.HowToInstall)
 		}
 	}
 	sctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	fmt.Fprintf(os.Stderr, "pgreorder record: starting a throwaway %s\n", in)
-	return pgtest.Start(sctx, in, pgtest.Options{})
+	return pgserver.Start(sctx, in, pgserver.Options{CreateUser: true, Log: systemLog("record")})
 }
 
 // writeCapture writes c to path through a temporary file, so a failed run leaves no partial file.
-func writeCapture(path string, c pgtest.Capture) (err error) {
+func writeCapture(path string, c pgserver.Capture) (err error) {
 	tmp, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".tmp*")
 	if err != nil {
 		return err

@@ -8,10 +8,11 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 
 	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/format"
 	"github.com/pgreorder/pgreorder/internal/capture"
-	"github.com/pgreorder/pgreorder/internal/jsonl"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 )
 
@@ -19,26 +20,81 @@ func init() {
 	register("replay", "reorder a capture file and print committed transactions as JSON lines", runReplay)
 }
 
+// workMemHelp describes -work-mem in both commands.
+const workMemHelp = "memory limit for transaction data: a size with a unit (64kB, 4MB, 1GB; " +
+	"a bare number is in kB, as in postgresql.conf), none (spill every transaction to disk) or unlimited"
+
+// parseWorkMem parses -work-mem as reorderbuffer.ParseWorkMem does (a size of 0 is refused:
+// it is easy to mean either "no limit" or "nothing in memory" by it; "none" says the latter),
+// naming the flag in errors.
+func parseWorkMem(s string) (int64, error) {
+	v, err := reorderbuffer.ParseWorkMem(s)
+	if err != nil {
+		return 0, fmt.Errorf("-work-mem %q: %v; want a size with a unit (64kB, 4MB, 1GB; a bare number is in kB), "+
+			"none (spill every transaction to disk) or unlimited", s, err)
+	}
+	return v, nil
+}
+
+// parseProto checks -proto: 0 (decide from the stream, or the highest the server speaks) or 1-4.
+func parseProto(v int) error {
+	if v < 0 || v > 4 {
+		return fmt.Errorf("-proto %d: valid values are 1-4 (pgoutput protocol versions), or 0 for the default", v)
+	}
+	return nil
+}
+
+// outputFlags are the flags that choose the output format, shared by replay and stream.
+type outputFlags struct {
+	format, server, database string
+}
+
+func (o *outputFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&o.format, "format", "txn", "output format: txn (one JSON object per transaction) or "+
+		"debezium (one Debezium-style change event per change, typed values); see docs/formats.md")
+	fs.StringVar(&o.server, "source-name", "pgreorder", "debezium format: source.name, the logical name of the source server")
+	fs.StringVar(&o.database, "source-db", "", "debezium format: source.db, the source database's name")
+}
+
+func (o *outputFlags) config() (format.Config, error) {
+	kind, err := format.ParseKind(o.format)
+	if err != nil {
+		return format.Config{}, fmt.Errorf("-format: %w", err)
+	}
+	return format.Config{Kind: kind, Server: o.server, Database: o.database}, nil
+}
+
 func runReplay(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("replay", flag.ContinueOnError)
-	workMem := fs.String("work-mem", "64MB", "memory limit for transaction data (kB, MB, GB; 0 = spill everything; unlimited)")
+	workMem := fs.String("work-mem", "64MB", workMemHelp)
 	dir := fs.String("spill-dir", "", "directory for spill files (default: the system temp dir)")
-	proto := fs.Int("proto", 0, "protocol version the capture was made with (0 = accept 1-4)")
+	proto := fs.Int("proto", 0, "protocol version the capture was made with, 1-4 (0 = accept 1-4)")
+	var out outputFlags
+	out.register(fs)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: pgreorder replay [flags] FILE\n\n"+
-			"Reads a capture (lsn<TAB>xid<TAB>hex per line, as written by pgreorder record; - for stdin),\n"+
-			"reorders it and prints one JSON object per committed transaction on stdout,\n"+
-			"statistics on stderr.\n\nflags:\n")
+			"Reads a capture (lsn<TAB>xid<TAB>hex per line, as written by pgreorder record, plain or\n"+
+			"gzip-compressed; - for stdin), reorders it and prints the committed transactions as JSON lines\n"+
+			"on stdout (-format), statistics on stderr.\n\nflags:\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if fs.NArg() != 1 {
-		fs.Usage()
-		return flag.ErrHelp
+	switch {
+	case fs.NArg() == 0:
+		return errors.New("missing FILE: the capture to replay (- for stdin); see pgreorder replay -h")
+	case fs.NArg() > 1:
+		return fmt.Errorf("one FILE expected, got %d: %s", fs.NArg(), strings.Join(fs.Args(), " "))
 	}
-	limit, err := reorderbuffer.ParseWorkMem(*workMem)
+	limit, err := parseWorkMem(*workMem)
+	if err != nil {
+		return err
+	}
+	if err := parseProto(*proto); err != nil {
+		return err
+	}
+	cfg, err := out.config()
 	if err != nil {
 		return err
 	}
@@ -51,34 +107,41 @@ func runReplay(ctx context.Context, args []string) error {
 		defer f.Close()
 		in = f
 	}
-	out := bufio.NewWriterSize(os.Stdout, 64<<10)
-	stats, err := replay(ctx, in, out, reorderbuffer.Config{
+	bw := bufio.NewWriterSize(os.Stdout, 64<<10)
+	stats, err := replay(ctx, in, bw, reorderbuffer.Config{
 		WorkMem:  limit,
 		Dir:      *dir,
 		Decoding: decoding.Options{ProtoVersion: *proto},
-	})
-	if ferr := out.Flush(); err == nil {
+	}, cfg)
+	if ferr := bw.Flush(); err == nil {
 		err = ferr
 	}
 	fmt.Fprintf(os.Stderr, "%s\n", formatStats(stats))
 	return err
 }
 
-// replay feeds a capture through a Buffer and writes the committed transactions as JSON lines.
-func replay(ctx context.Context, in io.Reader, out io.Writer, cfg reorderbuffer.Config) (reorderbuffer.Stats, error) {
+// replay feeds a capture (plain or gzip) through a Buffer and writes the committed transactions
+// in the format out names.
+func replay(ctx context.Context, in io.Reader, out io.Writer, cfg reorderbuffer.Config, fc format.Config) (reorderbuffer.Stats, error) {
 	buf, err := reorderbuffer.New(cfg)
 	if err != nil {
 		return reorderbuffer.Stats{}, err
 	}
 	defer buf.Close()
-	w := jsonl.NewWriter(out)
+	if fc.TempDir == "" {
+		fc.TempDir = cfg.Dir
+	}
+	w := format.NewWriter(out, fc)
+	defer w.Close()
 	r := capture.NewReader(in)
 	drain := func() error {
 		for x, ok := buf.Next(); ok; x, ok = buf.Next() {
 			if err := w.WriteTxn(x); err != nil {
 				return err
 			}
-			buf.Ack(x)
+			if err := buf.Ack(x); err != nil {
+				return err
+			}
 		}
 		return nil
 	}
@@ -96,6 +159,7 @@ func replay(ctx context.Context, in io.Reader, out io.Writer, cfg reorderbuffer.
 		if err := buf.Add(rec.LSN, rec.Data); err != nil {
 			return buf.Stats(), fmt.Errorf("line %d: %w", r.Line(), err)
 		}
+		r.Release() // Add copied what it keeps
 		if err := drain(); err != nil {
 			return buf.Stats(), fmt.Errorf("line %d: %w", r.Line(), err)
 		}

@@ -1,29 +1,27 @@
 // Command cdc-jsonl is the smallest correct pgreorder consumer: it appends each committed
-// transaction of a publication to a JSON-lines file, fsyncs, and only then acknowledges it.
+// transaction of a publication to a JSON-lines file, makes it durable, and only then
+// acknowledges it.
 //
 //	cdc-jsonl -dsn 'host=/tmp dbname=app' -slot cdc -publication pub -create-slot -out changes.jsonl
 //
-// On start it reads the file's last line to learn where it stopped (its end_lsn) and resumes
-// after it: a crash at any point neither loses a transaction nor writes one twice. A partial last
-// line (a crash in the middle of a write) is cut off first.
+// The file is a format.File: after each transaction it is fsynced, and a small position file
+// next to it (changes.jsonl.pos) records, atomically, the file's length and the transaction's end
+// LSN. On start the output is cut back to that length (which removes a torn line, or a
+// transaction written but not recorded, that a crash left) and the stream resumes after that
+// LSN: a crash at any point neither loses a transaction nor writes one twice, and resuming costs
+// the same whatever the size of the file or of its last line.
 package main
 
 import (
-	"bufio"
-	"bytes"
 	"context"
-	"encoding/json"
 	"flag"
-	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"os/signal"
 	"strings"
 	"syscall"
 
-	"github.com/pgreorder/pgreorder/decoding"
-	"github.com/pgreorder/pgreorder/internal/jsonl"
+	"github.com/pgreorder/pgreorder/format"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 	"github.com/pgreorder/pgreorder/replication"
 )
@@ -32,8 +30,9 @@ type config struct {
 	dsn, slot, out string
 	publications   []string
 	createSlot     bool
+	format         format.Kind
 	log            *slog.Logger
-	// afterWrite, when set, runs after a transaction is written and synced, before its Ack
+	// afterWrite, when set, runs after a transaction is written and made durable, before its Ack
 	// (tests inject crashes there).
 	afterWrite func(t *reorderbuffer.Txn) error
 }
@@ -44,7 +43,8 @@ func main() {
 	flag.StringVar(&c.slot, "slot", "", "replication slot")
 	pub := flag.String("publication", "", "publication(s), comma-separated")
 	flag.BoolVar(&c.createSlot, "create-slot", false, "create the slot if it does not exist")
-	flag.StringVar(&c.out, "out", "changes.jsonl", "output file (appended to)")
+	flag.StringVar(&c.out, "out", "changes.jsonl", "output file (appended to; its position file is OUT.pos)")
+	kind := flag.String("format", "txn", "output format: txn or debezium")
 	flag.Parse()
 	if c.dsn == "" || c.slot == "" || *pub == "" {
 		flag.Usage()
@@ -52,6 +52,12 @@ func main() {
 	}
 	c.publications = strings.Split(*pub, ",")
 	c.log = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	k, err := format.ParseKind(*kind)
+	if err != nil {
+		c.log.Error("bad -format", "err", err)
+		os.Exit(2)
+	}
+	c.format = k
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, c); err != nil && ctx.Err() == nil {
@@ -61,18 +67,18 @@ func main() {
 }
 
 func run(ctx context.Context, c config) (err error) {
-	f, resume, err := openOutput(c.out)
+	out, err := format.OpenFile(c.out, format.Config{Kind: c.format})
 	if err != nil {
 		return err
 	}
-	defer f.Close()
+	defer out.Close()
 	s, err := replication.Start(ctx, replication.Config{
 		ConnString:   c.dsn,
 		Slot:         c.slot,
 		Publications: c.publications,
 		CreateSlot:   c.createSlot,
 		Messages:     true,
-		Buffer:       reorderbuffer.Config{SkipThrough: resume},
+		Buffer:       reorderbuffer.Config{SkipThrough: out.Resume()},
 		Logger:       c.log,
 	})
 	if err != nil {
@@ -83,21 +89,13 @@ func run(ctx context.Context, c config) (err error) {
 			err = cerr
 		}
 	}()
-	w := bufio.NewWriter(f)
-	enc := jsonl.NewWriter(w)
 	for {
 		t, err := s.Next(ctx)
 		if err != nil {
 			return err
 		}
-		// 1. write  2. fsync  3. acknowledge: never the other way round.
-		if err := enc.WriteTxn(t); err != nil {
-			return err
-		}
-		if err := w.Flush(); err != nil {
-			return err
-		}
-		if err := f.Sync(); err != nil {
+		// 1. write, fsync and record the position  2. acknowledge: never the other way round.
+		if err := out.WriteTxn(t); err != nil {
 			return err
 		}
 		if c.afterWrite != nil {
@@ -105,74 +103,8 @@ func run(ctx context.Context, c config) (err error) {
 				return err
 			}
 		}
-		s.Ack(t)
-	}
-}
-
-// openOutput opens path for appending, cuts off a partial last line, and returns the end LSN of
-// the last complete line (0 if the file is empty).
-func openOutput(path string) (*os.File, decoding.LSN, error) {
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
-	if err != nil {
-		return nil, 0, err
-	}
-	last, end, err := lastLine(f)
-	if err == nil {
-		err = f.Truncate(end)
-	}
-	if err == nil {
-		_, err = f.Seek(end, io.SeekStart)
-	}
-	var resume decoding.LSN
-	if err == nil && last != nil {
-		var v struct {
-			EndLSN string `json:"end_lsn"` // a transaction
-			LSN    string `json:"lsn"`     // a non-transactional message
-		}
-		if err = json.Unmarshal(last, &v); err == nil {
-			if v.EndLSN == "" {
-				v.EndLSN = v.LSN
-			}
-			var hi, lo uint32
-			if _, err = fmt.Sscanf(v.EndLSN, "%X/%X", &hi, &lo); err == nil {
-				resume = decoding.LSN(uint64(hi)<<32 | uint64(lo))
-			}
-		}
-		if err != nil {
-			err = fmt.Errorf("%s: last line: %w", path, err)
+		if err := s.Ack(t); err != nil {
+			return err
 		}
 	}
-	if err != nil {
-		f.Close()
-		return nil, 0, err
-	}
-	return f, resume, nil
-}
-
-// lastLine returns the last newline-terminated line of f and the offset just past it.
-func lastLine(f *os.File) ([]byte, int64, error) {
-	size, err := f.Seek(0, io.SeekEnd)
-	if err != nil {
-		return nil, 0, err
-	}
-	const step = 64 << 10
-	var tail []byte
-	for off := size; off > 0; {
-		n := min(int64(step), off)
-		off -= n
-		chunk := make([]byte, n)
-		if _, err := f.ReadAt(chunk, off); err != nil {
-			return nil, 0, err
-		}
-		tail = append(chunk, tail...)
-		// The complete part ends at the last '\n'; its last line starts after the '\n' before.
-		end := bytes.LastIndexByte(tail, '\n')
-		if end < 0 {
-			continue
-		}
-		if start := bytes.LastIndexByte(tail[:end], '\n'); start >= 0 || off == 0 {
-			return tail[start+1 : end], off + int64(end) + 1, nil
-		}
-	}
-	return nil, 0, nil
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -9,9 +10,12 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"testing"
 	"time"
 
+	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/format"
 	"github.com/pgreorder/pgreorder/internal/pgtest"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 	"github.com/pgreorder/pgreorder/replication"
@@ -19,47 +23,65 @@ import (
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
-func TestOpenOutput(t *testing.T) {
-	tests := []struct {
-		name, content, want, rest string
-	}{
-		{"empty", "", "0/0", ""},
-		{"one line", `{"xid":1,"end_lsn":"0/16B3748","changes":[]}` + "\n", "0/16B3748", `{"xid":1,"end_lsn":"0/16B3748","changes":[]}` + "\n"},
-		{"partial last line", `{"end_lsn":"0/10"}` + "\n" + `{"end_lsn":"1/2`, "0/10", `{"end_lsn":"0/10"}` + "\n"},
-		{"message last", `{"end_lsn":"0/10"}` + "\n" + `{"op":"message","transactional":false,"lsn":"A/B"}` + "\n", "A/B",
-			`{"end_lsn":"0/10"}` + "\n" + `{"op":"message","transactional":false,"lsn":"A/B"}` + "\n"},
-		{"only partial", `{"end_lsn":"0/10"`, "0/0", ""},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			path := filepath.Join(t.TempDir(), "out.jsonl")
-			if err := os.WriteFile(path, []byte(tt.content), 0o644); err != nil {
-				t.Fatal(err)
-			}
-			f, lsn, err := openOutput(path)
-			if err != nil {
-				t.Fatal(err)
-			}
-			f.Close()
-			if lsn.String() != tt.want {
-				t.Errorf("resume %s, want %s", lsn, tt.want)
-			}
-			if b, _ := os.ReadFile(path); string(b) != tt.rest {
-				t.Errorf("file after open %q, want %q", b, tt.rest)
-			}
-		})
-	}
-	// A long last line spanning several read steps.
-	path := filepath.Join(t.TempDir(), "long.jsonl")
-	long := fmt.Sprintf(`{"end_lsn":"0/20","pad":"%0200000d"}`, 0)
-	os.WriteFile(path, []byte(`{"end_lsn":"0/10"}`+"\n"+long+"\n"), 0o644)
-	f, lsn, err := openOutput(path)
+// TestResumeCost: resuming after a 50 MB last line reads two small files and allocates its write
+// buffer, whatever the size of the file, and a torn line left by a crash is cut.
+func TestResumeCost(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "changes.jsonl")
+	out, err := format.OpenFile(path, format.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
+	b, err := reorderbuffer.New(reorderbuffer.Config{Dir: t.TempDir(), WorkMem: 64 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	for _, m := range []decoding.Message{
+		&decoding.Begin{FinalLSN: 0x1000, Xid: 9},
+		&decoding.Relation{RelationID: 1, Namespace: "public", Name: "t",
+			Columns: []decoding.RelationColumn{{Flags: 1, Name: "id"}, {Name: "v"}}},
+		&decoding.Insert{RelationID: 1, New: decoding.Tuple{{Kind: 't', Data: []byte("1")},
+			{Kind: 't', Data: bytes.Repeat([]byte{'x'}, 50<<20)}}},
+		&decoding.Commit{CommitLSN: 0x1000, EndLSN: 0x1030},
+	} {
+		data, err := decoding.Append(nil, m, false, decoding.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Add(0, data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	x, _ := b.Next()
+	if err := out.WriteTxn(x); err != nil {
+		t.Fatal(err)
+	}
+	size := out.Offset()
+	out.Close()
+	// A crash in the middle of the next transaction.
+	f, _ := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
+	f.Write([]byte(`{"xid":10,"commit_lsn":"0/2000","end_l`))
 	f.Close()
-	if lsn.String() != "0/20" {
-		t.Errorf("resume %s after a long line, want 0/20", lsn)
+
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	start := time.Now()
+	out, err = format.OpenFile(path, format.Config{})
+	elapsed := time.Since(start)
+	runtime.ReadMemStats(&after)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	if out.Resume() != 0x1030 || out.Offset() != size {
+		t.Errorf("resume after %s at %d, want 0/1030 at %d", out.Resume(), out.Offset(), size)
+	}
+	if st, _ := os.Stat(path); st.Size() != size {
+		t.Errorf("file has %d bytes after resuming, want %d (the torn line cut)", st.Size(), size)
+	}
+	t.Logf("resumed after a %d-byte line in %v, allocating %d bytes", size, elapsed, after.TotalAlloc-before.TotalAlloc)
+	if n := after.TotalAlloc - before.TotalAlloc; n > 256<<10 { // its 64 KiB write buffer and small change
+		t.Errorf("resuming allocated %d bytes", n)
 	}
 }
 

@@ -9,7 +9,7 @@ import (
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 )
 
-// Example writes one committed transaction in the replay format.
+// Example writes one committed transaction in the txn format.
 func Example() {
 	b, err := reorderbuffer.New(reorderbuffer.Config{})
 	if err != nil {
@@ -40,5 +40,5 @@ func Example() {
 		b.Ack(x)
 	}
 	// Output:
-	// {"xid":750,"commit_lsn":"0/16B3750","end_lsn":"0/16B3780","commit_time":"2026-11-29T12:00:00.000000Z","changes":[{"op":"insert","relation":"public.t","new":{"id":"1","note":null}}]}
+	// {"xid":750,"commit_lsn":"0/16B3750","end_lsn":"0/16B3780","commit_time":"2026-11-29T12:00:00.000000Z","changes":[{"op":"insert","relation":"public.t","schema":"public","table":"t","new":{"id":"1","note":null}}]}
 }

@@ -1,9 +1,11 @@
 package lint_test
 
 import (
+	"fmt"
 	"go/ast"
 	"go/parser"
 	"go/token"
+	"maps"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -15,49 +17,138 @@ import (
 
 const mod = "github.com/pgreorder/pgreorder/"
 
-// allowed lists, for each library package, the packages of this module it may import
-// (DESIGN.md: arrows only point down).
-var allowed = map[string][]string{
+// core lists the packages that depend on the standard library and on each other only, with the
+// packages of this module each may depend on. It is checked on the transitive dependencies of
+// the shipped code (go list -deps), so that a core package cannot reach another module, or a
+// package above it, through a package in between.
+var core = map[string][]string{
 	"heap":          {},
 	"decoding":      {},
 	"spill":         {},
-	"reorderbuffer": {"heap", "decoding", "spill", "internal/knobs"},
-	"replication":   {"reorderbuffer", "decoding", "spill", "heap", "internal/knobs"},
+	"reorderbuffer": {"heap", "decoding", "spill"},
 }
 
-// imports returns the non-test imports of every package in the module.
-func imports(t *testing.T) map[string][]string {
+// allowed lists, for the other library packages with a place in the layering, the packages of
+// this module they may import directly (imports point down only). Packages not listed here or
+// in core (commands, examples, tools above replication) are not restricted.
+var allowed = map[string][]string{
+	"replication": {"reorderbuffer", "decoding", "spill", "heap"},
+}
+
+// network reports whether an import path is a networking package of the standard library.
+func network(pkg string) bool {
+	return pkg == "net" || strings.HasPrefix(pkg, "net/") || pkg == "crypto/tls"
+}
+
+// pkgInfo is what go list says about one package.
+type pkgInfo struct {
+	standard bool
+	imports  []string // direct, non-test
+	deps     []string // transitive, non-test
+}
+
+// list runs go list on every package of the module and on their dependencies.
+func list(t *testing.T) map[string]pkgInfo {
 	t.Helper()
-	out, err := exec.Command("go", "list", "-f", `{{.ImportPath}}:{{join .Imports " "}}`, mod+"...").Output()
+	out, err := exec.Command("go", "list", "-deps", "-f",
+		`{{.ImportPath}}|{{.Standard}}|{{join .Imports " "}}|{{join .Deps " "}}`, mod+"...").Output()
 	require.NoError(t, err)
-	m := map[string][]string{}
+	m := map[string]pkgInfo{}
 	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
-		pkg, imps, _ := strings.Cut(line, ":")
-		m[strings.TrimPrefix(pkg, mod)] = strings.Fields(imps)
+		f := strings.Split(line, "|")
+		require.Len(t, f, 4, line)
+		m[f[0]] = pkgInfo{standard: f[1] == "true", imports: strings.Fields(f[2]), deps: strings.Fields(f[3])}
 	}
 	return m
 }
 
+// coreViolations returns what is wrong with the transitive dependencies of core package pkg
+// (a path relative to the module), given what go list reports.
+func coreViolations(pkg string, pkgs map[string]pkgInfo) []string {
+	info, ok := pkgs[mod+pkg]
+	if !ok {
+		return []string{fmt.Sprintf("package %s not found", pkg)}
+	}
+	var bad []string
+	for _, dep := range info.deps {
+		own, isOwn := strings.CutPrefix(dep, mod)
+		switch {
+		case pkgs[dep].standard && network(dep):
+			bad = append(bad, fmt.Sprintf("%s depends on the network package %s", pkg, dep))
+		case pkgs[dep].standard:
+		case !isOwn:
+			bad = append(bad, fmt.Sprintf("%s depends on %s, outside the standard library", pkg, dep))
+		case !slices.Contains(core[pkg], own):
+			bad = append(bad, fmt.Sprintf("%s must not depend on %s", pkg, dep))
+		}
+	}
+	return bad
+}
+
+func TestCoreDependsOnStandardLibraryAndCoreOnly(t *testing.T) {
+	pkgs := list(t)
+	for pkg := range core {
+		for _, v := range coreViolations(pkg, pkgs) {
+			t.Error(v)
+		}
+	}
+}
+
+// TestCoreViolations checks that the check above fails where it must.
+func TestCoreViolations(t *testing.T) {
+	std := pkgInfo{standard: true}
+	pkgs := map[string]pkgInfo{
+		"fmt": std, "net": std, "net/netip": std, "crypto/tls": std, "crypto/sha256": std,
+		mod + "heap":                 {},
+		mod + "spill":                {},
+		mod + "decoding":             {},
+		"github.com/jackc/pglogrepl": {},
+	}
+	tests := []struct {
+		pkg  string
+		deps []string
+		want int
+	}{
+		{"decoding", []string{"fmt", "crypto/sha256"}, 0},
+		{"reorderbuffer", []string{"fmt", mod + "heap", mod + "spill", mod + "decoding"}, 0},
+		{"decoding", []string{"fmt", "github.com/jackc/pglogrepl"}, 1}, // another module, reached through anything
+		{"decoding", []string{"net/netip"}, 1},
+		{"spill", []string{"crypto/tls", "net"}, 2},
+		{"heap", []string{mod + "decoding"}, 1},             // the leaves import nothing of ours
+		{"reorderbuffer", []string{mod + "replication"}, 1}, // nothing above
+		{"reorderbuffer", []string{mod + "internal/knobs"}, 1},
+	}
+	for _, tt := range tests {
+		p := maps.Clone(pkgs)
+		p[mod+tt.pkg] = pkgInfo{deps: tt.deps}
+		require.Len(t, coreViolations(tt.pkg, p), tt.want, "%s -> %v", tt.pkg, tt.deps)
+	}
+	require.Len(t, coreViolations("nosuch", pkgs), 1)
+}
+
 func TestImportsPointDown(t *testing.T) {
-	all := imports(t)
+	pkgs := list(t)
 	for pkg, ok := range allowed {
-		imps, found := all[pkg]
+		info, found := pkgs[mod+pkg]
 		require.True(t, found, "package %s not found", pkg)
-		for _, imp := range imps {
-			if !strings.HasPrefix(imp, mod) {
-				continue
+		for _, imp := range info.imports {
+			if own, isOwn := strings.CutPrefix(imp, mod); isOwn {
+				require.Contains(t, ok, own, "%s must not import %s", pkg, imp)
 			}
-			require.Contains(t, ok, strings.TrimPrefix(imp, mod), "%s must not import %s", pkg, imp)
 		}
 	}
 }
 
 func TestOnlyReplicationTalksToPostgres(t *testing.T) {
-	for pkg, imps := range imports(t) {
-		for _, imp := range imps {
+	for path, info := range list(t) {
+		pkg, isOwn := strings.CutPrefix(path, mod)
+		if !isOwn {
+			continue
+		}
+		for _, imp := range info.imports {
 			if strings.HasPrefix(imp, "github.com/jackc/pgx/v5/pgconn") || imp == "net" {
-				// internal/pgtest starts servers for tests and the demo; examples are programs.
-				ok := pkg == "replication" || pkg == "internal/pgtest" || strings.HasPrefix(pkg, "examples/")
+				// internal/pgserver and pgtest start servers for the demo and tests; examples are programs.
+				ok := pkg == "replication" || pkg == "internal/pgtest" || pkg == "internal/pgserver" || strings.HasPrefix(pkg, "examples/")
 				require.True(t, ok, "%s imports %s: only replication may talk to the server", pkg, imp)
 			}
 		}

@@ -16,10 +16,10 @@ import (
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
-// testMajors are the installed majors plus 15 and 18, which CI must have: with
+// testMajors are the installed majors plus 15 to 18, which CI must have: with
 // PGREORDER_REQUIRE_PG=1 a missing one fails instead of skipping.
 func testMajors(t *testing.T) []int {
-	majors := []int{15, 18}
+	majors := []int{15, 16, 17, 18}
 	for _, in := range pgtest.FindInstalls() {
 		if !slices.Contains(majors, in.Major) {
 			majors = append(majors, in.Major)
@@ -58,6 +58,8 @@ func TestSharedServers(t *testing.T) {
 				"logical_decoding_work_mem": "64kB",
 				"fsync":                     "off",
 				"listen_addresses":          "127.0.0.1",
+				"wal_sender_timeout":        "1min", // the production default: slow consumers get disconnected
+				"synchronous_commit":        "on",
 			} {
 				require.Equal(t, want, showSetting(t, s.ConnString(db), name), name)
 			}

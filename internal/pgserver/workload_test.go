@@ -1,4 +1,4 @@
-package pgtest_test
+package pgserver_test
 
 import (
 	"fmt"
@@ -6,7 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgreorder/pgreorder/internal/pgtest"
+	"github.com/pgreorder/pgreorder/internal/pgserver"
 )
 
 func TestParseWorkload(t *testing.T) {
@@ -55,13 +55,13 @@ func TestParseWorkload(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			w, err := pgtest.ParseWorkload(tt.text)
+			w, err := pgserver.ParseWorkload(tt.text)
 			if tt.err {
-				require.ErrorIs(t, err, pgtest.ErrWorkload)
+				require.ErrorIs(t, err, pgserver.ErrWorkload)
 				return
 			}
 			require.NoError(t, err)
-			conv := func(steps []pgtest.Step) []step {
+			conv := func(steps []pgserver.Step) []step {
 				var out []step
 				for _, s := range steps {
 					out = append(out, step{s.Session, s.SQL})
@@ -75,7 +75,7 @@ func TestParseWorkload(t *testing.T) {
 }
 
 func TestParseWorkloadLines(t *testing.T) {
-	w, err := pgtest.ParseWorkload("-- setup\n\nCREATE TABLE t(x text);\n-- workload\nINSERT INTO t\nVALUES ('a\nb');  INSERT INTO t VALUES ($$\n$$);\n\n  SELECT 1;")
+	w, err := pgserver.ParseWorkload("-- setup\n\nCREATE TABLE t(x text);\n-- workload\nINSERT INTO t\nVALUES ('a\nb');  INSERT INTO t VALUES ($$\n$$);\n\n  SELECT 1;")
 	require.NoError(t, err)
 	require.Equal(t, 3, w.Setup[0].Line)
 	var lines []int
@@ -86,7 +86,7 @@ func TestParseWorkloadLines(t *testing.T) {
 }
 
 func ExampleParseWorkload() {
-	w, err := pgtest.ParseWorkload(`
+	w, err := pgserver.ParseWorkload(`
 -- setup
 CREATE TABLE t (id int);
 -- workload

@@ -1,4 +1,4 @@
-package pgtest
+package pgserver
 
 import (
 	"os"
@@ -74,7 +74,7 @@ func TestHydrateSymlinks(t *testing.T) {
 			`{"source":"native/lib/libpq.so.5.18","target":"native/lib/libpq.so"}]`), 0o644))
 	in := Install{Major: 18, BinDir: filepath.Join(pkg, "native", "bin"), LibDir: lib}
 	for range 2 { // idempotent
-		require.NoError(t, hydrateSymlinks(in))
+		require.NoError(t, hydrateSymlinks(in, nil))
 		for _, l := range []string{"libpq.so.5", "libpq.so"} {
 			dst, err := os.Readlink(filepath.Join(lib, l))
 			require.NoError(t, err)
@@ -84,5 +84,5 @@ func TestHydrateSymlinks(t *testing.T) {
 
 	require.NoError(t, os.WriteFile(filepath.Join(pkg, "native", "pg-symlinks.json"), []byte(
 		`[{"source":"native/lib/x","target":"../../etc/x"}]`), 0o644))
-	require.Error(t, hydrateSymlinks(in), "a link outside the package is refused")
+	require.Error(t, hydrateSymlinks(in, nil), "a link outside the package is refused")
 }

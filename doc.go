@@ -1,0 +1,30 @@
+// Package pgreorder is the root of a reorder buffer for PostgreSQL logical replication: it
+// reassembles the transactions pgoutput streams while they run (protocol 1 to 4, streaming on or
+// parallel, optionally two-phase), drops what was rolled back, holds memory under a limit by
+// spilling the largest transaction to disk, and hands back committed transactions in commit
+// order with the position that is safe to confirm to the server. This package holds no code.
+//
+// Where to start:
+//
+//   - [github.com/pgreorder/pgreorder/replication] connects to a server, streams a slot into a
+//     reorder buffer and sends the status updates: Start, then Next and Ack in a loop. Most
+//     consumers need only this package.
+//   - [github.com/pgreorder/pgreorder/reorderbuffer] is the buffer itself, for a program that
+//     receives the stream on its own (Add each message, then Next, Changes and Ack); its
+//     documentation states the contract: what comes out, the memory bound, acknowledgements
+//     and restarts.
+//   - [github.com/pgreorder/pgreorder/decoding] decodes pgoutput messages into typed structs;
+//     the changes a transaction yields are of its types (Insert, Update, Delete, ...).
+//   - [github.com/pgreorder/pgreorder/spill] and [github.com/pgreorder/pgreorder/heap] are the
+//     disk logs and the pairing heap underneath the buffer.
+//
+// Two commands show it at work without writing code:
+//
+//	go run ./cmd/pgreorder demo     # a throwaway server, a large transaction with rolled-back savepoints, streamed
+//	go run ./cmd/pgreorder stream -dsn DSN -slot NAME -publication NAME -create-slot   # a live slot as JSON lines
+//
+// The examples directory holds complete consumers (examples/cdc-jsonl writes JSON lines,
+// examples/apply-postgres applies into another database). docs/architecture.md describes the
+// layers, the data path and the guarantees, and docs/try-it.md streams from a server started by
+// hand.
+package pgreorder

@@ -1,0 +1,236 @@
+package format
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/reorderbuffer"
+)
+
+// PositionSuffix is appended to a File's path to name its position file.
+const PositionSuffix = ".pos"
+
+// ErrPosition is wrapped by the errors of OpenFile for an output file and position file that do
+// not belong together: a position file that cannot be read, an output shorter than the position
+// it records, or an output that has data but no position file.
+var ErrPosition = errors.New("format: output file and position file disagree")
+
+// File is a durable, resumable output file. WriteTxn writes a transaction, fsyncs the file, and
+// records in a small position file next to it (the path plus PositionSuffix) the file's length and
+// the transaction's end LSN, replacing it atomically (write, fsync, rename, fsync the directory).
+// When WriteTxn returns, the transaction is durable: acknowledge it then.
+//
+// OpenFile reads the position file and cuts the output back to the length it records. That
+// removes a torn last line (the process died while writing) and a transaction written but not yet
+// recorded, which the server sends again because it was not acknowledged; Resume is the end LSN
+// to skip through (reorderbuffer.Config.SkipThrough). Resuming reads two small files, whatever
+// the size of the output.
+//
+// A File is not safe for concurrent use, and only one process may write a given path.
+type File struct {
+	w      *Writer
+	f      *os.File
+	dir    *os.File
+	bw     *bufio.Writer
+	path   string
+	off    int64        // length of the durable output
+	resume decoding.LSN // end LSN of the last transaction in it
+	failed error        // recording a position failed: where the output ends is uncertain
+	closed bool
+}
+
+// OpenFile opens (creating it if needed) an output file written by File, in the format cfg
+// names, and cuts it back to its last durable transaction. cfg.StageBytes and cfg.TempDir are
+// not used: a File writes transactions in place and cuts a failed one off again.
+func OpenFile(path string, cfg Config) (*File, error) {
+	if _, err := ParseKind(string(cfg.Kind)); err != nil {
+		return nil, err
+	}
+	dir, err := os.Open(filepath.Dir(path))
+	if err != nil {
+		return nil, err
+	}
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		dir.Close()
+		return nil, err
+	}
+	out := &File{f: f, dir: dir, path: path}
+	if err := out.recover(); err != nil {
+		f.Close()
+		dir.Close()
+		return nil, err
+	}
+	out.bw = bufio.NewWriterSize(f, flushAt)
+	out.w = newWriter(&fileSink{out}, cfg)
+	return out, nil
+}
+
+// recover reads the position file and cuts the output back to it.
+func (o *File) recover() error {
+	st, err := o.f.Stat()
+	if err != nil {
+		return err
+	}
+	off, lsn, err := readPosition(o.path + PositionSuffix)
+	switch {
+	case errors.Is(err, fs.ErrNotExist) && st.Size() == 0:
+		// A new output: record its empty state first, so that data without a position file
+		// always means someone else's file.
+		if err := o.writePosition(0, 0); err != nil {
+			return err
+		}
+	case errors.Is(err, fs.ErrNotExist):
+		return fmt.Errorf("%w: %s has %d bytes but no %s: it was not written by this program (or its position was lost); "+
+			"move it away or remove it", ErrPosition, o.path, st.Size(), filepath.Base(o.path+PositionSuffix))
+	case err != nil:
+		return err
+	case st.Size() < off:
+		return fmt.Errorf("%w: %s has %d bytes, its position file records %d", ErrPosition, o.path, st.Size(), off)
+	}
+	if st.Size() > off {
+		if err := o.f.Truncate(off); err != nil {
+			return err
+		}
+		if err := o.f.Sync(); err != nil {
+			return err
+		}
+	}
+	if _, err := o.f.Seek(off, io.SeekStart); err != nil {
+		return err
+	}
+	o.off, o.resume = off, lsn
+	return nil
+}
+
+// The position file: a versioned header and two fields, one per line.
+const positionHeader = "pgreorder output position v1"
+
+func readPosition(path string) (int64, decoding.LSN, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, 0, err
+	}
+	bad := func(why string) (int64, decoding.LSN, error) {
+		return 0, 0, fmt.Errorf("%w: %s: %s", ErrPosition, path, why)
+	}
+	lines := strings.Split(string(b), "\n")
+	if len(lines) != 4 || lines[0] != positionHeader || lines[3] != "" {
+		return bad("not a position file")
+	}
+	offText, ok1 := strings.CutPrefix(lines[1], "offset ")
+	lsnText, ok2 := strings.CutPrefix(lines[2], "end_lsn ")
+	off, err := strconv.ParseInt(offText, 10, 64)
+	if !ok1 || !ok2 || err != nil || off < 0 {
+		return bad("malformed")
+	}
+	lsn, err := decoding.ParseLSN(lsnText)
+	if err != nil {
+		return bad("malformed end_lsn")
+	}
+	return off, lsn, nil
+}
+
+// writePosition replaces the position file atomically and durably.
+func (o *File) writePosition(off int64, lsn decoding.LSN) error {
+	pos := o.path + PositionSuffix
+	tmp := pos + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(f, "%s\noffset %d\nend_lsn %s\n", positionHeader, off, lsn)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, pos)
+	}
+	if err == nil {
+		err = o.dir.Sync()
+	}
+	return err
+}
+
+// Resume returns the end LSN of the last transaction in the file (0 for a new file): pass it as
+// reorderbuffer.Config.SkipThrough (replication.Config.Buffer.SkipThrough).
+func (o *File) Resume() decoding.LSN { return o.resume }
+
+// Offset returns the length of the durable output.
+func (o *File) Offset() int64 { return o.off }
+
+// Changes returns the number of changes written since OpenFile.
+func (o *File) Changes() int64 { return o.w.Changes() }
+
+// WriteTxn writes x, whole or not at all, and makes it durable: when it returns nil, x may be
+// acknowledged. After an error the file holds what it held before the call.
+func (o *File) WriteTxn(x *reorderbuffer.Txn) error {
+	if o.closed {
+		return ErrClosed
+	}
+	if o.failed != nil {
+		return fmt.Errorf("format: %s: refusing to write after an earlier error: %w", o.path, o.failed)
+	}
+	return o.w.WriteTxn(x)
+}
+
+// Close closes the file. It is safe to call twice.
+func (o *File) Close() error {
+	if o.closed {
+		return nil
+	}
+	o.closed = true
+	return errors.Join(o.f.Close(), o.dir.Close())
+}
+
+// fileSink writes a transaction in place and cuts it off again if it fails.
+type fileSink struct{ o *File }
+
+func (s *fileSink) Write(p []byte) (int, error) { return s.o.bw.Write(p) }
+
+func (s *fileSink) commit(x *reorderbuffer.Txn) error {
+	o := s.o
+	err := o.bw.Flush()
+	if err == nil {
+		err = o.f.Sync()
+	}
+	var end int64
+	if err == nil {
+		end, err = o.f.Seek(0, io.SeekCurrent)
+	}
+	if err != nil {
+		return errors.Join(err, s.abort())
+	}
+	if err := o.writePosition(end, x.EndLSN); err != nil {
+		// The transaction is in the file; the position file holds its old or its new content.
+		// Either is consistent with the file, but this File no longer knows which: stop here,
+		// and let OpenFile sort it out.
+		o.failed = err
+		return err
+	}
+	o.off, o.resume = end, x.EndLSN
+	return nil
+}
+
+func (s *fileSink) abort() error {
+	o := s.o
+	o.bw.Reset(o.f)
+	if err := o.f.Truncate(o.off); err != nil {
+		return err
+	}
+	_, err := o.f.Seek(o.off, io.SeekStart)
+	return err
+}
+
+func (s *fileSink) close() error { return nil }

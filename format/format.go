@@ -1,0 +1,312 @@
+package format
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/pgvalue"
+	"github.com/pgreorder/pgreorder/reorderbuffer"
+)
+
+// Kind names an output format.
+type Kind string
+
+// The output formats.
+const (
+	// Txn is one JSON object per transaction (the default).
+	Txn Kind = "txn"
+	// Debezium is one Debezium-style change event per change.
+	Debezium Kind = "debezium"
+)
+
+// Kinds lists the output formats.
+var Kinds = []Kind{Txn, Debezium}
+
+// ParseKind returns the format named s ("" means Txn).
+func ParseKind(s string) (Kind, error) {
+	if s == "" {
+		return Txn, nil
+	}
+	for _, k := range Kinds {
+		if string(k) == s {
+			return k, nil
+		}
+	}
+	names := make([]string, len(Kinds))
+	for i, k := range Kinds {
+		names[i] = string(k)
+	}
+	return "", fmt.Errorf("%w %q (valid: %s)", ErrUnknownKind, s, strings.Join(names, ", "))
+}
+
+var (
+	// ErrUnknownKind is returned for a format name that is not one of Kinds.
+	ErrUnknownKind = errors.New("format: unknown output format")
+	// ErrUnknownRelation is returned for a change whose relation the stream never described.
+	ErrUnknownRelation = pgvalue.ErrUnknownRelation
+	// ErrDuplicateColumn is returned for a relation with two columns of the same name, which would
+	// make a JSON object with duplicate keys. PostgreSQL never sends one.
+	ErrDuplicateColumn = errors.New("format: relation has two columns of the same name")
+	// ErrClosed is returned by a Writer or File after Close.
+	ErrClosed = errors.New("format: closed")
+)
+
+// DefaultStageBytes is the default for Config.StageBytes.
+const DefaultStageBytes = 1 << 20
+
+// Config configures a Writer or File. The zero value writes the txn format, stages up to 1 MiB
+// of a transaction in memory and the rest in os.TempDir().
+type Config struct {
+	// Kind is the format; "" means Txn.
+	Kind Kind
+
+	// Values decodes column values into typed JSON values (Debezium). nil means
+	// pgvalue.NewDecoder(nil): the built-in types. Register custom types in its Map.
+	Values *pgvalue.Decoder
+
+	// StageBytes is how much of a transaction a Writer holds in memory before it stages the rest in
+	// a temporary file; 0 means DefaultStageBytes.
+	StageBytes int
+
+	// TempDir is where a Writer stages large transactions; "" means os.TempDir(). The staging file
+	// is removed from the directory as soon as it is created, so it never outlives the process.
+	TempDir string
+
+	// Debezium: the source block of every event.
+	Server   string // source.name, the logical name of the source server; "" means "pgreorder"
+	Database string // source.db; omitted when ""
+	Version  string // source.version; omitted when ""
+
+	// Now gives the ts_ms of Debezium events (when the event was written); nil means time.Now.
+	Now func() time.Time
+}
+
+// sink receives the bytes of one transaction and decides when a reader of the output sees them.
+type sink interface {
+	io.Writer
+	commit(x *reorderbuffer.Txn) error // make the transaction visible (and durable, for a File)
+	abort() error                      // forget what was written since the last commit
+	close() error
+}
+
+// Writer writes committed transactions in one of the formats, each transaction whole or not at
+// all: its output is staged (in memory up to Config.StageBytes, then in a private temporary
+// file) while the transaction's changes are read, and copied to the destination only once all of
+// them were read and encoded. A transaction that fails (a spill read error, a change for an
+// unknown relation) leaves nothing in the output. Only an error of the destination itself, or
+// the process dying during the copy, can leave part of a transaction there: see File for output
+// that survives that.
+//
+// A Writer is not safe for concurrent use.
+type Writer struct {
+	cfg     Config
+	sink    sink
+	enc     encoder
+	vals    *pgvalue.Decoder
+	now     func() time.Time
+	checked map[*decoding.Relation]error
+	order   map[uint32]int64 // Debezium: events per table in the transaction
+	changes int64
+	kindErr error
+	closed  bool
+}
+
+// NewWriter returns a Writer to w. It writes each transaction to w with one Write call when it is
+// staged in memory, in pieces of 64 KiB when it was staged in a file. Close it to release the
+// staging file.
+func NewWriter(w io.Writer, cfg Config) *Writer {
+	limit := cfg.StageBytes
+	if limit <= 0 {
+		limit = DefaultStageBytes
+	}
+	return newWriter(&stage{out: w, limit: limit, dir: cfg.TempDir}, cfg)
+}
+
+func newWriter(s sink, cfg Config) *Writer {
+	if cfg.Kind == "" {
+		cfg.Kind = Txn
+	}
+	w := &Writer{cfg: cfg, sink: s, vals: cfg.Values, now: cfg.Now}
+	_, w.kindErr = ParseKind(string(cfg.Kind))
+	if w.vals == nil {
+		w.vals = pgvalue.NewDecoder(nil)
+	}
+	if w.now == nil {
+		w.now = time.Now
+	}
+	if cfg.Server == "" {
+		w.cfg.Server = "pgreorder"
+	}
+	w.enc.w = s
+	return w
+}
+
+// Changes returns the number of changes written (rows, truncates and logical messages).
+func (w *Writer) Changes() int64 { return w.changes }
+
+// WriteTxn reads x's changes and writes x, whole or not at all. x's changes must not have been
+// read yet.
+func (w *Writer) WriteTxn(x *reorderbuffer.Txn) error {
+	if w.closed {
+		return ErrClosed
+	}
+	if x == nil {
+		return errors.New("format: nil transaction")
+	}
+	if w.kindErr != nil {
+		return w.kindErr
+	}
+	w.enc.buf, w.enc.err = w.enc.buf[:0], nil
+	var n int64
+	var err error
+	if w.cfg.Kind == Debezium {
+		n, err = w.debezium(x)
+	} else {
+		n, err = w.txn(x)
+	}
+	if err == nil {
+		w.enc.flush()
+		err = w.enc.err
+	}
+	if err != nil {
+		w.enc.buf = w.enc.buf[:0]
+		return errors.Join(err, w.sink.abort())
+	}
+	if err := w.sink.commit(x); err != nil {
+		return err
+	}
+	w.changes += n
+	if cap(w.enc.buf) > 4*flushAt {
+		w.enc.buf = nil // a huge name or message: do not keep its buffer
+	}
+	return nil
+}
+
+// Close releases the staging file. It is safe to call twice.
+func (w *Writer) Close() error {
+	if w.closed {
+		return nil
+	}
+	w.closed = true
+	return w.sink.close()
+}
+
+// checkColumns returns ErrDuplicateColumn for a relation with two columns of the same name.
+func (w *Writer) checkColumns(r *decoding.Relation) error {
+	if err, ok := w.checked[r]; ok {
+		return err
+	}
+	if w.checked == nil || len(w.checked) > 1024 {
+		w.checked = map[*decoding.Relation]error{}
+	}
+	var err error
+	seen := make(map[string]bool, len(r.Columns))
+	for _, c := range r.Columns {
+		if seen[c.Name] {
+			err = fmt.Errorf("%w: %s.%s has two columns %q", ErrDuplicateColumn, r.Namespace, r.Name, c.Name)
+			break
+		}
+		seen[c.Name] = true
+	}
+	w.checked[r] = err
+	return err
+}
+
+// stage holds a transaction in memory, then in a temporary file, until commit copies it to out.
+type stage struct {
+	out   io.Writer
+	limit int
+	dir   string
+	mem   []byte
+	f     *os.File
+	size  int64 // bytes in f
+	copy  []byte
+}
+
+func (s *stage) Write(p []byte) (int, error) {
+	if s.size == 0 && len(s.mem)+len(p) <= s.limit {
+		s.mem = append(s.mem, p...)
+		return len(p), nil
+	}
+	if s.f == nil {
+		f, err := os.CreateTemp(s.dir, "pgreorder-stage-*")
+		if err != nil {
+			return 0, fmt.Errorf("format: staging a large transaction: %w", err)
+		}
+		os.Remove(f.Name()) // private: gone with the process (where the system allows it)
+		s.f = f
+	}
+	if len(s.mem) > 0 {
+		if _, err := s.f.Write(s.mem); err != nil {
+			return 0, fmt.Errorf("format: staging a large transaction: %w", err)
+		}
+		s.size += int64(len(s.mem))
+		s.mem = s.mem[:0]
+	}
+	n, err := s.f.Write(p)
+	s.size += int64(n)
+	if err != nil {
+		err = fmt.Errorf("format: staging a large transaction: %w", err)
+	}
+	return n, err
+}
+
+func (s *stage) commit(*reorderbuffer.Txn) error {
+	defer s.abort()
+	if s.size > 0 {
+		if _, err := s.f.Seek(0, io.SeekStart); err != nil {
+			return err
+		}
+		if s.copy == nil {
+			s.copy = make([]byte, flushAt)
+		}
+		// Not io.CopyN: it would hand the file to out.ReadFrom, whose buffer we do not control.
+		for left := s.size; left > 0; {
+			n, err := s.f.Read(s.copy[:min(int64(len(s.copy)), left)])
+			if n > 0 {
+				if _, werr := s.out.Write(s.copy[:n]); werr != nil {
+					return werr
+				}
+				left -= int64(n)
+			}
+			if err != nil && left > 0 {
+				return fmt.Errorf("format: reading the staged transaction back: %w", err)
+			}
+		}
+		return nil
+	}
+	if len(s.mem) == 0 {
+		return nil
+	}
+	_, err := s.out.Write(s.mem)
+	return err
+}
+
+func (s *stage) abort() error {
+	s.mem = s.mem[:0]
+	if s.size > 0 {
+		s.size = 0
+		if err := s.f.Truncate(0); err != nil {
+			return err
+		}
+		if _, err := s.f.Seek(0, io.SeekStart); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (s *stage) close() error {
+	s.mem = nil
+	if s.f == nil {
+		return nil
+	}
+	err := s.f.Close()
+	s.f = nil
+	return err
+}

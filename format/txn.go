@@ -1,0 +1,226 @@
+package format
+
+import (
+	"fmt"
+	"unicode/utf8"
+
+	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/pgvalue"
+	"github.com/pgreorder/pgreorder/reorderbuffer"
+)
+
+// TimeFormat is the layout of commit_time in the txn format.
+const TimeFormat = "2006-01-02T15:04:05.000000Z07:00"
+
+// txn writes x in the txn format and returns the number of changes written.
+func (w *Writer) txn(x *reorderbuffer.Txn) (int64, error) {
+	e := &w.enc
+	var n int64
+	if x.NonTransactional {
+		for m, err := range x.Changes() {
+			if err != nil {
+				return n, err
+			}
+			lm, ok := m.(*decoding.LogicalMessage)
+			if !ok {
+				return n, fmt.Errorf("format: non-transactional record is a %v", m.Type())
+			}
+			e.raw(`{"op":"message","transactional":false,"lsn":"`)
+			e.raw(lm.LSN.String())
+			e.byte('"')
+			w.messageBody(lm)
+			e.raw("}\n")
+			n++
+		}
+		return n, nil
+	}
+	e.raw(`{"xid":`)
+	e.uint(uint64(x.Xid))
+	e.raw(`,"commit_lsn":"`)
+	e.raw(x.CommitLSN.String())
+	e.raw(`","end_lsn":"`)
+	e.raw(x.EndLSN.String())
+	e.raw(`","commit_time":"`)
+	e.buf = x.CommitTime.UTC().AppendFormat(e.buf, TimeFormat)
+	e.byte('"')
+	if x.GID != "" {
+		e.raw(`,"gid":`)
+		e.name(x.GID)
+	}
+	e.raw(`,"changes":[`)
+	for m, err := range x.Changes() {
+		if err != nil {
+			return n, err
+		}
+		switch m.(type) {
+		case *decoding.Relation, *decoding.DataType:
+			continue // they name the tables and columns of the changes
+		}
+		if n > 0 {
+			e.byte(',')
+		}
+		if err := w.txnChange(x, m); err != nil {
+			return n, err
+		}
+		n++
+		e.maybeFlush()
+	}
+	e.raw("]}\n")
+	return n, nil
+}
+
+// relation resolves a change's relation and checks that its columns make a valid JSON object.
+func (w *Writer) relation(x *reorderbuffer.Txn, id uint32, t ...decoding.Tuple) (*decoding.Relation, error) {
+	r, ok := x.Relation(id)
+	if !ok {
+		return nil, fmt.Errorf("%w: relation %d", ErrUnknownRelation, id)
+	}
+	for _, t := range t {
+		if len(t) > len(r.Columns) {
+			return nil, fmt.Errorf("%w: %d columns, relation %s.%s has %d", pgvalue.ErrTupleShape, len(t), r.Namespace, r.Name, len(r.Columns))
+		}
+	}
+	return r, w.checkColumns(r)
+}
+
+func (w *Writer) txnChange(x *reorderbuffer.Txn, m decoding.Message) error {
+	e := &w.enc
+	switch m := m.(type) {
+	case *decoding.Insert:
+		r, err := w.relation(x, m.RelationID, m.New)
+		if err != nil {
+			return err
+		}
+		e.raw(`{"op":"insert",`)
+		w.txnRelation(r)
+		e.raw(`,"new":`)
+		w.txnTuple(r, m.New)
+	case *decoding.Update:
+		r, err := w.relation(x, m.RelationID, m.Old, m.New)
+		if err != nil {
+			return err
+		}
+		e.raw(`{"op":"update",`)
+		w.txnRelation(r)
+		if m.OldKind != 0 {
+			e.raw(`,"old":`)
+			w.txnTuple(r, m.Old)
+		}
+		e.raw(`,"new":`)
+		w.txnTuple(r, m.New)
+	case *decoding.Delete:
+		r, err := w.relation(x, m.RelationID, m.Old)
+		if err != nil {
+			return err
+		}
+		e.raw(`{"op":"delete",`)
+		w.txnRelation(r)
+		e.raw(`,"old":`)
+		w.txnTuple(r, m.Old)
+	case *decoding.Truncate:
+		rels := make([]*decoding.Relation, len(m.RelationIDs))
+		for i, id := range m.RelationIDs {
+			r, ok := x.Relation(id)
+			if !ok {
+				return fmt.Errorf("%w: relation %d", ErrUnknownRelation, id)
+			}
+			rels[i] = r
+		}
+		e.raw(`{"op":"truncate","relations":[`)
+		for i, r := range rels {
+			if i > 0 {
+				e.byte(',')
+			}
+			w.qualified(r)
+		}
+		e.raw(`],"tables":[`)
+		for i, r := range rels {
+			if i > 0 {
+				e.byte(',')
+			}
+			e.raw(`{"schema":`)
+			e.name(namespace(r))
+			e.raw(`,"table":`)
+			e.name(r.Name)
+			e.byte('}')
+		}
+		e.raw(`],"cascade":`)
+		e.bool(m.Options&decoding.TruncateCascade != 0)
+		e.raw(`,"restart_identity":`)
+		e.bool(m.Options&decoding.TruncateRestartIdentity != 0)
+	case *decoding.LogicalMessage:
+		e.raw(`{"op":"message","transactional":true`)
+		w.messageBody(m)
+	default:
+		return fmt.Errorf("format: unexpected %v message inside a transaction", m.Type())
+	}
+	e.byte('}')
+	return nil
+}
+
+func namespace(r *decoding.Relation) string {
+	if r.Namespace == "" {
+		return "pg_catalog"
+	}
+	return r.Namespace
+}
+
+// qualified writes "schema.table", each part escaped as a name.
+func (w *Writer) qualified(r *decoding.Relation) {
+	e := &w.enc
+	e.byte('"')
+	e.nameBody(namespace(r))
+	e.byte('.')
+	e.nameBody(r.Name)
+	e.byte('"')
+}
+
+func (w *Writer) txnRelation(r *decoding.Relation) {
+	e := &w.enc
+	e.raw(`"relation":`)
+	w.qualified(r)
+	e.raw(`,"schema":`)
+	e.name(namespace(r))
+	e.raw(`,"table":`)
+	e.name(r.Name)
+}
+
+func (w *Writer) messageBody(m *decoding.LogicalMessage) {
+	e := &w.enc
+	e.raw(`,"prefix":`)
+	e.name(m.Prefix)
+	e.raw(`,"content":`)
+	e.base64(m.Content)
+}
+
+func (w *Writer) txnTuple(r *decoding.Relation, t decoding.Tuple) {
+	e := &w.enc
+	e.byte('{')
+	for i, c := range t {
+		if i > 0 {
+			e.byte(',')
+		}
+		e.name(r.Columns[i].Name)
+		e.byte(':')
+		switch c.Kind {
+		case decoding.ColumnNull:
+			e.raw("null")
+		case decoding.ColumnUnchanged:
+			e.raw(`{"unchanged_toast":true}`)
+		case decoding.ColumnBinary:
+			e.raw(`{"binary":`)
+			e.base64(c.Data)
+			e.byte('}')
+		default:
+			if utf8.Valid(c.Data) {
+				e.bytes(c.Data, invalidReplace)
+			} else {
+				e.raw(`{"escaped":`)
+				e.bytes(c.Data, invalidEscape)
+				e.byte('}')
+			}
+		}
+		e.maybeFlush()
+	}
+	e.byte('}')
+}

@@ -1,4 +1,0 @@
-package jsonl
-
-// AppendString exposes appendString to the tests.
-var AppendString = appendString

@@ -1,0 +1,748 @@
+package replication
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
+	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/pgreorder/pgreorder/reorderbuffer"
+)
+
+// SnapshotAction says what CREATE_REPLICATION_SLOT does with the snapshot of the slot's
+// consistent point.
+type SnapshotAction int
+
+const (
+	// NoSnapshot creates the slot without a snapshot.
+	NoSnapshot SnapshotAction = iota
+	// ExportSnapshot exports the snapshot of the slot's consistent point, for an initial copy of
+	// the published tables: another connection that runs SET TRANSACTION SNAPSHOT with its name,
+	// in a REPEATABLE READ transaction, sees exactly the transactions committed before the
+	// consistent point; the stream sends exactly those committed after it.
+	ExportSnapshot
+)
+
+// Snapshot is what Conn.CreateSlot returns.
+type Snapshot struct {
+	// Name is the exported snapshot's name for SET TRANSACTION SNAPSHOT ("" with NoSnapshot). It
+	// stays valid while the Conn is open and has not started streaming.
+	Name string
+	// ConsistentPoint is the slot's starting point: transactions committed after it are streamed.
+	ConsistentPoint LSN
+	// Slot is the slot's name.
+	Slot string
+}
+
+// SlotInfo describes a replication slot as pg_replication_slots shows it.
+type SlotInfo struct {
+	Name      string
+	Plugin    string
+	Database  string
+	Temporary bool
+	TwoPhase  bool
+	// ConfirmedFlush is the position the server has confirmed for the slot: replication
+	// restarts there, and transactions that committed before it are not sent again.
+	ConfirmedFlush LSN
+}
+
+// Conn is a replication connection that has passed the pre-flight checks but does not stream
+// yet. It lets the caller create the slot with an exported snapshot and copy the tables before
+// streaming from the slot's consistent point on the same connection:
+//
+//	conn, err := replication.Connect(ctx, cfg)
+//	snap, err := conn.CreateSlot(ctx, replication.ExportSnapshot)
+//	// on another connection: BEGIN ISOLATION LEVEL REPEATABLE READ;
+//	// SET TRANSACTION SNAPSHOT 'snap.Name'; copy the tables; COMMIT
+//	stream, err := conn.StartStreaming(ctx)
+//
+// A Conn is used from one goroutine. StartStreaming hands the connection to the Stream; Close
+// releases it otherwise.
+type Conn struct {
+	cfg   Config
+	base  *pgconn.Config
+	log   *slog.Logger
+	sess  *session
+	neg   Negotiated
+	every time.Duration
+}
+
+// Connect opens a replication connection (replication=database, session settings pinned; see
+// Config), runs IDENTIFY_SYSTEM and the pre-flight checks, and negotiates the pgoutput options.
+// A failed check is a *CheckError naming what to fix: wal_level is not logical, a publication
+// does not exist, the slot is not a pgoutput slot of this database or differs in two-phase
+// decoding, Buffer.SkipThrough is beyond the server's WAL. Connect does not retry.
+func Connect(ctx context.Context, cfg Config) (_ *Conn, err error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	base, err := cfg.baseConnConfig()
+	if err != nil {
+		return nil, err
+	}
+	log := cfg.logger()
+	sess, err := openSession(ctx, &cfg, base, log, true)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			sess.close(ctx)
+		}
+	}()
+	neg, err := cfg.Negotiate(sess.major)
+	if err != nil {
+		return nil, err
+	}
+	if skip := cfg.Buffer.SkipThrough; skip > sess.sys.xlogPos {
+		return nil, &CheckError{Setting: "Buffer.SkipThrough", Err: ErrResumeAhead,
+			Problem: fmt.Sprintf("resume position %s is beyond the server's current WAL position %s", skip, sess.sys.xlogPos),
+			Fix:     "pass the EndLSN of the last transaction the consumer handled from this server, or 0/0 to start at the slot's position"}
+	}
+	every := cfg.StatusInterval
+	if every <= 0 {
+		every = DefaultStatusInterval
+		if t := sess.settings.walSenderTimeout; t > 0 && t/4 < every {
+			every = max(t/4, 10*time.Millisecond)
+		}
+	} else if t := sess.settings.walSenderTimeout; t > 0 && every >= t/2 {
+		log.Warn("StatusInterval is not well under the server's wal_sender_timeout: the server may drop the connection",
+			"status_interval", every, "wal_sender_timeout", t)
+	}
+	return &Conn{cfg: cfg, base: base, log: log, sess: sess, neg: neg, every: every}, nil
+}
+
+// Negotiated returns the pgoutput options negotiated with the server.
+func (c *Conn) Negotiated() Negotiated { return c.neg }
+
+// Slot returns the slot as it was when the connection was checked (or as CreateSlot made it),
+// and false if it does not exist.
+func (c *Conn) Slot() (SlotInfo, bool) {
+	if c.sess == nil || c.sess.slot == nil {
+		return SlotInfo{}, false
+	}
+	return *c.sess.slot, true
+}
+
+// CreateSlot creates the slot named in Config (temporary if Config.TemporarySlot, with two-phase
+// decoding if Config.TwoPhase), exporting a snapshot of its consistent point if asked. The slot
+// must not exist yet (ErrSlotExists). With ExportSnapshot, run the initial copy before calling
+// StartStreaming or Close: the snapshot lives only until then.
+func (c *Conn) CreateSlot(ctx context.Context, action SnapshotAction) (Snapshot, error) {
+	if c.sess == nil {
+		return Snapshot{}, ErrClosed
+	}
+	if action != NoSnapshot && action != ExportSnapshot {
+		return Snapshot{}, fmt.Errorf("%w: unknown SnapshotAction %d", ErrInvalidConfig, action)
+	}
+	if c.sess.slot != nil {
+		return Snapshot{}, fmt.Errorf("%w: %q", ErrSlotExists, c.cfg.Slot)
+	}
+	st := c.sess.settings
+	if st.slotsUsed >= st.maxSlots {
+		return Snapshot{}, &CheckError{Setting: "max_replication_slots", Err: ErrServerConfig,
+			Problem: fmt.Sprintf("all %d replication slots are in use, no room for slot %q", st.maxSlots, c.cfg.Slot),
+			Fix:     "drop an unused slot with pg_drop_replication_slot, or raise max_replication_slots (needs a server restart)"}
+	}
+	if st.walSendersUsed >= st.maxWalSenders {
+		c.log.Warn("every walsender is in use: a reconnection will be refused until one exits; consider raising max_wal_senders",
+			"max_wal_senders", st.maxWalSenders)
+	}
+	snap, err := createSlot(ctx, c.sess.conn, c.sess.major, &c.cfg, action)
+	if err != nil {
+		return Snapshot{}, err
+	}
+	c.sess.slot = &SlotInfo{Name: c.cfg.Slot, Plugin: "pgoutput", Database: c.sess.sys.dbName,
+		Temporary: c.cfg.TemporarySlot, TwoPhase: c.cfg.TwoPhase, ConfirmedFlush: snap.ConsistentPoint}
+	c.log.Info("created slot", "slot", c.cfg.Slot, "consistent_point", snap.ConsistentPoint,
+		"snapshot", snap.Name, "temporary", c.cfg.TemporarySlot, "two_phase", c.cfg.TwoPhase)
+	return snap, nil
+}
+
+// StartStreaming starts streaming from the slot's confirmed position (START_REPLICATION ... 0/0)
+// and returns the Stream, which owns the connection from now on. Config.Buffer.SkipThrough
+// filters what the server sends again. An exported snapshot ends here. The Conn cannot be used
+// afterwards, whether StartStreaming succeeds or not.
+func (c *Conn) StartStreaming(ctx context.Context) (_ *Stream, err error) {
+	if c.sess == nil {
+		return nil, ErrClosed
+	}
+	sess := c.sess
+	c.sess = nil
+	defer func() {
+		if err != nil {
+			sess.close(ctx)
+		}
+	}()
+	if sess.slot == nil {
+		return nil, slotNotFound(&c.cfg, sess.sys.dbName)
+	}
+	if skip := c.cfg.Buffer.SkipThrough; skip != 0 && skip < sess.slot.ConfirmedFlush {
+		c.log.Warn("the resume position is behind the slot's confirmed position: transactions that committed between the two "+
+			"are not sent again (harmless if the consumer had them, as after the slot advanced over WAL with nothing published)",
+			"skip_through", skip, "confirmed_flush_lsn", sess.slot.ConfirmedFlush)
+	}
+	bcfg := c.cfg.Buffer
+	bcfg.Decoding = c.neg.decodingOptions()
+	buf, err := reorderbuffer.New(bcfg)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			buf.Close()
+		}
+	}()
+	if err := startReplication(ctx, sess.conn, c.cfg.Slot, c.neg.PluginArgs); err != nil {
+		return nil, err
+	}
+	c.log.Info("streaming", "slot", c.cfg.Slot, "start", sess.slot.ConfirmedFlush, "skip_through", bcfg.SkipThrough,
+		"proto_version", c.neg.ProtoVersion, "streaming", c.neg.Streaming, "options", strings.Join(c.neg.PluginArgs, ", "),
+		"status_interval", c.every)
+	return newStream(c, sess, buf), nil
+}
+
+// Close closes the connection (and ends an exported snapshot). It is safe to call twice, and
+// after StartStreaming.
+func (c *Conn) Close(ctx context.Context) error {
+	if c.sess == nil {
+		return nil
+	}
+	sess := c.sess
+	c.sess = nil
+	return sess.close(ctx)
+}
+
+// Start connects, runs the pre-flight checks, creates the slot if asked and it does not exist,
+// and starts streaming from the slot's confirmed position. While the slot is in use by another
+// connection (ErrSlotActive: typically the walsender of a consumer that just died), it retries
+// according to Config.Reconnect; any other error is returned at once. The connection is closed
+// again if anything fails.
+func Start(ctx context.Context, cfg Config) (*Stream, error) {
+	log := cfg.logger()
+	for attempt := 1; ; attempt++ {
+		s, err := start(ctx, cfg)
+		if err == nil || !errors.Is(err, ErrSlotActive) || cfg.Reconnect.Disabled ||
+			(cfg.Reconnect.MaxAttempts > 0 && attempt >= cfg.Reconnect.MaxAttempts) {
+			return s, err
+		}
+		d := jitter(cfg.Reconnect.delay(attempt))
+		log.Info("slot in use, retrying", "slot", cfg.Slot, "attempt", attempt, "delay", d)
+		t := time.NewTimer(d)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, fmt.Errorf("%w (while waiting: %w)", ctx.Err(), err)
+		case <-t.C:
+		}
+	}
+}
+
+func start(ctx context.Context, cfg Config) (_ *Stream, err error) {
+	c, err := Connect(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			c.Close(ctx)
+		}
+	}()
+	if _, ok := c.Slot(); !ok {
+		if !cfg.CreateSlot {
+			return nil, slotNotFound(&cfg, c.sess.sys.dbName)
+		}
+		if _, err := c.CreateSlot(ctx, NoSnapshot); err != nil {
+			return nil, err
+		}
+	}
+	return c.StartStreaming(ctx)
+}
+
+func slotNotFound(cfg *Config, db string) error {
+	return &CheckError{Setting: "slot", Err: ErrSlotNotFound,
+		Problem: fmt.Sprintf("replication slot %q does not exist", cfg.Slot),
+		Fix: fmt.Sprintf("set CreateSlot, or create it in database %q with SELECT pg_create_logical_replication_slot('%s', 'pgoutput')",
+			db, cfg.Slot)}
+}
+
+func (c *Config) logger() *slog.Logger {
+	if c.Logger == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return c.Logger
+}
+
+// baseConnConfig returns the configuration every connection attempt starts from (a copy of it).
+func (c *Config) baseConnConfig() (*pgconn.Config, error) {
+	switch {
+	case c.ConnConfig != nil && c.ConnString != "":
+		return nil, fmt.Errorf("%w: set ConnString or ConnConfig, not both", ErrInvalidConfig)
+	case c.ConnConfig != nil:
+		return c.ConnConfig, nil
+	case c.ConnString == "":
+		return nil, fmt.Errorf("%w: no ConnString or ConnConfig", ErrInvalidConfig)
+	}
+	pc, err := pgconn.ParseConfig(c.ConnString)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	return pc, nil
+}
+
+// pinnedParams are the startup parameters every connection carries, whatever the configuration
+// says. The last four are those PostgreSQL's own subscriber pins on its replication connection
+// (libpqwalreceiver), because pgoutput formats text values with the walsender session's
+// settings: DateStyle ISO (dates as 2024-03-04 whatever the server's day/month order),
+// IntervalStyle postgres, extra_float_digits 3 (float4/float8 that read back exactly), and the
+// client encoding (the subscriber asks for its database encoding; a Go consumer wants UTF8).
+// Startup parameters take precedence over postgresql.conf, ALTER ROLE/DATABASE SET and the
+// "options" connection parameter.
+var pinnedParams = [...][2]string{
+	{"replication", "database"},
+	{"datestyle", "ISO"},
+	{"intervalstyle", "postgres"},
+	{"extra_float_digits", "3"},
+	{"client_encoding", "UTF8"},
+}
+
+// connConfig returns the configuration of one connection attempt: a copy of base, passed to
+// BeforeConnect, with the pinned parameters, the notice logger and a context watcher that never
+// sends cancel requests (a deadline ends every wait for the next message; a cancel request would
+// hit the walsender).
+func (c *Config) connConfig(ctx context.Context, base *pgconn.Config, log *slog.Logger) (*pgconn.Config, error) {
+	pc := base.Copy()
+	if pc.RuntimeParams == nil {
+		pc.RuntimeParams = map[string]string{}
+	}
+	if c.BeforeConnect != nil {
+		if err := c.BeforeConnect(ctx, pc); err != nil {
+			return nil, fmt.Errorf("replication: BeforeConnect: %w", err)
+		}
+		if pc.RuntimeParams == nil {
+			pc.RuntimeParams = map[string]string{}
+		}
+	}
+	hasAppName := false
+	for k := range pc.RuntimeParams {
+		for _, p := range pinnedParams {
+			if strings.EqualFold(k, p[0]) {
+				delete(pc.RuntimeParams, k)
+			}
+		}
+		if strings.EqualFold(k, "application_name") {
+			hasAppName = true
+		}
+	}
+	for _, p := range pinnedParams {
+		pc.RuntimeParams[p[0]] = p[1]
+	}
+	if !hasAppName {
+		pc.RuntimeParams["application_name"] = "pgreorder"
+	}
+	userNotice := pc.OnNotice
+	pc.OnNotice = func(conn *pgconn.PgConn, n *pgconn.Notice) {
+		log.Warn("server notice", "severity", n.Severity, "code", n.Code, "message", n.Message,
+			"detail", n.Detail, "hint", n.Hint, "where", n.Where)
+		if userNotice != nil {
+			userNotice(conn, n)
+		}
+	}
+	pc.BuildContextWatcherHandler = func(conn *pgconn.PgConn) ctxwatch.Handler {
+		return &pgconn.DeadlineContextWatcherHandler{Conn: conn.Conn()}
+	}
+	return pc, nil
+}
+
+// errNotParsed is the panic pgconn raises for a Config that pgconn.ParseConfig did not make.
+const errNotParsed = "config must be created by ParseConfig"
+
+// dial makes one connection attempt.
+func (c *Config) dial(ctx context.Context, base *pgconn.Config, log *slog.Logger) (conn *pgconn.PgConn, err error) {
+	pc, err := c.connConfig(ctx, base, log)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			if r != errNotParsed {
+				panic(r)
+			}
+			conn, err = nil, fmt.Errorf("%w: ConnConfig must be made by pgconn.ParseConfig", ErrInvalidConfig)
+		}
+	}()
+	conn, err = pgconn.ConnectConfig(ctx, pc)
+	if err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "53300" && strings.Contains(pgErr.Message, "max_wal_senders") {
+			return nil, &CheckError{Setting: "max_wal_senders", Err: ErrServerConfig, Cause: err,
+				Problem: "the server has no walsender left for this connection",
+				Fix:     "raise max_wal_senders (needs a server restart) or stop other replication connections"}
+		}
+		return nil, fmt.Errorf("replication: connect: %w", err)
+	}
+	return conn, nil
+}
+
+// session is one replication connection after IDENTIFY_SYSTEM and the pre-flight checks.
+type session struct {
+	conn     *pgconn.PgConn
+	major    int
+	sys      systemInfo
+	settings serverSettings
+	slot     *SlotInfo // nil if the slot does not exist
+}
+
+func (s *session) close(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	return s.conn.Close(ctx)
+}
+
+// openSession connects and checks that the server, the publications and the slot (if it
+// exists) can serve cfg. first is false on a reconnection: tables are logged only once.
+func openSession(ctx context.Context, cfg *Config, base *pgconn.Config, log *slog.Logger, first bool) (_ *session, err error) {
+	conn, err := cfg.dial(ctx, base, log)
+	if err != nil {
+		return nil, err
+	}
+	s := &session{conn: conn}
+	defer func() {
+		if err != nil {
+			s.close(ctx)
+		}
+	}()
+	if s.major, err = parseMajor(conn.ParameterStatus("server_version")); err != nil {
+		return nil, err
+	}
+	if s.sys, err = identifySystem(ctx, conn); err != nil {
+		return nil, err
+	}
+	if s.sys.dbName == "" {
+		return nil, fmt.Errorf("%w: the connection is not bound to a database", ErrInvalidConfig)
+	}
+	log.Info("connected", "server_major", s.major, "system_id", s.sys.systemID, "timeline", s.sys.timeline,
+		"xlogpos", s.sys.xlogPos, "database", s.sys.dbName, "pid", conn.PID())
+	if s.settings, err = readSettings(ctx, conn); err != nil {
+		return nil, err
+	}
+	if s.settings.walLevel != "logical" {
+		return nil, &CheckError{Setting: "wal_level", Err: ErrServerConfig,
+			Problem: fmt.Sprintf("wal_level is %q; logical decoding needs \"logical\"", s.settings.walLevel),
+			Fix:     "ALTER SYSTEM SET wal_level = logical, then restart the server"}
+	}
+	if err := checkPublications(ctx, conn, s.major, cfg.Publications, s.sys.dbName, log, first); err != nil {
+		return nil, err
+	}
+	if s.slot, err = readSlot(ctx, conn, s.major, cfg, s.sys.dbName); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+type systemInfo struct {
+	systemID string
+	timeline int
+	xlogPos  LSN
+	dbName   string
+}
+
+func identifySystem(ctx context.Context, conn *pgconn.PgConn) (systemInfo, error) {
+	row, err := queryRow(ctx, conn, "IDENTIFY_SYSTEM", 4)
+	if err != nil {
+		return systemInfo{}, fmt.Errorf("replication: IDENTIFY_SYSTEM: %w", err)
+	}
+	sys := systemInfo{systemID: row[0], dbName: row[3]}
+	if sys.timeline, err = strconv.Atoi(row[1]); err == nil {
+		err = sys.xlogPos.UnmarshalText([]byte(row[2]))
+	}
+	if err != nil {
+		return systemInfo{}, &ProtocolError{Msg: "IDENTIFY_SYSTEM result", Err: err}
+	}
+	return sys, nil
+}
+
+type serverSettings struct {
+	walLevel         string
+	walSenderTimeout time.Duration // 0 = disabled
+	maxSlots         int
+	maxWalSenders    int
+	slotsUsed        int
+	walSendersUsed   int // this connection included
+}
+
+func readSettings(ctx context.Context, conn *pgconn.PgConn) (serverSettings, error) {
+	row, err := queryRow(ctx, conn, `SELECT pg_catalog.current_setting('wal_level'),
+		(SELECT setting FROM pg_catalog.pg_settings WHERE name = 'wal_sender_timeout'),
+		pg_catalog.current_setting('max_replication_slots'), pg_catalog.current_setting('max_wal_senders'),
+		(SELECT pg_catalog.count(*) FROM pg_catalog.pg_replication_slots),
+		(SELECT pg_catalog.count(*) FROM pg_catalog.pg_stat_activity WHERE backend_type = 'walsender')`, 6)
+	if err != nil {
+		return serverSettings{}, fmt.Errorf("replication: reading server settings: %w", err)
+	}
+	st := serverSettings{walLevel: row[0]}
+	ints := make([]int, 5)
+	for i := range ints {
+		if ints[i], err = strconv.Atoi(row[i+1]); err != nil {
+			return serverSettings{}, fmt.Errorf("replication: reading server settings: %w", err)
+		}
+	}
+	st.walSenderTimeout = time.Duration(ints[0]) * time.Millisecond
+	st.maxSlots, st.maxWalSenders, st.slotsUsed, st.walSendersUsed = ints[1], ints[2], ints[3], ints[4]
+	return st, nil
+}
+
+// checkPublications checks that every publication exists and logs what each publishes.
+func checkPublications(ctx context.Context, conn *pgconn.PgConn, major int, pubs []string, db string, log *slog.Logger, logTables bool) error {
+	lits := make([]string, len(pubs))
+	for i, p := range pubs {
+		lits[i] = sqlLiteral(p)
+	}
+	in := strings.Join(lits, ", ")
+	res, err := query(ctx, conn, "SELECT pubname, puballtables::text FROM pg_catalog.pg_publication WHERE pubname IN ("+in+")")
+	if err != nil {
+		return fmt.Errorf("replication: reading publications: %w", err)
+	}
+	found := map[string]bool{}
+	for _, row := range res {
+		found[row[0]] = row[1] == "true"
+	}
+	var missing []string
+	for _, p := range pubs {
+		if _, ok := found[p]; !ok {
+			missing = append(missing, strconv.Quote(p))
+		}
+	}
+	if len(missing) > 0 {
+		what := "publication " + missing[0] + " does not exist"
+		if len(missing) > 1 {
+			what = "publications " + strings.Join(missing, ", ") + " do not exist"
+		}
+		return &CheckError{Setting: "publication", Err: ErrPublicationNotFound,
+			Problem: fmt.Sprintf("%s in database %q", what, db),
+			Fix:     "create it with CREATE PUBLICATION ... FOR TABLE ..., or correct Config.Publications"}
+	}
+	if !logTables {
+		return nil
+	}
+	// Plain catalog scans, not the pg_publication_tables view: its function looks the publications
+	// up through the system caches of this backend, the walsender, under the current snapshot,
+	// and pgoutput would then find those cache entries while decoding under historic snapshots
+	// (a publication created after the slot's position would seem to exist before it).
+	sql := "SELECT p.pubname, pg_catalog.quote_ident(n.nspname) || '.' || pg_catalog.quote_ident(c.relname) " +
+		"FROM pg_catalog.pg_publication p JOIN pg_catalog.pg_publication_rel r ON r.prpubid = p.oid " +
+		"JOIN pg_catalog.pg_class c ON c.oid = r.prrelid JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace " +
+		"WHERE p.pubname IN (" + in + ")"
+	if major >= 15 {
+		sql += " UNION ALL SELECT p.pubname, pg_catalog.quote_ident(n.nspname) || '.*' " +
+			"FROM pg_catalog.pg_publication p JOIN pg_catalog.pg_publication_namespace s ON s.pnpubid = p.oid " +
+			"JOIN pg_catalog.pg_namespace n ON n.oid = s.pnnspid WHERE p.pubname IN (" + in + ")"
+	}
+	res, err = query(ctx, conn, sql+" ORDER BY 1, 2")
+	if err != nil {
+		return fmt.Errorf("replication: reading published tables: %w", err)
+	}
+	tables := map[string][]string{}
+	for _, row := range res {
+		tables[row[0]] = append(tables[row[0]], row[1])
+	}
+	const show = 50
+	for _, p := range pubs {
+		t := tables[p]
+		if found[p] {
+			log.Info("publication", "publication", p, "all_tables", true)
+			continue
+		}
+		if len(t) == 0 {
+			log.Warn("publication publishes no table yet", "publication", p)
+			continue
+		}
+		list := strings.Join(t[:min(len(t), show)], ", ")
+		if len(t) > show {
+			list += fmt.Sprintf(", ... (%d more)", len(t)-show)
+		}
+		log.Info("publication", "publication", p, "table_count", len(t), "tables", list)
+	}
+	return nil
+}
+
+// readSlot returns the slot, nil if it does not exist, or a *CheckError if it cannot serve cfg.
+func readSlot(ctx context.Context, conn *pgconn.PgConn, major int, cfg *Config, db string) (*SlotInfo, error) {
+	twoPhase, walStatus := "two_phase::text", "coalesce(wal_status, '')"
+	if major < 14 {
+		twoPhase = "'false'"
+	}
+	if major < 13 {
+		walStatus = "''"
+	}
+	res, err := query(ctx, conn, "SELECT slot_type, coalesce(plugin, ''), coalesce(database::text, ''), "+
+		"coalesce(confirmed_flush_lsn::text, '0/0'), temporary::text, "+twoPhase+", "+walStatus+
+		" FROM pg_catalog.pg_replication_slots WHERE slot_name = "+sqlLiteral(cfg.Slot))
+	if err != nil {
+		return nil, fmt.Errorf("replication: reading slot %q: %w", cfg.Slot, err)
+	}
+	if len(res) == 0 {
+		return nil, nil
+	}
+	row := res[0]
+	if len(row) != 7 {
+		return nil, &ProtocolError{Msg: fmt.Sprintf("pg_replication_slots row with %d columns", len(row))}
+	}
+	slot := &SlotInfo{Name: cfg.Slot, Plugin: row[1], Database: row[2], Temporary: row[4] == "true", TwoPhase: row[5] == "true"}
+	if err := slot.ConfirmedFlush.UnmarshalText([]byte(row[3])); err != nil {
+		return nil, &ProtocolError{Msg: "confirmed_flush_lsn", Err: err}
+	}
+	mismatch := func(setting, problem, fix string) error {
+		return &CheckError{Setting: setting, Err: ErrSlotMismatch, Problem: problem, Fix: fix}
+	}
+	recreate := fmt.Sprintf("use another slot name, or drop it (SELECT pg_drop_replication_slot('%s')) and let CreateSlot make it again", cfg.Slot)
+	switch {
+	case row[0] != "logical":
+		return nil, mismatch("slot", fmt.Sprintf("slot %q is a %s slot, not a logical one", cfg.Slot, row[0]), recreate)
+	case slot.Plugin != "pgoutput":
+		return nil, mismatch("slot", fmt.Sprintf("slot %q uses the output plugin %q, not pgoutput", cfg.Slot, slot.Plugin), recreate)
+	case slot.Database != db:
+		return nil, mismatch("slot", fmt.Sprintf("slot %q belongs to database %q, the connection is to %q", cfg.Slot, slot.Database, db),
+			fmt.Sprintf("connect to database %q, or use another slot name", slot.Database))
+	case row[6] == "lost":
+		return nil, mismatch("slot", fmt.Sprintf("slot %q has lost WAL it needed (wal_status lost): changes are missing", cfg.Slot),
+			"drop the slot and start again from a fresh copy of the tables")
+	case slot.TwoPhase && !cfg.TwoPhase:
+		return nil, mismatch("two_phase", fmt.Sprintf("slot %q decodes prepared transactions at PREPARE (two_phase), but Config.TwoPhase is off", cfg.Slot),
+			"set TwoPhase, or use a slot created without two-phase decoding")
+	case !slot.TwoPhase && cfg.TwoPhase:
+		return nil, mismatch("two_phase", fmt.Sprintf("slot %q was created without two_phase, but Config.TwoPhase is on: reading it so would turn two-phase decoding on for this slot for good", cfg.Slot),
+			"turn TwoPhase off, or use a slot created with two-phase decoding (CreateSlot with TwoPhase)")
+	}
+	return slot, nil
+}
+
+// createSlot runs CREATE_REPLICATION_SLOT.
+func createSlot(ctx context.Context, conn *pgconn.PgConn, major int, cfg *Config, action SnapshotAction) (Snapshot, error) {
+	var b strings.Builder
+	b.WriteString("CREATE_REPLICATION_SLOT " + cfg.Slot)
+	if cfg.TemporarySlot {
+		b.WriteString(" TEMPORARY")
+	}
+	b.WriteString(" LOGICAL pgoutput")
+	switch {
+	case major >= 15:
+		if action == ExportSnapshot {
+			b.WriteString(" (SNAPSHOT 'export'")
+		} else {
+			b.WriteString(" (SNAPSHOT 'nothing'")
+		}
+		if cfg.TwoPhase {
+			b.WriteString(", TWO_PHASE true")
+		}
+		b.WriteString(")")
+	case cfg.TwoPhase:
+		return Snapshot{}, &OptionError{Option: "two_phase", Value: "true", ServerMajor: major, Err: ErrUnsupported}
+	case action == ExportSnapshot:
+		b.WriteString(" EXPORT_SNAPSHOT")
+	default:
+		b.WriteString(" NOEXPORT_SNAPSHOT")
+	}
+	row, err := queryRow(ctx, conn, b.String(), 4)
+	if err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) {
+			switch pgErr.Code {
+			case "42710": // duplicate_object
+				return Snapshot{}, fmt.Errorf("%w: %q: %w", ErrSlotExists, cfg.Slot, err)
+			case "53400": // configuration_limit_exceeded
+				return Snapshot{}, &CheckError{Setting: "max_replication_slots", Err: ErrServerConfig, Cause: err,
+					Problem: "all replication slots are in use",
+					Fix:     "drop an unused slot with pg_drop_replication_slot, or raise max_replication_slots (needs a server restart)"}
+			}
+		}
+		return Snapshot{}, fmt.Errorf("replication: CREATE_REPLICATION_SLOT: %w", err)
+	}
+	snap := Snapshot{Slot: row[0], Name: row[2]}
+	if err := snap.ConsistentPoint.UnmarshalText([]byte(row[1])); err != nil {
+		return Snapshot{}, &ProtocolError{Msg: "CREATE_REPLICATION_SLOT consistent_point", Err: err}
+	}
+	return snap, nil
+}
+
+// startReplication sends START_REPLICATION from the slot's confirmed position and waits for
+// the server to switch to copy-both mode.
+//
+// The start position is always 0/0, never the consumer's resume position: the server then sends
+// every transaction that commits after the slot's confirmed position, including the PREPARE of a
+// prepared transaction the consumer has not acknowledged yet. Starting later would make the
+// server skip that PREPARE and send a bare COMMIT PREPARED. The reorder buffer drops what the
+// consumer already has (Config.SkipThrough).
+func startReplication(ctx context.Context, conn *pgconn.PgConn, slot string, args []string) error {
+	cmd := "START_REPLICATION SLOT " + slot + " LOGICAL 0/0 (" + strings.Join(args, ", ") + ")"
+	conn.Frontend().SendQuery(&pgproto3.Query{String: cmd})
+	if err := conn.Frontend().Flush(); err != nil {
+		return fmt.Errorf("replication: sending START_REPLICATION: %w", err)
+	}
+	for {
+		msg, err := conn.ReceiveMessage(ctx)
+		if err != nil {
+			return fmt.Errorf("replication: START_REPLICATION: %w", err)
+		}
+		switch msg := msg.(type) {
+		case *pgproto3.CopyBothResponse:
+			return nil
+		case *pgproto3.ErrorResponse:
+			err := pgconn.ErrorResponseToPgError(msg)
+			if err.Code == "55006" { // object_in_use
+				return fmt.Errorf("replication: START_REPLICATION: %w: %w", ErrSlotActive, err)
+			}
+			return fmt.Errorf("replication: START_REPLICATION: %w", err)
+		case *pgproto3.NoticeResponse, *pgproto3.ParameterStatus:
+			// Notices were logged by the OnNotice handler.
+		default:
+			return &ProtocolError{Msg: fmt.Sprintf("unexpected %T in reply to START_REPLICATION", msg)}
+		}
+	}
+}
+
+// query runs a simple-protocol command and returns its rows as text.
+func query(ctx context.Context, conn *pgconn.PgConn, sql string) ([][]string, error) {
+	results, err := conn.Exec(ctx, sql).ReadAll()
+	if err != nil {
+		return nil, err
+	}
+	var rows [][]string
+	for _, r := range results {
+		for _, row := range r.Rows {
+			vals := make([]string, len(row))
+			for i, v := range row {
+				vals[i] = string(v)
+			}
+			rows = append(rows, vals)
+		}
+	}
+	return rows, nil
+}
+
+// queryRow runs a command that returns exactly one row of n columns.
+func queryRow(ctx context.Context, conn *pgconn.PgConn, sql string, n int) ([]string, error) {
+	rows, err := query(ctx, conn, sql)
+	if err != nil {
+		return nil, err
+	}
+	if len(rows) != 1 || len(rows[0]) != n {
+		return nil, &ProtocolError{Msg: fmt.Sprintf("expected one row of %d columns, got %d rows", n, len(rows))}
+	}
+	return rows[0], nil
+}
+
+// sqlLiteral quotes s as an SQL string literal, whatever standard_conforming_strings says.
+func sqlLiteral(s string) string {
+	if strings.Contains(s, `\`) {
+		return `E'` + strings.NewReplacer(`\`, `\\`, `'`, `''`).Replace(s) + `'`
+	}
+	return `'` + strings.ReplaceAll(s, `'`, `''`) + `'`
+}

@@ -1,0 +1,149 @@
+package replication
+
+import (
+	"context"
+	"errors"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgreorder/pgreorder/reorderbuffer"
+)
+
+var (
+	// ErrClosed is returned by the methods of a Stream or Conn after Close.
+	ErrClosed = errors.New("replication: closed")
+
+	// ErrServerEndedStream is returned (or, with reconnection on, logged and retried) when the
+	// server ends the replication stream: CopyDone, or CommandComplete without CopyDone, which is
+	// how a walsender says goodbye when the server shuts down.
+	ErrServerEndedStream = errors.New("replication: server ended the replication stream")
+
+	// ErrSlotActive is wrapped by the error returned when another connection streams from the
+	// slot. After a consumer dies, its walsender may hold the slot for a moment; Start and the
+	// reconnection loop retry it with backoff unless Config.Reconnect.Disabled is set.
+	ErrSlotActive = errors.New("replication: slot is in use by another connection")
+
+	// ErrNotConnected is returned by SendStatus while the stream has no connection: the last
+	// one was lost and Next has not connected again yet.
+	ErrNotConnected = errors.New("replication: not connected")
+
+	// ErrServerConfig is wrapped by the *CheckError returned when a server setting prevents
+	// logical replication (wal_level, max_replication_slots, max_wal_senders).
+	ErrServerConfig = errors.New("replication: server configuration does not allow it")
+
+	// ErrPublicationNotFound is wrapped by the *CheckError returned when a publication in
+	// Config.Publications does not exist in the connection's database.
+	ErrPublicationNotFound = errors.New("replication: publication does not exist")
+
+	// ErrSlotNotFound is wrapped by the *CheckError returned when the slot does not exist and
+	// Config.CreateSlot is off, or when the slot disappeared between two connections.
+	ErrSlotNotFound = errors.New("replication: replication slot does not exist")
+
+	// ErrSlotExists is wrapped by the error Conn.CreateSlot returns when the slot already exists.
+	ErrSlotExists = errors.New("replication: replication slot already exists")
+
+	// ErrSlotMismatch is wrapped by the *CheckError returned when the slot exists but cannot
+	// serve the Config: another plugin, another database, physical, two-phase decoding on one side
+	// only, or its WAL was removed.
+	ErrSlotMismatch = errors.New("replication: replication slot does not match the configuration")
+
+	// ErrResumeAhead is wrapped by the *CheckError returned when Config.Buffer.SkipThrough lies
+	// beyond the server's current WAL position: it cannot be a position this server sent, and
+	// confirming it would make the slot skip every change up to it.
+	ErrResumeAhead = errors.New("replication: resume position is beyond the server's WAL")
+)
+
+// CheckError reports a pre-flight check that failed when connecting: the server, the slot or a
+// publication cannot serve the Config as it is. It names what was checked and says how to fix it.
+// It wraps one of the sentinels above and, when the server reported the problem, its
+// *pgconn.PgError. It is never retried.
+type CheckError struct {
+	Setting string // what was checked: "wal_level", "publication", "slot", "two_phase", "Buffer.SkipThrough"...
+	Problem string // what is wrong
+	Fix     string // how to put it right
+	Err     error  // the sentinel
+	Cause   error  // the server's error, if any
+}
+
+func (e *CheckError) Error() string {
+	msg := "replication: " + e.Setting + ": " + e.Problem
+	if e.Fix != "" {
+		msg += " (" + e.Fix + ")"
+	}
+	if e.Cause != nil {
+		msg += ": " + e.Cause.Error()
+	}
+	return msg
+}
+
+func (e *CheckError) Unwrap() []error {
+	errs := []error{e.Err}
+	if e.Cause != nil {
+		errs = append(errs, e.Cause)
+	}
+	return errs
+}
+
+// ProtocolError reports a replication envelope message that could not be understood, or a
+// message the replication protocol does not allow at that point.
+type ProtocolError struct {
+	Msg string
+	Err error // the cause, if any
+}
+
+func (e *ProtocolError) Error() string {
+	if e.Err != nil {
+		return "replication: protocol error: " + e.Msg + ": " + e.Err.Error()
+	}
+	return "replication: protocol error: " + e.Msg
+}
+
+func (e *ProtocolError) Unwrap() error { return e.Err }
+
+// Retryable reports whether err is worth another connection attempt: the connection was lost or
+// refused, the server is shutting down or starting up, it ended the stream, it ran short of
+// resources, or the slot is in use. Configuration errors, failed pre-flight checks, protocol
+// errors, data loss reported by the reorder buffer, server errors of other classes and
+// cancellation are not. Next applies it when Config.Reconnect is on; with reconnection off, a
+// consumer can apply it to the errors Next returns.
+func Retryable(err error) bool {
+	if err == nil {
+		return false
+	}
+	var (
+		check  *CheckError
+		option *OptionError
+		proto  *ProtocolError
+		input  *reorderbuffer.InputError
+		pgErr  *pgconn.PgError
+	)
+	switch {
+	case errors.Is(err, ErrSlotActive), errors.Is(err, ErrServerEndedStream):
+		return true
+	case errors.Is(err, context.Canceled), errors.Is(err, ErrClosed),
+		errors.Is(err, ErrInvalidConfig), errors.Is(err, ErrUnsupported),
+		errors.As(err, &check), errors.As(err, &option), errors.As(err, &proto), errors.As(err, &input),
+		errors.Is(err, reorderbuffer.ErrFailed), errors.Is(err, reorderbuffer.ErrProtocol),
+		errors.Is(err, reorderbuffer.ErrClosed), errors.Is(err, reorderbuffer.ErrForeignTxn),
+		errors.Is(err, reorderbuffer.ErrNotCommit), errors.Is(err, reorderbuffer.ErrReleased):
+		return false
+	case errors.As(err, &pgErr):
+		return retryableCode(pgErr.Code)
+	}
+	// Network errors, EOF, timeouts of a connection attempt, errors of Config.BeforeConnect.
+	return true
+}
+
+// retryableCode reports whether a server error with this SQLSTATE can go away by itself.
+func retryableCode(code string) bool {
+	switch {
+	case code == "55006": // object_in_use: the slot is active for another process
+		return true
+	case strings.HasPrefix(code, "08"), // connection exception
+		strings.HasPrefix(code, "53"), // insufficient resources (too many connections, out of memory, disk full)
+		strings.HasPrefix(code, "57"): // operator intervention: shutdown, crash, terminated, starting up
+		return true
+	}
+	return false
+}
