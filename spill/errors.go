@@ -16,7 +16,7 @@ var (
 	// ErrInvalidOffset is returned by Truncate for an offset outside [0, Size()].
 	// It does not poison the log.
 	ErrInvalidOffset = errors.New("spill: invalid truncate offset")
-	// ErrLocked is returned by FS.Lock when another holder has the lock.
+	// ErrLocked is returned by Dir.Lock when another holder has the lock.
 	ErrLocked = errors.New("spill: locked")
 )
 

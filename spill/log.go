@@ -66,8 +66,8 @@ func (l *Log) Size() int64 {
 // Append adds rec as the log's last record. rec is copied (or written) before Append returns, so
 // the caller may reuse it. An I/O error of this log is returned here or from the log's next call,
 // and sticks. An I/O error of another log that this call ran into (writing that log's buffered
-// records to make room) is returned as a *LogError; then rec is not appended, and this log is
-// unharmed.
+// records to make room, or closing its file to free a descriptor) is returned as a *LogError; then
+// rec is not appended, and this log is unharmed.
 func (l *Log) Append(rec []byte) error {
 	if err := l.check(); err != nil {
 		return err
