@@ -147,7 +147,7 @@ func (b *Buffer) add(lsn LSN, data []byte) error {
 			}
 			// Committed at or before the skip position: handing it out in parts would only
 			// make the consumer undo them.
-			t.quiet = m.(*decoding.Begin).FinalLSN < b.skip
+			t.inc.quiet = m.(*decoding.Begin).FinalLSN < b.skip
 		}
 		b.cur = t
 	case decoding.MsgOrigin:
@@ -205,7 +205,7 @@ func (b *Buffer) add(lsn LSN, data []byte) error {
 		b.stats.StreamCount++
 		b.cur = t
 	case decoding.MsgStreamStop:
-		if t := b.cur; t != nil && b.partable(t) && t.partBytes > 0 {
+		if t := b.cur; t != nil && b.partable(t) && t.inc.partBytes > 0 {
 			b.cut(t)
 		}
 		b.cur = nil
@@ -293,6 +293,9 @@ func (b *Buffer) missing(xid uint32, gid string, lsn, end LSN, what string) erro
 // simply back. Either way the pin that keeps the flush position before the PREPARE never lapses.
 func (b *Buffer) open(xid uint32) *xact {
 	t := &xact{xid: xid}
+	if b.cfg.Incremental {
+		t.inc = &xactParts{}
+	}
 	if old := b.xacts[xid]; old != nil {
 		switch {
 		case old.prepared:
@@ -380,7 +383,9 @@ func (b *Buffer) record(h decoding.Header, data []byte, schema bool) error {
 	if desc == nil {
 		t.changes++
 	}
-	t.partBytes += int64(len(data))
+	if t.inc != nil {
+		t.inc.partBytes += int64(len(data))
+	}
 	if chunk != nil {
 		b.grew(t)
 		if b.pool.mem > b.pool.limit { // the chunk alone was larger than the room left
@@ -389,7 +394,7 @@ func (b *Buffer) record(h decoding.Header, data []byte, schema bool) error {
 			}
 		}
 	}
-	if t.partBytes >= b.partMax && b.partable(t) {
+	if b.partable(t) && t.inc.partBytes >= b.partMax {
 		b.cut(t)
 	}
 	return nil
@@ -492,9 +497,9 @@ func (b *Buffer) spill(t *xact) error {
 // abortSub cuts t back to where subtransaction sub first wrote. In parts, if that was in a part
 // already handed out, the consumer is told to undo it, and what t holds goes (it all came after).
 func (b *Buffer) abortSub(t *xact, sub uint32) error {
-	if t.handed != nil {
-		if blk, j, _ := t.handed.findSpilled(sub); blk >= 0 {
-			t.handed.cutSpilled(blk, j)
+	if t.inc != nil && t.inc.handed != nil {
+		if blk, j, _ := t.inc.handed.findSpilled(sub); blk >= 0 {
+			t.inc.handed.cutSpilled(blk, j)
 			released, err := t.free(b.recycle)
 			b.released(t, released)
 			if err != nil {
@@ -552,7 +557,7 @@ func (b *Buffer) hold(t *xact, gid string, prepareLSN, endLSN LSN) error {
 func (b *Buffer) describe(t *xact) *schema {
 	base := b.schema
 	base.shared++
-	msgs := t.described
+	msgs := t.described()
 	for _, e := range t.schema {
 		msgs = append(msgs[:len(msgs):len(msgs)], e.msg)
 	}
@@ -610,9 +615,9 @@ func (b *Buffer) finish(t *xact, commitLSN, endLSN LSN, at time.Time, gid string
 		b.undo(t) // parts handed out before the commit showed it was the consumer's already
 		return b.free(t)
 	}
-	if len(t.described) > 0 { // the descriptions of earlier parts come first
+	if d := t.described(); len(d) > 0 { // the descriptions of earlier parts come first
 		local := &schema{parent: base}
-		for _, m := range t.described {
+		for _, m := range d {
 			local.set(m)
 		}
 		base, local.shared = local, 0

@@ -378,6 +378,7 @@ func TestStaleSpillFilesRemovedAtStart(t *testing.T) {
 	stale := filepath.Join(dir, "pgreorder-spill-999999-0123456789abcdef")
 	require.NoError(t, os.MkdirAll(stale, 0o755))
 	require.NoError(t, os.WriteFile(filepath.Join(stale, "log-1.spill"), []byte("PGRS"), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(stale, "lock"), nil, 0o600)) // nobody holds it
 	b2, err := reorderbuffer.New(reorderbuffer.Config{Dir: dir})
 	require.NoError(t, err)
 	defer b2.Close()

@@ -54,15 +54,16 @@ func partSize(limit int64) int64 {
 
 // partable reports whether t hands out its changes as they arrive now.
 func (b *Buffer) partable(t *xact) bool {
-	return b.cfg.Incremental && !t.quiet && !t.prepared && t.replaces == nil
+	return t.inc != nil && !t.inc.quiet && !t.prepared && t.replaces == nil
 }
 
 // cut hands out what t received since its previous part as a PartChanges Txn. Its records move
 // to a holder of their own (queued like a whole transaction, spilled like one if it waits), its
 // subtransactions and descriptions become ones the consumer has.
 func (b *Buffer) cut(t *xact) {
-	h := &xact{xid: t.xid, mem: t.mem, log: t.log, streamed: t.streamed, bytes: t.partBytes}
-	t.mem, t.log, t.partBytes = memlog{}, nil, 0
+	p := t.inc
+	h := &xact{xid: t.xid, mem: t.mem, log: t.log, streamed: t.streamed, bytes: p.partBytes}
+	t.mem, t.log, p.partBytes = memlog{}, nil, 0
 	if t.node.InHeap() {
 		b.evict.Remove(t)
 	}
@@ -70,14 +71,14 @@ func (b *Buffer) cut(t *xact) {
 		b.evict.Push(h)
 	}
 	if t.subs != nil {
-		if t.handed == nil {
-			t.handed = &subxacts{}
+		if p.handed == nil {
+			p.handed = &subxacts{}
 		}
 		for _, blk := range t.subs.spilled {
-			blk.each(func(_ int, xid uint32, _ int64) { t.handed.addSpilled(xid, 0) })
+			blk.each(func(_ int, xid uint32, _ int64) { p.handed.addSpilled(xid, 0) })
 		}
 		for _, e := range t.subs.mem {
-			t.handed.addSpilled(e.xid, 0)
+			p.handed.addSpilled(e.xid, 0)
 		}
 		t.subs = nil
 	}
@@ -85,17 +86,17 @@ func (b *Buffer) cut(t *xact) {
 	shared := b.schema
 	shared.shared++
 	base := shared
-	if len(t.described) > 0 {
+	if len(p.described) > 0 {
 		base = &schema{parent: shared}
-		for _, m := range t.described {
+		for _, m := range p.described {
 			base.set(m)
 		}
 	}
 	for _, e := range t.schema {
-		t.described = append(t.described, e.msg)
+		p.described = append(p.described, e.msg)
 	}
 	t.schema = nil
-	t.parts++
+	p.parts++
 	b.queue = append(b.queue, &Txn{Xid: t.xid, Streamed: t.streamed, Part: PartChanges, b: b, data: h,
 		view: view{base: base, shared: shared}})
 }
@@ -111,8 +112,8 @@ func (b *Buffer) enqueueMark(t *xact, kind PartKind, sub uint32) {
 // undo tells the consumer to undo t's parts, if any were handed out: t will not commit (or is
 // not the consumer's to apply).
 func (b *Buffer) undo(t *xact) {
-	if t.parts > 0 {
-		t.parts = 0
+	if t.inc != nil && t.inc.parts > 0 {
+		t.inc.parts = 0
 		b.enqueueMark(t, PartAbort, 0)
 	}
 }

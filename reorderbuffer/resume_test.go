@@ -2,6 +2,8 @@ package reorderbuffer_test
 
 import (
 	"runtime"
+	"strings"
+	"syscall"
 	"testing"
 	"weak"
 
@@ -9,6 +11,8 @@ import (
 
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
+	"github.com/pgreorder/pgreorder/spill"
+	"github.com/pgreorder/pgreorder/spill/faultfs"
 )
 
 // Tests of what a consumer goes through beyond an uninterrupted stream: resuming with a skip
@@ -379,4 +383,27 @@ func TestStatsOnDiskAndChanges(t *testing.T) {
 	require.Positive(t, b.Stats().SpillBytesNow, "still on disk while handed out")
 	_, _ = b.Next()
 	require.Zero(t, b.Stats().SpillBytesNow)
+}
+
+func TestSpillErrorOfAnotherTransactionSurfacesAtOnce(t *testing.T) {
+	// A's spilled records wait in the spill store's shared write buffer; spilling B flushes
+	// them, and that write fails (disk full). The Add that spilled B must return the error, and
+	// A must never be handed out with a hole.
+	ffs := faultfs.New(spill.OSFS())
+	b := newBuffer(t, reorderbuffer.Config{WorkMem: reorderbuffer.SpillEverything, FS: ffs})
+	feed(t, b, streamTxn(t, 10, true, "a1", "a2")...)
+	ffs.Add(faultfs.Rule{Op: faultfs.OpWrite, Match: func(p string) bool { return strings.HasSuffix(p, "log-1.spill") },
+		Err: syscall.ENOSPC})
+	var err error
+	for _, m := range streamTxn(t, 11, true, "b1") {
+		if err = b.Add(1, m); err != nil {
+			break
+		}
+	}
+	require.ErrorIs(t, err, syscall.ENOSPC, "the call that hit the write error returns it")
+	var le *spill.LogError
+	require.ErrorAs(t, err, &le)
+	require.ErrorIs(t, b.Add(1, streamCommit(t, 10, 0x2000)), reorderbuffer.ErrFailed)
+	_, ok := b.Next()
+	require.False(t, ok)
 }

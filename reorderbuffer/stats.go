@@ -91,6 +91,12 @@ func (b *Buffer) Stats() Stats {
 		if t.meta != nil {
 			s.OverheadBytes += int64(unsafe.Sizeof(xactMeta{}))
 		}
+		if t.inc != nil {
+			s.OverheadBytes += int64(unsafe.Sizeof(xactParts{}))
+			if t.inc.handed != nil {
+				s.OverheadBytes += t.inc.handed.overhead()
+			}
+		}
 		s.OverheadBytes += int64(cap(t.schema)) * int64(unsafe.Sizeof(schemaEntry{}))
 	}
 	return s

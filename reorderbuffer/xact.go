@@ -39,12 +39,24 @@ type xact struct {
 	lent        bool // handed out: no longer evicted
 	overStream  bool // a Begin arrived while a streamed part of the same xid was open
 
-	// In parts (Config.Incremental):
+	inc *xactParts // with Config.Incremental only
+}
+
+// xactParts is what a transaction handed out in parts (Config.Incremental) keeps besides.
+type xactParts struct {
 	parts     int                // parts handed out (queued or lent) since it began
 	partBytes int64              // bytes received since the last part
 	handed    *subxacts          // subtransactions whose first change was handed out, in order
 	described []decoding.Message // descriptions handed out, in order
 	quiet     bool               // commits at or before the skip position: no parts
+}
+
+// described returns the descriptions t handed out in earlier parts.
+func (t *xact) described() []decoding.Message {
+	if t.inc == nil {
+		return nil
+	}
+	return t.inc.described
 }
 
 // xactMeta holds what only some transactions have, to keep xact small: a buffer may hold 100k
@@ -157,7 +169,9 @@ func (t *xact) free(recycle func([]byte) bool) (released int64, err error) {
 	released = t.mem.reset(recycle)
 	t.subs = nil
 	t.schema = nil
-	t.partBytes = 0
+	if t.inc != nil {
+		t.inc.partBytes = 0
+	}
 	if t.log != nil {
 		err = t.log.Remove()
 		t.log = nil
