@@ -82,6 +82,22 @@
 // Stats reports what a consumer that never acknowledges costs: UnackedTxns (16 bytes each until
 // acknowledged, and WAL the server keeps), OldestUnackedLSN and FlushLagBytes.
 //
+// # Handing out transactions in parts
+//
+// With Config.Incremental the buffer hands a transaction out as it arrives instead of whole at its
+// commit, for consumers that apply changes early (PostgreSQL's parallel apply of streamed
+// transactions): Next returns parts, each a Txn whose Part says what it is. PartChanges carries
+// the changes received since the transaction's previous part (at the end of each stream block,
+// or every few hundred kilobytes); PartSubAbort names a subtransaction to undo, from its first
+// change on, when some of its changes were already handed out; PartAbort says to undo everything
+// handed out (an abort, a ROLLBACK PREPARED, the server sending the transaction again after a
+// restart, or a commit at or before the skip position); PartCommit carries the last changes and
+// the commit, in commit order, and is the one acknowledged. Inside a streamed transaction each
+// change carries the xid of the subtransaction that wrote it, so a consumer takes a savepoint
+// before each subtransaction's first change and rolls back to it on PartSubAbort. Parts waiting
+// to be handed out are counted and spilled like whole transactions. A plain transaction arrives
+// as one PartCommit unless it is large.
+//
 // # Buffer ownership
 //
 // Add copies what it keeps: the caller may reuse data when Add returns (pgconn reuses its
