@@ -135,9 +135,21 @@
 // # Concurrency and buffers
 //
 // Next, SendStatus and Close are the consumer's: one call at a time. Ack, Position, Stats,
-// Reconnects and Negotiated may be called from any goroutine at any time, including while Next
-// runs and while the consumer reads a transaction's changes; Close may be called from another
-// goroutine to stop a waiting Next (which returns ErrClosed). A transaction returned by Next, and
-// the messages its Changes iterator yields, are valid until the next call to Next or Close; copy
-// what must outlive that. Its fields (EndLSN...) stay valid, and it may be acknowledged later.
+// Activity, Reconnects and Negotiated may be called from any goroutine at any time, including
+// while Next runs and while the consumer reads a transaction's changes; Close may be called from
+// another goroutine to stop a waiting Next (which returns ErrClosed). A transaction returned by
+// Next, and the messages its Changes iterator yields, are valid until the next call to Next or
+// Close; copy what must outlive that. Its fields (EndLSN...) stay valid, and it may be
+// acknowledged later.
+//
+// # Monitoring
+//
+// Position, Stats, Activity and Reconnects are what package metrics reads. The reorder buffer has
+// no clock, so the stream records the times monitoring needs (Activity): when each transaction
+// was handed out (for the age of the oldest one not acknowledged), the commit time of the last
+// one, and whether the stream is caught up with the server, which a keepalive that asks for no
+// reply tells: the walsender sends one when it has sent everything it decoded. While the consumer
+// holds a transaction, Stats returns the buffer's statistics taken when Next handed it out (the
+// buffer does not change then, apart from acknowledgements, which Stats follows), since the
+// buffer's own Stats must not run while a spilled transaction is being read.
 package replication

@@ -43,8 +43,8 @@ type Position struct {
 // connection is lost.
 //
 // Next, SendStatus and Close are called by the consumer, one at a time. Ack, Position, Stats,
-// Reconnects and Negotiated may be called from any goroutine at any time, also while Next runs or
-// while the consumer reads a transaction's changes. Close may also be called from another
+// Activity, Reconnects and Negotiated may be called from any goroutine at any time, also while
+// Next runs or while the consumer reads a transaction's changes. Close may also be called from another
 // goroutine while Next waits: Next then returns ErrClosed.
 type Stream struct {
 	cfg   Config
@@ -79,6 +79,8 @@ type Stream struct {
 	buf        *reorderbuffer.Buffer
 	pos        Position
 	reconnects int
+	act        activity  // for Activity (metrics.go)
+	held       heldStats // for Stats (metrics.go)
 	closing    bool
 	closed     bool
 }
@@ -96,6 +98,7 @@ func newStream(c *Conn, sess *session, buf *reorderbuffer.Buffer) *Stream {
 		slotPos:   sess.slot.ConfirmedFlush,
 		last:      time.Now(),
 		buf:       buf,
+		act:       newActivity(time.Now()),
 	}
 	s.pos = Position{Start: s.slotPos, Flushed: s.slotPos, Acked: buf.AckedThrough()}
 	s.life, s.kill = context.WithCancel(context.Background())
@@ -113,11 +116,15 @@ func (s *Stream) Position() Position {
 	return s.pos
 }
 
-// Stats returns the reorder buffer's statistics.
+// Stats returns the reorder buffer's statistics. While the consumer holds a transaction Next
+// returned (until it calls Next again), the buffer changes only by acknowledgements: Stats then
+// returns the statistics as they were when Next returned, with AckedThrough, UnackedTxns and
+// FlushLagBytes up to date, and OldestUnackedLSN too unless every transaction handed out is
+// acknowledged while others wait in the buffer (it is then 0 until Next is called).
 func (s *Stream) Stats() reorderbuffer.Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.buf.Stats()
+	return s.stats()
 }
 
 // Reconnects returns how many times the stream connected again after losing its connection.
@@ -153,7 +160,12 @@ func (s *Stream) Next(ctx context.Context) (*reorderbuffer.Txn, error) {
 	}
 	for {
 		s.mu.Lock()
+		s.held.done()
 		t, ok := s.buf.Next()
+		if ok {
+			s.act.handOut(t, s.buf.Pending())
+			s.held.lend(s)
+		}
 		s.mu.Unlock()
 		if ok {
 			return t, nil
@@ -227,6 +239,7 @@ func (s *Stream) drop(cause error) {
 	s.conn = nil
 	s.cause = cause
 	s.mu.Lock()
+	s.act.disconnected()
 	err := s.buf.Restart()
 	s.mu.Unlock()
 	if err != nil {
@@ -359,6 +372,7 @@ func (s *Stream) handle(msg pgproto3.BackendMessage) error {
 			s.mu.Lock()
 			defer s.mu.Unlock()
 			s.pos.Received = max(s.pos.Received, start, end)
+			s.act.data()
 			// The payload aliases pgconn's read buffer; the buffer copies what it keeps.
 			return s.buf.Add(start, d[25:])
 		case msgKeepalive:
@@ -369,6 +383,7 @@ func (s *Stream) handle(msg pgproto3.BackendMessage) error {
 			s.mu.Lock()
 			s.pos.Received = max(s.pos.Received, end)
 			s.buf.Keepalive(end)
+			s.act.keepalive(d[17] != 0, s.buf.Pending())
 			s.mu.Unlock()
 			if d[17] != 0 {
 				return s.reply(end)
@@ -409,6 +424,7 @@ func (s *Stream) Ack(t *reorderbuffer.Txn) error {
 	if err := s.buf.Ack(t); err != nil {
 		return err
 	}
+	s.act.ack(t, s.buf.Pending())
 	s.pos.Acked = s.buf.AckedThrough()
 	return nil
 }
@@ -466,7 +482,8 @@ func (s *Stream) keepalive() {
 // position the server never sent is not a position to confirm), never below the slot's confirmed
 // position, and never below what was sent before. Called with mu held.
 func (s *Stream) flushPosition() LSN {
-	return flushPosition(s.buf.FlushPosition(), s.pos.Received, s.slotPos, s.pos.Flushed)
+	s.held.reported = s.buf.FlushPosition()
+	return flushPosition(s.held.reported, s.pos.Received, s.slotPos, s.pos.Flushed)
 }
 
 func flushPosition(buffer, received, slot, sent LSN) LSN {
@@ -566,6 +583,7 @@ func (s *Stream) Close(ctx context.Context) error {
 	}
 	s.mu.Lock()
 	s.closed = true
+	s.held.done()
 	if err := s.buf.Close(); err != nil {
 		errs = append(errs, err)
 	}

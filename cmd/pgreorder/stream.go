@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"strings"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/format"
+	"github.com/pgreorder/pgreorder/metrics"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 	"github.com/pgreorder/pgreorder/replication"
 )
@@ -28,7 +30,8 @@ type streamFlags struct {
 	binary                                     bool
 	proto                                      int
 	resume, output                             string
-	status                                     time.Duration
+	status, progress                           time.Duration
+	metricsAddr                                string
 	verbose                                    bool
 	out                                        outputFlags
 }
@@ -36,8 +39,9 @@ type streamFlags struct {
 const streamUsage = `usage: pgreorder stream -dsn DSN -slot NAME -publication NAME [flags]
 
 Streams the committed transactions of a logical replication slot as JSON lines (-format) on stdout,
-or durably to a file (-o), acknowledging each once it is written. Progress goes to stderr; Ctrl-C
-stops.
+or durably to a file (-o), acknowledging each once it is written. Progress goes to stderr (one line
+every -progress while there is something to report: received, acknowledged, lag, rates, memory,
+spilled); with -metrics-addr, Prometheus metrics are served on http://ADDR/metrics. Ctrl-C stops.
 
 On stdout each transaction is written whole (staged first), flushed, then acknowledged. If the
 process is killed while writing and stdout is a file, the file can end in a torn line (no final
@@ -79,6 +83,8 @@ func runStream(ctx context.Context, args []string) error {
 	fs.StringVar(&f.resume, "resume", "", "end LSN (X/X) of the last transaction already handled: start after it (not with -o)")
 	fs.StringVar(&f.output, "o", "", "write durably to this file instead of stdout, and resume from it (see above)")
 	fs.DurationVar(&f.status, "status-interval", replication.DefaultStatusInterval, "longest time between standby status updates")
+	fs.DurationVar(&f.progress, "progress", 5*time.Second, "interval of the progress line on stderr (0: none)")
+	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus metrics on host:port at /metrics (port 0: any free port, logged)")
 	fs.BoolVar(&f.verbose, "v", false, "debug logging")
 	f.out.register(fs)
 	fs.Usage = func() {
@@ -151,15 +157,21 @@ func runStream(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	stopMonitoring, err := monitor(s, f, log)
+	if err != nil {
+		closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		return errors.Join(err, s.Close(closeCtx))
+	}
 	var txns int
-	lastReport := time.Now()
 	stop := func(err error) error {
 		closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		merr := stopMonitoring(closeCtx)
 		cerr := s.Close(closeCtx)
 		cancel()
 		logStreamStats(log, s, txns)
 		log.Info("stopped", "acked", s.Position().Acked)
-		return errors.Join(err, cerr)
+		return errors.Join(err, merr, cerr)
 	}
 	for {
 		t, err := s.Next(ctx)
@@ -178,11 +190,81 @@ func runStream(ctx context.Context, args []string) error {
 			return stop(err)
 		}
 		txns++
-		if time.Since(lastReport) >= 30*time.Second {
-			logStreamStats(log, s, txns)
-			lastReport = time.Now()
-		}
 	}
+}
+
+// monitor starts the metrics server (-metrics-addr) and the progress line (-progress), and
+// returns what stops both.
+func monitor(s *replication.Stream, f streamFlags, log *slog.Logger) (stop func(context.Context) error, err error) {
+	if f.metricsAddr == "" && f.progress <= 0 {
+		return func(context.Context) error { return nil }, nil
+	}
+	c, err := metrics.New(s, metrics.Options{})
+	if err != nil {
+		return nil, err
+	}
+	var srv *metrics.Server
+	if f.metricsAddr != "" {
+		h, err := metrics.Handler(c)
+		if err != nil {
+			return nil, err
+		}
+		if srv, err = metrics.Listen(f.metricsAddr, h); err != nil {
+			return nil, fmt.Errorf("-metrics-addr: %w", err)
+		}
+		log.Info("serving metrics", "url", "http://"+srv.Addr()+"/metrics")
+	}
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	if f.progress > 0 {
+		go func() {
+			defer close(finished)
+			printProgress(done, os.Stderr, f.progress, c.Snapshot)
+		}()
+	} else {
+		close(finished)
+	}
+	return func(ctx context.Context) error {
+		close(done)
+		<-finished
+		if srv != nil {
+			return srv.Close(ctx)
+		}
+		return nil
+	}, nil
+}
+
+// printProgress writes a progress line to w every interval until done is closed, when there is
+// something to report: the counters moved since the last line, or the stream is not caught up (a
+// lag that grows, a consumer or connection that is stuck). An idle stream that is caught up
+// prints nothing after the line that says so.
+func printProgress(done <-chan struct{}, w io.Writer, every time.Duration, read func() metrics.Snapshot) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	var last metrics.Snapshot
+	printed := false
+	for {
+		select {
+		case <-done:
+			return
+		case <-t.C:
+		}
+		snap := read()
+		if printed && !progressed(last, snap) {
+			continue
+		}
+		fmt.Fprintf(w, "%s %s\n", snap.Time.Format(time.TimeOnly), snap)
+		last, printed = snap, true
+	}
+}
+
+// progressed reports whether cur is worth a progress line after prev was printed.
+func progressed(prev, cur metrics.Snapshot) bool {
+	p, c := prev.Stats, cur.Stats
+	return !cur.Activity.CaughtUp || !prev.Activity.CaughtUp ||
+		c.TotalTxns != p.TotalTxns || c.TotalChanges != p.TotalChanges || c.SpillBytes != p.SpillBytes ||
+		c.SpillBytesNow != p.SpillBytesNow || cur.Activity.Acked != prev.Activity.Acked ||
+		cur.LagBytes != prev.LagBytes || cur.Reconnects != prev.Reconnects
 }
 
 // check reports missing and invalid flags, naming them and their valid values.
@@ -217,6 +299,9 @@ func (f *streamFlags) check(fs *flag.FlagSet) error {
 	}
 	if f.output != "" && f.resume != "" {
 		return errors.New("-resume and -o both give the resume position: with -o it is read from the file's position file")
+	}
+	if f.progress < 0 {
+		return fmt.Errorf("-progress %v: want an interval such as 5s, or 0 for no progress line", f.progress)
 	}
 	if f.temporary && !f.createSlot {
 		return errors.New("-temporary needs -create-slot (it says how to create the slot)")

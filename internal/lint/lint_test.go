@@ -33,6 +33,7 @@ var core = map[string][]string{
 // in core (commands, examples, tools above replication) are not restricted.
 var allowed = map[string][]string{
 	"replication": {"reorderbuffer", "decoding", "spill", "heap"},
+	"metrics":     {"replication", "reorderbuffer", "decoding"},
 }
 
 // network reports whether an import path is a networking package of the standard library.
@@ -147,8 +148,10 @@ func TestOnlyReplicationTalksToPostgres(t *testing.T) {
 		}
 		for _, imp := range info.imports {
 			if strings.HasPrefix(imp, "github.com/jackc/pgx/v5/pgconn") || imp == "net" {
-				// internal/pgserver and pgtest start servers for the demo and tests; examples are programs.
-				ok := pkg == "replication" || pkg == "internal/pgtest" || pkg == "internal/pgserver" || strings.HasPrefix(pkg, "examples/")
+				// internal/pgserver and pgtest start servers for the demo and tests; examples are
+				// programs; metrics listens for Prometheus scrapes (net, never pgconn).
+				ok := pkg == "replication" || pkg == "internal/pgtest" || pkg == "internal/pgserver" ||
+					strings.HasPrefix(pkg, "examples/") || pkg == "metrics" && imp == "net"
 				require.True(t, ok, "%s imports %s: only replication may talk to the server", pkg, imp)
 			}
 		}
@@ -237,4 +240,69 @@ func receiver(fn *ast.FuncDecl) string {
 		return id.Name
 	}
 	return ""
+}
+
+// prometheus is the module path prefix of the Prometheus client library and its dependencies.
+const prometheus = "github.com/prometheus/"
+
+// prometheusViolations returns the packages of this module, other than metrics, that import the
+// Prometheus client directly, and the library packages below metrics (core and allowed) that
+// depend on it at all.
+func prometheusViolations(pkgs map[string]pkgInfo) []string {
+	var bad []string
+	for path, info := range pkgs {
+		pkg, isOwn := strings.CutPrefix(path, mod)
+		if !isOwn || pkg == "metrics" {
+			continue
+		}
+		for _, imp := range info.imports {
+			if strings.HasPrefix(imp, prometheus) {
+				bad = append(bad, fmt.Sprintf("%s imports %s: only metrics may", pkg, imp))
+			}
+		}
+		_, inCore := core[pkg]
+		_, layered := allowed[pkg]
+		if !inCore && !layered {
+			continue
+		}
+		for _, dep := range info.deps {
+			if strings.HasPrefix(dep, prometheus) {
+				bad = append(bad, fmt.Sprintf("%s depends on %s", pkg, dep))
+				break
+			}
+		}
+	}
+	slices.Sort(bad)
+	return bad
+}
+
+// TestOnlyMetricsImportsPrometheus: the Prometheus client is a dependency of package metrics
+// alone; the commands use it through metrics, and nothing below metrics links it.
+func TestOnlyMetricsImportsPrometheus(t *testing.T) {
+	pkgs := list(t)
+	require.Contains(t, pkgs, mod+"metrics")
+	for _, v := range prometheusViolations(pkgs) {
+		t.Error(v)
+	}
+}
+
+// TestPrometheusViolations checks that the check above fails where it must.
+func TestPrometheusViolations(t *testing.T) {
+	client := prometheus + "client_golang/prometheus"
+	tests := []struct {
+		pkg           string
+		imports, deps []string
+		want          int
+	}{
+		{"metrics", []string{client}, []string{client}, 0},
+		{"cmd/pgreorder", []string{mod + "metrics"}, []string{mod + "metrics", client}, 0}, // through metrics: fine
+		{"cmd/pgreorder", []string{client}, []string{client}, 1},
+		{"replication", nil, []string{client}, 1},                // reached through something else
+		{"reorderbuffer", []string{client}, []string{client}, 2}, // imported, and so a dependency
+		{"replication", []string{"fmt"}, []string{"fmt"}, 0},
+	}
+	for _, tt := range tests {
+		pkgs := map[string]pkgInfo{mod + tt.pkg: {imports: tt.imports, deps: tt.deps}}
+		require.Len(t, prometheusViolations(pkgs), tt.want, "%s imports %v, deps %v", tt.pkg, tt.imports, tt.deps)
+	}
 }

@@ -1,0 +1,274 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgreorder/pgreorder/internal/pgtest"
+	"github.com/pgreorder/pgreorder/metrics"
+	"github.com/pgreorder/pgreorder/reorderbuffer"
+	"github.com/pgreorder/pgreorder/replication"
+)
+
+// scrape fetches url and returns every sample of the text exposition format by its name and
+// labels as printed (pgreorder_wal_position_bytes{position="received"}).
+func scrape(ctx context.Context, t *testing.T, url string) map[string]float64 {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, "GET", url, nil)
+	require.NoError(t, err)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	out := map[string]float64{}
+	for line := range strings.Lines(string(body)) {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		require.Positive(t, i, line)
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		require.NoError(t, err, line)
+		out[line[:i]] = v
+	}
+	return out
+}
+
+// lineLog collects the lines a process writes, safe for concurrent use.
+type lineLog struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (l *lineLog) add(s string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.lines = append(l.lines, s)
+}
+
+func (l *lineLog) all() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]string(nil), l.lines...)
+}
+
+var metricsURL = regexp.MustCompile(`url=(http://127\.0\.0\.1:\d+/metrics)`)
+
+// TestStreamMetrics runs `pgreorder stream -metrics-addr 127.0.0.1:0` against PostgreSQL 15 and
+// 18, scrapes /metrics over HTTP while a workload runs, and checks that the values move as they
+// must: changes counted equal rows inserted, spilled bytes with a small work memory, lag back to
+// 0 once caught up, a reconnection counted after the walsender is terminated. It also checks the
+// progress lines on stderr, and that nothing but /metrics is served.
+func TestStreamMetrics(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a server")
+	}
+	bin := filepath.Join(t.TempDir(), "pgreorder")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	for _, major := range streamMajors(t) {
+		t.Run(fmt.Sprintf("pg%d", major), func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+			defer cancel()
+			srv := pgtest.Shared(t, major)
+			db := pgtest.NewDatabase(t, srv)
+			dsn := srv.ConnString(db)
+			require.NoError(t, pgtest.Exec(ctx, dsn, `CREATE TABLE s (id int PRIMARY KEY, v text)`, `CREATE PUBLICATION p FOR TABLE s`,
+				`SELECT pg_create_logical_replication_slot('met', 'pgoutput')`))
+			cmd := exec.CommandContext(ctx, bin, "stream", "-dsn", dsn, "-slot", "met", "-publication", "p",
+				"-work-mem", "64kB", "-status-interval", "100ms", "-progress", "200ms", "-metrics-addr", "127.0.0.1:0",
+				"-o", filepath.Join(t.TempDir(), "out.jsonl"))
+			stderr, err := cmd.StderrPipe()
+			require.NoError(t, err)
+			require.NoError(t, cmd.Start())
+			defer cmd.Process.Kill()
+			var log lineLog
+			urls := make(chan string, 1)
+			readDone := make(chan struct{})
+			go func() {
+				defer close(readDone)
+				sc := bufio.NewScanner(stderr)
+				for sc.Scan() {
+					log.add(sc.Text())
+					if m := metricsURL.FindStringSubmatch(sc.Text()); m != nil {
+						urls <- m[1]
+					}
+				}
+			}()
+			var url string
+			select {
+			case url = <-urls:
+			case <-readDone:
+				t.Fatalf("no metrics address logged:\n%s", strings.Join(log.all(), "\n"))
+			case <-ctx.Done():
+				t.Fatal("no metrics address logged")
+			}
+			// wait polls the metrics until cond holds.
+			wait := func(what string, cond func(map[string]float64) bool) map[string]float64 {
+				t.Helper()
+				for {
+					v := scrape(ctx, t, url)
+					if cond(v) {
+						return v
+					}
+					if ctx.Err() != nil {
+						t.Fatalf("waiting for %s; last scrape: %v\nstderr:\n%s", what, v, strings.Join(log.all(), "\n"))
+					}
+					time.Sleep(50 * time.Millisecond)
+				}
+			}
+			v := wait("caught up at the start", func(v map[string]float64) bool { return v["pgreorder_caught_up"] == 1 })
+			require.Zero(t, v["pgreorder_received_changes_total"])
+
+			const bigRows, small, smallRows = 5000, 10, 10
+			require.NoError(t, pgtest.Exec(ctx, dsn,
+				fmt.Sprintf(`INSERT INTO s SELECT g, repeat('x', 200) FROM generate_series(1, %d) g`, bigRows)))
+			for i := range small {
+				lo := bigRows + i*smallRows + 1
+				require.NoError(t, pgtest.Exec(ctx, dsn,
+					fmt.Sprintf(`INSERT INTO s SELECT g, 'small' FROM generate_series(%d, %d) g`, lo, lo+smallRows-1)))
+			}
+			const rows = bigRows + small*smallRows
+			v = wait("every change, caught up", func(v map[string]float64) bool {
+				return v["pgreorder_received_changes_total"] == rows && v["pgreorder_caught_up"] == 1 && v["pgreorder_lag_bytes"] == 0
+			})
+			for name, want := range map[string]float64{
+				"pgreorder_received_transactions_total":       small + 1,
+				"pgreorder_acknowledged_transactions_total":   small + 1,
+				"pgreorder_unacknowledged_transactions":       0,
+				"pgreorder_oldest_unacknowledged_age_seconds": 0,
+				"pgreorder_lag_seconds":                       0,
+				"pgreorder_reconnects_total":                  0,
+			} {
+				require.Equal(t, want, v[name], name)
+			}
+			require.Positive(t, v["pgreorder_spilled_bytes_total"], "64kB of work memory")
+			require.Positive(t, v["pgreorder_memory_peak_bytes"])
+			require.Equal(t, v[`pgreorder_wal_position_bytes{position="received"}`], v[`pgreorder_wal_position_bytes{position="flushed"}`])
+			require.Contains(t, v, "go_goroutines", "the runtime's metrics too")
+
+			// Nothing else is served.
+			for _, path := range []string{"/", "/debug/pprof/", "/metrics/x"} {
+				resp, err := http.Get(strings.TrimSuffix(url, "/metrics") + path)
+				require.NoError(t, err)
+				resp.Body.Close()
+				require.Equal(t, http.StatusNotFound, resp.StatusCode, path)
+			}
+
+			// A terminated walsender: the stream reconnects and counts it.
+			require.NoError(t, pgtest.Exec(ctx, dsn,
+				`SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = 'met'`))
+			wait("a reconnection", func(v map[string]float64) bool { return v["pgreorder_reconnects_total"] == 1 })
+			require.NoError(t, pgtest.Exec(ctx, dsn, `INSERT INTO s VALUES (0, 'after')`))
+			wait("the change after the reconnection", func(v map[string]float64) bool {
+				return v["pgreorder_received_changes_total"] == rows+1 && v["pgreorder_caught_up"] == 1 && v["pgreorder_lag_bytes"] == 0
+			})
+
+			// Progress lines: one line each, with what a user wants to know; one says the stream
+			// caught up again after the reconnection.
+			progressLines := func() []string {
+				var out []string
+				for _, l := range log.all() {
+					if strings.Contains(l, " received ") && strings.Contains(l, " | acked ") {
+						out = append(out, l)
+					}
+				}
+				return out
+			}
+			final := fmt.Sprintf("received %d txns, 5.10k changes | acked %d | lag 0 B, caught up", small+2, small+2)
+			for !slices.ContainsFunc(progressLines(), func(l string) bool {
+				return strings.Contains(l, final) && strings.HasSuffix(l, "| reconnects 1")
+			}) {
+				require.NoError(t, ctx.Err(), "no progress line with %q:\n%s", final, strings.Join(log.all(), "\n"))
+				time.Sleep(50 * time.Millisecond)
+			}
+			progress := progressLines()
+			for _, want := range []string{" txns, ", " changes | acked ", " | lag ", " txn/s, ", " changes/s | memory ", ", peak ", " | spilled "} {
+				require.Contains(t, progress[0], want)
+			}
+			last := progress[len(progress)-1]
+
+			require.NoError(t, cmd.Process.Signal(os.Interrupt))
+			require.NoError(t, cmd.Wait(), "a clean stop:\n%s", strings.Join(log.all(), "\n"))
+			<-readDone
+			_, err = http.Get(url)
+			require.Error(t, err, "the metrics server stops with the command")
+			t.Logf("progress: %d lines, the last: %s", len(progress), last)
+		})
+	}
+}
+
+// TestProgressLines drives the progress printer with readings made up for it: a line when
+// something moved or the stream is behind, none while it stays caught up and idle.
+func TestProgressLines(t *testing.T) {
+	at := time.Date(2025, 3, 4, 12, 0, 0, 0, time.UTC)
+	idle := metrics.Snapshot{Time: at, Activity: replication.Activity{CaughtUp: true}}
+	busy := func(txns int64, caughtUp bool) metrics.Snapshot {
+		return metrics.Snapshot{Time: at, Stats: reorderbuffer.Stats{TotalTxns: txns, TotalChanges: 10 * txns},
+			Activity: replication.Activity{CaughtUp: caughtUp, Acked: txns}}
+	}
+	readings := []metrics.Snapshot{
+		idle, idle, idle, // one line, then nothing
+		busy(5, false), busy(5, false), // behind: a line each time
+		busy(9, true), busy(9, true), busy(9, true), // caught up: one line
+		busy(10, true), // moved while caught up between readings: a line
+	}
+	want := []int{0, 3, 4, 5, 8}
+	var mu sync.Mutex
+	i := 0
+	done := make(chan struct{})
+	read := func() metrics.Snapshot {
+		mu.Lock()
+		defer mu.Unlock()
+		if i == len(readings) {
+			select {
+			case <-done:
+			default:
+				close(done)
+			}
+			return readings[len(readings)-1]
+		}
+		i++
+		return readings[i-1]
+	}
+	var buf bytes.Buffer
+	stop := make(chan struct{})
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		printProgress(stop, &buf, time.Millisecond, read)
+	}()
+	<-done
+	close(stop)
+	<-finished
+	lines := strings.Split(strings.TrimSuffix(buf.String(), "\n"), "\n")
+	require.Len(t, lines, len(want), buf.String())
+	for j, k := range want {
+		require.Equal(t, "12:00:00 "+readings[k].String(), lines[j])
+	}
+}
+
+// TestProgressFlag: -progress takes an interval; negative ones are refused.
+func TestProgressFlag(t *testing.T) {
+	err := runStream(context.Background(), []string{"-dsn", "x", "-slot", "s", "-publication", "p", "-progress", "-1s"})
+	require.ErrorContains(t, err, "-progress -1s")
+}
