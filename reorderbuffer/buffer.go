@@ -28,6 +28,7 @@ type Buffer struct {
 	queue  []*Txn // committed (or parts), not yet handed out by Next, in commit order
 	lent   *Txn   // handed out by the last Next; released by the next Next or Close
 	schema *schema
+	seen   schema // the last description of each relation and type received, for sharing copies
 	prog   progress
 
 	stats Stats
@@ -351,6 +352,13 @@ func (b *Buffer) record(h decoding.Header, data []byte, schema bool) error {
 			v.Xid = 0
 		case *decoding.DataType:
 			v.Xid = 0
+		}
+		// Every streamed transaction describes again each relation it uses: keep one copy of
+		// each description, shared by the transactions that carry it.
+		if b.seen.describes(m) {
+			m = b.seen.lookup(m)
+		} else {
+			b.seen.set(m)
 		}
 		desc = m
 	}

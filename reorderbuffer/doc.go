@@ -24,10 +24,12 @@
 //     Config.WorkMem: room is made, by spilling, before a chunk is allocated. The only excess is
 //     a single record larger than the limit, which is spilled right after it arrives. A
 //     transaction handed out by Next stays counted but is no longer spilled while the consumer
-//     reads it. Bookkeeping outside the limit is small and bounded: about 200 bytes per open
-//     transaction (350 once it has a spill log), about 4 bytes per subtransaction that wrote
-//     (Stats.OverheadBytes), the spill store's shared 256 KiB write buffer and, while a spilled
-//     transaction is read, one 256 KiB read buffer.
+//     reads it. Bookkeeping outside the limit is small and bounded: about 300 bytes per open
+//     transaction (550 once it has a spill log), about 4 bytes per subtransaction that wrote,
+//     32 bytes per relation description a transaction carries (one copy of each description is
+//     shared by all), 16 bytes per transaction handed out and not yet acknowledged
+//     (Stats.OverheadBytes, checked against the Go heap by the tests), the spill store's shared
+//     256 KiB write buffer and, while a spilled transaction is read, one 256 KiB read buffer.
 //   - Errors: bad bytes and protocol violations give an *InputError wrapping the decoding
 //     package's typed errors; a spill I/O error is returned by the call that hit it. The end of a
 //     transaction whose beginning never arrived (a COMMIT PREPARED, a Stream Commit or a Begin

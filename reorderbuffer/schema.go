@@ -72,6 +72,21 @@ func (s *schema) describes(m decoding.Message) bool {
 	return true
 }
 
+// lookup returns the description s holds for what m describes (a Relation or DataType), or m.
+func (s *schema) lookup(m decoding.Message) decoding.Message {
+	switch v := m.(type) {
+	case *decoding.Relation:
+		if r, ok := s.relation(v.RelationID); ok {
+			return r
+		}
+	case *decoding.DataType:
+		if t, ok := s.dataType(v.TypeOID); ok {
+			return t
+		}
+	}
+	return m
+}
+
 // clone returns an unshared copy of s (flattened: parents included).
 func (s *schema) clone() *schema {
 	c := &schema{}

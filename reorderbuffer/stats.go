@@ -43,14 +43,15 @@ type Stats struct {
 	SkippedTxns     int64 // transactions dropped because they end at or before the skip position
 }
 
-// xactOverhead is what one open transaction costs outside its records and subtransaction list:
-// the struct itself and its map entry.
-const xactOverhead = int64(unsafe.Sizeof(xact{})) + 16
+// xactOverhead is what one open transaction costs outside its records, subtransaction list and
+// schema entries: the struct itself, its map entry and what its emptied memlog keeps (measured on
+// the Go heap by TestManyOpenTransactions).
+const xactOverhead = int64(unsafe.Sizeof(xact{})) + 64
 
-// logOverhead approximates what a spill log costs in memory while it exists: the spill
-// package's Log and its file name. The descriptor budget bounds the open files whatever the
-// number of logs.
-const logOverhead = 160
+// logOverhead is what a spill log costs in memory while it exists: the spill package's Log, its
+// file name and the store's entry for it (measured likewise). The descriptor budget bounds the
+// open files whatever the number of logs.
+const logOverhead = 256
 
 // Stats returns the current counters. It walks the open transactions, so it costs O(open
 // transactions): call it for monitoring, not per message.

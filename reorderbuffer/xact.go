@@ -25,7 +25,7 @@ type xact struct {
 	meta   *xactMeta     // nil unless the transaction has an origin or is two-phase
 
 	// replaces is the held prepared transaction this one, the same transaction sent again
-	// after a restart, takes the place of once prepared (see Buffer.open).
+	// after a restart, takes the place of (see Buffer.open).
 	replaces *xact
 
 	bytes   int64 // pgoutput bytes received for it

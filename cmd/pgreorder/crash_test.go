@@ -150,7 +150,7 @@ func TestCrashResume(t *testing.T) {
 }
 
 func crashResume(t *testing.T, major int, rng *rand.Rand, start func(dsn, slot, pub, path string) *exec.Cmd) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
 	defer cancel()
 	srv := pgtest.Shared(t, major)
 	db := pgtest.NewDatabase(t, srv)
@@ -168,16 +168,20 @@ func crashResume(t *testing.T, major int, rng *rand.Rand, start func(dsn, slot, 
 		mu    sync.Mutex
 		cmd   *exec.Cmd
 		kills int
-		logs  strings.Builder
+		logs  lockedBuffer
 	)
-	launch := func() {
+	workloadSeed, killerRng := rng.Uint64(), rand.New(rand.NewPCG(rng.Uint64(), 1))
+	launch := func() error {
 		c := start(dsn, "crash", "p", path)
 		c.Stdout, c.Stderr = &logs, &logs
-		require.NoError(t, c.Start())
+		if err := c.Start(); err != nil {
+			return err
+		}
 		cmd = c
+		return nil
 	}
 	mu.Lock()
-	launch()
+	require.NoError(t, launch())
 	mu.Unlock()
 	stopKiller := make(chan struct{})
 	killerDone := make(chan struct{})
@@ -187,18 +191,22 @@ func crashResume(t *testing.T, major int, rng *rand.Rand, start func(dsn, slot, 
 			select {
 			case <-stopKiller:
 				return
-			case <-time.After(time.Duration(200+rng.IntN(1300)) * time.Millisecond):
+			case <-time.After(time.Duration(200+killerRng.IntN(1300)) * time.Millisecond):
 			}
 			mu.Lock()
 			cmd.Process.Signal(syscall.SIGKILL)
 			cmd.Wait()
 			kills++
-			launch()
+			err := launch()
 			mu.Unlock()
+			if err != nil {
+				t.Errorf("starting the consumer again: %v", err)
+				return
+			}
 		}
 	}()
 
-	runCrashWorkload(t, ctx, dsn, rng.Uint64(), 12*time.Second)
+	runCrashWorkload(t, ctx, dsn, workloadSeed, 12*time.Second)
 	close(stopKiller)
 	<-killerDone
 
@@ -319,7 +327,7 @@ func runCrashWorkload(t *testing.T, ctx context.Context, dsn string, seed uint64
 		return run(conn, "BEGIN",
 			fmt.Sprintf(`INSERT INTO t SELECT g, md5(g::text), 3 FROM generate_series(%d, %d) g`, a, b), "ROLLBACK")
 	})
-	for k := range 2 {
+	for k := range 1 {
 		session("small", 3+k, func(conn *pgx.Conn, rng *rand.Rand) error {
 			a, _ := span(1)
 			sqls := []string{fmt.Sprintf(`INSERT INTO t VALUES (%d, 'small', 4)`, a)}
@@ -332,7 +340,7 @@ func runCrashWorkload(t *testing.T, ctx context.Context, dsn string, seed uint64
 			if time.Until(deadline) < d/2 {
 				ddl.Do(func() { sqls = append(sqls, `ALTER TABLE t ADD COLUMN extra text`) })
 			}
-			time.Sleep(time.Duration(40+rng.IntN(80)) * time.Millisecond)
+			time.Sleep(time.Duration(50+rng.IntN(150)) * time.Millisecond)
 			return run(conn, sqls...)
 		})
 	}
@@ -467,4 +475,22 @@ func checkTableEqualsOutput(t *testing.T, ctx context.Context, dsn, path string)
 	}
 	require.NoError(t, res.Err())
 	require.Equal(t, len(rows), n, "rows in the output that the table does not have")
+}
+
+// lockedBuffer collects a child's output, written from exec's goroutines and read by the test.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
