@@ -2,10 +2,10 @@ package reorderbuffer_test
 
 import (
 	"io/fs"
-	"runtime"
 	"math"
 	"os"
 	"path/filepath"
+	"runtime"
 	"syscall"
 	"testing"
 
