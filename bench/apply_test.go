@@ -26,13 +26,16 @@ import (
 //	PGREORDER_BENCH_APPLY_SCALE  pgbench scale of the catch-up tables (10; 100)
 //	PGREORDER_BENCH_APPLY_TXNS   transactions per client in the catch-up backlog (250; 10000)
 //
-// -benchtime Nx repeats each case N times; the reported time is the mean of the middle runs
-// (the highest and lowest tenth left out, as PostgreSQL's authors took the middle 8 of 10).
+// PGREORDER_BENCH_APPLY_RUNS=N repeats each case N times (1 by default); the reported time is
+// the mean of the middle runs (the highest and lowest tenth left out, as PostgreSQL's authors
+// took the middle 8 of 10), and every run is logged. Prefer it to -benchtime Nx, with which
+// the testing package makes one more run first, to choose N, and throws its figure away.
 const (
 	envApply      = "PGREORDER_BENCH_APPLY"
 	envApplyRows  = "PGREORDER_BENCH_APPLY_ROWS"
 	envApplyScale = "PGREORDER_BENCH_APPLY_SCALE"
 	envApplyTxns  = "PGREORDER_BENCH_APPLY_TXNS"
+	envApplyRuns  = "PGREORDER_BENCH_APPLY_RUNS"
 )
 
 // tpcbClients is the number of concurrent sessions making the catch-up backlog.
@@ -141,11 +144,10 @@ func syncSQL(rows, kept int64) string {
 func benchSync(b *testing.B, p *pair, c contender, rows int64, workMem string, pct int) float64 {
 	kept := rows * int64(100-pct) / 100
 	sql := syncSQL(rows, kept)
-	b.StopTimer() // only the transaction is timed
 	var ms []float64
 	var st slotStats
-	for i := range b.N {
-		d, s, err := syncOnce(b, p, c, workMem, sql, kept)
+	for i := range b.N * int(envSize(b, envApplyRuns, 1, 1)) {
+		d, s, err := syncOnce(p, c, workMem, sql, kept)
 		if err != nil {
 			b.Fatalf("%s: %v", c.name(), err)
 		}
@@ -154,6 +156,7 @@ func benchSync(b *testing.B, p *pair, c contender, rows int64, workMem string, p
 		st = s
 	}
 	t := middleMean(ms)
+	b.ReportMetric(0, "ns/op") // setup included: meaningless
 	b.ReportMetric(t, "sql-ms")
 	b.ReportMetric(float64(st.spillBytes), "pub-spill-bytes")
 	b.ReportMetric(float64(st.streamBytes), "pub-stream-bytes")
@@ -162,7 +165,7 @@ func benchSync(b *testing.B, p *pair, c contender, rows int64, workMem string, p
 }
 
 // syncOnce makes one run: reset, start the contender, time the transaction, check, stop.
-func syncOnce(b timer, p *pair, c contender, workMem, sql string, kept int64) (_ time.Duration, _ slotStats, err error) {
+func syncOnce(p *pair, c contender, workMem, sql string, kept int64) (_ time.Duration, _ slotStats, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute+time.Duration(kept)*time.Millisecond)
 	defer cancel()
 	if err := dropLeftovers(ctx, p); err != nil {
@@ -201,11 +204,9 @@ func syncOnce(b timer, p *pair, c contender, workMem, sql string, kept int64) (_
 		return 0, slotStats{}, err
 	}
 	defer conn.Close(context.Background())
-	b.StartTimer()
 	t0 := time.Now()
 	err = execWatching(ctx, conn, sql, a)
 	d := time.Since(t0)
-	b.StopTimer()
 	if err != nil {
 		return 0, slotStats{}, err
 	}
@@ -303,11 +304,10 @@ type catchupResult struct {
 }
 
 func benchCatchup(b *testing.B, p *pair, c contender, load tpcbLoad) float64 {
-	b.StopTimer() // only the catch-up is timed
 	var catchup, visible, backlog, walMB []float64
-	for i := range b.N {
+	for i := range b.N * int(envSize(b, envApplyRuns, 1, 1)) {
 		load.seed = seed + uint64(i)
-		res, err := catchupOnce(b, p, c, load)
+		res, err := catchupOnce(p, c, load)
 		if err != nil {
 			b.Fatalf("%s: %v", c.name(), err)
 		}
@@ -320,6 +320,7 @@ func benchCatchup(b *testing.B, p *pair, c contender, load tpcbLoad) float64 {
 	}
 	n := float64(load.clients*load.txns + 1)
 	t := middleMean(catchup)
+	b.ReportMetric(0, "ns/op") // setup and backlog included: meaningless
 	b.ReportMetric(t, "catchup-s")
 	b.ReportMetric(middleMean(visible), "visible-s")
 	b.ReportMetric(n/t, "apply-txn/s")
@@ -329,7 +330,7 @@ func benchCatchup(b *testing.B, p *pair, c contender, load tpcbLoad) float64 {
 	return t
 }
 
-func catchupOnce(b timer, p *pair, c contender, load tpcbLoad) (res catchupResult, err error) {
+func catchupOnce(p *pair, c contender, load tpcbLoad) (res catchupResult, err error) {
 	n := time.Duration(load.clients * load.txns)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute+n*10*time.Millisecond)
 	defer cancel()
@@ -393,11 +394,9 @@ func catchupOnce(b timer, p *pair, c contender, load tpcbLoad) (res catchupResul
 	defer subConn.Close(context.Background())
 	flushedSQL := fmt.Sprintf("SELECT confirmed_flush_lsn >= '%s' FROM pg_replication_slots WHERE slot_name = %s", target, quoteLiteral(r.slot))
 
-	b.StartTimer()
 	t0 := time.Now()
 	a, err = c.start(ctx, r)
 	if err != nil {
-		b.StopTimer()
 		return res, err
 	}
 	stopped := false
@@ -437,7 +436,6 @@ func catchupOnce(b timer, p *pair, c contender, load tpcbLoad) (res catchupResul
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
-	b.StopTimer()
 
 	want, err := connRow(ctx, pubConn, tpcbFingerprint)
 	if err != nil {
@@ -459,12 +457,6 @@ func catchupOnce(b timer, p *pair, c contender, load tpcbLoad) (res catchupResul
 	}
 	res.stats, err = readSlotStats(ctx, p, r.slot)
 	return res, err
-}
-
-// timer is the part of *testing.B a run uses to time only what it measures.
-type timer interface {
-	StartTimer()
-	StopTimer()
 }
 
 // requireApply skips b unless PGREORDER_BENCH_APPLY=1.

@@ -10,12 +10,6 @@ import (
 	"github.com/pgreorder/pgreorder/internal/pgtest"
 )
 
-// nopTimer stands for *testing.B outside benchmarks.
-type nopTimer struct{}
-
-func (nopTimer) StartTimer() {}
-func (nopTimer) StopTimer()  {}
-
 // TestApplyHarness checks the live apply harness on small sizes with PostgreSQL's subscriber:
 // a run measures what it says (the publisher spilled or streamed as the subscription asks), a
 // subscriber that loses rows fails the run, and an applier that exits fails it with its
@@ -30,7 +24,7 @@ func TestApplyHarness(t *testing.T) {
 			const rows, kept = 5000, 4000 // 20% rolled back
 			sql := syncSQL(rows, kept)
 			for _, c := range []native{{streaming: "off"}, {streaming: "on"}} {
-				d, st, err := syncOnce(nopTimer{}, p, c, "64kB", sql, kept)
+				d, st, err := syncOnce(p, c, "64kB", sql, kept)
 				if err != nil {
 					t.Fatalf("%s: %v", c.name(), err)
 				}
@@ -57,7 +51,7 @@ func TestApplyHarness(t *testing.T) {
 				"ALTER TABLE test ENABLE REPLICA TRIGGER drop_odd"); err != nil {
 				t.Fatal(err)
 			}
-			_, _, err := syncOnce(nopTimer{}, p, native{streaming: "on"}, "64kB", sql, kept)
+			_, _, err := syncOnce(p, native{streaming: "on"}, "64kB", sql, kept)
 			if err == nil || !strings.Contains(err.Error(), "the subscriber had count, sum") {
 				t.Errorf("a subscriber losing rows: got %v, want a count mismatch", err)
 			}
@@ -66,7 +60,7 @@ func TestApplyHarness(t *testing.T) {
 			}
 
 			// An applier that exits at once (an unknown mode) fails the run with its output.
-			_, _, err = syncOnce(nopTimer{}, p, pgreorderApply{mode: "no-such-mode"}, "64kB", sql, kept)
+			_, _, err = syncOnce(p, pgreorderApply{mode: "no-such-mode"}, "64kB", sql, kept)
 			if err == nil || !strings.Contains(err.Error(), "pgreorder apply exited") {
 				t.Errorf("an applier that exits: got %v, want it reported", err)
 			}
@@ -77,7 +71,7 @@ func TestApplyHarness(t *testing.T) {
 			defer p.close()
 			p.get(t)
 			load := tpcbLoad{scale: 1, clients: tpcbClients, txns: 20, seed: seed}
-			res, err := catchupOnce(nopTimer{}, p, native{streaming: "off"}, load)
+			res, err := catchupOnce(p, native{streaming: "off"}, load)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -99,7 +93,7 @@ func TestApplyHarness(t *testing.T) {
 				"ALTER TABLE pgbench_history ENABLE REPLICA TRIGGER drop_odd"); err != nil {
 				t.Fatal(err)
 			}
-			_, err = catchupOnce(nopTimer{}, p, native{streaming: "off"}, load)
+			_, err = catchupOnce(p, native{streaming: "off"}, load)
 			if err == nil || !strings.Contains(err.Error(), "differ from the publisher's") {
 				t.Errorf("a subscriber losing rows: got %v, want the tables to differ", err)
 			}
