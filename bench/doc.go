@@ -22,4 +22,19 @@
 // peak-heap-bytes (the highest /memory/classes/heap/objects:bytes sampled every 4096 messages,
 // minus the value after a GC before the run: it includes garbage not yet collected) and
 // peak-live-bytes (the same for /gc/heap/live:bytes, the heap the last GC found live).
+//
+// The live apply benchmarks, BenchmarkApplySync and BenchmarkApplyCatchup, replicate from a
+// publisher server into a subscriber server (throwaway servers from internal/pgtest, the oldest
+// and the newest PostgreSQL installed), with PostgreSQL's own subscriber and with
+// `pgreorder apply` (built from ./cmd/pgreorder into a temporary folder once per run), one at a
+// time on the same pair, every run from reset tables and a new slot. They take minutes and run
+// only with PGREORDER_BENCH_APPLY=1:
+//
+//	PGREORDER_BENCH_APPLY=1 go test -run '^$' -bench Apply -benchtime 1x -timeout 60m ./bench/
+//
+// ApplySync times the publisher's transaction under synchronous logical replication (metric
+// sql-ms); ApplyCatchup times a subscriber catching up with a pgbench backlog made while it was
+// stopped (catchup-s). A subscriber is a small interface (contender) and each benchmark has a
+// list of them. A run checks what the subscriber applied and fails when it is wrong, or when
+// the subscriber stops on its own (its output is quoted).
 package bench

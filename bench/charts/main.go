@@ -5,9 +5,13 @@
 //
 //	go run ./bench/charts -o bench/results bench/results/*.txt
 //
-// It writes, into the -o folder, ns-per-change.svg, peak-heap.svg, live.svg and
-// eviction-choice.svg (each only when the input has the benchmarks it draws). It uses the
-// standard library only: the SVG is written as text.
+// It writes, into the -o folder, ns-per-change.svg, peak-heap.svg, live.svg,
+// eviction-choice.svg, apply-sync.svg and apply-catchup.svg (each only when the input has the
+// benchmarks it draws). It uses the standard library only: the SVG is written as text.
+//
+// With -tables it also prints the result tables: one per offline benchmark family, and for the
+// live apply benchmarks (BenchmarkApplySync, BenchmarkApplyCatchup) one row per case with the
+// subscribers side by side.
 package main
 
 import (
@@ -20,6 +24,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -179,8 +184,16 @@ func main() {
 		fatal(fmt.Errorf("no benchmark results in %v", flag.Args()))
 	}
 
-	var speed, heap, live, evict []bar
+	var speed, heap, live, evict, applySync, applyCatchup []bar
 	for _, r := range all {
+		if c, sub, ok := applyCase(r.name); ok {
+			if v, ok := r.metrics["sql-ms"]; ok {
+				applySync = append(applySync, bar{label: c + " " + sub, value: v, color: subColor(sub)})
+			}
+			if v, ok := r.metrics["catchup-s"]; ok {
+				applyCatchup = append(applyCatchup, bar{label: c + " " + sub, value: v, color: subColor(sub)})
+			}
+		}
 		label := strings.TrimPrefix(r.name, "Benchmark")
 		if v, ok := r.metrics["ns/change"]; ok {
 			speed = append(speed, bar{label: label, value: v, color: implColor(r.name)})
@@ -234,9 +247,126 @@ func main() {
 	if len(evict) > 0 {
 		write("eviction-choice.svg", chart("Eviction choice: cost per change with N open transactions (blue: pairing heap)", "ns/op", evict, true))
 	}
+	if len(applySync) > 0 {
+		write("apply-sync.svg", chart("Synchronous replication: publisher SQL time of the bulk insert (lower is better; blue pgreorder apply, grey/green PostgreSQL's subscriber)", "ms", applySync, false))
+	}
+	if len(applyCatchup) > 0 {
+		write("apply-catchup.svg", chart("Catch-up of a pgbench backlog: until the slot's confirmed flush passes its end (lower is better)", "s", applyCatchup, false))
+	}
 	targets(os.Stdout, all)
 	if *tables {
 		resultTables(os.Stdout, all)
+		applyTables(os.Stdout, all)
+	}
+}
+
+// applyCase splits a live apply benchmark's name into its case and its subscriber:
+// "BenchmarkApplySync/pg=18/.../sub=native-on" gives "ApplySync/pg=18/...", "native-on".
+func applyCase(name string) (string, string, bool) {
+	if !strings.HasPrefix(name, "BenchmarkApply") {
+		return "", "", false
+	}
+	c, sub, ok := strings.Cut(strings.TrimPrefix(name, "Benchmark"), "/sub=")
+	return c, sub, ok
+}
+
+// subColor colors a subscriber's bars: pgreorder blue, PostgreSQL's grey (off, on) or green
+// (parallel).
+func subColor(sub string) string {
+	switch {
+	case strings.HasPrefix(sub, "pgreorder"):
+		return colorPgreorder
+	case sub == "native-parallel":
+		return "#2ca02c"
+	case sub == "native-off":
+		return "#bbbbbb"
+	}
+	return colorOther
+}
+
+// Columns of the apply tables, in order.
+var (
+	syncSubs    = []string{"native-off", "native-on", "native-parallel", "pgreorder-buffered", "pgreorder-eager"}
+	catchupSubs = []string{"native", "pgreorder-buffered", "pgreorder-parallel-2", "pgreorder-parallel-4", "pgreorder-parallel-8"}
+)
+
+// applyTables prints the live apply results, one row per case, the subscribers side by side.
+// A subscriber with no result in the input (not run, failed, skipped) shows "—".
+func applyTables(w io.Writer, all []result) {
+	type row struct {
+		name string
+		subs map[string]map[string]float64
+	}
+	collect := func(prefix string) []*row {
+		var rows []*row
+		byName := map[string]*row{}
+		for _, r := range all {
+			c, sub, ok := applyCase(r.name)
+			if !ok || !strings.HasPrefix(c, prefix+"/") {
+				continue
+			}
+			rw := byName[c]
+			if rw == nil {
+				rw = &row{name: strings.TrimPrefix(c, prefix+"/"), subs: map[string]map[string]float64{}}
+				byName[c] = rw
+				rows = append(rows, rw)
+			}
+			rw.subs[sub] = r.metrics
+		}
+		return rows
+	}
+	get := func(rw *row, sub, unit string) (float64, bool) {
+		v, ok := rw.subs[sub][unit]
+		return v, ok
+	}
+	ratio := func(rw *row, unit, num, den string) string {
+		a, ok1 := get(rw, num, unit)
+		b, ok2 := get(rw, den, unit)
+		if !ok1 || !ok2 || b == 0 {
+			return "—"
+		}
+		return strconv.FormatFloat(a/b, 'f', 2, 64)
+	}
+	if rows := collect("ApplySync"); len(rows) > 0 {
+		fmt.Fprintf(w, "\nApplySync (publisher SQL time, ms):\n\n|case|%s|parallel/on|eager/native-parallel|eager/buffered|\n", strings.Join(syncSubs, "|"))
+		fmt.Fprintf(w, "|---|%s|---|---|---|\n", strings.Repeat("---|", len(syncSubs)-1)+"---")
+		for _, rw := range rows {
+			fmt.Fprintf(w, "| %s |", rw.name)
+			for _, sub := range syncSubs {
+				if v, ok := get(rw, sub, "sql-ms"); ok {
+					fmt.Fprintf(w, " %.0f |", v)
+				} else {
+					fmt.Fprint(w, " — |")
+				}
+			}
+			fmt.Fprintf(w, " %s | %s | %s |\n", ratio(rw, "sql-ms", "native-parallel", "native-on"),
+				ratio(rw, "sql-ms", "pgreorder-eager", "native-parallel"), ratio(rw, "sql-ms", "pgreorder-eager", "pgreorder-buffered"))
+		}
+	}
+	if rows := collect("ApplyCatchup"); len(rows) > 0 {
+		fmt.Fprintf(w, "\nApplyCatchup (s until the confirmed flush passed the backlog; in brackets: until its last row was visible; × native):\n\n|case|%s|\n", strings.Join(catchupSubs, "|"))
+		fmt.Fprintf(w, "|---|%s|\n", strings.Repeat("---|", len(catchupSubs)-1)+"---")
+		for _, rw := range rows {
+			fmt.Fprintf(w, "| %s |", rw.name)
+			for _, sub := range catchupSubs {
+				v, ok := get(rw, sub, "catchup-s")
+				if !ok {
+					fmt.Fprint(w, " — |")
+					continue
+				}
+				cell := strconv.FormatFloat(v, 'f', 2, 64)
+				if vis, ok := get(rw, sub, "visible-s"); ok {
+					cell += " (" + strconv.FormatFloat(vis, 'f', 2, 64) + ")"
+				}
+				if sub != catchupSubs[0] {
+					if r := ratio(rw, "catchup-s", catchupSubs[0], sub); r != "—" {
+						cell += ", " + r + "×"
+					}
+				}
+				fmt.Fprintf(w, " %s |", cell)
+			}
+			fmt.Fprintln(w)
+		}
 	}
 }
 
@@ -257,6 +387,11 @@ func resultTables(w io.Writer, all []result) {
 		return strconv.FormatFloat(v, 'g', 4, 64)
 	}
 	for _, fam := range []string{"ManySubxacts", "BulkInsert", "SmallTxns", "RollbackToSavepoint"} {
+		if !slices.ContainsFunc(all, func(r result) bool {
+			return strings.HasPrefix(r.name, "Benchmark"+fam+"/") && r.metrics["ns/change"] != 0
+		}) {
+			continue
+		}
 		fmt.Fprintf(w, "\n%s:\n\n", fam)
 		fmt.Fprintln(w, "| case | ns/change | allocs/change | B/change | spilled MiB | peak heap MiB | peak live MiB | work mem + 16 MiB |")
 		fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|")

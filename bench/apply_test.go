@@ -1,0 +1,514 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgreorder/pgreorder/internal/pgtest"
+)
+
+// The live apply benchmarks replicate into a second PostgreSQL server, PostgreSQL's own
+// subscriber and `pgreorder apply` one at a time against the same server pair. They take
+// minutes, so they run only when asked:
+//
+//	PGREORDER_BENCH_APPLY=1 go test -run '^$' -bench Apply -benchtime 1x -timeout 60m ./bench/
+//
+// Sizes (PGREORDER_BENCH_FULL=1 selects the larger value of each):
+//
+//	PGREORDER_BENCH_APPLY_ROWS   rows of the synchronous bulk insert (100000; 5000000, the published size)
+//	PGREORDER_BENCH_APPLY_SCALE  pgbench scale of the catch-up tables (10; 100)
+//	PGREORDER_BENCH_APPLY_TXNS   transactions per client in the catch-up backlog (250; 10000)
+//
+// PGREORDER_BENCH_APPLY_RUNS=N repeats each case N times (1 by default); the reported time is
+// the mean of the middle runs (the highest and lowest tenth left out, as PostgreSQL's authors
+// took the middle 8 of 10), and every run is logged. Prefer it to -benchtime Nx, with which
+// the testing package makes one more run first, to choose N, and throws its figure away.
+const (
+	envApply      = "PGREORDER_BENCH_APPLY"
+	envApplyRows  = "PGREORDER_BENCH_APPLY_ROWS"
+	envApplyScale = "PGREORDER_BENCH_APPLY_SCALE"
+	envApplyTxns  = "PGREORDER_BENCH_APPLY_TXNS"
+	envApplyRuns  = "PGREORDER_BENCH_APPLY_RUNS"
+)
+
+// tpcbClients is the number of concurrent sessions making the catch-up backlog.
+const tpcbClients = 32
+
+// syncContenders are the subscribers of BenchmarkApplySync, in the order they run in each case.
+var syncContenders = []contender{
+	native{streaming: "off"},
+	native{streaming: "on"},
+	native{streaming: "parallel"},
+	pgreorderApply{mode: "buffered"},
+	pgreorderApply{mode: "eager"},
+}
+
+// syncRatios are reported on the line of num, when den ran before it in the same case:
+// num's time / den's time.
+var syncRatios = []struct{ num, den, unit string }{
+	{"native-parallel", "native-on", "parallel/on"}, // PostgreSQL's own before/after
+	{"pgreorder-eager", "native-parallel", "eager/native-parallel"},
+	{"pgreorder-eager", "pgreorder-buffered", "eager/buffered"},
+}
+
+// catchupContenders are the subscribers of BenchmarkApplyCatchup.
+var catchupContenders = []contender{
+	native{streaming: "off", label: "native"}, // one apply worker
+	pgreorderApply{mode: "buffered"},
+	pgreorderApply{mode: "parallel", workers: 2},
+	pgreorderApply{mode: "parallel", workers: 4},
+	pgreorderApply{mode: "parallel", workers: 8},
+}
+
+// BenchmarkApplySync reproduces the measurement of PostgreSQL 16's parallel apply of streamed
+// transactions: under synchronous logical replication (the publisher's
+// synchronous_standby_names names the subscriber, so COMMIT returns once the subscriber
+// reported a flush position at or past it), the publisher's SQL time of one transaction
+// inserting N rows into test(c int), of which the last 0, 10, 20, 30 or 50% are rolled back
+// to a savepoint, at the publisher's logical_decoding_work_mem 64kB, 256kB and 64MB.
+//
+// Subscribers: a subscription with streaming = off (the publisher spills and sends at commit),
+// on (the subscriber spools to a file and applies at commit) and parallel (16+: applied by a
+// parallel worker as it arrives), and `pgreorder apply -mode buffered` and `-mode eager` with
+// -work-mem equal to the publisher's setting. Each run starts from empty tables and a new
+// slot, connects the subscriber, waits until it is the synchronous standby, and times the
+// transaction from BEGIN to the return of COMMIT; then checks the subscriber holds exactly
+// the rows kept. Metrics: sql-ms (publisher SQL time), the slot's pub-spill-bytes,
+// pub-stream-bytes and pub-streams (pg_stat_replication_slots), and the syncRatios.
+func BenchmarkApplySync(b *testing.B) {
+	requireApply(b)
+	rows := envSize(b, envApplyRows, 5_000_000, 100_000)
+	for _, in := range applyInstalls(b) {
+		b.Run(fmt.Sprintf("pg=%d", in.Major), func(b *testing.B) {
+			p := newPair(b, in, syncSettings(), setupSync)
+			defer p.close()
+			for _, wm := range workMems {
+				for _, pct := range []int{0, 10, 20, 30, 50} {
+					times := map[string]float64{}
+					b.Run(fmt.Sprintf("rows=%s/workmem=%s/rollback=%d%%", rowsName(rows), wm.name, pct), func(b *testing.B) {
+						for _, c := range syncContenders {
+							b.Run("sub="+c.name(), func(b *testing.B) {
+								if err := c.supports(in.Major); err != nil {
+									b.Skip(err)
+								}
+								ms := benchSync(b, p.get(b), c, rows, wm.name, pct)
+								times[c.name()] = ms
+								for _, r := range syncRatios {
+									if r.num == c.name() && times[r.den] > 0 {
+										b.ReportMetric(ms/times[r.den], r.unit)
+									}
+								}
+							})
+						}
+					})
+				}
+			}
+		})
+	}
+}
+
+// syncSettings are the publisher's settings of the synchronous benchmark.
+func syncSettings() map[string]string {
+	return map[string]string{
+		"synchronous_standby_names": appName,
+		"logical_decoding_work_mem": "64kB", // set per case
+	}
+}
+
+// setupSync creates test(c int) on both servers and publishes it.
+func setupSync(ctx context.Context, p *pair) error {
+	if err := pgtest.Exec(ctx, p.pubAdmin(benchDB), "CREATE TABLE test (c int)", "CREATE PUBLICATION pub FOR TABLE test"); err != nil {
+		return err
+	}
+	return pgtest.Exec(ctx, p.sub.ConnString(benchDB), "CREATE TABLE test (c int)")
+}
+
+// syncSQL is the timed transaction: rows inserted, of which all but kept rolled back to a
+// savepoint when kept < rows.
+func syncSQL(rows, kept int64) string {
+	if kept == rows {
+		return fmt.Sprintf("BEGIN; INSERT INTO test SELECT generate_series(1, %d); COMMIT", rows)
+	}
+	return fmt.Sprintf("BEGIN; INSERT INTO test SELECT generate_series(1, %d); SAVEPOINT s1; "+
+		"INSERT INTO test SELECT generate_series(%d, %d); ROLLBACK TO SAVEPOINT s1; COMMIT", kept, kept+1, rows)
+}
+
+// benchSync runs one case b.N times and reports its metrics; it returns the reported time.
+func benchSync(b *testing.B, p *pair, c contender, rows int64, workMem string, pct int) float64 {
+	kept := rows * int64(100-pct) / 100
+	sql := syncSQL(rows, kept)
+	var ms []float64
+	var st slotStats
+	for i := range b.N * int(envSize(b, envApplyRuns, 1, 1)) {
+		d, s, err := syncOnce(p, c, workMem, sql, kept)
+		if err != nil {
+			b.Fatalf("%s: %v", c.name(), err)
+		}
+		b.Logf("run %d: %v, publisher spilled %d B, streamed %d B in %d blocks", i+1, d.Round(time.Millisecond), s.spillBytes, s.streamBytes, s.streamCount)
+		ms = append(ms, float64(d.Microseconds())/1000)
+		st = s
+	}
+	t := middleMean(ms)
+	b.ReportMetric(0, "ns/op") // setup included: meaningless
+	b.ReportMetric(t, "sql-ms")
+	b.ReportMetric(float64(st.spillBytes), "pub-spill-bytes")
+	b.ReportMetric(float64(st.streamBytes), "pub-stream-bytes")
+	b.ReportMetric(float64(st.streamCount), "pub-streams")
+	return t
+}
+
+// syncOnce makes one run: reset, start the contender, time the transaction, check, stop.
+func syncOnce(p *pair, c contender, workMem, sql string, kept int64) (_ time.Duration, _ slotStats, err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute+time.Duration(kept)*time.Millisecond)
+	defer cancel()
+	if err := dropLeftovers(ctx, p); err != nil {
+		return 0, slotStats{}, err
+	}
+	if err := pgtest.Exec(ctx, p.pubAdmin(benchDB), "TRUNCATE test", "CHECKPOINT"); err != nil {
+		return 0, slotStats{}, err
+	}
+	if err := pgtest.Exec(ctx, p.sub.ConnString(benchDB), "TRUNCATE test", "CHECKPOINT"); err != nil {
+		return 0, slotStats{}, err
+	}
+	if err := setPublisherSetting(ctx, p, "logical_decoding_work_mem", workMem); err != nil {
+		return 0, slotStats{}, err
+	}
+	r := p.newRun(workMem)
+	defer func() {
+		if derr := c.drop(context.WithoutCancel(ctx), r); derr != nil && err == nil {
+			err = fmt.Errorf("dropping: %w", derr)
+		}
+	}()
+	a, err := c.start(ctx, r)
+	if err != nil {
+		return 0, slotStats{}, err
+	}
+	stopped := false
+	defer func() {
+		if !stopped {
+			a.stop(context.WithoutCancel(ctx))
+		}
+	}()
+	if err := waitConnected(ctx, r, a, true); err != nil {
+		return 0, slotStats{}, err
+	}
+	conn, err := pgconn.Connect(ctx, p.pub.ConnString(benchDB)+" options='-c synchronous_commit=on'")
+	if err != nil {
+		return 0, slotStats{}, err
+	}
+	defer conn.Close(context.Background())
+	t0 := time.Now()
+	err = execWatching(ctx, conn, sql, a)
+	d := time.Since(t0)
+	if err != nil {
+		return 0, slotStats{}, err
+	}
+	got, err := queryRow(ctx, p.sub.ConnString(benchDB), "SELECT count(*), coalesce(sum(c::bigint), 0) FROM test")
+	if err != nil {
+		return 0, slotStats{}, err
+	}
+	if want := []string{strconv.FormatInt(kept, 10), strconv.FormatInt(kept*(kept+1)/2, 10)}; !slices.Equal(got, want) {
+		return 0, slotStats{}, fmt.Errorf("when COMMIT returned, the subscriber had count, sum = %v, want %v", got, want)
+	}
+	stopped = true
+	if err := a.stop(ctx); err != nil {
+		return 0, slotStats{}, err
+	}
+	if err := waitSlotInactive(ctx, r); err != nil {
+		return 0, slotStats{}, err
+	}
+	st, err := readSlotStats(ctx, p, r.slot)
+	return d, st, err
+}
+
+// execWatching runs sql on conn, and cancels it if the contender stops applying meanwhile (the
+// COMMIT would otherwise wait for it forever).
+func execWatching(ctx context.Context, conn *pgconn.PgConn, sql string, a applying) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := conn.Exec(ctx, sql).ReadAll()
+		done <- err
+	}()
+	tick := time.NewTicker(500 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case err := <-done:
+			return err
+		case <-tick.C:
+			if err := a.failed(ctx); err != nil {
+				cancel()
+				<-done
+				return fmt.Errorf("while the publisher waited for it: %w", err)
+			}
+		}
+	}
+}
+
+// BenchmarkApplyCatchup reproduces the measurement of the proposed parallel apply of
+// independent transactions: the time a subscriber takes to catch up with a backlog of
+// pgbench TPC-B-like transactions made by 32 concurrent clients while it was stopped.
+//
+// Each run resets the pgbench tables on both servers, starts the contender (creating its slot)
+// and stops it once connected, makes the backlog (txns per client, then one marker
+// transaction), starts the contender again and polls every 20ms until the slot's
+// confirmed_flush_lsn passes the marker's change (catchup-s; the subscriber has applied and
+// acknowledged the whole backlog) and until the marker row is visible on the subscriber
+// (visible-s); then checks that both servers hold the same balances and history. Subscribers:
+// PostgreSQL's single apply worker, `pgreorder apply -mode buffered` and `-mode parallel` with
+// 2, 4 and 8 workers. Metrics: catchup-s, visible-s, apply-txn/s (backlog transactions /
+// catchup-s), the backlog's backlog-s, backlog-txn/s and backlog-wal-MB, and on our lines
+// speedup-vs-native (the native catch-up time of the same case / ours).
+func BenchmarkApplyCatchup(b *testing.B) {
+	requireApply(b)
+	scale := int(envSize(b, envApplyScale, 100, 10))
+	txns := int(envSize(b, envApplyTxns, 10_000, 250))
+	for _, in := range applyInstalls(b) {
+		b.Run(fmt.Sprintf("pg=%d", in.Major), func(b *testing.B) {
+			p := newPair(b, in, map[string]string{"logical_decoding_work_mem": "64MB"}, setupTPCB(scale))
+			defer p.close()
+			results := map[string]float64{}
+			b.Run(fmt.Sprintf("scale=%d/clients=%d/txns=%d", scale, tpcbClients, txns), func(b *testing.B) {
+				for _, c := range catchupContenders {
+					b.Run("sub="+c.name(), func(b *testing.B) {
+						if err := c.supports(in.Major); err != nil {
+							b.Skip(err)
+						}
+						load := tpcbLoad{scale: scale, clients: tpcbClients, txns: txns, seed: seed}
+						s := benchCatchup(b, p.get(b), c, load)
+						results[c.name()] = s
+						if nat := results[catchupContenders[0].name()]; c != catchupContenders[0] && nat > 0 {
+							b.ReportMetric(nat/s, "speedup-vs-native")
+						}
+					})
+				}
+			})
+		})
+	}
+}
+
+// catchupResult is one catch-up run.
+type catchupResult struct {
+	catchup, visible, backlog time.Duration
+	walBytes                  int64
+	stats                     slotStats
+}
+
+func benchCatchup(b *testing.B, p *pair, c contender, load tpcbLoad) float64 {
+	var catchup, visible, backlog, walMB []float64
+	for i := range b.N * int(envSize(b, envApplyRuns, 1, 1)) {
+		load.seed = seed + uint64(i)
+		res, err := catchupOnce(p, c, load)
+		if err != nil {
+			b.Fatalf("%s: %v", c.name(), err)
+		}
+		b.Logf("run %d (seed %d): backlog %v (%.1f MB of WAL), caught up in %v, marker visible after %v",
+			i+1, load.seed, res.backlog.Round(time.Millisecond), float64(res.walBytes)/1e6, res.catchup.Round(time.Millisecond), res.visible.Round(time.Millisecond))
+		catchup = append(catchup, res.catchup.Seconds())
+		visible = append(visible, res.visible.Seconds())
+		backlog = append(backlog, res.backlog.Seconds())
+		walMB = append(walMB, float64(res.walBytes)/1e6)
+	}
+	n := float64(load.clients*load.txns + 1)
+	t := middleMean(catchup)
+	b.ReportMetric(0, "ns/op") // setup and backlog included: meaningless
+	b.ReportMetric(t, "catchup-s")
+	b.ReportMetric(middleMean(visible), "visible-s")
+	b.ReportMetric(n/t, "apply-txn/s")
+	b.ReportMetric(middleMean(backlog), "backlog-s")
+	b.ReportMetric(n/middleMean(backlog), "backlog-txn/s")
+	b.ReportMetric(middleMean(walMB), "backlog-wal-MB")
+	return t
+}
+
+func catchupOnce(p *pair, c contender, load tpcbLoad) (res catchupResult, err error) {
+	n := time.Duration(load.clients * load.txns)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute+n*10*time.Millisecond)
+	defer cancel()
+	pubAdmin, sub := p.pubAdmin(benchDB), p.sub.ConnString(benchDB)
+	if err := dropLeftovers(ctx, p); err != nil {
+		return res, err
+	}
+	if err := pgtest.Exec(ctx, pubAdmin, tpcbReset...); err != nil {
+		return res, err
+	}
+	if err := pgtest.Exec(ctx, sub, tpcbReset...); err != nil {
+		return res, err
+	}
+	r := p.newRun("64MB")
+	defer func() {
+		if derr := c.drop(context.WithoutCancel(ctx), r); derr != nil && err == nil {
+			err = fmt.Errorf("dropping: %w", derr)
+		}
+	}()
+	// Start once, so that the slot exists, and stop: the backlog accumulates in the slot.
+	a, err := c.start(ctx, r)
+	if err != nil {
+		return res, err
+	}
+	if err := waitConnected(ctx, r, a, false); err != nil {
+		a.stop(context.WithoutCancel(ctx))
+		return res, err
+	}
+	if err := a.stop(ctx); err != nil {
+		return res, err
+	}
+	if err := waitSlotInactive(ctx, r); err != nil {
+		return res, err
+	}
+	walStart, err := queryRow(ctx, pubAdmin, "SELECT pg_current_wal_lsn()")
+	if err != nil {
+		return res, err
+	}
+	if res.backlog, err = load.run(ctx, pubAdmin); err != nil {
+		return res, fmt.Errorf("making the backlog: %w", err)
+	}
+	target, err := markEnd(ctx, pubAdmin)
+	if err != nil {
+		return res, err
+	}
+	wal, err := queryRow(ctx, pubAdmin, fmt.Sprintf("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '%s')::bigint", walStart[0]))
+	if err != nil {
+		return res, err
+	}
+	res.walBytes, _ = strconv.ParseInt(wal[0], 10, 64)
+
+	pubConn, err := pgconn.Connect(ctx, pubAdmin)
+	if err != nil {
+		return res, err
+	}
+	defer pubConn.Close(context.Background())
+	subConn, err := pgconn.Connect(ctx, sub)
+	if err != nil {
+		return res, err
+	}
+	defer subConn.Close(context.Background())
+	flushedSQL := fmt.Sprintf("SELECT confirmed_flush_lsn >= '%s' FROM pg_replication_slots WHERE slot_name = %s", target, quoteLiteral(r.slot))
+
+	t0 := time.Now()
+	a, err = c.start(ctx, r)
+	if err != nil {
+		return res, err
+	}
+	stopped := false
+	defer func() {
+		if !stopped {
+			a.stop(context.WithoutCancel(ctx))
+		}
+	}()
+	for res.catchup == 0 || res.visible == 0 {
+		if res.catchup == 0 {
+			v, err := connRow(ctx, pubConn, flushedSQL)
+			if err != nil {
+				return res, err
+			}
+			if len(v) == 1 && v[0] == "t" {
+				res.catchup = time.Since(t0)
+			}
+		}
+		if res.visible == 0 {
+			v, err := connRow(ctx, subConn, "SELECT count(*) FROM bench_marker")
+			if err != nil {
+				return res, err
+			}
+			if len(v) == 1 && v[0] == "1" {
+				res.visible = time.Since(t0)
+			}
+		}
+		if res.catchup != 0 && res.visible != 0 {
+			break
+		}
+		if err := a.failed(ctx); err != nil {
+			return res, err
+		}
+		select {
+		case <-ctx.Done():
+			return res, fmt.Errorf("not caught up after %v: %w", time.Since(t0).Round(time.Second), ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+
+	want, err := connRow(ctx, pubConn, tpcbFingerprint)
+	if err != nil {
+		return res, err
+	}
+	got, err := connRow(ctx, subConn, tpcbFingerprint)
+	if err != nil {
+		return res, err
+	}
+	if !slices.Equal(got, want) {
+		return res, fmt.Errorf("caught up, but the subscriber's tables differ from the publisher's:\n got %q\nwant %q", got, want)
+	}
+	stopped = true
+	if err := a.stop(ctx); err != nil {
+		return res, err
+	}
+	if err := waitSlotInactive(ctx, r); err != nil {
+		return res, err
+	}
+	res.stats, err = readSlotStats(ctx, p, r.slot)
+	return res, err
+}
+
+// requireApply skips b unless PGREORDER_BENCH_APPLY=1.
+func requireApply(b testing.TB) {
+	b.Helper()
+	if os.Getenv(envApply) != "1" {
+		b.Skipf("live apply benchmark: takes minutes; set %s=1 to run it", envApply)
+	}
+}
+
+// applyInstalls returns the oldest and the newest PostgreSQL installed (every one with
+// PGREORDER_BENCH_FULL=1; PGREORDER_PG_VERSIONS restricts them).
+func applyInstalls(b testing.TB) []pgtest.Install {
+	b.Helper()
+	installs := pgtest.FindInstalls()
+	if len(installs) == 0 {
+		pgtest.Unavailable(b, "no PostgreSQL server installed")
+	}
+	if !*full && len(installs) > 2 {
+		installs = []pgtest.Install{installs[0], installs[len(installs)-1]}
+	}
+	return installs
+}
+
+// envSize returns the positive integer in the environment variable name, or fullSize with
+// PGREORDER_BENCH_FULL=1, or reduced.
+func envSize(b testing.TB, name string, fullSize, reduced int64) int64 {
+	b.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		return size(fullSize, reduced)
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n <= 0 {
+		b.Fatalf("%s=%q: want a positive integer", name, v)
+	}
+	return n
+}
+
+// middleMean is the mean of xs without its lowest and highest tenth (the middle 8 of 10 runs);
+// with fewer than 10 values, the mean of all.
+func middleMean(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	k := len(s) / 10
+	s = s[k : len(s)-k]
+	sum := 0.0
+	for _, x := range s {
+		sum += x
+	}
+	return sum / float64(len(s))
+}
