@@ -309,6 +309,7 @@ func runCrashWorkload(t *testing.T, ctx context.Context, dsn string, seed uint64
 	}
 	for k := range 2 {
 		session("big", k, func(conn *pgx.Conn, rng *rand.Rand) error {
+			time.Sleep(time.Duration(200+rng.IntN(400)) * time.Millisecond)
 			a, b := span(1500)
 			c, e := span(800)
 			f, g := span(300)
@@ -323,6 +324,7 @@ func runCrashWorkload(t *testing.T, ctx context.Context, dsn string, seed uint64
 		})
 	}
 	session("abort", 2, func(conn *pgx.Conn, rng *rand.Rand) error {
+		time.Sleep(time.Duration(300+rng.IntN(600)) * time.Millisecond)
 		a, b := span(1200)
 		return run(conn, "BEGIN",
 			fmt.Sprintf(`INSERT INTO t SELECT g, md5(g::text), 3 FROM generate_series(%d, %d) g`, a, b), "ROLLBACK")
