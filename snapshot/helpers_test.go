@@ -1,0 +1,284 @@
+package snapshot_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/internal/pgtest"
+	"github.com/pgreorder/pgreorder/pgvalue"
+	"github.com/pgreorder/pgreorder/replication"
+	"github.com/pgreorder/pgreorder/snapshot"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// testedMajors are the server versions the integration tests run against, when installed.
+var testedMajors = []int{15, 18}
+
+// eachMajor runs f for each tested server version that is installed.
+func eachMajor(t *testing.T, f func(t *testing.T, srv *pgtest.Server)) {
+	ran := false
+	for _, major := range pgtest.Majors(t) {
+		if !slices.Contains(testedMajors, major) {
+			continue
+		}
+		ran = true
+		t.Run(fmt.Sprintf("pg%d", major), func(t *testing.T) { f(t, pgtest.Shared(t, major)) })
+	}
+	if !ran {
+		pgtest.Unavailable(t, fmt.Sprintf("none of PostgreSQL %v is installed", testedMajors))
+	}
+}
+
+func testCtx(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func mustExec(t *testing.T, connString string, statements ...string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := pgtest.Exec(ctx, connString, statements...); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// connectSlot connects for replication and creates slot with an exported snapshot.
+func connectSlot(ctx context.Context, t *testing.T, srv *pgtest.Server, db, slot string, binary bool, pubs ...string) (*replication.Conn, replication.Snapshot, replication.Config) {
+	t.Helper()
+	cfg := replication.Config{ConnString: srv.ReplicationConnString(db), Slot: slot, Publications: pubs, Binary: binary}
+	conn, err := replication.Connect(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	snap, err := conn.CreateSlot(ctx, replication.ExportSnapshot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return conn, snap, cfg
+}
+
+// rowModel is a consumer's copy of some tables: per table, per key (the replica identity key
+// columns' values), the row's values as fmt prints the Go values pgvalue decodes. Applying a
+// change checks that it makes sense: an insert (or copied row) of a key already there is an
+// overlap, an update or delete of a key not there a gap.
+type rowModel struct {
+	mu   sync.Mutex
+	rows map[string]map[string]string
+}
+
+func newRowModel() *rowModel { return &rowModel{rows: map[string]map[string]string{}} }
+
+func relName(r *decoding.Relation) string { return r.Namespace + "." + r.Name }
+
+// encode returns the key and the row of a resolved row.
+func encode(t *testing.T, row pgvalue.Row) (key, vals string) {
+	t.Helper()
+	var k, v []string
+	for c := range row.Columns() {
+		x, err := c.Value()
+		if err != nil {
+			t.Fatalf("column %s: %v", c.Name, err)
+		}
+		s := fmt.Sprint(x)
+		if x == nil {
+			s = "NULL"
+		}
+		v = append(v, s)
+		if c.Key {
+			k = append(k, s)
+		}
+	}
+	return strings.Join(k, "|"), strings.Join(v, "|")
+}
+
+func (m *rowModel) table(name string) map[string]string {
+	tab := m.rows[name]
+	if tab == nil {
+		tab = map[string]string{}
+		m.rows[name] = tab
+	}
+	return tab
+}
+
+// apply applies one change (a copied row is an Insert); it returns an error for an overlap or
+// a gap.
+func (m *rowModel) apply(t *testing.T, ch pgvalue.Change) error {
+	t.Helper()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if ch.Op == decoding.MsgTruncate {
+		for _, r := range ch.Relations {
+			delete(m.rows, relName(r))
+		}
+		return nil
+	}
+	tab := m.table(relName(ch.Relation))
+	switch ch.Op {
+	case decoding.MsgInsert:
+		k, v := encode(t, ch.New)
+		if old, ok := tab[k]; ok {
+			return fmt.Errorf("%s: insert of key %s, already there (%s)", ch, k, old)
+		}
+		tab[k] = v
+	case decoding.MsgUpdate:
+		k, v := encode(t, ch.New)
+		oldKey := k
+		if ch.Old.Present() {
+			oldKey, _ = encode(t, ch.Old)
+		}
+		if _, ok := tab[oldKey]; !ok {
+			return fmt.Errorf("%s: update of key %s, not there", ch, oldKey)
+		}
+		delete(tab, oldKey)
+		if old, ok := tab[k]; ok {
+			return fmt.Errorf("%s: update to key %s, already there (%s)", ch, k, old)
+		}
+		tab[k] = v
+	case decoding.MsgDelete:
+		k, _ := encode(t, ch.Old)
+		if _, ok := tab[k]; !ok {
+			return fmt.Errorf("%s: delete of key %s, not there", ch, k)
+		}
+		delete(tab, k)
+	}
+	return nil
+}
+
+// copyInto is a Handler that applies every copied row to m.
+func copyInto(t *testing.T, m *rowModel) snapshot.Handler {
+	return func(ctx context.Context, c *snapshot.Chunk) error {
+		dec := pgvalue.NewDecoder(nil)
+		for ch, err := range dec.Changes(c) {
+			if err != nil {
+				return err
+			}
+			if ch.Op != decoding.MsgInsert {
+				return fmt.Errorf("copied change %s", ch)
+			}
+			if err := m.apply(t, ch); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+}
+
+// streamInto applies the stream's transactions to m until stop reports true for one of them,
+// skipping the changes a Result covers, and acknowledging each transaction. sync, if set, is
+// called for a change to a table no Result has copied, and returns the Result of its copy.
+func streamInto(ctx context.Context, t *testing.T, s *replication.Stream, m *rowModel, results []*snapshot.Result,
+	stop func(pgvalue.Change) bool, sync func(rel *decoding.Relation) *snapshot.Result) []*snapshot.Result {
+	t.Helper()
+	dec := pgvalue.NewDecoder(nil)
+	for {
+		x, err := s.Next(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := false
+		for ch, err := range dec.Changes(x) {
+			if err != nil {
+				t.Fatal(err)
+			}
+			if stop(ch) {
+				done = true
+				continue
+			}
+			if ch.Relation != nil && sync != nil && !slices.ContainsFunc(results, func(r *snapshot.Result) bool {
+				return r.Copied(ch.Relation.RelationID)
+			}) {
+				r := sync(ch.Relation)
+				if !r.Copied(ch.Relation.RelationID) {
+					t.Fatalf("synchronising %s did not copy it", relName(ch.Relation))
+				}
+				results = append(results, r)
+			}
+			if ch.Relation != nil && slices.ContainsFunc(results, func(r *snapshot.Result) bool {
+				return r.Covers(ch.Relation.RelationID, x.CommitLSN)
+			}) {
+				continue
+			}
+			if err := m.apply(t, ch); err != nil {
+				t.Fatalf("transaction %d (commit %s): %v", x.Xid, x.CommitLSN, err)
+			}
+		}
+		if err := s.Ack(x); err != nil {
+			t.Fatal(err)
+		}
+		if done {
+			return results
+		}
+	}
+}
+
+// checkModel compares m's table with what the database holds now.
+func checkModel(ctx context.Context, t *testing.T, connString string, m *rowModel, table string, keyCols int) {
+	t.Helper()
+	conn, err := pgx.Connect(ctx, connString)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	rows, err := conn.Query(ctx, "SELECT * FROM "+table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{}
+	for rows.Next() {
+		vals, err := rows.Values()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var v []string
+		for _, x := range vals {
+			s := fmt.Sprint(x)
+			if x == nil {
+				s = "NULL"
+			}
+			v = append(v, s)
+		}
+		want[strings.Join(v[:keyCols], "|")] = strings.Join(v, "|")
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	m.mu.Lock()
+	got := m.rows["public."+table]
+	m.mu.Unlock()
+	var diffs []string
+	for k, w := range want {
+		if g, ok := got[k]; !ok {
+			diffs = append(diffs, fmt.Sprintf("missing %s: %s", k, w))
+		} else if g != w {
+			diffs = append(diffs, fmt.Sprintf("key %s: got %s, want %s", k, g, w))
+		}
+	}
+	for k, g := range got {
+		if _, ok := want[k]; !ok {
+			diffs = append(diffs, fmt.Sprintf("extra %s: %s", k, g))
+		}
+	}
+	sort.Strings(diffs)
+	if len(diffs) > 0 {
+		t.Errorf("%s: %d rows in the database, %d in the model; %d differences:\n%s", table, len(want), len(got),
+			len(diffs), strings.Join(diffs[:min(len(diffs), 20)], "\n"))
+	}
+}
+
+// isDone reports whether ch is the insert into the table "done" that ends a test's stream.
+func isDone(ch pgvalue.Change) bool {
+	return ch.Op == decoding.MsgInsert && ch.Relation.Name == "done"
+}
