@@ -3,10 +3,12 @@ package snapshot_test
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -84,13 +86,12 @@ func newRowModel() *rowModel { return &rowModel{rows: map[string]map[string]stri
 func relName(r *decoding.Relation) string { return r.Namespace + "." + r.Name }
 
 // encode returns the key and the row of a resolved row.
-func encode(t *testing.T, row pgvalue.Row) (key, vals string) {
-	t.Helper()
+func encode(row pgvalue.Row) (key, vals string, err error) {
 	var k, v []string
 	for c := range row.Columns() {
 		x, err := c.Value()
 		if err != nil {
-			t.Fatalf("column %s: %v", c.Name, err)
+			return "", "", fmt.Errorf("column %s: %w", c.Name, err)
 		}
 		s := fmt.Sprint(x)
 		if x == nil {
@@ -101,7 +102,7 @@ func encode(t *testing.T, row pgvalue.Row) (key, vals string) {
 			k = append(k, s)
 		}
 	}
-	return strings.Join(k, "|"), strings.Join(v, "|")
+	return strings.Join(k, "|"), strings.Join(v, "|"), nil
 }
 
 func (m *rowModel) table(name string) map[string]string {
@@ -114,9 +115,8 @@ func (m *rowModel) table(name string) map[string]string {
 }
 
 // apply applies one change (a copied row is an Insert); it returns an error for an overlap or
-// a gap.
-func (m *rowModel) apply(t *testing.T, ch pgvalue.Change) error {
-	t.Helper()
+// a gap. It may be called from any goroutine.
+func (m *rowModel) apply(ch pgvalue.Change) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if ch.Op == decoding.MsgTruncate {
@@ -128,16 +128,24 @@ func (m *rowModel) apply(t *testing.T, ch pgvalue.Change) error {
 	tab := m.table(relName(ch.Relation))
 	switch ch.Op {
 	case decoding.MsgInsert:
-		k, v := encode(t, ch.New)
+		k, v, err := encode(ch.New)
+		if err != nil {
+			return err
+		}
 		if old, ok := tab[k]; ok {
 			return fmt.Errorf("%s: insert of key %s, already there (%s)", ch, k, old)
 		}
 		tab[k] = v
 	case decoding.MsgUpdate:
-		k, v := encode(t, ch.New)
+		k, v, err := encode(ch.New)
+		if err != nil {
+			return err
+		}
 		oldKey := k
 		if ch.Old.Present() {
-			oldKey, _ = encode(t, ch.Old)
+			if oldKey, _, err = encode(ch.Old); err != nil {
+				return err
+			}
 		}
 		if _, ok := tab[oldKey]; !ok {
 			return fmt.Errorf("%s: update of key %s, not there", ch, oldKey)
@@ -148,7 +156,10 @@ func (m *rowModel) apply(t *testing.T, ch pgvalue.Change) error {
 		}
 		tab[k] = v
 	case decoding.MsgDelete:
-		k, _ := encode(t, ch.Old)
+		k, _, err := encode(ch.Old)
+		if err != nil {
+			return err
+		}
 		if _, ok := tab[k]; !ok {
 			return fmt.Errorf("%s: delete of key %s, not there", ch, k)
 		}
@@ -158,7 +169,7 @@ func (m *rowModel) apply(t *testing.T, ch pgvalue.Change) error {
 }
 
 // copyInto is a Handler that applies every copied row to m.
-func copyInto(t *testing.T, m *rowModel) snapshot.Handler {
+func copyInto(m *rowModel) snapshot.Handler {
 	return func(ctx context.Context, c *snapshot.Chunk) error {
 		dec := pgvalue.NewDecoder(nil)
 		for ch, err := range dec.Changes(c) {
@@ -168,7 +179,7 @@ func copyInto(t *testing.T, m *rowModel) snapshot.Handler {
 			if ch.Op != decoding.MsgInsert {
 				return fmt.Errorf("copied change %s", ch)
 			}
-			if err := m.apply(t, ch); err != nil {
+			if err := m.apply(ch); err != nil {
 				return err
 			}
 		}
@@ -211,7 +222,7 @@ func streamInto(ctx context.Context, t *testing.T, s *replication.Stream, m *row
 			}) {
 				continue
 			}
-			if err := m.apply(t, ch); err != nil {
+			if err := m.apply(ch); err != nil {
 				t.Fatalf("transaction %d (commit %s): %v", x.Xid, x.CommitLSN, err)
 			}
 		}
@@ -281,4 +292,114 @@ func checkModel(ctx context.Context, t *testing.T, connString string, m *rowMode
 // isDone reports whether ch is the insert into the table "done" that ends a test's stream.
 func isDone(ch pgvalue.Change) bool {
 	return ch.Op == decoding.MsgInsert && ch.Relation.Name == "done"
+}
+
+// writer changes tables at random, one short transaction after another, until stopped: inserts
+// (upserts), updates, updates of the key and deletes of rows with ids in [1, maxID], each
+// table picked at random among tables.
+type writer struct {
+	t       *testing.T
+	commits atomic.Int64
+	stats   [4]atomic.Int64 // rows inserted or upserted, updated, re-keyed, deleted
+	err     atomic.Pointer[error]
+	stopped chan struct{}
+	quit    chan struct{}
+}
+
+func startWriter(ctx context.Context, t *testing.T, connString string, seed uint64, maxID int, tables ...string) *writer {
+	t.Helper()
+	conn, err := pgx.Connect(ctx, connString)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &writer{t: t, stopped: make(chan struct{}), quit: make(chan struct{})}
+	rng := rand.New(rand.NewPCG(seed, seed^0x5eed))
+	go func() {
+		defer close(w.stopped)
+		defer conn.Close(context.Background())
+		fail := func(err error) { w.err.Store(&err) }
+		for {
+			select {
+			case <-w.quit:
+				return
+			case <-ctx.Done():
+				fail(ctx.Err())
+				return
+			default:
+			}
+			tx, err := conn.Begin(ctx)
+			if err != nil {
+				fail(err)
+				return
+			}
+			for range 1 + rng.IntN(4) {
+				table := tables[rng.IntN(len(tables))]
+				id, id2, v := 1+rng.IntN(maxID), 1+rng.IntN(maxID), rng.IntN(1000)
+				var op int
+				var sql string
+				var args []any
+				switch p := rng.IntN(100); {
+				case p < 35:
+					op, sql, args = 0, "INSERT INTO "+table+" VALUES ($1, $2::int, md5($2::int::text)) ON CONFLICT (id) DO UPDATE SET v = EXCLUDED.v", []any{id, v}
+				case p < 70:
+					op, sql, args = 1, "UPDATE "+table+" SET v = $2, pad = pad || 'x' WHERE id = $1", []any{id, v}
+				case p < 80:
+					op, sql, args = 2, "UPDATE "+table+" SET id = $2 WHERE id = $1 AND NOT EXISTS (SELECT 1 FROM "+table+" WHERE id = $2)", []any{id, id2}
+				default:
+					op, sql, args = 3, "DELETE FROM "+table+" WHERE id = $1", []any{id}
+				}
+				tag, err := tx.Exec(ctx, sql, args...)
+				if err != nil {
+					fail(err)
+					tx.Rollback(context.Background())
+					return
+				}
+				w.stats[op].Add(tag.RowsAffected())
+			}
+			if err := tx.Commit(ctx); err != nil {
+				fail(err)
+				return
+			}
+			w.commits.Add(1)
+		}
+	}()
+	t.Cleanup(w.stop)
+	return w
+}
+
+// waitFor waits until the writer has committed n more transactions. It may be called from any
+// goroutine; it returns an error if the writer failed.
+func (w *writer) waitFor(ctx context.Context, n int64) error {
+	target := w.commits.Load() + n
+	for w.commits.Load() < target {
+		if p := w.err.Load(); p != nil {
+			return fmt.Errorf("writer: %w", *p)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-w.stopped:
+			return fmt.Errorf("writer stopped")
+		case <-time.After(time.Millisecond):
+		}
+	}
+	return nil
+}
+
+// stop stops the writer and waits for it; it fails the test if the writer failed.
+func (w *writer) stop() {
+	select {
+	case <-w.quit:
+	default:
+		close(w.quit)
+	}
+	<-w.stopped
+	if p := w.err.Load(); p != nil {
+		w.t.Errorf("writer: %v", *p)
+	}
+}
+
+func (w *writer) String() string {
+	return fmt.Sprintf("%d transactions: %d rows inserted or upserted, %d updated, %d re-keyed, %d deleted",
+		w.commits.Load(), w.stats[0].Load(), w.stats[1].Load(), w.stats[2].Load(), w.stats[3].Load())
 }

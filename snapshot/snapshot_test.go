@@ -215,3 +215,103 @@ var (
 	_ = pgvalue.NewDecoder
 	_ = replication.ExportSnapshot
 )
+
+// TestConcurrentWrites: a table split in chunks over three workers is copied while a writer
+// inserts, updates (also the key) and deletes rows, copied and not yet copied, before the slot
+// exists, between its creation and the copy, during the copy (each chunk waits for writes while
+// its COPY is open) and after it. The stream is started as soon as Open returns, so the copy
+// runs after the replication connection moved on. Copy then stream, applied to a map, must
+// find every change exactly once (an insert of a key already there, or an update or delete of
+// a key not there, fails) and equal the table at the end. Text format on PostgreSQL 15, binary
+// on 18.
+func TestConcurrentWrites(t *testing.T) {
+	eachMajor(t, func(t *testing.T, srv *pgtest.Server) {
+		binary := srv.Major() >= 18
+		db := pgtest.NewDatabase(t, srv)
+		cs := srv.ConnString(db)
+		ctx := testCtx(t, 3*time.Minute)
+		seed := uint64(time.Now().UnixNano())
+		t.Logf("seed %d", seed)
+		const n = 12000
+		mustExec(t, cs, `CREATE TABLE big (id int PRIMARY KEY, v int NOT NULL, pad text NOT NULL)`,
+			`CREATE TABLE done (id int PRIMARY KEY)`,
+			fmt.Sprintf(`INSERT INTO big SELECT i, 0, md5(i::text) || md5((-i)::text) FROM generate_series(1, %d) i`, n),
+			`CREATE PUBLICATION pub FOR TABLE big, done`)
+		w := startWriter(ctx, t, cs, seed, 2*n, "big")
+		must(t, w.waitFor(ctx, 20))
+		conn, snap, _ := connectSlot(ctx, t, srv, db, "s", binary, "pub")
+		must(t, w.waitFor(ctx, 20))
+		sess, err := snapshot.Open(ctx, snapshot.Config{ConnString: cs, Publications: []string{"pub"}, Workers: 3,
+			ChunkSize: 64 << 10, Binary: binary}, snap)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer sess.Close(ctx)
+		// Every worker holds the snapshot: the replication connection may move on.
+		s, err := conn.StartStreaming(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close(ctx)
+		if sess.Workers() != 3 {
+			t.Errorf("%d workers, want 3", sess.Workers())
+		}
+		m := newRowModel()
+		var mu sync.Mutex
+		workers := map[int]int{}
+		res, err := sess.Run(ctx, func(ctx context.Context, c *snapshot.Chunk) error {
+			dec := pgvalue.NewDecoder(nil)
+			first := true
+			for ch, err := range dec.Changes(c) {
+				if err != nil {
+					return err
+				}
+				if first {
+					first = false
+					if err := w.waitFor(ctx, 3); err != nil {
+						return err
+					}
+				}
+				if err := m.apply(ch); err != nil {
+					return err
+				}
+			}
+			mu.Lock()
+			workers[c.Worker]++
+			mu.Unlock()
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := sess.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+		var big *snapshot.Table
+		for _, tab := range res.Tables {
+			if tab.Name == "big" {
+				big = tab
+			}
+		}
+		if big == nil || big.Chunks < 6 {
+			t.Fatalf("big was copied in %v chunks, want several", big)
+		}
+		if len(workers) < 2 {
+			t.Errorf("chunks per worker: %v; want them spread", workers)
+		}
+		t.Logf("copied %d rows in %d chunks of big (%d bytes), chunks per worker %v", res.Rows, big.Chunks, big.Size, workers)
+		must(t, w.waitFor(ctx, 20))
+		w.stop()
+		t.Logf("writer: %s", w)
+		mustExec(t, cs, `INSERT INTO done VALUES (1)`)
+		streamInto(ctx, t, s, m, []*snapshot.Result{res}, isDone, nil)
+		checkModel(ctx, t, cs, m, "big", 1)
+	})
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
