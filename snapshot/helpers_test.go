@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"reflect"
 	"slices"
 	"sort"
 	"strings"
@@ -217,6 +218,9 @@ func streamInto(ctx context.Context, t *testing.T, s *replication.Stream, m *row
 				}
 				results = append(results, r)
 			}
+			if ch.Relation != nil {
+				checkRelation(t, results, ch.Relation)
+			}
 			if ch.Relation != nil && slices.ContainsFunc(results, func(r *snapshot.Result) bool {
 				return r.Covers(ch.Relation.RelationID, x.CommitLSN)
 			}) {
@@ -235,15 +239,16 @@ func streamInto(ctx context.Context, t *testing.T, s *replication.Stream, m *row
 	}
 }
 
-// checkModel compares m's table with what the database holds now.
-func checkModel(ctx context.Context, t *testing.T, connString string, m *rowModel, table string, keyCols int) {
+// checkModel compares m's table name with the rows the query returns now; key lists the
+// columns that make the key (the replica identity key), by index.
+func checkModel(ctx context.Context, t *testing.T, connString string, m *rowModel, name, query string, key ...int) {
 	t.Helper()
 	conn, err := pgx.Connect(ctx, connString)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close(ctx)
-	rows, err := conn.Query(ctx, "SELECT * FROM "+table)
+	rows, err := conn.Query(ctx, query)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -253,7 +258,7 @@ func checkModel(ctx context.Context, t *testing.T, connString string, m *rowMode
 		if err != nil {
 			t.Fatal(err)
 		}
-		var v []string
+		var v, k []string
 		for _, x := range vals {
 			s := fmt.Sprint(x)
 			if x == nil {
@@ -261,13 +266,16 @@ func checkModel(ctx context.Context, t *testing.T, connString string, m *rowMode
 			}
 			v = append(v, s)
 		}
-		want[strings.Join(v[:keyCols], "|")] = strings.Join(v, "|")
+		for _, i := range key {
+			k = append(k, v[i])
+		}
+		want[strings.Join(k, "|")] = strings.Join(v, "|")
 	}
 	if err := rows.Err(); err != nil {
 		t.Fatal(err)
 	}
 	m.mu.Lock()
-	got := m.rows["public."+table]
+	got := m.rows[name]
 	m.mu.Unlock()
 	var diffs []string
 	for k, w := range want {
@@ -284,8 +292,25 @@ func checkModel(ctx context.Context, t *testing.T, connString string, m *rowMode
 	}
 	sort.Strings(diffs)
 	if len(diffs) > 0 {
-		t.Errorf("%s: %d rows in the database, %d in the model; %d differences:\n%s", table, len(want), len(got),
+		t.Errorf("%s: %d rows in the database, %d in the model; %d differences:\n%s", name, len(want), len(got),
 			len(diffs), strings.Join(diffs[:min(len(diffs), 20)], "\n"))
+	}
+}
+
+// checkRelation checks that the copy described a relation as the stream does.
+func checkRelation(t *testing.T, results []*snapshot.Result, rel *decoding.Relation) {
+	t.Helper()
+	for _, r := range results {
+		for _, tab := range r.Tables {
+			if tab.OID != rel.RelationID {
+				continue
+			}
+			want := *rel
+			want.Xid = 0
+			if !reflect.DeepEqual(*tab.Relation, want) {
+				t.Errorf("the copy describes %s as\n%+v\nthe stream as\n%+v", tab, *tab.Relation, want)
+			}
+		}
 	}
 }
 

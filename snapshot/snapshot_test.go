@@ -305,7 +305,7 @@ func TestConcurrentWrites(t *testing.T) {
 		t.Logf("writer: %s", w)
 		mustExec(t, cs, `INSERT INTO done VALUES (1)`)
 		streamInto(ctx, t, s, m, []*snapshot.Result{res}, isDone, nil)
-		checkModel(ctx, t, cs, m, "big", 1)
+		checkModel(ctx, t, cs, m, "public.big", "SELECT * FROM big", 0)
 	})
 }
 
