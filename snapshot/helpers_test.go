@@ -189,10 +189,11 @@ func copyInto(m *rowModel) snapshot.Handler {
 }
 
 // streamInto applies the stream's transactions to m until stop reports true for one of them,
-// skipping the changes a Result covers, and acknowledging each transaction. sync, if set, is
-// called for a change to a table no Result has copied, and returns the Result of its copy.
+// skipping the changes a Result covers (it returns how many), and acknowledging each
+// transaction. sync, if set, is called for a change to a table no Result has copied, and
+// returns the Result of its copy.
 func streamInto(ctx context.Context, t *testing.T, s *replication.Stream, m *rowModel, results []*snapshot.Result,
-	stop func(pgvalue.Change) bool, sync func(rel *decoding.Relation) *snapshot.Result) []*snapshot.Result {
+	stop func(pgvalue.Change) bool, sync func(rel *decoding.Relation) *snapshot.Result) (skipped int) {
 	t.Helper()
 	dec := pgvalue.NewDecoder(nil)
 	for {
@@ -224,6 +225,7 @@ func streamInto(ctx context.Context, t *testing.T, s *replication.Stream, m *row
 			if ch.Relation != nil && slices.ContainsFunc(results, func(r *snapshot.Result) bool {
 				return r.Covers(ch.Relation.RelationID, x.CommitLSN)
 			}) {
+				skipped++
 				continue
 			}
 			if err := m.apply(ch); err != nil {
@@ -234,7 +236,7 @@ func streamInto(ctx context.Context, t *testing.T, s *replication.Stream, m *row
 			t.Fatal(err)
 		}
 		if done {
-			return results
+			return skipped
 		}
 	}
 }
@@ -427,4 +429,19 @@ func (w *writer) stop() {
 func (w *writer) String() string {
 	return fmt.Sprintf("%d transactions: %d rows inserted or upserted, %d updated, %d re-keyed, %d deleted",
 		w.commits.Load(), w.stats[0].Load(), w.stats[1].Load(), w.stats[2].Load(), w.stats[3].Load())
+}
+
+// queryValue returns the single text value a query returns.
+func queryValue(ctx context.Context, t *testing.T, connString, sql string) string {
+	t.Helper()
+	conn, err := pgx.Connect(ctx, connString)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var v string
+	if err := conn.QueryRow(ctx, sql).Scan(&v); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+	return v
 }
