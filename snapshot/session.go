@@ -201,7 +201,9 @@ func begin(ctx context.Context, conn *pgconn.PgConn, name string) error {
 	switch {
 	case err == nil:
 		return nil
-	case isCode(err, "22023"): // invalid_parameter_value: "invalid snapshot identifier"
+	case isCode(err, "22023") || isCode(err, "42704"):
+		// "invalid snapshot identifier" (invalid_parameter_value) before PostgreSQL 18,
+		// "snapshot ... does not exist" (undefined_object) since.
 		return fmt.Errorf("%w: snapshot %q: %w", ErrSnapshotNotExported, name, err)
 	default:
 		return fmt.Errorf("snapshot: importing snapshot %q: %w", name, err)
