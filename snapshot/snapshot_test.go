@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"reflect"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -14,7 +13,6 @@ import (
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/internal/pgtest"
 	"github.com/pgreorder/pgreorder/pgvalue"
-	"github.com/pgreorder/pgreorder/replication"
 	"github.com/pgreorder/pgreorder/snapshot"
 )
 
@@ -209,12 +207,6 @@ func trim(b []byte) string {
 	}
 	return string(b)
 }
-
-var (
-	_ = strings.Join
-	_ = pgvalue.NewDecoder
-	_ = replication.ExportSnapshot
-)
 
 // TestConcurrentWrites: a table split in chunks over three workers is copied while a writer
 // inserts, updates (also the key) and deletes rows, copied and not yet copied, before the slot
