@@ -21,9 +21,9 @@ type Table struct {
 	Schema string
 	Name   string
 	// Relation describes the table as the stream's Relation message does: the published
-	// columns (column list applied, generated columns as pgoutput 's server version publishes
-	// them) in the table's order, their types, and which are part of the replica identity key.
-	// Do not modify it.
+	// columns (column list applied, generated columns as the server's pgoutput publishes them)
+	// in the table's order, their types, and which are part of the replica identity key. Do not
+	// modify it.
 	Relation *decoding.Relation
 	// RowFilter is the condition a row must meet to be published (the publications' row
 	// filters, joined with OR), as PostgreSQL prints it; "" when every row is published.
@@ -74,6 +74,7 @@ type source struct {
 // published is what the publications say about one table.
 type published struct {
 	oid     uint32
+	name    string // schema-qualified, for messages
 	pubs    []string
 	attrs   []string // the column list, nil for every column
 	filters []string // nil: every row
@@ -91,7 +92,7 @@ func listPublished(ctx context.Context, conn *pgconn.PgConn, major int, pubs []s
 	if major >= 15 {
 		extra = "pg_catalog.array_to_json(t.attnames)::text, t.rowfilter"
 	}
-	rows, err := query(ctx, conn, "SELECT c.oid, t.pubname, "+extra+" FROM pg_catalog.pg_publication_tables t "+
+	rows, err := query(ctx, conn, "SELECT c.oid, t.pubname, "+extra+", t.schemaname, t.tablename FROM pg_catalog.pg_publication_tables t "+
 		"JOIN pg_catalog.pg_namespace n ON n.nspname = t.schemaname "+
 		"JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = t.tablename "+
 		"WHERE t.pubname IN ("+literals(pubs)+") ORDER BY 1, 2")
@@ -108,7 +109,7 @@ func listPublished(ctx context.Context, conn *pgconn.PgConn, major int, pubs []s
 		}
 		p := out[oid]
 		if p == nil {
-			p = &published{oid: oid}
+			p = &published{oid: oid, name: displayIdent(*row[4]) + "." + displayIdent(*row[5])}
 			out[oid] = p
 		}
 		p.pubs = append(p.pubs, *row[1])
@@ -135,8 +136,8 @@ func listPublished(ctx context.Context, conn *pgconn.PgConn, major int, pubs []s
 				p.attrs = []string{} // published with no column at all
 			}
 		default:
-			return nil, fmt.Errorf("%w: table %d is published with the columns %s by the publications %s",
-				ErrColumnLists, oid, strings.Join(l, " and "), strings.Join(p.pubs, ", "))
+			return nil, fmt.Errorf("%w: %s is published with the columns %s by the publications %s",
+				ErrColumnLists, p.name, strings.Join(l, " and "), strings.Join(p.pubs, ", "))
 		}
 	}
 	return out, nil
@@ -169,7 +170,7 @@ func pubFingerprint(ctx context.Context, conn *pgconn.PgConn, major int, pubs []
 // at the snapshot's point are left out (the stream carries all their rows), and so are
 // partitions whose partitioned ancestor is published too (the stream publishes their changes as
 // the ancestor's).
-func describe(ctx context.Context, conn *pgconn.PgConn, major int, pub map[uint32]*published, cfg *Config) ([]*Table, error) {
+func describe(ctx context.Context, conn *pgconn.PgConn, major int, pub map[uint32]*published, binary bool, blockSize int64) ([]*Table, error) {
 	if len(pub) == 0 {
 		return nil, nil
 	}
@@ -188,13 +189,8 @@ func describe(ctx context.Context, conn *pgconn.PgConn, major int, pub map[uint3
 	if err != nil {
 		return nil, fmt.Errorf("snapshot: reading tables: %w", err)
 	}
-	blockSize, err := queryInt(ctx, conn, "SELECT pg_catalog.current_setting('block_size')")
-	if err != nil {
-		return nil, err
-	}
 	byOID := map[uint32]*Table{}
 	var tables []*Table
-	kinds := map[uint32]byte{}
 	for _, r := range rels {
 		oid, err := parseOID(r[0])
 		if err != nil {
@@ -219,10 +215,9 @@ func describe(ctx context.Context, conn *pgconn.PgConn, major int, pub map[uint3
 			t.Size = size
 			// A table with inheritance children is read without them: each child is published
 			// (and copied) as a table of its own.
-			t.sources = []source{{sqlName: t.sqlName(), only: *r[6] == "t", ranges: major >= 14,
+			t.sources = []source{{sqlName: t.sqlName(), only: *r[6] == "t", ranges: major >= 14 && *r[3] == "r",
 				pages: (size + blockSize - 1) / blockSize}}
 		}
-		kinds[oid] = (*r[3])[0]
 		byOID[oid] = t
 		tables = append(tables, t)
 	}
@@ -235,7 +230,7 @@ func describe(ctx context.Context, conn *pgconn.PgConn, major int, pub map[uint3
 	}
 	in = strings.Join(oids, ", ")
 
-	if err := describeColumns(ctx, conn, major, in, byOID, pub, cfg.Binary); err != nil {
+	if err := describeColumns(ctx, conn, major, in, byOID, pub, binary); err != nil {
 		return nil, err
 	}
 	if err := describeTypes(ctx, conn, tables); err != nil {

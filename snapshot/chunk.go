@@ -18,7 +18,8 @@ import (
 // ranging over Changes (directly, or through a pgvalue.Decoder's Changes) to the end, and returns
 // nil once it has handled them; an error stops the whole copy, and Run returns it inside a
 // *ChunkError. The rows are read from the server while the handler iterates: a slow handler slows
-// the copy of its chunk, never the others.
+// the copy of its chunk, never the others. A handler that waits for something else (a target
+// database) must stop waiting when ctx is done: Run, and Session.Close, wait for it.
 type Handler func(ctx context.Context, c *Chunk) error
 
 var errIteratedTwice = errors.New("snapshot: a chunk's Changes can be iterated only once")

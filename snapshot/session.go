@@ -122,7 +122,11 @@ func Open(ctx context.Context, cfg Config, snap replication.Snapshot) (_ *Sessio
 		return nil, fmt.Errorf("%w: a publication of %s was created, altered or dropped after the consistent point %s; "+
 			"drop slot %q and start again", ErrPublicationChanged, strings.Join(cfg.Publications, ", "), snap.ConsistentPoint, snap.Slot)
 	}
-	tables, err := describe(ctx, c0, s.major, pub, &cfg)
+	blockSize, err := queryInt(ctx, c0, "SELECT pg_catalog.current_setting('block_size')")
+	if err != nil {
+		return nil, err
+	}
+	tables, err := describe(ctx, c0, s.major, pub, cfg.Binary, blockSize)
 	if err != nil {
 		return nil, err
 	}
@@ -142,10 +146,6 @@ func Open(ctx context.Context, cfg Config, snap replication.Snapshot) (_ *Sessio
 		if _, err := c0.Exec(ctx, "LOCK TABLE "+strings.Join(names, ", ")+" IN ACCESS SHARE MODE").ReadAll(); err != nil {
 			return nil, fmt.Errorf("snapshot: locking the tables: %w", err)
 		}
-	}
-	blockSize, err := queryInt(ctx, c0, "SELECT pg_catalog.current_setting('block_size')")
-	if err != nil {
-		return nil, err
 	}
 	s.plan = makePlan(s.tables, cfg.chunkSize()/blockSize, cfg.chunkSize() < 0, cfg.Binary)
 
