@@ -17,15 +17,15 @@ import (
 )
 
 // typeColumns is a table with a column of most kinds of types: built-in scalars, arrays, JSON,
-// an enum and a domain (types described by Type messages), a type without a binary send
-// function (aclitem), a TOASTed value and a generated column (not published before PostgreSQL
-// 18, nor on 18 without publish_generated_columns).
+// an enum, an array of it, a composite type and a domain (types described by Type messages), a
+// type without a binary send function (aclitem), a TOASTed value and a generated column (not
+// published before PostgreSQL 18, nor on 18 without publish_generated_columns).
 const typeColumns = `id int PRIMARY KEY, i2 int2, i8 int8, n numeric(12,3), f4 real, f8 float8, b bool,
 	t text, vc varchar(20), ch char(3), by bytea, d date, ts timestamp, tz timestamptz, iv interval,
 	u uuid, j json, jb jsonb, ia int[], ta text[], m mood, p posint, ip inet, acl aclitem, big text,
-	g int GENERATED ALWAYS AS (id * 2) STORED`
+	ma mood[], cp pair, g int GENERATED ALWAYS AS (id * 2) STORED`
 
-const typeNames = `id, i2, i8, n, f4, f8, b, t, vc, ch, by, d, ts, tz, iv, u, j, jb, ia, ta, m, p, ip, acl, big`
+const typeNames = `id, i2, i8, n, f4, f8, b, t, vc, ch, by, d, ts, tz, iv, u, j, jb, ia, ta, m, p, ip, acl, big, ma, cp`
 
 // typeRows are rows of typeColumns (without id and g) as SQL expressions.
 var typeRows = []string{
@@ -34,16 +34,17 @@ var typeRows = []string{
 	 '2024-02-29', '2024-02-29 10:34:56.789012', '2024-02-29 10:34:56.789012+02', '1 year 2 mons 3 days 04:05:06.789',
 	 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', '{"a": [1, 2.50, null]}', '{"b": {"c": "d\u00e9"}}',
 	 '{1,NULL,-3}', '{"a b","c,d",NULL,"e\"f","g\\h",""}', 'happy', 42, '192.168.0.1/24',
-	 ('=r/' || quote_ident(current_user))::aclitem, repeat('long ', 30000)`,
+	 ('=r/' || quote_ident(current_user))::aclitem, repeat('long ', 30000), '{happy,NULL,sad}', '(7,"x y")'`,
 	`NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-	 NULL, NULL, NULL, NULL, NULL, NULL, NULL`,
+	 NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL`,
 	`0, 0, 'NaN', 'Infinity', '-Infinity', false, '', '', '', '', 'infinity', '-infinity', 'infinity',
 	 '-178000000 years', '00000000-0000-0000-0000-000000000000', '[]', '{}', '{{1,2},{3,4}}', '{}', 'sad', 1,
-	 '::1', ('=arwdDxt/' || quote_ident(current_user))::aclitem, ''`,
+	 '::1', ('=arwdDxt/' || quote_ident(current_user))::aclitem, '', '{}', '(,)'`,
 }
 
 const typeSetup = `CREATE TYPE mood AS ENUM ('sad', 'ok', 'happy');
-CREATE DOMAIN posint AS int CHECK (VALUE > 0);`
+CREATE DOMAIN posint AS int CHECK (VALUE > 0);
+CREATE TYPE pair AS (a int, b text);`
 
 func insertTypeRows(t *testing.T, cs string, base int) {
 	t.Helper()
@@ -141,8 +142,8 @@ func TestTypes(t *testing.T) {
 					}
 					s.Ack(x)
 				}
-				if len(types) != 2 {
-					t.Errorf("types described: %v, want mood and posint", types)
+				if len(types) != 4 {
+					t.Errorf("types described: %v, want mood, posint, _mood and pair", types)
 				}
 				for i := range typeRows {
 					c, s := copied[i+1], streamed[1000+i+1]
