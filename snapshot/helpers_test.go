@@ -2,11 +2,14 @@ package snapshot_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"reflect"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -79,10 +82,50 @@ func connectSlot(ctx context.Context, t *testing.T, srv *pgtest.Server, db, slot
 // overlap, an update or delete of a key not there a gap.
 type rowModel struct {
 	mu   sync.Mutex
+	xids map[uint32]bool // the streamed transactions
 	rows map[string]map[string]string
+	// history records, per table and key, what was applied, for the failure messages.
+	history map[string][]string
+	origin  string // where the changes being applied come from
 }
 
-func newRowModel() *rowModel { return &rowModel{rows: map[string]map[string]string{}} }
+func newRowModel() *rowModel {
+	return &rowModel{rows: map[string]map[string]string{}, history: map[string][]string{}, origin: "(copy)"}
+}
+
+// from sets the origin recorded in the history of the changes applied next with apply.
+func (m *rowModel) from(origin string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.origin = origin
+}
+
+func (m *rowModel) record(table, key, what string) {
+	k := table + " " + key
+	m.history[k] = append(m.history[k], what)
+}
+
+// keys returns the keys of a table.
+func (m *rowModel) keys(table string) map[string]bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := map[string]bool{}
+	for k := range m.rows[table] {
+		out[k] = true
+	}
+	return out
+}
+
+// streamed returns the ids of the transactions streamInto received.
+func (m *rowModel) streamed() map[uint32]bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return maps.Clone(m.xids)
+}
+
+func (m *rowModel) keyHistory(table, key string) string {
+	return strings.Join(m.history[table+" "+key], "; ")
+}
 
 func relName(r *decoding.Relation) string { return r.Namespace + "." + r.Name }
 
@@ -106,6 +149,15 @@ func encode(row pgvalue.Row) (key, vals string, err error) {
 	return strings.Join(k, "|"), strings.Join(v, "|"), nil
 }
 
+// modelError is a change the model refuses: a gap or an overlap, on one key.
+type modelError struct{ table, key, msg string }
+
+func (e *modelError) Error() string { return e.msg }
+
+// diagnose, if set by a test, is called with a change the model refused, to log what the test
+// knows about the key.
+var diagnose func(t *testing.T, e *modelError)
+
 func (m *rowModel) table(name string) map[string]string {
 	tab := m.rows[name]
 	if tab == nil {
@@ -126,7 +178,8 @@ func (m *rowModel) apply(ch pgvalue.Change) error {
 		}
 		return nil
 	}
-	tab := m.table(relName(ch.Relation))
+	name := relName(ch.Relation)
+	tab := m.table(name)
 	switch ch.Op {
 	case decoding.MsgInsert:
 		k, v, err := encode(ch.New)
@@ -134,9 +187,10 @@ func (m *rowModel) apply(ch pgvalue.Change) error {
 			return err
 		}
 		if old, ok := tab[k]; ok {
-			return fmt.Errorf("%s: insert of key %s, already there (%s)", ch, k, old)
+			return &modelError{name, k, fmt.Sprintf("%s: insert of key %s, already there (%s); history: %s", ch, k, old, m.keyHistory(name, k))}
 		}
 		tab[k] = v
+		m.record(name, k, "insert "+v+" "+m.origin)
 	case decoding.MsgUpdate:
 		k, v, err := encode(ch.New)
 		if err != nil {
@@ -149,22 +203,27 @@ func (m *rowModel) apply(ch pgvalue.Change) error {
 			}
 		}
 		if _, ok := tab[oldKey]; !ok {
-			return fmt.Errorf("%s: update of key %s, not there", ch, oldKey)
+			return &modelError{name, oldKey, fmt.Sprintf("%s: update of key %s, not there; history: %s", ch, oldKey, m.keyHistory(name, oldKey))}
 		}
 		delete(tab, oldKey)
 		if old, ok := tab[k]; ok {
-			return fmt.Errorf("%s: update to key %s, already there (%s)", ch, k, old)
+			return &modelError{name, k, fmt.Sprintf("%s: update to key %s, already there (%s); history: %s", ch, k, old, m.keyHistory(name, k))}
 		}
 		tab[k] = v
+		m.record(name, oldKey, "update to "+k+": "+v+" "+m.origin)
+		if k != oldKey {
+			m.record(name, k, "update from "+oldKey+": "+v+" "+m.origin)
+		}
 	case decoding.MsgDelete:
 		k, _, err := encode(ch.Old)
 		if err != nil {
 			return err
 		}
 		if _, ok := tab[k]; !ok {
-			return fmt.Errorf("%s: delete of key %s, not there", ch, k)
+			return &modelError{name, k, fmt.Sprintf("%s: delete of key %s, not there; history: %s", ch, k, m.keyHistory(name, k))}
 		}
 		delete(tab, k)
+		m.record(name, k, "delete "+m.origin)
 	}
 	return nil
 }
@@ -202,6 +261,13 @@ func streamInto(ctx context.Context, t *testing.T, s *replication.Stream, m *row
 			t.Fatal(err)
 		}
 		done := false
+		m.from(fmt.Sprintf("(xid %d, commit %s)", x.Xid, x.CommitLSN))
+		m.mu.Lock()
+		if m.xids == nil {
+			m.xids = map[uint32]bool{}
+		}
+		m.xids[x.Xid] = true
+		m.mu.Unlock()
 		for ch, err := range dec.Changes(x) {
 			if err != nil {
 				t.Fatal(err)
@@ -213,7 +279,9 @@ func streamInto(ctx context.Context, t *testing.T, s *replication.Stream, m *row
 			if ch.Relation != nil && sync != nil && !slices.ContainsFunc(results, func(r *snapshot.Result) bool {
 				return r.Copied(ch.Relation.RelationID)
 			}) {
+				m.from("(sync)")
 				r := sync(ch.Relation)
+				m.from(fmt.Sprintf("(xid %d, commit %s)", x.Xid, x.CommitLSN))
 				if !r.Copied(ch.Relation.RelationID) {
 					t.Fatalf("synchronising %s did not copy it", relName(ch.Relation))
 				}
@@ -226,9 +294,18 @@ func streamInto(ctx context.Context, t *testing.T, s *replication.Stream, m *row
 				return r.Covers(ch.Relation.RelationID, x.CommitLSN)
 			}) {
 				skipped++
+				if k, _, err := encode(ch.New); err == nil && ch.New.Present() {
+					m.mu.Lock()
+					m.record(relName(ch.Relation), k, fmt.Sprintf("skipped %s (xid %d, commit %s)", ch, x.Xid, x.CommitLSN))
+					m.mu.Unlock()
+				}
 				continue
 			}
 			if err := m.apply(ch); err != nil {
+				var me *modelError
+				if errors.As(err, &me) && diagnose != nil {
+					diagnose(t, me)
+				}
 				t.Fatalf("transaction %d (commit %s): %v", x.Xid, x.CommitLSN, err)
 			}
 		}
@@ -326,6 +403,9 @@ func isDone(ch pgvalue.Change) bool {
 // table picked at random among tables.
 type writer struct {
 	t       *testing.T
+	mu      sync.Mutex
+	log     []string // per operation: "xid N: table sql args -> rows"
+	wops    []wop
 	commits atomic.Int64
 	stats   [4]atomic.Int64 // rows inserted or upserted, updated, re-keyed, deleted
 	err     atomic.Pointer[error]
@@ -359,6 +439,8 @@ func startWriter(ctx context.Context, t *testing.T, connString string, seed uint
 				fail(err)
 				return
 			}
+			var ops []string
+			var structured []wop
 			for range 1 + rng.IntN(4) {
 				table := tables[rng.IntN(len(tables))]
 				id, id2, v := 1+rng.IntN(maxID), 1+rng.IntN(maxID), rng.IntN(1000)
@@ -382,16 +464,80 @@ func startWriter(ctx context.Context, t *testing.T, connString string, seed uint
 					return
 				}
 				w.stats[op].Add(tag.RowsAffected())
+				ops = append(ops, fmt.Sprintf("%s %v -> %d", sql, args, tag.RowsAffected()))
+				structured = append(structured, wop{table: table, op: op, id: id, id2: id2, rows: tag.RowsAffected()})
+			}
+			var xid string // for the failure messages: asked after the writes, not to change when it is assigned
+			if err := tx.QueryRow(ctx, "SELECT coalesce(pg_current_xact_id_if_assigned()::text, '-')").Scan(&xid); err != nil {
+				fail(err)
+				return
 			}
 			if err := tx.Commit(ctx); err != nil {
 				fail(err)
 				return
 			}
 			w.commits.Add(1)
+			w.mu.Lock()
+			for _, op := range ops {
+				w.log = append(w.log, "xid "+xid+": "+op)
+			}
+			for _, o := range structured {
+				o.xid = xid
+				w.wops = append(w.wops, o)
+			}
+			w.mu.Unlock()
 		}
 	}()
 	t.Cleanup(w.stop)
 	return w
+}
+
+// wop is one operation of the writer, for diagnostics.
+type wop struct {
+	xid     string
+	table   string
+	op      int // 0 upsert, 1 update, 2 re-key, 3 delete
+	id, id2 int
+	rows    int64
+}
+
+// keysBefore returns the keys of table (initially 1 to n) once the writer's transactions that
+// are not in streamed had run, with the last five of those and the first five streamed ones
+// that touched the table.
+func (w *writer) keysBefore(table string, n int, streamed map[uint32]bool) (keys map[int]bool, before, after []string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	keys = map[int]bool{}
+	for i := 1; i <= n; i++ {
+		keys[i] = true
+	}
+	for _, o := range w.wops {
+		if o.table != table {
+			continue
+		}
+		if xid, _ := strconv.Atoi(o.xid); streamed[uint32(xid)] {
+			if len(after) < 5 && !slices.Contains(after, o.xid) {
+				after = append(after, o.xid)
+			}
+			continue
+		}
+		if len(after) > 0 {
+			after = append(after, "(then not streamed: "+o.xid+")")
+		}
+		if !slices.Contains(before, o.xid) {
+			before = append(before, o.xid)
+		}
+		switch {
+		case o.op == 0:
+			keys[o.id] = true
+		case o.op == 2 && o.rows > 0:
+			delete(keys, o.id)
+			keys[o.id2] = true
+		case o.op == 3 && o.rows > 0:
+			delete(keys, o.id)
+		}
+	}
+	return keys, before[max(0, len(before)-5):], after
 }
 
 // waitFor waits until the writer has committed n more transactions. It may be called from any
@@ -444,4 +590,17 @@ func queryValue(ctx context.Context, t *testing.T, connString, sql string) strin
 		t.Fatalf("%s: %v", sql, err)
 	}
 	return v
+}
+
+// ops returns the writer's operations that may have touched id.
+func (w *writer) ops(id string) []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out []string
+	for _, l := range w.log {
+		if strings.Contains(l, "["+id+" ") || strings.Contains(l, " "+id+"]") || strings.Contains(l, "["+id+"]") {
+			out = append(out, l)
+		}
+	}
+	return out
 }

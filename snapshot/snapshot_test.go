@@ -280,6 +280,27 @@ func TestConcurrentWrites(t *testing.T) {
 		if err := sess.Close(ctx); err != nil {
 			t.Fatal(err)
 		}
+		copied := m.keys("public.big")
+		diagnose = func(t *testing.T, e *modelError) {
+			keys, before, after := w.keysBefore("big", n, m.streamed())
+			var missing, extra []string
+			for k := range keys {
+				if !copied[strconv.Itoa(k)] {
+					missing = append(missing, strconv.Itoa(k))
+				}
+			}
+			for k := range copied {
+				if id, _ := strconv.Atoi(k); !keys[id] {
+					extra = append(extra, k)
+				}
+			}
+			t.Logf("consistent point %s: %d rows by the writer's log, %d copied; missing from the copy %v, extra %v; "+
+				"last transactions not streamed %v, first streamed %v", snap.ConsistentPoint, len(keys), len(copied), missing, extra, before, after)
+			for _, op := range w.ops(e.key) {
+				t.Log(op)
+			}
+		}
+		defer func() { diagnose = nil }()
 		var big *snapshot.Table
 		for _, tab := range res.Tables {
 			if tab.Name == "big" {
