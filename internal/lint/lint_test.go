@@ -141,6 +141,20 @@ func TestImportsPointDown(t *testing.T) {
 }
 
 func TestOnlyReplicationTalksToPostgres(t *testing.T) {
+	// Who may open connections: replication (the walsender), apply and snapshot (ordinary
+	// connections to copy and apply), internal/pgserver and pgtest (throwaway servers for the
+	// commands and tests), examples (programs), and metrics, which listens for scrapes (net,
+	// never pgconn).
+	connects := func(pkg, imp string) bool {
+		switch {
+		case pkg == "replication", pkg == "apply", pkg == "snapshot",
+			pkg == "internal/pgtest", pkg == "internal/pgserver", strings.HasPrefix(pkg, "examples/"):
+			return true
+		case pkg == "metrics":
+			return imp == "net"
+		}
+		return false
+	}
 	for path, info := range list(t) {
 		pkg, isOwn := strings.CutPrefix(path, mod)
 		if !isOwn {
@@ -148,14 +162,46 @@ func TestOnlyReplicationTalksToPostgres(t *testing.T) {
 		}
 		for _, imp := range info.imports {
 			if strings.HasPrefix(imp, "github.com/jackc/pgx/v5/pgconn") || imp == "net" {
-				// internal/pgserver and pgtest start servers for the demo and tests; examples are
-				// programs; metrics listens for Prometheus scrapes (net, never pgconn).
-				ok := pkg == "replication" || pkg == "internal/pgtest" || pkg == "internal/pgserver" ||
-					strings.HasPrefix(pkg, "examples/") || pkg == "metrics" && imp == "net"
-				require.True(t, ok, "%s imports %s: only replication may talk to the server", pkg, imp)
+				require.True(t, connects(pkg, imp), "%s imports %s: it may not talk to a server", pkg, imp)
 			}
+			require.False(t, strings.HasPrefix(imp, "github.com/jackc/pglogrepl"),
+				"%s imports pglogrepl: only tests use it, as an independent decoder", pkg)
 		}
 	}
+}
+
+// TestOnlyReplicationSpeaksTheReplicationProtocol: the walsender's commands appear in package
+// replication only (and in tests); everyone else goes through its API.
+func TestOnlyReplicationSpeaksTheReplicationProtocol(t *testing.T) {
+	commands := []string{"START_REPLICATION", "CREATE_REPLICATION_SLOT", "IDENTIFY_SYSTEM", "TIMELINE_HISTORY",
+		"READ_REPLICATION_SLOT", "BASE_BACKUP"}
+	files, err := filepath.Glob(filepath.Join("..", "..", "*", "*.go"))
+	require.NoError(t, err)
+	more, err := filepath.Glob(filepath.Join("..", "..", "*", "*", "*.go"))
+	require.NoError(t, err)
+	files = append(files, more...)
+	checked := 0
+	for _, f := range files {
+		rel, err := filepath.Rel(filepath.Join("..", ".."), f)
+		require.NoError(t, err)
+		if strings.HasSuffix(f, "_test.go") || strings.HasPrefix(rel, "replication"+string(filepath.Separator)) {
+			continue
+		}
+		file, err := parser.ParseFile(token.NewFileSet(), f, nil, 0)
+		require.NoError(t, err)
+		checked++
+		ast.Inspect(file, func(n ast.Node) bool {
+			if lit, ok := n.(*ast.BasicLit); ok && lit.Kind == token.STRING {
+				for _, c := range commands {
+					if strings.Contains(lit.Value, c) {
+						t.Errorf("%s sends %s: only package replication speaks the replication protocol", rel, c)
+					}
+				}
+			}
+			return true
+		})
+	}
+	require.Positive(t, checked)
 }
 
 // TestCoreHasNoGoroutinesOrClock: the reorder buffer is driven by calls, like etcd's raft
