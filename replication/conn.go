@@ -297,20 +297,39 @@ func (c *Config) baseConnConfig() (*pgconn.Config, error) {
 	return pc, nil
 }
 
-// pinnedParams are the startup parameters every connection carries, whatever the configuration
-// says. The last four are those PostgreSQL's own subscriber pins on its replication connection
-// (libpqwalreceiver), because pgoutput formats text values with the walsender session's
-// settings: DateStyle ISO (dates as 2024-03-04 whatever the server's day/month order),
+// valueSettings are the session settings PostgreSQL's own subscriber pins on its replication
+// connection (libpqwalreceiver), because pgoutput formats text values with the walsender
+// session's settings: DateStyle ISO (dates as 2024-03-04 whatever the server's day/month order),
 // IntervalStyle postgres, extra_float_digits 3 (float4/float8 that read back exactly), and the
 // client encoding (the subscriber asks for its database encoding; a Go consumer wants UTF8).
-// Startup parameters take precedence over postgresql.conf, ALTER ROLE/DATABASE SET and the
-// "options" connection parameter.
-var pinnedParams = [...][2]string{
-	{"replication", "database"},
+var valueSettings = [...][2]string{
 	{"datestyle", "ISO"},
 	{"intervalstyle", "postgres"},
 	{"extra_float_digits", "3"},
 	{"client_encoding", "UTF8"},
+}
+
+// PinValueSettings sets, in cfg's startup parameters, the session settings with which the
+// server prints values on a replication connection: DateStyle ISO, IntervalStyle postgres,
+// extra_float_digits 3 and client_encoding UTF8, replacing whatever cfg says (in any letter
+// case). Startup parameters take precedence over postgresql.conf, ALTER ROLE/DATABASE SET and the
+// "options" connection parameter. Every replication connection carries them; ordinary
+// connections whose values must read like the stream's (an initial copy, rows read back to
+// compare) should too.
+func PinValueSettings(cfg *pgconn.Config) {
+	if cfg.RuntimeParams == nil {
+		cfg.RuntimeParams = map[string]string{}
+	}
+	for k := range cfg.RuntimeParams {
+		for _, p := range valueSettings {
+			if strings.EqualFold(k, p[0]) {
+				delete(cfg.RuntimeParams, k)
+			}
+		}
+	}
+	for _, p := range valueSettings {
+		cfg.RuntimeParams[p[0]] = p[1]
+	}
 }
 
 // connConfig returns the configuration of one connection attempt: a copy of base, passed to
@@ -332,18 +351,15 @@ func (c *Config) connConfig(ctx context.Context, base *pgconn.Config, log *slog.
 	}
 	hasAppName := false
 	for k := range pc.RuntimeParams {
-		for _, p := range pinnedParams {
-			if strings.EqualFold(k, p[0]) {
-				delete(pc.RuntimeParams, k)
-			}
+		if strings.EqualFold(k, "replication") {
+			delete(pc.RuntimeParams, k)
 		}
 		if strings.EqualFold(k, "application_name") {
 			hasAppName = true
 		}
 	}
-	for _, p := range pinnedParams {
-		pc.RuntimeParams[p[0]] = p[1]
-	}
+	pc.RuntimeParams["replication"] = "database"
+	PinValueSettings(pc)
 	if !hasAppName {
 		pc.RuntimeParams["application_name"] = "pgreorder"
 	}

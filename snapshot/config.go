@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/pgreorder/pgreorder/replication"
 )
 
 // DefaultWorkers is the number of connections that copy in parallel when Config.Workers is 0.
@@ -117,15 +118,6 @@ func (c *Config) baseConnConfig() (*pgconn.Config, error) {
 	return pc, nil
 }
 
-// pinnedParams are the session settings every connection carries, whatever the configuration
-// says: those with which the replication connection's walsender formats text values.
-var pinnedParams = [...][2]string{
-	{"datestyle", "ISO"},
-	{"intervalstyle", "postgres"},
-	{"extra_float_digits", "3"},
-	{"client_encoding", "UTF8"},
-}
-
 // errNotParsed is the panic pgconn raises for a Config that pgconn.ParseConfig did not make.
 const errNotParsed = "config must be created by ParseConfig"
 
@@ -148,18 +140,12 @@ func (c *Config) connect(ctx context.Context, base *pgconn.Config, log *slog.Log
 		if strings.EqualFold(k, "replication") {
 			delete(pc.RuntimeParams, k)
 		}
-		for _, p := range pinnedParams {
-			if strings.EqualFold(k, p[0]) {
-				delete(pc.RuntimeParams, k)
-			}
-		}
 		if strings.EqualFold(k, "application_name") {
 			hasAppName = true
 		}
 	}
-	for _, p := range pinnedParams {
-		pc.RuntimeParams[p[0]] = p[1]
-	}
+	// The values must read exactly as the stream's.
+	replication.PinValueSettings(pc)
 	if !hasAppName {
 		pc.RuntimeParams["application_name"] = "pgreorder-copy"
 	}
