@@ -1,0 +1,48 @@
+package apply
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/pgreorder/pgreorder/internal/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// TestModes replicates the mixed workload in each mode, with text and binary values, and checks
+// that the target equals the source, that no conflict was met, and that the slot confirmed no
+// further than the target applied.
+func TestModes(t *testing.T) {
+	for _, major := range testMajors {
+		for _, mode := range []Mode{Buffered} {
+			for _, bin := range []bool{false, true} {
+				name := fmt.Sprintf("pg%d/%s/text", major, mode)
+				if bin {
+					name = fmt.Sprintf("pg%d/%s/binary", major, mode)
+				}
+				t.Run(name, func(t *testing.T) {
+					e := newEnv(t, major)
+					cfg := e.config(t, mode)
+					cfg.Binary = bin
+					r := start(t, cfg)
+					ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+					defer cancel()
+					must(t, workload(ctx, e.src, seeded(t), 1, nil))
+					e.waitMarker(t, r, 1)
+					r.halt(t)
+					e.compare(t)
+					st := r.a.Stats()
+					t.Logf("stats %+v", st)
+					if st.UpdateMissing != 0 || st.DeleteMissing != 0 {
+						t.Errorf("conflicts: %d updates and %d deletes found no row", st.UpdateMissing, st.DeleteMissing)
+					}
+					if st.CopyRows == 0 {
+						t.Error("no row went through COPY")
+					}
+				})
+			}
+		}
+	}
+}
