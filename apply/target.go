@@ -535,7 +535,13 @@ func (t *target) flushBatch(ctx context.Context) error {
 		t.checkResult(op, tag)
 	}
 	if err := mrr.Close(); err != nil && first == nil {
-		first = t.statementError(batchOp{}, err)
+		// A statement without rows that fails yields no result of its own: the results so far
+		// say which one it was.
+		op := batchOp{}
+		if i < len(ops) {
+			op = ops[i]
+		}
+		first = t.statementError(op, err)
 	}
 	return first
 }
@@ -726,8 +732,10 @@ func (t *target) update(ctx context.Context, m *relMap, u *decoding.Update) erro
 	t.shape = append(t.shape[:0], 'U')
 	params, formats := t.params[:0], t.formats[:0]
 	sets := 0
-	for _, c := range u.New {
-		if c.Kind == decoding.ColumnUnchanged { // a TOASTed value not sent: left as it is
+	for i, c := range u.New {
+		// A TOASTed value not sent is left as it is, and so is the key when it did not change
+		// (no old key was sent).
+		if c.Kind == decoding.ColumnUnchanged || (u.OldKind == 0 && m.info.rel.Columns[i].IsKey()) {
 			t.shape = append(t.shape, 0)
 			continue
 		}
