@@ -134,6 +134,9 @@ func (c Config) validate() (Config, error) {
 	case c.WorkMem < 0 && c.WorkMem != reorderbuffer.SpillEverything:
 		return bad("WorkMem %d", c.WorkMem)
 	}
+	if c.Mode != Buffered {
+		return bad("mode %s is not implemented yet", c.Mode)
+	}
 	for _, p := range c.Publications {
 		if p == "" {
 			return bad("empty publication name")
