@@ -110,8 +110,9 @@ func Run(ctx context.Context, cfg Config) error {
 // hooks let tests inject faults and observe stages. Each runs on the goroutine applying the
 // transaction; an error it returns fails the session as a crash would.
 type hooks struct {
-	// stage is called with "before-commit" (the changes are on the target, COMMIT not yet sent)
-	// and "after-commit" (committed, not yet acknowledged).
+	// stage is called with "before-commit" (the changes are on the target, COMMIT not yet sent),
+	// "after-commit" (committed, not yet acknowledged) and, in Eager and Parallel, "record"
+	// (before a job's queued record is applied; only Xid and Streamed are set).
 	stage func(ctx context.Context, stage string, x txnRef) error
 }
 

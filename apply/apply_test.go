@@ -16,7 +16,7 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 // further than the target applied.
 func TestModes(t *testing.T) {
 	for _, major := range testMajors {
-		for _, mode := range []Mode{Buffered} {
+		for _, mode := range []Mode{Buffered, Eager} {
 			for _, bin := range []bool{false, true} {
 				name := fmt.Sprintf("pg%d/%s/text", major, mode)
 				if bin {

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
+	"sync/atomic"
 
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
@@ -27,11 +29,27 @@ type session struct {
 	progSQL  string
 
 	relBuf [1]*relInfo
+
+	// Eager and Parallel.
+	cancel    context.CancelCauseFunc // ends the session with the first error
+	wg        sync.WaitGroup          // the workers' and the watchdog's goroutines
+	order     *order
+	jobs      map[uint32]*job // by xid, until their commit or abort (leader only)
+	workers   []*worker
+	free      chan *worker
+	store     *spillStore
+	budget    *budget
+	share     int64 // the memory one queue may hold
+	acks      acks
+	leaderJob atomic.Pointer[job] // the job the leader's connection applies, for the watchdog
 }
 
 // session runs one session.
-func (a *Applier) session(ctx context.Context) (err error) {
+func (a *Applier) session(parent context.Context) (err error) {
 	s := &session{a: a, cfg: &a.cfg, log: a.cfg.Logger, stats: &a.stats, reg: newRegistry()}
+	ctx, cancel := context.WithCancelCause(parent)
+	s.cancel = cancel
+	defer cancel(nil)
 	s.leader, err = connectTarget(ctx, s.cfg, "pgreorder apply "+s.cfg.Slot, s.stats)
 	if err != nil {
 		return err
@@ -71,7 +89,22 @@ func (a *Applier) session(ctx context.Context) (err error) {
 		}
 	}()
 	s.log.Info("applying", "slot", s.cfg.Slot, "mode", s.cfg.Mode, "resume_after", resume)
-	return s.runBuffered(ctx)
+	if s.cfg.Mode == Buffered {
+		return s.runBuffered(ctx)
+	}
+	err = s.startWorkers(ctx)
+	if err == nil {
+		err = s.runIncremental(ctx)
+	}
+	cancel(err)
+	s.stopWorkers(ctx)
+	if aerr := s.ackCommitted(context.WithoutCancel(ctx)); aerr != nil {
+		s.log.Debug("acknowledging the last commits", "err", aerr)
+	}
+	if parent.Err() != nil {
+		return parent.Err()
+	}
+	return context.Cause(ctx)
 }
 
 // setupProgress creates the progress table if it is missing and returns the slot's position.

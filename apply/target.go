@@ -172,6 +172,14 @@ func (t *target) rollback(ctx context.Context) error {
 	return t.conn.Exec(ctx, "ROLLBACK").Close()
 }
 
+// flushPending sends every statement and insert not sent yet.
+func (t *target) flushPending(ctx context.Context) error {
+	if err := t.flushInserts(ctx); err != nil {
+		return err
+	}
+	return t.flushBatch(ctx)
+}
+
 // commit sends what is pending, the progress row for end, and COMMIT, in one round trip when
 // no COPY is pending.
 func (t *target) commit(ctx context.Context, progress *stmt, slot string, end LSN) error {
