@@ -78,7 +78,10 @@ func (a *Applier) Run(ctx context.Context) error {
 			log.Info("retrying serially", "xids", re.xids, "reason", re.reason)
 			continue
 		}
-		if !retryable(err) {
+		// A cancellation that is not ctx's comes from a connection that broke while a wait was
+		// cut short: retried like the connection.
+		internal := errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
+		if !internal && !retryable(err) {
 			log.Error("stopped", "err", err)
 			return err
 		}

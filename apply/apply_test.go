@@ -16,7 +16,7 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 // further than the target applied.
 func TestModes(t *testing.T) {
 	for _, major := range testMajors {
-		for _, mode := range []Mode{Buffered, Eager} {
+		for _, mode := range []Mode{Buffered, Eager, Parallel} {
 			for _, bin := range []bool{false, true} {
 				name := fmt.Sprintf("pg%d/%s/text", major, mode)
 				if bin {
@@ -43,6 +43,32 @@ func TestModes(t *testing.T) {
 					}
 				})
 			}
+		}
+	}
+}
+
+// TestConcurrent replicates many small transactions from concurrent clients on hot rows, in each
+// mode, and checks that the target equals the source and that no change missed its row.
+func TestConcurrent(t *testing.T) {
+	for _, major := range testMajors {
+		for _, mode := range []Mode{Eager, Parallel} {
+			t.Run(fmt.Sprintf("pg%d/%s", major, mode), func(t *testing.T) {
+				e := newEnv(t, major)
+				cfg := e.config(t, mode)
+				r := start(t, cfg)
+				ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+				defer cancel()
+				must(t, concurrent(ctx, e.src, seeded(t), 4, 150))
+				must(t, pgtest.Exec(ctx, e.src, `INSERT INTO marker VALUES (1)`))
+				e.waitMarker(t, r, 1)
+				r.halt(t)
+				e.compare(t)
+				st := r.a.Stats()
+				t.Logf("stats %+v", st)
+				if st.UpdateMissing != 0 || st.DeleteMissing != 0 {
+					t.Errorf("conflicts: %d updates and %d deletes found no row", st.UpdateMissing, st.DeleteMissing)
+				}
+			})
 		}
 	}
 }

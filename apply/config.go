@@ -134,9 +134,6 @@ func (c Config) validate() (Config, error) {
 	case c.WorkMem < 0 && c.WorkMem != reorderbuffer.SpillEverything:
 		return bad("WorkMem %d", c.WorkMem)
 	}
-	if c.Mode == Parallel {
-		return bad("mode %s is not implemented yet", c.Mode)
-	}
 	for _, p := range c.Publications {
 		if p == "" {
 			return bad("empty publication name")

@@ -70,6 +70,7 @@ type job struct {
 	seen    map[uint32]bool // subtransactions seen
 	waitFor uint64          // the highest sequence number a recWait was queued for
 	keys    []uint64        // Parallel: keys registered for it in the dependency tracker
+	wide    bool            // Parallel: too many keys to track; later transactions wait for all of it
 }
 
 func (j *job) rank() uint64 {
@@ -91,7 +92,7 @@ type worker struct {
 // acks collects the commits workers made, for the leader to acknowledge.
 type acks struct {
 	mu      sync.Mutex
-	list    []*reorderbuffer.Txn
+	list    []*job
 	waiting bool // the leader waits in Next on wake
 	wake    context.Context
 	cancel  context.CancelFunc
@@ -108,6 +109,9 @@ func (s *session) startWorkers(ctx context.Context) error {
 	s.budget = &budget{limit: s.cfg.queueMem()}
 	s.share = max(s.budget.limit/int64(max(s.cfg.Workers, 1)), 64<<10)
 	s.free = make(chan *worker, s.cfg.Workers)
+	if s.cfg.Mode == Parallel {
+		s.deps = newTracker()
+	}
 	for i := range s.cfg.Workers {
 		tg, err := connectTarget(ctx, s.cfg, "pgreorder apply "+s.cfg.Slot+" w"+strconv.Itoa(i+1), s.stats)
 		if err != nil {
@@ -212,18 +216,26 @@ func (s *session) next(ctx context.Context) (*reorderbuffer.Txn, error) {
 	a.mu.Lock()
 	a.waiting = false
 	a.mu.Unlock()
-	if err != nil && ctx.Err() == nil && wake.Err() != nil && errors.Is(err, context.Canceled) {
-		return nil, errWoken
+	if err != nil && ctx.Err() == nil && errors.Is(err, context.Canceled) {
+		if wake.Err() != nil {
+			return nil, errWoken
+		}
+		// The stream keeps the cancellation of an earlier wake as its error when the
+		// connection broke at the same time: it is lost.
+		return nil, errStreamLost
 	}
 	return t, err
 }
 
-// committed hands a commit to the leader for acknowledgement.
-func (s *session) committed(t *reorderbuffer.Txn) {
+// errStreamLost: the replication connection broke while the leader was woken.
+var errStreamLost = errors.New("apply: the replication connection was lost")
+
+// committed hands a committed job to the leader for acknowledgement.
+func (s *session) committed(j *job) {
 	a := &s.acks
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.list = append(a.list, t)
+	a.list = append(a.list, j)
 	if a.waiting && a.cancel != nil {
 		a.cancel()
 	}
@@ -239,8 +251,11 @@ func (s *session) ackCommitted(ctx context.Context) error {
 	if len(list) == 0 {
 		return nil
 	}
-	for _, t := range list {
-		if err := s.stream.Ack(t); err != nil {
+	for _, j := range list {
+		if s.deps != nil {
+			s.deps.release(j)
+		}
+		if err := s.stream.Ack(j.commit); err != nil {
 			return err
 		}
 	}
@@ -251,14 +266,17 @@ func (s *session) ackCommitted(ctx context.Context) error {
 func (s *session) part(ctx context.Context, t *reorderbuffer.Txn) error {
 	j := s.jobs[t.Xid]
 	if j == nil {
-		j = s.newJob(t)
+		var err error
+		if j, err = s.newJob(ctx, t); err != nil {
+			return err
+		}
 		s.jobs[t.Xid] = j
 	}
 	var err error
 	if j.direct {
 		err = s.applyDirect(ctx, j, t)
 	} else {
-		err = s.enqueue(j, t)
+		err = s.enqueue(ctx, j, t)
 	}
 	if err != nil {
 		return err
@@ -270,19 +288,33 @@ func (s *session) part(ctx context.Context, t *reorderbuffer.Txn) error {
 }
 
 // newJob decides who applies a transaction whose first part arrived.
-func (s *session) newJob(t *reorderbuffer.Txn) *job {
+func (s *session) newJob(ctx context.Context, t *reorderbuffer.Txn) (*job, error) {
 	j := &job{xid: t.Xid, streamed: t.Streamed}
 	if !t.Streamed {
 		// Committed on the source already: it is next in commit order.
 		j.seq.Store(s.order.assign())
-		j.direct = true
-		return j
+		if s.cfg.Mode != Parallel || s.a.serial[t.Xid] {
+			j.direct = true
+			return j, nil
+		}
+		w, err := s.takeWorker(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if w == nil {
+			j.direct = true
+			return j, nil
+		}
+		j.q = newQueue(s.store, s.budget, s.share, s.stats)
+		w.cur.Store(j)
+		w.jobs <- j
+		return j, nil
 	}
 	j.q = newQueue(s.store, s.budget, s.share, s.stats)
 	j.seen = map[uint32]bool{}
 	if s.a.serial[t.Xid] {
 		j.spooled = true
-		return j
+		return j, nil
 	}
 	select {
 	case w := <-s.free:
@@ -292,7 +324,34 @@ func (s *session) newJob(t *reorderbuffer.Txn) *job {
 		j.spooled = true
 		s.stats.spooled.Add(1)
 	}
-	return j
+	return j, nil
+}
+
+// takeWorker returns a free worker for a committed transaction (Parallel), waiting for one if a
+// busy worker holds a committed transaction (it frees up without the leader); nil when every
+// busy worker holds a streamed transaction still open, which only the leader can move on: the
+// leader then applies the transaction itself.
+func (s *session) takeWorker(ctx context.Context) (*worker, error) {
+	select {
+	case w := <-s.free:
+		return w, nil
+	default:
+	}
+	finishing := false
+	for _, w := range s.workers {
+		if j := w.cur.Load(); j != nil && j.seq.Load() != 0 {
+			finishing = true
+		}
+	}
+	if !finishing {
+		return nil, nil
+	}
+	select {
+	case w := <-s.free:
+		return w, nil
+	case <-ctx.Done():
+		return nil, context.Cause(ctx)
+	}
 }
 
 // applyDirect applies a part of a non-streamed transaction on the leader's connection, after
@@ -366,7 +425,7 @@ func (s *session) conflict(j *job, err error) error {
 // enqueue copies a part's changes into the job's queue: they are valid only until the next
 // Next. A streamed transaction's changes get a savepoint before each subtransaction's first
 // change, and a wait for the transactions that committed before them.
-func (s *session) enqueue(j *job, t *reorderbuffer.Txn) error {
+func (s *session) enqueue(ctx context.Context, j *job, t *reorderbuffer.Txn) error {
 	for m, err := range t.Changes() {
 		if err != nil {
 			return err
@@ -378,7 +437,11 @@ func (s *session) enqueue(j *job, t *reorderbuffer.Txn) error {
 		if rels == nil {
 			continue
 		}
-		if j.streamed {
+		if !j.streamed {
+			if err := s.depend(ctx, j, m, rels); err != nil {
+				return err
+			}
+		} else {
 			if sub := changeXid(m); sub != 0 && sub != t.Xid && !j.seen[sub] {
 				j.seen[sub] = true
 				j.subs = append(j.subs, sub)
@@ -401,6 +464,28 @@ func (s *session) enqueue(j *job, t *reorderbuffer.Txn) error {
 		if err := j.q.push(rec); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// depend queues, before a change of a committed transaction a worker applies (Parallel), a
+// wait for the earlier transactions in flight it depends on.
+func (s *session) depend(ctx context.Context, j *job, m decoding.Message, rels []*relInfo) error {
+	// Triggers (foreign keys included) that fire on the target make the order of otherwise
+	// independent transactions visible: such tables are applied serially. A table the target
+	// cannot take fails when applied, alone.
+	rm, err := rels[0].mapping(ctx, s.leader.conn, s.leader.replicaRole, s.cfg.Binary)
+	var ce *changeError
+	if err != nil && !errors.As(err, &ce) {
+		return err
+	}
+	wait, serial := s.deps.change(j, rels[0].rel, m, err != nil || rm.triggers)
+	if serial {
+		s.stats.serialTxns.Add(1)
+	}
+	if wait > j.waitFor && wait > s.order.committed() {
+		j.waitFor = wait
+		return j.q.push(binary.BigEndian.AppendUint64([]byte{recWait}, wait))
 	}
 	return nil
 }
@@ -472,6 +557,9 @@ func (s *session) abort(ctx context.Context, t *reorderbuffer.Txn) error {
 	}
 	delete(s.jobs, t.Xid)
 	delete(s.a.serial, t.Xid)
+	if s.deps != nil {
+		s.deps.release(j)
+	}
 	switch {
 	case j.direct:
 		defer s.leaderJob.Store(nil)
@@ -539,6 +627,9 @@ func (s *session) commitJob(ctx context.Context, j *job, t *reorderbuffer.Txn) e
 		}
 		return s.ackCommitted(ctx)
 	default:
+		if j.streamed && s.deps != nil {
+			s.deps.after(j.seq.Load()) // its keys are not tracked
+		}
 		return j.q.push([]byte{recCommit})
 	}
 }
@@ -635,7 +726,17 @@ func (s *session) runJob(ctx context.Context, tg *target, j *job, w *worker) err
 			j.q.close()
 			if begun {
 				s.stats.aborts.Add(1)
-				return tg.rollback(ctx)
+				if err := tg.rollback(ctx); err != nil {
+					return err
+				}
+			}
+			if seq := j.seq.Load(); seq != 0 {
+				// A committed transaction the consumer turned out to have already (see
+				// reorderbuffer.PartAbort): nothing to commit under its number.
+				if err := s.order.wait(ctx, seq-1); err != nil {
+					return err
+				}
+				s.order.finish(seq)
 			}
 			return nil
 		case recCommit:
@@ -710,6 +811,6 @@ func (s *session) commitOn(ctx context.Context, tg *target, j *job, begun bool, 
 	if err := s.cfg.hook(ctx, "after-commit", j.ref); err != nil {
 		return err
 	}
-	s.committed(j.commit)
+	s.committed(j)
 	return nil
 }

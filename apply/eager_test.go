@@ -84,7 +84,7 @@ func TestEagerSpool(t *testing.T) {
 // watchdog must break it, and the streamed transaction is applied again, alone, at its commit.
 func TestEagerDeadlock(t *testing.T) {
 	for _, major := range testMajors {
-		for _, mode := range []Mode{Eager} {
+		for _, mode := range []Mode{Eager, Parallel} {
 			t.Run(fmt.Sprintf("pg%d/%s", major, mode), func(t *testing.T) {
 				e := newEnv(t, major, `CREATE UNIQUE INDEX uniq_u ON items (qty)`)
 				ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -134,5 +134,51 @@ func waitWorkerWrote(t testing.TB, ctx context.Context, dsn string) {
 			t.Fatal("no worker wrote")
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestParallelDeadlock makes two committed transactions applied at once by two workers deadlock
+// through a unique index only the target has: the later one inserts u = 9 and waits for its turn
+// to commit; the earlier one, held back before its first change, then inserts u = 9 too (and
+// moves it to 10, so that in commit order both fit) and waits for the later one's lock. The
+// watchdog must break the cycle; the later transaction is retried alone.
+func TestParallelDeadlock(t *testing.T) {
+	for _, major := range testMajors {
+		t.Run(fmt.Sprintf("pg%d", major), func(t *testing.T) {
+			e := newEnv(t, major, `CREATE UNIQUE INDEX uniq_u ON items (qty)`)
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+			defer cancel()
+			conn, err := pgx.Connect(ctx, e.src)
+			must(t, err)
+			defer conn.Close(context.Background())
+			var earlier atomic.Uint32
+			var held atomic.Bool
+			cfg := e.config(t, Parallel)
+			cfg.hooks = &hooks{stage: func(ctx context.Context, stage string, x txnRef) error {
+				if stage == "record" && x.Xid == earlier.Load() && held.CompareAndSwap(false, true) {
+					time.Sleep(500 * time.Millisecond)
+				}
+				return nil
+			}}
+			var xid uint32
+			_, err = conn.Exec(ctx, `BEGIN`)
+			must(t, err)
+			must(t, conn.QueryRow(ctx, `SELECT txid_current()::bigint`).Scan(&xid))
+			earlier.Store(xid)
+			for _, q := range []string{`INSERT INTO items VALUES (22, 9, 'earlier')`, `UPDATE items SET qty = 10 WHERE id = 22`, `COMMIT`} {
+				_, err := conn.Exec(ctx, q)
+				must(t, err)
+			}
+			must(t, pgtest.Exec(ctx, e.src, `INSERT INTO items VALUES (21, 9, 'later')`, `INSERT INTO marker VALUES (1)`))
+			r := start(t, cfg)
+			e.waitMarker(t, r, 1)
+			r.halt(t)
+			e.compare(t)
+			st := r.a.Stats()
+			t.Logf("stats %+v", st)
+			if !held.Load() || st.Deadlocks == 0 || st.SerialRetries == 0 {
+				t.Errorf("held %v, deadlocks broken %d, serial retries %d: want all", held.Load(), st.Deadlocks, st.SerialRetries)
+			}
+		})
 	}
 }

@@ -17,7 +17,7 @@ import (
 var errCrash = errors.New("injected crash")
 
 // faultModes are the modes the fault tests run in.
-var faultModes = []Mode{Buffered, Eager}
+var faultModes = []Mode{Buffered, Eager, Parallel}
 
 // TestFaults replicates the mixed workload while the walsender is terminated, the target
 // connection is terminated inside a transaction, and the applier "crashes" before and after

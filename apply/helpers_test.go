@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/internal/pgtest"
@@ -40,10 +41,11 @@ var schema = []string{
 	`CREATE TABLE trunc (id int PRIMARY KEY, v text)`,
 	`CREATE TABLE events (src text NOT NULL, seq int NOT NULL)`, // no key: duplicates would show
 	`CREATE TABLE typed (id int PRIMARY KEY, ts timestamptz, n numeric, j jsonb, arr int[], b bytea, tx text, f float8, iv interval)`,
+	`CREATE TABLE accounts (id int PRIMARY KEY, balance int NOT NULL)`,
 	`CREATE TABLE marker (id int PRIMARY KEY)`,
 }
 
-var tables = []string{"items", "big", "toasty", "dup", "trunc", "events", "typed", "marker"}
+var tables = []string{"items", "big", "toasty", "dup", "trunc", "events", "typed", "accounts", "marker"}
 
 // env is a source and a target database on one server, with a slot and a publication.
 type env struct {
@@ -382,4 +384,73 @@ func (k *terminator) kill(ctx context.Context, cond string) (int, error) {
 // walsender is the pg_stat_activity condition of the slot's walsender.
 func walsender(slot string) string {
 	return `pid IN (SELECT active_pid FROM pg_replication_slots WHERE slot_name = '` + strings.ReplaceAll(slot, "'", "''") + `')`
+}
+
+// concurrent runs small transactions from several clients at once on few hot rows: transfers
+// between accounts (both rows in one transaction), inserts, updates, key changes and deletes of
+// items, appends to the keyless events table. Applied in parallel, every transaction must see the
+// rows the earlier ones left: a missed dependency shows as a different balance or a conflict.
+func concurrent(ctx context.Context, dsn string, rng *rand.Rand, clients, txns int) error {
+	if err := pgtest.Exec(ctx, dsn, `INSERT INTO accounts SELECT g, 1000 FROM generate_series(1, 20) g ON CONFLICT DO NOTHING`); err != nil {
+		return err
+	}
+	seeds := make([]uint64, clients)
+	for i := range seeds {
+		seeds[i] = rng.Uint64()
+	}
+	errs := make(chan error, clients)
+	for c := range clients {
+		go func() {
+			errs <- func() error {
+				r := rand.New(rand.NewPCG(seeds[c], 1))
+				conn, err := pgx.Connect(ctx, dsn)
+				if err != nil {
+					return err
+				}
+				defer conn.Close(context.Background())
+				base := 10_000_000 + c*100_000
+				next := 0
+				for i := 0; i < txns; i++ {
+					var sql string
+					switch op := r.IntN(6); {
+					case op <= 1:
+						a, b := 1+r.IntN(20), 1+r.IntN(20)
+						if a == b {
+							b = a%20 + 1
+						}
+						x := r.IntN(50)
+						sql = fmt.Sprintf(`BEGIN; UPDATE accounts SET balance = balance - %d WHERE id = %d;
+							UPDATE accounts SET balance = balance + %d WHERE id = %d; COMMIT`, x, a, x, b)
+					case op == 2 || next == 0:
+						next++
+						sql = fmt.Sprintf(`INSERT INTO items VALUES (%d, %d, 'c%d')`, base+next, i, c)
+					case op == 3:
+						sql = fmt.Sprintf(`UPDATE items SET qty = qty + 1, note = note || '.' WHERE id = %d`, base+1+r.IntN(next))
+					case op == 4:
+						k := base + 1 + r.IntN(next)
+						sql = fmt.Sprintf(`BEGIN; UPDATE items SET id = id + 50000 WHERE id = %d; INSERT INTO events VALUES ('c%d', %d); COMMIT`, k, c, i)
+					default:
+						sql = fmt.Sprintf(`DELETE FROM items WHERE id = %d`, base+1+r.IntN(next))
+					}
+					if _, err := conn.Exec(ctx, sql); err != nil {
+						var pgErr *pgconn.PgError
+						if errors.As(err, &pgErr) && (pgErr.Code == "40P01" || pgErr.Code == "40001") {
+							conn.Exec(ctx, "ROLLBACK")
+							i-- // a deadlock between clients on the source: again
+							continue
+						}
+						return fmt.Errorf("%s: %w", sql, err)
+					}
+				}
+				return nil
+			}()
+		}()
+	}
+	var first error
+	for range clients {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
 }

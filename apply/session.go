@@ -42,6 +42,7 @@ type session struct {
 	share     int64 // the memory one queue may hold
 	acks      acks
 	leaderJob atomic.Pointer[job] // the job the leader's connection applies, for the watchdog
+	deps      *tracker            // Parallel
 }
 
 // session runs one session.

@@ -47,7 +47,7 @@ func TestApplyCommand(t *testing.T) {
 	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	for _, major := range streamMajors(t) {
-		for i, mode := range []string{"buffered", "eager"} {
+		for i, mode := range []string{"buffered", "eager", "parallel"} {
 			t.Run(fmt.Sprintf("pg%d/%s", major, mode), func(t *testing.T) {
 				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 				defer cancel()

@@ -20,7 +20,7 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 // back a savepoint, and checks that the target ends equal to the source.
 func TestApply(t *testing.T) {
 	for _, major := range []int{15, 18} {
-		for _, mode := range []string{"buffered", "eager"} {
+		for _, mode := range []string{"buffered", "eager", "parallel"} {
 			t.Run(fmt.Sprintf("pg%d/%s", major, mode), func(t *testing.T) {
 				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 				defer cancel()
