@@ -3,13 +3,19 @@ package apply
 import (
 	"context"
 	"fmt"
+	"os"
 	"testing"
 	"time"
 
 	"github.com/pgreorder/pgreorder/internal/pgtest"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+func TestMain(m *testing.M) {
+	if os.Getenv(childEnv) != "" {
+		os.Exit(runChild()) // a re-executed test binary: an applier to kill
+	}
+	pgtest.Main(m)
+}
 
 // TestModes replicates the mixed workload in each mode, with text and binary values, and checks
 // that the target equals the source, that no conflict was met, and that the slot confirmed no
