@@ -3,6 +3,7 @@ package apply
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 )
@@ -47,6 +48,9 @@ func New(cfg Config) (*Applier, error) {
 // Everything in flight when Run returns is rolled back on the target and not acknowledged to
 // the source; the next Run starts with it.
 func (a *Applier) Run(ctx context.Context) error {
+	if a == nil || a.serial == nil {
+		return fmt.Errorf("%w: an Applier is made by New", ErrInvalidConfig)
+	}
 	a.mu.Lock()
 	if a.running {
 		a.mu.Unlock()
@@ -99,7 +103,12 @@ func (a *Applier) Run(ctx context.Context) error {
 }
 
 // Stats returns the Applier's counters. It may be called at any time, from any goroutine.
-func (a *Applier) Stats() Stats { return a.stats.snapshot() }
+func (a *Applier) Stats() Stats {
+	if a == nil {
+		return Stats{}
+	}
+	return a.stats.snapshot()
+}
 
 // Run makes an Applier for cfg and runs it: see Applier.Run.
 func Run(ctx context.Context, cfg Config) error {

@@ -473,7 +473,8 @@ func (t *target) prepared(ri *relInfo, shape string, build func() (string, []uin
 	t.nextStmt++
 	s := &stmt{name: "pgr_" + strconv.Itoa(t.nextStmt), nparams: len(oids)}
 	byShape[shape] = s
-	t.pendingPrepare = append(t.pendingPrepare, prepare{s, sql, oids})
+	// Shapes begin with the statement's kind: 'I', 'U' or 'D'.
+	t.pendingPrepare = append(t.pendingPrepare, prepare{s: s, sql: sql, oids: oids, op: shape[0], rel: ri.qualifiedSource()})
 	return s
 }
 
@@ -481,6 +482,8 @@ type prepare struct {
 	s    *stmt
 	sql  string
 	oids []uint32
+	op   byte   // 'I', 'U' or 'D'
+	rel  string // the table, for errors
 }
 
 // queue appends an execution of s to the batch.
@@ -618,7 +621,7 @@ func (t *target) prepareStatements(ctx context.Context) error {
 	for len(t.pendingPrepare) > 0 {
 		p := t.pendingPrepare[0]
 		if _, err := t.conn.Prepare(ctx, p.s.name, p.sql, p.oids); err != nil {
-			return t.statementError(batchOp{}, fmt.Errorf("preparing %s: %w", p.sql, err))
+			return t.statementError(batchOp{op: p.op, name: p.rel}, fmt.Errorf("preparing %s: %w", p.sql, err))
 		}
 		t.pendingPrepare = t.pendingPrepare[1:]
 	}
