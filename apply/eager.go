@@ -749,7 +749,10 @@ func (s *session) runJob(ctx context.Context, tg *target, j *job, w *worker) err
 			if errors.As(err, &ce) {
 				return &restartError{xids: []uint32{j.xid}, reason: err}
 			}
-			return err
+			if err != nil {
+				return s.conflict(j, err)
+			}
+			return nil
 		default:
 			return fmt.Errorf("apply: unknown queue record %q", rec[0])
 		}

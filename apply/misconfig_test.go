@@ -118,3 +118,49 @@ func TestMisconfiguration(t *testing.T) {
 		}
 	}
 }
+
+// TestRefusedConcurrent checks that a change the target refuses while applied alongside earlier
+// transactions (a streamed transaction applied eagerly, a committed one in parallel) is retried
+// alone before it is reported, and then reported like in Buffered: an *ApplyError with the
+// transaction's commit, nothing acknowledged past it, and a new Run resumes there.
+func TestRefusedConcurrent(t *testing.T) {
+	for _, major := range testMajors {
+		for _, mode := range []Mode{Eager, Parallel} {
+			t.Run(fmt.Sprintf("pg%d/%s", major, mode), func(t *testing.T) {
+				e := newEnv(t, major, `ALTER TABLE big ADD CONSTRAINT no_bad CHECK (payload <> 'bad')`)
+				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+				defer cancel()
+				must(t, pgtest.Exec(ctx, e.src,
+					`INSERT INTO items SELECT g, g, 'n' FROM generate_series(1, 10) g`,
+					// Streamed (larger than the server's 64kB), one row refused.
+					`INSERT INTO big SELECT g, 0, CASE WHEN g = 1500 THEN 'bad' ELSE repeat('b', 100) END FROM generate_series(1, 2000) g`,
+					// Small ones after it.
+					`INSERT INTO items VALUES (11, 0, 'after')`,
+					`INSERT INTO marker VALUES (1)`))
+				cfg := e.config(t, mode)
+				a, err := New(cfg)
+				must(t, err)
+				err = a.Run(ctx)
+				var ae *ApplyError
+				if !errors.As(err, &ae) || !errors.Is(err, ErrConstraint) {
+					t.Fatalf("Run returned %v, want an *ApplyError of ErrConstraint", err)
+				}
+				t.Logf("error: %v", err)
+				if ae.Relation != `"public"."big"` || ae.Xid == 0 || ae.CommitLSN == 0 {
+					t.Errorf("error fields: relation %s, xid %d, commit %s", ae.Relation, ae.Xid, ae.CommitLSN)
+				}
+				if st := a.Stats(); st.SerialRetries != 1 || st.Sessions != 2 {
+					t.Errorf("%d serial retries in %d sessions, want 1 in 2", st.SerialRetries, st.Sessions)
+				}
+				if confirmed := e.confirmed(t); confirmed > ae.CommitLSN {
+					t.Errorf("the slot confirmed %s, past the failed commit %s", confirmed, ae.CommitLSN)
+				}
+				must(t, pgtest.Exec(ctx, e.dst, `ALTER TABLE big DROP CONSTRAINT no_bad`))
+				r := start(t, cfg)
+				e.waitMarker(t, r, 1)
+				r.halt(t)
+				e.compare(t)
+			})
+		}
+	}
+}
