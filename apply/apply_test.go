@@ -32,6 +32,7 @@ func TestModes(t *testing.T) {
 					e := newEnv(t, major)
 					cfg := e.config(t, mode)
 					cfg.Binary = bin
+					cfg.SynchronousCommit = bin // both ways, without doubling the runs
 					r := start(t, cfg)
 					ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 					defer cancel()
@@ -57,10 +58,17 @@ func TestModes(t *testing.T) {
 // mode, and checks that the target equals the source and that no change missed its row.
 func TestConcurrent(t *testing.T) {
 	for _, major := range testMajors {
-		for _, mode := range []Mode{Eager, Parallel} {
-			t.Run(fmt.Sprintf("pg%d/%s", major, mode), func(t *testing.T) {
+		for _, mode := range []Mode{Eager, Parallel, -Parallel} {
+			sync := mode < 0 // SynchronousCommit
+			mode = max(mode, -mode)
+			name := fmt.Sprintf("pg%d/%s", major, mode)
+			if sync {
+				name += "/sync"
+			}
+			t.Run(name, func(t *testing.T) {
 				e := newEnv(t, major)
 				cfg := e.config(t, mode)
+				cfg.SynchronousCommit = sync
 				r := start(t, cfg)
 				ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 				defer cancel()

@@ -69,10 +69,12 @@ type Config struct {
 	// replication=database is added.
 	Source string
 	// Target is the connection string of the target database. Its connections run with
-	// application_name "pgreorder apply SLOT" (workers "pgreorder apply SLOT wN"),
-	// client_encoding UTF8 and DateStyle ISO, and, when the role may set it,
-	// session_replication_role = replica, as PostgreSQL's own subscriber does: ordinary
-	// triggers and foreign key checks do not fire for replicated changes.
+	// application_name "pgreorder apply SLOT" (workers "pgreorder apply SLOT wN", the lock
+	// watchdog "pgreorder apply SLOT watchdog"), client_encoding UTF8, DateStyle ISO, read
+	// committed, no statement, lock or idle timeouts, synchronous_commit off (see
+	// SynchronousCommit) and, when the role may set it, session_replication_role = replica, as
+	// PostgreSQL's own subscriber does: ordinary triggers and foreign key checks do not fire for
+	// replicated changes.
 	Target string
 	// Slot is the logical replication slot (pgoutput) on the source.
 	Slot string
@@ -96,6 +98,17 @@ type Config struct {
 	WorkMem int64
 	// SpillDir is where spill files go; "" means the system's temporary directory.
 	SpillDir string
+	// SynchronousCommit makes every target commit wait for its WAL flush (or for whatever the
+	// target role's synchronous_commit says), and acknowledges it to the source at once: the
+	// lowest latency per transaction. Without it (the default), target transactions commit with
+	// synchronous_commit = off, as PostgreSQL's subscriber does by default, and are made durable
+	// in groups: one commit in 64, or the first one 10ms after an unflushed one, is synchronous,
+	// and so is an empty transaction when the stream goes idle for a millisecond; the target flushes
+	// its WAL through it, which makes every earlier commit durable too. Much more throughput
+	// when WAL flushes are slow, acknowledgements a few milliseconds later. Either way a
+	// transaction is acknowledged to the source only once its commit is durable on the target,
+	// so exactly-once holds across crashes of either server.
+	SynchronousCommit bool
 	// Binary asks the source for values in their binary send format (PostgreSQL 14+), written
 	// to the target with COPY binary and binary parameters. Column types must then be the same
 	// on both sides.

@@ -24,9 +24,11 @@
 // everything after the last acknowledged commit. Transactions that change nothing on the target
 // are acknowledged without a target transaction.
 //
-// Target connections run with synchronous_commit as the target sets it: with "on" (the default)
-// a commit is durable before it is acknowledged. With "off" a crash of the target server (not of
-// the applier) can lose commits the source already forgot.
+// A transaction is acknowledged only once its target commit is durable. By default target
+// transactions commit with synchronous_commit = off, as PostgreSQL's subscriber does, and a
+// synchronous commit every few dozen transactions or milliseconds (and when the stream goes idle)
+// makes the earlier ones durable before they are acknowledged: one WAL flush for many
+// transactions. Config.SynchronousCommit makes each commit wait for its own flush instead.
 //
 // # Ordering
 //

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"sync"
 	"sync/atomic"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -89,18 +88,6 @@ type worker struct {
 	cur   atomic.Pointer[job]
 }
 
-// acks collects the commits workers made, for the leader to acknowledge.
-type acks struct {
-	mu      sync.Mutex
-	list    []*job
-	waiting bool // the leader waits in Next on wake
-	wake    context.Context
-	cancel  context.CancelFunc
-}
-
-// errWoken is returned by next when a worker's commit interrupted the wait for the stream.
-var errWoken = errors.New("apply: woken")
-
 // startWorkers connects the workers and starts their goroutines and the watchdog's.
 func (s *session) startWorkers(ctx context.Context) error {
 	s.order = newOrder()
@@ -171,11 +158,11 @@ func (s *session) runIncremental(ctx context.Context) error {
 			return err
 		}
 		t, err := s.next(ctx)
-		if errors.Is(err, errWoken) {
-			continue
-		}
 		if err != nil {
-			return err
+			if err = s.wakeUp(ctx, err); err != nil {
+				return err
+			}
+			continue
 		}
 		switch {
 		case t.NonTransactional:
@@ -195,71 +182,6 @@ func (s *session) runIncremental(ctx context.Context) error {
 			return err
 		}
 	}
-}
-
-// next returns the stream's next transaction or part, or errWoken when a worker committed while
-// it waited.
-func (s *session) next(ctx context.Context) (*reorderbuffer.Txn, error) {
-	a := &s.acks
-	a.mu.Lock()
-	if len(a.list) > 0 {
-		a.mu.Unlock()
-		return nil, errWoken
-	}
-	if a.wake == nil || a.wake.Err() != nil {
-		a.wake, a.cancel = context.WithCancel(ctx)
-	}
-	wake := a.wake
-	a.waiting = true
-	a.mu.Unlock()
-	t, err := s.stream.Next(wake)
-	a.mu.Lock()
-	a.waiting = false
-	a.mu.Unlock()
-	if err != nil && ctx.Err() == nil && errors.Is(err, context.Canceled) {
-		if wake.Err() != nil {
-			return nil, errWoken
-		}
-		// The stream keeps the cancellation of an earlier wake as its error when the
-		// connection broke at the same time: it is lost.
-		return nil, errStreamLost
-	}
-	return t, err
-}
-
-// errStreamLost: the replication connection broke while the leader was woken.
-var errStreamLost = errors.New("apply: the replication connection was lost")
-
-// committed hands a committed job to the leader for acknowledgement.
-func (s *session) committed(j *job) {
-	a := &s.acks
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.list = append(a.list, j)
-	if a.waiting && a.cancel != nil {
-		a.cancel()
-	}
-}
-
-// ackCommitted acknowledges the commits made since the last call and sends a status update.
-func (s *session) ackCommitted(ctx context.Context) error {
-	a := &s.acks
-	a.mu.Lock()
-	list := a.list
-	a.list = nil
-	a.mu.Unlock()
-	if len(list) == 0 {
-		return nil
-	}
-	for _, j := range list {
-		if s.deps != nil {
-			s.deps.release(j)
-		}
-		if err := s.stream.Ack(j.commit); err != nil {
-			return err
-		}
-	}
-	return s.stream.SendStatus(ctx, false)
 }
 
 // part handles a part with changes (PartChanges or PartCommit).
@@ -799,11 +721,13 @@ func (s *session) commitOn(ctx context.Context, tg *target, j *job, begun bool, 
 	if w != nil {
 		w.state.Store(wsApplying)
 	}
+	durable := s.cfg.SynchronousCommit
 	if begun {
 		if err := s.cfg.hook(ctx, "before-commit", j.ref); err != nil {
 			return err
 		}
-		if err := tg.commit(ctx, s.progress, s.cfg.Slot, j.ref.EndLSN); err != nil {
+		durable = s.syncCommit()
+		if err := tg.commit(ctx, s.progress, s.cfg.Slot, j.ref.EndLSN, durable); err != nil {
 			return err
 		}
 	} else {
@@ -814,6 +738,6 @@ func (s *session) commitOn(ctx context.Context, tg *target, j *job, begun bool, 
 	if err := s.cfg.hook(ctx, "after-commit", j.ref); err != nil {
 		return err
 	}
-	s.committed(j)
+	s.committed(commitRef{seq: seq, txn: j.commit, job: j}, durable)
 	return nil
 }

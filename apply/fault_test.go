@@ -27,17 +27,23 @@ var faultModes = []Mode{Buffered, Eager, Parallel}
 func TestFaults(t *testing.T) {
 	faults := []string{"walsender", "target-conn", "crash-before-commit", "crash-after-commit"}
 	for _, major := range testMajors {
-		for _, mode := range faultModes {
+		for _, mode := range append(faultModes, -Parallel) {
+			sync := mode < 0 // SynchronousCommit
+			mode = max(mode, -mode)
+			name := mode.String()
+			if sync {
+				name += "-sync"
+			}
 			for _, fault := range faults {
-				t.Run(fmt.Sprintf("pg%d/%s/%s", major, mode, fault), func(t *testing.T) {
-					testFault(t, major, mode, fault)
+				t.Run(fmt.Sprintf("pg%d/%s/%s", major, name, fault), func(t *testing.T) {
+					testFault(t, major, mode, sync, fault)
 				})
 			}
 		}
 	}
 }
 
-func testFault(t *testing.T, major int, mode Mode, fault string) {
+func testFault(t *testing.T, major int, mode Mode, sync bool, fault string) {
 	e := newEnv(t, major)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -52,6 +58,7 @@ func testFault(t *testing.T, major int, mode Mode, fault string) {
 		bad      atomic.Value
 	)
 	cfg := e.config(t, mode)
+	cfg.SynchronousCommit = sync
 	cfg.hooks = &hooks{stage: func(ctx context.Context, stage string, x txnRef) error {
 		if stage == "before-commit" {
 			// The slot must not have confirmed this commit: it is not applied yet.

@@ -153,20 +153,25 @@ func (s *session) prepareProgress(ctx context.Context, tg *target) error {
 
 // runBuffered applies whole transactions, one at a time, on the leader's connection.
 func (s *session) runBuffered(ctx context.Context) error {
+	s.order = newOrder()
 	for {
-		t, err := s.stream.Next(ctx)
-		if err != nil {
+		if err := s.ackCommitted(ctx); err != nil {
 			return err
 		}
-		if !t.NonTransactional {
-			if err := s.applyWhole(ctx, t); err != nil {
+		t, err := s.next(ctx)
+		if err != nil {
+			if err = s.wakeUp(ctx, err); err != nil {
 				return err
 			}
+			continue
 		}
-		if err := s.stream.Ack(t); err != nil {
-			return err
+		if t.NonTransactional {
+			if err := s.stream.Ack(t); err != nil {
+				return err
+			}
+			continue
 		}
-		if err := s.stream.SendStatus(ctx, false); err != nil {
+		if err := s.applyWhole(ctx, t); err != nil {
 			return err
 		}
 	}
@@ -196,19 +201,26 @@ func (s *session) applyWhole(ctx context.Context, t *reorderbuffer.Txn) error {
 			return s.txnError(ref, err)
 		}
 	}
-	if !started { // nothing to apply: acknowledged without a target transaction
-		s.stats.txns.Add(1)
+	seq := s.order.assign()
+	durable := s.cfg.SynchronousCommit
+	if started {
+		if err := s.cfg.hook(ctx, "before-commit", ref); err != nil {
+			return err
+		}
+		durable = s.syncCommit()
+		if err := tg.commit(ctx, s.progress, s.cfg.Slot, t.EndLSN, durable); err != nil {
+			return s.txnError(ref, err)
+		}
+	} else { // nothing to apply: acknowledged without a target transaction
 		s.stats.emptyTxns.Add(1)
-		return nil
 	}
-	if err := s.cfg.hook(ctx, "before-commit", ref); err != nil {
+	s.order.finish(seq)
+	s.stats.txns.Add(1)
+	if err := s.cfg.hook(ctx, "after-commit", ref); err != nil {
 		return err
 	}
-	if err := tg.commit(ctx, s.progress, s.cfg.Slot, t.EndLSN); err != nil {
-		return s.txnError(ref, err)
-	}
-	s.stats.txns.Add(1)
-	return s.cfg.hook(ctx, "after-commit", ref)
+	s.committed(commitRef{seq: seq, txn: t}, durable)
+	return nil
 }
 
 // relations resolves the relations a change names: nil for a message that changes nothing on

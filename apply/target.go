@@ -104,6 +104,12 @@ func connectTarget(ctx context.Context, cfg *Config, name string, stats *counter
 		stmts: map[*relInfo]map[string]*stmt{}}
 	// As PostgreSQL's subscriber: replicated changes do not fire ordinary triggers or foreign
 	// key checks. Setting it takes a superuser (or, 15+, a role granted SET on it).
+	if !cfg.SynchronousCommit {
+		if err := conn.Exec(ctx, "SET synchronous_commit = off").Close(); err != nil {
+			conn.Close(context.WithoutCancel(ctx))
+			return nil, fmt.Errorf("apply: setting up the target connection: %w", err)
+		}
+	}
 	if err := conn.Exec(ctx, "SET session_replication_role = replica").Close(); err == nil {
 		t.replicaRole = true
 	} else if !isCode(err, "42501") {
@@ -181,14 +187,17 @@ func (t *target) flushPending(ctx context.Context) error {
 }
 
 // commit sends what is pending, the progress row for end, and COMMIT, in one round trip when
-// no COPY is pending.
-func (t *target) commit(ctx context.Context, progress *stmt, slot string, end LSN) error {
+// no COPY is pending. Without Config.SynchronousCommit, sync makes this commit wait for the WAL flush.
+func (t *target) commit(ctx context.Context, progress *stmt, slot string, end LSN, sync bool) error {
 	if err := t.flushInserts(ctx); err != nil {
 		return err
 	}
 	t.newBatch()
 	t.batch.ExecPrepared(progress.name, [][]byte{[]byte(slot), end.AppendText(nil)}, nil, nil)
 	t.ops = append(t.ops, batchOp{})
+	if sync && !t.cfg.SynchronousCommit {
+		t.control("SET LOCAL synchronous_commit = on")
+	}
 	t.control("COMMIT")
 	t.inTxn = false
 	if err := t.flushBatch(ctx); err != nil {
@@ -200,6 +209,13 @@ func (t *target) commit(ctx context.Context, progress *stmt, slot string, end LS
 	}
 	t.stats.applied(end)
 	return nil
+}
+
+// flushWAL commits a transaction that only takes an xid, synchronously: the target flushes its
+// WAL through that commit, and every commit before it is durable.
+func (t *target) flushWAL(ctx context.Context) error {
+	t.stats.roundTrips.Add(1)
+	return t.conn.Exec(ctx, "BEGIN; SET LOCAL synchronous_commit = on; SELECT pg_catalog.txid_current(); COMMIT").Close()
 }
 
 // change applies one Insert, Update, Delete or Truncate; rels are the relations it names (one,

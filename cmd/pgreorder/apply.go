@@ -44,7 +44,7 @@ flags:
 type applyFlags struct {
 	source, target, slot, mode, workMem, dir, table string
 	publications                                    []string
-	createSlot, binary, verbose                     bool
+	createSlot, binary, syncCommit, verbose         bool
 	workers                                         int
 	status                                          time.Duration
 }
@@ -68,6 +68,8 @@ func (f *applyFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.workMem, "work-mem", "64MB", workMemHelp)
 	fs.StringVar(&f.dir, "spill-dir", "", "spill directory (default: the system temporary directory)")
 	fs.BoolVar(&f.binary, "binary", false, "ask for binary column values (column types must match on both sides)")
+	fs.BoolVar(&f.syncCommit, "synchronous-commit", false, "flush each target commit before acknowledging it "+
+		"(default: commit with synchronous_commit = off and flush in groups, still acknowledging only flushed commits)")
 	fs.StringVar(&f.table, "progress-table", apply.DefaultProgressTable, "target table of the progress rows (created if missing)")
 	fs.DurationVar(&f.status, "status-interval", 0, "longest time between status updates to the source (default 10s)")
 	fs.BoolVar(&f.verbose, "v", false, "debug logging")
@@ -106,19 +108,20 @@ func (f *applyFlags) config(fs *flag.FlagSet) (apply.Config, error) {
 		level = slog.LevelDebug
 	}
 	return apply.Config{
-		Source:         f.source,
-		Target:         f.target,
-		Slot:           f.slot,
-		Publications:   f.publications,
-		CreateSlot:     f.createSlot,
-		Mode:           mode,
-		Workers:        f.workers,
-		WorkMem:        workMem,
-		SpillDir:       f.dir,
-		Binary:         f.binary,
-		ProgressTable:  f.table,
-		StatusInterval: f.status,
-		Logger:         slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
+		Source:            f.source,
+		Target:            f.target,
+		Slot:              f.slot,
+		Publications:      f.publications,
+		CreateSlot:        f.createSlot,
+		Mode:              mode,
+		Workers:           f.workers,
+		WorkMem:           workMem,
+		SpillDir:          f.dir,
+		Binary:            f.binary,
+		SynchronousCommit: f.syncCommit,
+		ProgressTable:     f.table,
+		StatusInterval:    f.status,
+		Logger:            slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
 	}, nil
 }
 
