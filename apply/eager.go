@@ -106,6 +106,10 @@ func (s *session) startWorkers(ctx context.Context) error {
 		}
 		w := &worker{id: i + 1, tg: tg, jobs: make(chan *job, 1)}
 		s.workers = append(s.workers, w)
+		_, key := fenceKeys(s.cfg.Slot)
+		if _, err := query(ctx, tg.conn, "SELECT pg_catalog.pg_advisory_lock_shared($1::bigint)", strconv.FormatInt(key, 10)); err != nil {
+			return fmt.Errorf("apply: locking the slot's progress on the target: %w", err)
+		}
 		if err := s.prepareProgress(ctx, tg); err != nil {
 			return err
 		}
@@ -193,6 +197,7 @@ func (s *session) part(ctx context.Context, t *reorderbuffer.Txn) error {
 			return err
 		}
 		s.jobs[t.Xid] = j
+		s.log.Debug("transaction", "xid", t.Xid, "streamed", t.Streamed, "direct", j.direct, "spooled", j.spooled, "seq", j.seq.Load())
 	}
 	var err error
 	if j.direct {

@@ -157,6 +157,30 @@ func (e *env) compare(t testing.TB) {
 		must(t, dst.QueryRow(ctx, q).Scan(&n2, &h2))
 		if n1 != n2 || h1 != h2 {
 			t.Errorf("%s: source has %d rows (%s), target %d (%s)", table, n1, h1, n2, h2)
+			if n1 < 100 && n2 < 100 {
+				rows := func(c *pgx.Conn) map[string]int {
+					m := map[string]int{}
+					rs, err := c.Query(ctx, fmt.Sprintf(`SELECT t::text FROM %s t`, table))
+					must(t, err)
+					for rs.Next() {
+						var v string
+						must(t, rs.Scan(&v))
+						m[v]++
+					}
+					return m
+				}
+				a, b := rows(src), rows(dst)
+				for k := range a {
+					if a[k] != b[k] {
+						t.Logf("%s: %s: %d on the source, %d on the target", table, k, a[k], b[k])
+					}
+				}
+				for k := range b {
+					if a[k] == 0 {
+						t.Logf("%s: %s: only on the target (%d)", table, k, b[k])
+					}
+				}
+			}
 		}
 	}
 }

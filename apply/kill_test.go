@@ -38,9 +38,13 @@ func runChild() int {
 		fmt.Fprintln(os.Stderr, "child:", err)
 		return 2
 	}
+	level := slog.LevelInfo
+	if os.Getenv("PGREORDER_APPLY_DEBUG") != "" {
+		level = slog.LevelDebug
+	}
 	cfg := Config{Source: c.Source, Target: c.Target, Slot: c.Slot, Publications: []string{"pub"}, Mode: c.Mode,
 		Workers: c.Workers, WorkMem: c.WorkMem, StatusInterval: 100 * time.Millisecond,
-		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})).With("child", os.Getpid())}
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})).With("child", os.Getpid())}
 	if c.CommitDelay > 0 {
 		cfg.hooks = &hooks{stage: func(ctx context.Context, stage string, x txnRef) error {
 			if stage == "before-commit" {
@@ -111,7 +115,7 @@ func (ch *child) kill(t *testing.T) {
 
 // waitWorkers waits until at least n worker connections of the target have written in their
 // open transactions, or fails t.
-func waitWorkers(t *testing.T, ctx context.Context, dsn string, n int, ch *child) {
+func waitWorkers(t *testing.T, ctx context.Context, dsn, src string, n int, ch *child) {
 	t.Helper()
 	conn, err := pgx.Connect(ctx, dsn)
 	must(t, err)
@@ -133,6 +137,16 @@ func waitWorkers(t *testing.T, ctx context.Context, dsn string, n int, ch *child
 				v, _ := rows.Values()
 				t.Log(v...)
 			}
+			if sc, err := pgx.Connect(context.Background(), src); err == nil {
+				rows, _ := sc.Query(context.Background(), `SELECT * FROM pg_stat_replication_slots`)
+				for rows.Next() {
+					v, _ := rows.Values()
+					t.Log(v...)
+				}
+				sc.Close(context.Background())
+			}
+			ch.cmd.Process.Signal(syscall.SIGQUIT) // a goroutine dump in its stderr
+			time.Sleep(time.Second)
 			t.Fatalf("fewer than %d workers wrote", n)
 		case <-time.After(5 * time.Millisecond):
 		}
@@ -147,14 +161,14 @@ func TestKill(t *testing.T) {
 	for _, major := range testMajors {
 		t.Run(fmt.Sprintf("pg%d/eager-streamed", major), func(t *testing.T) {
 			e := newEnv(t, major)
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
 			defer cancel()
 			cc := childConfig{Source: e.repl, Target: e.dst, Slot: e.slot, Mode: Eager, WorkMem: 256 << 10}
 			first := startChild(t, cc)
 			killed := false
 			must(t, workload(ctx, e.src, seeded(t), 1, func(i int) error {
 				if i == 2 { // the large transaction is open, with savepoints behind it
-					waitWorkers(t, ctx, e.dst, 1, first)
+					waitWorkers(t, ctx, e.dst, e.src, 1, first)
 					first.kill(t)
 					killed = true
 					startChild(t, cc)
@@ -164,7 +178,7 @@ func TestKill(t *testing.T) {
 			if !killed {
 				t.Fatal("never killed")
 			}
-			e.waitMarker(t, &running{a: &Applier{}, done: make(chan error)}, 1)
+			waitMarkerCtx(t, ctx, e.dst, 1)
 			e.compare(t)
 		})
 		t.Run(fmt.Sprintf("pg%d/parallel", major), func(t *testing.T) {
@@ -177,14 +191,32 @@ func TestKill(t *testing.T) {
 			rng := seeded(t)
 			done := make(chan error, 1)
 			go func() { done <- concurrent(ctx, e.src, rng, 4, 100) }()
-			waitWorkers(t, ctx, e.dst, 2, first)
+			waitWorkers(t, ctx, e.dst, e.src, 2, first)
 			first.kill(t)
 			must(t, <-done)
 			cc.CommitDelay = 0
 			startChild(t, cc)
 			must(t, pgtest.Exec(ctx, e.src, `INSERT INTO marker VALUES (1)`))
-			e.waitMarker(t, &running{a: &Applier{}, done: make(chan error)}, 1)
+			waitMarkerCtx(t, ctx, e.dst, 1)
 			e.compare(t)
 		})
+	}
+}
+
+// waitMarkerCtx waits until the target has marker row id, or fails t when ctx ends.
+func waitMarkerCtx(t *testing.T, ctx context.Context, dsn string, id int) {
+	t.Helper()
+	conn, err := pgx.Connect(ctx, dsn)
+	must(t, err)
+	defer conn.Close(context.Background())
+	for {
+		var n int
+		if err := conn.QueryRow(ctx, `SELECT count(*) FROM marker WHERE id = $1`, id).Scan(&n); err != nil {
+			t.Fatalf("waiting for marker %d: %v", id, err)
+		}
+		if n > 0 {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

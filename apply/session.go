@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
@@ -56,6 +59,9 @@ func (a *Applier) session(parent context.Context) (err error) {
 		return err
 	}
 	defer s.leader.close(context.WithoutCancel(ctx))
+	if err := s.fence(ctx); err != nil {
+		return err
+	}
 	resume, err := s.setupProgress(ctx, s.leader)
 	if err != nil {
 		return err
@@ -106,6 +112,53 @@ func (a *Applier) session(parent context.Context) (err error) {
 		return parent.Err()
 	}
 	return context.Cause(ctx)
+}
+
+// fence makes sure that no connection of an earlier session for the slot still works on the
+// target before this one reads the progress row. A session whose process died leaves backends
+// that finish what they already received, a commit included, before they notice; reading the
+// progress row before that commit and applying the transaction again would apply it twice.
+//
+// Two advisory locks per slot: the leader's connection holds the first for the whole session,
+// the workers' connections hold the second in shared mode. A new session takes the first (so
+// the previous leader's backend is gone), then the second exclusively for a moment (so are the
+// previous workers'), and only then reads the progress row. Waiting for a backend that waits
+// on a dead client's socket ends when the server notices; it is logged after a second.
+func (s *session) fence(ctx context.Context) error {
+	lock := func(sql string, key int64) error {
+		done := make(chan struct{})
+		defer close(done)
+		go func() {
+			select {
+			case <-done:
+			case <-time.After(time.Second):
+				s.log.Warn("waiting for the target connections of an earlier session of the slot to end", "slot", s.cfg.Slot)
+			}
+		}()
+		_, err := query(ctx, s.leader.conn, sql, strconv.FormatInt(key, 10))
+		if err != nil {
+			return fmt.Errorf("apply: locking the slot's progress on the target: %w", err)
+		}
+		return nil
+	}
+	lead, workers := fenceKeys(s.cfg.Slot)
+	if err := lock("SELECT pg_catalog.pg_advisory_lock($1::bigint)", lead); err != nil {
+		return err
+	}
+	if err := lock("SELECT pg_catalog.pg_advisory_lock($1::bigint)", workers); err != nil {
+		return err
+	}
+	return lock("SELECT pg_catalog.pg_advisory_unlock($1::bigint)", workers)
+}
+
+// fenceKeys returns the advisory lock keys of a slot's sessions on the target.
+func fenceKeys(slot string) (lead, workers int64) {
+	h := fnv.New64a()
+	h.Write([]byte("pgreorder apply leader\x00" + slot))
+	lead = int64(h.Sum64())
+	h.Reset()
+	h.Write([]byte("pgreorder apply workers\x00" + slot))
+	return lead, int64(h.Sum64())
 }
 
 // setupProgress creates the progress table if it is missing and returns the slot's position.
