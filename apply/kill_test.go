@@ -165,19 +165,36 @@ func TestKill(t *testing.T) {
 			defer cancel()
 			cc := childConfig{Source: e.repl, Target: e.dst, Slot: e.slot, Mode: Eager, WorkMem: 256 << 10}
 			first := startChild(t, cc)
-			killed := false
-			must(t, workload(ctx, e.src, seeded(t), 1, func(i int) error {
-				if i == 2 { // the large transaction is open, with savepoints behind it
-					waitWorkers(t, ctx, e.dst, e.src, 1, first)
-					first.kill(t)
-					killed = true
-					startChild(t, cc)
-				}
-				return nil
-			}))
-			if !killed {
-				t.Fatal("never killed")
+			big, err := pgx.Connect(ctx, e.src)
+			must(t, err)
+			defer big.Close(context.Background())
+			ex := func(sql string) {
+				t.Helper()
+				_, err := big.Exec(ctx, sql)
+				must(t, err)
 			}
+			// A large transaction, streamed: a subtransaction kept, one rolled back.
+			ex(`BEGIN`)
+			ex(`SAVEPOINT a`)
+			ex(`INSERT INTO big SELECT g, 1, repeat('k', 150) FROM generate_series(1, 1500) g`)
+			ex(`RELEASE SAVEPOINT a`)
+			ex(`SAVEPOINT b`)
+			ex(`INSERT INTO big SELECT g, 2, repeat('r', 150) FROM generate_series(5001, 6000) g`)
+			ex(`ROLLBACK TO SAVEPOINT b`)
+			ex(`INSERT INTO events VALUES ('big', 1)`)
+			must(t, pgtest.Exec(ctx, e.src, `INSERT INTO items VALUES (1, 1, 'small'), (2, 2, 'small')`, `INSERT INTO events VALUES ('small', 1)`))
+			waitWorkers(t, ctx, e.dst, e.src, 1, first) // the worker applies it, uncommitted
+			first.kill(t)
+			startChild(t, cc)
+			must(t, pgtest.Exec(ctx, e.src, `INSERT INTO items VALUES (3, 3, 'small')`, `INSERT INTO events VALUES ('small', 2)`))
+			ex(`SAVEPOINT c`)
+			ex(`INSERT INTO big SELECT g, 3, repeat('c', 150) FROM generate_series(7001, 8000) g`)
+			ex(`ROLLBACK TO SAVEPOINT c`)
+			ex(`UPDATE big SET payload = 'u' WHERE id % 10 = 0`)
+			ex(`INSERT INTO events VALUES ('big', 2)`)
+			ex(`COMMIT`)
+			// Then the mixed workload, on other keys.
+			must(t, workload(ctx, e.src, seeded(t), 1, nil))
 			waitMarkerCtx(t, ctx, e.dst, 1)
 			e.compare(t)
 		})
