@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -28,22 +29,22 @@ func TestFaults(t *testing.T) {
 	faults := []string{"walsender", "target-conn", "crash-before-commit", "crash-after-commit"}
 	for _, major := range testMajors {
 		for _, mode := range append(faultModes, -Parallel) {
-			sync := mode < 0 // SynchronousCommit
+			syncCommit := mode < 0 // SynchronousCommit
 			mode = max(mode, -mode)
 			name := mode.String()
-			if sync {
+			if syncCommit {
 				name += "-sync"
 			}
 			for _, fault := range faults {
 				t.Run(fmt.Sprintf("pg%d/%s/%s", major, name, fault), func(t *testing.T) {
-					testFault(t, major, mode, sync, fault)
+					testFault(t, major, mode, syncCommit, fault)
 				})
 			}
 		}
 	}
 }
 
-func testFault(t *testing.T, major int, mode Mode, sync bool, fault string) {
+func testFault(t *testing.T, major int, mode Mode, syncCommit bool, fault string) {
 	e := newEnv(t, major)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -52,19 +53,26 @@ func testFault(t *testing.T, major int, mode Mode, sync bool, fault string) {
 	must(t, err)
 	defer monitor.Close(context.Background())
 
+	var monMu sync.Mutex
 	var (
 		injected atomic.Int32
 		checked  atomic.Int32
 		bad      atomic.Value
 	)
 	cfg := e.config(t, mode)
-	cfg.SynchronousCommit = sync
+	cfg.SynchronousCommit = syncCommit
 	cfg.hooks = &hooks{stage: func(ctx context.Context, stage string, x txnRef) error {
 		if stage == "before-commit" {
-			// The slot must not have confirmed this commit: it is not applied yet.
+			// The slot must not have confirmed this commit: it is not applied yet. Workers call
+			// the hook at once, and a session's end cancels its context: the monitor connection
+			// is shared under a lock and its queries outlive the session.
 			var confirmed decoding.LSN
-			err := monitor.QueryRow(ctx, `SELECT confirmed_flush_lsn::text FROM pg_replication_slots
+			monMu.Lock()
+			qctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			err := monitor.QueryRow(qctx, `SELECT confirmed_flush_lsn::text FROM pg_replication_slots
 				WHERE slot_name = $1 AND database = current_database()`, e.slot).Scan(&confirmed)
+			cancel()
+			monMu.Unlock()
 			if err != nil {
 				return err
 			}
@@ -76,7 +84,9 @@ func testFault(t *testing.T, major int, mode Mode, sync bool, fault string) {
 		switch {
 		case fault == "target-conn" && stage == "before-commit" && x.Streamed && injected.Load() == 0:
 			injected.Add(1)
-			n, err := dstKill.kill(ctx, `application_name LIKE 'pgreorder apply%'`)
+			kctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			n, err := dstKill.kill(kctx, `application_name LIKE 'pgreorder apply%'`)
+			cancel()
 			t.Logf("terminated %d target connection(s) before the commit of %d: %v", n, x.Xid, err)
 		case fault == "crash-before-commit" && stage == "before-commit" && x.Streamed && injected.Load() == 0:
 			injected.Add(1)
