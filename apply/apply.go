@@ -1,0 +1,144 @@
+package apply
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// Retry delays of Run after a retryable error: doubling from minRetryDelay to maxRetryDelay,
+// back to the minimum once a session ran for resetRetryAfter.
+const (
+	minRetryDelay   = 200 * time.Millisecond
+	maxRetryDelay   = 30 * time.Second
+	resetRetryAfter = time.Minute
+)
+
+// ErrRunning is returned by Run while another Run of the same Applier is in progress.
+var ErrRunning = errors.New("apply: Run already in progress")
+
+// Applier replicates a publication into a target database. Make one with New and call Run.
+type Applier struct {
+	cfg   Config
+	stats counters
+
+	mu      sync.Mutex
+	running bool
+	// serial holds source transactions to apply alone when they come again: they failed, or
+	// had to be rolled back, while applied concurrently with others. Run's goroutine only.
+	serial map[uint32]bool
+}
+
+// New checks cfg and returns an Applier. It does not connect: Run does.
+func New(cfg Config) (*Applier, error) {
+	c, err := cfg.validate()
+	if err != nil {
+		return nil, err
+	}
+	return &Applier{cfg: c, serial: map[uint32]bool{}}, nil
+}
+
+// Run replicates until ctx is done, then returns ctx's error (context.Canceled for a clean
+// stop), or until an error that retrying cannot cure (see the package documentation), which it
+// returns. Connection failures of either side, server restarts and deadlocks are retried: the
+// session starts again from the target's progress row, after a delay that grows up to 30s.
+//
+// Everything in flight when Run returns is rolled back on the target and not acknowledged to
+// the source; the next Run starts with it.
+func (a *Applier) Run(ctx context.Context) error {
+	if a == nil || a.serial == nil {
+		return fmt.Errorf("%w: an Applier is made by New", ErrInvalidConfig)
+	}
+	a.mu.Lock()
+	if a.running {
+		a.mu.Unlock()
+		return ErrRunning
+	}
+	a.running = true
+	a.mu.Unlock()
+	defer func() {
+		a.mu.Lock()
+		a.running = false
+		a.mu.Unlock()
+	}()
+
+	log := a.cfg.Logger
+	delay := minRetryDelay
+	for {
+		a.stats.sessions.Add(1)
+		began := time.Now()
+		err := a.session(ctx)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		var re *restartError
+		if errors.As(err, &re) {
+			for _, x := range re.xids {
+				a.serial[x] = true
+			}
+			a.stats.serialRetries.Add(int64(len(re.xids)))
+			log.Info("retrying serially", "xids", re.xids, "reason", re.reason)
+			continue
+		}
+		// A cancellation that is not ctx's comes from a connection that broke while a wait was
+		// cut short: retried like the connection.
+		internal := errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
+		if !internal && !retryable(err) {
+			log.Error("stopped", "err", err)
+			return err
+		}
+		if time.Since(began) >= resetRetryAfter {
+			delay = minRetryDelay
+		}
+		log.Warn("replication interrupted; resuming", "err", err, "after", delay)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, maxRetryDelay)
+	}
+}
+
+// Stats returns the Applier's counters. It may be called at any time, from any goroutine.
+func (a *Applier) Stats() Stats {
+	if a == nil {
+		return Stats{}
+	}
+	return a.stats.snapshot()
+}
+
+// Run makes an Applier for cfg and runs it: see Applier.Run.
+func Run(ctx context.Context, cfg Config) error {
+	a, err := New(cfg)
+	if err != nil {
+		return err
+	}
+	return a.Run(ctx)
+}
+
+// hooks let tests inject faults and observe stages. Each runs on the goroutine applying the
+// transaction; an error it returns fails the session as a crash would.
+type hooks struct {
+	// stage is called with "before-commit" (the changes are on the target, COMMIT not yet sent),
+	// "after-commit" (committed, not yet acknowledged) and, in Eager and Parallel, "record"
+	// (before a job's queued record is applied; only Xid and Streamed are set).
+	stage func(ctx context.Context, stage string, x txnRef) error
+}
+
+// txnRef identifies a source transaction to hooks.
+type txnRef struct {
+	Xid       uint32
+	Streamed  bool
+	CommitLSN LSN
+	EndLSN    LSN
+}
+
+func (c *Config) hook(ctx context.Context, stage string, x txnRef) error {
+	if c.hooks == nil || c.hooks.stage == nil {
+		return nil
+	}
+	return c.hooks.stage(ctx, stage, x)
+}

@@ -1,0 +1,305 @@
+package apply
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgreorder/pgreorder/decoding"
+)
+
+// relInfo is one description of a source relation, as a Relation message gave it, with the
+// names of the user-defined types its columns use. Equal descriptions share one relInfo (see
+// registry), so that what is derived from it (the target mapping, prepared statements) is made
+// once per description, not once per transaction that describes the relation again.
+type relInfo struct {
+	id       uint32 // index in the registry
+	rel      *decoding.Relation
+	srcTypes []string // per column: "namespace.name" of a user-defined type the stream described, else ""
+
+	mu  sync.Mutex
+	m   *relMap // the target mapping, once made
+	err error   // why the target table cannot take the relation's changes, once known
+}
+
+// qualifiedSource is the source relation's quoted, qualified name.
+func (ri *relInfo) qualifiedSource() string {
+	ns := ri.rel.Namespace
+	if ns == "" {
+		ns = "pg_catalog"
+	}
+	return quoteIdent(ns) + "." + quoteIdent(ri.rel.Name)
+}
+
+// registry gives relInfos to the leader (who resolves relations while reading transactions) and
+// to workers (who get their index in queued records). Lookups by index may come from any
+// goroutine; intern is the leader's.
+type registry struct {
+	mu    sync.RWMutex
+	infos []*relInfo
+
+	// Leader only.
+	byPtr map[*decoding.Relation]*relInfo
+	byKey map[string]*relInfo
+	key   []byte
+}
+
+func newRegistry() *registry {
+	return &registry{byPtr: map[*decoding.Relation]*relInfo{}, byKey: map[string]*relInfo{}}
+}
+
+// get returns the relInfo with index id.
+func (r *registry) get(id uint32) *relInfo {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.infos[id]
+}
+
+// typeResolver resolves the stream's descriptions of user-defined types (reorderbuffer.Txn).
+type typeResolver interface {
+	Type(oid uint32) (*decoding.DataType, bool)
+}
+
+// intern returns the relInfo for rel. Relation descriptions from the buffer are never modified,
+// so a pointer seen before maps to the same relInfo; a new pointer with an equal description too.
+func (r *registry) intern(rel *decoding.Relation, types typeResolver) *relInfo {
+	if ri := r.byPtr[rel]; ri != nil {
+		return ri
+	}
+	srcTypes := make([]string, len(rel.Columns))
+	for i, c := range rel.Columns {
+		if c.TypeOID >= firstNormalOID && types != nil {
+			if t, ok := types.Type(c.TypeOID); ok {
+				ns := t.Namespace
+				if ns == "" {
+					ns = "pg_catalog"
+				}
+				srcTypes[i] = ns + "." + t.Name
+			}
+		}
+	}
+	k := r.key[:0]
+	k = strconv.AppendUint(k, uint64(rel.RelationID), 10)
+	k = append(k, 0)
+	k = append(k, rel.Namespace...)
+	k = append(k, 0)
+	k = append(k, rel.Name...)
+	k = append(k, 0, rel.ReplicaIdentity)
+	for i, c := range rel.Columns {
+		k = append(k, 0, c.Flags)
+		k = strconv.AppendUint(k, uint64(c.TypeOID), 10)
+		k = append(k, ':')
+		k = strconv.AppendInt(k, int64(c.TypeMod), 10)
+		k = append(k, ':')
+		k = append(k, c.Name...)
+		k = append(k, 0)
+		k = append(k, srcTypes[i]...)
+	}
+	r.key = k
+	ri := r.byKey[string(k)]
+	if ri == nil {
+		r.mu.Lock()
+		ri = &relInfo{id: uint32(len(r.infos)), rel: rel, srcTypes: srcTypes}
+		r.infos = append(r.infos, ri)
+		r.mu.Unlock()
+		r.byKey[string(k)] = ri
+	}
+	if len(r.byPtr) >= 4096 { // streamed transactions describe their relations again: forget old pointers
+		clear(r.byPtr)
+	}
+	r.byPtr[rel] = ri
+	return ri
+}
+
+// firstNormalOID is PostgreSQL's FirstNormalObjectId: OIDs below it are built in, the same on
+// every server of a major version.
+const firstNormalOID = 16384
+
+// relMap is how a source relation's changes are written to its target table.
+type relMap struct {
+	info        *relInfo
+	name        string // quoted, qualified target table
+	oid         uint32
+	partitioned bool
+	cols        []colMap // per source column
+	key         []int    // source columns of the replica identity key
+	full        bool     // the source relation is REPLICA IDENTITY FULL
+	idErr       error    // why UPDATE and DELETE cannot identify rows, if they cannot
+	triggers    bool     // triggers that fire for the apply sessions' role (foreign keys included)
+	copyCols    string   // "(a, b, c)": the source columns, for INSERT and COPY
+}
+
+// colMap is the target column a source column is written to.
+type colMap struct {
+	name    string // quoted
+	typeOID uint32 // the target column's type
+	// textEq: the type has no equality operator (json, xml, geometric types): a FULL identity
+	// compares its text output instead, or skips it for binary values.
+	textEq bool
+}
+
+// noEquality lists types without a default equality operator (and geometric types whose "="
+// compares areas), by the name format_type gives them.
+var noEquality = map[string]bool{
+	"json": true, "xml": true, "point": true, "line": true, "lseg": true, "box": true, "path": true,
+	"polygon": true, "circle": true, "txid_snapshot": true, "pg_snapshot": true,
+}
+
+// target table catalog queries. They read pg_catalog only, schema-qualified, so no search_path
+// can redirect them.
+const (
+	relationQuery = `SELECT c.oid, c.relkind,
+	(SELECT count(*) FROM pg_catalog.pg_trigger t WHERE t.tgrelid = c.oid AND t.tgenabled = ANY ($3::"char"[])),
+	(SELECT i.indkey::text FROM pg_catalog.pg_index i WHERE i.indrelid = c.oid AND i.indisvalid AND i.indisunique
+		AND CASE WHEN c.relreplident = 'i' THEN i.indisreplident ELSE i.indisprimary END LIMIT 1)
+FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p')`
+
+	columnsQuery = `SELECT a.attnum, a.attname, a.atttypid, a.attgenerated <> '',
+	pg_catalog.format_type(a.atttypid, NULL), tn.nspname || '.' || t.typname
+FROM pg_catalog.pg_attribute a
+	JOIN pg_catalog.pg_type t ON t.oid = a.atttypid
+	JOIN pg_catalog.pg_namespace tn ON tn.oid = t.typnamespace
+WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped`
+)
+
+// mapping returns the target mapping of ri, reading the target's catalog through conn the first
+// time. An error that concerns the table (missing, other columns) is remembered: every change
+// of the relation fails the same way.
+func (ri *relInfo) mapping(ctx context.Context, conn *pgconn.PgConn, replicaRole, binary bool) (*relMap, error) {
+	ri.mu.Lock()
+	defer ri.mu.Unlock()
+	if ri.m != nil || ri.err != nil {
+		return ri.m, ri.err
+	}
+	m, err := loadMapping(ctx, conn, ri, replicaRole, binary)
+	if err != nil {
+		if _, ok := err.(*changeError); ok {
+			ri.err = err
+		}
+		return nil, err
+	}
+	ri.m = m
+	return m, nil
+}
+
+func loadMapping(ctx context.Context, conn *pgconn.PgConn, ri *relInfo, replicaRole, binary bool) (*relMap, error) {
+	rel := ri.rel
+	ns := rel.Namespace
+	if ns == "" {
+		ns = "pg_catalog"
+	}
+	name := ri.qualifiedSource()
+	fail := func(kind error, format string, args ...any) error {
+		return &changeError{kind: kind, relation: name, err: fmt.Errorf(format, args...)}
+	}
+	// Triggers fire in session_replication_role "replica" when enabled REPLICA or ALWAYS, in
+	// "origin" when enabled ORIGIN (the default, and foreign keys' internal triggers) or ALWAYS.
+	fire := "{O,A}"
+	if replicaRole {
+		fire = "{R,A}"
+	}
+	rows, err := query(ctx, conn, relationQuery, ns, rel.Name, fire)
+	if err != nil {
+		return nil, err
+	}
+	if len(rows) == 0 {
+		return nil, fail(ErrMissingTable, "no such table on the target (tables are matched by schema and name)")
+	}
+	r := rows[0]
+	oid, _ := strconv.ParseUint(string(r[0]), 10, 32)
+	m := &relMap{info: ri, name: name, oid: uint32(oid), partitioned: string(r[1]) == "p",
+		full: rel.ReplicaIdentity == 'f', triggers: string(r[2]) != "0"}
+	identity := string(r[3]) // attnums of the target's replica identity index or primary key, or ""
+
+	cols, err := query(ctx, conn, columnsQuery, string(r[0]))
+	if err != nil {
+		return nil, err
+	}
+	type targetCol struct {
+		attnum    string
+		typeOID   uint32
+		generated bool
+		format    string
+		qualified string
+	}
+	byName := make(map[string]targetCol, len(cols))
+	byNum := make(map[string]string, len(cols))
+	for _, c := range cols {
+		t, _ := strconv.ParseUint(string(c[2]), 10, 32)
+		byName[string(c[1])] = targetCol{attnum: string(c[0]), typeOID: uint32(t), generated: string(c[3]) == "t",
+			format: string(c[4]), qualified: string(c[5])}
+		byNum[string(c[0])] = string(c[1])
+	}
+	m.cols = make([]colMap, len(rel.Columns))
+	var names []string
+	for i, sc := range rel.Columns {
+		tc, ok := byName[sc.Name]
+		switch {
+		case !ok:
+			return nil, fail(ErrSchemaMismatch, "the target table has no column %q", sc.Name)
+		case tc.generated:
+			return nil, fail(ErrSchemaMismatch, "column %q is generated on the target", sc.Name)
+		case binary && !sameType(sc.TypeOID, ri.srcTypes[i], tc.typeOID, tc.qualified):
+			return nil, fail(ErrSchemaMismatch, "column %q has type %s on the target and another type (OID %d) on the source: "+
+				"binary values need the same type", sc.Name, tc.format, sc.TypeOID)
+		}
+		base := strings.TrimSuffix(tc.format, "[]")
+		m.cols[i] = colMap{name: quoteIdent(sc.Name), typeOID: tc.typeOID, textEq: noEquality[base]}
+		names = append(names, m.cols[i].name)
+		if sc.IsKey() {
+			m.key = append(m.key, i)
+		}
+	}
+	m.copyCols = "(" + strings.Join(names, ", ") + ")"
+
+	// UPDATE and DELETE find their row by the source's key, which the target must index uniquely
+	// (or by the whole old row, with REPLICA IDENTITY FULL).
+	switch {
+	case m.full:
+	case len(m.key) == 0:
+		m.idErr = fail(ErrNoReplicaIdentity, "the source relation has no replica identity key (replica identity %q) "+
+			"and is not REPLICA IDENTITY FULL", string(rune(rel.ReplicaIdentity)))
+	case identity == "":
+		m.idErr = fail(ErrNoReplicaIdentity, "the target table has neither a primary key nor a replica identity index, "+
+			"and the source relation is not REPLICA IDENTITY FULL")
+	default:
+		keys := map[string]bool{}
+		for _, i := range m.key {
+			keys[rel.Columns[i].Name] = true
+		}
+		for num := range strings.FieldsSeq(identity) {
+			if col := byNum[num]; !keys[col] {
+				m.idErr = fail(ErrNoReplicaIdentity, "column %q of the target's identity index is not part of the source's "+
+					"replica identity key", col)
+				break
+			}
+		}
+	}
+	return m, nil
+}
+
+// sameType reports whether a source column's type is the target column's: the same OID for a
+// built-in type, the same qualified name for a user-defined one (when the stream described it).
+func sameType(srcOID uint32, srcName string, dstOID uint32, dstName string) bool {
+	if srcOID < firstNormalOID {
+		return srcOID == dstOID
+	}
+	return srcName == "" || srcName == dstName
+}
+
+// query runs sql with text parameters and returns the rows as text.
+func query(ctx context.Context, conn *pgconn.PgConn, sql string, args ...string) ([][][]byte, error) {
+	params := make([][]byte, len(args))
+	for i, a := range args {
+		params[i] = []byte(a)
+	}
+	res := conn.ExecParams(ctx, sql, params, nil, nil, nil).Read()
+	return res.Rows, res.Err
+}
+
+func quoteIdent(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }

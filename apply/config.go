@@ -1,0 +1,235 @@
+package apply
+
+import (
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/pgreorder/pgreorder/reorderbuffer"
+)
+
+// Mode is how transactions are applied to the target.
+type Mode int
+
+const (
+	// Buffered applies each transaction whole, at its commit, in one target transaction, on one
+	// connection, in commit order. A streamed transaction is held by the reorder buffer (in
+	// memory up to WorkMem, then on disk) until its commit arrives.
+	Buffered Mode = iota
+	// Eager applies a streamed transaction as its parts arrive, on a connection of its own
+	// (one of Workers), taking a savepoint before each subtransaction's first change, rolling
+	// back to it when the subtransaction aborts, and committing at its commit in commit order.
+	// Non-streamed transactions are applied as they arrive, one at a time. When no worker is free
+	// a streamed transaction is spooled and applied at its commit.
+	Eager
+	// Parallel is Eager plus parallel apply of non-streamed transactions on Workers connections:
+	// a transaction that touches a row (relation and replica identity key) an earlier transaction
+	// still in flight touched waits for that one to commit; commits stay in commit order.
+	Parallel
+)
+
+var modeNames = [...]string{Buffered: "buffered", Eager: "eager", Parallel: "parallel"}
+
+func (m Mode) String() string {
+	if m >= 0 && int(m) < len(modeNames) {
+		return modeNames[m]
+	}
+	return fmt.Sprintf("Mode(%d)", int(m))
+}
+
+// ParseMode parses "buffered", "eager" or "parallel".
+func ParseMode(s string) (Mode, error) {
+	for m, n := range modeNames {
+		if strings.EqualFold(s, n) {
+			return Mode(m), nil
+		}
+	}
+	return 0, fmt.Errorf("%w: mode %q (want buffered, eager or parallel)", ErrInvalidConfig, s)
+}
+
+// Defaults of zero Config fields.
+const (
+	// DefaultProgressTable is the target table that records, per slot, the end LSN of the last
+	// source transaction applied.
+	DefaultProgressTable = "pgreorder_apply_progress"
+	// DefaultEagerWorkers is the number of streamed transactions Eager applies at once, like
+	// PostgreSQL's max_parallel_apply_workers_per_subscription.
+	DefaultEagerWorkers = 2
+	// DefaultParallelWorkers is the number of worker connections of Parallel.
+	DefaultParallelWorkers = 4
+	// MaxWorkers bounds Config.Workers: each worker is a target connection.
+	MaxWorkers = 64
+)
+
+// Config describes one replication job from a source publication into a target database. The
+// DSNs, Slot and Publications are required; every other field has a working zero value.
+type Config struct {
+	// Source is the connection string of the source database (libpq keywords or URL);
+	// replication=database is added.
+	Source string
+	// Target is the connection string of the target database. Its connections run with
+	// application_name "pgreorder apply SLOT" (workers "pgreorder apply SLOT wN", the lock
+	// watchdog "pgreorder apply SLOT watchdog"), client_encoding UTF8, DateStyle ISO, read
+	// committed, no statement, lock or idle timeouts, synchronous_commit off (see
+	// SynchronousCommit) and, when the role may set it, session_replication_role = replica, as
+	// PostgreSQL's own subscriber does: ordinary triggers and foreign key checks do not fire for
+	// replicated changes.
+	Target string
+	// Slot is the logical replication slot (pgoutput) on the source.
+	Slot string
+	// Publications are the source publications to replicate.
+	Publications []string
+	// CreateSlot creates the slot if it does not exist. The target must then hold what the source
+	// held when the slot was created: there is no initial copy.
+	CreateSlot bool
+
+	// Mode is Buffered (the zero value), Eager or Parallel.
+	Mode Mode
+	// Workers is the number of worker connections to the target for Eager (streamed transactions
+	// applied at once; default DefaultEagerWorkers) and Parallel (default DefaultParallelWorkers),
+	// at most MaxWorkers. Buffered uses one connection and ignores it.
+	Workers int
+	// WorkMem bounds the memory of transaction data, like PostgreSQL's logical_decoding_work_mem:
+	// the reorder buffer holds at most WorkMem (0 means reorderbuffer.DefaultWorkMem, 64 MiB;
+	// reorderbuffer.SpillEverything keeps nothing in memory), and, in Eager and Parallel, the
+	// changes queued for workers that have not applied them yet take at most a quarter of it
+	// more (at least 256 KiB), the rest waiting in spill files.
+	WorkMem int64
+	// SpillDir is where spill files go; "" means the system's temporary directory.
+	SpillDir string
+	// SynchronousCommit makes every target commit wait for its WAL flush (or for whatever the
+	// target role's synchronous_commit says), and acknowledges it to the source at once: the
+	// lowest latency per transaction. Without it (the default), target transactions commit with
+	// synchronous_commit = off, as PostgreSQL's subscriber does by default, and are made durable
+	// in groups: one commit in 64, or the first one 10ms after an unflushed one, is synchronous,
+	// and so is an empty transaction when the stream goes idle for a millisecond; the target flushes
+	// its WAL through it, which makes every earlier commit durable too. Much more throughput
+	// when WAL flushes are slow, acknowledgements a few milliseconds later. Either way a
+	// transaction is acknowledged to the source only once its commit is durable on the target,
+	// so exactly-once holds across crashes of either server.
+	SynchronousCommit bool
+	// Binary asks the source for values in their binary send format (PostgreSQL 14+), written
+	// to the target with COPY binary and binary parameters. Column types must then be the same
+	// on both sides.
+	Binary bool
+	// ProgressTable is the target table that records the progress of each slot, created if
+	// missing: (slot text PRIMARY KEY, end_lsn pg_lsn). "" means DefaultProgressTable; a
+	// schema-qualified name ("schema.table") is allowed.
+	ProgressTable string
+	// StatusInterval is the longest time between two status updates to the source; 0 means the
+	// replication package's default.
+	StatusInterval time.Duration
+	// Logger receives progress, conflicts and retries; nil logs nothing.
+	Logger *slog.Logger
+
+	hooks *hooks // tests only: fault injection
+}
+
+// validate checks c and returns a copy with the defaults filled in.
+func (c Config) validate() (Config, error) {
+	bad := func(format string, args ...any) (Config, error) {
+		return c, fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...)
+	}
+	switch {
+	case c.Source == "":
+		return bad("Source is required")
+	case c.Target == "":
+		return bad("Target is required")
+	case c.Slot == "":
+		return bad("Slot is required")
+	case len(c.Publications) == 0:
+		return bad("Publications is required")
+	case c.Mode < Buffered || c.Mode > Parallel:
+		return bad("unknown Mode %d", int(c.Mode))
+	case c.Workers < 0 || c.Workers > MaxWorkers:
+		return bad("Workers %d (want 0 for the default, or 1 to %d)", c.Workers, MaxWorkers)
+	case c.WorkMem < 0 && c.WorkMem != reorderbuffer.SpillEverything:
+		return bad("WorkMem %d", c.WorkMem)
+	}
+	for _, p := range c.Publications {
+		if p == "" {
+			return bad("empty publication name")
+		}
+	}
+	if c.Workers == 0 {
+		switch c.Mode {
+		case Eager:
+			c.Workers = DefaultEagerWorkers
+		case Parallel:
+			c.Workers = DefaultParallelWorkers
+		}
+	}
+	if c.Mode == Buffered {
+		c.Workers = 0
+	}
+	if c.ProgressTable == "" {
+		c.ProgressTable = DefaultProgressTable
+	}
+	if _, err := parseQualified(c.ProgressTable); err != nil {
+		return bad("ProgressTable: %v", err)
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c, nil
+}
+
+// queueMem is the memory the queues of workers may hold in total.
+func (c *Config) queueMem() int64 {
+	m := c.WorkMem
+	switch {
+	case m == 0:
+		m = reorderbuffer.DefaultWorkMem
+	case m < 0:
+		m = 0
+	}
+	return max(m/4, 256<<10)
+}
+
+// parseQualified splits "table" or "schema.table" (each part plain or double-quoted) into its
+// parts.
+func parseQualified(s string) ([]string, error) {
+	var parts []string
+	for len(s) > 0 {
+		var part string
+		if s[0] == '"' {
+			i := 1
+			for {
+				j := strings.IndexByte(s[i:], '"')
+				if j < 0 {
+					return nil, fmt.Errorf("unterminated quoted identifier in %q", s)
+				}
+				part += s[i : i+j]
+				i += j + 1
+				if i < len(s) && s[i] == '"' {
+					part += `"`
+					i++
+					continue
+				}
+				break
+			}
+			s = s[i:]
+		} else {
+			j := strings.IndexByte(s, '.')
+			if j < 0 {
+				j = len(s)
+			}
+			part, s = strings.ToLower(s[:j]), s[j:] // unquoted names fold to lower case
+		}
+		if part == "" {
+			return nil, fmt.Errorf("empty identifier")
+		}
+		parts = append(parts, part)
+		if len(s) > 0 {
+			if s[0] != '.' || len(s) == 1 {
+				return nil, fmt.Errorf("invalid name")
+			}
+			s = s[1:]
+		}
+	}
+	if len(parts) == 0 || len(parts) > 2 {
+		return nil, fmt.Errorf("want table or schema.table")
+	}
+	return parts, nil
+}

@@ -1,0 +1,74 @@
+package apply
+
+import "encoding/binary"
+
+// COPY ... FROM STDIN encoders. pgoutput sends each column in its type's text output format
+// ('t') or, with binary 'true', in its send format ('b'); those are exactly the field formats of
+// COPY's text and binary formats, so a run of inserts becomes COPY data without converting any
+// value.
+
+// copyBinaryHeader opens COPY binary data: the signature, a flags field (no OIDs) and an empty
+// header extension.
+var copyBinaryHeader = []byte("PGCOPY\n\xff\r\n\x00\x00\x00\x00\x00\x00\x00\x00\x00")
+
+// copyBinaryTrailer ends COPY binary data: a field count of -1.
+var copyBinaryTrailer = []byte{0xff, 0xff}
+
+// copyTextNull is how COPY's text format writes NULL by default.
+const copyTextNull = `\N`
+
+// copyEscape[c] is the character that follows a backslash for a byte that COPY's text format
+// must escape, or 0 for a byte written as is. Backslash introduces escapes, tab separates
+// fields, and newline and carriage return end rows; every other byte (the server checks the
+// encoding) stands for itself.
+var copyEscape = [256]byte{'\\': '\\', '\t': 't', '\n': 'n', '\r': 'r'}
+
+// appendCopyTextValue appends v as one field of COPY's text format.
+func appendCopyTextValue(dst, v []byte) []byte {
+	start := 0
+	for i, c := range v {
+		if e := copyEscape[c]; e != 0 {
+			dst = append(dst, v[start:i]...)
+			dst = append(dst, '\\', e)
+			start = i + 1
+		}
+	}
+	return append(dst, v[start:]...)
+}
+
+// appendCopyTextRow appends one row of COPY's text format: the fields separated by tabs, NULL
+// as \N, and a newline.
+func appendCopyTextRow(dst []byte, fields []field) []byte {
+	for i, f := range fields {
+		if i > 0 {
+			dst = append(dst, '\t')
+		}
+		if f.null {
+			dst = append(dst, copyTextNull...)
+			continue
+		}
+		dst = appendCopyTextValue(dst, f.data)
+	}
+	return append(dst, '\n')
+}
+
+// appendCopyBinaryRow appends one tuple of COPY's binary format: the field count, then each
+// field's length (-1 for NULL) and bytes.
+func appendCopyBinaryRow(dst []byte, fields []field) []byte {
+	dst = binary.BigEndian.AppendUint16(dst, uint16(len(fields)))
+	for _, f := range fields {
+		if f.null {
+			dst = binary.BigEndian.AppendUint32(dst, 0xffffffff)
+			continue
+		}
+		dst = binary.BigEndian.AppendUint32(dst, uint32(len(f.data)))
+		dst = append(dst, f.data...)
+	}
+	return dst
+}
+
+// field is one value of a row to send: its bytes (in the format the stream sent them) or NULL.
+type field struct {
+	data []byte
+	null bool
+}

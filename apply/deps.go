@@ -1,0 +1,158 @@
+package apply
+
+import (
+	"encoding/binary"
+	"hash/maphash"
+
+	"github.com/pgreorder/pgreorder/decoding"
+)
+
+// maxJobKeys is how many row keys the tracker remembers for one transaction; a transaction that
+// touches more becomes a barrier instead: every later one waits for its commit. It bounds the
+// tracker's memory (about 50 bytes a key) whatever the transactions' sizes.
+const maxJobKeys = 16384
+
+// tracker finds what a transaction applied in Parallel must wait for, as the proposed parallel
+// apply of PostgreSQL does: it remembers, for each row key (relation and replica identity key
+// values, hashed) the last transaction in flight that touched it. A change to a key an earlier
+// transaction still in flight touched waits for that transaction's commit. A change without a
+// usable key (UPDATE or DELETE of a REPLICA IDENTITY FULL or keyless relation), a TRUNCATE, or a
+// change to a table whose triggers (foreign keys included) fire on the target makes its
+// transaction serial: it waits for every earlier transaction, and every later one waits for it.
+//
+// Hash collisions only add waits. The tracker is the leader's: not safe for concurrent use.
+type tracker struct {
+	seed    maphash.Seed
+	owners  map[uint64]*job
+	barrier uint64 // sequence number every later transaction waits for
+	buf     []byte
+}
+
+func newTracker() *tracker {
+	return &tracker{seed: maphash.MakeSeed(), owners: map[uint64]*job{}}
+}
+
+// change registers that j (whose sequence number is known) makes change m to the relation rel,
+// whose target table has triggers that fire if triggers is set. It returns the sequence number j
+// must wait for before applying m (0 for none), and whether j just became serial.
+func (tr *tracker) change(j *job, rel *decoding.Relation, m decoding.Message, triggers bool) (wait uint64, serial bool) {
+	seq := j.seq.Load()
+	if j.serial {
+		return 0, false // already waits for everything before it
+	}
+	wait = tr.barrier
+	if wait >= seq {
+		wait = 0
+	}
+	if triggers {
+		return tr.serialize(j), true
+	}
+	var (
+		keys [2]uint64
+		n    int
+		ok   bool
+	)
+	switch m := m.(type) {
+	case *decoding.Insert:
+		if keys[0], ok = tr.key(rel, m.New); ok {
+			n = 1
+		} // else a table without a key: inserts conflict with nothing
+	case *decoding.Update:
+		if rel.ReplicaIdentity == 'f' {
+			return tr.serialize(j), true
+		}
+		if m.OldKind == 'K' || m.OldKind == 'O' {
+			if keys[0], ok = tr.key(rel, m.Old); !ok {
+				return tr.serialize(j), true
+			}
+			n = 1
+		}
+		if keys[n], ok = tr.key(rel, m.New); !ok {
+			return tr.serialize(j), true
+		}
+		n++
+	case *decoding.Delete:
+		if rel.ReplicaIdentity == 'f' {
+			return tr.serialize(j), true
+		}
+		if keys[0], ok = tr.key(rel, m.Old); !ok {
+			return tr.serialize(j), true
+		}
+		n = 1
+	default:
+		return tr.serialize(j), true
+	}
+	for _, k := range keys[:n] {
+		if o := tr.owners[k]; o != nil && o != j {
+			if s := o.seq.Load(); s < seq && s > wait {
+				wait = s
+			}
+		}
+		if j.wide {
+			continue
+		}
+		if len(j.keys) >= maxJobKeys {
+			// Too many keys to remember: later transactions wait for all of j instead.
+			j.wide = true
+			tr.barrier = max(tr.barrier, seq)
+			tr.release(j)
+			continue
+		}
+		if tr.owners[k] != j {
+			tr.owners[k] = j
+			j.keys = append(j.keys, k)
+		}
+	}
+	return wait, false
+}
+
+// serialize makes j serial: it waits for every earlier transaction, every later one for it.
+func (tr *tracker) serialize(j *job) uint64 {
+	j.serial = true
+	seq := j.seq.Load()
+	tr.barrier = max(tr.barrier, seq)
+	tr.release(j)
+	return seq - 1
+}
+
+// after makes every transaction after seq wait for it (a streamed transaction, whose keys are
+// not tracked, or one applied by the leader).
+func (tr *tracker) after(seq uint64) { tr.barrier = max(tr.barrier, seq) }
+
+// release forgets j's keys: it committed (or stopped tracking them).
+func (tr *tracker) release(j *job) {
+	for _, k := range j.keys {
+		if tr.owners[k] == j {
+			delete(tr.owners, k)
+		}
+	}
+	j.keys = nil
+}
+
+// key hashes the relation and its replica identity key columns in tup; ok is false when the
+// relation has no key, is REPLICA IDENTITY FULL (every column is flagged), or a key value was
+// not sent (an unchanged TOASTed value).
+func (tr *tracker) key(rel *decoding.Relation, tup decoding.Tuple) (uint64, bool) {
+	if rel.ReplicaIdentity == 'f' {
+		return 0, false
+	}
+	b := binary.BigEndian.AppendUint32(tr.buf[:0], rel.RelationID)
+	keyed := false
+	for i, c := range rel.Columns {
+		if !c.IsKey() {
+			continue
+		}
+		if i >= len(tup) || tup[i].Kind == decoding.ColumnUnchanged {
+			return 0, false
+		}
+		keyed = true
+		b = append(b, tup[i].Kind)
+		b = binary.BigEndian.AppendUint32(b, uint32(len(tup[i].Data)))
+		b = append(b, tup[i].Data...)
+	}
+	tr.buf = b
+	if !keyed {
+		return 0, false
+	}
+	return maphash.Bytes(tr.seed, b), true
+}

@@ -1,0 +1,215 @@
+package apply
+
+import (
+	"fmt"
+	"strconv"
+	"testing"
+
+	"github.com/pgreorder/pgreorder/decoding"
+)
+
+// Relations for the tracker's tests: keyed by id; keyed by two columns; REPLICA IDENTITY FULL;
+// without any key.
+var (
+	relKeyed = &decoding.Relation{RelationID: 1, Name: "keyed", ReplicaIdentity: 'd', Columns: []decoding.RelationColumn{
+		{Flags: 1, Name: "id", TypeOID: 23}, {Name: "v", TypeOID: 25}}}
+	relPair = &decoding.Relation{RelationID: 2, Name: "pair", ReplicaIdentity: 'i', Columns: []decoding.RelationColumn{
+		{Flags: 1, Name: "a", TypeOID: 23}, {Flags: 1, Name: "b", TypeOID: 23}, {Name: "v", TypeOID: 25}}}
+	relFull = &decoding.Relation{RelationID: 3, Name: "full", ReplicaIdentity: 'f', Columns: []decoding.RelationColumn{
+		{Flags: 1, Name: "k", TypeOID: 23}, {Flags: 1, Name: "v", TypeOID: 25}}}
+	relNone = &decoding.Relation{RelationID: 4, Name: "none", ReplicaIdentity: 'd', Columns: []decoding.RelationColumn{
+		{Name: "k", TypeOID: 23}}}
+)
+
+func tup(vals ...string) decoding.Tuple {
+	t := make(decoding.Tuple, len(vals))
+	for i, v := range vals {
+		switch v {
+		case "NULL":
+			t[i] = decoding.Column{Kind: decoding.ColumnNull}
+		case "TOAST":
+			t[i] = decoding.Column{Kind: decoding.ColumnUnchanged}
+		default:
+			t[i] = decoding.Column{Kind: decoding.ColumnText, Data: []byte(v)}
+		}
+	}
+	return t
+}
+
+func jobSeq(seq uint64) *job {
+	j := &job{xid: uint32(seq) + 100}
+	j.seq.Store(seq)
+	return j
+}
+
+// TestTracker feeds changes of transactions 1, 2, 3... in commit order and checks what each
+// waits for and which become serial.
+func TestTracker(t *testing.T) {
+	type step struct {
+		seq      uint64
+		rel      *decoding.Relation
+		m        decoding.Message
+		triggers bool
+		wait     uint64
+		serial   bool
+	}
+	ins := func(r *decoding.Relation, vals ...string) decoding.Message {
+		return &decoding.Insert{RelationID: r.RelationID, New: tup(vals...)}
+	}
+	upd := func(r *decoding.Relation, vals ...string) decoding.Message {
+		return &decoding.Update{RelationID: r.RelationID, New: tup(vals...)}
+	}
+	updKey := func(r *decoding.Relation, old, new []string) decoding.Message {
+		return &decoding.Update{RelationID: r.RelationID, OldKind: 'K', Old: tup(old...), New: tup(new...)}
+	}
+	del := func(r *decoding.Relation, vals ...string) decoding.Message {
+		return &decoding.Delete{RelationID: r.RelationID, OldKind: 'K', Old: tup(vals...)}
+	}
+	cases := []struct {
+		name     string
+		steps    []step
+		released []uint64 // committed (released) before the last step
+	}{
+		{name: "independent rows", steps: []step{
+			{seq: 1, rel: relKeyed, m: ins(relKeyed, "1", "a")},
+			{seq: 2, rel: relKeyed, m: ins(relKeyed, "2", "b")},
+			{seq: 3, rel: relKeyed, m: upd(relKeyed, "3", "c")},
+		}},
+		{name: "same row waits for the last toucher", steps: []step{
+			{seq: 1, rel: relKeyed, m: ins(relKeyed, "1", "a")},
+			{seq: 2, rel: relKeyed, m: upd(relKeyed, "1", "b"), wait: 1},
+			{seq: 3, rel: relKeyed, m: del(relKeyed, "1", "NULL"), wait: 2},
+		}},
+		{name: "the same transaction does not wait for itself", steps: []step{
+			{seq: 1, rel: relKeyed, m: ins(relKeyed, "1", "a")},
+			{seq: 1, rel: relKeyed, m: upd(relKeyed, "1", "b")},
+		}},
+		{name: "same values in another relation", steps: []step{
+			{seq: 1, rel: relKeyed, m: ins(relKeyed, "1", "a")},
+			{seq: 2, rel: relNone, m: ins(relNone, "1")},
+			{seq: 3, rel: relPair, m: ins(relPair, "1", "1", "x")},
+		}},
+		{name: "a key change depends on both keys", steps: []step{
+			{seq: 1, rel: relKeyed, m: ins(relKeyed, "5", "a")},
+			{seq: 2, rel: relKeyed, m: ins(relKeyed, "9", "b")},
+			{seq: 3, rel: relKeyed, m: updKey(relKeyed, []string{"5", "NULL"}, []string{"6", "a"}), wait: 1},
+			{seq: 4, rel: relKeyed, m: ins(relKeyed, "6", "c"), wait: 3},
+			{seq: 5, rel: relKeyed, m: ins(relKeyed, "5", "d"), wait: 3},
+		}},
+		{name: "composite keys", steps: []step{
+			{seq: 1, rel: relPair, m: ins(relPair, "1", "2", "x")},
+			{seq: 2, rel: relPair, m: ins(relPair, "2", "1", "x")},
+			{seq: 3, rel: relPair, m: ins(relPair, "12", "", "x")},
+			{seq: 4, rel: relPair, m: del(relPair, "1", "2", "NULL"), wait: 1},
+		}},
+		{name: "committed transactions are forgotten", released: []uint64{1}, steps: []step{
+			{seq: 1, rel: relKeyed, m: ins(relKeyed, "1", "a")},
+			{seq: 2, rel: relKeyed, m: upd(relKeyed, "1", "b")},
+		}},
+		{name: "keyless inserts conflict with nothing", steps: []step{
+			{seq: 1, rel: relFull, m: ins(relFull, "1", "a")},
+			{seq: 2, rel: relFull, m: ins(relFull, "1", "a")},
+			{seq: 3, rel: relNone, m: ins(relNone, "1")},
+		}},
+		{name: "FULL identity update is serial, and a barrier", steps: []step{
+			{seq: 1, rel: relKeyed, m: ins(relKeyed, "1", "a")},
+			{seq: 2, rel: relFull, m: &decoding.Update{RelationID: 3, OldKind: 'O', Old: tup("1", "a"), New: tup("1", "b")}, wait: 1, serial: true},
+			{seq: 3, rel: relKeyed, m: ins(relKeyed, "7", "x"), wait: 2},
+		}},
+		{name: "TRUNCATE is serial", steps: []step{
+			{seq: 1, rel: relKeyed, m: ins(relKeyed, "1", "a")},
+			{seq: 2, rel: relKeyed, m: &decoding.Truncate{RelationIDs: []uint32{1}}, wait: 1, serial: true},
+			{seq: 3, rel: relKeyed, m: ins(relKeyed, "1", "a"), wait: 2},
+		}},
+		{name: "triggers on the target are serial", steps: []step{
+			{seq: 1, rel: relKeyed, m: ins(relKeyed, "1", "a")},
+			{seq: 2, rel: relKeyed, m: ins(relKeyed, "2", "a"), triggers: true, wait: 1, serial: true},
+			{seq: 3, rel: relKeyed, m: ins(relKeyed, "3", "a"), wait: 2},
+		}},
+		{name: "an unchanged TOASTed key makes it serial", steps: []step{
+			{seq: 1, rel: relKeyed, m: upd(relKeyed, "TOAST", "a"), serial: true},
+			{seq: 2, rel: relKeyed, m: ins(relKeyed, "3", "a"), wait: 1},
+		}},
+		{name: "NULL and empty keys differ", steps: []step{
+			{seq: 1, rel: relPair, m: ins(relPair, "1", "NULL", "x")},
+			{seq: 2, rel: relPair, m: ins(relPair, "1", "", "x")},
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			tr := newTracker()
+			jobs := map[uint64]*job{}
+			for i, s := range c.steps {
+				if i == len(c.steps)-1 {
+					for _, seq := range c.released {
+						tr.release(jobs[seq])
+					}
+				}
+				j := jobs[s.seq]
+				if j == nil {
+					j = jobSeq(s.seq)
+					jobs[s.seq] = j
+				}
+				wait, serial := tr.change(j, s.rel, s.m, s.triggers)
+				if wait != s.wait || serial != s.serial {
+					t.Errorf("step %d (transaction %d): wait %d serial %v, want wait %d serial %v", i, s.seq, wait, serial, s.wait, s.serial)
+				}
+			}
+		})
+	}
+}
+
+// TestTrackerWide checks that a transaction touching more keys than the tracker keeps becomes
+// a barrier and keeps nothing.
+func TestTrackerWide(t *testing.T) {
+	tr := newTracker()
+	big := jobSeq(1)
+	for i := range maxJobKeys + 10 {
+		if wait, serial := tr.change(big, relKeyed, &decoding.Insert{New: tup(strconv.Itoa(i), "x")}, false); wait != 0 || serial {
+			t.Fatalf("row %d: wait %d serial %v", i, wait, serial)
+		}
+	}
+	if !big.wide || len(tr.owners) != 0 {
+		t.Fatalf("wide %v, %d keys kept", big.wide, len(tr.owners))
+	}
+	if wait, _ := tr.change(jobSeq(2), relKeyed, &decoding.Insert{New: tup("-1", "x")}, false); wait != 1 {
+		t.Fatalf("a later transaction waits for %d, want 1", wait)
+	}
+}
+
+func BenchmarkTracker(b *testing.B) {
+	for _, hot := range []int{16, 1 << 20} {
+		b.Run(fmt.Sprintf("keys=%d", hot), func(b *testing.B) {
+			tr := newTracker()
+			vals := make([][]byte, 4096)
+			for i := range vals {
+				vals[i] = []byte(strconv.Itoa(i * 7919 % hot))
+			}
+			m := &decoding.Update{RelationID: 1, New: tup("0", "payload")}
+			var (
+				seq      uint64
+				j        *job
+				inFlight [8]*job // eight transactions in flight: the oldest commits when one starts
+			)
+			waits := 0
+			b.ReportAllocs()
+			for i := 0; b.Loop(); i++ {
+				if i%4 == 0 { // four changes a transaction
+					seq++
+					slot := &inFlight[seq%uint64(len(inFlight))]
+					if *slot != nil {
+						tr.release(*slot)
+					}
+					j = jobSeq(seq)
+					*slot = j
+				}
+				m.New[0].Data = vals[i%len(vals)]
+				if w, _ := tr.change(j, relKeyed, m, false); w != 0 {
+					waits++
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N), "ns/change")
+			b.ReportMetric(float64(waits)/float64(b.N), "waits/change")
+		})
+	}
+}

@@ -1,0 +1,96 @@
+// Package apply replicates a PostgreSQL publication into a target PostgreSQL database, exactly
+// once: a subscriber like PostgreSQL's own, as a library, over pgreorder's replication stream.
+//
+//	err := apply.Run(ctx, apply.Config{
+//		Source: "host=src dbname=app", Target: "host=dst dbname=app",
+//		Slot: "to_dst", Publications: []string{"app"}, CreateSlot: true,
+//		Mode: apply.Eager,
+//	})
+//
+// The target's tables must exist, matched by schema and name, with every source column (matched
+// by name; the target may have more), and hold what the source held when the slot was created:
+// there is no initial copy.
+//
+// # Exactly once
+//
+// Each source transaction is applied in one target transaction, which also writes the slot's row
+// of the progress table (Config.ProgressTable: slot, end_lsn) with the transaction's end LSN, and
+// is acknowledged to the source only after that transaction committed. On start, and after every
+// retried failure, replication starts at the slot's confirmed position and whatever the source
+// sends again that ends at or before the progress row's LSN is dropped (the reorder buffer's
+// SkipThrough), as PostgreSQL's subscriber does with its replication origin. A crash (even
+// SIGKILL) or a lost connection on either side at any point therefore neither loses nor repeats a
+// transaction: what committed on the target carries its progress row, and the source keeps
+// everything after the last acknowledged commit. Transactions that change nothing on the target
+// are acknowledged without a target transaction.
+//
+// A transaction is acknowledged only once its target commit is durable. By default target
+// transactions commit with synchronous_commit = off, as PostgreSQL's subscriber does, and a
+// synchronous commit every few dozen transactions or milliseconds (and when the stream goes idle)
+// makes the earlier ones durable before they are acknowledged: one WAL flush for many
+// transactions. Config.SynchronousCommit makes each commit wait for its own flush instead.
+//
+// # Ordering
+//
+// In every mode the target commits in the source's commit order, so the progress row only moves
+// forward and every state of the target is one the source had at a commit. The acknowledged
+// position is the contiguous prefix of committed transactions.
+//
+// # Modes
+//
+// Buffered applies each transaction whole at its commit, one at a time; the reorder buffer holds
+// large transactions in memory up to Config.WorkMem and on disk beyond.
+//
+// Eager applies a large transaction the server streams while it is still running on the source,
+// as PostgreSQL 16's parallel apply does: on a worker connection of its own, a SAVEPOINT before
+// each subtransaction's first change, ROLLBACK TO SAVEPOINT when the subtransaction aborts (the
+// later savepoints go with it), ROLLBACK when the transaction aborts, COMMIT at its commit, in
+// order. Changes reach the worker through a queue that spills to disk past its memory share, so a
+// worker that cannot keep up never holds up the stream or the other transactions. With all
+// workers busy, a streamed transaction is queued the same way and applied at its commit. Other
+// transactions are applied one at a time as they arrive, after every earlier one committed.
+//
+// Parallel is Eager plus committed transactions applied by several workers at once. A transaction
+// waits, before a change, for the commit of any earlier transaction in flight that touched the
+// same row (relation and replica identity key), so that each change sees what the source saw.
+// A transaction that changes a row of a table without a usable key (UPDATE or DELETE with
+// REPLICA IDENTITY FULL), truncates, or writes a table whose triggers fire on the target
+// (including foreign keys, unless the target role runs in session_replication_role = replica)
+// is applied alone: after every earlier transaction, before every later one. Commits stay in
+// source order. What Parallel cannot see, constraints that exist only on the target (a unique
+// index, say), may make two transactions wait for each other's locks; the target detects the
+// cycles it can see (deadlock_detected), and a watchdog detects the others (an earlier
+// transaction waiting for the lock of a later one, which waits for its turn to commit): the later
+// transaction is rolled back, the session restarts from the progress row, and that transaction is
+// applied alone. The same holds for a streamed transaction in Eager.
+//
+// # Statements
+//
+// Runs of inserts into one table go through COPY FROM STDIN, in binary when the values are (with
+// Config.Binary: pgoutput's binary values are the types' send format, COPY binary's field
+// format), else in text, escaped; short runs become INSERTs. Updates and deletes are prepared
+// statements, one per table and set of columns, sent in batches whose results are checked in
+// order: a transaction of a few statements takes one round trip with its progress row and COMMIT.
+// Parameters carry the target columns' types, so the target converts text values with the types'
+// input functions, as it converts the publisher's output. Unchanged TOASTed values are left
+// untouched. An UPDATE or DELETE finds its row by the replica identity key, or, with REPLICA
+// IDENTITY FULL, by every column of the old row (columns of types without equality, such as
+// json, compare as text, or not at all for binary values), and changes one row even when several
+// are identical, as PostgreSQL's subscriber does. A
+// row not found is a conflict (update_missing, delete_missing): counted in Stats, logged and
+// skipped, as PostgreSQL's subscriber does. TRUNCATE never cascades to tables the source did not
+// truncate.
+//
+// # Errors and retries
+//
+// Run retries, from the progress row and with a growing delay, whatever starting again can cure:
+// lost connections to either server, server shutdowns and restarts, a slot still held by a dead
+// consumer's walsender, deadlocks, serialization failures, resource shortages. It stops with an
+// error for what it cannot cure: an *ApplyError for a change the target refuses when applied
+// alone, in order (ErrMissingTable, ErrSchemaMismatch, ErrNoReplicaIdentity, ErrPermission,
+// ErrConstraint, ErrData), naming the table, the source transaction and its commit LSN; bad
+// configuration (ErrInvalidConfig, the replication package's option errors); and corrupt or lost
+// data reported by the reorder buffer. Nothing at or after a refused transaction is acknowledged,
+// so a new Run, once the cause is fixed, resumes with it. A change refused while applied
+// concurrently with earlier transactions (Eager, Parallel) is first retried alone.
+package apply

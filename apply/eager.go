@@ -1,0 +1,748 @@
+package apply
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync/atomic"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/reorderbuffer"
+)
+
+// Eager and parallel apply. The leader (the goroutine that reads the stream) turns each source
+// transaction into a job:
+//
+//   - a streamed transaction is applied by a worker (a goroutine with a target connection of its
+//     own) while it is still running on the source: the leader copies each part's changes into the
+//     job's queue, with a SAVEPOINT before the first change of each subtransaction and a ROLLBACK TO
+//     SAVEPOINT when one aborts; the worker applies them as they come. Without a free worker the
+//     job is spooled: queued the same way, and applied by the leader at its commit.
+//   - a non-streamed transaction (committed on the source before its first change is sent) is
+//     applied by the leader on its own connection as its parts arrive (Eager), or by a free worker
+//     (Parallel).
+//
+// Every job gets a sequence number when its commit arrives (a non-streamed one at its first
+// part: nothing can commit in between) and commits only after the job before it (order), with the
+// progress row, in the same target transaction. The acknowledgement to the source follows the
+// commit; the leader sends them (a worker's commits wake it up when it waits for the stream).
+
+// Record kinds of a job's queue.
+const (
+	recChange    = 'c' // u16 relation count, u32 registry ids, pgoutput message (not in-stream)
+	recSavepoint = 's' // u32 subtransaction
+	recRollback  = 'r' // u32 subtransaction
+	recWait      = 'w' // u64 sequence number that must be committed first
+	recCommit    = 'C'
+	recAbort     = 'A'
+)
+
+// Worker states, for the watchdog.
+const (
+	wsIdle     int32 = iota // no job
+	wsApplying              // sending statements
+	wsWaiting               // waiting for records, for an earlier commit, or for its turn: holding its locks
+)
+
+// job is one source transaction being applied in parts.
+type job struct {
+	xid      uint32
+	streamed bool
+	seq      atomic.Uint64 // commit order; 0 until known
+	q        *queue        // nil for a direct job
+	direct   bool          // applied on the leader's connection as its parts arrive
+	spooled  bool          // applied on the leader's connection at its commit
+	serial   bool          // must not run alongside earlier transactions (Parallel)
+
+	// Set by the leader before it queues recCommit; read by the worker after.
+	ref    txnRef
+	commit *reorderbuffer.Txn
+
+	// Leader only.
+	begun   bool            // direct: the target transaction has begun
+	failed  error           // direct: a change the target refused (reported at the commit)
+	subs    []uint32        // subtransactions with a savepoint, in order
+	seen    map[uint32]bool // subtransactions seen
+	waitFor uint64          // the highest sequence number a recWait was queued for
+	keys    []uint64        // Parallel: keys registered for it in the dependency tracker
+	wide    bool            // Parallel: too many keys to track; later transactions wait for all of it
+}
+
+func (j *job) rank() uint64 {
+	if s := j.seq.Load(); s != 0 {
+		return s
+	}
+	return ^uint64(0) // not committed yet: after every committed one
+}
+
+// worker is a goroutine with a target connection that applies one job at a time.
+type worker struct {
+	id    int
+	tg    *target
+	jobs  chan *job
+	state atomic.Int32
+	cur   atomic.Pointer[job]
+}
+
+// startWorkers connects the workers and starts their goroutines and the watchdog's.
+func (s *session) startWorkers(ctx context.Context) error {
+	s.order = newOrder()
+	s.jobs = map[uint32]*job{}
+	s.store = &spillStore{dir: s.cfg.SpillDir}
+	s.budget = &budget{limit: s.cfg.queueMem()}
+	s.share = max(s.budget.limit/int64(max(s.cfg.Workers, 1)), 64<<10)
+	s.free = make(chan *worker, s.cfg.Workers)
+	if s.cfg.Mode == Parallel {
+		s.deps = newTracker()
+	}
+	for i := range s.cfg.Workers {
+		tg, err := connectTarget(ctx, s.cfg, "pgreorder apply "+s.cfg.Slot+" w"+strconv.Itoa(i+1), s.stats)
+		if err != nil {
+			return err
+		}
+		w := &worker{id: i + 1, tg: tg, jobs: make(chan *job, 1)}
+		s.workers = append(s.workers, w)
+		_, key := fenceKeys(s.cfg.Slot)
+		if _, err := query(ctx, tg.conn, "SELECT pg_catalog.pg_advisory_lock_shared($1::bigint)", strconv.FormatInt(key, 10)); err != nil {
+			return fmt.Errorf("apply: locking the slot's progress on the target: %w", err)
+		}
+		if err := s.prepareProgress(ctx, tg); err != nil {
+			return err
+		}
+		s.free <- w
+	}
+	for _, w := range s.workers {
+		s.goRun(func() error { return s.work(ctx, w) })
+	}
+	s.goRun(func() error { return s.watchdog(ctx) })
+	return nil
+}
+
+// goRun runs f on its own goroutine; its error ends the session.
+func (s *session) goRun(f func() error) {
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		if err := f(); err != nil {
+			s.cancel(err)
+		}
+	}()
+}
+
+// stopWorkers waits for the workers to stop (the session's context is done) and closes their
+// connections (the server rolls back what they had open) and the queues.
+func (s *session) stopWorkers(ctx context.Context) {
+	s.wg.Wait()
+	for _, w := range s.workers {
+		w.tg.close(context.WithoutCancel(ctx))
+	}
+	for _, j := range s.jobs {
+		if j.q != nil {
+			j.q.close()
+		}
+	}
+	for _, w := range s.workers {
+		if j := w.cur.Load(); j != nil && j.q != nil {
+			j.q.close()
+		}
+	}
+	if err := s.store.close(); err != nil {
+		s.log.Warn("removing spill files", "err", err)
+	}
+}
+
+// runIncremental is the leader's loop in Eager and Parallel.
+func (s *session) runIncremental(ctx context.Context) error {
+	for {
+		if err := s.ackCommitted(ctx); err != nil {
+			return err
+		}
+		t, err := s.next(ctx)
+		if err != nil {
+			if err = s.wakeUp(ctx, err); err != nil {
+				return err
+			}
+			continue
+		}
+		switch {
+		case t.NonTransactional:
+			if err := s.stream.Ack(t); err != nil {
+				return err
+			}
+		case t.Part == reorderbuffer.PartChanges || t.Part == reorderbuffer.PartCommit:
+			err = s.part(ctx, t)
+		case t.Part == reorderbuffer.PartSubAbort:
+			err = s.subAbort(t)
+		case t.Part == reorderbuffer.PartAbort:
+			err = s.abort(ctx, t)
+		default:
+			err = fmt.Errorf("apply: unexpected %v transaction %d from an incremental stream", t.Part, t.Xid)
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// part handles a part with changes (PartChanges or PartCommit).
+func (s *session) part(ctx context.Context, t *reorderbuffer.Txn) error {
+	j := s.jobs[t.Xid]
+	if j == nil {
+		var err error
+		if j, err = s.newJob(ctx, t); err != nil {
+			return err
+		}
+		s.jobs[t.Xid] = j
+		s.log.Debug("transaction", "xid", t.Xid, "streamed", t.Streamed, "direct", j.direct, "spooled", j.spooled, "seq", j.seq.Load())
+	}
+	var err error
+	if j.direct {
+		err = s.applyDirect(ctx, j, t)
+	} else {
+		err = s.enqueue(ctx, j, t)
+	}
+	if err != nil {
+		return err
+	}
+	if t.Part == reorderbuffer.PartCommit {
+		return s.commitJob(ctx, j, t)
+	}
+	return nil
+}
+
+// newJob decides who applies a transaction whose first part arrived.
+func (s *session) newJob(ctx context.Context, t *reorderbuffer.Txn) (*job, error) {
+	j := &job{xid: t.Xid, streamed: t.Streamed}
+	if !t.Streamed {
+		// Committed on the source already: it is next in commit order.
+		j.seq.Store(s.order.assign())
+		if s.cfg.Mode != Parallel || s.a.serial[t.Xid] {
+			j.direct = true
+			return j, nil
+		}
+		w, err := s.takeWorker(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if w == nil {
+			j.direct = true
+			return j, nil
+		}
+		j.q = newQueue(s.store, s.budget, s.share, s.stats)
+		w.cur.Store(j)
+		w.jobs <- j
+		return j, nil
+	}
+	j.q = newQueue(s.store, s.budget, s.share, s.stats)
+	j.seen = map[uint32]bool{}
+	if s.a.serial[t.Xid] {
+		j.spooled = true
+		return j, nil
+	}
+	select {
+	case w := <-s.free:
+		w.cur.Store(j)
+		w.jobs <- j
+	default:
+		j.spooled = true
+		s.stats.spooled.Add(1)
+	}
+	return j, nil
+}
+
+// takeWorker returns a free worker for a committed transaction (Parallel), waiting for one if a
+// busy worker holds a committed transaction (it frees up without the leader); nil when every
+// busy worker holds a streamed transaction still open, which only the leader can move on: the
+// leader then applies the transaction itself.
+func (s *session) takeWorker(ctx context.Context) (*worker, error) {
+	select {
+	case w := <-s.free:
+		return w, nil
+	default:
+	}
+	finishing := false
+	for _, w := range s.workers {
+		if j := w.cur.Load(); j != nil && j.seq.Load() != 0 {
+			finishing = true
+		}
+	}
+	if !finishing {
+		return nil, nil
+	}
+	select {
+	case w := <-s.free:
+		return w, nil
+	case <-ctx.Done():
+		return nil, context.Cause(ctx)
+	}
+}
+
+// applyDirect applies a part of a non-streamed transaction on the leader's connection, after
+// every earlier transaction committed. A change the target refuses is remembered and reported
+// at the commit, when the commit LSN is known.
+func (s *session) applyDirect(ctx context.Context, j *job, t *reorderbuffer.Txn) error {
+	if j.failed != nil {
+		return nil
+	}
+	if err := s.order.wait(ctx, j.seq.Load()-1); err != nil {
+		return err
+	}
+	s.leaderJob.Store(j)
+	tg := s.leader
+	for m, err := range t.Changes() {
+		if err != nil {
+			return err
+		}
+		rels, err := s.relations(t, m)
+		if err != nil {
+			return err
+		}
+		if rels == nil {
+			continue
+		}
+		if !j.begun {
+			tg.begin()
+			j.begun = true
+		}
+		if err := tg.change(ctx, m, rels); err != nil {
+			return s.directFailed(ctx, j, err)
+		}
+	}
+	return nil
+}
+
+// directFailed handles an error of a direct job: a refused change is kept for the commit, any
+// other error ends the session.
+func (s *session) directFailed(ctx context.Context, j *job, err error) error {
+	var ce *changeError
+	if !errors.As(err, &ce) {
+		return s.conflict(j, err)
+	}
+	j.failed = err
+	j.begun = false
+	return s.leader.rollback(ctx)
+}
+
+// conflict turns an error that concurrency may have caused (a deadlock detected by the target, a
+// serialization failure, a lock timeout) into a restart that applies the transactions involved
+// alone: j and the streamed ones other connections hold open. Other errors pass.
+func (s *session) conflict(j *job, err error) error {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return err
+	}
+	switch pgErr.Code {
+	case "40P01", "40001", "55P03":
+	default:
+		return err
+	}
+	xids := []uint32{j.xid}
+	for _, w := range s.workers {
+		if o := w.cur.Load(); o != nil && o != j {
+			xids = append(xids, o.xid)
+		}
+	}
+	return &restartError{xids: xids, reason: err}
+}
+
+// enqueue copies a part's changes into the job's queue: they are valid only until the next
+// Next. A streamed transaction's changes get a savepoint before each subtransaction's first
+// change, and a wait for the transactions that committed before them.
+func (s *session) enqueue(ctx context.Context, j *job, t *reorderbuffer.Txn) error {
+	for m, err := range t.Changes() {
+		if err != nil {
+			return err
+		}
+		rels, err := s.relations(t, m)
+		if err != nil {
+			return err
+		}
+		if rels == nil {
+			continue
+		}
+		if !j.streamed {
+			if err := s.depend(ctx, j, m, rels); err != nil {
+				return err
+			}
+		} else {
+			if sub := changeXid(m); sub != 0 && sub != t.Xid && !j.seen[sub] {
+				j.seen[sub] = true
+				j.subs = append(j.subs, sub)
+				if err := j.q.push(binary.BigEndian.AppendUint32([]byte{recSavepoint}, sub)); err != nil {
+					return err
+				}
+			}
+			// The change came after every transaction committed so far: it may read their rows.
+			if last := s.order.last(); last > j.waitFor && last > s.order.committed() {
+				j.waitFor = last
+				if err := j.q.push(binary.BigEndian.AppendUint64([]byte{recWait}, last)); err != nil {
+					return err
+				}
+			}
+		}
+		rec, err := encodeChange(m, rels)
+		if err != nil {
+			return err
+		}
+		if err := j.q.push(rec); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// depend queues, before a change of a committed transaction a worker applies (Parallel), a
+// wait for the earlier transactions in flight it depends on.
+func (s *session) depend(ctx context.Context, j *job, m decoding.Message, rels []*relInfo) error {
+	// Triggers (foreign keys included) that fire on the target make the order of otherwise
+	// independent transactions visible: such tables are applied serially. A table the target
+	// cannot take fails when applied, alone.
+	rm, err := rels[0].mapping(ctx, s.leader.conn, s.leader.replicaRole, s.cfg.Binary)
+	var ce *changeError
+	if err != nil && !errors.As(err, &ce) {
+		return err
+	}
+	wait, serial := s.deps.change(j, rels[0].rel, m, err != nil || rm.triggers)
+	if serial {
+		s.stats.serialTxns.Add(1)
+	}
+	if wait > j.waitFor && wait > s.order.committed() {
+		j.waitFor = wait
+		return j.q.push(binary.BigEndian.AppendUint64([]byte{recWait}, wait))
+	}
+	return nil
+}
+
+// changeXid returns the xid a change carries (the writing subtransaction's, in a stream).
+func changeXid(m decoding.Message) uint32 {
+	switch m := m.(type) {
+	case *decoding.Insert:
+		return m.Xid
+	case *decoding.Update:
+		return m.Xid
+	case *decoding.Delete:
+		return m.Xid
+	case *decoding.Truncate:
+		return m.Xid
+	}
+	return 0
+}
+
+// encodeChange makes a recChange record.
+func encodeChange(m decoding.Message, rels []*relInfo) ([]byte, error) {
+	rec := make([]byte, 0, 64)
+	rec = append(rec, recChange)
+	rec = binary.BigEndian.AppendUint16(rec, uint16(len(rels)))
+	for _, r := range rels {
+		rec = binary.BigEndian.AppendUint32(rec, r.id)
+	}
+	return decoding.Append(rec, m, false, decoding.Options{})
+}
+
+// decodeChange reads a recChange record. The message is valid until the parser's next use.
+func (s *session) decodeChange(p *decoding.Parser, rec []byte, rels []*relInfo) (decoding.Message, []*relInfo, error) {
+	if len(rec) < 3 {
+		return nil, nil, errors.New("apply: short queue record")
+	}
+	n := int(binary.BigEndian.Uint16(rec[1:]))
+	rec = rec[3:]
+	if len(rec) < 4*n {
+		return nil, nil, errors.New("apply: short queue record")
+	}
+	rels = rels[:0]
+	for i := range n {
+		rels = append(rels, s.reg.get(binary.BigEndian.Uint32(rec[4*i:])))
+	}
+	m, err := p.Parse(rec[4*n:], false)
+	return m, rels, err
+}
+
+// subAbort undoes a subtransaction of a streamed job.
+func (s *session) subAbort(t *reorderbuffer.Txn) error {
+	j := s.jobs[t.Xid]
+	if j == nil || j.direct {
+		return nil
+	}
+	for i, sub := range j.subs {
+		if sub == t.SubXid {
+			j.subs = j.subs[:i] // the savepoints taken after it go too
+			return j.q.push(binary.BigEndian.AppendUint32([]byte{recRollback}, sub))
+		}
+	}
+	return nil
+}
+
+// abort undoes a job that will not commit.
+func (s *session) abort(ctx context.Context, t *reorderbuffer.Txn) error {
+	j := s.jobs[t.Xid]
+	if j == nil {
+		return nil
+	}
+	delete(s.jobs, t.Xid)
+	delete(s.a.serial, t.Xid)
+	if s.deps != nil {
+		s.deps.release(j)
+	}
+	switch {
+	case j.direct:
+		defer s.leaderJob.Store(nil)
+		if j.begun {
+			if err := s.leader.rollback(ctx); err != nil {
+				return err
+			}
+		}
+		// Its sequence number is the last one handed out: nothing to commit under it.
+		seq := j.seq.Load()
+		if err := s.order.wait(ctx, seq-1); err != nil {
+			return err
+		}
+		s.order.finish(seq)
+		return nil
+	case j.spooled:
+		return j.q.close()
+	default:
+		return j.q.push([]byte{recAbort})
+	}
+}
+
+// commitJob handles the commit of a job: the leader commits a direct job at once, applies a
+// spooled one now, and queues the commit of a worker's.
+func (s *session) commitJob(ctx context.Context, j *job, t *reorderbuffer.Txn) error {
+	delete(s.jobs, j.xid)
+	delete(s.a.serial, j.xid)
+	j.ref = txnRef{Xid: t.Xid, Streamed: t.Streamed, CommitLSN: t.CommitLSN, EndLSN: t.EndLSN}
+	j.commit = t
+	if j.seq.Load() == 0 {
+		j.seq.Store(s.order.assign())
+	}
+	switch {
+	case j.direct:
+		defer s.leaderJob.Store(nil)
+		if j.failed != nil {
+			return s.txnError(j.ref, j.failed)
+		}
+		if err := s.order.wait(ctx, j.seq.Load()-1); err != nil {
+			return err
+		}
+		if err := s.commitOn(ctx, s.leader, j, j.begun, nil); err != nil {
+			var ce *changeError
+			if errors.As(err, &ce) { // applied alone, after every earlier transaction
+				return s.txnError(j.ref, err)
+			}
+			return s.conflict(j, err)
+		}
+		return s.ackCommitted(ctx)
+	case j.spooled:
+		if err := j.q.push([]byte{recCommit}); err != nil {
+			return err
+		}
+		if err := s.order.wait(ctx, j.seq.Load()-1); err != nil {
+			return err
+		}
+		s.leaderJob.Store(j)
+		defer s.leaderJob.Store(nil)
+		if err := s.runJob(ctx, s.leader, j, nil); err != nil {
+			var ce *changeError
+			if errors.As(err, &ce) { // applied alone, after every earlier transaction
+				return s.txnError(j.ref, err)
+			}
+			return err
+		}
+		return s.ackCommitted(ctx)
+	default:
+		if j.streamed && s.deps != nil {
+			s.deps.after(j.seq.Load()) // its keys are not tracked
+		}
+		return j.q.push([]byte{recCommit})
+	}
+}
+
+// work is a worker's loop.
+func (s *session) work(ctx context.Context, w *worker) error {
+	for {
+		w.state.Store(wsIdle)
+		select {
+		case <-ctx.Done():
+			return nil
+		case j := <-w.jobs:
+			err := s.runJob(ctx, w.tg, j, w)
+			w.cur.Store(nil)
+			if err != nil {
+				return err
+			}
+			s.free <- w
+		}
+	}
+}
+
+// runJob applies a job's records on tg until its end: its commit, in order, or its abort. A
+// change the target refuses rolls the job back; if the job then commits, it is retried alone
+// (restartError): it ran alongside transactions that committed before it, which may have been the
+// cause.
+func (s *session) runJob(ctx context.Context, tg *target, j *job, w *worker) error {
+	var (
+		p      decoding.Parser
+		rels   []*relInfo
+		begun  bool
+		failed error
+	)
+	state := func(st int32) {
+		if w != nil {
+			w.state.Store(st)
+		}
+	}
+	waiting := func() { state(wsWaiting) }
+	for {
+		rec, ok, err := j.q.tryPop()
+		if err == nil && !ok {
+			// Nothing more for now: send what is pending before waiting, so that the target
+			// keeps up with the source.
+			if begun && failed == nil {
+				if err := tg.flushPending(ctx); err != nil {
+					if failed, err = s.jobFailed(ctx, tg, j, err); err != nil {
+						return err
+					}
+					begun = false
+				}
+			}
+			rec, err = j.q.pop(ctx, waiting)
+		}
+		if err != nil {
+			return err
+		}
+		state(wsApplying)
+		if s.cfg.hooks != nil {
+			if err := s.cfg.hook(ctx, "record", txnRef{Xid: j.xid, Streamed: j.streamed}); err != nil {
+				return err
+			}
+		}
+		if failed != nil && rec[0] != recCommit && rec[0] != recAbort {
+			continue
+		}
+		switch rec[0] {
+		case recChange:
+			var m decoding.Message
+			m, rels, err = s.decodeChange(&p, rec, rels)
+			if err != nil {
+				return err
+			}
+			if !begun {
+				tg.begin()
+				begun = true
+			}
+			err = tg.change(ctx, m, rels)
+		case recSavepoint:
+			if !begun {
+				tg.begin()
+				begun = true
+			}
+			err = tg.savepoint(ctx, binary.BigEndian.Uint32(rec[1:]))
+		case recRollback:
+			if begun {
+				s.stats.subAborts.Add(1)
+				err = tg.rollbackTo(ctx, binary.BigEndian.Uint32(rec[1:]))
+			}
+		case recWait:
+			state(wsWaiting)
+			err = s.order.wait(ctx, binary.BigEndian.Uint64(rec[1:]))
+		case recAbort:
+			j.q.close()
+			if begun {
+				s.stats.aborts.Add(1)
+				if err := tg.rollback(ctx); err != nil {
+					return err
+				}
+			}
+			if seq := j.seq.Load(); seq != 0 {
+				// A committed transaction the consumer turned out to have already (see
+				// reorderbuffer.PartAbort): nothing to commit under its number.
+				if err := s.order.wait(ctx, seq-1); err != nil {
+					return err
+				}
+				s.order.finish(seq)
+			}
+			return nil
+		case recCommit:
+			j.q.close()
+			if failed != nil {
+				return &restartError{xids: []uint32{j.xid}, reason: failed}
+			}
+			err = s.commitOn(ctx, tg, j, begun, w)
+			var ce *changeError
+			if errors.As(err, &ce) {
+				return &restartError{xids: []uint32{j.xid}, reason: err}
+			}
+			if err != nil {
+				return s.conflict(j, err)
+			}
+			return nil
+		default:
+			return fmt.Errorf("apply: unknown queue record %q", rec[0])
+		}
+		if err != nil {
+			if failed, err = s.jobFailed(ctx, tg, j, err); err != nil {
+				return err
+			}
+			begun = false
+		}
+	}
+}
+
+// jobFailed handles an error while applying a job's records: a change the target refused rolls
+// the job back and is returned as failed (the job then only waits for its end); any other error
+// ends the session.
+func (s *session) jobFailed(ctx context.Context, tg *target, j *job, err error) (failed, fatal error) {
+	var ce *changeError
+	if !errors.As(err, &ce) {
+		return nil, s.conflict(j, err)
+	}
+	if rerr := tg.rollback(ctx); rerr != nil {
+		return nil, rerr
+	}
+	return err, nil
+}
+
+// commitOn commits j on tg in its turn, with the progress row, and hands it over for
+// acknowledgement. begun says whether it has a target transaction (otherwise there was nothing
+// to apply).
+func (s *session) commitOn(ctx context.Context, tg *target, j *job, begun bool, w *worker) error {
+	seq := j.seq.Load()
+	if begun && s.order.committed() < seq-1 {
+		// Not its turn yet: send what is pending meanwhile, so that the commit is one round trip.
+		if err := tg.flushPending(ctx); err != nil {
+			return err
+		}
+	}
+	if w != nil {
+		w.state.Store(wsWaiting)
+	}
+	if err := s.order.wait(ctx, seq-1); err != nil {
+		return err
+	}
+	if w != nil {
+		w.state.Store(wsApplying)
+	}
+	durable := s.cfg.SynchronousCommit
+	if begun {
+		if err := s.cfg.hook(ctx, "before-commit", j.ref); err != nil {
+			return err
+		}
+		durable = s.syncCommit()
+		if err := tg.commit(ctx, s.progress, s.cfg.Slot, j.ref.EndLSN, durable); err != nil {
+			return err
+		}
+	} else {
+		s.stats.emptyTxns.Add(1)
+	}
+	s.order.finish(seq)
+	s.stats.txns.Add(1)
+	if err := s.cfg.hook(ctx, "after-commit", j.ref); err != nil {
+		return err
+	}
+	s.committed(commitRef{seq: seq, txn: j.commit, job: j}, durable)
+	return nil
+}

@@ -1,0 +1,224 @@
+package apply
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgreorder/pgreorder/reorderbuffer"
+	"github.com/pgreorder/pgreorder/replication"
+	"github.com/pgreorder/pgreorder/spill"
+)
+
+// Sentinel errors. An *ApplyError wraps one of the kinds below (besides the cause), so that
+// errors.Is(err, apply.ErrConstraint) tells what went wrong and errors.As(err, &pgErr) still
+// reaches the server's *pgconn.PgError.
+var (
+	// ErrInvalidConfig is wrapped by errors about a Config that cannot work.
+	ErrInvalidConfig = errors.New("apply: invalid configuration")
+
+	// ErrMissingTable: a published table does not exist on the target.
+	ErrMissingTable = errors.New("apply: target table does not exist")
+	// ErrSchemaMismatch: the target table lacks a source column, has it generated, or (with
+	// Binary) with another type.
+	ErrSchemaMismatch = errors.New("apply: target table does not match the source")
+	// ErrNoReplicaIdentity: an UPDATE or DELETE cannot identify its row: the source relation has
+	// no replica identity key and is not REPLICA IDENTITY FULL, or the target table has neither a
+	// primary key nor a replica identity index made of source key columns (PostgreSQL's
+	// subscriber requires the same).
+	ErrNoReplicaIdentity = errors.New("apply: no usable replica identity")
+	// ErrPermission: the target role may not write the table (SQLSTATE 42501).
+	ErrPermission = errors.New("apply: permission denied on the target")
+	// ErrConstraint: the target refused a row for a constraint (SQLSTATE class 23: unique,
+	// check, not-null, foreign key, exclusion), when applied alone, in commit order.
+	ErrConstraint = errors.New("apply: constraint violation on the target")
+	// ErrData: the target refused a value (SQLSTATE class 22, such as invalid input syntax for
+	// its column's type).
+	ErrData = errors.New("apply: value rejected by the target")
+)
+
+// ApplyError reports a source transaction the target refused. Run stops with it (it is not
+// retried: restarting would fail the same way); nothing at or after the transaction was
+// acknowledged to the source, so once the cause is fixed a new Run resumes with that
+// transaction.
+type ApplyError struct {
+	// Kind is one of ErrMissingTable, ErrSchemaMismatch, ErrNoReplicaIdentity, ErrPermission,
+	// ErrConstraint and ErrData, or nil for another error of the target.
+	Kind error
+	// Relation is the target table, quoted and qualified ("public"."t"), or "" when the error
+	// is not about one table.
+	Relation string
+	// Op is what was applied: INSERT, UPDATE, DELETE, TRUNCATE or COMMIT.
+	Op string
+	// Xid is the source transaction.
+	Xid uint32
+	// CommitLSN and EndLSN are the source transaction's commit record; EndLSN is the position it
+	// would have been acknowledged at.
+	CommitLSN, EndLSN LSN
+	// Err is the cause, usually a *pgconn.PgError.
+	Err error
+}
+
+func (e *ApplyError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "apply: source transaction %d (commit %s, end %s)", e.Xid, e.CommitLSN, e.EndLSN)
+	if e.Op != "" {
+		b.WriteString(": " + e.Op)
+		if e.Relation != "" {
+			b.WriteString(" " + e.Relation)
+		}
+	} else if e.Relation != "" {
+		b.WriteString(": " + e.Relation)
+	}
+	if e.Kind != nil {
+		b.WriteString(": " + strings.TrimPrefix(e.Kind.Error(), "apply: "))
+	}
+	if e.Err != nil {
+		b.WriteString(": " + e.Err.Error())
+	}
+	return b.String()
+}
+
+// Unwrap returns Kind and Err.
+func (e *ApplyError) Unwrap() []error {
+	var errs []error
+	if e.Kind != nil {
+		errs = append(errs, e.Kind)
+	}
+	if e.Err != nil {
+		errs = append(errs, e.Err)
+	}
+	return errs
+}
+
+// changeError is an error of the target while applying one change, before the transaction's
+// commit LSN is known; the session turns it into an *ApplyError.
+type changeError struct {
+	kind     error
+	relation string
+	op       string
+	err      error
+}
+
+func (e *changeError) Error() string {
+	s := e.op
+	if e.relation != "" {
+		s += " " + e.relation
+	}
+	if e.kind != nil {
+		s += ": " + strings.TrimPrefix(e.kind.Error(), "apply: ")
+	}
+	if e.err != nil {
+		s += ": " + e.err.Error()
+	}
+	return s
+}
+
+func (e *changeError) Unwrap() []error {
+	var errs []error
+	if e.kind != nil {
+		errs = append(errs, e.kind)
+	}
+	if e.err != nil {
+		errs = append(errs, e.err)
+	}
+	return errs
+}
+
+// kindOf classifies an error of the target by its SQLSTATE.
+func kindOf(err error) error {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return nil
+	}
+	switch c := pgErr.Code; {
+	case c == "42P01": // undefined_table
+		return ErrMissingTable
+	case c == "42703", c == "42804", c == "428C9": // undefined_column, datatype_mismatch, generated_always
+		return ErrSchemaMismatch
+	case c == "42501": // insufficient_privilege
+		return ErrPermission
+	case strings.HasPrefix(c, "23"):
+		return ErrConstraint
+	case strings.HasPrefix(c, "22"):
+		return ErrData
+	}
+	return nil
+}
+
+// transientCode reports whether a server error of this SQLSTATE can go away by trying again:
+// lost connections, server shutdowns and restarts, resource shortages, deadlocks, serialization
+// failures, lock timeouts, and a slot still held by a previous connection.
+func transientCode(code string) bool {
+	switch {
+	case strings.HasPrefix(code, "08"), strings.HasPrefix(code, "53"), strings.HasPrefix(code, "58"):
+		return true
+	}
+	switch code {
+	case "57P01", "57P02", "57P03", // admin_shutdown, crash_shutdown, cannot_connect_now
+		"57014",          // query_canceled
+		"40001", "40P01", // serialization_failure, deadlock_detected
+		"55P03", // lock_not_available
+		"55006": // object_in_use (a slot still active)
+		return true
+	}
+	return false
+}
+
+// retryable reports whether starting the session again can cure err: connection failures of
+// the source or the target, server restarts, deadlocks and other transient errors are; refused
+// changes, bad configuration, protocol violations and lost data are not.
+func retryable(err error) bool {
+	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	var (
+		restart  *restartError
+		apply    *ApplyError
+		change   *changeError
+		input    *reorderbuffer.InputError
+		missing  *reorderbuffer.MissingError
+		option   *replication.OptionError
+		protocol *replication.ProtocolError
+		pgErr    *pgconn.PgError
+	)
+	switch {
+	case errors.As(err, &restart):
+		return true
+	case errors.As(err, &input):
+		// Bad bytes and protocol violations come back the same way; a spill file that could
+		// not be written (a full disk) may not.
+		var pathErr *fs.PathError
+		return errors.As(err, &pathErr) && !errors.Is(err, spill.ErrCorrupt)
+	case errors.As(err, &apply), errors.As(err, &change), errors.As(err, &missing),
+		errors.As(err, &option), errors.As(err, &protocol), errors.Is(err, ErrInvalidConfig),
+		errors.Is(err, replication.ErrInvalidConfig), errors.Is(err, replication.ErrUnsupported),
+		errors.Is(err, reorderbuffer.ErrProtocol), errors.Is(err, reorderbuffer.ErrForeignTxn),
+		errors.Is(err, reorderbuffer.ErrNotCommit):
+		return false
+	case errors.Is(err, replication.ErrSlotActive), errors.Is(err, replication.ErrServerEndedStream):
+		return true
+	case errors.As(err, &pgErr):
+		return transientCode(pgErr.Code)
+	}
+	// Not an error of a server: the network, a closed connection, a spill file.
+	return true
+}
+
+// restartError asks for the session to start again at once, applying the named source
+// transactions serially: they failed, or had to be rolled back, while applied concurrently with
+// others, which may have been the cause.
+type restartError struct {
+	xids   []uint32
+	reason error
+}
+
+func (e *restartError) Error() string {
+	return fmt.Sprintf("apply: retrying transaction(s) %v serially: %v", e.xids, e.reason)
+}
+
+func (e *restartError) Unwrap() error { return e.reason }

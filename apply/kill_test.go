@@ -1,0 +1,239 @@
+package apply
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"os/signal"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgreorder/pgreorder/internal/pgtest"
+)
+
+// childEnv carries the configuration of an applier run by a re-executed test binary.
+const childEnv = "PGREORDER_APPLY_CHILD"
+
+// childConfig is what the child applies with.
+type childConfig struct {
+	Source, Target, Slot string
+	Mode                 Mode
+	Workers              int
+	WorkMem              int64
+	CommitDelay          time.Duration // sleep before each commit, so that transactions pile up on workers
+}
+
+// runChild runs an applier until SIGTERM, or until it is killed.
+func runChild() int {
+	var c childConfig
+	if err := json.Unmarshal([]byte(os.Getenv(childEnv)), &c); err != nil {
+		fmt.Fprintln(os.Stderr, "child:", err)
+		return 2
+	}
+	level := slog.LevelInfo
+	if os.Getenv("PGREORDER_APPLY_DEBUG") != "" {
+		level = slog.LevelDebug
+	}
+	cfg := Config{Source: c.Source, Target: c.Target, Slot: c.Slot, Publications: []string{"pub"}, Mode: c.Mode,
+		Workers: c.Workers, WorkMem: c.WorkMem, StatusInterval: 100 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})).With("child", os.Getpid())}
+	if c.CommitDelay > 0 {
+		cfg.hooks = &hooks{stage: func(ctx context.Context, stage string, x txnRef) error {
+			if stage == "before-commit" {
+				time.Sleep(c.CommitDelay)
+			}
+			return nil
+		}}
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	defer stop()
+	if err := Run(ctx, cfg); err != nil && ctx.Err() == nil {
+		fmt.Fprintln(os.Stderr, "child:", err)
+		return 1
+	}
+	return 0
+}
+
+// child is an applier in a process of its own.
+type child struct {
+	cmd    *exec.Cmd
+	stderr *lockedBuffer
+	done   chan error
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func startChild(t *testing.T, c childConfig) *child {
+	t.Helper()
+	b, err := json.Marshal(c)
+	must(t, err)
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childEnv+"="+string(b))
+	ch := &child{cmd: cmd, stderr: &lockedBuffer{}, done: make(chan error, 1)}
+	cmd.Stderr = ch.stderr
+	must(t, cmd.Start())
+	go func() { ch.done <- cmd.Wait() }()
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		<-ch.done
+		if t.Failed() {
+			t.Logf("child %d stderr:\n%s", cmd.Process.Pid, ch.stderr)
+		}
+	})
+	return ch
+}
+
+func (ch *child) kill(t *testing.T) {
+	t.Helper()
+	must(t, ch.cmd.Process.Signal(syscall.SIGKILL))
+	<-ch.done
+	ch.done <- nil // for the cleanup
+}
+
+// waitWorkers waits until at least n worker connections of the target have written in their
+// open transactions, or fails t.
+func waitWorkers(t *testing.T, ctx context.Context, dsn, src string, n int, ch *child) {
+	t.Helper()
+	conn, err := pgx.Connect(ctx, dsn)
+	must(t, err)
+	defer conn.Close(context.Background())
+	for {
+		var got int
+		must(t, conn.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+			AND application_name LIKE 'pgreorder apply % w%' AND backend_xid IS NOT NULL`).Scan(&got))
+		if got >= n {
+			return
+		}
+		select {
+		case err := <-ch.done:
+			t.Fatalf("the child stopped: %v\n%s", err, ch.stderr)
+		case <-ctx.Done():
+			rows, _ := conn.Query(context.Background(), `SELECT application_name, state, backend_xid::text, wait_event_type, left(query, 60)
+				FROM pg_stat_activity WHERE datname = current_database()`)
+			for rows.Next() {
+				v, _ := rows.Values()
+				t.Log(v...)
+			}
+			if sc, err := pgx.Connect(context.Background(), src); err == nil {
+				rows, _ := sc.Query(context.Background(), `SELECT * FROM pg_stat_replication_slots`)
+				for rows.Next() {
+					v, _ := rows.Values()
+					t.Log(v...)
+				}
+				sc.Close(context.Background())
+			}
+			ch.cmd.Process.Signal(syscall.SIGQUIT) // a goroutine dump in its stderr
+			time.Sleep(time.Second)
+			t.Fatalf("fewer than %d workers wrote", n)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// TestKill kills the applier process (SIGKILL) while workers have transactions open on the target
+// (a streamed transaction applied eagerly, with savepoints; committed transactions applied in
+// parallel), starts it again, and checks that the target ends equal to the source with nothing
+// applied twice (the keyless events table would show a duplicate, items' key a conflict).
+func TestKill(t *testing.T) {
+	for _, major := range testMajors {
+		t.Run(fmt.Sprintf("pg%d/eager-streamed", major), func(t *testing.T) {
+			e := newEnv(t, major)
+			ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
+			defer cancel()
+			cc := childConfig{Source: e.repl, Target: e.dst, Slot: e.slot, Mode: Eager, WorkMem: 256 << 10}
+			first := startChild(t, cc)
+			big, err := pgx.Connect(ctx, e.src)
+			must(t, err)
+			defer big.Close(context.Background())
+			ex := func(sql string) {
+				t.Helper()
+				_, err := big.Exec(ctx, sql)
+				must(t, err)
+			}
+			// A large transaction, streamed: a subtransaction kept, one rolled back.
+			ex(`BEGIN`)
+			ex(`SAVEPOINT a`)
+			ex(`INSERT INTO big SELECT g, 1, repeat('k', 150) FROM generate_series(1, 1500) g`)
+			ex(`RELEASE SAVEPOINT a`)
+			ex(`SAVEPOINT b`)
+			ex(`INSERT INTO big SELECT g, 2, repeat('r', 150) FROM generate_series(5001, 6000) g`)
+			ex(`ROLLBACK TO SAVEPOINT b`)
+			ex(`INSERT INTO events VALUES ('big', 1)`)
+			must(t, pgtest.Exec(ctx, e.src, `INSERT INTO items VALUES (1, 1, 'small'), (2, 2, 'small')`, `INSERT INTO events VALUES ('small', 1)`))
+			waitWorkers(t, ctx, e.dst, e.src, 1, first) // the worker applies it, uncommitted
+			first.kill(t)
+			startChild(t, cc)
+			must(t, pgtest.Exec(ctx, e.src, `INSERT INTO items VALUES (3, 3, 'small')`, `INSERT INTO events VALUES ('small', 2)`))
+			ex(`SAVEPOINT c`)
+			ex(`INSERT INTO big SELECT g, 3, repeat('c', 150) FROM generate_series(7001, 8000) g`)
+			ex(`ROLLBACK TO SAVEPOINT c`)
+			ex(`UPDATE big SET payload = 'u' WHERE id % 10 = 0`)
+			ex(`INSERT INTO events VALUES ('big', 2)`)
+			ex(`COMMIT`)
+			// Then the mixed workload, on other keys.
+			must(t, workload(ctx, e.src, seeded(t), 1, nil))
+			waitMarkerCtx(t, ctx, e.dst, 1)
+			e.compare(t)
+		})
+		t.Run(fmt.Sprintf("pg%d/parallel", major), func(t *testing.T) {
+			e := newEnv(t, major)
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+			defer cancel()
+			cc := childConfig{Source: e.repl, Target: e.dst, Slot: e.slot, Mode: Parallel, Workers: 4,
+				WorkMem: 256 << 10, CommitDelay: 20 * time.Millisecond}
+			first := startChild(t, cc)
+			rng := seeded(t)
+			done := make(chan error, 1)
+			go func() { done <- concurrent(ctx, e.src, rng, 4, 100) }()
+			waitWorkers(t, ctx, e.dst, e.src, 2, first)
+			first.kill(t)
+			must(t, <-done)
+			cc.CommitDelay = 0
+			startChild(t, cc)
+			must(t, pgtest.Exec(ctx, e.src, `INSERT INTO marker VALUES (1)`))
+			waitMarkerCtx(t, ctx, e.dst, 1)
+			e.compare(t)
+		})
+	}
+}
+
+// waitMarkerCtx waits until the target has marker row id, or fails t when ctx ends.
+func waitMarkerCtx(t *testing.T, ctx context.Context, dsn string, id int) {
+	t.Helper()
+	conn, err := pgx.Connect(ctx, dsn)
+	must(t, err)
+	defer conn.Close(context.Background())
+	for {
+		var n int
+		if err := conn.QueryRow(ctx, `SELECT count(*) FROM marker WHERE id = $1`, id).Scan(&n); err != nil {
+			t.Fatalf("waiting for marker %d: %v", id, err)
+		}
+		if n > 0 {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -1,0 +1,262 @@
+package apply
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+
+	"github.com/pgreorder/pgreorder/spill"
+)
+
+// A queue holds what the leader handed to one job and its worker has not applied yet: records
+// (changes, savepoints, rollbacks, waits, the end), in order. Records stay in memory while the
+// queues' shared budget and the queue's own share allow, and go to a spill log otherwise, as
+// PostgreSQL's leader apply worker "partially serializes" to a file when its parallel worker
+// cannot keep up. The leader never waits for a worker to make room: a slow worker costs disk,
+// never the other transactions. The worker replays the segments in order.
+type queue struct {
+	st     *spillStore
+	budget *budget
+	share  int64 // the most bytes this queue may hold in memory
+
+	mu     sync.Mutex
+	segs   []*segment
+	mem    int64 // bytes of records in memory
+	wake   chan struct{}
+	err    error // a spill error: sticky
+	closed bool
+	stats  *counters
+}
+
+// segment is a run of records: in memory, or in a spill log. A spill segment is sealed once its
+// worker starts reading it (a log is not read and appended at once); later records go to a new
+// segment.
+type segment struct {
+	mem    [][]byte
+	head   int
+	log    *spill.Log
+	rd     *spill.Reader
+	sealed bool
+}
+
+// budget is the memory all queues of a session share.
+type budget struct {
+	mu    sync.Mutex
+	used  int64
+	limit int64
+}
+
+func (b *budget) take(n int64) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.used+n > b.limit {
+		return false
+	}
+	b.used += n
+	return true
+}
+
+func (b *budget) give(n int64) {
+	b.mu.Lock()
+	b.used -= n
+	b.mu.Unlock()
+}
+
+// spillStore is a spill.Store shared by the queues of a session, used under its lock (a Store
+// and its logs are not safe for concurrent use). It is opened on first use.
+type spillStore struct {
+	mu  sync.Mutex
+	dir string
+	st  *spill.Store
+}
+
+func (s *spillStore) create() (*spill.Log, error) {
+	if s.st == nil {
+		st, err := spill.Open(spill.Options{Dir: s.dir})
+		if err != nil {
+			return nil, fmt.Errorf("apply: opening a spill store: %w", err)
+		}
+		s.st = st
+	}
+	return s.st.Create()
+}
+
+func (s *spillStore) close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.st == nil {
+		return nil
+	}
+	err := s.st.Close()
+	s.st = nil
+	return err
+}
+
+func newQueue(st *spillStore, b *budget, share int64, stats *counters) *queue {
+	return &queue{st: st, budget: b, share: share, wake: make(chan struct{}, 1), stats: stats}
+}
+
+// errQueueClosed is returned by push and pop after close.
+var errQueueClosed = errors.New("apply: queue closed")
+
+// push appends rec, which the queue takes ownership of.
+func (q *queue) push(rec []byte) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed {
+		return errQueueClosed
+	}
+	if q.err != nil {
+		return q.err
+	}
+	n := int64(len(rec))
+	var tail *segment
+	if len(q.segs) > 0 {
+		tail = q.segs[len(q.segs)-1]
+	}
+	// Once spilling, keep spilling until the worker catches up (seals the log): the records
+	// stay in order and the segments few.
+	if tail == nil || tail.log == nil || tail.sealed {
+		if q.mem+n <= q.share && q.budget.take(n) {
+			if tail == nil || tail.log != nil {
+				tail = &segment{}
+				q.segs = append(q.segs, tail)
+			}
+			tail.mem = append(tail.mem, rec)
+			q.mem += n
+			q.signal()
+			return nil
+		}
+		q.st.mu.Lock()
+		l, err := q.st.create()
+		q.st.mu.Unlock()
+		if err != nil {
+			q.err = err
+			return err
+		}
+		tail = &segment{log: l}
+		q.segs = append(q.segs, tail)
+	}
+	q.st.mu.Lock()
+	err := tail.log.Append(rec)
+	q.st.mu.Unlock()
+	if err != nil {
+		q.err = fmt.Errorf("apply: spilling a queue: %w", err)
+		return q.err
+	}
+	q.stats.queueSpilled.Add(n)
+	q.signal()
+	return nil
+}
+
+func (q *queue) signal() {
+	select {
+	case q.wake <- struct{}{}:
+	default:
+	}
+}
+
+// pop returns the next record, waiting for one until ctx is done; waiting (if not nil) is called
+// before it waits. The record is valid until the next pop.
+func (q *queue) pop(ctx context.Context, waiting func()) ([]byte, error) {
+	for {
+		rec, ok, err := q.tryPop()
+		if err != nil || ok {
+			return rec, err
+		}
+		if waiting != nil {
+			waiting()
+		}
+		select {
+		case <-ctx.Done():
+			return nil, context.Cause(ctx)
+		case <-q.wake:
+		}
+	}
+}
+
+func (q *queue) tryPop() ([]byte, bool, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for {
+		if q.closed {
+			return nil, false, errQueueClosed
+		}
+		if q.err != nil {
+			return nil, false, q.err
+		}
+		if len(q.segs) == 0 {
+			return nil, false, nil
+		}
+		s := q.segs[0]
+		if s.log == nil {
+			if s.head < len(s.mem) {
+				rec := s.mem[s.head]
+				s.mem[s.head] = nil
+				s.head++
+				q.mem -= int64(len(rec))
+				q.budget.give(int64(len(rec)))
+				if s.head == len(s.mem) {
+					q.segs = q.segs[1:]
+				}
+				return rec, true, nil
+			}
+			q.segs = q.segs[1:]
+			continue
+		}
+		q.st.mu.Lock()
+		if !s.sealed {
+			s.sealed = true
+			s.rd = s.log.NewReader()
+		}
+		rec, err := s.rd.Next()
+		if errors.Is(err, io.EOF) {
+			err = s.rd.Close()
+			if rerr := s.log.Remove(); err == nil {
+				err = rerr
+			}
+			q.st.mu.Unlock()
+			if err != nil {
+				q.err = err
+				return nil, false, err
+			}
+			q.segs = q.segs[1:]
+			continue
+		}
+		q.st.mu.Unlock()
+		if err != nil {
+			q.err = fmt.Errorf("apply: reading a spilled queue: %w", err)
+			return nil, false, q.err
+		}
+		return rec, true, nil
+	}
+}
+
+// close drops what the queue holds, giving back its memory and removing its spill logs. It is
+// safe to call twice.
+func (q *queue) close() error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed {
+		return nil
+	}
+	q.closed = true
+	q.budget.give(q.mem)
+	q.mem = 0
+	var errs []error
+	for _, s := range q.segs {
+		if s.log != nil {
+			q.st.mu.Lock()
+			if s.rd != nil {
+				errs = append(errs, s.rd.Close())
+			}
+			errs = append(errs, s.log.Remove())
+			q.st.mu.Unlock()
+		}
+	}
+	q.segs = nil
+	q.signal() // a waiting pop sees closed
+	return errors.Join(errs...)
+}

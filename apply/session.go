@@ -1,0 +1,320 @@
+package apply
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/reorderbuffer"
+	"github.com/pgreorder/pgreorder/replication"
+)
+
+// session is one replication connection and the target connections that apply what it hands
+// out, from the target's progress row until an error or the end of the context.
+type session struct {
+	a      *Applier
+	cfg    *Config
+	log    *slog.Logger
+	stats  *counters
+	reg    *registry
+	stream *replication.Stream
+
+	leader   *target
+	progress *stmt // the progress upsert, prepared on every target connection
+	progSQL  string
+
+	relBuf [1]*relInfo
+
+	// Eager and Parallel.
+	cancel    context.CancelCauseFunc // ends the session with the first error
+	wg        sync.WaitGroup          // the workers' and the watchdog's goroutines
+	order     *order
+	jobs      map[uint32]*job // by xid, until their commit or abort (leader only)
+	workers   []*worker
+	free      chan *worker
+	store     *spillStore
+	budget    *budget
+	share     int64 // the memory one queue may hold
+	acks      acks
+	leaderJob atomic.Pointer[job] // the job the leader's connection applies, for the watchdog
+	deps      *tracker            // Parallel
+}
+
+// session runs one session.
+func (a *Applier) session(parent context.Context) (err error) {
+	s := &session{a: a, cfg: &a.cfg, log: a.cfg.Logger, stats: &a.stats, reg: newRegistry()}
+	ctx, cancel := context.WithCancelCause(parent)
+	s.cancel = cancel
+	defer cancel(nil)
+	s.leader, err = connectTarget(ctx, s.cfg, "pgreorder apply "+s.cfg.Slot, s.stats)
+	if err != nil {
+		return err
+	}
+	defer s.leader.close(context.WithoutCancel(ctx))
+	if err := s.fence(ctx); err != nil {
+		return err
+	}
+	resume, err := s.setupProgress(ctx, s.leader)
+	if err != nil {
+		return err
+	}
+	if err := s.prepareProgress(ctx, s.leader); err != nil {
+		return err
+	}
+	if !s.leader.replicaRole {
+		s.log.Info("the target role may not set session_replication_role: triggers and foreign keys fire for replicated changes")
+	}
+	s.stream, err = replication.Start(ctx, replication.Config{
+		ConnString:     s.cfg.Source,
+		Slot:           s.cfg.Slot,
+		Publications:   s.cfg.Publications,
+		CreateSlot:     s.cfg.CreateSlot,
+		Binary:         s.cfg.Binary,
+		StatusInterval: s.cfg.StatusInterval,
+		Logger:         s.log,
+		Buffer: reorderbuffer.Config{
+			WorkMem:     s.cfg.WorkMem,
+			Dir:         s.cfg.SpillDir,
+			SkipThrough: resume,
+			Incremental: s.cfg.Mode != Buffered,
+		},
+	})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if cerr := s.stream.Close(context.WithoutCancel(ctx)); err == nil && cerr != nil {
+			err = cerr
+		}
+	}()
+	s.log.Info("applying", "slot", s.cfg.Slot, "mode", s.cfg.Mode, "resume_after", resume)
+	if s.cfg.Mode == Buffered {
+		return s.runBuffered(ctx)
+	}
+	err = s.startWorkers(ctx)
+	if err == nil {
+		err = s.runIncremental(ctx)
+	}
+	cancel(err)
+	s.stopWorkers(ctx)
+	if aerr := s.ackCommitted(context.WithoutCancel(ctx)); aerr != nil {
+		s.log.Debug("acknowledging the last commits", "err", aerr)
+	}
+	if parent.Err() != nil {
+		return parent.Err()
+	}
+	return context.Cause(ctx)
+}
+
+// fence makes sure that no connection of an earlier session for the slot still works on the
+// target before this one reads the progress row. A session whose process died leaves backends
+// that finish what they already received, a commit included, before they notice; reading the
+// progress row before that commit and applying the transaction again would apply it twice.
+//
+// Two advisory locks per slot: the leader's connection holds the first for the whole session,
+// the workers' connections hold the second in shared mode. A new session takes the first (so
+// the previous leader's backend is gone), then the second exclusively for a moment (so are the
+// previous workers'), and only then reads the progress row. Waiting for a backend that waits
+// on a dead client's socket ends when the server notices; it is logged after a second.
+func (s *session) fence(ctx context.Context) error {
+	lock := func(sql string, key int64) error {
+		done := make(chan struct{})
+		defer close(done)
+		go func() {
+			select {
+			case <-done:
+			case <-time.After(time.Second):
+				s.log.Warn("waiting for the target connections of an earlier session of the slot to end", "slot", s.cfg.Slot)
+			}
+		}()
+		_, err := query(ctx, s.leader.conn, sql, strconv.FormatInt(key, 10))
+		if err != nil {
+			return fmt.Errorf("apply: locking the slot's progress on the target: %w", err)
+		}
+		return nil
+	}
+	lead, workers := fenceKeys(s.cfg.Slot)
+	if err := lock("SELECT pg_catalog.pg_advisory_lock($1::bigint)", lead); err != nil {
+		return err
+	}
+	if err := lock("SELECT pg_catalog.pg_advisory_lock($1::bigint)", workers); err != nil {
+		return err
+	}
+	return lock("SELECT pg_catalog.pg_advisory_unlock($1::bigint)", workers)
+}
+
+// fenceKeys returns the advisory lock keys of a slot's sessions on the target.
+func fenceKeys(slot string) (lead, workers int64) {
+	h := fnv.New64a()
+	h.Write([]byte("pgreorder apply leader\x00" + slot))
+	lead = int64(h.Sum64())
+	h.Reset()
+	h.Write([]byte("pgreorder apply workers\x00" + slot))
+	return lead, int64(h.Sum64())
+}
+
+// setupProgress creates the progress table if it is missing and returns the slot's position.
+func (s *session) setupProgress(ctx context.Context, tg *target) (LSN, error) {
+	parts, _ := parseQualified(s.cfg.ProgressTable)
+	for i, p := range parts {
+		parts[i] = quoteIdent(p)
+	}
+	table := strings.Join(parts, ".")
+	s.progSQL = "INSERT INTO " + table + " (slot, end_lsn) VALUES ($1, $2::pg_lsn) " +
+		"ON CONFLICT (slot) DO UPDATE SET end_lsn = excluded.end_lsn"
+	rows, err := query(ctx, tg.conn, "SELECT pg_catalog.to_regclass($1) IS NOT NULL", table)
+	if err != nil {
+		return 0, fmt.Errorf("apply: looking for the progress table: %w", err)
+	}
+	if string(rows[0][0]) != "t" {
+		err := tg.conn.Exec(ctx, "CREATE TABLE "+table+" (slot text PRIMARY KEY, end_lsn pg_lsn NOT NULL)").Close()
+		if err != nil && !isCode(err, "42P07") { // duplicate_table: made meanwhile
+			return 0, fmt.Errorf("apply: creating the progress table %s: %w", table, err)
+		}
+	}
+	rows, err = query(ctx, tg.conn, "SELECT end_lsn::text FROM "+table+" WHERE slot = $1", s.cfg.Slot)
+	if err != nil {
+		return 0, fmt.Errorf("apply: reading the progress table %s: %w", table, err)
+	}
+	if len(rows) == 0 {
+		return 0, nil
+	}
+	lsn, err := decoding.ParseLSN(string(rows[0][0]))
+	if err != nil {
+		return 0, fmt.Errorf("apply: progress table %s: %w", table, err)
+	}
+	s.stats.applied(lsn)
+	return lsn, nil
+}
+
+// prepareProgress prepares the progress upsert on tg.
+func (s *session) prepareProgress(ctx context.Context, tg *target) error {
+	if _, err := tg.conn.Prepare(ctx, "pgr_progress", s.progSQL, nil); err != nil {
+		return fmt.Errorf("apply: preparing the progress update: %w", err)
+	}
+	s.progress = &stmt{name: "pgr_progress", nparams: 2}
+	return nil
+}
+
+// runBuffered applies whole transactions, one at a time, on the leader's connection.
+func (s *session) runBuffered(ctx context.Context) error {
+	s.order = newOrder()
+	for {
+		if err := s.ackCommitted(ctx); err != nil {
+			return err
+		}
+		t, err := s.next(ctx)
+		if err != nil {
+			if err = s.wakeUp(ctx, err); err != nil {
+				return err
+			}
+			continue
+		}
+		if t.NonTransactional {
+			if err := s.stream.Ack(t); err != nil {
+				return err
+			}
+			continue
+		}
+		if err := s.applyWhole(ctx, t); err != nil {
+			return err
+		}
+	}
+}
+
+// applyWhole applies t in one target transaction, together with the progress row.
+func (s *session) applyWhole(ctx context.Context, t *reorderbuffer.Txn) error {
+	tg := s.leader
+	ref := txnRef{Xid: t.Xid, Streamed: t.Streamed, CommitLSN: t.CommitLSN, EndLSN: t.EndLSN}
+	started := false
+	for m, err := range t.Changes() {
+		if err != nil {
+			return err
+		}
+		rels, err := s.relations(t, m)
+		if err != nil {
+			return err
+		}
+		if rels == nil {
+			continue
+		}
+		if !started {
+			tg.begin()
+			started = true
+		}
+		if err := tg.change(ctx, m, rels); err != nil {
+			return s.txnError(ref, err)
+		}
+	}
+	seq := s.order.assign()
+	durable := s.cfg.SynchronousCommit
+	if started {
+		if err := s.cfg.hook(ctx, "before-commit", ref); err != nil {
+			return err
+		}
+		durable = s.syncCommit()
+		if err := tg.commit(ctx, s.progress, s.cfg.Slot, t.EndLSN, durable); err != nil {
+			return s.txnError(ref, err)
+		}
+	} else { // nothing to apply: acknowledged without a target transaction
+		s.stats.emptyTxns.Add(1)
+	}
+	s.order.finish(seq)
+	s.stats.txns.Add(1)
+	if err := s.cfg.hook(ctx, "after-commit", ref); err != nil {
+		return err
+	}
+	s.committed(commitRef{seq: seq, txn: t}, durable)
+	return nil
+}
+
+// relations resolves the relations a change names: nil for a message that changes nothing on
+// the target (Relation, Type, logical messages).
+func (s *session) relations(t *reorderbuffer.Txn, m decoding.Message) ([]*relInfo, error) {
+	var id uint32
+	switch m := m.(type) {
+	case *decoding.Insert:
+		id = m.RelationID
+	case *decoding.Update:
+		id = m.RelationID
+	case *decoding.Delete:
+		id = m.RelationID
+	case *decoding.Truncate:
+		rels := make([]*relInfo, len(m.RelationIDs))
+		for i, id := range m.RelationIDs {
+			r, ok := t.Relation(id)
+			if !ok {
+				return nil, fmt.Errorf("apply: transaction %d truncates relation %d, which the stream never described", t.Xid, id)
+			}
+			rels[i] = s.reg.intern(r, t)
+		}
+		return rels, nil
+	default:
+		return nil, nil
+	}
+	r, ok := t.Relation(id)
+	if !ok {
+		return nil, fmt.Errorf("apply: transaction %d changes relation %d, which the stream never described", t.Xid, id)
+	}
+	s.relBuf[0] = s.reg.intern(r, t)
+	return s.relBuf[:], nil
+}
+
+// txnError turns a change's error into an *ApplyError naming the source transaction; other
+// errors (connections, transient server errors) are returned as they are.
+func (s *session) txnError(x txnRef, err error) error {
+	var ce *changeError
+	if !errors.As(err, &ce) {
+		return err
+	}
+	return &ApplyError{Kind: ce.kind, Relation: ce.relation, Op: ce.op, Xid: x.Xid, CommitLSN: x.CommitLSN,
+		EndLSN: x.EndLSN, Err: ce.err}
+}

@@ -1,0 +1,888 @@
+package apply
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgreorder/pgreorder/decoding"
+)
+
+// Tuning of the statements sent to the target.
+const (
+	// copyMinRows is the shortest run of inserts into one table that goes through COPY; shorter
+	// runs are INSERT statements in the batch, which cost no round trip of their own.
+	copyMinRows = 4
+	// insertBufMax bounds the bytes of a run of inserts held before it is sent.
+	insertBufMax = 1 << 20
+	// batchMaxOps and batchMaxBytes bound a batch of statements before it is sent.
+	batchMaxOps   = 1000
+	batchMaxBytes = 1 << 20
+)
+
+// target is one connection to the target database and the transaction it is applying. Changes
+// are not sent one statement at a time: inserts into one table gather into a run that becomes a
+// COPY (or INSERTs when short), other statements gather into a batch sent in one round trip
+// with its results checked in order, and the commit goes in the last batch with the progress
+// row. A target is used by one goroutine.
+type target struct {
+	conn        *pgconn.PgConn
+	pid         uint32
+	name        string // application_name
+	replicaRole bool   // session_replication_role = replica took effect
+	cfg         *Config
+	log         *slog.Logger
+	stats       *counters
+
+	stmts    map[*relInfo]map[string]*stmt
+	nextStmt int
+
+	inTxn bool
+	batch *pgconn.Batch
+	ops   []batchOp
+	bytes int // encoded bytes in batch (approximate)
+
+	// The run of inserts not yet sent: rows of ins, each field as in COPY binary (a 4-byte
+	// length, -1 for NULL, then the bytes).
+	ins       *relMap
+	insBinary bool // the run's values are binary ('b'), else text
+	insBuf    []byte
+	insRows   int
+	copyBuf   []byte
+	params    [][]byte
+	formats   []int16
+	shape     []byte
+
+	pendingPrepare []prepare // statements to prepare before the next batch
+}
+
+// stmt is a prepared statement for one shape of change of one relation.
+type stmt struct {
+	name    string
+	nparams int
+}
+
+// batchOp describes one statement of a batch, to check its result.
+type batchOp struct {
+	op   byte    // 'I', 'U', 'D', 'T', or 0 for transaction control
+	rel  *relMap // the table, for I, U and D
+	name string  // the tables, for T
+}
+
+// connectTarget opens a connection to the target with the session settings apply relies on.
+func connectTarget(ctx context.Context, cfg *Config, name string, stats *counters) (*target, error) {
+	pc, err := pgconn.ParseConfig(cfg.Target)
+	if err != nil {
+		return nil, fmt.Errorf("%w: Target: %w", ErrInvalidConfig, err)
+	}
+	for k, v := range map[string]string{
+		"application_name": name,
+		"client_encoding":  "UTF8",
+		"DateStyle":        "ISO",
+		"IntervalStyle":    "postgres",
+		// A worker waits idle in its transaction for its turn to commit or for the next part
+		// of a streamed transaction; no server-side timeout may end it.
+		"statement_timeout":                   "0",
+		"lock_timeout":                        "0",
+		"idle_in_transaction_session_timeout": "0",
+		"default_transaction_isolation":       "read committed",
+	} {
+		pc.RuntimeParams[k] = v
+	}
+	conn, err := pgconn.ConnectConfig(ctx, pc)
+	if err != nil {
+		return nil, fmt.Errorf("apply: connecting to the target: %w", err)
+	}
+	t := &target{conn: conn, pid: conn.PID(), name: name, cfg: cfg, log: cfg.Logger.With("conn", name), stats: stats,
+		stmts: map[*relInfo]map[string]*stmt{}}
+	// As PostgreSQL's subscriber: replicated changes do not fire ordinary triggers or foreign
+	// key checks. Setting it takes a superuser (or, 15+, a role granted SET on it).
+	if !cfg.SynchronousCommit {
+		if err := conn.Exec(ctx, "SET synchronous_commit = off").Close(); err != nil {
+			conn.Close(context.WithoutCancel(ctx))
+			return nil, fmt.Errorf("apply: setting up the target connection: %w", err)
+		}
+	}
+	if err := conn.Exec(ctx, "SET session_replication_role = replica").Close(); err == nil {
+		t.replicaRole = true
+	} else if !isCode(err, "42501") {
+		conn.Close(context.WithoutCancel(ctx))
+		return nil, fmt.Errorf("apply: setting up the target connection: %w", err)
+	}
+	return t, nil
+}
+
+func isCode(err error, code string) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == code
+}
+
+// close closes the connection; an open transaction is rolled back by the server.
+func (t *target) close(ctx context.Context) {
+	if t != nil && !t.conn.IsClosed() {
+		t.conn.Close(ctx)
+	}
+}
+
+// begin starts a transaction; BEGIN goes out with the first batch.
+func (t *target) begin() {
+	t.inTxn = true
+	t.control("BEGIN")
+}
+
+// control appends a statement without parameters or result to check.
+func (t *target) control(sql string) {
+	t.newBatch()
+	t.batch.ExecParams(sql, nil, nil, nil, nil)
+	t.ops = append(t.ops, batchOp{})
+	t.bytes += len(sql) + 32
+}
+
+func (t *target) newBatch() {
+	if t.batch == nil {
+		t.batch = &pgconn.Batch{}
+	}
+}
+
+// savepoint takes a savepoint before the first change of subtransaction sub.
+func (t *target) savepoint(ctx context.Context, sub uint32) error {
+	if err := t.flushInserts(ctx); err != nil {
+		return err
+	}
+	t.control("SAVEPOINT s" + strconv.FormatUint(uint64(sub), 10))
+	return nil
+}
+
+// rollbackTo undoes everything since the savepoint of sub.
+func (t *target) rollbackTo(ctx context.Context, sub uint32) error {
+	t.dropInserts() // not sent yet: nothing to undo on the server
+	t.control("ROLLBACK TO SAVEPOINT s" + strconv.FormatUint(uint64(sub), 10))
+	return t.maybeFlush(ctx)
+}
+
+// rollback ends the transaction without applying it. Statements not sent are dropped.
+func (t *target) rollback(ctx context.Context) error {
+	t.dropInserts()
+	t.batch, t.ops, t.bytes = nil, t.ops[:0], 0
+	if !t.inTxn {
+		return nil
+	}
+	t.inTxn = false
+	return t.conn.Exec(ctx, "ROLLBACK").Close()
+}
+
+// flushPending sends every statement and insert not sent yet.
+func (t *target) flushPending(ctx context.Context) error {
+	if err := t.flushInserts(ctx); err != nil {
+		return err
+	}
+	return t.flushBatch(ctx)
+}
+
+// commit sends what is pending, the progress row for end, and COMMIT, in one round trip when
+// no COPY is pending. Without Config.SynchronousCommit, sync makes this commit wait for the WAL flush.
+func (t *target) commit(ctx context.Context, progress *stmt, slot string, end LSN, sync bool) error {
+	if err := t.flushInserts(ctx); err != nil {
+		return err
+	}
+	t.newBatch()
+	t.batch.ExecPrepared(progress.name, [][]byte{[]byte(slot), end.AppendText(nil)}, nil, nil)
+	t.ops = append(t.ops, batchOp{})
+	if sync && !t.cfg.SynchronousCommit {
+		t.control("SET LOCAL synchronous_commit = on")
+	}
+	t.control("COMMIT")
+	t.inTxn = false
+	if err := t.flushBatch(ctx); err != nil {
+		var ce *changeError
+		if errors.As(err, &ce) && ce.op == "" {
+			ce.op = "COMMIT" // a deferred constraint
+		}
+		return err
+	}
+	t.stats.applied(end)
+	return nil
+}
+
+// flushWAL commits a transaction that only takes an xid, synchronously: the target flushes its
+// WAL through that commit, and every commit before it is durable.
+func (t *target) flushWAL(ctx context.Context) error {
+	t.stats.roundTrips.Add(1)
+	return t.conn.Exec(ctx, "BEGIN; SET LOCAL synchronous_commit = on; SELECT pg_catalog.txid_current(); COMMIT").Close()
+}
+
+// change applies one Insert, Update, Delete or Truncate; rels are the relations it names (one,
+// or those of a Truncate).
+func (t *target) change(ctx context.Context, m decoding.Message, rels []*relInfo) error {
+	switch m := m.(type) {
+	case *decoding.Insert:
+		rm, err := t.mapping(ctx, rels[0], "INSERT")
+		if err != nil {
+			return err
+		}
+		return t.insert(ctx, rm, m.New)
+	case *decoding.Update:
+		rm, err := t.mapping(ctx, rels[0], "UPDATE")
+		if err != nil {
+			return err
+		}
+		return t.update(ctx, rm, m)
+	case *decoding.Delete:
+		rm, err := t.mapping(ctx, rels[0], "DELETE")
+		if err != nil {
+			return err
+		}
+		return t.delete(ctx, rm, m)
+	case *decoding.Truncate:
+		return t.truncate(ctx, m, rels)
+	}
+	return nil
+}
+
+func (t *target) mapping(ctx context.Context, ri *relInfo, op string) (*relMap, error) {
+	m, err := ri.mapping(ctx, t.conn, t.replicaRole, t.cfg.Binary)
+	if err != nil {
+		var ce *changeError
+		if errors.As(err, &ce) {
+			c := *ce
+			c.op = op
+			return nil, &c
+		}
+		return nil, err
+	}
+	return m, nil
+}
+
+// rowClass says how a tuple's values can be sent: all text (or NULL), all binary, or mixed.
+func rowClass(tup decoding.Tuple) (binary, mixed bool) {
+	var text, bin bool
+	for _, c := range tup {
+		switch c.Kind {
+		case decoding.ColumnText:
+			text = true
+		case decoding.ColumnBinary:
+			bin = true
+		}
+	}
+	return bin, text && bin
+}
+
+func (t *target) insert(ctx context.Context, m *relMap, tup decoding.Tuple) error {
+	if len(tup) != len(m.cols) {
+		return &changeError{op: "INSERT", relation: m.name, err: fmt.Errorf("row has %d columns, the relation %d", len(tup), len(m.cols))}
+	}
+	bin, mixed := rowClass(tup)
+	if mixed {
+		if err := t.flushInserts(ctx); err != nil {
+			return err
+		}
+		return t.insertStatement(ctx, m, tup)
+	}
+	if t.insRows > 0 && (t.ins != m || (t.insBinary != bin && !allNull(tup))) {
+		if err := t.flushInserts(ctx); err != nil {
+			return err
+		}
+	}
+	if t.insRows == 0 {
+		t.ins, t.insBinary = m, bin
+	}
+	for _, c := range tup {
+		if c.Kind == decoding.ColumnNull {
+			t.insBuf = binary.BigEndian.AppendUint32(t.insBuf, 0xffffffff)
+			continue
+		}
+		t.insBuf = binary.BigEndian.AppendUint32(t.insBuf, uint32(len(c.Data)))
+		t.insBuf = append(t.insBuf, c.Data...)
+	}
+	t.insRows++
+	if len(t.insBuf) >= insertBufMax {
+		return t.flushInserts(ctx)
+	}
+	return nil
+}
+
+func allNull(tup decoding.Tuple) bool {
+	for _, c := range tup {
+		if c.Kind != decoding.ColumnNull {
+			return false
+		}
+	}
+	return true
+}
+
+// insRow reads the next row of the insert run from buf into fields.
+func insRow(buf []byte, fields []field) []byte {
+	for i := range fields {
+		n := binary.BigEndian.Uint32(buf)
+		buf = buf[4:]
+		if n == 0xffffffff {
+			fields[i] = field{null: true}
+			continue
+		}
+		fields[i] = field{data: buf[:n:n]}
+		buf = buf[n:]
+	}
+	return buf
+}
+
+// flushInserts sends the pending run of inserts: through COPY when it is long enough (after the
+// batch before it), else as INSERT statements in the batch.
+func (t *target) flushInserts(ctx context.Context) error {
+	if t.insRows == 0 {
+		return nil
+	}
+	if t.insRows < copyMinRows {
+		t.flushInsertsToBatch()
+		return t.maybeFlush(ctx)
+	}
+	if err := t.flushBatch(ctx); err != nil {
+		return err
+	}
+	m, n := t.ins, t.insRows
+	fields := make([]field, len(m.cols))
+	buf := t.copyBuf[:0]
+	var sql string
+	if t.insBinary {
+		buf = append(buf, copyBinaryHeader...)
+		for rest := t.insBuf; len(rest) > 0; {
+			buf = binary.BigEndian.AppendUint16(buf, uint16(len(fields)))
+			start := rest
+			rest = insRow(rest, fields)
+			buf = append(buf, start[:len(start)-len(rest)]...)
+		}
+		buf = append(buf, copyBinaryTrailer...)
+		sql = "COPY " + m.name + " " + m.copyCols + " FROM STDIN (FORMAT binary)"
+	} else {
+		for rest := t.insBuf; len(rest) > 0; {
+			rest = insRow(rest, fields)
+			buf = appendCopyTextRow(buf, fields)
+		}
+		sql = "COPY " + m.name + " " + m.copyCols + " FROM STDIN"
+	}
+	t.dropInserts()
+	t.copyBuf = buf
+	if cap(t.copyBuf) > 4*insertBufMax {
+		t.copyBuf = nil
+	}
+	t.stats.roundTrips.Add(1)
+	t.stats.statements.Add(1)
+	tag, err := t.conn.CopyFrom(ctx, bytes.NewReader(buf), sql)
+	if err != nil {
+		return t.statementError(batchOp{op: 'I', rel: m}, err)
+	}
+	if tag.RowsAffected() != int64(n) {
+		return &changeError{op: "INSERT", relation: m.name, err: fmt.Errorf("COPY inserted %d rows, want %d", tag.RowsAffected(), n)}
+	}
+	t.stats.inserts.Add(int64(n))
+	t.stats.copyRows.Add(int64(n))
+	return nil
+}
+
+// flushInsertsToBatch turns the pending run of inserts into INSERT statements in the batch.
+func (t *target) flushInsertsToBatch() {
+	if t.insRows == 0 {
+		return
+	}
+	m := t.ins
+	fields := make([]field, len(m.cols))
+	formats := t.formats[:0]
+	for range fields {
+		if t.insBinary {
+			formats = append(formats, 1)
+		} else {
+			formats = append(formats, 0)
+		}
+	}
+	t.formats = formats
+	st := t.insertStmt(m)
+	for rest := t.insBuf; len(rest) > 0; {
+		rest = insRow(rest, fields)
+		params := t.params[:0]
+		for _, f := range fields {
+			if f.null {
+				params = append(params, nil)
+			} else {
+				params = append(params, nonNil(f.data))
+			}
+		}
+		t.params = params
+		t.queue(st, params, formats, batchOp{op: 'I', rel: m})
+	}
+	t.dropInserts()
+}
+
+func (t *target) dropInserts() {
+	t.ins, t.insRows = nil, 0
+	t.insBuf = t.insBuf[:0]
+	if cap(t.insBuf) > 4*insertBufMax {
+		t.insBuf = nil
+	}
+}
+
+// insertStatement queues one INSERT of tup, whose values may mix text and binary.
+func (t *target) insertStatement(ctx context.Context, m *relMap, tup decoding.Tuple) error {
+	params, formats := t.params[:0], t.formats[:0]
+	for _, c := range tup {
+		params, formats = appendParam(params, formats, c)
+	}
+	t.params, t.formats = params, formats
+	t.queue(t.insertStmt(m), params, formats, batchOp{op: 'I', rel: m})
+	return t.maybeFlush(ctx)
+}
+
+// appendParam appends a column's value and format.
+func appendParam(params [][]byte, formats []int16, c decoding.Column) ([][]byte, []int16) {
+	switch c.Kind {
+	case decoding.ColumnNull:
+		return append(params, nil), append(formats, 0)
+	case decoding.ColumnBinary:
+		return append(params, nonNil(c.Data)), append(formats, 1)
+	default:
+		return append(params, nonNil(c.Data)), append(formats, 0)
+	}
+}
+
+// nonNil keeps an empty value from being sent as NULL.
+func nonNil(b []byte) []byte {
+	if b == nil {
+		return []byte{}
+	}
+	return b
+}
+
+func (t *target) insertStmt(m *relMap) *stmt {
+	return t.prepared(m.info, "I", func() (string, []uint32) {
+		var b []byte
+		b = append(b, "INSERT INTO "+m.name+" "+m.copyCols+" VALUES ("...)
+		oids := make([]uint32, len(m.cols))
+		for i, c := range m.cols {
+			if i > 0 {
+				b = append(b, ", "...)
+			}
+			b = append(b, '$')
+			b = strconv.AppendInt(b, int64(i+1), 10)
+			oids[i] = c.typeOID
+		}
+		return string(append(b, ')')), oids
+	})
+}
+
+// prepared returns the statement of the given shape for ri, preparing it (lazily, with the
+// next batch) the first time.
+func (t *target) prepared(ri *relInfo, shape string, build func() (string, []uint32)) *stmt {
+	byShape := t.stmts[ri]
+	if byShape == nil {
+		byShape = map[string]*stmt{}
+		t.stmts[ri] = byShape
+	}
+	if s := byShape[shape]; s != nil {
+		return s
+	}
+	sql, oids := build()
+	t.nextStmt++
+	s := &stmt{name: "pgr_" + strconv.Itoa(t.nextStmt), nparams: len(oids)}
+	byShape[shape] = s
+	// Shapes begin with the statement's kind: 'I', 'U' or 'D'.
+	t.pendingPrepare = append(t.pendingPrepare, prepare{s: s, sql: sql, oids: oids, op: shape[0], rel: ri.qualifiedSource()})
+	return s
+}
+
+type prepare struct {
+	s    *stmt
+	sql  string
+	oids []uint32
+	op   byte   // 'I', 'U' or 'D'
+	rel  string // the table, for errors
+}
+
+// queue appends an execution of s to the batch.
+func (t *target) queue(s *stmt, params [][]byte, formats []int16, op batchOp) {
+	t.newBatch()
+	if allZero(formats) {
+		formats = nil
+	}
+	t.batch.ExecPrepared(s.name, params, formats, nil)
+	t.ops = append(t.ops, op)
+	t.bytes += 32
+	for _, p := range params {
+		t.bytes += len(p) + 4
+	}
+}
+
+func allZero(f []int16) bool {
+	for _, v := range f {
+		if v != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// maybeFlush sends the batch once it is large.
+func (t *target) maybeFlush(ctx context.Context) error {
+	if len(t.ops) >= batchMaxOps || t.bytes >= batchMaxBytes {
+		return t.flushBatch(ctx)
+	}
+	return nil
+}
+
+// flushBatch sends the batch (after preparing the statements it uses) and checks each result.
+func (t *target) flushBatch(ctx context.Context) error {
+	if err := t.prepareStatements(ctx); err != nil {
+		return err
+	}
+	if t.batch == nil {
+		return nil
+	}
+	b, ops := t.batch, t.ops
+	t.batch, t.ops, t.bytes = nil, t.ops[:0], 0
+	t.stats.roundTrips.Add(1)
+	t.stats.statements.Add(int64(len(ops)))
+	mrr := t.conn.ExecBatch(ctx, b)
+	i := 0
+	var first error
+	for mrr.NextResult() {
+		tag, err := mrr.ResultReader().Close()
+		if i >= len(ops) {
+			break
+		}
+		op := ops[i]
+		i++
+		if err != nil {
+			first = t.statementError(op, err)
+			break
+		}
+		t.checkResult(op, tag)
+	}
+	if err := mrr.Close(); err != nil && first == nil {
+		// A statement without rows that fails yields no result of its own: the results so far
+		// say which one it was.
+		op := batchOp{}
+		if i < len(ops) {
+			op = ops[i]
+		}
+		first = t.statementError(op, err)
+	}
+	return first
+}
+
+// statementError describes the failure of a statement of a batch.
+func (t *target) statementError(op batchOp, err error) error {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || transientCode(pgErr.Code) {
+		return err // the connection, or a transient error: retried as a whole
+	}
+	ce := &changeError{kind: kindOf(err), op: opName(op.op), err: err}
+	switch {
+	case op.rel != nil:
+		ce.relation = op.rel.name
+	case op.name != "":
+		ce.relation = op.name
+	case pgErr.TableName != "":
+		ce.relation = quoteIdent(pgErr.SchemaName) + "." + quoteIdent(pgErr.TableName)
+	}
+	return ce
+}
+
+func opName(op byte) string {
+	switch op {
+	case 'I':
+		return "INSERT"
+	case 'U':
+		return "UPDATE"
+	case 'D':
+		return "DELETE"
+	case 'T':
+		return "TRUNCATE"
+	}
+	return ""
+}
+
+// checkResult counts a statement's rows, and the conflicts of an UPDATE or DELETE that found no
+// row: skipped, as PostgreSQL's subscriber does.
+func (t *target) checkResult(op batchOp, tag pgconn.CommandTag) {
+	switch op.op {
+	case 'I':
+		t.stats.inserts.Add(1)
+	case 'U':
+		if tag.RowsAffected() == 0 {
+			t.stats.updateMissing.Add(1)
+			t.log.Warn("conflict detected: the row to update does not exist on the target; skipped",
+				"relation", op.rel.name, "conflict", "update_missing")
+			return
+		}
+		t.stats.updates.Add(1)
+	case 'D':
+		if tag.RowsAffected() == 0 {
+			t.stats.deleteMissing.Add(1)
+			t.log.Warn("conflict detected: the row to delete does not exist on the target; skipped",
+				"relation", op.rel.name, "conflict", "delete_missing")
+			return
+		}
+		t.stats.deletes.Add(1)
+	case 'T':
+		t.stats.truncates.Add(1)
+	}
+}
+
+// prepareStatements prepares the statements the batch is about to use.
+func (t *target) prepareStatements(ctx context.Context) error {
+	for len(t.pendingPrepare) > 0 {
+		p := t.pendingPrepare[0]
+		if _, err := t.conn.Prepare(ctx, p.s.name, p.sql, p.oids); err != nil {
+			return t.statementError(batchOp{op: p.op, name: p.rel}, fmt.Errorf("preparing %s: %w", p.sql, err))
+		}
+		t.pendingPrepare = t.pendingPrepare[1:]
+	}
+	t.pendingPrepare = nil
+	return nil
+}
+
+// where appends the row-identifying condition of an UPDATE or DELETE to the statement's shape
+// and parameters: the replica identity key, or with REPLICA IDENTITY FULL every column of the
+// old row (NULL as IS NULL; values of types without equality compared as text, or, binary,
+// not at all), which picks one of identical rows (the caller wraps it in a ctid subquery).
+func (t *target) where(m *relMap, key decoding.Tuple, full bool, params [][]byte, formats []int16) ([][]byte, []int16, error) {
+	if full {
+		for i, c := range key {
+			switch {
+			case i >= len(m.cols) || c.Kind == decoding.ColumnUnchanged:
+				t.shape = append(t.shape, 0)
+			case c.Kind == decoding.ColumnNull:
+				t.shape = append(t.shape, 2)
+			case m.cols[i].textEq && c.Kind == decoding.ColumnBinary:
+				t.shape = append(t.shape, 0)
+			default:
+				t.shape = append(t.shape, 1)
+				params, formats = appendParam(params, formats, c)
+			}
+		}
+		return params, formats, nil
+	}
+	for _, i := range m.key {
+		if i >= len(key) {
+			return nil, nil, fmt.Errorf("the row has no value for key column %s", m.cols[i].name)
+		}
+		switch c := key[i]; c.Kind {
+		case decoding.ColumnNull:
+			t.shape = append(t.shape, 2)
+		case decoding.ColumnUnchanged:
+			return nil, nil, fmt.Errorf("key column %s was not sent (unchanged TOASTed value)", m.cols[i].name)
+		default:
+			t.shape = append(t.shape, 1)
+			params, formats = appendParam(params, formats, c)
+		}
+	}
+	return params, formats, nil
+}
+
+// whereSQL writes the condition whose shape where recorded (from shape[0]) using parameters
+// from $n on, and returns the parameter OIDs.
+func whereSQL(b []byte, m *relMap, shape []byte, full bool, n int, oids []uint32) ([]byte, []uint32) {
+	first := true
+	cond := func(i int, s byte) {
+		if !first {
+			b = append(b, " AND "...)
+		}
+		first = false
+		c := m.cols[i]
+		switch {
+		case s == 2:
+			b = append(b, c.name+" IS NULL"...)
+		case full && c.textEq:
+			b = append(b, c.name+"::text = $"...)
+			b = strconv.AppendInt(b, int64(n), 10)
+			n++
+			oids = append(oids, 25) // text
+		default:
+			b = append(b, c.name+" = $"...)
+			b = strconv.AppendInt(b, int64(n), 10)
+			n++
+			oids = append(oids, c.typeOID)
+		}
+	}
+	if full {
+		for i, s := range shape {
+			if s != 0 {
+				cond(i, s)
+			}
+		}
+	} else {
+		for j, i := range m.key {
+			cond(i, shape[j])
+		}
+	}
+	if first {
+		b = append(b, "true"...) // every column unchanged or without equality: any row
+	}
+	return b, oids
+}
+
+// rowTarget wraps a FULL identity condition so that it names one row: the first that matches,
+// as PostgreSQL's subscriber does with identical rows.
+func rowTarget(m *relMap, cond []byte) []byte {
+	id := "ctid" // a TID scan
+	if m.partitioned {
+		id = "(tableoid, ctid)" // ctid alone repeats across partitions
+	}
+	b := []byte("WHERE " + id + " = (SELECT " + strings.Trim(id, "()") + " FROM " + m.name + " WHERE ")
+	b = append(b, cond...)
+	return append(b, " LIMIT 1)"...)
+}
+
+func (t *target) update(ctx context.Context, m *relMap, u *decoding.Update) error {
+	key, full := u.New, m.full
+	switch {
+	case full && u.OldKind == 'O':
+		key = u.Old
+	case full:
+		return &changeError{kind: ErrNoReplicaIdentity, op: "UPDATE", relation: m.name,
+			err: errors.New("REPLICA IDENTITY FULL without the old row")}
+	case m.idErr != nil:
+		return t.identityError(m, "UPDATE")
+	case u.OldKind == 'K' || u.OldKind == 'O':
+		key = u.Old
+	}
+	if len(u.New) != len(m.cols) {
+		return &changeError{op: "UPDATE", relation: m.name, err: fmt.Errorf("row has %d columns, the relation %d", len(u.New), len(m.cols))}
+	}
+	if err := t.flushInserts(ctx); err != nil {
+		return err
+	}
+	t.shape = append(t.shape[:0], 'U')
+	params, formats := t.params[:0], t.formats[:0]
+	sets := 0
+	for i, c := range u.New {
+		// A TOASTed value not sent is left as it is, and so is the key when it did not change
+		// (no old key was sent).
+		if c.Kind == decoding.ColumnUnchanged || (u.OldKind == 0 && m.info.rel.Columns[i].IsKey()) {
+			t.shape = append(t.shape, 0)
+			continue
+		}
+		t.shape = append(t.shape, 1)
+		params, formats = appendParam(params, formats, c)
+		sets++
+	}
+	if sets == 0 {
+		return nil // nothing sent but unchanged values
+	}
+	whereAt := len(t.shape)
+	params, formats, err := t.where(m, key, full, params, formats)
+	if err != nil {
+		return &changeError{kind: ErrNoReplicaIdentity, op: "UPDATE", relation: m.name, err: err}
+	}
+	t.params, t.formats = params, formats
+	shape := t.shape
+	st := t.prepared(m.info, string(shape), func() (string, []uint32) {
+		b := []byte("UPDATE " + m.name + " SET ")
+		var oids []uint32
+		n := 1
+		for i, s := range shape[1:whereAt] {
+			if s == 0 {
+				continue
+			}
+			if n > 1 {
+				b = append(b, ", "...)
+			}
+			b = append(b, m.cols[i].name+" = $"...)
+			b = strconv.AppendInt(b, int64(n), 10)
+			n++
+			oids = append(oids, m.cols[i].typeOID)
+		}
+		b = append(b, ' ')
+		cond, oids := whereSQL(nil, m, shape[whereAt:], full, n, oids)
+		if full {
+			b = append(b, rowTarget(m, cond)...)
+		} else {
+			b = append(b, "WHERE "...)
+			b = append(b, cond...)
+		}
+		return string(b), oids
+	})
+	t.queue(st, params, formats, batchOp{op: 'U', rel: m})
+	return t.maybeFlush(ctx)
+}
+
+func (t *target) identityError(m *relMap, op string) error {
+	var ce *changeError
+	if errors.As(m.idErr, &ce) {
+		c := *ce
+		c.op = op
+		return &c
+	}
+	return m.idErr
+}
+
+func (t *target) delete(ctx context.Context, m *relMap, d *decoding.Delete) error {
+	full := m.full
+	switch {
+	case full && d.OldKind != 'O':
+		return &changeError{kind: ErrNoReplicaIdentity, op: "DELETE", relation: m.name,
+			err: errors.New("REPLICA IDENTITY FULL without the old row")}
+	case !full && m.idErr != nil:
+		return t.identityError(m, "DELETE")
+	}
+	if err := t.flushInserts(ctx); err != nil {
+		return err
+	}
+	t.shape = append(t.shape[:0], 'D')
+	params, formats, err := t.where(m, d.Old, full, t.params[:0], t.formats[:0])
+	if err != nil {
+		return &changeError{kind: ErrNoReplicaIdentity, op: "DELETE", relation: m.name, err: err}
+	}
+	t.params, t.formats = params, formats
+	shape := t.shape
+	st := t.prepared(m.info, string(shape), func() (string, []uint32) {
+		b := []byte("DELETE FROM " + m.name + " ")
+		cond, oids := whereSQL(nil, m, shape[1:], full, 1, nil)
+		if full {
+			b = append(b, rowTarget(m, cond)...)
+		} else {
+			b = append(b, "WHERE "...)
+			b = append(b, cond...)
+		}
+		return string(b), oids
+	})
+	t.queue(st, params, formats, batchOp{op: 'D', rel: m})
+	return t.maybeFlush(ctx)
+}
+
+// truncate truncates the relations a TRUNCATE named, without CASCADE whatever the source used
+// (as PostgreSQL's subscriber does: the target may hold tables the source does not publish).
+func (t *target) truncate(ctx context.Context, m *decoding.Truncate, rels []*relInfo) error {
+	if err := t.flushInserts(ctx); err != nil {
+		return err
+	}
+	b := []byte("TRUNCATE ")
+	var names []byte
+	for i, ri := range rels {
+		rm, err := t.mapping(ctx, ri, "TRUNCATE")
+		if err != nil {
+			return err
+		}
+		if i > 0 {
+			b = append(b, ", "...)
+			names = append(names, ", "...)
+		}
+		if !rm.partitioned {
+			b = append(b, "ONLY "...) // partitions of a partitioned table go with it
+		}
+		b = append(b, rm.name...)
+		names = append(names, rm.name...)
+	}
+	if m.Options&decoding.TruncateRestartIdentity != 0 {
+		b = append(b, " RESTART IDENTITY"...)
+	}
+	t.newBatch()
+	t.batch.ExecParams(string(b), nil, nil, nil, nil)
+	t.ops = append(t.ops, batchOp{op: 'T', name: string(names)})
+	t.bytes += len(b)
+	return t.maybeFlush(ctx)
+}

@@ -1,0 +1,102 @@
+package apply
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// watchInterval is how often the watchdog looks for lock waits between the session's own
+// connections.
+const watchInterval = 200 * time.Millisecond
+
+// watchdog breaks the waits the target's deadlock detector cannot see. Transactions commit in
+// order, so a transaction that waits for a lock held by a later one, which itself waits (for its
+// turn to commit, for an earlier commit, or for more changes from the leader) never gets it: the
+// later one cannot commit first. The target sees one backend waiting for a lock and another idle
+// in its transaction, not a cycle. Every watchInterval the watchdog asks the target which of the
+// session's backends wait for locks and who holds them; a wait on a later transaction whose
+// worker waits too, seen twice in a row, ends the session with a restartError naming the later
+// transaction, which the next session applies alone, after the one it blocked. Waits on
+// earlier transactions resolve by themselves; waits on backends of other sessions are left
+// alone, as PostgreSQL's subscriber leaves them.
+func (s *session) watchdog(ctx context.Context) error {
+	if len(s.workers) == 0 {
+		return nil
+	}
+	conn, err := connectTarget(ctx, s.cfg, "pgreorder apply "+s.cfg.Slot+" watchdog", s.stats)
+	if err != nil {
+		return err
+	}
+	defer conn.close(context.WithoutCancel(ctx))
+	tick := time.NewTicker(watchInterval)
+	defer tick.Stop()
+	suspects := map[[2]uint32]bool{}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+		type holder struct {
+			j       *job
+			w       *worker // nil for the leader's connection
+			waiting bool
+		}
+		ours := map[uint32]holder{}
+		if j := s.leaderJob.Load(); j != nil {
+			ours[s.leader.pid] = holder{j: j}
+		}
+		for _, w := range s.workers {
+			if j := w.cur.Load(); j != nil {
+				ours[w.tg.pid] = holder{j: j, w: w, waiting: w.state.Load() == wsWaiting}
+			}
+		}
+		if len(ours) < 2 {
+			clear(suspects)
+			continue
+		}
+		pids := make([]string, 0, len(ours))
+		for pid := range ours {
+			pids = append(pids, strconv.FormatUint(uint64(pid), 10))
+		}
+		rows, err := query(ctx, conn.conn, `SELECT pid, pg_catalog.pg_blocking_pids(pid)::text FROM pg_catalog.pg_stat_activity
+			WHERE pid = ANY ($1::int[]) AND wait_event_type = 'Lock'`, "{"+strings.Join(pids, ",")+"}")
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("apply: watchdog: %w", err)
+		}
+		now := map[[2]uint32]bool{}
+		for _, r := range rows {
+			p, _ := strconv.ParseUint(string(r[0]), 10, 32)
+			waiter, ok := ours[uint32(p)]
+			if !ok {
+				continue
+			}
+			for b := range strings.SplitSeq(strings.Trim(string(r[1]), "{}"), ",") {
+				q, err := strconv.ParseUint(b, 10, 32)
+				if err != nil {
+					continue
+				}
+				blocker, ok := ours[uint32(q)]
+				if !ok || blocker.w == nil || !blocker.waiting || waiter.j.rank() >= blocker.j.rank() {
+					continue
+				}
+				pair := [2]uint32{uint32(p), uint32(q)}
+				now[pair] = true
+				if suspects[pair] {
+					s.stats.deadlocks.Add(1)
+					s.log.Warn("lock wait on a later transaction: rolling it back to apply it alone",
+						"waiting_xid", waiter.j.xid, "holding_xid", blocker.j.xid)
+					return &restartError{xids: []uint32{blocker.j.xid},
+						reason: fmt.Errorf("transaction %d waited for a lock held by transaction %d, which commits after it", waiter.j.xid, blocker.j.xid)}
+				}
+			}
+		}
+		suspects = now
+	}
+}

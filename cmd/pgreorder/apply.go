@@ -1,0 +1,176 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/pgreorder/pgreorder/apply"
+)
+
+func init() {
+	register("apply", "replicate a publication into another PostgreSQL database, exactly once", runApply)
+}
+
+const applyUsage = `usage: pgreorder apply -source DSN -target DSN -slot NAME -publication NAME [flags]
+
+Replicates the publication into the target database: each source transaction is applied in one
+target transaction together with the slot's row in the progress table, and acknowledged to the
+source only once committed there. Stopped (Ctrl-C, SIGTERM) or killed, it resumes from the
+progress row without losing or repeating a transaction. Connection failures are retried; a change
+the target refuses (missing table or column, permission, constraint) stops it with an error naming
+the table, the source transaction and its commit LSN.
+
+The target's tables must exist with the source's columns and hold what the source held when the
+slot was created.
+
+Modes:
+  buffered  whole transactions at their commit, one at a time (large ones held in memory up to
+            -work-mem, then on disk)
+  eager     large (streamed) transactions applied while they run on the source, each on a worker
+            connection of its own, with savepoints for their subtransactions; committed in order
+  parallel  eager, and committed transactions applied on -workers connections at once when they
+            touch different rows; committed in order
+
+flags:
+`
+
+// applyFlags are the flags of `pgreorder apply`.
+type applyFlags struct {
+	source, target, slot, mode, workMem, dir, table string
+	publications                                    []string
+	createSlot, binary, syncCommit, verbose         bool
+	workers                                         int
+	status                                          time.Duration
+}
+
+func (f *applyFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.source, "source", "", "connection string of the source database (replication=database is added)")
+	fs.StringVar(&f.target, "target", "", "connection string of the target database")
+	fs.StringVar(&f.slot, "slot", "", "logical replication slot on the source (pgoutput)")
+	fs.Func("publication", "publication to replicate (repeatable, or comma-separated)", func(s string) error {
+		for p := range strings.SplitSeq(s, ",") {
+			if p = strings.TrimSpace(p); p != "" {
+				f.publications = append(f.publications, p)
+			}
+		}
+		return nil
+	})
+	fs.BoolVar(&f.createSlot, "create-slot", false, "create the slot if it does not exist")
+	fs.StringVar(&f.mode, "mode", "buffered", "buffered, eager or parallel (see above)")
+	fs.IntVar(&f.workers, "workers", 0, fmt.Sprintf("worker connections to the target (default %d for eager, %d for parallel)",
+		apply.DefaultEagerWorkers, apply.DefaultParallelWorkers))
+	fs.StringVar(&f.workMem, "work-mem", "64MB", workMemHelp)
+	fs.StringVar(&f.dir, "spill-dir", "", "spill directory (default: the system temporary directory)")
+	fs.BoolVar(&f.binary, "binary", false, "ask for binary column values (column types must match on both sides)")
+	fs.BoolVar(&f.syncCommit, "synchronous-commit", false, "flush each target commit before acknowledging it "+
+		"(default: commit with synchronous_commit = off and flush in groups, still acknowledging only flushed commits)")
+	fs.StringVar(&f.table, "progress-table", apply.DefaultProgressTable, "target table of the progress rows (created if missing)")
+	fs.DurationVar(&f.status, "status-interval", 0, "longest time between status updates to the source (default 10s)")
+	fs.BoolVar(&f.verbose, "v", false, "debug logging")
+}
+
+// config checks the flags and makes the apply configuration.
+func (f *applyFlags) config(fs *flag.FlagSet) (apply.Config, error) {
+	if fs.NArg() != 0 {
+		return apply.Config{}, fmt.Errorf("unexpected arguments: %s (every option is a flag; see pgreorder apply -h)", strings.Join(fs.Args(), " "))
+	}
+	var missing []string
+	for _, m := range []struct {
+		name  string
+		unset bool
+	}{{"-source", f.source == ""}, {"-target", f.target == ""}, {"-slot", f.slot == ""}, {"-publication", len(f.publications) == 0}} {
+		if m.unset {
+			missing = append(missing, m.name)
+		}
+	}
+	if len(missing) > 0 {
+		return apply.Config{}, fmt.Errorf("missing %s (see pgreorder apply -h)", strings.Join(missing, ", "))
+	}
+	mode, err := apply.ParseMode(f.mode)
+	if err != nil {
+		return apply.Config{}, fmt.Errorf("-mode %q: valid values are buffered, eager and parallel", f.mode)
+	}
+	if f.workers < 0 || f.workers > apply.MaxWorkers {
+		return apply.Config{}, fmt.Errorf("-workers %d: want 1 to %d", f.workers, apply.MaxWorkers)
+	}
+	workMem, err := parseWorkMem(f.workMem)
+	if err != nil {
+		return apply.Config{}, err
+	}
+	level := slog.LevelInfo
+	if f.verbose {
+		level = slog.LevelDebug
+	}
+	return apply.Config{
+		Source:            f.source,
+		Target:            f.target,
+		Slot:              f.slot,
+		Publications:      f.publications,
+		CreateSlot:        f.createSlot,
+		Mode:              mode,
+		Workers:           f.workers,
+		WorkMem:           workMem,
+		SpillDir:          f.dir,
+		Binary:            f.binary,
+		SynchronousCommit: f.syncCommit,
+		ProgressTable:     f.table,
+		StatusInterval:    f.status,
+		Logger:            slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
+	}, nil
+}
+
+func runApply(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("apply", flag.ContinueOnError)
+	var f applyFlags
+	f.register(fs)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), applyUsage)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	cfg, err := f.config(fs)
+	if err != nil {
+		return err
+	}
+	a, err := apply.New(cfg)
+	if err != nil {
+		return err
+	}
+	log := cfg.Logger
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		tick := time.NewTicker(30 * time.Second)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+				logApplyStats(log, a.Stats())
+			}
+		}
+	}()
+	err = a.Run(ctx)
+	logApplyStats(log, a.Stats())
+	if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+		return nil // Ctrl-C or SIGTERM: a clean stop; what was in flight is rolled back and resumed next time
+	}
+	return err
+}
+
+func logApplyStats(log *slog.Logger, st apply.Stats) {
+	log.Info("progress", "transactions", st.Txns, "applied_lsn", st.AppliedLSN, "inserts", st.Inserts,
+		"copy_rows", st.CopyRows, "updates", st.Updates, "deletes", st.Deletes, "truncates", st.Truncates,
+		"statements", st.Statements, "round_trips", st.RoundTrips, "update_missing", st.UpdateMissing,
+		"delete_missing", st.DeleteMissing, "sessions", st.Sessions, "serial_retries", st.SerialRetries,
+		"deadlocks", st.Deadlocks, "spooled", st.Spooled, "queue_spilled", st.QueueSpilled)
+}

@@ -1,0 +1,97 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgreorder/pgreorder/internal/pgtest"
+)
+
+// TestApplyFlags checks that missing and invalid flags are refused with a message naming them.
+func TestApplyFlags(t *testing.T) {
+	base := []string{"-source", "host=/nonexistent", "-target", "host=/nonexistent", "-slot", "s", "-publication", "p"}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "missing -source, -target, -slot, -publication"},
+		{[]string{"-source", "x", "-slot", "s"}, "missing -target, -publication"},
+		{append(base, "-mode", "fast"), `-mode "fast": valid values are buffered, eager and parallel`},
+		{append(base, "-workers", "-1"), "-workers -1"},
+		{append(base, "-work-mem", "0"), `-work-mem "0"`},
+		{append(base, "extra"), "unexpected arguments: extra"},
+	} {
+		err := runApply(context.Background(), c.args)
+		require.Error(t, err, "%q", c.args)
+		require.Contains(t, err.Error(), c.want, "%q", c.args)
+	}
+}
+
+// TestApplyCommand runs the built `pgreorder apply` in each mode, checks that it replicates, and
+// that it exits with status 0 on SIGTERM (and SIGINT), as a benchmark harness stops it.
+func TestApplyCommand(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a server")
+	}
+	bin := filepath.Join(t.TempDir(), "pgreorder")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	for _, major := range streamMajors(t) {
+		for i, mode := range []string{"buffered", "eager", "parallel"} {
+			t.Run(fmt.Sprintf("pg%d/%s", major, mode), func(t *testing.T) {
+				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+				defer cancel()
+				srv := pgtest.Shared(t, major)
+				srcDB, dstDB := pgtest.NewDatabase(t, srv), pgtest.NewDatabase(t, srv)
+				src, dst := srv.ConnString(srcDB), srv.ConnString(dstDB)
+				const table = `CREATE TABLE s (id int PRIMARY KEY, v text)`
+				require.NoError(t, pgtest.Exec(ctx, src, table, `CREATE PUBLICATION p FOR TABLE s`))
+				require.NoError(t, pgtest.Exec(ctx, dst, table))
+				var stderr bytes.Buffer
+				cmd := exec.CommandContext(ctx, bin, "apply", "-source", src, "-target", dst, "-slot", "cli",
+					"-publication", "p", "-create-slot", "-mode", mode, "-workers", "2", "-work-mem", "64kB")
+				cmd.Stderr = &stderr
+				require.NoError(t, cmd.Start())
+				waitSlotActive(t, ctx, src, "cli")
+				require.NoError(t, pgtest.Exec(ctx, src,
+					`BEGIN; INSERT INTO s SELECT g, repeat('z', 100) FROM generate_series(1, 2000) g; SAVEPOINT a;
+					 DELETE FROM s WHERE id > 1000; ROLLBACK TO a; COMMIT`,
+					`UPDATE s SET v = NULL WHERE id = 7`, `DELETE FROM s WHERE id = 8`))
+				conn, err := pgx.Connect(ctx, dst)
+				require.NoError(t, err)
+				defer conn.Close(context.Background())
+				for {
+					var n, nulls int
+					require.NoError(t, conn.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE v IS NULL) FROM s`).Scan(&n, &nulls))
+					if n == 1999 && nulls == 1 {
+						break
+					}
+					require.NoError(t, ctx.Err(), "the target has %d rows; stderr:\n%s", n, &stderr)
+					time.Sleep(20 * time.Millisecond)
+				}
+				sig := []syscall.Signal{syscall.SIGTERM, syscall.SIGINT}[i%2]
+				require.NoError(t, cmd.Process.Signal(sig))
+				exited := make(chan error, 1)
+				go func() { exited <- cmd.Wait() }()
+				select {
+				case err := <-exited:
+					require.NoError(t, err, "exit after %v; stderr:\n%s", sig, &stderr)
+				case <-time.After(30 * time.Second):
+					cmd.Process.Kill()
+					t.Fatalf("still running 30s after %v; stderr:\n%s", sig, &stderr)
+				}
+				require.True(t, strings.Contains(stderr.String(), "progress"), "the final progress is logged:\n%s", &stderr)
+			})
+		}
+	}
+}
