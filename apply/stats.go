@@ -22,10 +22,26 @@ type Stats struct {
 	Statements int64 // statements sent to the target, COPY included
 	RoundTrips int64 // batches of statements and COPYs: the round trips the statements took
 
-	// Conflicts, as PostgreSQL's subscriber counts them: the row an UPDATE or DELETE names does
-	// not exist on the target. The change is skipped and logged.
-	UpdateMissing int64
-	DeleteMissing int64
+	// Conflicts by type, as PostgreSQL's pg_stat_subscription_stats counts them (confl_*): each
+	// one logged and resolved (see ConflictConfig), counted once its resolution committed (a
+	// conflict that stops Run is counted when met). Without track_commit_timestamp on the target
+	// the *_origin_differs ones are not detected; without ConflictConfig.Retention,
+	// update_deleted is reported as update_missing.
+	InsertExists            int64
+	UpdateOriginDiffers     int64
+	UpdateExists            int64
+	UpdateMissing           int64
+	DeleteOriginDiffers     int64
+	UpdateDeleted           int64
+	DeleteMissing           int64
+	MultipleUniqueConflicts int64
+
+	// RetentionActive says whether tombstones are recorded for update_deleted detection: false
+	// without ConflictConfig.Retention, and while the apply lag exceeds it.
+	RetentionActive  bool
+	RetentionStops   int64 // times the lag went over ConflictConfig.Retention
+	Tombstones       int64 // tombstones in the tombstone table at the last purge
+	TombstonesPurged int64 // tombstones removed by purges
 
 	SubAborts    int64 // subtransactions rolled back to their savepoint on the target (Eager, Parallel)
 	Aborts       int64 // streamed transactions rolled back on the target (Eager, Parallel)
@@ -42,7 +58,10 @@ type Stats struct {
 
 type counters struct {
 	txns, emptyTxns, inserts, copyRows, updates, deletes, truncates atomic.Int64
-	statements, roundTrips, updateMissing, deleteMissing            atomic.Int64
+	statements, roundTrips                                          atomic.Int64
+	conflicts                                                       [numConflictTypes]atomic.Int64
+	retentionStops, tombstones, tombstonesPurged                    atomic.Int64
+	retentionActive                                                 atomic.Bool
 	subAborts, aborts, spooled, serialTxns, queueSpilled            atomic.Int64
 	sessions, serialRetries, deadlocks                              atomic.Int64
 	appliedLSN                                                      atomic.Uint64
@@ -53,7 +72,12 @@ func (c *counters) snapshot() Stats {
 		Txns: c.txns.Load(), EmptyTxns: c.emptyTxns.Load(), Inserts: c.inserts.Load(), CopyRows: c.copyRows.Load(),
 		Updates: c.updates.Load(), Deletes: c.deletes.Load(), Truncates: c.truncates.Load(),
 		Statements: c.statements.Load(), RoundTrips: c.roundTrips.Load(),
-		UpdateMissing: c.updateMissing.Load(), DeleteMissing: c.deleteMissing.Load(),
+		InsertExists: c.conflicts[InsertExists].Load(), UpdateOriginDiffers: c.conflicts[UpdateOriginDiffers].Load(),
+		UpdateExists: c.conflicts[UpdateExists].Load(), UpdateMissing: c.conflicts[UpdateMissing].Load(),
+		DeleteOriginDiffers: c.conflicts[DeleteOriginDiffers].Load(), UpdateDeleted: c.conflicts[UpdateDeleted].Load(),
+		DeleteMissing: c.conflicts[DeleteMissing].Load(), MultipleUniqueConflicts: c.conflicts[MultipleUniqueConflicts].Load(),
+		RetentionActive: c.retentionActive.Load(), RetentionStops: c.retentionStops.Load(),
+		Tombstones: c.tombstones.Load(), TombstonesPurged: c.tombstonesPurged.Load(),
 		SubAborts: c.subAborts.Load(), Aborts: c.aborts.Load(), Spooled: c.spooled.Load(),
 		SerialTxns: c.serialTxns.Load(), QueueSpilled: c.queueSpilled.Load(),
 		Sessions: c.sessions.Load(), SerialRetries: c.serialRetries.Load(), Deadlocks: c.deadlocks.Load(),
@@ -69,4 +93,27 @@ func (c *counters) applied(end LSN) {
 			return
 		}
 	}
+}
+
+// Conflicts returns the count of conflicts of type ct.
+func (s Stats) Conflicts(ct ConflictType) int64 {
+	switch ct {
+	case InsertExists:
+		return s.InsertExists
+	case UpdateOriginDiffers:
+		return s.UpdateOriginDiffers
+	case UpdateExists:
+		return s.UpdateExists
+	case UpdateMissing:
+		return s.UpdateMissing
+	case DeleteOriginDiffers:
+		return s.DeleteOriginDiffers
+	case UpdateDeleted:
+		return s.UpdateDeleted
+	case DeleteMissing:
+		return s.DeleteMissing
+	case MultipleUniqueConflicts:
+		return s.MultipleUniqueConflicts
+	}
+	return 0
 }

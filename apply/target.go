@@ -613,7 +613,7 @@ func (t *target) checkResult(op batchOp, tag pgconn.CommandTag) {
 		t.stats.inserts.Add(1)
 	case 'U':
 		if tag.RowsAffected() == 0 {
-			t.stats.updateMissing.Add(1)
+			t.stats.conflicts[UpdateMissing].Add(1)
 			t.log.Warn("conflict detected: the row to update does not exist on the target; skipped",
 				"relation", op.rel.name, "conflict", "update_missing")
 			return
@@ -621,7 +621,7 @@ func (t *target) checkResult(op batchOp, tag pgconn.CommandTag) {
 		t.stats.updates.Add(1)
 	case 'D':
 		if tag.RowsAffected() == 0 {
-			t.stats.deleteMissing.Add(1)
+			t.stats.conflicts[DeleteMissing].Add(1)
 			t.log.Warn("conflict detected: the row to delete does not exist on the target; skipped",
 				"relation", op.rel.name, "conflict", "delete_missing")
 			return
