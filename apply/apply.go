@@ -29,6 +29,15 @@ type Applier struct {
 	// serial holds source transactions to apply alone when they come again: they failed, or
 	// had to be rolled back, while applied concurrently with others. Run's goroutine only.
 	serial map[uint32]bool
+
+	said sync.Map // what was said once (see once)
+}
+
+// once runs f the first time key is given.
+func (a *Applier) once(key string, f func()) {
+	if _, loaded := a.said.LoadOrStore(key, true); !loaded {
+		f()
+	}
 }
 
 // New checks cfg and returns an Applier. It does not connect: Run does.

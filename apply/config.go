@@ -123,22 +123,20 @@ type Config struct {
 	// Logger receives progress, conflicts and retries; nil logs nothing.
 	Logger *slog.Logger
 
-	// Origin names the replication origin that marks every target transaction the Applier
-	// commits (pg_replication_origin_session_setup, and pg_replication_origin_xact_setup with the
-	// source transaction's end LSN and commit time, which becomes its commit timestamp), as
-	// PostgreSQL's subscriber does. A publication of the target read with origin = none
+	// Origin, when set, names the replication origin that marks every target transaction the
+	// Applier commits (pg_replication_origin_session_setup, and pg_replication_origin_xact_setup
+	// with the source transaction's end LSN and commit time, which becomes its commit timestamp),
+	// as PostgreSQL's subscriber does. A publication of the target read with origin = none
 	// (SourceOrigin, PostgreSQL 16+) then leaves those transactions out: two databases can
-	// replicate to each other without loops. Worker connections use origins of their own,
-	// Origin + "_w1" and so on (an origin is active in one session at a time); each takes one of
-	// the target's max_active_replication_origins (max_replication_slots before PostgreSQL 18)
-	// for as long as it exists: drop them (pg_replication_origin_drop) when the Applier is gone
-	// for good. "" means "pgreorder_" + the target database's name + "_" + Slot. Setting up an
-	// origin takes a superuser or a role granted EXECUTE on the functions; without it the
-	// Applier says so once and commits without origin (no loop protection, and no
-	// *_origin_differs detection).
+	// replicate to each other without loops; and the target tells the Applier's rows from
+	// others' (*_origin_differs conflicts, with track_commit_timestamp). Worker connections use
+	// origins of their own, Origin + "_w1" and so on (an origin is active in one session at a
+	// time); each is created if missing and takes one of the target's replication origin states
+	// (max_active_replication_origins, max_replication_slots before PostgreSQL 18) for as long
+	// as it exists: drop them (pg_replication_origin_drop) when the Applier is gone for good.
+	// Setting up an origin takes a superuser or a role granted EXECUTE on the functions; without
+	// it the Applier says so once and commits without origin. "" commits without origin.
 	Origin string
-	// NoOrigin commits without replication origin.
-	NoOrigin bool
 	// SourceOrigin is pgoutput's origin option on the source: "" (not sent: every change),
 	// "any", or "none" (PostgreSQL 16+: only changes committed without origin, which leaves out
 	// what another replication, this Applier's reverse included, applied there).
@@ -199,9 +197,6 @@ func (c Config) validate() (Config, error) {
 	case "", "any", "none":
 	default:
 		return bad("SourceOrigin %q (want \"\", any or none)", c.SourceOrigin)
-	}
-	if c.NoOrigin && c.Origin != "" {
-		return bad("Origin and NoOrigin are both set")
 	}
 	var err error
 	if c.Conflicts, err = c.Conflicts.validate(); err != nil {

@@ -97,10 +97,12 @@ const (
 	// ResolveKeepLocal keeps the local rows: like ResolveSkip.
 	ResolveKeepLocal
 	// ResolveLastUpdateWins applies the source change when its commit timestamp is later than
-	// the local row's (for update_deleted: than the deletion's), and keeps the local row
-	// otherwise; equal timestamps are decided by the origins' names, the greater winning, so
-	// that two nodes replicating to each other decide alike. Needs track_commit_timestamp on
-	// the target.
+	// the local rows' (for update_deleted: than the deletion's), and keeps the local rows
+	// otherwise; equal timestamps are decided by the rows' text, the greater winning, so that
+	// two nodes replicating to each other pick the same version. A source transaction applied
+	// before its commit arrived counts as committing now. Needs track_commit_timestamp on the
+	// target (without it the source's change wins), and Config.Origin on both sides so that
+	// the commit timestamps of replicated rows are their source's.
 	ResolveLastUpdateWins
 
 	numResolutions = iota
@@ -169,8 +171,9 @@ type ConflictConfig struct {
 	Resolutions map[ConflictType]Resolution
 	// Retention, when positive, turns on update_deleted detection: the Applier installs on each
 	// target table it writes (and that has a replica identity key) a trigger that records the
-	// key, time and transaction of every deletion not made by the Applier (local ones, and those
-	// of other replications) in TombstoneTable, and purges tombstones older than Retention.
+	// key, time and transaction of every local deletion (not the Applier's own, nor those of
+	// other replications running with session_replication_role = replica) in TombstoneTable,
+	// and purges tombstones older than Retention, a bounded number at a time.
 	// An UPDATE whose row is missing is update_deleted when a tombstone for its key is newer
 	// than the source transaction's commit, update_missing otherwise. While the apply lag
 	// exceeds Retention, tombstones would not cover the source transactions still to come:

@@ -113,6 +113,9 @@ func (s *session) startWorkers(ctx context.Context) error {
 		if err := s.prepareProgress(ctx, tg); err != nil {
 			return err
 		}
+		if err := s.attachConflicts(ctx, tg, i+1); err != nil {
+			return err
+		}
 		s.free <- w
 	}
 	for _, w := range s.workers {
@@ -306,6 +309,7 @@ func (s *session) applyDirect(ctx context.Context, j *job, t *reorderbuffer.Txn)
 		}
 		if !j.begun {
 			tg.begin()
+			tg.source(j.xid, nil)
 			j.begun = true
 		}
 		if err := tg.change(ctx, m, rels); err != nil {
@@ -632,6 +636,7 @@ func (s *session) runJob(ctx context.Context, tg *target, j *job, w *worker) err
 			}
 			if !begun {
 				tg.begin()
+				tg.source(j.xid, nil)
 				begun = true
 			}
 			err = tg.change(ctx, m, rels)
@@ -732,6 +737,7 @@ func (s *session) commitOn(ctx context.Context, tg *target, j *job, begun bool, 
 			return err
 		}
 		durable = s.syncCommit()
+		tg.source(j.xid, j.commit)
 		if err := tg.commit(ctx, s.progress, s.cfg.Slot, j.ref.EndLSN, durable); err != nil {
 			return err
 		}

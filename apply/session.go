@@ -33,6 +33,9 @@ type session struct {
 
 	relBuf [1]*relInfo
 
+	det  *detection // conflict detection; nil when off
+	ours []uint32   // the Applier's replication origins, when it has them
+
 	// Eager and Parallel.
 	cancel    context.CancelCauseFunc // ends the session with the first error
 	wg        sync.WaitGroup          // the workers' and the watchdog's goroutines
@@ -69,6 +72,12 @@ func (a *Applier) session(parent context.Context) (err error) {
 	if err := s.prepareProgress(ctx, s.leader); err != nil {
 		return err
 	}
+	if err := s.setupConflicts(ctx); err != nil {
+		return err
+	}
+	if s.det != nil && s.det.tomb != nil {
+		defer s.det.tomb.start(ctx)()
+	}
 	if !s.leader.replicaRole {
 		s.log.Info("the target role may not set session_replication_role: triggers and foreign keys fire for replicated changes")
 	}
@@ -78,6 +87,7 @@ func (a *Applier) session(parent context.Context) (err error) {
 		Publications:   s.cfg.Publications,
 		CreateSlot:     s.cfg.CreateSlot,
 		Binary:         s.cfg.Binary,
+		Origin:         s.cfg.SourceOrigin,
 		StatusInterval: s.cfg.StatusInterval,
 		Logger:         s.log,
 		Buffer: reorderbuffer.Config{
@@ -234,6 +244,7 @@ func (s *session) runBuffered(ctx context.Context) error {
 func (s *session) applyWhole(ctx context.Context, t *reorderbuffer.Txn) error {
 	tg := s.leader
 	ref := txnRef{Xid: t.Xid, Streamed: t.Streamed, CommitLSN: t.CommitLSN, EndLSN: t.EndLSN}
+	tg.source(t.Xid, t)
 	started := false
 	for m, err := range t.Changes() {
 		if err != nil {

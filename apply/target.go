@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/reorderbuffer"
 )
 
 // Tuning of the statements sent to the target.
@@ -61,12 +62,34 @@ type target struct {
 	shape     []byte
 
 	pendingPrepare []prepare // statements to prepare before the next batch
+
+	// Conflict detection (see conflict_detect.go): nil when off.
+	det     *detection
+	origin  string // the replication origin set up in the session, or ""
+	cinfo   map[*relInfo]*relConflict
+	remote  remoteTxn   // the source transaction being applied
+	reports []*Conflict // the transaction's conflicts, reported once it commits
+	// The batch's statements' parameters, kept (with detection) to resolve their conflicts:
+	// argv[i] aliases arena (nil for NULL), argf[i] is its format (fmtUnchanged: not sent).
+	argv  [][]byte
+	argf  []int16
+	arena []byte
 }
 
 // stmt is a prepared statement for one shape of change of one relation.
 type stmt struct {
 	name    string
 	nparams int
+
+	// With conflict detection: the statement without its checks (plain: a plain INSERT, or an
+	// UPDATE or DELETE whatever origin changed the row last), its parameter types, how its WHERE
+	// identifies the row (where: the shape of the condition, full: REPLICA IDENTITY FULL), and
+	// whether it may violate a unique constraint (risky: an UPDATE that sets a column of one).
+	plain string
+	oids  []uint32
+	where []byte
+	full  bool
+	risky bool
 }
 
 // batchOp describes one statement of a batch, to check its result.
@@ -74,6 +97,14 @@ type batchOp struct {
 	op   byte    // 'I', 'U', 'D', 'T', or 0 for transaction control
 	rel  *relMap // the table, for I, U and D
 	name string  // the tables, for T
+
+	// With conflict detection (see keep): the statement, its parameters argv[arg:arg+narg]
+	// (the identity's from keyAt on), and for an UPDATE the new row argv[row:row+nrow].
+	st        *stmt
+	arg, narg int32
+	keyAt     int32
+	row, nrow int32
+	guarded   bool // sent after SAVEPOINT pgr_guard: a unique violation is an update_exists
 }
 
 // connectTarget opens a connection to the target with the session settings apply relies on.
@@ -171,6 +202,8 @@ func (t *target) rollbackTo(ctx context.Context, sub uint32) error {
 func (t *target) rollback(ctx context.Context) error {
 	t.dropInserts()
 	t.batch, t.ops, t.bytes = nil, t.ops[:0], 0
+	t.resetArgs()
+	t.dropReports()
 	if !t.inTxn {
 		return nil
 	}
@@ -193,6 +226,9 @@ func (t *target) commit(ctx context.Context, progress *stmt, slot string, end LS
 		return err
 	}
 	t.newBatch()
+	if t.origin != "" {
+		t.originXact(end)
+	}
 	t.batch.ExecPrepared(progress.name, [][]byte{[]byte(slot), end.AppendText(nil)}, nil, nil)
 	t.ops = append(t.ops, batchOp{})
 	if sync && !t.cfg.SynchronousCommit {
@@ -205,10 +241,24 @@ func (t *target) commit(ctx context.Context, progress *stmt, slot string, end LS
 		if errors.As(err, &ce) && ce.op == "" {
 			ce.op = "COMMIT" // a deferred constraint
 		}
+		t.dropReports()
 		return err
 	}
 	t.stats.applied(end)
+	if t.det != nil && t.det.tomb != nil {
+		t.det.tomb.committed(t.remote.commitTime)
+	}
+	t.emitReports()
 	return nil
+}
+
+// source names the source transaction the target applies, for conflict reports and the
+// origin's commit time: its xid, and once its commit arrived, c.
+func (t *target) source(xid uint32, c *reorderbuffer.Txn) {
+	t.remote = remoteTxn{xid: xid}
+	if c != nil {
+		t.remote.commitTime, t.remote.origin, t.remote.end = c.CommitTime, c.Origin, c.EndLSN
+	}
 }
 
 // flushWAL commits a transaction that only takes an xid, synchronously: the target flushes its
@@ -342,10 +392,23 @@ func (t *target) flushInserts(ctx context.Context) error {
 		t.flushInsertsToBatch()
 		return t.maybeFlush(ctx)
 	}
+	m, n := t.ins, t.insRows
+	guard := false
+	if t.det != nil {
+		rc, err := t.conflictInfo(ctx, m)
+		if err != nil {
+			return err
+		}
+		// A unique violation must not abort the transaction: the COPY goes after a savepoint,
+		// and on a violation the run is sent again as INSERT ... ON CONFLICT DO NOTHING.
+		guard = rc.onConflict
+	}
+	if guard {
+		t.control("SAVEPOINT pgr_copy")
+	}
 	if err := t.flushBatch(ctx); err != nil {
 		return err
 	}
-	m, n := t.ins, t.insRows
 	fields := make([]field, len(m.cols))
 	buf := t.copyBuf[:0]
 	var sql string
@@ -366,7 +429,6 @@ func (t *target) flushInserts(ctx context.Context) error {
 		}
 		sql = "COPY " + m.name + " " + m.copyCols + " FROM STDIN"
 	}
-	t.dropInserts()
 	t.copyBuf = buf
 	if cap(t.copyBuf) > 4*insertBufMax {
 		t.copyBuf = nil
@@ -374,8 +436,21 @@ func (t *target) flushInserts(ctx context.Context) error {
 	t.stats.roundTrips.Add(1)
 	t.stats.statements.Add(1)
 	tag, err := t.conn.CopyFrom(ctx, bytes.NewReader(buf), sql)
+	if err != nil && guard && isViolation(err) {
+		t.stats.roundTrips.Add(1)
+		if err := t.conn.Exec(ctx, "ROLLBACK TO SAVEPOINT pgr_copy; RELEASE SAVEPOINT pgr_copy").Close(); err != nil {
+			t.dropInserts()
+			return err
+		}
+		t.flushInsertsToBatch()
+		return t.flushBatch(ctx)
+	}
+	t.dropInserts()
 	if err != nil {
 		return t.statementError(batchOp{op: 'I', rel: m}, err)
+	}
+	if guard {
+		t.control("RELEASE SAVEPOINT pgr_copy")
 	}
 	if tag.RowsAffected() != int64(n) {
 		return &changeError{op: "INSERT", relation: m.name, err: fmt.Errorf("COPY inserted %d rows, want %d", tag.RowsAffected(), n)}
@@ -458,7 +533,7 @@ func nonNil(b []byte) []byte {
 }
 
 func (t *target) insertStmt(m *relMap) *stmt {
-	return t.prepared(m.info, "I", func() (string, []uint32) {
+	return t.prepared(m, "I", func() (string, []uint32) {
 		var b []byte
 		b = append(b, "INSERT INTO "+m.name+" "+m.copyCols+" VALUES ("...)
 		oids := make([]uint32, len(m.cols))
@@ -476,7 +551,8 @@ func (t *target) insertStmt(m *relMap) *stmt {
 
 // prepared returns the statement of the given shape for ri, preparing it (lazily, with the
 // next batch) the first time.
-func (t *target) prepared(ri *relInfo, shape string, build func() (string, []uint32)) *stmt {
+func (t *target) prepared(m *relMap, shape string, build func() (string, []uint32)) *stmt {
+	ri := m.info
 	byShape := t.stmts[ri]
 	if byShape == nil {
 		byShape = map[string]*stmt{}
@@ -488,6 +564,10 @@ func (t *target) prepared(ri *relInfo, shape string, build func() (string, []uin
 	sql, oids := build()
 	t.nextStmt++
 	s := &stmt{name: "pgr_" + strconv.Itoa(t.nextStmt), nparams: len(oids)}
+	if t.det != nil {
+		s.plain, s.oids = sql, oids
+		sql = t.checkedSQL(m, s, shape)
+	}
 	byShape[shape] = s
 	// Shapes begin with the statement's kind: 'I', 'U' or 'D'.
 	t.pendingPrepare = append(t.pendingPrepare, prepare{s: s, sql: sql, oids: oids, op: shape[0], rel: ri.qualifiedSource()})
@@ -504,6 +584,10 @@ type prepare struct {
 
 // queue appends an execution of s to the batch.
 func (t *target) queue(s *stmt, params [][]byte, formats []int16, op batchOp) {
+	if t.det != nil {
+		op.st = s
+		op.arg, op.narg = t.keep(params, formats)
+	}
 	t.newBatch()
 	if allZero(formats) {
 		formats = nil
@@ -547,7 +631,8 @@ func (t *target) flushBatch(ctx context.Context) error {
 	t.stats.statements.Add(int64(len(ops)))
 	mrr := t.conn.ExecBatch(ctx, b)
 	i := 0
-	var first error
+	var first, failed error
+	var missed []int // ops that met no row or a conflict: resolved once the batch is done
 	for mrr.NextResult() {
 		tag, err := mrr.ResultReader().Close()
 		if i >= len(ops) {
@@ -556,8 +641,12 @@ func (t *target) flushBatch(ctx context.Context) error {
 		op := ops[i]
 		i++
 		if err != nil {
-			first = t.statementError(op, err)
+			first, failed = t.statementError(op, err), err
 			break
+		}
+		if t.det != nil && op.st != nil && tag.RowsAffected() == 0 {
+			missed = append(missed, i-1)
+			continue
 		}
 		t.checkResult(op, tag)
 	}
@@ -567,10 +656,23 @@ func (t *target) flushBatch(ctx context.Context) error {
 		op := batchOp{}
 		if i < len(ops) {
 			op = ops[i]
+			i++
 		}
-		first = t.statementError(op, err)
+		first, failed = t.statementError(op, err), err
 	}
-	return first
+	defer t.resetArgs()
+	if first != nil {
+		if i > 0 && ops[i-1].guarded && isViolation(failed) {
+			return t.updateExists(ctx, ops[i-1], first)
+		}
+		return first
+	}
+	for _, j := range missed {
+		if err := t.resolveMissed(ctx, ops[j]); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // statementError describes the failure of a statement of a batch.
@@ -780,7 +882,7 @@ func (t *target) update(ctx context.Context, m *relMap, u *decoding.Update) erro
 	}
 	t.params, t.formats = params, formats
 	shape := t.shape
-	st := t.prepared(m.info, string(shape), func() (string, []uint32) {
+	st := t.prepared(m, string(shape), func() (string, []uint32) {
 		b := []byte("UPDATE " + m.name + " SET ")
 		var oids []uint32
 		n := 1
@@ -806,8 +908,11 @@ func (t *target) update(ctx context.Context, m *relMap, u *decoding.Update) erro
 		}
 		return string(b), oids
 	})
-	t.queue(st, params, formats, batchOp{op: 'U', rel: m})
-	return t.maybeFlush(ctx)
+	if t.det == nil {
+		t.queue(st, params, formats, batchOp{op: 'U', rel: m})
+		return t.maybeFlush(ctx)
+	}
+	return t.queueUpdate(ctx, m, st, u, whereAt, full, params, formats, sets)
 }
 
 func (t *target) identityError(m *relMap, op string) error {
@@ -839,7 +944,7 @@ func (t *target) delete(ctx context.Context, m *relMap, d *decoding.Delete) erro
 	}
 	t.params, t.formats = params, formats
 	shape := t.shape
-	st := t.prepared(m.info, string(shape), func() (string, []uint32) {
+	st := t.prepared(m, string(shape), func() (string, []uint32) {
 		b := []byte("DELETE FROM " + m.name + " ")
 		cond, oids := whereSQL(nil, m, shape[1:], full, 1, nil)
 		if full {

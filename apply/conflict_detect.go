@@ -1,0 +1,735 @@
+package apply
+
+import (
+	"bytes"
+	"context"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgreorder/pgreorder/decoding"
+)
+
+// Conflict detection keeps the applier's fast paths as they are and pays only where something
+// conflicts:
+//
+//   - Inserts go as INSERT ... ON CONFLICT DO NOTHING (short runs) or through COPY after a
+//     savepoint (long runs; on a unique violation the run is rolled back to it and sent again
+//     as INSERT ... ON CONFLICT DO NOTHING). An insert that affects no row met a unique index:
+//     the local rows of every unique index are looked up, and the conflict reported
+//     (insert_exists, or multiple_unique_conflicts when several indexes conflict).
+//   - Updates and deletes are sent as before, plus, when the target tracks commit timestamps
+//     and the Applier has a replication origin, a condition that the row was last changed by
+//     one of the Applier's origins. One that affects no row is looked up: found, the row was
+//     changed by another origin (*_origin_differs); missing, it is update_missing (or
+//     update_deleted when a tombstone for its key is newer than the source transaction) or
+//     delete_missing.
+//   - An update that sets a column of a unique index goes alone after a savepoint; a unique
+//     violation rolls back to it and is update_exists (or multiple_unique_conflicts).
+//
+// Lookups and resolutions run on the connection applying the transaction, inside it.
+
+// detection is what a session knows about the target for conflict detection; shared by its
+// targets, read-only once made.
+type detection struct {
+	cfg     *ConflictConfig
+	trackTS bool     // the target has track_commit_timestamp on
+	ours    []uint32 // the Applier's replication origins' ids, when it has origins
+	origin  string   // the Applier's (the leader's) origin name, or ""
+	tomb    *tombstones
+	log     *slog.Logger
+}
+
+// originCheck reports whether updates and deletes check the origin of the row they change.
+func (d *detection) originCheck() bool { return d.trackTS && len(d.ours) > 0 }
+
+// remoteTxn is the source transaction a target applies, as conflict reports name it.
+type remoteTxn struct {
+	xid        uint32
+	commitTime time.Time // zero until known (a transaction applied before its commit arrived)
+	origin     string
+	end        LSN
+}
+
+// relConflict is what detection needs of a target table: its unique indexes.
+type relConflict struct {
+	unique []uniqueIndex
+	// onConflict: inserts may use ON CONFLICT DO NOTHING (the table has unique or exclusion
+	// indexes, none deferrable).
+	onConflict bool
+	inUnique   []bool // per source column: part of a unique index
+}
+
+type uniqueIndex struct {
+	name string
+	cols []int // source columns; nil when the index uses a column the source does not send or an expression
+}
+
+const uniqueQuery = `SELECT c.relname, i.indimmediate, i.indisunique AND i.indexprs IS NULL AND i.indpred IS NULL,
+	coalesce((SELECT pg_catalog.string_agg(a.attname, ',' ORDER BY k.o) FROM pg_catalog.unnest(i.indkey) WITH ORDINALITY k(n, o)
+		JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.n), '')
+FROM pg_catalog.pg_index i JOIN pg_catalog.pg_class c ON c.oid = i.indexrelid
+WHERE i.indrelid = $1::oid AND (i.indisunique OR i.indisexclusion) AND i.indisvalid AND i.indislive
+ORDER BY c.relname`
+
+// conflictInfo returns the unique indexes of m's target table, read the first time.
+func (t *target) conflictInfo(ctx context.Context, m *relMap) (*relConflict, error) {
+	if rc := t.cinfo[m.info]; rc != nil {
+		return rc, nil
+	}
+	rows, err := query(ctx, t.conn, uniqueQuery, strconv.FormatUint(uint64(m.oid), 10))
+	if err != nil {
+		return nil, fmt.Errorf("apply: reading the unique indexes of %s: %w", m.name, err)
+	}
+	byName := map[string]int{}
+	for i, c := range m.info.rel.Columns {
+		byName[c.Name] = i
+	}
+	rc := &relConflict{onConflict: len(rows) > 0, inUnique: make([]bool, len(m.cols))}
+	for _, r := range rows {
+		if string(r[1]) != "t" {
+			rc.onConflict = false // deferrable: ON CONFLICT refuses it as an arbiter
+		}
+		if string(r[2]) != "t" {
+			continue // exclusion constraint, expression or partial index: not looked up
+		}
+		ix := uniqueIndex{name: string(r[0])}
+		for name := range strings.SplitSeq(string(r[3]), ",") {
+			i, ok := byName[name]
+			if !ok {
+				ix.cols = nil
+				break
+			}
+			ix.cols = append(ix.cols, i)
+			rc.inUnique[i] = true
+		}
+		if ix.cols != nil {
+			rc.unique = append(rc.unique, ix)
+		}
+	}
+	if t.cinfo == nil {
+		t.cinfo = map[*relInfo]*relConflict{}
+	}
+	t.cinfo[m.info] = rc
+	if t.det.tomb != nil && !m.full && len(m.key) > 0 {
+		t.det.tomb.want(m)
+	}
+	return rc, nil
+}
+
+// checkedSQL is the statement s sends with detection: plain plus its check.
+func (t *target) checkedSQL(m *relMap, s *stmt, shape string) string {
+	switch shape[0] {
+	case 'I':
+		rc, err := t.conflictInfo(context.Background(), m)
+		if err == nil && rc.onConflict {
+			return s.plain + " ON CONFLICT DO NOTHING"
+		}
+	case 'U', 'D':
+		s.full = m.full
+		if shape[0] == 'D' {
+			s.where = []byte(shape[1:])
+		}
+		if t.det.originCheck() {
+			ids := make([]string, len(t.det.ours))
+			for i, id := range t.det.ours {
+				ids[i] = "'" + strconv.FormatUint(uint64(id), 10) + "'"
+			}
+			// A row last changed by a transaction without commit timestamp (frozen, older than
+			// the tracking, or this one) counts as the Applier's.
+			return s.plain + " AND COALESCE((pg_catalog.pg_xact_commit_timestamp_origin(xmin)).roident, " +
+				ids[0] + ") IN (" + strings.Join(ids, ", ") + ")"
+		}
+	}
+	return s.plain
+}
+
+// fmtUnchanged marks a kept value the source did not send (an unchanged TOASTed value).
+const fmtUnchanged = -1
+
+// keep copies a statement's parameters for conflict resolution; it returns where they are.
+func (t *target) keep(params [][]byte, formats []int16) (at, n int32) {
+	at = int32(len(t.argv))
+	for i, p := range params {
+		var f int16
+		if i < len(formats) {
+			f = formats[i]
+		}
+		t.argf = append(t.argf, f)
+		if p == nil {
+			t.argv = append(t.argv, nil)
+			continue
+		}
+		start := len(t.arena)
+		t.arena = append(t.arena, p...)
+		t.argv = append(t.argv, t.arena[start:len(t.arena):len(t.arena)])
+	}
+	return at, int32(len(params))
+}
+
+// keepTuple copies a source row.
+func (t *target) keepTuple(tup decoding.Tuple) (at, n int32) {
+	at = int32(len(t.argv))
+	for _, c := range tup {
+		switch c.Kind {
+		case decoding.ColumnNull:
+			t.argv, t.argf = append(t.argv, nil), append(t.argf, 0)
+		case decoding.ColumnUnchanged:
+			t.argv, t.argf = append(t.argv, nil), append(t.argf, fmtUnchanged)
+		default:
+			f := int16(0)
+			if c.Kind == decoding.ColumnBinary {
+				f = 1
+			}
+			start := len(t.arena)
+			t.arena = append(t.arena, c.Data...)
+			t.argv, t.argf = append(t.argv, t.arena[start:len(t.arena):len(t.arena)]), append(t.argf, f)
+		}
+	}
+	return at, int32(len(tup))
+}
+
+// kept returns kept values; the arena is not reused until resetArgs.
+func (t *target) kept(at, n int32) ([][]byte, []int16) {
+	return t.argv[at : at+n : at+n], t.argf[at : at+n : at+n]
+}
+
+func (t *target) resetArgs() {
+	if t.det == nil {
+		return
+	}
+	clear(t.argv)
+	t.argv, t.argf, t.arena = t.argv[:0], t.argf[:0], t.arena[:0]
+	if cap(t.arena) > 4*batchMaxBytes {
+		t.arena = nil
+	}
+}
+
+// queueUpdate queues an UPDATE with detection: kept for resolution, and alone after a
+// savepoint when it may violate a unique constraint.
+func (t *target) queueUpdate(ctx context.Context, m *relMap, st *stmt, u *decoding.Update, whereAt int, full bool,
+	params [][]byte, formats []int16, sets int) error {
+	if st.where == nil {
+		st.where, st.full = bytes.Clone(t.shape[whereAt:]), full
+		rc, err := t.conflictInfo(ctx, m)
+		if err != nil {
+			return err
+		}
+		for i, s := range t.shape[1:whereAt] {
+			if s != 0 && rc.inUnique[i] {
+				st.risky = true
+			}
+		}
+	}
+	op := batchOp{op: 'U', rel: m, keyAt: int32(sets), guarded: st.risky}
+	if st.risky {
+		if err := t.flushBatch(ctx); err != nil {
+			return err
+		}
+		t.control("SAVEPOINT pgr_guard")
+	}
+	op.row, op.nrow = t.keepTuple(u.New)
+	t.queue(st, params, formats, op)
+	if st.risky {
+		t.control("RELEASE SAVEPOINT pgr_guard")
+		return t.flushBatch(ctx)
+	}
+	return t.maybeFlush(ctx)
+}
+
+// isViolation reports whether err is a unique or exclusion constraint violation.
+func isViolation(err error) bool {
+	return isCode(err, "23505") || isCode(err, "23P01")
+}
+
+// exec runs one statement of conflict resolution and returns its rows as text.
+func (t *target) exec(ctx context.Context, sql string, params [][]byte, oids []uint32, formats []int16) (*pgconn.Result, error) {
+	t.stats.roundTrips.Add(1)
+	t.stats.statements.Add(1)
+	if allZero(formats) {
+		formats = nil
+	}
+	res := t.conn.ExecParams(ctx, sql, params, oids, formats, nil).Read()
+	return res, res.Err
+}
+
+// localQuery selects the rows of m that cond (with parameters from $1) names, with what a
+// report says of them: xmin, tableoid, ctid, the source columns, and with commit timestamps
+// the commit time (microseconds since the epoch) and origin name.
+func (t *target) localQuery(m *relMap, cond []byte) string {
+	var b strings.Builder
+	b.WriteString("SELECT r.*")
+	if t.det.trackTS {
+		b.WriteString(`, (pg_catalog.date_part('epoch', ts."timestamp") * 1000000)::int8, o.roname`)
+	}
+	b.WriteString(" FROM (SELECT xmin AS pgr_xmin, tableoid AS pgr_tableoid, ctid AS pgr_ctid")
+	for _, c := range m.cols {
+		b.WriteString(", " + c.name)
+	}
+	b.WriteString(" FROM " + m.name + " WHERE ")
+	b.Write(cond)
+	b.WriteString(") r")
+	if t.det.trackTS {
+		b.WriteString(" LEFT JOIN LATERAL pg_catalog.pg_xact_commit_timestamp_origin(r.pgr_xmin) ts ON true" +
+			" LEFT JOIN pg_catalog.pg_replication_origin o ON o.roident = ts.roident")
+	}
+	return b.String()
+}
+
+// localRow is a row localQuery returned.
+type localRow struct {
+	LocalRow
+	tableoid, ctid string
+}
+
+func (t *target) parseLocal(m *relMap, r [][]byte) localRow {
+	var l localRow
+	x, _ := strconv.ParseUint(string(r[0]), 10, 32)
+	l.Xid = uint32(x)
+	l.tableoid, l.ctid = string(r[1]), string(r[2])
+	n := len(m.cols)
+	l.Row = make([]ColumnValue, n)
+	for i := range n {
+		l.Row[i] = ColumnValue{Name: m.info.rel.Columns[i].Name, Value: textValue(r[3+i], 0)}
+	}
+	if t.det.trackTS && len(r) >= 5+n {
+		if r[3+n] != nil {
+			us, _ := strconv.ParseInt(string(r[3+n]), 10, 64)
+			l.CommitTime = time.UnixMicro(us).UTC()
+		}
+		if r[4+n] != nil {
+			l.Origin = string(r[4+n])
+		}
+	}
+	return l
+}
+
+// textValue renders a value for a report: text as it is, binary as \x hex, nil for NULL.
+func textValue(v []byte, format int16) *string {
+	switch {
+	case format == fmtUnchanged:
+		s := "unchanged"
+		return &s
+	case v == nil:
+		return nil
+	case format == 1:
+		s := `\x` + hex.EncodeToString(v)
+		return &s
+	}
+	s := string(v)
+	return &s
+}
+
+// identityOf describes the replica identity op names.
+func identityOf(m *relMap, st *stmt, key [][]byte, formats []int16) []ColumnValue {
+	var out []ColumnValue
+	k := 0
+	add := func(i int, s byte) {
+		cv := ColumnValue{Name: m.info.rel.Columns[i].Name}
+		if s == 1 && k < len(key) {
+			cv.Value = textValue(key[k], formats[k])
+			k++
+		}
+		out = append(out, cv)
+	}
+	if st.full {
+		for i, s := range st.where {
+			if s != 0 {
+				add(i, s)
+			}
+		}
+	} else {
+		for j, i := range m.key {
+			add(i, st.where[j])
+		}
+	}
+	return out
+}
+
+// rowOf describes a kept source row.
+func rowOf(m *relMap, row [][]byte, formats []int16) []ColumnValue {
+	out := make([]ColumnValue, 0, len(row))
+	for i, v := range row {
+		if formats[i] == fmtUnchanged {
+			continue
+		}
+		out = append(out, ColumnValue{Name: m.info.rel.Columns[i].Name, Value: textValue(v, formats[i])})
+	}
+	return out
+}
+
+// newConflict starts the report of a conflict of the transaction being applied.
+func (t *target) newConflict(ct ConflictType, m *relMap) *Conflict {
+	c := &Conflict{Type: ct, Relation: m.name, RemoteXid: t.remote.xid, RemoteFinalLSN: t.remote.end,
+		RemoteCommitTime: t.remote.commitTime, RemoteOrigin: t.remote.origin}
+	return c
+}
+
+// resolve decides what to do about c: it returns whether to apply the source change, or an
+// error when the resolution is ResolveError. The report is kept until the transaction commits.
+func (t *target) resolve(c *Conflict, op string) (bool, error) {
+	r := t.det.cfg.resolution(c.Type)
+	apply := false
+	switch r {
+	case ResolveApplyRemote:
+		apply = true
+	case ResolveLastUpdateWins:
+		apply = t.remoteWins(c)
+		if apply {
+			r, c.Winner = ResolveApplyRemote, "remote"
+		} else {
+			r, c.Winner = ResolveKeepLocal, "local"
+		}
+	case ResolveError:
+		c.Resolution = r
+		t.stats.conflicts[c.Type].Add(1)
+		c.log(t.log, slog.LevelError)
+		return false, &changeError{kind: ErrConflict, op: op, relation: c.Relation, err: &ConflictError{Conflict: c}}
+	}
+	c.Resolution = r
+	t.reports = append(t.reports, c)
+	return apply, nil
+}
+
+// remoteWins compares the source transaction's commit time with the local rows' (for
+// update_deleted, the deletion's): the later wins. A source transaction whose commit has not
+// arrived yet commits after now. Equal times are decided by the rows' text, the greater
+// winning, so that two nodes replicating to each other pick the same version.
+func (t *target) remoteWins(c *Conflict) bool {
+	rt := t.remote.commitTime
+	if rt.IsZero() {
+		rt = time.Now()
+	}
+	for _, l := range c.Local {
+		switch {
+		case l.CommitTime.IsZero() || l.CommitTime.Before(rt):
+		case l.CommitTime.After(rt):
+			return false
+		default:
+			if rowText(l.Row) >= rowText(c.Remote) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+func rowText(row []ColumnValue) string {
+	var b strings.Builder
+	for _, c := range row {
+		if c.Value == nil {
+			b.WriteString("\x00N")
+		} else {
+			b.WriteString("\x00V" + *c.Value)
+		}
+	}
+	return b.String()
+}
+
+// emitReports logs and counts the conflicts of the transaction that just committed.
+func (t *target) emitReports() {
+	for _, c := range t.reports {
+		t.stats.conflicts[c.Type].Add(1)
+		c.log(t.log, slog.LevelWarn)
+	}
+	t.dropReports()
+}
+
+func (t *target) dropReports() {
+	clear(t.reports)
+	t.reports = t.reports[:0]
+}
+
+// resolveMissed resolves a checked statement that affected no row.
+func (t *target) resolveMissed(ctx context.Context, op batchOp) error {
+	switch op.op {
+	case 'I':
+		return t.insertConflict(ctx, op)
+	case 'U', 'D':
+		return t.rowMissed(ctx, op)
+	}
+	return nil
+}
+
+// uniqueLocals looks up, for each unique index of m, the local row holding the key of row;
+// skip names a row not to count (the one an UPDATE changes).
+func (t *target) uniqueLocals(ctx context.Context, m *relMap, row [][]byte, formats []int16, skip *localRow) ([]LocalRow, []localRow, error) {
+	rc, err := t.conflictInfo(ctx, m)
+	if err != nil {
+		return nil, nil, err
+	}
+	var reps []LocalRow
+	var rows []localRow
+	for _, ix := range rc.unique {
+		var cond []byte
+		var params [][]byte
+		var fmts []int16
+		var oids []uint32
+		var key []ColumnValue
+		usable := true
+		for j, i := range ix.cols {
+			if row[i] == nil || formats[i] == fmtUnchanged {
+				usable = false // NULLs do not conflict; an unsent value cannot be compared
+				break
+			}
+			if j > 0 {
+				cond = append(cond, " AND "...)
+			}
+			cond = append(cond, m.cols[i].name+" = $"+strconv.Itoa(j+1)...)
+			params, fmts, oids = append(params, row[i]), append(fmts, formats[i]), append(oids, m.cols[i].typeOID)
+			key = append(key, ColumnValue{Name: m.info.rel.Columns[i].Name, Value: textValue(row[i], formats[i])})
+		}
+		if !usable {
+			continue
+		}
+		res, err := t.exec(ctx, t.localQuery(m, cond), params, oids, fmts)
+		if err != nil {
+			return nil, nil, err
+		}
+		for _, r := range res.Rows {
+			l := t.parseLocal(m, r)
+			if skip != nil && l.tableoid == skip.tableoid && l.ctid == skip.ctid {
+				continue
+			}
+			l.Index, l.Key = ix.name, key
+			reps = append(reps, l.LocalRow)
+			rows = append(rows, l)
+		}
+	}
+	return reps, rows, nil
+}
+
+// deleteLocals deletes the local rows (once each).
+func (t *target) deleteLocals(ctx context.Context, m *relMap, rows []localRow) error {
+	seen := map[string]bool{}
+	for _, l := range rows {
+		k := l.tableoid + "/" + l.ctid
+		if seen[k] {
+			continue
+		}
+		seen[k] = true
+		_, err := t.exec(ctx, "DELETE FROM "+m.name+" WHERE tableoid = $1::oid AND ctid = $2::tid",
+			[][]byte{[]byte(l.tableoid), []byte(l.ctid)}, nil, nil)
+		if err != nil {
+			return t.statementError(batchOp{op: 'D', rel: m}, err)
+		}
+	}
+	return nil
+}
+
+// insertConflict resolves an INSERT ... ON CONFLICT DO NOTHING that inserted nothing.
+func (t *target) insertConflict(ctx context.Context, op batchOp) error {
+	m := op.rel
+	row, formats := t.kept(op.arg, op.narg)
+	reps, rows, err := t.uniqueLocals(ctx, m, row, formats, nil)
+	if err != nil {
+		return err
+	}
+	plain := func() error {
+		if _, err := t.exec(ctx, op.st.plain, row, op.st.oids, formats); err != nil {
+			return t.statementError(op, err)
+		}
+		t.stats.inserts.Add(1)
+		return nil
+	}
+	if len(reps) == 0 {
+		// Gone meanwhile, or an exclusion constraint: the plain INSERT says which.
+		return plain()
+	}
+	ct := InsertExists
+	if len(reps) > 1 {
+		ct = MultipleUniqueConflicts
+	}
+	c := t.newConflict(ct, m)
+	c.Remote, c.Local = rowOf(m, row, formats), reps
+	apply, err := t.resolve(c, "INSERT")
+	if err != nil || !apply {
+		return err
+	}
+	if err := t.deleteLocals(ctx, m, rows); err != nil {
+		return err
+	}
+	return plain()
+}
+
+// rowMissed resolves an UPDATE or DELETE that changed no row: its row was changed by another
+// origin, or is missing (or was deleted).
+func (t *target) rowMissed(ctx context.Context, op batchOp) error {
+	m, st := op.rel, op.st
+	params, formats := t.kept(op.arg, op.narg)
+	key, keyFormats := params[op.keyAt:], formats[op.keyAt:]
+	var remote []ColumnValue
+	var newRow [][]byte
+	var newFormats []int16
+	if op.op == 'U' {
+		newRow, newFormats = t.kept(op.row, op.nrow)
+		remote = rowOf(m, newRow, newFormats)
+	}
+	opName := opName(op.op)
+	if t.det.originCheck() {
+		cond, oids := whereSQL(nil, m, st.where, st.full, 1, nil)
+		if st.full {
+			cond = append(cond, " LIMIT 1"...)
+		}
+		res, err := t.exec(ctx, t.localQuery(m, cond), key, oids, keyFormats)
+		if err != nil {
+			return err
+		}
+		if len(res.Rows) > 0 {
+			l := t.parseLocal(m, res.Rows[0])
+			ct := UpdateOriginDiffers
+			if op.op == 'D' {
+				ct = DeleteOriginDiffers
+			}
+			c := t.newConflict(ct, m)
+			c.Remote, c.Identity, c.IdentityFull, c.Local = remote, identityOf(m, st, key, keyFormats), st.full, []LocalRow{l.LocalRow}
+			apply, err := t.resolve(c, opName)
+			if err != nil || !apply {
+				return err
+			}
+			if _, err := t.exec(ctx, st.plain, params, st.oids, formats); err != nil {
+				if op.guarded && isViolation(err) {
+					return t.statementError(op, err)
+				}
+				return t.statementError(op, err)
+			}
+			t.checkResult(batchOp{op: op.op}, pgconn.NewCommandTag("X 1"))
+			return nil
+		}
+	}
+	if op.op == 'D' {
+		c := t.newConflict(DeleteMissing, m)
+		c.Identity, c.IdentityFull = identityOf(m, st, key, keyFormats), st.full
+		_, err := t.resolve(c, opName)
+		if err == nil && c.Resolution == ResolveApplyRemote {
+			c.Note = "no row to delete"
+		}
+		return err
+	}
+	ct := UpdateMissing
+	var deleted *LocalRow
+	if t.det.tomb != nil && !st.full && len(m.key) > 0 {
+		d, err := t.det.tomb.lookup(ctx, t, m, key, keyFormats)
+		if err != nil {
+			return err
+		}
+		rt := t.remote.commitTime
+		if d != nil && (rt.IsZero() || d.CommitTime.After(rt)) {
+			ct, deleted = UpdateDeleted, d
+		}
+	}
+	c := t.newConflict(ct, m)
+	c.Remote, c.Identity, c.IdentityFull = remote, identityOf(m, st, key, keyFormats), st.full
+	if deleted != nil {
+		c.Local = []LocalRow{*deleted}
+	}
+	apply, err := t.resolve(c, opName)
+	if err != nil || !apply {
+		return err
+	}
+	// The source's change wins: insert its new row, when the source sent all of it.
+	if slices.Contains(newFormats, fmtUnchanged) {
+		c.Note = "the source did not send every column (unchanged TOASTed values): not inserted"
+		return nil
+	}
+	ins := t.insertStmt(m)
+	if err := t.prepareStatements(ctx); err != nil {
+		return err
+	}
+	sql := ins.plain
+	if sql == "" {
+		sql = t.insertSQL(m)
+	}
+	if _, err := t.exec(ctx, sql, newRow, t.insertOIDs(m), newFormats); err != nil {
+		return t.statementError(batchOp{op: 'I', rel: m}, err)
+	}
+	t.stats.inserts.Add(1)
+	return nil
+}
+
+// insertSQL is the plain INSERT of every source column of m.
+func (t *target) insertSQL(m *relMap) string {
+	var b strings.Builder
+	b.WriteString("INSERT INTO " + m.name + " " + m.copyCols + " VALUES (")
+	for i := range m.cols {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString("$" + strconv.Itoa(i+1))
+	}
+	b.WriteString(")")
+	return b.String()
+}
+
+func (t *target) insertOIDs(m *relMap) []uint32 {
+	oids := make([]uint32, len(m.cols))
+	for i, c := range m.cols {
+		oids[i] = c.typeOID
+	}
+	return oids
+}
+
+// updateExists resolves a guarded UPDATE that violated a unique constraint: the transaction is
+// rolled back to the guard, the conflicting local rows looked up.
+func (t *target) updateExists(ctx context.Context, op batchOp, cause error) error {
+	t.stats.roundTrips.Add(1)
+	if err := t.conn.Exec(ctx, "ROLLBACK TO SAVEPOINT pgr_guard; RELEASE SAVEPOINT pgr_guard").Close(); err != nil {
+		return err
+	}
+	m, st := op.rel, op.st
+	params, formats := t.kept(op.arg, op.narg)
+	key, keyFormats := params[op.keyAt:], formats[op.keyAt:]
+	newRow, newFormats := t.kept(op.row, op.nrow)
+	// The row being updated is not a conflict of its own update.
+	cond, oids := whereSQL(nil, m, st.where, st.full, 1, nil)
+	if st.full {
+		cond = append(cond, " LIMIT 1"...)
+	}
+	res, err := t.exec(ctx, t.localQuery(m, cond), key, oids, keyFormats)
+	if err != nil {
+		return err
+	}
+	var self *localRow
+	if len(res.Rows) > 0 {
+		l := t.parseLocal(m, res.Rows[0])
+		self = &l
+		// Values the source did not send are the local row's.
+		for i, f := range newFormats {
+			if f == fmtUnchanged && l.Row[i].Value != nil {
+				newRow[i], newFormats[i] = []byte(*l.Row[i].Value), 0
+			}
+		}
+	}
+	reps, rows, err := t.uniqueLocals(ctx, m, newRow, newFormats, self)
+	if err != nil {
+		return err
+	}
+	if len(reps) == 0 {
+		return cause // an exclusion constraint, or not a conflict this can resolve
+	}
+	ct := UpdateExists
+	if len(reps) > 1 {
+		ct = MultipleUniqueConflicts
+	}
+	c := t.newConflict(ct, m)
+	c.Remote, c.Identity, c.IdentityFull, c.Local = rowOf(m, newRow, newFormats), identityOf(m, st, key, keyFormats), st.full, reps
+	apply, err := t.resolve(c, "UPDATE")
+	if err != nil || !apply {
+		return err
+	}
+	if err := t.deleteLocals(ctx, m, rows); err != nil {
+		return err
+	}
+	tag, err := t.exec(ctx, st.plain, params, st.oids, formats)
+	if err != nil {
+		return t.statementError(op, err)
+	}
+	t.checkResult(batchOp{op: 'U', rel: m}, tag.CommandTag)
+	return nil
+}

@@ -1,0 +1,367 @@
+package apply
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgreorder/pgreorder/internal/pgtest"
+)
+
+// conflictServer starts a server of the major with track_commit_timestamp on, stopped at the end
+// of t.
+func conflictServer(t *testing.T, major int) *pgtest.Server {
+	t.Helper()
+	var in pgtest.Install
+	for _, i := range pgtest.FindInstalls() {
+		if i.Major == major {
+			in = i
+		}
+	}
+	if in.Major == 0 {
+		pgtest.Unavailable(t, fmt.Sprintf("PostgreSQL %d is not installed", major))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	srv, err := pgtest.Start(ctx, in, pgtest.Options{Settings: map[string]string{"track_commit_timestamp": "on"}})
+	must(t, err)
+	t.Cleanup(func() {
+		if err := srv.Stop(); err != nil {
+			t.Errorf("stopping the server: %v", err)
+		}
+	})
+	return srv
+}
+
+// logBuffer is a slog handler's output, safe for concurrent use.
+type logBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+var conflictSchema = []string{
+	`CREATE TABLE kv (id int PRIMARY KEY, u int UNIQUE, v text)`,
+	`CREATE TABLE marker (id int PRIMARY KEY)`,
+}
+
+// conflictEnv is a source and a target database of srv with the conflict schema.
+func conflictEnv(t *testing.T, srv *pgtest.Server) *env {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	srcDB, dstDB := pgtest.NewDatabase(t, srv), pgtest.NewDatabase(t, srv)
+	e := &env{srv: srv, src: srv.ConnString(srcDB), dst: srv.ConnString(dstDB), repl: srv.ReplicationConnString(srcDB), slot: "conflicts"}
+	must(t, pgtest.Exec(ctx, e.src, append(append([]string{}, conflictSchema...),
+		`CREATE PUBLICATION pub FOR ALL TABLES`,
+		`SELECT pg_create_logical_replication_slot('conflicts', 'pgoutput')`)...))
+	must(t, pgtest.Exec(ctx, e.dst, conflictSchema...))
+	return e
+}
+
+// conflictConfig is a Buffered Applier with an origin, logging into log.
+func (e *env) conflictConfig(t *testing.T, log *logBuffer, res map[ConflictType]Resolution) Config {
+	cfg := e.config(t, Buffered)
+	cfg.Logger = slog.New(slog.NewTextHandler(log, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	cfg.Origin = "pgr_test_" + strings.TrimPrefix(e.dst[strings.LastIndex(e.dst, "dbname=")+7:], "'")
+	cfg.Origin = strings.Fields(cfg.Origin)[0]
+	cfg.Conflicts.Resolutions = res
+	return cfg
+}
+
+// dropOrigins drops, at the end of the test (after its Appliers stopped), the replication
+// origins named origin*: the server has a bounded number of origin states.
+func dropOrigins(t *testing.T, dsn, origin string) {
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		var err error
+		for range 100 { // the Appliers' backends may not have exited yet
+			err = pgtest.Exec(ctx, dsn, `SELECT pg_replication_origin_drop(roname) FROM pg_replication_origin WHERE roname LIKE '`+origin+`%'`)
+			if err == nil || !strings.Contains(err.Error(), "55006") {
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		if err != nil {
+			t.Errorf("dropping the origins: %v", err)
+		}
+	})
+}
+
+func execOn(t *testing.T, dsn string, stmts ...string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	must(t, pgtest.Exec(ctx, dsn, stmts...))
+}
+
+// rowsOf returns kv's rows as "id,u,v" strings, in id order.
+func rowsOf(t *testing.T, dsn string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, err := pgx.Connect(ctx, dsn)
+	must(t, err)
+	defer c.Close(context.Background())
+	var s string
+	must(t, c.QueryRow(ctx, `SELECT coalesce(string_agg(concat_ws(',', id, coalesce(u::text, '-'), coalesce(v, '-')), ' ' ORDER BY id), '') FROM kv`).Scan(&s))
+	return s
+}
+
+// stopped waits for an Applier to stop by itself and returns its error.
+func (r *running) stopped(t *testing.T) error {
+	t.Helper()
+	select {
+	case err := <-r.done:
+		r.stop = nil
+		return err
+	case <-time.After(2 * time.Minute):
+		t.Fatal("the applier did not stop")
+		return nil
+	}
+}
+
+// waitTrigger waits until the tombstone trigger is on kv.
+func waitTrigger(t *testing.T, dsn string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, err := pgx.Connect(ctx, dsn)
+	must(t, err)
+	defer c.Close(context.Background())
+	for {
+		var n int
+		must(t, c.QueryRow(ctx, `SELECT count(*) FROM pg_trigger WHERE tgrelid = 'kv'::regclass AND tgname = $1`, tombstoneTrigger).Scan(&n))
+		if n > 0 {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatal("no tombstone trigger on kv")
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// conflictCase provokes one conflict. Before the Applier starts: setup on both sides (replicated
+// by a first Applier), then local on the target and remote on the source, in the order
+// remoteFirst says (which decides last_update_wins); then the Applier runs with the resolution.
+type conflictCase struct {
+	name        string
+	ct          ConflictType
+	res         Resolution
+	setupSrc    []string // on the source, replicated before the conflict
+	local       []string // on the target, locally
+	remote      []string // on the source
+	remoteFirst bool
+	retention   time.Duration
+	want        string // kv on the target at the end
+	wantCount   int64
+	wantLog     []string
+	stops       bool // the resolution is error: Run stops
+}
+
+func TestConflicts(t *testing.T) {
+	for _, major := range testMajors {
+		t.Run(fmt.Sprintf("pg%d", major), func(t *testing.T) {
+			srv := conflictServer(t, major)
+			for _, c := range conflictCases() {
+				t.Run(c.name, func(t *testing.T) { runConflictCase(t, srv, c) })
+			}
+		})
+	}
+}
+
+func conflictCases() []conflictCase {
+	seed := []string{`INSERT INTO kv VALUES (1, 10, 'a'), (2, 20, 'b'), (3, 30, 'c')`}
+	var cases []conflictCase
+	// insert_exists under every resolution.
+	ie := func(res Resolution, remoteFirst bool, want string) conflictCase {
+		return conflictCase{name: "insert_exists/" + res.String() + map[bool]string{true: "/remote_first", false: ""}[remoteFirst],
+			ct: InsertExists, res: res, setupSrc: seed,
+			local: []string{`INSERT INTO kv VALUES (4, 40, 'local')`}, remote: []string{`INSERT INTO kv VALUES (4, 41, 'remote')`},
+			remoteFirst: remoteFirst, want: want, wantCount: 1,
+			wantLog: []string{`conflict detected on relation \"public.kv\": conflict=insert_exists`, `Key already exists in unique index \"kv_pkey\"`,
+				`key (id)=(4)`, `local row (4, 40, local)`, `remote row (4, 41, remote)`}}
+	}
+	base := "1,10,a 2,20,b 3,30,c "
+	cases = append(cases,
+		ie(ResolveDefault, false, base+"4,40,local"),
+		ie(ResolveSkip, false, base+"4,40,local"),
+		ie(ResolveKeepLocal, false, base+"4,40,local"),
+		ie(ResolveApplyRemote, false, base+"4,41,remote"),
+		ie(ResolveLastUpdateWins, false, base+"4,41,remote"),
+		ie(ResolveLastUpdateWins, true, base+"4,40,local"),
+	)
+	cases[0].stops = true
+	// A run of inserts long enough for COPY, one of which conflicts.
+	cases = append(cases, conflictCase{name: "insert_exists/copy", ct: InsertExists, res: ResolveSkip, setupSrc: seed,
+		local:  []string{`INSERT INTO kv VALUES (5, 55, 'local')`},
+		remote: []string{`INSERT INTO kv SELECT g, g * 10, 'r' FROM generate_series(4, 9) g`},
+		want:   base + "4,40,r 5,55,local 6,60,r 7,70,r 8,80,r 9,90,r", wantCount: 1,
+		wantLog: []string{`conflict=insert_exists`, `key (id)=(5)`}})
+	// multiple_unique_conflicts: one remote row against two local rows.
+	muc := func(res Resolution, want string) conflictCase {
+		return conflictCase{name: "multiple_unique_conflicts/" + res.String(), ct: MultipleUniqueConflicts, res: res, setupSrc: seed,
+			local:  []string{`INSERT INTO kv VALUES (4, 40, 'l4'), (5, 50, 'l5')`},
+			remote: []string{`INSERT INTO kv VALUES (4, 50, 'remote')`}, want: want, wantCount: 1, stops: res == ResolveDefault,
+			wantLog: []string{`conflict=multiple_unique_conflicts`, `unique index \"kv_pkey\"`, `unique index \"kv_u_key\"`,
+				`local row (4, 40, l4)`, `local row (5, 50, l5)`}}
+	}
+	cases = append(cases,
+		muc(ResolveDefault, base+"4,40,l4 5,50,l5"),
+		muc(ResolveSkip, base+"4,40,l4 5,50,l5"),
+		muc(ResolveApplyRemote, base+"4,50,remote"))
+	// update_exists: the update sets a unique column to a value a local row holds.
+	ue := func(res Resolution, want string) conflictCase {
+		return conflictCase{name: "update_exists/" + res.String(), ct: UpdateExists, res: res, setupSrc: seed,
+			local: []string{`INSERT INTO kv VALUES (4, 40, 'local')`}, remote: []string{`UPDATE kv SET u = 40 WHERE id = 3`},
+			want: want, wantCount: 1, stops: res == ResolveDefault,
+			wantLog: []string{`conflict=update_exists`, `unique index \"kv_u_key\"`, `key (u)=(40)`, `local row (4, 40, local)`,
+				`replica identity (id)=(3)`}}
+	}
+	cases = append(cases,
+		ue(ResolveDefault, base+"4,40,local"),
+		ue(ResolveSkip, base+"4,40,local"),
+		ue(ResolveApplyRemote, "1,10,a 2,20,b 3,40,c"))
+	// update_missing and delete_missing.
+	cases = append(cases,
+		conflictCase{name: "update_missing/skip", ct: UpdateMissing, res: ResolveDefault, setupSrc: seed,
+			local: []string{`DELETE FROM kv WHERE id = 2`}, remote: []string{`UPDATE kv SET v = 'remote' WHERE id = 2`},
+			want: "1,10,a 3,30,c", wantCount: 1,
+			wantLog: []string{`conflict=update_missing`, `Could not find the row to be updated: remote row (2, 20, remote), replica identity (id)=(2)`}},
+		conflictCase{name: "update_missing/apply_remote", ct: UpdateMissing, res: ResolveApplyRemote, setupSrc: seed,
+			local: []string{`DELETE FROM kv WHERE id = 2`}, remote: []string{`UPDATE kv SET v = 'remote' WHERE id = 2`},
+			want: "1,10,a 2,20,remote 3,30,c", wantCount: 1, wantLog: []string{`conflict=update_missing`}},
+		conflictCase{name: "delete_missing/skip", ct: DeleteMissing, res: ResolveDefault, setupSrc: seed,
+			local: []string{`DELETE FROM kv WHERE id = 2`}, remote: []string{`DELETE FROM kv WHERE id = 2`},
+			want: "1,10,a 3,30,c", wantCount: 1,
+			wantLog: []string{`conflict=delete_missing`, `Could not find the row to be deleted: replica identity (id)=(2)`}},
+	)
+	// *_origin_differs: the row was changed locally since the Applier wrote it.
+	uod := func(res Resolution, remoteFirst bool, want string) conflictCase {
+		return conflictCase{name: "update_origin_differs/" + res.String() + map[bool]string{true: "/remote_first", false: ""}[remoteFirst],
+			ct: UpdateOriginDiffers, res: res, setupSrc: seed, remoteFirst: remoteFirst,
+			local: []string{`UPDATE kv SET v = 'local' WHERE id = 2`}, remote: []string{`UPDATE kv SET v = 'remote' WHERE id = 2`},
+			want: want, wantCount: 1,
+			wantLog: []string{`conflict=update_origin_differs`, `Updating the row that was modified locally in transaction`,
+				`local row (2, 20, local), remote row (2, 20, remote), replica identity (id)=(2)`}}
+	}
+	cases = append(cases,
+		uod(ResolveDefault, false, "1,10,a 2,20,remote 3,30,c"),
+		uod(ResolveSkip, false, "1,10,a 2,20,local 3,30,c"),
+		uod(ResolveLastUpdateWins, false, "1,10,a 2,20,remote 3,30,c"),
+		uod(ResolveLastUpdateWins, true, "1,10,a 2,20,local 3,30,c"),
+		conflictCase{name: "delete_origin_differs/apply_remote", ct: DeleteOriginDiffers, res: ResolveDefault, setupSrc: seed,
+			local: []string{`UPDATE kv SET v = 'local' WHERE id = 2`}, remote: []string{`DELETE FROM kv WHERE id = 2`},
+			want: "1,10,a 3,30,c", wantCount: 1,
+			wantLog: []string{`conflict=delete_origin_differs`, `Deleting the row that was modified locally`}},
+		conflictCase{name: "delete_origin_differs/skip", ct: DeleteOriginDiffers, res: ResolveSkip, setupSrc: seed,
+			local: []string{`UPDATE kv SET v = 'local' WHERE id = 2`}, remote: []string{`DELETE FROM kv WHERE id = 2`},
+			want: "1,10,a 2,20,local 3,30,c", wantCount: 1, wantLog: []string{`conflict=delete_origin_differs`}},
+	)
+	// update_deleted: the row was deleted locally after the source's update committed (with
+	// tombstones); deleted before it, the update is update_missing.
+	cases = append(cases,
+		conflictCase{name: "update_deleted/skip", ct: UpdateDeleted, res: ResolveDefault, setupSrc: seed, retention: time.Minute,
+			remoteFirst: true, local: []string{`DELETE FROM kv WHERE id = 2`}, remote: []string{`UPDATE kv SET v = 'remote' WHERE id = 2`},
+			want: "1,10,a 3,30,c", wantCount: 1,
+			wantLog: []string{`conflict=update_deleted`, `The row to be updated was deleted locally in transaction`}},
+		conflictCase{name: "update_deleted/apply_remote", ct: UpdateDeleted, res: ResolveApplyRemote, setupSrc: seed, retention: time.Minute,
+			remoteFirst: true, local: []string{`DELETE FROM kv WHERE id = 2`}, remote: []string{`UPDATE kv SET v = 'remote' WHERE id = 2`},
+			want: "1,10,a 2,20,remote 3,30,c", wantCount: 1, wantLog: []string{`conflict=update_deleted`}},
+		conflictCase{name: "update_deleted/last_update_wins", ct: UpdateDeleted, res: ResolveLastUpdateWins, setupSrc: seed, retention: time.Minute,
+			remoteFirst: true, local: []string{`DELETE FROM kv WHERE id = 2`}, remote: []string{`UPDATE kv SET v = 'remote' WHERE id = 2`},
+			want: "1,10,a 3,30,c", wantCount: 1, wantLog: []string{`conflict=update_deleted`, `local change is the last update`}},
+		conflictCase{name: "update_deleted/deleted_before", ct: UpdateMissing, res: ResolveDefault, setupSrc: seed, retention: time.Minute,
+			local: []string{`DELETE FROM kv WHERE id = 2`}, remote: []string{`UPDATE kv SET v = 'remote' WHERE id = 2`},
+			want: "1,10,a 3,30,c", wantCount: 1, wantLog: []string{`conflict=update_missing`}},
+	)
+	return cases
+}
+
+func runConflictCase(t *testing.T, srv *pgtest.Server, c conflictCase) {
+	e := conflictEnv(t, srv)
+	var log logBuffer
+	res := map[ConflictType]Resolution{c.ct: c.res}
+	cfg := e.conflictConfig(t, &log, res)
+	cfg.Conflicts.Retention = c.retention
+	dropOrigins(t, e.dst, cfg.Origin)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Log(log.String())
+		}
+	})
+	// Setup: replicated by a first Applier (which also installs the tombstone trigger).
+	execOn(t, e.src, append(c.setupSrc, `INSERT INTO marker VALUES (1)`)...)
+	r := start(t, cfg)
+	e.waitMarker(t, r, 1)
+	if c.retention > 0 {
+		waitTrigger(t, e.dst)
+	}
+	r.halt(t)
+	// The conflict, in the order asked (commit timestamps a few milliseconds apart).
+	if c.remoteFirst {
+		execOn(t, e.src, c.remote...)
+		time.Sleep(5 * time.Millisecond)
+		execOn(t, e.dst, c.local...)
+	} else {
+		execOn(t, e.dst, c.local...)
+		time.Sleep(5 * time.Millisecond)
+		execOn(t, e.src, c.remote...)
+	}
+	execOn(t, e.src, `INSERT INTO marker VALUES (2)`)
+	r = start(t, cfg)
+	if c.stops {
+		err := r.stopped(t)
+		if !errors.Is(err, ErrConflict) {
+			t.Fatalf("Run: %v, want an ErrConflict", err)
+		}
+		var ae *ApplyError
+		var ce *ConflictError
+		if !errors.As(err, &ae) || !errors.As(err, &ce) || ce.Conflict.Type != c.ct {
+			t.Fatalf("Run: %v, want an *ApplyError with a %s *ConflictError", err, c.ct)
+		}
+	} else {
+		e.waitMarker(t, r, 2)
+	}
+	st := r.a.Stats()
+	if got := st.Conflicts(c.ct); got != c.wantCount {
+		t.Errorf("%s conflicts: %d, want %d (stats %+v)", c.ct, got, c.wantCount, st)
+	}
+	for _, other := range ConflictTypes() {
+		if other != c.ct && st.Conflicts(other) != 0 {
+			t.Errorf("%s conflicts: %d, want 0", other, st.Conflicts(other))
+		}
+	}
+	if got := rowsOf(t, e.dst); got != c.want {
+		t.Errorf("target rows %q, want %q", got, c.want)
+	}
+	logs := log.String()
+	for _, w := range c.wantLog {
+		if !strings.Contains(logs, w) {
+			t.Errorf("log lacks %q:\n%s", w, logs)
+		}
+	}
+	r.halt(t)
+}

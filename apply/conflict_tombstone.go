@@ -1,0 +1,288 @@
+package apply
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Tuning of the tombstone store.
+const (
+	// tombstonePurgeRows bounds the tombstones one purge removes.
+	tombstonePurgeRows = 10000
+	// tombstoneTrigger is the name of the trigger that records deletions.
+	tombstoneTrigger = "pgreorder_tombstone"
+)
+
+// tombstones is the record of local deletions that update_deleted detection reads: a table of
+// (relid, key, deleted_at, xid) fed by an AFTER DELETE trigger on each target table the Applier
+// writes. The trigger is an ordinary one: it fires in local sessions, not in the Applier's (nor
+// in PostgreSQL's subscribers'), which run with session_replication_role = replica; a
+// connection that could not set it says so with pgreorder.applying = on. A maintainer goroutine
+// of the session installs the triggers (on its own connection, with a short lock timeout, so
+// that no apply transaction waits for it), purges tombstones older than the retention, a
+// bounded number at a time, and stops and resumes recording as the apply lag crosses the
+// retention.
+type tombstones struct {
+	table, fn string // quoted, qualified
+	retention time.Duration
+	cfg       *Config
+	stats     *counters
+	log       *slog.Logger
+
+	mu        sync.Mutex
+	wanted    map[uint32]*relMap // target tables without trigger yet, by OID
+	installed map[uint32]bool
+
+	lag atomic.Int64 // the apply lag at the last commit, in nanoseconds
+
+	active bool // maintainer only: the trigger records
+	done   chan struct{}
+}
+
+// newTombstones creates the tombstone table and the trigger function (recording) through tg.
+func newTombstones(ctx context.Context, tg *target, cfg *Config, stats *counters, log *slog.Logger) (*tombstones, error) {
+	name := cfg.Conflicts.TombstoneTable
+	if name == "" {
+		name = DefaultTombstoneTable
+		if parts, _ := parseQualified(cfg.ProgressTable); len(parts) == 2 {
+			name = parts[0] + "." + name
+		}
+	}
+	parts, err := parseQualified(name)
+	if err != nil {
+		return nil, fmt.Errorf("%w: TombstoneTable: %v", ErrInvalidConfig, err)
+	}
+	base := parts[len(parts)-1]
+	q := func(s string) string {
+		parts[len(parts)-1] = s
+		out := make([]string, len(parts))
+		for i, p := range parts {
+			out[i] = quoteIdent(p)
+		}
+		return strings.Join(out, ".")
+	}
+	tb := &tombstones{table: q(base), fn: q(base + "_record"), retention: cfg.Conflicts.Retention, cfg: cfg,
+		stats: stats, log: log, wanted: map[uint32]*relMap{}, installed: map[uint32]bool{}, active: true}
+	for _, sql := range []string{
+		"CREATE TABLE IF NOT EXISTS " + tb.table + " (relid oid NOT NULL, key text[] NOT NULL, " +
+			"deleted_at timestamptz NOT NULL, xid xid8 NOT NULL)",
+		"CREATE INDEX IF NOT EXISTS " + quoteIdent(base+"_key") + " ON " + tb.table + " (relid, key)",
+		"CREATE INDEX IF NOT EXISTS " + quoteIdent(base+"_at") + " ON " + tb.table + " (deleted_at)",
+		tb.function(true),
+		"SET pgreorder.applying = on",
+	} {
+		if err := tg.conn.Exec(ctx, sql).Close(); err != nil {
+			return nil, fmt.Errorf("apply: setting up the tombstone table %s: %w", tb.table, err)
+		}
+	}
+	stats.retentionActive.Store(true)
+	return tb, nil
+}
+
+// function is the trigger function: recording, or not.
+func (tb *tombstones) function(record bool) string {
+	body := "BEGIN RETURN NULL; END"
+	if record {
+		body = `BEGIN
+	IF pg_catalog.current_setting('pgreorder.applying', true) = 'on' THEN RETURN NULL; END IF;
+	INSERT INTO ` + tb.table + ` (relid, key, deleted_at, xid)
+	VALUES (TG_ARGV[0]::oid,
+		ARRAY(SELECT pg_catalog.to_jsonb(OLD) ->> a.k FROM pg_catalog.unnest(TG_ARGV[1:]) WITH ORDINALITY a(k, n) ORDER BY a.n),
+		pg_catalog.clock_timestamp(), pg_catalog.pg_current_xact_id());
+	RETURN NULL;
+END`
+	}
+	return "CREATE OR REPLACE FUNCTION " + tb.fn + "() RETURNS trigger LANGUAGE plpgsql AS $pgr$" + body + "$pgr$"
+}
+
+// want asks for the trigger on m's target table.
+func (tb *tombstones) want(m *relMap) {
+	tb.mu.Lock()
+	defer tb.mu.Unlock()
+	if !tb.installed[m.oid] {
+		tb.wanted[m.oid] = m
+	}
+}
+
+// committed records the apply lag of a source transaction just committed.
+func (tb *tombstones) committed(commitTime time.Time) {
+	if !commitTime.IsZero() {
+		tb.lag.Store(int64(time.Since(commitTime)))
+	}
+}
+
+// lookup returns the latest tombstone of key in m's table, or nil.
+func (tb *tombstones) lookup(ctx context.Context, t *target, m *relMap, key [][]byte, formats []int16) (*LocalRow, error) {
+	var b strings.Builder
+	b.WriteString(`SELECT (pg_catalog.date_part('epoch', deleted_at) * 1000000)::int8, xid::text FROM ` + tb.table +
+		` WHERE relid = $1 AND key = ARRAY[`)
+	params := [][]byte{[]byte(strconv.FormatUint(uint64(m.oid), 10))}
+	fmts := []int16{0}
+	oids := []uint32{26} // oid
+	for j, i := range m.key {
+		if j > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, `pg_catalog.to_jsonb($%d) #>> '{}'`, j+2)
+		params, fmts, oids = append(params, key[j]), append(fmts, formats[j]), append(oids, m.cols[i].typeOID)
+	}
+	b.WriteString(`] ORDER BY deleted_at DESC LIMIT 1`)
+	res, err := t.exec(ctx, b.String(), params, oids, fmts)
+	if err != nil {
+		return nil, fmt.Errorf("apply: reading tombstones: %w", err)
+	}
+	if len(res.Rows) == 0 {
+		return nil, nil
+	}
+	us, _ := strconv.ParseInt(string(res.Rows[0][0]), 10, 64)
+	x, _ := strconv.ParseUint(string(res.Rows[0][1]), 10, 64)
+	return &LocalRow{Xid: uint32(x), CommitTime: time.UnixMicro(us).UTC()}, nil
+}
+
+// start runs the maintainer until ctx is done; stop waits for it.
+func (tb *tombstones) start(ctx context.Context) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	tb.done = make(chan struct{})
+	go func() {
+		defer close(tb.done)
+		tb.run(ctx)
+	}()
+	return func() {
+		cancel()
+		<-tb.done
+	}
+}
+
+func (tb *tombstones) run(ctx context.Context) {
+	tick := min(max(tb.retention/4, 50*time.Millisecond), time.Second)
+	var conn *pgconn.PgConn
+	defer func() {
+		if conn != nil {
+			conn.Close(context.WithoutCancel(ctx))
+		}
+	}()
+	for {
+		if conn == nil || conn.IsClosed() {
+			c, err := tb.connect(ctx)
+			if err != nil {
+				tb.log.Debug("tombstones: connecting to the target", "err", err)
+			}
+			conn = c
+		}
+		if conn != nil {
+			if err := tb.maintain(ctx, conn); err != nil && ctx.Err() == nil {
+				tb.log.Debug("tombstones: maintenance", "err", err)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(tick):
+		}
+	}
+}
+
+func (tb *tombstones) connect(ctx context.Context) (*pgconn.PgConn, error) {
+	pc, err := pgconn.ParseConfig(tb.cfg.Target)
+	if err != nil {
+		return nil, err
+	}
+	pc.RuntimeParams["application_name"] = "pgreorder apply " + tb.cfg.Slot + " tombstones"
+	pc.RuntimeParams["lock_timeout"] = "1s"
+	pc.RuntimeParams["statement_timeout"] = "30s"
+	return pgconn.ConnectConfig(ctx, pc)
+}
+
+// maintain installs the triggers wanted, follows the lag, purges, and counts.
+func (tb *tombstones) maintain(ctx context.Context, conn *pgconn.PgConn) error {
+	tb.mu.Lock()
+	var todo []*relMap
+	for _, m := range tb.wanted {
+		todo = append(todo, m)
+	}
+	tb.mu.Unlock()
+	for _, m := range todo {
+		if err := tb.install(ctx, conn, m); err != nil {
+			if isCode(err, "42501") {
+				tb.log.Warn("the target role may not create the tombstone trigger: update_deleted is not detected for the table",
+					"relation", m.name, "err", err)
+			} else {
+				return err // a lock timeout: next time
+			}
+		}
+		tb.mu.Lock()
+		delete(tb.wanted, m.oid)
+		tb.installed[m.oid] = true
+		tb.mu.Unlock()
+	}
+	lag := time.Duration(tb.lag.Load())
+	switch {
+	case tb.active && lag > tb.retention:
+		if err := conn.Exec(ctx, tb.function(false)).Close(); err != nil {
+			return err
+		}
+		tb.active = false
+		tb.stats.retentionActive.Store(false)
+		tb.stats.retentionStops.Add(1)
+		tb.log.Warn("apply lag exceeds the conflict retention: deletions are no longer recorded, update_deleted is reported as "+
+			"update_missing until the lag is back under it", "lag", lag, "retention", tb.retention)
+	case !tb.active && lag <= tb.retention:
+		if err := conn.Exec(ctx, tb.function(true)).Close(); err != nil {
+			return err
+		}
+		tb.active = true
+		tb.stats.retentionActive.Store(true)
+		tb.log.Info("apply lag is back under the conflict retention: deletions are recorded again", "lag", lag,
+			"retention", tb.retention)
+	}
+	return tb.purge(ctx, conn)
+}
+
+// install creates the trigger on m's table unless it is there.
+func (tb *tombstones) install(ctx context.Context, conn *pgconn.PgConn, m *relMap) error {
+	oid := strconv.FormatUint(uint64(m.oid), 10)
+	rows, err := query(ctx, conn, "SELECT 1 FROM pg_catalog.pg_trigger WHERE tgrelid = $1::oid AND tgname = $2", oid, tombstoneTrigger)
+	if err != nil || len(rows) > 0 {
+		return err
+	}
+	args := []string{quoteLiteral(oid)}
+	for _, i := range m.key {
+		args = append(args, quoteLiteral(m.info.rel.Columns[i].Name))
+	}
+	err = conn.Exec(ctx, "CREATE TRIGGER "+tombstoneTrigger+" AFTER DELETE ON "+m.name+" FOR EACH ROW EXECUTE FUNCTION "+
+		tb.fn+"("+strings.Join(args, ", ")+")").Close()
+	if isCode(err, "42710") { // made meanwhile
+		return nil
+	}
+	return err
+}
+
+// purge removes tombstones older than the retention, at most tombstonePurgeRows, and counts
+// the rest.
+func (tb *tombstones) purge(ctx context.Context, conn *pgconn.PgConn) error {
+	us := strconv.FormatInt(tb.retention.Microseconds(), 10)
+	tag, err := conn.ExecParams(ctx, "DELETE FROM "+tb.table+" WHERE ctid = ANY (ARRAY(SELECT ctid FROM "+tb.table+
+		" WHERE deleted_at < pg_catalog.clock_timestamp() - $1::int8 * interval '1 microsecond' LIMIT "+
+		strconv.Itoa(tombstonePurgeRows)+"))", [][]byte{[]byte(us)}, nil, nil, nil).Close()
+	if err != nil {
+		return err
+	}
+	tb.stats.tombstonesPurged.Add(tag.RowsAffected())
+	rows, err := query(ctx, conn, "SELECT count(*) FROM "+tb.table)
+	if err != nil {
+		return err
+	}
+	n, _ := strconv.ParseInt(string(rows[0][0]), 10, 64)
+	tb.stats.tombstones.Store(n)
+	return nil
+}
+
+func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
