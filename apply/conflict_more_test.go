@@ -1,0 +1,243 @@
+package apply
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgreorder/pgreorder/internal/pgtest"
+)
+
+// count returns the result of a count query.
+func count(t *testing.T, dsn, sql string) int64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, err := pgx.Connect(ctx, dsn)
+	must(t, err)
+	defer c.Close(context.Background())
+	var n int64
+	must(t, c.QueryRow(ctx, sql).Scan(&n))
+	return n
+}
+
+// eventually waits up to a minute for cond.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting: %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestTombstonesBounded deletes rows locally on the target without pause: the tombstones stay
+// within the retention, the purge removes the rest; an apply lag over the retention stops the
+// recording, and it resumes once the lag is back under it.
+func TestTombstonesBounded(t *testing.T) {
+	srv := conflictServer(t, testMajors[len(testMajors)-1])
+	e := conflictEnv(t, srv)
+	var log logBuffer
+	cfg := e.conflictConfig(t, &log, nil)
+	cfg.Conflicts.Retention = 300 * time.Millisecond
+	dropOrigins(t, e.dst, cfg.Origin)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Log(log.String())
+		}
+	})
+	execOn(t, e.src, `INSERT INTO kv VALUES (1, 1, 'x')`, `INSERT INTO marker VALUES (1)`)
+	r := start(t, cfg)
+	e.waitMarker(t, r, 1)
+	waitTrigger(t, e.dst)
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, err := pgx.Connect(ctx, e.dst)
+	must(t, err)
+	defer c.Close(context.Background())
+	var deleted, most int64
+	for i := range 150 {
+		base := 1000 + i*100
+		_, err := c.Exec(ctx, `INSERT INTO kv SELECT g, g, 'l' FROM generate_series($1::int, $1::int + 99) g`, base)
+		must(t, err)
+		tag, err := c.Exec(ctx, `DELETE FROM kv WHERE id >= $1`, base)
+		must(t, err)
+		deleted += tag.RowsAffected()
+		if i%10 == 0 {
+			var n int64
+			must(t, c.QueryRow(ctx, `SELECT count(*) FROM pgreorder_tombstones`).Scan(&n))
+			most = max(most, n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Logf("deleted %d rows, at most %d tombstones", deleted, most)
+	if most == 0 || most > deleted/2 {
+		t.Errorf("at most %d tombstones for %d deletions over ~2s with a retention of 300ms", most, deleted)
+	}
+	eventually(t, "the tombstones purged", func() bool {
+		return count(t, e.dst, `SELECT count(*) FROM pgreorder_tombstones`) == 0
+	})
+	if st := r.a.Stats(); st.TombstonesPurged < deleted/2 || !st.RetentionActive {
+		t.Errorf("stats %+v: want most of %d tombstones purged, retention active", st, deleted)
+	}
+
+	// A lag over the retention: the source commits while the Applier is stopped.
+	r.halt(t)
+	execOn(t, e.src, `INSERT INTO kv VALUES (2, 2, 'late')`, `INSERT INTO marker VALUES (2)`)
+	time.Sleep(time.Second)
+	r = start(t, cfg)
+	e.waitMarker(t, r, 2)
+	eventually(t, "retention stopped", func() bool { return r.a.Stats().RetentionStops == 1 && !r.a.Stats().RetentionActive })
+	execOn(t, e.dst, `INSERT INTO kv VALUES (100, 100, 'l')`, `DELETE FROM kv WHERE id = 100`)
+	time.Sleep(100 * time.Millisecond)
+	if n := count(t, e.dst, `SELECT count(*) FROM pgreorder_tombstones`); n != 0 {
+		t.Errorf("%d tombstones recorded while retention is stopped", n)
+	}
+	execOn(t, e.src, `INSERT INTO marker VALUES (3)`)
+	e.waitMarker(t, r, 3)
+	eventually(t, "retention resumed", func() bool { return r.a.Stats().RetentionActive })
+	execOn(t, e.dst, `INSERT INTO kv VALUES (100, 100, 'l')`, `DELETE FROM kv WHERE id = 100`)
+	if n := count(t, e.dst, `SELECT count(*) FROM pgreorder_tombstones`); n != 1 {
+		t.Errorf("%d tombstones after a deletion with retention resumed, want 1", n)
+	}
+	for _, w := range []string{"apply lag exceeds the conflict retention", "deletions are recorded again"} {
+		if !strings.Contains(log.String(), w) {
+			t.Errorf("log lacks %q", w)
+		}
+	}
+}
+
+// biEnv is two databases replicating to each other: a and b, each with a publication of every
+// table and a slot for the other, and the Appliers' configurations (origin = none: no loops).
+type biEnv struct {
+	a, b       string // connection strings
+	atob, btoa Config
+}
+
+func newBiEnv(t *testing.T, srv *pgtest.Server, log *logBuffer, schema []string, res map[ConflictType]Resolution) *biEnv {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dbA, dbB := pgtest.NewDatabase(t, srv), pgtest.NewDatabase(t, srv)
+	be := &biEnv{a: srv.ConnString(dbA), b: srv.ConnString(dbB)}
+	for _, db := range []string{dbA, dbB} {
+		must(t, pgtest.Exec(ctx, srv.ConnString(db), append(append([]string{}, schema...),
+			`CREATE PUBLICATION pub FOR ALL TABLES`,
+			`SELECT pg_create_logical_replication_slot('bi_`+db+`', 'pgoutput')`)...))
+	}
+	mk := func(src, dst, srcDB, dstDB, name string) Config {
+		return Config{Source: srv.ReplicationConnString(srcDB), Target: srv.ConnString(dstDB), Slot: "bi_" + srcDB,
+			Publications: []string{"pub"}, StatusInterval: 100 * time.Millisecond, SourceOrigin: "none",
+			Origin: "pgr_" + name + "_" + dstDB, Conflicts: ConflictConfig{Resolutions: res},
+			Logger: slog.New(slog.NewTextHandler(log, &slog.HandlerOptions{Level: slog.LevelInfo})).With("dir", name)}
+	}
+	be.atob = mk(be.a, be.b, dbA, dbB, "atob")
+	be.btoa = mk(be.b, be.a, dbB, dbA, "btoa")
+	dropOrigins(t, be.b, be.atob.Origin)
+	dropOrigins(t, be.a, be.btoa.Origin)
+	return be
+}
+
+// waitMarkers inserts marker id on both sides and waits until both sides have both.
+func (be *biEnv) waitMarkers(t *testing.T, id int) {
+	t.Helper()
+	execOn(t, be.a, fmt.Sprintf(`INSERT INTO marker VALUES (%d)`, id))
+	execOn(t, be.b, fmt.Sprintf(`INSERT INTO marker VALUES (%d)`, id+1))
+	q := fmt.Sprintf(`SELECT count(*) FROM marker WHERE id IN (%d, %d)`, id, id+1)
+	eventually(t, "markers on both sides", func() bool { return count(t, be.a, q) == 2 && count(t, be.b, q) == 2 })
+}
+
+// TestBidirectional replicates two databases into each other with origin = none: every change
+// reaches the other side once, none comes back.
+func TestBidirectional(t *testing.T) {
+	srv := conflictServer(t, testMajors[len(testMajors)-1]) // origin = none: 16+
+	var log logBuffer
+	be := newBiEnv(t, srv, &log, conflictSchema, nil)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Log(log.String())
+		}
+	})
+	ra, rb := start(t, be.atob), start(t, be.btoa)
+	for i := range 20 {
+		execOn(t, be.a, fmt.Sprintf(`INSERT INTO kv VALUES (%d, %d, 'a')`, i, i))
+		execOn(t, be.b, fmt.Sprintf(`INSERT INTO kv VALUES (%d, %d, 'b')`, 1000+i, 1000+i))
+	}
+	execOn(t, be.a, `UPDATE kv SET v = 'a2' WHERE id < 10`)
+	execOn(t, be.b, `DELETE FROM kv WHERE id >= 1010`)
+	be.waitMarkers(t, 1)
+	time.Sleep(500 * time.Millisecond) // a loop would show as more transactions meanwhile
+	if ga, gb := rowsOf(t, be.a), rowsOf(t, be.b); ga != gb {
+		t.Fatalf("a has %q, b %q", ga, gb)
+	}
+	if n := count(t, be.a, `SELECT count(*) FROM kv`); n != 30 {
+		t.Errorf("%d rows, want 30", n)
+	}
+	// Each Applier applied the other side's own transactions only: 20 inserts, one update or
+	// delete, one marker.
+	for name, r := range map[string]*running{"a to b": ra, "b to a": rb} {
+		st := r.a.Stats()
+		if st.Txns != 22 {
+			t.Errorf("%s applied %d transactions, want 22 (stats %+v)", name, st.Txns, st)
+		}
+		for _, ct := range ConflictTypes() {
+			if st.Conflicts(ct) != 0 {
+				t.Errorf("%s: %d %s conflicts", name, st.Conflicts(ct), ct)
+			}
+		}
+	}
+}
+
+// TestLastUpdateWinsConverges runs random writers on both sides of a bidirectional pair, on
+// the same keys, with last_update_wins: both sides end with the same rows.
+func TestLastUpdateWinsConverges(t *testing.T) {
+	srv := conflictServer(t, testMajors[len(testMajors)-1])
+	var log logBuffer
+	lww := map[ConflictType]Resolution{}
+	for _, ct := range ConflictTypes() {
+		lww[ct] = ResolveLastUpdateWins
+	}
+	be := newBiEnv(t, srv, &log, conflictSchema, lww)
+	ra, rb := start(t, be.atob), start(t, be.btoa)
+	rng := seeded(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	conns := map[string]*pgx.Conn{}
+	for name, dsn := range map[string]string{"a": be.a, "b": be.b} {
+		c, err := pgx.Connect(ctx, dsn)
+		must(t, err)
+		defer c.Close(context.Background())
+		conns[name] = c
+	}
+	for i := range 400 {
+		side := []string{"a", "b"}[rng.IntN(2)]
+		id := rng.IntN(20)
+		_, err := conns[side].Exec(ctx, `INSERT INTO kv VALUES ($1, NULL, $2) ON CONFLICT (id) DO UPDATE SET v = excluded.v`,
+			id, fmt.Sprintf("%s%d", side, i))
+		must(t, err)
+		if rng.IntN(8) == 0 {
+			time.Sleep(time.Duration(rng.IntN(3)) * time.Millisecond)
+		}
+	}
+	be.waitMarkers(t, 1)
+	time.Sleep(300 * time.Millisecond)
+	be.waitMarkers(t, 3)
+	ga, gb := rowsOf(t, be.a), rowsOf(t, be.b)
+	if ga != gb {
+		t.Errorf("not converged:\na %s\nb %s", ga, gb)
+	}
+	sa, sb := ra.a.Stats(), rb.a.Stats()
+	t.Logf("conflicts a to b: %d insert_exists, %d update_origin_differs; b to a: %d, %d",
+		sa.InsertExists, sa.UpdateOriginDiffers, sb.InsertExists, sb.UpdateOriginDiffers)
+	if t.Failed() {
+		t.Log(log.String())
+	}
+}
