@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -243,6 +244,22 @@ func (t *target) queueUpdate(ctx context.Context, m *relMap, st *stmt, u *decodi
 	return t.maybeFlush(ctx)
 }
 
+// settleChecks sends the batch when it holds checked statements, so that the conflicts they
+// meet are resolved before what comes next: a savepoint, a rollback to one, or the commit
+// (which must not go in the same round trip as statements whose conflicts may stop it). With
+// detection, a transaction whose last changes are not sent yet takes one round trip more.
+func (t *target) settleChecks(ctx context.Context) error {
+	if t.det == nil {
+		return nil
+	}
+	for i := range t.ops {
+		if t.ops[i].st != nil {
+			return t.flushBatch(ctx)
+		}
+	}
+	return nil
+}
+
 // isViolation reports whether err is a unique or exclusion constraint violation.
 func isViolation(err error) bool {
 	return isCode(err, "23505") || isCode(err, "23P01")
@@ -388,8 +405,6 @@ func (t *target) resolve(c *Conflict, op string) (bool, error) {
 		}
 	case ResolveError:
 		c.Resolution = r
-		t.stats.conflicts[c.Type].Add(1)
-		c.log(t.log, slog.LevelError)
 		return false, &changeError{kind: ErrConflict, op: op, relation: c.Relation, err: &ConflictError{Conflict: c}}
 	}
 	c.Resolution = r
@@ -432,6 +447,16 @@ func rowText(row []ColumnValue) string {
 	return b.String()
 }
 
+// conflictStopped counts and logs a conflict that stops Run (err is the transaction's final
+// error: a transaction retried alone after failing among others is counted once).
+func (s *session) conflictStopped(err error) {
+	var ce *ConflictError
+	if errors.As(err, &ce) {
+		s.stats.conflicts[ce.Conflict.Type].Add(1)
+		ce.Conflict.log(s.log, slog.LevelError)
+	}
+}
+
 // emitReports logs and counts the conflicts of the transaction that just committed.
 func (t *target) emitReports() {
 	for _, c := range t.reports {
@@ -443,7 +468,13 @@ func (t *target) emitReports() {
 
 func (t *target) dropReports() {
 	clear(t.reports)
-	t.reports = t.reports[:0]
+	t.reports, t.marks = t.reports[:0], t.marks[:0]
+}
+
+// reportMark is the number of conflict reports made before a savepoint.
+type reportMark struct {
+	sub uint32
+	n   int
 }
 
 // resolveMissed resolves a checked statement that affected no row.

@@ -179,6 +179,7 @@ type conflictCase struct {
 	wantCount   int64
 	wantLog     []string
 	stops       bool // the resolution is error: Run stops
+	mode        Mode
 }
 
 func TestConflicts(t *testing.T) {
@@ -297,6 +298,17 @@ func conflictCases() []conflictCase {
 			local: []string{`DELETE FROM kv WHERE id = 2`}, remote: []string{`UPDATE kv SET v = 'remote' WHERE id = 2`},
 			want: "1,10,a 3,30,c", wantCount: 1, wantLog: []string{`conflict=update_missing`}},
 	)
+	// The same detection on the workers of Parallel and Eager.
+	for _, name := range []string{"insert_exists/apply_remote", "update_exists/default", "update_origin_differs/default", "update_deleted/skip", "delete_missing/skip"} {
+		for _, c := range cases {
+			if c.name == name {
+				for _, mode := range []Mode{Eager, Parallel} {
+					c.name, c.mode = name+"/"+mode.String(), mode
+					cases = append(cases, c)
+				}
+			}
+		}
+	}
 	return cases
 }
 
@@ -305,6 +317,7 @@ func runConflictCase(t *testing.T, srv *pgtest.Server, c conflictCase) {
 	var log logBuffer
 	res := map[ConflictType]Resolution{c.ct: c.res}
 	cfg := e.conflictConfig(t, &log, res)
+	cfg.Mode = c.mode
 	cfg.Conflicts.Retention = c.retention
 	dropOrigins(t, e.dst, cfg.Origin)
 	t.Cleanup(func() {
@@ -342,6 +355,14 @@ func runConflictCase(t *testing.T, srv *pgtest.Server, c conflictCase) {
 		if !errors.As(err, &ae) || !errors.As(err, &ce) || ce.Conflict.Type != c.ct {
 			t.Fatalf("Run: %v, want an *ApplyError with a %s *ConflictError", err, c.ct)
 		}
+		// Nothing was acknowledged: an Applier that skips it meets it again.
+		cfg.Conflicts.Resolutions = map[ConflictType]Resolution{c.ct: ResolveSkip}
+		again := start(t, cfg)
+		e.waitMarker(t, again, 2)
+		if n := again.a.Stats().Conflicts(c.ct); n != 1 {
+			t.Errorf("%s conflicts after the stop: %d, want 1", c.ct, n)
+		}
+		again.halt(t)
 	} else {
 		e.waitMarker(t, r, 2)
 	}

@@ -326,6 +326,7 @@ func (s *session) txnError(x txnRef, err error) error {
 	if !errors.As(err, &ce) {
 		return err
 	}
+	s.conflictStopped(err)
 	return &ApplyError{Kind: ce.kind, Relation: ce.relation, Op: ce.op, Xid: x.Xid, CommitLSN: x.CommitLSN,
 		EndLSN: x.EndLSN, Err: ce.err}
 }

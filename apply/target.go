@@ -67,8 +67,9 @@ type target struct {
 	det     *detection
 	origin  string // the replication origin set up in the session, or ""
 	cinfo   map[*relInfo]*relConflict
-	remote  remoteTxn   // the source transaction being applied
-	reports []*Conflict // the transaction's conflicts, reported once it commits
+	remote  remoteTxn    // the source transaction being applied
+	reports []*Conflict  // the transaction's conflicts, reported once it commits
+	marks   []reportMark // per savepoint taken: the reports made before it
 	// The batch's statements' parameters, kept (with detection) to resolve their conflicts:
 	// argv[i] aliases arena (nil for NULL), argf[i] is its format (fmtUnchanged: not sent).
 	argv  [][]byte
@@ -187,14 +188,30 @@ func (t *target) savepoint(ctx context.Context, sub uint32) error {
 	if err := t.flushInserts(ctx); err != nil {
 		return err
 	}
+	if err := t.settleChecks(ctx); err != nil {
+		return err
+	}
 	t.control("SAVEPOINT s" + strconv.FormatUint(uint64(sub), 10))
+	if t.det != nil {
+		t.marks = append(t.marks, reportMark{sub: sub, n: len(t.reports)})
+	}
 	return nil
 }
 
 // rollbackTo undoes everything since the savepoint of sub.
 func (t *target) rollbackTo(ctx context.Context, sub uint32) error {
 	t.dropInserts() // not sent yet: nothing to undo on the server
+	if err := t.settleChecks(ctx); err != nil {
+		return err
+	}
 	t.control("ROLLBACK TO SAVEPOINT s" + strconv.FormatUint(uint64(sub), 10))
+	for i, m := range t.marks {
+		if m.sub == sub { // the subtransaction's conflicts are undone with it
+			clear(t.reports[m.n:])
+			t.reports, t.marks = t.reports[:m.n], t.marks[:i+1]
+			break
+		}
+	}
 	return t.maybeFlush(ctx)
 }
 
@@ -223,6 +240,9 @@ func (t *target) flushPending(ctx context.Context) error {
 // no COPY is pending. Without Config.SynchronousCommit, sync makes this commit wait for the WAL flush.
 func (t *target) commit(ctx context.Context, progress *stmt, slot string, end LSN, sync bool) error {
 	if err := t.flushInserts(ctx); err != nil {
+		return err
+	}
+	if err := t.settleChecks(ctx); err != nil {
 		return err
 	}
 	t.newBatch()
