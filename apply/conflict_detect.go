@@ -44,6 +44,7 @@ type detection struct {
 	ours    []uint32 // the Applier's replication origins' ids, when it has origins
 	origin  string   // the Applier's (the leader's) origin name, or ""
 	tomb    *tombstones
+	logSQL  string // inserts conflict rows into ConflictConfig.LogTable, or ""
 	log     *slog.Logger
 }
 
@@ -454,6 +455,22 @@ func (s *session) conflictStopped(err error) {
 	if errors.As(err, &ce) {
 		s.stats.conflicts[ce.Conflict.Type].Add(1)
 		ce.Conflict.log(s.log, slog.LevelError)
+	}
+}
+
+// completeReports fills in the commit of the source transaction in reports made before it
+// arrived (a transaction applied as its parts arrive).
+func (t *target) completeReports() {
+	for _, c := range t.reports {
+		if c.RemoteCommitTime.IsZero() {
+			c.RemoteCommitTime = t.remote.commitTime
+		}
+		if c.RemoteFinalLSN == 0 {
+			c.RemoteFinalLSN = t.remote.end
+		}
+		if c.RemoteOrigin == "" {
+			c.RemoteOrigin = t.remote.origin
+		}
 	}
 }
 

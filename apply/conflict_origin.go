@@ -2,8 +2,10 @@ package apply
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -69,6 +71,13 @@ func (s *session) setupConflicts(ctx context.Context) error {
 				"delete_origin_differs are not detected")
 		})
 	}
+	if cfg.Conflicts.LogTable != "" {
+		sql, err := setupLogTable(ctx, tg, cfg.Conflicts.LogTable)
+		if err != nil {
+			return err
+		}
+		det.logSQL = sql
+	}
 	if cfg.Conflicts.Retention > 0 {
 		tb, err := newTombstones(ctx, tg, cfg, s.stats, s.log)
 		if err != nil {
@@ -114,5 +123,61 @@ func (t *target) originXact(end LSN) {
 	}
 	t.batch.ExecParams("SELECT pg_catalog.pg_replication_origin_xact_setup($1::pg_catalog.pg_lsn, $2::pg_catalog.timestamptz)",
 		[][]byte{end.AppendText(nil), []byte(ts.UTC().Format(time.RFC3339Nano))}, nil, nil, nil)
+	t.ops = append(t.ops, batchOp{})
+}
+
+// logColumns are the conflict log table's columns filled from a logRecord.
+const logColumns = "slot, conflict, relation, resolution, remote_xid, remote_final_lsn, remote_commit_ts, remote_origin, " +
+	"replica_identity, remote_tuple, local_conflicts, note"
+
+// setupLogTable creates the conflict log table if it is missing and returns the statement
+// that inserts a JSON array of logRecords into it.
+func setupLogTable(ctx context.Context, tg *target, name string) (string, error) {
+	parts, err := parseQualified(name)
+	if err != nil {
+		return "", fmt.Errorf("%w: LogTable: %v", ErrInvalidConfig, err)
+	}
+	for i, p := range parts {
+		parts[i] = quoteIdent(p)
+	}
+	table := strings.Join(parts, ".")
+	err = tg.conn.Exec(ctx, "CREATE TABLE IF NOT EXISTS "+table+` (
+	id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+	logged_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
+	slot text NOT NULL,
+	conflict text NOT NULL,
+	relation text NOT NULL,
+	resolution text NOT NULL,
+	remote_xid bigint NOT NULL,
+	remote_final_lsn pg_lsn,
+	remote_commit_ts timestamptz,
+	remote_origin text,
+	replica_identity jsonb,
+	remote_tuple jsonb,
+	local_conflicts jsonb,
+	note text)`).Close()
+	if err != nil && !isCode(err, "42P07") {
+		return "", fmt.Errorf("apply: creating the conflict log table %s: %w", table, err)
+	}
+	return "INSERT INTO " + table + " (" + logColumns + ") SELECT " + logColumns +
+		" FROM pg_catalog.jsonb_populate_recordset(NULL::" + table + ", $1::jsonb)", nil
+}
+
+// queueLogRows queues the rows of the transaction's conflicts into the log table, in the
+// transaction that resolved them.
+func (t *target) queueLogRows() {
+	if t.det == nil || t.det.logSQL == "" || len(t.reports) == 0 {
+		return
+	}
+	recs := make([]logRecord, len(t.reports))
+	for i, c := range t.reports {
+		recs[i] = c.record(t.cfg.Slot, t.det.cfg.MaxLoggedValue)
+	}
+	b, err := json.Marshal(recs)
+	if err != nil {
+		t.log.Warn("conflict log table: encoding the rows", "err", err)
+		return
+	}
+	t.batch.ExecParams(t.det.logSQL, [][]byte{b}, nil, nil, nil)
 	t.ops = append(t.ops, batchOp{})
 }

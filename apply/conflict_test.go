@@ -180,6 +180,7 @@ type conflictCase struct {
 	wantLog     []string
 	stops       bool // the resolution is error: Run stops
 	mode        Mode
+	check       string // a query on the target whose count must be 1
 }
 
 func TestConflicts(t *testing.T) {
@@ -215,6 +216,13 @@ func conflictCases() []conflictCase {
 		ie(ResolveLastUpdateWins, true, base+"4,40,local"),
 	)
 	cases[0].stops = true
+	// Oversized values: cut in the log line, replaced by a marker in the log table.
+	cases = append(cases, conflictCase{name: "insert_exists/large", ct: InsertExists, res: ResolveSkip, setupSrc: seed,
+		local: []string{`INSERT INTO kv VALUES (4, 40, 'local')`}, remote: []string{`INSERT INTO kv VALUES (4, 41, repeat('x', 2000))`},
+		want: base + "4,40,local", wantCount: 1,
+		wantLog: []string{`remote row (4, 41, ` + strings.Repeat("x", maxReportedValue) + `...)`},
+		check: `SELECT count(*) FROM conflict_log WHERE remote_tuple -> 'v' = '{"omitted_bytes": 2000}' AND remote_tuple ->> 'id' = '4'
+			AND local_conflicts -> 0 -> 'tuple' ->> 'v' = 'local' AND local_conflicts -> 0 ->> 'index' = 'kv_pkey'`})
 	// A run of inserts long enough for COPY, one of which conflicts.
 	cases = append(cases, conflictCase{name: "insert_exists/copy", ct: InsertExists, res: ResolveSkip, setupSrc: seed,
 		local:  []string{`INSERT INTO kv VALUES (5, 55, 'local')`},
@@ -318,6 +326,7 @@ func runConflictCase(t *testing.T, srv *pgtest.Server, c conflictCase) {
 	res := map[ConflictType]Resolution{c.ct: c.res}
 	cfg := e.conflictConfig(t, &log, res)
 	cfg.Mode = c.mode
+	cfg.Conflicts.LogTable = "conflict_log"
 	cfg.Conflicts.Retention = c.retention
 	dropOrigins(t, e.dst, cfg.Origin)
 	t.Cleanup(func() {
@@ -377,6 +386,18 @@ func runConflictCase(t *testing.T, srv *pgtest.Server, c conflictCase) {
 	}
 	if got := rowsOf(t, e.dst); got != c.want {
 		t.Errorf("target rows %q, want %q", got, c.want)
+	}
+	if !c.stops {
+		q := fmt.Sprintf(`SELECT count(*) FROM conflict_log WHERE conflict = '%s' AND relation = '"public"."kv"' AND remote_xid > 0
+			AND remote_final_lsn IS NOT NULL AND remote_commit_ts IS NOT NULL AND slot = 'conflicts'`, c.ct)
+		if n := count(t, e.dst, q); n != c.wantCount {
+			t.Errorf("%d rows in the conflict log table, want %d", n, c.wantCount)
+		}
+	}
+	if c.check != "" {
+		if n := count(t, e.dst, c.check); n != 1 {
+			t.Errorf("%s: %d, want 1", c.check, n)
+		}
 	}
 	logs := log.String()
 	for _, w := range c.wantLog {

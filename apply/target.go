@@ -249,6 +249,8 @@ func (t *target) commit(ctx context.Context, progress *stmt, slot string, end LS
 	if t.origin != "" {
 		t.originXact(end)
 	}
+	t.completeReports()
+	t.queueLogRows()
 	t.batch.ExecPrepared(progress.name, [][]byte{[]byte(slot), end.AppendText(nil)}, nil, nil)
 	t.ops = append(t.ops, batchOp{})
 	if sync && !t.cfg.SynchronousCommit {
