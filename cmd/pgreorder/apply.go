@@ -47,6 +47,11 @@ type applyFlags struct {
 	createSlot, binary, syncCommit, verbose         bool
 	workers                                         int
 	status                                          time.Duration
+
+	// Conflicts and origins.
+	origin, sourceOrigin, resolutions, logTable string
+	noDetection                                 bool
+	retention                                   time.Duration
 }
 
 func (f *applyFlags) register(fs *flag.FlagSet) {
@@ -73,6 +78,27 @@ func (f *applyFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.table, "progress-table", apply.DefaultProgressTable, "target table of the progress rows (created if missing)")
 	fs.DurationVar(&f.status, "status-interval", 0, "longest time between status updates to the source (default 10s)")
 	fs.BoolVar(&f.verbose, "v", false, "debug logging")
+	fs.StringVar(&f.origin, "origin", "", "replication origin marking the target transactions "+
+		"(and origin_w1... for workers): needed by -source-origin none on the way back, and for *_origin_differs")
+	fs.StringVar(&f.sourceOrigin, "source-origin", "", `pgoutput's origin option: "any", or "none" (PostgreSQL 16+: `+
+		"leave out changes another replication applied on the source, for bidirectional setups)")
+	fs.StringVar(&f.resolutions, "conflict", "", "conflict resolutions, type=resolution comma-separated, "+
+		"e.g. insert_exists=last_update_wins,update_missing=apply_remote; types: "+
+		strings.Join(conflictTypeNames(), ", ")+"; resolutions: error, skip, apply_remote, keep_local, last_update_wins "+
+		"(default as PostgreSQL: error for *_exists and multiple_unique_conflicts, apply_remote for *_origin_differs, skip otherwise)")
+	fs.BoolVar(&f.noDetection, "no-conflict-detection", false, "send changes without conflict checks "+
+		"(update_missing and delete_missing are still counted; a unique violation stops)")
+	fs.DurationVar(&f.retention, "conflict-retention", 0, "detect update_deleted: record local deletions on the target "+
+		"and keep them this long (e.g. 5m; 0: off)")
+	fs.StringVar(&f.logTable, "conflict-log-table", "", "target table receiving one row per conflict (created if missing)")
+}
+
+func conflictTypeNames() []string {
+	var out []string
+	for _, ct := range apply.ConflictTypes() {
+		out = append(out, ct.String())
+	}
+	return out
 }
 
 // config checks the flags and makes the apply configuration.
@@ -103,6 +129,10 @@ func (f *applyFlags) config(fs *flag.FlagSet) (apply.Config, error) {
 	if err != nil {
 		return apply.Config{}, err
 	}
+	res, err := apply.ParseResolutions(f.resolutions, nil)
+	if err != nil {
+		return apply.Config{}, fmt.Errorf("-conflict: %w", err)
+	}
 	level := slog.LevelInfo
 	if f.verbose {
 		level = slog.LevelDebug
@@ -121,7 +151,15 @@ func (f *applyFlags) config(fs *flag.FlagSet) (apply.Config, error) {
 		SynchronousCommit: f.syncCommit,
 		ProgressTable:     f.table,
 		StatusInterval:    f.status,
-		Logger:            slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
+		Origin:            f.origin,
+		SourceOrigin:      f.sourceOrigin,
+		Conflicts: apply.ConflictConfig{
+			Off:         f.noDetection,
+			Resolutions: res,
+			Retention:   f.retention,
+			LogTable:    f.logTable,
+		},
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
 	}, nil
 }
 
@@ -170,7 +208,9 @@ func runApply(ctx context.Context, args []string) error {
 func logApplyStats(log *slog.Logger, st apply.Stats) {
 	log.Info("progress", "transactions", st.Txns, "applied_lsn", st.AppliedLSN, "inserts", st.Inserts,
 		"copy_rows", st.CopyRows, "updates", st.Updates, "deletes", st.Deletes, "truncates", st.Truncates,
-		"statements", st.Statements, "round_trips", st.RoundTrips, "update_missing", st.UpdateMissing,
-		"delete_missing", st.DeleteMissing, "sessions", st.Sessions, "serial_retries", st.SerialRetries,
+		"statements", st.Statements, "round_trips", st.RoundTrips, "insert_exists", st.InsertExists,
+		"update_origin_differs", st.UpdateOriginDiffers, "update_exists", st.UpdateExists, "update_missing", st.UpdateMissing,
+		"delete_origin_differs", st.DeleteOriginDiffers, "update_deleted", st.UpdateDeleted, "delete_missing", st.DeleteMissing,
+		"multiple_unique_conflicts", st.MultipleUniqueConflicts, "tombstones", st.Tombstones, "sessions", st.Sessions, "serial_retries", st.SerialRetries,
 		"deadlocks", st.Deadlocks, "spooled", st.Spooled, "queue_spilled", st.QueueSpilled)
 }

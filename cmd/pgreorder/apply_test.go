@@ -30,6 +30,11 @@ func TestApplyFlags(t *testing.T) {
 		{append(base, "-workers", "-1"), "-workers -1"},
 		{append(base, "-work-mem", "0"), `-work-mem "0"`},
 		{append(base, "extra"), "unexpected arguments: extra"},
+		{append(base, "-conflict", "insert_exists=win"), `-conflict: apply: invalid configuration: resolution "win"`},
+		{append(base, "-conflict", "insert_missing=skip"), `conflict type "insert_missing"`},
+		{append(base, "-source-origin", "some"), `SourceOrigin "some"`},
+		{append(base, "-conflict-retention", "1ms"), "Retention 1ms"},
+		{append(base, "-no-conflict-detection", "-conflict-log-table", "log"), "LogTable needs detection"},
 	} {
 		err := runApply(context.Background(), c.args)
 		require.Error(t, err, "%q", c.args)
