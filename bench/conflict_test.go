@@ -110,13 +110,19 @@ func conflictRun(ctx context.Context, b *testing.B, pub, sub *pgtest.Server, db 
 		"SELECT pg_create_logical_replication_slot('"+db+"', 'pgoutput')")...); err != nil {
 		return res, err
 	}
-	// The target: the replicated tables, and its own pgbench tables in schema local.
+	// The target: the replicated tables, loaded as an initial copy would be, committed with the
+	// Applier's origin (rows of another origin would each be an update_origin_differs on their
+	// first update), and its own pgbench tables in schema local.
+	origin := "bench_" + db
+	replicated := append([]string{"SELECT pg_replication_origin_create('" + origin + "')",
+		"SELECT pg_replication_origin_session_setup('" + origin + "')"}, tpcbSchema(scale)...)
+	replicated = append(replicated, "SELECT pg_replication_origin_session_reset()")
 	local := append([]string{"CREATE SCHEMA local", "SET search_path = local"}, tpcbSchema(scale)...)
-	if err := pgtest.Exec(ctx, sub.ConnString(db), append(tpcbSchema(scale), local...)...); err != nil {
+	if err := pgtest.Exec(ctx, sub.ConnString(db), append(replicated, local...)...); err != nil {
 		return res, err
 	}
 	cfg := apply.Config{Source: pub.ReplicationConnString(db), Target: sub.ConnString(db), Slot: db,
-		Publications: []string{"pub"}, Mode: apply.Parallel, Origin: "bench_" + db, Conflicts: cc}
+		Publications: []string{"pub"}, Mode: apply.Parallel, Origin: origin, Conflicts: cc}
 	a, err := apply.New(cfg)
 	if err != nil {
 		return res, err
