@@ -131,7 +131,7 @@ func (t *target) checkedSQL(m *relMap, s *stmt, shape string) string {
 	case 'I':
 		rc, err := t.conflictInfo(context.Background(), m)
 		if err == nil && rc.onConflict {
-			return s.plain + " ON CONFLICT DO NOTHING"
+			return counted(s.plain + " ON CONFLICT DO NOTHING")
 		}
 	case 'U', 'D':
 		s.full = m.full
@@ -145,11 +145,62 @@ func (t *target) checkedSQL(m *relMap, s *stmt, shape string) string {
 			}
 			// A row last changed by a transaction without commit timestamp (frozen, older than
 			// the tracking, or this one) counts as the Applier's.
-			return s.plain + " AND COALESCE((pg_catalog.pg_xact_commit_timestamp_origin(xmin)).roident, " +
-				ids[0] + ") IN (" + strings.Join(ids, ", ") + ")"
+			return counted(s.plain + " AND COALESCE((pg_catalog.pg_xact_commit_timestamp_origin(xmin)).roident, " +
+				ids[0] + ") IN (" + strings.Join(ids, ", ") + ")")
 		}
+		return counted(s.plain)
 	}
 	return s.plain
+}
+
+// counted wraps a checked statement so that it returns the number of rows it changed and, when
+// none, marks the transaction (pgreorder.missed), which the commit's check reads.
+func counted(sql string) string {
+	return "WITH pgr AS (" + sql + " RETURNING 1) SELECT c.n, CASE WHEN c.n = 0 THEN " +
+		"pg_catalog.set_config('pgreorder.missed', 'on', true) END FROM (SELECT pg_catalog.count(*) AS n FROM pgr) c"
+}
+
+// hasChecked reports whether the batch holds checked statements.
+func (t *target) hasChecked() bool {
+	if t.det == nil {
+		return false
+	}
+	for i := range t.ops {
+		if t.ops[i].st != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// commitCheck queues, before the commit, a check that fails when a checked statement of the
+// transaction changed no row, after a savepoint: the batch that commits holds its last
+// statements, whose conflicts must be resolved before the commit. The check failing skips the
+// commit and leaves the transaction as it was at the savepoint; see heldBack.
+func (t *target) commitCheck() {
+	t.control("SAVEPOINT pgr_commit")
+	t.control("SELECT CASE WHEN pg_catalog.current_setting('pgreorder.missed', true) = 'on' THEN pg_catalog.int4div(1, 0) END")
+	t.ops[len(t.ops)-1].check = true
+	t.control("RELEASE SAVEPOINT pgr_commit")
+}
+
+// errRecommit says that the commit was held back by its check: send it again.
+var errRecommit = errors.New("apply: commit held back by a conflict")
+
+// heldBack undoes the failed check and resolves the conflicts of the batch.
+func (t *target) heldBack(ctx context.Context, ops []batchOp, missed []int) error {
+	t.stats.roundTrips.Add(1)
+	err := t.conn.Exec(ctx, "ROLLBACK TO SAVEPOINT pgr_commit; RELEASE SAVEPOINT pgr_commit; "+
+		"SELECT pg_catalog.set_config('pgreorder.missed', '', true)").Close()
+	if err != nil {
+		return err
+	}
+	for _, j := range missed {
+		if err := t.resolveMissed(ctx, ops[j]); err != nil {
+			return err
+		}
+	}
+	return errRecommit
 }
 
 // fmtUnchanged marks a kept value the source did not send (an unchanged TOASTed value).

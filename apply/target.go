@@ -106,6 +106,7 @@ type batchOp struct {
 	keyAt     int32
 	row, nrow int32
 	guarded   bool // sent after SAVEPOINT pgr_guard: a unique violation is an update_exists
+	check     bool // the commit's check (see commitCheck)
 }
 
 // connectTarget opens a connection to the target with the session settings apply relies on.
@@ -242,23 +243,34 @@ func (t *target) commit(ctx context.Context, progress *stmt, slot string, end LS
 	if err := t.flushInserts(ctx); err != nil {
 		return err
 	}
-	if err := t.settleChecks(ctx); err != nil {
-		return err
-	}
-	t.newBatch()
-	if t.origin != "" {
-		t.originXact(end)
-	}
-	t.completeReports()
-	t.queueLogRows()
-	t.batch.ExecPrepared(progress.name, [][]byte{[]byte(slot), end.AppendText(nil)}, nil, nil)
-	t.ops = append(t.ops, batchOp{})
-	if sync && !t.cfg.SynchronousCommit {
-		t.control("SET LOCAL synchronous_commit = on")
-	}
-	t.control("COMMIT")
-	t.inTxn = false
-	if err := t.flushBatch(ctx); err != nil {
+	check := t.hasChecked()
+	for {
+		t.newBatch()
+		if check {
+			t.commitCheck()
+		}
+		if t.origin != "" {
+			t.originXact(end)
+		}
+		t.completeReports()
+		t.queueLogRows()
+		t.batch.ExecPrepared(progress.name, [][]byte{[]byte(slot), end.AppendText(nil)}, nil, nil)
+		t.ops = append(t.ops, batchOp{})
+		if sync && !t.cfg.SynchronousCommit {
+			t.control("SET LOCAL synchronous_commit = on")
+		}
+		t.control("COMMIT")
+		t.inTxn = false
+		err := t.flushBatch(ctx)
+		if err == errRecommit {
+			// A checked statement of the batch met a conflict: the commit was held back and the
+			// conflict resolved; commit now.
+			t.inTxn, check = true, false
+			continue
+		}
+		if err == nil {
+			break
+		}
 		var ce *changeError
 		if errors.As(err, &ce) && ce.op == "" {
 			ce.op = "COMMIT" // a deferred constraint
@@ -656,17 +668,31 @@ func (t *target) flushBatch(ctx context.Context) error {
 	var first, failed error
 	var missed []int // ops that met no row or a conflict: resolved once the batch is done
 	for mrr.NextResult() {
-		tag, err := mrr.ResultReader().Close()
+		rr := mrr.ResultReader()
 		if i >= len(ops) {
+			rr.Close()
 			break
 		}
 		op := ops[i]
 		i++
+		affected := int64(-1)
+		if t.det != nil && op.st != nil {
+			// A checked statement returns the rows it changed (see checkedSQL).
+			for rr.NextRow() {
+				if v := rr.Values(); len(v) > 0 {
+					affected, _ = strconv.ParseInt(string(v[0]), 10, 64)
+				}
+			}
+		}
+		tag, err := rr.Close()
 		if err != nil {
 			first, failed = t.statementError(op, err), err
 			break
 		}
-		if t.det != nil && op.st != nil && tag.RowsAffected() == 0 {
+		if affected < 0 {
+			affected = tag.RowsAffected()
+		}
+		if t.det != nil && op.st != nil && affected == 0 {
 			missed = append(missed, i-1)
 			continue
 		}
@@ -686,6 +712,9 @@ func (t *target) flushBatch(ctx context.Context) error {
 	if first != nil {
 		if i > 0 && ops[i-1].guarded && isViolation(failed) {
 			return t.updateExists(ctx, ops[i-1], first)
+		}
+		if i > 0 && ops[i-1].check {
+			return t.heldBack(ctx, ops, missed)
 		}
 		return first
 	}
