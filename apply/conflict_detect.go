@@ -179,7 +179,8 @@ func (t *target) hasChecked() bool {
 // commit and leaves the transaction as it was at the savepoint; see heldBack.
 func (t *target) commitCheck() {
 	t.control("SAVEPOINT pgr_commit")
-	t.control("SELECT CASE WHEN pg_catalog.current_setting('pgreorder.missed', true) = 'on' THEN pg_catalog.int4div(1, 0) END")
+	// Divides by zero when marked (not a constant: the planner would fold it and fail always).
+	t.control("SELECT 1 / (pg_catalog.current_setting('pgreorder.missed', true) IS DISTINCT FROM 'on')::int")
 	t.ops[len(t.ops)-1].check = true
 	t.control("RELEASE SAVEPOINT pgr_commit")
 }
@@ -282,9 +283,7 @@ func (t *target) queueUpdate(ctx context.Context, m *relMap, st *stmt, u *decodi
 	}
 	op := batchOp{op: 'U', rel: m, keyAt: int32(sets), guarded: st.risky}
 	if st.risky {
-		if err := t.flushBatch(ctx); err != nil {
-			return err
-		}
+		// At the end of the batch, which is sent at once: a violation skips nothing after it.
 		t.control("SAVEPOINT pgr_guard")
 	}
 	op.row, op.nrow = t.keepTuple(u.New)
@@ -774,12 +773,18 @@ func (t *target) insertOIDs(m *relMap) []uint32 {
 	return oids
 }
 
-// updateExists resolves a guarded UPDATE that violated a unique constraint: the transaction is
-// rolled back to the guard, the conflicting local rows looked up.
-func (t *target) updateExists(ctx context.Context, op batchOp, cause error) error {
+// updateExists resolves a guarded UPDATE, the last statement of its batch, that violated a
+// unique constraint: the transaction is rolled back to the guard, the conflicts of the
+// statements before it (missed) resolved, and the conflicting local rows looked up.
+func (t *target) updateExists(ctx context.Context, op batchOp, cause error, ops []batchOp, missed []int) error {
 	t.stats.roundTrips.Add(1)
 	if err := t.conn.Exec(ctx, "ROLLBACK TO SAVEPOINT pgr_guard; RELEASE SAVEPOINT pgr_guard").Close(); err != nil {
 		return err
+	}
+	for _, j := range missed {
+		if err := t.resolveMissed(ctx, ops[j]); err != nil {
+			return err
+		}
 	}
 	m, st := op.rel, op.st
 	params, formats := t.kept(op.arg, op.narg)

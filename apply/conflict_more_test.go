@@ -241,3 +241,37 @@ func TestLastUpdateWinsConverges(t *testing.T) {
 		t.Log(log.String())
 	}
 }
+
+// TestDetectionRoundTrips checks that detection costs no round trip when nothing conflicts:
+// each small transaction is still sent with its commit in one (an update that sets a column of
+// a secondary unique index ends its batch, after a savepoint: not here).
+func TestDetectionRoundTrips(t *testing.T) {
+	srv := conflictServer(t, testMajors[len(testMajors)-1])
+	e := conflictEnv(t, srv)
+	var log logBuffer
+	cfg := e.conflictConfig(t, &log, nil)
+	dropOrigins(t, e.dst, cfg.Origin)
+	execOn(t, e.src, `INSERT INTO kv VALUES (1, 1, 'x'), (2, 2, 'y')`, `INSERT INTO marker VALUES (1)`)
+	execOn(t, e.src, `ALTER TABLE kv DROP CONSTRAINT kv_u_key`)
+	execOn(t, e.dst, `ALTER TABLE kv DROP CONSTRAINT kv_u_key`)
+	r := start(t, cfg)
+	e.waitMarker(t, r, 1)
+	before := r.a.Stats()
+	var stmts []string
+	for i := range 50 {
+		stmts = append(stmts, fmt.Sprintf(`BEGIN; UPDATE kv SET v = 'v%d' WHERE id = 1; DELETE FROM kv WHERE id = 2; INSERT INTO kv VALUES (2, 2, 'y'); COMMIT`, i))
+	}
+	execOn(t, e.src, append(stmts, `INSERT INTO marker VALUES (2)`)...)
+	e.waitMarker(t, r, 2)
+	after := r.a.Stats()
+	txns, trips := after.Txns-before.Txns, after.RoundTrips-before.RoundTrips
+	// Group commit adds a synchronous empty transaction now and then (see Config.SynchronousCommit).
+	if txns != 51 || trips > txns+10 {
+		t.Errorf("%d transactions took %d round trips, want one each", txns, trips)
+	}
+	for _, ct := range ConflictTypes() {
+		if n := after.Conflicts(ct); n != 0 {
+			t.Errorf("%d %s conflicts", n, ct)
+		}
+	}
+}

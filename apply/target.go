@@ -711,7 +711,7 @@ func (t *target) flushBatch(ctx context.Context) error {
 	defer t.resetArgs()
 	if first != nil {
 		if i > 0 && ops[i-1].guarded && isViolation(failed) {
-			return t.updateExists(ctx, ops[i-1], first)
+			return t.updateExists(ctx, ops[i-1], first, ops, missed)
 		}
 		if i > 0 && ops[i-1].check {
 			return t.heldBack(ctx, ops, missed)
