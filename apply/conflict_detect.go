@@ -31,10 +31,15 @@ import (
 //     changed by another origin (*_origin_differs); missing, it is update_missing (or
 //     update_deleted when a tombstone for its key is newer than the source transaction) or
 //     delete_missing.
-//   - An update that sets a column of a unique index goes alone after a savepoint; a unique
-//     violation rolls back to it and is update_exists (or multiple_unique_conflicts).
+//   - An update that sets a column of a unique index goes after a savepoint, at the end of its
+//     batch; a unique violation rolls back to it and is update_exists (or
+//     multiple_unique_conflicts).
+//   - Checked statements return the rows they changed and mark the transaction when none; the
+//     batch that commits checks the mark after a savepoint, before its COMMIT, so that a
+//     conflict holds the commit back (see commitCheck) and nothing else costs a round trip.
 //
-// Lookups and resolutions run on the connection applying the transaction, inside it.
+// Lookups and resolutions run on the connection applying the transaction, inside it, in the
+// order of the statements.
 
 // detection is what a session knows about the target for conflict detection; shared by its
 // targets, read-only once made.
