@@ -1,0 +1,29 @@
+package apply_test
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/pgreorder/pgreorder/apply"
+)
+
+// Conflict resolutions are given per type, with PostgreSQL's names; the types left out keep
+// PostgreSQL's behaviour.
+func ExampleParseResolutions() {
+	res, err := apply.ParseResolutions("insert_exists=last_update_wins, update_missing=apply_remote", nil)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	cfg := apply.Config{
+		Origin:       "pgreorder_app", // marks the applied transactions: no loops, *_origin_differs
+		SourceOrigin: "none",          // the other direction's applied changes are not sent back
+		Conflicts: apply.ConflictConfig{
+			Resolutions: res,
+			Retention:   5 * time.Minute, // update_deleted: tombstones of local deletions, kept 5 minutes
+			LogTable:    "pgreorder_conflicts",
+		},
+	}
+	fmt.Println(cfg.Conflicts.Resolutions[apply.InsertExists], cfg.Conflicts.Resolutions[apply.UpdateMissing])
+	// Output: last_update_wins apply_remote
+}
