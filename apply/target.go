@@ -276,6 +276,9 @@ func (t *target) commit(ctx context.Context, progress *stmt, slot string, end LS
 			ce.op = "COMMIT" // a deferred constraint
 		}
 		t.dropReports()
+		// The commit may not have been sent (a conflict held it back and its resolution
+		// failed): a rollback must end the transaction.
+		t.inTxn = true
 		return err
 	}
 	t.stats.applied(end)
