@@ -81,9 +81,12 @@ func (s *session) committed(c commitRef, durable bool) {
 	a.list = append(a.list, c)
 	if durable {
 		a.flushed = max(a.flushed, c.seq)
-		if a.waiting && a.cancel != nil {
-			a.cancel()
-		}
+	}
+	// Wake the leader either way: durable, the commit is to be acknowledged; not durable, the
+	// leader may be waiting for the stream with no commit to flush when it went to wait, and the
+	// source may be waiting for this one (synchronous replication): nothing more would come.
+	if a.waiting && a.cancel != nil {
+		a.cancel()
 	}
 }
 
