@@ -8,8 +8,32 @@
 //	})
 //
 // The target's tables must exist, matched by schema and name, with every source column (matched
-// by name; the target may have more), and hold what the source held when the slot was created:
-// there is no initial copy.
+// by name; the target may have more), and hold what the source held when the slot was created,
+// or be empty and let Config.Copy fill them.
+//
+// # Initial copy
+//
+// With Config.Copy, a session that finds no progress row for the slot makes the initial copy: it
+// creates the slot with an exported snapshot (the slot must not exist), copies the published
+// tables as that snapshot sees them with package snapshot (Config.CopyWorkers tables, or page
+// ranges of large tables, at once, each chunk written through the same COPY path as streamed
+// inserts, in a target transaction of its own), then writes the progress row at the slot's
+// consistent point, durably, and streams from it: every transaction that committed before that
+// point is in the copy, every later one in the stream, none in both. The schema is not copied:
+// the target's tables must exist, and be empty; one that holds rows stops Run with
+// ErrTargetNotEmpty before anything is copied (and the slot is dropped again), unless
+// Config.CopyTruncate lets the copy truncate it.
+//
+// A crash, kill or lost connection during the copy leaves part of it on the target. The copy
+// table (the progress table's name with "_copy", created next to it) records, before the slot is
+// created and before the first row goes into each table, that a copy for the slot is under way
+// and which tables it writes; the transaction that writes the progress row deletes those rows.
+// A failed session discards its copy (drops the slot, truncates the tables it recorded); a
+// session that finds the records but no progress row (the process died) does the same, then
+// copies again from a new slot. A slot that exists while the target records neither a copy nor
+// progress for it is someone else's: Run stops with ErrCopySlotExists. Once the progress row
+// exists, Copy changes nothing. Tables added to the publications later are not copied: their
+// existing rows never reach the target (copy them by hand before adding them).
 //
 // # Exactly once
 //

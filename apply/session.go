@@ -72,7 +72,7 @@ func (a *Applier) session(parent context.Context) (err error) {
 	if !s.leader.replicaRole {
 		s.log.Info("the target role may not set session_replication_role: triggers and foreign keys fire for replicated changes")
 	}
-	s.stream, err = replication.Start(ctx, replication.Config{
+	rcfg := replication.Config{
 		ConnString:     s.cfg.Source,
 		Slot:           s.cfg.Slot,
 		Publications:   s.cfg.Publications,
@@ -86,7 +86,12 @@ func (a *Applier) session(parent context.Context) (err error) {
 			SkipThrough: resume,
 			Incremental: s.cfg.Mode != Buffered,
 		},
-	})
+	}
+	if s.cfg.Copy && resume == 0 { // no progress row: the target has yet to be copied
+		s.stream, resume, err = s.initialCopy(ctx, rcfg)
+	} else {
+		s.stream, err = replication.Start(ctx, rcfg)
+	}
 	if err != nil {
 		return err
 	}
