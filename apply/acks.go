@@ -138,8 +138,9 @@ func (s *session) next(ctx context.Context) (*reorderbuffer.Txn, error) {
 		return nil, errWoken
 	}
 	// An open transaction on the leader's connection (a committed transaction arriving in
-	// parts) is about to be followed by its next part: no flush before.
-	unflushed := len(a.list) > 0 && !s.leader.inTxn
+	// parts) is about to be followed by its next part: no flush before. An open group
+	// (Buffered) commits as soon as nothing more is ready.
+	unflushed := (len(a.list) > 0 && !s.leader.inTxn) || s.group.open()
 	if a.wake == nil || a.wake.Err() != nil {
 		a.wake, a.cancel = context.WithCancel(ctx)
 	}

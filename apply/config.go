@@ -13,9 +13,10 @@ import (
 type Mode int
 
 const (
-	// Buffered applies each transaction whole, at its commit, in one target transaction, on one
-	// connection, in commit order. A streamed transaction is held by the reorder buffer (in
-	// memory up to WorkMem, then on disk) until its commit arrives.
+	// Buffered applies each transaction whole, at its commit, on one connection, in commit
+	// order; transactions already received are grouped into one target transaction (see the
+	// package documentation). A streamed transaction is held by the reorder buffer (in memory up
+	// to WorkMem, then on disk) until its commit arrives.
 	Buffered Mode = iota
 	// Eager applies a streamed transaction as its parts arrive, on a connection of its own
 	// (one of Workers), taking a savepoint before each subtransaction's first change, rolling

@@ -62,8 +62,14 @@
 //
 // # Modes
 //
-// Buffered applies each transaction whole at its commit, one at a time; the reorder buffer holds
-// large transactions in memory up to Config.WorkMem and on disk beyond.
+// Buffered applies each transaction whole at its commit, in commit order; the reorder buffer holds
+// large transactions in memory up to Config.WorkMem and on disk beyond. Transactions the stream
+// has already delivered are applied together in one target transaction (up to 64 of them, or
+// 10ms's worth), which ends with the progress row of the last: a backlog of small transactions
+// then takes a round trip per group instead of one per transaction. The target sees a group's
+// transactions become visible at once; every state it shows is still one the source had at a
+// commit. A statement that fails inside a group restarts the session with the group's
+// transactions applied one at a time, so that the error names its own transaction.
 //
 // Eager applies a large transaction the server streams while it is still running on the source,
 // as PostgreSQL 16's parallel apply does: on a worker connection of its own, a SAVEPOINT before

@@ -33,6 +33,8 @@ type session struct {
 
 	relBuf [1]*relInfo
 
+	group group // Buffered: the open target transaction
+
 	// Eager and Parallel.
 	cancel    context.CancelCauseFunc // ends the session with the first error
 	wg        sync.WaitGroup          // the workers' and the watchdog's goroutines
@@ -218,7 +220,12 @@ func (s *session) runBuffered(ctx context.Context) error {
 		}
 		t, err := s.next(ctx)
 		if err != nil {
-			if err = s.wakeUp(ctx, err); err != nil {
+			if errors.Is(err, errIdle) && s.group.open() { // nothing more to read: commit
+				err = s.commitGroup(ctx)
+			} else {
+				err = s.wakeUp(ctx, err)
+			}
+			if err != nil {
 				return err
 			}
 			continue
@@ -229,7 +236,7 @@ func (s *session) runBuffered(ctx context.Context) error {
 			}
 			continue
 		}
-		if err := s.applyWhole(ctx, t); err != nil {
+		if err := s.applyGrouped(ctx, t); err != nil {
 			return err
 		}
 	}
