@@ -94,6 +94,14 @@
 // transaction is rolled back, the session restarts from the progress row, and that transaction is
 // applied alone. The same holds for a streamed transaction in Eager.
 //
+// Choosing a mode: Buffered is the default and the fastest in most cases measured (BENCHMARKS.md
+// in the repository): whole transactions, COPY for inserts, and transactions already received
+// grouped per round trip. Eager pays off when the target has cores to spare while a large
+// transaction is still running on the source. Parallel pays a second round trip per transaction
+// (its changes, then its COMMIT in turn) and groups nothing: on a backlog of small transactions
+// that touch the same rows it is slower than Buffered; it helps when the target's work per
+// transaction dominates and transactions touch different rows.
+//
 // # Statements
 //
 // Runs of inserts into one table go through COPY FROM STDIN, in binary when the values are (with
