@@ -81,9 +81,12 @@ func (s *session) committed(c commitRef, durable bool) {
 	a.list = append(a.list, c)
 	if durable {
 		a.flushed = max(a.flushed, c.seq)
-		if a.waiting && a.cancel != nil {
-			a.cancel()
-		}
+	}
+	// Wake the leader either way: durable, the commit is to be acknowledged; not durable, the
+	// leader may be waiting for the stream with no commit to flush when it went to wait, and the
+	// source may be waiting for this one (synchronous replication): nothing more would come.
+	if a.waiting && a.cancel != nil {
+		a.cancel()
 	}
 }
 
@@ -135,8 +138,9 @@ func (s *session) next(ctx context.Context) (*reorderbuffer.Txn, error) {
 		return nil, errWoken
 	}
 	// An open transaction on the leader's connection (a committed transaction arriving in
-	// parts) is about to be followed by its next part: no flush before.
-	unflushed := len(a.list) > 0 && !s.leader.inTxn
+	// parts) is about to be followed by its next part: no flush before. An open group
+	// (Buffered) commits as soon as nothing more is ready.
+	unflushed := (len(a.list) > 0 && !s.leader.inTxn) || s.group.open()
 	if a.wake == nil || a.wake.Err() != nil {
 		a.wake, a.cancel = context.WithCancel(ctx)
 	}

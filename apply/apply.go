@@ -133,8 +133,12 @@ func Run(ctx context.Context, cfg Config) error {
 type hooks struct {
 	// stage is called with "before-commit" (the changes are on the target, COMMIT not yet sent),
 	// "after-commit" (committed, not yet acknowledged) and, in Eager and Parallel, "record"
-	// (before a job's queued record is applied; only Xid and Streamed are set).
+	// (before a job's queued record is applied; only Xid and Streamed are set); with Copy,
+	// "copy-chunk" (before a chunk is read; x is zero) and "copy-done" (every chunk committed,
+	// the progress row not written; EndLSN is the consistent point).
 	stage func(ctx context.Context, stage string, x txnRef) error
+	// copyChunkSize, if set, is the initial copy's snapshot.Config.ChunkSize.
+	copyChunkSize int64
 }
 
 // txnRef identifies a source transaction to hooks.

@@ -13,9 +13,10 @@ import (
 type Mode int
 
 const (
-	// Buffered applies each transaction whole, at its commit, in one target transaction, on one
-	// connection, in commit order. A streamed transaction is held by the reorder buffer (in
-	// memory up to WorkMem, then on disk) until its commit arrives.
+	// Buffered applies each transaction whole, at its commit, on one connection, in commit
+	// order; transactions already received are grouped into one target transaction (see the
+	// package documentation). A streamed transaction is held by the reorder buffer (in memory up
+	// to WorkMem, then on disk) until its commit arrives.
 	Buffered Mode = iota
 	// Eager applies a streamed transaction as its parts arrive, on a connection of its own
 	// (one of Workers), taking a savepoint before each subtransaction's first change, rolling
@@ -70,19 +71,32 @@ type Config struct {
 	Source string
 	// Target is the connection string of the target database. Its connections run with
 	// application_name "pgreorder apply SLOT" (workers "pgreorder apply SLOT wN", the lock
-	// watchdog "pgreorder apply SLOT watchdog"), client_encoding UTF8, DateStyle ISO, read
-	// committed, no statement, lock or idle timeouts, synchronous_commit off (see
-	// SynchronousCommit) and, when the role may set it, session_replication_role = replica, as
-	// PostgreSQL's own subscriber does: ordinary triggers and foreign key checks do not fire for
-	// replicated changes.
+	// watchdog "pgreorder apply SLOT watchdog", those of Copy "pgreorder apply SLOT cN"),
+	// client_encoding UTF8, DateStyle ISO, read committed, no statement, lock or idle timeouts,
+	// synchronous_commit off (see SynchronousCommit) and, when the role may set it,
+	// session_replication_role = replica, as PostgreSQL's own subscriber does: ordinary triggers
+	// and foreign key checks do not fire for replicated changes.
 	Target string
 	// Slot is the logical replication slot (pgoutput) on the source.
 	Slot string
 	// Publications are the source publications to replicate.
 	Publications []string
 	// CreateSlot creates the slot if it does not exist. The target must then hold what the source
-	// held when the slot was created: there is no initial copy.
+	// held when the slot was created (or use Copy).
 	CreateSlot bool
+	// Copy makes the initial copy when the target has no progress row for the slot: Run creates
+	// the slot (with or without CreateSlot) with an exported snapshot, copies the published
+	// tables as they were at the slot's consistent point into the target's existing, empty
+	// tables, and streams from that point; a copy interrupted by a crash is discarded and made
+	// again. Once the progress row exists, Copy changes nothing. See the package documentation.
+	Copy bool
+	// CopyTruncate lets Copy empty target tables that hold rows (TRUNCATE, without CASCADE);
+	// without it such a table stops Run with ErrTargetNotEmpty before anything is copied.
+	CopyTruncate bool
+	// CopyWorkers is the number of tables (or parts of tables) Copy copies at once, each over a
+	// connection to the source and one to the target; 0 means snapshot.DefaultWorkers. At most
+	// MaxWorkers.
+	CopyWorkers int
 
 	// Mode is Buffered (the zero value), Eager or Parallel.
 	Mode Mode
@@ -165,6 +179,8 @@ func (c Config) validate() (Config, error) {
 		return bad("unknown Mode %d", int(c.Mode))
 	case c.Workers < 0 || c.Workers > MaxWorkers:
 		return bad("Workers %d (want 0 for the default, or 1 to %d)", c.Workers, MaxWorkers)
+	case c.CopyWorkers < 0 || c.CopyWorkers > MaxWorkers:
+		return bad("CopyWorkers %d (want 0 for the default, or 1 to %d)", c.CopyWorkers, MaxWorkers)
 	case c.WorkMem < 0 && c.WorkMem != reorderbuffer.SpillEverything:
 		return bad("WorkMem %d", c.WorkMem)
 	}

@@ -439,8 +439,9 @@ func rowOf(m *relMap, row [][]byte, formats []int16) []ColumnValue {
 
 // newConflict starts the report of a conflict of the transaction being applied.
 func (t *target) newConflict(ct ConflictType, m *relMap) *Conflict {
-	c := &Conflict{Type: ct, Relation: m.name, RemoteXid: t.remote.xid, RemoteFinalLSN: t.remote.end,
-		RemoteCommitTime: t.remote.commitTime, RemoteOrigin: t.remote.origin}
+	r := t.opSrc
+	c := &Conflict{Type: ct, Relation: m.name, RemoteXid: r.xid, RemoteFinalLSN: r.end,
+		RemoteCommitTime: r.commitTime, RemoteOrigin: r.origin}
 	return c
 }
 
@@ -473,7 +474,7 @@ func (t *target) resolve(c *Conflict, op string) (bool, error) {
 // arrived yet commits after now. Equal times are decided by the rows' text, the greater
 // winning, so that two nodes replicating to each other pick the same version.
 func (t *target) remoteWins(c *Conflict) bool {
-	rt := t.remote.commitTime
+	rt := t.opSrc.commitTime
 	if rt.IsZero() {
 		rt = time.Now()
 	}
@@ -549,8 +550,18 @@ type reportMark struct {
 	n   int
 }
 
+// srcOf returns the source transaction op belongs to: a group (Buffered) applies several in
+// one target transaction, and its conflicts are resolved after later ones were queued.
+func (t *target) srcOf(op batchOp) remoteTxn {
+	if op.src >= 0 && int(op.src) < len(t.srcs) {
+		return t.srcs[op.src]
+	}
+	return t.remote
+}
+
 // resolveMissed resolves a checked statement that affected no row.
 func (t *target) resolveMissed(ctx context.Context, op batchOp) error {
+	t.opSrc = t.srcOf(op)
 	switch op.op {
 	case 'I':
 		return t.insertConflict(ctx, op)
@@ -722,7 +733,7 @@ func (t *target) rowMissed(ctx context.Context, op batchOp) error {
 		if err != nil {
 			return err
 		}
-		rt := t.remote.commitTime
+		rt := t.opSrc.commitTime
 		if d != nil && (rt.IsZero() || d.CommitTime.After(rt)) {
 			ct, deleted = UpdateDeleted, d
 		}
@@ -791,6 +802,7 @@ func (t *target) updateExists(ctx context.Context, op batchOp, cause error, ops 
 			return err
 		}
 	}
+	t.opSrc = t.srcOf(op)
 	m, st := op.rel, op.st
 	params, formats := t.kept(op.arg, op.narg)
 	key, keyFormats := params[op.keyAt:], formats[op.keyAt:]

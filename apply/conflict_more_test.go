@@ -13,8 +13,8 @@ import (
 	"github.com/pgreorder/pgreorder/internal/pgtest"
 )
 
-// count returns the result of a count query.
-func count(t *testing.T, dsn, sql string) int64 {
+// count64 returns the result of a count query.
+func count64(t *testing.T, dsn, sql string) int64 {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -83,7 +83,7 @@ func TestTombstonesBounded(t *testing.T) {
 		t.Errorf("at most %d tombstones for %d deletions over ~2s with a retention of 300ms", most, deleted)
 	}
 	eventually(t, "the tombstones purged", func() bool {
-		return count(t, e.dst, `SELECT count(*) FROM pgreorder_tombstones`) == 0
+		return count64(t, e.dst, `SELECT count(*) FROM pgreorder_tombstones`) == 0
 	})
 	if st := r.a.Stats(); st.TombstonesPurged < deleted/2 || !st.RetentionActive {
 		t.Errorf("stats %+v: want most of %d tombstones purged, retention active", st, deleted)
@@ -98,14 +98,14 @@ func TestTombstonesBounded(t *testing.T) {
 	eventually(t, "retention stopped", func() bool { return r.a.Stats().RetentionStops == 1 && !r.a.Stats().RetentionActive })
 	execOn(t, e.dst, `INSERT INTO kv VALUES (100, 100, 'l')`, `DELETE FROM kv WHERE id = 100`)
 	time.Sleep(100 * time.Millisecond)
-	if n := count(t, e.dst, `SELECT count(*) FROM pgreorder_tombstones`); n != 0 {
+	if n := count64(t, e.dst, `SELECT count(*) FROM pgreorder_tombstones`); n != 0 {
 		t.Errorf("%d tombstones recorded while retention is stopped", n)
 	}
 	execOn(t, e.src, `INSERT INTO marker VALUES (3)`)
 	e.waitMarker(t, r, 3)
 	eventually(t, "retention resumed", func() bool { return r.a.Stats().RetentionActive })
 	execOn(t, e.dst, `INSERT INTO kv VALUES (100, 100, 'l')`, `DELETE FROM kv WHERE id = 100`)
-	if n := count(t, e.dst, `SELECT count(*) FROM pgreorder_tombstones`); n != 1 {
+	if n := count64(t, e.dst, `SELECT count(*) FROM pgreorder_tombstones`); n != 1 {
 		t.Errorf("%d tombstones after a deletion with retention resumed, want 1", n)
 	}
 	for _, w := range []string{"apply lag exceeds the conflict retention", "deletions are recorded again"} {
@@ -152,7 +152,7 @@ func (be *biEnv) waitMarkers(t *testing.T, id int) {
 	execOn(t, be.a, fmt.Sprintf(`INSERT INTO marker VALUES (%d)`, id))
 	execOn(t, be.b, fmt.Sprintf(`INSERT INTO marker VALUES (%d)`, id+1))
 	q := fmt.Sprintf(`SELECT count(*) FROM marker WHERE id IN (%d, %d)`, id, id+1)
-	eventually(t, "markers on both sides", func() bool { return count(t, be.a, q) == 2 && count(t, be.b, q) == 2 })
+	eventually(t, "markers on both sides", func() bool { return count64(t, be.a, q) == 2 && count64(t, be.b, q) == 2 })
 }
 
 // TestBidirectional replicates two databases into each other with origin = none: every change
@@ -178,7 +178,7 @@ func TestBidirectional(t *testing.T) {
 	if ga, gb := rowsOf(t, be.a), rowsOf(t, be.b); ga != gb {
 		t.Fatalf("a has %q, b %q", ga, gb)
 	}
-	if n := count(t, be.a, `SELECT count(*) FROM kv`); n != 30 {
+	if n := count64(t, be.a, `SELECT count(*) FROM kv`); n != 30 {
 		t.Errorf("%d rows, want 30", n)
 	}
 	// Each Applier applied the other side's own transactions only: 20 inserts, one update or

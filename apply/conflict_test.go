@@ -390,12 +390,12 @@ func runConflictCase(t *testing.T, srv *pgtest.Server, c conflictCase) {
 	if !c.stops {
 		q := fmt.Sprintf(`SELECT count(*) FROM conflict_log WHERE conflict = '%s' AND relation = '"public"."kv"' AND remote_xid > 0
 			AND remote_final_lsn IS NOT NULL AND remote_commit_ts IS NOT NULL AND slot = 'conflicts'`, c.ct)
-		if n := count(t, e.dst, q); n != c.wantCount {
+		if n := count64(t, e.dst, q); n != c.wantCount {
 			t.Errorf("%d rows in the conflict log table, want %d", n, c.wantCount)
 		}
 	}
 	if c.check != "" {
-		if n := count(t, e.dst, c.check); n != 1 {
+		if n := count64(t, e.dst, c.check); n != 1 {
 			t.Errorf("%s: %d, want 1", c.check, n)
 		}
 	}

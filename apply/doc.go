@@ -8,8 +8,32 @@
 //	})
 //
 // The target's tables must exist, matched by schema and name, with every source column (matched
-// by name; the target may have more), and hold what the source held when the slot was created:
-// there is no initial copy.
+// by name; the target may have more), and hold what the source held when the slot was created,
+// or be empty and let Config.Copy fill them.
+//
+// # Initial copy
+//
+// With Config.Copy, a session that finds no progress row for the slot makes the initial copy: it
+// creates the slot with an exported snapshot (the slot must not exist), copies the published
+// tables as that snapshot sees them with package snapshot (Config.CopyWorkers tables, or page
+// ranges of large tables, at once, each chunk written through the same COPY path as streamed
+// inserts, in a target transaction of its own), then writes the progress row at the slot's
+// consistent point, durably, and streams from it: every transaction that committed before that
+// point is in the copy, every later one in the stream, none in both. The schema is not copied:
+// the target's tables must exist, and be empty; one that holds rows stops Run with
+// ErrTargetNotEmpty before anything is copied (and the slot is dropped again), unless
+// Config.CopyTruncate lets the copy truncate it.
+//
+// A crash, kill or lost connection during the copy leaves part of it on the target. The copy
+// table (the progress table's name with "_copy", created next to it) records, before the slot is
+// created and before the first row goes into each table, that a copy for the slot is under way
+// and which tables it writes; the transaction that writes the progress row deletes those rows.
+// A failed session discards its copy (drops the slot, truncates the tables it recorded); a
+// session that finds the records but no progress row (the process died) does the same, then
+// copies again from a new slot. A slot that exists while the target records neither a copy nor
+// progress for it is someone else's: Run stops with ErrCopySlotExists. Once the progress row
+// exists, Copy changes nothing. Tables added to the publications later are not copied: their
+// existing rows never reach the target (copy them by hand before adding them).
 //
 // # Exactly once
 //
@@ -38,8 +62,14 @@
 //
 // # Modes
 //
-// Buffered applies each transaction whole at its commit, one at a time; the reorder buffer holds
-// large transactions in memory up to Config.WorkMem and on disk beyond.
+// Buffered applies each transaction whole at its commit, in commit order; the reorder buffer holds
+// large transactions in memory up to Config.WorkMem and on disk beyond. Transactions the stream
+// has already delivered are applied together in one target transaction (up to 64 of them, or
+// 10ms's worth), which ends with the progress row of the last: a backlog of small transactions
+// then takes a round trip per group instead of one per transaction. The target sees a group's
+// transactions become visible at once; every state it shows is still one the source had at a
+// commit. A statement that fails inside a group restarts the session with the group's
+// transactions applied one at a time, so that the error names its own transaction.
 //
 // Eager applies a large transaction the server streams while it is still running on the source,
 // as PostgreSQL 16's parallel apply does: on a worker connection of its own, a SAVEPOINT before
@@ -63,6 +93,14 @@
 // transaction waiting for the lock of a later one, which waits for its turn to commit): the later
 // transaction is rolled back, the session restarts from the progress row, and that transaction is
 // applied alone. The same holds for a streamed transaction in Eager.
+//
+// Choosing a mode: Buffered is the default and the fastest in most cases measured (BENCHMARKS.md
+// in the repository): whole transactions, COPY for inserts, and transactions already received
+// grouped per round trip. Eager pays off when the target has cores to spare while a large
+// transaction is still running on the source. Parallel pays a second round trip per transaction
+// (its changes, then its COMMIT in turn) and groups nothing: on a backlog of small transactions
+// that touch the same rows it is slower than Buffered; it helps when the target's work per
+// transaction dominates and transactions touch different rows.
 //
 // # Statements
 //

@@ -200,6 +200,8 @@ func retryable(err error) bool {
 		errors.Is(err, reorderbuffer.ErrProtocol), errors.Is(err, reorderbuffer.ErrForeignTxn),
 		errors.Is(err, reorderbuffer.ErrNotCommit):
 		return false
+	case copyFatal(err):
+		return false
 	case errors.Is(err, replication.ErrSlotActive), errors.Is(err, replication.ErrServerEndedStream):
 		return true
 	case errors.As(err, &pgErr):

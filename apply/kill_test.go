@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -29,6 +30,13 @@ type childConfig struct {
 	Workers              int
 	WorkMem              int64
 	CommitDelay          time.Duration // sleep before each commit, so that transactions pile up on workers
+	// Copy makes the initial copy, in chunks of CopyChunkSize bytes. With Stall set, the calls
+	// of that hook stage after the first StallAfter write "stalled at STAGE" to stderr and wait
+	// until the child is killed.
+	Copy          bool
+	CopyChunkSize int64
+	Stall         string
+	StallAfter    int32
 }
 
 // runChild runs an applier until SIGTERM, or until it is killed.
@@ -45,14 +53,19 @@ func runChild() int {
 	cfg := Config{Source: c.Source, Target: c.Target, Slot: c.Slot, Publications: []string{"pub"}, Mode: c.Mode,
 		Workers: c.Workers, WorkMem: c.WorkMem, StatusInterval: 100 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})).With("child", os.Getpid())}
-	if c.CommitDelay > 0 {
-		cfg.hooks = &hooks{stage: func(ctx context.Context, stage string, x txnRef) error {
-			if stage == "before-commit" {
-				time.Sleep(c.CommitDelay)
-			}
-			return nil
-		}}
-	}
+	cfg.Copy, cfg.CopyWorkers = c.Copy, 2
+	var stalls atomic.Int32
+	cfg.hooks = &hooks{copyChunkSize: c.CopyChunkSize, stage: func(ctx context.Context, stage string, x txnRef) error {
+		if stage == "before-commit" && c.CommitDelay > 0 {
+			time.Sleep(c.CommitDelay)
+		}
+		if stage == c.Stall && stalls.Add(1) > c.StallAfter {
+			fmt.Fprintln(os.Stderr, "stalled at", stage)
+			<-ctx.Done()
+			return ctx.Err()
+		}
+		return nil
+	}}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
 	if err := Run(ctx, cfg); err != nil && ctx.Err() == nil {

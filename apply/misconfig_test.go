@@ -103,8 +103,11 @@ func TestMisconfiguration(t *testing.T) {
 				if ae.Relation != `"public"."items"` || ae.Op != c.op || ae.Xid == 0 || ae.CommitLSN == 0 || ae.EndLSN <= ae.CommitLSN {
 					t.Errorf("error fields: relation %s, op %s, xid %d, commit %s, end %s", ae.Relation, ae.Op, ae.Xid, ae.CommitLSN, ae.EndLSN)
 				}
-				if n := a.Stats().Sessions; n != 1 {
-					t.Errorf("%d sessions: the error was retried", n)
+				// One retry is expected when the failing transaction was applied in a group with
+				// others: the group is applied again one transaction at a time, so that the error
+				// names its own. No other retry.
+				if st := a.Stats(); st.Sessions > 2 || (st.Sessions == 2 && st.SerialRetries == 0) {
+					t.Errorf("%d sessions (%d serial retries): the error was retried", st.Sessions, st.SerialRetries)
 				}
 				if confirmed := e.confirmed(t); confirmed > ae.CommitLSN {
 					t.Errorf("the slot confirmed %s, past the failed commit %s", confirmed, ae.CommitLSN)

@@ -33,8 +33,9 @@ type session struct {
 
 	relBuf [1]*relInfo
 
-	det  *detection // conflict detection; nil when off
-	ours []uint32   // the Applier's replication origins, when it has them
+	det   *detection // conflict detection; nil when off
+	ours  []uint32   // the Applier's replication origins, when it has them
+	group group      // Buffered: the open target transaction
 
 	// Eager and Parallel.
 	cancel    context.CancelCauseFunc // ends the session with the first error
@@ -81,7 +82,7 @@ func (a *Applier) session(parent context.Context) (err error) {
 	if !s.leader.replicaRole {
 		s.log.Info("the target role may not set session_replication_role: triggers and foreign keys fire for replicated changes")
 	}
-	s.stream, err = replication.Start(ctx, replication.Config{
+	rcfg := replication.Config{
 		ConnString:     s.cfg.Source,
 		Slot:           s.cfg.Slot,
 		Publications:   s.cfg.Publications,
@@ -96,7 +97,12 @@ func (a *Applier) session(parent context.Context) (err error) {
 			SkipThrough: resume,
 			Incremental: s.cfg.Mode != Buffered,
 		},
-	})
+	}
+	if s.cfg.Copy && resume == 0 { // no progress row: the target has yet to be copied
+		s.stream, resume, err = s.initialCopy(ctx, rcfg)
+	} else {
+		s.stream, err = replication.Start(ctx, rcfg)
+	}
 	if err != nil {
 		return err
 	}
@@ -223,7 +229,12 @@ func (s *session) runBuffered(ctx context.Context) error {
 		}
 		t, err := s.next(ctx)
 		if err != nil {
-			if err = s.wakeUp(ctx, err); err != nil {
+			if errors.Is(err, errIdle) && s.group.open() { // nothing more to read: commit
+				err = s.commitGroup(ctx)
+			} else {
+				err = s.wakeUp(ctx, err)
+			}
+			if err != nil {
 				return err
 			}
 			continue
@@ -234,7 +245,7 @@ func (s *session) runBuffered(ctx context.Context) error {
 			}
 			continue
 		}
-		if err := s.applyWhole(ctx, t); err != nil {
+		if err := s.applyGrouped(ctx, t); err != nil {
 			return err
 		}
 	}

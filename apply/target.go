@@ -69,6 +69,9 @@ type target struct {
 	cinfo   map[*relInfo]*relConflict
 	remote  remoteTxn    // the source transaction being applied
 	reports []*Conflict  // the transaction's conflicts, reported once it commits
+	srcs    []remoteTxn  // the source transactions applied in the target transaction
+	insSrcs []int32      // per row of the insert run: its source transaction, in srcs
+	opSrc   remoteTxn    // the source transaction of the change whose conflict is being resolved
 	marks   []reportMark // per savepoint taken: the reports made before it
 	// The batch's statements' parameters, kept (with detection) to resolve their conflicts:
 	// argv[i] aliases arena (nil for NULL), argf[i] is its format (fmtUnchanged: not sent).
@@ -105,8 +108,9 @@ type batchOp struct {
 	arg, narg int32
 	keyAt     int32
 	row, nrow int32
-	guarded   bool // sent after SAVEPOINT pgr_guard: a unique violation is an update_exists
-	check     bool // the commit's check (see commitCheck)
+	guarded   bool  // sent after SAVEPOINT pgr_guard: a unique violation is an update_exists
+	check     bool  // the commit's check (see commitCheck)
+	src       int32 // the source transaction, in srcs
 }
 
 // connectTarget opens a connection to the target with the session settings apply relies on.
@@ -222,6 +226,7 @@ func (t *target) rollback(ctx context.Context) error {
 	t.batch, t.ops, t.bytes = nil, t.ops[:0], 0
 	t.resetArgs()
 	t.dropReports()
+	t.srcs = t.srcs[:0]
 	if !t.inTxn {
 		return nil
 	}
@@ -286,6 +291,7 @@ func (t *target) commit(ctx context.Context, progress *stmt, slot string, end LS
 		t.det.tomb.committed(t.remote.commitTime)
 	}
 	t.emitReports()
+	t.srcs = t.srcs[:0]
 	return nil
 }
 
@@ -295,6 +301,14 @@ func (t *target) source(xid uint32, c *reorderbuffer.Txn) {
 	t.remote = remoteTxn{xid: xid}
 	if c != nil {
 		t.remote.commitTime, t.remote.origin, t.remote.end = c.CommitTime, c.Origin, c.EndLSN
+	}
+	if t.det == nil {
+		return
+	}
+	if n := len(t.srcs); n > 0 && t.srcs[n-1].xid == xid {
+		t.srcs[n-1] = t.remote // its commit arrived
+	} else {
+		t.srcs = append(t.srcs, t.remote)
 	}
 }
 
@@ -389,6 +403,9 @@ func (t *target) insert(ctx context.Context, m *relMap, tup decoding.Tuple) erro
 		t.insBuf = append(t.insBuf, c.Data...)
 	}
 	t.insRows++
+	if t.det != nil {
+		t.insSrcs = append(t.insSrcs, int32(len(t.srcs)-1))
+	}
 	if len(t.insBuf) >= insertBufMax {
 		return t.flushInserts(ctx)
 	}
@@ -514,7 +531,7 @@ func (t *target) flushInsertsToBatch() {
 	}
 	t.formats = formats
 	st := t.insertStmt(m)
-	for rest := t.insBuf; len(rest) > 0; {
+	for row, rest := 0, t.insBuf; len(rest) > 0; row++ {
 		rest = insRow(rest, fields)
 		params := t.params[:0]
 		for _, f := range fields {
@@ -526,11 +543,15 @@ func (t *target) flushInsertsToBatch() {
 		}
 		t.params = params
 		t.queue(st, params, formats, batchOp{op: 'I', rel: m})
+		if row < len(t.insSrcs) {
+			t.ops[len(t.ops)-1].src = t.insSrcs[row] // the run may span source transactions
+		}
 	}
 	t.dropInserts()
 }
 
 func (t *target) dropInserts() {
+	t.insSrcs = t.insSrcs[:0]
 	t.ins, t.insRows = nil, 0
 	t.insBuf = t.insBuf[:0]
 	if cap(t.insBuf) > 4*insertBufMax {
@@ -624,6 +645,7 @@ func (t *target) queue(s *stmt, params [][]byte, formats []int16, op batchOp) {
 	if t.det != nil {
 		op.st = s
 		op.arg, op.narg = t.keep(params, formats)
+		op.src = int32(len(t.srcs) - 1)
 	}
 	t.newBatch()
 	if allZero(formats) {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/pgreorder/pgreorder/apply"
+	"github.com/pgreorder/pgreorder/snapshot"
 )
 
 func init() {
@@ -27,7 +28,15 @@ the target refuses (missing table or column, permission, constraint) stops it wi
 the table, the source transaction and its commit LSN.
 
 The target's tables must exist with the source's columns and hold what the source held when the
-slot was created.
+slot was created, or, with -copy, be empty: -copy makes the initial copy when the target has no
+progress row for the slot yet. It creates the slot (it must not exist) with an exported snapshot,
+copies the published tables as they were at the slot's consistent point into the target's tables
+(the schema is not copied: create the tables first), writes the progress row once every row is
+committed, and streams from that point on, with no gap and no overlap. A copy cut short (crash,
+kill, lost connection) is discarded when apply starts again: the slot is dropped, the tables it
+copied into are truncated, and the copy starts over. A target table that holds rows stops -copy
+before anything is copied, unless -copy-truncate is given. Once the progress row exists, -copy
+does nothing: keep it on the command line of a service.
 
 Modes:
   buffered  whole transactions at their commit, one at a time (large ones held in memory up to
@@ -45,7 +54,8 @@ type applyFlags struct {
 	source, target, slot, mode, workMem, dir, table string
 	publications                                    []string
 	createSlot, binary, syncCommit, verbose         bool
-	workers                                         int
+	copy, copyTruncate                              bool
+	workers, copyWorkers                            int
 	status                                          time.Duration
 
 	// Conflicts and origins.
@@ -67,6 +77,10 @@ func (f *applyFlags) register(fs *flag.FlagSet) {
 		return nil
 	})
 	fs.BoolVar(&f.createSlot, "create-slot", false, "create the slot if it does not exist")
+	fs.BoolVar(&f.copy, "copy", false, "make the initial copy into the target's empty tables if the target has no progress row for the slot (see above)")
+	fs.BoolVar(&f.copyTruncate, "copy-truncate", false, "with -copy, truncate target tables that hold rows instead of stopping")
+	fs.IntVar(&f.copyWorkers, "copy-workers", 0, fmt.Sprintf("with -copy, tables (or parts of tables) copied at once, each over a connection to the source and one to the target (default %d)",
+		snapshot.DefaultWorkers))
 	fs.StringVar(&f.mode, "mode", "buffered", "buffered, eager or parallel (see above)")
 	fs.IntVar(&f.workers, "workers", 0, fmt.Sprintf("worker connections to the target (default %d for eager, %d for parallel)",
 		apply.DefaultEagerWorkers, apply.DefaultParallelWorkers))
@@ -125,6 +139,12 @@ func (f *applyFlags) config(fs *flag.FlagSet) (apply.Config, error) {
 	if f.workers < 0 || f.workers > apply.MaxWorkers {
 		return apply.Config{}, fmt.Errorf("-workers %d: want 1 to %d", f.workers, apply.MaxWorkers)
 	}
+	if f.copyWorkers < 0 || f.copyWorkers > apply.MaxWorkers {
+		return apply.Config{}, fmt.Errorf("-copy-workers %d: want 1 to %d", f.copyWorkers, apply.MaxWorkers)
+	}
+	if (f.copyTruncate || f.copyWorkers != 0) && !f.copy {
+		return apply.Config{}, errors.New("-copy-truncate and -copy-workers go with -copy")
+	}
 	workMem, err := parseWorkMem(f.workMem)
 	if err != nil {
 		return apply.Config{}, err
@@ -143,6 +163,9 @@ func (f *applyFlags) config(fs *flag.FlagSet) (apply.Config, error) {
 		Slot:              f.slot,
 		Publications:      f.publications,
 		CreateSlot:        f.createSlot,
+		Copy:              f.copy,
+		CopyTruncate:      f.copyTruncate,
+		CopyWorkers:       f.copyWorkers,
 		Mode:              mode,
 		Workers:           f.workers,
 		WorkMem:           workMem,

@@ -35,6 +35,8 @@ func TestApplyFlags(t *testing.T) {
 		{append(base, "-source-origin", "some"), `SourceOrigin "some"`},
 		{append(base, "-conflict-retention", "1ms"), "Retention 1ms"},
 		{append(base, "-no-conflict-detection", "-conflict-log-table", "log"), "LogTable needs detection"},
+		{append(base, "-copy", "-copy-workers", "-2"), "-copy-workers -2"},
+		{append(base, "-copy-truncate"), "-copy-truncate and -copy-workers go with -copy"},
 	} {
 		err := runApply(context.Background(), c.args)
 		require.Error(t, err, "%q", c.args)
@@ -98,5 +100,60 @@ func TestApplyCommand(t *testing.T) {
 				require.True(t, strings.Contains(stderr.String(), "progress"), "the final progress is logged:\n%s", &stderr)
 			})
 		}
+	}
+}
+
+// TestApplyCommandCopy runs `pgreorder apply -copy` into an empty target while the source
+// changes, and checks that the target ends equal to the source.
+func TestApplyCommandCopy(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a server")
+	}
+	for _, major := range streamMajors(t) {
+		t.Run(fmt.Sprintf("pg%d", major), func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			srv := pgtest.Shared(t, major)
+			srcDB, dstDB := pgtest.NewDatabase(t, srv), pgtest.NewDatabase(t, srv)
+			src, dst := srv.ConnString(srcDB), srv.ConnString(dstDB)
+			const table = `CREATE TABLE s (id int PRIMARY KEY, v text)`
+			require.NoError(t, pgtest.Exec(ctx, src, table, `CREATE PUBLICATION p FOR TABLE s`,
+				`INSERT INTO s SELECT g, md5(g::text) FROM generate_series(1, 5000) g`))
+			require.NoError(t, pgtest.Exec(ctx, dst, table))
+			runCtx, stop := context.WithCancel(ctx)
+			exited := make(chan error, 1)
+			go func() {
+				exited <- runApply(runCtx, []string{"-source", src, "-target", dst, "-slot", "cli_copy",
+					"-publication", "p", "-copy", "-copy-workers", "2", "-mode", "parallel"})
+			}()
+			waitSlotActive(t, ctx, src, "cli_copy")
+			require.NoError(t, pgtest.Exec(ctx, src, `UPDATE s SET v = 'changed' WHERE id % 10 = 0`,
+				`DELETE FROM s WHERE id % 7 = 0`, `INSERT INTO s SELECT g, 'new' FROM generate_series(5001, 5100) g`))
+			const sum = `SELECT count(*), coalesce(sum(hashtext(id::text || coalesce(v, ''))::bigint), 0) FROM s`
+			var want [2]int64
+			conn, err := pgx.Connect(ctx, src)
+			require.NoError(t, err)
+			defer conn.Close(context.Background())
+			require.NoError(t, conn.QueryRow(ctx, sum).Scan(&want[0], &want[1]))
+			tconn, err := pgx.Connect(ctx, dst)
+			require.NoError(t, err)
+			defer tconn.Close(context.Background())
+			for {
+				var got [2]int64
+				require.NoError(t, tconn.QueryRow(ctx, sum).Scan(&got[0], &got[1]))
+				if got == want {
+					break
+				}
+				select {
+				case err := <-exited:
+					t.Fatalf("apply stopped: %v", err)
+				case <-ctx.Done():
+					t.Fatalf("the target has %d rows (sum %d), the source %d (sum %d)", got[0], got[1], want[0], want[1])
+				case <-time.After(20 * time.Millisecond):
+				}
+			}
+			stop()
+			require.NoError(t, <-exited)
+		})
 	}
 }

@@ -1,0 +1,466 @@
+package apply
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/replication"
+	"github.com/pgreorder/pgreorder/snapshot"
+)
+
+// The initial copy (Config.Copy). A session that finds no progress row for its slot creates the
+// slot with an exported snapshot, copies the published tables in that snapshot into the target
+// (package snapshot reads them; each chunk is written through the target's COPY path in a target
+// transaction of its own), then writes the progress row at the slot's consistent point and
+// streams from there.
+//
+// The chunks commit one by one, on several connections, so a crash leaves part of a copy on the
+// target. The copy table (the progress table's name with "_copy") says so: a row (slot, '') is
+// committed, durably, before the slot is created, and a row (slot, table) for every target table
+// before the first row is written into it; the transaction that writes the progress row deletes
+// them. A session that finds the slot's copy rows but no progress row drops the slot, truncates
+// the tables they name, and starts the copy over. The slot is never dropped without them: a slot
+// that exists while the target records neither progress nor a copy is not this applier's
+// (ErrCopySlotExists).
+
+var (
+	// ErrTargetNotEmpty: Config.Copy would copy into a target table that holds rows, and
+	// Config.CopyTruncate is off. Nothing was copied and the slot was dropped again.
+	ErrTargetNotEmpty = errors.New("apply: initial copy: target table is not empty")
+	// ErrCopySlotExists: Config.Copy found the slot on the source, but the target has neither a
+	// progress row for it nor the record of a copy that created it: the slot was made by someone
+	// else, and the target may lack what the source committed before it. Drop the slot to copy
+	// afresh, or run without Copy if the target already holds the data.
+	ErrCopySlotExists = errors.New("apply: initial copy: the slot exists, but the target has no record of it")
+)
+
+// copyFatal reports the errors of the initial copy that starting again cannot cure.
+func copyFatal(err error) bool {
+	return errors.Is(err, ErrTargetNotEmpty) || errors.Is(err, ErrCopySlotExists) ||
+		errors.Is(err, snapshot.ErrColumnLists) || errors.Is(err, snapshot.ErrUnsupported) ||
+		errors.Is(err, snapshot.ErrInvalidConfig)
+}
+
+// copyStageTimeout bounds the clean-up after a failed copy, and the wait for an earlier
+// session's walsender to release the slot before it is dropped.
+const copyStageTimeout = 30 * time.Second
+
+// copyTableName returns the quoted, qualified name of the copy table: the progress table's, with
+// "_copy" appended to the table's part.
+func copyTableName(progress string) string {
+	parts, _ := parseQualified(progress) // checked by Config.validate
+	parts[len(parts)-1] += "_copy"
+	for i, p := range parts {
+		parts[i] = quoteIdent(p)
+	}
+	return strings.Join(parts, ".")
+}
+
+// initialCopy copies the published tables into the target and returns the stream from the
+// slot's consistent point, and that point. On failure it closes what it opened and, once the slot
+// exists, discards the copy (drops the slot, truncates what was copied); what it could not
+// discard, the next session does.
+func (s *session) initialCopy(ctx context.Context, rcfg replication.Config) (_ *replication.Stream, _ LSN, err error) {
+	ct := copyTableName(s.cfg.ProgressTable)
+	if err := s.createCopyTable(ctx, ct); err != nil {
+		return nil, 0, err
+	}
+	rows, err := query(ctx, s.leader.conn, "SELECT relation FROM "+ct+" WHERE slot = $1", s.cfg.Slot)
+	if err != nil {
+		return nil, 0, fmt.Errorf("apply: reading the copy table %s: %w", ct, err)
+	}
+	begun := len(rows) > 0
+	rcfg.CreateSlot = false
+	conn, err := replication.Connect(ctx, rcfg)
+	if err != nil {
+		return nil, 0, err
+	}
+	if _, ok := conn.Slot(); ok {
+		conn.Close(ctx)
+		if !begun {
+			return nil, 0, fmt.Errorf("%w: slot %q (drop it to copy afresh: SELECT pg_drop_replication_slot('%s'))",
+				ErrCopySlotExists, s.cfg.Slot, s.cfg.Slot)
+		}
+		s.log.Warn("an earlier initial copy did not finish: dropping its slot, emptying the tables it copied into, and starting over",
+			"slot", s.cfg.Slot)
+		if err := s.dropSlot(ctx); err != nil {
+			return nil, 0, err
+		}
+		if conn, err = replication.Connect(ctx, rcfg); err != nil {
+			return nil, 0, err
+		}
+		if _, ok := conn.Slot(); ok {
+			conn.Close(ctx)
+			return nil, 0, fmt.Errorf("apply: initial copy: slot %q exists again after it was dropped", s.cfg.Slot)
+		}
+	}
+	defer func() {
+		if conn != nil {
+			conn.Close(context.WithoutCancel(ctx))
+		}
+	}()
+	// Whatever an earlier copy left is emptied, and this one is recorded, before the slot exists.
+	if err := s.resetCopy(ctx, ct, true); err != nil {
+		return nil, 0, err
+	}
+	snap, err := conn.CreateSlot(ctx, replication.ExportSnapshot)
+	if err != nil {
+		return nil, 0, err
+	}
+
+	var (
+		sess   *snapshot.Session
+		stream *replication.Stream
+	)
+	defer func() {
+		if err == nil {
+			return
+		}
+		if sess != nil {
+			sess.Close(context.WithoutCancel(ctx))
+		}
+		if stream != nil {
+			stream.Close(context.WithoutCancel(ctx))
+		}
+		if conn != nil {
+			conn.Close(context.WithoutCancel(ctx))
+			conn = nil
+		}
+		s.discardCopy(ctx, ct)
+	}()
+	chunkSize := int64(0)
+	if s.cfg.hooks != nil {
+		chunkSize = s.cfg.hooks.copyChunkSize
+	}
+	sess, err = snapshot.Open(ctx, snapshot.Config{
+		ConnString:   s.cfg.Source,
+		Publications: s.cfg.Publications,
+		Workers:      s.cfg.CopyWorkers,
+		ChunkSize:    chunkSize,
+		Binary:       s.cfg.Binary,
+		Logger:       s.log,
+	}, snap)
+	if err != nil {
+		return nil, 0, fmt.Errorf("apply: initial copy: %w", err)
+	}
+	// The snapshot is imported: streaming starts now, so that the walsender is not left idle in
+	// its transaction for the whole copy. Its transactions are read once the copy is committed.
+	stream, err = conn.StartStreaming(ctx)
+	conn = nil // the stream owns it, or it is closed
+	if err != nil {
+		return nil, 0, err
+	}
+	maps, err := s.prepareCopy(ctx, ct, sess.Tables())
+	if err != nil {
+		return nil, 0, err
+	}
+	if err := s.runCopy(ctx, sess, maps); err != nil {
+		return nil, 0, err
+	}
+	if err := sess.Close(ctx); err != nil {
+		s.log.Warn("closing the copy's source connections", "err", err)
+	}
+	sess = nil
+	cp := snap.ConsistentPoint
+	if err := s.cfg.hook(ctx, "copy-done", txnRef{EndLSN: cp}); err != nil {
+		return nil, 0, err
+	}
+	if err := s.finishCopy(ctx, ct, cp); err != nil {
+		return nil, 0, err
+	}
+	s.log.Info("initial copy committed; streaming from its consistent point", "slot", s.cfg.Slot, "consistent_point", cp)
+	return stream, cp, nil
+}
+
+// createCopyTable creates the copy table if it is missing.
+func (s *session) createCopyTable(ctx context.Context, ct string) error {
+	rows, err := query(ctx, s.leader.conn, "SELECT pg_catalog.to_regclass($1) IS NOT NULL", ct)
+	if err != nil {
+		return fmt.Errorf("apply: looking for the copy table: %w", err)
+	}
+	if string(rows[0][0]) == "t" {
+		return nil
+	}
+	err = s.leader.conn.Exec(ctx, "CREATE TABLE "+ct+" (slot text NOT NULL, relation text NOT NULL, PRIMARY KEY (slot, relation))").Close()
+	if err != nil && !isCode(err, "42P07") && !isCode(err, "23505") { // made meanwhile
+		return fmt.Errorf("apply: creating the copy table %s: %w", ct, err)
+	}
+	return nil
+}
+
+// inTxn runs f in a transaction on the leader's connection; sync makes its commit wait for the
+// WAL flush (unless Config.SynchronousCommit leaves that to the role's setting). A failure rolls
+// it back.
+func (s *session) inTxn(ctx context.Context, sync bool, f func() error) error {
+	conn := s.leader.conn
+	if err := conn.Exec(ctx, "BEGIN").Close(); err != nil {
+		return err
+	}
+	err := f()
+	if err == nil && sync && !s.cfg.SynchronousCommit {
+		err = conn.Exec(ctx, "SET LOCAL synchronous_commit = on").Close()
+	}
+	if err == nil {
+		return conn.Exec(ctx, "COMMIT").Close()
+	}
+	if !conn.IsClosed() {
+		conn.Exec(context.WithoutCancel(ctx), "ROLLBACK").Close()
+	}
+	return err
+}
+
+// resetCopy empties the tables the copy table records for the slot and deletes its rows, in one
+// transaction; with begin, it records a new copy (the slot's row with an empty relation),
+// durably.
+func (s *session) resetCopy(ctx context.Context, ct string, begin bool) error {
+	err := s.inTxn(ctx, begin, func() error {
+		// The tables as they are now: partitioned ones are truncated whole, others without
+		// their inheritance children; dropped ones are gone already.
+		rows, err := query(ctx, s.leader.conn, `SELECT r.relation, c.relkind = 'p'
+FROM `+ct+` r JOIN pg_catalog.pg_class c ON c.oid = pg_catalog.to_regclass(r.relation)
+WHERE r.slot = $1 AND r.relation <> '' ORDER BY r.relation`, s.cfg.Slot)
+		if err != nil {
+			return err
+		}
+		var names []string
+		for _, r := range rows {
+			names = append(names, truncateTarget(string(r[0]), string(r[1]) == "t"))
+		}
+		if len(names) > 0 {
+			s.log.Info("emptying the tables of an unfinished initial copy", "tables", strings.Join(names, ", "))
+			if err := s.leader.conn.Exec(ctx, "TRUNCATE "+strings.Join(names, ", ")).Close(); err != nil {
+				return err
+			}
+		}
+		if _, err := query(ctx, s.leader.conn, "DELETE FROM "+ct+" WHERE slot = $1", s.cfg.Slot); err != nil {
+			return err
+		}
+		if begin {
+			_, err = query(ctx, s.leader.conn, "INSERT INTO "+ct+" (slot, relation) VALUES ($1, '')", s.cfg.Slot)
+		}
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("apply: initial copy: resetting the copy table %s: %w", ct, err)
+	}
+	return nil
+}
+
+// truncateTarget returns the name to TRUNCATE: the table alone, or a partitioned table whole.
+func truncateTarget(name string, partitioned bool) string {
+	if partitioned {
+		return name
+	}
+	return "ONLY " + name
+}
+
+// discardCopy undoes a copy that failed: it drops the slot, then empties what was copied and
+// deletes the copy's rows. It is best effort (the session is ending with an error already): what
+// fails is left to the next session, which finds the copy's rows.
+func (s *session) discardCopy(ctx context.Context, ct string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), copyStageTimeout)
+	defer cancel()
+	err := s.dropSlot(ctx)
+	if err == nil {
+		err = s.resetCopy(ctx, ct, false)
+	}
+	if err != nil {
+		s.log.Warn("discarding the failed initial copy; the next run will", "slot", s.cfg.Slot, "err", err)
+		return
+	}
+	s.log.Info("failed initial copy discarded: slot dropped, copied rows removed", "slot", s.cfg.Slot)
+}
+
+// dropSlot drops the slot on the source, if it exists, over an ordinary connection. The walsender
+// of an earlier session may hold it for a moment after its client went away: dropSlot waits for
+// it, up to copyStageTimeout.
+func (s *session) dropSlot(ctx context.Context) error {
+	pc, err := pgconn.ParseConfig(s.cfg.Source)
+	if err != nil {
+		return fmt.Errorf("%w: Source: %w", ErrInvalidConfig, err)
+	}
+	for k := range pc.RuntimeParams {
+		if strings.EqualFold(k, "replication") {
+			delete(pc.RuntimeParams, k)
+		}
+	}
+	pc.RuntimeParams["application_name"] = "pgreorder apply " + s.cfg.Slot
+	conn, err := pgconn.ConnectConfig(ctx, pc)
+	if err != nil {
+		return fmt.Errorf("apply: connecting to the source to drop slot %q: %w", s.cfg.Slot, err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	deadline := time.Now().Add(copyStageTimeout)
+	for {
+		_, err := query(ctx, conn, `SELECT pg_catalog.pg_drop_replication_slot(slot_name) FROM pg_catalog.pg_replication_slots
+WHERE slot_name = $1 AND database = pg_catalog.current_database()`, s.cfg.Slot)
+		if err == nil {
+			return nil
+		}
+		if !isCode(err, "55006") || time.Now().After(deadline) { // object_in_use: a walsender holds it
+			return fmt.Errorf("apply: dropping slot %q: %w", s.cfg.Slot, err)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("apply: dropping slot %q: %w", s.cfg.Slot, ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// prepareCopy maps every table to copy to its target table, checks that the target tables are
+// empty (or, with Config.CopyTruncate, empties them), and records them in the copy table, in one
+// transaction. It returns the mappings by source table OID.
+func (s *session) prepareCopy(ctx context.Context, ct string, tables []*snapshot.Table) (map[uint32]*relMap, error) {
+	maps := make(map[uint32]*relMap, len(tables))
+	for _, t := range tables {
+		ri := s.reg.intern(t.Relation, t)
+		m, err := ri.mapping(ctx, s.leader.conn, s.leader.replicaRole, s.cfg.Binary)
+		if err != nil {
+			var ce *changeError
+			if errors.As(err, &ce) {
+				c := *ce
+				c.op = "COPY"
+				err = &c
+			}
+			return nil, fmt.Errorf("apply: initial copy: %w", err)
+		}
+		maps[t.OID] = m
+	}
+	err := s.inTxn(ctx, false, func() error {
+		var full, names []string
+		for _, t := range tables {
+			m := maps[t.OID]
+			name := truncateTarget(m.name, m.partitioned)
+			rows, err := query(ctx, s.leader.conn, "SELECT EXISTS (SELECT FROM "+name+")")
+			if err != nil {
+				return fmt.Errorf("apply: initial copy: reading %s: %w", m.name, err)
+			}
+			if string(rows[0][0]) == "t" {
+				full = append(full, m.name)
+				names = append(names, name)
+			}
+		}
+		if len(full) > 0 {
+			if !s.cfg.CopyTruncate {
+				return fmt.Errorf("%w: %s (empty it, or set CopyTruncate to let the copy truncate it)", ErrTargetNotEmpty, strings.Join(full, ", "))
+			}
+			s.log.Info("truncating target tables that hold rows before the initial copy", "tables", strings.Join(full, ", "))
+			if err := s.leader.conn.Exec(ctx, "TRUNCATE "+strings.Join(names, ", ")).Close(); err != nil {
+				return fmt.Errorf("apply: initial copy: truncating the target tables: %w", err)
+			}
+		}
+		for start := 0; start < len(tables); start += 1000 {
+			batch := tables[start:min(start+1000, len(tables))]
+			var b strings.Builder
+			b.WriteString("INSERT INTO " + ct + " (slot, relation) VALUES ")
+			args := []string{s.cfg.Slot}
+			for i, t := range batch {
+				if i > 0 {
+					b.WriteString(", ")
+				}
+				args = append(args, maps[t.OID].name)
+				b.WriteString("($1, $" + strconv.Itoa(len(args)) + ")")
+			}
+			b.WriteString(" ON CONFLICT DO NOTHING")
+			if _, err := query(ctx, s.leader.conn, b.String(), args...); err != nil {
+				return fmt.Errorf("apply: initial copy: recording the tables in %s: %w", ct, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return maps, nil
+}
+
+// runCopy copies every chunk, each in a target transaction of its own on the connection of the
+// snapshot worker that reads it.
+func (s *session) runCopy(ctx context.Context, sess *snapshot.Session, maps map[uint32]*relMap) error {
+	tgs := make([]*target, sess.Workers())
+	defer func() {
+		for _, tg := range tgs {
+			tg.close(context.WithoutCancel(ctx))
+		}
+	}()
+	_, fence := fenceKeys(s.cfg.Slot)
+	for i := range tgs {
+		tg, err := connectTarget(ctx, s.cfg, "pgreorder apply "+s.cfg.Slot+" c"+strconv.Itoa(i+1), s.stats)
+		if err != nil {
+			return err
+		}
+		tgs[i] = tg
+		// As the workers: a later session waits for these connections to be gone.
+		if _, err := query(ctx, tg.conn, "SELECT pg_catalog.pg_advisory_lock_shared($1::bigint)", strconv.FormatInt(fence, 10)); err != nil {
+			return fmt.Errorf("apply: locking the slot's progress on the target: %w", err)
+		}
+	}
+	_, err := sess.Run(ctx, func(ctx context.Context, c *snapshot.Chunk) error {
+		return s.copyChunk(ctx, tgs[c.Worker], maps[c.Table.OID], c)
+	})
+	if err != nil {
+		return fmt.Errorf("apply: initial copy: %w", err)
+	}
+	return nil
+}
+
+// copyChunk writes the rows of one chunk through tg's insert path (COPY, or INSERTs for short
+// runs) in one target transaction. On failure the transaction is left open: the copy fails as a
+// whole and its connections are closed.
+func (s *session) copyChunk(ctx context.Context, tg *target, m *relMap, c *snapshot.Chunk) error {
+	if m == nil {
+		return fmt.Errorf("apply: initial copy: no target mapping for %s", c.Table)
+	}
+	if err := s.cfg.hook(ctx, "copy-chunk", txnRef{}); err != nil {
+		return err
+	}
+	tg.begin()
+	for msg, err := range c.Changes() {
+		if err != nil {
+			return err
+		}
+		ins, ok := msg.(*decoding.Insert)
+		if !ok {
+			return fmt.Errorf("apply: initial copy: %s yielded a %T", c, msg)
+		}
+		if err := tg.insert(ctx, m, ins.New); err != nil {
+			return err
+		}
+	}
+	return tg.commitCopy(ctx)
+}
+
+// commitCopy sends the pending rows and commits, without a progress row.
+func (t *target) commitCopy(ctx context.Context) error {
+	if err := t.flushInserts(ctx); err != nil {
+		return err
+	}
+	t.control("COMMIT")
+	t.inTxn = false
+	return t.flushBatch(ctx)
+}
+
+// finishCopy writes the progress row at the consistent point and deletes the copy's rows, in
+// one durable transaction: from then on the copy is complete and the stream resumes after it.
+func (s *session) finishCopy(ctx context.Context, ct string, cp LSN) error {
+	err := s.inTxn(ctx, true, func() error {
+		if _, err := query(ctx, s.leader.conn, s.progSQL, s.cfg.Slot, cp.String()); err != nil {
+			return err
+		}
+		_, err := query(ctx, s.leader.conn, "DELETE FROM "+ct+" WHERE slot = $1", s.cfg.Slot)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("apply: initial copy: writing the progress row: %w", err)
+	}
+	s.stats.applied(cp)
+	return nil
+}

@@ -1,0 +1,155 @@
+package apply
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/pgreorder/pgreorder/reorderbuffer"
+)
+
+// Grouping (Buffered). One target transaction per source transaction costs a round trip to the
+// target each: with a backlog of small transactions the applier waits on the network most of the
+// time. So transactions that the stream has already delivered are applied together, in one
+// target transaction that ends with the last one's progress row: up to groupMaxTxns of them,
+// for at most groupMaxAge, and never past a moment when the stream has nothing more to read
+// (idleProbe). The target sees them become visible at once, in the source's commit order; the
+// progress row always names the last transaction of a committed group, so a crash or a failure
+// resumes after a whole group, and nothing is applied twice.
+//
+// A statement that fails inside a group of several transactions cannot say which one it belongs
+// to with certainty once earlier statements were sent in the same batch: the group is rolled
+// back and the session restarts with its transactions marked to be applied one at a time, so
+// that the error names its own transaction, as it does without grouping.
+const (
+	groupMaxTxns = 64
+	groupMaxAge  = 10 * time.Millisecond
+)
+
+// group is the open target transaction of Buffered and the source transactions applied in it.
+type group struct {
+	members []groupMember
+	started bool      // a target transaction is open on the leader's connection
+	opened  time.Time // when the first member was added
+	changes int       // changes applied in the group
+}
+
+type groupMember struct {
+	txn     *reorderbuffer.Txn
+	ref     txnRef
+	changed bool // it had changes to apply
+}
+
+func (g *group) open() bool { return len(g.members) > 0 }
+
+// full says whether the group must commit before it takes another transaction.
+func (g *group) full() bool {
+	return len(g.members) >= groupMaxTxns || g.changes >= batchMaxOps || time.Since(g.opened) >= groupMaxAge
+}
+
+func (g *group) xids() []uint32 {
+	xs := make([]uint32, len(g.members))
+	for i, m := range g.members {
+		xs[i] = m.ref.Xid
+	}
+	return xs
+}
+
+func (g *group) reset() {
+	clear(g.members)
+	g.members, g.started, g.changes = g.members[:0], false, 0
+}
+
+// applyGrouped applies t in the open group, or in a new one. A transaction marked to be applied
+// alone (a retry after a failure in a group) commits the group first and is applied by itself.
+func (s *session) applyGrouped(ctx context.Context, t *reorderbuffer.Txn) error {
+	g := &s.group
+	if s.a.serial[t.Xid] {
+		if err := s.commitGroup(ctx); err != nil {
+			return err
+		}
+		return s.applyWhole(ctx, t)
+	}
+	if g.open() && g.full() {
+		if err := s.commitGroup(ctx); err != nil {
+			return err
+		}
+	}
+	if !g.open() {
+		g.opened = time.Now()
+	}
+	ref := txnRef{Xid: t.Xid, Streamed: t.Streamed, CommitLSN: t.CommitLSN, EndLSN: t.EndLSN}
+	g.members = append(g.members, groupMember{txn: t, ref: ref})
+	member := &g.members[len(g.members)-1]
+	tg := s.leader
+	// Conflicts name their own source transaction; the group commits with the last one's
+	// commit time as its origin timestamp.
+	tg.source(t.Xid, t)
+	for m, err := range t.Changes() {
+		if err != nil {
+			return err
+		}
+		rels, err := s.relations(t, m)
+		if err != nil {
+			return err
+		}
+		if rels == nil {
+			continue
+		}
+		if !g.started {
+			tg.begin()
+			g.started = true
+		}
+		g.changes++
+		member.changed = true
+		if err := tg.change(ctx, m, rels); err != nil {
+			return s.groupError(ref, err)
+		}
+	}
+	return nil
+}
+
+// commitGroup commits the open group with the progress row of its last transaction, and records
+// its transactions as committed, in order.
+func (s *session) commitGroup(ctx context.Context) error {
+	g := &s.group
+	if !g.open() {
+		return nil
+	}
+	last := g.members[len(g.members)-1].ref
+	durable := s.cfg.SynchronousCommit
+	if g.started {
+		if err := s.cfg.hook(ctx, "before-commit", last); err != nil {
+			return err
+		}
+		durable = s.syncCommit()
+		if err := s.leader.commit(ctx, s.progress, s.cfg.Slot, last.EndLSN, durable); err != nil {
+			return s.groupError(last, err)
+		}
+	}
+	for _, m := range g.members {
+		seq := s.order.assign()
+		s.order.finish(seq)
+		s.stats.txns.Add(1)
+		if !m.changed { // acknowledged without a target transaction of its own
+			s.stats.emptyTxns.Add(1)
+		}
+		s.committed(commitRef{seq: seq, txn: m.txn}, durable)
+	}
+	g.reset()
+	return s.cfg.hook(ctx, "after-commit", last)
+}
+
+// groupError turns a failure to apply x, or to commit a group that ends with x, into the error
+// the session ends with: a statement's failure names x when x is the group's only transaction
+// with changes, and otherwise restarts the session with the group's transactions applied one at
+// a time.
+func (s *session) groupError(x txnRef, err error) error {
+	g := &s.group
+	var ce *changeError
+	if !errors.As(err, &ce) || len(g.members) == 1 {
+		return s.txnError(x, err)
+	}
+	return &restartError{xids: g.xids(), reason: fmt.Errorf("a statement failed in a group of %d transactions: %w", len(g.members), err)}
+}

@@ -1,0 +1,117 @@
+package apply
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgreorder/pgreorder/internal/pgtest"
+)
+
+// syncName is the application_name the applier's replication connection uses in
+// TestSynchronousSource, and the source's synchronous_standby_names.
+const syncName = "syncapply"
+
+// TestSynchronousSource replicates from a source whose synchronous_standby_names names the
+// applier: every COMMIT on the source returns only once the applier has acknowledged a flush
+// position at or past it. The applier must therefore make each commit durable and acknowledge
+// it even when nothing follows it in the stream: a streamed transaction's COMMIT followed by
+// silence, small transactions one at a time. A commit the applier holds back hangs the source,
+// which the test reports as a timeout of that COMMIT.
+func TestSynchronousSource(t *testing.T) {
+	for _, major := range testMajors {
+		t.Run(fmt.Sprint(major), func(t *testing.T) {
+			t.Parallel()
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+			defer cancel()
+			// The source is a server of its own: synchronous_standby_names applies to every
+			// commit on the server, the target's too.
+			src, err := pgtest.Start(ctx, pgtest.Shared(t, major).Install(), pgtest.Options{Settings: map[string]string{
+				"logical_decoding_work_mem": "64kB",
+			}})
+			must(t, err)
+			t.Cleanup(func() { _ = src.Stop() })
+			dst := pgtest.Shared(t, major)
+			for _, mode := range []Mode{Buffered, Eager, Parallel} {
+				t.Run(mode.String(), func(t *testing.T) {
+					srcDB, dstDB := pgtest.NewDatabase(t, src), pgtest.NewDatabase(t, dst)
+					e := &env{srv: src, src: src.ConnString(srcDB), dst: dst.ConnString(dstDB), repl: src.ReplicationConnString(srcDB), slot: "sync_" + mode.String()}
+					must(t, pgtest.Exec(ctx, e.src, append(append([]string{}, schema...),
+						`CREATE PUBLICATION pub FOR ALL TABLES`,
+						`SELECT pg_create_logical_replication_slot('`+e.slot+`', 'pgoutput')`)...))
+					must(t, pgtest.Exec(ctx, e.dst, schema...))
+					cfg := e.config(t, mode)
+					cfg.Source += " application_name=" + syncName
+					// Commits wait for the applier only while it runs: setting up and cleaning up
+					// (CREATE and DROP DATABASE) do not.
+					must(t, pgtest.Exec(ctx, src.ConnString("postgres"), `ALTER SYSTEM SET synchronous_standby_names = '`+syncName+`'`, `SELECT pg_reload_conf()`))
+					t.Cleanup(func() {
+						must(t, pgtest.Exec(context.Background(), src.ConnString("postgres"), `ALTER SYSTEM RESET synchronous_standby_names`, `SELECT pg_reload_conf()`))
+					})
+					r := start(t, cfg)
+					waitSync(t, ctx, e.src)
+
+					conn, err := pgx.Connect(ctx, e.src)
+					must(t, err)
+					defer conn.Close(context.Background())
+					// commit runs one source transaction and fails t if its COMMIT waits for the
+					// applier's acknowledgement longer than a healthy applier ever needs.
+					commit := func(what string, sql ...string) {
+						t.Helper()
+						cctx, ccancel := context.WithTimeout(ctx, 45*time.Second)
+						defer ccancel()
+						tx, err := conn.Begin(cctx)
+						must(t, err)
+						for _, s := range sql {
+							_, err := tx.Exec(cctx, s)
+							must(t, err)
+						}
+						if err := tx.Commit(cctx); err != nil {
+							t.Fatalf("%s: COMMIT on the source did not return: %v (applier stats %+v)", what, err, r.a.Stats())
+						}
+					}
+					// Streamed: far beyond the source's 64kB, followed by nothing.
+					commit("streamed transaction", `INSERT INTO big SELECT g, g % 10, repeat('x', 100) FROM generate_series(1, 20000) g`)
+					// Streamed, with a subtransaction rolled back.
+					commit("streamed transaction with a rollback",
+						`SAVEPOINT a`,
+						`UPDATE big SET payload = 'y' WHERE id <= 5000`,
+						`ROLLBACK TO SAVEPOINT a`,
+						`DELETE FROM big WHERE id > 15000`)
+					// Small transactions one at a time, each waiting for the previous one.
+					for i := range 20 {
+						commit(fmt.Sprintf("small transaction %d", i), fmt.Sprintf(`INSERT INTO items VALUES (%d, %d, 'n')`, i, i))
+					}
+					commit("marker", `INSERT INTO marker VALUES (1)`)
+					e.waitMarker(t, r, 1)
+					r.halt(t)
+					e.compare(t)
+				})
+			}
+		})
+	}
+}
+
+// waitSync waits until the source counts the applier as its synchronous standby: from then on
+// every commit waits for it.
+func waitSync(t *testing.T, ctx context.Context, dsn string) {
+	t.Helper()
+	conn, err := pgx.Connect(ctx, dsn)
+	must(t, err)
+	defer conn.Close(context.Background())
+	for {
+		var n int
+		must(t, conn.QueryRow(ctx, `SELECT count(*) FROM pg_stat_replication WHERE application_name = $1 AND sync_state = 'sync'`, syncName).Scan(&n))
+		if n > 0 {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("the applier never became the source's synchronous standby: %v", ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
