@@ -144,8 +144,9 @@ type Config struct {
 	// (SourceOrigin, PostgreSQL 16+) then leaves those transactions out: two databases can
 	// replicate to each other without loops; and the target tells the Applier's rows from
 	// others' (*_origin_differs conflicts, with track_commit_timestamp). Worker connections use
-	// origins of their own, Origin + "_w1" and so on (an origin is active in one session at a
-	// time); each is created if missing and takes one of the target's replication origin states
+	// origins of their own, Origin + "_w1" and so on, and the initial copy's connections (Copy)
+	// Origin + "_c1" and so on (an origin is active in one session at a time); each is created
+	// if missing and takes one of the target's replication origin states
 	// (max_active_replication_origins, max_replication_slots before PostgreSQL 18) for as long
 	// as it exists: drop them (pg_replication_origin_drop) when the Applier is gone for good.
 	// Setting up an origin takes a superuser or a role granted EXECUTE on the functions; without

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -42,6 +43,16 @@ func (s *session) setupConflicts(ctx context.Context) error {
 			ids = append(ids, uint32(id))
 		}
 		if ids != nil {
+			// Rows an initial copy wrote carry the origins of its connections (copyOrigin).
+			rows, err := query(ctx, tg.conn, `SELECT roident::text FROM pg_catalog.pg_replication_origin
+				WHERE left(roname, length($1) + 2) = $1 || '_c' AND substr(roname, length($1) + 3) ~ '^[0-9]+$'`, cfg.Origin)
+			if err != nil {
+				return fmt.Errorf("apply: looking up the initial copy's replication origins on the target: %w", err)
+			}
+			for _, r := range rows {
+				id, _ := strconv.ParseUint(string(r[0]), 10, 32)
+				ids = append(ids, uint32(id))
+			}
 			if err := tg.setupOrigin(ctx, cfg.Origin); err != nil {
 				return err
 			}
@@ -103,6 +114,35 @@ func (s *session) attachConflicts(ctx context.Context, tg *target, worker int) e
 
 func workerOrigin(origin string, worker int) string {
 	return origin + "_w" + strconv.Itoa(worker)
+}
+
+// copyOrigin names the origin of the initial copy's target connection n (from 1).
+func copyOrigin(origin string, n int) string {
+	return origin + "_c" + strconv.Itoa(n)
+}
+
+// copyOriginSetup makes the transactions of the initial copy's target connection n carry an
+// origin of the Applier's, so that the rows it writes count as the Applier's own: an update of
+// a copied row is not update_origin_differs.
+func (s *session) copyOriginSetup(ctx context.Context, tg *target, n int) error {
+	if s.ours == nil {
+		return nil
+	}
+	name := copyOrigin(s.cfg.Origin, n)
+	rows, err := query(ctx, tg.conn, `SELECT coalesce(pg_catalog.pg_replication_origin_oid($1),
+		pg_catalog.pg_replication_origin_create($1))::text`, name)
+	if err != nil {
+		return fmt.Errorf("apply: creating replication origin %q on the target: %w", name, err)
+	}
+	id64, _ := strconv.ParseUint(string(rows[0][0]), 10, 32)
+	id := uint32(id64)
+	if !slices.Contains(s.ours, id) {
+		s.ours = append(s.ours, id)
+		if s.det != nil && s.det.ours != nil {
+			s.det.ours = append(s.det.ours, id)
+		}
+	}
+	return tg.setupOrigin(ctx, name)
 }
 
 // setupOrigin makes the connection's transactions carry the origin name.

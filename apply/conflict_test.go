@@ -407,3 +407,40 @@ func runConflictCase(t *testing.T, srv *pgtest.Server, c conflictCase) {
 	}
 	r.halt(t)
 }
+
+// TestCopyWithOrigin copies a source into an empty target with an origin set, then updates and
+// deletes the copied rows on the source: the copy's rows carry an origin of the Applier's, so
+// none of those changes is update_origin_differs or delete_origin_differs.
+func TestCopyWithOrigin(t *testing.T) {
+	for _, major := range testMajors {
+		t.Run(fmt.Sprint(major), func(t *testing.T) {
+			srv := conflictServer(t, major)
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			srcDB, dstDB := pgtest.NewDatabase(t, srv), pgtest.NewDatabase(t, srv)
+			e := &env{srv: srv, src: srv.ConnString(srcDB), dst: srv.ConnString(dstDB), repl: srv.ReplicationConnString(srcDB), slot: "copyorigin"}
+			must(t, pgtest.Exec(ctx, e.src, append(append([]string{}, conflictSchema...),
+				`INSERT INTO kv SELECT g, g, 'copied' FROM generate_series(1, 200) g`,
+				`CREATE PUBLICATION pub FOR ALL TABLES`)...))
+			must(t, pgtest.Exec(ctx, e.dst, conflictSchema...))
+			var log logBuffer
+			cfg := e.conflictConfig(t, &log, nil)
+			cfg.Copy = true
+			dropOrigins(t, e.dst, cfg.Origin)
+			r := start(t, cfg)
+			e.waitProgress(t, r)
+			must(t, pgtest.Exec(ctx, e.src, `UPDATE kv SET v = 'updated' WHERE id <= 100`, `DELETE FROM kv WHERE id > 150`,
+				`INSERT INTO marker VALUES (1)`))
+			e.waitMarker(t, r, 1)
+			r.halt(t)
+			if got, want := rowsOf(t, e.dst), rowsOf(t, e.src); got != want {
+				t.Errorf("target rows differ from the source's:\n%s\nwant\n%s", got, want)
+			}
+			st := r.a.Stats()
+			if st.UpdateOriginDiffers != 0 || st.DeleteOriginDiffers != 0 {
+				t.Errorf("%d update_origin_differs and %d delete_origin_differs on rows the copy wrote\n%s",
+					st.UpdateOriginDiffers, st.DeleteOriginDiffers, log.String())
+			}
+		})
+	}
+}

@@ -402,6 +402,9 @@ func (s *session) runCopy(ctx context.Context, sess *snapshot.Session, maps map[
 		if _, err := query(ctx, tg.conn, "SELECT pg_catalog.pg_advisory_lock_shared($1::bigint)", strconv.FormatInt(fence, 10)); err != nil {
 			return fmt.Errorf("apply: locking the slot's progress on the target: %w", err)
 		}
+		if err := s.copyOriginSetup(ctx, tg, i+1); err != nil {
+			return err
+		}
 	}
 	_, err := sess.Run(ctx, func(ctx context.Context, c *snapshot.Chunk) error {
 		return s.copyChunk(ctx, tgs[c.Worker], maps[c.Table.OID], c)
