@@ -254,20 +254,26 @@ func TestDetectionRoundTrips(t *testing.T) {
 	execOn(t, e.src, `INSERT INTO kv VALUES (1, 1, 'x'), (2, 2, 'y')`, `INSERT INTO marker VALUES (1)`)
 	execOn(t, e.src, `ALTER TABLE kv DROP CONSTRAINT kv_u_key`)
 	execOn(t, e.dst, `ALTER TABLE kv DROP CONSTRAINT kv_u_key`)
-	r := start(t, cfg)
-	e.waitMarker(t, r, 1)
-	before := r.a.Stats()
+	first := start(t, cfg)
+	e.waitMarker(t, first, 1)
+	first.halt(t)
 	var stmts []string
 	for i := range 50 {
 		stmts = append(stmts, fmt.Sprintf(`BEGIN; UPDATE kv SET v = 'v%d' WHERE id = 1; DELETE FROM kv WHERE id = 2; INSERT INTO kv VALUES (2, 2, 'y'); COMMIT`, i))
 	}
 	execOn(t, e.src, append(stmts, `INSERT INTO marker VALUES (2)`)...)
+	// A second Applier finds them waiting: they are applied in groups (up to 64 transactions a
+	// round trip), and a check that took a round trip of its own would show as one per
+	// transaction. It counts from zero; its counters are final once it stopped (they are updated
+	// just after a commit returns, when the marker may already be visible).
+	r := start(t, cfg)
 	e.waitMarker(t, r, 2)
+	r.halt(t)
 	after := r.a.Stats()
-	txns, trips := after.Txns-before.Txns, after.RoundTrips-before.RoundTrips
+	txns, trips := after.Txns, after.RoundTrips
 	// Group commit adds a synchronous empty transaction now and then (see Config.SynchronousCommit).
-	if txns != 51 || trips > txns+10 {
-		t.Errorf("%d transactions took %d round trips, want one each", txns, trips)
+	if txns != 51 || trips > 10 {
+		t.Errorf("%d transactions took %d round trips, want a few for the whole backlog", txns, trips)
 	}
 	for _, ct := range ConflictTypes() {
 		if n := after.Conflicts(ct); n != 0 {

@@ -65,13 +65,8 @@ func (g *group) reset() {
 // alone (a retry after a failure in a group) commits the group first and is applied by itself.
 func (s *session) applyGrouped(ctx context.Context, t *reorderbuffer.Txn) error {
 	g := &s.group
-	if s.a.serial[t.Xid] {
-		if err := s.commitGroup(ctx); err != nil {
-			return err
-		}
-		return s.applyWhole(ctx, t)
-	}
-	if g.open() && g.full() {
+	alone := s.a.serial[t.Xid]
+	if g.open() && (alone || g.full()) {
 		if err := s.commitGroup(ctx); err != nil {
 			return err
 		}
@@ -106,6 +101,9 @@ func (s *session) applyGrouped(ctx context.Context, t *reorderbuffer.Txn) error 
 		if err := tg.change(ctx, m, rels); err != nil {
 			return s.groupError(ref, err)
 		}
+	}
+	if alone {
+		return s.commitGroup(ctx)
 	}
 	return nil
 }

@@ -251,52 +251,6 @@ func (s *session) runBuffered(ctx context.Context) error {
 	}
 }
 
-// applyWhole applies t in one target transaction, together with the progress row.
-func (s *session) applyWhole(ctx context.Context, t *reorderbuffer.Txn) error {
-	tg := s.leader
-	ref := txnRef{Xid: t.Xid, Streamed: t.Streamed, CommitLSN: t.CommitLSN, EndLSN: t.EndLSN}
-	tg.source(t.Xid, t)
-	started := false
-	for m, err := range t.Changes() {
-		if err != nil {
-			return err
-		}
-		rels, err := s.relations(t, m)
-		if err != nil {
-			return err
-		}
-		if rels == nil {
-			continue
-		}
-		if !started {
-			tg.begin()
-			started = true
-		}
-		if err := tg.change(ctx, m, rels); err != nil {
-			return s.txnError(ref, err)
-		}
-	}
-	seq := s.order.assign()
-	durable := s.cfg.SynchronousCommit
-	if started {
-		if err := s.cfg.hook(ctx, "before-commit", ref); err != nil {
-			return err
-		}
-		durable = s.syncCommit()
-		if err := tg.commit(ctx, s.progress, s.cfg.Slot, t.EndLSN, durable); err != nil {
-			return s.txnError(ref, err)
-		}
-	} else { // nothing to apply: acknowledged without a target transaction
-		s.stats.emptyTxns.Add(1)
-	}
-	s.order.finish(seq)
-	s.stats.txns.Add(1)
-	if err := s.cfg.hook(ctx, "after-commit", ref); err != nil {
-		return err
-	}
-	s.committed(commitRef{seq: seq, txn: t}, durable)
-	return nil
-}
 
 // relations resolves the relations a change names: nil for a message that changes nothing on
 // the target (Relation, Type, logical messages).
