@@ -251,7 +251,6 @@ func (s *session) runBuffered(ctx context.Context) error {
 	}
 }
 
-
 // relations resolves the relations a change names: nil for a message that changes nothing on
 // the target (Relation, Type, logical messages).
 func (s *session) relations(t *reorderbuffer.Txn, m decoding.Message) ([]*relInfo, error) {
