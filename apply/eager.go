@@ -296,27 +296,20 @@ func (s *session) applyDirect(ctx context.Context, j *job, t *reorderbuffer.Txn)
 	}
 	s.leaderJob.Store(j)
 	tg := s.leader
-	for m, err := range t.Changes() {
-		if err != nil {
-			return err
-		}
-		rels, err := s.relations(t, m)
-		if err != nil {
-			return err
-		}
-		if rels == nil {
-			continue
-		}
+	var failed error // a change the target refused: no further change of t is applied
+	err := s.eachChange(t, func(m decoding.Message, rels []*relInfo) error {
 		if !j.begun {
 			tg.begin()
 			tg.source(j.xid, nil)
 			j.begun = true
 		}
-		if err := tg.change(ctx, m, rels); err != nil {
-			return s.directFailed(ctx, j, err)
-		}
+		failed = tg.change(ctx, m, rels)
+		return failed
+	})
+	if failed != nil {
+		return s.directFailed(ctx, j, failed)
 	}
-	return nil
+	return err
 }
 
 // directFailed handles an error of a direct job: a refused change is kept for the commit, any
@@ -357,17 +350,7 @@ func (s *session) conflict(j *job, err error) error {
 // Next. A streamed transaction's changes get a savepoint before each subtransaction's first
 // change, and a wait for the transactions that committed before them.
 func (s *session) enqueue(ctx context.Context, j *job, t *reorderbuffer.Txn) error {
-	for m, err := range t.Changes() {
-		if err != nil {
-			return err
-		}
-		rels, err := s.relations(t, m)
-		if err != nil {
-			return err
-		}
-		if rels == nil {
-			continue
-		}
+	return s.eachChange(t, func(m decoding.Message, rels []*relInfo) error {
 		if !j.streamed {
 			if err := s.depend(ctx, j, m, rels); err != nil {
 				return err
@@ -392,11 +375,8 @@ func (s *session) enqueue(ctx context.Context, j *job, t *reorderbuffer.Txn) err
 		if err != nil {
 			return err
 		}
-		if err := j.q.push(rec); err != nil {
-			return err
-		}
-	}
-	return nil
+		return j.q.push(rec)
+	})
 }
 
 // depend queues, before a change of a committed transaction a worker applies (Parallel), a

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 )
 
@@ -81,17 +82,7 @@ func (s *session) applyGrouped(ctx context.Context, t *reorderbuffer.Txn) error 
 	// Conflicts name their own source transaction; the group commits with the last one's
 	// commit time as its origin timestamp.
 	tg.source(t.Xid, t)
-	for m, err := range t.Changes() {
-		if err != nil {
-			return err
-		}
-		rels, err := s.relations(t, m)
-		if err != nil {
-			return err
-		}
-		if rels == nil {
-			continue
-		}
+	err := s.eachChange(t, func(m decoding.Message, rels []*relInfo) error {
 		if !g.started {
 			tg.begin()
 			g.started = true
@@ -101,6 +92,10 @@ func (s *session) applyGrouped(ctx context.Context, t *reorderbuffer.Txn) error 
 		if err := tg.change(ctx, m, rels); err != nil {
 			return s.groupError(ref, err)
 		}
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	if alone {
 		return s.commitGroup(ctx)

@@ -251,6 +251,27 @@ func (s *session) runBuffered(ctx context.Context) error {
 	}
 }
 
+// eachChange calls f with each of t's changes that changes the target, and the relations it
+// names, in order; it stops at the first error, t's or f's. The message is valid only during f.
+func (s *session) eachChange(t *reorderbuffer.Txn, f func(m decoding.Message, rels []*relInfo) error) error {
+	for m, err := range t.Changes() {
+		if err != nil {
+			return err
+		}
+		rels, err := s.relations(t, m)
+		if err != nil {
+			return err
+		}
+		if rels == nil {
+			continue
+		}
+		if err := f(m, rels); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // relations resolves the relations a change names: nil for a message that changes nothing on
 // the target (Relation, Type, logical messages).
 func (s *session) relations(t *reorderbuffer.Txn, m decoding.Message) ([]*relInfo, error) {
