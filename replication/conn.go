@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pgreorder/pgreorder/internal/pgconnect"
+
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgproto3"
@@ -297,18 +299,6 @@ func (c *Config) baseConnConfig() (*pgconn.Config, error) {
 	return pc, nil
 }
 
-// valueSettings are the session settings PostgreSQL's own subscriber pins on its replication
-// connection (libpqwalreceiver), because pgoutput formats text values with the walsender
-// session's settings: DateStyle ISO (dates as 2024-03-04 whatever the server's day/month order),
-// IntervalStyle postgres, extra_float_digits 3 (float4/float8 that read back exactly), and the
-// client encoding (the subscriber asks for its database encoding; a Go consumer wants UTF8).
-var valueSettings = [...][2]string{
-	{"datestyle", "ISO"},
-	{"intervalstyle", "postgres"},
-	{"extra_float_digits", "3"},
-	{"client_encoding", "UTF8"},
-}
-
 // PinValueSettings sets, in cfg's startup parameters, the session settings with which the
 // server prints values on a replication connection: DateStyle ISO, IntervalStyle postgres,
 // extra_float_digits 3 and client_encoding UTF8, replacing whatever cfg says (in any letter
@@ -316,69 +306,23 @@ var valueSettings = [...][2]string{
 // "options" connection parameter. Every replication connection carries them; ordinary
 // connections whose values must read like the stream's (an initial copy, rows read back to
 // compare) should too.
-func PinValueSettings(cfg *pgconn.Config) {
-	if cfg.RuntimeParams == nil {
-		cfg.RuntimeParams = map[string]string{}
-	}
-	for k := range cfg.RuntimeParams {
-		for _, p := range valueSettings {
-			if strings.EqualFold(k, p[0]) {
-				delete(cfg.RuntimeParams, k)
-			}
-		}
-	}
-	for _, p := range valueSettings {
-		cfg.RuntimeParams[p[0]] = p[1]
-	}
-}
+func PinValueSettings(cfg *pgconn.Config) { pgconnect.PinValueSettings(cfg) }
 
 // connConfig returns the configuration of one connection attempt: a copy of base, passed to
 // BeforeConnect, with the pinned parameters, the notice logger and a context watcher that never
 // sends cancel requests (a deadline ends every wait for the next message; a cancel request would
 // hit the walsender).
 func (c *Config) connConfig(ctx context.Context, base *pgconn.Config, log *slog.Logger) (*pgconn.Config, error) {
-	pc := base.Copy()
-	if pc.RuntimeParams == nil {
-		pc.RuntimeParams = map[string]string{}
-	}
-	if c.BeforeConnect != nil {
-		if err := c.BeforeConnect(ctx, pc); err != nil {
-			return nil, fmt.Errorf("replication: BeforeConnect: %w", err)
-		}
-		if pc.RuntimeParams == nil {
-			pc.RuntimeParams = map[string]string{}
-		}
-	}
-	hasAppName := false
-	for k := range pc.RuntimeParams {
-		if strings.EqualFold(k, "replication") {
-			delete(pc.RuntimeParams, k)
-		}
-		if strings.EqualFold(k, "application_name") {
-			hasAppName = true
-		}
+	pc, err := pgconnect.Attempt(ctx, base, c.BeforeConnect, "pgreorder", log)
+	if err != nil {
+		return nil, fmt.Errorf("replication: %w", err)
 	}
 	pc.RuntimeParams["replication"] = "database"
-	PinValueSettings(pc)
-	if !hasAppName {
-		pc.RuntimeParams["application_name"] = "pgreorder"
-	}
-	userNotice := pc.OnNotice
-	pc.OnNotice = func(conn *pgconn.PgConn, n *pgconn.Notice) {
-		log.Warn("server notice", "severity", n.Severity, "code", n.Code, "message", n.Message,
-			"detail", n.Detail, "hint", n.Hint, "where", n.Where)
-		if userNotice != nil {
-			userNotice(conn, n)
-		}
-	}
 	pc.BuildContextWatcherHandler = func(conn *pgconn.PgConn) ctxwatch.Handler {
 		return &pgconn.DeadlineContextWatcherHandler{Conn: conn.Conn()}
 	}
 	return pc, nil
 }
-
-// errNotParsed is the panic pgconn raises for a Config that pgconn.ParseConfig did not make.
-const errNotParsed = "config must be created by ParseConfig"
 
 // dial makes one connection attempt.
 func (c *Config) dial(ctx context.Context, base *pgconn.Config, log *slog.Logger) (conn *pgconn.PgConn, err error) {
@@ -386,15 +330,10 @@ func (c *Config) dial(ctx context.Context, base *pgconn.Config, log *slog.Logger
 	if err != nil {
 		return nil, err
 	}
-	defer func() {
-		if r := recover(); r != nil {
-			if r != errNotParsed {
-				panic(r)
-			}
-			conn, err = nil, fmt.Errorf("%w: ConnConfig must be made by pgconn.ParseConfig", ErrInvalidConfig)
-		}
-	}()
-	conn, err = pgconn.ConnectConfig(ctx, pc)
+	conn, err = pgconnect.Connect(ctx, pc)
+	if errors.Is(err, pgconnect.ErrNotParsed) {
+		return nil, fmt.Errorf("%w: ConnConfig must be made by pgconn.ParseConfig", ErrInvalidConfig)
+	}
 	if err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "53300" && strings.Contains(pgErr.Message, "max_wal_senders") {

@@ -5,10 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
+
+	"github.com/pgreorder/pgreorder/internal/pgconnect"
 
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/pgreorder/pgreorder/replication"
 )
 
 // DefaultWorkers is the number of connections that copy in parallel when Config.Workers is 0.
@@ -118,54 +118,18 @@ func (c *Config) baseConnConfig() (*pgconn.Config, error) {
 	return pc, nil
 }
 
-// errNotParsed is the panic pgconn raises for a Config that pgconn.ParseConfig did not make.
-const errNotParsed = "config must be created by ParseConfig"
-
 // connect opens one normal connection with the pinned settings.
-func (c *Config) connect(ctx context.Context, base *pgconn.Config, log *slog.Logger) (conn *pgconn.PgConn, err error) {
-	pc := base.Copy()
-	if pc.RuntimeParams == nil {
-		pc.RuntimeParams = map[string]string{}
+func (c *Config) connect(ctx context.Context, base *pgconn.Config, log *slog.Logger) (*pgconn.PgConn, error) {
+	// The values must read exactly as the stream's: pgconnect pins the same settings as
+	// package replication.
+	pc, err := pgconnect.Attempt(ctx, base, c.BeforeConnect, "pgreorder-copy", log)
+	if err != nil {
+		return nil, fmt.Errorf("snapshot: %w", err)
 	}
-	if c.BeforeConnect != nil {
-		if err := c.BeforeConnect(ctx, pc); err != nil {
-			return nil, fmt.Errorf("snapshot: BeforeConnect: %w", err)
-		}
-		if pc.RuntimeParams == nil {
-			pc.RuntimeParams = map[string]string{}
-		}
+	conn, err := pgconnect.Connect(ctx, pc)
+	if errors.Is(err, pgconnect.ErrNotParsed) {
+		return nil, fmt.Errorf("%w: ConnConfig must be made by pgconn.ParseConfig", ErrInvalidConfig)
 	}
-	hasAppName := false
-	for k := range pc.RuntimeParams {
-		if strings.EqualFold(k, "replication") {
-			delete(pc.RuntimeParams, k)
-		}
-		if strings.EqualFold(k, "application_name") {
-			hasAppName = true
-		}
-	}
-	// The values must read exactly as the stream's.
-	replication.PinValueSettings(pc)
-	if !hasAppName {
-		pc.RuntimeParams["application_name"] = "pgreorder-copy"
-	}
-	userNotice := pc.OnNotice
-	pc.OnNotice = func(conn *pgconn.PgConn, n *pgconn.Notice) {
-		log.Warn("server notice", "severity", n.Severity, "code", n.Code, "message", n.Message,
-			"detail", n.Detail, "hint", n.Hint)
-		if userNotice != nil {
-			userNotice(conn, n)
-		}
-	}
-	defer func() {
-		if r := recover(); r != nil {
-			if r != errNotParsed {
-				panic(r)
-			}
-			conn, err = nil, fmt.Errorf("%w: ConnConfig must be made by pgconn.ParseConfig", ErrInvalidConfig)
-		}
-	}()
-	conn, err = pgconn.ConnectConfig(ctx, pc)
 	if err != nil {
 		return nil, fmt.Errorf("snapshot: connect: %w", err)
 	}

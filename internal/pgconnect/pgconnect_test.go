@@ -1,0 +1,72 @@
+package pgconnect_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgreorder/pgreorder/internal/pgconnect"
+)
+
+func ExampleAttempt() {
+	base, err := pgconn.ParseConfig("host=/nonexistent dbname=app replication=database DateStyle=German")
+	if err != nil {
+		panic(err)
+	}
+	pc, err := pgconnect.Attempt(context.Background(), base, nil, "pgreorder-copy", slog.New(slog.DiscardHandler))
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println(pc.RuntimeParams["replication"] == "", pc.RuntimeParams["datestyle"], pc.RuntimeParams["application_name"])
+	// Output: true ISO pgreorder-copy
+}
+
+func TestAttempt(t *testing.T) {
+	base, err := pgconn.ParseConfig("host=/nonexistent application_name=mine ExTrA_FlOaT_DiGiTs=0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var hooked *pgconn.Config
+	pc, err := pgconnect.Attempt(context.Background(), base, func(_ context.Context, c *pgconn.Config) error {
+		hooked = c
+		c.RuntimeParams["search_path"] = "x" // the map exists for the hook
+		return nil
+	}, "default", slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hooked != pc || pc == base {
+		t.Error("the hook did not get the attempt's own copy")
+	}
+	if base.RuntimeParams["search_path"] != "" || base.RuntimeParams["extra_float_digits"] != "" {
+		t.Errorf("base was modified: %v", base.RuntimeParams)
+	}
+	want := map[string]string{"application_name": "mine", "search_path": "x", "datestyle": "ISO",
+		"intervalstyle": "postgres", "extra_float_digits": "3", "client_encoding": "UTF8"}
+	for k, v := range want {
+		if pc.RuntimeParams[k] != v {
+			t.Errorf("%s = %q, want %q (%v)", k, pc.RuntimeParams[k], v, pc.RuntimeParams)
+		}
+	}
+	if pc.RuntimeParams["ExTrA_FlOaT_DiGiTs"] != "" {
+		t.Error("a setting given in another letter case was kept beside the pinned one")
+	}
+
+	hookErr := errors.New("no token")
+	_, err = pgconnect.Attempt(context.Background(), base, func(context.Context, *pgconn.Config) error { return hookErr },
+		"default", slog.New(slog.DiscardHandler))
+	if !errors.Is(err, hookErr) {
+		t.Errorf("hook error: got %v", err)
+	}
+}
+
+func TestConnectNotParsed(t *testing.T) {
+	_, err := pgconnect.Connect(context.Background(), &pgconn.Config{})
+	if !errors.Is(err, pgconnect.ErrNotParsed) {
+		t.Fatalf("got %v, want ErrNotParsed", err)
+	}
+}
