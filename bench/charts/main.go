@@ -410,7 +410,7 @@ func resultTables(w io.Writer, all []result) {
 	}
 }
 
-// targets prints the targets with the measured values.
+// targets prints the benchmark targets with the measured values.
 func targets(w io.Writer, all []result) {
 	find := func(sub ...string) (result, bool) {
 	next:
