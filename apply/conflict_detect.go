@@ -641,35 +641,52 @@ func (t *target) deleteLocals(ctx context.Context, m *relMap, rows []localRow) e
 func (t *target) insertConflict(ctx context.Context, op batchOp) error {
 	m := op.rel
 	row, formats := t.kept(op.arg, op.narg)
-	reps, rows, err := t.uniqueLocals(ctx, m, row, formats, nil)
-	if err != nil {
-		return err
-	}
-	plain := func() error {
-		if _, err := t.exec(ctx, op.st.plain, row, op.st.oids, formats); err != nil {
+	// A local transaction may insert a conflicting row between the lookup and the INSERT (the
+	// target is written concurrently, which is why there are conflicts): the INSERT runs after a
+	// savepoint, and a unique violation rolls back to it and resolves again against the rows
+	// now there, a few times at most.
+	const attempts = 3
+	for attempt := 1; ; attempt++ {
+		reports := len(t.reports)
+		reps, rows, err := t.uniqueLocals(ctx, m, row, formats, nil)
+		if err != nil {
+			return err
+		}
+		if len(reps) > 0 {
+			ct := InsertExists
+			if len(reps) > 1 {
+				ct = MultipleUniqueConflicts
+			}
+			c := t.newConflict(ct, m)
+			c.Remote, c.Local = rowOf(m, row, formats), reps
+			apply, err := t.resolve(c, "INSERT")
+			if err != nil || !apply {
+				return err
+			}
+			if err := t.deleteLocals(ctx, m, rows); err != nil {
+				return err
+			}
+		}
+		// With no conflicting row left (gone meanwhile, or an exclusion constraint), the plain
+		// INSERT says which.
+		if _, err := t.exec(ctx, "SAVEPOINT pgr_insert", nil, nil, nil); err != nil {
+			return err
+		}
+		_, err = t.exec(ctx, op.st.plain, row, op.st.oids, formats)
+		if err == nil {
+			t.stats.inserts.Add(1)
+			_, err = t.exec(ctx, "RELEASE SAVEPOINT pgr_insert", nil, nil, nil)
+			return err
+		}
+		if !isCode(err, "23505") || attempt == attempts {
 			return t.statementError(op, err)
 		}
-		t.stats.inserts.Add(1)
-		return nil
+		if _, err := t.exec(ctx, "ROLLBACK TO SAVEPOINT pgr_insert", nil, nil, nil); err != nil {
+			return err
+		}
+		clear(t.reports[reports:]) // resolved again below
+		t.reports = t.reports[:reports]
 	}
-	if len(reps) == 0 {
-		// Gone meanwhile, or an exclusion constraint: the plain INSERT says which.
-		return plain()
-	}
-	ct := InsertExists
-	if len(reps) > 1 {
-		ct = MultipleUniqueConflicts
-	}
-	c := t.newConflict(ct, m)
-	c.Remote, c.Local = rowOf(m, row, formats), reps
-	apply, err := t.resolve(c, "INSERT")
-	if err != nil || !apply {
-		return err
-	}
-	if err := t.deleteLocals(ctx, m, rows); err != nil {
-		return err
-	}
-	return plain()
 }
 
 // rowMissed resolves an UPDATE or DELETE that changed no row: its row was changed by another

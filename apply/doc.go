@@ -69,7 +69,9 @@
 // then takes a round trip per group instead of one per transaction. The target sees a group's
 // transactions become visible at once; every state it shows is still one the source had at a
 // commit. A statement that fails inside a group restarts the session with the group's
-// transactions applied one at a time, so that the error names its own transaction.
+// transactions applied one at a time, so that the error names its own transaction. With a
+// replication origin and last_update_wins resolutions, transactions are not grouped: a group's
+// rows would all carry its last transaction's commit time.
 //
 // Eager applies a large transaction the server streams while it is still running on the source,
 // as PostgreSQL 16's parallel apply does: on a worker connection of its own, a SAVEPOINT before

@@ -66,7 +66,10 @@ func (g *group) reset() {
 // alone (a retry after a failure in a group) commits the group first and is applied by itself.
 func (s *session) applyGrouped(ctx context.Context, t *reorderbuffer.Txn) error {
 	g := &s.group
-	alone := s.a.serial[t.Xid]
+	// A group commits with the commit time of its last transaction, which becomes the commit
+	// timestamp of all its rows (with an origin): under last_update_wins a row must carry its
+	// own transaction's time, or two sides replicating to each other can decide differently.
+	alone := s.a.serial[t.Xid] || (s.det != nil && s.leader.origin != "" && s.cfg.Conflicts.lastUpdateWins())
 	if g.open() && (alone || g.full()) {
 		if err := s.commitGroup(ctx); err != nil {
 			return err
