@@ -64,8 +64,10 @@
 // so Open checks that no publication of Config.Publications was created, altered or dropped
 // since (ErrPublicationChanged: drop the slot and start again). A table created after the
 // consistent point (in a FOR ALL TABLES or TABLES IN SCHEMA publication) is not copied: the
-// stream carries all its rows. Open then takes an ACCESS SHARE lock on every table, held until
-// Close, so that no TRUNCATE, ALTER TABLE or VACUUM FULL runs under the copy; one that ran
+// stream carries all its rows. Open then takes an ACCESS SHARE lock on every table, on every
+// worker, held until Close, so that no TRUNCATE, ALTER TABLE or VACUUM FULL runs under the copy
+// (they wait for it; one already waiting when a worker after the first asks for its locks makes
+// Open fail after 10s with lock_not_available rather than wait forever); one that ran
 // between the slot's creation and Open, such as a TRUNCATE (not MVCC-safe) is not detected.
 //
 // # Chunks and workers

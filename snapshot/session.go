@@ -138,12 +138,14 @@ func Open(ctx context.Context, cfg Config, snap replication.Snapshot) (_ *Sessio
 			s.tables = append(s.tables, t)
 		}
 	}
+	var lock string // every worker holds ACCESS SHARE on every table from its start
 	if len(s.tables) > 0 {
 		names := make([]string, len(s.tables))
 		for i, t := range s.tables {
 			names[i] = t.sqlName()
 		}
-		if _, err := c0.Exec(ctx, "LOCK TABLE "+strings.Join(names, ", ")+" IN ACCESS SHARE MODE").ReadAll(); err != nil {
+		lock = "LOCK TABLE " + strings.Join(names, ", ") + " IN ACCESS SHARE MODE"
+		if _, err := c0.Exec(ctx, lock).ReadAll(); err != nil {
 			return nil, fmt.Errorf("snapshot: locking the tables: %w", err)
 		}
 	}
@@ -158,7 +160,10 @@ func Open(ctx context.Context, cfg Config, snap replication.Snapshot) (_ *Sessio
 		wg.Go(func() {
 			c, err := cfg.connect(ctx, base, log)
 			if err == nil {
-				if err = begin(ctx, c, snap.Name); err != nil {
+				if err = begin(ctx, c, snap.Name); err == nil && lock != "" {
+					err = lockMore(ctx, c, lock)
+				}
+				if err != nil {
 					c.Close(ctx)
 					c = nil
 				}
@@ -192,6 +197,24 @@ func Open(ctx context.Context, cfg Config, snap replication.Snapshot) (_ *Sessio
 			"chunks", t.Chunks, "row_filter", t.RowFilter, "partitioned", t.Partitioned)
 	}
 	return s, nil
+}
+
+// moreLockTimeout bounds how long a worker after the first waits for its table locks.
+const moreLockTimeout = 10 * time.Second
+
+// lockMore takes the tables' locks in a worker after the first. A worker that first asked for a
+// table's lock when it reached its first chunk of it would queue behind any ACCESS EXCLUSIVE
+// request made meanwhile (a TRUNCATE or ALTER TABLE on the source), which itself waits for the
+// first worker's lock, held until the copy ends: a wait that no one would ever end, and that
+// PostgreSQL cannot see as a deadlock. Locked from the start, a worker never asks again; and if
+// such a request is already queued, the lock times out (lock_not_available) instead of waiting
+// forever, and the copy fails so that it can be started again.
+func lockMore(ctx context.Context, conn *pgconn.PgConn, lock string) error {
+	sql := "SET LOCAL lock_timeout = " + strconv.Itoa(int(moreLockTimeout/time.Millisecond)) + "; " + lock + "; SET LOCAL lock_timeout = 0"
+	if _, err := conn.Exec(ctx, sql).ReadAll(); err != nil {
+		return fmt.Errorf("snapshot: locking the tables (a lock on one of them that conflicts is held or awaited; the copy can be started again): %w", err)
+	}
+	return nil
 }
 
 // begin starts the transaction in the snapshot. The exported snapshot must still exist.
