@@ -368,15 +368,13 @@ func runConflictCase(t *testing.T, srv *pgtest.Server, c conflictCase) {
 		cfg.Conflicts.Resolutions = map[ConflictType]Resolution{c.ct: ResolveSkip}
 		again := start(t, cfg)
 		e.waitMarker(t, again, 2)
-		again.halt(t) // its counters are final once it stopped
+		e.settled(t, again)
 		if n := again.a.Stats().Conflicts(c.ct); n != 1 {
 			t.Errorf("%s conflicts after the stop: %d, want 1", c.ct, n)
 		}
 	} else {
-		// The counters are updated just after a commit returns: the marker, committed in the
-		// same group as the conflict, may be visible before they are. Final once it stopped.
 		e.waitMarker(t, r, 2)
-		r.halt(t)
+		e.settled(t, r)
 	}
 	st := r.a.Stats()
 	if got := st.Conflicts(c.ct); got != c.wantCount {
@@ -446,4 +444,13 @@ func TestCopyWithOrigin(t *testing.T) {
 			}
 		})
 	}
+}
+
+// settled waits until r's counters include everything its progress row says it committed: they
+// are updated just after a commit returns, and the marker a test waits for may be visible before
+// (AppliedLSN is updated last, after the commit's conflicts are counted).
+func (e *env) settled(t *testing.T, r *running) {
+	t.Helper()
+	want := e.progress(t)
+	eventually(t, "the Applier's counters", func() bool { return r.a.Stats().AppliedLSN >= want })
 }

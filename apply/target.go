@@ -286,12 +286,12 @@ func (t *target) commit(ctx context.Context, progress *stmt, slot string, end LS
 		t.inTxn = true
 		return err
 	}
-	t.stats.applied(end)
 	if t.det != nil && t.det.tomb != nil {
 		t.det.tomb.committed(t.remote.commitTime)
 	}
 	t.emitReports()
 	t.srcs = t.srcs[:0]
+	t.stats.applied(end) // last: a reader that sees end sees the commit's conflicts counted
 	return nil
 }
 
