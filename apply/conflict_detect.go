@@ -561,6 +561,7 @@ func (t *target) srcOf(op batchOp) remoteTxn {
 
 // resolveMissed resolves a checked statement that affected no row.
 func (t *target) resolveMissed(ctx context.Context, op batchOp) error {
+	t.resolved++
 	t.opSrc = t.srcOf(op)
 	switch op.op {
 	case 'I':

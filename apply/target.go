@@ -73,6 +73,10 @@ type target struct {
 	insSrcs []int32      // per row of the insert run: its source transaction, in srcs
 	opSrc   remoteTxn    // the source transaction of the change whose conflict is being resolved
 	marks   []reportMark // per savepoint taken: the reports made before it
+	// resolved counts the conflicts resolved (statements looked up after they changed no row
+	// or violated a unique constraint), so that a savepoint taken before a resolution can be
+	// taken again after it.
+	resolved int
 	// The batch's statements' parameters, kept (with detection) to resolve their conflicts:
 	// argv[i] aliases arena (nil for NULL), argf[i] is its format (fmtUnchanged: not sent).
 	argv  [][]byte
@@ -457,11 +461,21 @@ func (t *target) flushInserts(ctx context.Context) error {
 		// and on a violation the run is sent again as INSERT ... ON CONFLICT DO NOTHING.
 		guard = rc.onConflict
 	}
+	resolved := t.resolved
 	if guard {
 		t.control("SAVEPOINT pgr_copy")
 	}
 	if err := t.flushBatch(ctx); err != nil {
 		return err
+	}
+	if guard && t.resolved != resolved {
+		// The batch's conflicts were resolved after the savepoint (their statements ran before
+		// it): a rollback to it would undo the resolutions. Take it again after them.
+		t.stats.roundTrips.Add(1)
+		if err := t.conn.Exec(ctx, "RELEASE SAVEPOINT pgr_copy; SAVEPOINT pgr_copy").Close(); err != nil {
+			t.dropInserts()
+			return err
+		}
 	}
 	fields := make([]field, len(m.cols))
 	buf := t.copyBuf[:0]
