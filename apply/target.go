@@ -839,22 +839,22 @@ func (t *target) prepareStatements(ctx context.Context) error {
 
 // where appends the row-identifying condition of an UPDATE or DELETE to the statement's shape
 // and parameters: the replica identity key, or with REPLICA IDENTITY FULL every column of the
-// old row (NULL as IS NULL; values of types without equality compared as text, or, binary,
-// not at all), which picks one of identical rows (the caller wraps it in a ctid subquery).
+// old row, which picks one of identical rows (the caller wraps it in a ctid subquery).
+//
+// A FULL identity's condition does not depend on which values are NULL (see whereSQL), so that
+// a relation has one statement per shape of its SET list, not one per pattern of NULLs.
 func (t *target) where(m *relMap, key decoding.Tuple, full bool, params [][]byte, formats []int16) ([][]byte, []int16, error) {
 	if full {
+		if len(key) != len(m.cols) {
+			return nil, nil, fmt.Errorf("the old row has %d columns, the relation %d", len(key), len(m.cols))
+		}
 		for i, c := range key {
-			switch {
-			case i >= len(m.cols) || c.Kind == decoding.ColumnUnchanged:
-				t.shape = append(t.shape, 0)
-			case c.Kind == decoding.ColumnNull:
-				t.shape = append(t.shape, 2)
-			case m.cols[i].textEq && c.Kind == decoding.ColumnBinary:
-				t.shape = append(t.shape, 0)
-			default:
-				t.shape = append(t.shape, 1)
-				params, formats = appendParam(params, formats, c)
+			if c.Kind == decoding.ColumnUnchanged {
+				return nil, nil, fmt.Errorf("column %s of the old row was not sent (unchanged TOASTed value): "+
+					"the row cannot be identified", m.cols[i].name)
 			}
+			t.shape = append(t.shape, 1)
+			params, formats = appendParam(params, formats, c)
 		}
 		return params, formats, nil
 	}
@@ -877,6 +877,13 @@ func (t *target) where(m *relMap, key decoding.Tuple, full bool, params [][]byte
 
 // whereSQL writes the condition whose shape where recorded (from shape[0]) using parameters
 // from $n on, and returns the parameter OIDs.
+//
+// A FULL identity compares every column with "(c = $n OR (c IS NULL AND $n IS NULL))": NULL
+// matches NULL, as in PostgreSQL's subscriber, in one statement whatever the NULLs, and the
+// planner can still use an index of any column (a BitmapOr of "c = $n" and "c IS NULL", in
+// generic plans too; IS NOT DISTINCT FROM would scan the table). A column whose type has no
+// default equality operator (json, xml, point, box, ...) compares its text output, with the
+// parameter of the column's type (so text and binary values alike) cast to text.
 func whereSQL(b []byte, m *relMap, shape []byte, full bool, n int, oids []uint32) ([]byte, []uint32) {
 	first := true
 	cond := func(i int, s byte) {
@@ -885,20 +892,20 @@ func whereSQL(b []byte, m *relMap, shape []byte, full bool, n int, oids []uint32
 		}
 		first = false
 		c := m.cols[i]
+		p := "$" + strconv.Itoa(n)
 		switch {
 		case s == 2:
 			b = append(b, c.name+" IS NULL"...)
+			return
 		case full && c.textEq:
-			b = append(b, c.name+"::text = $"...)
-			b = strconv.AppendInt(b, int64(n), 10)
-			n++
-			oids = append(oids, 25) // text
+			b = append(b, "("+c.name+"::text = "+p+"::text OR ("+c.name+" IS NULL AND "+p+" IS NULL))"...)
+		case full:
+			b = append(b, "("+c.name+" = "+p+" OR ("+c.name+" IS NULL AND "+p+" IS NULL))"...)
 		default:
-			b = append(b, c.name+" = $"...)
-			b = strconv.AppendInt(b, int64(n), 10)
-			n++
-			oids = append(oids, c.typeOID)
+			b = append(b, c.name+" = "+p...)
 		}
+		n++
+		oids = append(oids, c.typeOID)
 	}
 	if full {
 		for i, s := range shape {
@@ -912,7 +919,7 @@ func whereSQL(b []byte, m *relMap, shape []byte, full bool, n int, oids []uint32
 		}
 	}
 	if first {
-		b = append(b, "true"...) // every column unchanged or without equality: any row
+		b = append(b, "true"...) // a relation without columns
 	}
 	return b, oids
 }
