@@ -3,6 +3,7 @@ package apply
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -92,5 +93,67 @@ func TestFullIdentityNoEquality(t *testing.T) {
 				e.sameRows(t, "nj")
 			})
 		}
+	}
+}
+
+// TestStatementsBounded applies changes of many tables with a small statement cache, and
+// updates and deletes of a REPLICA IDENTITY FULL table in many patterns of NULLs: the statements
+// prepared on a connection stay within the bound (one more while a batch uses them all), the
+// evicted ones are prepared again when needed, and the rows are the source's.
+func TestStatementsBounded(t *testing.T) {
+	const tables, bound = 20, 6
+	schema := []string{
+		`CREATE TABLE nulls (a int, b int, c int, d int, e int, f int, g int, h int, i int, j int)`,
+		`ALTER TABLE nulls REPLICA IDENTITY FULL`,
+		`CREATE TABLE marker (id int PRIMARY KEY)`,
+	}
+	for i := range tables {
+		schema = append(schema, fmt.Sprintf(`CREATE TABLE many%d (id int PRIMARY KEY, v text)`, i))
+	}
+	e := fullEnv(t, testMajors[len(testMajors)-1], "bounded", schema)
+
+	// 1,024 patterns of NULLs: row n has NULL in column k when bit k of n is set.
+	cols := "a, b, c, d, e, f, g, h, i, j"
+	var vals []string
+	for k := range 10 {
+		vals = append(vals, fmt.Sprintf("CASE WHEN n & %d = 0 THEN n END", 1<<k))
+	}
+	execOn(t, e.src, `INSERT INTO nulls (`+cols+`) SELECT `+strings.Join(vals, ", ")+` FROM generate_series(0, 1023) n`)
+	r := start(t, e.config(t, Buffered))
+	execOn(t, e.src, `UPDATE nulls SET a = coalesce(a, -1) + 0`, `DELETE FROM nulls WHERE b IS NULL`, `INSERT INTO marker VALUES (1)`)
+	e.waitMarker(t, r, 1)
+	r.halt(t)
+	e.sameRows(t, "nulls")
+	if most := r.a.stats.preparedMost.Load(); most > 4 {
+		t.Errorf("%d statements prepared on one connection for one table's updates and deletes, want at most 4", most)
+	}
+
+	old := maxStatements
+	maxStatements = bound
+	t.Cleanup(func() { maxStatements = old })
+	r = start(t, e.config(t, Buffered))
+	for round := range 2 {
+		var stmts []string
+		for i := range tables {
+			id := round * 10
+			stmts = append(stmts,
+				fmt.Sprintf(`INSERT INTO many%d VALUES (%d, 'a'), (%d, 'b')`, i, id+1, id+2),
+				fmt.Sprintf(`UPDATE many%d SET v = 'updated' WHERE id = %d`, i, id+1),
+				fmt.Sprintf(`DELETE FROM many%d WHERE id = %d`, i, id+2))
+		}
+		execOn(t, e.src, append(stmts, fmt.Sprintf(`INSERT INTO marker VALUES (%d)`, round+2))...)
+		e.waitMarker(t, r, round+2)
+	}
+	r.halt(t)
+	for i := range tables {
+		e.sameRows(t, fmt.Sprintf("many%d", i))
+	}
+	most, prepares := r.a.stats.preparedMost.Load(), r.a.stats.prepares.Load()
+	t.Logf("%d statements prepared, at most %d on one connection", prepares, most)
+	if most > bound+1 {
+		t.Errorf("%d statements prepared on one connection at once, want at most %d", most, bound+1)
+	}
+	if prepares < 2*3*tables {
+		t.Errorf("%d statements prepared: evicted statements were not prepared again", prepares)
 	}
 }

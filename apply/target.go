@@ -2,6 +2,7 @@ package apply
 
 import (
 	"bytes"
+	"container/list"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -42,8 +43,14 @@ type target struct {
 	log         *slog.Logger
 	stats       *counters
 
-	stmts    map[*relInfo]map[string]*stmt
-	nextStmt int
+	// The statements prepared on the connection, by relation and shape, the most recently used
+	// at the front of lru; gen counts the batches sent (a statement used since the last one is
+	// in the batch being built and is not evicted), deallocate names evicted statements.
+	stmts      map[stmtKey]*list.Element
+	lru        list.List
+	nextStmt   int
+	gen        uint64
+	deallocate []string
 
 	inTxn bool
 	batch *pgconn.Batch
@@ -84,10 +91,24 @@ type target struct {
 	arena []byte
 }
 
+// maxStatements bounds the statements prepared on one target connection: past it, the least
+// recently used are deallocated (and prepared again when needed). Each costs the server memory
+// for its plan, and a target connection may write many tables. A variable for tests.
+var maxStatements = 256
+
+type stmtKey struct {
+	ri    *relInfo
+	shape string
+}
+
 // stmt is a prepared statement for one shape of change of one relation.
 type stmt struct {
 	name    string
 	nparams int
+	key     stmtKey
+	gen     uint64 // the batch that last used it (target.gen)
+	ready   bool   // prepared on the server
+	cols    []int  // per parameter: the source column it carries
 
 	// With conflict detection: the statement without its checks (plain: a plain INSERT, or an
 	// UPDATE or DELETE whatever origin changed the row last), its parameter types, how its WHERE
@@ -141,8 +162,7 @@ func connectTarget(ctx context.Context, cfg *Config, name string, stats *counter
 	if err != nil {
 		return nil, fmt.Errorf("apply: connecting to the target: %w", err)
 	}
-	t := &target{conn: conn, pid: conn.PID(), name: name, cfg: cfg, log: cfg.Logger.With("conn", name), stats: stats,
-		stmts: map[*relInfo]map[string]*stmt{}}
+	t := &target{conn: conn, pid: conn.PID(), name: name, cfg: cfg, log: cfg.Logger.With("conn", name), stats: stats}
 	// As PostgreSQL's subscriber: replicated changes do not fire ordinary triggers or foreign
 	// key checks. Setting it takes a superuser (or, 15+, a role granted SET on it).
 	if !cfg.SynchronousCommit {
@@ -625,25 +645,51 @@ func (t *target) insertStmt(m *relMap) *stmt {
 // next batch) the first time.
 func (t *target) prepared(m *relMap, shape string, build func() (string, []uint32)) *stmt {
 	ri := m.info
-	byShape := t.stmts[ri]
-	if byShape == nil {
-		byShape = map[string]*stmt{}
-		t.stmts[ri] = byShape
-	}
-	if s := byShape[shape]; s != nil {
+	if e := t.stmts[stmtKey{ri, shape}]; e != nil {
+		s := e.Value.(*stmt)
+		s.gen = t.gen
+		t.lru.MoveToFront(e)
 		return s
 	}
 	sql, oids := build()
 	t.nextStmt++
-	s := &stmt{name: "pgr_" + strconv.Itoa(t.nextStmt), nparams: len(oids)}
+	s := &stmt{name: "pgr_" + strconv.Itoa(t.nextStmt), nparams: len(oids), key: stmtKey{ri, shape}, gen: t.gen}
 	if t.det != nil {
 		s.plain, s.oids = sql, oids
 		sql = t.checkedSQL(m, s, shape)
 	}
-	byShape[shape] = s
+	if t.stmts == nil {
+		t.stmts = map[stmtKey]*list.Element{}
+	}
+	t.stmts[s.key] = t.lru.PushFront(s)
+	t.evict()
 	// Shapes begin with the statement's kind: 'I', 'U' or 'D'.
 	t.pendingPrepare = append(t.pendingPrepare, prepare{s: s, sql: sql, oids: oids, op: shape[0], rel: ri.qualifiedSource()})
 	return s
+}
+
+// evict drops the least recently used statements past maxStatements, but none the batch being
+// built uses: their DEALLOCATE goes before the next statements are prepared.
+func (t *target) evict() {
+	for t.lru.Len() > maxStatements {
+		e := t.lru.Back()
+		s := e.Value.(*stmt)
+		if s.gen == t.gen {
+			return // the batch being built uses every statement left: they stay until it is sent
+		}
+		t.lru.Remove(e)
+		delete(t.stmts, s.key)
+		if s.ready {
+			t.deallocate = append(t.deallocate, s.name)
+			continue
+		}
+		for i, p := range t.pendingPrepare {
+			if p.s == s {
+				t.pendingPrepare = append(t.pendingPrepare[:i], t.pendingPrepare[i+1:]...)
+				break
+			}
+		}
+	}
 }
 
 type prepare struct {
@@ -682,9 +728,10 @@ func allZero(f []int16) bool {
 	return true
 }
 
-// maybeFlush sends the batch once it is large.
+// maybeFlush sends the batch once it is large, or once it uses more statements than the
+// connection may keep prepared (sent, they can be evicted).
 func (t *target) maybeFlush(ctx context.Context) error {
-	if len(t.ops) >= batchMaxOps || t.bytes >= batchMaxBytes {
+	if len(t.ops) >= batchMaxOps || t.bytes >= batchMaxBytes || t.lru.Len() > maxStatements {
 		return t.flushBatch(ctx)
 	}
 	return nil
@@ -700,6 +747,7 @@ func (t *target) flushBatch(ctx context.Context) error {
 	}
 	b, ops := t.batch, t.ops
 	t.batch, t.ops, t.bytes = nil, t.ops[:0], 0
+	t.gen++ // the statements of the batch may be evicted once it is sent
 	t.stats.roundTrips.Add(1)
 	t.stats.statements.Add(int64(len(ops)))
 	mrr := t.conn.ExecBatch(ctx, b)
@@ -826,11 +874,25 @@ func (t *target) checkResult(op batchOp, tag pgconn.CommandTag) {
 
 // prepareStatements prepares the statements the batch is about to use.
 func (t *target) prepareStatements(ctx context.Context) error {
+	if len(t.deallocate) > 0 && len(t.pendingPrepare) > 0 {
+		var b strings.Builder
+		for _, name := range t.deallocate {
+			b.WriteString("DEALLOCATE " + name + ";") // names of our making: pgr_N
+		}
+		t.stats.roundTrips.Add(1)
+		if err := t.conn.Exec(ctx, b.String()).Close(); err != nil {
+			return err
+		}
+		t.deallocate = t.deallocate[:0]
+	}
 	for len(t.pendingPrepare) > 0 {
 		p := t.pendingPrepare[0]
 		if _, err := t.conn.Prepare(ctx, p.s.name, p.sql, p.oids); err != nil {
 			return t.statementError(batchOp{op: p.op, name: p.rel}, fmt.Errorf("preparing %s: %w", p.sql, err))
 		}
+		p.s.ready = true
+		t.stats.prepares.Add(1)
+		t.stats.preparedPeak(int64(t.lru.Len()))
 		t.pendingPrepare = t.pendingPrepare[1:]
 	}
 	t.pendingPrepare = nil
