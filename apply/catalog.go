@@ -137,6 +137,7 @@ type relMap struct {
 type colMap struct {
 	name    string // quoted
 	typeOID uint32 // the target column's type
+	typ     string // the target column's type, as format_type names it (for errors)
 	// textEq: the type has no default equality operator (json, xml, geometric types, composite
 	// types, domains and arrays of those): a FULL identity compares its text output instead.
 	textEq bool
@@ -275,7 +276,7 @@ func loadMapping(ctx context.Context, conn *pgconn.PgConn, ri *relInfo, replicaR
 			return nil, fail(ErrSchemaMismatch, "column %q has type %s on the target and another type (OID %d) on the source: "+
 				"binary values need the same type", sc.Name, tc.format, sc.TypeOID)
 		}
-		m.cols[i] = colMap{name: quoteIdent(sc.Name), typeOID: tc.typeOID, textEq: !tc.hasEq}
+		m.cols[i] = colMap{name: quoteIdent(sc.Name), typeOID: tc.typeOID, typ: tc.format, textEq: !tc.hasEq}
 		names = append(names, m.cols[i].name)
 		if sc.IsKey() {
 			m.key = append(m.key, i)

@@ -462,7 +462,7 @@ func (t *target) resolve(c *Conflict, op string) (bool, error) {
 		}
 	case ResolveError:
 		c.Resolution = r
-		return false, &changeError{kind: ErrConflict, op: op, relation: c.Relation, err: &ConflictError{Conflict: c}}
+		return false, &changeError{kind: ErrConflict, op: op, relation: c.Relation, err: newConflictError(c)}
 	}
 	c.Resolution = r
 	t.reports = append(t.reports, c)

@@ -653,7 +653,8 @@ func (t *target) prepared(m *relMap, shape string, build func() (string, []uint3
 	}
 	sql, oids := build()
 	t.nextStmt++
-	s := &stmt{name: "pgr_" + strconv.Itoa(t.nextStmt), nparams: len(oids), key: stmtKey{ri, shape}, gen: t.gen}
+	s := &stmt{name: "pgr_" + strconv.Itoa(t.nextStmt), nparams: len(oids), key: stmtKey{ri, shape}, gen: t.gen,
+		cols: paramCols(m, shape)}
 	if t.det != nil {
 		s.plain, s.oids = sql, oids
 		sql = t.checkedSQL(m, s, shape)
@@ -664,8 +665,46 @@ func (t *target) prepared(m *relMap, shape string, build func() (string, []uint3
 	t.stmts[s.key] = t.lru.PushFront(s)
 	t.evict()
 	// Shapes begin with the statement's kind: 'I', 'U' or 'D'.
-	t.pendingPrepare = append(t.pendingPrepare, prepare{s: s, sql: sql, oids: oids, op: shape[0], rel: ri.qualifiedSource()})
+	t.pendingPrepare = append(t.pendingPrepare, prepare{s: s, sql: sql, oids: oids, op: shape[0], rel: m})
 	return s
+}
+
+// paramCols returns, for a statement of the given shape, the source column each parameter
+// carries (see insertStmt, update and delete).
+func paramCols(m *relMap, shape string) []int {
+	var cols []int
+	where := func(w string) {
+		if m.full {
+			for i := 0; i < len(w) && i < len(m.cols); i++ {
+				if w[i] == 1 {
+					cols = append(cols, i)
+				}
+			}
+			return
+		}
+		for j, i := range m.key {
+			if j < len(w) && w[j] == 1 {
+				cols = append(cols, i)
+			}
+		}
+	}
+	switch shape[0] {
+	case 'I':
+		for i := range m.cols {
+			cols = append(cols, i)
+		}
+	case 'U':
+		set := shape[1:min(len(shape), 1+len(m.cols))]
+		for i := 0; i < len(set); i++ {
+			if set[i] != 0 {
+				cols = append(cols, i)
+			}
+		}
+		where(shape[1+len(set):])
+	case 'D':
+		where(shape[1:])
+	}
+	return cols
 }
 
 // evict drops the least recently used statements past maxStatements, but none the batch being
@@ -696,14 +735,14 @@ type prepare struct {
 	s    *stmt
 	sql  string
 	oids []uint32
-	op   byte   // 'I', 'U' or 'D'
-	rel  string // the table, for errors
+	op   byte    // 'I', 'U' or 'D'
+	rel  *relMap // the table, for errors
 }
 
 // queue appends an execution of s to the batch.
 func (t *target) queue(s *stmt, params [][]byte, formats []int16, op batchOp) {
+	op.st = s
 	if t.det != nil {
-		op.st = s
 		op.arg, op.narg = t.keep(params, formats)
 		op.src = int32(len(t.srcs) - 1)
 	}
@@ -816,10 +855,18 @@ func (t *target) flushBatch(ctx context.Context) error {
 // statementError describes the failure of a statement of a batch.
 func (t *target) statementError(op batchOp, err error) error {
 	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) || transientCode(pgErr.Code) {
-		return err // the connection, or a transient error: retried as a whole
+	if !errors.As(err, &pgErr) {
+		return err // the connection: retried as a whole
 	}
-	ce := &changeError{kind: kindOf(err), op: opName(op.op), err: err}
+	param := paramOf(pgErr)
+	kind := kindOf(err)
+	switch {
+	case pgErr.Code == "08P01" && param > 0:
+		kind = ErrData // a binary value the column's type cannot read: trying again fails the same way
+	case transientCode(pgErr.Code):
+		return err // a transient error: retried as a whole
+	}
+	ce := &changeError{kind: kind, op: opName(op.op), err: err}
 	switch {
 	case op.rel != nil:
 		ce.relation = op.rel.name
@@ -828,7 +875,83 @@ func (t *target) statementError(op batchOp, err error) error {
 	case pgErr.TableName != "":
 		ce.relation = quoteIdent(pgErr.SchemaName) + "." + quoteIdent(pgErr.TableName)
 	}
+	if m := op.rel; m != nil {
+		col := -1
+		switch {
+		case param > 0 && op.st != nil && param <= len(op.st.cols):
+			col = op.st.cols[param-1]
+		case param > 0 && op.st == nil && op.op == 'I' && param <= len(m.cols):
+			col = param - 1 // an INSERT of every column (see insertSQL)
+		case param == 0:
+			col = copyColumn(m, pgErr.Where)
+		}
+		if col >= 0 && col < len(m.cols) {
+			var already *columnError
+			if !errors.As(err, &already) {
+				ce.err = &columnError{column: m.cols[col].name, typ: m.cols[col].typ, err: err}
+			}
+		}
+	}
 	return ce
+}
+
+// paramOf returns the parameter (from 1) whose value the server refused, or 0: its error
+// context says "unnamed portal parameter $N", or its message "... in bind parameter N".
+func paramOf(e *pgconn.PgError) int {
+	for _, s := range []struct{ text, mark string }{{e.Where, "parameter $"}, {e.Message, "bind parameter "}} {
+		i := strings.LastIndex(s.text, s.mark)
+		if i < 0 {
+			continue
+		}
+		rest := s.text[i+len(s.mark):]
+		n := 0
+		for n < len(rest) && rest[n] >= '0' && rest[n] <= '9' {
+			n++
+		}
+		if p, err := strconv.Atoi(rest[:n]); err == nil && p > 0 {
+			return p
+		}
+	}
+	return 0
+}
+
+// copyColumn returns the column a COPY's error context names ("COPY t, line 3, column v: ..."),
+// or -1.
+func copyColumn(m *relMap, where string) int {
+	if !strings.HasPrefix(where, "COPY ") {
+		return -1
+	}
+	best, bestLen := -1, 0
+	for i, c := range m.info.rel.Columns {
+		mark := ", column " + c.Name
+		j := strings.Index(where, mark)
+		if j < 0 || len(c.Name) <= bestLen {
+			continue
+		}
+		if rest := where[j+len(mark):]; rest == "" || strings.HasPrefix(rest, ":") {
+			best, bestLen = i, len(c.Name)
+		}
+	}
+	return best
+}
+
+// columnAt returns the column whose name comes last in sql before the character position pos
+// (from 1, as the server reports it), or -1.
+func columnAt(m *relMap, sql string, pos int) int {
+	off := len(sql)
+	for i := range sql {
+		if pos--; pos == 0 {
+			off = i
+			break
+		}
+	}
+	best, at := -1, -1
+	for i, c := range m.cols {
+		if j := strings.LastIndex(sql[:off], c.name); j > at {
+			best, at = i, j
+		}
+	}
+	return best
 }
 
 func opName(op byte) string {
@@ -888,7 +1011,16 @@ func (t *target) prepareStatements(ctx context.Context) error {
 	for len(t.pendingPrepare) > 0 {
 		p := t.pendingPrepare[0]
 		if _, err := t.conn.Prepare(ctx, p.s.name, p.sql, p.oids); err != nil {
-			return t.statementError(batchOp{op: p.op, name: p.rel}, fmt.Errorf("preparing %s: %w", p.sql, err))
+			// The statement is ours, not the user's: the error names the table and, when the
+			// server points into the statement, the column there.
+			t.log.Debug("preparing a statement failed", "sql", p.sql, "err", err)
+			var pgErr *pgconn.PgError
+			if errors.As(err, &pgErr) && pgErr.Position > 0 {
+				if i := columnAt(p.rel, p.sql, int(pgErr.Position)); i >= 0 {
+					err = &columnError{column: p.rel.cols[i].name, typ: p.rel.cols[i].typ, err: err}
+				}
+			}
+			return t.statementError(batchOp{op: p.op, rel: p.rel}, err)
 		}
 		p.s.ready = true
 		t.stats.prepares.Add(1)
