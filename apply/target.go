@@ -787,6 +787,7 @@ func (t *target) flushBatch(ctx context.Context) error {
 	b, ops := t.batch, t.ops
 	t.batch, t.ops, t.bytes = nil, t.ops[:0], 0
 	t.gen++ // the statements of the batch may be evicted once it is sent
+	t.evict()
 	t.stats.roundTrips.Add(1)
 	t.stats.statements.Add(int64(len(ops)))
 	mrr := t.conn.ExecBatch(ctx, b)
