@@ -936,8 +936,8 @@ func copyColumn(m *relMap, where string) int {
 	return best
 }
 
-// columnAt returns the column whose name comes last in sql before the character position pos
-// (from 1, as the server reports it), or -1.
+// columnAt returns the column the character position pos (from 1, as the server reports it)
+// of sql points at: the column's name, or the operator or cast just after it; else -1.
 func columnAt(m *relMap, sql string, pos int) int {
 	off := len(sql)
 	for i := range sql {
@@ -948,9 +948,14 @@ func columnAt(m *relMap, sql string, pos int) int {
 	}
 	best, at := -1, -1
 	for i, c := range m.cols {
-		if j := strings.LastIndex(sql[:off], c.name); j > at {
-			best, at = i, j
+		j := strings.LastIndex(sql[:min(len(sql), off+len(c.name))], c.name)
+		if j < 0 || j <= at {
+			continue
 		}
+		if end := j + len(c.name); end < off && (off-end > 16 || strings.ContainsAny(sql[end:off], ",()$")) {
+			continue // the position is past what follows the name
+		}
+		best, at = i, j
 	}
 	return best
 }
