@@ -138,6 +138,7 @@ type colMap struct {
 	name    string // quoted
 	typeOID uint32 // the target column's type
 	typ     string // the target column's type, as format_type names it (for errors)
+	chars   int    // the length limit of a character varying(n) or character(n) column, else 0
 	// textEq: the type has no default equality operator (json, xml, geometric types, composite
 	// types, domains and arrays of those): a FULL identity compares its text output instead.
 	textEq bool
@@ -159,7 +160,7 @@ WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p')`
 	// one; composite types count as without), and the type's base type through
 	// domains (the stream describes a domain by its base type's name).
 	columnsQuery = `SELECT a.attnum, a.attname, a.atttypid, a.attgenerated <> '',
-	pg_catalog.format_type(a.atttypid, NULL), tn.nspname || '.' || t.typname,
+	pg_catalog.format_type(a.atttypid, a.atttypmod), tn.nspname || '.' || t.typname,
 	(WITH RECURSIVE e(oid, n) AS (
 		SELECT a.atttypid, 0
 		UNION ALL
@@ -179,7 +180,8 @@ WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p')`
 		WHERE d.n < 64 AND dt.typtype = 'd')
 	SELECT bt.oid::text || ' ' || bn.nspname || '.' || bt.typname FROM d
 		JOIN pg_catalog.pg_type bt ON bt.oid = d.oid JOIN pg_catalog.pg_namespace bn ON bn.oid = bt.typnamespace
-	ORDER BY d.n DESC LIMIT 1)
+	ORDER BY d.n DESC LIMIT 1),
+	CASE WHEN a.atttypid IN (1042, 1043) AND a.atttypmod >= 4 THEN a.atttypmod - 4 ELSE 0 END
 FROM pg_catalog.pg_attribute a
 	JOIN pg_catalog.pg_type t ON t.oid = a.atttypid
 	JOIN pg_catalog.pg_namespace tn ON tn.oid = t.typnamespace
@@ -246,6 +248,7 @@ func loadMapping(ctx context.Context, conn *pgconn.PgConn, ri *relInfo, replicaR
 		format    string
 		qualified string
 		hasEq     bool
+		chars     int
 		baseOID   uint32 // through domains
 		base      string // through domains, qualified
 	}
@@ -255,6 +258,7 @@ func loadMapping(ctx context.Context, conn *pgconn.PgConn, ri *relInfo, replicaR
 		t, _ := strconv.ParseUint(string(c[2]), 10, 32)
 		tc := targetCol{attnum: string(c[0]), typeOID: uint32(t), generated: string(c[3]) == "t",
 			format: string(c[4]), qualified: string(c[5]), hasEq: string(c[6]) == "t"}
+		tc.chars, _ = strconv.Atoi(string(c[8]))
 		if oid, name, ok := strings.Cut(string(c[7]), " "); ok {
 			b, _ := strconv.ParseUint(oid, 10, 32)
 			tc.baseOID, tc.base = uint32(b), name
@@ -276,7 +280,7 @@ func loadMapping(ctx context.Context, conn *pgconn.PgConn, ri *relInfo, replicaR
 			return nil, fail(ErrSchemaMismatch, "column %q has type %s on the target and another type (OID %d) on the source: "+
 				"binary values need the same type", sc.Name, tc.format, sc.TypeOID)
 		}
-		m.cols[i] = colMap{name: quoteIdent(sc.Name), typeOID: tc.typeOID, typ: tc.format, textEq: !tc.hasEq}
+		m.cols[i] = colMap{name: quoteIdent(sc.Name), typeOID: tc.typeOID, typ: tc.format, chars: tc.chars, textEq: !tc.hasEq}
 		names = append(names, m.cols[i].name)
 		if sc.IsKey() {
 			m.key = append(m.key, i)

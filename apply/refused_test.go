@@ -24,6 +24,8 @@ func TestRefusedChangeNames(t *testing.T) {
 	}{
 		{name: "insert", remote: []string{`INSERT INTO e VALUES (1, 'ab', 'x')`},
 			want: []string{`INSERT "public"."e"`, `column "c" (integer)`, `invalid input syntax for type integer`}, kind: ErrData},
+		{name: "too_long", remote: []string{`INSERT INTO e VALUES (1, 'abcdéf', '1')`},
+			want: []string{`INSERT "public"."e"`, `column "b" (character varying(3))`, `value too long`}, kind: ErrData},
 		{name: "copy", remote: []string{`INSERT INTO e SELECT g, 'ab', CASE WHEN g = 3 THEN 'x' ELSE g::text END FROM generate_series(1, 6) g`},
 			want: []string{`INSERT "public"."e"`, `column "c" (integer)`, `invalid input syntax for type integer`}, kind: ErrData},
 		{name: "update", remote: []string{`INSERT INTO e VALUES (1, 'ab', '1')`, `UPDATE e SET c = 'y' WHERE id = 1`},

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -883,8 +884,10 @@ func (t *target) statementError(op batchOp, err error) error {
 			col = op.st.cols[param-1]
 		case param > 0 && op.st == nil && op.op == 'I' && param <= len(m.cols):
 			col = param - 1 // an INSERT of every column (see insertSQL)
-		case param == 0:
+		case param == 0 && strings.HasPrefix(pgErr.Where, "COPY "):
 			col = copyColumn(m, pgErr.Where)
+		case param == 0 && pgErr.Code == "22001" && t.det != nil && op.st != nil && op.narg > 0:
+			col = t.tooLong(m, op)
 		}
 		if col >= 0 && col < len(m.cols) {
 			var already *columnError
@@ -894,6 +897,22 @@ func (t *target) statementError(op batchOp, err error) error {
 		}
 	}
 	return ce
+}
+
+// tooLong returns the column of a character varying(n) or character(n) whose value in op's
+// kept parameters is longer than n, or -1 (the server names no column for such a value).
+func (t *target) tooLong(m *relMap, op batchOp) int {
+	params, _ := t.kept(op.arg, op.narg)
+	for k, v := range params {
+		if k >= len(op.st.cols) || v == nil {
+			continue
+		}
+		c := m.cols[op.st.cols[k]]
+		if c.chars > 0 && utf8.RuneCount(bytes.TrimRight(v, " ")) > c.chars {
+			return op.st.cols[k]
+		}
+	}
+	return -1
 }
 
 // paramOf returns the parameter (from 1) whose value the server refused, or 0: its error
