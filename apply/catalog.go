@@ -137,16 +137,11 @@ type relMap struct {
 type colMap struct {
 	name    string // quoted
 	typeOID uint32 // the target column's type
-	// textEq: the type has no equality operator (json, xml, geometric types): a FULL identity
-	// compares its text output instead, or skips it for binary values.
+	typ     string // the target column's type, as format_type names it (for errors)
+	chars   int    // the length limit of a character varying(n) or character(n) column, else 0
+	// textEq: the type has no default equality operator (json, xml, geometric types, composite
+	// types, domains and arrays of those): a FULL identity compares its text output instead.
 	textEq bool
-}
-
-// noEquality lists types without a default equality operator (and geometric types whose "="
-// compares areas), by the name format_type gives them.
-var noEquality = map[string]bool{
-	"json": true, "xml": true, "point": true, "line": true, "lseg": true, "box": true, "path": true,
-	"polygon": true, "circle": true, "txid_snapshot": true, "pg_snapshot": true,
 }
 
 // target table catalog queries. They read pg_catalog only, schema-qualified, so no search_path
@@ -159,8 +154,34 @@ const (
 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p')`
 
+	// columnsQuery also says, per column, whether its type has a default equality operator
+	// usable as "=" (a default btree or hash operator class of the type or of a type it is
+	// implicitly binary coercible to, through domains and array elements; enums and ranges have
+	// one; composite types count as without), and the type's base type through
+	// domains (the stream describes a domain by its base type's name).
 	columnsQuery = `SELECT a.attnum, a.attname, a.atttypid, a.attgenerated <> '',
-	pg_catalog.format_type(a.atttypid, NULL), tn.nspname || '.' || t.typname
+	pg_catalog.format_type(a.atttypid, a.atttypmod), tn.nspname || '.' || t.typname,
+	(WITH RECURSIVE e(oid, n) AS (
+		SELECT a.atttypid, 0
+		UNION ALL
+		SELECT CASE WHEN et.typtype = 'd' THEN et.typbasetype ELSE et.typelem END, e.n + 1
+		FROM e JOIN pg_catalog.pg_type et ON et.oid = e.oid
+		WHERE e.n < 64 AND (et.typtype = 'd' OR (et.typcategory = 'A' AND et.typelem <> 0 AND et.typlen = -1)))
+	SELECT et.typtype IN ('e', 'r', 'm') OR EXISTS (SELECT FROM pg_catalog.pg_opclass oc
+		JOIN pg_catalog.pg_am am ON am.oid = oc.opcmethod
+		WHERE oc.opcdefault AND am.amname IN ('btree', 'hash') AND (oc.opcintype = et.oid OR EXISTS (SELECT
+			FROM pg_catalog.pg_cast c WHERE c.castsource = et.oid AND c.casttarget = oc.opcintype AND c.castmethod = 'b'
+			AND c.castcontext = 'i')))
+	FROM e JOIN pg_catalog.pg_type et ON et.oid = e.oid ORDER BY e.n DESC LIMIT 1),
+	(WITH RECURSIVE d(oid, n) AS (
+		SELECT a.atttypid, 0
+		UNION ALL
+		SELECT dt.typbasetype, d.n + 1 FROM d JOIN pg_catalog.pg_type dt ON dt.oid = d.oid
+		WHERE d.n < 64 AND dt.typtype = 'd')
+	SELECT bt.oid::text || ' ' || bn.nspname || '.' || bt.typname FROM d
+		JOIN pg_catalog.pg_type bt ON bt.oid = d.oid JOIN pg_catalog.pg_namespace bn ON bn.oid = bt.typnamespace
+	ORDER BY d.n DESC LIMIT 1),
+	CASE WHEN a.atttypid IN (1042, 1043) AND a.atttypmod >= 4 THEN a.atttypmod - 4 ELSE 0 END
 FROM pg_catalog.pg_attribute a
 	JOIN pg_catalog.pg_type t ON t.oid = a.atttypid
 	JOIN pg_catalog.pg_namespace tn ON tn.oid = t.typnamespace
@@ -226,13 +247,23 @@ func loadMapping(ctx context.Context, conn *pgconn.PgConn, ri *relInfo, replicaR
 		generated bool
 		format    string
 		qualified string
+		hasEq     bool
+		chars     int
+		baseOID   uint32 // through domains
+		base      string // through domains, qualified
 	}
 	byName := make(map[string]targetCol, len(cols))
 	byNum := make(map[string]string, len(cols))
 	for _, c := range cols {
 		t, _ := strconv.ParseUint(string(c[2]), 10, 32)
-		byName[string(c[1])] = targetCol{attnum: string(c[0]), typeOID: uint32(t), generated: string(c[3]) == "t",
-			format: string(c[4]), qualified: string(c[5])}
+		tc := targetCol{attnum: string(c[0]), typeOID: uint32(t), generated: string(c[3]) == "t",
+			format: string(c[4]), qualified: string(c[5]), hasEq: string(c[6]) == "t"}
+		tc.chars, _ = strconv.Atoi(string(c[8]))
+		if oid, name, ok := strings.Cut(string(c[7]), " "); ok {
+			b, _ := strconv.ParseUint(oid, 10, 32)
+			tc.baseOID, tc.base = uint32(b), name
+		}
+		byName[string(c[1])] = tc
 		byNum[string(c[0])] = string(c[1])
 	}
 	m.cols = make([]colMap, len(rel.Columns))
@@ -244,12 +275,12 @@ func loadMapping(ctx context.Context, conn *pgconn.PgConn, ri *relInfo, replicaR
 			return nil, fail(ErrSchemaMismatch, "the target table has no column %q", sc.Name)
 		case tc.generated:
 			return nil, fail(ErrSchemaMismatch, "column %q is generated on the target", sc.Name)
-		case binary && !sameType(sc.TypeOID, ri.srcTypes[i], tc.typeOID, tc.qualified):
+		case binary && !sameType(sc.TypeOID, ri.srcTypes[i], tc.typeOID, tc.qualified) &&
+			!sameType(sc.TypeOID, ri.srcTypes[i], tc.baseOID, tc.base):
 			return nil, fail(ErrSchemaMismatch, "column %q has type %s on the target and another type (OID %d) on the source: "+
 				"binary values need the same type", sc.Name, tc.format, sc.TypeOID)
 		}
-		base := strings.TrimSuffix(tc.format, "[]")
-		m.cols[i] = colMap{name: quoteIdent(sc.Name), typeOID: tc.typeOID, textEq: noEquality[base]}
+		m.cols[i] = colMap{name: quoteIdent(sc.Name), typeOID: tc.typeOID, typ: tc.format, chars: tc.chars, textEq: !tc.hasEq}
 		names = append(names, m.cols[i].name)
 		if sc.IsKey() {
 			m.key = append(m.key, i)
@@ -285,6 +316,8 @@ func loadMapping(ctx context.Context, conn *pgconn.PgConn, ri *relInfo, replicaR
 
 // sameType reports whether a source column's type is the target column's: the same OID for a
 // built-in type, the same qualified name for a user-defined one (when the stream described it).
+// The target's type is also tried through its domains: a domain's binary format is its base
+// type's, and the stream describes a source domain by its base type's name.
 func sameType(srcOID uint32, srcName string, dstOID uint32, dstName string) bool {
 	if srcOID < firstNormalOID {
 		return srcOID == dstOID

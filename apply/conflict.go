@@ -298,10 +298,54 @@ var ErrConflict = errors.New("apply: conflict")
 // ConflictError is a conflict that stopped Run (ResolveError).
 type ConflictError struct {
 	Conflict *Conflict
+	// Hint, printed at the end of the error, says how to get past the conflict in terms of
+	// Config (see Resolutions). A program with options of its own may replace it with its
+	// words before printing the error.
+	Hint string
 }
 
 func (e *ConflictError) Error() string {
-	return e.Conflict.message() + ": " + e.Conflict.detail()
+	s := e.Conflict.message() + ": " + e.Conflict.detail()
+	if e.Hint != "" {
+		s += "; " + e.Hint
+	}
+	return s
+}
+
+// Resolutions returns the resolutions of the conflict's type that would get past it, the one
+// that applies the source change first: ResolveApplyRemote and ResolveSkip (for delete_missing,
+// where there is nothing to apply, ResolveSkip).
+func (e *ConflictError) Resolutions() []Resolution {
+	if e.Conflict.Type == DeleteMissing {
+		return []Resolution{ResolveSkip}
+	}
+	return []Resolution{ResolveApplyRemote, ResolveSkip}
+}
+
+// conflictIdents and resolutionIdents are the Go names of the constants, for hints.
+var (
+	conflictIdents = [numConflictTypes]string{
+		InsertExists: "InsertExists", UpdateOriginDiffers: "UpdateOriginDiffers", UpdateExists: "UpdateExists",
+		UpdateMissing: "UpdateMissing", DeleteOriginDiffers: "DeleteOriginDiffers", UpdateDeleted: "UpdateDeleted",
+		DeleteMissing: "DeleteMissing", MultipleUniqueConflicts: "MultipleUniqueConflicts",
+	}
+	resolutionIdents = [numResolutions]string{
+		ResolveDefault: "ResolveDefault", ResolveError: "ResolveError", ResolveSkip: "ResolveSkip",
+		ResolveApplyRemote: "ResolveApplyRemote", ResolveKeepLocal: "ResolveKeepLocal",
+		ResolveLastUpdateWins: "ResolveLastUpdateWins",
+	}
+)
+
+// newConflictError is the error of conflict c, which stops Run, with its hint in terms of Config.
+func newConflictError(c *Conflict) *ConflictError {
+	e := &ConflictError{Conflict: c}
+	rs := e.Resolutions()
+	h := "set Config.Conflicts.Resolutions[apply." + conflictIdents[c.Type] + "] to apply." + resolutionIdents[rs[0]]
+	if len(rs) > 1 {
+		h += " (or apply." + resolutionIdents[rs[1]] + ")"
+	}
+	e.Hint = h + " to get past it"
+	return e
 }
 
 // Unwrap returns ErrConflict.

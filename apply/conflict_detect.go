@@ -462,7 +462,7 @@ func (t *target) resolve(c *Conflict, op string) (bool, error) {
 		}
 	case ResolveError:
 		c.Resolution = r
-		return false, &changeError{kind: ErrConflict, op: op, relation: c.Relation, err: &ConflictError{Conflict: c}}
+		return false, &changeError{kind: ErrConflict, op: op, relation: c.Relation, err: newConflictError(c)}
 	}
 	c.Resolution = r
 	t.reports = append(t.reports, c)
@@ -561,6 +561,7 @@ func (t *target) srcOf(op batchOp) remoteTxn {
 
 // resolveMissed resolves a checked statement that affected no row.
 func (t *target) resolveMissed(ctx context.Context, op batchOp) error {
+	t.resolved++
 	t.opSrc = t.srcOf(op)
 	switch op.op {
 	case 'I':

@@ -111,13 +111,19 @@
 // format), else in text, escaped; short runs become INSERTs. Updates and deletes are prepared
 // statements, one per table and set of columns, sent in batches whose results are checked in
 // order: a transaction of a few statements takes one round trip with its progress row and COMMIT.
+// A target connection keeps at most 256 statements prepared, deallocating the least recently
+// used (a statement needed again is prepared again, one round trip).
 // Parameters carry the target columns' types, so the target converts text values with the types'
 // input functions, as it converts the publisher's output. Unchanged TOASTed values are left
 // untouched. An UPDATE or DELETE finds its row by the replica identity key, or, with REPLICA
-// IDENTITY FULL, by every column of the old row (columns of types without equality, such as
-// json, compare as text, or not at all for binary values), and changes one row even when several
-// are identical, as PostgreSQL's subscriber does. TRUNCATE never cascades to tables the source
-// did not truncate.
+// IDENTITY FULL, by every column of the old row, NULL matching NULL, and changes one row even
+// when several are identical, as PostgreSQL's subscriber does. Each column is compared as
+// "(c = $n OR (c IS NULL AND $n IS NULL))": one statement serves every pattern of NULLs, and the
+// planner can use an index of any column (a bitmap of "c = $n" and "c IS NULL"; PostgreSQL's
+// subscriber, 16 and later, uses one index whose first column is a plain column, else scans).
+// A column whose type has no default equality operator (json, xml, point, box, composite types,
+// domains and arrays of those, as the target's catalog says) is compared by its text output, in
+// binary mode too. TRUNCATE never cascades to tables the source did not truncate.
 //
 // # Conflicts
 //
@@ -142,7 +148,9 @@
 // consumer's walsender, deadlocks, serialization failures, resource shortages. It stops with an
 // error for what it cannot cure: an *ApplyError for a change the target refuses when applied
 // alone, in order (ErrMissingTable, ErrSchemaMismatch, ErrNoReplicaIdentity, ErrPermission,
-// ErrConstraint, ErrData), naming the table, the source transaction and its commit LSN; bad
+// ErrConstraint, ErrData), naming the table, the column when the target says which value it
+// refused, the source transaction and its commit LSN (never the statements the Applier
+// generates); a conflict resolved as an error also names the resolutions that get past it; bad
 // configuration (ErrInvalidConfig, the replication package's option errors); and corrupt or lost
 // data reported by the reorder buffer. Nothing at or after a refused transaction is acknowledged,
 // so a new Run, once the cause is fixed, resumes with it. A change refused while applied

@@ -129,6 +129,23 @@ func (e *changeError) Unwrap() []error {
 	return errs
 }
 
+// columnError names the target column of a value or a condition the target refused.
+type columnError struct {
+	column string // quoted
+	typ    string // the column's type on the target
+	err    error
+}
+
+func (e *columnError) Error() string {
+	s := "column " + e.column
+	if e.typ != "" {
+		s += " (" + e.typ + ")"
+	}
+	return s + ": " + e.err.Error()
+}
+
+func (e *columnError) Unwrap() error { return e.err }
+
 // kindOf classifies an error of the target by its SQLSTATE.
 func kindOf(err error) error {
 	var pgErr *pgconn.PgError

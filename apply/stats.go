@@ -65,6 +65,20 @@ type counters struct {
 	subAborts, aborts, spooled, serialTxns, queueSpilled            atomic.Int64
 	sessions, serialRetries, deadlocks                              atomic.Int64
 	appliedLSN                                                      atomic.Uint64
+
+	// Statements prepared on the target connections: the most one connection held at once,
+	// and how many times one was prepared.
+	preparedMost, prepares atomic.Int64
+}
+
+// preparedPeak records n statements prepared on one connection.
+func (c *counters) preparedPeak(n int64) {
+	for {
+		old := c.preparedMost.Load()
+		if n <= old || c.preparedMost.CompareAndSwap(old, n) {
+			return
+		}
+	}
 }
 
 func (c *counters) snapshot() Stats {

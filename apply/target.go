@@ -2,6 +2,7 @@ package apply
 
 import (
 	"bytes"
+	"container/list"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -9,6 +10,7 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -42,8 +44,14 @@ type target struct {
 	log         *slog.Logger
 	stats       *counters
 
-	stmts    map[*relInfo]map[string]*stmt
-	nextStmt int
+	// The statements prepared on the connection, by relation and shape, the most recently used
+	// at the front of lru; gen counts the batches sent (a statement used since the last one is
+	// in the batch being built and is not evicted), deallocate names evicted statements.
+	stmts      map[stmtKey]*list.Element
+	lru        list.List
+	nextStmt   int
+	gen        uint64
+	deallocate []string
 
 	inTxn bool
 	batch *pgconn.Batch
@@ -73,6 +81,10 @@ type target struct {
 	insSrcs []int32      // per row of the insert run: its source transaction, in srcs
 	opSrc   remoteTxn    // the source transaction of the change whose conflict is being resolved
 	marks   []reportMark // per savepoint taken: the reports made before it
+	// resolved counts the conflicts resolved (statements looked up after they changed no row
+	// or violated a unique constraint), so that a savepoint taken before a resolution can be
+	// taken again after it.
+	resolved int
 	// The batch's statements' parameters, kept (with detection) to resolve their conflicts:
 	// argv[i] aliases arena (nil for NULL), argf[i] is its format (fmtUnchanged: not sent).
 	argv  [][]byte
@@ -80,10 +92,24 @@ type target struct {
 	arena []byte
 }
 
+// maxStatements bounds the statements prepared on one target connection: past it, the least
+// recently used are deallocated (and prepared again when needed). Each costs the server memory
+// for its plan, and a target connection may write many tables. A variable for tests.
+var maxStatements = 256
+
+type stmtKey struct {
+	ri    *relInfo
+	shape string
+}
+
 // stmt is a prepared statement for one shape of change of one relation.
 type stmt struct {
 	name    string
 	nparams int
+	key     stmtKey
+	gen     uint64 // the batch that last used it (target.gen)
+	ready   bool   // prepared on the server
+	cols    []int  // per parameter: the source column it carries
 
 	// With conflict detection: the statement without its checks (plain: a plain INSERT, or an
 	// UPDATE or DELETE whatever origin changed the row last), its parameter types, how its WHERE
@@ -137,8 +163,7 @@ func connectTarget(ctx context.Context, cfg *Config, name string, stats *counter
 	if err != nil {
 		return nil, fmt.Errorf("apply: connecting to the target: %w", err)
 	}
-	t := &target{conn: conn, pid: conn.PID(), name: name, cfg: cfg, log: cfg.Logger.With("conn", name), stats: stats,
-		stmts: map[*relInfo]map[string]*stmt{}}
+	t := &target{conn: conn, pid: conn.PID(), name: name, cfg: cfg, log: cfg.Logger.With("conn", name), stats: stats}
 	// As PostgreSQL's subscriber: replicated changes do not fire ordinary triggers or foreign
 	// key checks. Setting it takes a superuser (or, 15+, a role granted SET on it).
 	if !cfg.SynchronousCommit {
@@ -457,11 +482,21 @@ func (t *target) flushInserts(ctx context.Context) error {
 		// and on a violation the run is sent again as INSERT ... ON CONFLICT DO NOTHING.
 		guard = rc.onConflict
 	}
+	resolved := t.resolved
 	if guard {
 		t.control("SAVEPOINT pgr_copy")
 	}
 	if err := t.flushBatch(ctx); err != nil {
 		return err
+	}
+	if guard && t.resolved != resolved {
+		// The batch's conflicts were resolved after the savepoint (their statements ran before
+		// it): a rollback to it would undo the resolutions. Take it again after them.
+		t.stats.roundTrips.Add(1)
+		if err := t.conn.Exec(ctx, "RELEASE SAVEPOINT pgr_copy; SAVEPOINT pgr_copy").Close(); err != nil {
+			t.dropInserts()
+			return err
+		}
 	}
 	fields := make([]field, len(m.cols))
 	buf := t.copyBuf[:0]
@@ -611,39 +646,104 @@ func (t *target) insertStmt(m *relMap) *stmt {
 // next batch) the first time.
 func (t *target) prepared(m *relMap, shape string, build func() (string, []uint32)) *stmt {
 	ri := m.info
-	byShape := t.stmts[ri]
-	if byShape == nil {
-		byShape = map[string]*stmt{}
-		t.stmts[ri] = byShape
-	}
-	if s := byShape[shape]; s != nil {
+	if e := t.stmts[stmtKey{ri, shape}]; e != nil {
+		s := e.Value.(*stmt)
+		s.gen = t.gen
+		t.lru.MoveToFront(e)
 		return s
 	}
 	sql, oids := build()
 	t.nextStmt++
-	s := &stmt{name: "pgr_" + strconv.Itoa(t.nextStmt), nparams: len(oids)}
+	s := &stmt{name: "pgr_" + strconv.Itoa(t.nextStmt), nparams: len(oids), key: stmtKey{ri, shape}, gen: t.gen,
+		cols: paramCols(m, shape)}
 	if t.det != nil {
 		s.plain, s.oids = sql, oids
 		sql = t.checkedSQL(m, s, shape)
 	}
-	byShape[shape] = s
+	if t.stmts == nil {
+		t.stmts = map[stmtKey]*list.Element{}
+	}
+	t.stmts[s.key] = t.lru.PushFront(s)
+	t.evict()
 	// Shapes begin with the statement's kind: 'I', 'U' or 'D'.
-	t.pendingPrepare = append(t.pendingPrepare, prepare{s: s, sql: sql, oids: oids, op: shape[0], rel: ri.qualifiedSource()})
+	t.pendingPrepare = append(t.pendingPrepare, prepare{s: s, sql: sql, oids: oids, op: shape[0], rel: m})
 	return s
+}
+
+// paramCols returns, for a statement of the given shape, the source column each parameter
+// carries (see insertStmt, update and delete).
+func paramCols(m *relMap, shape string) []int {
+	var cols []int
+	where := func(w string) {
+		if m.full {
+			for i := 0; i < len(w) && i < len(m.cols); i++ {
+				if w[i] == 1 {
+					cols = append(cols, i)
+				}
+			}
+			return
+		}
+		for j, i := range m.key {
+			if j < len(w) && w[j] == 1 {
+				cols = append(cols, i)
+			}
+		}
+	}
+	switch shape[0] {
+	case 'I':
+		for i := range m.cols {
+			cols = append(cols, i)
+		}
+	case 'U':
+		set := shape[1:min(len(shape), 1+len(m.cols))]
+		for i := 0; i < len(set); i++ {
+			if set[i] != 0 {
+				cols = append(cols, i)
+			}
+		}
+		where(shape[1+len(set):])
+	case 'D':
+		where(shape[1:])
+	}
+	return cols
+}
+
+// evict drops the least recently used statements past maxStatements, but none the batch being
+// built uses: their DEALLOCATE goes before the next statements are prepared.
+func (t *target) evict() {
+	for t.lru.Len() > maxStatements {
+		e := t.lru.Back()
+		s := e.Value.(*stmt)
+		if s.gen == t.gen {
+			return // the batch being built uses every statement left: they stay until it is sent
+		}
+		t.lru.Remove(e)
+		delete(t.stmts, s.key)
+		if s.ready {
+			t.deallocate = append(t.deallocate, s.name)
+			continue
+		}
+		for i, p := range t.pendingPrepare {
+			if p.s == s {
+				t.pendingPrepare = append(t.pendingPrepare[:i], t.pendingPrepare[i+1:]...)
+				break
+			}
+		}
+	}
 }
 
 type prepare struct {
 	s    *stmt
 	sql  string
 	oids []uint32
-	op   byte   // 'I', 'U' or 'D'
-	rel  string // the table, for errors
+	op   byte    // 'I', 'U' or 'D'
+	rel  *relMap // the table, for errors
 }
 
 // queue appends an execution of s to the batch.
 func (t *target) queue(s *stmt, params [][]byte, formats []int16, op batchOp) {
+	op.st = s
 	if t.det != nil {
-		op.st = s
 		op.arg, op.narg = t.keep(params, formats)
 		op.src = int32(len(t.srcs) - 1)
 	}
@@ -668,9 +768,10 @@ func allZero(f []int16) bool {
 	return true
 }
 
-// maybeFlush sends the batch once it is large.
+// maybeFlush sends the batch once it is large, or once it uses more statements than the
+// connection may keep prepared (sent, they can be evicted).
 func (t *target) maybeFlush(ctx context.Context) error {
-	if len(t.ops) >= batchMaxOps || t.bytes >= batchMaxBytes {
+	if len(t.ops) >= batchMaxOps || t.bytes >= batchMaxBytes || t.lru.Len() > maxStatements {
 		return t.flushBatch(ctx)
 	}
 	return nil
@@ -686,6 +787,8 @@ func (t *target) flushBatch(ctx context.Context) error {
 	}
 	b, ops := t.batch, t.ops
 	t.batch, t.ops, t.bytes = nil, t.ops[:0], 0
+	t.gen++ // the statements of the batch may be evicted once it is sent
+	t.evict()
 	t.stats.roundTrips.Add(1)
 	t.stats.statements.Add(int64(len(ops)))
 	mrr := t.conn.ExecBatch(ctx, b)
@@ -754,10 +857,18 @@ func (t *target) flushBatch(ctx context.Context) error {
 // statementError describes the failure of a statement of a batch.
 func (t *target) statementError(op batchOp, err error) error {
 	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) || transientCode(pgErr.Code) {
-		return err // the connection, or a transient error: retried as a whole
+	if !errors.As(err, &pgErr) {
+		return err // the connection: retried as a whole
 	}
-	ce := &changeError{kind: kindOf(err), op: opName(op.op), err: err}
+	param := paramOf(pgErr)
+	kind := kindOf(err)
+	switch {
+	case pgErr.Code == "08P01" && param > 0:
+		kind = ErrData // a binary value the column's type cannot read: trying again fails the same way
+	case transientCode(pgErr.Code):
+		return err // a transient error: retried as a whole
+	}
+	ce := &changeError{kind: kind, op: opName(op.op), err: err}
 	switch {
 	case op.rel != nil:
 		ce.relation = op.rel.name
@@ -766,7 +877,106 @@ func (t *target) statementError(op batchOp, err error) error {
 	case pgErr.TableName != "":
 		ce.relation = quoteIdent(pgErr.SchemaName) + "." + quoteIdent(pgErr.TableName)
 	}
+	if m := op.rel; m != nil {
+		col := -1
+		switch {
+		case param > 0 && op.st != nil && param <= len(op.st.cols):
+			col = op.st.cols[param-1]
+		case param > 0 && op.st == nil && op.op == 'I' && param <= len(m.cols):
+			col = param - 1 // an INSERT of every column (see insertSQL)
+		case param == 0 && strings.HasPrefix(pgErr.Where, "COPY "):
+			col = copyColumn(m, pgErr.Where)
+		case param == 0 && pgErr.Code == "22001" && t.det != nil && op.st != nil && op.narg > 0:
+			col = t.tooLong(m, op)
+		}
+		if col >= 0 && col < len(m.cols) {
+			var already *columnError
+			if !errors.As(err, &already) {
+				ce.err = &columnError{column: m.cols[col].name, typ: m.cols[col].typ, err: err}
+			}
+		}
+	}
 	return ce
+}
+
+// tooLong returns the column of a character varying(n) or character(n) whose value in op's
+// kept parameters is longer than n, or -1 (the server names no column for such a value).
+func (t *target) tooLong(m *relMap, op batchOp) int {
+	params, _ := t.kept(op.arg, op.narg)
+	for k, v := range params {
+		if k >= len(op.st.cols) || v == nil {
+			continue
+		}
+		c := m.cols[op.st.cols[k]]
+		if c.chars > 0 && utf8.RuneCount(bytes.TrimRight(v, " ")) > c.chars {
+			return op.st.cols[k]
+		}
+	}
+	return -1
+}
+
+// paramOf returns the parameter (from 1) whose value the server refused, or 0: its error
+// context says "unnamed portal parameter $N", or its message "... in bind parameter N".
+func paramOf(e *pgconn.PgError) int {
+	for _, s := range []struct{ text, mark string }{{e.Where, "parameter $"}, {e.Message, "bind parameter "}} {
+		i := strings.LastIndex(s.text, s.mark)
+		if i < 0 {
+			continue
+		}
+		rest := s.text[i+len(s.mark):]
+		n := 0
+		for n < len(rest) && rest[n] >= '0' && rest[n] <= '9' {
+			n++
+		}
+		if p, err := strconv.Atoi(rest[:n]); err == nil && p > 0 {
+			return p
+		}
+	}
+	return 0
+}
+
+// copyColumn returns the column a COPY's error context names ("COPY t, line 3, column v: ..."),
+// or -1.
+func copyColumn(m *relMap, where string) int {
+	if !strings.HasPrefix(where, "COPY ") {
+		return -1
+	}
+	best, bestLen := -1, 0
+	for i, c := range m.info.rel.Columns {
+		mark := ", column " + c.Name
+		j := strings.Index(where, mark)
+		if j < 0 || len(c.Name) <= bestLen {
+			continue
+		}
+		if rest := where[j+len(mark):]; rest == "" || strings.HasPrefix(rest, ":") {
+			best, bestLen = i, len(c.Name)
+		}
+	}
+	return best
+}
+
+// columnAt returns the column the character position pos (from 1, as the server reports it)
+// of sql points at: the column's name, or the operator or cast just after it; else -1.
+func columnAt(m *relMap, sql string, pos int) int {
+	off := len(sql)
+	for i := range sql {
+		if pos--; pos == 0 {
+			off = i
+			break
+		}
+	}
+	best, at := -1, -1
+	for i, c := range m.cols {
+		j := strings.LastIndex(sql[:min(len(sql), off+len(c.name))], c.name)
+		if j < 0 || j <= at {
+			continue
+		}
+		if end := j + len(c.name); end < off && (off-end > 16 || strings.ContainsAny(sql[end:off], ",()$")) {
+			continue // the position is past what follows the name
+		}
+		best, at = i, j
+	}
+	return best
 }
 
 func opName(op byte) string {
@@ -812,11 +1022,34 @@ func (t *target) checkResult(op batchOp, tag pgconn.CommandTag) {
 
 // prepareStatements prepares the statements the batch is about to use.
 func (t *target) prepareStatements(ctx context.Context) error {
+	if len(t.deallocate) > 0 && len(t.pendingPrepare) > 0 {
+		var b strings.Builder
+		for _, name := range t.deallocate {
+			b.WriteString("DEALLOCATE " + name + ";") // names of our making: pgr_N
+		}
+		t.stats.roundTrips.Add(1)
+		if err := t.conn.Exec(ctx, b.String()).Close(); err != nil {
+			return err
+		}
+		t.deallocate = t.deallocate[:0]
+	}
 	for len(t.pendingPrepare) > 0 {
 		p := t.pendingPrepare[0]
 		if _, err := t.conn.Prepare(ctx, p.s.name, p.sql, p.oids); err != nil {
-			return t.statementError(batchOp{op: p.op, name: p.rel}, fmt.Errorf("preparing %s: %w", p.sql, err))
+			// The statement is ours, not the user's: the error names the table and, when the
+			// server points into the statement, the column there.
+			t.log.Debug("preparing a statement failed", "sql", p.sql, "err", err)
+			var pgErr *pgconn.PgError
+			if errors.As(err, &pgErr) && pgErr.Position > 0 {
+				if i := columnAt(p.rel, p.sql, int(pgErr.Position)); i >= 0 {
+					err = &columnError{column: p.rel.cols[i].name, typ: p.rel.cols[i].typ, err: err}
+				}
+			}
+			return t.statementError(batchOp{op: p.op, rel: p.rel}, err)
 		}
+		p.s.ready = true
+		t.stats.prepares.Add(1)
+		t.stats.preparedPeak(int64(t.lru.Len()))
 		t.pendingPrepare = t.pendingPrepare[1:]
 	}
 	t.pendingPrepare = nil
@@ -825,22 +1058,22 @@ func (t *target) prepareStatements(ctx context.Context) error {
 
 // where appends the row-identifying condition of an UPDATE or DELETE to the statement's shape
 // and parameters: the replica identity key, or with REPLICA IDENTITY FULL every column of the
-// old row (NULL as IS NULL; values of types without equality compared as text, or, binary,
-// not at all), which picks one of identical rows (the caller wraps it in a ctid subquery).
+// old row, which picks one of identical rows (the caller wraps it in a ctid subquery).
+//
+// A FULL identity's condition does not depend on which values are NULL (see whereSQL), so that
+// a relation has one statement per shape of its SET list, not one per pattern of NULLs.
 func (t *target) where(m *relMap, key decoding.Tuple, full bool, params [][]byte, formats []int16) ([][]byte, []int16, error) {
 	if full {
+		if len(key) != len(m.cols) {
+			return nil, nil, fmt.Errorf("the old row has %d columns, the relation %d", len(key), len(m.cols))
+		}
 		for i, c := range key {
-			switch {
-			case i >= len(m.cols) || c.Kind == decoding.ColumnUnchanged:
-				t.shape = append(t.shape, 0)
-			case c.Kind == decoding.ColumnNull:
-				t.shape = append(t.shape, 2)
-			case m.cols[i].textEq && c.Kind == decoding.ColumnBinary:
-				t.shape = append(t.shape, 0)
-			default:
-				t.shape = append(t.shape, 1)
-				params, formats = appendParam(params, formats, c)
+			if c.Kind == decoding.ColumnUnchanged {
+				return nil, nil, fmt.Errorf("column %s of the old row was not sent (unchanged TOASTed value): "+
+					"the row cannot be identified", m.cols[i].name)
 			}
+			t.shape = append(t.shape, 1)
+			params, formats = appendParam(params, formats, c)
 		}
 		return params, formats, nil
 	}
@@ -863,6 +1096,13 @@ func (t *target) where(m *relMap, key decoding.Tuple, full bool, params [][]byte
 
 // whereSQL writes the condition whose shape where recorded (from shape[0]) using parameters
 // from $n on, and returns the parameter OIDs.
+//
+// A FULL identity compares every column with "(c = $n OR (c IS NULL AND $n IS NULL))": NULL
+// matches NULL, as in PostgreSQL's subscriber, in one statement whatever the NULLs, and the
+// planner can still use an index of any column (a BitmapOr of "c = $n" and "c IS NULL", in
+// generic plans too; IS NOT DISTINCT FROM would scan the table). A column whose type has no
+// default equality operator (json, xml, point, box, ...) compares its text output, with the
+// parameter of the column's type (so text and binary values alike) cast to text.
 func whereSQL(b []byte, m *relMap, shape []byte, full bool, n int, oids []uint32) ([]byte, []uint32) {
 	first := true
 	cond := func(i int, s byte) {
@@ -871,20 +1111,20 @@ func whereSQL(b []byte, m *relMap, shape []byte, full bool, n int, oids []uint32
 		}
 		first = false
 		c := m.cols[i]
+		p := "$" + strconv.Itoa(n)
 		switch {
 		case s == 2:
 			b = append(b, c.name+" IS NULL"...)
+			return
 		case full && c.textEq:
-			b = append(b, c.name+"::text = $"...)
-			b = strconv.AppendInt(b, int64(n), 10)
-			n++
-			oids = append(oids, 25) // text
+			b = append(b, "("+c.name+"::text = "+p+"::text OR ("+c.name+" IS NULL AND "+p+" IS NULL))"...)
+		case full:
+			b = append(b, "("+c.name+" = "+p+" OR ("+c.name+" IS NULL AND "+p+" IS NULL))"...)
 		default:
-			b = append(b, c.name+" = $"...)
-			b = strconv.AppendInt(b, int64(n), 10)
-			n++
-			oids = append(oids, c.typeOID)
+			b = append(b, c.name+" = "+p...)
 		}
+		n++
+		oids = append(oids, c.typeOID)
 	}
 	if full {
 		for i, s := range shape {
@@ -898,7 +1138,7 @@ func whereSQL(b []byte, m *relMap, shape []byte, full bool, n int, oids []uint32
 		}
 	}
 	if first {
-		b = append(b, "true"...) // every column unchanged or without equality: any row
+		b = append(b, "true"...) // a relation without columns
 	}
 	return b, oids
 }

@@ -221,6 +221,7 @@ func runApply(ctx context.Context, args []string) error {
 		}
 	}()
 	err = a.Run(ctx)
+	flagHint(err)
 	logApplyStats(log, a.Stats())
 	if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
 		return nil // Ctrl-C or SIGTERM: a clean stop; what was in flight is rolled back and resumed next time

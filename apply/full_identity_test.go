@@ -1,0 +1,159 @@
+package apply
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgreorder/pgreorder/internal/pgtest"
+)
+
+// fullEnv is a source and a target database of a shared server with schema on both sides and a
+// slot; the source publishes every table.
+func fullEnv(t *testing.T, major int, slot string, schema []string) *env {
+	t.Helper()
+	srv := pgtest.Shared(t, major)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	srcDB, dstDB := pgtest.NewDatabase(t, srv), pgtest.NewDatabase(t, srv)
+	e := &env{srv: srv, src: srv.ConnString(srcDB), dst: srv.ConnString(dstDB), repl: srv.ReplicationConnString(srcDB), slot: slot}
+	must(t, pgtest.Exec(ctx, e.src, append(append([]string{}, schema...), `CREATE PUBLICATION pub FOR ALL TABLES`,
+		`SELECT pg_create_logical_replication_slot('`+slot+`', 'pgoutput')`)...))
+	must(t, pgtest.Exec(ctx, e.dst, schema...))
+	return e
+}
+
+// sameRows fails t unless table has the same rows (as text, with duplicates) on both sides.
+func (e *env) sameRows(t *testing.T, table string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	q := `SELECT coalesce(string_agg(r::text, ' | ' ORDER BY r::text), '') FROM ` + table + ` r`
+	var got, want string
+	for dsn, out := range map[string]*string{e.src: &want, e.dst: &got} {
+		c, err := pgx.Connect(ctx, dsn)
+		must(t, err)
+		must(t, c.QueryRow(ctx, q).Scan(out))
+		c.Close(context.Background())
+	}
+	if got != want {
+		t.Errorf("%s on the target:\n%s\nwant (the source's)\n%s", table, got, want)
+	}
+}
+
+// TestFullIdentityNoEquality updates and deletes rows of REPLICA IDENTITY FULL tables that
+// differ only in a column whose type has no equality operator (json, xml, point, a domain over
+// json) or whose "=" is not identity (box compares areas), in text and in binary: each change
+// must reach the row the source changed.
+func TestFullIdentityNoEquality(t *testing.T) {
+	schema := []string{
+		`CREATE DOMAIN jdom AS json`,
+		`CREATE TABLE nj (k int, doc json, x xml, p point, b box)`,
+		`ALTER TABLE nj REPLICA IDENTITY FULL`,
+		`CREATE TABLE marker (id int PRIMARY KEY)`,
+	}
+	for _, major := range testMajors {
+		for _, binary := range []bool{false, true} {
+			t.Run(fmt.Sprintf("pg%d/binary=%v", major, binary), func(t *testing.T) {
+				e := fullEnv(t, major, "noeq", schema)
+				cfg := e.config(t, Buffered)
+				cfg.Binary = binary
+				r := start(t, cfg)
+				execOn(t, e.src,
+					`INSERT INTO nj VALUES
+						(1, '{"a":1}', '<a>1</a>', '(1,1)', '((0,0),(1,1))'),
+						(1, '{"a":2}', '<a>1</a>', '(1,1)', '((0,0),(1,1))'),
+						(2, '{"a":1}', '<a>1</a>', '(1,1)', '((0,0),(1,1))'),
+						(2, '{"a":1}', '<a>2</a>', '(1,1)', '((0,0),(1,1))'),
+						(3, '{"a":1}', '<a>1</a>', '(1,1)', '((0,0),(1,1))'),
+						(3, '{"a":1}', '<a>1</a>', '(2,2)', '((0,0),(1,1))'),
+						(4, '{"a":1}', '<a>1</a>', '(1,1)', '((0,0),(1,1))'),
+						(4, '{"a":1}', '<a>1</a>', '(1,1)', '((1,1),(2,2))'),
+						(5, '{"a":1}', '<a>1</a>', '(1,1)', '((0,0),(1,1))'),
+						(5, '{"a":1}', '<a>1</a>', '(1,1)', '((0,0),(1,1))'),
+						(6, NULL, NULL, NULL, NULL),
+						(6, '{"a":1}', NULL, NULL, NULL)`,
+					`INSERT INTO marker VALUES (1)`)
+				e.waitMarker(t, r, 1)
+				// Each change names the second row of its pair by the one column that differs.
+				execOn(t, e.src,
+					`UPDATE nj SET k = 10 WHERE k = 1 AND doc::text = '{"a":2}'`,
+					`UPDATE nj SET k = 20 WHERE k = 2 AND x::text = '<a>2</a>'`,
+					`UPDATE nj SET k = 30 WHERE k = 3 AND p ~= '(2,2)'`,
+					`DELETE FROM nj WHERE k = 4 AND b ~= '((1,1),(2,2))'`,
+
+					`DELETE FROM nj WHERE k = 6 AND doc IS NOT NULL`,
+					`INSERT INTO marker VALUES (2)`)
+				e.waitMarker(t, r, 2)
+				r.halt(t)
+				e.sameRows(t, "nj")
+			})
+		}
+	}
+}
+
+// TestStatementsBounded applies changes of many tables with a small statement cache, and
+// updates and deletes of a REPLICA IDENTITY FULL table in many patterns of NULLs: the statements
+// prepared on a connection stay within the bound (one more while a batch uses them all), the
+// evicted ones are prepared again when needed, and the rows are the source's.
+func TestStatementsBounded(t *testing.T) {
+	const tables, bound = 20, 6
+	schema := []string{
+		`CREATE TABLE nulls (a int, b int, c int, d int, e int, f int, g int, h int, i int, j int)`,
+		`ALTER TABLE nulls REPLICA IDENTITY FULL`,
+		`CREATE TABLE marker (id int PRIMARY KEY)`,
+	}
+	for i := range tables {
+		schema = append(schema, fmt.Sprintf(`CREATE TABLE many%d (id int PRIMARY KEY, v text)`, i))
+	}
+	e := fullEnv(t, testMajors[len(testMajors)-1], "bounded", schema)
+
+	// 1,024 patterns of NULLs: row n has NULL in column k when bit k of n is set.
+	cols := "a, b, c, d, e, f, g, h, i, j"
+	var vals []string
+	for k := range 10 {
+		vals = append(vals, fmt.Sprintf("CASE WHEN n & %d = 0 THEN n END", 1<<k))
+	}
+	execOn(t, e.src, `INSERT INTO nulls (`+cols+`) SELECT `+strings.Join(vals, ", ")+` FROM generate_series(0, 1023) n`)
+	r := start(t, e.config(t, Buffered))
+	execOn(t, e.src, `UPDATE nulls SET a = coalesce(a, -1) + 0`, `DELETE FROM nulls WHERE b IS NULL`, `INSERT INTO marker VALUES (1)`)
+	e.waitMarker(t, r, 1)
+	r.halt(t)
+	e.sameRows(t, "nulls")
+	if most := r.a.stats.preparedMost.Load(); most > 4 {
+		t.Errorf("%d statements prepared on one connection for one table's updates and deletes, want at most 4", most)
+	}
+
+	old := maxStatements
+	maxStatements = bound
+	t.Cleanup(func() { maxStatements = old })
+	r = start(t, e.config(t, Buffered))
+	for round := range 2 {
+		var stmts []string
+		for i := range tables {
+			id := round * 10
+			stmts = append(stmts,
+				fmt.Sprintf(`INSERT INTO many%d VALUES (%d, 'a'), (%d, 'b')`, i, id+1, id+2),
+				fmt.Sprintf(`UPDATE many%d SET v = 'updated' WHERE id = %d`, i, id+1),
+				fmt.Sprintf(`DELETE FROM many%d WHERE id = %d`, i, id+2))
+		}
+		execOn(t, e.src, append(stmts, fmt.Sprintf(`INSERT INTO marker VALUES (%d)`, round+2))...)
+		e.waitMarker(t, r, round+2)
+	}
+	r.halt(t)
+	for i := range tables {
+		e.sameRows(t, fmt.Sprintf("many%d", i))
+	}
+	most, prepares := r.a.stats.preparedMost.Load(), r.a.stats.prepares.Load()
+	t.Logf("%d statements prepared, at most %d on one connection", prepares, most)
+	if most > bound+1 {
+		t.Errorf("%d statements prepared on one connection at once, want at most %d", most, bound+1)
+	}
+	if prepares < 2*3*tables {
+		t.Errorf("%d statements prepared: evicted statements were not prepared again", prepares)
+	}
+}
