@@ -6,8 +6,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	iofs "io/fs"
 	"log/slog"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -33,6 +35,7 @@ type streamFlags struct {
 	status, progress                           time.Duration
 	metricsAddr                                string
 	verbose                                    bool
+	fileMode                                   iofs.FileMode
 	out                                        outputFlags
 }
 
@@ -52,7 +55,10 @@ newline); cut it before appending again, and resume after the end_lsn of the las
 With -o FILE that is done for you: each transaction is written, fsynced and recorded (FILE.pos:
 the file's length and the transaction's end LSN, replaced atomically) before it is acknowledged;
 a restart with the same -o cuts FILE back to the recorded length (a torn or unrecorded last
-transaction, which the server sends again) and resumes after the recorded LSN.
+transaction, which the server sends again) and resumes after the recorded LSN. FILE and FILE.pos
+are created readable by their owner only (-file-mode), and never through a symbolic link: in a
+directory other users may write to, a link or another user's file under either name stops the
+command instead of being written through.
 
 flags:
 `
@@ -82,6 +88,15 @@ func runStream(ctx context.Context, args []string) error {
 	fs.StringVar(&f.origin, "origin", "", `origin filter: "any" or "none" (PostgreSQL 16+)`)
 	fs.StringVar(&f.resume, "resume", "", "end LSN (X/X) of the last transaction already handled: start after it (not with -o)")
 	fs.StringVar(&f.output, "o", "", "write durably to this file instead of stdout, and resume from it (see above)")
+	f.fileMode = format.DefaultFileMode
+	fs.Func("file-mode", "with -o, permissions of FILE and FILE.pos when created, in octal, less the umask (default 0600)", func(s string) error {
+		m, err := strconv.ParseUint(s, 8, 32)
+		if err != nil || m == 0 || m > 0o777 {
+			return fmt.Errorf("want permissions in octal, such as 0600 or 0640")
+		}
+		f.fileMode = iofs.FileMode(m)
+		return nil
+	})
 	fs.DurationVar(&f.status, "status-interval", replication.DefaultStatusInterval, "longest time between standby status updates")
 	fs.DurationVar(&f.progress, "progress", 5*time.Second, "interval of the progress line on stderr (0: none)")
 	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus metrics on host:port at /metrics (port 0: any free port, logged)")
@@ -123,6 +138,7 @@ func runStream(ctx context.Context, args []string) error {
 		if cfg.TempDir == "" {
 			cfg.TempDir = f.dir
 		}
+		cfg.FileMode = f.fileMode
 		file, err := format.OpenFile(f.output, cfg)
 		if err != nil {
 			return err
