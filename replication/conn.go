@@ -292,7 +292,7 @@ func (c *Config) baseConnConfig() (*pgconn.Config, error) {
 	case c.ConnString == "":
 		return nil, fmt.Errorf("%w: no ConnString or ConnConfig", ErrInvalidConfig)
 	}
-	pc, err := pgconn.ParseConfig(c.ConnString)
+	pc, err := pgconnect.ParseConfig(c.ConnString)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}

@@ -46,6 +46,10 @@ Modes:
   parallel  eager, and committed transactions applied on -workers connections at once when they
             touch different rows; committed in order
 
+Passwords: a password in a connection string on the command line is visible to every local user
+(ps, /proc). Give it in the PGPASSWORD environment variable or in a password file (~/.pgpass, or
+PGPASSFILE / passfile=FILE) instead. Messages print connection strings with passwords as xxxxx.
+
 flags:
 `
 

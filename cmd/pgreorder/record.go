@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/pgreorder/pgreorder/internal/capture"
+	"github.com/pgreorder/pgreorder/internal/pgconnect"
 	"github.com/pgreorder/pgreorder/internal/pgserver"
 )
 
@@ -83,7 +84,7 @@ func runRecord(ctx context.Context, args []string) error {
 	}
 	caps, err := pgserver.Record(ctx, dsn, w, opts)
 	if err != nil {
-		return err
+		return pgconnect.RedactError(err, dsn)
 	}
 	if err := os.MkdirAll(f.out, 0o755); err != nil {
 		return err

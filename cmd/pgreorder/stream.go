@@ -60,6 +60,10 @@ are created readable by their owner only (-file-mode), and never through a symbo
 directory other users may write to, a link or another user's file under either name stops the
 command instead of being written through.
 
+Passwords: a password in a connection string on the command line is visible to every local user
+(ps, /proc). Give it in the PGPASSWORD environment variable or in a password file (~/.pgpass, or
+PGPASSFILE / passfile=FILE) instead. Messages print connection strings with passwords as xxxxx.
+
 flags:
 `
 
