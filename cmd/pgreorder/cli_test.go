@@ -22,7 +22,9 @@ func TestDSNRedacted(t *testing.T) {
 	defer cancel()
 	for dsn, secrets := range dsns {
 		for name, run := range map[string]func() error{
-			"stream": func() error { return runStream(ctx, []string{"-dsn", dsn, "-slot", "s", "-publication", "p", "-progress", "0"}) },
+			"stream": func() error {
+				return runStream(ctx, []string{"-dsn", dsn, "-slot", "s", "-publication", "p", "-progress", "0"})
+			},
 			"apply": func() error {
 				return runApply(ctx, []string{"-source", "host=/nonexistent", "-target", dsn, "-slot", "s", "-publication", "p"})
 			},
@@ -41,4 +43,3 @@ func TestDSNRedacted(t *testing.T) {
 		require.Contains(t, usage, "password file")
 	}
 }
-
