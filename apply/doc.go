@@ -143,7 +143,9 @@
 // error for what it cannot cure: an *ApplyError for a change the target refuses when applied
 // alone, in order (ErrMissingTable, ErrSchemaMismatch, ErrNoReplicaIdentity, ErrPermission,
 // ErrConstraint, ErrData), naming the table, the source transaction and its commit LSN; bad
-// configuration (ErrInvalidConfig, the replication package's option errors); and corrupt or lost
+// configuration (ErrInvalidConfig, the replication package's option errors, and its failed
+// pre-flight checks, *replication.CheckError: wal_level, a missing publication, a slot made by
+// another plugin, and so on); and corrupt or lost
 // data reported by the reorder buffer. Nothing at or after a refused transaction is acknowledged,
 // so a new Run, once the cause is fixed, resumes with it. A change refused while applied
 // concurrently with earlier transactions (Eager, Parallel) is first retried alone.

@@ -171,7 +171,8 @@ func transientCode(code string) bool {
 
 // retryable reports whether starting the session again can cure err: connection failures of
 // the source or the target, server restarts, deadlocks and other transient errors are; refused
-// changes, bad configuration, protocol violations and lost data are not.
+// changes, bad configuration (a failed pre-flight check of the source included: wal_level, a
+// missing publication, a slot that cannot serve), protocol violations and lost data are not.
 func retryable(err error) bool {
 	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return false
@@ -183,6 +184,7 @@ func retryable(err error) bool {
 		input    *reorderbuffer.InputError
 		missing  *reorderbuffer.MissingError
 		option   *replication.OptionError
+		check    *replication.CheckError
 		protocol *replication.ProtocolError
 		pgErr    *pgconn.PgError
 	)
@@ -195,7 +197,7 @@ func retryable(err error) bool {
 		var pathErr *fs.PathError
 		return errors.As(err, &pathErr) && !errors.Is(err, spill.ErrCorrupt)
 	case errors.As(err, &apply), errors.As(err, &change), errors.As(err, &missing),
-		errors.As(err, &option), errors.As(err, &protocol), errors.Is(err, ErrInvalidConfig),
+		errors.As(err, &option), errors.As(err, &check), errors.As(err, &protocol), errors.Is(err, ErrInvalidConfig),
 		errors.Is(err, replication.ErrInvalidConfig), errors.Is(err, replication.ErrUnsupported),
 		errors.Is(err, reorderbuffer.ErrProtocol), errors.Is(err, reorderbuffer.ErrForeignTxn),
 		errors.Is(err, reorderbuffer.ErrNotCommit):

@@ -157,3 +157,51 @@ func TestApplyCommandCopy(t *testing.T) {
 		})
 	}
 }
+
+// TestApplyConfigErrors: a failed pre-flight check of the source (wal_level, a missing
+// publication, a slot of another plugin) stops apply at once with the check's message, as it
+// stops stream, instead of being retried.
+func TestApplyConfigErrors(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts servers")
+	}
+	majors := streamMajors(t)
+	major := majors[len(majors)-1]
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	srv := pgtest.Shared(t, major)
+	srcDB, dstDB := pgtest.NewDatabase(t, srv), pgtest.NewDatabase(t, srv)
+	src, dst := srv.ConnString(srcDB), srv.ConnString(dstDB)
+	require.NoError(t, pgtest.Exec(ctx, src, `CREATE TABLE s (id int PRIMARY KEY)`, `CREATE PUBLICATION p FOR TABLE s`,
+		`SELECT pg_create_logical_replication_slot('td', 'test_decoding')`))
+	require.NoError(t, pgtest.Exec(ctx, dst, `CREATE TABLE s (id int PRIMARY KEY)`))
+
+	var in pgtest.Install
+	for _, i := range pgtest.FindInstalls() {
+		if i.Major == major {
+			in = i
+		}
+	}
+	replica, err := pgtest.Start(ctx, in, pgtest.Options{Settings: map[string]string{"wal_level": "replica"}})
+	require.NoError(t, err)
+	defer replica.Stop()
+
+	for _, tc := range []struct {
+		name, source, slot, pub, want string
+	}{
+		{"wal_level", replica.ConnString("postgres"), "cfg", "p", "wal_level"},
+		{"publication", src, "cfg", "nope", `publication "nope" does not exist`},
+		{"plugin", src, "td", "p", "test_decoding"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			runCtx, stop := context.WithTimeout(ctx, 20*time.Second)
+			defer stop()
+			err := runApply(runCtx, []string{"-source", tc.source, "-target", dst, "-slot", tc.slot,
+				"-publication", tc.pub, "-create-slot"})
+			require.NoError(t, ctx.Err())
+			require.Error(t, err, "apply did not stop on its own")
+			require.NoError(t, runCtx.Err(), "apply stopped only when its context ended")
+			require.Contains(t, err.Error(), tc.want)
+		})
+	}
+}
