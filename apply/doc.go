@@ -138,8 +138,11 @@
 // # Errors and retries
 //
 // Run retries, from the progress row and with a growing delay, whatever starting again can cure:
-// lost connections to either server, server shutdowns and restarts, a slot still held by a dead
-// consumer's walsender, deadlocks, serialization failures, resource shortages. It stops with an
+// lost connections to either server, server shutdowns and restarts, deadlocks, serialization
+// failures, resource shortages. A slot that another session holds (the walsender or target
+// connections of one that died, which end when the server notices; or a second Applier of the
+// slot, which does not) is waited for up to Config.SlotWait, naming the holder at once, and then
+// stops Run with a *SlotInUseError (target) or *replication.SlotActiveError (source). It stops with an
 // error for what it cannot cure: an *ApplyError for a change the target refuses when applied
 // alone, in order (ErrMissingTable, ErrSchemaMismatch, ErrNoReplicaIdentity, ErrPermission,
 // ErrConstraint, ErrData), naming the table, the source transaction and its commit LSN; bad

@@ -33,6 +33,11 @@ const DefaultStatusInterval = 10 * time.Second
 const (
 	DefaultMinReconnectDelay = 100 * time.Millisecond
 	DefaultMaxReconnectDelay = 30 * time.Second
+	// DefaultSlotWait is how long Start and a reconnection wait for a slot in use by another
+	// connection when ReconnectPolicy.SlotWait is 0: longer than the server's default
+	// wal_sender_timeout (60s), after which it drops the walsender of a consumer whose host or
+	// network died (one whose process died lets go of the slot at once).
+	DefaultSlotWait = 90 * time.Second
 )
 
 // Config describes one replication stream. The zero value is not enough on its own: a connection
@@ -120,6 +125,19 @@ type ReconnectPolicy struct {
 	// MaxAttempts is the number of failed attempts in a row after which Next gives up and returns
 	// the last error; 0 means no limit.
 	MaxAttempts int
+	// SlotWait is how long Start, and a reconnection, retry a slot that another connection
+	// streams from (ErrSlotActive) before giving up with its *SlotActiveError, which names the
+	// connection that holds it; the first refusal is logged at Warn with the holder. 0 means
+	// DefaultSlotWait; a negative value waits as long as the context allows.
+	SlotWait time.Duration
+}
+
+// slotWait returns the effective SlotWait; negative means no limit.
+func (p ReconnectPolicy) slotWait() time.Duration {
+	if p.SlotWait == 0 {
+		return DefaultSlotWait
+	}
+	return p.SlotWait
 }
 
 // delay returns the wait before attempt n (1-based), without jitter.

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/pgreorder/pgreorder/apply"
@@ -60,7 +61,7 @@ type applyFlags struct {
 	createSlot, binary, syncCommit, verbose         bool
 	copy, copyTruncate                              bool
 	workers, copyWorkers                            int
-	status                                          time.Duration
+	status, slotWait                                time.Duration
 
 	// Conflicts and origins.
 	origin, sourceOrigin, resolutions, logTable string
@@ -94,7 +95,10 @@ func (f *applyFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&f.syncCommit, "synchronous-commit", false, "flush each target commit before acknowledging it "+
 		"(default: commit with synchronous_commit = off and flush in groups, still acknowledging only flushed commits)")
 	fs.StringVar(&f.table, "progress-table", apply.DefaultProgressTable, "target table of the progress rows (created if missing)")
-	fs.DurationVar(&f.status, "status-interval", 0, "longest time between status updates to the source (default 10s)")
+	durationVar(fs, &f.status, "status-interval", 0, "longest time between status updates to the source (default 10s)")
+	durationVar(fs, &f.slotWait, "slot-wait", apply.DefaultSlotWait, "how long to wait for another session that holds the slot "+
+		"(on the target: another apply of the slot, or the connections left by one that died; on the source: another walsender "+
+		"streaming from it) before stopping with an error naming it (0: do not wait; -1: no limit)")
 	fs.BoolVar(&f.verbose, "v", false, "debug logging")
 	fs.StringVar(&f.origin, "origin", "", "replication origin marking the target transactions "+
 		"(and origin_w1... for workers): needed by -source-origin none on the way back, and for *_origin_differs")
@@ -106,7 +110,7 @@ func (f *applyFlags) register(fs *flag.FlagSet) {
 		"(default as PostgreSQL: error for *_exists and multiple_unique_conflicts, apply_remote for *_origin_differs, skip otherwise)")
 	fs.BoolVar(&f.noDetection, "no-conflict-detection", false, "send changes without conflict checks "+
 		"(update_missing and delete_missing are still counted; a unique violation stops)")
-	fs.DurationVar(&f.retention, "conflict-retention", 0, "detect update_deleted: record local deletions on the target "+
+	durationVar(fs, &f.retention, "conflict-retention", 0, "detect update_deleted: record local deletions on the target "+
 		"and keep them this long (e.g. 5m; 0: off)")
 	fs.StringVar(&f.logTable, "conflict-log-table", "", "target table receiving one row per conflict (created if missing)")
 }
@@ -178,6 +182,7 @@ func (f *applyFlags) config(fs *flag.FlagSet) (apply.Config, error) {
 		SynchronousCommit: f.syncCommit,
 		ProgressTable:     f.table,
 		StatusInterval:    f.status,
+		SlotWait:          cliSlotWait(f.slotWait),
 		Origin:            f.origin,
 		SourceOrigin:      f.sourceOrigin,
 		Conflicts: apply.ConflictConfig{
@@ -212,6 +217,26 @@ func runApply(ctx context.Context, args []string) error {
 	log := cfg.Logger
 	done := make(chan struct{})
 	defer close(done)
+	var last apply.Stats // the counters of the last progress line (Run's goroutine and the ticker's)
+	var lastMu sync.Mutex
+	progress := func(final bool) {
+		lastMu.Lock()
+		defer lastMu.Unlock()
+		st := a.Stats()
+		// Only counters that moved are worth a line: an apply waiting for its slot, or for the
+		// source to change, prints nothing; the final line is left out when nothing was done.
+		against := last
+		if final {
+			against = apply.Stats{}
+		}
+		cmp := st
+		cmp.Sessions, cmp.RetentionActive = against.Sessions, against.RetentionActive
+		if cmp == against {
+			return
+		}
+		logApplyStats(log, st)
+		last = st
+	}
 	go func() {
 		tick := time.NewTicker(30 * time.Second)
 		defer tick.Stop()
@@ -220,12 +245,12 @@ func runApply(ctx context.Context, args []string) error {
 			case <-done:
 				return
 			case <-tick.C:
-				logApplyStats(log, a.Stats())
+				progress(false)
 			}
 		}
 	}()
 	err = a.Run(ctx)
-	logApplyStats(log, a.Stats())
+	progress(true)
 	if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
 		return nil // Ctrl-C or SIGTERM: a clean stop; what was in flight is rolled back and resumed next time
 	}

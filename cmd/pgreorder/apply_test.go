@@ -205,3 +205,56 @@ func TestApplyConfigErrors(t *testing.T) {
 		})
 	}
 }
+
+// TestSecondSession: a second apply, or a second stream, of a slot that a running one holds
+// names the holder and stops after -slot-wait instead of waiting for ever.
+func TestSecondSession(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a server")
+	}
+	majors := streamMajors(t)
+	major := majors[len(majors)-1]
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	srv := pgtest.Shared(t, major)
+	srcDB, dstDB := pgtest.NewDatabase(t, srv), pgtest.NewDatabase(t, srv)
+	src, dst := srv.ConnString(srcDB), srv.ConnString(dstDB)
+	require.NoError(t, pgtest.Exec(ctx, src, `CREATE TABLE s (id int PRIMARY KEY)`, `CREATE PUBLICATION p FOR TABLE s`))
+	require.NoError(t, pgtest.Exec(ctx, dst, `CREATE TABLE s (id int PRIMARY KEY)`))
+
+	first := func(run func(context.Context, []string) error, args ...string) {
+		runCtx, stop := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- run(runCtx, args) }()
+		t.Cleanup(func() {
+			stop()
+			require.NoError(t, <-done)
+		})
+	}
+	first(runApply, "-source", src, "-target", dst, "-slot", "first", "-publication", "p", "-create-slot")
+	waitSlotActive(t, ctx, src, "first")
+	first(runStream, "-dsn", src, "-slot", "second", "-publication", "p", "-create-slot", "-progress", "0", "-o", filepath.Join(t.TempDir(), "out"))
+	waitSlotActive(t, ctx, src, "second")
+
+	for _, tc := range []struct {
+		name string
+		run  func(context.Context, []string) error
+		args []string
+		want []string
+	}{
+		{"apply", runApply, []string{"-source", src, "-target", dst, "-slot", "first", "-publication", "p"},
+			[]string{`slot "first" is in use on the target by another session`, `application_name "pgreorder apply first"`, "pg_terminate_backend("}},
+		{"stream", runStream, []string{"-dsn", src, "-slot", "second", "-publication", "p", "-progress", "0"},
+			[]string{`slot "second" is in use by another connection`, `application_name "pgreorder"`, "pg_terminate_backend("}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			began := time.Now()
+			err := tc.run(ctx, append(tc.args, "-slot-wait", "2"))
+			require.Error(t, err)
+			for _, w := range append(tc.want, "pid ", "after waiting 2s") {
+				require.Contains(t, err.Error(), w)
+			}
+			require.Less(t, time.Since(began), 30*time.Second)
+		})
+	}
+}

@@ -32,7 +32,7 @@ type streamFlags struct {
 	binary                                     bool
 	proto                                      int
 	resume, output                             string
-	status, progress                           time.Duration
+	status, progress, slotWait                 time.Duration
 	metricsAddr                                string
 	verbose                                    bool
 	fileMode                                   iofs.FileMode
@@ -101,8 +101,10 @@ func runStream(ctx context.Context, args []string) error {
 		f.fileMode = iofs.FileMode(m)
 		return nil
 	})
-	fs.DurationVar(&f.status, "status-interval", replication.DefaultStatusInterval, "longest time between standby status updates")
-	fs.DurationVar(&f.progress, "progress", 5*time.Second, "interval of the progress line on stderr (0: none)")
+	durationVar(fs, &f.status, "status-interval", replication.DefaultStatusInterval, "longest time between standby status updates")
+	durationVar(fs, &f.progress, "progress", 5*time.Second, "interval of the progress line on stderr (0: none)")
+	durationVar(fs, &f.slotWait, "slot-wait", replication.DefaultSlotWait, "how long to wait for another connection "+
+		"streaming from the slot (a running consumer, or the walsender of one that died) before stopping with an error naming it (0: do not wait; -1: no limit)")
 	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus metrics on host:port at /metrics (port 0: any free port, logged)")
 	fs.BoolVar(&f.verbose, "v", false, "debug logging")
 	f.out.register(fs)
@@ -171,6 +173,7 @@ func runStream(ctx context.Context, args []string) error {
 		TwoPhase:       f.twoPhase,
 		Origin:         f.origin,
 		StatusInterval: f.status,
+		Reconnect:      replication.ReconnectPolicy{SlotWait: cliSlotWait(f.slotWait)},
 		Buffer:         reorderbuffer.Config{WorkMem: workMem, Dir: f.dir, SkipThrough: skip},
 		Logger:         log,
 	})
