@@ -92,8 +92,10 @@ func (f *applyFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.workMem, "work-mem", "64MB", workMemHelp)
 	fs.StringVar(&f.dir, "spill-dir", "", "spill directory (default: the system temporary directory)")
 	fs.BoolVar(&f.binary, "binary", false, "ask for binary column values (column types must match on both sides)")
-	fs.BoolVar(&f.syncCommit, "synchronous-commit", false, "flush each target commit before acknowledging it "+
-		"(default: commit with synchronous_commit = off and flush in groups, still acknowledging only flushed commits)")
+	fs.Var(syncCommitFlag{&f.syncCommit}, "synchronous-commit", "on or off: on waits for each target commit as the target's "+
+		"synchronous_commit says (on: its WAL flush; remote_apply and the other levels when set for the target role or in -target) "+
+		"before acknowledging it (default off: commit with synchronous_commit = off and flush in groups, still acknowledging only "+
+		"flushed commits)")
 	fs.StringVar(&f.table, "progress-table", apply.DefaultProgressTable, "target table of the progress rows (created if missing)")
 	durationVar(fs, &f.status, "status-interval", 0, "longest time between status updates to the source (default 10s)")
 	durationVar(fs, &f.slotWait, "slot-wait", apply.DefaultSlotWait, "how long to wait for another session that holds the slot "+
@@ -203,7 +205,7 @@ func runApply(ctx context.Context, args []string) error {
 		fmt.Fprint(fs.Output(), applyUsage)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	cfg, err := f.config(fs)

@@ -112,7 +112,7 @@ func runStream(ctx context.Context, args []string) error {
 		fmt.Fprint(fs.Output(), streamUsage)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if err := f.check(fs); err != nil {
