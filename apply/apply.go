@@ -95,8 +95,7 @@ func (a *Applier) Run(ctx context.Context) error {
 		// cut short: retried like the connection.
 		internal := errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
 		if !internal && !retryable(err) {
-			log.Error("stopped", "err", err)
-			return err
+			return err // the caller reports it
 		}
 		if time.Since(began) >= resetRetryAfter {
 			delay = minRetryDelay

@@ -32,15 +32,15 @@ func TestApplyFlags(t *testing.T) {
 		{append(base, "extra"), "unexpected arguments: extra"},
 		{append(base, "-conflict", "insert_exists=win"), `-conflict: apply: invalid configuration: resolution "win"`},
 		{append(base, "-conflict", "insert_missing=skip"), `conflict type "insert_missing"`},
-		{append(base, "-source-origin", "some"), `SourceOrigin "some"`},
-		{append(base, "-conflict-retention", "1ms"), "Retention 1ms"},
-		{append(base, "-no-conflict-detection", "-conflict-log-table", "log"), "LogTable needs detection"},
+		{append(base, "-source-origin", "some"), `-source-origin "some"`},
+		{append(base, "-conflict-retention", "1ms"), "-conflict-retention 1ms"},
+		{append(base, "-no-conflict-detection", "-conflict-log-table", "log"), "-conflict-log-table needs detection (-no-conflict-detection is given)"},
 		{append(base, "-copy", "-copy-workers", "-2"), "-copy-workers -2"},
 		{append(base, "-copy-truncate"), "-copy-truncate and -copy-workers go with -copy"},
 	} {
 		err := runApply(context.Background(), c.args)
 		require.Error(t, err, "%q", c.args)
-		require.Contains(t, err.Error(), c.want, "%q", c.args)
+		require.Contains(t, explain("apply", err), c.want, "%q", c.args)
 	}
 }
 

@@ -9,12 +9,15 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/pgreorder/pgreorder/internal/pgtest"
 )
 
 // TestDSNRedacted: a connection string that does not parse is printed without its password,
@@ -132,4 +135,59 @@ func TestFlagValues(t *testing.T) {
 		require.Contains(t, err.Error(), w)
 	}
 	require.ErrorContains(t, parseFlags(fs, []string{"-synchronous-commit=maybe"}), "want on or off")
+}
+
+// TestErrorsNameFlags: what the command prints for an error names its flags, not the libraries'
+// fields; says a rule where a value breaks one; comes once, not followed by an empty progress
+// line; and of a connection refused TLS first and then failed without, says the real failure.
+func TestErrorsNameFlags(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a server")
+	}
+	majors := streamMajors(t)
+	major := majors[len(majors)-1]
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	srv := pgtest.Shared(t, major)
+	srcDB, dstDB := pgtest.NewDatabase(t, srv), pgtest.NewDatabase(t, srv)
+	src, dst := srv.ConnString(srcDB), srv.ConnString(dstDB)
+	require.NoError(t, pgtest.Exec(ctx, src, `CREATE TABLE s (id int PRIMARY KEY)`, `CREATE PUBLICATION p FOR TABLE s`))
+	require.NoError(t, pgtest.Exec(ctx, dst, `CREATE TABLE s (id int PRIMARY KEY)`))
+	tcpNoDB := strings.Replace(srv.TCPConnString("nope"), " sslmode=disable", "", 1) // sslmode prefer: TLS first
+
+	library := regexp.MustCompile(`Config\.|Buffer\.|Reconnect\.|CreateSlot|SkipThrough|Publications|invalid option|` +
+		`SourceOrigin|SlotWait|\bTarget:|\bSource:|tls error`)
+	for _, tc := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"stream", "-dsn", src, "-slot", "Bad-Name", "-publication", "p"},
+			[]string{`-slot "Bad-Name": a slot name is 1 to 63 characters, each a lower-case letter, a digit or an underscore`}},
+		{[]string{"apply", "-source", src, "-target", dst, "-slot", "Bad-Name", "-publication", "p"},
+			[]string{`-slot "Bad-Name": a slot name is 1 to 63 characters`}},
+		{[]string{"stream", "-dsn", src, "-slot", "missing", "-publication", "p"}, []string{"pass -create-slot"}},
+		{[]string{"stream", "-dsn", src, "-slot", "cfg", "-publication", "nope", "-create-slot"}, []string{"or correct -publication"}},
+		{[]string{"stream", "-dsn", src, "-slot", "ahead", "-publication", "p", "-create-slot", "-resume", "F/0"},
+			[]string{"the resume position (-resume, or FILE.pos with -o) is beyond the server's current WAL position"}},
+		{[]string{"apply", "-source", src, "-target", tcpNoDB, "-slot", "tls", "-publication", "p"},
+			[]string{`database "nope" does not exist`}},
+		{[]string{"stream", "-dsn", tcpNoDB, "-slot", "tls", "-publication", "p"}, []string{`database "nope" does not exist`}},
+	} {
+		out, errOut, code := runCLI(t, tc.args...)
+		require.Equal(t, 1, code, "%q: %s", tc.args, errOut)
+		require.Empty(t, out)
+		var errLines []string
+		for l := range strings.Lines(errOut) {
+			if strings.HasPrefix(l, "pgreorder ") {
+				errLines = append(errLines, l)
+			}
+			require.NotContains(t, l, "msg=progress", "%q: no progress line when nothing was done", tc.args)
+			require.NotContains(t, l, "level=ERROR", "%q: the error is printed once, by the command", tc.args)
+		}
+		require.Len(t, errLines, 1, "%q: one error line:\n%s", tc.args, errOut)
+		for _, w := range tc.want {
+			require.Contains(t, errLines[0], w, "%q", tc.args)
+		}
+		require.False(t, library.MatchString(errLines[0]), "%q names a library field: %s", tc.args, errLines[0])
+	}
 }
