@@ -183,7 +183,9 @@ func (s *session) waitLock(ctx context.Context, key int64) error {
 			return fmt.Errorf("apply: looking for the holder of the slot's progress lock on the target: %w", err)
 		}
 		e := &SlotInUseError{Slot: s.cfg.Slot, Holders: holders}
-		if desc := e.holders(); desc != said {
+		// No holder in pg_locks: it let go between the two queries (or the role may not see
+		// it); try again before saying anything.
+		if desc := e.holders(); desc != said && (len(holders) > 0 || time.Since(since) > time.Second) {
 			limit := "no limit"
 			if wait >= 0 {
 				limit = wait.String()
