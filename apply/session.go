@@ -295,6 +295,7 @@ func (s *session) prepareProgress(ctx context.Context, tg *target) error {
 // runBuffered applies whole transactions, one at a time, on the leader's connection.
 func (s *session) runBuffered(ctx context.Context) error {
 	s.order = newOrder()
+	defer s.abandonGroup()
 	for {
 		if err := s.ackCommitted(ctx); err != nil {
 			return err
