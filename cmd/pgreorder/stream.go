@@ -333,10 +333,13 @@ func (f *streamFlags) check(fs *flag.FlagSet) error {
 }
 
 func logStreamStats(log *slog.Logger, s *replication.Stream, txns int) {
-	st := s.Stats()
-	p := s.Position()
-	log.Info("progress", "transactions", txns, "received", p.Received, "acked", p.Acked, "flushed", p.Flushed,
+	log.Info("progress", streamStatsAttrs(s.Stats(), s.Position(), txns)...)
+}
+
+// streamStatsAttrs are the attributes of the final progress line of stream.
+func streamStatsAttrs(st reorderbuffer.Stats, p replication.Position, txns int) []any {
+	return []any{"transactions", txns, "received", p.Received, "acked", p.Acked, "flushed", p.Flushed,
 		"spill_txns", st.SpillTxns, "spill_bytes", st.SpillBytes, "stream_txns", st.StreamTxns,
 		"stream_bytes", st.StreamBytes, "total_txns", st.TotalTxns, "total_bytes", st.TotalBytes,
-		"memory_bytes", st.MemoryBytes, "peak_memory_bytes", st.PeakMemoryBytes)
+		"memory_bytes", st.MemoryBytes, "peak_memory_bytes", st.PeakMemoryBytes}
 }
