@@ -6,8 +6,7 @@ import (
 	"regexp"
 	"strings"
 
-	"github.com/jackc/pgx/v5/pgconn"
-
+	"github.com/pgreorder/pgreorder/internal/pgconnect"
 	"github.com/pgreorder/pgreorder/replication"
 )
 
@@ -119,35 +118,11 @@ func explain(command string, err error) string {
 			msg = strings.Replace(msg, ce.Error(), s, 1)
 		}
 	}
-	var conn *pgconn.ConnectError
-	if errors.As(err, &conn) {
-		msg = strings.Replace(msg, conn.Error(), connectText(conn), 1)
-	}
+	msg = pgconnect.TidyConnectError(msg, err)
 	for _, rs := range [][]rename{fieldRenames[command], commonRenames} {
 		for _, r := range rs {
 			msg = r.re.ReplaceAllLiteralString(msg, r.flag)
 		}
 	}
 	return msg
-}
-
-// connectText is the message of a failed connection: pgx tries with TLS and then without
-// (sslmode=prefer) and reports both; a server that refused TLS is left out when the attempt
-// without it failed for a reason of its own, which comes first then.
-func connectText(e *pgconn.ConnectError) string {
-	prefix := fmt.Sprintf("failed to connect to `user=%s database=%s`: ", e.Config.User, e.Config.Database)
-	joined, ok := e.Unwrap().(interface{ Unwrap() []error })
-	if !ok {
-		return strings.ReplaceAll(e.Error(), "\n\t", "; ")
-	}
-	var kept []string
-	for _, x := range joined.Unwrap() {
-		if !strings.Contains(x.Error(), "server refused TLS connection") {
-			kept = append(kept, x.Error())
-		}
-	}
-	if len(kept) == 0 {
-		return strings.ReplaceAll(e.Error(), "\n\t", "; ")
-	}
-	return prefix + strings.Join(kept, "; ")
 }

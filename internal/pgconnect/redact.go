@@ -2,6 +2,7 @@ package pgconnect
 
 import (
 	"errors"
+	"fmt"
 	"net/url"
 	"strings"
 
@@ -208,3 +209,34 @@ type redactedError struct {
 
 func (e *redactedError) Error() string { return e.msg }
 func (e *redactedError) Unwrap() error { return e.err }
+
+// TidyConnectError returns msg, the message of err (or one that quotes it), with the part that a
+// *pgconn.ConnectError in err wrote rewritten on one line: pgconn tries with TLS and then
+// without (sslmode=prefer) and reports both attempts; a server that refused TLS is left out when
+// the attempt without it failed for a reason of its own (a password, a database), which then
+// comes first.
+func TidyConnectError(msg string, err error) string {
+	var ce *pgconn.ConnectError
+	if !errors.As(err, &ce) {
+		return msg
+	}
+	return strings.Replace(msg, ce.Error(), connectText(ce), 1)
+}
+
+func connectText(e *pgconn.ConnectError) string {
+	oneLine := strings.ReplaceAll(e.Error(), "\n\t", "; ")
+	joined, ok := e.Unwrap().(interface{ Unwrap() []error })
+	if !ok || e.Config == nil {
+		return oneLine
+	}
+	var kept []string
+	for _, x := range joined.Unwrap() {
+		if !strings.Contains(x.Error(), "server refused TLS connection") {
+			kept = append(kept, x.Error())
+		}
+	}
+	if len(kept) == 0 {
+		return oneLine
+	}
+	return fmt.Sprintf("failed to connect to `user=%s database=%s`: ", e.Config.User, e.Config.Database) + strings.Join(kept, "; ")
+}
