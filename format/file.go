@@ -81,8 +81,8 @@ func OpenFile(path string, cfg Config) (*File, error) {
 	return out, nil
 }
 
-// open opens the file name in the directory, creating it if create is set, and checks that it is
-// this user's own.
+// open opens the file name in the directory with flag (os.O_CREATE creates it with the File's
+// mode) and checks that it is this user's own.
 func (o *File) open(name string, flag int) (*os.File, error) {
 	f, err := o.dir.OpenFile(name, flag, o.mode)
 	if err != nil {
