@@ -8,8 +8,9 @@ import (
 	"time"
 )
 
-// Retry delays of Run after a retryable error: doubling from minRetryDelay to maxRetryDelay,
-// back to the minimum once a session ran for resetRetryAfter.
+// Retry delays of Run after a retryable error: doubling from minRetryDelay to maxRetryDelay for
+// failures in a row, back to the minimum after a session that committed a transaction or ran
+// for resetRetryAfter.
 const (
 	minRetryDelay   = 200 * time.Millisecond
 	maxRetryDelay   = 30 * time.Second
@@ -77,7 +78,7 @@ func (a *Applier) Run(ctx context.Context) error {
 	delay := minRetryDelay
 	for {
 		a.stats.sessions.Add(1)
-		began := time.Now()
+		began, applied := time.Now(), a.stats.txns.Load()
 		err := a.session(ctx)
 		if ctx.Err() != nil {
 			return ctx.Err()
@@ -95,11 +96,10 @@ func (a *Applier) Run(ctx context.Context) error {
 		// cut short: retried like the connection.
 		internal := errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
 		if !internal && !retryable(err) {
-			log.Error("stopped", "err", err)
-			return err
+			return err // the caller reports it
 		}
-		if time.Since(began) >= resetRetryAfter {
-			delay = minRetryDelay
+		if a.stats.txns.Load() > applied || time.Since(began) >= resetRetryAfter {
+			delay = minRetryDelay // the session got somewhere: this failure is not one more in a row
 		}
 		log.Warn("replication interrupted; resuming", "err", err, "after", delay)
 		select {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/pgreorder/pgreorder/reorderbuffer"
+	"github.com/pgreorder/pgreorder/replication"
 )
 
 // Mode is how transactions are applied to the target.
@@ -61,7 +62,18 @@ const (
 	DefaultParallelWorkers = 4
 	// MaxWorkers bounds Config.Workers: each worker is a target connection.
 	MaxWorkers = 64
+	// DefaultSlotWait is Config.SlotWait's default, replication.DefaultSlotWait: longer than the
+	// server's default wal_sender_timeout.
+	DefaultSlotWait = replication.DefaultSlotWait
 )
+
+// slotWait returns the effective SlotWait; negative means no limit.
+func (c *Config) slotWait() time.Duration {
+	if c.SlotWait == 0 {
+		return DefaultSlotWait
+	}
+	return c.SlotWait
+}
 
 // Config describes one replication job from a source publication into a target database. The
 // DSNs, Slot and Publications are required; every other field has a working zero value.
@@ -134,6 +146,13 @@ type Config struct {
 	// StatusInterval is the longest time between two status updates to the source; 0 means the
 	// replication package's default.
 	StatusInterval time.Duration
+	// SlotWait is how long a session waits, when it starts, for connections of another session of
+	// the slot: on the target, those of another Applier for the slot or the backends left by one
+	// that died (which end when the server notices); on the source, another walsender streaming
+	// from the slot. The holder (pid, application_name, client) is logged at once; after
+	// SlotWait, Run stops with a *SlotInUseError (target) or a *replication.SlotActiveError
+	// (source). 0 means DefaultSlotWait; a negative value waits as long as ctx allows.
+	SlotWait time.Duration
 	// Logger receives progress, conflicts and retries; nil logs nothing.
 	Logger *slog.Logger
 

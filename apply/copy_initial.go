@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/internal/pgconnect"
 	"github.com/pgreorder/pgreorder/replication"
 	"github.com/pgreorder/pgreorder/snapshot"
 )
@@ -282,7 +283,7 @@ func (s *session) discardCopy(ctx context.Context, ct string) {
 // of an earlier session may hold it for a moment after its client went away: dropSlot waits for
 // it, up to copyStageTimeout.
 func (s *session) dropSlot(ctx context.Context) error {
-	pc, err := pgconn.ParseConfig(s.cfg.Source)
+	pc, err := pgconnect.ParseConfig(s.cfg.Source)
 	if err != nil {
 		return fmt.Errorf("%w: Source: %w", ErrInvalidConfig, err)
 	}

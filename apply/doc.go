@@ -144,14 +144,19 @@
 // # Errors and retries
 //
 // Run retries, from the progress row and with a growing delay, whatever starting again can cure:
-// lost connections to either server, server shutdowns and restarts, a slot still held by a dead
-// consumer's walsender, deadlocks, serialization failures, resource shortages. It stops with an
+// lost connections to either server, server shutdowns and restarts, deadlocks, serialization
+// failures, resource shortages. A slot that another session holds (the walsender or target
+// connections of one that died, which end when the server notices; or a second Applier of the
+// slot, which does not) is waited for up to Config.SlotWait, naming the holder at once, and then
+// stops Run with a *SlotInUseError (target) or *replication.SlotActiveError (source). It stops with an
 // error for what it cannot cure: an *ApplyError for a change the target refuses when applied
 // alone, in order (ErrMissingTable, ErrSchemaMismatch, ErrNoReplicaIdentity, ErrPermission,
 // ErrConstraint, ErrData), naming the table, the column when the target says which value it
 // refused, the source transaction and its commit LSN (never the statements the Applier
 // generates); a conflict resolved as an error also names the resolutions that get past it; bad
-// configuration (ErrInvalidConfig, the replication package's option errors); and corrupt or lost
+// configuration (ErrInvalidConfig, the replication package's option errors, and its failed
+// pre-flight checks, *replication.CheckError: wal_level, a missing publication, a slot made by
+// another plugin, and so on); and corrupt or lost
 // data reported by the reorder buffer. Nothing at or after a refused transaction is acknowledged,
 // so a new Run, once the cause is fixed, resumes with it. A change refused while applied
 // concurrently with earlier transactions (Eager, Parallel) is first retried alone.

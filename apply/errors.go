@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -39,7 +40,44 @@ var (
 	// ErrData: the target refused a value (SQLSTATE class 22, such as invalid input syntax for
 	// its column's type).
 	ErrData = errors.New("apply: value rejected by the target")
+
+	// ErrSlotInUse is wrapped by the *SlotInUseError returned when another session of the slot
+	// still holds it on the target after Config.SlotWait.
+	ErrSlotInUse = errors.New("apply: the slot is in use by another session")
 )
+
+// SlotInUseError reports connections to the target that another session of the slot (another
+// Applier, or what is left of one that died) held for longer than Config.SlotWait. Run stops
+// with it. A slot that another consumer streams from on the source is reported by the
+// replication package's *replication.SlotActiveError instead.
+type SlotInUseError struct {
+	Slot    string
+	Holders []replication.Backend // the target's backends holding the slot's lock
+	Waited  time.Duration
+}
+
+func (e *SlotInUseError) holders() string {
+	if len(e.Holders) == 0 {
+		return "a connection the server did not show"
+	}
+	var parts []string
+	for _, h := range e.Holders {
+		parts = append(parts, h.String())
+	}
+	return strings.Join(parts, "; ")
+}
+
+func (e *SlotInUseError) Error() string {
+	end := "SELECT pg_terminate_backend(PID)"
+	if len(e.Holders) == 1 {
+		end = fmt.Sprintf("SELECT pg_terminate_backend(%d)", e.Holders[0].PID)
+	}
+	return fmt.Sprintf("apply: slot %q is in use on the target by another session (%s), still after waiting %s (SlotWait): "+
+		"stop the other apply of the slot; if it is gone and its connection lingers, end it with %s on the target",
+		e.Slot, e.holders(), e.Waited.Round(time.Second), end)
+}
+
+func (e *SlotInUseError) Unwrap() error { return ErrSlotInUse }
 
 // ApplyError reports a source transaction the target refused. Run stops with it (it is not
 // retried: restarting would fail the same way); nothing at or after the transaction was
@@ -188,7 +226,8 @@ func transientCode(code string) bool {
 
 // retryable reports whether starting the session again can cure err: connection failures of
 // the source or the target, server restarts, deadlocks and other transient errors are; refused
-// changes, bad configuration, protocol violations and lost data are not.
+// changes, bad configuration (a failed pre-flight check of the source included: wal_level, a
+// missing publication, a slot that cannot serve), protocol violations and lost data are not.
 func retryable(err error) bool {
 	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return false
@@ -200,6 +239,8 @@ func retryable(err error) bool {
 		input    *reorderbuffer.InputError
 		missing  *reorderbuffer.MissingError
 		option   *replication.OptionError
+		check    *replication.CheckError
+		inUse    *SlotInUseError
 		protocol *replication.ProtocolError
 		pgErr    *pgconn.PgError
 	)
@@ -212,14 +253,15 @@ func retryable(err error) bool {
 		var pathErr *fs.PathError
 		return errors.As(err, &pathErr) && !errors.Is(err, spill.ErrCorrupt)
 	case errors.As(err, &apply), errors.As(err, &change), errors.As(err, &missing),
-		errors.As(err, &option), errors.As(err, &protocol), errors.Is(err, ErrInvalidConfig),
+		errors.As(err, &option), errors.As(err, &check), errors.As(err, &protocol), errors.Is(err, ErrInvalidConfig),
+		errors.As(err, &inUse), errors.Is(err, replication.ErrSlotActive), // waited for up to SlotWait already
 		errors.Is(err, replication.ErrInvalidConfig), errors.Is(err, replication.ErrUnsupported),
 		errors.Is(err, reorderbuffer.ErrProtocol), errors.Is(err, reorderbuffer.ErrForeignTxn),
 		errors.Is(err, reorderbuffer.ErrNotCommit):
 		return false
 	case copyFatal(err):
 		return false
-	case errors.Is(err, replication.ErrSlotActive), errors.Is(err, replication.ErrServerEndedStream):
+	case errors.Is(err, replication.ErrServerEndedStream):
 		return true
 	case errors.As(err, &pgErr):
 		return transientCode(pgErr.Code)

@@ -34,6 +34,7 @@ type group struct {
 	started bool      // a target transaction is open on the leader's connection
 	opened  time.Time // when the first member was added
 	changes int       // changes applied in the group
+	counted rowCounts // the row counters when the target transaction began
 }
 
 type groupMember struct {
@@ -89,6 +90,7 @@ func (s *session) applyGrouped(ctx context.Context, t *reorderbuffer.Txn) error 
 		if !g.started {
 			tg.begin()
 			g.started = true
+			g.counted = s.stats.rows()
 		}
 		g.changes++
 		member.changed = true
@@ -135,6 +137,15 @@ func (s *session) commitGroup(ctx context.Context) error {
 	}
 	g.reset()
 	return s.cfg.hook(ctx, "after-commit", last)
+}
+
+// abandonGroup takes back the row counts of the open group when the session ends without
+// committing it: its target transaction is rolled back with the connection.
+func (s *session) abandonGroup() {
+	if s.group.started {
+		s.stats.uncount(s.group.counted)
+		s.group.reset()
+	}
 }
 
 // groupError turns a failure to apply x, or to commit a group that ends with x, into the error

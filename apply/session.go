@@ -90,6 +90,7 @@ func (a *Applier) session(parent context.Context) (err error) {
 		Binary:         s.cfg.Binary,
 		Origin:         s.cfg.SourceOrigin,
 		StatusInterval: s.cfg.StatusInterval,
+		Reconnect:      replication.ReconnectPolicy{SlotWait: s.cfg.SlotWait},
 		Logger:         s.log,
 		Buffer: reorderbuffer.Config{
 			WorkMem:     s.cfg.WorkMem,
@@ -138,33 +139,104 @@ func (a *Applier) session(parent context.Context) (err error) {
 // Two advisory locks per slot: the leader's connection holds the first for the whole session,
 // the workers' connections hold the second in shared mode. A new session takes the first (so
 // the previous leader's backend is gone), then the second exclusively for a moment (so are the
-// previous workers'), and only then reads the progress row. Waiting for a backend that waits
-// on a dead client's socket ends when the server notices; it is logged after a second.
+// previous workers'), and only then reads the progress row. While another connection holds a
+// lock, fence names it (pid, application_name, client) at once and waits for it up to SlotWait:
+// a backend whose client died ends when the server notices; one of a session still running (a
+// second Applier for the slot) does not, and fence then stops with a *SlotInUseError.
 func (s *session) fence(ctx context.Context) error {
-	lock := func(sql string, key int64) error {
-		done := make(chan struct{})
-		defer close(done)
-		go func() {
-			select {
-			case <-done:
-			case <-time.After(time.Second):
-				s.log.Warn("waiting for the target connections of an earlier session of the slot to end", "slot", s.cfg.Slot)
-			}
-		}()
-		_, err := query(ctx, s.leader.conn, sql, strconv.FormatInt(key, 10))
+	lead, workers := fenceKeys(s.cfg.Slot)
+	if err := s.waitLock(ctx, lead); err != nil {
+		return err
+	}
+	if err := s.waitLock(ctx, workers); err != nil {
+		return err
+	}
+	if _, err := query(ctx, s.leader.conn, "SELECT pg_catalog.pg_advisory_unlock($1::bigint)", strconv.FormatInt(workers, 10)); err != nil {
+		return fmt.Errorf("apply: locking the slot's progress on the target: %w", err)
+	}
+	return nil
+}
+
+// waitLock takes the advisory lock key exclusively on the leader's connection, waiting for the
+// connections that hold it up to SlotWait.
+func (s *session) waitLock(ctx context.Context, key int64) error {
+	wait := s.cfg.slotWait()
+	var since time.Time
+	var said string
+	delay := 20 * time.Millisecond
+	for {
+		rows, err := query(ctx, s.leader.conn, "SELECT pg_catalog.pg_try_advisory_lock($1::bigint)", strconv.FormatInt(key, 10))
 		if err != nil {
 			return fmt.Errorf("apply: locking the slot's progress on the target: %w", err)
 		}
-		return nil
+		if len(rows) == 1 && string(rows[0][0]) == "t" {
+			if !since.IsZero() {
+				s.log.Info("the other connections of the slot on the target ended", "slot", s.cfg.Slot, "waited", time.Since(since).Round(time.Millisecond))
+			}
+			return nil
+		}
+		if since.IsZero() {
+			since = time.Now()
+		}
+		holders, err := s.lockHolders(ctx, key)
+		if err != nil {
+			return fmt.Errorf("apply: looking for the holder of the slot's progress lock on the target: %w", err)
+		}
+		e := &SlotInUseError{Slot: s.cfg.Slot, Holders: holders}
+		// No holder in pg_locks: it let go between the two queries (or the role may not see
+		// it); try again before saying anything.
+		if desc := e.holders(); desc != said && (len(holders) > 0 || time.Since(since) > time.Second) {
+			limit := "no limit"
+			if wait >= 0 {
+				limit = wait.String()
+			}
+			s.log.Warn("the slot is in use on the target by another connection: waiting for it to end", "slot", s.cfg.Slot,
+				"holders", desc, "wait_limit", limit)
+			said = desc
+		}
+		waited := time.Since(since)
+		if wait >= 0 && waited >= wait {
+			e.Waited = waited
+			return e
+		}
+		d := delay
+		if wait >= 0 {
+			d = min(d, wait-waited)
+		}
+		t := time.NewTimer(d)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+		delay = min(2*delay, time.Second)
 	}
-	lead, workers := fenceKeys(s.cfg.Slot)
-	if err := lock("SELECT pg_catalog.pg_advisory_lock($1::bigint)", lead); err != nil {
-		return err
+}
+
+// lockHolders returns the other connections that hold the advisory lock key in this database.
+func (s *session) lockHolders(ctx context.Context, key int64) ([]replication.Backend, error) {
+	cols := strings.Replace(replication.BackendColumns, "a.pid::text", "l.pid::text", 1)
+	rows, err := query(ctx, s.leader.conn, "SELECT "+cols+" FROM pg_catalog.pg_locks l "+
+		"LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid "+
+		"WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 AND l.classid = $1::oid AND l.objid = $2::oid "+
+		"AND l.database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = pg_catalog.current_database()) "+
+		"AND l.pid <> pg_catalog.pg_backend_pid() ORDER BY l.pid",
+		strconv.FormatUint(uint64(key)>>32, 10), strconv.FormatUint(uint64(key)&0xffffffff, 10))
+	if err != nil {
+		return nil, err
 	}
-	if err := lock("SELECT pg_catalog.pg_advisory_lock($1::bigint)", workers); err != nil {
-		return err
+	var out []replication.Backend
+	for _, r := range rows {
+		row := make([]string, len(r))
+		for i, v := range r {
+			row[i] = string(v)
+		}
+		if b, ok := replication.ScanBackend(row); ok {
+			out = append(out, b)
+		}
 	}
-	return lock("SELECT pg_catalog.pg_advisory_unlock($1::bigint)", workers)
+	return out, nil
 }
 
 // fenceKeys returns the advisory lock keys of a slot's sessions on the target.
@@ -223,6 +295,7 @@ func (s *session) prepareProgress(ctx context.Context, tg *target) error {
 // runBuffered applies whole transactions, one at a time, on the leader's connection.
 func (s *session) runBuffered(ctx context.Context) error {
 	s.order = newOrder()
+	defer s.abandonGroup()
 	for {
 		if err := s.ackCommitted(ctx); err != nil {
 			return err

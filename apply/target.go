@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/internal/pgconnect"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 )
 
@@ -143,7 +144,7 @@ type batchOp struct {
 func connectTarget(ctx context.Context, cfg *Config, name string, stats *counters) (*target, error) {
 	pc, err := pgconn.ParseConfig(cfg.Target)
 	if err != nil {
-		return nil, fmt.Errorf("%w: Target: %w", ErrInvalidConfig, err)
+		return nil, fmt.Errorf("%w: Target: %w", ErrInvalidConfig, pgconnect.RedactError(err, cfg.Target))
 	}
 	for k, v := range map[string]string{
 		"application_name": name,

@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/internal/dirfile"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 )
 
@@ -34,11 +35,19 @@ var ErrPosition = errors.New("format: output file and position file disagree")
 // to skip through (reorderbuffer.Config.SkipThrough). Resuming reads two small files, whatever
 // the size of the output.
 //
+// The output and position files are opened by name in their directory, opened once: a symbolic
+// link under either name is refused, never followed (the position file's temporary name is removed
+// and created anew, exclusively), and an existing file that belongs to another user or has other
+// hard links is refused, so that OpenFile is safe in a directory other users may write to.
+// The files are created with Config.FileMode (0600 by default, less the umask).
+//
 // A File is not safe for concurrent use, and only one process may write a given path.
 type File struct {
 	w      *Writer
 	f      *os.File
-	dir    *os.File
+	dir    *dirfile.Dir
+	name   string // the output's name in dir
+	mode   fs.FileMode
 	bw     *bufio.Writer
 	path   string
 	off    int64        // length of the durable output
@@ -54,45 +63,62 @@ func OpenFile(path string, cfg Config) (*File, error) {
 	if _, err := ParseKind(string(cfg.Kind)); err != nil {
 		return nil, err
 	}
-	dir, err := os.Open(filepath.Dir(path))
+	mode := cfg.FileMode.Perm()
+	if mode == 0 {
+		mode = DefaultFileMode
+	}
+	dir, err := dirfile.Open(filepath.Dir(path))
 	if err != nil {
 		return nil, err
 	}
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
-	if err != nil {
-		dir.Close()
-		return nil, err
-	}
-	out := &File{f: f, dir: dir, path: path}
+	out := &File{dir: dir, name: filepath.Base(path), mode: mode, path: path}
 	if err := out.recover(); err != nil {
-		f.Close()
-		dir.Close()
+		out.Close()
 		return nil, err
 	}
-	out.bw = bufio.NewWriterSize(f, flushAt)
+	out.bw = bufio.NewWriterSize(out.f, flushAt)
 	out.w = newWriter(&fileSink{out}, cfg)
 	return out, nil
 }
 
-// recover reads the position file and cuts the output back to it.
+// open opens the file name in the directory with flag (os.O_CREATE creates it with the File's
+// mode) and checks that it is this user's own.
+func (o *File) open(name string, flag int) (*os.File, error) {
+	f, err := o.dir.OpenFile(name, flag, o.mode)
+	if err != nil {
+		return nil, err
+	}
+	if err := dirfile.CheckPrivate(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+// recover reads the position file, opens the output and cuts it back to the position.
 func (o *File) recover() error {
+	off, lsn, err := o.readPosition()
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	noPosition := err != nil
+	if o.f, err = o.open(o.name, os.O_RDWR|os.O_CREATE); err != nil {
+		return err
+	}
 	st, err := o.f.Stat()
 	if err != nil {
 		return err
 	}
-	off, lsn, err := readPosition(o.path + PositionSuffix)
 	switch {
-	case errors.Is(err, fs.ErrNotExist) && st.Size() == 0:
+	case noPosition && st.Size() == 0:
 		// A new output: record its empty state first, so that data without a position file
 		// always means someone else's file.
 		if err := o.writePosition(0, 0); err != nil {
 			return err
 		}
-	case errors.Is(err, fs.ErrNotExist):
+	case noPosition:
 		return fmt.Errorf("%w: %s has %d bytes but no %s: it was not written by this program (or its position was lost); "+
-			"move it away or remove it", ErrPosition, o.path, st.Size(), filepath.Base(o.path+PositionSuffix))
-	case err != nil:
-		return err
+			"move it away or remove it", ErrPosition, o.path, st.Size(), o.name+PositionSuffix)
 	case st.Size() < off:
 		return fmt.Errorf("%w: %s has %d bytes, its position file records %d", ErrPosition, o.path, st.Size(), off)
 	}
@@ -114,8 +140,18 @@ func (o *File) recover() error {
 // The position file: a versioned header and two fields, one per line.
 const positionHeader = "pgreorder output position v1"
 
-func readPosition(path string) (int64, decoding.LSN, error) {
-	b, err := os.ReadFile(path)
+// maxPosition bounds what is read of a position file.
+const maxPosition = 4 << 10
+
+// readPosition reads the position file; its error wraps fs.ErrNotExist when there is none.
+func (o *File) readPosition() (int64, decoding.LSN, error) {
+	path := o.path + PositionSuffix
+	f, err := o.open(o.name+PositionSuffix, os.O_RDONLY)
+	if err != nil {
+		return 0, 0, err
+	}
+	b, err := io.ReadAll(io.LimitReader(f, maxPosition))
+	f.Close()
 	if err != nil {
 		return 0, 0, err
 	}
@@ -139,11 +175,16 @@ func readPosition(path string) (int64, decoding.LSN, error) {
 	return off, lsn, nil
 }
 
-// writePosition replaces the position file atomically and durably.
+// writePosition replaces the position file atomically and durably: it writes a temporary file,
+// created exclusively (whatever had its name before is removed, a link itself), syncs it,
+// renames it over the position file and syncs the directory.
 func (o *File) writePosition(off int64, lsn decoding.LSN) error {
-	pos := o.path + PositionSuffix
+	pos := o.name + PositionSuffix
 	tmp := pos + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err := o.dir.Remove(tmp); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	f, err := o.dir.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, o.mode)
 	if err != nil {
 		return err
 	}
@@ -155,7 +196,7 @@ func (o *File) writePosition(off int64, lsn decoding.LSN) error {
 		err = cerr
 	}
 	if err == nil {
-		err = os.Rename(tmp, pos)
+		err = o.dir.Rename(tmp, pos)
 	}
 	if err == nil {
 		err = o.dir.Sync()
@@ -191,7 +232,11 @@ func (o *File) Close() error {
 		return nil
 	}
 	o.closed = true
-	return errors.Join(o.f.Close(), o.dir.Close())
+	var ferr error
+	if o.f != nil {
+		ferr = o.f.Close()
+	}
+	return errors.Join(ferr, o.dir.Close())
 }
 
 // fileSink writes a transaction in place and cuts it off again if it fails.

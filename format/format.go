@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"strings"
 	"time"
@@ -59,6 +60,10 @@ var (
 // DefaultStageBytes is the default for Config.StageBytes.
 const DefaultStageBytes = 1 << 20
 
+// DefaultFileMode is the permission of the files OpenFile creates when Config.FileMode is 0: the
+// user's alone (output holds the source's data).
+const DefaultFileMode fs.FileMode = 0o600
+
 // Config configures a Writer or File. The zero value writes the txn format, stages up to 1 MiB
 // of a transaction in memory and the rest in os.TempDir().
 type Config struct {
@@ -76,6 +81,10 @@ type Config struct {
 	// TempDir is where a Writer stages large transactions; "" means os.TempDir(). The staging file
 	// is removed from the directory as soon as it is created, so it never outlives the process.
 	TempDir string
+
+	// FileMode is the permission of the files OpenFile creates (the output and its position
+	// file), less the umask; 0 means DefaultFileMode. A Writer does not use it.
+	FileMode fs.FileMode
 
 	// Debezium: the source block of every event.
 	Server   string // source.name, the logical name of the source server; "" means "pgreorder"

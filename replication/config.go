@@ -33,6 +33,11 @@ const DefaultStatusInterval = 10 * time.Second
 const (
 	DefaultMinReconnectDelay = 100 * time.Millisecond
 	DefaultMaxReconnectDelay = 30 * time.Second
+	// DefaultSlotWait is how long Start and a reconnection wait for a slot in use by another
+	// connection when ReconnectPolicy.SlotWait is 0: longer than the server's default
+	// wal_sender_timeout (60s), after which it drops the walsender of a consumer whose host or
+	// network died (one whose process died lets go of the slot at once).
+	DefaultSlotWait = 90 * time.Second
 )
 
 // Config describes one replication stream. The zero value is not enough on its own: a connection
@@ -120,6 +125,19 @@ type ReconnectPolicy struct {
 	// MaxAttempts is the number of failed attempts in a row after which Next gives up and returns
 	// the last error; 0 means no limit.
 	MaxAttempts int
+	// SlotWait is how long Start, and a reconnection, retry a slot that another connection
+	// streams from (ErrSlotActive) before giving up with its *SlotActiveError, which names the
+	// connection that holds it; the first refusal is logged at Warn with the holder. 0 means
+	// DefaultSlotWait; a negative value waits as long as the context allows.
+	SlotWait time.Duration
+}
+
+// slotWait returns the effective SlotWait; negative means no limit.
+func (p ReconnectPolicy) slotWait() time.Duration {
+	if p.SlotWait == 0 {
+		return DefaultSlotWait
+	}
+	return p.SlotWait
 }
 
 // delay returns the wait before attempt n (1-based), without jitter.
@@ -160,7 +178,8 @@ var ErrInvalidConfig = errors.New("replication: invalid configuration")
 type OptionError struct {
 	Option      string
 	Value       string
-	ServerMajor int // 0 when the value is invalid for every server
+	ServerMajor int    // 0 when the value is invalid for every server
+	Rule        string // what a valid value is, when the value is invalid; may be ""
 	Err         error
 }
 
@@ -168,8 +187,20 @@ func (e *OptionError) Error() string {
 	if e.ServerMajor != 0 {
 		return fmt.Sprintf("replication: option %s=%q is not supported by PostgreSQL %d", e.Option, e.Value, e.ServerMajor)
 	}
+	if e.Rule != "" {
+		return fmt.Sprintf("replication: invalid option %s=%q: %s", e.Option, e.Value, e.Rule)
+	}
 	return fmt.Sprintf("replication: invalid option %s=%q", e.Option, e.Value)
 }
+
+// Rules of OptionError for the values that no server accepts.
+const (
+	slotNameRule = "a slot name is 1 to 63 characters, each a lower-case letter, a digit or an underscore"
+	pubNameRule  = "at least one publication, none of them empty"
+	protoRule    = "pgoutput protocol versions are 1 to 4"
+	streamRule   = "valid values are off, on and parallel"
+	originRule   = `valid values are "any" and "none"`
+)
 
 func (e *OptionError) Unwrap() error { return e.Err }
 
@@ -206,7 +237,7 @@ func (c *Config) Negotiate(serverMajor int) (Negotiated, error) {
 	case c.ProtoVersion == 0:
 		n.ProtoVersion = top
 	case c.ProtoVersion < 1 || c.ProtoVersion > 4:
-		return n, &OptionError{Option: "proto_version", Value: strconv.Itoa(c.ProtoVersion), Err: ErrInvalidConfig}
+		return n, &OptionError{Option: "proto_version", Value: strconv.Itoa(c.ProtoVersion), Rule: protoRule, Err: ErrInvalidConfig}
 	case c.ProtoVersion > top:
 		return n, unsupported("proto_version", strconv.Itoa(c.ProtoVersion))
 	}
@@ -234,7 +265,7 @@ func (c *Config) Negotiate(serverMajor int) (Negotiated, error) {
 		}
 		n.Streaming = StreamingParallel
 	default:
-		return n, &OptionError{Option: "streaming", Value: c.Streaming, Err: ErrInvalidConfig}
+		return n, &OptionError{Option: "streaming", Value: c.Streaming, Rule: streamRule, Err: ErrInvalidConfig}
 	}
 	if c.TwoPhase && n.ProtoVersion < 3 {
 		return n, unsupported("two_phase", "true")
@@ -254,7 +285,7 @@ func (c *Config) Negotiate(serverMajor int) (Negotiated, error) {
 			return n, unsupported("origin", c.Origin)
 		}
 	default:
-		return n, &OptionError{Option: "origin", Value: c.Origin, Err: ErrInvalidConfig}
+		return n, &OptionError{Option: "origin", Value: c.Origin, Rule: originRule, Err: ErrInvalidConfig}
 	}
 
 	pubs := make([]string, len(c.Publications))
@@ -287,14 +318,14 @@ func (c *Config) Negotiate(serverMajor int) (Negotiated, error) {
 // validate checks what does not depend on the server: the slot name and the publications.
 func (c *Config) validate() error {
 	if !slotNameRE.MatchString(c.Slot) {
-		return &OptionError{Option: "slot", Value: c.Slot, Err: ErrInvalidConfig}
+		return &OptionError{Option: "slot", Value: c.Slot, Rule: slotNameRule, Err: ErrInvalidConfig}
 	}
 	if len(c.Publications) == 0 {
-		return &OptionError{Option: "publication_names", Value: "", Err: ErrInvalidConfig}
+		return &OptionError{Option: "publication_names", Value: "", Rule: pubNameRule, Err: ErrInvalidConfig}
 	}
 	for _, p := range c.Publications {
 		if p == "" {
-			return &OptionError{Option: "publication_names", Value: p, Err: ErrInvalidConfig}
+			return &OptionError{Option: "publication_names", Value: p, Rule: pubNameRule, Err: ErrInvalidConfig}
 		}
 	}
 	return nil

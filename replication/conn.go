@@ -229,6 +229,8 @@ func (c *Conn) Close(ctx context.Context) error {
 // again if anything fails.
 func Start(ctx context.Context, cfg Config) (*Stream, error) {
 	log := cfg.logger()
+	wait := cfg.Reconnect.slotWait()
+	var since time.Time
 	for attempt := 1; ; attempt++ {
 		s, err := start(ctx, cfg)
 		if err == nil || !errors.Is(err, ErrSlotActive) || cfg.Reconnect.Disabled ||
@@ -236,7 +238,14 @@ func Start(ctx context.Context, cfg Config) (*Stream, error) {
 			return s, err
 		}
 		d := jitter(cfg.Reconnect.delay(attempt))
-		log.Info("slot in use, retrying", "slot", cfg.Slot, "attempt", attempt, "delay", d)
+		if since.IsZero() {
+			since = time.Now()
+		}
+		d, gave := slotWaitOver(err, since, d, wait)
+		if gave != nil {
+			return nil, gave
+		}
+		logSlotActive(log, err, attempt, d, wait)
 		t := time.NewTimer(d)
 		select {
 		case <-ctx.Done():
@@ -245,6 +254,45 @@ func Start(ctx context.Context, cfg Config) (*Stream, error) {
 		case <-t.C:
 		}
 	}
+}
+
+// slotWaitOver returns err, marked with how long it was waited for, if the slot has been in use
+// since since for wait (negative: no limit) or longer; otherwise the delay before the next
+// attempt, d cut to what is left of wait.
+func slotWaitOver(err error, since time.Time, d, wait time.Duration) (time.Duration, error) {
+	waited := time.Since(since)
+	if wait < 0 {
+		return d, nil
+	}
+	if waited < wait {
+		return min(d, wait-waited), nil
+	}
+	var sa *SlotActiveError
+	if errors.As(err, &sa) {
+		cp := *sa
+		cp.Waited = max(waited, time.Millisecond)
+		return 0, &cp
+	}
+	return 0, err
+}
+
+// logSlotActive logs a refusal of the slot: at Warn, with the holder, the first time.
+func logSlotActive(log *slog.Logger, err error, attempt int, d, wait time.Duration) {
+	var sa *SlotActiveError
+	if !errors.As(err, &sa) {
+		log.Info("slot in use, retrying", "attempt", attempt, "delay", d, "err", err)
+		return
+	}
+	level := slog.LevelInfo
+	if attempt == 1 {
+		level = slog.LevelWarn
+	}
+	limit := "no limit"
+	if wait >= 0 {
+		limit = wait.String()
+	}
+	log.Log(context.Background(), level, "slot in use by another connection, waiting for it to end", "slot", sa.Slot,
+		"holder", sa.Holder.String(), "attempt", attempt, "delay", d.Round(time.Millisecond), "wait_limit", limit)
 }
 
 func start(ctx context.Context, cfg Config) (_ *Stream, err error) {
@@ -292,7 +340,7 @@ func (c *Config) baseConnConfig() (*pgconn.Config, error) {
 	case c.ConnString == "":
 		return nil, fmt.Errorf("%w: no ConnString or ConnConfig", ErrInvalidConfig)
 	}
-	pc, err := pgconn.ParseConfig(c.ConnString)
+	pc, err := pgconnect.ParseConfig(c.ConnString)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
@@ -652,7 +700,7 @@ func startReplication(ctx context.Context, conn *pgconn.PgConn, slot string, arg
 		case *pgproto3.ErrorResponse:
 			err := pgconn.ErrorResponseToPgError(msg)
 			if err.Code == "55006" { // object_in_use
-				return fmt.Errorf("replication: START_REPLICATION: %w: %w", ErrSlotActive, err)
+				return slotActive(ctx, conn, slot, err)
 			}
 			return fmt.Errorf("replication: START_REPLICATION: %w", err)
 		case *pgproto3.NoticeResponse, *pgproto3.ParameterStatus:
@@ -661,6 +709,29 @@ func startReplication(ctx context.Context, conn *pgconn.PgConn, slot string, arg
 			return &ProtocolError{Msg: fmt.Sprintf("unexpected %T in reply to START_REPLICATION", msg)}
 		}
 	}
+}
+
+// slotActive returns the *SlotActiveError for START_REPLICATION's refusal cause, naming the
+// connection that holds the slot when the server says: after the error it is ready for a query.
+func slotActive(ctx context.Context, conn *pgconn.PgConn, slot string, cause error) error {
+	e := &SlotActiveError{Slot: slot, Cause: cause}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	for {
+		msg, err := conn.ReceiveMessage(ctx)
+		if err != nil {
+			return e
+		}
+		if _, ok := msg.(*pgproto3.ReadyForQuery); ok {
+			break
+		}
+	}
+	rows, err := query(ctx, conn, "SELECT "+BackendColumns+" FROM pg_catalog.pg_replication_slots s "+
+		"JOIN pg_catalog.pg_stat_activity a ON a.pid = s.active_pid WHERE s.slot_name = "+sqlLiteral(slot))
+	if err == nil && len(rows) == 1 {
+		e.Holder, _ = ScanBackend(rows[0])
+	}
+	return e
 }
 
 // query runs a simple-protocol command and returns its rows as text.

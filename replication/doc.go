@@ -104,7 +104,10 @@
 // with its connection, so a stream on one does not reconnect. With Config.Reconnect.Disabled,
 // every error ends the stream and the consumer may use Retryable to decide to Start again. Start
 // itself retries only while the slot is in use (ErrSlotActive); other errors are returned at
-// once.
+// once. A slot in use is retried, by Start and by reconnections, for Config.Reconnect.SlotWait
+// (DefaultSlotWait, 90s, by default): the first refusal is logged at Warn with the connection
+// that holds it (pid, application_name, client), and the *SlotActiveError, naming it too, is
+// returned once the wait is over.
 //
 // # Connections
 //

@@ -3,7 +3,10 @@ package replication
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -19,9 +22,10 @@ var (
 	// how a walsender says goodbye when the server shuts down.
 	ErrServerEndedStream = errors.New("replication: server ended the replication stream")
 
-	// ErrSlotActive is wrapped by the error returned when another connection streams from the
-	// slot. After a consumer dies, its walsender may hold the slot for a moment; Start and the
-	// reconnection loop retry it with backoff unless Config.Reconnect.Disabled is set.
+	// ErrSlotActive is wrapped by the *SlotActiveError returned when another connection streams
+	// from the slot. After a consumer dies, its walsender may hold the slot for a moment; Start
+	// and the reconnection loop retry it with backoff, up to Config.Reconnect.SlotWait, unless
+	// Config.Reconnect.Disabled is set.
 	ErrSlotActive = errors.New("replication: slot is in use by another connection")
 
 	// ErrNotConnected is returned by SendStatus while the stream has no connection: the last
@@ -146,4 +150,99 @@ func retryableCode(code string) bool {
 		return true
 	}
 	return false
+}
+
+// Backend describes a server process, as pg_stat_activity shows it: who holds a slot. Fields
+// the server did not show (a role without pg_read_all_stats sees only its own sessions' client
+// details) are empty.
+type Backend struct {
+	PID             int
+	ApplicationName string
+	User            string
+	ClientAddr      string // the client's IP address; "" for a Unix socket
+	ClientHostname  string // with log_hostname
+	BackendStart    string // when it connected, as the server prints timestamps
+	State           string // active, idle, idle in transaction, ...
+}
+
+func (b Backend) String() string {
+	s := fmt.Sprintf("pid %d", b.PID)
+	if b.ApplicationName != "" {
+		s += fmt.Sprintf(", application_name %q", b.ApplicationName)
+	}
+	if b.User != "" {
+		s += ", user " + b.User
+	}
+	switch {
+	case b.ClientAddr != "" && b.ClientHostname != "":
+		s += ", client " + b.ClientAddr + " (" + b.ClientHostname + ")"
+	case b.ClientAddr != "":
+		s += ", client " + b.ClientAddr
+	case b.PID != 0 && b.BackendStart != "":
+		s += ", local client"
+	}
+	if b.BackendStart != "" {
+		s += ", connected " + b.BackendStart
+	}
+	if b.State != "" {
+		s += ", " + b.State
+	}
+	return s
+}
+
+// BackendColumns is the select list that ScanBackend reads, over pg_stat_activity as a: the pid,
+// application_name, user, client address and host name, backend start and state, as text.
+const BackendColumns = "a.pid::text, coalesce(a.application_name, ''), coalesce(a.usename::text, ''), " +
+	"coalesce(host(a.client_addr), ''), coalesce(a.client_hostname, ''), " +
+	"coalesce(date_trunc('second', a.backend_start)::text, ''), coalesce(a.state, '')"
+
+// ScanBackend reads a row of BackendColumns.
+func ScanBackend(row []string) (Backend, bool) {
+	if len(row) != 7 {
+		return Backend{}, false
+	}
+	pid, err := strconv.Atoi(row[0])
+	if err != nil {
+		return Backend{}, false
+	}
+	return Backend{PID: pid, ApplicationName: row[1], User: row[2], ClientAddr: row[3], ClientHostname: row[4],
+		BackendStart: row[5], State: row[6]}, true
+}
+
+// SlotActiveError reports a slot that another connection streams from. It wraps ErrSlotActive
+// and the server's error. Start and reconnections wait for such a slot up to
+// Config.Reconnect.SlotWait; Waited is how long they did.
+type SlotActiveError struct {
+	Slot   string
+	Holder Backend // PID 0 when the server would not say
+	Waited time.Duration
+	Cause  error
+}
+
+func (e *SlotActiveError) Error() string {
+	msg := fmt.Sprintf("replication: slot %q is in use by another connection", e.Slot)
+	if e.Holder.PID != 0 {
+		msg += " (" + e.Holder.String() + ")"
+	}
+	if e.Waited > 0 {
+		msg += fmt.Sprintf("; still in use after waiting %s (Reconnect.SlotWait)", e.Waited.Round(time.Second))
+	}
+	end := fmt.Sprintf("SELECT pg_terminate_backend(%d)", e.Holder.PID)
+	if e.Holder.PID == 0 {
+		end = "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = " + sqlLiteral(e.Slot)
+	}
+	msg += ": stop the other consumer or use another slot; if the other consumer is gone and its walsender lingers, " +
+		"end it with " + end + " on the source"
+	if e.Cause != nil {
+		msg += ": " + e.Cause.Error()
+	}
+	return msg
+}
+
+func (e *SlotActiveError) Unwrap() []error {
+	errs := []error{ErrSlotActive}
+	if e.Cause != nil {
+		errs = append(errs, e.Cause)
+	}
+	return errs
 }

@@ -67,6 +67,7 @@ type Stream struct {
 	err       error          // sticky: a fatal error ends the stream
 	cause     error          // why the connection was lost, while reconnecting
 	attempt   int            // failed reconnection attempts in a row
+	slotSince time.Time      // since when reconnections met the slot in use (ErrSlotActive); zero otherwise
 	// The receive context, with the deadline of the next status update, made once per
 	// deadline rather than once per message (a timer each: a quarter of the receive loop's CPU).
 	recv       context.Context
@@ -280,7 +281,7 @@ func (s *Stream) reconnect(ctx context.Context) error {
 		cancel()
 		switch {
 		case err == nil:
-			s.attempt, s.cause = 0, nil
+			s.attempt, s.cause, s.slotSince = 0, nil, time.Time{}
 			return nil
 		case s.life.Err() != nil:
 			return ErrClosed
@@ -289,6 +290,18 @@ func (s *Stream) reconnect(ctx context.Context) error {
 		case !Retryable(err):
 			s.err = err
 			return err
+		}
+		if errors.Is(err, ErrSlotActive) {
+			if s.slotSince.IsZero() {
+				s.slotSince = time.Now()
+			}
+			if _, gave := slotWaitOver(err, s.slotSince, 0, p.slotWait()); gave != nil {
+				s.err = gave
+				return gave
+			}
+			logSlotActive(s.log, err, s.attempt, 0, p.slotWait())
+		} else {
+			s.slotSince = time.Time{}
 		}
 		s.cause = err
 	}

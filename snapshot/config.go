@@ -111,7 +111,7 @@ func (c *Config) baseConnConfig() (*pgconn.Config, error) {
 	if c.ConnConfig != nil {
 		return c.ConnConfig, nil
 	}
-	pc, err := pgconn.ParseConfig(c.ConnString)
+	pc, err := pgconnect.ParseConfig(c.ConnString)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}

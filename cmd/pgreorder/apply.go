@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/pgreorder/pgreorder/apply"
@@ -46,6 +47,10 @@ Modes:
   parallel  eager, and committed transactions applied on -workers connections at once when they
             touch different rows; committed in order
 
+Passwords: a password in a connection string on the command line is visible to every local user
+(ps, /proc). Give it in the PGPASSWORD environment variable or in a password file (~/.pgpass, or
+PGPASSFILE / passfile=FILE) instead. Messages print connection strings with passwords as xxxxx.
+
 flags:
 `
 
@@ -56,7 +61,7 @@ type applyFlags struct {
 	createSlot, binary, syncCommit, verbose         bool
 	copy, copyTruncate                              bool
 	workers, copyWorkers                            int
-	status                                          time.Duration
+	status, slotWait                                time.Duration
 
 	// Conflicts and origins.
 	origin, sourceOrigin, resolutions, logTable string
@@ -87,10 +92,15 @@ func (f *applyFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.workMem, "work-mem", "64MB", workMemHelp)
 	fs.StringVar(&f.dir, "spill-dir", "", "spill directory (default: the system temporary directory)")
 	fs.BoolVar(&f.binary, "binary", false, "ask for binary column values (column types must match on both sides)")
-	fs.BoolVar(&f.syncCommit, "synchronous-commit", false, "flush each target commit before acknowledging it "+
-		"(default: commit with synchronous_commit = off and flush in groups, still acknowledging only flushed commits)")
+	fs.Var(syncCommitFlag{&f.syncCommit}, "synchronous-commit", "on or off: on waits for each target commit as the target's "+
+		"synchronous_commit says (on: its WAL flush; remote_apply and the other levels when set for the target role or in -target) "+
+		"before acknowledging it (default off: commit with synchronous_commit = off and flush in groups, still acknowledging only "+
+		"flushed commits)")
 	fs.StringVar(&f.table, "progress-table", apply.DefaultProgressTable, "target table of the progress rows (created if missing)")
-	fs.DurationVar(&f.status, "status-interval", 0, "longest time between status updates to the source (default 10s)")
+	durationVar(fs, &f.status, "status-interval", 0, "longest time between status updates to the source (default 10s)")
+	durationVar(fs, &f.slotWait, "slot-wait", apply.DefaultSlotWait, "how long to wait for another session that holds the slot "+
+		"(on the target: another apply of the slot, or the connections left by one that died; on the source: another walsender "+
+		"streaming from it) before stopping with an error naming it (0: do not wait; -1: no limit)")
 	fs.BoolVar(&f.verbose, "v", false, "debug logging")
 	fs.StringVar(&f.origin, "origin", "", "replication origin marking the target transactions "+
 		"(and origin_w1... for workers): needed by -source-origin none on the way back, and for *_origin_differs")
@@ -102,7 +112,7 @@ func (f *applyFlags) register(fs *flag.FlagSet) {
 		"(default as PostgreSQL: error for *_exists and multiple_unique_conflicts, apply_remote for *_origin_differs, skip otherwise)")
 	fs.BoolVar(&f.noDetection, "no-conflict-detection", false, "send changes without conflict checks "+
 		"(update_missing and delete_missing are still counted; a unique violation stops)")
-	fs.DurationVar(&f.retention, "conflict-retention", 0, "detect update_deleted: record local deletions on the target "+
+	durationVar(fs, &f.retention, "conflict-retention", 0, "detect update_deleted: record local deletions on the target "+
 		"and keep them this long (e.g. 5m; 0: off)")
 	fs.StringVar(&f.logTable, "conflict-log-table", "", "target table receiving one row per conflict (created if missing)")
 }
@@ -174,6 +184,7 @@ func (f *applyFlags) config(fs *flag.FlagSet) (apply.Config, error) {
 		SynchronousCommit: f.syncCommit,
 		ProgressTable:     f.table,
 		StatusInterval:    f.status,
+		SlotWait:          cliSlotWait(f.slotWait),
 		Origin:            f.origin,
 		SourceOrigin:      f.sourceOrigin,
 		Conflicts: apply.ConflictConfig{
@@ -194,7 +205,7 @@ func runApply(ctx context.Context, args []string) error {
 		fmt.Fprint(fs.Output(), applyUsage)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	cfg, err := f.config(fs)
@@ -208,6 +219,26 @@ func runApply(ctx context.Context, args []string) error {
 	log := cfg.Logger
 	done := make(chan struct{})
 	defer close(done)
+	var last apply.Stats // the counters of the last progress line (Run's goroutine and the ticker's)
+	var lastMu sync.Mutex
+	progress := func(final bool) {
+		lastMu.Lock()
+		defer lastMu.Unlock()
+		st := a.Stats()
+		// Only counters that moved are worth a line: an apply waiting for its slot, or for the
+		// source to change, prints nothing; the final line is left out when nothing was done.
+		against := last
+		if final {
+			against = apply.Stats{}
+		}
+		cmp := st
+		cmp.Sessions, cmp.RetentionActive = against.Sessions, against.RetentionActive
+		if cmp == against {
+			return
+		}
+		logApplyStats(log, st)
+		last = st
+	}
 	go func() {
 		tick := time.NewTicker(30 * time.Second)
 		defer tick.Stop()
@@ -216,13 +247,13 @@ func runApply(ctx context.Context, args []string) error {
 			case <-done:
 				return
 			case <-tick.C:
-				logApplyStats(log, a.Stats())
+				progress(false)
 			}
 		}
 	}()
 	err = a.Run(ctx)
 	flagHint(err)
-	logApplyStats(log, a.Stats())
+	progress(true)
 	if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
 		return nil // Ctrl-C or SIGTERM: a clean stop; what was in flight is rolled back and resumed next time
 	}

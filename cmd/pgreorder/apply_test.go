@@ -32,15 +32,15 @@ func TestApplyFlags(t *testing.T) {
 		{append(base, "extra"), "unexpected arguments: extra"},
 		{append(base, "-conflict", "insert_exists=win"), `-conflict: apply: invalid configuration: resolution "win"`},
 		{append(base, "-conflict", "insert_missing=skip"), `conflict type "insert_missing"`},
-		{append(base, "-source-origin", "some"), `SourceOrigin "some"`},
-		{append(base, "-conflict-retention", "1ms"), "Retention 1ms"},
-		{append(base, "-no-conflict-detection", "-conflict-log-table", "log"), "LogTable needs detection"},
+		{append(base, "-source-origin", "some"), `-source-origin "some"`},
+		{append(base, "-conflict-retention", "1ms"), "-conflict-retention 1ms"},
+		{append(base, "-no-conflict-detection", "-conflict-log-table", "log"), "-conflict-log-table needs detection (-no-conflict-detection is given)"},
 		{append(base, "-copy", "-copy-workers", "-2"), "-copy-workers -2"},
 		{append(base, "-copy-truncate"), "-copy-truncate and -copy-workers go with -copy"},
 	} {
 		err := runApply(context.Background(), c.args)
 		require.Error(t, err, "%q", c.args)
-		require.Contains(t, err.Error(), c.want, "%q", c.args)
+		require.Contains(t, explain("apply", err), c.want, "%q", c.args)
 	}
 }
 
@@ -154,6 +154,107 @@ func TestApplyCommandCopy(t *testing.T) {
 			}
 			stop()
 			require.NoError(t, <-exited)
+		})
+	}
+}
+
+// TestApplyConfigErrors: a failed pre-flight check of the source (wal_level, a missing
+// publication, a slot of another plugin) stops apply at once with the check's message, as it
+// stops stream, instead of being retried.
+func TestApplyConfigErrors(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts servers")
+	}
+	majors := streamMajors(t)
+	major := majors[len(majors)-1]
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	srv := pgtest.Shared(t, major)
+	srcDB, dstDB := pgtest.NewDatabase(t, srv), pgtest.NewDatabase(t, srv)
+	src, dst := srv.ConnString(srcDB), srv.ConnString(dstDB)
+	require.NoError(t, pgtest.Exec(ctx, src, `CREATE TABLE s (id int PRIMARY KEY)`, `CREATE PUBLICATION p FOR TABLE s`,
+		`SELECT pg_create_logical_replication_slot('td', 'test_decoding')`))
+	require.NoError(t, pgtest.Exec(ctx, dst, `CREATE TABLE s (id int PRIMARY KEY)`))
+
+	var in pgtest.Install
+	for _, i := range pgtest.FindInstalls() {
+		if i.Major == major {
+			in = i
+		}
+	}
+	replica, err := pgtest.Start(ctx, in, pgtest.Options{Settings: map[string]string{"wal_level": "replica"}})
+	require.NoError(t, err)
+	defer replica.Stop()
+
+	for _, tc := range []struct {
+		name, source, slot, pub, want string
+	}{
+		{"wal_level", replica.ConnString("postgres"), "cfg", "p", "wal_level"},
+		{"publication", src, "cfg", "nope", `publication "nope" does not exist`},
+		{"plugin", src, "td", "p", "test_decoding"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			runCtx, stop := context.WithTimeout(ctx, 20*time.Second)
+			defer stop()
+			err := runApply(runCtx, []string{"-source", tc.source, "-target", dst, "-slot", tc.slot,
+				"-publication", tc.pub, "-create-slot"})
+			require.NoError(t, ctx.Err())
+			require.Error(t, err, "apply did not stop on its own")
+			require.NoError(t, runCtx.Err(), "apply stopped only when its context ended")
+			require.Contains(t, err.Error(), tc.want)
+		})
+	}
+}
+
+// TestSecondSession: a second apply, or a second stream, of a slot that a running one holds
+// names the holder and stops after -slot-wait instead of waiting for ever.
+func TestSecondSession(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a server")
+	}
+	majors := streamMajors(t)
+	major := majors[len(majors)-1]
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	srv := pgtest.Shared(t, major)
+	srcDB, dstDB := pgtest.NewDatabase(t, srv), pgtest.NewDatabase(t, srv)
+	src, dst := srv.ConnString(srcDB), srv.ConnString(dstDB)
+	require.NoError(t, pgtest.Exec(ctx, src, `CREATE TABLE s (id int PRIMARY KEY)`, `CREATE PUBLICATION p FOR TABLE s`))
+	require.NoError(t, pgtest.Exec(ctx, dst, `CREATE TABLE s (id int PRIMARY KEY)`))
+
+	first := func(run func(context.Context, []string) error, args ...string) {
+		runCtx, stop := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- run(runCtx, args) }()
+		t.Cleanup(func() {
+			stop()
+			require.NoError(t, <-done)
+		})
+	}
+	first(runApply, "-source", src, "-target", dst, "-slot", "first", "-publication", "p", "-create-slot")
+	waitSlotActive(t, ctx, src, "first")
+	first(runStream, "-dsn", src, "-slot", "second", "-publication", "p", "-create-slot", "-progress", "0", "-o", filepath.Join(t.TempDir(), "out"))
+	waitSlotActive(t, ctx, src, "second")
+
+	for _, tc := range []struct {
+		name string
+		run  func(context.Context, []string) error
+		args []string
+		want []string
+	}{
+		{"apply", runApply, []string{"-source", src, "-target", dst, "-slot", "first", "-publication", "p"},
+			[]string{`slot "first" is in use on the target by another session`, `application_name "pgreorder apply first"`, "pg_terminate_backend("}},
+		{"stream", runStream, []string{"-dsn", src, "-slot", "second", "-publication", "p", "-progress", "0"},
+			[]string{`slot "second" is in use by another connection`, `application_name "pgreorder"`, "pg_terminate_backend("}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			began := time.Now()
+			err := tc.run(ctx, append(tc.args, "-slot-wait", "2"))
+			require.Error(t, err)
+			for _, w := range append(tc.want, "pid ", "after waiting 2s") {
+				require.Contains(t, err.Error(), w)
+			}
+			require.Less(t, time.Since(began), 30*time.Second)
 		})
 	}
 }

@@ -69,12 +69,12 @@ func demo(ctx context.Context, out io.Writer, args []string) error {
 			"system user \"pgreorder\" if absent) is said on stderr first.\n\n")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() != 0 || f.rows <= 0 || f.chunks <= 0 {
 		fs.Usage()
-		return flag.ErrHelp
+		return &usageError{flag.ErrHelp}
 	}
 	workMem, err := reorderbuffer.ParseWorkMem(f.workMem)
 	if err != nil {

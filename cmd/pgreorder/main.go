@@ -20,6 +20,8 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime"
+	"runtime/debug"
 	"sort"
 	"syscall"
 )
@@ -36,41 +38,89 @@ func register(name, summary string, run func(ctx context.Context, args []string)
 	commands[name] = command{summary: summary, run: run}
 }
 
-func usage() {
-	fmt.Fprintf(os.Stderr, "usage: pgreorder COMMAND [flags]\n\ncommands:\n")
+func usage(w io.Writer) {
+	fmt.Fprintf(w, "usage: pgreorder COMMAND [flags]\n       pgreorder COMMAND -h   (the command's flags)\n       pgreorder -version\n\ncommands:\n")
 	names := make([]string, 0, len(commands))
 	for n := range commands {
 		names = append(names, n)
 	}
 	sort.Strings(names)
 	for _, n := range names {
-		fmt.Fprintf(os.Stderr, "  %-8s %s\n", n, commands[n].summary)
+		fmt.Fprintf(w, "  %-8s %s\n", n, commands[n].summary)
 	}
 }
 
-func main() {
-	if len(os.Args) < 2 {
-		usage()
-		os.Exit(2)
+// buildVersion, when set at link time (-ldflags "-X main.buildVersion=v1.2.3"), is what -version
+// prints instead of what the build information says.
+var buildVersion string
+
+// version describes the build: the module version (a tag, or a pseudo-version; "(devel)" for a
+// build from a work tree), the commit and the Go version.
+func version() string {
+	if buildVersion != "" {
+		return "pgreorder " + buildVersion + " " + runtime.Version()
 	}
-	cmd, ok := commands[os.Args[1]]
-	if !ok {
-		if os.Args[1] != "-h" && os.Args[1] != "help" && os.Args[1] != "--help" {
-			fmt.Fprintf(os.Stderr, "pgreorder: unknown command %q\n", os.Args[1])
+	v, commit, dirty := "(unknown)", "", false
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		v = bi.Main.Version
+		for _, s := range bi.Settings {
+			switch s.Key {
+			case "vcs.revision":
+				commit = s.Value
+			case "vcs.modified":
+				dirty = s.Value == "true"
+			}
 		}
-		usage()
-		os.Exit(2)
+	}
+	out := "pgreorder " + v
+	if commit != "" {
+		out += " commit " + commit[:min(len(commit), 12)]
+		if dirty {
+			out += " (modified)"
+		}
+	}
+	return out + " " + runtime.Version()
+}
+
+func main() { os.Exit(run(os.Args[1:])) }
+
+// run runs the command line args and returns the exit status: 0, 1 for an error, 2 for a
+// command line that cannot be run.
+func run(args []string) int {
+	if len(args) < 1 {
+		usage(os.Stderr)
+		return 2
+	}
+	switch args[0] {
+	case "-h", "-help", "--help", "help":
+		usage(os.Stdout)
+		return 0
+	case "-version", "--version", "version":
+		fmt.Println(version())
+		return 0
+	}
+	cmd, ok := commands[args[0]]
+	if !ok {
+		fmt.Fprintf(os.Stderr, "pgreorder: unknown command %q\n", args[0])
+		usage(os.Stderr)
+		return 2
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := cmd.run(ctx, os.Args[2:])
+	err := cmd.run(ctx, args[1:])
 	stop()
-	if errors.Is(err, flag.ErrHelp) {
-		os.Exit(2)
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, errUsage) && errors.Is(err, flag.ErrHelp):
+		return 2 // the usage was printed on stderr
+	case errors.Is(err, flag.ErrHelp):
+		return 0 // asked for: printed on stdout
 	}
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "pgreorder %s: %v\n", os.Args[1], err)
-		os.Exit(1)
+	fmt.Fprintf(os.Stderr, "pgreorder %s: %s\n", args[0], explain(args[0], err))
+	if errors.Is(err, errUsage) {
+		return 2
 	}
+	return 1
 }
 
 // systemLog returns the writer given to pgserver.Options.Log: every line written to it goes to

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/pgreorder/pgreorder/internal/capture"
+	"github.com/pgreorder/pgreorder/internal/pgconnect"
 	"github.com/pgreorder/pgreorder/internal/pgserver"
 )
 
@@ -46,12 +47,12 @@ func runRecord(ctx context.Context, args []string) error {
 			"and workload. plain.capture (streaming off) is what a consumer of the streamed captures must produce.\n\n")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() != 1 || f.out == "" || (f.dsn != "" && f.major != 0) {
 		fs.Usage()
-		return flag.ErrHelp
+		return &usageError{flag.ErrHelp}
 	}
 	text, err := os.ReadFile(fs.Arg(0))
 	if err != nil {
@@ -83,7 +84,7 @@ func runRecord(ctx context.Context, args []string) error {
 	}
 	caps, err := pgserver.Record(ctx, dsn, w, opts)
 	if err != nil {
-		return err
+		return pgconnect.RedactError(err, dsn)
 	}
 	if err := os.MkdirAll(f.out, 0o755); err != nil {
 		return err

@@ -78,7 +78,7 @@ func runReplay(ctx context.Context, args []string) error {
 			"on stdout (-format), statistics on stderr.\n\nflags:\n")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	switch {

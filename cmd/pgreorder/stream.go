@@ -6,8 +6,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	iofs "io/fs"
 	"log/slog"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -30,9 +32,10 @@ type streamFlags struct {
 	binary                                     bool
 	proto                                      int
 	resume, output                             string
-	status, progress                           time.Duration
+	status, progress, slotWait                 time.Duration
 	metricsAddr                                string
 	verbose                                    bool
+	fileMode                                   iofs.FileMode
 	out                                        outputFlags
 }
 
@@ -52,7 +55,14 @@ newline); cut it before appending again, and resume after the end_lsn of the las
 With -o FILE that is done for you: each transaction is written, fsynced and recorded (FILE.pos:
 the file's length and the transaction's end LSN, replaced atomically) before it is acknowledged;
 a restart with the same -o cuts FILE back to the recorded length (a torn or unrecorded last
-transaction, which the server sends again) and resumes after the recorded LSN.
+transaction, which the server sends again) and resumes after the recorded LSN. FILE and FILE.pos
+are created readable by their owner only (-file-mode), and never through a symbolic link: in a
+directory other users may write to, a link or another user's file under either name stops the
+command instead of being written through.
+
+Passwords: a password in a connection string on the command line is visible to every local user
+(ps, /proc). Give it in the PGPASSWORD environment variable or in a password file (~/.pgpass, or
+PGPASSFILE / passfile=FILE) instead. Messages print connection strings with passwords as xxxxx.
 
 flags:
 `
@@ -82,8 +92,19 @@ func runStream(ctx context.Context, args []string) error {
 	fs.StringVar(&f.origin, "origin", "", `origin filter: "any" or "none" (PostgreSQL 16+)`)
 	fs.StringVar(&f.resume, "resume", "", "end LSN (X/X) of the last transaction already handled: start after it (not with -o)")
 	fs.StringVar(&f.output, "o", "", "write durably to this file instead of stdout, and resume from it (see above)")
-	fs.DurationVar(&f.status, "status-interval", replication.DefaultStatusInterval, "longest time between standby status updates")
-	fs.DurationVar(&f.progress, "progress", 5*time.Second, "interval of the progress line on stderr (0: none)")
+	f.fileMode = format.DefaultFileMode
+	fs.Func("file-mode", "with -o, permissions of FILE and FILE.pos when created, in octal, less the umask (default 0600)", func(s string) error {
+		m, err := strconv.ParseUint(s, 8, 32)
+		if err != nil || m == 0 || m > 0o777 {
+			return fmt.Errorf("want permissions in octal, such as 0600 or 0640")
+		}
+		f.fileMode = iofs.FileMode(m)
+		return nil
+	})
+	durationVar(fs, &f.status, "status-interval", replication.DefaultStatusInterval, "longest time between standby status updates")
+	durationVar(fs, &f.progress, "progress", 5*time.Second, "interval of the progress line on stderr (0: none)")
+	durationVar(fs, &f.slotWait, "slot-wait", replication.DefaultSlotWait, "how long to wait for another connection "+
+		"streaming from the slot (a running consumer, or the walsender of one that died) before stopping with an error naming it (0: do not wait; -1: no limit)")
 	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus metrics on host:port at /metrics (port 0: any free port, logged)")
 	fs.BoolVar(&f.verbose, "v", false, "debug logging")
 	f.out.register(fs)
@@ -91,7 +112,7 @@ func runStream(ctx context.Context, args []string) error {
 		fmt.Fprint(fs.Output(), streamUsage)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if err := f.check(fs); err != nil {
@@ -123,6 +144,7 @@ func runStream(ctx context.Context, args []string) error {
 		if cfg.TempDir == "" {
 			cfg.TempDir = f.dir
 		}
+		cfg.FileMode = f.fileMode
 		file, err := format.OpenFile(f.output, cfg)
 		if err != nil {
 			return err
@@ -151,6 +173,7 @@ func runStream(ctx context.Context, args []string) error {
 		TwoPhase:       f.twoPhase,
 		Origin:         f.origin,
 		StatusInterval: f.status,
+		Reconnect:      replication.ReconnectPolicy{SlotWait: cliSlotWait(f.slotWait)},
 		Buffer:         reorderbuffer.Config{WorkMem: workMem, Dir: f.dir, SkipThrough: skip},
 		Logger:         log,
 	})
@@ -310,10 +333,13 @@ func (f *streamFlags) check(fs *flag.FlagSet) error {
 }
 
 func logStreamStats(log *slog.Logger, s *replication.Stream, txns int) {
-	st := s.Stats()
-	p := s.Position()
-	log.Info("progress", "transactions", txns, "received", p.Received, "acked", p.Acked, "flushed", p.Flushed,
+	log.Info("progress", streamStatsAttrs(s.Stats(), s.Position(), txns)...)
+}
+
+// streamStatsAttrs are the attributes of the final progress line of stream.
+func streamStatsAttrs(st reorderbuffer.Stats, p replication.Position, txns int) []any {
+	return []any{"transactions", txns, "received", p.Received, "acked", p.Acked, "flushed", p.Flushed,
 		"spill_txns", st.SpillTxns, "spill_bytes", st.SpillBytes, "stream_txns", st.StreamTxns,
 		"stream_bytes", st.StreamBytes, "total_txns", st.TotalTxns, "total_bytes", st.TotalBytes,
-		"memory_bytes", st.MemoryBytes, "peak_memory_bytes", st.PeakMemoryBytes)
+		"memory_bytes", st.MemoryBytes, "peak_memory_bytes", st.PeakMemoryBytes}
 }

@@ -255,6 +255,7 @@ func TestStreamFlagErrors(t *testing.T) {
 		{append([]string{"-resume", "nope"}, base...), []string{"-resume", "0/16B3748"}},
 		{append([]string{"-resume", "0/1", "-o", "f"}, base...), []string{"-resume and -o"}},
 		{append([]string{"-temporary"}, base...), []string{"-temporary needs -create-slot"}},
+		{append([]string{"-file-mode", "999"}, base...), []string{"-file-mode", "octal"}},
 		{append(base, "extra"), []string{"unexpected arguments: extra"}},
 	} {
 		err := runStream(context.Background(), tc.args)

@@ -1,4 +1,5 @@
-// Package pgconnect prepares and opens the connections pgreorder's packages make to a server
+// Package pgconnect redacts connection strings for messages (Redact, ParseConfig, RedactError),
+// and prepares and opens the connections pgreorder's packages make to a server
 // described by a *pgconn.Config: the walsender connection of package replication and the
 // ordinary connections of package snapshot. It is one place for what they share: a copy of the
 // user's configuration per attempt, the user's hook applied to it, the session settings values

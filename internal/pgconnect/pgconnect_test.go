@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stretchr/testify/require"
 
 	"github.com/pgreorder/pgreorder/internal/pgconnect"
 )
@@ -69,4 +70,38 @@ func TestConnectNotParsed(t *testing.T) {
 	if !errors.Is(err, pgconnect.ErrNotParsed) {
 		t.Fatalf("got %v, want ErrNotParsed", err)
 	}
+}
+
+// TestRedact: no password of a connection string that fails to parse reaches the error's message,
+// however it is written.
+func TestRedact(t *testing.T) {
+	for _, tc := range []struct {
+		dsn, want string
+		secrets   []string
+	}{
+		{"host=/tmp password = TopSecret8 port=abc", "host=/tmp password = xxxxx port=abc", []string{"TopSecret8"}},
+		{`host=/tmp password='Top\'Secret9 x' port=abc`, "host=/tmp password=xxxxx port=abc", []string{"Top", "Secret9"}},
+		{"host=/tmp PASSWORD=Secret5a sslpassword='key pass' port=abc", "host=/tmp PASSWORD=xxxxx sslpassword=xxxxx port=abc", []string{"Secret5a", "key pass"}},
+		{"host=/tmp password='untermSecret more port=1", "host=/tmp password=xxxxx", []string{"untermSecret", "more"}},
+		{"host=/tmp password Secret4b port=1", "host=/tmp password xxxxx", []string{"Secret4b"}},
+		{"postgres://u:TopSecret7@h:abc/db", "postgres://u:xxxxx@h:abc/db", []string{"TopSecret7"}},
+		{"postgresql://u:Top%2FSec@ret6@h:abc/db?password=Other3c&sslmode=disable",
+			"postgresql://u:xxxxx@h:abc/db?password=xxxxx&sslmode=disable", []string{"Top", "Sec", "ret6", "Other3c"}},
+		{"postgres://h:abc/db?password=Query2d", "postgres://h:abc/db?password=xxxxx", []string{"Query2d"}},
+	} {
+		require.Equal(t, tc.want, pgconnect.Redact(tc.dsn), tc.dsn)
+		_, err := pgconnect.ParseConfig(tc.dsn)
+		require.Error(t, err, tc.dsn)
+		for _, s := range tc.secrets {
+			require.NotContains(t, err.Error(), s, tc.dsn)
+		}
+		var pe *pgconn.ParseConfigError
+		if errors.As(err, &pe) {
+			for _, s := range tc.secrets {
+				require.NotContains(t, pe.ConnString, s, tc.dsn)
+			}
+		}
+	}
+	_, err := pgconnect.ParseConfig("host=/tmp password=fine")
+	require.NoError(t, err)
 }

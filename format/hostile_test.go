@@ -1,0 +1,154 @@
+//go:build linux
+
+package format_test
+
+import (
+	"io"
+	"io/fs"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"testing"
+
+	"github.com/pgreorder/pgreorder/format"
+	"github.com/stretchr/testify/require"
+)
+
+const hostileChildEnv = "FORMAT_TEST_PLANT"
+
+// forgedPosition is a position file that says the output is empty.
+const forgedPosition = "pgreorder output position v1\noffset 0\nend_lsn 0/0\n"
+
+// TestFileHostileCoTenant: another local user plants symbolic links and files under the names of
+// an output file and its position files in a sticky, world-writable directory (as /tmp is). A
+// File opened there as root must follow no link, write into no file of the other user, and make
+// its files readable by its own user only.
+func TestFileHostileCoTenant(t *testing.T) {
+	if dir := os.Getenv(hostileChildEnv); dir != "" {
+		plantOutputs(t, dir, os.Getenv("FORMAT_TEST_VICTIM"))
+		return
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the test runs part of itself as a second user (nobody)")
+	}
+	nobody, err := user.Lookup("nobody")
+	if err != nil {
+		t.Skipf("no second user: %v", err)
+	}
+	uid, err1 := strconv.ParseUint(nobody.Uid, 10, 32)
+	gid, err2 := strconv.ParseUint(nobody.Gid, 10, 32)
+	if err1 != nil || err2 != nil {
+		t.Skipf("user nobody has uid %q gid %q", nobody.Uid, nobody.Gid)
+	}
+	old := syscall.Umask(0o022)
+	defer syscall.Umask(old)
+
+	base := t.TempDir()
+	require.NoError(t, os.Chmod(filepath.Dir(base), 0o755))
+	require.NoError(t, os.Chmod(base, 0o755))
+	shared := filepath.Join(base, "shared")
+	require.NoError(t, os.Mkdir(shared, 0o700))
+	require.NoError(t, os.Chmod(shared, 0o777|fs.ModeSticky))
+	victim := filepath.Join(base, "victim") // only root may read it
+	require.NoError(t, os.Mkdir(victim, 0o700))
+	for _, name := range []string{"tmp-target", "out-target"} {
+		require.NoError(t, os.WriteFile(filepath.Join(victim, name), []byte("precious\n"), 0o600))
+	}
+
+	exe := filepath.Join(base, "format.test")
+	copyFile(t, exe)
+	cmd := exec.Command(exe, "-test.run=^TestFileHostileCoTenant$", "-test.count=1")
+	cmd.Env = append(os.Environ(), hostileChildEnv+"="+shared, "FORMAT_TEST_VICTIM="+victim)
+	cmd.Dir = base
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}}
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "planting as nobody: %s", out)
+
+	intact := func() {
+		t.Helper()
+		for _, name := range []string{"tmp-target", "out-target"} {
+			b, err := os.ReadFile(filepath.Join(victim, name))
+			require.NoError(t, err)
+			require.Equal(t, "precious\n", string(b), "%s was written through a planted link", name)
+		}
+	}
+	write := func(f *format.File) {
+		t.Helper()
+		feed(t, smallTxn(10, 0x100), f.WriteTxn)
+		require.NoError(t, f.Close())
+	}
+
+	// A link planted at the temporary position file: removed, not followed.
+	f, err := format.OpenFile(filepath.Join(shared, "a.jsonl"), format.Config{Now: fixedNow})
+	require.NoError(t, err)
+	write(f)
+	intact()
+
+	// A link at the output and a forged position file: refused.
+	_, err = format.OpenFile(filepath.Join(shared, "b.jsonl"), format.Config{Now: fixedNow})
+	require.Error(t, err)
+	intact()
+	// A link at the output alone: refused.
+	_, err = format.OpenFile(filepath.Join(shared, "f.jsonl"), format.Config{Now: fixedNow})
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "symbolic link")
+	intact()
+
+	// The other user's own output and position file: refused, left alone.
+	_, err = format.OpenFile(filepath.Join(shared, "c.jsonl"), format.Config{Now: fixedNow})
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "belongs to user id "+nobody.Uid)
+	st, err := os.Stat(filepath.Join(shared, "c.jsonl"))
+	require.NoError(t, err)
+	require.Zero(t, st.Size(), "nothing written into the other user's file")
+
+	// A link at the position file of an output that does not exist yet: refused.
+	_, err = format.OpenFile(filepath.Join(shared, "d.jsonl"), format.Config{Now: fixedNow})
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "symbolic link")
+	intact()
+
+	// Our own files are ours alone (the umask is 022), or as Config.FileMode says.
+	for _, name := range []string{"a.jsonl", "a.jsonl" + format.PositionSuffix} {
+		st, err := os.Lstat(filepath.Join(shared, name))
+		require.NoError(t, err)
+		require.Equal(t, fs.FileMode(0o600), st.Mode(), name)
+	}
+	f, err = format.OpenFile(filepath.Join(shared, "e.jsonl"), format.Config{Now: fixedNow, FileMode: 0o640})
+	require.NoError(t, err)
+	write(f)
+	for _, name := range []string{"e.jsonl", "e.jsonl" + format.PositionSuffix} {
+		st, err := os.Lstat(filepath.Join(shared, name))
+		require.NoError(t, err)
+		require.Equal(t, fs.FileMode(0o640), st.Mode(), name)
+	}
+}
+
+// plantOutputs runs as the second user.
+func plantOutputs(t *testing.T, shared, victim string) {
+	p := func(name string) string { return filepath.Join(shared, name) }
+	require.NoError(t, os.Symlink(filepath.Join(victim, "tmp-target"), p("a.jsonl.pos.tmp")))
+	require.NoError(t, os.Symlink(filepath.Join(victim, "out-target"), p("b.jsonl")))
+	require.NoError(t, os.WriteFile(p("b.jsonl.pos"), []byte(forgedPosition), 0o666))
+	require.NoError(t, os.WriteFile(p("c.jsonl"), nil, 0o666))
+	require.NoError(t, os.WriteFile(p("c.jsonl.pos"), []byte(forgedPosition), 0o666))
+	require.NoError(t, os.Symlink(filepath.Join(victim, "tmp-target"), p("d.jsonl.pos")))
+	require.NoError(t, os.Symlink(filepath.Join(victim, "out-target"), p("f.jsonl")))
+}
+
+// copyFile copies the test binary to path, mode 0755, so that another user can run it.
+func copyFile(t *testing.T, path string) {
+	self, err := os.Executable()
+	require.NoError(t, err)
+	src, err := os.Open(self)
+	require.NoError(t, err)
+	defer src.Close()
+	dst, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o755)
+	require.NoError(t, err)
+	_, err = io.Copy(dst, src)
+	require.NoError(t, err)
+	require.NoError(t, dst.Close())
+}
