@@ -87,7 +87,7 @@ func (s *session) applyGrouped(ctx context.Context, t *reorderbuffer.Txn) error 
 	tg.source(t.Xid, t)
 	err := s.eachChange(t, func(m decoding.Message, rels []*relInfo) error {
 		if !g.started {
-			tg.begin()
+			tg.begin(t.Xid, t)
 			g.started = true
 		}
 		g.changes++
