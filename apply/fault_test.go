@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/internal/pgtest"
 )
 
 // errCrash stands for the process dying at a hook.
@@ -177,5 +178,43 @@ func waitSent(ctx context.Context, conn *pgx.Conn, mu *sync.Mutex, slot string, 
 			return 0, fmt.Errorf("waiting for a walsender of %s to read past %s: %w", slot, at, context.Cause(ctx))
 		case <-time.After(10 * time.Millisecond):
 		}
+	}
+}
+
+// TestFaultInGroup crashes Buffered before the commit of a streamed transaction with few changes,
+// which shares its target transaction with the small ones committed after it (a group): the
+// crash comes at that commit, whichever transaction ends the group, and the target ends equal
+// to the source.
+func TestFaultInGroup(t *testing.T) {
+	for _, major := range testMajors {
+		t.Run(fmt.Sprintf("pg%d", major), func(t *testing.T) {
+			e := newEnv(t, major)
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+			defer cancel()
+			// Streamed (its values exceed logical_decoding_work_mem), in three changes; then small
+			// transactions, all in the stream before the Applier starts.
+			must(t, pgtest.Exec(ctx, e.src,
+				`INSERT INTO toasty SELECT g, 0, (SELECT string_agg(md5(random()::text || g || i), '') FROM generate_series(1, 1000) i)
+					FROM generate_series(1, 3) g`,
+				`INSERT INTO items VALUES (1, 1, 'a')`, `INSERT INTO items VALUES (2, 2, 'b')`, `INSERT INTO marker VALUES (1)`))
+			var crashed atomic.Bool
+			cfg := e.config(t, Buffered)
+			cfg.hooks = &hooks{stage: func(ctx context.Context, stage string, x txnRef) error {
+				if stage == "before-commit" && x.Streamed && crashed.CompareAndSwap(false, true) {
+					return errCrash
+				}
+				return nil
+			}}
+			r := start(t, cfg)
+			e.waitMarker(t, r, 1)
+			r.halt(t)
+			if !crashed.Load() {
+				t.Fatal("no crash before the commit of the streamed transaction")
+			}
+			e.compare(t)
+			if st := r.a.Stats(); st.Sessions < 2 {
+				t.Errorf("%d sessions: the crash did not make the applier start again", st.Sessions)
+			}
+		})
 	}
 }
