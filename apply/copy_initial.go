@@ -426,7 +426,7 @@ func (s *session) copyChunk(ctx context.Context, tg *target, m *relMap, c *snaps
 	if err := s.cfg.hook(ctx, "copy-chunk", txnRef{}); err != nil {
 		return err
 	}
-	tg.begin()
+	tg.begin(0, nil) // no source transaction
 	for msg, err := range c.Changes() {
 		if err != nil {
 			return err

@@ -299,8 +299,7 @@ func (s *session) applyDirect(ctx context.Context, j *job, t *reorderbuffer.Txn)
 	var failed error // a change the target refused: no further change of t is applied
 	err := s.eachChange(t, func(m decoding.Message, rels []*relInfo) error {
 		if !j.begun {
-			tg.begin()
-			tg.source(j.xid, nil)
+			tg.begin(j.xid, nil)
 			j.begun = true
 		}
 		failed = tg.change(ctx, m, rels)
@@ -615,14 +614,13 @@ func (s *session) runJob(ctx context.Context, tg *target, j *job, w *worker) err
 				return err
 			}
 			if !begun {
-				tg.begin()
-				tg.source(j.xid, nil)
+				tg.begin(j.xid, nil)
 				begun = true
 			}
 			err = tg.change(ctx, m, rels)
 		case recSavepoint:
 			if !begun {
-				tg.begin()
+				tg.begin(j.xid, nil)
 				begun = true
 			}
 			err = tg.savepoint(ctx, binary.BigEndian.Uint32(rec[1:]))

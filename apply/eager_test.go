@@ -182,3 +182,75 @@ func TestParallelDeadlock(t *testing.T) {
 		})
 	}
 }
+
+// TestEagerSavepointFirst applies, with one worker, a streamed transaction whose first change is
+// inside a savepoint and meets an insert_exists conflict while the transaction is open on the
+// source, after the worker applied another streamed transaction: the conflict names its own
+// source transaction, and last_update_wins compares the local row's commit time with that
+// transaction's (not arrived yet: it commits after the local row), not with the previous one's.
+func TestEagerSavepointFirst(t *testing.T) {
+	for _, major := range testMajors {
+		t.Run(fmt.Sprintf("pg%d", major), func(t *testing.T) {
+			srv := conflictServer(t, major)
+			e := conflictEnv(t, srv)
+			var log logBuffer
+			cfg := e.conflictConfig(t, &log, map[ConflictType]Resolution{InsertExists: ResolveLastUpdateWins})
+			cfg.Mode, cfg.Workers = Eager, 1
+			cfg.Conflicts.LogTable = "conflict_log"
+			dropOrigins(t, e.dst, cfg.Origin)
+			t.Cleanup(func() {
+				if t.Failed() {
+					t.Log(log.String())
+				}
+			})
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			r := start(t, cfg)
+			// Applied before it: a small transaction (by the leader) and a streamed one (by the
+			// worker), both committed before the local row.
+			execOn(t, e.src, `INSERT INTO kv VALUES (1, 1, 'small')`,
+				`INSERT INTO kv SELECT g, g, repeat('a', 200) FROM generate_series(1000, 2999) g`, `INSERT INTO marker VALUES (1)`)
+			e.waitMarker(t, r, 1)
+			execOn(t, e.dst, `INSERT INTO kv VALUES (4, 40, 'local')`)
+
+			src, err := pgx.Connect(ctx, e.src)
+			must(t, err)
+			defer src.Close(context.Background())
+			var xid uint32
+			for _, q := range []string{`BEGIN`, `SAVEPOINT first`, `INSERT INTO kv VALUES (4, 41, 'remote')`,
+				`RELEASE SAVEPOINT first`, `INSERT INTO kv SELECT g, g, repeat('b', 200) FROM generate_series(3000, 4999) g`} {
+				_, err := src.Exec(ctx, q)
+				must(t, err)
+			}
+			must(t, src.QueryRow(ctx, `SELECT txid_current()::bigint`).Scan(&xid))
+			waitWorkerWrote(t, ctx, e.dst) // the conflict is met while the transaction is open
+			var committed time.Time
+			_, err = src.Exec(ctx, `COMMIT`)
+			must(t, err)
+			must(t, src.QueryRow(ctx, `SELECT pg_xact_commit_timestamp($1::text::xid)`, fmt.Sprint(xid)).Scan(&committed))
+			execOn(t, e.src, `INSERT INTO marker VALUES (2)`)
+			e.waitMarker(t, r, 2)
+			e.settled(t, r)
+			r.halt(t)
+
+			if st := r.a.Stats(); st.InsertExists != 1 || st.Spooled != 0 {
+				t.Fatalf("stats %+v: want 1 insert_exists, nothing spooled", st)
+			}
+			dst, err := pgx.Connect(ctx, e.dst)
+			must(t, err)
+			defer dst.Close(context.Background())
+			var gotXid int64
+			var gotTime time.Time
+			must(t, dst.QueryRow(ctx, `SELECT remote_xid, remote_commit_ts FROM conflict_log WHERE conflict = 'insert_exists'`).
+				Scan(&gotXid, &gotTime))
+			if gotXid != int64(xid) || !gotTime.Equal(committed) {
+				t.Errorf("conflict of source transaction %d committed at %s, want %d at %s", gotXid, gotTime, xid, committed)
+			}
+			var v string
+			must(t, dst.QueryRow(ctx, `SELECT v FROM kv WHERE id = 4`).Scan(&v))
+			if v != "remote" {
+				t.Errorf("row 4 is %q: the source transaction committed after the local row, want its row", v)
+			}
+		})
+	}
+}

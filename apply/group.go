@@ -88,7 +88,7 @@ func (s *session) applyGrouped(ctx context.Context, t *reorderbuffer.Txn) error 
 	tg.source(t.Xid, t)
 	err := s.eachChange(t, func(m decoding.Message, rels []*relInfo) error {
 		if !g.started {
-			tg.begin()
+			tg.begin(t.Xid, t)
 			g.started = true
 			g.counted = s.stats.rows()
 		}
@@ -109,7 +109,8 @@ func (s *session) applyGrouped(ctx context.Context, t *reorderbuffer.Txn) error 
 }
 
 // commitGroup commits the open group with the progress row of its last transaction, and records
-// its transactions as committed, in order.
+// its transactions as committed, in order. The commit is that of every transaction of the group:
+// the hooks are called for each.
 func (s *session) commitGroup(ctx context.Context) error {
 	g := &s.group
 	if !g.open() {
@@ -118,8 +119,10 @@ func (s *session) commitGroup(ctx context.Context) error {
 	last := g.members[len(g.members)-1].ref
 	durable := s.cfg.SynchronousCommit
 	if g.started {
-		if err := s.cfg.hook(ctx, "before-commit", last); err != nil {
-			return err
+		for _, m := range g.members {
+			if err := s.cfg.hook(ctx, "before-commit", m.ref); err != nil {
+				return err
+			}
 		}
 		durable = s.syncCommit()
 		if err := s.leader.commit(ctx, s.progress, s.cfg.Slot, last.EndLSN, durable); err != nil {
@@ -135,8 +138,14 @@ func (s *session) commitGroup(ctx context.Context) error {
 		}
 		s.committed(commitRef{seq: seq, txn: m.txn}, durable)
 	}
+	var err error
+	for _, m := range g.members {
+		if err = s.cfg.hook(ctx, "after-commit", m.ref); err != nil {
+			break
+		}
+	}
 	g.reset()
-	return s.cfg.hook(ctx, "after-commit", last)
+	return err
 }
 
 // abandonGroup takes back the row counts of the open group when the session ends without

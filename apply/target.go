@@ -194,10 +194,12 @@ func (t *target) close(ctx context.Context) {
 	}
 }
 
-// begin starts a transaction; BEGIN goes out with the first batch.
-func (t *target) begin() {
+// begin starts a transaction applying source transaction xid (see source); BEGIN goes out
+// with the first batch.
+func (t *target) begin(xid uint32, c *reorderbuffer.Txn) {
 	t.inTxn = true
 	t.control("BEGIN")
+	t.source(xid, c)
 }
 
 // control appends a statement without parameters or result to check.

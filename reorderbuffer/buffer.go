@@ -137,18 +137,32 @@ func (b *Buffer) add(lsn LSN, data []byte) error {
 
 	case decoding.MsgBegin, decoding.MsgBeginPrepare: // the GID comes again with Prepare
 		old := b.xacts[h.Xid]
-		t := b.open(h.Xid)
-		if old != nil && old.streamed && !old.prepared {
-			t.overStream = true
-		}
-		if b.cfg.Incremental && h.Type == decoding.MsgBegin {
+		overStream := old != nil && old.streamed && !old.prepared
+		before := false // committed (or prepared) at or before the skip position
+		if overStream || b.cfg.Incremental {
 			m, err := b.ctl.Parse(data, false)
 			if err != nil {
 				return err
 			}
-			// Committed at or before the skip position: handing it out in parts would only
-			// make the consumer undo them.
-			t.inc.quiet = m.(*decoding.Begin).FinalLSN < b.skip
+			final := LSN(0) // the commit (or prepare) LSN
+			if begin, ok := m.(*decoding.Begin); ok {
+				final = begin.FinalLSN
+			} else {
+				final = m.(*decoding.BeginPrepare).PrepareLSN
+			}
+			before = final < b.skip
+			// One session never sends a transaction both streamed and whole: a new session
+			// was fed without Restart. Harmless only if the consumer has the transaction.
+			if overStream && !before {
+				return fmt.Errorf("%w: transaction %d (commit %s) begins whole while a streamed part of it is open: "+
+					"a new replication session was fed without Buffer.Restart", ErrProtocol, h.Xid, final)
+			}
+		}
+		t := b.open(h.Xid)
+		t.overStream = overStream
+		if b.cfg.Incremental && h.Type == decoding.MsgBegin {
+			// Handing it out in parts would only make the consumer undo them.
+			t.inc.quiet = before
 		}
 		b.cur = t
 	case decoding.MsgOrigin:
@@ -172,9 +186,9 @@ func (b *Buffer) add(lsn LSN, data []byte) error {
 		if t == nil { // the decoder rejects a Commit without Begin; be defensive anyway
 			return fmt.Errorf("%w: Commit outside any transaction", ErrProtocol)
 		}
-		if t.overStream && c.EndLSN > b.skip {
+		if t.overStream && c.EndLSN > b.skip { // the skip position falls inside its commit record
 			return fmt.Errorf("%w: transaction %d (end %s) arrived whole while a streamed part of it was open: "+
-				"the stream was not restarted cleanly", ErrProtocol, t.xid, c.EndLSN)
+				"a new replication session was fed without Buffer.Restart", ErrProtocol, t.xid, c.EndLSN)
 		}
 		return b.finish(t, c.CommitLSN, c.EndLSN, c.CommitTime, "")
 	case decoding.MsgPrepare:

@@ -31,11 +31,13 @@
 //     (Stats.OverheadBytes, checked against the Go heap by the tests), the spill store's shared
 //     256 KiB write buffer and, while a spilled transaction is read, one 256 KiB read buffer.
 //   - Errors: bad bytes and protocol violations give an *InputError wrapping the decoding
-//     package's typed errors; a spill I/O error is returned by the call that hit it. The end of a
-//     transaction whose beginning never arrived (a COMMIT PREPARED, a Stream Commit or a Begin
-//     over an open streamed part) is a *MissingError unless it ends at or before the skip
-//     position: its changes were lost upstream. After any error the Buffer refuses input
-//     (ErrFailed) rather than hand out a transaction with holes.
+//     package's typed errors; a spill I/O error is returned by the call that hit it. The end or
+//     the continuation of a transaction whose beginning never arrived (a COMMIT PREPARED, a
+//     Stream Commit, a stream continued) is a *MissingError unless it ends at or before the skip
+//     position: its changes were lost upstream. A Begin for a transaction whose streamed part is
+//     open (a new session fed without Restart) is rejected at that Begin with ErrProtocol,
+//     unless the transaction commits before the skip position. After any error the Buffer
+//     refuses input (ErrFailed) rather than hand out a transaction with holes.
 //   - Schema: Relation and Type messages take effect in stream order, whatever the consumer
 //     does between Add and Next: a transaction's descriptions take effect for the others when it
 //     commits (a prepared transaction's at its PREPARE, as pgoutput assumes; an aborted one's

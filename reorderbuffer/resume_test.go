@@ -99,20 +99,119 @@ func TestStreamCommitOfATransactionNeverReceived(t *testing.T) {
 		_, ok := b.Next()
 		require.False(t, ok)
 	})
-	t.Run("a Begin while the streamed part is open", func(t *testing.T) {
-		b := newBuffer(t, reorderbuffer.Config{})
-		feed(t, b, streamTxn(t, 10, true, "streamed")...)
-		msgs := plainTxn(t, 10, 0x3000, "whole")
-		var err error
-		for _, m := range msgs {
-			if err = b.Add(0, m); err != nil {
-				break
+}
+
+func TestBeginWhileStreamedPartOpen(t *testing.T) {
+	// One session never sends a transaction both streamed and whole: a Begin for the xid of an
+	// open streamed transaction means a new session was fed without Restart. The Begin is the
+	// message that shows it, so the Begin is rejected, with its position.
+	streamPrepare := func(t testing.TB, xid uint32, gid string, at reorderbuffer.LSN) []byte {
+		return enc(t, &decoding.StreamPrepare{PrepareLSN: at, EndLSN: at + 8, PrepareTime: epoch, Xid: xid, GID: gid}, false)
+	}
+	const at = reorderbuffer.LSN(0x5000) // where the whole transaction is fed
+	for _, tc := range []struct {
+		name    string
+		cfg     reorderbuffer.Config
+		before  func(t testing.TB) [][]byte // fed first
+		restart bool                        // Restart after before
+		whole   func(t testing.TB) [][]byte // fed at at, at+1, ...
+		typ     decoding.MessageType        // the message rejected, 0 if none
+		want    []string                    // what is handed out, if nothing is rejected
+	}{
+		{
+			name:   "Begin",
+			before: func(t testing.TB) [][]byte { return streamTxn(t, 10, true, "streamed") },
+			whole:  func(t testing.TB) [][]byte { return plainTxn(t, 10, 0x3000, "whole") },
+			typ:    decoding.MsgBegin,
+		},
+		{
+			name:   "Begin after several stream blocks",
+			before: func(t testing.TB) [][]byte { return flat(streamTxn(t, 10, true, "a"), streamTxn(t, 10, false, "b")) },
+			whole:  func(t testing.TB) [][]byte { return plainTxn(t, 10, 0x3000, "whole") },
+			typ:    decoding.MsgBegin,
+		},
+		{
+			name:   "Begin Prepare",
+			before: func(t testing.TB) [][]byte { return streamTxn(t, 10, true, "streamed") },
+			whole:  func(t testing.TB) [][]byte { return prepared(t, 10, "g", 0x3000, relation(1, 0), "whole") },
+			typ:    decoding.MsgBeginPrepare,
+		},
+		{
+			name:   "Begin, in parts",
+			cfg:    reorderbuffer.Config{Incremental: true},
+			before: func(t testing.TB) [][]byte { return streamTxn(t, 10, true, "streamed") },
+			whole:  func(t testing.TB) [][]byte { return plainTxn(t, 10, 0x3000, "whole") },
+			typ:    decoding.MsgBegin,
+		},
+		{
+			name:   "Begin of a transaction the consumer has",
+			cfg:    reorderbuffer.Config{SkipThrough: 0x3000},
+			before: func(t testing.TB) [][]byte { return streamTxn(t, 10, true, "streamed") },
+			whole:  func(t testing.TB) [][]byte { return plainTxn(t, 10, 0x3000, "whole") },
+		},
+		{
+			name:    "Begin after Restart",
+			before:  func(t testing.TB) [][]byte { return streamTxn(t, 10, true, "streamed") },
+			restart: true,
+			whole:   func(t testing.TB) [][]byte { return plainTxn(t, 10, 0x3000, "whole") },
+			want:    []string{"whole"},
+		},
+		{
+			name: "Begin after Stream Commit",
+			before: func(t testing.TB) [][]byte {
+				return append(streamTxn(t, 10, true, "streamed"), streamCommit(t, 10, 0x2000))
+			},
+			whole: func(t testing.TB) [][]byte { return plainTxn(t, 10, 0x3000, "whole") },
+			want:  []string{"streamed", "whole"},
+		},
+		{
+			name: "Begin Prepare of a streamed transaction prepared",
+			before: func(t testing.TB) [][]byte {
+				return append(streamTxn(t, 10, true, "streamed"), streamPrepare(t, 10, "g", 0x2000))
+			},
+			whole: func(t testing.TB) [][]byte {
+				return append(prepared(t, 10, "g", 0x2000, relation(1, 0), "streamed"), commitPrepared(t, 10, "g", 0x3000))
+			},
+			want: []string{"streamed"},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := newBuffer(t, tc.cfg)
+			feed(t, b, tc.before(t)...)
+			if tc.restart {
+				require.NoError(t, b.Restart())
 			}
-		}
-		require.ErrorIs(t, err, reorderbuffer.ErrProtocol)
-		_, ok := b.Next()
-		require.False(t, ok, "a transaction with a lost part was handed out")
-	})
+			var err error
+			var typ decoding.MessageType
+			for i, m := range tc.whole(t) {
+				if err = b.Add(at+reorderbuffer.LSN(i), m); err != nil {
+					typ = decoding.MessageType(m[0])
+					break
+				}
+			}
+			var got []string
+			for x, ok := b.Next(); ok; x, ok = b.Next() {
+				if x.Part == reorderbuffer.Whole || x.Part == reorderbuffer.PartCommit {
+					got = append(got, values(t, x)...)
+				}
+			}
+			if tc.typ == 0 {
+				require.NoError(t, err)
+				require.Equal(t, tc.want, got)
+				return
+			}
+			require.Equal(t, tc.typ, typ, "rejected at the wrong message: %v", err)
+			require.ErrorIs(t, err, reorderbuffer.ErrProtocol)
+			var ie *reorderbuffer.InputError
+			require.ErrorAs(t, err, &ie)
+			require.Equal(t, at, ie.LSN)
+			require.Equal(t, tc.typ, ie.Type)
+			require.Contains(t, err.Error(), "transaction 10 ")
+			require.Contains(t, err.Error(), "Restart")
+			require.Empty(t, got, "a transaction with a lost part was handed out")
+			require.ErrorIs(t, b.Add(0, streamCommit(t, 10, 0x4000)), reorderbuffer.ErrFailed)
+		})
+	}
 }
 
 func TestSchemaTakesEffectInStreamOrder(t *testing.T) {
