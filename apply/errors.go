@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
+	"net"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -160,6 +162,8 @@ func transientCode(code string) bool {
 	}
 	switch code {
 	case "57P01", "57P02", "57P03", // admin_shutdown, crash_shutdown, cannot_connect_now
+		"57P05",          // idle_session_timeout
+		"25P03", "25P04", // idle_in_transaction_session_timeout, transaction_timeout
 		"57014",          // query_canceled
 		"40001", "40P01", // serialization_failure, deadlock_detected
 		"55P03", // lock_not_available
@@ -175,6 +179,9 @@ func transientCode(code string) bool {
 func retryable(err error) bool {
 	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return false
+	}
+	if connectionLost(err) {
+		return true // whatever the statement was: it was neither refused nor committed
 	}
 	var (
 		restart  *restartError
@@ -209,6 +216,27 @@ func retryable(err error) bool {
 	}
 	// Not an error of a server: the network, a closed connection, a spill file.
 	return true
+}
+
+// connectionLost reports whether err says that an open connection is gone: an error of the
+// network, or one the server reported as ending the session (FATAL or PANIC) after the
+// connection was made. A FATAL error while connecting (authentication, a missing database) is
+// not.
+func connectionLost(err error) bool {
+	var (
+		netErr  net.Error
+		pgErr   *pgconn.PgError
+		connErr *pgconn.ConnectError
+	)
+	switch {
+	case errors.As(err, &connErr):
+		return false
+	case errors.As(err, &pgErr):
+		return pgErr.Severity == "FATAL" || pgErr.Severity == "PANIC"
+	case errors.As(err, &netErr), errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, net.ErrClosed):
+		return true
+	}
+	return pgconn.SafeToRetry(err) // not sent: the connection was closed or broken before
 }
 
 // restartError asks for the session to start again at once, applying the named source

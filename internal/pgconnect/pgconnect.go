@@ -2,7 +2,8 @@
 // described by a *pgconn.Config: the walsender connection of package replication and the
 // ordinary connections of package snapshot. It is one place for what they share: a copy of the
 // user's configuration per attempt, the user's hook applied to it, the session settings values
-// are printed with, a default application_name, server notices logged, and a Config that
+// are printed with and those that change how SQL is read or could end a session, a default
+// application_name, server notices logged, and a Config that
 // pgconn.ParseConfig did not make reported as an error instead of pgconn's panic.
 package pgconnect
 
@@ -11,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -29,6 +31,25 @@ var valueSettings = [...][2]string{
 	{"intervalstyle", "postgres"},
 	{"extra_float_digits", "3"},
 	{"client_encoding", "UTF8"},
+}
+
+// sessionSettings are the other session settings every connection made here pins, whatever
+// ALTER DATABASE, ALTER ROLE or the connection string say, as PostgreSQL's subscriber pins
+// search_path on its connections to the publisher.
+var sessionSettings = [...][2]string{
+	// Backslashes in '...' literals are ordinary characters.
+	{"standard_conforming_strings", "on"},
+	// No function, operator or type of another schema stands in for a built-in one; the
+	// published tables are named with their schema, and expressions read back from the catalog
+	// (pg_get_expr) come with every schema they need.
+	{"search_path", "pg_catalog, pg_temp"},
+	// A copy's statements and transactions last as long as its tables take, and its workers
+	// wait idle in their transaction for their turn: no server-side timeout may end them.
+	// transaction_timeout (17+) is set after connecting (PinLate): a server that does not
+	// know a setting sent at startup refuses the connection.
+	{"statement_timeout", "0"},
+	{"idle_in_transaction_session_timeout", "0"},
+	{"idle_session_timeout", "0"},
 }
 
 // PinValueSettings sets valueSettings in cfg's startup parameters, replacing whatever cfg says
@@ -51,7 +72,7 @@ func PinValueSettings(cfg *pgconn.Config) {
 
 // Attempt returns the configuration of one connection attempt: a copy of base, passed to before
 // (when not nil: it may set a password or a dialer for this attempt), without a "replication"
-// startup parameter, with the pinned value settings, application_name appName unless one is set,
+// startup parameter, with the pinned value and session settings, application_name appName unless one is set,
 // and server notices logged at Warn on log before base's own OnNotice sees them. base is not
 // modified.
 func Attempt(ctx context.Context, base *pgconn.Config, before func(context.Context, *pgconn.Config) error,
@@ -78,6 +99,7 @@ func Attempt(ctx context.Context, base *pgconn.Config, before func(context.Conte
 		}
 	}
 	PinValueSettings(pc)
+	pin(pc, sessionSettings[:])
 	if !hasAppName {
 		pc.RuntimeParams["application_name"] = appName
 	}
@@ -92,11 +114,26 @@ func Attempt(ctx context.Context, base *pgconn.Config, before func(context.Conte
 	return pc, nil
 }
 
+// pin sets settings in cfg's startup parameters, replacing whatever cfg says in any letter case.
+func pin(cfg *pgconn.Config, settings [][2]string) {
+	for k := range cfg.RuntimeParams {
+		for _, p := range settings {
+			if strings.EqualFold(k, p[0]) {
+				delete(cfg.RuntimeParams, k)
+			}
+		}
+	}
+	for _, p := range settings {
+		cfg.RuntimeParams[p[0]] = p[1]
+	}
+}
+
 // notParsed is the panic pgconn raises for a Config that pgconn.ParseConfig did not make.
 const notParsed = "config must be created by ParseConfig"
 
 // Connect is pgconn.ConnectConfig, returning ErrNotParsed where pgconn panics for a Config that
-// pgconn.ParseConfig did not make.
+// pgconn.ParseConfig did not make. An ordinary connection (no "replication" startup parameter)
+// then gets the settings of PinLate.
 func Connect(ctx context.Context, pc *pgconn.Config) (conn *pgconn.PgConn, err error) {
 	defer func() {
 		if r := recover(); r != nil {
@@ -106,5 +143,36 @@ func Connect(ctx context.Context, pc *pgconn.Config) (conn *pgconn.PgConn, err e
 			conn, err = nil, ErrNotParsed
 		}
 	}()
-	return pgconn.ConnectConfig(ctx, pc)
+	conn, err = pgconn.ConnectConfig(ctx, pc)
+	if err != nil || pc.RuntimeParams["replication"] != "" {
+		return conn, err
+	}
+	if err := PinLate(ctx, conn); err != nil {
+		conn.Close(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	return conn, nil
+}
+
+// PinLate sets, on an ordinary connection, the pinned settings that not every supported server
+// knows: transaction_timeout 0 on PostgreSQL 17 and later.
+func PinLate(ctx context.Context, conn *pgconn.PgConn) error {
+	if ServerMajor(conn) < 17 {
+		return nil
+	}
+	_, err := conn.ExecParams(ctx, "SELECT pg_catalog.set_config('transaction_timeout', '0', false)", nil, nil, nil, nil).Close()
+	if err != nil {
+		return fmt.Errorf("setting up the connection: %w", err)
+	}
+	return nil
+}
+
+// ServerMajor is the major version the server reported (server_version), 0 if it did not.
+func ServerMajor(conn *pgconn.PgConn) int {
+	v := conn.ParameterStatus("server_version")
+	if i := strings.IndexFunc(v, func(r rune) bool { return r < '0' || r > '9' }); i >= 0 {
+		v = v[:i]
+	}
+	n, _ := strconv.Atoi(v)
+	return n
 }
