@@ -322,3 +322,58 @@ func TestSessionEndRetried(t *testing.T) {
 		t.Errorf("connecting to a missing database: %v, retryable %v", err, retryable(err))
 	}
 }
+
+// TestUninstall removes what an Applier with tombstones and an origin left on the target, and
+// refuses while it runs; an Applier started afterwards sets it up again.
+func TestUninstall(t *testing.T) {
+	major := testMajors[len(testMajors)-1]
+	srv := pgtest.Shared(t, major)
+	e := hostileEnv(t, srv, "id", true)
+	cfg := e.config(t, Eager)
+	cfg.Workers = 2
+	cfg.Origin = "pgr_uninstall"
+	cfg.ProgressTable = `"My ""Sch""".progress`
+	cfg.Conflicts.Retention = 5 * time.Minute
+	execOn(t, e.dst, `CREATE SCHEMA "My ""Sch"""`)
+	dropOrigins(t, e.dst, cfg.Origin)
+	execOn(t, e.src, `INSERT INTO kv VALUES (1, 1, 'a')`, `INSERT INTO marker VALUES (1)`)
+	r := start(t, cfg)
+	e.waitMarker(t, r, 1)
+	waitTrigger(t, e.dst)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	a, err := New(cfg)
+	must(t, err)
+	if err := a.Uninstall(ctx, UninstallOptions{Progress: true, Origins: true}); !errors.Is(err, ErrSlotInUse) {
+		t.Fatalf("Uninstall while running: %v, want ErrSlotInUse", err)
+	}
+	r.halt(t)
+	left := func() map[string]int64 {
+		return map[string]int64{
+			"triggers": count64(t, e.dst, `SELECT count(*) FROM pg_trigger WHERE tgname = '`+tombstoneTrigger+`'`),
+			"functions": count64(t, e.dst, `SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+				WHERE n.nspname = 'My "Sch"' AND p.proname = 'pgreorder_tombstones_record'`),
+			"tables":  count64(t, e.dst, `SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'My "Sch"'`),
+			"origins": count64(t, e.dst, `SELECT count(*) FROM pg_replication_origin WHERE roname LIKE 'pgr_uninstall%'`),
+		}
+	}
+	before := left()
+	if before["triggers"] != 2 || before["functions"] != 1 || before["tables"] == 0 || before["origins"] != 3 {
+		t.Fatalf("before Uninstall: %v", before)
+	}
+	// Another slot's progress row keeps the progress table.
+	execOn(t, e.dst, `INSERT INTO "My ""Sch""".progress VALUES ('other', '0/1')`)
+	must(t, a.Uninstall(ctx, UninstallOptions{Progress: true, Origins: true}))
+	if got := left(); got["triggers"] != 0 || got["functions"] != 0 || got["tables"] != 2 || got["origins"] != 0 {
+		t.Errorf("after Uninstall: %v, want only the progress table (and its index)", got)
+	}
+	if n := count64(t, e.dst, `SELECT count(*) FROM "My ""Sch""".progress WHERE slot = 'hostile'`); n != 0 {
+		t.Errorf("the slot's progress row is still there")
+	}
+	// The store comes back with the next Run.
+	execOn(t, e.src, `INSERT INTO kv VALUES (2, 2, 'b')`, `INSERT INTO marker VALUES (2)`)
+	r = start(t, cfg)
+	e.waitMarker(t, r, 2)
+	waitTrigger(t, e.dst)
+	r.halt(t)
+}
