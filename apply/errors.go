@@ -180,9 +180,6 @@ func retryable(err error) bool {
 	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return false
 	}
-	if connectionLost(err) {
-		return true // whatever the statement was: it was neither refused nor committed
-	}
 	var (
 		restart  *restartError
 		apply    *ApplyError
@@ -201,6 +198,8 @@ func retryable(err error) bool {
 		// not be written (a full disk) may not.
 		var pathErr *fs.PathError
 		return errors.As(err, &pathErr) && !errors.Is(err, spill.ErrCorrupt)
+	case (errors.As(err, &apply) || errors.As(err, &change)) && connectionLost(err):
+		return true // not refused: the connection went (the progress row tells what committed)
 	case errors.As(err, &apply), errors.As(err, &change), errors.As(err, &missing),
 		errors.As(err, &option), errors.As(err, &protocol), errors.Is(err, ErrInvalidConfig),
 		errors.Is(err, replication.ErrInvalidConfig), errors.Is(err, replication.ErrUnsupported),
@@ -212,7 +211,7 @@ func retryable(err error) bool {
 	case errors.Is(err, replication.ErrSlotActive), errors.Is(err, replication.ErrServerEndedStream):
 		return true
 	case errors.As(err, &pgErr):
-		return transientCode(pgErr.Code)
+		return transientCode(pgErr.Code) || connectionLost(err)
 	}
 	// Not an error of a server: the network, a closed connection, a spill file.
 	return true
