@@ -236,7 +236,7 @@ WHERE r.slot = $1 AND r.relation <> '' ORDER BY r.relation`, s.cfg.Slot)
 		}
 		if len(names) > 0 {
 			s.log.Info("emptying the tables of an unfinished initial copy", "tables", strings.Join(names, ", "))
-			if err := s.leader.conn.Exec(ctx, "TRUNCATE "+strings.Join(names, ", ")).Close(); err != nil {
+			if _, err := s.leader.conn.ExecParams(ctx, "TRUNCATE "+strings.Join(names, ", "), nil, nil, nil, nil).Close(); err != nil {
 				return err
 			}
 		}
@@ -352,7 +352,7 @@ func (s *session) prepareCopy(ctx context.Context, ct string, tables []*snapshot
 				return fmt.Errorf("%w: %s (empty it, or set CopyTruncate to let the copy truncate it)", ErrTargetNotEmpty, strings.Join(full, ", "))
 			}
 			s.log.Info("truncating target tables that hold rows before the initial copy", "tables", strings.Join(full, ", "))
-			if err := s.leader.conn.Exec(ctx, "TRUNCATE "+strings.Join(names, ", ")).Close(); err != nil {
+			if _, err := s.leader.conn.ExecParams(ctx, "TRUNCATE "+strings.Join(names, ", "), nil, nil, nil, nil).Close(); err != nil {
 				return fmt.Errorf("apply: initial copy: truncating the target tables: %w", err)
 			}
 		}

@@ -280,7 +280,8 @@ func TestIdleSessionTimeout(t *testing.T) {
 }
 
 // TestSessionEndRetried: the error of a statement on a connection the server ended (here by
-// idle_session_timeout, SQLSTATE 57P05) is a lost connection, retried, not a refused change.
+// idle_session_timeout) is a lost connection, retried, not a refused change: over TCP the
+// server's FATAL 57P05 is read, over a unix socket the write fails.
 func TestSessionEndRetried(t *testing.T) {
 	major := testMajors[len(testMajors)-1]
 	srv := pgtest.Shared(t, major)
@@ -288,29 +289,26 @@ func TestSessionEndRetried(t *testing.T) {
 	dsn := srv.ConnString(db)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	conn, err := pgconn.Connect(ctx, dsn+" idle_session_timeout=100")
-	must(t, err)
-	defer conn.Close(context.Background())
-	pid := fmt.Sprint(conn.PID())
-	eventually(t, "the idle session ended", func() bool {
-		return count64(t, dsn, `SELECT count(*) FROM pg_stat_activity WHERE pid = `+pid) == 0
-	})
-	_, err = conn.Exec(ctx, "SELECT 1").ReadAll()
-	if err == nil {
-		t.Fatal("a statement on an ended session succeeded")
-	}
-	t.Logf("error: %v", err)
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		t.Logf("SQLSTATE %s, severity %s", pgErr.Code, pgErr.Severity)
-	}
 	tg := &target{}
-	ce := tg.statementError(batchOp{op: 'I'}, err)
-	ae := &ApplyError{Op: "INSERT", Err: ce}
-	if !retryable(ae) {
-		t.Errorf("not retryable: %v", ae)
+	for _, c := range []struct{ name, dsn string }{{"tcp", srv.TCPConnString(db)}, {"unix", dsn}} {
+		conn, err := pgconn.Connect(ctx, c.dsn+" idle_session_timeout=100")
+		must(t, err)
+		defer conn.Close(context.Background())
+		pid := fmt.Sprint(conn.PID())
+		eventually(t, "the idle session ended", func() bool {
+			return count64(t, dsn, `SELECT count(*) FROM pg_stat_activity WHERE pid = `+pid) == 0
+		})
+		_, err = conn.Exec(ctx, "SELECT 1").ReadAll()
+		if err == nil {
+			t.Fatalf("%s: a statement on an ended session succeeded", c.name)
+		}
+		t.Logf("%s: %v", c.name, err)
+		ae := &ApplyError{Op: "INSERT", Err: tg.statementError(batchOp{op: 'I'}, err)}
+		if !retryable(ae) {
+			t.Errorf("%s: not retryable: %v", c.name, ae)
+		}
 	}
-	// The same for an error the server sent before it closed the connection.
+	// The same for every error the server sends as it ends a session.
 	for _, code := range []string{"57P05", "25P03", "25P04", "XX000"} {
 		fatal := &pgconn.PgError{Severity: "FATAL", Code: code, Message: "terminating connection"}
 		if err := (&ApplyError{Op: "INSERT", Err: tg.statementError(batchOp{op: 'I'}, fatal)}); !retryable(err) {
@@ -320,6 +318,11 @@ func TestSessionEndRetried(t *testing.T) {
 	// But not a server that refuses the connection.
 	if _, err := pgconn.Connect(ctx, srv.ConnString("no_such_database")); err == nil || retryable(err) {
 		t.Errorf("connecting to a missing database: %v, retryable %v", err, retryable(err))
+	}
+	// Nor a change the server refused.
+	refused := &pgconn.PgError{Severity: "ERROR", Code: "23505", Message: "duplicate key"}
+	if err := (&ApplyError{Op: "INSERT", Err: tg.statementError(batchOp{op: 'I'}, refused)}); retryable(err) {
+		t.Error("a unique violation is retryable")
 	}
 }
 
