@@ -203,8 +203,9 @@ func TestPinnedTargetSettings(t *testing.T) {
 			cfg.Conflicts.Retention = 5 * time.Minute
 			cfg.Conflicts.LogTable = "public.conflict_log"
 			r := start(t, cfg)
-			execOn(t, e.src, `UPDATE kv SET v = 'updated' WHERE id <= 10`, `DELETE FROM kv WHERE id > 40`, `INSERT INTO marker VALUES (1)`)
 			e.dst = dst
+			e.waitProgress(t, r) // the copy is done
+			execOn(t, e.src, `UPDATE kv SET v = 'updated' WHERE id <= 10`, `DELETE FROM kv WHERE id > 40`, `INSERT INTO marker VALUES (1)`)
 			e.waitMarker(t, r, 1)
 			r.halt(t)
 			if got, want := rowsOf(t, dst), rowsOf(t, e.src); got != want {
@@ -246,6 +247,7 @@ func TestPinnedSourceSettings(t *testing.T) {
 			cfg := e.config(t, Buffered)
 			cfg.Copy = true
 			r := start(t, cfg)
+			e.waitProgress(t, r) // the copy is done
 			execOn(t, src, `UPDATE kv SET v = 'updated' WHERE id <= 10`, `INSERT INTO marker VALUES (1)`)
 			e.waitMarker(t, r, 1)
 			r.halt(t)
@@ -379,4 +381,31 @@ func TestUninstall(t *testing.T) {
 	e.waitMarker(t, r, 2)
 	waitTrigger(t, e.dst)
 	r.halt(t)
+}
+
+// TestUnqualifiedNames: the configured tables without a schema go where the target role's
+// search_path says, although the Applier's sessions pin their own: an existing table where it
+// is, a new one in the first schema of the path.
+func TestUnqualifiedNames(t *testing.T) {
+	major := testMajors[len(testMajors)-1]
+	srv := pgtest.Shared(t, major)
+	e := hostileEnv(t, srv, "id", true)
+	execOn(t, e.dst, `CREATE SCHEMA app`, `CREATE TABLE public.conflict_log (id int)`)
+	alterDatabase(t, e.dst, "search_path = app, public")
+	cfg := e.config(t, Buffered)
+	cfg.Conflicts.Retention = 5 * time.Minute
+	cfg.Conflicts.LogTable = "conflict_log"
+	execOn(t, e.src, `INSERT INTO kv VALUES (1, 1, 'a')`, `INSERT INTO marker VALUES (1)`)
+	r := start(t, cfg)
+	e.waitMarker(t, r, 1)
+	waitTrigger(t, e.dst)
+	r.halt(t)
+	for _, table := range []string{"app.pgreorder_apply_progress", "app.pgreorder_tombstones", "public.conflict_log"} {
+		if n := count64(t, e.dst, `SELECT count(*) FROM pg_catalog.pg_class WHERE oid = pg_catalog.to_regclass('`+table+`')`); n != 1 {
+			t.Errorf("no table %s", table)
+		}
+	}
+	if n := count64(t, e.dst, `SELECT count(*) FROM app.pgreorder_apply_progress WHERE slot = 'hostile'`); n != 1 {
+		t.Errorf("no progress row in app.pgreorder_apply_progress")
+	}
 }

@@ -119,8 +119,9 @@ type batchOp struct {
 type pinnedSetting struct {
 	name, value string
 	// since is the first server major that knows the setting, 0 for every supported one. A
-	// setting the server does not know fails the connection when sent at startup, so the newer
-	// ones are set after connecting, on servers that have them.
+	// setting the server does not know fails the connection when sent at startup: a server
+	// that refuses the newer ones gets them after connecting, if its version has them
+	// (pgconnect.ConnectNewer).
 	since int
 }
 
@@ -196,13 +197,19 @@ func dialTarget(ctx context.Context, cfg *Config, name string) (*pgconn.PgConn, 
 	if err != nil {
 		return nil, nil, err
 	}
-	conn, err := pgconn.ConnectConfig(ctx, pc)
+	var newer []pgconnect.Newer
+	for _, p := range targetSettings {
+		if p.since > 0 {
+			newer = append(newer, pgconnect.Newer{Name: p.name, Value: p.value, Since: p.since})
+		}
+	}
+	conn, err := pgconnect.ConnectNewer(ctx, pc, newer)
 	if err != nil {
 		return nil, nil, fmt.Errorf("apply: connecting to the target: %w", err)
 	}
 	names, err := resolveNames(ctx, conn, cfg)
 	if err == nil {
-		err = pinLate(ctx, conn)
+		err = pinSearchPath(ctx, conn)
 	}
 	if err != nil {
 		conn.Close(context.WithoutCancel(ctx))
@@ -211,57 +218,65 @@ func dialTarget(ctx context.Context, cfg *Config, name string) (*pgconn.PgConn, 
 	return conn, names, nil
 }
 
-// pinLate sets search_path and the pinned settings the server is too old for in the startup
-// packet.
-func pinLate(ctx context.Context, conn *pgconn.PgConn) error {
-	major := pgconnect.ServerMajor(conn)
-	var sql strings.Builder
-	var params [][]byte
-	sql.WriteString("SELECT ")
+// pinSearchPath sets the pinned search_path.
+func pinSearchPath(ctx context.Context, conn *pgconn.PgConn) error {
 	for _, p := range targetSettings {
-		if p.name != "search_path" && (p.since == 0 || major < p.since) {
+		if p.name != "search_path" {
 			continue
 		}
-		if len(params) > 0 {
-			sql.WriteString(", ")
+		_, err := conn.ExecParams(ctx, "SELECT pg_catalog.set_config('search_path', $1, false)", [][]byte{[]byte(p.value)},
+			nil, nil, nil).Close()
+		if err != nil {
+			return fmt.Errorf("apply: setting up the target connection: %w", err)
 		}
-		fmt.Fprintf(&sql, "pg_catalog.set_config($%d, $%d, false)", len(params)+1, len(params)+2)
-		params = append(params, []byte(p.name), []byte(p.value))
-	}
-	if _, err := conn.ExecParams(ctx, sql.String(), params, nil, nil, nil).Close(); err != nil {
-		return fmt.Errorf("apply: setting up the target connection: %w", err)
 	}
 	return nil
 }
 
 // resolveNames qualifies the configured table names that have no schema, as the server would
 // in the user's search_path: the schema of an existing table of that name, or else the one a
-// CREATE TABLE would use. The query names its operators and functions with their schema: the
-// search_path is the user's here.
+// CREATE TABLE would use. The query (one round trip) names its operators and functions with
+// their schema: the search_path is the user's here.
 func resolveNames(ctx context.Context, conn *pgconn.PgConn, cfg *Config) (map[string]string, error) {
 	names := map[string]string{}
+	var bare []string // the names without a schema, quoted
+	var keys []string
 	for _, n := range []string{cfg.ProgressTable, cfg.Conflicts.LogTable, cfg.Conflicts.TombstoneTable, DefaultTombstoneTable} {
-		if n == "" {
+		if _, done := names[n]; done || n == "" {
 			continue
 		}
 		parts, err := parseQualified(n)
 		if err != nil {
 			return nil, fmt.Errorf("%w: table name %q: %v", ErrInvalidConfig, n, err)
 		}
-		if len(parts) == 1 {
-			rows, err := query(ctx, conn, `SELECT coalesce((SELECT n.nspname FROM pg_catalog.pg_class c, pg_catalog.pg_namespace n
-				WHERE c.oid OPERATOR(pg_catalog.=) pg_catalog.to_regclass($1) AND n.oid OPERATOR(pg_catalog.=) c.relnamespace),
-				pg_catalog.current_schema())`, quoteIdent(parts[0]))
-			if err != nil {
-				return nil, fmt.Errorf("apply: looking up table %s on the target: %w", quoteIdent(parts[0]), err)
-			}
-			if rows[0][0] == nil {
-				return nil, fmt.Errorf("%w: table %s: the target's search_path names no schema that exists: qualify the table "+
-					"name with its schema", ErrInvalidConfig, quoteIdent(parts[0]))
-			}
-			parts = []string{string(rows[0][0]), parts[0]}
-		}
 		names[n] = quoteQualified(parts)
+		if len(parts) == 1 {
+			bare, keys = append(bare, quoteIdent(parts[0])), append(keys, n)
+		}
+	}
+	if len(bare) == 0 {
+		return names, nil
+	}
+	var sql strings.Builder
+	sql.WriteString("SELECT pg_catalog.current_schema()")
+	for i := range bare {
+		fmt.Fprintf(&sql, `, (SELECT n.nspname FROM pg_catalog.pg_class c, pg_catalog.pg_namespace n
+			WHERE c.oid OPERATOR(pg_catalog.=) pg_catalog.to_regclass($%d) AND n.oid OPERATOR(pg_catalog.=) c.relnamespace)`, i+1)
+	}
+	rows, err := query(ctx, conn, sql.String(), bare...)
+	if err != nil {
+		return nil, fmt.Errorf("apply: looking up the tables %s on the target: %w", strings.Join(bare, ", "), err)
+	}
+	for i, n := range keys {
+		schema := rows[0][i+1]
+		if schema == nil {
+			schema = rows[0][0]
+		}
+		if schema == nil {
+			return nil, fmt.Errorf("%w: table %s: the target's search_path names no schema that exists: qualify the table "+
+				"name with its schema", ErrInvalidConfig, bare[i])
+		}
+		names[n] = quoteIdent(string(schema)) + "." + bare[i]
 	}
 	return names, nil
 }

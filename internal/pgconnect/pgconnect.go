@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -45,8 +46,8 @@ var sessionSettings = [...][2]string{
 	{"search_path", "pg_catalog, pg_temp"},
 	// A copy's statements and transactions last as long as its tables take, and its workers
 	// wait idle in their transaction for their turn: no server-side timeout may end them.
-	// transaction_timeout (17+) is set after connecting (PinLate): a server that does not
-	// know a setting sent at startup refuses the connection.
+	// transaction_timeout (17+) is one of newerSettings: a server that does not know a
+	// setting sent at startup refuses the connection.
 	{"statement_timeout", "0"},
 	{"idle_in_transaction_session_timeout", "0"},
 	{"idle_session_timeout", "0"},
@@ -133,8 +134,16 @@ const notParsed = "config must be created by ParseConfig"
 
 // Connect is pgconn.ConnectConfig, returning ErrNotParsed where pgconn panics for a Config that
 // pgconn.ParseConfig did not make. An ordinary connection (no "replication" startup parameter)
-// then gets the settings of PinLate.
+// also gets the newer pinned settings (see ConnectNewer): transaction_timeout 0 where the server
+// has it (17+).
 func Connect(ctx context.Context, pc *pgconn.Config) (conn *pgconn.PgConn, err error) {
+	if pc.RuntimeParams["replication"] != "" {
+		return connect(ctx, pc)
+	}
+	return ConnectNewer(ctx, pc, newerSettings[:])
+}
+
+func connect(ctx context.Context, pc *pgconn.Config) (conn *pgconn.PgConn, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			if r != notParsed {
@@ -143,28 +152,71 @@ func Connect(ctx context.Context, pc *pgconn.Config) (conn *pgconn.PgConn, err e
 			conn, err = nil, ErrNotParsed
 		}
 	}()
-	conn, err = pgconn.ConnectConfig(ctx, pc)
-	if err != nil || pc.RuntimeParams["replication"] != "" {
-		return conn, err
-	}
-	if err := PinLate(ctx, conn); err != nil {
-		conn.Close(context.WithoutCancel(ctx))
-		return nil, err
-	}
-	return conn, nil
+	return pgconn.ConnectConfig(ctx, pc)
 }
 
-// PinLate sets, on an ordinary connection, the pinned settings that not every supported server
-// knows: transaction_timeout 0 on PostgreSQL 17 and later.
-func PinLate(ctx context.Context, conn *pgconn.PgConn) error {
-	if ServerMajor(conn) < 17 {
-		return nil
+// Newer is a setting to pin that not every supported server knows: Since is the first major
+// version that does.
+type Newer struct {
+	Name, Value string
+	Since       int
+}
+
+// newerSettings are the newer settings Connect pins on ordinary connections: a copy's
+// transaction lasts as long as its tables take.
+var newerSettings = [...]Newer{{Name: "transaction_timeout", Value: "0", Since: 17}}
+
+// tooOld holds the servers ("host:port/database") that refused a newer setting at startup.
+var tooOld sync.Map
+
+// ConnectNewer connects as Connect with pc, whose startup parameters carry the newer settings
+// too, so that they hold from the first statement on. A server that does not know one refuses
+// such a connection (SQLSTATE 42704): it is connected to again without them and given, through
+// set_config, those its version has; it is remembered, and later connections to it go without
+// them at once.
+func ConnectNewer(ctx context.Context, pc *pgconn.Config, settings []Newer) (*pgconn.PgConn, error) {
+	key := fmt.Sprintf("%s:%d/%s", pc.Host, pc.Port, pc.Database)
+	if _, old := tooOld.Load(key); !old && len(settings) > 0 {
+		with := pc.Copy()
+		if with.RuntimeParams == nil { // a Config not made by ParseConfig: connect says so
+			with.RuntimeParams = map[string]string{}
+		}
+		for _, s := range settings {
+			with.RuntimeParams[s.Name] = s.Value
+		}
+		conn, err := connect(ctx, with)
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "42704" {
+			return conn, err
+		}
+		tooOld.Store(key, true)
 	}
-	_, err := conn.ExecParams(ctx, "SELECT pg_catalog.set_config('transaction_timeout', '0', false)", nil, nil, nil, nil).Close()
+	conn, err := connect(ctx, pc)
 	if err != nil {
-		return fmt.Errorf("setting up the connection: %w", err)
+		return nil, err
 	}
-	return nil
+	major := ServerMajor(conn)
+	var sql strings.Builder
+	var params [][]byte
+	for _, s := range settings {
+		if major < s.Since {
+			continue
+		}
+		if len(params) == 0 {
+			sql.WriteString("SELECT ")
+		} else {
+			sql.WriteString(", ")
+		}
+		fmt.Fprintf(&sql, "pg_catalog.set_config($%d, $%d, false)", len(params)+1, len(params)+2)
+		params = append(params, []byte(s.Name), []byte(s.Value))
+	}
+	if len(params) > 0 {
+		if _, err := conn.ExecParams(ctx, sql.String(), params, nil, nil, nil).Close(); err != nil {
+			conn.Close(context.WithoutCancel(ctx))
+			return nil, fmt.Errorf("setting up the connection: %w", err)
+		}
+	}
+	return conn, nil
 }
 
 // ServerMajor is the major version the server reported (server_version), 0 if it did not.
