@@ -141,7 +141,9 @@ type Config struct {
 	Binary bool
 	// ProgressTable is the target table that records the progress of each slot, created if
 	// missing: (slot text PRIMARY KEY, end_lsn pg_lsn). "" means DefaultProgressTable; a
-	// schema-qualified name ("schema.table") is allowed.
+	// schema-qualified name ("schema.table") is allowed. A name without a schema is resolved
+	// in the target role's search_path when a connection opens: the schema of an existing
+	// table of that name, or else the one CREATE TABLE would choose.
 	ProgressTable string
 	// StatusInterval is the longest time between two status updates to the source; 0 means the
 	// replication package's default.

@@ -182,7 +182,9 @@ type ConflictConfig struct {
 	// Zero records nothing: every missing row is update_missing.
 	Retention time.Duration
 	// TombstoneTable is the target table of tombstones; "" means DefaultTombstoneTable, in the
-	// schema of Config.ProgressTable when that one is qualified.
+	// schema of Config.ProgressTable when that one is qualified. A name without a schema is
+	// resolved as Config.ProgressTable's is. Its trigger function, named after it with
+	// "_record", is beside it. Applier.Uninstall removes both, and the triggers.
 	TombstoneTable string
 	// LogTable, when set, is a target table (created if missing) that receives one row per
 	// conflict, in the transaction that resolves it: the source transaction (xid, final LSN,

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 )
 
@@ -83,7 +82,7 @@ func (s *session) setupConflicts(ctx context.Context) error {
 		})
 	}
 	if cfg.Conflicts.LogTable != "" {
-		sql, err := setupLogTable(ctx, tg, cfg.Conflicts.LogTable)
+		sql, err := setupLogTable(ctx, tg, tg.table(cfg.Conflicts.LogTable))
 		if err != nil {
 			return err
 		}
@@ -106,6 +105,12 @@ func (s *session) attachConflicts(ctx context.Context, tg *target, worker int) e
 	if s.ours != nil {
 		if err := tg.setupOrigin(ctx, workerOrigin(s.cfg.Origin, worker)); err != nil {
 			return err
+		}
+	}
+	if s.det != nil && s.det.tomb != nil && !tg.replicaRole {
+		// Deletions the worker applies are not local ones (see tombstones).
+		if _, err := tg.conn.ExecParams(ctx, "SET pgreorder.applying = on", nil, nil, nil, nil).Close(); err != nil {
+			return fmt.Errorf("apply: setting up the target connection: %w", err)
 		}
 	}
 	tg.det = s.det
@@ -170,18 +175,10 @@ func (t *target) originXact(end LSN) {
 const logColumns = "slot, conflict, relation, resolution, remote_xid, remote_final_lsn, remote_commit_ts, remote_origin, " +
 	"replica_identity, remote_tuple, local_conflicts, note"
 
-// setupLogTable creates the conflict log table if it is missing and returns the statement
-// that inserts a JSON array of logRecords into it.
-func setupLogTable(ctx context.Context, tg *target, name string) (string, error) {
-	parts, err := parseQualified(name)
-	if err != nil {
-		return "", fmt.Errorf("%w: LogTable: %v", ErrInvalidConfig, err)
-	}
-	for i, p := range parts {
-		parts[i] = quoteIdent(p)
-	}
-	table := strings.Join(parts, ".")
-	err = tg.conn.Exec(ctx, "CREATE TABLE IF NOT EXISTS "+table+` (
+// setupLogTable creates the conflict log table (quoted and qualified) if it is missing and
+// returns the statement that inserts a JSON array of logRecords into it.
+func setupLogTable(ctx context.Context, tg *target, table string) (string, error) {
+	_, err := tg.conn.ExecParams(ctx, "CREATE TABLE IF NOT EXISTS "+table+` (
 	id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
 	logged_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
 	slot text NOT NULL,
@@ -195,7 +192,7 @@ func setupLogTable(ctx context.Context, tg *target, name string) (string, error)
 	replica_identity jsonb,
 	remote_tuple jsonb,
 	local_conflicts jsonb,
-	note text)`).Close()
+	note text)`, nil, nil, nil, nil).Close()
 	if err != nil && !isCode(err, "42P07") {
 		return "", fmt.Errorf("apply: creating the conflict log table %s: %w", table, err)
 	}

@@ -47,39 +47,48 @@ type tombstones struct {
 	done   chan struct{}
 }
 
+// tombstoneNames returns the quoted, qualified names of the tombstone table and of its trigger
+// function, and the table's own name, for a Config and a connection that resolved its names.
+func tombstoneNames(tg *target, cfg *Config) (table, fn, base string) {
+	var parts []string
+	if cfg.Conflicts.TombstoneTable != "" {
+		parts, _ = parseQualified(tg.table(cfg.Conflicts.TombstoneTable))
+	} else if p, _ := parseQualified(cfg.ProgressTable); len(p) == 2 {
+		parts = []string{p[0], DefaultTombstoneTable}
+	} else {
+		parts, _ = parseQualified(tg.table(DefaultTombstoneTable))
+	}
+	base = parts[len(parts)-1]
+	table = quoteQualified(parts)
+	parts[len(parts)-1] = base + "_record"
+	return table, quoteQualified(parts), base
+}
+
 // newTombstones creates the tombstone table and the trigger function (recording) through tg.
 func newTombstones(ctx context.Context, tg *target, cfg *Config, stats *counters, log *slog.Logger) (*tombstones, error) {
-	name := cfg.Conflicts.TombstoneTable
-	if name == "" {
-		name = DefaultTombstoneTable
-		if parts, _ := parseQualified(cfg.ProgressTable); len(parts) == 2 {
-			name = parts[0] + "." + name
+	if cfg.Conflicts.TombstoneTable != "" {
+		if _, err := parseQualified(cfg.Conflicts.TombstoneTable); err != nil {
+			return nil, fmt.Errorf("%w: TombstoneTable: %v", ErrInvalidConfig, err)
 		}
 	}
-	parts, err := parseQualified(name)
-	if err != nil {
-		return nil, fmt.Errorf("%w: TombstoneTable: %v", ErrInvalidConfig, err)
-	}
-	base := parts[len(parts)-1]
-	q := func(s string) string {
-		parts[len(parts)-1] = s
-		out := make([]string, len(parts))
-		for i, p := range parts {
-			out[i] = quoteIdent(p)
-		}
-		return strings.Join(out, ".")
-	}
-	tb := &tombstones{table: q(base), fn: q(base + "_record"), retention: cfg.Conflicts.Retention, cfg: cfg,
+	table, fn, base := tombstoneNames(tg, cfg)
+	tb := &tombstones{table: table, fn: fn, retention: cfg.Conflicts.Retention, cfg: cfg,
 		stats: stats, log: log, wanted: map[uint32]*relMap{}, installed: map[uint32]bool{}, active: true}
+	idx := func(suffix string) string { return quoteIdent(base + suffix) } // in the table's schema
+	// One statement at a time, through the extended protocol, which takes no more than one.
 	for _, sql := range []string{
-		"CREATE TABLE IF NOT EXISTS " + tb.table + " (relid oid NOT NULL, key text[] NOT NULL, " +
-			"deleted_at timestamptz NOT NULL, xid xid8 NOT NULL)",
-		"CREATE INDEX IF NOT EXISTS " + quoteIdent(base+"_key") + " ON " + tb.table + " (relid, key)",
-		"CREATE INDEX IF NOT EXISTS " + quoteIdent(base+"_at") + " ON " + tb.table + " (deleted_at)",
+		"CREATE TABLE IF NOT EXISTS " + tb.table + " (relid pg_catalog.oid NOT NULL, key pg_catalog.text[] NOT NULL, " +
+			"deleted_at pg_catalog.timestamptz NOT NULL, xid pg_catalog.xid8 NOT NULL)",
+		// Only the Applier's role, which owns the table, reads and writes it; local sessions
+		// write it through the trigger function, which runs as that role.
+		"REVOKE ALL ON " + tb.table + " FROM PUBLIC",
+		"CREATE INDEX IF NOT EXISTS " + idx("_key") + " ON " + tb.table + " (relid, key)",
+		"CREATE INDEX IF NOT EXISTS " + idx("_at") + " ON " + tb.table + " (deleted_at)",
 		tb.function(true),
+		"REVOKE ALL ON FUNCTION " + tb.fn + "() FROM PUBLIC",
 		"SET pgreorder.applying = on",
 	} {
-		if err := tg.conn.Exec(ctx, sql).Close(); err != nil {
+		if _, err := tg.conn.ExecParams(ctx, sql, nil, nil, nil, nil).Close(); err != nil {
 			return nil, fmt.Errorf("apply: setting up the tombstone table %s: %w", tb.table, err)
 		}
 	}
@@ -87,20 +96,25 @@ func newTombstones(ctx context.Context, tg *target, cfg *Config, stats *counters
 	return tb, nil
 }
 
-// function is the trigger function: recording, or not.
+// function is the trigger function: recording, or not. It fires in local sessions, whatever
+// their role and search_path: it runs as its owner, the Applier's role (SECURITY DEFINER), the
+// only one that may write the tombstone table, with a search_path of its own, and names every
+// object with its schema.
 func (tb *tombstones) function(record bool) string {
 	body := "BEGIN RETURN NULL; END"
 	if record {
 		body = `BEGIN
-	IF pg_catalog.current_setting('pgreorder.applying', true) = 'on' THEN RETURN NULL; END IF;
+	IF pg_catalog.current_setting('pgreorder.applying', true) OPERATOR(pg_catalog.=) 'on' THEN RETURN NULL; END IF;
 	INSERT INTO ` + tb.table + ` (relid, key, deleted_at, xid)
-	VALUES (TG_ARGV[0]::oid,
-		ARRAY(SELECT pg_catalog.to_jsonb(OLD) ->> a.k FROM pg_catalog.unnest(TG_ARGV[1:]) WITH ORDINALITY a(k, n) ORDER BY a.n),
+	VALUES (TG_ARGV[0]::pg_catalog.oid,
+		ARRAY(SELECT pg_catalog.to_jsonb(OLD) OPERATOR(pg_catalog.->>) a.k
+			FROM pg_catalog.unnest(TG_ARGV[1:]) WITH ORDINALITY a(k, n) ORDER BY a.n),
 		pg_catalog.clock_timestamp(), pg_catalog.pg_current_xact_id());
 	RETURN NULL;
 END`
 	}
-	return "CREATE OR REPLACE FUNCTION " + tb.fn + "() RETURNS trigger LANGUAGE plpgsql AS $pgr$" + body + "$pgr$"
+	return "CREATE OR REPLACE FUNCTION " + tb.fn + "() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER " +
+		"SET search_path = pg_catalog, pg_temp AS $pgr$" + body + "$pgr$"
 }
 
 // want asks for the trigger on m's target table.
@@ -191,14 +205,18 @@ func (tb *tombstones) run(ctx context.Context) {
 }
 
 func (tb *tombstones) connect(ctx context.Context) (*pgconn.PgConn, error) {
-	pc, err := pgconn.ParseConfig(tb.cfg.Target)
+	conn, _, err := dialTarget(ctx, tb.cfg, "pgreorder apply "+tb.cfg.Slot+" tombstones")
 	if err != nil {
 		return nil, err
 	}
-	pc.RuntimeParams["application_name"] = "pgreorder apply " + tb.cfg.Slot + " tombstones"
-	pc.RuntimeParams["lock_timeout"] = "1s"
-	pc.RuntimeParams["statement_timeout"] = "30s"
-	return pgconn.ConnectConfig(ctx, pc)
+	// Maintenance gives way to the tables' other users: a lock not granted soon is asked for
+	// again at the next tick.
+	if _, err := conn.ExecParams(ctx, "SELECT pg_catalog.set_config('lock_timeout', '1s', false), "+
+		"pg_catalog.set_config('statement_timeout', '30s', false)", nil, nil, nil, nil).Close(); err != nil {
+		conn.Close(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	return conn, nil
 }
 
 // maintain installs the triggers wanted, follows the lag, purges, and counts.
@@ -226,7 +244,7 @@ func (tb *tombstones) maintain(ctx context.Context, conn *pgconn.PgConn) error {
 	lag := time.Duration(tb.lag.Load())
 	switch {
 	case tb.active && lag > tb.retention:
-		if err := conn.Exec(ctx, tb.function(false)).Close(); err != nil {
+		if _, err := conn.ExecParams(ctx, tb.function(false), nil, nil, nil, nil).Close(); err != nil {
 			return err
 		}
 		tb.active = false
@@ -235,7 +253,7 @@ func (tb *tombstones) maintain(ctx context.Context, conn *pgconn.PgConn) error {
 		tb.log.Warn("apply lag exceeds the conflict retention: deletions are no longer recorded, update_deleted is reported as "+
 			"update_missing until the lag is back under it", "lag", lag, "retention", tb.retention)
 	case !tb.active && lag <= tb.retention:
-		if err := conn.Exec(ctx, tb.function(true)).Close(); err != nil {
+		if _, err := conn.ExecParams(ctx, tb.function(true), nil, nil, nil, nil).Close(); err != nil {
 			return err
 		}
 		tb.active = true
@@ -253,12 +271,14 @@ func (tb *tombstones) install(ctx context.Context, conn *pgconn.PgConn, m *relMa
 	if err != nil || len(rows) > 0 {
 		return err
 	}
+	// A trigger's arguments are literals, not parameters: the column names come from the
+	// source, quoted by quoteLiteral, in one statement the extended protocol sends.
 	args := []string{quoteLiteral(oid)}
 	for _, i := range m.key {
 		args = append(args, quoteLiteral(m.info.rel.Columns[i].Name))
 	}
-	err = conn.Exec(ctx, "CREATE TRIGGER "+tombstoneTrigger+" AFTER DELETE ON "+m.name+" FOR EACH ROW EXECUTE FUNCTION "+
-		tb.fn+"("+strings.Join(args, ", ")+")").Close()
+	_, err = conn.ExecParams(ctx, "CREATE TRIGGER "+tombstoneTrigger+" AFTER DELETE ON "+m.name+" FOR EACH ROW EXECUTE FUNCTION "+
+		tb.fn+"("+strings.Join(args, ", ")+")", nil, nil, nil, nil).Close()
 	if isCode(err, "42710") { // made meanwhile
 		return nil
 	}
@@ -285,4 +305,12 @@ func (tb *tombstones) purge(ctx context.Context, conn *pgconn.PgConn) error {
 	return nil
 }
 
-func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+// quoteLiteral quotes s as a string literal, read the same whatever standard_conforming_strings
+// says (apply pins it on): with a backslash, as an escape string (E'...') with backslashes
+// doubled.
+func quoteLiteral(s string) string {
+	if strings.Contains(s, `\`) {
+		return `E'` + strings.NewReplacer(`\`, `\\`, `'`, `''`).Replace(s) + `'`
+	}
+	return `'` + strings.ReplaceAll(s, `'`, `''`) + `'`
+}

@@ -8,8 +8,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
-
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/internal/pgconnect"
 	"github.com/pgreorder/pgreorder/replication"
@@ -53,10 +51,10 @@ func copyFatal(err error) bool {
 // session's walsender to release the slot before it is dropped.
 const copyStageTimeout = 30 * time.Second
 
-// copyTableName returns the quoted, qualified name of the copy table: the progress table's, with
-// "_copy" appended to the table's part.
+// copyTableName returns the quoted, qualified name of the copy table: the progress table's (as
+// quoted and qualified by target.table), with "_copy" appended to the table's part.
 func copyTableName(progress string) string {
-	parts, _ := parseQualified(progress) // checked by Config.validate
+	parts, _ := parseQualified(progress)
 	parts[len(parts)-1] += "_copy"
 	for i, p := range parts {
 		parts[i] = quoteIdent(p)
@@ -69,7 +67,7 @@ func copyTableName(progress string) string {
 // exists, discards the copy (drops the slot, truncates what was copied); what it could not
 // discard, the next session does.
 func (s *session) initialCopy(ctx context.Context, rcfg replication.Config) (_ *replication.Stream, _ LSN, err error) {
-	ct := copyTableName(s.cfg.ProgressTable)
+	ct := copyTableName(s.leader.table(s.cfg.ProgressTable))
 	if err := s.createCopyTable(ctx, ct); err != nil {
 		return nil, 0, err
 	}
@@ -236,7 +234,7 @@ WHERE r.slot = $1 AND r.relation <> '' ORDER BY r.relation`, s.cfg.Slot)
 		}
 		if len(names) > 0 {
 			s.log.Info("emptying the tables of an unfinished initial copy", "tables", strings.Join(names, ", "))
-			if err := s.leader.conn.Exec(ctx, "TRUNCATE "+strings.Join(names, ", ")).Close(); err != nil {
+			if _, err := s.leader.conn.ExecParams(ctx, "TRUNCATE "+strings.Join(names, ", "), nil, nil, nil, nil).Close(); err != nil {
 				return err
 			}
 		}
@@ -283,17 +281,15 @@ func (s *session) discardCopy(ctx context.Context, ct string) {
 // of an earlier session may hold it for a moment after its client went away: dropSlot waits for
 // it, up to copyStageTimeout.
 func (s *session) dropSlot(ctx context.Context) error {
-	pc, err := pgconnect.ParseConfig(s.cfg.Source)
+	base, err := pgconnect.ParseConfig(s.cfg.Source)
 	if err != nil {
 		return fmt.Errorf("%w: Source: %w", ErrInvalidConfig, err)
 	}
-	for k := range pc.RuntimeParams {
-		if strings.EqualFold(k, "replication") {
-			delete(pc.RuntimeParams, k)
-		}
+	pc, err := pgconnect.Attempt(ctx, base, nil, "pgreorder apply "+s.cfg.Slot, s.log)
+	if err != nil {
+		return err
 	}
-	pc.RuntimeParams["application_name"] = "pgreorder apply " + s.cfg.Slot
-	conn, err := pgconn.ConnectConfig(ctx, pc)
+	conn, err := pgconnect.Connect(ctx, pc)
 	if err != nil {
 		return fmt.Errorf("apply: connecting to the source to drop slot %q: %w", s.cfg.Slot, err)
 	}
@@ -354,7 +350,7 @@ func (s *session) prepareCopy(ctx context.Context, ct string, tables []*snapshot
 				return fmt.Errorf("%w: %s (empty it, or set CopyTruncate to let the copy truncate it)", ErrTargetNotEmpty, strings.Join(full, ", "))
 			}
 			s.log.Info("truncating target tables that hold rows before the initial copy", "tables", strings.Join(full, ", "))
-			if err := s.leader.conn.Exec(ctx, "TRUNCATE "+strings.Join(names, ", ")).Close(); err != nil {
+			if _, err := s.leader.conn.ExecParams(ctx, "TRUNCATE "+strings.Join(names, ", "), nil, nil, nil, nil).Close(); err != nil {
 				return fmt.Errorf("apply: initial copy: truncating the target tables: %w", err)
 			}
 		}

@@ -139,16 +139,32 @@
 // lets the target tell the Applier's rows from others' (with track_commit_timestamp) and lets a
 // reverse replication leave them out (Config.SourceOrigin "none"): two databases can replicate
 // into each other. ConflictConfig.Retention turns on update_deleted detection, from a bounded
-// record of the target's local deletions rather than retained dead tuples.
+// record of the target's local deletions rather than retained dead tuples; Applier.Uninstall
+// removes that record (and, as asked, the slot's progress and the origins) from the target.
+//
+// # Session settings
+//
+// Every connection to the target pins, whatever ALTER DATABASE, ALTER ROLE or the connection
+// string say, the settings that change how the SQL and the values it sends are read
+// (standard_conforming_strings on, client_encoding UTF8, DateStyle ISO, search_path pg_catalog,
+// pg_temp and others) and those that could end a session it keeps open (statement_timeout,
+// lock_timeout, idle_in_transaction_session_timeout, idle_session_timeout and, on 17+,
+// transaction_timeout, all 0). As in PostgreSQL's own apply worker, the search_path finds no
+// user schema: triggers enabled ALWAYS or REPLICA on target tables, and the functions of
+// defaults and constraints, must name their objects with their schema (or set search_path on
+// the function). Table names of the configuration without a schema are resolved once, when the
+// connection opens, in the user's own search_path. The connections to the source pin
+// standard_conforming_strings, the same search_path and the timeouts too.
 //
 // # Errors and retries
 //
 // Run retries, from the progress row and with a growing delay, whatever starting again can cure:
-// lost connections to either server, server shutdowns and restarts, deadlocks, serialization
-// failures, resource shortages. A slot that another session holds (the walsender or target
-// connections of one that died, which end when the server notices; or a second Applier of the
-// slot, which does not) is waited for up to Config.SlotWait, naming the holder at once, and then
-// stops Run with a *SlotInUseError (target) or *replication.SlotActiveError (source). It stops with an
+// lost connections to either server (including a session the server ended: FATAL, 57P05), server
+// shutdowns and restarts, deadlocks, serialization failures, resource shortages. A slot that
+// another session holds (the walsender or target connections of one that died, which end when
+// the server notices; or a second Applier of the slot, which does not) is waited for up to
+// Config.SlotWait, naming the holder at once, and then stops Run with a *SlotInUseError (target)
+// or *replication.SlotActiveError (source). It stops with an
 // error for what it cannot cure: an *ApplyError for a change the target refuses when applied
 // alone, in order (ErrMissingTable, ErrSchemaMismatch, ErrNoReplicaIdentity, ErrPermission,
 // ErrConstraint, ErrData), naming the table, the column when the target says which value it

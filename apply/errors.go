@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
+	"net"
 	"strings"
 	"time"
 
@@ -42,7 +44,8 @@ var (
 	ErrData = errors.New("apply: value rejected by the target")
 
 	// ErrSlotInUse is wrapped by the *SlotInUseError returned when another session of the slot
-	// still holds it on the target after Config.SlotWait.
+	// still holds it on the target after Config.SlotWait, and returned by Uninstall while an
+	// Applier of the slot runs.
 	ErrSlotInUse = errors.New("apply: the slot is in use by another session")
 )
 
@@ -215,6 +218,8 @@ func transientCode(code string) bool {
 	}
 	switch code {
 	case "57P01", "57P02", "57P03", // admin_shutdown, crash_shutdown, cannot_connect_now
+		"57P05",          // idle_session_timeout
+		"25P03", "25P04", // idle_in_transaction_session_timeout, transaction_timeout
 		"57014",          // query_canceled
 		"40001", "40P01", // serialization_failure, deadlock_detected
 		"55P03", // lock_not_available
@@ -252,6 +257,8 @@ func retryable(err error) bool {
 		// not be written (a full disk) may not.
 		var pathErr *fs.PathError
 		return errors.As(err, &pathErr) && !errors.Is(err, spill.ErrCorrupt)
+	case (errors.As(err, &apply) || errors.As(err, &change)) && connectionLost(err):
+		return true // not refused: the connection went (the progress row tells what committed)
 	case errors.As(err, &apply), errors.As(err, &change), errors.As(err, &missing),
 		errors.As(err, &option), errors.As(err, &check), errors.As(err, &protocol), errors.Is(err, ErrInvalidConfig),
 		errors.As(err, &inUse), errors.Is(err, replication.ErrSlotActive), // waited for up to SlotWait already
@@ -264,10 +271,31 @@ func retryable(err error) bool {
 	case errors.Is(err, replication.ErrServerEndedStream):
 		return true
 	case errors.As(err, &pgErr):
-		return transientCode(pgErr.Code)
+		return transientCode(pgErr.Code) || connectionLost(err)
 	}
 	// Not an error of a server: the network, a closed connection, a spill file.
 	return true
+}
+
+// connectionLost reports whether err says that an open connection is gone: an error of the
+// network, or one the server reported as ending the session (FATAL or PANIC) after the
+// connection was made. A FATAL error while connecting (authentication, a missing database) is
+// not.
+func connectionLost(err error) bool {
+	var (
+		netErr  net.Error
+		pgErr   *pgconn.PgError
+		connErr *pgconn.ConnectError
+	)
+	switch {
+	case errors.As(err, &connErr):
+		return false
+	case errors.As(err, &pgErr):
+		return pgErr.Severity == "FATAL" || pgErr.Severity == "PANIC"
+	case errors.As(err, &netErr), errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, net.ErrClosed):
+		return true
+	}
+	return pgconn.SafeToRetry(err) // not sent: the connection was closed or broken before
 }
 
 // restartError asks for the session to start again at once, applying the named source

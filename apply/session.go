@@ -251,11 +251,7 @@ func fenceKeys(slot string) (lead, workers int64) {
 
 // setupProgress creates the progress table if it is missing and returns the slot's position.
 func (s *session) setupProgress(ctx context.Context, tg *target) (LSN, error) {
-	parts, _ := parseQualified(s.cfg.ProgressTable)
-	for i, p := range parts {
-		parts[i] = quoteIdent(p)
-	}
-	table := strings.Join(parts, ".")
+	table := tg.table(s.cfg.ProgressTable)
 	s.progSQL = "INSERT INTO " + table + " (slot, end_lsn) VALUES ($1, $2::pg_lsn) " +
 		"ON CONFLICT (slot) DO UPDATE SET end_lsn = excluded.end_lsn"
 	rows, err := query(ctx, tg.conn, "SELECT pg_catalog.to_regclass($1) IS NOT NULL", table)

@@ -39,8 +39,9 @@ const (
 type target struct {
 	conn        *pgconn.PgConn
 	pid         uint32
-	name        string // application_name
-	replicaRole bool   // session_replication_role = replica took effect
+	name        string            // application_name
+	names       map[string]string // the configured table names, resolved (see table)
+	replicaRole bool              // session_replication_role = replica took effect
 	cfg         *Config
 	log         *slog.Logger
 	stats       *counters
@@ -140,31 +141,189 @@ type batchOp struct {
 	src       int32 // the source transaction, in srcs
 }
 
-// connectTarget opens a connection to the target with the session settings apply relies on.
-func connectTarget(ctx context.Context, cfg *Config, name string, stats *counters) (*target, error) {
+// pinnedSetting is a session setting of every connection apply opens to the target.
+type pinnedSetting struct {
+	name, value string
+	// since is the first server major that knows the setting, 0 for every supported one. A
+	// setting the server does not know fails the connection when sent at startup: a server
+	// that refuses the newer ones gets them after connecting, if its version has them
+	// (pgconnect.ConnectNewer).
+	since int
+}
+
+// targetSettings are the session settings apply pins on the target, whatever ALTER DATABASE,
+// ALTER ROLE, the server's configuration or the connection string say: they change how the SQL
+// and the values apply sends are read, or could end a session apply keeps open. search_path is
+// set once the configured table names that are not qualified have been resolved in the
+// user's own search_path (resolveNames).
+var targetSettings = [...]pinnedSetting{
+	// Values are sent and read back as UTF-8.
+	{name: "client_encoding", value: "UTF8"},
+	// Dates, times and intervals read back (conflict reports) in the stream's formats.
+	{name: "datestyle", value: "ISO"},
+	{name: "intervalstyle", value: "postgres"},
+	// Floats read back exactly, bytea in hex, as the stream has them.
+	{name: "extra_float_digits", value: "3"},
+	{name: "bytea_output", value: "hex"},
+	// Backslashes in '...' literals are ordinary characters: the one quoting apply relies on.
+	{name: "standard_conforming_strings", value: "on"},
+	// NULL in the text of an array value is a null element, as the source meant it.
+	{name: "array_nulls", value: "on"},
+	// xml values are documents or fragments, as the source accepted them.
+	{name: "xmloption", value: "content"},
+	// Only the system catalog and then temporary objects are found without a schema: no
+	// function or operator of another schema stands in for a built-in one. Every table apply
+	// names is qualified.
+	{name: "search_path", value: "pg_catalog, pg_temp"},
+	// A worker waits idle in its transaction for its turn to commit or for the next part of a
+	// streamed transaction, and a connection waits idle for the next change: no server-side
+	// timeout may end a statement, a transaction or a session.
+	{name: "statement_timeout", value: "0"},
+	{name: "lock_timeout", value: "0"},
+	{name: "idle_in_transaction_session_timeout", value: "0"},
+	{name: "idle_session_timeout", value: "0"},
+	{name: "transaction_timeout", value: "0", since: 17},
+	// The isolation apply's ordering assumes, in transactions that write.
+	{name: "default_transaction_isolation", value: "read committed"},
+	{name: "default_transaction_read_only", value: "off"},
+}
+
+// targetConfig parses cfg.Target for a connection named name (its application_name), with the
+// pinned settings that go in the startup packet. A search_path the connection string gives is
+// kept for resolveNames.
+func targetConfig(cfg *Config, name string) (*pgconn.Config, error) {
 	pc, err := pgconn.ParseConfig(cfg.Target)
 	if err != nil {
 		return nil, fmt.Errorf("%w: Target: %w", ErrInvalidConfig, pgconnect.RedactError(err, cfg.Target))
 	}
-	for k, v := range map[string]string{
-		"application_name": name,
-		"client_encoding":  "UTF8",
-		"DateStyle":        "ISO",
-		"IntervalStyle":    "postgres",
-		// A worker waits idle in its transaction for its turn to commit or for the next part
-		// of a streamed transaction; no server-side timeout may end it.
-		"statement_timeout":                   "0",
-		"lock_timeout":                        "0",
-		"idle_in_transaction_session_timeout": "0",
-		"default_transaction_isolation":       "read committed",
-	} {
-		pc.RuntimeParams[k] = v
+	for k := range pc.RuntimeParams {
+		for _, p := range targetSettings {
+			if strings.EqualFold(k, p.name) && p.name != "search_path" {
+				delete(pc.RuntimeParams, k)
+			}
+		}
+		if strings.EqualFold(k, "application_name") {
+			delete(pc.RuntimeParams, k)
+		}
 	}
-	conn, err := pgconn.ConnectConfig(ctx, pc)
+	for _, p := range targetSettings {
+		if p.since == 0 && p.name != "search_path" {
+			pc.RuntimeParams[p.name] = p.value
+		}
+	}
+	pc.RuntimeParams["application_name"] = name
+	return pc, nil
+}
+
+// dialTarget opens a connection to the target with the pinned settings. Before search_path is
+// pinned, the configured table names that are not qualified are resolved (resolveNames): the
+// result is the connection and the names, each quoted and qualified.
+func dialTarget(ctx context.Context, cfg *Config, name string) (*pgconn.PgConn, map[string]string, error) {
+	pc, err := targetConfig(cfg, name)
 	if err != nil {
-		return nil, fmt.Errorf("apply: connecting to the target: %w", err)
+		return nil, nil, err
 	}
-	t := &target{conn: conn, pid: conn.PID(), name: name, cfg: cfg, log: cfg.Logger.With("conn", name), stats: stats}
+	var newer []pgconnect.Newer
+	for _, p := range targetSettings {
+		if p.since > 0 {
+			newer = append(newer, pgconnect.Newer{Name: p.name, Value: p.value, Since: p.since})
+		}
+	}
+	conn, err := pgconnect.ConnectNewer(ctx, pc, newer)
+	if err != nil {
+		return nil, nil, fmt.Errorf("apply: connecting to the target: %w", err)
+	}
+	names, err := resolveNames(ctx, conn, cfg)
+	if err == nil {
+		err = pinSearchPath(ctx, conn)
+	}
+	if err != nil {
+		conn.Close(context.WithoutCancel(ctx))
+		return nil, nil, err
+	}
+	return conn, names, nil
+}
+
+// pinSearchPath sets the pinned search_path.
+func pinSearchPath(ctx context.Context, conn *pgconn.PgConn) error {
+	for _, p := range targetSettings {
+		if p.name != "search_path" {
+			continue
+		}
+		_, err := conn.ExecParams(ctx, "SELECT pg_catalog.set_config('search_path', $1, false)", [][]byte{[]byte(p.value)},
+			nil, nil, nil).Close()
+		if err != nil {
+			return fmt.Errorf("apply: setting up the target connection: %w", err)
+		}
+	}
+	return nil
+}
+
+// resolveNames qualifies the configured table names that have no schema, as the server would
+// in the user's search_path: the schema of an existing table of that name, or else the one a
+// CREATE TABLE would use. The query (one round trip) names its operators and functions with
+// their schema: the search_path is the user's here.
+func resolveNames(ctx context.Context, conn *pgconn.PgConn, cfg *Config) (map[string]string, error) {
+	names := map[string]string{}
+	var bare []string // the names without a schema, quoted
+	var keys []string
+	for _, n := range []string{cfg.ProgressTable, cfg.Conflicts.LogTable, cfg.Conflicts.TombstoneTable, DefaultTombstoneTable} {
+		if _, done := names[n]; done || n == "" {
+			continue
+		}
+		parts, err := parseQualified(n)
+		if err != nil {
+			return nil, fmt.Errorf("%w: table name %q: %v", ErrInvalidConfig, n, err)
+		}
+		names[n] = quoteQualified(parts)
+		if len(parts) == 1 {
+			bare, keys = append(bare, quoteIdent(parts[0])), append(keys, n)
+		}
+	}
+	if len(bare) == 0 {
+		return names, nil
+	}
+	var sql strings.Builder
+	sql.WriteString("SELECT pg_catalog.current_schema()")
+	for i := range bare {
+		fmt.Fprintf(&sql, `, (SELECT n.nspname FROM pg_catalog.pg_class c, pg_catalog.pg_namespace n
+			WHERE c.oid OPERATOR(pg_catalog.=) pg_catalog.to_regclass($%d) AND n.oid OPERATOR(pg_catalog.=) c.relnamespace)`, i+1)
+	}
+	rows, err := query(ctx, conn, sql.String(), bare...)
+	if err != nil {
+		return nil, fmt.Errorf("apply: looking up the tables %s on the target: %w", strings.Join(bare, ", "), err)
+	}
+	for i, n := range keys {
+		schema := rows[0][i+1]
+		if schema == nil {
+			schema = rows[0][0]
+		}
+		if schema == nil {
+			return nil, fmt.Errorf("%w: table %s: the target's search_path names no schema that exists: qualify the table "+
+				"name with its schema", ErrInvalidConfig, bare[i])
+		}
+		names[n] = quoteIdent(string(schema)) + "." + bare[i]
+	}
+	return names, nil
+}
+
+// quoteQualified quotes the parts of a name and joins them with dots.
+func quoteQualified(parts []string) string {
+	out := make([]string, len(parts))
+	for i, p := range parts {
+		out[i] = quoteIdent(p)
+	}
+	return strings.Join(out, ".")
+}
+
+// connectTarget opens a connection to the target with the session settings apply relies on.
+func connectTarget(ctx context.Context, cfg *Config, name string, stats *counters) (*target, error) {
+	conn, names, err := dialTarget(ctx, cfg, name)
+	if err != nil {
+		return nil, err
+	}
+	t := &target{conn: conn, pid: conn.PID(), name: name, names: names, cfg: cfg, log: cfg.Logger.With("conn", name),
+		stats: stats}
 	// As PostgreSQL's subscriber: replicated changes do not fire ordinary triggers or foreign
 	// key checks. Setting it takes a superuser (or, 15+, a role granted SET on it).
 	if !cfg.SynchronousCommit {
@@ -180,6 +339,17 @@ func connectTarget(ctx context.Context, cfg *Config, name string, stats *counter
 		return nil, fmt.Errorf("apply: setting up the target connection: %w", err)
 	}
 	return t, nil
+}
+
+// table returns a configured table name (Config.ProgressTable, ConflictConfig.LogTable or
+// TombstoneTable, or DefaultTombstoneTable) quoted and qualified, as resolved when the
+// connection was opened.
+func (t *target) table(name string) string {
+	if q, ok := t.names[name]; ok {
+		return q
+	}
+	parts, _ := parseQualified(name) // checked by Config.validate
+	return quoteQualified(parts)
 }
 
 func isCode(err error, code string) bool {

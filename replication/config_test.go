@@ -185,7 +185,8 @@ func TestConnConfigPinsSettings(t *testing.T) {
 	}
 	want := map[string]string{"replication": "database", "datestyle": "ISO", "intervalstyle": "postgres",
 		"extra_float_digits": "3", "client_encoding": "UTF8", "application_name": "pgreorder",
-		"options": "-c datestyle=German"}
+		"options": "-c datestyle=German", "standard_conforming_strings": "on", "search_path": "pg_catalog, pg_temp",
+		"statement_timeout": "0", "idle_in_transaction_session_timeout": "0", "idle_session_timeout": "0"}
 	if !maps.Equal(pc.RuntimeParams, want) {
 		t.Errorf("runtime params %v\nwant %v", pc.RuntimeParams, want)
 	}

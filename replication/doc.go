@@ -29,7 +29,10 @@
 // configured with DateStyle = 'SQL, DMY' would send the date 2024-03-04 as 04/03/2024. Like
 // PostgreSQL's own subscriber, every connection pins DateStyle ISO, IntervalStyle postgres and
 // extra_float_digits 3 (floating-point values that read back exactly), and client_encoding UTF8,
-// whatever postgresql.conf, ALTER ROLE/DATABASE SET or the connection string say. Server notices
+// whatever postgresql.conf, ALTER ROLE/DATABASE SET or the connection string say; and, so that
+// the SQL it sends reads as meant and no timeout ends the session, standard_conforming_strings
+// on, search_path pg_catalog, pg_temp, statement_timeout, idle_in_transaction_session_timeout
+// and idle_session_timeout 0. Server notices
 // (such as PostgreSQL 18's warning about a publication that does not exist yet at a point of the
 // WAL) are logged at Warn.
 //

@@ -90,7 +90,11 @@
 // whose type has no send function in the text format, as pgoutput does. The connections pin
 // the session settings that text output depends on to those of the replication connection
 // (DateStyle ISO, IntervalStyle postgres, extra_float_digits 3, client_encoding UTF8), so a
-// value reads the same copied or streamed, byte for byte. TimeZone is left as configured.
+// value reads the same copied or streamed, byte for byte. TimeZone is left as configured. They
+// pin as well what the SQL they send relies on (standard_conforming_strings on, search_path
+// pg_catalog, pg_temp) and turn off the timeouts that would end a long copy
+// (statement_timeout, idle_in_transaction_session_timeout, idle_session_timeout and, on 17+,
+// transaction_timeout).
 //
 // # Tables added later
 //

@@ -67,6 +67,7 @@ type applyFlags struct {
 	origin, sourceOrigin, resolutions, logTable string
 	noDetection                                 bool
 	retention                                   time.Duration
+	uninstall                                   bool
 }
 
 func (f *applyFlags) register(fs *flag.FlagSet) {
@@ -115,6 +116,9 @@ func (f *applyFlags) register(fs *flag.FlagSet) {
 	durationVar(fs, &f.retention, "conflict-retention", 0, "detect update_deleted: record local deletions on the target "+
 		"and keep them this long (e.g. 5m; 0: off)")
 	fs.StringVar(&f.logTable, "conflict-log-table", "", "target table receiving one row per conflict (created if missing)")
+	fs.BoolVar(&f.uninstall, "uninstall", false, "retire the applier instead of running it: remove from the target the slot's progress row, "+
+		"the -origin origins and the tombstone table, function and triggers of -conflict-retention, then exit (the applier must be stopped; "+
+		"the slot on the source is left: drop it there)")
 }
 
 func conflictTypeNames() []string {
@@ -215,6 +219,9 @@ func runApply(ctx context.Context, args []string) error {
 	a, err := apply.New(cfg)
 	if err != nil {
 		return err
+	}
+	if f.uninstall {
+		return a.Uninstall(ctx, apply.UninstallOptions{Progress: true, Origins: true})
 	}
 	log := cfg.Logger
 	done := make(chan struct{})

@@ -46,7 +46,8 @@ func TestAttempt(t *testing.T) {
 	if base.RuntimeParams["search_path"] != "" || base.RuntimeParams["extra_float_digits"] != "" {
 		t.Errorf("base was modified: %v", base.RuntimeParams)
 	}
-	want := map[string]string{"application_name": "mine", "search_path": "x", "datestyle": "ISO",
+	want := map[string]string{"application_name": "mine", "search_path": "pg_catalog, pg_temp", "datestyle": "ISO",
+		"standard_conforming_strings": "on", "statement_timeout": "0", "idle_session_timeout": "0",
 		"intervalstyle": "postgres", "extra_float_digits": "3", "client_encoding": "UTF8"}
 	for k, v := range want {
 		if pc.RuntimeParams[k] != v {

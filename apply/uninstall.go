@@ -1,0 +1,115 @@
+package apply
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+)
+
+// UninstallOptions says what Uninstall removes besides the tombstone store. The zero value
+// removes the tombstone store only.
+type UninstallOptions struct {
+	// Progress deletes the slot's rows from the progress table (Config.ProgressTable) and from
+	// its copy table, and drops each of the two once no slot has a row in it. A later Run
+	// starts from the slot's position on the source, or, with Config.Copy, copies again.
+	Progress bool
+	// Origins drops the Applier's replication origins on the target: Config.Origin and those of
+	// its workers and of its initial copy's connections.
+	Origins bool
+}
+
+// Uninstall removes from the target what the Applier created there for update_deleted
+// detection (ConflictConfig.Retention): the tombstone trigger of every table, the trigger
+// function and the tombstone table; and, as opts says, the slot's progress and the Applier's
+// replication origins. It fails with ErrSlotInUse while an Applier of the slot runs. The
+// tombstone store is shared by the Appliers whose tombstone table is the same one: one of
+// them that runs creates it again. Nothing on the source is touched: drop the slot there
+// (pg_drop_replication_slot) when the Applier is retired.
+func (a *Applier) Uninstall(ctx context.Context, opts UninstallOptions) error {
+	cfg := &a.cfg
+	conn, names, err := dialTarget(ctx, cfg, "pgreorder apply "+cfg.Slot+" uninstall")
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	tg := &target{conn: conn, names: names, cfg: cfg}
+	exec := func(sql string, args ...string) error {
+		_, err := query(ctx, conn, sql, args...)
+		return err
+	}
+	lead, _ := fenceKeys(cfg.Slot)
+	rows, err := query(ctx, conn, "SELECT pg_catalog.pg_try_advisory_lock($1::pg_catalog.int8)::pg_catalog.text", strconv.FormatInt(lead, 10))
+	if err != nil {
+		return fmt.Errorf("apply: uninstall: locking the slot's progress on the target: %w", err)
+	}
+	if string(rows[0][0]) != "true" {
+		return fmt.Errorf("%w: slot %q: stop it first", ErrSlotInUse, cfg.Slot)
+	}
+
+	table, fn, _ := tombstoneNames(tg, cfg)
+	if err := exec("BEGIN"); err != nil {
+		return fmt.Errorf("apply: uninstall: %w", err)
+	}
+	rollback := func(err error) error {
+		conn.ExecParams(context.WithoutCancel(ctx), "ROLLBACK", nil, nil, nil, nil).Close()
+		return fmt.Errorf("apply: uninstall: %w", err)
+	}
+	rows, err = query(ctx, conn, `SELECT n.nspname, c.relname FROM pg_catalog.pg_trigger t
+		JOIN pg_catalog.pg_class c ON c.oid = t.tgrelid JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+		WHERE t.tgfoid = pg_catalog.to_regprocedure($1) AND t.tgname = $2`, fn+"()", tombstoneTrigger)
+	if err != nil {
+		return rollback(fmt.Errorf("listing the tombstone triggers: %w", err))
+	}
+	for _, r := range rows {
+		rel := quoteIdent(string(r[0])) + "." + quoteIdent(string(r[1]))
+		if err := exec("DROP TRIGGER IF EXISTS " + quoteIdent(tombstoneTrigger) + " ON " + rel); err != nil {
+			return rollback(fmt.Errorf("dropping the tombstone trigger of %s: %w", rel, err))
+		}
+	}
+	if err := exec("DROP FUNCTION IF EXISTS " + fn + "()"); err != nil {
+		return rollback(fmt.Errorf("dropping the tombstone function %s: %w", fn, err))
+	}
+	if err := exec("DROP TABLE IF EXISTS " + table); err != nil {
+		return rollback(fmt.Errorf("dropping the tombstone table %s: %w", table, err))
+	}
+	if opts.Progress {
+		progress := tg.table(cfg.ProgressTable)
+		for _, t := range []string{progress, copyTableName(progress)} {
+			rows, err := query(ctx, conn, "SELECT (pg_catalog.to_regclass($1) IS NOT NULL)::pg_catalog.text", t)
+			if err != nil {
+				return rollback(err)
+			}
+			if string(rows[0][0]) != "true" {
+				continue
+			}
+			// Locked: an Applier of another slot that writes a row meanwhile keeps the table.
+			if err := exec("LOCK TABLE " + t + " IN ACCESS EXCLUSIVE MODE"); err != nil {
+				return rollback(err)
+			}
+			if err := exec("DELETE FROM "+t+" WHERE slot = $1", cfg.Slot); err != nil {
+				return rollback(fmt.Errorf("deleting the slot's rows from %s: %w", t, err))
+			}
+			rows, err = query(ctx, conn, "SELECT (NOT EXISTS (SELECT FROM "+t+"))::pg_catalog.text")
+			if err != nil {
+				return rollback(err)
+			}
+			if string(rows[0][0]) == "true" {
+				if err := exec("DROP TABLE " + t); err != nil {
+					return rollback(fmt.Errorf("dropping %s: %w", t, err))
+				}
+			}
+		}
+	}
+	if err := exec("COMMIT"); err != nil {
+		return fmt.Errorf("apply: uninstall: %w", err)
+	}
+	if opts.Origins && cfg.Origin != "" {
+		err := exec(`SELECT pg_catalog.pg_replication_origin_drop(roname) FROM pg_catalog.pg_replication_origin
+			WHERE roname = $1 OR (pg_catalog.left(roname, pg_catalog.length($1) + 2) IN ($1 || '_w', $1 || '_c')
+				AND pg_catalog.substr(roname, pg_catalog.length($1) + 3) ~ '^[0-9]+$')`, cfg.Origin)
+		if err != nil {
+			return fmt.Errorf("apply: uninstall: dropping the replication origins %q...: %w", cfg.Origin, err)
+		}
+	}
+	return nil
+}
