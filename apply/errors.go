@@ -21,6 +21,12 @@ var (
 	// ErrInvalidConfig is wrapped by errors about a Config that cannot work.
 	ErrInvalidConfig = errors.New("apply: invalid configuration")
 
+	// ErrSourceChanged is wrapped by the error Run stops with when the target's progress row for
+	// the slot does not come from the source: it was written for another database system (a
+	// rebuilt source, or another source with a slot of the same name), on a later timeline, or at
+	// a position beyond the source's WAL. The error says what to do.
+	ErrSourceChanged = errors.New("apply: the progress row does not come from this source")
+
 	// ErrMissingTable: a published table does not exist on the target.
 	ErrMissingTable = errors.New("apply: target table does not exist")
 	// ErrSchemaMismatch: the target table lacks a source column, has it generated, or (with
@@ -198,7 +204,8 @@ func retryable(err error) bool {
 		errors.As(err, &option), errors.As(err, &protocol), errors.Is(err, ErrInvalidConfig),
 		errors.Is(err, replication.ErrInvalidConfig), errors.Is(err, replication.ErrUnsupported),
 		errors.Is(err, reorderbuffer.ErrProtocol), errors.Is(err, reorderbuffer.ErrForeignTxn),
-		errors.Is(err, reorderbuffer.ErrNotCommit):
+		errors.Is(err, reorderbuffer.ErrNotCommit), errors.Is(err, ErrSourceChanged),
+		errors.Is(err, replication.ErrResumeAhead), errors.Is(err, replication.ErrSystemChanged):
 		return false
 	case copyFatal(err):
 		return false

@@ -115,14 +115,16 @@ func (s *session) commitGroup(ctx context.Context) error {
 	}
 	last := g.members[len(g.members)-1].ref
 	durable := s.cfg.SynchronousCommit
+	var progress LSN // the progress row written, if any
 	if g.started {
 		if err := s.cfg.hook(ctx, "before-commit", last); err != nil {
 			return err
 		}
 		durable = s.syncCommit()
-		if err := s.leader.commit(ctx, s.progress, s.cfg.Slot, last.EndLSN, durable); err != nil {
+		if err := s.leader.commit(ctx, s.progress, s.key, last.EndLSN, durable); err != nil {
 			return s.groupError(last, err)
 		}
+		progress = last.EndLSN
 	}
 	for _, m := range g.members {
 		seq := s.order.assign()
@@ -131,7 +133,7 @@ func (s *session) commitGroup(ctx context.Context) error {
 		if !m.changed { // acknowledged without a target transaction of its own
 			s.stats.emptyTxns.Add(1)
 		}
-		s.committed(commitRef{seq: seq, txn: m.txn}, durable)
+		s.committed(commitRef{seq: seq, txn: m.txn, progress: progress}, durable)
 	}
 	g.reset()
 	return s.cfg.hook(ctx, "after-commit", last)

@@ -30,6 +30,8 @@ type session struct {
 	leader   *target
 	progress *stmt // the progress upsert, prepared on every target connection
 	progSQL  string
+	flushSQL string      // the flushing transaction's progress upsert (see flushWAL)
+	key      progressKey // the progress row's key and source system
 
 	relBuf [1]*relInfo
 
@@ -63,6 +65,11 @@ func (a *Applier) session(parent context.Context) (err error) {
 		return err
 	}
 	defer s.leader.close(context.WithoutCancel(ctx))
+	sys, err := s.identifySource(ctx)
+	if err != nil {
+		return err
+	}
+	s.key = progressKey{slot: s.cfg.Slot, system: sys.ID, timeline: sys.Timeline}
 	if err := s.fence(ctx); err != nil {
 		return err
 	}
@@ -70,6 +77,13 @@ func (a *Applier) session(parent context.Context) (err error) {
 	if err != nil {
 		return err
 	}
+	if resume > sys.XLogPos {
+		return fmt.Errorf("%w: the progress row of slot %q is at %s, beyond the source's current WAL position %s: "+
+			"the source is not the server the target was replicated from, or it lost WAL (restored from an older backup); "+
+			"the target cannot continue from it: copy the target again (delete the slot's progress row first)",
+			ErrSourceChanged, s.cfg.Slot, resume, sys.XLogPos)
+	}
+	s.acks.persisted = resume
 	if err := s.prepareProgress(ctx, s.leader); err != nil {
 		return err
 	}
@@ -157,7 +171,7 @@ func (s *session) fence(ctx context.Context) error {
 		}
 		return nil
 	}
-	lead, workers := fenceKeys(s.cfg.Slot)
+	lead, workers := s.fenceKeys()
 	if err := lock("SELECT pg_catalog.pg_advisory_lock($1::bigint)", lead); err != nil {
 		return err
 	}
@@ -167,36 +181,86 @@ func (s *session) fence(ctx context.Context) error {
 	return lock("SELECT pg_catalog.pg_advisory_unlock($1::bigint)", workers)
 }
 
-// fenceKeys returns the advisory lock keys of a slot's sessions on the target.
-func fenceKeys(slot string) (lead, workers int64) {
+// fenceKeys returns the advisory lock keys of the sessions of this source system's slot on the
+// target (advisory locks are per database). What the fence orders is the work of sessions that
+// apply the same stream: the same slot of the same source system. Sessions of another system with
+// a slot of the same name do not wait for these; they find the progress row naming this system
+// and stop (ErrSourceChanged).
+func (s *session) fenceKeys() (lead, workers int64) {
+	id := s.key.system + "\x00" + s.cfg.Slot
 	h := fnv.New64a()
-	h.Write([]byte("pgreorder apply leader\x00" + slot))
+	h.Write([]byte("pgreorder apply leader\x00" + id))
 	lead = int64(h.Sum64())
 	h.Reset()
-	h.Write([]byte("pgreorder apply workers\x00" + slot))
+	h.Write([]byte("pgreorder apply workers\x00" + id))
 	return lead, int64(h.Sum64())
 }
 
-// setupProgress creates the progress table if it is missing and returns the slot's position.
+// progressKey is what identifies the stream in its progress row: the slot, and the source system
+// (System.ID and Timeline) whose positions the row holds.
+type progressKey struct {
+	slot     string
+	system   string
+	timeline int
+}
+
+// args returns the parameters of the progress upserts for position end.
+func (k progressKey) args(end LSN) [][]byte {
+	return [][]byte{[]byte(k.slot), end.AppendText(nil), []byte(k.system), strconv.AppendInt(nil, int64(k.timeline), 10)}
+}
+
+// identifySource connects to the source to learn which database system it is (IDENTIFY_SYSTEM
+// and the pre-flight checks of a replication connection), before the progress row is read.
+func (s *session) identifySource(ctx context.Context) (replication.System, error) {
+	conn, err := replication.Connect(ctx, replication.Config{ConnString: s.cfg.Source, Slot: s.cfg.Slot,
+		Publications: s.cfg.Publications, Binary: s.cfg.Binary, Origin: s.cfg.SourceOrigin})
+	if err != nil {
+		return replication.System{}, err
+	}
+	sys := conn.System()
+	conn.Close(ctx)
+	return sys, nil
+}
+
+// setupProgress creates the progress table if it is missing (and adds the source system's
+// columns to one made before they existed), checks that the slot's row, if any, belongs to the
+// source system, and returns the slot's position.
 func (s *session) setupProgress(ctx context.Context, tg *target) (LSN, error) {
 	parts, _ := parseQualified(s.cfg.ProgressTable)
 	for i, p := range parts {
 		parts[i] = quoteIdent(p)
 	}
 	table := strings.Join(parts, ".")
-	s.progSQL = "INSERT INTO " + table + " (slot, end_lsn) VALUES ($1, $2::pg_lsn) " +
-		"ON CONFLICT (slot) DO UPDATE SET end_lsn = excluded.end_lsn"
+	// The upserts never write a row of another system (a row of another system found at the
+	// start stops the session; these guard against one made meanwhile).
+	ins := "INSERT INTO " + table + " AS p (slot, end_lsn, system_id, timeline) VALUES ($1, $2::pg_lsn, $3, $4::int) " +
+		"ON CONFLICT (slot) DO UPDATE SET end_lsn = "
+	s.progSQL = ins + "excluded.end_lsn WHERE p.system_id = excluded.system_id"
+	s.flushSQL = ins + "GREATEST(p.end_lsn, excluded.end_lsn) WHERE p.system_id = excluded.system_id " +
+		"RETURNING pg_catalog.pg_current_wal_insert_lsn()::text"
 	rows, err := query(ctx, tg.conn, "SELECT pg_catalog.to_regclass($1) IS NOT NULL", table)
 	if err != nil {
 		return 0, fmt.Errorf("apply: looking for the progress table: %w", err)
 	}
 	if string(rows[0][0]) != "t" {
-		err := tg.conn.Exec(ctx, "CREATE TABLE "+table+" (slot text PRIMARY KEY, end_lsn pg_lsn NOT NULL)").Close()
+		err := tg.conn.Exec(ctx, "CREATE TABLE "+table+" (slot text PRIMARY KEY, end_lsn pg_lsn NOT NULL, system_id text, timeline int)").Close()
 		if err != nil && !isCode(err, "42P07") { // duplicate_table: made meanwhile
 			return 0, fmt.Errorf("apply: creating the progress table %s: %w", table, err)
 		}
 	}
-	rows, err = query(ctx, tg.conn, "SELECT end_lsn::text FROM "+table+" WHERE slot = $1", s.cfg.Slot)
+	rows, err = query(ctx, tg.conn, `SELECT pg_catalog.count(*) FROM pg_catalog.pg_attribute
+		WHERE attrelid = $1::regclass AND attname IN ('system_id', 'timeline') AND NOT attisdropped`, table)
+	if err != nil {
+		return 0, fmt.Errorf("apply: reading the progress table %s: %w", table, err)
+	}
+	if string(rows[0][0]) != "2" { // made by an older version: (slot, end_lsn)
+		err := tg.conn.Exec(ctx, "ALTER TABLE "+table+" ADD COLUMN IF NOT EXISTS system_id text, ADD COLUMN IF NOT EXISTS timeline int").Close()
+		if err != nil {
+			return 0, fmt.Errorf("apply: adding the source system's columns to the progress table %s: %w", table, err)
+		}
+		s.log.Info("progress table upgraded: it records the source system of each slot", "table", table)
+	}
+	rows, err = query(ctx, tg.conn, "SELECT end_lsn::text, system_id, timeline::text FROM "+table+" WHERE slot = $1", s.cfg.Slot)
 	if err != nil {
 		return 0, fmt.Errorf("apply: reading the progress table %s: %w", table, err)
 	}
@@ -207,6 +271,39 @@ func (s *session) setupProgress(ctx context.Context, tg *target) (LSN, error) {
 	if err != nil {
 		return 0, fmt.Errorf("apply: progress table %s: %w", table, err)
 	}
+	sysID, timeline := rows[0][1], 0
+	if rows[0][2] != nil {
+		timeline, _ = strconv.Atoi(string(rows[0][2]))
+	}
+	k := s.key
+	switch {
+	case sysID == nil:
+		// Written before the table recorded systems: it is taken to be this source's, once.
+		_, err := query(ctx, tg.conn, "UPDATE "+table+" SET system_id = $2, timeline = $3::int WHERE slot = $1 AND system_id IS NULL",
+			k.slot, k.system, strconv.Itoa(k.timeline))
+		if err != nil {
+			return 0, fmt.Errorf("apply: recording the source system in the progress table %s: %w", table, err)
+		}
+		s.log.Info("the slot's progress row records no source system: it now records this source's", "slot", k.slot,
+			"system_id", k.system, "timeline", k.timeline, "end_lsn", lsn)
+		return s.setupProgress(ctx, tg) // read again: another session may have recorded one meanwhile
+	case string(sysID) != k.system:
+		return 0, fmt.Errorf("%w: the progress row of slot %q in %s holds positions of source system %s, but the source is "+
+			"system %s: positions of one system mean nothing on another. If the target is to follow the new source, copy it "+
+			"again from that source (delete the slot's progress row first); if two sources replicate into this target, "+
+			"give each its own slot name or progress table", ErrSourceChanged, k.slot, table, sysID, k.system)
+	case timeline > k.timeline:
+		return 0, fmt.Errorf("%w: the progress row of slot %q in %s was written on timeline %d of source system %s, but the "+
+			"source is on timeline %d: it went back in time (restored from a backup?) and may not have what the target "+
+			"applied; copy the target again from it (delete the slot's progress row first)", ErrSourceChanged, k.slot, table,
+			timeline, k.system, k.timeline)
+	case timeline < k.timeline:
+		if _, err := query(ctx, tg.conn, "UPDATE "+table+" SET timeline = $2::int WHERE slot = $1", k.slot, strconv.Itoa(k.timeline)); err != nil {
+			return 0, fmt.Errorf("apply: recording the source's timeline in the progress table %s: %w", table, err)
+		}
+		s.log.Info("the source is on a new timeline (a promoted standby)", "slot", k.slot, "system_id", k.system,
+			"timeline", k.timeline, "was", timeline)
+	}
 	s.stats.applied(lsn)
 	return lsn, nil
 }
@@ -216,7 +313,7 @@ func (s *session) prepareProgress(ctx context.Context, tg *target) error {
 	if _, err := tg.conn.Prepare(ctx, "pgr_progress", s.progSQL, nil); err != nil {
 		return fmt.Errorf("apply: preparing the progress update: %w", err)
 	}
-	s.progress = &stmt{name: "pgr_progress", nparams: 2}
+	s.progress = &stmt{name: "pgr_progress", nparams: 4}
 	return nil
 }
 

@@ -62,6 +62,7 @@ type Stream struct {
 	connMu    sync.Mutex
 	conn      *pgconn.PgConn // nil while disconnected
 	temporary bool           // the slot is temporary: it died with the connection
+	sys       System         // IDENTIFY_SYSTEM of the current (or last) connection
 	slotPos   LSN            // the slot's confirmed position when the connection started
 	last      time.Time      // when the last status update was sent
 	err       error          // sticky: a fatal error ends the stream
@@ -95,6 +96,7 @@ func newStream(c *Conn, sess *session, buf *reorderbuffer.Buffer) *Stream {
 		tickDone:  make(chan struct{}),
 		conn:      sess.conn,
 		temporary: sess.slot.Temporary,
+		sys:       sess.sys.export(),
 		slotPos:   sess.slot.ConfirmedFlush,
 		last:      time.Now(),
 		buf:       buf,
@@ -108,6 +110,15 @@ func newStream(c *Conn, sess *session, buf *reorderbuffer.Buffer) *Stream {
 
 // Negotiated returns what was negotiated with the server.
 func (s *Stream) Negotiated() Negotiated { return s.neg }
+
+// System returns what IDENTIFY_SYSTEM said when the current connection (or the last one) was
+// made. A reconnection never changes ID: one that reaches another system fails with
+// ErrSystemChanged.
+func (s *Stream) System() System {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.sys
+}
 
 // Position returns the stream's current positions.
 func (s *Stream) Position() Position {
@@ -308,11 +319,18 @@ func (s *Stream) resume(ctx context.Context) (err error) {
 	if sess.slot == nil {
 		return slotNotFound(&s.cfg, sess.sys.dbName)
 	}
+	if sess.sys.systemID != s.sys.ID {
+		return &CheckError{Setting: "system", Err: ErrSystemChanged,
+			Problem: fmt.Sprintf("the server is database system %s, the stream started on system %s: a slot of the same name on "+
+				"another server does not continue this stream", sess.sys.systemID, s.sys.ID),
+			Fix: "point the connection back at the server the stream started on, or start again with a position of the new server"}
+	}
 	if err := startReplication(ctx, sess.conn, s.cfg.Slot, s.neg.PluginArgs); err != nil {
 		return err
 	}
 	s.conn, s.slotPos, s.last = sess.conn, sess.slot.ConfirmedFlush, time.Now()
 	s.mu.Lock()
+	s.sys = sess.sys.export()
 	s.reconnects++
 	s.pos.Start = s.slotPos
 	n, pos := s.reconnects, s.pos
