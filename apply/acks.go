@@ -44,13 +44,13 @@ type commitRef struct {
 
 // acks holds the commits made and not yet acknowledged, in commit order.
 type acks struct {
-	mu      sync.Mutex
-	list    []commitRef
+	mu        sync.Mutex
+	list      []commitRef
 	flushed   uint64 // every commit up to this sequence number is durable
 	persisted LSN    // a durable progress row is at or past this position
-	waiting bool   // the leader waits in Next on wake
-	wake    context.Context
-	cancel  context.CancelFunc
+	waiting   bool   // the leader waits in Next on wake
+	wake      context.Context
+	cancel    context.CancelFunc
 
 	unsynced      int       // commits since the last synchronous one
 	firstUnsynced time.Time // when the first of them committed

@@ -254,4 +254,3 @@ func compareTables(t testing.TB, ctx context.Context, src, dst string, tables []
 }
 
 func head(xs []int, n int) []int { return xs[:min(n, len(xs))] }
-
