@@ -194,6 +194,14 @@ func (c *Conn) StartStreaming(ctx context.Context) (_ *Stream, err error) {
 	if sess.slot == nil {
 		return nil, slotNotFound(&c.cfg, sess.sys.dbName)
 	}
+	if skip := c.cfg.Buffer.SkipThrough; skip != 0 && skip < sess.slot.ConfirmedFlush && c.cfg.Buffer.HandOutAdvances {
+		return nil, &CheckError{Setting: "Buffer.SkipThrough", Err: ErrSlotAhead,
+			Problem: fmt.Sprintf("the slot's confirmed position %s is ahead of the resume position %s: the transactions that "+
+				"committed in between were acknowledged and the server will not send them again, yet the consumer does not have them",
+				sess.slot.ConfirmedFlush, skip),
+			Fix: "restore the consumer's data to a state at or after the slot's position, or resynchronize it from a new slot; " +
+				"to continue anyway, accepting the loss, start with Buffer.SkipThrough 0"}
+	}
 	if skip := c.cfg.Buffer.SkipThrough; skip != 0 && skip < sess.slot.ConfirmedFlush {
 		c.log.Warn("the resume position is behind the slot's confirmed position: transactions that committed between the two "+
 			"are not sent again (harmless if the consumer had them, as after the slot advanced over WAL with nothing published)",

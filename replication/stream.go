@@ -188,6 +188,9 @@ func (s *Stream) Next(ctx context.Context) (*reorderbuffer.Txn, error) {
 			continue
 		}
 		if time.Since(s.last) >= s.every {
+			if s.cfg.Buffer.HandOutAdvances && s.queueAdvance() {
+				continue // handed out first: the status update follows its acknowledgement
+			}
 			if err := s.sendStatus(false); err != nil {
 				if err := s.lost(err); err != nil {
 					return nil, err
@@ -220,6 +223,16 @@ func (s *Stream) Next(ctx context.Context) (*reorderbuffer.Txn, error) {
 			}
 		}
 	}
+}
+
+// queueAdvance queues an idle advance in the buffer (Config.Buffer.HandOutAdvances), once per
+// status interval: when it is time for a status update and nothing is pending, the position the
+// server reached is handed out for the consumer to persist and acknowledge, and the update after
+// it confirms it.
+func (s *Stream) queueAdvance() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.buf.QueueAdvance()
 }
 
 // lost handles an error of the connection: a retryable one drops the connection (Next
@@ -433,6 +446,8 @@ func (s *Stream) handle(msg pgproto3.BackendMessage) error {
 // most StatusInterval later, or by SendStatus). A nil t or one another stream handed out is an
 // error (reorderbuffer.ErrForeignTxn) and changes nothing. With Config.Buffer.Incremental, Next
 // hands out parts of transactions: acknowledge the parts that commit (reorderbuffer.PartKind).
+// With Config.Buffer.HandOutAdvances, Next also hands out reorderbuffer.Advance entries:
+// acknowledge each once its EndLSN is persisted.
 func (s *Stream) Ack(t *reorderbuffer.Txn) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
