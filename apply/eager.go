@@ -176,6 +176,8 @@ func (s *session) runIncremental(ctx context.Context) error {
 			if err := s.stream.Ack(t); err != nil {
 				return err
 			}
+		case t.Part == reorderbuffer.Advance:
+			err = s.advanced(ctx, t)
 		case t.Part == reorderbuffer.PartChanges || t.Part == reorderbuffer.PartCommit:
 			err = s.part(ctx, t)
 		case t.Part == reorderbuffer.PartSubAbort:
