@@ -16,8 +16,9 @@ import (
 )
 
 // TestTargetCrash stops the target server immediately (pg_ctl stop -m immediate) three times at
-// random moments while the Applier applies a stream of small transactions (and a few large,
-// streamed ones) with asynchronous commits, in every mode, and restarts it. The target keeps
+// random moments while the Applier applies a stream of small transactions on a few hot rows (and
+// large, streamed ones with savepoints, a keyless table and TRUNCATE) with asynchronous commits, in
+// every mode, and restarts it. The target keeps
 // fsync on and commits asynchronously only as the Applier asks, with wal_writer_delay at its
 // longest (10s), so an asynchronous commit the target has not flushed really is lost by the
 // crash. After each crash, every source transaction the slot confirmed (its acknowledgement
@@ -53,6 +54,8 @@ func testTargetCrash(t *testing.T, mode Mode) {
 		`CREATE TABLE events (src text NOT NULL, seq int NOT NULL)`, // no key: a duplicate shows
 		`CREATE TABLE accounts (id int PRIMARY KEY, balance int NOT NULL)`,
 		`CREATE TABLE big (id int PRIMARY KEY, payload text NOT NULL)`,
+		`CREATE TABLE dup (k int, v text)`, `ALTER TABLE dup REPLICA IDENTITY FULL`,
+		`CREATE TABLE trunc (id int PRIMARY KEY)`,
 		`CREATE TABLE marker (id int PRIMARY KEY)`,
 	}
 	must(t, pgtest.Exec(ctx, src, append(append([]string{}, ddl...),
@@ -121,9 +124,23 @@ func testTargetCrash(t *testing.T, mode Mode) {
 					return nil
 				case <-time.After(300 * time.Millisecond):
 				}
-				sql := fmt.Sprintf(`INSERT INTO big SELECT g, repeat('x', 200) FROM generate_series(%d, %d) g`, i*1000+1, i*1000+600)
+				// Streamed, with a savepoint rolled back every other time, a keyless table
+				// (REPLICA IDENTITY FULL) and, every third time, a TRUNCATE.
+				end := "RELEASE SAVEPOINT s"
+				if i%2 == 1 {
+					end = "ROLLBACK TO SAVEPOINT s"
+				}
+				trunc := ""
+				if i%3 == 2 {
+					trunc = "TRUNCATE trunc;"
+				}
+				sql := fmt.Sprintf(`BEGIN; INSERT INTO big SELECT g, repeat('x', 200) FROM generate_series(%[1]d, %[1]d + 299) g;
+					SAVEPOINT s; INSERT INTO big SELECT g, repeat('y', 200) FROM generate_series(%[1]d + 300, %[1]d + 599) g;
+					INSERT INTO dup VALUES (%[2]d %% 3, 'v'); %[3]s;
+					UPDATE dup SET v = v || '+' WHERE ctid = (SELECT ctid FROM dup WHERE k = %[2]d %% 3 LIMIT 1);
+					%[4]s INSERT INTO trunc VALUES (%[2]d); COMMIT`, i*1000+1, i, end, trunc)
 				if err := conn.Exec(ctx, sql).Close(); err != nil {
-					return err
+					return fmt.Errorf("%s: %w", sql, err)
 				}
 			}
 		}()
@@ -200,7 +217,7 @@ func testTargetCrash(t *testing.T, mode Mode) {
 	mu.Lock()
 	n := len(after)
 	mu.Unlock()
-	compareTables(t, ctx, src, dst, []string{"events", "accounts", "big", "marker"})
+	compareTables(t, ctx, src, dst, []string{"events", "accounts", "big", "dup", "trunc", "marker"})
 	t.Logf("%d small transactions; stats %+v", n, r.a.Stats())
 }
 
