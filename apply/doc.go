@@ -40,14 +40,14 @@
 // Each source transaction is applied in one target transaction, which also writes the slot's row
 // of the progress table (Config.ProgressTable: slot, end_lsn, and the source system) with the
 // transaction's end LSN, and is acknowledged to the source only after that transaction committed
-// durably. On start, and after every
-// retried failure, replication starts at the slot's confirmed position and whatever the source
-// sends again that ends at or before the progress row's LSN is dropped (the reorder buffer's
-// SkipThrough), as PostgreSQL's subscriber does with its replication origin. A crash (even
-// SIGKILL, of the Applier or of either server) or a lost connection on either side at any point
-// therefore neither loses nor repeats a transaction: what committed on the target carries its progress row, and the source keeps
-// everything after the last acknowledged commit. Transactions that change nothing on the target
-// are acknowledged without a target transaction of their own.
+// durably. On start, and after every retried failure, replication starts at the slot's confirmed
+// position and whatever the source sends again that ends at or before the progress row's LSN is
+// dropped (the reorder buffer's SkipThrough), as PostgreSQL's subscriber does with its replication
+// origin. A crash (even SIGKILL, of the Applier or of either server) or a lost connection on
+// either side at any point therefore neither loses nor repeats a transaction: what committed on
+// the target carries its progress row, and the source keeps everything after the last acknowledged
+// commit. Transactions that change nothing on the target are acknowledged without a target
+// transaction of their own.
 //
 // Acknowledged means: the target has flushed to disk the transaction's commit and a progress row
 // at or past its end LSN, so it survives a crash of the target server too (as long as the
