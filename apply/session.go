@@ -299,7 +299,8 @@ func (s *session) setupProgress(ctx context.Context, tg *target) (_ LSN, legacy 
 	if string(rows[0][0]) != "2" { // made by an older version: (slot, end_lsn)
 		err := tg.conn.Exec(ctx, "ALTER TABLE "+table+" ADD COLUMN IF NOT EXISTS system_id text, ADD COLUMN IF NOT EXISTS timeline int").Close()
 		if err != nil {
-			return 0, false, fmt.Errorf("apply: adding the source system's columns to the progress table %s: %w", table, err)
+			return 0, false, fmt.Errorf("apply: adding the source system's columns to the progress table %s (as its owner, run "+
+				"ALTER TABLE %s ADD COLUMN system_id text, ADD COLUMN timeline int): %w", table, table, err)
 		}
 		s.log.Info("progress table upgraded: it records the source system of each slot", "table", table)
 	}
