@@ -164,3 +164,39 @@ func TestProgressSourceSystem(t *testing.T) {
 	}
 	t.Logf("error: %v", err)
 }
+
+// TestTwoSourcesOneSlotName: two source systems with slots of the same name replicating into one
+// target with the same progress table do not wait for each other's fence: the second stops with
+// ErrSourceChanged, naming both systems, while the first keeps running.
+func TestTwoSourcesOneSlotName(t *testing.T) {
+	e := newEnv(t, testMajors[len(testMajors)-1])
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	r := start(t, e.config(t, Buffered))
+	must(t, pgtest.Exec(ctx, e.src, `INSERT INTO marker VALUES (1)`))
+	e.waitMarker(t, r, 1)
+
+	var in pgtest.Install
+	for _, i := range pgtest.FindInstalls() {
+		if i.Major == testMajors[len(testMajors)-1] {
+			in = i
+		}
+	}
+	if in.Major == 0 {
+		pgtest.Unavailable(t, "the newest PostgreSQL is not installed")
+	}
+	other, err := pgtest.Start(ctx, in, pgtest.Options{})
+	must(t, err)
+	t.Cleanup(func() { other.Stop() })
+	must(t, pgtest.Exec(ctx, other.ConnString("postgres"), `CREATE TABLE marker (id int PRIMARY KEY)`,
+		`CREATE PUBLICATION pub FOR ALL TABLES`, `SELECT pg_create_logical_replication_slot('apply', 'pgoutput')`))
+	cfg := e.config(t, Buffered)
+	cfg.Source = other.ReplicationConnString("postgres")
+	err = runErr(t, cfg, 30*time.Second)
+	if !errors.Is(err, ErrSourceChanged) {
+		t.Fatalf("second source: %v; want ErrSourceChanged", err)
+	}
+	t.Logf("error: %v", err)
+	must(t, pgtest.Exec(ctx, e.src, `INSERT INTO marker VALUES (2)`))
+	e.waitMarker(t, r, 2)
+}
