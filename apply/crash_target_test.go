@@ -17,25 +17,29 @@ import (
 
 // TestTargetCrash stops the target server immediately (pg_ctl stop -m immediate) three times at
 // random moments while the Applier applies a stream of small transactions on a few hot rows (and
-// large, streamed ones with savepoints, a keyless table and TRUNCATE) with asynchronous commits, in
-// every mode, and restarts it. The target keeps
-// fsync on and commits asynchronously only as the Applier asks, with wal_writer_delay at its
-// longest (10s), so an asynchronous commit the target has not flushed really is lost by the
-// crash. After each crash, every source transaction the slot confirmed (its acknowledgement
-// reached the source) must be on the target; at the end the target must hold exactly the
-// source's rows, none lost, none twice.
+// large, streamed ones with savepoints, a keyless table and TRUNCATE) with asynchronous commits,
+// in every mode, and restarts it. The target keeps fsync on and commits asynchronously only as the
+// Applier asks, with wal_writer_delay at its longest (10s), so an asynchronous commit the target
+// has not flushed really is lost by the crash. Each crash comes at a random moment (after a random
+// number of transactions), as soon as the slot's confirmed position moves. After each crash, every
+// source transaction the slot confirmed (its acknowledgement reached the source) must be on the
+// target; at the end the target must hold exactly the source's rows, none lost, none twice.
 func TestTargetCrash(t *testing.T) {
 	for _, mode := range faultModes {
 		t.Run(mode.String(), func(t *testing.T) { testTargetCrash(t, mode) })
 	}
 }
 
+// crashes is how many times TestTargetCrash crashes the target in each mode.
+const crashes = 3
+
 func testTargetCrash(t *testing.T, mode Mode) {
+	// From the newest version to the oldest installed.
 	majors := pgtest.Majors(t)
 	major := majors[len(majors)-1]
 	var in pgtest.Install
 	for _, i := range pgtest.FindInstalls() {
-		if i.Major == major {
+		if i.Major == majors[0] {
 			in = i
 		}
 	}
@@ -87,7 +91,7 @@ func testTargetCrash(t *testing.T, mode Mode) {
 			defer conn.Close(context.Background())
 			// Paced so that the Applier keeps up: it then commits each transaction as it
 			// arrives, asynchronously, and makes them durable when the stream goes idle.
-			pace := time.NewTicker(time.Millisecond)
+			pace := time.NewTicker(4 * time.Millisecond)
 			defer pace.Stop()
 			for i := 0; ; i++ {
 				select {
@@ -161,10 +165,13 @@ func testTargetCrash(t *testing.T, mode Mode) {
 		n, _ := strconv.Atoi(string(res[0].Rows[0][0]))
 		return n
 	}
+	mon, err := pgx.Connect(ctx, src)
+	must(t, err)
+	defer mon.Close(context.Background())
 	lost := map[int]bool{}
-	for crash := range 3 {
+	for crash := range crashes {
 		// A random moment: once the Applier has applied a random number of transactions more.
-		want := max(applied(), 0) + 100 + rng.IntN(400)
+		want := max(applied(), 0) + 50 + rng.IntN(200)
 		for applied() < want {
 			select {
 			case err := <-r.done:
@@ -175,6 +182,19 @@ func testTargetCrash(t *testing.T, mode Mode) {
 			case <-ctx.Done():
 				t.Fatalf("timed out waiting for %d transactions on the target (stats %+v)", want, r.a.Stats())
 			case <-time.After(time.Duration(rng.IntN(20)) * time.Millisecond):
+			}
+		}
+		// The moment the slot confirms more: the Applier has just acknowledged transactions,
+		// which an Applier that acknowledges unflushed commits would lose now.
+		c0 := confirmedOn(t, ctx, mon, "crash")
+		for confirmedOn(t, ctx, mon, "crash") == c0 {
+			select {
+			case err := <-r.done:
+				r.stop = nil
+				t.Fatalf("apply stopped: %v", err)
+			case <-ctx.Done():
+				t.Fatalf("timed out waiting for the slot to move past %s", c0)
+			default:
 			}
 		}
 		dstSrv.Crash()
@@ -227,6 +247,12 @@ func slotConfirmed(t testing.TB, ctx context.Context, dsn, slot string) decoding
 	conn, err := pgx.Connect(ctx, dsn)
 	must(t, err)
 	defer conn.Close(context.Background())
+	return confirmedOn(t, ctx, conn, slot)
+}
+
+// confirmedOn returns the slot's confirmed_flush_lsn, read on conn.
+func confirmedOn(t testing.TB, ctx context.Context, conn *pgx.Conn, slot string) decoding.LSN {
+	t.Helper()
 	var l decoding.LSN
 	must(t, conn.QueryRow(ctx, `SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1
 		AND database = current_database()`, slot).Scan(&l))
