@@ -166,8 +166,9 @@
 // error for what it cannot cure: an *ApplyError for a change the target refuses when applied
 // alone, in order (ErrMissingTable, ErrSchemaMismatch, ErrNoReplicaIdentity, ErrPermission,
 // ErrConstraint, ErrData), naming the table, the source transaction and its commit LSN; bad
-// configuration (ErrInvalidConfig, the replication package's option errors); and corrupt or lost
-// data reported by the reorder buffer. Nothing at or after a refused transaction is acknowledged,
+// configuration (ErrInvalidConfig, the replication package's option errors); a progress row that
+// does not fit the source (ErrSourceChanged, ErrSlotAhead: see above); and corrupt or lost data
+// reported by the reorder buffer. Nothing at or after a refused transaction is acknowledged,
 // so a new Run, once the cause is fixed, resumes with it. A change refused while applied
 // concurrently with earlier transactions (Eager, Parallel) is first retried alone.
 package apply
