@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgreorder/pgreorder/internal/pgtest"
+	"github.com/pgreorder/pgreorder/replication"
 )
 
 // runErr runs an Applier for cfg and returns Run's error, failing t if Run is still running
@@ -199,4 +200,20 @@ func TestTwoSourcesOneSlotName(t *testing.T) {
 	t.Logf("error: %v", err)
 	must(t, pgtest.Exec(ctx, e.src, `INSERT INTO marker VALUES (2)`))
 	e.waitMarker(t, r, 2)
+}
+
+// TestPositionErrorsNotRetried: what a progress row that does not fit the source means is not
+// cured by starting again.
+func TestPositionErrorsNotRetried(t *testing.T) {
+	for _, err := range []error{
+		&replication.CheckError{Setting: "Buffer.SkipThrough", Err: replication.ErrResumeAhead},
+		&replication.CheckError{Setting: "Buffer.SkipThrough", Err: replication.ErrSlotAhead},
+		&replication.CheckError{Setting: "system", Err: replication.ErrSystemChanged},
+		fmt.Errorf("%w: x", ErrSlotAhead),
+		fmt.Errorf("%w: x", ErrSourceChanged),
+	} {
+		if retryable(err) {
+			t.Errorf("%v is retried", err)
+		}
+	}
 }
