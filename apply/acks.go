@@ -9,35 +9,48 @@ import (
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 )
 
-// Acknowledgements. A transaction is acknowledged to the source once its target commit is
-// durable. With Config.SynchronousCommit that is when COMMIT returns. Otherwise commits do not
-// wait for the target's WAL flush: every asyncGroup-th commit, or the first one asyncDelay after
-// an unflushed one, is made synchronous (SET LOCAL synchronous_commit = on), and when the leader
-// finds nothing to read from the stream for idleProbe it commits an empty synchronous
-// transaction. The target flushes its WAL through a synchronous commit, so every commit that
-// returned before it is durable too: one flush serves many transactions, as PostgreSQL's
-// subscriber gets from committing asynchronously and reporting only flushed positions.
+// Acknowledgements. A transaction is acknowledged to the source only once the target holds, on
+// disk, both its changes and a progress row at or past its end LSN: the source never sends an
+// acknowledged transaction again, so the target must have it whatever crashes next, the target
+// server included.
+//
+// With Config.SynchronousCommit that is when COMMIT returns. Otherwise commits do not wait for
+// the target's WAL flush: every asyncGroup-th commit, or the first one asyncDelay after an
+// unflushed one, is made synchronous (SET LOCAL synchronous_commit = on), and when the leader
+// finds nothing to read from the stream for idleProbe it runs the flushing transaction of
+// flushWAL. A synchronous commit flushes the target's WAL up to its commit record, so every
+// commit that returned before it is durable too: one flush serves many transactions, as
+// PostgreSQL's subscriber gets from committing asynchronously and reporting only flushed
+// positions.
+//
+// Two kinds of entries carry no progress row of their own: transactions with nothing to apply
+// on the target, and idle advances (the stream's position moving on while nothing is
+// published). They are acknowledged once a flushing transaction wrote a progress row at or past
+// their end LSN (persisted), so that the slot's confirmed position never passes the progress row
+// on disk: after any crash, a slot found ahead of the progress row means lost transactions.
 const (
 	asyncGroup = 64
 	asyncDelay = 10 * time.Millisecond
 	idleProbe  = time.Millisecond
 )
 
-// commitRef is a committed transaction waiting for its acknowledgement.
+// commitRef is a committed transaction (or an idle advance) waiting for its acknowledgement.
 type commitRef struct {
-	seq uint64
-	txn *reorderbuffer.Txn
-	job *job // nil in Buffered
+	seq      uint64
+	txn      *reorderbuffer.Txn
+	job      *job // nil in Buffered
+	progress LSN  // the progress row its target transaction wrote; 0 for none
 }
 
 // acks holds the commits made and not yet acknowledged, in commit order.
 type acks struct {
-	mu      sync.Mutex
-	list    []commitRef
-	flushed uint64 // every commit up to this sequence number is durable
-	waiting bool   // the leader waits in Next on wake
-	wake    context.Context
-	cancel  context.CancelFunc
+	mu        sync.Mutex
+	list      []commitRef
+	flushed   uint64 // every commit up to this sequence number is durable
+	persisted LSN    // a durable progress row is at or past this position
+	waiting   bool   // the leader waits in Next on wake
+	wake      context.Context
+	cancel    context.CancelFunc
 
 	unsynced      int       // commits since the last synchronous one
 	firstUnsynced time.Time // when the first of them committed
@@ -72,6 +85,12 @@ func (s *session) syncCommit() bool {
 	return false
 }
 
+// ready says whether c may be acknowledged: its commit, and a progress row at or past its end,
+// are durable. Called with a.mu held.
+func (a *acks) ready(c commitRef) bool {
+	return c.seq <= a.flushed && c.txn.EndLSN <= a.persisted
+}
+
 // committed records a commit, in commit order; durable says that it, and so every commit before
 // it, is durable on the target.
 func (s *session) committed(c commitRef, durable bool) {
@@ -81,6 +100,7 @@ func (s *session) committed(c commitRef, durable bool) {
 	a.list = append(a.list, c)
 	if durable {
 		a.flushed = max(a.flushed, c.seq)
+		a.persisted = max(a.persisted, c.progress)
 	}
 	// Wake the leader either way: durable, the commit is to be acknowledged; not durable, the
 	// leader may be waiting for the stream with no commit to flush when it went to wait, and the
@@ -90,11 +110,12 @@ func (s *session) committed(c commitRef, durable bool) {
 	}
 }
 
-// flushed records that every commit up to seq is durable.
-func (s *session) markFlushed(seq uint64) {
+// markFlushed records that every commit up to seq is durable, and a progress row at pos.
+func (s *session) markFlushed(seq uint64, pos LSN) {
 	a := &s.acks
 	a.mu.Lock()
 	a.flushed = max(a.flushed, seq)
+	a.persisted = max(a.persisted, pos)
 	a.unsynced = 0
 	a.mu.Unlock()
 }
@@ -104,7 +125,7 @@ func (s *session) ackCommitted(ctx context.Context) error {
 	a := &s.acks
 	a.mu.Lock()
 	n := 0
-	for n < len(a.list) && a.list[n].seq <= a.flushed {
+	for n < len(a.list) && a.ready(a.list[n]) {
 		n++
 	}
 	ready := a.list[:n:n]
@@ -133,7 +154,7 @@ func (s *session) ackCommitted(ctx context.Context) error {
 func (s *session) next(ctx context.Context) (*reorderbuffer.Txn, error) {
 	a := &s.acks
 	a.mu.Lock()
-	if len(a.list) > 0 && a.list[0].seq <= a.flushed {
+	if len(a.list) > 0 && a.ready(a.list[0]) {
 		a.mu.Unlock()
 		return nil, errWoken
 	}
@@ -183,16 +204,27 @@ func (s *session) wakeUp(ctx context.Context, err error) error {
 	return err
 }
 
-// flushNow makes every commit so far durable with an empty synchronous commit on the leader's
-// connection (it writes a commit record: the target flushes its WAL through it).
+// flushNow makes every commit so far durable, and the progress row reach the last of them (a
+// transaction with nothing to apply or an idle advance may be ahead of the last progress row
+// written), with the flushing transaction of flushWAL on the leader's connection.
 func (s *session) flushNow(ctx context.Context) error {
 	if s.leader.inTxn {
 		return nil
 	}
 	done := s.order.committed()
-	if err := s.leader.flushWAL(ctx); err != nil {
+	a := &s.acks
+	a.mu.Lock()
+	pos := a.persisted
+	for _, c := range a.list {
+		if c.seq <= done {
+			pos = max(pos, c.txn.EndLSN)
+		}
+	}
+	a.mu.Unlock()
+	if err := s.leader.flushWAL(ctx, s.flushSQL, s.key.args(pos)); err != nil {
 		return err
 	}
-	s.markFlushed(done)
+	s.markFlushed(done, pos)
+	s.stats.applied(pos)
 	return nil
 }

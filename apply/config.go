@@ -129,8 +129,9 @@ type Config struct {
 	// lowest latency per transaction. Without it (the default), target transactions commit with
 	// synchronous_commit = off, as PostgreSQL's subscriber does by default, and are made durable
 	// in groups: one commit in 64, or the first one 10ms after an unflushed one, is synchronous,
-	// and so is an empty transaction when the stream goes idle for a millisecond; the target flushes
-	// its WAL through it, which makes every earlier commit durable too. Much more throughput
+	// and so is a transaction that writes the progress row when the stream goes idle for a
+	// millisecond; the target flushes its WAL through it, which makes every earlier commit durable
+	// too. Much more throughput
 	// when WAL flushes are slow, acknowledgements a few milliseconds later. Either way a
 	// transaction is acknowledged to the source only once its commit is durable on the target,
 	// so exactly-once holds across crashes of either server.
@@ -140,11 +141,20 @@ type Config struct {
 	// on both sides.
 	Binary bool
 	// ProgressTable is the target table that records the progress of each slot, created if
-	// missing: (slot text PRIMARY KEY, end_lsn pg_lsn). "" means DefaultProgressTable; a
-	// schema-qualified name ("schema.table") is allowed. A name without a schema is resolved
-	// in the target role's search_path when a connection opens: the schema of an existing
-	// table of that name, or else the one CREATE TABLE would choose.
+	// missing: (slot text PRIMARY KEY, end_lsn pg_lsn, system_id text, timeline int), the last two
+	// naming the source system the position belongs to (added to a table made without them).
+	// "" means DefaultProgressTable; a schema-qualified name ("schema.table") is allowed. A name
+	// without a schema is resolved in the target role's search_path when a connection opens: the
+	// schema of an existing table of that name, or else the one CREATE TABLE would choose.
 	ProgressTable string
+	// AcceptSlotAhead lets Run continue when the slot's confirmed position is ahead of the
+	// target's progress row. Every position the slot confirms is in a durable progress row
+	// first, so a slot found ahead of it means that transactions were acknowledged and then lost
+	// by the target (restored from an older backup, or written by a version of the Applier that
+	// did not keep this promise): they are not on the target and the source will not send them
+	// again. Run stops with ErrSlotAhead instead, unless this is set: it then logs the gap, moves
+	// the progress row to the slot's position and continues, without them.
+	AcceptSlotAhead bool
 	// StatusInterval is the longest time between two status updates to the source; 0 means the
 	// replication package's default.
 	StatusInterval time.Duration

@@ -388,7 +388,7 @@ func (s *session) runCopy(ctx context.Context, sess *snapshot.Session, maps map[
 			tg.close(context.WithoutCancel(ctx))
 		}
 	}()
-	_, fence := fenceKeys(s.cfg.Slot)
+	_, fence := s.fenceKeys()
 	for i := range tgs {
 		tg, err := connectTarget(ctx, s.cfg, "pgreorder apply "+s.cfg.Slot+" c"+strconv.Itoa(i+1), s.stats)
 		if err != nil {
@@ -452,7 +452,7 @@ func (t *target) commitCopy(ctx context.Context) error {
 // one durable transaction: from then on the copy is complete and the stream resumes after it.
 func (s *session) finishCopy(ctx context.Context, ct string, cp LSN) error {
 	err := s.inTxn(ctx, true, func() error {
-		if _, err := query(ctx, s.leader.conn, s.progSQL, s.cfg.Slot, cp.String()); err != nil {
+		if _, err := query(ctx, s.leader.conn, s.progSQL, s.key.slot, cp.String(), s.key.system, strconv.Itoa(s.key.timeline)); err != nil {
 			return err
 		}
 		_, err := query(ctx, s.leader.conn, "DELETE FROM "+ct+" WHERE slot = $1", s.cfg.Slot)

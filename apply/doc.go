@@ -38,21 +38,44 @@
 // # Exactly once
 //
 // Each source transaction is applied in one target transaction, which also writes the slot's row
-// of the progress table (Config.ProgressTable: slot, end_lsn) with the transaction's end LSN, and
-// is acknowledged to the source only after that transaction committed. On start, and after every
-// retried failure, replication starts at the slot's confirmed position and whatever the source
-// sends again that ends at or before the progress row's LSN is dropped (the reorder buffer's
-// SkipThrough), as PostgreSQL's subscriber does with its replication origin. A crash (even
-// SIGKILL) or a lost connection on either side at any point therefore neither loses nor repeats a
-// transaction: what committed on the target carries its progress row, and the source keeps
-// everything after the last acknowledged commit. Transactions that change nothing on the target
-// are acknowledged without a target transaction.
+// of the progress table (Config.ProgressTable: slot, end_lsn, and the source system) with the
+// transaction's end LSN, and is acknowledged to the source only after that transaction committed
+// durably. On start, and after every retried failure, replication starts at the slot's confirmed
+// position and whatever the source sends again that ends at or before the progress row's LSN is
+// dropped (the reorder buffer's SkipThrough), as PostgreSQL's subscriber does with its replication
+// origin. A crash (even SIGKILL, of the Applier or of either server) or a lost connection on
+// either side at any point therefore neither loses nor repeats a transaction: what committed on
+// the target carries its progress row, and the source keeps everything after the last acknowledged
+// commit. Transactions that change nothing on the target are acknowledged without a target
+// transaction of their own.
 //
-// A transaction is acknowledged only once its target commit is durable. By default target
+// Acknowledged means: the target has flushed to disk the transaction's commit and a progress row
+// at or past its end LSN, so it survives a crash of the target server too (as long as the
+// target's own fsync is on: a server that does not flush its WAL keeps nothing). By default target
 // transactions commit with synchronous_commit = off, as PostgreSQL's subscriber does, and a
-// synchronous commit every few dozen transactions or milliseconds (and when the stream goes idle)
-// makes the earlier ones durable before they are acknowledged: one WAL flush for many
-// transactions. Config.SynchronousCommit makes each commit wait for its own flush instead.
+// synchronous commit every few dozen transactions or milliseconds (and, when the stream goes idle,
+// a transaction that writes the progress row) makes the earlier ones durable before they are
+// acknowledged: one WAL flush for many transactions, checked against the target's flush position.
+// Config.SynchronousCommit makes each commit wait for its own flush instead. Transactions with
+// nothing to apply, and idle advances (the source's WAL moving on with nothing published), are
+// acknowledged once the progress row has durably reached them.
+//
+// # The slot and the progress row
+//
+// The slot's confirmed position therefore never passes the progress row on the target. A slot
+// found ahead of it when a session starts means that transactions the source will not send again
+// are missing on the target (it was restored from an older backup, or written by a version that
+// let the slot confirm what the target had not flushed): Run stops with ErrSlotAhead, which says
+// so, unless Config.AcceptSlotAhead lets it continue from the slot's position without them. A
+// progress row written before rows recorded idle positions is moved to the slot's position, with
+// a log line.
+//
+// The progress row records the source's database system identifier and timeline. A row of another
+// system (a rebuilt source reusing the slot name, or another source replicating into the same
+// target with the same slot name and progress table), one written on a later timeline than the
+// source's, or one beyond the source's current WAL position stops Run with ErrSourceChanged:
+// positions of one system mean nothing on another. A row without a system (from before the table
+// had the columns, which are added in place) takes the current source's, once, with a log line.
 //
 // # Ordering
 //
@@ -172,8 +195,8 @@
 // generates); a conflict resolved as an error also names the resolutions that get past it; bad
 // configuration (ErrInvalidConfig, the replication package's option errors, and its failed
 // pre-flight checks, *replication.CheckError: wal_level, a missing publication, a slot made by
-// another plugin, and so on); and corrupt or lost
-// data reported by the reorder buffer. Nothing at or after a refused transaction is acknowledged,
+// another plugin, and so on); a progress row that does not fit the source (ErrSourceChanged,
+// ErrSlotAhead: see above); and corrupt or lost data reported by the reorder buffer. Nothing at or after a refused transaction is acknowledged,
 // so a new Run, once the cause is fixed, resumes with it. A change refused while applied
 // concurrently with earlier transactions (Eager, Parallel) is first retried alone.
 package apply

@@ -106,7 +106,7 @@ func (s *session) startWorkers(ctx context.Context) error {
 		}
 		w := &worker{id: i + 1, tg: tg, jobs: make(chan *job, 1)}
 		s.workers = append(s.workers, w)
-		_, key := fenceKeys(s.cfg.Slot)
+		_, key := s.fenceKeys()
 		if _, err := query(ctx, tg.conn, "SELECT pg_catalog.pg_advisory_lock_shared($1::bigint)", strconv.FormatInt(key, 10)); err != nil {
 			return fmt.Errorf("apply: locking the slot's progress on the target: %w", err)
 		}
@@ -176,6 +176,8 @@ func (s *session) runIncremental(ctx context.Context) error {
 			if err := s.stream.Ack(t); err != nil {
 				return err
 			}
+		case t.Part == reorderbuffer.Advance:
+			err = s.advanced(ctx, t)
 		case t.Part == reorderbuffer.PartChanges || t.Part == reorderbuffer.PartCommit:
 			err = s.part(ctx, t)
 		case t.Part == reorderbuffer.PartSubAbort:
@@ -710,15 +712,17 @@ func (s *session) commitOn(ctx context.Context, tg *target, j *job, begun bool, 
 		w.state.Store(wsApplying)
 	}
 	durable := s.cfg.SynchronousCommit
+	var progress LSN // the progress row written, if any
 	if begun {
 		if err := s.cfg.hook(ctx, "before-commit", j.ref); err != nil {
 			return err
 		}
 		durable = s.syncCommit()
 		tg.source(j.xid, j.commit)
-		if err := tg.commit(ctx, s.progress, s.cfg.Slot, j.ref.EndLSN, durable); err != nil {
+		if err := tg.commit(ctx, s.progress, s.key, j.ref.EndLSN, durable); err != nil {
 			return err
 		}
+		progress = j.ref.EndLSN
 	} else {
 		s.stats.emptyTxns.Add(1)
 	}
@@ -727,6 +731,6 @@ func (s *session) commitOn(ctx context.Context, tg *target, j *job, begun bool, 
 	if err := s.cfg.hook(ctx, "after-commit", j.ref); err != nil {
 		return err
 	}
-	s.committed(commitRef{seq: seq, txn: j.commit, job: j}, durable)
+	s.committed(commitRef{seq: seq, txn: j.commit, job: j, progress: progress}, durable)
 	return nil
 }

@@ -24,6 +24,17 @@ var (
 	// ErrInvalidConfig is wrapped by errors about a Config that cannot work.
 	ErrInvalidConfig = errors.New("apply: invalid configuration")
 
+	// ErrSlotAhead is wrapped by the error Run stops with when the slot's confirmed position is
+	// ahead of the target's progress row: the transactions in between were acknowledged to the
+	// source but are not on the target (see Config.AcceptSlotAhead).
+	ErrSlotAhead = errors.New("apply: the slot is ahead of the target's progress row")
+
+	// ErrSourceChanged is wrapped by the error Run stops with when the target's progress row for
+	// the slot does not come from the source: it was written for another database system (a
+	// rebuilt source, or another source with a slot of the same name), on a later timeline, or at
+	// a position beyond the source's WAL. The error says what to do.
+	ErrSourceChanged = errors.New("apply: the progress row does not come from this source")
+
 	// ErrMissingTable: a published table does not exist on the target.
 	ErrMissingTable = errors.New("apply: target table does not exist")
 	// ErrSchemaMismatch: the target table lacks a source column, has it generated, or (with
@@ -264,7 +275,8 @@ func retryable(err error) bool {
 		errors.As(err, &inUse), errors.Is(err, replication.ErrSlotActive), // waited for up to SlotWait already
 		errors.Is(err, replication.ErrInvalidConfig), errors.Is(err, replication.ErrUnsupported),
 		errors.Is(err, reorderbuffer.ErrProtocol), errors.Is(err, reorderbuffer.ErrForeignTxn),
-		errors.Is(err, reorderbuffer.ErrNotCommit):
+		errors.Is(err, reorderbuffer.ErrNotCommit), errors.Is(err, ErrSourceChanged), errors.Is(err, ErrSlotAhead), errors.Is(err, replication.ErrSlotAhead),
+		errors.Is(err, replication.ErrResumeAhead), errors.Is(err, replication.ErrSystemChanged):
 		return false
 	case copyFatal(err):
 		return false

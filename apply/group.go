@@ -118,6 +118,7 @@ func (s *session) commitGroup(ctx context.Context) error {
 	}
 	last := g.members[len(g.members)-1].ref
 	durable := s.cfg.SynchronousCommit
+	var progress LSN // the progress row written, if any
 	if g.started {
 		for _, m := range g.members {
 			if err := s.cfg.hook(ctx, "before-commit", m.ref); err != nil {
@@ -125,9 +126,10 @@ func (s *session) commitGroup(ctx context.Context) error {
 			}
 		}
 		durable = s.syncCommit()
-		if err := s.leader.commit(ctx, s.progress, s.cfg.Slot, last.EndLSN, durable); err != nil {
+		if err := s.leader.commit(ctx, s.progress, s.key, last.EndLSN, durable); err != nil {
 			return s.groupError(last, err)
 		}
+		progress = last.EndLSN
 	}
 	for _, m := range g.members {
 		seq := s.order.assign()
@@ -136,7 +138,7 @@ func (s *session) commitGroup(ctx context.Context) error {
 		if !m.changed { // acknowledged without a target transaction of its own
 			s.stats.emptyTxns.Add(1)
 		}
-		s.committed(commitRef{seq: seq, txn: m.txn}, durable)
+		s.committed(commitRef{seq: seq, txn: m.txn, progress: progress}, durable)
 	}
 	var err error
 	for _, m := range g.members {

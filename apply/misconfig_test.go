@@ -67,7 +67,7 @@ func TestMisconfiguration(t *testing.T) {
 				if role != "" {
 					// The role reads items and owns its progress row, nothing more.
 					must(t, pgtest.Exec(ctx, e.dst,
-						`CREATE TABLE pgreorder_apply_progress (slot text PRIMARY KEY, end_lsn pg_lsn NOT NULL)`,
+						`CREATE TABLE pgreorder_apply_progress (slot text PRIMARY KEY, end_lsn pg_lsn NOT NULL, system_id text, timeline int)`,
 						"GRANT ALL ON pgreorder_apply_progress TO "+role,
 						"GRANT SELECT ON items, marker TO "+role))
 					cfg.Target += " user=" + role

@@ -30,6 +30,8 @@ type session struct {
 	leader   *target
 	progress *stmt // the progress upsert, prepared on every target connection
 	progSQL  string
+	flushSQL string      // the flushing transaction's progress upsert (see flushWAL)
+	key      progressKey // the progress row's key and source system
 
 	relBuf [1]*relInfo
 
@@ -63,12 +65,29 @@ func (a *Applier) session(parent context.Context) (err error) {
 		return err
 	}
 	defer s.leader.close(context.WithoutCancel(ctx))
+	sys, slot, err := identifySource(ctx, s.cfg)
+	if err != nil {
+		return err
+	}
+	s.key = progressKey{slot: s.cfg.Slot, system: sys.ID, timeline: sys.Timeline}
 	if err := s.fence(ctx); err != nil {
 		return err
 	}
-	resume, err := s.setupProgress(ctx, s.leader)
+	resume, legacy, err := s.setupProgress(ctx, s.leader)
 	if err != nil {
 		return err
+	}
+	if resume > sys.XLogPos {
+		return fmt.Errorf("%w: the progress row of slot %q is at %s, beyond the source's current WAL position %s: "+
+			"the source is not the server the target was replicated from, or it lost WAL (restored from an older backup); "+
+			"the target cannot continue from it: copy the target again (delete the slot's progress row first)",
+			ErrSourceChanged, s.cfg.Slot, resume, sys.XLogPos)
+	}
+	s.acks.persisted = resume
+	if slot != nil && resume != 0 && slot.ConfirmedFlush > resume {
+		if resume, err = s.slotAhead(ctx, resume, slot.ConfirmedFlush, legacy); err != nil {
+			return err
+		}
 	}
 	if err := s.prepareProgress(ctx, s.leader); err != nil {
 		return err
@@ -97,6 +116,8 @@ func (a *Applier) session(parent context.Context) (err error) {
 			Dir:         s.cfg.SpillDir,
 			SkipThrough: resume,
 			Incremental: s.cfg.Mode != Buffered,
+			// Idle advances are persisted in the progress row before the slot confirms them.
+			HandOutAdvances: true,
 		},
 	}
 	if s.cfg.Copy && resume == 0 { // no progress row: the target has yet to be copied
@@ -106,6 +127,11 @@ func (a *Applier) session(parent context.Context) (err error) {
 	}
 	if err != nil {
 		return err
+	}
+	s.acks.persisted = max(s.acks.persisted, resume)
+	if id := s.stream.System().ID; id != s.key.system {
+		s.stream.Close(ctx)
+		return fmt.Errorf("%w: the source was database system %s a moment ago and is now system %s", ErrSourceChanged, s.key.system, id)
 	}
 	defer func() {
 		if cerr := s.stream.Close(context.WithoutCancel(ctx)); err == nil && cerr != nil {
@@ -144,7 +170,7 @@ func (a *Applier) session(parent context.Context) (err error) {
 // a backend whose client died ends when the server notices; one of a session still running (a
 // second Applier for the slot) does not, and fence then stops with a *SlotInUseError.
 func (s *session) fence(ctx context.Context) error {
-	lead, workers := fenceKeys(s.cfg.Slot)
+	lead, workers := s.fenceKeys()
 	if err := s.waitLock(ctx, lead); err != nil {
 		return err
 	}
@@ -239,44 +265,165 @@ func (s *session) lockHolders(ctx context.Context, key int64) ([]replication.Bac
 	return out, nil
 }
 
-// fenceKeys returns the advisory lock keys of a slot's sessions on the target.
-func fenceKeys(slot string) (lead, workers int64) {
+// fenceKeys returns the advisory lock keys of the sessions of this source system's slot on the
+// target (advisory locks are per database). What the fence orders is the work of sessions that
+// apply the same stream: the same slot of the same source system. Sessions of another system with
+// a slot of the same name do not wait for these; they find the progress row naming this system
+// and stop (ErrSourceChanged).
+func (s *session) fenceKeys() (lead, workers int64) {
+	return fenceKeys(s.key.system, s.cfg.Slot)
+}
+
+// fenceKeys returns the advisory lock keys of the sessions of slot of the source system.
+func fenceKeys(system, slot string) (lead, workers int64) {
+	id := system + "\x00" + slot
 	h := fnv.New64a()
-	h.Write([]byte("pgreorder apply leader\x00" + slot))
+	h.Write([]byte("pgreorder apply leader\x00" + id))
 	lead = int64(h.Sum64())
 	h.Reset()
-	h.Write([]byte("pgreorder apply workers\x00" + slot))
+	h.Write([]byte("pgreorder apply workers\x00" + id))
 	return lead, int64(h.Sum64())
 }
 
-// setupProgress creates the progress table if it is missing and returns the slot's position.
-func (s *session) setupProgress(ctx context.Context, tg *target) (LSN, error) {
+// progressKey is what identifies the stream in its progress row: the slot, and the source system
+// (System.ID and Timeline) whose positions the row holds.
+type progressKey struct {
+	slot     string
+	system   string
+	timeline int
+}
+
+// args returns the parameters of the progress upserts for position end.
+func (k progressKey) args(end LSN) [][]byte {
+	return [][]byte{[]byte(k.slot), end.AppendText(nil), []byte(k.system), strconv.AppendInt(nil, int64(k.timeline), 10)}
+}
+
+// identifySource connects to the source to learn which database system it is (IDENTIFY_SYSTEM
+// and the pre-flight checks of a replication connection), before the progress row is read.
+// It also returns the slot as it is then, or nil if it does not exist.
+func identifySource(ctx context.Context, cfg *Config) (replication.System, *replication.SlotInfo, error) {
+	conn, err := replication.Connect(ctx, replication.Config{ConnString: cfg.Source, Slot: cfg.Slot,
+		Publications: cfg.Publications, Binary: cfg.Binary, Origin: cfg.SourceOrigin})
+	if err != nil {
+		return replication.System{}, nil, err
+	}
+	defer conn.Close(ctx)
+	sys := conn.System()
+	if slot, ok := conn.Slot(); ok {
+		return sys, &slot, nil
+	}
+	return sys, nil, nil
+}
+
+// slotAhead handles a slot whose confirmed position is ahead of the progress row: an error,
+// unless Config.AcceptSlotAhead (or the progress row predates the source system's columns: the
+// versions that wrote such rows let the slot confirm idle positions they never recorded), in
+// which case the progress row moves to the slot's position, durably, and that is returned.
+func (s *session) slotAhead(ctx context.Context, resume, confirmed LSN, legacy bool) (LSN, error) {
+	if !s.cfg.AcceptSlotAhead && !legacy {
+		return 0, fmt.Errorf("%w: slot %q confirmed %s, but the target's progress row is at %s: the source transactions "+
+			"that committed in between were acknowledged but are not on the target, and the source will not send them "+
+			"again (the target lost them: restored from an older backup, or a crash of a target that does not flush its "+
+			"WAL). Resynchronize the target (delete the slot's progress row, drop the slot, and copy again), or accept "+
+			"the loss and continue from the slot's position (Config.AcceptSlotAhead)", ErrSlotAhead, s.cfg.Slot, confirmed, resume)
+	}
+	if legacy {
+		s.log.Info("the slot is ahead of a progress row written before progress rows recorded idle positions: "+
+			"moving the row to the slot's position", "slot", s.cfg.Slot, "end_lsn", resume, "confirmed_flush_lsn", confirmed)
+	} else {
+		s.log.Warn("the slot is ahead of the target's progress row: continuing without the transactions in between, "+
+			"as AcceptSlotAhead allows", "slot", s.cfg.Slot, "end_lsn", resume, "confirmed_flush_lsn", confirmed)
+	}
+	if err := s.leader.flushWAL(ctx, s.flushSQL, s.key.args(confirmed)); err != nil {
+		return 0, err
+	}
+	s.acks.persisted = confirmed
+	s.stats.applied(confirmed)
+	return confirmed, nil
+}
+
+// setupProgress creates the progress table if it is missing (and adds the source system's
+// columns to one made before they existed), checks that the slot's row, if any, belongs to the
+// source system, and returns the slot's position.
+func (s *session) setupProgress(ctx context.Context, tg *target) (_ LSN, legacy bool, err error) {
 	table := tg.table(s.cfg.ProgressTable)
-	s.progSQL = "INSERT INTO " + table + " (slot, end_lsn) VALUES ($1, $2::pg_lsn) " +
-		"ON CONFLICT (slot) DO UPDATE SET end_lsn = excluded.end_lsn"
+	// The upserts never write a row of another system (a row of another system found at the
+	// start stops the session; these guard against one made meanwhile).
+	ins := "INSERT INTO " + table + " AS p (slot, end_lsn, system_id, timeline) VALUES ($1, $2::pg_lsn, $3, $4::int) " +
+		"ON CONFLICT (slot) DO UPDATE SET end_lsn = "
+	s.progSQL = ins + "excluded.end_lsn WHERE p.system_id = excluded.system_id"
+	s.flushSQL = ins + "GREATEST(p.end_lsn, excluded.end_lsn) WHERE p.system_id = excluded.system_id " +
+		"RETURNING pg_catalog.pg_current_wal_insert_lsn()::text"
 	rows, err := query(ctx, tg.conn, "SELECT pg_catalog.to_regclass($1) IS NOT NULL", table)
 	if err != nil {
-		return 0, fmt.Errorf("apply: looking for the progress table: %w", err)
+		return 0, false, fmt.Errorf("apply: looking for the progress table: %w", err)
 	}
 	if string(rows[0][0]) != "t" {
-		err := tg.conn.Exec(ctx, "CREATE TABLE "+table+" (slot text PRIMARY KEY, end_lsn pg_lsn NOT NULL)").Close()
+		err := tg.conn.Exec(ctx, "CREATE TABLE "+table+" (slot text PRIMARY KEY, end_lsn pg_lsn NOT NULL, system_id text, timeline int)").Close()
 		if err != nil && !isCode(err, "42P07") { // duplicate_table: made meanwhile
-			return 0, fmt.Errorf("apply: creating the progress table %s: %w", table, err)
+			return 0, false, fmt.Errorf("apply: creating the progress table %s: %w", table, err)
 		}
 	}
-	rows, err = query(ctx, tg.conn, "SELECT end_lsn::text FROM "+table+" WHERE slot = $1", s.cfg.Slot)
+	rows, err = query(ctx, tg.conn, `SELECT pg_catalog.count(*) FROM pg_catalog.pg_attribute
+		WHERE attrelid = $1::regclass AND attname IN ('system_id', 'timeline') AND NOT attisdropped`, table)
 	if err != nil {
-		return 0, fmt.Errorf("apply: reading the progress table %s: %w", table, err)
+		return 0, false, fmt.Errorf("apply: reading the progress table %s: %w", table, err)
+	}
+	if string(rows[0][0]) != "2" { // made by an older version: (slot, end_lsn)
+		err := tg.conn.Exec(ctx, "ALTER TABLE "+table+" ADD COLUMN IF NOT EXISTS system_id text, ADD COLUMN IF NOT EXISTS timeline int").Close()
+		if err != nil {
+			return 0, false, fmt.Errorf("apply: adding the source system's columns to the progress table %s (as its owner, run "+
+				"ALTER TABLE %s ADD COLUMN system_id text, ADD COLUMN timeline int): %w", table, table, err)
+		}
+		s.log.Info("progress table upgraded: it records the source system of each slot", "table", table)
+	}
+	rows, err = query(ctx, tg.conn, "SELECT end_lsn::text, system_id, timeline::text FROM "+table+" WHERE slot = $1", s.cfg.Slot)
+	if err != nil {
+		return 0, false, fmt.Errorf("apply: reading the progress table %s: %w", table, err)
 	}
 	if len(rows) == 0 {
-		return 0, nil
+		return 0, false, nil
 	}
 	lsn, err := decoding.ParseLSN(string(rows[0][0]))
 	if err != nil {
-		return 0, fmt.Errorf("apply: progress table %s: %w", table, err)
+		return 0, false, fmt.Errorf("apply: progress table %s: %w", table, err)
+	}
+	sysID, timeline := rows[0][1], 0
+	if rows[0][2] != nil {
+		timeline, _ = strconv.Atoi(string(rows[0][2]))
+	}
+	k := s.key
+	switch {
+	case sysID == nil:
+		// Written before the table recorded systems: it is taken to be this source's, once.
+		_, err := query(ctx, tg.conn, "UPDATE "+table+" SET system_id = $2, timeline = $3::int WHERE slot = $1 AND system_id IS NULL",
+			k.slot, k.system, strconv.Itoa(k.timeline))
+		if err != nil {
+			return 0, false, fmt.Errorf("apply: recording the source system in the progress table %s: %w", table, err)
+		}
+		s.log.Info("the slot's progress row records no source system: it now records this source's", "slot", k.slot,
+			"system_id", k.system, "timeline", k.timeline, "end_lsn", lsn)
+		lsn, _, err := s.setupProgress(ctx, tg) // read again: another session may have recorded one meanwhile
+		return lsn, true, err
+	case string(sysID) != k.system:
+		return 0, false, fmt.Errorf("%w: the progress row of slot %q in %s holds positions of source system %s, but the source is "+
+			"system %s: positions of one system mean nothing on another. If the target is to follow the new source, copy it "+
+			"again from that source (delete the slot's progress row first); if two sources replicate into this target, "+
+			"give each its own slot name or progress table", ErrSourceChanged, k.slot, table, sysID, k.system)
+	case timeline > k.timeline:
+		return 0, false, fmt.Errorf("%w: the progress row of slot %q in %s was written on timeline %d of source system %s, but the "+
+			"source is on timeline %d: it went back in time (restored from a backup?) and may not have what the target "+
+			"applied; copy the target again from it (delete the slot's progress row first)", ErrSourceChanged, k.slot, table,
+			timeline, k.system, k.timeline)
+	case timeline < k.timeline:
+		if _, err := query(ctx, tg.conn, "UPDATE "+table+" SET timeline = $2::int WHERE slot = $1", k.slot, strconv.Itoa(k.timeline)); err != nil {
+			return 0, false, fmt.Errorf("apply: recording the source's timeline in the progress table %s: %w", table, err)
+		}
+		s.log.Info("the source is on a new timeline (a promoted standby)", "slot", k.slot, "system_id", k.system,
+			"timeline", k.timeline, "was", timeline)
 	}
 	s.stats.applied(lsn)
-	return lsn, nil
+	return lsn, false, nil
 }
 
 // prepareProgress prepares the progress upsert on tg.
@@ -284,7 +431,7 @@ func (s *session) prepareProgress(ctx context.Context, tg *target) error {
 	if _, err := tg.conn.Prepare(ctx, "pgr_progress", s.progSQL, nil); err != nil {
 		return fmt.Errorf("apply: preparing the progress update: %w", err)
 	}
-	s.progress = &stmt{name: "pgr_progress", nparams: 2}
+	s.progress = &stmt{name: "pgr_progress", nparams: 4}
 	return nil
 }
 
@@ -314,10 +461,34 @@ func (s *session) runBuffered(ctx context.Context) error {
 			}
 			continue
 		}
+		if t.Part == reorderbuffer.Advance {
+			if err := s.commitGroup(ctx); err != nil {
+				return err
+			}
+			if err := s.advanced(ctx, t); err != nil {
+				return err
+			}
+			continue
+		}
 		if err := s.applyGrouped(ctx, t); err != nil {
 			return err
 		}
 	}
+}
+
+// advanced records an idle advance (reorderbuffer.Advance) like a transaction with nothing to
+// apply: it is acknowledged once a flushing transaction wrote the progress row at its position
+// (see flushNow), so that the slot never confirms a position the progress row does not hold.
+// The stream hands one out only when every transaction before it was acknowledged (none is
+// being received either), so every earlier commit is done and the wait returns at once.
+func (s *session) advanced(ctx context.Context, t *reorderbuffer.Txn) error {
+	seq := s.order.assign()
+	if err := s.order.wait(ctx, seq-1); err != nil {
+		return err
+	}
+	s.order.finish(seq)
+	s.committed(commitRef{seq: seq, txn: t}, false)
+	return nil
 }
 
 // eachChange calls f with each of t's changes that changes the target, and the relations it

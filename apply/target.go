@@ -442,7 +442,7 @@ func (t *target) flushPending(ctx context.Context) error {
 
 // commit sends what is pending, the progress row for end, and COMMIT, in one round trip when
 // no COPY is pending. Without Config.SynchronousCommit, sync makes this commit wait for the WAL flush.
-func (t *target) commit(ctx context.Context, progress *stmt, slot string, end LSN, sync bool) error {
+func (t *target) commit(ctx context.Context, progress *stmt, key progressKey, end LSN, sync bool) error {
 	if err := t.flushInserts(ctx); err != nil {
 		return err
 	}
@@ -457,7 +457,7 @@ func (t *target) commit(ctx context.Context, progress *stmt, slot string, end LS
 		}
 		t.completeReports()
 		t.queueLogRows()
-		t.batch.ExecPrepared(progress.name, [][]byte{[]byte(slot), end.AppendText(nil)}, nil, nil)
+		t.batch.ExecPrepared(progress.name, key.args(end), nil, nil)
 		t.ops = append(t.ops, batchOp{})
 		if sync && !t.cfg.SynchronousCommit {
 			t.control("SET LOCAL synchronous_commit = on")
@@ -510,11 +510,47 @@ func (t *target) source(xid uint32, c *reorderbuffer.Txn) {
 	}
 }
 
-// flushWAL commits a transaction that only takes an xid, synchronously: the target flushes its
-// WAL through that commit, and every commit before it is durable.
-func (t *target) flushWAL(ctx context.Context) error {
+// flushWAL makes every commit that returned on the target before it durable, and writes the
+// progress row at args' position (never moving it back), with one synchronous transaction.
+//
+// Why it is durable: PostgreSQL waits for the WAL flush at COMMIT (RecordTransactionCommit) only
+// when the transaction wrote WAL before its commit record and synchronous_commit is not off; a
+// transaction that only takes an xid commits asynchronously whatever synchronous_commit says, and
+// flushes nothing. This one writes the progress row (an INSERT or an UPDATE, which always writes
+// a heap record, even when the value does not change) with synchronous_commit on, so its COMMIT
+// returns only once the WAL is flushed up to its commit record, past every record inserted before
+// it: the commits that returned before it. The upsert returns pg_current_wal_insert_lsn() as it
+// stood after those commits; after COMMIT, pg_current_wal_flush_lsn() must be at or past it, and
+// is checked, so that a server that commits this transaction without flushing is found out
+// rather than trusted.
+func (t *target) flushWAL(ctx context.Context, sql string, args [][]byte) error {
 	t.stats.roundTrips.Add(1)
-	return t.conn.Exec(ctx, "BEGIN; SET LOCAL synchronous_commit = on; SELECT pg_catalog.txid_current(); COMMIT").Close()
+	b := &pgconn.Batch{}
+	b.ExecParams("BEGIN", nil, nil, nil, nil)
+	b.ExecParams("SET LOCAL synchronous_commit = on", nil, nil, nil, nil)
+	b.ExecParams(sql, args, nil, nil, nil)
+	b.ExecParams("COMMIT", nil, nil, nil, nil)
+	b.ExecParams("SELECT pg_catalog.pg_current_wal_flush_lsn()::text", nil, nil, nil, nil)
+	res, err := t.conn.ExecBatch(ctx, b).ReadAll()
+	if err != nil {
+		return fmt.Errorf("apply: flushing the target's WAL: %w", err)
+	}
+	if len(res) != 5 || len(res[2].Rows) != 1 || len(res[4].Rows) != 1 {
+		return fmt.Errorf("apply: flushing the target's WAL: the progress row of slot %q was not written "+
+			"(it names another source system)", args[0])
+	}
+	var ins, flushed LSN
+	if err := ins.UnmarshalText(res[2].Rows[0][0]); err != nil {
+		return fmt.Errorf("apply: flushing the target's WAL: %w", err)
+	}
+	if err := flushed.UnmarshalText(res[4].Rows[0][0]); err != nil {
+		return fmt.Errorf("apply: flushing the target's WAL: %w", err)
+	}
+	if flushed < ins {
+		return fmt.Errorf("apply: the target's WAL is flushed to %s after a synchronous commit, short of %s "+
+			"(is synchronous_commit forced off for the target role?)", flushed, ins)
+	}
+	return nil
 }
 
 // change applies one Insert, Update, Delete or Truncate; rels are the relations it names (one,

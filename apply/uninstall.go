@@ -37,7 +37,21 @@ func (a *Applier) Uninstall(ctx context.Context, opts UninstallOptions) error {
 		_, err := query(ctx, conn, sql, args...)
 		return err
 	}
-	lead, _ := fenceKeys(cfg.Slot)
+	// A running Applier of the slot holds its lead lock, keyed by the source system: the system
+	// of the slot's progress row, or else the source's own (an Applier still in its initial copy
+	// has no progress row yet).
+	system, err := progressSystem(ctx, tg, cfg)
+	if err != nil {
+		return fmt.Errorf("apply: uninstall: %w", err)
+	}
+	if system == "" {
+		sys, _, err := identifySource(ctx, cfg)
+		if err != nil {
+			return fmt.Errorf("apply: uninstall: identifying the source system (to find a running Applier of the slot): %w", err)
+		}
+		system = sys.ID
+	}
+	lead, _ := fenceKeys(system, cfg.Slot)
 	rows, err := query(ctx, conn, "SELECT pg_catalog.pg_try_advisory_lock($1::pg_catalog.int8)::pg_catalog.text", strconv.FormatInt(lead, 10))
 	if err != nil {
 		return fmt.Errorf("apply: uninstall: locking the slot's progress on the target: %w", err)
@@ -112,4 +126,26 @@ func (a *Applier) Uninstall(ctx context.Context, opts UninstallOptions) error {
 		}
 	}
 	return nil
+}
+
+// progressSystem returns the source system named by the slot's progress row, or "" when there is
+// no such row (or no progress table).
+func progressSystem(ctx context.Context, tg *target, cfg *Config) (string, error) {
+	table := tg.table(cfg.ProgressTable)
+	rows, err := query(ctx, tg.conn, "SELECT (pg_catalog.to_regclass($1) IS NOT NULL)::pg_catalog.text", table)
+	if err != nil || string(rows[0][0]) != "true" {
+		return "", err
+	}
+	rows, err = query(ctx, tg.conn, `SELECT system_id FROM `+table+` WHERE slot OPERATOR(pg_catalog.=) $1`, cfg.Slot)
+	if err != nil {
+		// A table made before it recorded the source system.
+		if isCode(err, "42703") {
+			return "", nil
+		}
+		return "", fmt.Errorf("reading the progress table %s: %w", table, err)
+	}
+	if len(rows) == 0 || rows[0][0] == nil {
+		return "", nil
+	}
+	return string(rows[0][0]), nil
 }

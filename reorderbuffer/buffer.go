@@ -54,7 +54,7 @@ func New(cfg Config) (*Buffer, error) {
 		xacts:   make(map[uint32]*xact),
 		pool:    newPool(cfg.limit()),
 		schema:  &schema{},
-		prog:    newProgress(cfg.SkipThrough),
+		prog:    newProgress(cfg.SkipThrough, cfg.HandOutAdvances),
 		partMax: partSize(cfg.limit()),
 		evict: heap.New(func(x, y *xact) bool { return x.mem.bytes() > y.mem.bytes() },
 			func(t *xact) *heap.Node[*xact] { return &t.node }),
@@ -106,10 +106,33 @@ func (b *Buffer) usable() error {
 
 // Keepalive records the walEnd of a primary keepalive message: the server has sent everything
 // before it. When nothing is pending, the flush position advances to it so that an idle slot
-// does not hold back WAL.
+// does not hold back WAL; with Config.HandOutAdvances, only through an Advance (QueueAdvance).
 func (b *Buffer) Keepalive(walEnd LSN) {
 	b.prog.keepalive = max(b.prog.keepalive, walEnd)
 	b.prog.receive(walEnd)
+}
+
+// QueueAdvance queues an Advance to the last keepalive position for Next to hand out, and
+// reports whether it did: with Config.HandOutAdvances, when nothing is queued, every transaction
+// handed out is acknowledged, none is being received, and the keepalive position is past the
+// acknowledged prefix. The consumer persists the Advance's EndLSN and acknowledges it; until then
+// no other Advance is queued. The buffer has no clock: the caller decides how often an idle
+// position is worth persisting (package replication does it at most once per status interval).
+// Without HandOutAdvances it does nothing.
+func (b *Buffer) QueueAdvance() bool {
+	if !b.cfg.HandOutAdvances || b.usable() != nil || len(b.queue) > 0 {
+		return false
+	}
+	pos, ok := b.prog.idleAdvance(b.dec.InTransaction())
+	if !ok {
+		return false
+	}
+	base := b.schema
+	base.shared++
+	x := &Txn{EndLSN: pos, CommitLSN: pos, Part: Advance, b: b, data: &xact{}, view: view{base: base, shared: base}}
+	x.seq = b.prog.enqueue(pos)
+	b.queue = append(b.queue, x)
+	return true
 }
 
 func (b *Buffer) add(lsn LSN, data []byte) error {
@@ -793,7 +816,7 @@ func (b *Buffer) Ack(t *Txn) error {
 	if t == nil || t.b != b {
 		return ErrForeignTxn
 	}
-	if t.Part != Whole && t.Part != PartCommit {
+	if t.Part != Whole && t.Part != PartCommit && t.Part != Advance {
 		return fmt.Errorf("%w (a %v part)", ErrNotCommit, t.Part)
 	}
 	if b.prog.ack(t.seq) && t.pinned {
@@ -809,9 +832,9 @@ func (b *Buffer) Ack(t *Txn) error {
 func (b *Buffer) AckedThrough() LSN { return b.prog.acked }
 
 // FlushPosition returns the position that is safe to report as flushed to the server: the end
-// LSN of the last transaction that was acknowledged together with every transaction before it;
-// when nothing is pending or being received, the highest keepalive position, so that an idle
-// slot does not hold back WAL. A prepared transaction the buffer holds, or that was handed out
+// LSN of the last transaction (or Advance) that was acknowledged together with every one before
+// it; without Config.HandOutAdvances, when nothing is pending or being received, the highest
+// keepalive position, so that an idle slot does not hold back WAL. A prepared transaction the buffer holds, or that was handed out
 // and is not acknowledged, pins the position at its PREPARE, so that the server sends it again
 // after a restart. The position never exceeds what was received (the LSNs passed to Add and
 // Keepalive and those inside the messages) and never decreases.

@@ -57,6 +57,17 @@ type Config struct {
 	// COMMIT PREPARED.
 	Incremental bool
 
+	// HandOutAdvances makes the consumer confirm idle advances itself. Without it, when nothing is
+	// pending the flush position moves on to the last keepalive position by itself (so that an
+	// idle slot, or one whose WAL holds nothing published, does not pin WAL), past any position
+	// the consumer persisted: after a crash the slot may then be ahead of the consumer's position
+	// with nothing lost, and a slot ahead of it cannot tell lost transactions from skipped WAL.
+	// With it, the flush position only ever moves to what the consumer acknowledged; the position
+	// moves on through Advance entries instead, which the consumer persists and acknowledges like
+	// transactions: see Buffer.QueueAdvance. A slot whose confirmed position is ahead of the
+	// consumer's persisted position then means lost transactions.
+	HandOutAdvances bool
+
 	// SkipThrough is the consumer's last durable position: the end LSN of the last transaction it
 	// applied before a restart. Transactions that end at or before it are dropped instead of being
 	// handed out again, as PostgreSQL's subscriber does with its replication origin.

@@ -79,6 +79,20 @@
 // loses that transaction; the buffer reports it with a MissingError instead of handing out an
 // empty transaction.
 //
+// # Idle advances
+//
+// When nothing is pending, the flush position follows the keepalives, so that a slot whose WAL
+// holds nothing published does not pin WAL on the server. The consumer never sees those
+// positions, so after a crash the slot's confirmed position may be ahead of the last position the
+// consumer persisted, harmlessly, and a slot ahead of it tells nothing: transactions may have been
+// acknowledged and lost (the consumer did not have them durably), or not. Config.HandOutAdvances
+// makes that distinction possible: the flush position then moves only to what the consumer
+// acknowledged, and QueueAdvance (called by the driver of the buffer, as often as it finds an
+// idle position worth persisting) queues an Advance to the keepalive position when nothing is
+// pending. The consumer persists an Advance's EndLSN like a transaction's and acknowledges it.
+// Its persisted position then never falls behind the confirmed position, and a slot found ahead
+// of it after a restart means that something acknowledged was lost.
+//
 // After a lost connection, keep the Buffer and call Restart before feeding the new session:
 // transactions already complete stay (queued, handed out, held prepared), those still being
 // received are dropped, and what the server sends again is not handed out twice.

@@ -27,6 +27,13 @@ const (
 	// possibly all), its fields carry the commit, and it is acknowledged with Ack like a whole
 	// transaction.
 	PartCommit
+	// Advance is no transaction: with Config.HandOutAdvances, it says that the server has sent
+	// everything up to EndLSN and that, up to there, the consumer has everything (every
+	// transaction handed out before it is acknowledged, none is being received). Persist EndLSN
+	// as the consumer's position, as for a transaction, then Ack it: the flush position moves to
+	// EndLSN only then. Changes yields nothing; only EndLSN and CommitLSN (equal) are set. It comes
+	// in any mode, Incremental or not.
+	Advance
 )
 
 func (k PartKind) String() string {
@@ -41,6 +48,8 @@ func (k PartKind) String() string {
 		return "abort"
 	case PartCommit:
 		return "commit"
+	case Advance:
+		return "advance"
 	}
 	return "unknown part"
 }

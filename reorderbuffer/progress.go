@@ -22,6 +22,7 @@ type progress struct {
 	acked     LSN
 	received  LSN // highest position known to be received in full
 	keepalive LSN
+	noIdle    bool // the keepalive position is confirmed only through Advance entries
 	reported  LSN
 	pins      map[uint32]*pin
 }
@@ -36,7 +37,7 @@ type pin struct {
 	refs int
 }
 
-func newProgress(resume LSN) progress { return progress{acked: resume} }
+func newProgress(resume LSN, noIdle bool) progress { return progress{acked: resume, noIdle: noIdle} }
 
 // enqueue registers a transaction that will be handed out, in commit order, and returns its
 // sequence number for ack.
@@ -107,7 +108,7 @@ func (p *progress) unpin(xid uint32) {
 // position; never past a pinned PREPARE, never past what was received, never less than before.
 func (p *progress) flush(receiving bool) LSN {
 	pos := p.acked
-	if p.unacked == 0 && !receiving {
+	if p.unacked == 0 && !receiving && !p.noIdle {
 		pos = max(pos, p.keepalive)
 	}
 	for _, pn := range p.pins {
@@ -117,6 +118,16 @@ func (p *progress) flush(receiving bool) LSN {
 	pos = max(pos, p.reported)
 	p.reported = pos
 	return pos
+}
+
+// idleAdvance returns the keepalive position when an Advance to it may be queued: nothing is
+// pending, no plain transaction is half received (receiving), and it is past the acknowledged
+// prefix.
+func (p *progress) idleAdvance(receiving bool) (LSN, bool) {
+	if p.unacked != 0 || receiving || p.keepalive <= p.acked {
+		return 0, false
+	}
+	return p.keepalive, true
 }
 
 // oldestUnacked returns the end LSN of the oldest transaction not acknowledged, or 0.

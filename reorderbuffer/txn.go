@@ -9,8 +9,9 @@ import (
 	"github.com/pgreorder/pgreorder/decoding"
 )
 
-// Txn is a committed transaction handed out by Buffer.Next, or a non-transactional logical
-// message in its place in the stream.
+// Txn is a committed transaction handed out by Buffer.Next, a non-transactional logical message
+// in its place in the stream, a part of a transaction (Config.Incremental), or an idle advance
+// of the position (Advance, with Config.HandOutAdvances).
 //
 // Its exported fields are plain values and stay valid for good. Its changes, and the relations
 // and types they refer to, can be read until the transaction is released by the next call to
@@ -30,8 +31,9 @@ type Txn struct {
 	NonTransactional bool
 
 	// Part says whether this is a whole transaction or, with Config.Incremental, which part of
-	// one. Only Whole and PartCommit carry the commit fields (CommitLSN, EndLSN, CommitTime,
-	// GID, Origin) and are acknowledged.
+	// one, or an Advance. Only Whole and PartCommit carry the commit fields (CommitLSN, EndLSN,
+	// CommitTime, GID, Origin) and are acknowledged, and Advance, which carries only EndLSN (and
+	// CommitLSN, equal to it).
 	Part PartKind
 	// SubXid is the subtransaction to undo, for PartSubAbort.
 	SubXid uint32

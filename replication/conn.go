@@ -124,6 +124,14 @@ func Connect(ctx context.Context, cfg Config) (_ *Conn, err error) {
 // Negotiated returns the pgoutput options negotiated with the server.
 func (c *Conn) Negotiated() Negotiated { return c.neg }
 
+// System returns what IDENTIFY_SYSTEM said about the server when the connection was made.
+func (c *Conn) System() System {
+	if c.sess == nil {
+		return System{}
+	}
+	return c.sess.sys.export()
+}
+
 // Slot returns the slot as it was when the connection was checked (or as CreateSlot made it),
 // and false if it does not exist.
 func (c *Conn) Slot() (SlotInfo, bool) {
@@ -185,6 +193,14 @@ func (c *Conn) StartStreaming(ctx context.Context) (_ *Stream, err error) {
 	}()
 	if sess.slot == nil {
 		return nil, slotNotFound(&c.cfg, sess.sys.dbName)
+	}
+	if skip := c.cfg.Buffer.SkipThrough; skip != 0 && skip < sess.slot.ConfirmedFlush && c.cfg.Buffer.HandOutAdvances {
+		return nil, &CheckError{Setting: "Buffer.SkipThrough", Err: ErrSlotAhead,
+			Problem: fmt.Sprintf("the slot's confirmed position %s is ahead of the resume position %s: the transactions that "+
+				"committed in between were acknowledged and the server will not send them again, yet the consumer does not have them",
+				sess.slot.ConfirmedFlush, skip),
+			Fix: "restore the consumer's data to a state at or after the slot's position, or resynchronize it from a new slot; " +
+				"to continue anyway, accepting the loss, start with Buffer.SkipThrough 0"}
 	}
 	if skip := c.cfg.Buffer.SkipThrough; skip != 0 && skip < sess.slot.ConfirmedFlush {
 		c.log.Warn("the resume position is behind the slot's confirmed position: transactions that committed between the two "+
@@ -455,6 +471,26 @@ type systemInfo struct {
 	timeline int
 	xlogPos  LSN
 	dbName   string
+}
+
+// System identifies the server a connection reached, as IDENTIFY_SYSTEM reports it. A consumer
+// that persists its position can store ID (and Timeline) with it, to tell a rebuilt or different
+// server with the same slot name from the one the position came from: positions of another
+// system mean nothing.
+type System struct {
+	// ID is the database system identifier (pg_control_system().system_identifier), in decimal:
+	// set by initdb, kept by physical standbys and restored backups.
+	ID string
+	// Timeline is the server's current timeline; it grows when a standby is promoted.
+	Timeline int
+	// XLogPos is the server's current WAL flush position when the connection was made.
+	XLogPos LSN
+	// Database is the database the connection is bound to.
+	Database string
+}
+
+func (s systemInfo) export() System {
+	return System{ID: s.systemID, Timeline: s.timeline, XLogPos: s.xlogPos, Database: s.dbName}
 }
 
 func identifySystem(ctx context.Context, conn *pgconn.PgConn) (systemInfo, error) {

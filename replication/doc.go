@@ -45,7 +45,8 @@
 //     transaction handed out before it were acknowledged, held back to the PREPARE of a
 //     prepared transaction that is not acknowledged yet (the server sends it again after a
 //     restart only while the confirmed position is before its PREPARE); when nothing is pending,
-//     the position of the last keepalive, so that an idle slot does not pin WAL.
+//     the position of the last keepalive, so that an idle slot does not pin WAL (with
+//     Config.Buffer.HandOutAdvances, only once the consumer acknowledged it: see Idle advances).
 //
 // The flush position is never past what was received (a resume position the server never sent
 // is not a position to confirm), never below the slot's confirmed position, and never decreases.
@@ -77,9 +78,30 @@
 //
 // A SkipThrough beyond the server's current WAL position is refused (ErrResumeAhead): it cannot
 // come from this server, and it would make the slot skip everything up to it. A SkipThrough
-// behind the slot's confirmed position is logged at Warn: transactions that committed in between
-// are not sent again (harmless when the consumer had them, which is the usual case after the slot
-// advanced over WAL in which nothing was published).
+// behind the slot's confirmed position means that the transactions that committed in between are
+// not sent again. Without Config.Buffer.HandOutAdvances that is logged at Warn: it is harmless
+// when the consumer had them, which is the usual case after the slot advanced over WAL in which
+// nothing was published, and the stream cannot tell. With it, StartStreaming refuses it
+// (ErrSlotAhead): see below.
+//
+// Positions belong to one database system: a rebuilt server, or another one with a slot of the
+// same name, sends different transactions at the same LSNs. Store System().ID (and Timeline) with
+// the position and compare them when starting again; a Stream that reconnects to another system
+// fails with ErrSystemChanged.
+//
+// # Idle advances
+//
+// With Config.Buffer.HandOutAdvances, the slot's confirmed position never passes what the consumer
+// acknowledged. When nothing is pending at the time of a status update (at most once per
+// StatusInterval), Next hands out a reorderbuffer.Advance entry instead: the server has sent
+// everything up to its EndLSN and nothing published is pending. The consumer persists EndLSN as its
+// position, as it would a transaction's, and acknowledges the entry; the following status update
+// confirms it. The consumer's persisted position is then never behind the slot in normal operation,
+// so a slot found ahead of it after a restart means that acknowledged transactions were lost (the
+// consumer acknowledged before its data was durable, or its storage was restored from an older
+// backup). StartStreaming then returns a *CheckError wrapping ErrSlotAhead instead of streaming;
+// to continue anyway, accepting the loss, start with SkipThrough 0 (the server only sends what
+// follows the slot's position in any case).
 //
 // # While the consumer works
 //

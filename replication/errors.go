@@ -56,6 +56,15 @@ var (
 	// beyond the server's current WAL position: it cannot be a position this server sent, and
 	// confirming it would make the slot skip every change up to it.
 	ErrResumeAhead = errors.New("replication: resume position is beyond the server's WAL")
+
+	// ErrSlotAhead is wrapped by the *CheckError StartStreaming returns when, with
+	// Config.Buffer.HandOutAdvances, the slot's confirmed position is ahead of
+	// Config.Buffer.SkipThrough: transactions were acknowledged that the consumer did not persist.
+	ErrSlotAhead = errors.New("replication: the slot is ahead of the consumer's position")
+
+	// ErrSystemChanged is wrapped by the *CheckError a Stream fails with when it reconnects to a
+	// server with another system identifier (System.ID) than the one it started on.
+	ErrSystemChanged = errors.New("replication: the server is another database system")
 )
 
 // CheckError reports a pre-flight check that failed when connecting: the server, the slot or a

@@ -72,6 +72,49 @@ func ExampleStart() {
 	}
 }
 
+// A consumer that persists every position the slot confirms, idle ones included, so that a slot
+// found ahead of its position means lost data rather than skipped WAL. The position is stored
+// with the source system's identifier: another system's positions mean nothing.
+func ExampleConfig_handOutAdvances() {
+	ctx := context.Background()
+	var saved reorderbuffer.LSN // load the position and the system id stored with it (0 and "" the first time)
+	var savedSystem string
+	s, err := replication.Start(ctx, replication.Config{
+		ConnString:   "host=db.example.com user=cdc dbname=shop",
+		Slot:         "cdc",
+		Publications: []string{"orders"},
+		Buffer:       reorderbuffer.Config{SkipThrough: saved, HandOutAdvances: true},
+	})
+	if errors.Is(err, replication.ErrSlotAhead) {
+		log.Fatal(err) // acknowledged transactions are missing: resynchronize, or start with SkipThrough 0 to accept it
+	}
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer s.Close(ctx)
+	if id := s.System().ID; savedSystem != "" && id != savedSystem {
+		log.Fatalf("the position was saved for system %s; this is system %s", savedSystem, id)
+	}
+	for {
+		t, err := s.Next(ctx)
+		if err != nil {
+			log.Fatal(err)
+		}
+		if t.Part != reorderbuffer.Advance { // an Advance has no changes: only a position
+			for m, err := range t.Changes() {
+				if err != nil {
+					log.Fatal(err)
+				}
+				_ = m // apply it
+			}
+		}
+		// ...store t.EndLSN (and s.System().ID) durably, with the changes if any, then:
+		if err := s.Ack(t); err != nil {
+			log.Fatal(err)
+		}
+	}
+}
+
 // An initial copy in the snapshot of the slot's creation, then the stream from that point.
 func ExampleConn_CreateSlot() {
 	ctx := context.Background()

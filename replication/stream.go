@@ -62,6 +62,7 @@ type Stream struct {
 	connMu    sync.Mutex
 	conn      *pgconn.PgConn // nil while disconnected
 	temporary bool           // the slot is temporary: it died with the connection
+	sys       System         // IDENTIFY_SYSTEM of the current (or last) connection
 	slotPos   LSN            // the slot's confirmed position when the connection started
 	last      time.Time      // when the last status update was sent
 	err       error          // sticky: a fatal error ends the stream
@@ -96,6 +97,7 @@ func newStream(c *Conn, sess *session, buf *reorderbuffer.Buffer) *Stream {
 		tickDone:  make(chan struct{}),
 		conn:      sess.conn,
 		temporary: sess.slot.Temporary,
+		sys:       sess.sys.export(),
 		slotPos:   sess.slot.ConfirmedFlush,
 		last:      time.Now(),
 		buf:       buf,
@@ -109,6 +111,15 @@ func newStream(c *Conn, sess *session, buf *reorderbuffer.Buffer) *Stream {
 
 // Negotiated returns what was negotiated with the server.
 func (s *Stream) Negotiated() Negotiated { return s.neg }
+
+// System returns what IDENTIFY_SYSTEM said when the current connection (or the last one) was
+// made. A reconnection never changes ID: one that reaches another system fails with
+// ErrSystemChanged.
+func (s *Stream) System() System {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.sys
+}
 
 // Position returns the stream's current positions.
 func (s *Stream) Position() Position {
@@ -178,6 +189,9 @@ func (s *Stream) Next(ctx context.Context) (*reorderbuffer.Txn, error) {
 			continue
 		}
 		if time.Since(s.last) >= s.every {
+			if s.cfg.Buffer.HandOutAdvances && s.queueAdvance() {
+				continue // handed out first: the status update follows its acknowledgement
+			}
 			if err := s.sendStatus(false); err != nil {
 				if err := s.lost(err); err != nil {
 					return nil, err
@@ -210,6 +224,16 @@ func (s *Stream) Next(ctx context.Context) (*reorderbuffer.Txn, error) {
 			}
 		}
 	}
+}
+
+// queueAdvance queues an idle advance in the buffer (Config.Buffer.HandOutAdvances), once per
+// status interval: when it is time for a status update and nothing is pending, the position the
+// server reached is handed out for the consumer to persist and acknowledge, and the update after
+// it confirms it.
+func (s *Stream) queueAdvance() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.buf.QueueAdvance()
 }
 
 // lost handles an error of the connection: a retryable one drops the connection (Next
@@ -321,11 +345,18 @@ func (s *Stream) resume(ctx context.Context) (err error) {
 	if sess.slot == nil {
 		return slotNotFound(&s.cfg, sess.sys.dbName)
 	}
+	if sess.sys.systemID != s.sys.ID {
+		return &CheckError{Setting: "system", Err: ErrSystemChanged,
+			Problem: fmt.Sprintf("the server is database system %s, the stream started on system %s: a slot of the same name on "+
+				"another server does not continue this stream", sess.sys.systemID, s.sys.ID),
+			Fix: "point the connection back at the server the stream started on, or start again with a position of the new server"}
+	}
 	if err := startReplication(ctx, sess.conn, s.cfg.Slot, s.neg.PluginArgs); err != nil {
 		return err
 	}
 	s.conn, s.slotPos, s.last = sess.conn, sess.slot.ConfirmedFlush, time.Now()
 	s.mu.Lock()
+	s.sys = sess.sys.export()
 	s.reconnects++
 	s.pos.Start = s.slotPos
 	n, pos := s.reconnects, s.pos
@@ -428,6 +459,8 @@ func (s *Stream) handle(msg pgproto3.BackendMessage) error {
 // most StatusInterval later, or by SendStatus). A nil t or one another stream handed out is an
 // error (reorderbuffer.ErrForeignTxn) and changes nothing. With Config.Buffer.Incremental, Next
 // hands out parts of transactions: acknowledge the parts that commit (reorderbuffer.PartKind).
+// With Config.Buffer.HandOutAdvances, Next also hands out reorderbuffer.Advance entries:
+// acknowledge each once its EndLSN is persisted.
 func (s *Stream) Ack(t *reorderbuffer.Txn) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()

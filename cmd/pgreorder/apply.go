@@ -28,6 +28,15 @@ progress row without losing or repeating a transaction. Connection failures are 
 the target refuses (missing table or column, permission, constraint) stops it with an error naming
 the table, the source transaction and its commit LSN.
 
+A transaction is acknowledged to the source only once the target has flushed it to disk together
+with the progress row, so a crash of the target server loses nothing the source will not send
+again; idle positions (WAL with nothing published) are written to the progress row before the
+slot confirms them. The slot is therefore never ahead of the progress row: if it is (the target
+was restored from an older backup, say), the transactions in between are lost for the target, and
+apply stops with an error saying so, unless -accept-slot-ahead is given. The progress row records
+the source's system identifier: a progress row of another source system (a rebuilt source, or
+another source using the same slot name) stops apply too.
+
 The target's tables must exist with the source's columns and hold what the source held when the
 slot was created, or, with -copy, be empty: -copy makes the initial copy when the target has no
 progress row for the slot yet. It creates the slot (it must not exist) with an exported snapshot,
@@ -59,6 +68,7 @@ type applyFlags struct {
 	source, target, slot, mode, workMem, dir, table string
 	publications                                    []string
 	createSlot, binary, syncCommit, verbose         bool
+	acceptSlotAhead                                 bool
 	copy, copyTruncate                              bool
 	workers, copyWorkers                            int
 	status, slotWait                                time.Duration
@@ -98,6 +108,8 @@ func (f *applyFlags) register(fs *flag.FlagSet) {
 		"before acknowledging it (default off: commit with synchronous_commit = off and flush in groups, still acknowledging only "+
 		"flushed commits)")
 	fs.StringVar(&f.table, "progress-table", apply.DefaultProgressTable, "target table of the progress rows (created if missing)")
+	fs.BoolVar(&f.acceptSlotAhead, "accept-slot-ahead", false, "continue when the slot's confirmed position is ahead of the target's "+
+		"progress row, without the transactions in between, which the target lost (by default apply stops: see above)")
 	durationVar(fs, &f.status, "status-interval", 0, "longest time between status updates to the source (default 10s)")
 	durationVar(fs, &f.slotWait, "slot-wait", apply.DefaultSlotWait, "how long to wait for another session that holds the slot "+
 		"(on the target: another apply of the slot, or the connections left by one that died; on the source: another walsender "+
@@ -186,6 +198,7 @@ func (f *applyFlags) config(fs *flag.FlagSet) (apply.Config, error) {
 		SpillDir:          f.dir,
 		Binary:            f.binary,
 		SynchronousCommit: f.syncCommit,
+		AcceptSlotAhead:   f.acceptSlotAhead,
 		ProgressTable:     f.table,
 		StatusInterval:    f.status,
 		SlotWait:          cliSlotWait(f.slotWait),
@@ -263,6 +276,9 @@ func runApply(ctx context.Context, args []string) error {
 	progress(true)
 	if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
 		return nil // Ctrl-C or SIGTERM: a clean stop; what was in flight is rolled back and resumed next time
+	}
+	if errors.Is(err, apply.ErrSlotAhead) {
+		return fmt.Errorf("%w\n(-accept-slot-ahead continues from the slot's position without them)", err)
 	}
 	return err
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"flag"
 	"fmt"
 	"os/exec"
 	"path/filepath"
@@ -256,5 +257,23 @@ func TestSecondSession(t *testing.T) {
 			}
 			require.Less(t, time.Since(began), 30*time.Second)
 		})
+	}
+}
+
+// TestApplyAcceptSlotAhead checks that -accept-slot-ahead reaches the Applier's configuration.
+func TestApplyAcceptSlotAhead(t *testing.T) {
+	args := []string{"-source", "x", "-target", "y", "-slot", "s", "-publication", "p"}
+	for _, accept := range []bool{false, true} {
+		fs := flag.NewFlagSet("apply", flag.ContinueOnError)
+		var f applyFlags
+		f.register(fs)
+		a := args
+		if accept {
+			a = append(append([]string{}, args...), "-accept-slot-ahead")
+		}
+		require.NoError(t, fs.Parse(a))
+		cfg, err := f.config(fs)
+		require.NoError(t, err)
+		require.Equal(t, accept, cfg.AcceptSlotAhead)
 	}
 }

@@ -10,9 +10,11 @@
 // Start runs initdb into a new folder under the temporary directory and starts a server on a
 // free TCP port at 127.0.0.1 and a unix socket in that folder, with the settings of
 // DefaultSettings (wal_level=logical, logical_decoding_work_mem=64kB, prepared transactions on,
-// fsync off; production defaults otherwise). The superuser is "postgres" with trust
-// authentication. Stop shuts the server down immediately and removes the folder; a server whose
-// parent process dies gets SIGQUIT and its folder is removed by the next Start.
+// fsync off unless Options.Durable; production defaults otherwise). The superuser is "postgres"
+// with trust authentication. Crash stops the server immediately and Restart starts it again on
+// the same data directory, for crash tests. Stop shuts the server down immediately and removes
+// the folder; a server whose parent process dies gets SIGQUIT and its folder is removed by the
+// next Start.
 //
 // # What Start does to the system
 //

@@ -72,6 +72,10 @@ type Options struct {
 	// user it creates, the folder it makes under the temporary directory, the library links it
 	// restores in an npm install, and the folders of dead processes it removes.
 	Log io.Writer
+	// Durable keeps PostgreSQL's own durability settings (fsync and full_page_writes on)
+	// instead of DefaultSettings' throwaway ones, for tests of what survives a crash of the
+	// server (Crash, Restart). It makes every commit that waits for its WAL flush slower.
+	Durable bool
 }
 
 // DefaultSettings returns the settings every server starts with, besides port, listen_addresses
@@ -117,6 +121,7 @@ type Server struct {
 	install Install
 	dir     string // temporary folder: data/, server.log, the unix socket
 	port    int
+	cred    *syscall.Credential
 	cmd     *exec.Cmd
 	exited  chan struct{} // closed when the postmaster has been waited for
 	waitErr error
@@ -237,9 +242,8 @@ func start(ctx context.Context, in Install, opts Options, cred *syscall.Credenti
 			return nil, fmt.Errorf("pgserver: %w", err)
 		}
 	}
-	s := &Server{install: in, dir: dir, exited: make(chan struct{})}
+	s := &Server{install: in, dir: dir, cred: cred}
 	data := filepath.Join(dir, "data")
-	logPath := filepath.Join(dir, "server.log")
 
 	if cred != nil {
 		// Fail clearly when the binaries sit where the server user cannot reach them (e.g. /root).
@@ -259,6 +263,10 @@ func start(ctx context.Context, in Install, opts Options, cred *syscall.Credenti
 	}
 	s.port = port
 	settings := DefaultSettings()
+	if opts.Durable {
+		delete(settings, "fsync")
+		delete(settings, "full_page_writes")
+	}
 	for k, v := range opts.Settings {
 		settings[k] = v
 	}
@@ -287,13 +295,23 @@ func start(ctx context.Context, in Install, opts Options, cred *syscall.Credenti
 		return nil, fmt.Errorf("pgserver: %w", err)
 	}
 
-	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
+	if err := s.run(ctx); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// run starts the postmaster on the server's data directory and waits until it accepts
+// connections.
+func (s *Server) run(ctx context.Context) error {
+	logPath := filepath.Join(s.dir, "server.log")
+	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
-		return nil, fmt.Errorf("pgserver: %w", err)
+		return fmt.Errorf("pgserver: %w", err)
 	}
 	defer logFile.Close() // the child holds its own descriptor
 	// Not exec.CommandContext: the server outlives ctx, which only bounds start-up.
-	s.cmd = s.command(context.Background(), cred, "postgres", "-D", data)
+	s.cmd = s.command(context.Background(), s.cred, "postgres", "-D", filepath.Join(s.dir, "data"))
 	s.cmd.Stdout = logFile
 	s.cmd.Stderr = logFile
 	s.cmd.SysProcAttr.Setpgid = true // a ^C in the terminal reaches us, not the server
@@ -301,19 +319,36 @@ func start(ctx context.Context, in Install, opts Options, cred *syscall.Credenti
 	// runtime keeps its threads unless a goroutine exits while locked to one, which Start
 	// never does.
 	s.cmd.SysProcAttr.Pdeathsig = syscall.SIGQUIT
+	exited := make(chan struct{})
+	s.exited = exited
 	if err := s.cmd.Start(); err != nil {
-		return nil, &StartError{Install: in, Err: err}
+		return &StartError{Install: s.install, Err: err}
 	}
+	cmd := s.cmd
 	go func() {
-		s.waitErr = s.cmd.Wait()
-		close(s.exited)
+		s.waitErr = cmd.Wait()
+		close(exited)
 	}()
 	if err := s.waitReady(ctx); err != nil {
 		s.kill()
 		b, _ := os.ReadFile(logPath)
-		return nil, &StartError{Install: in, Err: err, Log: tail(b)}
+		return &StartError{Install: s.install, Err: err, Log: tail(b)}
 	}
-	return s, nil
+	return nil
+}
+
+// Crash stops the server at once, as pg_ctl stop -m immediate does (SIGQUIT to the postmaster:
+// no checkpoint, WAL not yet written is lost, what was written stays), and keeps its folder for
+// Restart. Connections get an error.
+func (s *Server) Crash() {
+	s.kill()
+}
+
+// Restart starts the server again on its data directory and port after Crash, and waits until
+// it accepts connections (after crash recovery).
+func (s *Server) Restart(ctx context.Context) error {
+	s.kill()
+	return s.run(ctx)
 }
 
 // command returns an exec.Cmd for one of the install's binaries, run as cred when not nil.
