@@ -194,7 +194,7 @@ func TestCopyFailsAndStartsOver(t *testing.T) {
 		require.NoError(t, err)
 		require.True(t, ok)
 		require.False(t, pos.CopyDone, "a copy that failed is not done")
-		require.Equal(t, 0, slotCount(ctx, t, dsn), "the failed copy's slot is dropped")
+		require.Equal(t, 0, slotCount(ctx, t, dsn, "cf"), "the failed copy's slot is dropped")
 
 		r := &recorder{txns: make(chan struct{}, 10)}
 		stop := runFeed(t, cfg, s, r.handle)
@@ -210,12 +210,12 @@ func TestCopyFailsAndStartsOver(t *testing.T) {
 	})
 }
 
-func slotCount(ctx context.Context, t *testing.T, dsn string) int {
+func slotCount(ctx context.Context, t *testing.T, dsn, slot string) int {
 	t.Helper()
 	var n int
 	conn := pgtest.Connect(t, dsn)
 	defer conn.Close(ctx)
-	res := pgtest.MustExec(t, conn, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'cf'")
+	res := pgtest.MustExec(t, conn, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = '"+slot+"'")
 	for _, r := range res {
 		for _, row := range r.Rows {
 			n = int(row[0][0] - '0')
@@ -224,69 +224,91 @@ func slotCount(ctx context.Context, t *testing.T, dsn string) int {
 	return n
 }
 
-// TestStoreMismatch: a position of another server (system identifier), one beyond the server's
-// WAL, a stored copy whose slot is gone, and a slot the store knows nothing of are errors that
-// say what to do, and Run changes nothing.
+// TestStoreMismatch: with either store, a position of another server (system identifier), one
+// beyond the server's WAL, a stored copy whose slot is gone, and a slot the store knows nothing
+// of are errors that say what to do, and Run leaves the slot alone.
 func TestStoreMismatch(t *testing.T) {
 	eachMajor(t, func(t *testing.T, srv *pgtest.Server) {
-		ctx := testCtx(t, 2*time.Minute)
-		db := pgtest.NewDatabase(t, srv)
+		db, tdb := pgtest.NewDatabase(t, srv), pgtest.NewDatabase(t, srv)
 		dsn := srv.ConnString(db)
 		mustExec(t, dsn, `CREATE TABLE t (id int PRIMARY KEY)`, `CREATE PUBLICATION pub FOR TABLE t`)
-		cfg := changefeed.Config{Replication: replication.Config{ConnString: srv.ReplicationConnString(db), Slot: "cf", Publications: []string{"pub"}}}
-		dir := t.TempDir()
-		nop := func(_ context.Context, b *changefeed.Batch) error {
-			for _, err := range b.Changes() {
-				if err != nil {
-					return err
+		for _, kind := range []string{"file", "table"} {
+			t.Run(kind, func(t *testing.T) {
+				ctx := testCtx(t, 2*time.Minute)
+				slot := "cf_" + kind
+				cfg := changefeed.Config{Replication: replication.Config{ConnString: srv.ReplicationConnString(db), Slot: slot, Publications: []string{"pub"}}}
+				dir := t.TempDir()
+				open := func() changefeed.Store {
+					if kind == "file" {
+						return mustOpen(t, filepath.Join(dir, "pos"))
+					}
+					s, err := changefeed.OpenTableStore(ctx, changefeed.TableConfig{ConnString: srv.ConnString(tdb)})
+					require.NoError(t, err)
+					return s
 				}
-			}
-			return nil
-		}
-		run := func(pos *changefeed.Position) error {
-			path := filepath.Join(dir, "pos")
-			os.Remove(path)
-			s, err := changefeed.OpenFile(path)
-			require.NoError(t, err)
-			if pos != nil {
-				u, err := s.Begin(ctx, changefeed.StreamWorker)
+				run := func(pos *changefeed.Position) error {
+					os.Remove(filepath.Join(dir, "pos"))
+					if kind == "table" {
+						mustExec(t, srv.ConnString(tdb), `DELETE FROM `+changefeed.DefaultTable)
+					}
+					s := open()
+					if pos != nil {
+						require.NoError(t, save(t, s, *pos))
+					}
+					return changefeed.Run(ctx, cfg, s, drain)
+				}
+				// The real position, from a copy that is complete.
+				stop := runFeed(t, cfg, open(), drain)
+				require.NoError(t, stop())
+				s := open()
+				real, ok, err := s.Load(ctx, slot)
 				require.NoError(t, err)
-				require.NoError(t, u.Commit(ctx, pos))
-			}
-			return changefeed.Run(ctx, cfg, s, nop)
+				require.NoError(t, s.Close())
+				require.True(t, ok && real.CopyDone)
+
+				other := real
+				other.SystemID = "1234"
+				err = run(&other)
+				require.ErrorIs(t, err, changefeed.ErrSystemMismatch)
+				require.ErrorContains(t, err, "remove the stored position")
+
+				ahead := real
+				ahead.EndLSN = 0xFFFF_0000_0000
+				err = run(&ahead)
+				require.ErrorIs(t, err, replication.ErrResumeAhead)
+				require.ErrorContains(t, err, "beyond the server's WAL")
+
+				err = run(nil) // no position, but the slot exists
+				require.ErrorIs(t, err, changefeed.ErrForeignSlot)
+
+				begunElsewhere := real
+				begunElsewhere.CopyDone, begunElsewhere.SystemID = false, "1234"
+				require.ErrorIs(t, run(&begunElsewhere), changefeed.ErrSystemMismatch)
+
+				otherSlot := real
+				otherSlot.Slot = "another"
+				if kind == "file" { // a table keeps one row per slot
+					require.ErrorIs(t, run(&otherSlot), changefeed.ErrStore)
+				}
+				require.Equal(t, 1, slotCount(ctx, t, dsn, slot), "the slot is left alone")
+
+				mustExec(t, dsn, `SELECT pg_drop_replication_slot('`+slot+`')`)
+				err = run(&real)
+				require.ErrorIs(t, err, replication.ErrSlotNotFound)
+				require.ErrorContains(t, err, "start again with a copy")
+			})
 		}
-		// The real system identifier, from a copy that is complete.
-		stop := runFeed(t, cfg, mustOpen(t, filepath.Join(dir, "real")), nop)
-		require.NoError(t, stop())
-		real, _, err := mustOpen(t, filepath.Join(dir, "real")).Load(ctx, "cf")
-		require.NoError(t, err)
-		require.True(t, real.CopyDone)
-
-		other := real
-		other.SystemID = "1234"
-		err = run(&other)
-		require.ErrorIs(t, err, changefeed.ErrSystemMismatch)
-		require.ErrorContains(t, err, "remove the stored position")
-
-		ahead := real
-		ahead.EndLSN = 0xFFFF_0000_0000
-		err = run(&ahead)
-		require.ErrorIs(t, err, replication.ErrResumeAhead)
-		require.ErrorContains(t, err, "beyond the server's WAL")
-
-		err = run(nil) // no position, but the slot exists
-		require.ErrorIs(t, err, changefeed.ErrForeignSlot)
-
-		begunElsewhere := real
-		begunElsewhere.CopyDone, begunElsewhere.SystemID = false, "1234"
-		require.ErrorIs(t, run(&begunElsewhere), changefeed.ErrSystemMismatch)
-		require.Equal(t, 1, slotCount(ctx, t, dsn), "the slot is left alone")
-
-		mustExec(t, dsn, `SELECT pg_drop_replication_slot('cf')`)
-		err = run(&real)
-		require.ErrorIs(t, err, replication.ErrSlotNotFound)
-		require.ErrorContains(t, err, "start again with a copy")
 	})
+}
+
+// drain is a handler that reads every row and keeps nothing.
+func drain(_ context.Context, b *changefeed.Batch) error {
+	for _, err := range b.Changes() {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func mustOpen(t *testing.T, path string) *changefeed.FileStore {
