@@ -27,10 +27,10 @@ type Copier interface {
 	// Done records durably that the copy is complete and that the stream resumes after
 	// consistentPoint. It is called once, after every Chunk returned nil.
 	Done(ctx context.Context, consistentPoint LSN) error
-	// Discard is called when the copy failed after Begin returned nil: the slot was dropped
-	// again if slotDropped. It undoes what it can; what it leaves (it is best effort), the next
-	// copy's Begin discards.
-	Discard(ctx context.Context, slotDropped bool)
+	// Discard is called when the copy failed after Begin returned nil; noSlot says that the
+	// slot does not exist any more (it was dropped again, or never created). It undoes what it
+	// can; what it leaves (it is best effort), the next copy's Begin discards.
+	Discard(ctx context.Context, noSlot bool)
 }
 
 // CopyConfig describes an initial copy.
@@ -103,7 +103,7 @@ func InitialCopy(ctx context.Context, cfg CopyConfig, c Copier) (_ *replication.
 	}
 	snap, err := conn.CreateSlot(ctx, replication.ExportSnapshot)
 	if err != nil {
-		c.Discard(ctx, false)
+		c.Discard(ctx, true)
 		return nil, 0, err
 	}
 
