@@ -166,3 +166,35 @@ func TestFileStoreReadOnlyDir(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, samplePos, got)
 }
+
+// TestFileStoreReader: another FileStore opened on the path to read it (a monitor, a test)
+// does not disturb the one that commits.
+func TestFileStoreReader(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "pos")
+	w := mustOpen(t, path)
+	done := make(chan error, 1)
+	go func() {
+		p := samplePos
+		for range 300 {
+			p.EndLSN++
+			if err := save(t, w, p); err != nil {
+				done <- err
+				return
+			}
+		}
+		done <- nil
+	}()
+	for {
+		select {
+		case err := <-done:
+			require.NoError(t, err)
+			return
+		default:
+		}
+		r := mustOpen(t, path)
+		_, _, err := r.Load(ctx, "s")
+		require.NoError(t, err)
+		require.NoError(t, r.Close())
+	}
+}
