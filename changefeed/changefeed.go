@@ -250,15 +250,16 @@ func (f *Feed) follow(ctx context.Context, s *replication.Stream) error {
 			}
 			return err
 		}
+		// Idle advances plug in here: a stream that hands out the slot's idle advances (the
+		// keepalive position, nothing pending) instead of confirming them by itself gives an
+		// entry with no changes and an EndLSN; it is stored with f.advance(ctx, txn.EndLSN)
+		// and acknowledged, without a batch, so that the slot never gets ahead of the store.
 		if err := f.handle(ctx, &Batch{Kind: Transaction, Txn: txn, Worker: StreamWorker, f: f}, &txn.EndLSN); err != nil {
 			return err
 		}
 		if err := s.Ack(txn); err != nil {
 			return err
 		}
-		// An idle advance of the slot (a keepalive position with nothing pending, which the
-		// stream confirms to the server) is stored here like a transaction's end, with
-		// f.advance, once the stream reports it.
 	}
 }
 
