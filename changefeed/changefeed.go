@@ -83,7 +83,8 @@ type Batch struct {
 	// Unit is the store's unit of work the batch commits with: the handler writes through it
 	// where the store offers a way to (TableStore: Tx(b)).
 	Unit Unit
-	// State is the handler's state stored with the position (Resume only; SetState sets it).
+	// State is the handler's state stored with the position (Resume only; SetState sets it),
+	// to read, not to modify.
 	State []byte
 
 	f *Feed

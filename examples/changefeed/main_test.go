@@ -193,3 +193,31 @@ func lsn(ctx context.Context, t *testing.T, dsn string) decoding.LSN {
 	}
 	return l
 }
+
+// TestREADME: the program the README shows is this one (its lines, in order, with the metrics
+// left out).
+func TestREADME(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	main, err := os.ReadFile("main.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := string(readme)
+	i := strings.Index(text, "store, err := changefeed.OpenFile")
+	j := strings.Index(text, "check(feed.Run(")
+	if i < 0 || j < i {
+		t.Fatal("the README does not show the program")
+	}
+	rest := string(main)
+	for _, l := range strings.Split(text[i:j], "\n") {
+		l = strings.TrimSpace(l)
+		k := strings.Index(rest, l)
+		if k < 0 {
+			t.Fatalf("README line %q is not in main.go (in this order)", l)
+		}
+		rest = rest[k+len(l):]
+	}
+}
