@@ -170,6 +170,8 @@ func New(cfg Config, store Store, h Handler) (*Feed, error) {
 		return nil, fmt.Errorf("%w: no Replication.Slot", ErrInvalidConfig)
 	case cfg.Replication.TemporarySlot:
 		return nil, fmt.Errorf("%w: Replication.TemporarySlot: a stored position needs a slot that outlives the connection", ErrInvalidConfig)
+	case cfg.Replication.Buffer.Incremental:
+		return nil, fmt.Errorf("%w: Replication.Buffer.Incremental: the handler gets whole transactions", ErrInvalidConfig)
 	}
 	log := cfg.Logger
 	if log == nil {
