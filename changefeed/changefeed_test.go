@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -172,7 +173,7 @@ func TestCopyFailsAndStartsOver(t *testing.T) {
 			Copy:        snapshot.Config{Workers: 2, ChunkSize: 8 << 10},
 		}
 		boom := errors.New("boom")
-		chunks := 0
+		var chunks atomic.Int32 // the handler runs on every copy worker at once
 		s, err := changefeed.OpenFile(path)
 		require.NoError(t, err)
 		err = changefeed.Run(ctx, cfg, s, func(ctx context.Context, b *changefeed.Batch) error {
@@ -182,7 +183,7 @@ func TestCopyFailsAndStartsOver(t *testing.T) {
 						return err
 					}
 				}
-				if chunks++; chunks == 3 {
+				if chunks.Add(1) == 3 {
 					return boom
 				}
 			}
