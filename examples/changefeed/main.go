@@ -1,5 +1,5 @@
 // Command changefeed DSN SLOT PUBLICATION... copies the published tables, streams what follows,
-// prints every change typed, resumes from SLOT.pos, and serves metrics on $METRICS_ADDR/metrics.
+// prints every change typed, resumes from SLOT.pos, and serves metrics on 127.0.0.1:$METRICS_PORT.
 package main
 
 import (
@@ -46,7 +46,7 @@ func main() {
 		return err // the position is stored, and the server told, only now
 	})
 	check(err)
-	srv, err := metrics.Serve(os.Getenv("METRICS_ADDR"), feed, metrics.Options{}) // lag, memory, spill...
+	srv, err := metrics.Serve("127.0.0.1:"+os.Getenv("METRICS_PORT"), feed, metrics.Options{}) // lag, memory...
 	check(err)
 	log.Printf("metrics on http://%s/metrics", srv.Addr())
 	check(feed.Run(context.Background())) // stop it at any time: it resumes after the last stored batch

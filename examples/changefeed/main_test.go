@@ -76,7 +76,7 @@ func run(t *testing.T, srv *pgtest.Server, bin string) {
 	start := func() (lines chan string, metricsURL string, stop func()) {
 		cmd := exec.CommandContext(ctx, bin, dsn, "cf", "pub")
 		cmd.Dir = dir
-		cmd.Env = append(os.Environ(), "METRICS_ADDR=127.0.0.1:0")
+		cmd.Env = append(os.Environ(), "METRICS_PORT=0") // any free port
 		stdout, err := cmd.StdoutPipe()
 		if err != nil {
 			t.Fatal(err)
