@@ -8,8 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pgreorder/pgreorder/changefeed"
 	"github.com/pgreorder/pgreorder/decoding"
-	"github.com/pgreorder/pgreorder/internal/pgconnect"
 	"github.com/pgreorder/pgreorder/replication"
 	"github.com/pgreorder/pgreorder/snapshot"
 )
@@ -47,8 +47,7 @@ func copyFatal(err error) bool {
 		errors.Is(err, snapshot.ErrInvalidConfig)
 }
 
-// copyStageTimeout bounds the clean-up after a failed copy, and the wait for an earlier
-// session's walsender to release the slot before it is dropped.
+// copyStageTimeout bounds the clean-up of the target after a failed copy.
 const copyStageTimeout = 30 * time.Second
 
 // copyTableName returns the quoted, qualified name of the copy table: the progress table's (as
@@ -63,10 +62,12 @@ func copyTableName(progress string) string {
 }
 
 // initialCopy copies the published tables into the target and returns the stream from the
-// slot's consistent point, and that point. On failure it closes what it opened and, once the slot
-// exists, discards the copy (drops the slot, truncates what was copied); what it could not
-// discard, the next session does.
-func (s *session) initialCopy(ctx context.Context, rcfg replication.Config) (_ *replication.Stream, _ LSN, err error) {
+// slot's consistent point, and that point. The copy's steps (the slot of a copy cut short
+// dropped, the slot created with an exported snapshot, the copy, the stream started at once and
+// read after it) are changefeed.InitialCopy's; the copy table is apply's record of them (see
+// copyTarget). On failure what was copied is discarded once the slot is dropped; what could not
+// be discarded, the next session does.
+func (s *session) initialCopy(ctx context.Context, rcfg replication.Config) (*replication.Stream, LSN, error) {
 	ct := copyTableName(s.leader.table(s.cfg.ProgressTable))
 	if err := s.createCopyTable(ctx, ct); err != nil {
 		return nil, 0, err
@@ -75,107 +76,111 @@ func (s *session) initialCopy(ctx context.Context, rcfg replication.Config) (_ *
 	if err != nil {
 		return nil, 0, fmt.Errorf("apply: reading the copy table %s: %w", ct, err)
 	}
-	begun := len(rows) > 0
-	rcfg.CreateSlot = false
-	conn, err := replication.Connect(ctx, rcfg)
-	if err != nil {
-		return nil, 0, err
-	}
-	if _, ok := conn.Slot(); ok {
-		conn.Close(ctx)
-		if !begun {
-			return nil, 0, fmt.Errorf("%w: slot %q (drop it to copy afresh: SELECT pg_drop_replication_slot('%s'))",
-				ErrCopySlotExists, s.cfg.Slot, s.cfg.Slot)
-		}
-		s.log.Warn("an earlier initial copy did not finish: dropping its slot, emptying the tables it copied into, and starting over",
-			"slot", s.cfg.Slot)
-		if err := s.dropSlot(ctx); err != nil {
-			return nil, 0, err
-		}
-		if conn, err = replication.Connect(ctx, rcfg); err != nil {
-			return nil, 0, err
-		}
-		if _, ok := conn.Slot(); ok {
-			conn.Close(ctx)
-			return nil, 0, fmt.Errorf("apply: initial copy: slot %q exists again after it was dropped", s.cfg.Slot)
-		}
-	}
-	defer func() {
-		if conn != nil {
-			conn.Close(context.WithoutCancel(ctx))
-		}
-	}()
-	// Whatever an earlier copy left is emptied, and this one is recorded, before the slot exists.
-	if err := s.resetCopy(ctx, ct, true); err != nil {
-		return nil, 0, err
-	}
-	snap, err := conn.CreateSlot(ctx, replication.ExportSnapshot)
-	if err != nil {
-		return nil, 0, err
-	}
-
-	var (
-		sess   *snapshot.Session
-		stream *replication.Stream
-	)
-	defer func() {
-		if err == nil {
-			return
-		}
-		if sess != nil {
-			sess.Close(context.WithoutCancel(ctx))
-		}
-		if stream != nil {
-			stream.Close(context.WithoutCancel(ctx))
-		}
-		if conn != nil {
-			conn.Close(context.WithoutCancel(ctx))
-			conn = nil
-		}
-		s.discardCopy(ctx, ct)
-	}()
-	chunkSize := int64(0)
-	if s.cfg.hooks != nil {
-		chunkSize = s.cfg.hooks.copyChunkSize
-	}
-	sess, err = snapshot.Open(ctx, snapshot.Config{
+	scfg := snapshot.Config{
 		ConnString:   s.cfg.Source,
 		Publications: s.cfg.Publications,
 		Workers:      s.cfg.CopyWorkers,
-		ChunkSize:    chunkSize,
 		Binary:       s.cfg.Binary,
 		Logger:       s.log,
-	}, snap)
+	}
+	if s.cfg.hooks != nil {
+		scfg.ChunkSize = s.cfg.hooks.copyChunkSize
+	}
+	stream, cp, err := changefeed.InitialCopy(ctx, changefeed.CopyConfig{Replication: rcfg, Snapshot: scfg, Begun: len(rows) > 0},
+		&copyTarget{s: s, ct: ct})
+	if errors.Is(err, changefeed.ErrForeignSlot) {
+		return nil, 0, fmt.Errorf("%w: slot %q (drop it to copy afresh: SELECT pg_drop_replication_slot('%s'))",
+			ErrCopySlotExists, s.cfg.Slot, s.cfg.Slot)
+	}
 	if err != nil {
-		return nil, 0, fmt.Errorf("apply: initial copy: %w", err)
-	}
-	// The snapshot is imported: streaming starts now, so that the walsender is not left idle in
-	// its transaction for the whole copy. Its transactions are read once the copy is committed.
-	stream, err = conn.StartStreaming(ctx)
-	conn = nil // the stream owns it, or it is closed
-	if err != nil {
-		return nil, 0, err
-	}
-	maps, err := s.prepareCopy(ctx, ct, sess.Tables())
-	if err != nil {
-		return nil, 0, err
-	}
-	if err := s.runCopy(ctx, sess, maps); err != nil {
-		return nil, 0, err
-	}
-	if err := sess.Close(ctx); err != nil {
-		s.log.Warn("closing the copy's source connections", "err", err)
-	}
-	sess = nil
-	cp := snap.ConsistentPoint
-	if err := s.cfg.hook(ctx, "copy-done", txnRef{EndLSN: cp}); err != nil {
-		return nil, 0, err
-	}
-	if err := s.finishCopy(ctx, ct, cp); err != nil {
 		return nil, 0, err
 	}
 	s.log.Info("initial copy committed; streaming from its consistent point", "slot", s.cfg.Slot, "consistent_point", cp)
 	return stream, cp, nil
+}
+
+// copyTarget is apply's side of changefeed.InitialCopy: the copy table records the copy, the
+// chunks are written into the target tables, and the progress row marks the copy done.
+type copyTarget struct {
+	s    *session
+	ct   string
+	maps map[uint32]*relMap // by source table OID
+	tgs  []*target          // one per snapshot worker
+}
+
+// Begin empties whatever an earlier copy left and records this one, before the slot exists.
+func (c *copyTarget) Begin(ctx context.Context, _ string) error {
+	return c.s.resetCopy(ctx, c.ct, true)
+}
+
+// Plan maps the tables, checks that the targets are empty, records them, and connects the
+// copy's target connections.
+func (c *copyTarget) Plan(ctx context.Context, sess *snapshot.Session) (err error) {
+	if c.maps, err = c.s.prepareCopy(ctx, c.ct, sess.Tables()); err != nil {
+		return err
+	}
+	c.tgs = make([]*target, sess.Workers())
+	_, fence := c.s.fenceKeys()
+	for i := range c.tgs {
+		tg, err := connectTarget(ctx, c.s.cfg, "pgreorder apply "+c.s.cfg.Slot+" c"+strconv.Itoa(i+1), c.s.stats)
+		if err != nil {
+			return err
+		}
+		c.tgs[i] = tg
+		// As the workers: a later session waits for these connections to be gone.
+		if _, err := query(ctx, tg.conn, "SELECT pg_catalog.pg_advisory_lock_shared($1::bigint)", strconv.FormatInt(fence, 10)); err != nil {
+			return fmt.Errorf("apply: locking the slot's progress on the target: %w", err)
+		}
+		if err := c.s.copyOriginSetup(ctx, tg, i+1); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Chunk copies one chunk in a target transaction of its own, on the connection of the snapshot
+// worker that reads it.
+func (c *copyTarget) Chunk(ctx context.Context, ch *snapshot.Chunk) error {
+	if err := c.s.copyChunk(ctx, c.tgs[ch.Worker], c.maps[ch.Table.OID], ch); err != nil {
+		return fmt.Errorf("apply: initial copy: %w", err)
+	}
+	return nil
+}
+
+// Done writes the progress row at the consistent point.
+func (c *copyTarget) Done(ctx context.Context, cp LSN) error {
+	c.closeTargets(ctx)
+	if err := c.s.cfg.hook(ctx, "copy-done", txnRef{EndLSN: cp}); err != nil {
+		return err
+	}
+	return c.s.finishCopy(ctx, c.ct, cp)
+}
+
+// Discard empties what was copied and deletes the copy's rows, once the slot is dropped. It is
+// best effort (the session is ending with an error already): what fails is left to the next
+// session, which finds the copy's rows.
+func (c *copyTarget) Discard(ctx context.Context, noSlot bool) {
+	c.closeTargets(ctx)
+	if !noSlot {
+		c.s.log.Warn("the failed initial copy's slot could not be dropped; the next run will", "slot", c.s.cfg.Slot)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), copyStageTimeout)
+	defer cancel()
+	if err := c.s.resetCopy(ctx, c.ct, false); err != nil {
+		c.s.log.Warn("discarding the failed initial copy; the next run will", "slot", c.s.cfg.Slot, "err", err)
+		return
+	}
+	c.s.log.Info("failed initial copy discarded: slot dropped, copied rows removed", "slot", c.s.cfg.Slot)
+}
+
+func (c *copyTarget) closeTargets(ctx context.Context) {
+	for _, tg := range c.tgs {
+		if tg != nil {
+			tg.close(context.WithoutCancel(ctx))
+		}
+	}
+	c.tgs = nil
 }
 
 // createCopyTable creates the copy table if it is missing.
@@ -260,58 +265,6 @@ func truncateTarget(name string, partitioned bool) string {
 	return "ONLY " + name
 }
 
-// discardCopy undoes a copy that failed: it drops the slot, then empties what was copied and
-// deletes the copy's rows. It is best effort (the session is ending with an error already): what
-// fails is left to the next session, which finds the copy's rows.
-func (s *session) discardCopy(ctx context.Context, ct string) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), copyStageTimeout)
-	defer cancel()
-	err := s.dropSlot(ctx)
-	if err == nil {
-		err = s.resetCopy(ctx, ct, false)
-	}
-	if err != nil {
-		s.log.Warn("discarding the failed initial copy; the next run will", "slot", s.cfg.Slot, "err", err)
-		return
-	}
-	s.log.Info("failed initial copy discarded: slot dropped, copied rows removed", "slot", s.cfg.Slot)
-}
-
-// dropSlot drops the slot on the source, if it exists, over an ordinary connection. The walsender
-// of an earlier session may hold it for a moment after its client went away: dropSlot waits for
-// it, up to copyStageTimeout.
-func (s *session) dropSlot(ctx context.Context) error {
-	base, err := pgconnect.ParseConfig(s.cfg.Source)
-	if err != nil {
-		return fmt.Errorf("%w: Source: %w", ErrInvalidConfig, err)
-	}
-	pc, err := pgconnect.Attempt(ctx, base, nil, "pgreorder apply "+s.cfg.Slot, s.log)
-	if err != nil {
-		return err
-	}
-	conn, err := pgconnect.Connect(ctx, pc)
-	if err != nil {
-		return fmt.Errorf("apply: connecting to the source to drop slot %q: %w", s.cfg.Slot, err)
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	deadline := time.Now().Add(copyStageTimeout)
-	for {
-		_, err := query(ctx, conn, `SELECT pg_catalog.pg_drop_replication_slot(slot_name) FROM pg_catalog.pg_replication_slots
-WHERE slot_name = $1 AND database = pg_catalog.current_database()`, s.cfg.Slot)
-		if err == nil {
-			return nil
-		}
-		if !isCode(err, "55006") || time.Now().After(deadline) { // object_in_use: a walsender holds it
-			return fmt.Errorf("apply: dropping slot %q: %w", s.cfg.Slot, err)
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("apply: dropping slot %q: %w", s.cfg.Slot, ctx.Err())
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
-}
-
 // prepareCopy maps every table to copy to its target table, checks that the target tables are
 // empty (or, with Config.CopyTruncate, empties them), and records them in the copy table, in one
 // transaction. It returns the mappings by source table OID.
@@ -377,39 +330,6 @@ func (s *session) prepareCopy(ctx context.Context, ct string, tables []*snapshot
 		return nil, err
 	}
 	return maps, nil
-}
-
-// runCopy copies every chunk, each in a target transaction of its own on the connection of the
-// snapshot worker that reads it.
-func (s *session) runCopy(ctx context.Context, sess *snapshot.Session, maps map[uint32]*relMap) error {
-	tgs := make([]*target, sess.Workers())
-	defer func() {
-		for _, tg := range tgs {
-			tg.close(context.WithoutCancel(ctx))
-		}
-	}()
-	_, fence := s.fenceKeys()
-	for i := range tgs {
-		tg, err := connectTarget(ctx, s.cfg, "pgreorder apply "+s.cfg.Slot+" c"+strconv.Itoa(i+1), s.stats)
-		if err != nil {
-			return err
-		}
-		tgs[i] = tg
-		// As the workers: a later session waits for these connections to be gone.
-		if _, err := query(ctx, tg.conn, "SELECT pg_catalog.pg_advisory_lock_shared($1::bigint)", strconv.FormatInt(fence, 10)); err != nil {
-			return fmt.Errorf("apply: locking the slot's progress on the target: %w", err)
-		}
-		if err := s.copyOriginSetup(ctx, tg, i+1); err != nil {
-			return err
-		}
-	}
-	_, err := sess.Run(ctx, func(ctx context.Context, c *snapshot.Chunk) error {
-		return s.copyChunk(ctx, tgs[c.Worker], maps[c.Table.OID], c)
-	})
-	if err != nil {
-		return fmt.Errorf("apply: initial copy: %w", err)
-	}
-	return nil
 }
 
 // copyChunk writes the rows of one chunk through tg's insert path (COPY, or INSERTs for short

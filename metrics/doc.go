@@ -1,4 +1,5 @@
-// Package metrics reports on a running replication stream (a *replication.Stream): how far it
+// Package metrics reports on a running replication stream (a *replication.Stream, or a Source
+// that runs one, such as a *changefeed.Feed): how far it
 // is behind the server, in bytes and in time; what the consumer has not acknowledged and for
 // how long; memory and spill files; transactions and changes received, as counters and as rates;
 // reconnections. It gives them as a plain struct (Collector.Snapshot, with a one-line human

@@ -52,11 +52,21 @@ type Snapshot struct {
 	TxnsPerSecond, ChangesPerSecond float64
 }
 
+// Source is what a Collector reads: *replication.Stream, or a consumer that runs one (such as a
+// *changefeed.Feed, which reports zero values while it has no stream yet). Its methods must be
+// safe to call from any goroutine at any time, as replication.Stream's are.
+type Source interface {
+	Position() replication.Position
+	Stats() reorderbuffer.Stats
+	Activity() replication.Activity
+	Reconnects() int
+}
+
 // Collector reads a stream's metrics. It implements prometheus.Collector: register it with a
 // prometheus.Registerer, or serve it with Handler. Its methods are safe for concurrent use, and
 // may run while the stream's consumer is inside Next.
 type Collector struct {
-	stream *replication.Stream
+	stream Source
 	descs  descs
 	now    func() time.Time // the clock; time.Now outside tests
 
@@ -65,8 +75,8 @@ type Collector struct {
 }
 
 // New returns a Collector for s. It fails for a nil s and for invalid label names.
-func New(s *replication.Stream, opts Options) (*Collector, error) {
-	if s == nil {
+func New(s Source, opts Options) (*Collector, error) {
+	if st, ok := s.(*replication.Stream); s == nil || ok && st == nil {
 		return nil, ErrNoStream
 	}
 	d, err := newDescs(opts.Labels)

@@ -1,0 +1,551 @@
+package changefeed
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"iter"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/reorderbuffer"
+	"github.com/pgreorder/pgreorder/replication"
+	"github.com/pgreorder/pgreorder/snapshot"
+)
+
+var discardLogger = slog.New(slog.DiscardHandler)
+
+// Config describes a consumer. Replication's connection, Slot and Publications are required;
+// every other field has a working zero value.
+type Config struct {
+	// Replication configures the stream: the connection, Slot, Publications, Binary,
+	// TwoPhase, the reorder buffer's WorkMem... CreateSlot, TemporarySlot and
+	// Buffer.SkipThrough are set by Run from the store.
+	Replication replication.Config
+	// Copy configures the initial copy: Workers, ChunkSize, Tables. Its connection,
+	// Publications, Binary and Logger default to Replication's.
+	Copy snapshot.Config
+	// Logger receives what Run does (the copy, resumption) and is Replication's and Copy's
+	// Logger where they have none; nil logs nothing.
+	Logger *slog.Logger
+}
+
+// Kind says what a Batch holds.
+type Kind int
+
+const (
+	// Reset is the first batch of a run that starts an initial copy: nothing the handler
+	// delivered before for the slot counts any more (an earlier copy was cut short, or this is
+	// the first run). It has no changes; its State is nil.
+	Reset Kind = iota + 1
+	// Resume is the first batch of a run that resumes after a complete copy: the handler's
+	// durable output must be brought back to what it was when the stored position was committed,
+	// described by State (what the handler set with SetState). It has no changes.
+	Resume
+	// Snapshot is a chunk of the initial copy: rows of one table as of the slot's consistent
+	// point, as inserts (pgvalue.Change.Op is decoding.MsgInsert). Chunks are handled
+	// concurrently, one per copy worker.
+	Snapshot
+	// Transaction is a streamed transaction, whole, committed after the consistent point.
+	// Transactions are handled one at a time, in commit order.
+	Transaction
+)
+
+func (k Kind) String() string {
+	switch k {
+	case Reset:
+		return "reset"
+	case Resume:
+		return "resume"
+	case Snapshot:
+		return "snapshot"
+	case Transaction:
+		return "transaction"
+	}
+	return fmt.Sprintf("Kind(%d)", int(k))
+}
+
+// Batch is what the handler is given: a chunk of copied rows, a streamed transaction, or the
+// Reset or Resume that starts a run. It is a pgvalue.Source: pgvalue.Decoder.Changes resolves
+// copied and streamed rows alike.
+type Batch struct {
+	Kind Kind
+	// Txn is the streamed transaction (Transaction only): CommitLSN, EndLSN, CommitTime, Xid...
+	Txn *reorderbuffer.Txn
+	// Chunk is the copied chunk (Snapshot only): its Table, its rows.
+	Chunk *snapshot.Chunk
+	// Worker is the copy worker that handles a Snapshot batch (0, 1, ...), StreamWorker for the
+	// others: per-worker state (a decoder, a connection) can be kept by it.
+	Worker int
+	// Unit is the store's unit of work the batch commits with: the handler writes through it
+	// where the store offers a way to (TableStore: Tx(b)).
+	Unit Unit
+	// State is the handler's state stored with the position (Resume only; SetState sets it),
+	// to read, not to modify.
+	State []byte
+
+	f *Feed
+}
+
+// Relation returns the relation a change of the batch refers to.
+func (b *Batch) Relation(id uint32) (*decoding.Relation, bool) {
+	switch {
+	case b.Txn != nil:
+		return b.Txn.Relation(id)
+	case b.Chunk != nil:
+		return b.Chunk.Relation(id)
+	}
+	return nil, false
+}
+
+// Type returns a data type a change of the batch refers to.
+func (b *Batch) Type(oid uint32) (*decoding.DataType, bool) {
+	switch {
+	case b.Txn != nil:
+		return b.Txn.Type(oid)
+	case b.Chunk != nil:
+		return b.Chunk.Type(oid)
+	}
+	return nil, false
+}
+
+// Changes yields the batch's messages, once: inserts for a Snapshot batch (which must be read to
+// the end), the transaction's messages for a Transaction, nothing for the others. A message and
+// what it holds are valid until the next iteration step.
+func (b *Batch) Changes() iter.Seq2[decoding.Message, error] {
+	switch {
+	case b.Txn != nil:
+		return b.Txn.Changes()
+	case b.Chunk != nil:
+		return b.Chunk.Changes()
+	}
+	return func(func(decoding.Message, error) bool) {}
+}
+
+// SetState sets the handler's state that is stored with the next position (copied; at most
+// MaxState bytes), for the Resume batch of a later run. Copy workers may call it concurrently;
+// the last call wins.
+func (b *Batch) SetState(p []byte) error {
+	if len(p) > MaxState {
+		return fmt.Errorf("%w: State of %d bytes, at most %d", ErrInvalidConfig, len(p), MaxState)
+	}
+	b.f.mu.Lock()
+	b.f.state = append([]byte(nil), p...)
+	b.f.mu.Unlock()
+	return nil
+}
+
+// Handler handles one batch. A Snapshot batch must read every row. The position is stored (and
+// the source acknowledged) only after the handler returned nil: an error stops Run, which returns
+// it, and the batch is handled again by a later run (a chunk as part of a new copy).
+type Handler func(ctx context.Context, b *Batch) error
+
+// Feed is a consumer: Run copies, then streams. Position, Stats, Activity and Reconnects read its
+// current stream (zero values while there is none) from any goroutine: package metrics reads a
+// Feed as it reads a replication.Stream.
+type Feed struct {
+	cfg   Config
+	store Store
+	h     Handler
+	log   *slog.Logger
+
+	mu      sync.Mutex
+	stream  *replication.Stream
+	state   []byte
+	sysID   string
+	running bool
+}
+
+// New returns a Feed that runs the consumer cfg describes over store, handing batches to h.
+func New(cfg Config, store Store, h Handler) (*Feed, error) {
+	switch {
+	case store == nil:
+		return nil, fmt.Errorf("%w: no Store", ErrInvalidConfig)
+	case h == nil:
+		return nil, fmt.Errorf("%w: no Handler", ErrInvalidConfig)
+	case cfg.Replication.Slot == "":
+		return nil, fmt.Errorf("%w: no Replication.Slot", ErrInvalidConfig)
+	case cfg.Replication.TemporarySlot:
+		return nil, fmt.Errorf("%w: Replication.TemporarySlot: a stored position needs a slot that outlives the connection", ErrInvalidConfig)
+	case cfg.Replication.Buffer.Incremental:
+		return nil, fmt.Errorf("%w: Replication.Buffer.Incremental: the handler gets whole transactions", ErrInvalidConfig)
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = discardLogger
+	}
+	if cfg.Replication.Logger == nil {
+		cfg.Replication.Logger = cfg.Logger
+	}
+	if cfg.Copy.Logger == nil {
+		cfg.Copy.Logger = cfg.Logger
+	}
+	return &Feed{cfg: cfg, store: store, h: h, log: log}, nil
+}
+
+// Run is New followed by Feed.Run.
+func Run(ctx context.Context, cfg Config, store Store, h Handler) error {
+	f, err := New(cfg, store, h)
+	if err != nil {
+		return err
+	}
+	return f.Run(ctx)
+}
+
+// Run runs the consumer until ctx ends or the handler, the store or the stream fails, and
+// closes the store when it returns. With no position stored for the slot, or that of a copy
+// cut short, it copies the published tables (after a Reset batch) and stores the copy's end;
+// with a complete copy stored, it resumes the stream after the stored position (after a Resume
+// batch). A copy that fails for a reason another attempt can cure (a lost connection, a server
+// restart) is discarded and started over at once, with a new Reset, as Replication.Reconnect
+// allows; the stream reconnects by itself. A handler's error stops Run, which returns it (for a
+// copied chunk, inside the *snapshot.ChunkError that names the chunk), unless it is a lost
+// connection during the copy (a server error of class 08 or 57, a network error), such as the
+// handler passes on from a chunk's rows: the copy is then started over too. When ctx ends, Run
+// returns its error (context.Cause). A Feed runs once.
+func (f *Feed) Run(ctx context.Context) (err error) {
+	f.mu.Lock()
+	if f.running {
+		f.mu.Unlock()
+		return fmt.Errorf("%w: a Feed runs once", ErrInvalidConfig)
+	}
+	f.running = true
+	f.mu.Unlock()
+	defer func() {
+		if cerr := f.store.Close(); err == nil {
+			err = cerr
+		}
+	}()
+	slot := f.cfg.Replication.Slot
+	pos, ok, err := f.store.Load(ctx, slot)
+	if err != nil {
+		return err
+	}
+	if ok && pos.Slot != slot {
+		return fmt.Errorf("%w: it holds the position of slot %q, not %q", ErrStore, pos.Slot, slot)
+	}
+	var stream *replication.Stream
+	if ok && pos.CopyDone {
+		stream, err = f.resume(ctx, pos)
+	} else {
+		stream, err = f.copy(ctx, pos, ok)
+	}
+	if err != nil {
+		return unwrapStop(err)
+	}
+	f.mu.Lock()
+	f.stream = stream
+	f.mu.Unlock()
+	defer func() {
+		if cerr := stream.Close(context.WithoutCancel(ctx)); err == nil && cerr != nil && !errors.Is(cerr, replication.ErrClosed) {
+			err = cerr
+		}
+	}()
+	return unwrapStop(f.follow(ctx, stream))
+}
+
+// copy runs the initial copy, and runs it again after a failure that another attempt can cure
+// (a lost connection, a server restart), as replication.Config.Reconnect allows.
+func (f *Feed) copy(ctx context.Context, pos Position, begun bool) (*replication.Stream, error) {
+	policy := f.cfg.Replication.Reconnect
+	for attempt := 1; ; attempt++ {
+		stream, _, err := InitialCopy(ctx, CopyConfig{Replication: f.cfg.Replication, Snapshot: f.cfg.Copy,
+			Begun: begun, SystemID: pos.SystemID}, (*feedCopier)(f))
+		if err == nil || ctx.Err() != nil || !copyRetryable(err) || policy.Disabled ||
+			(policy.MaxAttempts > 0 && attempt >= policy.MaxAttempts) {
+			return stream, err
+		}
+		f.log.Warn("the initial copy failed; starting it over", "slot", f.cfg.Replication.Slot, "attempt", attempt, "err", err)
+		if err := wait(ctx, attempt); err != nil {
+			return nil, err
+		}
+		var ok bool
+		if pos, ok, err = f.store.Load(ctx, f.cfg.Replication.Slot); err != nil {
+			return nil, err
+		}
+		begun = ok
+	}
+}
+
+// copyRetryable reports whether an initial copy that failed with err can succeed when started
+// over: not when the handler stopped it, nor for what the configuration, the publications or the
+// store decide.
+func copyRetryable(err error) bool {
+	var stop *stopError
+	if errors.As(err, &stop) {
+		return lostConnection(stop.err)
+	}
+	switch {
+	case errors.Is(err, ErrForeignSlot), errors.Is(err, ErrSystemMismatch),
+		errors.Is(err, ErrStore), errors.Is(err, ErrInvalidConfig), errors.Is(err, ErrClosed),
+		errors.Is(err, snapshot.ErrColumnLists), errors.Is(err, snapshot.ErrUnsupported),
+		errors.Is(err, snapshot.ErrInvalidConfig), errors.Is(err, snapshot.ErrPublicationNotFound),
+		errors.Is(err, snapshot.ErrNotConsumed):
+		return false
+	case errors.Is(err, snapshot.ErrSnapshotNotExported), errors.Is(err, snapshot.ErrPublicationChanged):
+		return true // a new slot has a new snapshot
+	}
+	return replication.Retryable(err)
+}
+
+// lostConnection reports whether a handler's error is a lost connection rather than the
+// handler's own decision: what reading a chunk's rows returns when the copy's connection is
+// lost, and what a handler that writes to a database gets when its connection is (a server error
+// of the connection or operator-intervention classes, a network error, an unexpected EOF).
+func lostConnection(err error) bool {
+	var (
+		pgErr  *pgconn.PgError
+		netErr net.Error
+	)
+	switch {
+	case errors.As(err, &pgErr):
+		return strings.HasPrefix(pgErr.Code, "08") || strings.HasPrefix(pgErr.Code, "57")
+	case errors.As(err, &netErr), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF):
+		return true
+	}
+	return false
+}
+
+// wait waits before attempt+1: from 100ms, doubling, up to 5s, with jitter.
+func wait(ctx context.Context, attempt int) error {
+	d := min(100*time.Millisecond<<min(attempt, 8), 5*time.Second)
+	d += rand.N(d / 4)
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	case <-t.C:
+		return nil
+	}
+}
+
+// stopError is a handler's error: it stops Run, which returns it as it is.
+type stopError struct{ err error }
+
+func (e *stopError) Error() string { return e.err.Error() }
+func (e *stopError) Unwrap() error { return e.err }
+
+// unwrapStop returns the handler's own error for a stopError, err otherwise. A chunk's error
+// stays in the snapshot.ChunkError that names the chunk, which wraps it.
+func unwrapStop(err error) error {
+	if s, ok := err.(*stopError); ok {
+		return s.err
+	}
+	return err
+}
+
+// follow hands the stream's transactions to the handler, one at a time, storing each one's
+// end after the handler returned and acknowledging it once stored.
+func (f *Feed) follow(ctx context.Context, s *replication.Stream) error {
+	for {
+		txn, err := s.Next(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return context.Cause(ctx)
+			}
+			return err
+		}
+		// Idle advances plug in here: a stream that hands out the slot's idle advances (the
+		// keepalive position, nothing pending) instead of confirming them by itself gives an
+		// entry with no changes and an EndLSN; it is stored with f.advance(ctx, txn.EndLSN)
+		// and acknowledged, without a batch, so that the slot never gets ahead of the store.
+		if err := f.handle(ctx, &Batch{Kind: Transaction, Txn: txn, Worker: StreamWorker, f: f}, &txn.EndLSN); err != nil {
+			return err
+		}
+		if err := s.Ack(txn); err != nil {
+			return err
+		}
+	}
+}
+
+// handle runs the handler on b in a unit of the store and commits it, with the position end
+// (CopyDone) when end is not nil.
+func (f *Feed) handle(ctx context.Context, b *Batch, end *LSN) error {
+	u, err := f.store.Begin(ctx, b.Worker)
+	if err != nil {
+		return err
+	}
+	b.Unit = u
+	if err := f.h(ctx, b); err != nil {
+		f.rollback(ctx, u)
+		return &stopError{err}
+	}
+	var pos *Position
+	if end != nil {
+		p := f.position(true, *end)
+		pos = &p
+	}
+	if err := u.Commit(ctx, pos); err != nil {
+		f.rollback(ctx, u)
+		return err
+	}
+	return nil
+}
+
+func (f *Feed) rollback(ctx context.Context, u Unit) {
+	if err := u.Rollback(context.WithoutCancel(ctx)); err != nil {
+		f.log.Debug("rolling back the store's unit", "err", err)
+	}
+}
+
+// position returns the position to store.
+func (f *Feed) position(copyDone bool, end LSN) Position {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return Position{Slot: f.cfg.Replication.Slot, SystemID: f.sysID, CopyDone: copyDone, EndLSN: end, State: f.state}
+}
+
+// resume starts the stream after the stored position, once the handler has handled Resume.
+func (f *Feed) resume(ctx context.Context, pos Position) (*replication.Stream, error) {
+	rcfg := f.cfg.Replication
+	rcfg.CreateSlot = false
+	rcfg.Buffer.SkipThrough = pos.EndLSN
+	f.mu.Lock()
+	f.sysID, f.state = pos.SystemID, pos.State
+	f.mu.Unlock()
+	resumed := false
+	for attempt := 1; ; attempt++ {
+		conn, err := replication.Connect(ctx, rcfg)
+		if errors.Is(err, replication.ErrResumeAhead) {
+			return nil, fmt.Errorf("changefeed: the stored position %s of slot %q is beyond the server's WAL: "+
+				"the store belongs to another server, or the server was restored from a backup; "+
+				"remove the stored position (and the consumer's output) to start again with a copy: %w", pos.EndLSN, rcfg.Slot, err)
+		}
+		if err != nil {
+			return nil, err
+		}
+		if id := conn.SystemID(); id != pos.SystemID {
+			conn.Close(ctx)
+			return nil, fmt.Errorf("%w: the position of slot %q was stored for the server with system identifier %s, this one is %s; "+
+				"remove the stored position (and the consumer's output) to start again with a copy", ErrSystemMismatch, rcfg.Slot, pos.SystemID, id)
+		}
+		if _, ok := conn.Slot(); !ok {
+			conn.Close(ctx)
+			return nil, fmt.Errorf("changefeed: the store has a position for slot %q, but the slot does not exist: "+
+				"the changes since are lost; remove the stored position (and the consumer's output) to start again with a copy: %w",
+				rcfg.Slot, replication.ErrSlotNotFound)
+		}
+		if !resumed {
+			b := &Batch{Kind: Resume, Worker: StreamWorker, State: pos.State, f: f}
+			if err := f.handle(ctx, b, nil); err != nil {
+				conn.Close(ctx)
+				return nil, err
+			}
+			resumed = true
+		}
+		s, err := conn.StartStreaming(ctx)
+		if err == nil {
+			f.log.Info("resuming", "slot", rcfg.Slot, "after", pos.EndLSN)
+			return s, nil
+		}
+		policy := rcfg.Reconnect
+		if !errors.Is(err, replication.ErrSlotActive) || policy.Disabled || (policy.MaxAttempts > 0 && attempt >= policy.MaxAttempts) {
+			return nil, err
+		}
+		// The walsender of a consumer that just died holds the slot for a moment.
+		f.log.Info("slot in use, retrying", "slot", rcfg.Slot, "attempt", attempt)
+		if err := wait(ctx, attempt); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// feedCopier is the Feed's side of InitialCopy.
+type feedCopier Feed
+
+func (c *feedCopier) Begin(ctx context.Context, systemID string) error {
+	f := (*Feed)(c)
+	f.mu.Lock()
+	f.sysID, f.state = systemID, nil
+	f.mu.Unlock()
+	u, err := f.store.Begin(ctx, StreamWorker)
+	if err != nil {
+		return err
+	}
+	if err := f.h(ctx, &Batch{Kind: Reset, Worker: StreamWorker, Unit: u, f: f}); err != nil {
+		f.rollback(ctx, u)
+		return &stopError{err}
+	}
+	pos := f.position(false, 0)
+	if err := u.Commit(ctx, &pos); err != nil {
+		f.rollback(ctx, u)
+		return err
+	}
+	return nil
+}
+
+func (c *feedCopier) Plan(context.Context, *snapshot.Session) error { return nil }
+
+func (c *feedCopier) Chunk(ctx context.Context, ch *snapshot.Chunk) error {
+	f := (*Feed)(c)
+	return f.handle(ctx, &Batch{Kind: Snapshot, Chunk: ch, Worker: ch.Worker, f: f}, nil)
+}
+
+func (c *feedCopier) Done(ctx context.Context, cp LSN) error { return (*Feed)(c).advance(ctx, cp) }
+
+// advance stores the position end with no batch: the end of the copy, or an idle advance.
+func (f *Feed) advance(ctx context.Context, end LSN) error {
+	u, err := f.store.Begin(ctx, StreamWorker)
+	if err != nil {
+		return err
+	}
+	pos := f.position(true, end)
+	if err := u.Commit(ctx, &pos); err != nil {
+		f.rollback(ctx, u)
+		return err
+	}
+	return nil
+}
+
+func (c *feedCopier) Discard(context.Context, bool) {
+	// The store still records a copy that began: the next run drops the slot if it is left,
+	// and starts with a Reset.
+}
+
+// current returns the stream, nil before it starts.
+func (f *Feed) current() *replication.Stream {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.stream
+}
+
+// Position returns the stream's positions (replication.Stream.Position).
+func (f *Feed) Position() replication.Position {
+	if s := f.current(); s != nil {
+		return s.Position()
+	}
+	return replication.Position{}
+}
+
+// Stats returns the reorder buffer's statistics (replication.Stream.Stats).
+func (f *Feed) Stats() reorderbuffer.Stats {
+	if s := f.current(); s != nil {
+		return s.Stats()
+	}
+	return reorderbuffer.Stats{}
+}
+
+// Activity returns the stream's activity (replication.Stream.Activity).
+func (f *Feed) Activity() replication.Activity {
+	if s := f.current(); s != nil {
+		return s.Activity()
+	}
+	return replication.Activity{}
+}
+
+// Reconnects returns the stream's reconnections (replication.Stream.Reconnects).
+func (f *Feed) Reconnects() int {
+	if s := f.current(); s != nil {
+		return s.Reconnects()
+	}
+	return 0
+}

@@ -1,0 +1,111 @@
+// Package changefeed is a complete change data capture consumer in one call: the initial copy of
+// the published tables, then the change stream from the copy's consistent point, with no gap and
+// no overlap, every batch handed to a handler, and a durable position to resume from.
+//
+// The whole consumer (Example, and examples/changefeed, which is tested against real servers):
+// the copy, the stream, each change printed with its table, column names and Go values, the
+// position in a file, Prometheus metrics:
+//
+//	store, err := changefeed.OpenFile("cdc.pos") // slot, server, copy done, end LSN
+//	if err != nil {
+//		log.Fatal(err)
+//	}
+//	var mu sync.Mutex // the copy's chunks are handled by several workers at once
+//	feed, err := changefeed.New(changefeed.Config{Replication: replication.Config{
+//		ConnString: dsn, Slot: "cdc", Publications: []string{"orders"}}}, // text values: enums are strings
+//		store, func(ctx context.Context, b *changefeed.Batch) error {
+//			var out []byte
+//			for ch, err := range pgvalue.NewDecoder(nil).Changes(b) { // copied rows are inserts
+//				if err != nil {
+//					return err
+//				}
+//				out = fmt.Appendf(out, "%s %s\n", b.Kind, ch) // "snapshot Insert public.orders"
+//				for c := range ch.New.Columns() {
+//					v, err := c.Value() // int32, string, time.Time, pgtype.Numeric...
+//					if errors.Is(err, pgvalue.ErrUnchanged) {
+//						continue // an unchanged TOASTed value: not sent
+//					} else if err != nil {
+//						return err
+//					}
+//					out = fmt.Appendf(out, "  %s = %T %v\n", c.Name, v, v)
+//				}
+//			}
+//			mu.Lock()
+//			defer mu.Unlock()
+//			_, err := os.Stdout.Write(out)
+//			return err // the position is stored, and the server told, only now
+//		})
+//	if err != nil {
+//		log.Fatal(err)
+//	}
+//	srv, err := metrics.Serve("127.0.0.1:9187", feed, metrics.Options{}) // the stream's lag, memory...
+//	if err != nil {
+//		log.Fatal(err)
+//	}
+//	defer srv.Close(ctx)
+//	err = feed.Run(ctx) // until ctx ends (context.Canceled) or something fails
+//
+// # What Run does
+//
+// With no position stored for the slot, Run records in the store that a copy begins (after a
+// Reset batch), creates the slot with an exported snapshot, copies the published tables in that
+// snapshot in parallel (package snapshot: Config.Copy.Workers connections, large tables in
+// chunks) through the handler as Snapshot batches, stores the slot's consistent point with
+// CopyDone, and streams from there: every transaction that committed before the consistent
+// point is in the copy, every later one in the stream, as Transaction batches, whole and in
+// commit order. Once the copy is stored as done, every later Run resumes the stream after the
+// stored position (after a Resume batch).
+//
+// A copy cut short (a crash, a kill, a lost connection, a handler error) is discarded and
+// started over: the store still says that a copy began and did not finish, so the next Run drops
+// the slot it left (waiting for a dead process's walsender to let go of it), gives the handler a
+// Reset, and copies again from a new slot. Copying again is simpler than resuming a copy: the
+// snapshot is gone with the connection that exported it. A slot that exists while the store has
+// no position for it was not made by this consumer: Run stops with ErrForeignSlot rather than
+// drop it.
+//
+// InitialCopy is the same copy for consumers that keep their own records (package apply uses it),
+// with the records behind the Copier interface.
+//
+// # Exactly once
+//
+// Run stores a position only after the handler returned nil for its batch, in the same unit of
+// work of the store (Unit) that the batch was handled in, and acknowledges a transaction to the
+// server only after its position is committed; it resumes with the stored position as
+// replication.Config.Buffer.SkipThrough. So every committed change reaches the handler, and the
+// handler's durable output holds each one exactly once, when the output commits together with the
+// position:
+//
+//   - TableStore: the handler writes in Tx(b), the transaction the position commits in;
+//   - FileStore, or any store whose commit cannot include the handler's writes: the handler makes
+//     its output durable before it returns, records with Batch.SetState what it needs to cut it
+//     back (an output file's length), and cuts it back to Batch.State on Resume and to nothing on
+//     Reset. A handler that does not gets every change at least once: a crash between its write
+//     and the position's commit hands that transaction out again.
+//
+// Copied chunks are not positions: their units commit without one, and the copy counts only once
+// Run has stored CopyDone. Until then a restart discards it (Reset), so a handler whose output of
+// copied rows is not removed on Reset holds them twice.
+//
+// The store also keeps the source's system identifier: a position stored for another server (a
+// source rebuilt under the same name) is ErrSystemMismatch, and one beyond the server's WAL is
+// replication.ErrResumeAhead, never a position to resume from.
+//
+// # Handler, concurrency and buffers
+//
+// Snapshot batches are handled concurrently, one per copy worker (Batch.Worker, Config.Copy.Workers,
+// 4 by default): the handler must be safe for concurrent use, and keep per-worker state (a
+// pgvalue.Decoder, which is not safe for concurrent use) by worker. Reset, Resume and
+// Transaction batches are handled one at a time, on Run's goroutine, never during the copy's
+// chunks. Copied rows are inserts (pgvalue.Change.Op is decoding.MsgInsert); Batch.Kind tells a
+// copied row from a streamed insert.
+//
+// A batch and everything it holds (its messages, rows, column data) are valid until the handler
+// returns, and its messages until the next iteration step; pgvalue's Column.Value copies. The
+// handler keeps nothing else: a Batch is not to be used after the handler returned.
+//
+// # Monitoring
+//
+// A Feed (New) reads like a replication.Stream for package metrics: metrics.New(feed, ...)
+// reports the stream's lag, and zero values while the copy runs.
+package changefeed

@@ -1,0 +1,85 @@
+package changefeed
+
+import (
+	"context"
+	"errors"
+
+	"github.com/pgreorder/pgreorder/replication"
+)
+
+// LSN is a WAL position.
+type LSN = replication.LSN
+
+// Position is what a Store keeps for a slot: enough to resume without a gap or an overlap.
+type Position struct {
+	// Slot is the replication slot the position is of.
+	Slot string
+	// SystemID is the source server's system identifier (replication.Conn.SystemID): a position
+	// is never used with another server, such as a source rebuilt under the same name.
+	SystemID string
+	// CopyDone is false from the moment an initial copy begins (before its slot exists) until it
+	// is complete, and true from then on.
+	CopyDone bool
+	// EndLSN is, once CopyDone, the end of the last transaction handled for good: the copy's
+	// consistent point at first, then the EndLSN of each streamed transaction the handler
+	// returned from. The stream resumes after it (replication.Config.Buffer.SkipThrough).
+	EndLSN LSN
+	// State is the handler's own resume state (Batch.SetState), stored with the position, at
+	// most MaxState bytes: for instance the length of an output file, which a handler cuts back
+	// to when it resumes.
+	State []byte
+}
+
+// MaxState is the largest Position.State a Store must keep.
+const MaxState = 4096
+
+// StreamWorker is the worker number Store.Begin is given for everything but copied chunks.
+const StreamWorker = -1
+
+// Store keeps a Position durably. Run calls Load once, then Begin for every batch (from the copy's
+// worker goroutines at once, each with its own worker number, and for the stream with
+// StreamWorker), and Close when it returns. A Store is used by one Run at a time.
+//
+// FileStore keeps the position in a file, TableStore in a table of a PostgreSQL database, where
+// the handler's writes commit in the same transaction. Other stores (a Kafka offsets topic, for
+// one) implement the same three methods.
+type Store interface {
+	// Load returns the position stored for slot, and false if there is none.
+	Load(ctx context.Context, slot string) (Position, bool, error)
+	// Begin starts a unit of work for one batch, on behalf of a copy worker (0, 1, ...) or of
+	// the stream (StreamWorker). The handler writes through it (Batch.Unit) where the store
+	// offers a way to; Run then commits it, with the new position or without one.
+	Begin(ctx context.Context, worker int) (Unit, error)
+	// Close releases the store's resources.
+	Close() error
+}
+
+// Unit is one unit of work of a Store: what the handler wrote through it and, when Commit is
+// given one, the new position become durable together, or neither does.
+type Unit interface {
+	// Commit makes the unit durable, with pos stored for its slot if pos is not nil. When it
+	// returns nil, a crash no longer undoes it.
+	Commit(ctx context.Context, pos *Position) error
+	// Rollback abandons the unit. It is called after a failed handler or Commit, and may fail
+	// itself (the store's connection is gone): Run only logs that.
+	Rollback(ctx context.Context) error
+}
+
+var (
+	// ErrInvalidConfig is wrapped by the errors of a Config that cannot work.
+	ErrInvalidConfig = errors.New("changefeed: invalid configuration")
+	// ErrSystemMismatch: the store holds a position for the slot taken on another server (its
+	// system identifier differs), such as a source rebuilt, or restored from a logical dump,
+	// under the same name. Using it would skip or repeat changes: remove the position (and the
+	// consumer's output) to start afresh with a copy.
+	ErrSystemMismatch = errors.New("changefeed: the stored position is of another server")
+	// ErrForeignSlot: the slot exists, but the store has no position for it: it was not made by
+	// an initial copy of this store, and what the source committed before it would be missing.
+	// Drop the slot to start with a copy, or store a position for it.
+	ErrForeignSlot = errors.New("changefeed: the slot exists, but the store has no position for it")
+	// ErrStore is wrapped by the errors of a store's own content: a file that is not a
+	// position file, a torn or corrupt one, a position of another slot.
+	ErrStore = errors.New("changefeed: position store")
+	// ErrClosed is returned by a Store after Close.
+	ErrClosed = errors.New("changefeed: closed")
+)

@@ -1,0 +1,101 @@
+package changefeed_test
+
+import (
+	"context"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgreorder/pgreorder/changefeed"
+	"github.com/pgreorder/pgreorder/internal/pgtest"
+)
+
+// TestTableStore: the handler's writes in Tx and the position commit together; a unit whose
+// connection dies before its commit (the backend terminated) leaves neither, and the next unit
+// connects again; a second store for the same slot waits in Load until the first is closed.
+func TestTableStore(t *testing.T) {
+	eachMajor(t, func(t *testing.T, srv *pgtest.Server) {
+		ctx := testCtx(t, time.Minute)
+		dsn := srv.ConnString(pgtest.NewDatabase(t, srv))
+		mustExec(t, dsn, `CREATE TABLE out (id int PRIMARY KEY)`)
+		s, err := changefeed.OpenTableStore(ctx, changefeed.TableConfig{ConnString: dsn, Schema: "public", Table: "Pos Ition"})
+		require.NoError(t, err)
+		defer s.Close()
+		_, ok, err := s.Load(ctx, "s")
+		require.NoError(t, err)
+		require.False(t, ok)
+
+		count := func() (rows int, pos changefeed.Position, ok bool) {
+			t.Helper()
+			conn, err := pgx.Connect(ctx, dsn)
+			require.NoError(t, err)
+			defer conn.Close(ctx)
+			require.NoError(t, conn.QueryRow(ctx, "SELECT count(*) FROM out").Scan(&rows))
+			var end string
+			err = conn.QueryRow(ctx, `SELECT system_id, copy_done, end_lsn::text, state FROM "Pos Ition" WHERE slot = 's'`).
+				Scan(&pos.SystemID, &pos.CopyDone, &end, &pos.State)
+			if err == pgx.ErrNoRows {
+				return rows, pos, false
+			}
+			require.NoError(t, err)
+			require.NoError(t, pos.EndLSN.UnmarshalText([]byte(end)))
+			pos.Slot = "s"
+			return rows, pos, true
+		}
+		write := func(id int) (changefeed.Unit, pgx.Tx) {
+			t.Helper()
+			u, err := s.Begin(ctx, changefeed.StreamWorker)
+			require.NoError(t, err)
+			tx := changefeed.Tx(&changefeed.Batch{Unit: u})
+			require.NotNil(t, tx)
+			_, err = tx.Exec(ctx, "INSERT INTO out VALUES ($1)", id)
+			require.NoError(t, err)
+			return u, tx
+		}
+
+		u, _ := write(1)
+		require.NoError(t, u.Commit(ctx, &samplePos))
+		n, pos, ok := count()
+		require.True(t, ok)
+		require.Equal(t, 1, n)
+		require.Equal(t, samplePos, pos)
+
+		u, tx := write(2)
+		var pid int
+		require.NoError(t, tx.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid))
+		mustExec(t, dsn, "SELECT pg_terminate_backend("+strconv.Itoa(pid)+", 10000)")
+		next := samplePos
+		next.EndLSN++
+		require.Error(t, u.Commit(ctx, &next))
+		u.Rollback(ctx)
+		n, pos, _ = count()
+		require.Equal(t, 1, n, "the handler's write is gone with its unit")
+		require.Equal(t, samplePos, pos, "and so is the position")
+
+		u, _ = write(3) // a new connection
+		require.NoError(t, u.Commit(ctx, &next))
+		n, pos, _ = count()
+		require.Equal(t, 2, n)
+		require.Equal(t, next, pos)
+
+		// A second store for the slot waits for the first.
+		s2, err := changefeed.OpenTableStore(ctx, changefeed.TableConfig{ConnString: dsn, Table: "Pos Ition"})
+		require.NoError(t, err)
+		defer s2.Close()
+		short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		_, _, err = s2.Load(short, "s")
+		cancel()
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		require.NoError(t, s.Close())
+		s3, err := changefeed.OpenTableStore(ctx, changefeed.TableConfig{ConnString: dsn, Table: "Pos Ition"})
+		require.NoError(t, err)
+		defer s3.Close()
+		got, ok, err := s3.Load(ctx, "s")
+		require.NoError(t, err)
+		require.True(t, ok)
+		require.Equal(t, next, got)
+	})
+}
