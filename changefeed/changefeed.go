@@ -27,8 +27,9 @@ var discardLogger = slog.New(slog.DiscardHandler)
 // every other field has a working zero value.
 type Config struct {
 	// Replication configures the stream: the connection, Slot, Publications, Binary,
-	// TwoPhase, the reorder buffer's WorkMem... CreateSlot, TemporarySlot and
-	// Buffer.SkipThrough are set by Run from the store.
+	// TwoPhase, the reorder buffer's WorkMem... CreateSlot, TemporarySlot,
+	// Buffer.SkipThrough and Buffer.HandOutAdvances are set by Run (the last two from and for
+	// the store).
 	Replication replication.Config
 	// Copy configures the initial copy: Workers, ChunkSize, Tables. Its connection,
 	// Publications, Binary and Logger default to Replication's.
@@ -188,6 +189,8 @@ func New(cfg Config, store Store, h Handler) (*Feed, error) {
 	if cfg.Copy.Logger == nil {
 		cfg.Copy.Logger = cfg.Logger
 	}
+	// Idle advances come to follow, which stores them before they are confirmed.
+	cfg.Replication.Buffer.HandOutAdvances = true
 	return &Feed{cfg: cfg, store: store, h: h, log: log}, nil
 }
 
@@ -354,10 +357,18 @@ func (f *Feed) follow(ctx context.Context, s *replication.Stream) error {
 			}
 			return err
 		}
-		// Idle advances plug in here: a stream that hands out the slot's idle advances (the
-		// keepalive position, nothing pending) instead of confirming them by itself gives an
-		// entry with no changes and an EndLSN; it is stored with f.advance(ctx, txn.EndLSN)
-		// and acknowledged, without a batch, so that the slot never gets ahead of the store.
+		// An idle advance (the server's position moved with nothing for the handler: see
+		// reorderbuffer.Config.HandOutAdvances) is stored without a batch, then acknowledged:
+		// the slot never confirms a position the store does not have.
+		if txn.Part == reorderbuffer.Advance {
+			if err := f.advance(ctx, txn.EndLSN); err != nil {
+				return err
+			}
+			if err := s.Ack(txn); err != nil {
+				return err
+			}
+			continue
+		}
 		if err := f.handle(ctx, &Batch{Kind: Transaction, Txn: txn, Worker: StreamWorker, f: f}, &txn.EndLSN); err != nil {
 			return err
 		}
@@ -423,7 +434,7 @@ func (f *Feed) resume(ctx context.Context, pos Position) (*replication.Stream, e
 		if err != nil {
 			return nil, err
 		}
-		if id := conn.SystemID(); id != pos.SystemID {
+		if id := conn.System().ID; id != pos.SystemID {
 			conn.Close(ctx)
 			return nil, fmt.Errorf("%w: the position of slot %q was stored for the server with system identifier %s, this one is %s; "+
 				"remove the stored position (and the consumer's output) to start again with a copy", ErrSystemMismatch, rcfg.Slot, pos.SystemID, id)

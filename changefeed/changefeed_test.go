@@ -3,6 +3,7 @@ package changefeed_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -14,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgreorder/pgreorder/changefeed"
+	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/internal/pgtest"
 	"github.com/pgreorder/pgreorder/replication"
 	"github.com/pgreorder/pgreorder/snapshot"
@@ -377,5 +379,51 @@ func TestCopyRetried(t *testing.T) {
 			require.NoError(t, m.apply(l), l)
 		}
 		require.Empty(t, diff(m.rows["public.t"], tableRows(ctx, t, dsn, "t")))
+	})
+}
+
+// TestIdleAdvancesStored: while nothing published changes, the server's position moves on
+// (writes to a table outside the publication); the store follows it, and the slot never confirms
+// more than the store holds, so a later run resumes without finding the slot ahead of it.
+func TestIdleAdvancesStored(t *testing.T) {
+	eachMajor(t, func(t *testing.T, srv *pgtest.Server) {
+		ctx := testCtx(t, 2*time.Minute)
+		db := pgtest.NewDatabase(t, srv)
+		dsn := srv.ConnString(db)
+		mustExec(t, dsn, `CREATE TABLE t (id int PRIMARY KEY)`, `CREATE TABLE other (id int)`,
+			`CREATE PUBLICATION pub FOR TABLE t`)
+		path := filepath.Join(t.TempDir(), "pos")
+		cfg := changefeed.Config{Replication: replication.Config{ConnString: srv.ReplicationConnString(db), Slot: "idle",
+			Publications: []string{"pub"}, StatusInterval: 100 * time.Millisecond}}
+		stop := runFeed(t, cfg, mustOpen(t, path), drain)
+		reader := mustOpen(t, path)
+		defer reader.Close()
+		stored := func() replication.LSN {
+			pos, _, err := reader.Load(ctx, "idle")
+			require.NoError(t, err)
+			return pos.EndLSN
+		}
+		confirmed := func() replication.LSN {
+			conn := pgtest.Connect(t, dsn)
+			defer conn.Close(ctx)
+			res := pgtest.MustExec(t, conn, "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 'idle'")
+			lsn, err := decoding.ParseLSN(string(res[0].Rows[0][0]))
+			require.NoError(t, err)
+			return lsn
+		}
+		start := stored()
+		for i := range 2 {
+			mustExec(t, dsn, fmt.Sprintf(`INSERT INTO other SELECT generate_series(1, %d)`, 100*(i+1)))
+			before := stored()
+			require.NoError(t, waitFor(ctx, func() bool { return stored() > before }), "the store did not follow the server's position")
+			require.LessOrEqual(t, confirmed(), stored(), "the slot confirmed more than the store holds")
+		}
+		require.Greater(t, stored(), start)
+		require.NoError(t, stop())
+		require.LessOrEqual(t, confirmed(), stored())
+
+		// The next run resumes from the stored idle position: the slot is not ahead of it.
+		stop = runFeed(t, cfg, mustOpen(t, path), drain)
+		require.NoError(t, stop())
 	})
 }

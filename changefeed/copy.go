@@ -81,9 +81,9 @@ func InitialCopy(ctx context.Context, cfg CopyConfig, c Copier) (_ *replication.
 			conn.Close(context.WithoutCancel(ctx))
 		}
 	}()
-	if cfg.SystemID != "" && conn.SystemID() != cfg.SystemID {
+	if cfg.SystemID != "" && conn.System().ID != cfg.SystemID {
 		return nil, 0, fmt.Errorf("%w: an unfinished copy of slot %q was made on the server with system identifier %s, this one is %s",
-			ErrSystemMismatch, rcfg.Slot, cfg.SystemID, conn.SystemID())
+			ErrSystemMismatch, rcfg.Slot, cfg.SystemID, conn.System().ID)
 	}
 	if _, ok := conn.Slot(); ok {
 		if !cfg.Begun {
@@ -98,7 +98,7 @@ func InitialCopy(ctx context.Context, cfg CopyConfig, c Copier) (_ *replication.
 			return nil, 0, fmt.Errorf("changefeed: dropping the slot of an unfinished copy: %w", err)
 		}
 	}
-	if err := c.Begin(ctx, conn.SystemID()); err != nil {
+	if err := c.Begin(ctx, conn.System().ID); err != nil {
 		return nil, 0, err
 	}
 	snap, err := conn.CreateSlot(ctx, replication.ExportSnapshot)

@@ -9,18 +9,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// SystemID returns the server's system identifier, as IDENTIFY_SYSTEM reports it: a number
-// PostgreSQL chooses when the cluster is initialized (initdb) and that its physical replicas
-// share. A consumer that stores a position can store it too, so that a position of another
-// server (a source rebuilt under the same name) is recognised rather than applied. It is "" after
-// Close or StartStreaming.
-func (c *Conn) SystemID() string {
-	if c.sess == nil {
-		return ""
-	}
-	return c.sess.sys.systemID
-}
-
 // DropSlot drops the slot named in Config (DROP_REPLICATION_SLOT), if it exists; the Conn can
 // then create it again. While another connection holds the slot (the walsender of a consumer
 // that just died, until it notices), it tries again every 100ms until ctx ends. Dropping a
