@@ -272,3 +272,125 @@ func TestProgressFlag(t *testing.T) {
 	err := runStream(context.Background(), []string{"-dsn", "x", "-slot", "s", "-publication", "p", "-progress", "-1s"})
 	require.ErrorContains(t, err, "-progress -1s")
 }
+
+// lagLine matches a progress line's lag while behind: bytes above 0, and a time.
+var lagLine = regexp.MustCompile(`\| lag [1-9][0-9.]* (B|KiB|MiB|GiB), [0-9.]+(ms|s|m[0-9]+s) \|`)
+
+// TestApplyMetrics runs `pgreorder apply -metrics-addr 127.0.0.1:0 -progress 100ms` against
+// PostgreSQL 15 and 18, holds the applier back with a lock on the target table while the source
+// commits a transaction, and checks that /metrics and the progress line show the lag in bytes
+// and in time, then 0 and caught up once the lock is released and the transaction applied.
+func TestApplyMetrics(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a server")
+	}
+	bin := filepath.Join(t.TempDir(), "pgreorder")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	majors := streamMajors(t)
+	for _, major := range majors {
+		t.Run(fmt.Sprintf("pg%d", major), func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			// The target on the other server if there are two: on one server, the applier's
+			// progress row writes are WAL the source sends again, and it is seldom caught up.
+			srv, dsrv := pgtest.Shared(t, major), pgtest.Shared(t, major)
+			for _, m := range majors {
+				if m != major {
+					dsrv = pgtest.Shared(t, m)
+				}
+			}
+			srcDB, dstDB := pgtest.NewDatabase(t, srv), pgtest.NewDatabase(t, dsrv)
+			src, dst := srv.ConnString(srcDB), dsrv.ConnString(dstDB)
+			const table = `CREATE TABLE s (id int PRIMARY KEY, v text)`
+			require.NoError(t, pgtest.Exec(ctx, src, table, `CREATE PUBLICATION p FOR TABLE s`))
+			require.NoError(t, pgtest.Exec(ctx, dst, table))
+			cmd := exec.CommandContext(ctx, bin, "apply", "-source", src, "-target", dst, "-slot", "am",
+				"-publication", "p", "-create-slot", "-status-interval", "100ms", "-progress", "100ms",
+				"-metrics-addr", "127.0.0.1:0")
+			stderr, err := cmd.StderrPipe()
+			require.NoError(t, err)
+			require.NoError(t, cmd.Start())
+			defer cmd.Process.Kill()
+			var log lineLog
+			urls := make(chan string, 1)
+			readDone := make(chan struct{})
+			go func() {
+				defer close(readDone)
+				sc := bufio.NewScanner(stderr)
+				for sc.Scan() {
+					log.add(sc.Text())
+					if m := metricsURL.FindStringSubmatch(sc.Text()); m != nil {
+						urls <- m[1]
+					}
+				}
+			}()
+			var url string
+			select {
+			case url = <-urls:
+			case <-readDone:
+				t.Fatalf("no metrics address logged:\n%s", strings.Join(log.all(), "\n"))
+			case <-ctx.Done():
+				t.Fatal("no metrics address logged")
+			}
+			wait := func(what string, cond func(map[string]float64) bool) map[string]float64 {
+				t.Helper()
+				for {
+					v := scrape(ctx, t, url)
+					if cond(v) {
+						return v
+					}
+					require.NoError(t, ctx.Err(), "waiting for %s; last scrape: %v\nstderr:\n%s", what, v, strings.Join(log.all(), "\n"))
+					time.Sleep(20 * time.Millisecond)
+				}
+			}
+			// waitLine waits for a progress line that match accepts.
+			waitLine := func(what string, match func(string) bool) string {
+				t.Helper()
+				for {
+					for _, l := range log.all() {
+						if strings.Contains(l, " applied ") && match(l) {
+							return l
+						}
+					}
+					require.NoError(t, ctx.Err(), "no progress line %s:\n%s", what, strings.Join(log.all(), "\n"))
+					time.Sleep(20 * time.Millisecond)
+				}
+			}
+			caughtUp := func(v map[string]float64) bool {
+				return v["pgreorder_caught_up"] == 1 && v["pgreorder_lag_bytes"] == 0 && v["pgreorder_lag_seconds"] == 0
+			}
+			wait("caught up at the start", caughtUp)
+
+			lock := pgtest.Connect(t, dst)
+			defer lock.Close(context.Background())
+			pgtest.MustExec(t, lock, `BEGIN; LOCK TABLE s IN ACCESS EXCLUSIVE MODE`)
+			require.NoError(t, pgtest.Exec(ctx, src, `INSERT INTO s SELECT g, 'x' FROM generate_series(1, 100) g`))
+			v := wait("behind in bytes and in time", func(v map[string]float64) bool {
+				return v["pgreorder_caught_up"] == 0 && v["pgreorder_lag_bytes"] > 0 && v["pgreorder_lag_seconds"] > 0
+			})
+			require.Zero(t, v["pgreorder_acknowledged_transactions_total"])
+			behind := waitLine("with a lag while held back", func(l string) bool {
+				return strings.Contains(l, " applied 0 txns: ") && lagLine.MatchString(l)
+			})
+			pgtest.MustExec(t, lock, `COMMIT`)
+			wait("caught up once applied", func(v map[string]float64) bool {
+				return caughtUp(v) && v["pgreorder_acknowledged_transactions_total"] >= 1
+			})
+			done := waitLine("caught up once applied", func(l string) bool {
+				return strings.Contains(l, " applied 1 txns: 100 inserts (") && strings.Contains(l, "| lag 0 B, caught up |")
+			})
+
+			require.NoError(t, cmd.Process.Signal(os.Interrupt))
+			require.NoError(t, cmd.Wait(), "a clean stop:\n%s", strings.Join(log.all(), "\n"))
+			<-readDone
+			final := log.all()[len(log.all())-1]
+			for _, key := range []string{"msg=progress", " transactions=1 ", " inserts=100 ", " inserts_via_copy=", " initial_copy_rows=0 "} {
+				require.Contains(t, final, key, "the final progress line")
+			}
+			_, err = http.Get(url)
+			require.Error(t, err, "the metrics server stops with the command")
+			t.Logf("behind: %s\ncaught up: %s", behind, done)
+		})
+	}
+}
