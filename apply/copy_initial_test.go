@@ -285,6 +285,10 @@ func TestCopyPreconditions(t *testing.T) {
 			e.waitMarker(t, r, 2)
 			r.halt(t)
 			e.compare(t)
+			// The copy's rows are counted apart from the inserts streamed (the marker).
+			if st := r.a.Stats(); st.InitialCopyRows == 0 || st.Inserts != 1 {
+				t.Errorf("%d rows copied and %d inserts, want the copy's rows and the marker's insert", st.InitialCopyRows, st.Inserts)
+			}
 		})
 		t.Run(fmt.Sprintf("pg%d/foreign-slot", major), func(t *testing.T) {
 			e := newEnv(t, major) // with a slot the copy did not make
