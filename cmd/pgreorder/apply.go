@@ -328,7 +328,8 @@ func monitorApply(a *apply.Applier, f applyFlags, log *slog.Logger) (stop func(c
 // printApplyProgress writes apply's progress line to w every interval until done is closed,
 // when there is something to report: the counters moved since the last line, or the applier is
 // not caught up. An applier that is caught up and idle prints nothing after the line that says
-// so.
+// so; one that has yet to stream (waiting for its slot or its target) and copies nothing prints
+// nothing either.
 func printApplyProgress(done <-chan struct{}, w io.Writer, every time.Duration, read func() (apply.Stats, metrics.Snapshot)) {
 	t := time.NewTicker(every)
 	defer t.Stop()
@@ -344,7 +345,10 @@ func printApplyProgress(done <-chan struct{}, w io.Writer, every time.Duration, 
 		st, snap := read()
 		cmp := st
 		cmp.Sessions, cmp.RetentionActive = last.Sessions, last.RetentionActive
-		if printed && cmp == last && !progressed(lastSnap, snap) {
+		switch {
+		case cmp == last && snap.Activity.Started.IsZero():
+			continue // no stream yet, and nothing copied: waiting for the slot, or the target
+		case printed && cmp == last && !progressed(lastSnap, snap):
 			continue
 		}
 		fmt.Fprintf(w, "%s %s\n", snap.Time.Format(time.TimeOnly), applyProgressLine(st, snap))

@@ -20,6 +20,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgreorder/pgreorder/apply"
 	"github.com/pgreorder/pgreorder/internal/pgtest"
 	"github.com/pgreorder/pgreorder/metrics"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
@@ -393,4 +394,64 @@ func TestApplyMetrics(t *testing.T) {
 			t.Logf("behind: %s\ncaught up: %s", behind, done)
 		})
 	}
+}
+
+// TestApplyProgressLines drives apply's progress printer with readings made up for it: nothing
+// before the first stream, a line each time while behind, one once caught up, then none while
+// idle, and one when a counter moved.
+func TestApplyProgressLines(t *testing.T) {
+	at := time.Date(2025, 3, 4, 12, 0, 0, 0, time.UTC)
+	type reading struct {
+		st   apply.Stats
+		snap metrics.Snapshot
+	}
+	waiting := reading{apply.Stats{Sessions: 3}, metrics.Snapshot{Time: at}}
+	behind := reading{apply.Stats{Sessions: 3}, metrics.Snapshot{Time: at, LagBytes: 4096, Lag: 1500 * time.Millisecond,
+		Activity: replication.Activity{Started: at, BehindSince: at}}}
+	applied := func(txns int64) reading {
+		return reading{apply.Stats{Txns: txns, Inserts: 10 * txns, InsertsViaCopy: 8 * txns, Sessions: 3},
+			metrics.Snapshot{Time: at, Activity: replication.Activity{Started: at, CaughtUp: true, Acked: txns}}}
+	}
+	readings := []reading{
+		waiting, waiting, // no stream yet: nothing
+		behind, behind, // a line each time
+		applied(2), applied(2), applied(2), // caught up: one line
+		applied(3), // moved: a line
+	}
+	want := []int{2, 3, 4, 7}
+	var mu sync.Mutex
+	i := 0
+	done := make(chan struct{})
+	read := func() (apply.Stats, metrics.Snapshot) {
+		mu.Lock()
+		defer mu.Unlock()
+		if i == len(readings) {
+			select {
+			case <-done:
+			default:
+				close(done)
+			}
+			i-- // the last one again
+		}
+		i++
+		return readings[i-1].st, readings[i-1].snap
+	}
+	var buf bytes.Buffer
+	stop := make(chan struct{})
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		printApplyProgress(stop, &buf, time.Millisecond, read)
+	}()
+	<-done
+	close(stop)
+	<-finished
+	lines := strings.Split(strings.TrimSuffix(buf.String(), "\n"), "\n")
+	require.Len(t, lines, len(want), buf.String())
+	for j, k := range want {
+		require.Equal(t, "12:00:00 "+applyProgressLine(readings[k].st, readings[k].snap), lines[j])
+	}
+	require.Contains(t, lines[1], "| lag 4.00 KiB, 1.5s |")
+	require.Equal(t, "12:00:00 applied 3 txns: 30 inserts (24 via COPY), 0 updates, 0 deletes, 0 truncates | received 0 txns, 0 changes | acked 3 | lag 0 B, caught up |",
+		lines[3][:strings.Index(lines[3], "caught up |")+len("caught up |")])
 }
