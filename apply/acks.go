@@ -94,6 +94,7 @@ func (a *acks) ready(c commitRef) bool {
 // committed records a commit, in commit order; durable says that it, and so every commit before
 // it, is durable on the target.
 func (s *session) committed(c commitRef, durable bool) {
+	s.a.streams.applied(c.txn)
 	a := &s.acks
 	a.mu.Lock()
 	defer a.mu.Unlock()

@@ -22,8 +22,9 @@ var ErrRunning = errors.New("apply: Run already in progress")
 
 // Applier replicates a publication into a target database. Make one with New and call Run.
 type Applier struct {
-	cfg   Config
-	stats counters
+	cfg     Config
+	stats   counters
+	streams streams // the sessions' replication streams, for Position, Activity and the like
 
 	mu      sync.Mutex
 	running bool

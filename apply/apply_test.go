@@ -45,7 +45,7 @@ func TestModes(t *testing.T) {
 					if st.UpdateMissing != 0 || st.DeleteMissing != 0 {
 						t.Errorf("conflicts: %d updates and %d deletes found no row", st.UpdateMissing, st.DeleteMissing)
 					}
-					if st.CopyRows == 0 {
+					if st.InsertsViaCopy == 0 {
 						t.Error("no row went through COPY")
 					}
 				})

@@ -126,6 +126,7 @@ func (c *copyTarget) Plan(ctx context.Context, sess *snapshot.Session) (err erro
 		if err != nil {
 			return err
 		}
+		tg.initialCopy = true
 		c.tgs[i] = tg
 		// As the workers: a later session waits for these connections to be gone.
 		if _, err := query(ctx, tg.conn, "SELECT pg_catalog.pg_advisory_lock_shared($1::bigint)", strconv.FormatInt(fence, 10)); err != nil {

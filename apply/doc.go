@@ -165,6 +165,16 @@
 // record of the target's local deletions rather than retained dead tuples; Applier.Uninstall
 // removes that record (and, as asked, the slot's progress and the origins) from the target.
 //
+// # Monitoring
+//
+// Stats counts what was applied (InsertsViaCopy the inserts sent with COPY, InitialCopyRows the
+// initial copy's rows, apart from Inserts). Position, Activity, BufferStats and Reconnects report
+// the replication streams of the sessions, as replication.Stream's methods of those names do,
+// also between sessions: the Applier is a metrics.Source, so metrics.Serve(addr, applier, opts)
+// serves its lag in bytes (source WAL received past what the target holds durably and was
+// acknowledged) and in time (from the source commit time of the last transaction committed on
+// the target; 0 while caught up). All of them may be called from any goroutine at any time.
+//
 // # Session settings
 //
 // Every connection to the target pins, whatever ALTER DATABASE, ALTER ROLE or the connection

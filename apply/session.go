@@ -138,6 +138,8 @@ func (a *Applier) session(parent context.Context) (err error) {
 			err = cerr
 		}
 	}()
+	s.a.streams.attach(s.stream)
+	defer s.a.streams.detach()
 	s.log.Info("applying", "slot", s.cfg.Slot, "mode", s.cfg.Mode, "resume_after", resume)
 	if s.cfg.Mode == Buffered {
 		return s.runBuffered(ctx)

@@ -1,9 +1,13 @@
 package apply
 
 import (
+	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/reorderbuffer"
+	"github.com/pgreorder/pgreorder/replication"
 )
 
 // LSN is a WAL position of the source.
@@ -19,11 +23,13 @@ type LSN = decoding.LSN
 type Stats struct {
 	Txns      int64 // source transactions committed on the target
 	EmptyTxns int64 // of which had nothing to apply (acknowledged without a target transaction)
-	Inserts   int64 // rows inserted
-	CopyRows  int64 // of which through COPY
-	Updates   int64 // rows updated
-	Deletes   int64 // rows deleted
-	Truncates int64 // TRUNCATE statements
+	Inserts   int64 // rows inserted for source changes (the initial copy's are in InitialCopyRows)
+	// InsertsViaCopy counts the Inserts sent with the COPY protocol: a run of inserts into one
+	// table goes as one COPY (short runs go as INSERT statements).
+	InsertsViaCopy int64
+	Updates        int64 // rows updated
+	Deletes        int64 // rows deleted
+	Truncates      int64 // TRUNCATE statements
 
 	Statements int64 // statements sent to the target, COPY included
 	RoundTrips int64 // batches of statements and COPYs: the round trips the statements took
@@ -55,6 +61,10 @@ type Stats struct {
 	SerialTxns   int64 // transactions Parallel applied alone (no usable key, TRUNCATE, triggers)
 	QueueSpilled int64 // bytes of queued changes written to spill files (Eager, Parallel)
 
+	// InitialCopyRows counts the rows the initial copy (Config.Copy) wrote into the target's
+	// tables. A copy that failed and started over counts its rows again.
+	InitialCopyRows int64
+
 	Sessions      int64 // sessions started (the first, and one per retry)
 	SerialRetries int64 // transactions retried alone after failing or deadlocking in parallel
 	Deadlocks     int64 // lock waits between the Applier's own connections it broke
@@ -63,14 +73,15 @@ type Stats struct {
 }
 
 type counters struct {
-	txns, emptyTxns, inserts, copyRows, updates, deletes, truncates atomic.Int64
-	statements, roundTrips                                          atomic.Int64
-	conflicts                                                       [numConflictTypes]atomic.Int64
-	retentionStops, tombstones, tombstonesPurged                    atomic.Int64
-	retentionActive                                                 atomic.Bool
-	subAborts, aborts, spooled, serialTxns, queueSpilled            atomic.Int64
-	sessions, serialRetries, deadlocks                              atomic.Int64
-	appliedLSN                                                      atomic.Uint64
+	txns, emptyTxns, inserts, insertsViaCopy, updates, deletes, truncates atomic.Int64
+	initialCopyRows                                                       atomic.Int64
+	statements, roundTrips                                                atomic.Int64
+	conflicts                                                             [numConflictTypes]atomic.Int64
+	retentionStops, tombstones, tombstonesPurged                          atomic.Int64
+	retentionActive                                                       atomic.Bool
+	subAborts, aborts, spooled, serialTxns, queueSpilled                  atomic.Int64
+	sessions, serialRetries, deadlocks                                    atomic.Int64
+	appliedLSN                                                            atomic.Uint64
 
 	// Statements prepared on the target connections: the most one connection held at once,
 	// and how many times one was prepared.
@@ -89,7 +100,7 @@ func (c *counters) preparedPeak(n int64) {
 
 func (c *counters) snapshot() Stats {
 	return Stats{
-		Txns: c.txns.Load(), EmptyTxns: c.emptyTxns.Load(), Inserts: c.inserts.Load(), CopyRows: c.copyRows.Load(),
+		Txns: c.txns.Load(), EmptyTxns: c.emptyTxns.Load(), Inserts: c.inserts.Load(), InsertsViaCopy: c.insertsViaCopy.Load(),
 		Updates: c.updates.Load(), Deletes: c.deletes.Load(), Truncates: c.truncates.Load(),
 		Statements: c.statements.Load(), RoundTrips: c.roundTrips.Load(),
 		InsertExists: c.conflicts[InsertExists].Load(), UpdateOriginDiffers: c.conflicts[UpdateOriginDiffers].Load(),
@@ -100,18 +111,19 @@ func (c *counters) snapshot() Stats {
 		Tombstones: c.tombstones.Load(), TombstonesPurged: c.tombstonesPurged.Load(),
 		SubAborts: c.subAborts.Load(), Aborts: c.aborts.Load(), Spooled: c.spooled.Load(),
 		SerialTxns: c.serialTxns.Load(), QueueSpilled: c.queueSpilled.Load(),
-		Sessions: c.sessions.Load(), SerialRetries: c.serialRetries.Load(), Deadlocks: c.deadlocks.Load(),
+		InitialCopyRows: c.initialCopyRows.Load(),
+		Sessions:        c.sessions.Load(), SerialRetries: c.serialRetries.Load(), Deadlocks: c.deadlocks.Load(),
 		AppliedLSN: LSN(c.appliedLSN.Load()),
 	}
 }
 
 // rowCounts are the counters of rows and statements applied, which a transaction rolled back on
 // the target must not keep.
-type rowCounts struct{ inserts, copyRows, updates, deletes, truncates int64 }
+type rowCounts struct{ inserts, insertsViaCopy, updates, deletes, truncates int64 }
 
 // rows returns the row counters.
 func (c *counters) rows() rowCounts {
-	return rowCounts{c.inserts.Load(), c.copyRows.Load(), c.updates.Load(), c.deletes.Load(), c.truncates.Load()}
+	return rowCounts{c.inserts.Load(), c.insertsViaCopy.Load(), c.updates.Load(), c.deletes.Load(), c.truncates.Load()}
 }
 
 // uncount takes back what the row counters gained since they were base: the target transaction
@@ -120,7 +132,7 @@ func (c *counters) rows() rowCounts {
 func (c *counters) uncount(base rowCounts) {
 	now := c.rows()
 	c.inserts.Add(base.inserts - now.inserts)
-	c.copyRows.Add(base.copyRows - now.copyRows)
+	c.insertsViaCopy.Add(base.insertsViaCopy - now.insertsViaCopy)
 	c.updates.Add(base.updates - now.updates)
 	c.deletes.Add(base.deletes - now.deletes)
 	c.truncates.Add(base.truncates - now.truncates)
@@ -157,4 +169,200 @@ func (s Stats) Conflicts(ct ConflictType) int64 {
 		return s.MultipleUniqueConflicts
 	}
 	return 0
+}
+
+// streams follows the replication streams of the Applier's sessions, for Position, Activity,
+// BufferStats and Reconnects: the current session's stream, and what the streams of the ended
+// sessions reported, so that the Applier answers between sessions too, with counters that never
+// go back.
+type streams struct {
+	mu  sync.Mutex
+	cur *replication.Stream // the current session's stream; nil between sessions
+
+	pos        replication.Position // the highest positions the ended streams reported
+	buf        reorderbuffer.Stats  // the ended streams' counters, summed
+	handedOut  int64                // the ended streams' Activity.HandedOut, summed
+	acked      int64                // and Activity.Acked
+	reconnects int                  // the ended streams' Reconnects, plus one per stream after the first
+	started    int                  // streams started
+	first      time.Time            // when the first stream started
+	// behind is when the Applier stopped being caught up, kept across sessions: the moment a
+	// stream that was caught up ended, or when an ended stream stopped being caught up. Zero
+	// while caught up, and before the first stream.
+	behind time.Time
+
+	// The last transaction committed on the target: its commit time on the source, and when it
+	// committed (local clock).
+	lastCommit, lastApplied time.Time
+}
+
+// attach records that s is the current session's stream.
+func (w *streams) attach(s *replication.Stream) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.started > 0 {
+		w.reconnects++
+	}
+	w.started++
+	w.cur = s
+	if w.first.IsZero() {
+		w.first = s.Activity().Started
+	}
+}
+
+// detach records what the current stream reported, as it ends.
+func (w *streams) detach() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	s := w.cur
+	if s == nil {
+		return
+	}
+	w.cur = nil
+	p := s.Position()
+	w.pos = replication.Position{Start: p.Start, Received: max(w.pos.Received, p.Received),
+		Flushed: max(w.pos.Flushed, p.Flushed), Acked: max(w.pos.Acked, p.Acked)}
+	w.buf = addStats(w.buf, s.Stats())
+	act := s.Activity()
+	w.handedOut += act.HandedOut
+	w.acked += act.Acked
+	w.reconnects += s.Reconnects()
+	switch {
+	case act.CaughtUp:
+		w.behind = time.Now()
+	case act.BehindSince.Equal(act.Started) && !w.behind.IsZero():
+		// Never caught up: behind since before it started.
+	default:
+		w.behind = act.BehindSince
+	}
+}
+
+// applied records that t committed on the target.
+func (w *streams) applied(t *reorderbuffer.Txn) {
+	if t.CommitTime.IsZero() {
+		return // an idle advance, a non-transactional message
+	}
+	now := time.Now()
+	w.mu.Lock()
+	w.lastCommit, w.lastApplied = t.CommitTime, now
+	w.mu.Unlock()
+}
+
+// addStats returns sum with the counters of s added, and the peak memory the higher of both.
+// The gauges (memory, spill files, transactions held, positions) are left: they are the current
+// stream's.
+func addStats(sum, s reorderbuffer.Stats) reorderbuffer.Stats {
+	sum.SpillTxns += s.SpillTxns
+	sum.SpillCount += s.SpillCount
+	sum.SpillBytes += s.SpillBytes
+	sum.StreamTxns += s.StreamTxns
+	sum.StreamCount += s.StreamCount
+	sum.StreamBytes += s.StreamBytes
+	sum.TotalTxns += s.TotalTxns
+	sum.TotalBytes += s.TotalBytes
+	sum.TotalChanges += s.TotalChanges
+	sum.AbortedTxns += s.AbortedTxns
+	sum.AbortedSubxacts += s.AbortedSubxacts
+	sum.RestartedTxns += s.RestartedTxns
+	sum.SkippedTxns += s.SkippedTxns
+	sum.PeakMemoryBytes = max(sum.PeakMemoryBytes, s.PeakMemoryBytes)
+	return sum
+}
+
+// Position returns the positions of the source's WAL: Received is the highest position the
+// source sent (in data and keepalive messages), Flushed the highest position acknowledged to it
+// (every transaction up to it is durable on the target, with the progress row), Acked the
+// acknowledged prefix, as replication.Stream.Position defines them, over all sessions. Between
+// sessions it returns what the last session's stream reported; before the first, zero values.
+// It may be called at any time, from any goroutine.
+func (a *Applier) Position() replication.Position {
+	if a == nil {
+		return replication.Position{}
+	}
+	w := &a.streams
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.cur == nil {
+		return w.pos
+	}
+	p := w.cur.Position()
+	p.Received = max(p.Received, w.pos.Received)
+	p.Flushed = max(p.Flushed, w.pos.Flushed)
+	p.Acked = max(p.Acked, w.pos.Acked)
+	return p
+}
+
+// Activity returns the session's replication.Activity, with these differences: LastCommitTime
+// and LastHandedOut are the source commit time of the last transaction committed on the target
+// and when it committed there (not when the stream handed it out); HandedOut and Acked count
+// over all sessions; Started is when the first session's stream started; and between sessions
+// (reconnecting) the Applier is not caught up, behind since the moment the last stream ended if
+// it was caught up then, and a new stream that has not been caught up yet is behind since then
+// too. Before the first stream (during an initial copy) it returns zero values. It may be
+// called at any time, from any goroutine.
+func (a *Applier) Activity() replication.Activity {
+	if a == nil {
+		return replication.Activity{}
+	}
+	w := &a.streams
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var act replication.Activity
+	if w.cur != nil {
+		act = w.cur.Activity()
+		switch {
+		case act.CaughtUp:
+			w.behind = time.Time{}
+		case act.BehindSince.Equal(act.Started) && !w.behind.IsZero():
+			act.BehindSince = w.behind
+		}
+	} else if w.started > 0 {
+		act.BehindSince = w.behind
+	}
+	act.Started = w.first
+	act.HandedOut += w.handedOut
+	act.Acked += w.acked
+	act.LastCommitTime, act.LastHandedOut = w.lastCommit, w.lastApplied
+	return act
+}
+
+// BufferStats returns the statistics of the session's reorder buffer (replication.Stream.Stats):
+// its counters summed over all sessions, its gauges (memory, spill files, transactions held) of
+// the current session, 0 between sessions. It may be called at any time, from any goroutine.
+func (a *Applier) BufferStats() reorderbuffer.Stats {
+	if a == nil {
+		return reorderbuffer.Stats{}
+	}
+	w := &a.streams
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.cur == nil {
+		return w.buf
+	}
+	s := w.cur.Stats()
+	sum := addStats(w.buf, s)
+	s.SpillTxns, s.SpillCount, s.SpillBytes = sum.SpillTxns, sum.SpillCount, sum.SpillBytes
+	s.StreamTxns, s.StreamCount, s.StreamBytes = sum.StreamTxns, sum.StreamCount, sum.StreamBytes
+	s.TotalTxns, s.TotalBytes, s.TotalChanges = sum.TotalTxns, sum.TotalBytes, sum.TotalChanges
+	s.AbortedTxns, s.AbortedSubxacts = sum.AbortedTxns, sum.AbortedSubxacts
+	s.RestartedTxns, s.SkippedTxns = sum.RestartedTxns, sum.SkippedTxns
+	s.PeakMemoryBytes = sum.PeakMemoryBytes
+	return s
+}
+
+// Reconnects returns how many times the Applier connected to the source again after losing its
+// connection: the reconnections of the sessions' streams, and one per session after the first.
+// It may be called at any time, from any goroutine.
+func (a *Applier) Reconnects() int {
+	if a == nil {
+		return 0
+	}
+	w := &a.streams
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := w.reconnects
+	if w.cur != nil {
+		n += w.cur.Reconnects()
+	}
+	return n
 }

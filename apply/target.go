@@ -45,6 +45,7 @@ type target struct {
 	cfg         *Config
 	log         *slog.Logger
 	stats       *counters
+	initialCopy bool // a connection of the initial copy: its rows count in InitialCopyRows
 
 	// The statements prepared on the connection, by relation and shape, the most recently used
 	// at the front of lru; gen counts the batches sent (a statement used since the last one is
@@ -753,8 +754,12 @@ func (t *target) flushInserts(ctx context.Context) error {
 	if tag.RowsAffected() != int64(n) {
 		return &changeError{op: "INSERT", relation: m.name, err: fmt.Errorf("COPY inserted %d rows, want %d", tag.RowsAffected(), n)}
 	}
-	t.stats.inserts.Add(int64(n))
-	t.stats.copyRows.Add(int64(n))
+	if t.initialCopy {
+		t.stats.initialCopyRows.Add(int64(n))
+	} else {
+		t.stats.inserts.Add(int64(n))
+		t.stats.insertsViaCopy.Add(int64(n))
+	}
 	return nil
 }
 
@@ -1207,7 +1212,11 @@ func opName(op byte) string {
 func (t *target) checkResult(op batchOp, tag pgconn.CommandTag) {
 	switch op.op {
 	case 'I':
-		t.stats.inserts.Add(1)
+		if t.initialCopy {
+			t.stats.initialCopyRows.Add(1)
+		} else {
+			t.stats.inserts.Add(1)
+		}
 	case 'U':
 		if tag.RowsAffected() == 0 {
 			t.stats.conflicts[UpdateMissing].Add(1)

@@ -1,5 +1,5 @@
 // Package metrics reports on a running replication stream (a *replication.Stream, or a Source
-// that runs one, such as a *changefeed.Feed): how far it
+// that runs one, such as a *changefeed.Feed or an *apply.Applier): how far it
 // is behind the server, in bytes and in time; what the consumer has not acknowledged and for
 // how long; memory and spill files; transactions and changes received, as counters and as rates;
 // reconnections. It gives them as a plain struct (Collector.Snapshot, with a one-line human
@@ -37,10 +37,16 @@
 // there is. Prometheus users should prefer rate() over the _total counters, which are exact; the
 // rate gauges are for dashboards without PromQL and for the summary line.
 //
+// For an *apply.Applier the consumer is the applier: a transaction is acknowledged once it is
+// committed and flushed on the target with its progress row, so the lag in bytes is the source
+// WAL received past what the target holds durably, and the lag in time runs from the commit time
+// of the last transaction committed on the target (apply.Applier.Activity). Between its
+// sessions the Applier reports what its last session's stream reported, and is not caught up.
+//
 // # Concurrency
 //
 // Collector reads the stream only through the methods it documents as safe from any goroutine
-// (Position, Stats, Activity, Reconnects): a Prometheus scrape, or a progress printer, may run
+// (Position, Stats or BufferStats, Activity, Reconnects): a Prometheus scrape, or a progress printer, may run
 // while the consumer is inside Next or reads a transaction. Collector's methods may be called
 // from several goroutines at once. Stats walks the buffer's open transactions, so a reading costs
 // O(open transactions): read every few seconds, not per transaction.

@@ -31,8 +31,8 @@ type Snapshot struct {
 	// Time is when the reading was taken.
 	Time time.Time
 
-	// Position, Stats, Activity and Reconnects are what the stream's methods of those names
-	// returned.
+	// Position, Activity and Reconnects are what the source's methods of those names returned;
+	// Stats is what its BufferStats or Stats method returned (see Source).
 	Position   replication.Position
 	Stats      reorderbuffer.Stats
 	Activity   replication.Activity
@@ -52,14 +52,42 @@ type Snapshot struct {
 	TxnsPerSecond, ChangesPerSecond float64
 }
 
-// Source is what a Collector reads: *replication.Stream, or a consumer that runs one (such as a
-// *changefeed.Feed, which reports zero values while it has no stream yet). Its methods must be
-// safe to call from any goroutine at any time, as replication.Stream's are.
+// Source is what a Collector reads: a *replication.Stream; a consumer that runs one, such as a
+// *changefeed.Feed (zero values while it has no stream yet); or an *apply.Applier, which reports
+// the streams of its sessions and answers between sessions too. Its methods must be safe to call
+// from any goroutine at any time, as replication.Stream's are.
+//
+// The reorder buffer's statistics (Snapshot.Stats) come from the source's BufferStats method if
+// it is a BufferSource, or else its Stats method if it is a StatsSource; they are zero otherwise.
 type Source interface {
 	Position() replication.Position
-	Stats() reorderbuffer.Stats
 	Activity() replication.Activity
 	Reconnects() int
+}
+
+// StatsSource is a Source that reports its reorder buffer with Stats, as *replication.Stream and
+// *changefeed.Feed do.
+type StatsSource interface {
+	Source
+	Stats() reorderbuffer.Stats
+}
+
+// BufferSource is a Source that reports its reorder buffer with BufferStats, as *apply.Applier
+// does (its Stats are its own counters).
+type BufferSource interface {
+	Source
+	BufferStats() reorderbuffer.Stats
+}
+
+// bufferStats reads s's reorder buffer statistics.
+func bufferStats(s Source) reorderbuffer.Stats {
+	switch b := s.(type) {
+	case BufferSource:
+		return b.BufferStats()
+	case StatsSource:
+		return b.Stats()
+	}
+	return reorderbuffer.Stats{}
 }
 
 // Collector reads a stream's metrics. It implements prometheus.Collector: register it with a
@@ -97,7 +125,7 @@ func (c *Collector) Snapshot() Snapshot {
 	s := c.stream
 	snap := Snapshot{
 		Position:   s.Position(),
-		Stats:      s.Stats(),
+		Stats:      bufferStats(s),
 		Activity:   s.Activity(),
 		Reconnects: s.Reconnects(),
 	}

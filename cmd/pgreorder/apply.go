@@ -5,13 +5,14 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/pgreorder/pgreorder/apply"
+	"github.com/pgreorder/pgreorder/metrics"
 	"github.com/pgreorder/pgreorder/snapshot"
 )
 
@@ -27,6 +28,11 @@ source only once committed there. Stopped (Ctrl-C, SIGTERM) or killed, it resume
 progress row without losing or repeating a transaction. Connection failures are retried; a change
 the target refuses (missing table or column, permission, constraint) stops it with an error naming
 the table, the source transaction and its commit LSN.
+
+Progress goes to stderr: one line every -progress while there is something to report (what was
+applied, conflicts, then as pgreorder stream: received, acknowledged, lag in bytes and in time,
+rates, memory, spilled); with -metrics-addr, Prometheus metrics are served on
+http://ADDR/metrics (see docs/metrics.md).
 
 A transaction is acknowledged to the source only once the target has flushed it to disk together
 with the progress row, so a crash of the target server loses nothing the source will not send
@@ -71,7 +77,8 @@ type applyFlags struct {
 	acceptSlotAhead                                 bool
 	copy, copyTruncate                              bool
 	workers, copyWorkers                            int
-	status, slotWait                                time.Duration
+	status, slotWait, progress                      time.Duration
+	metricsAddr                                     string
 
 	// Conflicts and origins.
 	origin, sourceOrigin, resolutions, logTable string
@@ -114,6 +121,8 @@ func (f *applyFlags) register(fs *flag.FlagSet) {
 	durationVar(fs, &f.slotWait, "slot-wait", apply.DefaultSlotWait, "how long to wait for another session that holds the slot "+
 		"(on the target: another apply of the slot, or the connections left by one that died; on the source: another walsender "+
 		"streaming from it) before stopping with an error naming it (0: do not wait; -1: no limit)")
+	durationVar(fs, &f.progress, "progress", 5*time.Second, "interval of the progress line on stderr (0: none)")
+	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus metrics on host:port at /metrics (port 0: any free port, logged)")
 	fs.BoolVar(&f.verbose, "v", false, "debug logging")
 	fs.StringVar(&f.origin, "origin", "", "replication origin marking the target transactions "+
 		"(and origin_w1... for workers): needed by -source-origin none on the way back, and for *_origin_differs")
@@ -157,6 +166,9 @@ func (f *applyFlags) config(fs *flag.FlagSet) (apply.Config, error) {
 	}
 	if len(missing) > 0 {
 		return apply.Config{}, fmt.Errorf("missing %s (see pgreorder apply -h)", strings.Join(missing, ", "))
+	}
+	if f.progress < 0 {
+		return apply.Config{}, fmt.Errorf("-progress %v: want an interval such as 5s, or 0 for no progress line", f.progress)
 	}
 	mode, err := apply.ParseMode(f.mode)
 	if err != nil {
@@ -237,43 +249,22 @@ func runApply(ctx context.Context, args []string) error {
 		return a.Uninstall(ctx, apply.UninstallOptions{Progress: true, Origins: true})
 	}
 	log := cfg.Logger
-	done := make(chan struct{})
-	defer close(done)
-	var last apply.Stats // the counters of the last progress line (Run's goroutine and the ticker's)
-	var lastMu sync.Mutex
-	progress := func(final bool) {
-		lastMu.Lock()
-		defer lastMu.Unlock()
-		st := a.Stats()
-		// Only counters that moved are worth a line: an apply waiting for its slot, or for the
-		// source to change, prints nothing; the final line is left out when nothing was done.
-		against := last
-		if final {
-			against = apply.Stats{}
-		}
-		cmp := st
-		cmp.Sessions, cmp.RetentionActive = against.Sessions, against.RetentionActive
-		if cmp == against {
-			return
-		}
-		logApplyStats(log, st)
-		last = st
+	stop, err := monitorApply(a, f, log)
+	if err != nil {
+		return err
 	}
-	go func() {
-		tick := time.NewTicker(30 * time.Second)
-		defer tick.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-tick.C:
-				progress(false)
-			}
-		}
-	}()
 	err = a.Run(ctx)
 	flagHint(err)
-	progress(true)
+	if serr := stop(context.WithoutCancel(ctx)); serr != nil {
+		log.Warn("stopping the metrics server", "err", serr)
+	}
+	// The final counters, unless nothing was done (an apply that waited for its slot).
+	st := a.Stats()
+	moved := st
+	moved.Sessions, moved.RetentionActive = 0, false
+	if moved != (apply.Stats{}) {
+		logApplyStats(log, st)
+	}
 	if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
 		return nil // Ctrl-C or SIGTERM: a clean stop; what was in flight is rolled back and resumed next time
 	}
@@ -285,10 +276,104 @@ func runApply(ctx context.Context, args []string) error {
 
 func logApplyStats(log *slog.Logger, st apply.Stats) {
 	log.Info("progress", "transactions", st.Txns, "applied_lsn", st.AppliedLSN, "inserts", st.Inserts,
-		"copy_rows", st.CopyRows, "updates", st.Updates, "deletes", st.Deletes, "truncates", st.Truncates,
+		"inserts_via_copy", st.InsertsViaCopy, "initial_copy_rows", st.InitialCopyRows, "updates", st.Updates, "deletes", st.Deletes, "truncates", st.Truncates,
 		"statements", st.Statements, "round_trips", st.RoundTrips, "insert_exists", st.InsertExists,
 		"update_origin_differs", st.UpdateOriginDiffers, "update_exists", st.UpdateExists, "update_missing", st.UpdateMissing,
 		"delete_origin_differs", st.DeleteOriginDiffers, "update_deleted", st.UpdateDeleted, "delete_missing", st.DeleteMissing,
 		"multiple_unique_conflicts", st.MultipleUniqueConflicts, "tombstones", st.Tombstones, "sessions", st.Sessions, "serial_retries", st.SerialRetries,
 		"deadlocks", st.Deadlocks, "spooled", st.Spooled, "queue_spilled", st.QueueSpilled)
+}
+
+// monitorApply starts the metrics server (-metrics-addr) and the progress line (-progress) of
+// apply, and returns what stops both.
+func monitorApply(a *apply.Applier, f applyFlags, log *slog.Logger) (stop func(context.Context) error, err error) {
+	if f.metricsAddr == "" && f.progress <= 0 {
+		return func(context.Context) error { return nil }, nil
+	}
+	c, err := metrics.New(a, metrics.Options{})
+	if err != nil {
+		return nil, err
+	}
+	var srv *metrics.Server
+	if f.metricsAddr != "" {
+		h, err := metrics.Handler(c)
+		if err != nil {
+			return nil, err
+		}
+		if srv, err = metrics.Listen(f.metricsAddr, h); err != nil {
+			return nil, fmt.Errorf("-metrics-addr: %w", err)
+		}
+		log.Info("serving metrics", "url", "http://"+srv.Addr()+"/metrics")
+	}
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	if f.progress > 0 {
+		go func() {
+			defer close(finished)
+			printApplyProgress(done, os.Stderr, f.progress, func() (apply.Stats, metrics.Snapshot) { return a.Stats(), c.Snapshot() })
+		}()
+	} else {
+		close(finished)
+	}
+	return func(ctx context.Context) error {
+		close(done)
+		<-finished
+		if srv != nil {
+			return srv.Close(ctx)
+		}
+		return nil
+	}, nil
+}
+
+// printApplyProgress writes apply's progress line to w every interval until done is closed,
+// when there is something to report: the counters moved since the last line, or the applier is
+// not caught up. An applier that is caught up and idle prints nothing after the line that says
+// so; one that has yet to stream (waiting for its slot or its target) and copies nothing prints
+// nothing either.
+func printApplyProgress(done <-chan struct{}, w io.Writer, every time.Duration, read func() (apply.Stats, metrics.Snapshot)) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	var last apply.Stats
+	var lastSnap metrics.Snapshot
+	printed := false
+	for {
+		select {
+		case <-done:
+			return
+		case <-t.C:
+		}
+		st, snap := read()
+		cmp := st
+		cmp.Sessions, cmp.RetentionActive = last.Sessions, last.RetentionActive
+		switch {
+		case cmp == last && snap.Activity.Started.IsZero():
+			continue // no stream yet, and nothing copied: waiting for the slot, or the target
+		case printed && cmp == last && !progressed(lastSnap, snap):
+			continue
+		}
+		fmt.Fprintf(w, "%s %s\n", snap.Time.Format(time.TimeOnly), applyProgressLine(st, snap))
+		last, lastSnap, printed = st, snap, true
+	}
+}
+
+// applyProgressLine is apply's progress line: what was applied to the target, the conflicts and
+// the initial copy if any, then the stream's summary (metrics.Snapshot.String), with the lag in
+// bytes and in time.
+func applyProgressLine(st apply.Stats, snap metrics.Snapshot) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "applied %d txns: %d inserts (%d via COPY), %d updates, %d deletes, %d truncates",
+		st.Txns, st.Inserts, st.InsertsViaCopy, st.Updates, st.Deletes, st.Truncates)
+	var conflicts int64
+	for _, ct := range apply.ConflictTypes() {
+		conflicts += st.Conflicts(ct)
+	}
+	if conflicts > 0 {
+		fmt.Fprintf(&b, " | conflicts %d", conflicts)
+	}
+	if st.InitialCopyRows > 0 {
+		fmt.Fprintf(&b, " | initial copy %d rows", st.InitialCopyRows)
+	}
+	b.WriteString(" | ")
+	b.WriteString(snap.String())
+	return b.String()
 }

@@ -20,6 +20,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgreorder/pgreorder/apply"
 	"github.com/pgreorder/pgreorder/internal/pgtest"
 	"github.com/pgreorder/pgreorder/metrics"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
@@ -271,4 +272,186 @@ func TestProgressLines(t *testing.T) {
 func TestProgressFlag(t *testing.T) {
 	err := runStream(context.Background(), []string{"-dsn", "x", "-slot", "s", "-publication", "p", "-progress", "-1s"})
 	require.ErrorContains(t, err, "-progress -1s")
+}
+
+// lagLine matches a progress line's lag while behind: bytes above 0, and a time.
+var lagLine = regexp.MustCompile(`\| lag [1-9][0-9.]* (B|KiB|MiB|GiB), [0-9.]+(ms|s|m[0-9]+s) \|`)
+
+// TestApplyMetrics runs `pgreorder apply -metrics-addr 127.0.0.1:0 -progress 100ms` against
+// PostgreSQL 15 and 18, holds the applier back with a lock on the target table while the source
+// commits a transaction, and checks that /metrics and the progress line show the lag in bytes
+// and in time, then 0 and caught up once the lock is released and the transaction applied.
+func TestApplyMetrics(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a server")
+	}
+	bin := filepath.Join(t.TempDir(), "pgreorder")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	majors := streamMajors(t)
+	for _, major := range majors {
+		t.Run(fmt.Sprintf("pg%d", major), func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			// The target on the other server if there are two: on one server, the applier's
+			// progress row writes are WAL the source sends again, and it is seldom caught up.
+			srv, dsrv := pgtest.Shared(t, major), pgtest.Shared(t, major)
+			for _, m := range majors {
+				if m != major {
+					dsrv = pgtest.Shared(t, m)
+				}
+			}
+			srcDB, dstDB := pgtest.NewDatabase(t, srv), pgtest.NewDatabase(t, dsrv)
+			src, dst := srv.ConnString(srcDB), dsrv.ConnString(dstDB)
+			const table = `CREATE TABLE s (id int PRIMARY KEY, v text)`
+			require.NoError(t, pgtest.Exec(ctx, src, table, `CREATE PUBLICATION p FOR TABLE s`))
+			require.NoError(t, pgtest.Exec(ctx, dst, table))
+			cmd := exec.CommandContext(ctx, bin, "apply", "-source", src, "-target", dst, "-slot", "am",
+				"-publication", "p", "-create-slot", "-status-interval", "100ms", "-progress", "100ms",
+				"-metrics-addr", "127.0.0.1:0")
+			stderr, err := cmd.StderrPipe()
+			require.NoError(t, err)
+			require.NoError(t, cmd.Start())
+			defer cmd.Process.Kill()
+			var log lineLog
+			urls := make(chan string, 1)
+			readDone := make(chan struct{})
+			go func() {
+				defer close(readDone)
+				sc := bufio.NewScanner(stderr)
+				for sc.Scan() {
+					log.add(sc.Text())
+					if m := metricsURL.FindStringSubmatch(sc.Text()); m != nil {
+						urls <- m[1]
+					}
+				}
+			}()
+			var url string
+			select {
+			case url = <-urls:
+			case <-readDone:
+				t.Fatalf("no metrics address logged:\n%s", strings.Join(log.all(), "\n"))
+			case <-ctx.Done():
+				t.Fatal("no metrics address logged")
+			}
+			wait := func(what string, cond func(map[string]float64) bool) map[string]float64 {
+				t.Helper()
+				for {
+					v := scrape(ctx, t, url)
+					if cond(v) {
+						return v
+					}
+					require.NoError(t, ctx.Err(), "waiting for %s; last scrape: %v\nstderr:\n%s", what, v, strings.Join(log.all(), "\n"))
+					time.Sleep(20 * time.Millisecond)
+				}
+			}
+			// waitLine waits for a progress line that match accepts.
+			waitLine := func(what string, match func(string) bool) string {
+				t.Helper()
+				for {
+					for _, l := range log.all() {
+						if strings.Contains(l, " applied ") && match(l) {
+							return l
+						}
+					}
+					require.NoError(t, ctx.Err(), "no progress line %s:\n%s", what, strings.Join(log.all(), "\n"))
+					time.Sleep(20 * time.Millisecond)
+				}
+			}
+			caughtUp := func(v map[string]float64) bool {
+				return v["pgreorder_caught_up"] == 1 && v["pgreorder_lag_bytes"] == 0 && v["pgreorder_lag_seconds"] == 0
+			}
+			wait("caught up at the start", caughtUp)
+
+			lock := pgtest.Connect(t, dst)
+			defer lock.Close(context.Background())
+			pgtest.MustExec(t, lock, `BEGIN; LOCK TABLE s IN ACCESS EXCLUSIVE MODE`)
+			require.NoError(t, pgtest.Exec(ctx, src, `INSERT INTO s SELECT g, 'x' FROM generate_series(1, 100) g`))
+			v := wait("behind in bytes and in time", func(v map[string]float64) bool {
+				return v["pgreorder_caught_up"] == 0 && v["pgreorder_lag_bytes"] > 0 && v["pgreorder_lag_seconds"] > 0
+			})
+			require.Zero(t, v["pgreorder_acknowledged_transactions_total"])
+			behind := waitLine("with a lag while held back", func(l string) bool {
+				return strings.Contains(l, " applied 0 txns: ") && lagLine.MatchString(l)
+			})
+			pgtest.MustExec(t, lock, `COMMIT`)
+			wait("caught up once applied", func(v map[string]float64) bool {
+				return caughtUp(v) && v["pgreorder_acknowledged_transactions_total"] >= 1
+			})
+			done := waitLine("caught up once applied", func(l string) bool {
+				return strings.Contains(l, " applied 1 txns: 100 inserts (") && strings.Contains(l, "| lag 0 B, caught up |")
+			})
+
+			require.NoError(t, cmd.Process.Signal(os.Interrupt))
+			require.NoError(t, cmd.Wait(), "a clean stop:\n%s", strings.Join(log.all(), "\n"))
+			<-readDone
+			final := log.all()[len(log.all())-1]
+			for _, key := range []string{"msg=progress", " transactions=1 ", " inserts=100 ", " inserts_via_copy=", " initial_copy_rows=0 "} {
+				require.Contains(t, final, key, "the final progress line")
+			}
+			_, err = http.Get(url)
+			require.Error(t, err, "the metrics server stops with the command")
+			t.Logf("behind: %s\ncaught up: %s", behind, done)
+		})
+	}
+}
+
+// TestApplyProgressLines drives apply's progress printer with readings made up for it: nothing
+// before the first stream, a line each time while behind, one once caught up, then none while
+// idle, and one when a counter moved.
+func TestApplyProgressLines(t *testing.T) {
+	at := time.Date(2025, 3, 4, 12, 0, 0, 0, time.UTC)
+	type reading struct {
+		st   apply.Stats
+		snap metrics.Snapshot
+	}
+	waiting := reading{apply.Stats{Sessions: 3}, metrics.Snapshot{Time: at}}
+	behind := reading{apply.Stats{Sessions: 3}, metrics.Snapshot{Time: at, LagBytes: 4096, Lag: 1500 * time.Millisecond,
+		Activity: replication.Activity{Started: at, BehindSince: at}}}
+	applied := func(txns int64) reading {
+		return reading{apply.Stats{Txns: txns, Inserts: 10 * txns, InsertsViaCopy: 8 * txns, Sessions: 3},
+			metrics.Snapshot{Time: at, Activity: replication.Activity{Started: at, CaughtUp: true, Acked: txns}}}
+	}
+	readings := []reading{
+		waiting, waiting, // no stream yet: nothing
+		behind, behind, // a line each time
+		applied(2), applied(2), applied(2), // caught up: one line
+		applied(3), // moved: a line
+	}
+	want := []int{2, 3, 4, 7}
+	var mu sync.Mutex
+	i := 0
+	done := make(chan struct{})
+	read := func() (apply.Stats, metrics.Snapshot) {
+		mu.Lock()
+		defer mu.Unlock()
+		if i == len(readings) {
+			select {
+			case <-done:
+			default:
+				close(done)
+			}
+			i-- // the last one again
+		}
+		i++
+		return readings[i-1].st, readings[i-1].snap
+	}
+	var buf bytes.Buffer
+	stop := make(chan struct{})
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		printApplyProgress(stop, &buf, time.Millisecond, read)
+	}()
+	<-done
+	close(stop)
+	<-finished
+	lines := strings.Split(strings.TrimSuffix(buf.String(), "\n"), "\n")
+	require.Len(t, lines, len(want), buf.String())
+	for j, k := range want {
+		require.Equal(t, "12:00:00 "+applyProgressLine(readings[k].st, readings[k].snap), lines[j])
+	}
+	require.Contains(t, lines[1], "| lag 4.00 KiB, 1.5s |")
+	require.Equal(t, "12:00:00 applied 3 txns: 30 inserts (24 via COPY), 0 updates, 0 deletes, 0 truncates | received 0 txns, 0 changes | acked 3 | lag 0 B, caught up |",
+		lines[3][:strings.Index(lines[3], "caught up |")+len("caught up |")])
 }
