@@ -348,9 +348,9 @@ func (s *session) copyChunk(ctx context.Context, tg *target, m *relMap, c *snaps
 		if err != nil {
 			return err
 		}
-		ins, ok := msg.(*decoding.Insert)
+		ins, ok := msg.Msg.(*decoding.Insert)
 		if !ok {
-			return fmt.Errorf("apply: initial copy: %s yielded a %T", c, msg)
+			return fmt.Errorf("apply: initial copy: %s yielded a %T", c, msg.Msg)
 		}
 		if err := tg.insert(ctx, m, ins.New); err != nil {
 			return err

@@ -496,10 +496,11 @@ func (s *session) advanced(ctx context.Context, t *reorderbuffer.Txn) error {
 // eachChange calls f with each of t's changes that changes the target, and the relations it
 // names, in order; it stops at the first error, t's or f's. The message is valid only during f.
 func (s *session) eachChange(t *reorderbuffer.Txn, f func(m decoding.Message, rels []*relInfo) error) error {
-	for m, err := range t.Changes() {
+	for c, err := range t.Changes() {
 		if err != nil {
 			return err
 		}
+		m := c.Msg
 		rels, err := s.relations(t, m)
 		if err != nil {
 			return err

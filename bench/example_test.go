@@ -27,11 +27,11 @@ func Example() {
 			panic(err)
 		}
 		for t, ok := buf.Next(); ok; t, ok = buf.Next() {
-			for m, err := range t.Changes() {
+			for c, err := range t.Changes() {
 				if err != nil {
 					panic(err)
 				}
-				if _, ok := m.(*decoding.Insert); ok {
+				if _, ok := c.Msg.(*decoding.Insert); ok {
 					rows++
 				}
 			}

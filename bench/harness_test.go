@@ -95,11 +95,11 @@ func runPgreorder(wl *Workload, cfg reorderbuffer.Config, m *meter) (outcome, er
 	drain := func() error {
 		for t, ok := buf.Next(); ok; t, ok = buf.Next() {
 			out.txns++
-			for msg, err := range t.Changes() {
+			for c, err := range t.Changes() {
 				if err != nil {
 					return err
 				}
-				switch msg.(type) {
+				switch c.Msg.(type) {
 				case *decoding.Insert, *decoding.Update, *decoding.Delete:
 					out.changes++
 					m.tick()

@@ -276,11 +276,11 @@ func pgreorderReader(ctx context.Context, b *testing.B, srv *pgtest.Server, slot
 			}
 			return err
 		}
-		for m, err := range t.Changes() {
+		for c, err := range t.Changes() {
 			if err != nil {
 				return err
 			}
-			if _, ok := m.(*decoding.Insert); ok {
+			if _, ok := c.Msg.(*decoding.Insert); ok {
 				changes++
 			}
 		}

@@ -114,11 +114,11 @@ func pgreorderDigest(t *testing.T, wl *Workload, workMem int64) string {
 			t.Fatal(err)
 		}
 		for x, ok := buf.Next(); ok; x, ok = buf.Next() {
-			for m, err := range x.Changes() {
+			for c, err := range x.Changes() {
 				if err != nil {
 					t.Fatal(err)
 				}
-				switch m := m.(type) {
+				switch m := c.Msg.(type) {
 				case *decoding.Insert:
 					d.add(m.RelationID, m.New[0].Data)
 				case *decoding.Update:

@@ -96,39 +96,18 @@ type Batch struct {
 	f *Feed
 }
 
-// Relation returns the relation a change of the batch refers to.
-func (b *Batch) Relation(id uint32) (*decoding.Relation, bool) {
-	switch {
-	case b.Txn != nil:
-		return b.Txn.Relation(id)
-	case b.Chunk != nil:
-		return b.Chunk.Relation(id)
-	}
-	return nil, false
-}
-
-// Type returns a data type a change of the batch refers to.
-func (b *Batch) Type(oid uint32) (*decoding.DataType, bool) {
-	switch {
-	case b.Txn != nil:
-		return b.Txn.Type(oid)
-	case b.Chunk != nil:
-		return b.Chunk.Type(oid)
-	}
-	return nil, false
-}
-
-// Changes yields the batch's messages, once: inserts for a Snapshot batch (which must be read to
-// the end), the transaction's messages for a Transaction, nothing for the others. A message and
-// what it holds are valid until the next iteration step.
-func (b *Batch) Changes() iter.Seq2[decoding.Message, error] {
+// Changes yields the batch's messages, once, each with its relation and the schema at its
+// position: inserts for a Snapshot batch (which must be read to the end), the transaction's
+// messages for a Transaction, nothing for the others. A message and what it holds are valid
+// until the next iteration step.
+func (b *Batch) Changes() iter.Seq2[decoding.Change, error] {
 	switch {
 	case b.Txn != nil:
 		return b.Txn.Changes()
 	case b.Chunk != nil:
 		return b.Chunk.Changes()
 	}
-	return func(func(decoding.Message, error) bool) {}
+	return func(func(decoding.Change, error) bool) {}
 }
 
 // SetState sets the handler's state that is stored with the next position (copied; at most

@@ -33,15 +33,15 @@ func (w *Writer) debezium(x *reorderbuffer.Txn) (int64, error) {
 	}
 	clear(w.order)
 	var n int64
-	for m, err := range x.Changes() {
+	for c, err := range x.Changes() {
 		if err != nil {
 			return n, err
 		}
-		switch m := m.(type) {
+		switch m := c.Msg.(type) {
 		case *decoding.Relation, *decoding.DataType:
 			continue
 		case *decoding.Insert:
-			r, err := w.relation(x, m.RelationID, m.New)
+			r, err := w.relation(c.Relation, m.RelationID, m.New)
 			if err == nil {
 				err = w.dbzEvent(x, r, 'c', nil, m.New, now, n+1)
 			}
@@ -49,7 +49,7 @@ func (w *Writer) debezium(x *reorderbuffer.Txn) (int64, error) {
 				return n, err
 			}
 		case *decoding.Update:
-			r, err := w.relation(x, m.RelationID, m.Old, m.New)
+			r, err := w.relation(c.Relation, m.RelationID, m.Old, m.New)
 			if err == nil {
 				var before decoding.Tuple
 				if m.OldKind != 0 {
@@ -61,7 +61,7 @@ func (w *Writer) debezium(x *reorderbuffer.Txn) (int64, error) {
 				return n, err
 			}
 		case *decoding.Delete:
-			r, err := w.relation(x, m.RelationID, m.Old)
+			r, err := w.relation(c.Relation, m.RelationID, m.Old)
 			if err == nil {
 				err = w.dbzEvent(x, r, 'd', m.Old, nil, now, n+1)
 			}
@@ -71,7 +71,7 @@ func (w *Writer) debezium(x *reorderbuffer.Txn) (int64, error) {
 		case *decoding.Truncate:
 			rels := make([]*decoding.Relation, len(m.RelationIDs))
 			for i, id := range m.RelationIDs {
-				r, ok := x.Relation(id)
+				r, ok := c.Schema.Relation(id)
 				if !ok {
 					return n, fmt.Errorf("%w: relation %d", ErrUnknownRelation, id)
 				}

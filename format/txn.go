@@ -17,13 +17,13 @@ func (w *Writer) txn(x *reorderbuffer.Txn) (int64, error) {
 	e := &w.enc
 	var n int64
 	if x.NonTransactional {
-		for m, err := range x.Changes() {
+		for c, err := range x.Changes() {
 			if err != nil {
 				return n, err
 			}
-			lm, ok := m.(*decoding.LogicalMessage)
+			lm, ok := c.Msg.(*decoding.LogicalMessage)
 			if !ok {
-				return n, fmt.Errorf("format: non-transactional record is a %v", m.Type())
+				return n, fmt.Errorf("format: non-transactional record is a %v", c.Msg.Type())
 			}
 			e.raw(`{"op":"message","transactional":false,"lsn":"`)
 			e.raw(lm.LSN.String())
@@ -48,18 +48,18 @@ func (w *Writer) txn(x *reorderbuffer.Txn) (int64, error) {
 		e.name(x.GID)
 	}
 	e.raw(`,"changes":[`)
-	for m, err := range x.Changes() {
+	for c, err := range x.Changes() {
 		if err != nil {
 			return n, err
 		}
-		switch m.(type) {
+		switch c.Msg.(type) {
 		case *decoding.Relation, *decoding.DataType:
 			continue // they name the tables and columns of the changes
 		}
 		if n > 0 {
 			e.byte(',')
 		}
-		if err := w.txnChange(x, m); err != nil {
+		if err := w.txnChange(x, c); err != nil {
 			return n, err
 		}
 		n++
@@ -69,10 +69,10 @@ func (w *Writer) txn(x *reorderbuffer.Txn) (int64, error) {
 	return n, nil
 }
 
-// relation resolves a change's relation and checks that its columns make a valid JSON object.
-func (w *Writer) relation(x *reorderbuffer.Txn, id uint32, t ...decoding.Tuple) (*decoding.Relation, error) {
-	r, ok := x.Relation(id)
-	if !ok {
+// relation checks a change's relation r (nil if the stream never described id) and that its
+// columns make a valid JSON object.
+func (w *Writer) relation(r *decoding.Relation, id uint32, t ...decoding.Tuple) (*decoding.Relation, error) {
+	if r == nil {
 		return nil, fmt.Errorf("%w: relation %d", ErrUnknownRelation, id)
 	}
 	for _, t := range t {
@@ -83,11 +83,11 @@ func (w *Writer) relation(x *reorderbuffer.Txn, id uint32, t ...decoding.Tuple) 
 	return r, w.checkColumns(r)
 }
 
-func (w *Writer) txnChange(x *reorderbuffer.Txn, m decoding.Message) error {
+func (w *Writer) txnChange(x *reorderbuffer.Txn, c decoding.Change) error {
 	e := &w.enc
-	switch m := m.(type) {
+	switch m := c.Msg.(type) {
 	case *decoding.Insert:
-		r, err := w.relation(x, m.RelationID, m.New)
+		r, err := w.relation(c.Relation, m.RelationID, m.New)
 		if err != nil {
 			return err
 		}
@@ -96,7 +96,7 @@ func (w *Writer) txnChange(x *reorderbuffer.Txn, m decoding.Message) error {
 		e.raw(`,"new":`)
 		w.txnTuple(r, m.New)
 	case *decoding.Update:
-		r, err := w.relation(x, m.RelationID, m.Old, m.New)
+		r, err := w.relation(c.Relation, m.RelationID, m.Old, m.New)
 		if err != nil {
 			return err
 		}
@@ -109,7 +109,7 @@ func (w *Writer) txnChange(x *reorderbuffer.Txn, m decoding.Message) error {
 		e.raw(`,"new":`)
 		w.txnTuple(r, m.New)
 	case *decoding.Delete:
-		r, err := w.relation(x, m.RelationID, m.Old)
+		r, err := w.relation(c.Relation, m.RelationID, m.Old)
 		if err != nil {
 			return err
 		}
@@ -120,7 +120,7 @@ func (w *Writer) txnChange(x *reorderbuffer.Txn, m decoding.Message) error {
 	case *decoding.Truncate:
 		rels := make([]*decoding.Relation, len(m.RelationIDs))
 		for i, id := range m.RelationIDs {
-			r, ok := x.Relation(id)
+			r, ok := c.Schema.Relation(id)
 			if !ok {
 				return fmt.Errorf("%w: relation %d", ErrUnknownRelation, id)
 			}

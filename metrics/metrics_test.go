@@ -73,9 +73,9 @@ func gather(t *testing.T, c prometheus.Collector) map[string]float64 {
 func inserts(t *testing.T, x *reorderbuffer.Txn) int {
 	t.Helper()
 	n := 0
-	for m, err := range x.Changes() {
+	for c, err := range x.Changes() {
 		require.NoError(t, err)
-		if _, ok := m.(*decoding.Insert); ok {
+		if _, ok := c.Msg.(*decoding.Insert); ok {
 			n++
 		}
 	}

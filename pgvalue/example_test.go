@@ -53,11 +53,11 @@ func Example() {
 	)
 	defer b.Close()
 	dec := pgvalue.NewDecoder(nil)
-	for msg, err := range txn.Changes() {
+	for c, err := range txn.Changes() {
 		if err != nil {
 			panic(err)
 		}
-		ch, ok, err := dec.Change(txn, msg)
+		ch, ok, err := dec.Change(c.Schema, c.Msg)
 		if err != nil {
 			panic(err)
 		}
@@ -110,11 +110,11 @@ func Example_scan() {
 	m := pgtype.NewMap()
 	m.RegisterType(&pgtype.Type{Name: "public.mood", OID: 16390, Codec: &pgtype.EnumCodec{}})
 	dec := pgvalue.NewDecoder(m)
-	for msg, err := range txn.Changes() {
+	for c, err := range txn.Changes() {
 		if err != nil {
 			panic(err)
 		}
-		ch, ok, err := dec.Change(txn, msg)
+		ch, ok, err := dec.Change(c.Schema, c.Msg)
 		if err != nil || !ok {
 			continue
 		}

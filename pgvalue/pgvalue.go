@@ -55,11 +55,9 @@ import (
 )
 
 // Schema resolves the relations and types a change refers to, as the stream described them at the
-// change's position. *reorderbuffer.Txn implements it.
-type Schema interface {
-	Relation(id uint32) (*decoding.Relation, bool)
-	Type(oid uint32) (*decoding.DataType, bool)
-}
+// change's position: the Schema of the decoding.Change that reorderbuffer.Txn.Changes yields with
+// each message.
+type Schema = decoding.Schema
 
 var (
 	// ErrUnknownRelation is returned for a change whose relation the stream never described.
@@ -121,7 +119,8 @@ type Change struct {
 	Cascade, RestartIdentity bool
 }
 
-// Change resolves m, a message of a committed transaction, against s. For an Insert, Update,
+// Change resolves m, a message of a committed transaction, against s (for a decoding.Change c:
+// d.Change(c.Schema, c.Msg)). For an Insert, Update,
 // Delete or Truncate it returns the change and true; for other messages (Relation, Type, logical
 // messages) false and no error. A change for a relation s does not know is ErrUnknownRelation,
 // a row wider than its relation ErrTupleShape.
@@ -168,11 +167,10 @@ func (d *Decoder) Change(s Schema, m decoding.Message) (Change, bool, error) {
 	return Change{}, false, nil
 }
 
-// Source is a committed transaction: its messages and the schema they refer to.
-// *reorderbuffer.Txn implements it.
+// Source is a committed transaction: its messages, each with the schema in effect at its
+// position. *reorderbuffer.Txn implements it, and so do snapshot.Chunk and changefeed.Batch.
 type Source interface {
-	Schema
-	Changes() iter.Seq2[decoding.Message, error]
+	Changes() iter.Seq2[decoding.Change, error]
 }
 
 // Changes yields the changes of x, resolved: its Inserts, Updates, Deletes and Truncates, leaving
@@ -180,12 +178,12 @@ type Source interface {
 // valid until the next iteration step.
 func (d *Decoder) Changes(x Source) iter.Seq2[Change, error] {
 	return func(yield func(Change, error) bool) {
-		for m, err := range x.Changes() {
+		for c, err := range x.Changes() {
 			if err != nil {
 				yield(Change{}, err)
 				return
 			}
-			ch, ok, err := d.Change(x, m)
+			ch, ok, err := d.Change(c.Schema, c.Msg)
 			if err != nil {
 				yield(Change{}, err)
 				return

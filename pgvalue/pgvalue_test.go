@@ -113,7 +113,7 @@ func decodeAll(t *testing.T, recs []capture, dec *pgvalue.Decoder) []change {
 		for x, ok := b.Next(); ok; x, ok = b.Next() {
 			for m, err := range x.Changes() {
 				require.NoError(t, err)
-				ch, ok, err := dec.Change(x, m)
+				ch, ok, err := dec.Change(m.Schema, m.Msg)
 				require.NoError(t, err)
 				if !ok {
 					continue
@@ -333,9 +333,11 @@ func TestZeroAllocs(t *testing.T) {
 	defer b.Close()
 	dec := pgvalue.NewDecoder(nil)
 	var ins decoding.Message
-	for m, err := range txn.Changes() {
+	var rels decoding.RelationCache // the schema at the end of the transaction
+	for c, err := range txn.Changes() {
 		require.NoError(t, err)
-		if m.Type() == decoding.MsgInsert {
+		rels.Apply(c.Msg)
+		if m := c.Msg; m.Type() == decoding.MsgInsert {
 			cp := *m.(*decoding.Insert)
 			cp.New = append(decoding.Tuple(nil), cp.New...)
 			ins = &cp
@@ -344,7 +346,7 @@ func TestZeroAllocs(t *testing.T) {
 	require.NotNil(t, ins)
 	n := 0
 	allocs := testing.AllocsPerRun(100, func() {
-		ch, ok, err := dec.Change(txn, ins)
+		ch, ok, err := dec.Change(&rels, ins)
 		if err != nil || !ok {
 			panic(err)
 		}
@@ -365,21 +367,23 @@ func TestErrors(t *testing.T) {
 			Columns: []decoding.RelationColumn{{Flags: 1, Name: "id", TypeOID: pgtype.Int4OID}}},
 	)
 	defer b.Close()
-	for _, err := range txn.Changes() { // read up to the end: the relation is known from there
+	var schema decoding.RelationCache // the schema at the end of the transaction
+	for c, err := range txn.Changes() {
 		require.NoError(t, err)
+		schema.Apply(c.Msg)
 	}
 	dec := pgvalue.NewDecoder(nil)
-	_, _, err := dec.Change(txn, &decoding.Insert{RelationID: 2, New: decoding.Tuple{{Kind: 'n'}}})
+	_, _, err := dec.Change(&schema, &decoding.Insert{RelationID: 2, New: decoding.Tuple{{Kind: 'n'}}})
 	require.ErrorIs(t, err, pgvalue.ErrUnknownRelation)
-	_, _, err = dec.Change(txn, &decoding.Truncate{RelationIDs: []uint32{1, 2}})
+	_, _, err = dec.Change(&schema, &decoding.Truncate{RelationIDs: []uint32{1, 2}})
 	require.ErrorIs(t, err, pgvalue.ErrUnknownRelation)
-	_, _, err = dec.Change(txn, &decoding.Insert{RelationID: 1, New: decoding.Tuple{{Kind: 'n'}, {Kind: 'n'}}})
+	_, _, err = dec.Change(&schema, &decoding.Insert{RelationID: 1, New: decoding.Tuple{{Kind: 'n'}, {Kind: 'n'}}})
 	require.ErrorIs(t, err, pgvalue.ErrTupleShape)
-	_, ok, err := dec.Change(txn, &decoding.LogicalMessage{Prefix: "p"})
+	_, ok, err := dec.Change(&schema, &decoding.LogicalMessage{Prefix: "p"})
 	require.NoError(t, err)
 	require.False(t, ok)
 
-	ch, ok, err := dec.Change(txn, &decoding.Update{RelationID: 1, New: decoding.Tuple{{Kind: 'b', Data: []byte{1, 2}}}})
+	ch, ok, err := dec.Change(&schema, &decoding.Update{RelationID: 1, New: decoding.Tuple{{Kind: 'b', Data: []byte{1, 2}}}})
 	require.NoError(t, err)
 	require.True(t, ok)
 	require.False(t, ch.Old.Present())
@@ -388,7 +392,7 @@ func TestErrors(t *testing.T) {
 	require.ErrorAs(t, err, &ve, "two bytes are not a binary int4")
 	require.Equal(t, "id", ve.Column)
 
-	ch, _, err = dec.Change(txn, &decoding.Insert{RelationID: 1, New: decoding.Tuple{{Kind: 'u'}}})
+	ch, _, err = dec.Change(&schema, &decoding.Insert{RelationID: 1, New: decoding.Tuple{{Kind: 'u'}}})
 	require.NoError(t, err)
 	_, err = ch.New.Column(0).Value()
 	require.ErrorIs(t, err, pgvalue.ErrUnchanged)
@@ -421,7 +425,7 @@ func TestErrors(t *testing.T) {
 	require.Equal(t, "", zero.TypeName())
 	require.Error(t, zero.Scan(&v))
 
-	ch, _, err = dec.Change(txn, &decoding.Truncate{Options: decoding.TruncateCascade, RelationIDs: []uint32{1}})
+	ch, _, err = dec.Change(&schema, &decoding.Truncate{Options: decoding.TruncateCascade, RelationIDs: []uint32{1}})
 	require.NoError(t, err)
 	require.Equal(t, decoding.MsgTruncate, ch.Op)
 	require.True(t, ch.Cascade)

@@ -12,7 +12,8 @@ import (
 )
 
 // Buffer reorders one pgoutput stream. It is not safe for concurrent use: drive it from one
-// goroutine (see the package documentation for the loop and the one exception).
+// goroutine, or under one lock (see the package documentation for the loop). The transactions it
+// hands out may be read on other goroutines meanwhile.
 type Buffer struct {
 	cfg  Config
 	dec  *decoding.Decoder
@@ -759,7 +760,8 @@ func (b *Buffer) free(t *xact) error {
 
 // Next returns the next committed transaction, in commit order, or false when none is ready.
 // It releases the transaction the previous call returned: read a transaction's changes before
-// calling Next again. Acknowledge each transaction with Ack once it is durably handled.
+// calling Next again (also when they are read on another goroutine: Next must not run while
+// they are). Acknowledge each transaction with Ack once it is durably handled.
 func (b *Buffer) Next() (*Txn, bool) {
 	if err := b.releaseLent(); err != nil && b.err == nil {
 		b.err = err
@@ -777,6 +779,12 @@ func (b *Buffer) Next() (*Txn, bool) {
 	if x.data.node.InHeap() {
 		b.evict.Remove(x.data)
 	}
+	// The transaction gets what reading it needs now, so that reading touches nothing of the
+	// buffer: its spill log flushed, with a file and a read buffer of its own.
+	if l := x.data.log; l != nil && l.Size() > 0 {
+		x.src = l.OpenReader()
+	}
+	x.opts, x.incremental = b.cfg.Decoding, b.cfg.Incremental
 	b.lent = x
 	return x, true
 }
@@ -796,6 +804,10 @@ func (b *Buffer) release(x *Txn) error {
 		return nil
 	}
 	x.released = true
+	if x.src != nil {
+		x.src.Close()
+		x.src = nil
+	}
 	unshare(x.view.shared)
 	x.view = view{}
 	t := x.data
@@ -808,10 +820,6 @@ func (b *Buffer) release(x *Txn) error {
 // Acknowledging t again does nothing. A nil t, or one another Buffer handed out, is an error
 // (ErrForeignTxn) and changes nothing, and so is acknowledging a part that does not commit
 // (ErrNotCommit).
-//
-// Ack, AckedThrough and FlushPosition touch only the buffer's acknowledgement state: they may run
-// while another goroutine reads a handed-out transaction's Changes, as long as they are not
-// called concurrently with each other or with any other method.
 func (b *Buffer) Ack(t *Txn) error {
 	if t == nil || t.b != b {
 		return ErrForeignTxn

@@ -77,7 +77,8 @@ func newBuffer(t testing.TB, cfg reorderbuffer.Config) *reorderbuffer.Buffer {
 func values(t testing.TB, x *reorderbuffer.Txn) []string {
 	t.Helper()
 	var v []string
-	for m, err := range x.Changes() {
+	for c, err := range x.Changes() {
+		m := c.Msg
 		require.NoError(t, err)
 		if ins, ok := m.(*decoding.Insert); ok {
 			v = append(v, string(ins.New[0].Data))
@@ -212,9 +213,10 @@ func TestStreamEdgeCases(t *testing.T) {
 		_, _ = b.Next() // not read
 		x, ok := b.Next()
 		require.True(t, ok)
-		for m, err := range x.Changes() {
+		for c, err := range x.Changes() {
+			m := c.Msg
 			require.NoError(t, err)
-			_, found := x.Relation(m.(*decoding.Insert).RelationID)
+			found := c.Relation != nil && c.Relation.RelationID == m.(*decoding.Insert).RelationID
 			require.True(t, found)
 		}
 	})

@@ -29,7 +29,8 @@
 //     32 bytes per relation description a transaction carries (one copy of each description is
 //     shared by all), 16 bytes per transaction handed out and not yet acknowledged
 //     (Stats.OverheadBytes, checked against the Go heap by the tests), the spill store's shared
-//     256 KiB write buffer and, while a spilled transaction is read, one 256 KiB read buffer.
+//     256 KiB write buffer and, while a spilled transaction is handed out, one 256 KiB read
+//     buffer and one file descriptor outside Config.MaxOpenFiles.
 //   - Errors: bad bytes and protocol violations give an *InputError wrapping the decoding
 //     package's typed errors; a spill I/O error is returned by the call that hit it. The end or
 //     the continuation of a transaction whose beginning never arrived (a COMMIT PREPARED, a
@@ -41,14 +42,18 @@
 //   - Schema: Relation and Type messages take effect in stream order, whatever the consumer
 //     does between Add and Next: a transaction's descriptions take effect for the others when it
 //     commits (a prepared transaction's at its PREPARE, as pgoutput assumes; an aborted one's
-//     never), including transactions dropped by the skip position. Each transaction handed out
-//     resolves relations and types (Txn.Relation, Txn.Type) as of its own position: the schema in
-//     effect before it, then its own descriptions as its changes are read.
+//     never), including transactions dropped by the skip position. Each change a transaction
+//     yields comes with its relation and a schema (decoding.Change) as of its own position: the
+//     schema in effect before the transaction, then the transaction's own descriptions up to the
+//     change.
 //   - No goroutines, no clock, no network: the Buffer is driven by calls, so it is deterministic
-//     under test. It is not safe for concurrent use, with one exception: Ack, AckedThrough and
-//     FlushPosition may run while another goroutine reads a handed-out transaction's Changes (a
-//     replication client keeps sending status updates while its consumer works), provided they are
-//     not called concurrently with each other or with any other method.
+//     under test. It is not safe for concurrent use: call its methods from one goroutine, or
+//     under one lock. A transaction it handed out is not part of it: the Txn owns its records,
+//     its spill log's reader (opened by Next, with a file and a read buffer of its own) and the
+//     schema it resolves against, so its Changes may be read on another goroutine while the
+//     Buffer is used (Add, Ack, Stats, FlushPosition...), until the Next or Close that releases
+//     it. A replication client thus keeps sending status updates, and monitoring reads Stats,
+//     while its consumer works.
 //
 // # Usage
 //
@@ -123,7 +128,8 @@
 //
 // Messages yielded by Txn.Changes, and every byte slice and tuple inside them, alias the
 // buffer's memory, its read buffer or a reused message struct, and are valid ONLY until the next
-// iteration step, like bufio.Scanner.Bytes. Keep one longer with its Clone method. A Txn's
+// iteration step, like bufio.Scanner.Bytes (so is the Change's Schema; the relations and types
+// it resolves to, and Change.Relation, stay valid). Keep one longer with its Clone method. A Txn's
 // changes can be read until the next Next or Close releases it; afterwards (also from inside the
 // loop) reading yields ErrReleased. A Txn's exported fields are plain values and stay valid for
 // good.

@@ -60,12 +60,12 @@ func Example() {
 		}
 		for x, ok := b.Next(); ok; x, ok = b.Next() {
 			fmt.Printf("xid %d ends at %s:", x.Xid, x.EndLSN)
-			for m, err := range x.Changes() {
+			for c, err := range x.Changes() {
 				if err != nil {
 					panic(err)
 				}
-				if ins, ok := m.(*decoding.Insert); ok {
-					r, _ := x.Relation(ins.RelationID)
+				if ins, ok := c.Msg.(*decoding.Insert); ok {
+					r := c.Relation // as described at the change's position
 					fmt.Printf(" %s.%s+%q", r.Namespace, r.Name, ins.New[0].Data)
 				}
 			}

@@ -104,8 +104,8 @@ func ours(t testing.TB, recs []capture.Record, cfg reorderbuffer.Config) []strin
 	require.NoError(t, err)
 	defer b.Close()
 	var out []string
-	tuple := func(x *reorderbuffer.Txn, op string, relID uint32, tup decoding.Tuple) string {
-		r, ok := x.Relation(relID)
+	tuple := func(s decoding.Schema, op string, relID uint32, tup decoding.Tuple) string {
+		r, ok := s.Relation(relID)
 		require.True(t, ok, "relation %d undescribed", relID)
 		var names []string
 		for _, c := range r.Columns {
@@ -150,7 +150,8 @@ func ours(t testing.TB, recs []capture.Record, cfg reorderbuffer.Config) []strin
 				continue
 			}
 			cur := ap.changes
-			for m, err := range x.Changes() {
+			for c, err := range x.Changes() {
+				m := c.Msg
 				if xid := changeXid(m); xid != 0 && xid != x.Xid {
 					if _, ok := ap.subStart[xid]; !ok {
 						ap.subStart[xid] = len(cur)
@@ -159,19 +160,19 @@ func ours(t testing.TB, recs []capture.Record, cfg reorderbuffer.Config) []strin
 				require.NoError(t, err)
 				switch m := m.(type) {
 				case *decoding.Insert:
-					cur = append(cur, tuple(x, "insert", m.RelationID, m.New))
+					cur = append(cur, tuple(c.Schema, "insert", m.RelationID, m.New))
 				case *decoding.Update:
-					s := tuple(x, "update", m.RelationID, m.New)
+					s := tuple(c.Schema, "update", m.RelationID, m.New)
 					if m.OldKind != 0 {
-						s += " old(" + string(m.OldKind) + "):" + tuple(x, "", m.RelationID, m.Old)
+						s += " old(" + string(m.OldKind) + "):" + tuple(c.Schema, "", m.RelationID, m.Old)
 					}
 					cur = append(cur, s)
 				case *decoding.Delete:
-					cur = append(cur, tuple(x, "delete("+string(m.OldKind)+")", m.RelationID, m.Old))
+					cur = append(cur, tuple(c.Schema, "delete("+string(m.OldKind)+")", m.RelationID, m.Old))
 				case *decoding.Truncate:
 					var names []string
 					for _, id := range m.RelationIDs {
-						r, ok := x.Relation(id)
+						r, ok := c.Schema.Relation(id)
 						require.True(t, ok)
 						names = append(names, r.Namespace+"."+r.Name)
 					}

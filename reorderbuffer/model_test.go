@@ -457,11 +457,12 @@ func generate(t testing.TB, seed uint64, steps int) *gen {
 func record(t testing.TB, x *reorderbuffer.Txn) wantTxn {
 	t.Helper()
 	out := wantTxn{xid: x.Xid, gid: x.GID, nontx: x.NonTransactional, end: x.EndLSN}
-	for m, err := range x.Changes() {
+	for c, err := range x.Changes() {
+		m := c.Msg
 		require.NoError(t, err)
 		switch m := m.(type) {
 		case *decoding.Insert:
-			r, ok := x.Relation(m.RelationID)
+			r, ok := c.Relation, c.Relation != nil
 			require.True(t, ok, "insert into undescribed relation %d", m.RelationID)
 			out.values = append(out.values, string(m.New[0].Data)+"@"+r.Columns[0].Name)
 		case *decoding.LogicalMessage:
@@ -522,7 +523,8 @@ func (a *assembler) take(t testing.TB, x *reorderbuffer.Txn) (wantTxn, bool) {
 		delete(a.open, x.Xid)
 		return wantTxn{}, false
 	}
-	for m, err := range x.Changes() {
+	for c, err := range x.Changes() {
+		m := c.Msg
 		require.NoError(t, err)
 		switch m := m.(type) {
 		case *decoding.Insert:
@@ -531,7 +533,7 @@ func (a *assembler) take(t testing.TB, x *reorderbuffer.Txn) (wantTxn, bool) {
 					ap.subStart[m.Xid] = len(ap.out.values)
 				}
 			}
-			r, ok := x.Relation(m.RelationID)
+			r, ok := c.Relation, c.Relation != nil
 			require.True(t, ok, "insert into undescribed relation %d", m.RelationID)
 			ap.out.values = append(ap.out.values, string(m.New[0].Data)+"@"+r.Columns[0].Name)
 		case *decoding.LogicalMessage:

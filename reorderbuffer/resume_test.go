@@ -47,10 +47,11 @@ func plainNoSchema(t testing.TB, xid uint32, end reorderbuffer.LSN, vals ...stri
 func columns(t testing.TB, x *reorderbuffer.Txn) []string {
 	t.Helper()
 	var names []string
-	for m, err := range x.Changes() {
+	for c, err := range x.Changes() {
+		m := c.Msg
 		require.NoError(t, err)
 		if ins, ok := m.(*decoding.Insert); ok {
-			r, ok := x.Relation(ins.RelationID)
+			r, ok := c.Relation, c.Relation != nil
 			require.True(t, ok, "relation %d unknown", ins.RelationID)
 			names = append(names, r.Columns[0].Name)
 		}

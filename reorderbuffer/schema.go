@@ -136,6 +136,10 @@ func (v *view) dataType(oid uint32) (*decoding.DataType, bool) {
 	return v.base.dataType(oid)
 }
 
+// Relation and Type make a view a decoding.Schema, for the changes Txn.Changes yields.
+func (v *view) Relation(id uint32) (*decoding.Relation, bool) { return v.relation(id) }
+func (v *view) Type(oid uint32) (*decoding.DataType, bool)    { return v.dataType(oid) }
+
 // read records a message read from the transaction: Relation and Type messages take effect for
 // what follows them.
 func (v *view) read(m decoding.Message) {

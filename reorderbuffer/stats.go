@@ -54,7 +54,8 @@ const xactOverhead = int64(unsafe.Sizeof(xact{})) + 64
 const logOverhead = 256
 
 // Stats returns the current counters. It walks the open transactions, so it costs O(open
-// transactions): call it for monitoring, not per message.
+// transactions): call it for monitoring, not per message. Like the other methods it may run
+// while a handed-out transaction is read on another goroutine.
 func (b *Buffer) Stats() Stats {
 	s := b.stats
 	s.MemoryBytes = b.pool.mem

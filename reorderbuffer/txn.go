@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/spill"
 )
 
 // Txn is a committed transaction handed out by Buffer.Next, a non-transactional logical message
@@ -15,7 +16,9 @@ import (
 //
 // Its exported fields are plain values and stay valid for good. Its changes, and the relations
 // and types they refer to, can be read until the transaction is released by the next call to
-// Buffer.Next or by Buffer.Close.
+// Buffer.Next or by Buffer.Close. A Txn owns what reading them needs (its records, its spill
+// log's reader, the schema it resolves against), so it may be read on another goroutine while
+// the Buffer goes on being used.
 type Txn struct {
 	Xid        uint32    // top-level transaction id; 0 for a non-transactional message
 	CommitLSN  LSN       // LSN of the commit record (COMMIT PREPARED's for a two-phase transaction)
@@ -38,38 +41,47 @@ type Txn struct {
 	// SubXid is the subtransaction to undo, for PartSubAbort.
 	SubXid uint32
 
-	b        *Buffer
-	data     *xact // nil once released
-	view     view
-	seq      uint64 // in the buffer's acknowledgement queue
-	pinned   bool   // a committed prepared transaction pins the flush position at its PREPARE until acknowledged
-	released bool
+	b           *Buffer // for Ack only: reading the changes never touches the Buffer
+	opts        decoding.Options
+	incremental bool
+	data        *xact         // nil once released
+	src         *spill.Reader // the spill log's reader, opened by Next (nil if not spilled)
+	view        view
+	seq         uint64 // in the buffer's acknowledgement queue
+	pinned      bool   // a committed prepared transaction pins the flush position at its PREPARE until acknowledged
+	released    bool
 }
 
-// Changes yields the transaction's messages in the order the server sent them: Relation and
-// Type messages (schema, before the changes that need them), Insert, Update, Delete, Truncate
-// and transactional logical messages. Records are read back from the spill log, then from
-// memory, one at a time, so memory stays bounded whatever the size of the transaction. Changes
-// may be called again to read the transaction from the start, but not while another iteration
-// of the same transaction is in progress.
+// Changes yields the transaction's messages in the order the server sent them, each with the
+// schema in effect at its position (decoding.Change): Relation and Type messages (schema, before
+// the changes that need them), Insert, Update, Delete, Truncate and transactional logical
+// messages. An Insert, Update or Delete comes with its relation (Change.Relation), a Truncate's
+// relations and the columns' data types resolve through Change.Schema. Records are read back
+// from the spill log, then from memory, one at a time, so memory stays bounded whatever the size
+// of the transaction. Changes may be called again to read the transaction from the start, but
+// not while another iteration of the same transaction is in progress.
 //
-// A yielded message, and every byte slice and tuple in it, is only valid until the next
-// iteration step: the buffer reuses the memory for the next message. Call the message's Clone
-// method to keep one longer.
+// The iteration touches nothing of the Buffer: it may run on another goroutine while the Buffer
+// is used, until the Next or Close that releases the transaction.
+//
+// A yielded message, every byte slice and tuple in it, and Change.Schema are only valid until
+// the next iteration step: the buffer reuses the memory for the next message. Call the message's
+// Clone method to keep one longer. Change.Relation, and the descriptions Change.Schema returns,
+// stay valid for good.
 //
 // Iteration stops after the first error. Reading a transaction released by Buffer.Next or
 // Buffer.Close, or calling either inside the loop, yields ErrReleased.
-func (x *Txn) Changes() iter.Seq2[decoding.Message, error] {
-	return func(yield func(decoding.Message, error) bool) {
+func (x *Txn) Changes() iter.Seq2[decoding.Change, error] {
+	return func(yield func(decoding.Change, error) bool) {
 		if x.released {
-			yield(nil, ErrReleased)
+			yield(decoding.Change{}, ErrReleased)
 			return
 		}
-		p := &decoding.Parser{Options: x.b.cfg.Decoding}
+		p := &decoding.Parser{Options: x.opts}
 		x.view.local = nil // reading from the start
 		// In parts, a streamed transaction's records keep the writer's xid.
-		inStream := x.data.streamed && x.b.cfg.Incremental
-		rs := newRecords(x.data, func() bool { return x.released })
+		inStream := x.data.streamed && x.incremental
+		rs := newRecords(x.data, x.src, func() bool { return x.released })
 		defer rs.close()
 		for {
 			rec, err := rs.next()
@@ -81,11 +93,11 @@ func (x *Txn) Changes() iter.Seq2[decoding.Message, error] {
 				m, err = p.Parse(rec, inStream)
 			}
 			if err != nil {
-				yield(nil, err)
+				yield(decoding.Change{}, err)
 				return
 			}
 			x.view.read(m)
-			if !yield(m, nil) {
+			if !yield(decoding.Change{Msg: m, Relation: decoding.RelationOf(&x.view, m), Schema: &x.view}, nil) {
 				return
 			}
 		}
@@ -95,6 +107,9 @@ func (x *Txn) Changes() iter.Seq2[decoding.Message, error] {
 // Relation returns the relation with the given OID as the stream described it at the current
 // point of reading the changes: the description the last yielded change refers to. It reports
 // false for a relation never described, and once the transaction is released.
+//
+// Deprecated: use the Change that Changes yields: its Relation, and Schema for a Truncate's
+// relations. Relation depends on where an iteration of Changes is.
 func (x *Txn) Relation(id uint32) (*decoding.Relation, bool) {
 	if x.released {
 		return nil, false
@@ -105,6 +120,9 @@ func (x *Txn) Relation(id uint32) (*decoding.Relation, bool) {
 // Type returns the data type with the given OID as described by the stream's Type messages at
 // the current point of reading the changes (only types that are not built in are described). It
 // reports false for a type never described, and once the transaction is released.
+//
+// Deprecated: use the Schema of the Change that Changes yields. Type depends on where an
+// iteration of Changes is.
 func (x *Txn) Type(oid uint32) (*decoding.DataType, bool) {
 	if x.released {
 		return nil, false

@@ -181,7 +181,8 @@ func (t *xact) free(recycle func([]byte) bool) (released int64, err error) {
 
 // records reads a transaction's records in order: the spill log's, then memory's. It checks
 // before every step that the transaction was not released, so a reader that outlives the
-// transaction's data gets an error instead of reading freed memory.
+// transaction's data gets an error instead of reading freed memory. The spill log is read with
+// the handed-out transaction's own reader (src), which it rewinds and leaves open.
 type records struct {
 	t        *xact
 	released func() bool
@@ -191,10 +192,11 @@ type records struct {
 	off      int
 }
 
-func newRecords(t *xact, released func() bool) *records {
+func newRecords(t *xact, src *spill.Reader, released func() bool) *records {
 	rs := &records{t: t, released: released}
-	if t.log != nil && t.log.Size() > 0 {
-		rs.r = t.log.NewReader()
+	if src != nil {
+		src.Rewind()
+		rs.r = src
 	} else {
 		rs.inMem = true
 	}
@@ -214,11 +216,7 @@ func (rs *records) next() ([]byte, error) {
 		if !errors.Is(err, io.EOF) {
 			return nil, err
 		}
-		err = rs.r.Close()
 		rs.r = nil
-		if err != nil {
-			return nil, err
-		}
 		rs.inMem = true
 	}
 	rec, ok := rs.t.mem.at(&rs.chunk, &rs.off)
@@ -228,10 +226,5 @@ func (rs *records) next() ([]byte, error) {
 	return rec, nil
 }
 
-// close lets go of the spill reader, if one is open.
-func (rs *records) close() {
-	if rs.r != nil {
-		rs.r.Close()
-		rs.r = nil
-	}
-}
+// close ends the reading; the spill reader stays with its transaction.
+func (rs *records) close() { rs.r = nil }

@@ -165,7 +165,10 @@
 // Next, SendStatus and Close are the consumer's: one call at a time. Ack, Position, Stats,
 // Activity, Reconnects and Negotiated may be called from any goroutine at any time, including
 // while Next runs and while the consumer reads a transaction's changes; Close may be called from
-// another goroutine to stop a waiting Next (which returns ErrClosed). A transaction returned by
+// another goroutine to stop a waiting Next (which returns ErrClosed). The stream keeps the reorder
+// buffer under one lock, never held while it waits for the network; a transaction Next returned
+// owns what reading it needs, so reading it takes no lock and blocks neither acknowledgements nor
+// status updates. A transaction returned by
 // Next, and the messages its Changes iterator yields, are valid until the next call to Next or
 // Close; copy what must outlive that. Its fields (EndLSN...) stay valid, and it may be
 // acknowledged later.
@@ -176,8 +179,6 @@
 // no clock, so the stream records the times monitoring needs (Activity): when each transaction
 // was handed out (for the age of the oldest one not acknowledged), the commit time of the last
 // one, and whether the stream is caught up with the server, which a keepalive that asks for no
-// reply tells: the walsender sends one when it has sent everything it decoded. While the consumer
-// holds a transaction, Stats returns the buffer's statistics taken when Next handed it out (the
-// buffer does not change then, apart from acknowledgements, which Stats follows), since the
-// buffer's own Stats must not run while a spilled transaction is being read.
+// reply tells: the walsender sends one when it has sent everything it decoded. Stats is the
+// buffer's own, current at any time, also while the consumer reads a transaction.
 package replication

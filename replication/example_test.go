@@ -59,11 +59,11 @@ func ExampleStart() {
 		if err != nil {
 			log.Fatal(err) // not retryable: configuration, data loss, closed...
 		}
-		for m, err := range t.Changes() {
+		for c, err := range t.Changes() {
 			if err != nil {
 				log.Fatal(err)
 			}
-			_ = m // apply *decoding.Insert, *decoding.Update...
+			_ = c // apply c.Msg (*decoding.Insert, *decoding.Update...) to c.Relation
 		}
 		// ...commit the changes and t.EndLSN durably, then:
 		if err := s.Ack(t); err != nil {
@@ -101,11 +101,11 @@ func ExampleConfig_handOutAdvances() {
 			log.Fatal(err)
 		}
 		if t.Part != reorderbuffer.Advance { // an Advance has no changes: only a position
-			for m, err := range t.Changes() {
+			for c, err := range t.Changes() {
 				if err != nil {
 					log.Fatal(err)
 				}
-				_ = m // apply it
+				_ = c // apply c.Msg to c.Relation
 			}
 		}
 		// ...store t.EndLSN (and s.System().ID) durably, with the changes if any, then:
@@ -196,8 +196,8 @@ func ExampleStream_Ack() {
 			close(written)
 			log.Fatal(err)
 		}
-		for m, err := range t.Changes() {
-			_, _ = m, err // hand a copy of each change to the writer
+		for c, err := range t.Changes() {
+			_, _ = c, err // hand a copy of each change (c.Msg.Clone()) to the writer
 		}
 		written <- t // its fields, such as EndLSN, stay valid
 	}

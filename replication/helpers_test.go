@@ -144,11 +144,11 @@ func quote(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'
 func ids(t *testing.T, x *reorderbuffer.Txn) []string {
 	t.Helper()
 	var out []string
-	for m, err := range x.Changes() {
+	for c, err := range x.Changes() {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if ins, ok := m.(*decoding.Insert); ok {
+		if ins, ok := c.Msg.(*decoding.Insert); ok {
 			out = append(out, string(ins.New[0].Data))
 		}
 	}

@@ -76,7 +76,6 @@ type activity struct {
 	lastHandedOut time.Time
 	handedOut     int64
 	ackedTotal    int64
-	popped        int64 // entries that left handed: the buffer's acknowledged prefix advanced over them
 
 	// handed holds, in the order Next handed them out, the acknowledgeable transactions from the
 	// oldest one not acknowledged on; handed[head] is not acknowledged; acked counts the
@@ -168,7 +167,6 @@ func (a *activity) ack(t *reorderbuffer.Txn, pending int) {
 		a.handed[a.head] = handout{}
 		a.head++
 		a.acked--
-		a.popped++
 	}
 	if a.head == len(a.handed) {
 		a.handed, a.head = a.handed[:0], 0
@@ -182,46 +180,3 @@ func (a *activity) ack(t *reorderbuffer.Txn, pending int) {
 	}
 	a.update(pending)
 }
-
-// heldStats lets Stats run while the consumer reads a transaction's changes. The reorder buffer's
-// Stats reads the spill logs, which reading a spilled transaction's changes writes to (its first
-// read flushes the log's buffered bytes), so it must not run then. But between Next handing out
-// a transaction and the next call to Next, the buffer changes only by acknowledgements and
-// flush positions: Next takes the statistics when it hands a transaction out (O(open
-// transactions), like Buffer.Stats), and Stats returns them meanwhile, with those brought up to
-// date. Guarded by Stream.mu.
-type heldStats struct {
-	lending  bool                // the consumer may be reading the transaction Next returned
-	stats    reorderbuffer.Stats // the buffer's statistics when Next returned it
-	popped   int64               // activity.popped then
-	reported LSN                 // what the buffer's FlushPosition returned last
-}
-
-// stats returns the buffer's statistics (see heldStats). Called with mu held.
-func (s *Stream) stats() reorderbuffer.Stats {
-	h := &s.held
-	if !h.lending {
-		return s.buf.Stats()
-	}
-	st := h.stats
-	st.AckedThrough = s.buf.AckedThrough()
-	st.FlushLagBytes = int64(st.ReceivedLSN) - int64(h.reported)
-	if n := s.act.popped - h.popped; n > 0 {
-		st.UnackedTxns -= int(n)
-		st.OldestUnackedLSN = 0 // unknown if only transactions not handed out yet remain
-		if a := &s.act; a.head < len(a.handed) {
-			st.OldestUnackedLSN = a.handed[a.head].t.EndLSN
-		}
-	}
-	return st
-}
-
-// lend records that Next returns a transaction: the consumer may read it until it calls Next
-// again (done). Called with mu held, before the consumer can read it.
-func (h *heldStats) lend(s *Stream) {
-	h.stats, h.popped = s.buf.Stats(), s.act.popped
-	h.lending = true
-}
-
-// done records that the consumer is no longer reading a transaction Next returned.
-func (h *heldStats) done() { h.lending = false }

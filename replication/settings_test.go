@@ -82,11 +82,11 @@ func testPinnedFormats(t *testing.T, srv *pgtest.Server) {
 	mustExec(t, cs, `INSERT INTO fmt VALUES (1, '2024-03-04', '1 day 02:03:04', 0.1::float8 + 0.2::float8, 1.1, chr(233))`)
 	x := next(ctx, t, s)
 	var got []string
-	for m, err := range x.Changes() {
+	for c, err := range x.Changes() {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if ins, ok := m.(*decoding.Insert); ok {
+		if ins, ok := c.Msg.(*decoding.Insert); ok {
 			for _, c := range ins.New {
 				got = append(got, string(c.Data))
 			}
@@ -119,11 +119,11 @@ func testSlowConsumer(t *testing.T, srv *pgtest.Server) {
 	mustExec(t, cs, `INSERT INTO pub_t VALUES (1), (2)`)
 	x := next(ctx, t, s)
 	n := 0
-	for m, err := range x.Changes() {
+	for c, err := range x.Changes() {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, ok := m.(*decoding.Insert); ok {
+		if _, ok := c.Msg.(*decoding.Insert); ok {
 			if n++; n == 1 {
 				time.Sleep(5 * time.Second) // applying the first row takes long
 				if c, _ := slotState(t, cs, "s", false); c >= x.CommitLSN {

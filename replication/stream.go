@@ -44,8 +44,13 @@ type Position struct {
 //
 // Next, SendStatus and Close are called by the consumer, one at a time. Ack, Position, Stats,
 // Activity, Reconnects and Negotiated may be called from any goroutine at any time, also while
-// Next runs or while the consumer reads a transaction's changes. Close may also be called from another
-// goroutine while Next waits: Next then returns ErrClosed.
+// Next runs or while the consumer reads a transaction's changes. Close may also be called from
+// another goroutine while Next waits: Next then returns ErrClosed.
+//
+// One mutex guards the stream's state and the reorder buffer, which is used only under it; it is
+// never held while waiting for the network. The transaction the consumer reads is no part of the
+// buffer (reorderbuffer.Txn owns what reading it needs), so the consumer reads it without the
+// lock while acknowledgements, status updates and Stats go on.
 type Stream struct {
 	cfg   Config
 	base  *pgconn.Config
@@ -57,9 +62,15 @@ type Stream struct {
 	kill     context.CancelFunc
 	tickDone chan struct{}
 
-	// connMu serializes the use of the connection: Next holds it for its whole call; the
-	// keepalive goroutine, SendStatus and Close take it to send.
-	connMu    sync.Mutex
+	// mu is the stream's one lock: it guards connBusy and the fields after the connection's (the
+	// buffer, the positions). The connection is used by one goroutine at a time, the one that set
+	// connBusy (Next for its whole call, the keepalive goroutine or SendStatus for a status
+	// update, Close): the fields from conn to recvUntil are that goroutine's, read and written
+	// without mu (sys is written under mu too, for System). Others wait on connFree.
+	mu       sync.Mutex
+	connFree sync.Cond
+	connBusy bool
+
 	conn      *pgconn.PgConn // nil while disconnected
 	temporary bool           // the slot is temporary: it died with the connection
 	sys       System         // IDENTIFY_SYSTEM of the current (or last) connection
@@ -76,13 +87,11 @@ type Stream struct {
 	recvFrom   context.Context // the caller's ctx it derives from
 	recvUntil  time.Time
 
-	// mu guards the buffer and the positions: held briefly by every method.
-	mu         sync.Mutex
+	// Guarded by mu.
 	buf        *reorderbuffer.Buffer
 	pos        Position
 	reconnects int
-	act        activity  // for Activity (metrics.go)
-	held       heldStats // for Stats (metrics.go)
+	act        activity // for Activity (metrics.go)
 	closing    bool
 	closed     bool
 }
@@ -104,6 +113,7 @@ func newStream(c *Conn, sess *session, buf *reorderbuffer.Buffer) *Stream {
 		act:       newActivity(time.Now()),
 	}
 	s.pos = Position{Start: s.slotPos, Flushed: s.slotPos, Acked: buf.AckedThrough()}
+	s.connFree.L = &s.mu
 	s.life, s.kill = context.WithCancel(context.Background())
 	go s.keepalive()
 	return s
@@ -128,15 +138,30 @@ func (s *Stream) Position() Position {
 	return s.pos
 }
 
-// Stats returns the reorder buffer's statistics. While the consumer holds a transaction Next
-// returned (until it calls Next again), the buffer changes only by acknowledgements: Stats then
-// returns the statistics as they were when Next returned, with AckedThrough, UnackedTxns and
-// FlushLagBytes up to date, and OldestUnackedLSN too unless every transaction handed out is
-// acknowledged while others wait in the buffer (it is then 0 until Next is called).
+// Stats returns the reorder buffer's statistics, current also while the consumer reads a
+// transaction.
 func (s *Stream) Stats() reorderbuffer.Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.stats()
+	return s.buf.Stats()
+}
+
+// takeConn waits until no other goroutine uses the connection, and takes it (see Stream.mu).
+func (s *Stream) takeConn() {
+	s.mu.Lock()
+	for s.connBusy {
+		s.connFree.Wait()
+	}
+	s.connBusy = true
+	s.mu.Unlock()
+}
+
+// giveConn lets the connection go, for the next goroutine waiting in takeConn.
+func (s *Stream) giveConn() {
+	s.mu.Lock()
+	s.connBusy = false
+	s.connFree.Broadcast()
+	s.mu.Unlock()
 }
 
 // Reconnects returns how many times the stream connected again after losing its connection.
@@ -162,8 +187,8 @@ func (s *Stream) Reconnects() int {
 // cancelled ctx stops Next with ctx's error and leaves the stream usable. After Close, Next
 // returns ErrClosed.
 func (s *Stream) Next(ctx context.Context) (*reorderbuffer.Txn, error) {
-	s.connMu.Lock()
-	defer s.connMu.Unlock()
+	s.takeConn()
+	defer s.giveConn()
 	if s.life.Err() != nil {
 		return nil, ErrClosed
 	}
@@ -172,11 +197,9 @@ func (s *Stream) Next(ctx context.Context) (*reorderbuffer.Txn, error) {
 	}
 	for {
 		s.mu.Lock()
-		s.held.done()
 		t, ok := s.buf.Next()
 		if ok {
 			s.act.handOut(t, s.buf.Pending())
-			s.held.lend(s)
 		}
 		s.mu.Unlock()
 		if ok {
@@ -479,8 +502,8 @@ func (s *Stream) Ack(t *reorderbuffer.Txn) error {
 // position), and asks the server for a reply if requestReply is set. It waits for a running Next
 // to return. While the stream is reconnecting it returns ErrNotConnected.
 func (s *Stream) SendStatus(ctx context.Context, requestReply bool) error {
-	s.connMu.Lock()
-	defer s.connMu.Unlock()
+	s.takeConn()
+	defer s.giveConn()
 	switch {
 	case s.life.Err() != nil:
 		return ErrClosed
@@ -508,7 +531,7 @@ func (s *Stream) keepalive() {
 			return
 		case <-t.C:
 		}
-		s.connMu.Lock() // waits while Next runs: Next sends its own updates
+		s.takeConn() // waits while Next runs: Next sends its own updates
 		wait := s.every
 		if s.life.Err() == nil && s.err == nil && s.conn != nil && !s.conn.IsClosed() {
 			if since := time.Since(s.last); since < s.every {
@@ -518,7 +541,7 @@ func (s *Stream) keepalive() {
 				s.log.Debug("status update failed", "error", err)
 			}
 		}
-		s.connMu.Unlock()
+		s.giveConn()
 		t.Reset(wait)
 	}
 }
@@ -526,17 +549,18 @@ func (s *Stream) keepalive() {
 // flushPosition is the position safe to confirm: the buffer's (the acknowledged prefix, held back
 // by prepared transactions not yet acknowledged), never beyond what was received (a resume
 // position the server never sent is not a position to confirm), never below the slot's confirmed
-// position, and never below what was sent before. Called with mu held.
+// position, and never below what was sent before. Called with mu held, by the connection's user
+// (slotPos).
 func (s *Stream) flushPosition() LSN {
-	s.held.reported = s.buf.FlushPosition()
-	return flushPosition(s.held.reported, s.pos.Received, s.slotPos, s.pos.Flushed)
+	return flushPosition(s.buf.FlushPosition(), s.pos.Received, s.slotPos, s.pos.Flushed)
 }
 
 func flushPosition(buffer, received, slot, sent LSN) LSN {
 	return max(min(buffer, received), slot, sent)
 }
 
-// sendStatus writes an 'r' message with the write and flush positions. Called with connMu held.
+// sendStatus writes an 'r' message with the write and flush positions. Called by the
+// connection's user (takeConn).
 func (s *Stream) sendStatus(requestReply bool) error {
 	return s.status(requestReply, 0)
 }
@@ -613,7 +637,7 @@ func (s *Stream) Close(ctx context.Context) error {
 	s.closing = true
 	s.mu.Unlock()
 	s.kill()
-	s.connMu.Lock()
+	s.takeConn()
 	s.stopReceiveContext()
 	var errs []error
 	if s.conn != nil {
@@ -629,13 +653,12 @@ func (s *Stream) Close(ctx context.Context) error {
 	}
 	s.mu.Lock()
 	s.closed = true
-	s.held.done()
 	if err := s.buf.Close(); err != nil {
 		errs = append(errs, err)
 	}
 	pos := s.pos
 	s.mu.Unlock()
-	s.connMu.Unlock()
+	s.giveConn()
 	<-s.tickDone
 	s.log.Info("closed", "flushed", pos.Flushed, "acked", pos.Acked, "received", pos.Received)
 	return errors.Join(errs...)

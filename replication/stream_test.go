@@ -227,11 +227,11 @@ func TestCancel(t *testing.T) {
 			t.Fatalf("Next after a cancelled one: %v", err)
 		}
 		n := 0
-		for m, err := range x.Changes() {
+		for c, err := range x.Changes() {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, ok := m.(*decoding.Insert); ok {
+			if _, ok := c.Msg.(*decoding.Insert); ok {
 				n++
 			}
 		}

@@ -85,24 +85,25 @@ func (c *Chunk) String() string {
 	return s
 }
 
-// Changes runs the chunk's COPY and yields each row, as a *decoding.Insert of the table (its
-// RelationID is the table's OID; its New tuple holds the published columns in the Relation's
-// order, each decoding.ColumnText or ColumnBinary as Config.Binary asks, or ColumnNull). It can
-// be iterated once. The Insert and the Data of its columns are valid until the next iteration
+// Changes runs the chunk's COPY and yields each row, as a decoding.Change whose Msg is a
+// *decoding.Insert of the table (its RelationID is the table's OID; its New tuple holds the
+// published columns in the Relation's order, each decoding.ColumnText or ColumnBinary as
+// Config.Binary asks, or ColumnNull), whose Relation is the table's and whose Schema is the
+// chunk. It can be iterated once. The Insert and the Data of its columns are valid until the next iteration
 // step: they alias the connection's buffers; copy what must last longer. A failure (server,
 // connection, context, malformed data) is yielded as the last element, with a nil message.
 // Breaking out of the loop abandons the chunk, and the copy fails (ErrNotConsumed) unless the
 // handler returns an error of its own.
-func (c *Chunk) Changes() iter.Seq2[decoding.Message, error] {
-	return func(yield func(decoding.Message, error) bool) {
+func (c *Chunk) Changes() iter.Seq2[decoding.Change, error] {
+	return func(yield func(decoding.Change, error) bool) {
 		if c.started {
-			yield(nil, errIteratedTwice)
+			yield(decoding.Change{}, errIteratedTwice)
 			return
 		}
 		c.started = true
 		if c.conn == nil {
 			c.err = ErrClosed
-			yield(nil, c.err)
+			yield(decoding.Change{}, c.err)
 			return
 		}
 		c.ins = decoding.Insert{RelationID: c.Table.OID}
@@ -110,7 +111,7 @@ func (c *Chunk) Changes() iter.Seq2[decoding.Message, error] {
 			c.ins.New = t
 			c.rows++
 			c.Table.rows.Add(1)
-			if !yield(&c.ins, nil) {
+			if !yield(decoding.Change{Msg: &c.ins, Relation: c.Table.Relation, Schema: c}, nil) {
 				c.stopped = true
 				return errStopped
 			}
@@ -136,7 +137,7 @@ func (c *Chunk) Changes() iter.Seq2[decoding.Message, error] {
 			}
 			c.err = err
 			c.s.markBroken(c.Worker)
-			yield(nil, err)
+			yield(decoding.Change{}, err)
 			return
 		}
 		c.complete = true

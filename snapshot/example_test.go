@@ -170,11 +170,11 @@ func ExampleResult_Covers() {
 // table, its columns in the text format (or binary, with Config.Binary).
 func ExampleChunk_Changes() {
 	handler := func(ctx context.Context, c *snapshot.Chunk) error {
-		for m, err := range c.Changes() {
+		for ch, err := range c.Changes() {
 			if err != nil {
 				return err
 			}
-			ins := m.(*decoding.Insert)
+			ins := ch.Msg.(*decoding.Insert)
 			for i, col := range ins.New {
 				name := c.Table.Relation.Columns[i].Name
 				fmt.Printf("%s.%s = %q (kind %c)\n", c.Table, name, col.Data, col.Kind) // valid until the next row

@@ -81,13 +81,13 @@ func TestTypes(t *testing.T) {
 							if err != nil {
 								return err
 							}
-							ins := m.(*decoding.Insert)
+							ins := m.Msg.(*decoding.Insert)
 							id := tupleID(t, ins.New[0])
 							mu.Lock()
 							copied[id] = cloneTuple(ins.New)
 							table = c.Table
 							for _, col := range c.Table.Relation.Columns {
-								if dt, ok := c.Type(col.TypeOID); ok {
+								if dt, ok := m.Schema.Type(col.TypeOID); ok {
 									types[col.TypeOID] = dt
 								}
 							}
@@ -117,19 +117,19 @@ func TestTypes(t *testing.T) {
 						if err != nil {
 							t.Fatal(err)
 						}
-						ins, ok := m.(*decoding.Insert)
+						ins, ok := m.Msg.(*decoding.Insert)
 						if !ok {
 							continue
 						}
 						streamed[tupleID(t, ins.New[0])] = cloneTuple(ins.New)
-						rel, _ := x.Relation(ins.RelationID)
+						rel := m.Relation
 						want := *rel
 						want.Xid = 0
 						if !reflect.DeepEqual(*table.Relation, want) {
 							t.Errorf("copy describes the table as\n%+v\nthe stream as\n%+v", *table.Relation, want)
 						}
 						for _, col := range rel.Columns {
-							dt, ok := x.Type(col.TypeOID)
+							dt, ok := m.Schema.Type(col.TypeOID)
 							if ok {
 								w := *dt
 								w.Xid = 0

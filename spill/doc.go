@@ -33,7 +33,11 @@
 //     [*CorruptError] (errors.Is(err, [ErrCorrupt])).
 //   - [Store.Close] removes every file the store made and is safe to call twice. Spill files are not
 //     fsynced unless [Options].Sync is set: they die with the process, so durability buys nothing.
-//   - A Store, its Logs and Readers must not be used from several goroutines at once.
+//   - A Store, its Logs and Readers must not be used from several goroutines at once, with one
+//     exception: a Reader of [Log.OpenReader] holds the log's file and a read buffer of its own and
+//     reads nothing else, so it may be read on another goroutine while the store goes on, until its
+//     Close (which hands them back, on the store's goroutine). Its file stays open outside
+//     [Options].MaxOpenFiles meanwhile.
 //
 // # File format
 //

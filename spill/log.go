@@ -25,6 +25,7 @@ type Log struct {
 
 	err     error // sticky I/O error
 	removed bool
+	lent    bool // f is held by a reader of OpenReader: out of the LRU and the budget
 }
 
 // Path returns the log's file path (the file may not exist yet).
@@ -231,14 +232,72 @@ func (l *Log) NewReader() *Reader {
 	return r
 }
 
+// OpenReader flushes the log and returns a reader of its records [0, Size()) that works on its
+// own: it opens the log's file and takes its read buffer now, and from then on reads only that
+// file and its own buffers, never the store. It may therefore be used on another goroutine while
+// the store goes on being used (other logs appended, flushed, read, removed), as long as this log
+// is not appended to, truncated or removed, and the store not closed, until the reader is closed.
+// Its Close hands the file and the buffer back to the store, so it must not run concurrently with
+// other uses of the store. Until then the file stays open outside Options.MaxOpenFiles.
+//
+// An error flushing or opening the log is returned by the reader's first Next (and by every
+// later one, Rewind or not).
+func (l *Log) OpenReader() *Reader {
+	r := &Reader{l: l, own: true}
+	if r.fixed = l.check(); r.fixed != nil {
+		return r
+	}
+	if r.fixed = l.flush(); r.fixed != nil {
+		return r
+	}
+	r.end = l.flushed
+	if r.end == 0 {
+		return r // nothing to read: no file needed
+	}
+	s := l.s
+	if l.lent {
+		r.fixed = fmt.Errorf("spill: %s: the log already has a reader of OpenReader", l.path)
+		return r
+	}
+	f, err := s.file(l)
+	if err != nil {
+		r.fixed = err
+		return r
+	}
+	s.unlink(l)
+	s.nOpen--
+	l.lent = true
+	r.f = f
+	r.buf = s.spare
+	s.spare = nil
+	if r.buf == nil {
+		r.buf = make([]byte, s.bufSize)
+	}
+	return r
+}
+
+// giveBack ends the loan of l's file to a reader of OpenReader: it goes back to the LRU.
+func (l *Log) giveBack() {
+	if !l.lent {
+		return
+	}
+	l.lent = false
+	if l.f != nil && !l.removed && !l.s.closed {
+		l.s.nOpen++
+		l.s.pushFront(l)
+	}
+}
+
 // closeFile closes l's file, if open, and takes it out of the LRU. A close error sticks to l.
 func (l *Log) closeFile() error {
 	if l.f == nil {
 		return nil
 	}
 	s := l.s
-	s.unlink(l)
-	s.nOpen--
+	if !l.lent {
+		s.unlink(l)
+		s.nOpen--
+	}
 	f := l.f
 	l.f = nil
 	if err := f.Close(); err != nil {

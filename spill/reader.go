@@ -18,7 +18,10 @@ type Reader struct {
 	i, j   int
 	big    []byte // holds a record larger than buf
 	header bool   // file header checked
-	err    error  // sticky
+	err    error  // sticky until Rewind
+	own    bool   // made by OpenReader: reads f, never the store
+	f      File   // own: the log's file
+	fixed  error  // own: an error from OpenReader, returned for good
 }
 
 // Next returns the next record, or io.EOF after the last one. The slice is valid until the next
@@ -27,6 +30,9 @@ type Reader struct {
 func (r *Reader) Next() ([]byte, error) {
 	if r.err != nil {
 		return nil, r.err
+	}
+	if r.fixed != nil {
+		return nil, r.fixed
 	}
 	rec, err := r.next()
 	if err != nil {
@@ -37,8 +43,10 @@ func (r *Reader) Next() ([]byte, error) {
 
 func (r *Reader) next() ([]byte, error) {
 	l := r.l
-	if err := l.check(); err != nil {
-		return nil, err
+	if !r.own {
+		if err := l.check(); err != nil {
+			return nil, err
+		}
 	}
 	if r.off == r.end {
 		return nil, io.EOF
@@ -133,7 +141,7 @@ func (r *Reader) read(p []byte, off int64) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
-	f, err := r.l.s.file(r.l)
+	f, err := r.file()
 	if err != nil {
 		return 0, err
 	}
@@ -147,8 +155,16 @@ func (r *Reader) read(p []byte, off int64) (int, error) {
 	return n, ioError("read", r.l.path, err)
 }
 
+// file returns the log's file: the reader's own, or the store's.
+func (r *Reader) file() (File, error) {
+	if r.own {
+		return r.f, nil
+	}
+	return r.l.s.file(r.l)
+}
+
 func (r *Reader) checkHeader() error {
-	f, err := r.l.s.file(r.l)
+	f, err := r.file()
 	if err != nil {
 		return err
 	}
@@ -173,14 +189,28 @@ func (r *Reader) corrupt(err error) error {
 	return &CorruptError{Log: r.l.path, Offset: headerSize + r.off, Err: err}
 }
 
-// Close releases the reader's buffers; later calls to Next return ErrClosed. It is safe to call
-// twice and always returns nil.
+// Rewind makes the reader start again from the first record, also after an error (which the
+// reader then meets again if it is in the data). It does nothing once the reader is closed.
+func (r *Reader) Rewind() {
+	if r.err == ErrClosed {
+		return
+	}
+	r.err, r.off, r.i, r.j = nil, 0, 0, 0
+}
+
+// Close releases the reader's buffers (and, for a reader of OpenReader, hands the log's file
+// back to the store); later calls to Next return ErrClosed. It is safe to call twice and always
+// returns nil.
 func (r *Reader) Close() error {
 	if r.err == ErrClosed {
 		return nil
 	}
 	if r.buf != nil && !r.l.s.closed && r.l.s.spare == nil {
 		r.l.s.spare = r.buf
+	}
+	if r.own && r.f != nil {
+		r.l.giveBack()
+		r.f = nil
 	}
 	r.buf, r.big = nil, nil
 	r.err = ErrClosed

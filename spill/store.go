@@ -371,6 +371,9 @@ func (s *Store) removeDir() error {
 // log and is returned as a *LogError, leaving l as it was.
 func (s *Store) file(l *Log) (File, error) {
 	if l.f != nil {
+		if l.lent { // out of the LRU while a reader of OpenReader holds it
+			return l.f, nil
+		}
 		if s.head != l {
 			s.unlink(l)
 			s.pushFront(l)

@@ -125,7 +125,6 @@ func demoServer(ctx context.Context, out io.Writer) (*pgserver.Server, string) {
 type demoPrinter struct {
 	out      io.Writer
 	workMem  int64
-	rels     map[uint32]string
 	bigRows  int // rows of demo_big received
 	done     bool
 	lastLine string // the last progress line
@@ -133,7 +132,7 @@ type demoPrinter struct {
 }
 
 func newDemoPrinter(out io.Writer, workMem int64) *demoPrinter {
-	return &demoPrinter{out: out, workMem: workMem, rels: map[uint32]string{}}
+	return &demoPrinter{out: out, workMem: workMem}
 }
 
 func (p *demoPrinter) print(t *reorderbuffer.Txn) error {
@@ -145,22 +144,24 @@ func (p *demoPrinter) print(t *reorderbuffer.Txn) error {
 		}
 		counts[k]++
 	}
-	for m, err := range t.Changes() {
+	for c, err := range t.Changes() {
 		if err != nil {
 			return err
 		}
-		switch m := m.(type) {
-		case *decoding.Relation:
-			p.rels[m.RelationID] = m.Name
+		var table string // the relation a row change comes with
+		if c.Relation != nil {
+			table = c.Relation.Name
+		}
+		switch m := c.Msg.(type) {
 		case *decoding.Insert:
-			count("insert " + p.rels[m.RelationID])
-			if p.rels[m.RelationID] == "demo_big" {
+			count("insert " + table)
+			if table == "demo_big" {
 				p.bigRows++
 			}
 		case *decoding.Update:
-			count("update " + p.rels[m.RelationID])
+			count("update " + table)
 		case *decoding.Delete:
-			count("delete " + p.rels[m.RelationID])
+			count("delete " + table)
 		case *decoding.Truncate:
 			count("truncate")
 		case *decoding.LogicalMessage:
