@@ -17,6 +17,7 @@ import (
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/internal/pgconnect"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
+	"github.com/pgreorder/pgreorder/replication"
 )
 
 // Tuning of the statements sent to the target.
@@ -1074,7 +1075,7 @@ func (t *target) statementError(op batchOp, err error) error {
 	switch {
 	case pgErr.Code == "08P01" && param > 0:
 		kind = ErrData // a binary value the column's type cannot read: trying again fails the same way
-	case transientCode(pgErr.Code):
+	case replication.TransientSQLState(pgErr.Code):
 		return err // a transient error: retried as a whole
 	}
 	ce := &changeError{kind: kind, op: opName(op.op), err: err}
