@@ -189,8 +189,8 @@ func TestTransientSQLState(t *testing.T) {
 func TestFlushPosition(t *testing.T) {
 	for _, tt := range []struct {
 		name                         string
-		buffer, received, slot, sent LSN
-		want                         LSN
+		buffer, received, slot, sent decoding.LSN
+		want                         decoding.LSN
 	}{
 		{"acknowledged and received", 100, 150, 50, 80, 100},
 		{"resume position not received yet", 200, 150, 50, 80, 150},

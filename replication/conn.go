@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/internal/pgconnect"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -38,7 +39,7 @@ type Snapshot struct {
 	// stays valid while the Conn is open and has not started streaming.
 	Name string
 	// ConsistentPoint is the slot's starting point: transactions committed after it are streamed.
-	ConsistentPoint LSN
+	ConsistentPoint decoding.LSN
 	// Slot is the slot's name.
 	Slot string
 }
@@ -52,7 +53,7 @@ type SlotInfo struct {
 	TwoPhase  bool
 	// ConfirmedFlush is the position the server has confirmed for the slot: replication
 	// restarts there, and transactions that committed before it are not sent again.
-	ConfirmedFlush LSN
+	ConfirmedFlush decoding.LSN
 }
 
 // Conn is a replication connection that has passed the pre-flight checks but does not stream
@@ -469,7 +470,7 @@ func openSession(ctx context.Context, cfg *Config, base *pgconn.Config, log *slo
 type systemInfo struct {
 	systemID string
 	timeline int
-	xlogPos  LSN
+	xlogPos  decoding.LSN
 	dbName   string
 }
 
@@ -484,7 +485,7 @@ type System struct {
 	// Timeline is the server's current timeline; it grows when a standby is promoted.
 	Timeline int
 	// XLogPos is the server's current WAL flush position when the connection was made.
-	XLogPos LSN
+	XLogPos decoding.LSN
 	// Database is the database the connection is bound to.
 	Database string
 }

@@ -3,6 +3,7 @@ package replication
 import (
 	"time"
 
+	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 )
 
@@ -194,7 +195,7 @@ type heldStats struct {
 	lending  bool                // the consumer may be reading the transaction Next returned
 	stats    reorderbuffer.Stats // the buffer's statistics when Next returned it
 	popped   int64               // activity.popped then
-	reported LSN                 // what the buffer's FlushPosition returned last
+	reported decoding.LSN        // what the buffer's FlushPosition returned last
 }
 
 // stats returns the buffer's statistics (see heldStats). Called with mu held.
