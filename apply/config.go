@@ -1,10 +1,13 @@
 package apply
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"strings"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 	"github.com/pgreorder/pgreorder/replication"
@@ -87,8 +90,17 @@ type Config struct {
 	// client_encoding UTF8, DateStyle ISO, read committed, no statement, lock or idle timeouts,
 	// synchronous_commit off (see SynchronousCommit) and, when the role may set it,
 	// session_replication_role = replica, as PostgreSQL's own subscriber does: ordinary triggers
-	// and foreign key checks do not fire for replicated changes.
+	// and foreign key checks do not fire for replicated changes. Use it or TargetConfig, not
+	// both.
 	Target string
+	// TargetConfig is the target's connection configuration, made by pgconn.ParseConfig and then
+	// adjusted as the program needs (a dialer, TLS settings), instead of Target. Each connection
+	// works on a copy; the settings above are pinned on it.
+	TargetConfig *pgconn.Config
+	// TargetBeforeConnect, if set, is called before every connection to the target with that
+	// connection's copy of the configuration: it may set a password (an IAM token) or a dialer
+	// (a tunnel), as replication.Config.BeforeConnect does for the source.
+	TargetBeforeConnect func(ctx context.Context, cfg *pgconn.Config) error
 	// Slot is the logical replication slot (pgoutput) on the source.
 	Slot string
 	// Publications are the source publications to replicate.
@@ -201,8 +213,10 @@ func (c Config) validate() (Config, error) {
 	switch {
 	case c.Source == "":
 		return bad("Source is required")
-	case c.Target == "":
+	case c.Target == "" && c.TargetConfig == nil:
 		return bad("Target is required")
+	case c.Target != "" && c.TargetConfig != nil:
+		return bad("set Target or TargetConfig, not both")
 	case c.Slot == "":
 		return bad("Slot is required")
 	case len(c.Publications) == 0:

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/pgreorder/pgreorder/decoding"
-	"github.com/pgreorder/pgreorder/internal/pgconnect"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
@@ -357,28 +356,19 @@ func (c *Config) baseConnConfig() (*pgconn.Config, error) {
 	case c.ConnString == "":
 		return nil, fmt.Errorf("%w: no ConnString or ConnConfig", ErrInvalidConfig)
 	}
-	pc, err := pgconnect.ParseConfig(c.ConnString)
+	pc, err := ParseConnString(c.ConnString)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	return pc, nil
 }
 
-// PinValueSettings sets, in cfg's startup parameters, the session settings with which the
-// server prints values on a replication connection: DateStyle ISO, IntervalStyle postgres,
-// extra_float_digits 3 and client_encoding UTF8, replacing whatever cfg says (in any letter
-// case). Startup parameters take precedence over postgresql.conf, ALTER ROLE/DATABASE SET and the
-// "options" connection parameter. Every replication connection carries them; ordinary
-// connections whose values must read like the stream's (an initial copy, rows read back to
-// compare) should too.
-func PinValueSettings(cfg *pgconn.Config) { pgconnect.PinValueSettings(cfg) }
-
 // connConfig returns the configuration of one connection attempt: a copy of base, passed to
 // BeforeConnect, with the pinned parameters, the notice logger and a context watcher that never
 // sends cancel requests (a deadline ends every wait for the next message; a cancel request would
 // hit the walsender).
 func (c *Config) connConfig(ctx context.Context, base *pgconn.Config, log *slog.Logger) (*pgconn.Config, error) {
-	pc, err := pgconnect.Attempt(ctx, base, c.BeforeConnect, "pgreorder", log)
+	pc, err := attempt(ctx, base, c.BeforeConnect, replicationSettings(), "pgreorder", false, log)
 	if err != nil {
 		return nil, fmt.Errorf("replication: %w", err)
 	}
@@ -395,8 +385,8 @@ func (c *Config) dial(ctx context.Context, base *pgconn.Config, log *slog.Logger
 	if err != nil {
 		return nil, err
 	}
-	conn, err = pgconnect.Connect(ctx, pc)
-	if errors.Is(err, pgconnect.ErrNotParsed) {
+	conn, err = connect(ctx, pc)
+	if errors.Is(err, ErrNotParsed) {
 		return nil, fmt.Errorf("%w: ConnConfig must be made by pgconn.ParseConfig", ErrInvalidConfig)
 	}
 	if err != nil {

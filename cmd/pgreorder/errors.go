@@ -6,7 +6,6 @@ import (
 	"regexp"
 	"strings"
 
-	"github.com/pgreorder/pgreorder/internal/pgconnect"
 	"github.com/pgreorder/pgreorder/replication"
 )
 
@@ -118,7 +117,7 @@ func explain(command string, err error) string {
 			msg = strings.Replace(msg, ce.Error(), s, 1)
 		}
 	}
-	msg = pgconnect.TidyConnectError(msg, err)
+	msg = replication.TidyConnectError(msg, err)
 	for _, rs := range [][]rename{fieldRenames[command], commonRenames} {
 		for _, r := range rs {
 			msg = r.re.ReplaceAllLiteralString(msg, r.flag)

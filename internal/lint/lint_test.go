@@ -32,9 +32,8 @@ var core = map[string][]string{
 // this module they may import directly (imports point down only). Packages not listed here or
 // in core (commands, examples, tools above replication) are not restricted.
 var allowed = map[string][]string{
-	"replication":        {"reorderbuffer", "decoding", "spill", "heap", "internal/pgconnect"},
-	"internal/pgconnect": {},
-	"metrics":            {"replication", "reorderbuffer", "decoding"},
+	"replication": {"reorderbuffer", "decoding", "spill", "heap"},
+	"metrics":     {"replication", "reorderbuffer", "decoding"},
 	// The consumer entry point: over the toolkit, below apply (which uses its copy), never
 	// importing it.
 	"changefeed": {"replication", "snapshot", "pgvalue", "format", "reorderbuffer", "decoding"},
@@ -146,12 +145,12 @@ func TestImportsPointDown(t *testing.T) {
 
 func TestOnlyReplicationTalksToPostgres(t *testing.T) {
 	// Who may open connections: replication (the walsender), apply and snapshot (ordinary
-	// connections to copy and apply), changefeed (its position table's database), internal/pgconnect (what replication and snapshot share), internal/pgserver and pgtest (throwaway servers for the
+	// connections to copy and apply), changefeed (its position table's database), internal/pgserver and pgtest (throwaway servers for the
 	// commands and tests), examples (programs), and metrics, which listens for scrapes (net,
 	// never pgconn).
 	connects := func(pkg, imp string) bool {
 		switch {
-		case pkg == "replication", pkg == "apply", pkg == "snapshot", pkg == "changefeed", pkg == "internal/pgconnect",
+		case pkg == "replication", pkg == "apply", pkg == "snapshot", pkg == "changefeed",
 			pkg == "internal/pgtest", pkg == "internal/pgserver", strings.HasPrefix(pkg, "examples/"):
 			return true
 		case pkg == "metrics":
