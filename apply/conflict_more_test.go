@@ -10,7 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pgreorder/pgreorder/internal/pgtest"
+	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
 )
 
 // count64 returns the result of a count query.

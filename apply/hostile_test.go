@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/pgreorder/pgreorder/internal/pgtest"
+	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
 )
 
 // The tests here give the source or the target database settings (ALTER DATABASE ... SET) that

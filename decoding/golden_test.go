@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/pgreorder/pgreorder/decoding"
-	"github.com/pgreorder/pgreorder/internal/capture"
+	"github.com/pgreorder/pgreorder/internal/tools/capture"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/golden from the captures")

@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/pgreorder/pgreorder/decoding"
-	"github.com/pgreorder/pgreorder/internal/capture"
+	"github.com/pgreorder/pgreorder/internal/tools/capture"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 	"github.com/stretchr/testify/require"
 )

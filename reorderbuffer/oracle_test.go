@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/pgreorder/pgreorder/decoding"
-	"github.com/pgreorder/pgreorder/internal/capture"
-	"github.com/pgreorder/pgreorder/internal/pgtest"
+	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
+	"github.com/pgreorder/pgreorder/internal/tools/capture"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 	"github.com/stretchr/testify/require"
 )

@@ -17,7 +17,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgreorder/pgreorder/internal/pgtest"
+	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
 )
 
 // TestDSNRedacted: a connection string that does not parse is printed without its password,

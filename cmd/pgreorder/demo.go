@@ -16,8 +16,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgreorder/pgreorder/decoding"
-	"github.com/pgreorder/pgreorder/internal/capture"
-	"github.com/pgreorder/pgreorder/internal/pgserver"
+	"github.com/pgreorder/pgreorder/internal/tools/capture"
+	"github.com/pgreorder/pgreorder/internal/tools/pgserver"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 	"github.com/pgreorder/pgreorder/replication"
 )

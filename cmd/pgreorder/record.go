@@ -9,8 +9,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/pgreorder/pgreorder/internal/capture"
-	"github.com/pgreorder/pgreorder/internal/pgserver"
+	"github.com/pgreorder/pgreorder/internal/tools/capture"
+	"github.com/pgreorder/pgreorder/internal/tools/pgserver"
 	"github.com/pgreorder/pgreorder/replication"
 )
 

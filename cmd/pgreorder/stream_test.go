@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/pgreorder/pgreorder/format"
-	"github.com/pgreorder/pgreorder/internal/pgtest"
+	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
 	"github.com/pgreorder/pgreorder/replication"
 	"github.com/stretchr/testify/require"
 )
