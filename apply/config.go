@@ -184,7 +184,7 @@ type Config struct {
 	// Applier commits (pg_replication_origin_session_setup, and pg_replication_origin_xact_setup
 	// with the source transaction's end LSN and commit time, which becomes its commit timestamp),
 	// as PostgreSQL's subscriber does. A publication of the target read with origin = none
-	// (SourceOrigin, PostgreSQL 16+) then leaves those transactions out: two databases can
+	// (OriginFilter, PostgreSQL 16+) then leaves those transactions out: two databases can
 	// replicate to each other without loops; and the target tells the Applier's rows from
 	// others' (*_origin_differs conflicts, with track_commit_timestamp). Worker connections use
 	// origins of their own, Origin + "_w1" and so on, and the initial copy's connections (Copy)
@@ -195,10 +195,11 @@ type Config struct {
 	// Setting up an origin takes a superuser or a role granted EXECUTE on the functions; without
 	// it the Applier says so once and commits without origin. "" commits without origin.
 	Origin string
-	// SourceOrigin is pgoutput's origin option on the source: "" (not sent: every change),
-	// "any", or "none" (PostgreSQL 16+: only changes committed without origin, which leaves out
-	// what another replication, this Applier's reverse included, applied there).
-	SourceOrigin string
+	// OriginFilter is pgoutput's origin option on the source: replication.OriginFilterDefault
+	// (not sent: every change), OriginFilterAny, or OriginFilterNone (PostgreSQL 16+: only
+	// changes committed without origin, which leaves out what another replication, this
+	// Applier's reverse included, applied there).
+	OriginFilter replication.OriginFilter
 	// Conflicts configures conflict detection, resolution and reporting.
 	Conflicts ConflictConfig
 
@@ -255,10 +256,10 @@ func (c Config) validate() (Config, error) {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
-	switch strings.ToLower(c.SourceOrigin) {
-	case "", "any", "none":
+	switch c.OriginFilter {
+	case replication.OriginFilterDefault, replication.OriginFilterAny, replication.OriginFilterNone:
 	default:
-		return bad("SourceOrigin %q (want \"\", any or none)", c.SourceOrigin)
+		return bad("unknown OriginFilter %d", int(c.OriginFilter))
 	}
 	var err error
 	if c.Conflicts, err = c.Conflicts.validate(); err != nil {

@@ -35,7 +35,7 @@ func TestNegotiate(t *testing.T) {
 		cfg     Config
 		major   int
 		proto   int
-		stream  string
+		stream  Streaming
 		args    string
 		wantErr error
 	}{
@@ -47,22 +47,22 @@ func TestNegotiate(t *testing.T) {
 		{"pg18 proto 2", base(func(c *Config) { c.ProtoVersion = 2 }), 18, 2, StreamingOn, "proto_version '2', publication_names '\"pub\"', streaming 'on'", nil},
 		{"pg18 streaming off", base(func(c *Config) { c.Streaming = StreamingOff }), 18, 4, StreamingOff, "proto_version '4', publication_names '\"pub\"', streaming 'off'", nil},
 		{"pg18 all options", base(func(c *Config) {
-			c.Binary, c.Messages, c.TwoPhase, c.Origin = true, true, true, "NONE"
+			c.Binary, c.Messages, c.TwoPhase, c.OriginFilter = true, true, true, OriginFilterNone
 			c.Publications = []string{"a", `we"ird'one`}
 		}), 18, 4, StreamingParallel,
 			`proto_version '4', publication_names '"a","we""ird''one"', streaming 'parallel', binary 'true', messages 'true', two_phase 'true', origin 'none'`, nil},
-		{"pg15 parallel", base(func(c *Config) { c.Streaming = StreamingParallel }), 15, 0, "", "", ErrUnsupported},
-		{"pg15 proto 4", base(func(c *Config) { c.ProtoVersion = 4 }), 15, 0, "", "", ErrUnsupported},
-		{"pg14 two-phase", base(func(c *Config) { c.TwoPhase = true }), 14, 0, "", "", ErrUnsupported},
-		{"pg15 origin", base(func(c *Config) { c.Origin = "none" }), 15, 0, "", "", ErrUnsupported},
-		{"proto 1 streaming on", base(func(c *Config) { c.ProtoVersion = 1; c.Streaming = StreamingOn }), 18, 0, "", "", ErrUnsupported},
-		{"bad streaming", base(func(c *Config) { c.Streaming = "yes" }), 18, 0, "", "", ErrInvalidConfig},
-		{"bad proto", base(func(c *Config) { c.ProtoVersion = 5 }), 18, 0, "", "", ErrInvalidConfig},
-		{"bad origin", base(func(c *Config) { c.Origin = "some" }), 18, 0, "", "", ErrInvalidConfig},
-		{"bad slot", base(func(c *Config) { c.Slot = "Bad-Slot" }), 18, 0, "", "", ErrInvalidConfig},
-		{"no slot", base(func(c *Config) { c.Slot = "" }), 18, 0, "", "", ErrInvalidConfig},
-		{"no publication", base(func(c *Config) { c.Publications = nil }), 18, 0, "", "", ErrInvalidConfig},
-		{"empty publication", base(func(c *Config) { c.Publications = []string{""} }), 18, 0, "", "", ErrInvalidConfig},
+		{"pg15 parallel", base(func(c *Config) { c.Streaming = StreamingParallel }), 15, 0, 0, "", ErrUnsupported},
+		{"pg15 proto 4", base(func(c *Config) { c.ProtoVersion = 4 }), 15, 0, 0, "", ErrUnsupported},
+		{"pg14 two-phase", base(func(c *Config) { c.TwoPhase = true }), 14, 0, 0, "", ErrUnsupported},
+		{"pg15 origin", base(func(c *Config) { c.OriginFilter = OriginFilterNone }), 15, 0, 0, "", ErrUnsupported},
+		{"proto 1 streaming on", base(func(c *Config) { c.ProtoVersion = 1; c.Streaming = StreamingOn }), 18, 0, 0, "", ErrUnsupported},
+		{"bad streaming", base(func(c *Config) { c.Streaming = 9 }), 18, 0, 0, "", ErrInvalidConfig},
+		{"bad proto", base(func(c *Config) { c.ProtoVersion = 5 }), 18, 0, 0, "", ErrInvalidConfig},
+		{"bad origin", base(func(c *Config) { c.OriginFilter = 7 }), 18, 0, 0, "", ErrInvalidConfig},
+		{"bad slot", base(func(c *Config) { c.Slot = "Bad-Slot" }), 18, 0, 0, "", ErrInvalidConfig},
+		{"no slot", base(func(c *Config) { c.Slot = "" }), 18, 0, 0, "", ErrInvalidConfig},
+		{"no publication", base(func(c *Config) { c.Publications = nil }), 18, 0, 0, "", ErrInvalidConfig},
+		{"empty publication", base(func(c *Config) { c.Publications = []string{""} }), 18, 0, 0, "", ErrInvalidConfig},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -94,6 +94,33 @@ func TestNegotiate(t *testing.T) {
 				t.Errorf("abort info %v with streaming %s", opts.AbortInfo, n.Streaming)
 			}
 		})
+	}
+}
+
+func TestParseOptions(t *testing.T) {
+	for in, want := range map[string]Streaming{"": StreamingDefault, "default": StreamingDefault, "off": StreamingOff,
+		"ON": StreamingOn, "parallel": StreamingParallel} {
+		got, err := ParseStreaming(in)
+		if err != nil || got != want {
+			t.Errorf("ParseStreaming(%q) = %v, %v; want %v", in, got, err, want)
+		}
+		if in != "" && !strings.EqualFold(got.String(), in) {
+			t.Errorf("%v.String() = %q, want %q", got, got.String(), in)
+		}
+	}
+	for in, want := range map[string]OriginFilter{"": OriginFilterDefault, "any": OriginFilterAny, "None": OriginFilterNone} {
+		got, err := ParseOriginFilter(in)
+		if err != nil || got != want || !strings.EqualFold(got.String(), in) {
+			t.Errorf("ParseOriginFilter(%q) = %v, %v; want %v", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"yes", "true", " on"} {
+		if _, err := ParseStreaming(in); !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("ParseStreaming(%q): %v, want ErrInvalidConfig", in, err)
+		}
+		if _, err := ParseOriginFilter(in); !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("ParseOriginFilter(%q): %v, want ErrInvalidConfig", in, err)
+		}
 	}
 }
 

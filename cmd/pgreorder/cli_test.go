@@ -156,7 +156,7 @@ func TestErrorsNameFlags(t *testing.T) {
 	tcpNoDB := strings.Replace(srv.TCPConnString("nope"), " sslmode=disable", "", 1) // sslmode prefer: TLS first
 
 	library := regexp.MustCompile(`Config\.|Buffer\.|Reconnect\.|CreateSlot|SkipThrough|Publications|invalid option|` +
-		`SourceOrigin|SlotWait|\bTarget:|\bSource:|tls error`)
+		`OriginFilter|SlotWait|\bTarget:|\bSource:|tls error`)
 	for _, tc := range []struct {
 		args []string
 		want []string

@@ -250,7 +250,7 @@ func TestStreamFlagErrors(t *testing.T) {
 		{append([]string{"-proto", "9"}, base...), []string{"-proto 9", "1-4"}},
 		{append([]string{"-work-mem", "0"}, base...), []string{"-work-mem", "none", "bare number is in kB"}},
 		{append([]string{"-streaming", "yes"}, base...), []string{"-streaming", "off, on and parallel"}},
-		{append([]string{"-origin", "all"}, base...), []string{"-origin", "any and none"}},
+		{append([]string{"-origin-filter", "all"}, base...), []string{"-origin-filter", "any and none"}},
 		{append([]string{"-format", "avro"}, base...), []string{"-format", "txn, debezium"}},
 		{append([]string{"-resume", "nope"}, base...), []string{"-resume", "0/16B3748"}},
 		{append([]string{"-resume", "0/1", "-o", "f"}, base...), []string{"-resume and -o"}},
