@@ -6,7 +6,7 @@ type Decoder struct {
 	opts    Options
 	st      state
 	rels    RelationCache
-	scratch messages // Next checks a message by decoding into these, keeping nothing
+	scratch messages // Accept checks a message by decoding into these, keeping nothing
 }
 
 type state struct {
@@ -39,10 +39,10 @@ func (d *Decoder) Reset() {
 	d.rels.Reset()
 }
 
-// Next validates one message, its whole structure and its place in the stream, and advances the
-// protocol state. It does not allocate on success and does not retain data. On error the state is
+// Accept validates one message, its whole structure and its place in the stream, and advances the
+// protocol state past it, without decoding it. It does not allocate on success and does not retain data. On error the state is
 // unchanged. See the package doc for the rules and for Header's Xid.
-func (d *Decoder) Next(data []byte) (Header, error) {
+func (d *Decoder) Accept(data []byte) (Header, error) {
 	var h Header
 	st := d.st
 	if err := d.route(data, &h, &st); err != nil {
@@ -136,7 +136,7 @@ func (st *state) advance(h *Header) error {
 	return nil
 }
 
-// Decode is Next and Parse in one: it validates and decodes one message, advances the protocol
+// Decode is Accept and Parse in one: it validates and decodes one message, advances the protocol
 // state and applies Relation and Type messages to the relation cache. The message aliases data
 // (see the package doc). On error the state and the cache are unchanged.
 func (d *Decoder) Decode(data []byte) (Message, error) {

@@ -125,7 +125,7 @@ func TestNextHeaderXid(t *testing.T) {
 		{&decoding.StreamAbort{Xid: 20, SubXid: 21}, false, 20},
 	}
 	for i, tc := range msgs {
-		h, err := d.Next(enc(t, tc.m, tc.inStream, decoding.Options{}))
+		h, err := d.Accept(enc(t, tc.m, tc.inStream, decoding.Options{}))
 		if err != nil || h.Xid != tc.xid || h.Type != tc.m.Type() {
 			t.Fatalf("msg %d: Next = %+v, %v; want xid %d", i, h, err, tc.xid)
 		}
@@ -193,10 +193,10 @@ func TestParseErrors(t *testing.T) {
 			t.Errorf("%s: err = %v, want %v at offset %d", tt.name, err, tt.want, tt.off)
 		}
 		d := decoding.NewDecoder(decoding.Options{})
-		if _, err := d.Next(enc(t, begin, false, decoding.Options{})); err != nil {
+		if _, err := d.Accept(enc(t, begin, false, decoding.Options{})); err != nil {
 			t.Fatal(err)
 		}
-		if _, nerr := d.Next(tt.data); !errors.Is(nerr, tt.want) {
+		if _, nerr := d.Accept(tt.data); !errors.Is(nerr, tt.want) {
 			t.Errorf("%s: Next err = %v, want %v", tt.name, nerr, tt.want)
 		}
 	}
@@ -364,9 +364,9 @@ func TestNextAllocs(t *testing.T) {
 	stop := enc(t, &decoding.StreamStop{}, false, decoding.Options{})
 	d := decoding.NewDecoder(decoding.Options{})
 	allocs := testing.AllocsPerRun(100, func() {
-		_, _ = d.Next(start)
-		_, _ = d.Next(data)
-		_, _ = d.Next(stop)
+		_, _ = d.Accept(start)
+		_, _ = d.Accept(data)
+		_, _ = d.Accept(stop)
 		_, _ = decoding.ParseHeader(data, true)
 	})
 	if allocs != 0 {

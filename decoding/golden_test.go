@@ -184,7 +184,7 @@ func decodeCapture(t *testing.T, name string) (string, map[string]bool) {
 		if err != nil {
 			t.Fatalf("%s: message %d (%s): %v", name, i, rec.lsn, err)
 		}
-		h, err := hd.Next(rec.data)
+		h, err := hd.Accept(rec.data)
 		if err != nil {
 			t.Fatalf("%s: message %d (%s): Next: %v", name, i, rec.lsn, err)
 		}

@@ -118,7 +118,7 @@ func TestDebeziumTypes(t *testing.T) {
 					m := pgtype.NewMap()
 					m.RegisterType(mood)
 					var out bytes.Buffer
-					w := format.NewWriter(&out, format.Config{Kind: format.Debezium, Values: pgvalue.NewDecoder(m), Now: fixedNow})
+					w := format.NewWriter(&out, format.Config{Kind: format.KindDebezium, Values: pgvalue.NewDecoder(m), Now: fixedNow})
 					defer w.Close()
 					for rows.Next() {
 						var lsn string

@@ -136,7 +136,7 @@ func (b *Buffer) QueueAdvance() bool {
 }
 
 func (b *Buffer) add(lsn decoding.LSN, data []byte) error {
-	h, err := b.dec.Next(data)
+	h, err := b.dec.Accept(data)
 	if err != nil {
 		return err
 	}

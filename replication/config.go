@@ -219,8 +219,8 @@ func (p ReconnectPolicy) delay(n int) time.Duration {
 
 // Negotiated is what a Config resolves to against a given server.
 type Negotiated struct {
-	ServerMajor  int    // the server's major version, e.g. 15
-	ProtoVersion int    // the pgoutput protocol version sent
+	ServerMajor  int       // the server's major version, e.g. 15
+	ProtoVersion int       // the pgoutput protocol version sent
 	Streaming    Streaming // StreamingOff, StreamingOn or StreamingParallel
 	// PluginArgs are the START_REPLICATION options, in the order sent, already quoted.
 	PluginArgs []string

@@ -88,7 +88,7 @@ func TestStreamCommand(t *testing.T) {
 				sc := bufio.NewScanner(r)
 				sc.Buffer(nil, 64<<20)
 				var got []map[string]any
-				want := map[format.Kind]int{format.Txn: 2, format.Debezium: 2001}[kind]
+				want := map[format.Kind]int{format.KindTxn: 2, format.KindDebezium: 2001}[kind]
 				for len(got) < want && sc.Scan() {
 					var v map[string]any
 					require.NoError(t, json.Unmarshal(sc.Bytes(), &v), "%s", sc.Bytes())
@@ -98,12 +98,12 @@ func TestStreamCommand(t *testing.T) {
 				require.NoError(t, <-done)
 				require.Len(t, got, want)
 				switch kind {
-				case format.Txn:
+				case format.KindTxn:
 					require.Len(t, got[0]["changes"].([]any), 2000, "the rolled-back deletes dropped")
 					c := got[1]["changes"].([]any)
 					require.Len(t, c, 1)
 					require.Equal(t, "update", c[0].(map[string]any)["op"])
-				case format.Debezium:
+				case format.KindDebezium:
 					for _, ev := range got[:2000] {
 						require.Equal(t, "c", ev["op"])
 						require.Equal(t, db, ev["source"].(map[string]any)["db"])
