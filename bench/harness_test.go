@@ -99,8 +99,7 @@ func runPgreorder(wl *Workload, cfg reorderbuffer.Config, m *meter) (outcome, er
 				if err != nil {
 					return err
 				}
-				switch msg.(type) {
-				case *decoding.Insert, *decoding.Update, *decoding.Delete:
+				if _, ok := msg.(decoding.RowChange); ok {
 					out.changes++
 					m.tick()
 				}

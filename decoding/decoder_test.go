@@ -332,29 +332,42 @@ func TestPGTimeExtremes(t *testing.T) {
 	}
 }
 
-func TestRelationCache(t *testing.T) {
-	d := decoding.NewDecoder(decoding.Options{})
-	rel := &decoding.Relation{RelationID: 42, Namespace: "public", Name: "t", ReplicaIdentity: 'd',
-		Columns: []decoding.RelationColumn{{Flags: 1, Name: "id", TypeOID: 23, TypeMod: -1}}}
-	typ := &decoding.DataType{TypeOID: 99, Namespace: "public", Name: "mood"}
-	for _, m := range []decoding.Message{begin, typ, rel, &decoding.Commit{}} {
-		if _, err := d.Decode(enc(t, m, false, decoding.Options{})); err != nil {
+// TestChangeAccessors: XID and RelationOID say what the fields of each change type say, decoded
+// inside a stream block, so that no caller needs a type switch to learn them.
+func TestChangeAccessors(t *testing.T) {
+	tup := decoding.Tuple{{Kind: decoding.ColumnText, Data: []byte("1")}}
+	for _, tc := range []struct {
+		m   decoding.Message
+		rel uint32 // 0: not a row change
+	}{
+		{&decoding.Insert{Xid: 701, RelationID: 42, New: tup}, 42},
+		{&decoding.Update{Xid: 702, RelationID: 43, New: tup}, 43},
+		{&decoding.Delete{Xid: 703, RelationID: 44, OldKind: 'K', Old: tup}, 44},
+		{&decoding.Truncate{Xid: 704, RelationIDs: []uint32{45, 46}}, 0},
+		{&decoding.LogicalMessage{Xid: 705, Flags: 1, Prefix: "p", Content: []byte("c")}, 0},
+		{&decoding.Relation{Xid: 706, RelationID: 47, Namespace: "public", Name: "t", ReplicaIdentity: 'd'}, 0},
+		{&decoding.DataType{Xid: 707, TypeOID: 99, Namespace: "public", Name: "mood"}, 0},
+	} {
+		m, err := decoding.Parse(enc(t, tc.m, true, decoding.Options{}), true, decoding.Options{})
+		if err != nil {
 			t.Fatal(err)
 		}
+		c, ok := m.(decoding.Change)
+		if !ok {
+			t.Fatalf("%T is not a Change", m)
+		}
+		if want := reflect.ValueOf(tc.m).Elem().FieldByName("Xid").Uint(); uint64(c.XID()) != want {
+			t.Errorf("%T: XID() = %d, want %d", m, c.XID(), want)
+		}
+		rc, ok := m.(decoding.RowChange)
+		if ok != (tc.rel != 0) || ok && rc.RelationOID() != tc.rel {
+			t.Errorf("%T: RowChange %v, want relation %d", m, ok, tc.rel)
+		}
 	}
-	got, ok := d.Relations().Relation(42)
-	if !ok || !reflect.DeepEqual(got, rel) || d.Relations().Len() != 1 {
-		t.Fatalf("Relation(42) = %+v, %v", got, ok)
-	}
-	if got, ok := d.Relations().Type(99); !ok || got.Name != "mood" {
-		t.Fatalf("Type(99) = %+v, %v", got, ok)
-	}
-	if _, ok := d.Relations().Relation(1); ok {
-		t.Fatal("Relation(1) found")
-	}
-	d.Reset()
-	if d.Relations().Len() != 0 {
-		t.Fatal("Reset kept relations")
+	for _, m := range []decoding.Message{begin, &decoding.Commit{}, &decoding.StreamStart{}, &decoding.StreamCommit{}} {
+		if _, ok := m.(decoding.Change); ok {
+			t.Errorf("%T is a Change", m)
+		}
 	}
 }
 

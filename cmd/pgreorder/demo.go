@@ -125,7 +125,6 @@ func demoServer(ctx context.Context, out io.Writer) (*pgserver.Server, string) {
 type demoPrinter struct {
 	out      io.Writer
 	workMem  int64
-	rels     map[uint32]string
 	bigRows  int // rows of demo_big received
 	done     bool
 	lastLine string // the last progress line
@@ -133,7 +132,7 @@ type demoPrinter struct {
 }
 
 func newDemoPrinter(out io.Writer, workMem int64) *demoPrinter {
-	return &demoPrinter{out: out, workMem: workMem, rels: map[uint32]string{}}
+	return &demoPrinter{out: out, workMem: workMem}
 }
 
 func (p *demoPrinter) print(t *reorderbuffer.Txn) error {
@@ -149,18 +148,18 @@ func (p *demoPrinter) print(t *reorderbuffer.Txn) error {
 		if err != nil {
 			return err
 		}
-		switch m := m.(type) {
-		case *decoding.Relation:
-			p.rels[m.RelationID] = m.Name
-		case *decoding.Insert:
-			count("insert " + p.rels[m.RelationID])
-			if p.rels[m.RelationID] == "demo_big" {
+		if rc, ok := m.(decoding.RowChange); ok {
+			var name string
+			if r, ok := t.Relation(rc.RelationOID()); ok {
+				name = r.Name
+			}
+			count(strings.ToLower(m.Type().String()) + " " + name)
+			if name == "demo_big" && m.Type() == decoding.MsgInsert {
 				p.bigRows++
 			}
-		case *decoding.Update:
-			count("update " + p.rels[m.RelationID])
-		case *decoding.Delete:
-			count("delete " + p.rels[m.RelationID])
+			continue
+		}
+		switch m := m.(type) {
 		case *decoding.Truncate:
 			count("truncate")
 		case *decoding.LogicalMessage:
