@@ -182,10 +182,7 @@ var targetSettings = [...]replication.Setting{
 // targetConfig returns the target's connection configuration: cfg.TargetConfig, or cfg.Target
 // parsed.
 func targetConfig(cfg *Config) (*pgconn.Config, error) {
-	if cfg.TargetConfig != nil {
-		return cfg.TargetConfig, nil
-	}
-	pc, err := replication.ParseConnString(cfg.Target)
+	pc, err := replication.ConnConfig(cfg.TargetConfig, cfg.Target)
 	if err != nil {
 		return nil, fmt.Errorf("%w: Target: %w", ErrInvalidConfig, err)
 	}

@@ -5,42 +5,11 @@ import (
 	"errors"
 	"log/slog"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgconn"
 )
-
-// noticeLog is a slog handler that keeps the messages of the server notices logged.
-type noticeLog struct {
-	mu      sync.Mutex
-	notices []string
-}
-
-func (h *noticeLog) Enabled(context.Context, slog.Level) bool { return true }
-func (h *noticeLog) Handle(_ context.Context, r slog.Record) error {
-	if r.Message != "server notice" {
-		return nil
-	}
-	r.Attrs(func(a slog.Attr) bool {
-		if a.Key == "message" {
-			h.mu.Lock()
-			h.notices = append(h.notices, a.Value.String())
-			h.mu.Unlock()
-		}
-		return true
-	})
-	return nil
-}
-func (h *noticeLog) WithAttrs([]slog.Attr) slog.Handler { return h }
-func (h *noticeLog) WithGroup(string) slog.Handler      { return h }
-
-func (h *noticeLog) all() string {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return strings.Join(h.notices, "\n")
-}
 
 // TestTargetConfigAndHook: the target's connections are made from TargetConfig, each through
 // TargetBeforeConnect, with the pinned settings replacing what the hook set in another letter
@@ -65,8 +34,8 @@ func TestTargetConfigAndHook(t *testing.T) {
 		c.RuntimeParams["DateStyle"] = "German" // pinned anyway
 		return nil
 	}
-	log := &noticeLog{}
-	cfg.Logger = slog.New(log)
+	log := &logBuffer{}
+	cfg.Logger = slog.New(slog.NewTextHandler(log, nil))
 
 	both := cfg
 	both.Target = e.dst
@@ -81,7 +50,7 @@ func TestTargetConfigAndHook(t *testing.T) {
 	if hooked.Load() == 0 {
 		t.Error("TargetBeforeConnect was not called")
 	}
-	if got := log.all(); !strings.Contains(got, "marker 1 datestyle ISO") {
+	if got := log.String(); !strings.Contains(got, `msg="server notice"`) || !strings.Contains(got, "marker 1 datestyle ISO") {
 		t.Errorf("the target's notice was not logged with the pinned DateStyle; notices:\n%s", got)
 	}
 	if _, ok := pc.RuntimeParams["DateStyle"]; ok {

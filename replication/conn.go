@@ -351,12 +351,10 @@ func (c *Config) baseConnConfig() (*pgconn.Config, error) {
 	switch {
 	case c.ConnConfig != nil && c.ConnString != "":
 		return nil, fmt.Errorf("%w: set ConnString or ConnConfig, not both", ErrInvalidConfig)
-	case c.ConnConfig != nil:
-		return c.ConnConfig, nil
-	case c.ConnString == "":
+	case c.ConnConfig == nil && c.ConnString == "":
 		return nil, fmt.Errorf("%w: no ConnString or ConnConfig", ErrInvalidConfig)
 	}
-	pc, err := ParseConnString(c.ConnString)
+	pc, err := ConnConfig(c.ConnConfig, c.ConnString)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}

@@ -173,6 +173,15 @@ func ParseConnString(dsn string) (*pgconn.Config, error) {
 	return pc, nil
 }
 
+// ConnConfig returns the connection configuration given either way: cfg when not nil, else
+// connString parsed (ParseConnString).
+func ConnConfig(cfg *pgconn.Config, connString string) (*pgconn.Config, error) {
+	if cfg != nil {
+		return cfg, nil
+	}
+	return ParseConnString(connString)
+}
+
 // RedactConnError returns err, an error about the connection string dsn, with every password of dsn
 // hidden from its message, whatever the message quotes of dsn and however: the connection string
 // it quotes is replaced by RedactConnString's, and then any password of dsn (three characters or longer)

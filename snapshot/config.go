@@ -108,10 +108,7 @@ func (c *Config) logger() *slog.Logger {
 }
 
 func (c *Config) baseConnConfig() (*pgconn.Config, error) {
-	if c.ConnConfig != nil {
-		return c.ConnConfig, nil
-	}
-	pc, err := replication.ParseConnString(c.ConnString)
+	pc, err := replication.ConnConfig(c.ConnConfig, c.ConnString)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
