@@ -1,10 +1,13 @@
 package apply
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"strings"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 	"github.com/pgreorder/pgreorder/replication"
@@ -87,8 +90,17 @@ type Config struct {
 	// client_encoding UTF8, DateStyle ISO, read committed, no statement, lock or idle timeouts,
 	// synchronous_commit off (see SynchronousCommit) and, when the role may set it,
 	// session_replication_role = replica, as PostgreSQL's own subscriber does: ordinary triggers
-	// and foreign key checks do not fire for replicated changes.
+	// and foreign key checks do not fire for replicated changes. Use it or TargetConfig, not
+	// both.
 	Target string
+	// TargetConfig is the target's connection configuration, made by pgconn.ParseConfig and then
+	// adjusted as the program needs (a dialer, TLS settings), instead of Target. Each connection
+	// works on a copy; the settings above are pinned on it.
+	TargetConfig *pgconn.Config
+	// TargetBeforeConnect, if set, is called before every connection to the target with that
+	// connection's copy of the configuration: it may set a password (an IAM token) or a dialer
+	// (a tunnel), as replication.Config.BeforeConnect does for the source.
+	TargetBeforeConnect func(ctx context.Context, cfg *pgconn.Config) error
 	// Slot is the logical replication slot (pgoutput) on the source.
 	Slot string
 	// Publications are the source publications to replicate.
@@ -172,7 +184,7 @@ type Config struct {
 	// Applier commits (pg_replication_origin_session_setup, and pg_replication_origin_xact_setup
 	// with the source transaction's end LSN and commit time, which becomes its commit timestamp),
 	// as PostgreSQL's subscriber does. A publication of the target read with origin = none
-	// (SourceOrigin, PostgreSQL 16+) then leaves those transactions out: two databases can
+	// (OriginFilter, PostgreSQL 16+) then leaves those transactions out: two databases can
 	// replicate to each other without loops; and the target tells the Applier's rows from
 	// others' (*_origin_differs conflicts, with track_commit_timestamp). Worker connections use
 	// origins of their own, Origin + "_w1" and so on, and the initial copy's connections (Copy)
@@ -183,10 +195,11 @@ type Config struct {
 	// Setting up an origin takes a superuser or a role granted EXECUTE on the functions; without
 	// it the Applier says so once and commits without origin. "" commits without origin.
 	Origin string
-	// SourceOrigin is pgoutput's origin option on the source: "" (not sent: every change),
-	// "any", or "none" (PostgreSQL 16+: only changes committed without origin, which leaves out
-	// what another replication, this Applier's reverse included, applied there).
-	SourceOrigin string
+	// OriginFilter is pgoutput's origin option on the source: replication.OriginFilterDefault
+	// (not sent: every change), OriginFilterAny, or OriginFilterNone (PostgreSQL 16+: only
+	// changes committed without origin, which leaves out what another replication, this
+	// Applier's reverse included, applied there).
+	OriginFilter replication.OriginFilter
 	// Conflicts configures conflict detection, resolution and reporting.
 	Conflicts ConflictConfig
 
@@ -201,8 +214,10 @@ func (c Config) validate() (Config, error) {
 	switch {
 	case c.Source == "":
 		return bad("Source is required")
-	case c.Target == "":
+	case c.Target == "" && c.TargetConfig == nil:
 		return bad("Target is required")
+	case c.Target != "" && c.TargetConfig != nil:
+		return bad("set Target or TargetConfig, not both")
 	case c.Slot == "":
 		return bad("Slot is required")
 	case len(c.Publications) == 0:
@@ -241,10 +256,10 @@ func (c Config) validate() (Config, error) {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
-	switch strings.ToLower(c.SourceOrigin) {
-	case "", "any", "none":
+	switch c.OriginFilter {
+	case replication.OriginFilterDefault, replication.OriginFilterAny, replication.OriginFilterNone:
 	default:
-		return bad("SourceOrigin %q (want \"\", any or none)", c.SourceOrigin)
+		return bad("unknown OriginFilter %d", int(c.OriginFilter))
 	}
 	var err error
 	if c.Conflicts, err = c.Conflicts.validate(); err != nil {

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/pgreorder/pgreorder/apply"
+	"github.com/pgreorder/pgreorder/replication"
 )
 
 // Conflict resolutions are given per type, with PostgreSQL's names; the types left out keep
@@ -16,8 +17,8 @@ func ExampleParseResolutions() {
 		return
 	}
 	cfg := apply.Config{
-		Origin:       "pgreorder_app", // marks the applied transactions: no loops, *_origin_differs
-		SourceOrigin: "none",          // the other direction's applied changes are not sent back
+		Origin:       "pgreorder_app",              // marks the applied transactions: no loops, *_origin_differs
+		OriginFilter: replication.OriginFilterNone, // the other direction's applied changes are not sent back
 		Conflicts: apply.ConflictConfig{
 			Resolutions: res,
 			Retention:   5 * time.Minute, // update_deleted: tombstones of local deletions, kept 5 minutes

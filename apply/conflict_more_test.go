@@ -10,7 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pgreorder/pgreorder/internal/pgtest"
+	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
+	"github.com/pgreorder/pgreorder/replication"
 )
 
 // count64 returns the result of a count query.
@@ -135,7 +136,7 @@ func newBiEnv(t *testing.T, srv *pgtest.Server, log *logBuffer, schema []string,
 	}
 	mk := func(src, dst, srcDB, dstDB, name string) Config {
 		return Config{Source: srv.ReplicationConnString(srcDB), Target: srv.ConnString(dstDB), Slot: "bi_" + srcDB,
-			Publications: []string{"pub"}, StatusInterval: 100 * time.Millisecond, SourceOrigin: "none",
+			Publications: []string{"pub"}, StatusInterval: 100 * time.Millisecond, OriginFilter: replication.OriginFilterNone,
 			Origin: "pgr_" + name + "_" + dstDB, Conflicts: ConflictConfig{Resolutions: res},
 			Logger: slog.New(slog.NewTextHandler(log, &slog.HandlerOptions{Level: slog.LevelInfo})).With("dir", name)}
 	}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"net"
 	"strings"
 	"time"
@@ -14,7 +13,6 @@ import (
 
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 	"github.com/pgreorder/pgreorder/replication"
-	"github.com/pgreorder/pgreorder/spill"
 )
 
 // Sentinel errors. An *ApplyError wraps one of the kinds below (besides the cause), so that
@@ -219,27 +217,6 @@ func kindOf(err error) error {
 	return nil
 }
 
-// transientCode reports whether a server error of this SQLSTATE can go away by trying again:
-// lost connections, server shutdowns and restarts, resource shortages, deadlocks, serialization
-// failures, lock timeouts, and a slot still held by a previous connection.
-func transientCode(code string) bool {
-	switch {
-	case strings.HasPrefix(code, "08"), strings.HasPrefix(code, "53"), strings.HasPrefix(code, "58"):
-		return true
-	}
-	switch code {
-	case "57P01", "57P02", "57P03", // admin_shutdown, crash_shutdown, cannot_connect_now
-		"57P05",          // idle_session_timeout
-		"25P03", "25P04", // idle_in_transaction_session_timeout, transaction_timeout
-		"57014",          // query_canceled
-		"40001", "40P01", // serialization_failure, deadlock_detected
-		"55P03", // lock_not_available
-		"55006": // object_in_use (a slot still active)
-		return true
-	}
-	return false
-}
-
 // retryable reports whether starting the session again can cure err: connection failures of
 // the source or the target, server restarts, deadlocks and other transient errors are; refused
 // changes, bad configuration (a failed pre-flight check of the source included: wal_level, a
@@ -264,10 +241,7 @@ func retryable(err error) bool {
 	case errors.As(err, &restart):
 		return true
 	case errors.As(err, &input):
-		// Bad bytes and protocol violations come back the same way; a spill file that could
-		// not be written (a full disk) may not.
-		var pathErr *fs.PathError
-		return errors.As(err, &pathErr) && !errors.Is(err, spill.ErrCorrupt)
+		return replication.Retryable(err)
 	case (errors.As(err, &apply) || errors.As(err, &change)) && connectionLost(err):
 		return true // not refused: the connection went (the progress row tells what committed)
 	case errors.As(err, &apply), errors.As(err, &change), errors.As(err, &missing),
@@ -283,7 +257,7 @@ func retryable(err error) bool {
 	case errors.Is(err, replication.ErrServerEndedStream):
 		return true
 	case errors.As(err, &pgErr):
-		return transientCode(pgErr.Code) || connectionLost(err)
+		return replication.TransientSQLState(pgErr.Code) || connectionLost(err)
 	}
 	// Not an error of a server: the network, a closed connection, a spill file.
 	return true

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pgreorder/pgreorder/internal/pgtest"
+	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
 )
 
 // TestGroup replays a backlog of small transactions in Buffered mode: transactions already

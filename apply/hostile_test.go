@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/pgreorder/pgreorder/internal/pgtest"
+	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
 )
 
 // The tests here give the source or the target database settings (ALTER DATABASE ... SET) that
@@ -182,16 +182,16 @@ func TestPinnedTargetSettings(t *testing.T) {
 			want := map[string]string{}
 			var names, hostile []string
 			for _, p := range targetSettings {
-				if p.since > major {
+				if p.Since > major {
 					continue
 				}
-				h, ok := hostileValues[p.name]
+				h, ok := hostileValues[p.Name]
 				if !ok {
-					t.Fatalf("no hostile value of %s to test", p.name)
+					t.Fatalf("no hostile value of %s to test", p.Name)
 				}
-				want[p.name] = p.value
-				names = append(names, p.name)
-				hostile = append(hostile, p.name+" = "+h)
+				want[p.Name] = p.Value
+				names = append(names, p.Name)
+				hostile = append(hostile, p.Name+" = "+h)
 			}
 			execOn(t, e.dst, append(append([]string{}, trap...), recordSettings(names)...)...)
 			alterDatabase(t, e.dst, hostile...)

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pgreorder/pgreorder/internal/pgtest"
+	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
 )
 
 // delayLog records the delays Run logs before resuming.

@@ -15,8 +15,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgreorder/pgreorder/decoding"
-	"github.com/pgreorder/pgreorder/internal/pgconnect"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
+	"github.com/pgreorder/pgreorder/replication"
 )
 
 // Tuning of the statements sent to the target.
@@ -142,95 +142,80 @@ type batchOp struct {
 	src       int32 // the source transaction, in srcs
 }
 
-// pinnedSetting is a session setting of every connection apply opens to the target.
-type pinnedSetting struct {
-	name, value string
-	// since is the first server major that knows the setting, 0 for every supported one. A
-	// setting the server does not know fails the connection when sent at startup: a server
-	// that refuses the newer ones gets them after connecting, if its version has them
-	// (pgconnect.ConnectNewer).
-	since int
-}
-
 // targetSettings are the session settings apply pins on the target, whatever ALTER DATABASE,
 // ALTER ROLE, the server's configuration or the connection string say: they change how the SQL
 // and the values apply sends are read, or could end a session apply keeps open. search_path is
 // set once the configured table names that are not qualified have been resolved in the
-// user's own search_path (resolveNames).
-var targetSettings = [...]pinnedSetting{
+// user's own search_path (resolveNames). A setting with a Since the server refuses at startup is
+// set after connecting, if its version has it (replication.Setting).
+var targetSettings = [...]replication.Setting{
 	// Values are sent and read back as UTF-8.
-	{name: "client_encoding", value: "UTF8"},
+	{Name: "client_encoding", Value: "UTF8"},
 	// Dates, times and intervals read back (conflict reports) in the stream's formats.
-	{name: "datestyle", value: "ISO"},
-	{name: "intervalstyle", value: "postgres"},
+	{Name: "datestyle", Value: "ISO"},
+	{Name: "intervalstyle", Value: "postgres"},
 	// Floats read back exactly, bytea in hex, as the stream has them.
-	{name: "extra_float_digits", value: "3"},
-	{name: "bytea_output", value: "hex"},
+	{Name: "extra_float_digits", Value: "3"},
+	{Name: "bytea_output", Value: "hex"},
 	// Backslashes in '...' literals are ordinary characters: the one quoting apply relies on.
-	{name: "standard_conforming_strings", value: "on"},
+	{Name: "standard_conforming_strings", Value: "on"},
 	// NULL in the text of an array value is a null element, as the source meant it.
-	{name: "array_nulls", value: "on"},
+	{Name: "array_nulls", Value: "on"},
 	// xml values are documents or fragments, as the source accepted them.
-	{name: "xmloption", value: "content"},
+	{Name: "xmloption", Value: "content"},
 	// Only the system catalog and then temporary objects are found without a schema: no
 	// function or operator of another schema stands in for a built-in one. Every table apply
 	// names is qualified.
-	{name: "search_path", value: "pg_catalog, pg_temp"},
+	{Name: "search_path", Value: "pg_catalog, pg_temp"},
 	// A worker waits idle in its transaction for its turn to commit or for the next part of a
 	// streamed transaction, and a connection waits idle for the next change: no server-side
 	// timeout may end a statement, a transaction or a session.
-	{name: "statement_timeout", value: "0"},
-	{name: "lock_timeout", value: "0"},
-	{name: "idle_in_transaction_session_timeout", value: "0"},
-	{name: "idle_session_timeout", value: "0"},
-	{name: "transaction_timeout", value: "0", since: 17},
+	{Name: "statement_timeout", Value: "0"},
+	{Name: "lock_timeout", Value: "0"},
+	{Name: "idle_in_transaction_session_timeout", Value: "0"},
+	{Name: "idle_session_timeout", Value: "0"},
+	{Name: "transaction_timeout", Value: "0", Since: 17},
 	// The isolation apply's ordering assumes, in transactions that write.
-	{name: "default_transaction_isolation", value: "read committed"},
-	{name: "default_transaction_read_only", value: "off"},
+	{Name: "default_transaction_isolation", Value: "read committed"},
+	{Name: "default_transaction_read_only", Value: "off"},
 }
 
-// targetConfig parses cfg.Target for a connection named name (its application_name), with the
-// pinned settings that go in the startup packet. A search_path the connection string gives is
-// kept for resolveNames.
-func targetConfig(cfg *Config, name string) (*pgconn.Config, error) {
-	pc, err := pgconn.ParseConfig(cfg.Target)
+// targetConfig returns the target's connection configuration: cfg.TargetConfig, or cfg.Target
+// parsed.
+func targetConfig(cfg *Config) (*pgconn.Config, error) {
+	pc, err := replication.ConnConfig(cfg.TargetConfig, cfg.Target)
 	if err != nil {
-		return nil, fmt.Errorf("%w: Target: %w", ErrInvalidConfig, pgconnect.RedactError(err, cfg.Target))
+		return nil, fmt.Errorf("%w: Target: %w", ErrInvalidConfig, err)
 	}
-	for k := range pc.RuntimeParams {
-		for _, p := range targetSettings {
-			if strings.EqualFold(k, p.name) && p.name != "search_path" {
-				delete(pc.RuntimeParams, k)
-			}
-		}
-		if strings.EqualFold(k, "application_name") {
-			delete(pc.RuntimeParams, k)
-		}
-	}
-	for _, p := range targetSettings {
-		if p.since == 0 && p.name != "search_path" {
-			pc.RuntimeParams[p.name] = p.value
-		}
-	}
-	pc.RuntimeParams["application_name"] = name
 	return pc, nil
 }
 
-// dialTarget opens a connection to the target with the pinned settings. Before search_path is
-// pinned, the configured table names that are not qualified are resolved (resolveNames): the
-// result is the connection and the names, each quoted and qualified.
+// startupSettings are the target settings that go in the startup packet: all but search_path,
+// which a search_path of the connection string must not be replaced by before resolveNames.
+func startupSettings() []replication.Setting {
+	var s []replication.Setting
+	for _, p := range targetSettings {
+		if p.Name != "search_path" {
+			s = append(s, p)
+		}
+	}
+	return s
+}
+
+// dialTarget opens a connection to the target, named name (its application_name), with the
+// pinned settings. Before search_path is pinned, the configured table names that are not
+// qualified are resolved (resolveNames): the result is the connection and the names, each quoted
+// and qualified.
 func dialTarget(ctx context.Context, cfg *Config, name string) (*pgconn.PgConn, map[string]string, error) {
-	pc, err := targetConfig(cfg, name)
+	pc, err := targetConfig(cfg)
 	if err != nil {
 		return nil, nil, err
 	}
-	var newer []pgconnect.Newer
-	for _, p := range targetSettings {
-		if p.since > 0 {
-			newer = append(newer, pgconnect.Newer{Name: p.name, Value: p.value, Since: p.since})
-		}
+	conn, err := replication.ConnectSQL(ctx, replication.SQLConnConfig{Config: pc, BeforeConnect: cfg.TargetBeforeConnect,
+		ApplicationName: name, ForceApplicationName: true, Settings: startupSettings(), Logger: cfg.Logger})
+	if errors.Is(err, replication.ErrNotParsed) {
+		return nil, nil, fmt.Errorf("%w: TargetConfig must be made by pgconn.ParseConfig", ErrInvalidConfig)
 	}
-	conn, err := pgconnect.ConnectNewer(ctx, pc, newer)
 	if err != nil {
 		return nil, nil, fmt.Errorf("apply: connecting to the target: %w", err)
 	}
@@ -248,10 +233,10 @@ func dialTarget(ctx context.Context, cfg *Config, name string) (*pgconn.PgConn, 
 // pinSearchPath sets the pinned search_path.
 func pinSearchPath(ctx context.Context, conn *pgconn.PgConn) error {
 	for _, p := range targetSettings {
-		if p.name != "search_path" {
+		if p.Name != "search_path" {
 			continue
 		}
-		_, err := conn.ExecParams(ctx, "SELECT pg_catalog.set_config('search_path', $1, false)", [][]byte{[]byte(p.value)},
+		_, err := conn.ExecParams(ctx, "SELECT pg_catalog.set_config('search_path', $1, false)", [][]byte{[]byte(p.Value)},
 			nil, nil, nil).Close()
 		if err != nil {
 			return fmt.Errorf("apply: setting up the target connection: %w", err)
@@ -1079,7 +1064,7 @@ func (t *target) statementError(op batchOp, err error) error {
 	switch {
 	case pgErr.Code == "08P01" && param > 0:
 		kind = ErrData // a binary value the column's type cannot read: trying again fails the same way
-	case transientCode(pgErr.Code):
+	case replication.TransientSQLState(pgErr.Code):
 		return err // a transient error: retried as a whole
 	}
 	ce := &changeError{kind: kind, op: opName(op.op), err: err}

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pgreorder/pgreorder/internal/pgtest"
+	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
 )
 
 // TestApplyHarness checks the live apply harness on small sizes with PostgreSQL's subscriber:

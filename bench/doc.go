@@ -24,7 +24,7 @@
 // peak-live-bytes (the same for /gc/heap/live:bytes, the heap the last GC found live).
 //
 // The live apply benchmarks, BenchmarkApplySync and BenchmarkApplyCatchup, replicate from a
-// publisher server into a subscriber server (throwaway servers from internal/pgtest, the oldest
+// publisher server into a subscriber server (throwaway servers from internal/testing/pgtest, the oldest
 // and the newest PostgreSQL installed), with PostgreSQL's own subscriber and with
 // `pgreorder apply` (built from ./cmd/pgreorder into a temporary folder once per run), one at a
 // time on the same pair, every run from reset tables and a new slot. They take minutes and run

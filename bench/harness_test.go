@@ -99,8 +99,7 @@ func runPgreorder(wl *Workload, cfg reorderbuffer.Config, m *meter) (outcome, er
 				if err != nil {
 					return err
 				}
-				switch c.Msg.(type) {
-				case *decoding.Insert, *decoding.Update, *decoding.Delete:
+				if _, ok := c.Msg.(decoding.RowChange); ok {
 					out.changes++
 					m.tick()
 				}

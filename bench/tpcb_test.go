@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgreorder/pgreorder/decoding"
-	"github.com/pgreorder/pgreorder/internal/pgtest"
+	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
 )
 
 // A TPC-B-like load generator, as pgbench's default script: each transaction adds a random
@@ -149,7 +149,7 @@ func (l tpcbLoad) txn(w *strings.Builder, rng *rand.Rand) {
 // markEnd commits the backlog's last transaction, one row into bench_marker, and returns a WAL
 // position inside it, after its change and before its commit: a subscriber whose confirmed
 // flush position reached it has applied the marker, and so, in commit order, the whole backlog.
-func markEnd(ctx context.Context, connString string) (LSN, error) {
+func markEnd(ctx context.Context, connString string) (decoding.LSN, error) {
 	v, err := queryRow(ctx, connString, "BEGIN; INSERT INTO bench_marker VALUES (1); SELECT pg_current_wal_insert_lsn(); COMMIT")
 	if err != nil {
 		return 0, err

@@ -10,9 +10,6 @@ import (
 	"github.com/pgreorder/pgreorder/decoding"
 )
 
-// LSN is a WAL position.
-type LSN = decoding.LSN
-
 // Options are the pgoutput options every generated stream uses: protocol 2 (streaming = on), so
 // that the stream is readable by pglogrepl.ParseV2 as well.
 var Options = decoding.Options{ProtoVersion: 2, AbortInfo: decoding.AbortInfoNever}
@@ -39,8 +36,8 @@ type Workload struct {
 
 // Messages yields each message of the stream with its LSN. The slice is reused: it is valid only
 // until the next iteration step.
-func (wl *Workload) Messages() iter.Seq2[LSN, []byte] {
-	return func(yield func(LSN, []byte) bool) {
+func (wl *Workload) Messages() iter.Seq2[decoding.LSN, []byte] {
+	return func(yield func(decoding.LSN, []byte) bool) {
 		w := &writer{yield: yield, rng: rand.New(rand.NewPCG(wl.Seed, 0x9e3779b97f4a7c15)), lsn: 0x1000000}
 		defer func() {
 			if r := recover(); r != nil && r != errStopped {
@@ -62,10 +59,10 @@ var errStopped = fmt.Errorf("bench: iteration stopped")
 // writer encodes messages into one reused buffer and yields them. The message structs are
 // reused too, so generating a message allocates nothing.
 type writer struct {
-	yield func(LSN, []byte) bool
+	yield func(decoding.LSN, []byte) bool
 	rng   *rand.Rand
 	buf   []byte
-	lsn   LSN
+	lsn   decoding.LSN
 	now   time.Time
 
 	ins    decoding.Insert
@@ -86,7 +83,7 @@ func (w *writer) emit(m decoding.Message, inStream bool) {
 	if err != nil {
 		panic(fmt.Sprintf("bench: generator made an invalid message: %v", err))
 	}
-	w.lsn += LSN(len(w.buf))
+	w.lsn += decoding.LSN(len(w.buf))
 	if !w.yield(w.lsn, w.buf) {
 		panic(errStopped)
 	}

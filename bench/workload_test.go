@@ -36,7 +36,7 @@ func TestWorkloadsDecode(t *testing.T) {
 		t.Run(wl.Name, func(t *testing.T) {
 			dec := decoding.NewDecoder(Options)
 			var changes, txns int64
-			var last LSN
+			var last decoding.LSN
 			for lsn, data := range wl.Messages() {
 				if lsn <= last {
 					t.Fatalf("LSN %v after %v", lsn, last)

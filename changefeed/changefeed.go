@@ -359,7 +359,7 @@ func (f *Feed) follow(ctx context.Context, s *replication.Stream) error {
 
 // handle runs the handler on b in a unit of the store and commits it, with the position end
 // (CopyDone) when end is not nil.
-func (f *Feed) handle(ctx context.Context, b *Batch, end *LSN) error {
+func (f *Feed) handle(ctx context.Context, b *Batch, end *decoding.LSN) error {
 	u, err := f.store.Begin(ctx, b.Worker)
 	if err != nil {
 		return err
@@ -388,7 +388,7 @@ func (f *Feed) rollback(ctx context.Context, u Unit) {
 }
 
 // position returns the position to store.
-func (f *Feed) position(copyDone bool, end LSN) Position {
+func (f *Feed) position(copyDone bool, end decoding.LSN) Position {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return Position{Slot: f.cfg.Replication.Slot, SystemID: f.sysID, CopyDone: copyDone, EndLSN: end, State: f.state}
@@ -480,10 +480,12 @@ func (c *feedCopier) Chunk(ctx context.Context, ch *snapshot.Chunk) error {
 	return f.handle(ctx, &Batch{Kind: Snapshot, Chunk: ch, Worker: ch.Worker, f: f}, nil)
 }
 
-func (c *feedCopier) Done(ctx context.Context, cp LSN) error { return (*Feed)(c).advance(ctx, cp) }
+func (c *feedCopier) Done(ctx context.Context, cp decoding.LSN) error {
+	return (*Feed)(c).advance(ctx, cp)
+}
 
 // advance stores the position end with no batch: the end of the copy, or an idle advance.
-func (f *Feed) advance(ctx context.Context, end LSN) error {
+func (f *Feed) advance(ctx context.Context, end decoding.LSN) error {
 	u, err := f.store.Begin(ctx, StreamWorker)
 	if err != nil {
 		return err

@@ -16,7 +16,7 @@ import (
 
 	"github.com/pgreorder/pgreorder/changefeed"
 	"github.com/pgreorder/pgreorder/decoding"
-	"github.com/pgreorder/pgreorder/internal/pgtest"
+	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
 	"github.com/pgreorder/pgreorder/replication"
 	"github.com/pgreorder/pgreorder/snapshot"
 )
@@ -398,12 +398,12 @@ func TestIdleAdvancesStored(t *testing.T) {
 		stop := runFeed(t, cfg, mustOpen(t, path), drain)
 		reader := mustOpen(t, path)
 		defer reader.Close()
-		stored := func() replication.LSN {
+		stored := func() decoding.LSN {
 			pos, _, err := reader.Load(ctx, "idle")
 			require.NoError(t, err)
 			return pos.EndLSN
 		}
-		confirmed := func() replication.LSN {
+		confirmed := func() decoding.LSN {
 			conn := pgtest.Connect(t, dsn)
 			defer conn.Close(ctx)
 			res := pgtest.MustExec(t, conn, "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 'idle'")

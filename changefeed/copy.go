@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/replication"
 	"github.com/pgreorder/pgreorder/snapshot"
 )
@@ -26,7 +27,7 @@ type Copier interface {
 	Chunk(ctx context.Context, c *snapshot.Chunk) error
 	// Done records durably that the copy is complete and that the stream resumes after
 	// consistentPoint. It is called once, after every Chunk returned nil.
-	Done(ctx context.Context, consistentPoint LSN) error
+	Done(ctx context.Context, consistentPoint decoding.LSN) error
 	// Discard is called when the copy failed after Begin returned nil; noSlot says that the
 	// slot does not exist any more (it was dropped again, or never created). It undoes what it
 	// can; what it leaves (it is best effort), the next copy's Begin discards.
@@ -63,7 +64,7 @@ const slotStageTimeout = 30 * time.Second
 // c.Chunk, and calls c.Done. If anything fails after c.Begin, it drops the slot again and calls
 // c.Discard before returning the error; a crash instead leaves the slot and the consumer's record
 // of the copy, and the next InitialCopy with Begun starts over.
-func InitialCopy(ctx context.Context, cfg CopyConfig, c Copier) (_ *replication.Stream, _ replication.LSN, err error) {
+func InitialCopy(ctx context.Context, cfg CopyConfig, c Copier) (_ *replication.Stream, _ decoding.LSN, err error) {
 	rcfg := cfg.Replication
 	rcfg.CreateSlot = false
 	rcfg.TemporarySlot = false

@@ -4,11 +4,8 @@ import (
 	"context"
 	"errors"
 
-	"github.com/pgreorder/pgreorder/replication"
+	"github.com/pgreorder/pgreorder/decoding"
 )
-
-// LSN is a WAL position.
-type LSN = replication.LSN
 
 // Position is what a Store keeps for a slot: enough to resume without a gap or an overlap.
 type Position struct {
@@ -23,7 +20,7 @@ type Position struct {
 	// EndLSN is, once CopyDone, the end of the last transaction handled for good: the copy's
 	// consistent point at first, then the EndLSN of each streamed transaction the handler
 	// returned from. The stream resumes after it (replication.Config.Buffer.SkipThrough).
-	EndLSN LSN
+	EndLSN decoding.LSN
 	// State is the handler's own resume state (Batch.SetState), stored with the position, at
 	// most MaxState bytes: for instance the length of an output file, which a handler cuts back
 	// to when it resumes.

@@ -47,12 +47,12 @@ func BenchmarkInsert(b *testing.B) {
 	b.Run("Next", func(b *testing.B) {
 		b.ReportAllocs()
 		d := decoding.NewDecoder(decoding.Options{})
-		if _, err := d.Next(enc(b, begin, false, decoding.Options{})); err != nil {
+		if _, err := d.Accept(enc(b, begin, false, decoding.Options{})); err != nil {
 			b.Fatal(err)
 		}
 		i := 0
 		for b.Loop() {
-			if _, err := d.Next(msgs[i%len(msgs)]); err != nil {
+			if _, err := d.Accept(msgs[i%len(msgs)]); err != nil {
 				b.Fatal(err)
 			}
 			i++
@@ -102,7 +102,7 @@ func BenchmarkCapture(b *testing.B) {
 		d := decoding.NewDecoder(opts)
 		i := 0
 		for b.Loop() {
-			if _, err := d.Next(recs[i].data); err != nil {
+			if _, err := d.Accept(recs[i].data); err != nil {
 				b.Fatal(err)
 			}
 			if i++; i == len(recs) {

@@ -1,7 +1,7 @@
 package decoding
 
-// Schema resolves relation ids and type OIDs to the stream's Relation and Type messages.
-// *RelationCache implements it.
+// Schema resolves relation ids and type OIDs to the stream's Relation and Type messages, as
+// described at one position of the stream.
 type Schema interface {
 	Relation(id uint32) (*Relation, bool)
 	Type(oid uint32) (*DataType, bool)
@@ -26,19 +26,12 @@ type Change struct {
 // RelationOf returns the relation an Insert, Update or Delete changes, or m itself if it is a
 // Relation, as s describes it; nil otherwise.
 func RelationOf(s Schema, m Message) *Relation {
-	var id uint32
 	switch m := m.(type) {
-	case *Insert:
-		id = m.RelationID
-	case *Update:
-		id = m.RelationID
-	case *Delete:
-		id = m.RelationID
 	case *Relation:
 		return m
-	default:
-		return nil
+	case RowChange:
+		r, _ := s.Relation(m.RelationOID())
+		return r
 	}
-	r, _ := s.Relation(id)
-	return r
+	return nil
 }

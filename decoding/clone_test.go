@@ -75,7 +75,7 @@ func TestCloneSurvivesInput(t *testing.T) {
 		var want []decoding.Message // decoded from copies nobody touches
 		buf := make([]byte, 0, 1<<16)
 		for i, rec := range readCapture(t, name) {
-			h, err := d.Next(rec.data)
+			h, err := d.Accept(rec.data)
 			if err != nil {
 				t.Fatal(err)
 			}

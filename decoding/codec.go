@@ -17,7 +17,7 @@ var be = binary.BigEndian
 //
 //   - decoding (Parse, Parser, Decoder.Decode; store set): read the field into the message,
 //     checking it;
-//   - checking (Decoder.Next; store not set): read and check the field, but keep nothing that
+//   - checking (Decoder.Accept; store not set): read and check the field, but keep nothing that
 //     would allocate: strings, byte fields, tuples, lists and times are walked and dropped;
 //   - encoding (Append; enc set): write the field from the message, checking that it fits the
 //     wire format. The message is only read.

@@ -5,8 +5,7 @@ package decoding
 type Decoder struct {
 	opts    Options
 	st      state
-	rels    RelationCache
-	scratch messages // Next checks a message by decoding into these, keeping nothing
+	scratch messages // Accept checks a message by decoding into these, keeping nothing
 }
 
 type state struct {
@@ -29,20 +28,13 @@ func (d *Decoder) InStream() bool { return d.st.inBlock }
 // InTransaction reports whether a Begin…Commit or Begin Prepare…Prepare transaction is open.
 func (d *Decoder) InTransaction() bool { return d.st.inTxn }
 
-// Relations returns the cache that Decode keeps up to date with Relation and Type messages.
-func (d *Decoder) Relations() *RelationCache { return &d.rels }
+// Reset forgets the protocol state (open transaction or block), as after a reconnect.
+func (d *Decoder) Reset() { d.st = state{} }
 
-// Reset forgets the protocol state (open transaction or block) and the relation cache, as after a
-// reconnect: the server re-sends Relation messages on a new session.
-func (d *Decoder) Reset() {
-	d.st = state{}
-	d.rels.Reset()
-}
-
-// Next validates one message, its whole structure and its place in the stream, and advances the
-// protocol state. It does not allocate on success and does not retain data. On error the state is
+// Accept validates one message, its whole structure and its place in the stream, and advances the
+// protocol state past it, without decoding it. It does not allocate on success and does not retain data. On error the state is
 // unchanged. See the package doc for the rules and for Header's Xid.
-func (d *Decoder) Next(data []byte) (Header, error) {
+func (d *Decoder) Accept(data []byte) (Header, error) {
 	var h Header
 	st := d.st
 	if err := d.route(data, &h, &st); err != nil {
@@ -136,9 +128,11 @@ func (st *state) advance(h *Header) error {
 	return nil
 }
 
-// Decode is Next and Parse in one: it validates and decodes one message, advances the protocol
-// state and applies Relation and Type messages to the relation cache. The message aliases data
-// (see the package doc). On error the state and the cache are unchanged.
+// Decode is Accept and Parse in one: it validates and decodes one message and advances the
+// protocol state. The message aliases data (see the package doc). On error the state is
+// unchanged. Relation and Type messages are returned like any other: which description is in
+// effect for a change depends on the transactions that sent them, which package reorderbuffer
+// keeps track of (Txn.Relation).
 func (d *Decoder) Decode(data []byte) (Message, error) {
 	var h Header
 	st := d.st
@@ -150,49 +144,5 @@ func (d *Decoder) Decode(data []byte) (Message, error) {
 		return nil, err
 	}
 	d.st = st
-	d.rels.Apply(m)
 	return m, nil
 }
-
-// RelationCache maps relation ids to their latest Relation message, and type OIDs to their latest
-// Type message. The zero value is empty and ready to use. It is not safe for concurrent use.
-type RelationCache struct {
-	rels  map[uint32]*Relation
-	types map[uint32]*DataType
-}
-
-// Apply records m if it is a *Relation or a *DataType (replacing an earlier one with the same
-// id) and ignores other messages. The cache keeps m: do not modify it afterwards. (Relation and
-// Type messages hold no bytes aliasing their input.)
-func (c *RelationCache) Apply(m Message) {
-	switch v := m.(type) {
-	case *Relation:
-		if c.rels == nil {
-			c.rels = make(map[uint32]*Relation)
-		}
-		c.rels[v.RelationID] = v
-	case *DataType:
-		if c.types == nil {
-			c.types = make(map[uint32]*DataType)
-		}
-		c.types[v.TypeOID] = v
-	}
-}
-
-// Relation returns the latest Relation message for id.
-func (c *RelationCache) Relation(id uint32) (*Relation, bool) {
-	r, ok := c.rels[id]
-	return r, ok
-}
-
-// Type returns the latest Type message for oid.
-func (c *RelationCache) Type(oid uint32) (*DataType, bool) {
-	t, ok := c.types[oid]
-	return t, ok
-}
-
-// Len returns the number of relations in the cache.
-func (c *RelationCache) Len() int { return len(c.rels) }
-
-// Reset empties the cache.
-func (c *RelationCache) Reset() { c.rels, c.types = nil, nil }

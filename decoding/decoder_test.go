@@ -125,7 +125,7 @@ func TestNextHeaderXid(t *testing.T) {
 		{&decoding.StreamAbort{Xid: 20, SubXid: 21}, false, 20},
 	}
 	for i, tc := range msgs {
-		h, err := d.Next(enc(t, tc.m, tc.inStream, decoding.Options{}))
+		h, err := d.Accept(enc(t, tc.m, tc.inStream, decoding.Options{}))
 		if err != nil || h.Xid != tc.xid || h.Type != tc.m.Type() {
 			t.Fatalf("msg %d: Next = %+v, %v; want xid %d", i, h, err, tc.xid)
 		}
@@ -193,10 +193,10 @@ func TestParseErrors(t *testing.T) {
 			t.Errorf("%s: err = %v, want %v at offset %d", tt.name, err, tt.want, tt.off)
 		}
 		d := decoding.NewDecoder(decoding.Options{})
-		if _, err := d.Next(enc(t, begin, false, decoding.Options{})); err != nil {
+		if _, err := d.Accept(enc(t, begin, false, decoding.Options{})); err != nil {
 			t.Fatal(err)
 		}
-		if _, nerr := d.Next(tt.data); !errors.Is(nerr, tt.want) {
+		if _, nerr := d.Accept(tt.data); !errors.Is(nerr, tt.want) {
 			t.Errorf("%s: Next err = %v, want %v", tt.name, nerr, tt.want)
 		}
 	}
@@ -332,29 +332,42 @@ func TestPGTimeExtremes(t *testing.T) {
 	}
 }
 
-func TestRelationCache(t *testing.T) {
-	d := decoding.NewDecoder(decoding.Options{})
-	rel := &decoding.Relation{RelationID: 42, Namespace: "public", Name: "t", ReplicaIdentity: 'd',
-		Columns: []decoding.RelationColumn{{Flags: 1, Name: "id", TypeOID: 23, TypeMod: -1}}}
-	typ := &decoding.DataType{TypeOID: 99, Namespace: "public", Name: "mood"}
-	for _, m := range []decoding.Message{begin, typ, rel, &decoding.Commit{}} {
-		if _, err := d.Decode(enc(t, m, false, decoding.Options{})); err != nil {
+// TestChangeAccessors: XID and RelationOID say what the fields of each change type say, decoded
+// inside a stream block, so that no caller needs a type switch to learn them.
+func TestChangeAccessors(t *testing.T) {
+	tup := decoding.Tuple{{Kind: decoding.ColumnText, Data: []byte("1")}}
+	for _, tc := range []struct {
+		m   decoding.Message
+		rel uint32 // 0: not a row change
+	}{
+		{&decoding.Insert{Xid: 701, RelationID: 42, New: tup}, 42},
+		{&decoding.Update{Xid: 702, RelationID: 43, New: tup}, 43},
+		{&decoding.Delete{Xid: 703, RelationID: 44, OldKind: 'K', Old: tup}, 44},
+		{&decoding.Truncate{Xid: 704, RelationIDs: []uint32{45, 46}}, 0},
+		{&decoding.LogicalMessage{Xid: 705, Flags: 1, Prefix: "p", Content: []byte("c")}, 0},
+		{&decoding.Relation{Xid: 706, RelationID: 47, Namespace: "public", Name: "t", ReplicaIdentity: 'd'}, 0},
+		{&decoding.DataType{Xid: 707, TypeOID: 99, Namespace: "public", Name: "mood"}, 0},
+	} {
+		m, err := decoding.Parse(enc(t, tc.m, true, decoding.Options{}), true, decoding.Options{})
+		if err != nil {
 			t.Fatal(err)
 		}
+		c, ok := m.(decoding.TxnMessage)
+		if !ok {
+			t.Fatalf("%T is not a Change", m)
+		}
+		if want := reflect.ValueOf(tc.m).Elem().FieldByName("Xid").Uint(); uint64(c.XID()) != want {
+			t.Errorf("%T: XID() = %d, want %d", m, c.XID(), want)
+		}
+		rc, ok := m.(decoding.RowChange)
+		if ok != (tc.rel != 0) || ok && rc.RelationOID() != tc.rel {
+			t.Errorf("%T: RowChange %v, want relation %d", m, ok, tc.rel)
+		}
 	}
-	got, ok := d.Relations().Relation(42)
-	if !ok || !reflect.DeepEqual(got, rel) || d.Relations().Len() != 1 {
-		t.Fatalf("Relation(42) = %+v, %v", got, ok)
-	}
-	if got, ok := d.Relations().Type(99); !ok || got.Name != "mood" {
-		t.Fatalf("Type(99) = %+v, %v", got, ok)
-	}
-	if _, ok := d.Relations().Relation(1); ok {
-		t.Fatal("Relation(1) found")
-	}
-	d.Reset()
-	if d.Relations().Len() != 0 {
-		t.Fatal("Reset kept relations")
+	for _, m := range []decoding.Message{begin, &decoding.Commit{}, &decoding.StreamStart{}, &decoding.StreamCommit{}} {
+		if _, ok := m.(decoding.TxnMessage); ok {
+			t.Errorf("%T is a Change", m)
+		}
 	}
 }
 
@@ -364,9 +377,9 @@ func TestNextAllocs(t *testing.T) {
 	stop := enc(t, &decoding.StreamStop{}, false, decoding.Options{})
 	d := decoding.NewDecoder(decoding.Options{})
 	allocs := testing.AllocsPerRun(100, func() {
-		_, _ = d.Next(start)
-		_, _ = d.Next(data)
-		_, _ = d.Next(stop)
+		_, _ = d.Accept(start)
+		_, _ = d.Accept(data)
+		_, _ = d.Accept(stop)
 		_, _ = decoding.ParseHeader(data, true)
 	})
 	if allocs != 0 {

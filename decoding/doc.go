@@ -14,10 +14,9 @@
 //     (Insert, Update, Delete, Begin, Commit, Stream Commit), so that it does not allocate.
 //   - [Decoder] owns the protocol state: whether a transaction (Begin…Commit or
 //     Begin Prepare…Prepare) or a stream block (Stream Start…Stream Stop) is open, and for which
-//     xid. [Decoder.Next] validates a message against that state and the negotiated protocol
+//     xid. [Decoder.Accept] validates a message against that state and the negotiated protocol
 //     version, checks its whole structure and advances the state, without allocating;
-//     [Decoder.Decode] does the same and also returns the decoded message and keeps the
-//     [RelationCache] up to date.
+//     [Decoder.Decode] does the same and also returns the decoded message.
 //
 // [Append] is the inverse of [Parse]: it encodes a message exactly as pgoutput does. All of them
 // follow one description of each message's wire layout, so they accept and write the same bytes.
@@ -33,8 +32,7 @@
 // [CloneMessage](m), or [Tuple.Clone] for a row): an independent deep copy of the same type that
 // shares no memory with the input or the Parser. Strings (names, GIDs, prefixes) are always
 // copies; sub-slices have their capacity clipped, so appending to them never overwrites the
-// input. [Decoder.Next] and [ParseHeader] retain nothing; [Append] only reads its message; a
-// [RelationCache] keeps the messages given to it.
+// input. [Decoder.Accept] and [ParseHeader] retain nothing; [Append] only reads its message.
 //
 // # Protocol state rules (Decoder)
 //

@@ -6,7 +6,7 @@ import (
 	"github.com/pgreorder/pgreorder/decoding"
 )
 
-// A Decoder validates the stream and decodes each message; Next is the allocation-free header
+// A Decoder validates the stream and decodes each message; Accept is the allocation-free header
 // path. The messages here are built with Append; a real program gets them from XLogData.
 func ExampleDecoder() {
 	var stream [][]byte
@@ -30,6 +30,9 @@ func ExampleDecoder() {
 	}
 
 	d := decoding.NewDecoder(decoding.Options{ProtoVersion: 2})
+	// A program that reads transactions gets a change's relation from reorderbuffer's Txn,
+	// which knows which description is in effect; this one has a single Relation message.
+	rels := map[uint32]*decoding.Relation{}
 	for _, data := range stream {
 		m, err := d.Decode(data)
 		if err != nil {
@@ -37,8 +40,11 @@ func ExampleDecoder() {
 			continue
 		}
 		switch m := m.(type) {
+		case *decoding.Relation:
+			rels[m.RelationID] = m
+			fmt.Println(m.Type())
 		case *decoding.Insert:
-			rel, _ := d.Relations().Relation(m.RelationID)
+			rel := rels[m.RelationID]
 			fmt.Printf("insert by xid %d into %s: %s=%s\n", m.Xid, rel.Name, rel.Columns[0].Name, m.New[0].Data)
 		case *decoding.StreamAbort:
 			fmt.Printf("abort %d of %d\n", m.SubXid, m.Xid)

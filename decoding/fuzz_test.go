@@ -17,7 +17,7 @@ func seedCaptures(f *testing.F) {
 		count := map[byte]int{}
 		for _, rec := range readCapture(f, name) {
 			inStream := d.InStream() && rec.data[0] != 'S'
-			if _, err := d.Next(rec.data); err != nil {
+			if _, err := d.Accept(rec.data); err != nil {
 				f.Fatal(err)
 			}
 			if count[rec.data[0]]++; count[rec.data[0]] <= 8 {
@@ -130,7 +130,7 @@ func FuzzParse(f *testing.F) {
 		d := decoding.NewDecoder(opts)
 		inBlock := placeFor(d, data, inStream)
 		before := d.StateForTest()
-		nh, nerr := d.Next(data)
+		nh, nerr := d.Accept(data)
 		if (nerr == nil) != (err == nil) {
 			t.Fatalf("in a state that allows it, Next err = %v, Parse err = %v", nerr, err)
 		}
@@ -221,7 +221,7 @@ func FuzzDecoder(f *testing.F) {
 			msg := seq[1 : 1+n]
 			seq = seq[1+n:]
 			before := a.StateForTest()
-			h, herr := a.Next(msg)
+			h, herr := a.Accept(msg)
 			m, merr := b.Decode(msg)
 			if (herr == nil) != (merr == nil) {
 				t.Fatalf("Next err %v, Decode err %v", herr, merr)

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/pgreorder/pgreorder/decoding"
-	"github.com/pgreorder/pgreorder/internal/capture"
+	"github.com/pgreorder/pgreorder/internal/tools/capture"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/golden from the captures")
@@ -184,7 +184,7 @@ func decodeCapture(t *testing.T, name string) (string, map[string]bool) {
 		if err != nil {
 			t.Fatalf("%s: message %d (%s): %v", name, i, rec.lsn, err)
 		}
-		h, err := hd.Next(rec.data)
+		h, err := hd.Accept(rec.data)
 		if err != nil {
 			t.Fatalf("%s: message %d (%s): Next: %v", name, i, rec.lsn, err)
 		}

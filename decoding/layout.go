@@ -8,7 +8,7 @@ import (
 // This file is the one description of pgoutput's wire format: each message type's fields
 // method lists its fields in wire order as calls on a codec (codec.go), after the type byte; the
 // comment above it names the PostgreSQL function (proto.c) that writes the message. ParseHeader
-// (through measureRoutes), Parse, Parser, Decoder.Next and Append all run these methods; a change
+// (through measureRoutes), Parse, Parser, Decoder.Accept and Append all run these methods; a change
 // to the format is made here only.
 
 // logicalrep_write_begin

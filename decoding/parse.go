@@ -6,11 +6,11 @@ import "fmt"
 type Header struct {
 	Type MessageType
 	// InStream: the message was read as inside a Stream Start/Stop block (in-stream changes carry a
-	// leading xid). For ParseHeader it is the caller's inStream; for Decoder.Next it is true for
+	// leading xid). For ParseHeader it is the caller's inStream; for Decoder.Accept it is true for
 	// every message after Stream Start up to and including Stream Stop.
 	InStream bool
 	// Xid: for an in-stream change, the writer's (sub)xid (the top-level xid for a Message); for
-	// Begin, Begin Prepare, Prepare, Stream *, Commit/Rollback Prepared, their xid field. Decoder.Next
+	// Begin, Begin Prepare, Prepare, Stream *, Commit/Rollback Prepared, their xid field. Decoder.Accept
 	// also fills it for messages that have no xid of their own: changes, Origin and Commit inside
 	// Begin…Commit get the xid of that Begin (or Begin Prepare), Stream Stop and Origin in a block
 	// the block's xid.
@@ -25,7 +25,7 @@ type Header struct {
 }
 
 // ParseHeader reads the type and the routing fields of one message. It checks only the bytes it
-// reads; use Decoder.Next or Parse to validate the whole message. It never allocates on success.
+// reads; use Decoder.Accept or Parse to validate the whole message. It never allocates on success.
 func ParseHeader(data []byte, inStream bool) (h Header, err error) {
 	if len(data) == 0 {
 		return Header{}, decodeErr(0, 0, ErrTruncated)

@@ -316,6 +316,35 @@ type StreamPrepare struct {
 	GID         string
 }
 
+// TxnMessage is a message of a transaction's contents that says which (sub)transaction wrote
+// it: *Insert, *Update, *Delete, *Truncate, *LogicalMessage, *Relation and *DataType.
+type TxnMessage interface {
+	Message
+	// XID is the transaction that wrote the message, as its Xid field says: inside a stream
+	// block the (sub)transaction (the top-level one for a logical message), 0 outside one.
+	XID() uint32
+}
+
+// RowChange is a change of one row: *Insert, *Update or *Delete.
+type RowChange interface {
+	TxnMessage
+	// RelationOID is the OID of the row's relation, its RelationID field: the id the stream's
+	// Relation message describes it under.
+	RelationOID() uint32
+}
+
+func (m *Insert) XID() uint32         { return m.Xid }
+func (m *Update) XID() uint32         { return m.Xid }
+func (m *Delete) XID() uint32         { return m.Xid }
+func (m *Truncate) XID() uint32       { return m.Xid }
+func (m *LogicalMessage) XID() uint32 { return m.Xid }
+func (m *Relation) XID() uint32       { return m.Xid }
+func (m *DataType) XID() uint32       { return m.Xid }
+
+func (m *Insert) RelationOID() uint32 { return m.RelationID }
+func (m *Update) RelationOID() uint32 { return m.RelationID }
+func (m *Delete) RelationOID() uint32 { return m.RelationID }
+
 func (*Begin) Type() MessageType            { return MsgBegin }
 func (*Commit) Type() MessageType           { return MsgCommit }
 func (*Origin) Type() MessageType           { return MsgOrigin }

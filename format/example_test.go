@@ -59,7 +59,7 @@ func Example() {
 func Example_debezium() {
 	b := oneTxn()
 	defer b.Close()
-	w := format.NewWriter(os.Stdout, format.Config{Kind: format.Debezium, Server: "inventory", Database: "app",
+	w := format.NewWriter(os.Stdout, format.Config{Kind: format.KindDebezium, Server: "inventory", Database: "app",
 		Now: func() time.Time { return time.Date(2026, 11, 29, 12, 0, 1, 0, time.UTC) }})
 	defer w.Close()
 	for x, ok := b.Next(); ok; x, ok = b.Next() {

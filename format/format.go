@@ -19,19 +19,19 @@ type Kind string
 
 // The output formats.
 const (
-	// Txn is one JSON object per transaction (the default).
-	Txn Kind = "txn"
-	// Debezium is one Debezium-style change event per change.
-	Debezium Kind = "debezium"
+	// KindTxn is one JSON object per transaction (the default).
+	KindTxn Kind = "txn"
+	// KindDebezium is one Debezium-style change event per change.
+	KindDebezium Kind = "debezium"
 )
 
 // Kinds lists the output formats.
-var Kinds = []Kind{Txn, Debezium}
+var Kinds = []Kind{KindTxn, KindDebezium}
 
-// ParseKind returns the format named s ("" means Txn).
+// ParseKind returns the format named s ("" means KindTxn).
 func ParseKind(s string) (Kind, error) {
 	if s == "" {
-		return Txn, nil
+		return KindTxn, nil
 	}
 	for _, k := range Kinds {
 		if string(k) == s {
@@ -67,7 +67,7 @@ const DefaultFileMode fs.FileMode = 0o600
 // Config configures a Writer or File. The zero value writes the txn format, stages up to 1 MiB
 // of a transaction in memory and the rest in os.TempDir().
 type Config struct {
-	// Kind is the format; "" means Txn.
+	// Kind is the format; "" means KindTxn.
 	Kind Kind
 
 	// Values decodes column values into typed JSON values (Debezium). nil means
@@ -138,7 +138,7 @@ func NewWriter(w io.Writer, cfg Config) *Writer {
 
 func newWriter(s sink, cfg Config) *Writer {
 	if cfg.Kind == "" {
-		cfg.Kind = Txn
+		cfg.Kind = KindTxn
 	}
 	w := &Writer{cfg: cfg, sink: s, vals: cfg.Values, now: cfg.Now}
 	_, w.kindErr = ParseKind(string(cfg.Kind))
@@ -173,7 +173,7 @@ func (w *Writer) WriteTxn(x *reorderbuffer.Txn) error {
 	w.enc.buf, w.enc.err = w.enc.buf[:0], nil
 	var n int64
 	var err error
-	if w.cfg.Kind == Debezium {
+	if w.cfg.Kind == KindDebezium {
 		n, err = w.debezium(x)
 	} else {
 		n, err = w.txn(x)

@@ -14,7 +14,7 @@ import (
 
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/format"
-	"github.com/pgreorder/pgreorder/internal/capture"
+	"github.com/pgreorder/pgreorder/internal/tools/capture"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 	"github.com/stretchr/testify/require"
 )
@@ -174,7 +174,7 @@ func TestGoldenSynthetic(t *testing.T) {
 			feed(t, msgs, w.WriteTxn)
 			checkLines(t, out.Bytes())
 			golden(t, "synthetic."+string(kind)+".jsonl", out.Bytes())
-			want := map[format.Kind]int64{format.Txn: 9, format.Debezium: 11}[kind]
+			want := map[format.Kind]int64{format.KindTxn: 9, format.KindDebezium: 11}[kind]
 			require.Equal(t, want, w.Changes())
 		})
 	}
@@ -253,7 +253,7 @@ func TestWholeOrNothing(t *testing.T) {
 // TestDebeziumLines: a large transaction is one short line per change.
 func TestDebeziumLines(t *testing.T) {
 	var out bytes.Buffer
-	w := format.NewWriter(&out, format.Config{Kind: format.Debezium, Now: fixedNow})
+	w := format.NewWriter(&out, format.Config{Kind: format.KindDebezium, Now: fixedNow})
 	defer w.Close()
 	feed(t, bigTxn(10000, 10, false), w.WriteTxn)
 	lines := bytes.Split(bytes.TrimSuffix(out.Bytes(), []byte{'\n'}), []byte{'\n'})
@@ -289,7 +289,7 @@ func TestErrors(t *testing.T) {
 	require.ErrorContains(t, err, "valid: txn, debezium")
 	k, err := format.ParseKind("")
 	require.NoError(t, err)
-	require.Equal(t, format.Txn, k)
+	require.Equal(t, format.KindTxn, k)
 
 	// A destination error is returned.
 	w := format.NewWriter(&failingWriter{n: 10}, format.Config{})
@@ -376,7 +376,7 @@ func FuzzNames(f *testing.F) {
 			require.NoError(t, json.Unmarshal(line, &v))
 			var row map[string]any
 			var gotSchema, gotTable string
-			if kind == format.Txn {
+			if kind == format.KindTxn {
 				ch := v["changes"].([]any)[0].(map[string]any)
 				row = ch["new"].(map[string]any)
 				gotSchema, gotTable = ch["schema"].(string), ch["table"].(string)

@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/format"
-	"github.com/pgreorder/pgreorder/internal/pgtest"
+	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
 	"github.com/pgreorder/pgreorder/pgvalue"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 	"github.com/stretchr/testify/require"
@@ -118,7 +118,7 @@ func TestDebeziumTypes(t *testing.T) {
 					m := pgtype.NewMap()
 					m.RegisterType(mood)
 					var out bytes.Buffer
-					w := format.NewWriter(&out, format.Config{Kind: format.Debezium, Values: pgvalue.NewDecoder(m), Now: fixedNow})
+					w := format.NewWriter(&out, format.Config{Kind: format.KindDebezium, Values: pgvalue.NewDecoder(m), Now: fixedNow})
 					defer w.Close()
 					for rows.Next() {
 						var lsn string

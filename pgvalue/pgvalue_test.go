@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/pgreorder/pgreorder/decoding"
-	"github.com/pgreorder/pgreorder/internal/pgtest"
+	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
 	"github.com/pgreorder/pgreorder/pgvalue"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 	"github.com/stretchr/testify/require"
@@ -333,10 +333,10 @@ func TestZeroAllocs(t *testing.T) {
 	defer b.Close()
 	dec := pgvalue.NewDecoder(nil)
 	var ins decoding.Message
-	var rels decoding.RelationCache // the schema at the end of the transaction
+	rels := testSchema{} // the schema at the end of the transaction
 	for c, err := range txn.Changes() {
 		require.NoError(t, err)
-		rels.Apply(c.Msg)
+		rels.add(c.Msg)
 		if m := c.Msg; m.Type() == decoding.MsgInsert {
 			cp := *m.(*decoding.Insert)
 			cp.New = append(decoding.Tuple(nil), cp.New...)
@@ -346,7 +346,7 @@ func TestZeroAllocs(t *testing.T) {
 	require.NotNil(t, ins)
 	n := 0
 	allocs := testing.AllocsPerRun(100, func() {
-		ch, ok, err := dec.Change(&rels, ins)
+		ch, ok, err := dec.Change(rels, ins)
 		if err != nil || !ok {
 			panic(err)
 		}
@@ -367,23 +367,23 @@ func TestErrors(t *testing.T) {
 			Columns: []decoding.RelationColumn{{Flags: 1, Name: "id", TypeOID: pgtype.Int4OID}}},
 	)
 	defer b.Close()
-	var schema decoding.RelationCache // the schema at the end of the transaction
+	schema := testSchema{} // the schema at the end of the transaction
 	for c, err := range txn.Changes() {
 		require.NoError(t, err)
-		schema.Apply(c.Msg)
+		schema.add(c.Msg)
 	}
 	dec := pgvalue.NewDecoder(nil)
-	_, _, err := dec.Change(&schema, &decoding.Insert{RelationID: 2, New: decoding.Tuple{{Kind: 'n'}}})
+	_, _, err := dec.Change(schema, &decoding.Insert{RelationID: 2, New: decoding.Tuple{{Kind: 'n'}}})
 	require.ErrorIs(t, err, pgvalue.ErrUnknownRelation)
-	_, _, err = dec.Change(&schema, &decoding.Truncate{RelationIDs: []uint32{1, 2}})
+	_, _, err = dec.Change(schema, &decoding.Truncate{RelationIDs: []uint32{1, 2}})
 	require.ErrorIs(t, err, pgvalue.ErrUnknownRelation)
-	_, _, err = dec.Change(&schema, &decoding.Insert{RelationID: 1, New: decoding.Tuple{{Kind: 'n'}, {Kind: 'n'}}})
+	_, _, err = dec.Change(schema, &decoding.Insert{RelationID: 1, New: decoding.Tuple{{Kind: 'n'}, {Kind: 'n'}}})
 	require.ErrorIs(t, err, pgvalue.ErrTupleShape)
-	_, ok, err := dec.Change(&schema, &decoding.LogicalMessage{Prefix: "p"})
+	_, ok, err := dec.Change(schema, &decoding.LogicalMessage{Prefix: "p"})
 	require.NoError(t, err)
 	require.False(t, ok)
 
-	ch, ok, err := dec.Change(&schema, &decoding.Update{RelationID: 1, New: decoding.Tuple{{Kind: 'b', Data: []byte{1, 2}}}})
+	ch, ok, err := dec.Change(schema, &decoding.Update{RelationID: 1, New: decoding.Tuple{{Kind: 'b', Data: []byte{1, 2}}}})
 	require.NoError(t, err)
 	require.True(t, ok)
 	require.False(t, ch.Old.Present())
@@ -392,7 +392,7 @@ func TestErrors(t *testing.T) {
 	require.ErrorAs(t, err, &ve, "two bytes are not a binary int4")
 	require.Equal(t, "id", ve.Column)
 
-	ch, _, err = dec.Change(&schema, &decoding.Insert{RelationID: 1, New: decoding.Tuple{{Kind: 'u'}}})
+	ch, _, err = dec.Change(schema, &decoding.Insert{RelationID: 1, New: decoding.Tuple{{Kind: 'u'}}})
 	require.NoError(t, err)
 	_, err = ch.New.Column(0).Value()
 	require.ErrorIs(t, err, pgvalue.ErrUnchanged)
@@ -425,7 +425,7 @@ func TestErrors(t *testing.T) {
 	require.Equal(t, "", zero.TypeName())
 	require.Error(t, zero.Scan(&v))
 
-	ch, _, err = dec.Change(&schema, &decoding.Truncate{Options: decoding.TruncateCascade, RelationIDs: []uint32{1}})
+	ch, _, err = dec.Change(schema, &decoding.Truncate{Options: decoding.TruncateCascade, RelationIDs: []uint32{1}})
 	require.NoError(t, err)
 	require.Equal(t, decoding.MsgTruncate, ch.Op)
 	require.True(t, ch.Cascade)
@@ -460,3 +460,15 @@ func TestChanges(t *testing.T) {
 	}
 	require.Equal(t, 1, n, "iteration stops after the error")
 }
+
+// testSchema is a decoding.Schema of the relations a test's stream described last.
+type testSchema map[uint32]*decoding.Relation
+
+func (s testSchema) add(m decoding.Message) {
+	if r, ok := m.(*decoding.Relation); ok {
+		s[r.RelationID] = r
+	}
+}
+
+func (s testSchema) Relation(id uint32) (*decoding.Relation, bool) { r, ok := s[id]; return r, ok }
+func (s testSchema) Type(uint32) (*decoding.DataType, bool)        { return nil, false }

@@ -18,7 +18,7 @@ type Buffer struct {
 	cfg  Config
 	dec  *decoding.Decoder
 	ctl  decoding.Parser // control messages on input
-	skip LSN             // transactions ending at or before it are dropped
+	skip decoding.LSN    // transactions ending at or before it are dropped
 
 	store *spill.Store
 	xacts map[uint32]*xact
@@ -78,7 +78,7 @@ func New(cfg Config) (*Buffer, error) {
 //
 // Committed transactions that become ready are handed out by Next. After an error every later
 // call returns an error wrapping ErrFailed.
-func (b *Buffer) Add(lsn LSN, data []byte) error {
+func (b *Buffer) Add(lsn decoding.LSN, data []byte) error {
 	if err := b.usable(); err != nil {
 		return err
 	}
@@ -108,7 +108,7 @@ func (b *Buffer) usable() error {
 // Keepalive records the walEnd of a primary keepalive message: the server has sent everything
 // before it. When nothing is pending, the flush position advances to it so that an idle slot
 // does not hold back WAL; with Config.HandOutAdvances, only through an Advance (QueueAdvance).
-func (b *Buffer) Keepalive(walEnd LSN) {
+func (b *Buffer) Keepalive(walEnd decoding.LSN) {
 	b.prog.keepalive = max(b.prog.keepalive, walEnd)
 	b.prog.receive(walEnd)
 }
@@ -136,8 +136,8 @@ func (b *Buffer) QueueAdvance() bool {
 	return true
 }
 
-func (b *Buffer) add(lsn LSN, data []byte) error {
-	h, err := b.dec.Next(data)
+func (b *Buffer) add(lsn decoding.LSN, data []byte) error {
+	h, err := b.dec.Accept(data)
 	if err != nil {
 		return err
 	}
@@ -168,7 +168,7 @@ func (b *Buffer) add(lsn LSN, data []byte) error {
 			if err != nil {
 				return err
 			}
-			final := LSN(0) // the commit (or prepare) LSN
+			final := decoding.LSN(0) // the commit (or prepare) LSN
 			if begin, ok := m.(*decoding.Begin); ok {
 				final = begin.FinalLSN
 			} else {
@@ -316,7 +316,7 @@ func (b *Buffer) add(lsn LSN, data []byte) error {
 // missing handles the end of a transaction the buffer does not hold: harmless when the
 // transaction ends at or before the skip position (the consumer has it), data lost upstream of
 // the buffer otherwise.
-func (b *Buffer) missing(xid uint32, gid string, lsn, end LSN, what string) error {
+func (b *Buffer) missing(xid uint32, gid string, lsn, end decoding.LSN, what string) error {
 	if end <= b.skip {
 		b.stats.SkippedTxns++
 		b.prog.receive(end)
@@ -573,7 +573,7 @@ func (b *Buffer) abortSub(t *xact, sub uint32) error {
 // pgoutput counts the schema it sent with a prepared transaction as known to the client from the
 // PREPARE on: transactions that commit before COMMIT PREPARED may use those relations without
 // describing them again. So the transaction's descriptions take effect now, in stream order.
-func (b *Buffer) hold(t *xact, gid string, prepareLSN, endLSN LSN) error {
+func (b *Buffer) hold(t *xact, gid string, prepareLSN, endLSN decoding.LSN) error {
 	b.prog.receive(endLSN)
 	if old := t.replaces; old != nil {
 		// The same prepared transaction, sent again after a restart: the one held has it all
@@ -638,7 +638,7 @@ func sharedOf(base *schema) *schema {
 }
 
 // finish hands a committed transaction to the queue, or drops it if the consumer already has it.
-func (b *Buffer) finish(t *xact, commitLSN, endLSN LSN, at time.Time, gid string) error {
+func (b *Buffer) finish(t *xact, commitLSN, endLSN decoding.LSN, at time.Time, gid string) error {
 	delete(b.xacts, t.xid)
 	if err := b.settle(t); err != nil {
 		return err
@@ -837,7 +837,7 @@ func (b *Buffer) Ack(t *Txn) error {
 // transaction and every one handed out before it are acknowledged (Config.SkipThrough when none
 // is). It is the position a consumer may persist and resume from; the highest acknowledged end
 // LSN is not, when acknowledgements come out of order.
-func (b *Buffer) AckedThrough() LSN { return b.prog.acked }
+func (b *Buffer) AckedThrough() decoding.LSN { return b.prog.acked }
 
 // FlushPosition returns the position that is safe to report as flushed to the server: the end
 // LSN of the last transaction (or Advance) that was acknowledged together with every one before
@@ -846,7 +846,7 @@ func (b *Buffer) AckedThrough() LSN { return b.prog.acked }
 // and is not acknowledged, pins the position at its PREPARE, so that the server sends it again
 // after a restart. The position never exceeds what was received (the LSNs passed to Add and
 // Keepalive and those inside the messages) and never decreases.
-func (b *Buffer) FlushPosition() LSN {
+func (b *Buffer) FlushPosition() decoding.LSN {
 	return b.prog.flush(b.dec.InTransaction())
 }
 

@@ -28,7 +28,7 @@ func enc(t testing.TB, m decoding.Message, inStream bool) []byte {
 func feed(t testing.TB, b *reorderbuffer.Buffer, msgs ...[]byte) {
 	t.Helper()
 	for i, m := range msgs {
-		require.NoError(t, b.Add(reorderbuffer.LSN(0x100+i), m), "message %d", i)
+		require.NoError(t, b.Add(decoding.LSN(0x100+i), m), "message %d", i)
 	}
 }
 
@@ -43,11 +43,11 @@ func streamTxn(t testing.TB, xid uint32, first bool, vals ...string) [][]byte {
 	return append(out, enc(t, &decoding.StreamStop{}, true))
 }
 
-func streamCommit(t testing.TB, xid uint32, end reorderbuffer.LSN) []byte {
+func streamCommit(t testing.TB, xid uint32, end decoding.LSN) []byte {
 	return enc(t, &decoding.StreamCommit{Xid: xid, CommitLSN: end - 8, EndLSN: end, CommitTime: epoch}, false)
 }
 
-func plainTxn(t testing.TB, xid uint32, end reorderbuffer.LSN, vals ...string) [][]byte {
+func plainTxn(t testing.TB, xid uint32, end decoding.LSN, vals ...string) [][]byte {
 	out := [][]byte{enc(t, &decoding.Begin{FinalLSN: end - 8, CommitTime: epoch, Xid: xid}, false), enc(t, relation(1, 0), false)}
 	for _, v := range vals {
 		out = append(out, enc(t, insert(1, 0, v), false))
@@ -92,7 +92,7 @@ func TestFlushPosition(t *testing.T) {
 		b := newBuffer(t, reorderbuffer.Config{})
 		require.Zero(t, b.FlushPosition())
 		b.Keepalive(0x5000)
-		require.Equal(t, reorderbuffer.LSN(0x5000), b.FlushPosition())
+		require.Equal(t, decoding.LSN(0x5000), b.FlushPosition())
 	})
 	t.Run("an unacknowledged transaction holds the position back", func(t *testing.T) {
 		b := newBuffer(t, reorderbuffer.Config{})
@@ -108,7 +108,7 @@ func TestFlushPosition(t *testing.T) {
 		b.Ack(x2) // out of order: x1 still pending
 		require.Zero(t, b.FlushPosition())
 		b.Ack(x1)
-		require.Equal(t, reorderbuffer.LSN(0x9000), b.FlushPosition(), "all acknowledged: keepalive position")
+		require.Equal(t, decoding.LSN(0x9000), b.FlushPosition(), "all acknowledged: keepalive position")
 	})
 	t.Run("a transaction being received holds keepalives back", func(t *testing.T) {
 		b := newBuffer(t, reorderbuffer.Config{})
@@ -117,7 +117,7 @@ func TestFlushPosition(t *testing.T) {
 		b.Ack(x)
 		feed(t, b, enc(t, &decoding.Begin{FinalLSN: 0x3000, CommitTime: epoch, Xid: 11}, false))
 		b.Keepalive(0x9000)
-		require.Equal(t, reorderbuffer.LSN(0x2000), b.FlushPosition())
+		require.Equal(t, decoding.LSN(0x2000), b.FlushPosition())
 	})
 	t.Run("an open streamed transaction does not hold keepalives back", func(t *testing.T) {
 		// The server sends a streamed transaction again from its start when it commits after
@@ -125,7 +125,7 @@ func TestFlushPosition(t *testing.T) {
 		b := newBuffer(t, reorderbuffer.Config{})
 		feed(t, b, streamTxn(t, 10, true, "a")...)
 		b.Keepalive(0x9000)
-		require.Equal(t, reorderbuffer.LSN(0x9000), b.FlushPosition())
+		require.Equal(t, decoding.LSN(0x9000), b.FlushPosition())
 	})
 	t.Run("a held prepared transaction pins the position before its PREPARE", func(t *testing.T) {
 		b := newBuffer(t, reorderbuffer.Config{})
@@ -136,15 +136,15 @@ func TestFlushPosition(t *testing.T) {
 		x, _ := b.Next()
 		b.Ack(x)
 		b.Keepalive(0x9000)
-		require.Equal(t, reorderbuffer.LSN(0x4000), b.FlushPosition())
+		require.Equal(t, decoding.LSN(0x4000), b.FlushPosition())
 		feed(t, b, enc(t, &decoding.CommitPrepared{CommitLSN: 0x9100, EndLSN: 0x9108, CommitTime: epoch, Xid: 12, GID: "g"}, false))
 		x, ok := b.Next()
 		require.True(t, ok)
 		require.Equal(t, "g", x.GID)
 		require.Equal(t, []string{"p"}, values(t, x))
-		require.Equal(t, reorderbuffer.LSN(0x4000), b.FlushPosition())
+		require.Equal(t, decoding.LSN(0x4000), b.FlushPosition())
 		b.Ack(x)
-		require.Equal(t, reorderbuffer.LSN(0x9108), b.FlushPosition())
+		require.Equal(t, decoding.LSN(0x9108), b.FlushPosition())
 	})
 	t.Run("SkipThrough drops what the consumer already applied", func(t *testing.T) {
 		b := newBuffer(t, reorderbuffer.Config{SkipThrough: 0x3000})
@@ -156,7 +156,7 @@ func TestFlushPosition(t *testing.T) {
 		require.Equal(t, []string{"new"}, values(t, x))
 		_, ok = b.Next()
 		require.False(t, ok)
-		require.Equal(t, reorderbuffer.LSN(0x3000), b.FlushPosition())
+		require.Equal(t, decoding.LSN(0x3000), b.FlushPosition())
 		require.EqualValues(t, 2, b.Stats().SkippedTxns)
 	})
 }
@@ -192,7 +192,7 @@ func TestStreamEdgeCases(t *testing.T) {
 		x, ok := b.Next()
 		require.True(t, ok)
 		require.Empty(t, values(t, x))
-		require.Equal(t, reorderbuffer.LSN(0x2000), x.EndLSN)
+		require.Equal(t, decoding.LSN(0x2000), x.EndLSN)
 	})
 	t.Run("a released transaction cannot be read", func(t *testing.T) {
 		b := newBuffer(t, reorderbuffer.Config{})
@@ -254,7 +254,7 @@ func TestBadInput(t *testing.T) {
 			b := newBuffer(t, reorderbuffer.Config{})
 			var err error
 			for i, m := range tc.msgs(t) {
-				if err = b.Add(reorderbuffer.LSN(i), m); err != nil {
+				if err = b.Add(decoding.LSN(i), m); err != nil {
 					break
 				}
 			}
@@ -349,7 +349,7 @@ func TestManyOpenTransactions(t *testing.T) {
 	require.InEpsilon(t, heap, st.OverheadBytes, 0.25, "overhead accounted (%d) against the heap (%d)", st.OverheadBytes, heap)
 	require.Positive(t, st.SpillTxns)
 	for x := range n {
-		feed(t, b, streamCommit(t, uint32(1000+x), reorderbuffer.LSN(0x10000+16*x)))
+		feed(t, b, streamCommit(t, uint32(1000+x), decoding.LSN(0x10000+16*x)))
 		got, ok := b.Next()
 		require.True(t, ok)
 		require.Equal(t, []string{"a", "b"}, values(t, got))

@@ -45,9 +45,9 @@ func TestTxnReadWhileBufferWorks(t *testing.T) {
 	// The buffer goes on meanwhile: other transactions spill, counters are read.
 	for i := range 50 {
 		xid := uint32(100 + i)
-		end := reorderbuffer.LSN(0x10000 + 0x100*i)
+		end := decoding.LSN(0x10000 + 0x100*i)
 		for j, m := range flat(streamTxn(t, xid, true, "a", "b", "c"), [][]byte{streamCommit(t, xid, end)}) {
-			require.NoError(t, b.Add(end-0x80+reorderbuffer.LSN(j), m))
+			require.NoError(t, b.Add(end-0x80+decoding.LSN(j), m))
 		}
 		b.Keepalive(end)
 		_ = b.Stats()

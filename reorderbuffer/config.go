@@ -10,9 +10,6 @@ import (
 	"github.com/pgreorder/pgreorder/spill"
 )
 
-// LSN is a PostgreSQL write-ahead log position.
-type LSN = decoding.LSN
-
 // DefaultWorkMem is the memory limit used when Config.WorkMem is 0: PostgreSQL's default for
 // logical_decoding_work_mem, 64MB.
 const DefaultWorkMem int64 = 64 << 20
@@ -71,7 +68,7 @@ type Config struct {
 	// SkipThrough is the consumer's last durable position: the end LSN of the last transaction it
 	// applied before a restart. Transactions that end at or before it are dropped instead of being
 	// handed out again, as PostgreSQL's subscriber does with its replication origin.
-	SkipThrough LSN
+	SkipThrough decoding.LSN
 }
 
 func (c *Config) validate() error {

@@ -34,7 +34,7 @@ var (
 
 // InputError describes a message the buffer could not accept.
 type InputError struct {
-	LSN  LSN                  // the position passed to Add
+	LSN  decoding.LSN         // the position passed to Add
 	Type decoding.MessageType // the message's type, 0 if the message was empty
 	Err  error                // the cause: a decoding error, a protocol violation, or a spill I/O error
 }
@@ -54,9 +54,9 @@ func (e *InputError) Unwrap() error { return e.Err }
 // resumed without Restart). It wraps ErrProtocol.
 type MissingError struct {
 	Xid  uint32
-	GID  string // for two-phase transactions
-	LSN  LSN    // the commit (or prepare) LSN the message carries, or the position passed to Add
-	What string // what arrived
+	GID  string       // for two-phase transactions
+	LSN  decoding.LSN // the commit (or prepare) LSN the message carries, or the position passed to Add
+	What string       // what arrived
 }
 
 func (e *MissingError) Error() string {

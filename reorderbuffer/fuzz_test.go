@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/pgreorder/pgreorder/decoding"
-	"github.com/pgreorder/pgreorder/internal/capture"
+	"github.com/pgreorder/pgreorder/internal/tools/capture"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 	"github.com/stretchr/testify/require"
 )
@@ -45,7 +45,7 @@ func FuzzBuffer(f *testing.F) {
 		require.NoError(t, err)
 		defer b.Close()
 		failed := false
-		var flushed reorderbuffer.LSN
+		var flushed decoding.LSN
 		for len(in) >= 2 {
 			n := int(binary.BigEndian.Uint16(in))
 			in = in[2:]

@@ -39,7 +39,7 @@ type server struct {
 	rel  []uint32
 	desc [][]byte
 
-	last reorderbuffer.LSN // position of the last message sent in this session: a keepalive's walEnd
+	last decoding.LSN // position of the last message sent in this session: a keepalive's walEnd
 }
 
 func newServer(t testing.TB, all []wire) *server {
@@ -65,7 +65,7 @@ func newServer(t testing.TB, all []wire) *server {
 }
 
 // session starts a new replication session at confirmed position p.
-func (s *server) session(p reorderbuffer.LSN, first bool) {
+func (s *server) session(p decoding.LSN, first bool) {
 	s.list, s.pos, s.last = s.list[:0], 0, 0
 	described := map[uint32]bool{}
 	for i, w := range s.all {
@@ -91,14 +91,14 @@ type consumer struct {
 	want    []wantTxn
 	expect  []wantTxn // what this Buffer must still hand out, in order
 	handed  []*reorderbuffer.Txn
-	acked   map[reorderbuffer.LSN]bool // end LSNs acknowledged, over all lives (durable)
-	confirm reorderbuffer.LSN          // the server's confirmed position
-	flushed reorderbuffer.LSN          // the last flush position of this Buffer
-	parts   assembler                  // with Config.Incremental: transactions being applied
+	acked   map[decoding.LSN]bool // end LSNs acknowledged, over all lives (durable)
+	confirm decoding.LSN          // the server's confirmed position
+	flushed decoding.LSN          // the last flush position of this Buffer
+	parts   assembler             // with Config.Incremental: transactions being applied
 }
 
 // start makes a new Buffer resumed at skip (the consumer's durable position) and a new session.
-func (c *consumer) start(skip reorderbuffer.LSN, first bool) {
+func (c *consumer) start(skip decoding.LSN, first bool) {
 	c.t.Helper()
 	cfg := c.cfg
 	cfg.SkipThrough = skip
@@ -184,7 +184,7 @@ func resumeRound(t *testing.T, s uint64, steps int, limit int64, incremental boo
 	dir := t.TempDir()
 	c := &consumer{
 		t: t, rng: rand.New(rand.NewPCG(s, 7)), cfg: reorderbuffer.Config{WorkMem: limit, Dir: dir, Incremental: incremental},
-		srv: newServer(t, g.out), want: g.want, acked: map[reorderbuffer.LSN]bool{},
+		srv: newServer(t, g.out), want: g.want, acked: map[decoding.LSN]bool{},
 	}
 	c.start(0, true)
 	restarts, crashes := 0, 0

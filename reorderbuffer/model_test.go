@@ -23,14 +23,14 @@ import (
 // against it under several memory limits.
 
 type wire struct {
-	lsn  reorderbuffer.LSN
+	lsn  decoding.LSN
 	data []byte
 	// What a server restarted at a confirmed position P sends again: a message is sent again
 	// when decide >= P. decide is the LSN that decides whether the server decodes the message's
 	// transaction again (its commit, PREPARE or abort; a COMMIT PREPARED's own LSN; a
 	// non-transactional message's LSN); 0 for strays, which are not sent again.
 	owner  uint32
-	decide reorderbuffer.LSN
+	decide decoding.LSN
 }
 
 type wantTxn struct {
@@ -39,7 +39,7 @@ type wantTxn struct {
 	nontx   bool
 	content string
 	values  []string
-	end     reorderbuffer.LSN
+	end     decoding.LSN
 }
 
 type simChange struct {
@@ -59,7 +59,7 @@ type simTxn struct {
 	used       map[uint32]bool // relations ever described: locked against DDL until the end
 	prepared   bool
 	gid        string
-	preparedAt reorderbuffer.LSN
+	preparedAt decoding.LSN
 	vals       []string // prepared: the values it commits with
 	msgs       []int    // indexes in gen.out of the messages of its content phase
 }
@@ -70,7 +70,7 @@ type gen struct {
 	opts    decoding.Options
 	out     []wire
 	want    []wantTxn
-	lsn     reorderbuffer.LSN
+	lsn     decoding.LSN
 	nextXid uint32
 	seq     int
 	open    []*simTxn
@@ -97,7 +97,7 @@ func (g *gen) emit(m decoding.Message, inStream bool) {
 }
 
 // decide sets the deciding LSN of x's content phase and ends it.
-func (g *gen) decide(x *simTxn, lsn reorderbuffer.LSN) {
+func (g *gen) decide(x *simTxn, lsn decoding.LSN) {
 	for _, i := range x.msgs {
 		g.out[i].decide = lsn
 	}
@@ -167,7 +167,7 @@ func (g *gen) plain(prepare bool) {
 	x := &simTxn{xid: g.xid(), used: map[uint32]bool{}}
 	n := g.rng.IntN(4)
 	var vals []string
-	final := reorderbuffer.LSN(0) // fixed below, once the commit's position is known
+	final := decoding.LSN(0) // fixed below, once the commit's position is known
 	g.cur = x
 	beginAt := len(g.out)
 	if prepare {

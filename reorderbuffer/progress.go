@@ -1,5 +1,7 @@
 package reorderbuffer
 
+import "github.com/pgreorder/pgreorder/decoding"
+
 // progress tracks what the consumer has acknowledged and computes the position that is safe to
 // confirm to the server. It knows nothing of transaction contents: it sees end LSNs, positions
 // received, and the PREPARE positions that pin the confirmed position.
@@ -19,29 +21,31 @@ type progress struct {
 	base    uint64 // sequence number of pending[head]
 	unacked int
 
-	acked     LSN
-	received  LSN // highest position known to be received in full
-	keepalive LSN
+	acked     decoding.LSN
+	received  decoding.LSN // highest position known to be received in full
+	keepalive decoding.LSN
 	noIdle    bool // the keepalive position is confirmed only through Advance entries
-	reported  LSN
+	reported  decoding.LSN
 	pins      map[uint32]*pin
 }
 
 type ackEntry struct {
-	end   LSN
+	end   decoding.LSN
 	acked bool
 }
 
 type pin struct {
-	at   LSN // the PREPARE position: the server sends the transaction again only from before it
+	at   decoding.LSN // the PREPARE position: the server sends the transaction again only from before it
 	refs int
 }
 
-func newProgress(resume LSN, noIdle bool) progress { return progress{acked: resume, noIdle: noIdle} }
+func newProgress(resume decoding.LSN, noIdle bool) progress {
+	return progress{acked: resume, noIdle: noIdle}
+}
 
 // enqueue registers a transaction that will be handed out, in commit order, and returns its
 // sequence number for ack.
-func (p *progress) enqueue(end LSN) uint64 {
+func (p *progress) enqueue(end decoding.LSN) uint64 {
 	seq := p.base + uint64(len(p.pending)-p.head)
 	p.pending = append(p.pending, ackEntry{end: end})
 	p.unacked++
@@ -79,10 +83,10 @@ func (p *progress) ack(seq uint64) bool {
 }
 
 // receive records that everything up to lsn was received.
-func (p *progress) receive(lsn LSN) { p.received = max(p.received, lsn) }
+func (p *progress) receive(lsn decoding.LSN) { p.received = max(p.received, lsn) }
 
 // pin adds a holder of the pin of prepared transaction xid at its PREPARE position.
-func (p *progress) pin(xid uint32, at LSN) {
+func (p *progress) pin(xid uint32, at decoding.LSN) {
 	if p.pins == nil {
 		p.pins = make(map[uint32]*pin)
 	}
@@ -106,7 +110,7 @@ func (p *progress) unpin(xid uint32) {
 // flush returns the position that is safe to confirm: the acknowledged prefix or, when nothing
 // is pending and no plain transaction is half received (receiving), the last keepalive
 // position; never past a pinned PREPARE, never past what was received, never less than before.
-func (p *progress) flush(receiving bool) LSN {
+func (p *progress) flush(receiving bool) decoding.LSN {
 	pos := p.acked
 	if p.unacked == 0 && !receiving && !p.noIdle {
 		pos = max(pos, p.keepalive)
@@ -123,7 +127,7 @@ func (p *progress) flush(receiving bool) LSN {
 // idleAdvance returns the keepalive position when an Advance to it may be queued: nothing is
 // pending, no plain transaction is half received (receiving), and it is past the acknowledged
 // prefix.
-func (p *progress) idleAdvance(receiving bool) (LSN, bool) {
+func (p *progress) idleAdvance(receiving bool) (decoding.LSN, bool) {
 	if p.unacked != 0 || receiving || p.keepalive <= p.acked {
 		return 0, false
 	}
@@ -131,7 +135,7 @@ func (p *progress) idleAdvance(receiving bool) (LSN, bool) {
 }
 
 // oldestUnacked returns the end LSN of the oldest transaction not acknowledged, or 0.
-func (p *progress) oldestUnacked() LSN {
+func (p *progress) oldestUnacked() decoding.LSN {
 	if p.head < len(p.pending) {
 		return p.pending[p.head].end
 	}
@@ -140,7 +144,7 @@ func (p *progress) oldestUnacked() LSN {
 
 // lastEnqueued returns the end LSN of the last transaction enqueued and not yet part of the
 // acknowledged prefix, or the acknowledged prefix.
-func (p *progress) lastEnqueued() LSN {
+func (p *progress) lastEnqueued() decoding.LSN {
 	if n := len(p.pending); n > p.head {
 		return p.pending[n-1].end
 	}

@@ -19,7 +19,7 @@ import (
 // position, schema changes read late, out-of-order acknowledgements, misuse while reading, and
 // messages for transactions whose beginning never arrived.
 
-func prepared(t testing.TB, xid uint32, gid string, at reorderbuffer.LSN, rel *decoding.Relation, vals ...string) [][]byte {
+func prepared(t testing.TB, xid uint32, gid string, at decoding.LSN, rel *decoding.Relation, vals ...string) [][]byte {
 	out := [][]byte{enc(t, &decoding.BeginPrepare{PrepareLSN: at, EndLSN: at + 8, PrepareTime: epoch, Xid: xid, GID: gid}, false)}
 	if rel != nil {
 		out = append(out, enc(t, rel, false))
@@ -30,12 +30,12 @@ func prepared(t testing.TB, xid uint32, gid string, at reorderbuffer.LSN, rel *d
 	return append(out, enc(t, &decoding.Prepare{PrepareLSN: at, EndLSN: at + 8, PrepareTime: epoch, Xid: xid, GID: gid}, false))
 }
 
-func commitPrepared(t testing.TB, xid uint32, gid string, end reorderbuffer.LSN) []byte {
+func commitPrepared(t testing.TB, xid uint32, gid string, end decoding.LSN) []byte {
 	return enc(t, &decoding.CommitPrepared{CommitLSN: end - 8, EndLSN: end, CommitTime: epoch, Xid: xid, GID: gid}, false)
 }
 
 // plainNoSchema is a plain transaction that relies on relation 1 being described earlier.
-func plainNoSchema(t testing.TB, xid uint32, end reorderbuffer.LSN, vals ...string) [][]byte {
+func plainNoSchema(t testing.TB, xid uint32, end decoding.LSN, vals ...string) [][]byte {
 	out := [][]byte{enc(t, &decoding.Begin{FinalLSN: end - 8, CommitTime: epoch, Xid: xid}, false)}
 	for _, v := range vals {
 		out = append(out, enc(t, insert(1, 0, v), false))
@@ -74,7 +74,7 @@ func TestCommitPreparedOfATransactionNeverReceived(t *testing.T) {
 	require.ErrorAs(t, err, &me)
 	require.ErrorIs(t, err, reorderbuffer.ErrProtocol)
 	require.Equal(t, "lost", me.GID)
-	require.Equal(t, reorderbuffer.LSN(0x2000), me.LSN)
+	require.Equal(t, decoding.LSN(0x2000), me.LSN)
 	require.Contains(t, err.Error(), `"lost"`)
 	require.ErrorIs(t, b.Add(0, streamCommit(t, 1, 0x3000)), reorderbuffer.ErrFailed)
 
@@ -106,10 +106,10 @@ func TestBeginWhileStreamedPartOpen(t *testing.T) {
 	// One session never sends a transaction both streamed and whole: a Begin for the xid of an
 	// open streamed transaction means a new session was fed without Restart. The Begin is the
 	// message that shows it, so the Begin is rejected, with its position.
-	streamPrepare := func(t testing.TB, xid uint32, gid string, at reorderbuffer.LSN) []byte {
+	streamPrepare := func(t testing.TB, xid uint32, gid string, at decoding.LSN) []byte {
 		return enc(t, &decoding.StreamPrepare{PrepareLSN: at, EndLSN: at + 8, PrepareTime: epoch, Xid: xid, GID: gid}, false)
 	}
-	const at = reorderbuffer.LSN(0x5000) // where the whole transaction is fed
+	const at = decoding.LSN(0x5000) // where the whole transaction is fed
 	for _, tc := range []struct {
 		name    string
 		cfg     reorderbuffer.Config
@@ -185,7 +185,7 @@ func TestBeginWhileStreamedPartOpen(t *testing.T) {
 			var err error
 			var typ decoding.MessageType
 			for i, m := range tc.whole(t) {
-				if err = b.Add(at+reorderbuffer.LSN(i), m); err != nil {
+				if err = b.Add(at+decoding.LSN(i), m); err != nil {
 					typ = decoding.MessageType(m[0])
 					break
 				}
@@ -301,18 +301,18 @@ func TestSchemaTakesEffectInStreamOrder(t *testing.T) {
 
 func TestAckedThroughIsThePrefix(t *testing.T) {
 	b := newBuffer(t, reorderbuffer.Config{SkipThrough: 0x1000})
-	require.Equal(t, reorderbuffer.LSN(0x1000), b.AckedThrough())
+	require.Equal(t, decoding.LSN(0x1000), b.AckedThrough())
 	feed(t, b, plainTxn(t, 10, 0x2000, "a")...)
 	feed(t, b, plainTxn(t, 11, 0x3000, "b")...)
 	x1, _ := b.Next()
 	x2, _ := b.Next()
 	require.NoError(t, b.Ack(x2))
-	require.Equal(t, reorderbuffer.LSN(0x1000), b.AckedThrough(), "x1 is not acknowledged: resuming past it would lose it")
+	require.Equal(t, decoding.LSN(0x1000), b.AckedThrough(), "x1 is not acknowledged: resuming past it would lose it")
 	st := b.Stats()
 	require.Equal(t, 2, st.UnackedTxns, "acknowledged out of order, still pending")
-	require.Equal(t, reorderbuffer.LSN(0x2000), st.OldestUnackedLSN)
+	require.Equal(t, decoding.LSN(0x2000), st.OldestUnackedLSN)
 	require.NoError(t, b.Ack(x1))
-	require.Equal(t, reorderbuffer.LSN(0x3000), b.AckedThrough())
+	require.Equal(t, decoding.LSN(0x3000), b.AckedThrough())
 	require.NoError(t, b.Ack(x1), "twice is harmless")
 	require.Zero(t, b.Stats().UnackedTxns)
 
@@ -321,7 +321,7 @@ func TestAckedThroughIsThePrefix(t *testing.T) {
 	feed(t, other, plainTxn(t, 12, 0x4000, "c")...)
 	y, _ := other.Next()
 	require.ErrorIs(t, b.Ack(y), reorderbuffer.ErrForeignTxn)
-	require.Equal(t, reorderbuffer.LSN(0x3000), b.AckedThrough())
+	require.Equal(t, decoding.LSN(0x3000), b.AckedThrough())
 }
 
 func TestFlushNeverPastWhatWasReceived(t *testing.T) {
@@ -331,7 +331,7 @@ func TestFlushNeverPastWhatWasReceived(t *testing.T) {
 	require.Zero(t, b.FlushPosition())
 	feed(t, b, prepared(t, 12, "g", 0x2000, relation(1, 0), "p")...)
 	b.Keepalive(0x5000)
-	require.Equal(t, reorderbuffer.LSN(0x2000), b.FlushPosition(), "pinned at the PREPARE, capped by what was received")
+	require.Equal(t, decoding.LSN(0x2000), b.FlushPosition(), "pinned at the PREPARE, capped by what was received")
 }
 
 func TestReadingAReleasedTransaction(t *testing.T) {
@@ -380,7 +380,7 @@ func TestHandedOutTransactionsAreNotRetained(t *testing.T) {
 	b := newBuffer(t, reorderbuffer.Config{})
 	var refs []weak.Pointer[reorderbuffer.Txn]
 	for i := range 100 {
-		feed(t, b, plainTxn(t, uint32(10+i), reorderbuffer.LSN(0x2000+0x100*i), "a")...)
+		feed(t, b, plainTxn(t, uint32(10+i), decoding.LSN(0x2000+0x100*i), "a")...)
 		x, ok := b.Next()
 		require.True(t, ok)
 		refs = append(refs, weak.Make(x))
@@ -392,7 +392,7 @@ func TestHandedOutTransactionsAreNotRetained(t *testing.T) {
 	}
 	st := b.Stats()
 	require.Equal(t, 100, st.UnackedTxns)
-	require.Equal(t, reorderbuffer.LSN(0x2000), st.OldestUnackedLSN)
+	require.Equal(t, decoding.LSN(0x2000), st.OldestUnackedLSN)
 }
 
 func TestRestart(t *testing.T) {
@@ -424,11 +424,11 @@ func TestRestart(t *testing.T) {
 		x, _ := b.Next()
 		require.NoError(t, b.Ack(x))
 		b.Keepalive(0x4000)
-		require.Equal(t, reorderbuffer.LSN(0x2000), b.FlushPosition())
+		require.Equal(t, decoding.LSN(0x2000), b.FlushPosition())
 		require.NoError(t, b.Restart())
 		// Sent again from 0x2000: the prepared transaction first, half of it so far.
 		feed(t, b, enc(t, &decoding.BeginPrepare{PrepareLSN: 0x2000, EndLSN: 0x2008, PrepareTime: epoch, Xid: 12, GID: "g"}, false))
-		require.Equal(t, reorderbuffer.LSN(0x2000), b.FlushPosition(), "pin lost while the transaction is received again")
+		require.Equal(t, decoding.LSN(0x2000), b.FlushPosition(), "pin lost while the transaction is received again")
 		feed(t, b, enc(t, relation(1, 0), false), enc(t, insert(1, 0, "p"), false),
 			enc(t, &decoding.Prepare{PrepareLSN: 0x2000, EndLSN: 0x2008, PrepareTime: epoch, Xid: 12, GID: "g"}, false))
 		feed(t, b, plainTxn(t, 13, 0x3000, "after")...)
@@ -439,9 +439,9 @@ func TestRestart(t *testing.T) {
 		require.Equal(t, []string{"p"}, values(t, x))
 		_, ok = b.Next()
 		require.False(t, ok)
-		require.Equal(t, reorderbuffer.LSN(0x2000), b.FlushPosition())
+		require.Equal(t, decoding.LSN(0x2000), b.FlushPosition())
 		require.NoError(t, b.Ack(x))
-		require.Equal(t, reorderbuffer.LSN(0x5000), b.FlushPosition())
+		require.Equal(t, decoding.LSN(0x5000), b.FlushPosition())
 	})
 	t.Run("a committed prepared transaction not acknowledged keeps its pin", func(t *testing.T) {
 		// PREPARE at 0x2000, a transaction committed at 0x3000 (acknowledged), COMMIT PREPARED
@@ -462,10 +462,10 @@ func TestRestart(t *testing.T) {
 		require.False(t, ok)
 		b.Keepalive(0x5000)
 		require.NoError(t, b.CheckInvariants())
-		require.Equal(t, reorderbuffer.LSN(0x3000), b.AckedThrough())
-		require.Equal(t, reorderbuffer.LSN(0x2000), b.FlushPosition(), "the unacknowledged COMMIT PREPARED pins its PREPARE")
+		require.Equal(t, decoding.LSN(0x3000), b.AckedThrough())
+		require.Equal(t, decoding.LSN(0x2000), b.FlushPosition(), "the unacknowledged COMMIT PREPARED pins its PREPARE")
 		require.NoError(t, b.Ack(x))
-		require.Equal(t, reorderbuffer.LSN(0x5000), b.FlushPosition())
+		require.Equal(t, decoding.LSN(0x5000), b.FlushPosition())
 		require.NoError(t, b.CheckInvariants())
 	})
 }

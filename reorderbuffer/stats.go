@@ -1,6 +1,10 @@
 package reorderbuffer
 
-import "unsafe"
+import (
+	"unsafe"
+
+	"github.com/pgreorder/pgreorder/decoding"
+)
 
 // Stats are the buffer's counters. The first eight are named and counted like the columns of
 // PostgreSQL's pg_stat_replication_slots, for the client side of the stream.
@@ -28,11 +32,11 @@ type Stats struct {
 	// consumer that never acknowledges grows it without bound and holds the slot's WAL.
 	UnackedTxns int
 	// OldestUnackedLSN is the end LSN of the oldest transaction not acknowledged (0 if none).
-	OldestUnackedLSN LSN
+	OldestUnackedLSN decoding.LSN
 	// AckedThrough is the acknowledged prefix (see Buffer.AckedThrough).
-	AckedThrough LSN
+	AckedThrough decoding.LSN
 	// ReceivedLSN is the highest position known to be received in full.
-	ReceivedLSN LSN
+	ReceivedLSN decoding.LSN
 	// FlushLagBytes is ReceivedLSN minus the last flush position returned: WAL the server keeps
 	// for the consumer.
 	FlushLagBytes int64

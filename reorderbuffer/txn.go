@@ -20,14 +20,14 @@ import (
 // log's reader, the schema it resolves against), so it may be read on another goroutine while
 // the Buffer goes on being used.
 type Txn struct {
-	Xid        uint32    // top-level transaction id; 0 for a non-transactional message
-	CommitLSN  LSN       // LSN of the commit record (COMMIT PREPARED's for a two-phase transaction)
-	EndLSN     LSN       // end of the commit record: what to acknowledge to the server
-	CommitTime time.Time // commit time reported by the server
-	Origin     string    // replication origin of the transaction, if the server sent one
-	OriginLSN  LSN       // the origin's commit LSN (0 for streamed transactions: pgoutput sends 0)
-	GID        string    // global identifier of a two-phase transaction, "" otherwise
-	Streamed   bool      // the transaction arrived as a stream (it was larger than the server's work mem)
+	Xid        uint32       // top-level transaction id; 0 for a non-transactional message
+	CommitLSN  decoding.LSN // LSN of the commit record (COMMIT PREPARED's for a two-phase transaction)
+	EndLSN     decoding.LSN // end of the commit record: what to acknowledge to the server
+	CommitTime time.Time    // commit time reported by the server
+	Origin     string       // replication origin of the transaction, if the server sent one
+	OriginLSN  decoding.LSN // the origin's commit LSN (0 for streamed transactions: pgoutput sends 0)
+	GID        string       // global identifier of a two-phase transaction, "" otherwise
+	Streamed   bool         // the transaction arrived as a stream (it was larger than the server's work mem)
 
 	// NonTransactional marks a non-transactional logical message (pg_logical_emit_message with
 	// transactional = false); Changes yields just that message and CommitLSN = EndLSN = its LSN.

@@ -63,9 +63,9 @@ func (t *xact) described() []decoding.Message {
 // open transactions.
 type xactMeta struct {
 	origin     string
-	originLSN  LSN
+	originLSN  decoding.LSN
 	gid        string
-	prepareLSN LSN
+	prepareLSN decoding.LSN
 	base       *schema // prepared: the schema in effect before the PREPARE (shared)
 }
 

@@ -16,12 +16,69 @@ import (
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 )
 
-// Streaming modes of the pgoutput "streaming" option.
+// Streaming is the pgoutput "streaming" option.
+type Streaming uint8
+
 const (
-	StreamingOff      = "off"      // the server reorders (and spills) every transaction itself
-	StreamingOn       = "on"       // PostgreSQL 14+: large transactions are sent while they run
-	StreamingParallel = "parallel" // PostgreSQL 16+: as "on", and Stream Abort carries abort_lsn and abort_time
+	StreamingDefault  Streaming = iota // the best the server supports: parallel on 16+, on for 14 and 15, off below
+	StreamingOff                       // the server reorders (and spills) every transaction itself
+	StreamingOn                        // PostgreSQL 14+: large transactions are sent while they run
+	StreamingParallel                  // PostgreSQL 16+: as on, and Stream Abort carries abort_lsn and abort_time
 )
+
+var streamingNames = [...]string{StreamingDefault: "default", StreamingOff: "off", StreamingOn: "on", StreamingParallel: "parallel"}
+
+// String returns the option's value as pgoutput reads it ("off", "on", "parallel"), or "default".
+func (s Streaming) String() string {
+	if int(s) < len(streamingNames) {
+		return streamingNames[s]
+	}
+	return fmt.Sprintf("Streaming(%d)", int(s))
+}
+
+// ParseStreaming parses "off", "on" or "parallel" (in any letter case); "" and "default" are
+// StreamingDefault.
+func ParseStreaming(s string) (Streaming, error) {
+	if s == "" {
+		return StreamingDefault, nil
+	}
+	for v, n := range streamingNames {
+		if strings.EqualFold(s, n) {
+			return Streaming(v), nil
+		}
+	}
+	return 0, &OptionError{Option: "streaming", Value: s, Rule: streamRule, Err: ErrInvalidConfig}
+}
+
+// OriginFilter is pgoutput's "origin" option: which changes the server sends by the replication
+// origin they were committed with (PostgreSQL 16+).
+type OriginFilter uint8
+
+const (
+	OriginFilterDefault OriginFilter = iota // the option is not sent: every change, on any server
+	OriginFilterAny                         // "any": every change
+	OriginFilterNone                        // "none": only changes committed without an origin, not those another replication applied
+)
+
+var originFilterNames = [...]string{OriginFilterDefault: "", OriginFilterAny: "any", OriginFilterNone: "none"}
+
+// String returns the option's value as pgoutput reads it ("any", "none"), or "" when not sent.
+func (f OriginFilter) String() string {
+	if int(f) < len(originFilterNames) {
+		return originFilterNames[f]
+	}
+	return fmt.Sprintf("OriginFilter(%d)", int(f))
+}
+
+// ParseOriginFilter parses "any" or "none" (in any letter case); "" is OriginFilterDefault.
+func ParseOriginFilter(s string) (OriginFilter, error) {
+	for v, n := range originFilterNames {
+		if strings.EqualFold(s, n) {
+			return OriginFilter(v), nil
+		}
+	}
+	return 0, &OptionError{Option: "origin", Value: s, Rule: originRule, Err: ErrInvalidConfig}
+}
 
 // DefaultStatusInterval is the longest time between two standby status updates when
 // Config.StatusInterval is zero and the server's wal_sender_timeout is 40s or more (below that, a
@@ -76,9 +133,9 @@ type Config struct {
 	// ProtoVersion is the pgoutput protocol version; 0 asks for the highest the server speaks:
 	// 1 below PostgreSQL 14, 2 on 14, 3 on 15, 4 on 16 and later.
 	ProtoVersion int
-	// Streaming is StreamingOff, StreamingOn or StreamingParallel; "" asks for the best the server
-	// supports: parallel on 16+, on for 14 and 15, off below.
-	Streaming string
+	// Streaming is StreamingOff, StreamingOn or StreamingParallel; StreamingDefault (the zero
+	// value) asks for the best the server supports: parallel on 16+, on for 14 and 15, off below.
+	Streaming Streaming
 	// Binary asks for binary column values where the type has a send function (PostgreSQL 14+).
 	Binary bool
 	// Messages asks for logical decoding messages (pg_logical_emit_message), PostgreSQL 14+.
@@ -87,8 +144,9 @@ type Config struct {
 	// It must match the slot: a created slot is created with two-phase decoding when it is set, and
 	// an existing slot must have been created the same way (pg_replication_slots.two_phase).
 	TwoPhase bool
-	// Origin is "" (option not sent), "any" or "none" (PostgreSQL 16+: only changes without origin).
-	Origin string
+	// OriginFilter is pgoutput's origin option: OriginFilterDefault (not sent), OriginFilterAny,
+	// or OriginFilterNone (PostgreSQL 16+: only changes committed without a replication origin).
+	OriginFilter OriginFilter
 
 	// StatusInterval is the longest time between two standby status updates, sent whether or not
 	// the consumer is inside Next. 0 means DefaultStatusInterval, or a quarter of the server's
@@ -161,9 +219,9 @@ func (p ReconnectPolicy) delay(n int) time.Duration {
 
 // Negotiated is what a Config resolves to against a given server.
 type Negotiated struct {
-	ServerMajor  int    // the server's major version, e.g. 15
-	ProtoVersion int    // the pgoutput protocol version sent
-	Streaming    string // StreamingOff, StreamingOn or StreamingParallel
+	ServerMajor  int       // the server's major version, e.g. 15
+	ProtoVersion int       // the pgoutput protocol version sent
+	Streaming    Streaming // StreamingOff, StreamingOn or StreamingParallel
 	// PluginArgs are the START_REPLICATION options, in the order sent, already quoted.
 	PluginArgs []string
 }
@@ -243,7 +301,7 @@ func (c *Config) Negotiate(serverMajor int) (Negotiated, error) {
 	}
 
 	switch c.Streaming {
-	case "":
+	case StreamingDefault:
 		switch {
 		case n.ProtoVersion >= 4:
 			n.Streaming = StreamingParallel
@@ -256,16 +314,16 @@ func (c *Config) Negotiate(serverMajor int) (Negotiated, error) {
 		n.Streaming = StreamingOff
 	case StreamingOn:
 		if n.ProtoVersion < 2 {
-			return n, unsupported("streaming", c.Streaming)
+			return n, unsupported("streaming", c.Streaming.String())
 		}
 		n.Streaming = StreamingOn
 	case StreamingParallel:
 		if n.ProtoVersion < 4 {
-			return n, unsupported("streaming", c.Streaming)
+			return n, unsupported("streaming", c.Streaming.String())
 		}
 		n.Streaming = StreamingParallel
 	default:
-		return n, &OptionError{Option: "streaming", Value: c.Streaming, Rule: streamRule, Err: ErrInvalidConfig}
+		return n, &OptionError{Option: "streaming", Value: c.Streaming.String(), Rule: streamRule, Err: ErrInvalidConfig}
 	}
 	if c.TwoPhase && n.ProtoVersion < 3 {
 		return n, unsupported("two_phase", "true")
@@ -277,15 +335,14 @@ func (c *Config) Negotiate(serverMajor int) (Negotiated, error) {
 		}
 		return n, unsupported(opt, "true")
 	}
-	origin := strings.ToLower(c.Origin)
-	switch origin {
-	case "":
-	case "any", "none":
+	switch c.OriginFilter {
+	case OriginFilterDefault:
+	case OriginFilterAny, OriginFilterNone:
 		if serverMajor < 16 {
-			return n, unsupported("origin", c.Origin)
+			return n, unsupported("origin", c.OriginFilter.String())
 		}
 	default:
-		return n, &OptionError{Option: "origin", Value: c.Origin, Rule: originRule, Err: ErrInvalidConfig}
+		return n, &OptionError{Option: "origin", Value: c.OriginFilter.String(), Rule: originRule, Err: ErrInvalidConfig}
 	}
 
 	pubs := make([]string, len(c.Publications))
@@ -298,7 +355,7 @@ func (c *Config) Negotiate(serverMajor int) (Negotiated, error) {
 	)
 	if n.ProtoVersion >= 2 {
 		// Sent explicitly even when off, so the choice never depends on a server default.
-		n.PluginArgs = append(n.PluginArgs, "streaming '"+n.Streaming+"'")
+		n.PluginArgs = append(n.PluginArgs, "streaming '"+n.Streaming.String()+"'")
 	}
 	if c.Binary {
 		n.PluginArgs = append(n.PluginArgs, "binary 'true'")
@@ -309,8 +366,8 @@ func (c *Config) Negotiate(serverMajor int) (Negotiated, error) {
 	if c.TwoPhase {
 		n.PluginArgs = append(n.PluginArgs, "two_phase 'true'")
 	}
-	if origin != "" {
-		n.PluginArgs = append(n.PluginArgs, "origin '"+origin+"'")
+	if c.OriginFilter != OriginFilterDefault {
+		n.PluginArgs = append(n.PluginArgs, "origin '"+c.OriginFilter.String()+"'")
 	}
 	return n, nil
 }

@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"maps"
 	"net"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -17,6 +19,7 @@ import (
 
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
+	"github.com/pgreorder/pgreorder/spill"
 )
 
 func TestNegotiate(t *testing.T) {
@@ -32,7 +35,7 @@ func TestNegotiate(t *testing.T) {
 		cfg     Config
 		major   int
 		proto   int
-		stream  string
+		stream  Streaming
 		args    string
 		wantErr error
 	}{
@@ -44,22 +47,22 @@ func TestNegotiate(t *testing.T) {
 		{"pg18 proto 2", base(func(c *Config) { c.ProtoVersion = 2 }), 18, 2, StreamingOn, "proto_version '2', publication_names '\"pub\"', streaming 'on'", nil},
 		{"pg18 streaming off", base(func(c *Config) { c.Streaming = StreamingOff }), 18, 4, StreamingOff, "proto_version '4', publication_names '\"pub\"', streaming 'off'", nil},
 		{"pg18 all options", base(func(c *Config) {
-			c.Binary, c.Messages, c.TwoPhase, c.Origin = true, true, true, "NONE"
+			c.Binary, c.Messages, c.TwoPhase, c.OriginFilter = true, true, true, OriginFilterNone
 			c.Publications = []string{"a", `we"ird'one`}
 		}), 18, 4, StreamingParallel,
 			`proto_version '4', publication_names '"a","we""ird''one"', streaming 'parallel', binary 'true', messages 'true', two_phase 'true', origin 'none'`, nil},
-		{"pg15 parallel", base(func(c *Config) { c.Streaming = StreamingParallel }), 15, 0, "", "", ErrUnsupported},
-		{"pg15 proto 4", base(func(c *Config) { c.ProtoVersion = 4 }), 15, 0, "", "", ErrUnsupported},
-		{"pg14 two-phase", base(func(c *Config) { c.TwoPhase = true }), 14, 0, "", "", ErrUnsupported},
-		{"pg15 origin", base(func(c *Config) { c.Origin = "none" }), 15, 0, "", "", ErrUnsupported},
-		{"proto 1 streaming on", base(func(c *Config) { c.ProtoVersion = 1; c.Streaming = StreamingOn }), 18, 0, "", "", ErrUnsupported},
-		{"bad streaming", base(func(c *Config) { c.Streaming = "yes" }), 18, 0, "", "", ErrInvalidConfig},
-		{"bad proto", base(func(c *Config) { c.ProtoVersion = 5 }), 18, 0, "", "", ErrInvalidConfig},
-		{"bad origin", base(func(c *Config) { c.Origin = "some" }), 18, 0, "", "", ErrInvalidConfig},
-		{"bad slot", base(func(c *Config) { c.Slot = "Bad-Slot" }), 18, 0, "", "", ErrInvalidConfig},
-		{"no slot", base(func(c *Config) { c.Slot = "" }), 18, 0, "", "", ErrInvalidConfig},
-		{"no publication", base(func(c *Config) { c.Publications = nil }), 18, 0, "", "", ErrInvalidConfig},
-		{"empty publication", base(func(c *Config) { c.Publications = []string{""} }), 18, 0, "", "", ErrInvalidConfig},
+		{"pg15 parallel", base(func(c *Config) { c.Streaming = StreamingParallel }), 15, 0, 0, "", ErrUnsupported},
+		{"pg15 proto 4", base(func(c *Config) { c.ProtoVersion = 4 }), 15, 0, 0, "", ErrUnsupported},
+		{"pg14 two-phase", base(func(c *Config) { c.TwoPhase = true }), 14, 0, 0, "", ErrUnsupported},
+		{"pg15 origin", base(func(c *Config) { c.OriginFilter = OriginFilterNone }), 15, 0, 0, "", ErrUnsupported},
+		{"proto 1 streaming on", base(func(c *Config) { c.ProtoVersion = 1; c.Streaming = StreamingOn }), 18, 0, 0, "", ErrUnsupported},
+		{"bad streaming", base(func(c *Config) { c.Streaming = 9 }), 18, 0, 0, "", ErrInvalidConfig},
+		{"bad proto", base(func(c *Config) { c.ProtoVersion = 5 }), 18, 0, 0, "", ErrInvalidConfig},
+		{"bad origin", base(func(c *Config) { c.OriginFilter = 7 }), 18, 0, 0, "", ErrInvalidConfig},
+		{"bad slot", base(func(c *Config) { c.Slot = "Bad-Slot" }), 18, 0, 0, "", ErrInvalidConfig},
+		{"no slot", base(func(c *Config) { c.Slot = "" }), 18, 0, 0, "", ErrInvalidConfig},
+		{"no publication", base(func(c *Config) { c.Publications = nil }), 18, 0, 0, "", ErrInvalidConfig},
+		{"empty publication", base(func(c *Config) { c.Publications = []string{""} }), 18, 0, 0, "", ErrInvalidConfig},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -91,6 +94,33 @@ func TestNegotiate(t *testing.T) {
 				t.Errorf("abort info %v with streaming %s", opts.AbortInfo, n.Streaming)
 			}
 		})
+	}
+}
+
+func TestParseOptions(t *testing.T) {
+	for in, want := range map[string]Streaming{"": StreamingDefault, "default": StreamingDefault, "off": StreamingOff,
+		"ON": StreamingOn, "parallel": StreamingParallel} {
+		got, err := ParseStreaming(in)
+		if err != nil || got != want {
+			t.Errorf("ParseStreaming(%q) = %v, %v; want %v", in, got, err, want)
+		}
+		if in != "" && !strings.EqualFold(got.String(), in) {
+			t.Errorf("%v.String() = %q, want %q", got, got.String(), in)
+		}
+	}
+	for in, want := range map[string]OriginFilter{"": OriginFilterDefault, "any": OriginFilterAny, "None": OriginFilterNone} {
+		got, err := ParseOriginFilter(in)
+		if err != nil || got != want || !strings.EqualFold(got.String(), in) {
+			t.Errorf("ParseOriginFilter(%q) = %v, %v; want %v", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"yes", "true", " on"} {
+		if _, err := ParseStreaming(in); !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("ParseStreaming(%q): %v, want ErrInvalidConfig", in, err)
+		}
+		if _, err := ParseOriginFilter(in); !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("ParseOriginFilter(%q): %v, want ErrInvalidConfig", in, err)
+		}
 	}
 }
 
@@ -140,6 +170,9 @@ func TestRetryable(t *testing.T) {
 		{"data lost upstream", &reorderbuffer.InputError{Err: &reorderbuffer.MissingError{What: "COMMIT PREPARED"}}, false},
 		{"canceled", fmt.Errorf("x: %w", context.Canceled), false},
 		{"closed", ErrClosed, false},
+		{"spill file not written", &reorderbuffer.InputError{Err: &fs.PathError{Op: "write", Path: "x", Err: syscall.ENOSPC}}, true},
+		{"spill file corrupt", &reorderbuffer.InputError{Err: fmt.Errorf("%w: %w", spill.ErrCorrupt, &fs.PathError{Op: "read", Path: "x", Err: io.ErrUnexpectedEOF})}, false},
+		{"deadlock", pg("40P01"), true},
 	} {
 		if got := Retryable(tt.err); got != tt.want {
 			t.Errorf("%s: Retryable(%v) = %v, want %v", tt.name, tt.err, got, tt.want)
@@ -147,11 +180,44 @@ func TestRetryable(t *testing.T) {
 	}
 }
 
+// TestTransientSQLState is the table of transient SQLSTATEs, which Retryable and apply's retry
+// decision share.
+func TestTransientSQLState(t *testing.T) {
+	for code, want := range map[string]bool{
+		"08000": true, "08003": true, "08006": true, "08001": true, "08004": true, "08P01": true,
+		"53000": true, "53100": true, "53200": true, "53300": true, "53400": true,
+		"57P01": true, "57P02": true, "57P03": true, "57P05": true, "57014": true,
+		"57000": false, "57P04": false, // operator_intervention in general, database_dropped
+		"25P03": true, "25P04": true, "25P02": false, "25001": false,
+		"40001": true, "40P01": true, "40000": false, "40002": false, "40003": false,
+		"55P03": true, "55006": true, "55000": false, "55P02": false,
+		"58000": true, "58030": true, "58P01": false, "58P02": false,
+		"42704": false, "42P01": false, "28P01": false, "3D000": false, "23505": false, "22P02": false,
+		"XX000": false, "XX001": false, "": false,
+	} {
+		if got := TransientSQLState(code); got != want {
+			t.Errorf("TransientSQLState(%q) = %v, want %v", code, got, want)
+		}
+		err := fmt.Errorf("x: %w", &pgconn.PgError{Code: code})
+		if got := Transient(err); got != want {
+			t.Errorf("Transient(%v) = %v, want %v", code, got, want)
+		}
+		if code != "" && Retryable(err) != want {
+			t.Errorf("Retryable disagrees with TransientSQLState on %q", code)
+		}
+	}
+	for _, err := range []error{nil, io.EOF, errors.New("x"), &net.OpError{Op: "dial", Err: errors.New("refused")}} {
+		if Transient(err) {
+			t.Errorf("Transient(%v): not an error of a server", err)
+		}
+	}
+}
+
 func TestFlushPosition(t *testing.T) {
 	for _, tt := range []struct {
 		name                         string
-		buffer, received, slot, sent LSN
-		want                         LSN
+		buffer, received, slot, sent decoding.LSN
+		want                         decoding.LSN
 	}{
 		{"acknowledged and received", 100, 150, 50, 80, 100},
 		{"resume position not received yet", 200, 150, 50, 80, 150},

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/pgreorder/pgreorder/internal/pgconnect"
+	"github.com/pgreorder/pgreorder/decoding"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
@@ -38,7 +38,7 @@ type Snapshot struct {
 	// stays valid while the Conn is open and has not started streaming.
 	Name string
 	// ConsistentPoint is the slot's starting point: transactions committed after it are streamed.
-	ConsistentPoint LSN
+	ConsistentPoint decoding.LSN
 	// Slot is the slot's name.
 	Slot string
 }
@@ -52,7 +52,7 @@ type SlotInfo struct {
 	TwoPhase  bool
 	// ConfirmedFlush is the position the server has confirmed for the slot: replication
 	// restarts there, and transactions that committed before it are not sent again.
-	ConfirmedFlush LSN
+	ConfirmedFlush decoding.LSN
 }
 
 // Conn is a replication connection that has passed the pre-flight checks but does not stream
@@ -351,33 +351,22 @@ func (c *Config) baseConnConfig() (*pgconn.Config, error) {
 	switch {
 	case c.ConnConfig != nil && c.ConnString != "":
 		return nil, fmt.Errorf("%w: set ConnString or ConnConfig, not both", ErrInvalidConfig)
-	case c.ConnConfig != nil:
-		return c.ConnConfig, nil
-	case c.ConnString == "":
+	case c.ConnConfig == nil && c.ConnString == "":
 		return nil, fmt.Errorf("%w: no ConnString or ConnConfig", ErrInvalidConfig)
 	}
-	pc, err := pgconnect.ParseConfig(c.ConnString)
+	pc, err := ConnConfig(c.ConnConfig, c.ConnString)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	return pc, nil
 }
 
-// PinValueSettings sets, in cfg's startup parameters, the session settings with which the
-// server prints values on a replication connection: DateStyle ISO, IntervalStyle postgres,
-// extra_float_digits 3 and client_encoding UTF8, replacing whatever cfg says (in any letter
-// case). Startup parameters take precedence over postgresql.conf, ALTER ROLE/DATABASE SET and the
-// "options" connection parameter. Every replication connection carries them; ordinary
-// connections whose values must read like the stream's (an initial copy, rows read back to
-// compare) should too.
-func PinValueSettings(cfg *pgconn.Config) { pgconnect.PinValueSettings(cfg) }
-
 // connConfig returns the configuration of one connection attempt: a copy of base, passed to
 // BeforeConnect, with the pinned parameters, the notice logger and a context watcher that never
 // sends cancel requests (a deadline ends every wait for the next message; a cancel request would
 // hit the walsender).
 func (c *Config) connConfig(ctx context.Context, base *pgconn.Config, log *slog.Logger) (*pgconn.Config, error) {
-	pc, err := pgconnect.Attempt(ctx, base, c.BeforeConnect, "pgreorder", log)
+	pc, err := attempt(ctx, base, c.BeforeConnect, replicationSettings(), "pgreorder", false, log)
 	if err != nil {
 		return nil, fmt.Errorf("replication: %w", err)
 	}
@@ -394,8 +383,8 @@ func (c *Config) dial(ctx context.Context, base *pgconn.Config, log *slog.Logger
 	if err != nil {
 		return nil, err
 	}
-	conn, err = pgconnect.Connect(ctx, pc)
-	if errors.Is(err, pgconnect.ErrNotParsed) {
+	conn, err = connect(ctx, pc)
+	if errors.Is(err, ErrNotParsed) {
 		return nil, fmt.Errorf("%w: ConnConfig must be made by pgconn.ParseConfig", ErrInvalidConfig)
 	}
 	if err != nil {
@@ -469,7 +458,7 @@ func openSession(ctx context.Context, cfg *Config, base *pgconn.Config, log *slo
 type systemInfo struct {
 	systemID string
 	timeline int
-	xlogPos  LSN
+	xlogPos  decoding.LSN
 	dbName   string
 }
 
@@ -484,7 +473,7 @@ type System struct {
 	// Timeline is the server's current timeline; it grows when a standby is promoted.
 	Timeline int
 	// XLogPos is the server's current WAL flush position when the connection was made.
-	XLogPos LSN
+	XLogPos decoding.LSN
 	// Database is the database the connection is bound to.
 	Database string
 }

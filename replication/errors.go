@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -11,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgreorder/pgreorder/reorderbuffer"
+	"github.com/pgreorder/pgreorder/spill"
 )
 
 var (
@@ -115,11 +118,12 @@ func (e *ProtocolError) Error() string {
 func (e *ProtocolError) Unwrap() error { return e.Err }
 
 // Retryable reports whether err is worth another connection attempt: the connection was lost or
-// refused, the server is shutting down or starting up, it ended the stream, it ran short of
-// resources, or the slot is in use. Configuration errors, failed pre-flight checks, protocol
-// errors, data loss reported by the reorder buffer, server errors of other classes and
-// cancellation are not. Next applies it when Config.Reconnect is on; with reconnection off, a
-// consumer can apply it to the errors Next returns.
+// refused, the server ended the stream, the server reported a transient error (see
+// TransientSQLState), a spill file could not be written (a full disk), or the slot is in use.
+// Configuration errors, failed pre-flight checks, protocol errors, data loss reported by the
+// reorder buffer, server errors of other SQLSTATEs and cancellation are not. Next applies it
+// when Config.Reconnect is on; with reconnection off, a consumer can apply it to the errors Next
+// returns.
 func Retryable(err error) bool {
 	if err == nil {
 		return false
@@ -134,31 +138,70 @@ func Retryable(err error) bool {
 	switch {
 	case errors.Is(err, ErrSlotActive), errors.Is(err, ErrServerEndedStream):
 		return true
+	case errors.As(err, &input):
+		// Bad bytes and protocol violations come back the same way; a spill file that could
+		// not be written (a full disk) may not.
+		var pathErr *fs.PathError
+		return errors.As(err, &pathErr) && !errors.Is(err, spill.ErrCorrupt)
 	case errors.Is(err, context.Canceled), errors.Is(err, ErrClosed),
 		errors.Is(err, ErrInvalidConfig), errors.Is(err, ErrUnsupported),
-		errors.As(err, &check), errors.As(err, &option), errors.As(err, &proto), errors.As(err, &input),
+		errors.As(err, &check), errors.As(err, &option), errors.As(err, &proto),
 		errors.Is(err, reorderbuffer.ErrFailed), errors.Is(err, reorderbuffer.ErrProtocol),
 		errors.Is(err, reorderbuffer.ErrClosed), errors.Is(err, reorderbuffer.ErrForeignTxn),
 		errors.Is(err, reorderbuffer.ErrNotCommit), errors.Is(err, reorderbuffer.ErrReleased):
 		return false
 	case errors.As(err, &pgErr):
-		return retryableCode(pgErr.Code)
+		return TransientSQLState(pgErr.Code)
 	}
 	// Network errors, EOF, timeouts of a connection attempt, errors of Config.BeforeConnect.
 	return true
 }
 
-// retryableCode reports whether a server error with this SQLSTATE can go away by itself.
-func retryableCode(code string) bool {
-	switch {
-	case code == "55006": // object_in_use: the slot is active for another process
-		return true
-	case strings.HasPrefix(code, "08"), // connection exception
-		strings.HasPrefix(code, "53"), // insufficient resources (too many connections, out of memory, disk full)
-		strings.HasPrefix(code, "57"): // operator intervention: shutdown, crash, terminated, starting up
-		return true
+// Transient reports whether err is, or wraps, an error reported by a server (*pgconn.PgError)
+// whose SQLSTATE is transient (TransientSQLState): the same statement or connection can succeed
+// when tried again. Like pgconn.SafeToRetry, it answers for one error and knows nothing of what
+// the caller was doing; errors that are not the server's are not transient here.
+func Transient(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && TransientSQLState(pgErr.Code)
+}
+
+// transientClasses are the SQLSTATE classes whose every code is transient.
+var transientClasses = [...]string{
+	"08", // connection_exception: the connection failed or was refused
+	"53", // insufficient_resources: too many connections, out of memory, disk full
+}
+
+// transientCodes are the other transient SQLSTATEs. Left out on purpose: 57P04
+// database_dropped, and 58P01 undefined_file, which is how a walsender reports WAL that was
+// already removed (trying again cannot bring it back).
+var transientCodes = [...]string{
+	"57P01", // admin_shutdown: the server is shutting down, or the backend was terminated
+	"57P02", // crash_shutdown
+	"57P03", // cannot_connect_now: the server is starting up or in recovery
+	"57P05", // idle_session_timeout
+	"57014", // query_canceled
+	"25P03", // idle_in_transaction_session_timeout
+	"25P04", // transaction_timeout
+	"40001", // serialization_failure
+	"40P01", // deadlock_detected
+	"55P03", // lock_not_available
+	"55006", // object_in_use: a slot still active for a previous connection
+	"58000", // system_error
+	"58030", // io_error
+}
+
+// TransientSQLState reports whether a server error with SQLSTATE code can go away by itself, so
+// that trying again is worthwhile: lost or refused connections, shutdowns and restarts of the
+// server, resource shortages, timeouts, cancellation, deadlocks, serialization failures, lock
+// timeouts, I/O errors of the server, and an object (a slot) in use by another session.
+func TransientSQLState(code string) bool {
+	for _, c := range transientClasses {
+		if strings.HasPrefix(code, c) {
+			return true
+		}
 	}
-	return false
+	return slices.Contains(transientCodes[:], code)
 }
 
 // Backend describes a server process, as pg_stat_activity shows it: who holds a slot. Fields

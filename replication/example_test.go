@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 	"github.com/pgreorder/pgreorder/replication"
 )
@@ -37,7 +38,7 @@ func ExampleConfig_Negotiate() {
 // reconnected inside Next.
 func ExampleStart() {
 	ctx := context.Background()
-	var saved reorderbuffer.LSN // load the consumer's durable position here (0 the first time)
+	var saved decoding.LSN // load the consumer's durable position here (0 the first time)
 	s, err := replication.Start(ctx, replication.Config{
 		ConnString:   "host=db.example.com user=cdc dbname=shop",
 		Slot:         "cdc",
@@ -77,7 +78,7 @@ func ExampleStart() {
 // with the source system's identifier: another system's positions mean nothing.
 func ExampleConfig_handOutAdvances() {
 	ctx := context.Background()
-	var saved reorderbuffer.LSN // load the position and the system id stored with it (0 and "" the first time)
+	var saved decoding.LSN // load the position and the system id stored with it (0 and "" the first time)
 	var savedSystem string
 	s, err := replication.Start(ctx, replication.Config{
 		ConnString:   "host=db.example.com user=cdc dbname=shop",

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 )
 
@@ -78,7 +79,7 @@ func TestActivityAcks(t *testing.T) {
 	for round := range 3000 {
 		switch {
 		case rng.IntN(3) == 0 || next == len(txns):
-			x := &reorderbuffer.Txn{EndLSN: LSN(len(txns) + 1)}
+			x := &reorderbuffer.Txn{EndLSN: decoding.LSN(len(txns) + 1)}
 			txns = append(txns, x)
 			a.handOut(x, 0)
 			handedAt[x] = a.started.Add(a.handed[len(a.handed)-1].at)

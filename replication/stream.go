@@ -17,26 +17,23 @@ import (
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 )
 
-// LSN is a WAL position; it prints as PostgreSQL does (%X/%X).
-type LSN = decoding.LSN
-
 // Position is a snapshot of the stream's positions.
 type Position struct {
 	// Start is the slot's confirmed position when the current connection started streaming: the
 	// server sends every transaction that commits after it.
-	Start LSN
+	Start decoding.LSN
 	// Received is the highest WAL position seen in XLogData and keepalive messages, over all
 	// connections.
-	Received LSN
+	Received decoding.LSN
 	// Flushed is the highest flush position sent to the server: the server will never send again a
 	// transaction committed at or before it.
-	Flushed LSN
+	Flushed decoding.LSN
 	// Acked is the acknowledged prefix: the EndLSN of the last transaction that was acknowledged
 	// together with every transaction handed out before it (Config.Buffer.SkipThrough while there
 	// is none). It is the position to persist and to pass as Config.Buffer.SkipThrough when starting
 	// again, provided everything acknowledged is durable on the consumer's side. The highest
 	// acknowledged EndLSN is not, when acknowledgements come out of order.
-	Acked LSN
+	Acked decoding.LSN
 }
 
 // Stream is a logical replication stream feeding a reorder buffer, reconnecting when the
@@ -74,7 +71,7 @@ type Stream struct {
 	conn      *pgconn.PgConn // nil while disconnected
 	temporary bool           // the slot is temporary: it died with the connection
 	sys       System         // IDENTIFY_SYSTEM of the current (or last) connection
-	slotPos   LSN            // the slot's confirmed position when the connection started
+	slotPos   decoding.LSN   // the slot's confirmed position when the connection started
 	last      time.Time      // when the last status update was sent
 	err       error          // sticky: a fatal error ends the stream
 	cause     error          // why the connection was lost, while reconnecting
@@ -434,8 +431,8 @@ func (s *Stream) handle(msg pgproto3.BackendMessage) error {
 			if len(d) < 25 {
 				return &ProtocolError{Msg: fmt.Sprintf("XLogData of %d bytes", len(d))}
 			}
-			start := LSN(binary.BigEndian.Uint64(d[1:]))
-			end := LSN(binary.BigEndian.Uint64(d[9:]))
+			start := decoding.LSN(binary.BigEndian.Uint64(d[1:]))
+			end := decoding.LSN(binary.BigEndian.Uint64(d[9:]))
 			s.mu.Lock()
 			defer s.mu.Unlock()
 			s.pos.Received = max(s.pos.Received, start, end)
@@ -446,7 +443,7 @@ func (s *Stream) handle(msg pgproto3.BackendMessage) error {
 			if len(d) < 18 {
 				return &ProtocolError{Msg: fmt.Sprintf("keepalive of %d bytes", len(d))}
 			}
-			end := LSN(binary.BigEndian.Uint64(d[1:]))
+			end := decoding.LSN(binary.BigEndian.Uint64(d[1:]))
 			s.mu.Lock()
 			s.pos.Received = max(s.pos.Received, end)
 			s.buf.Keepalive(end)
@@ -551,11 +548,11 @@ func (s *Stream) keepalive() {
 // position the server never sent is not a position to confirm), never below the slot's confirmed
 // position, and never below what was sent before. Called with mu held, by the connection's user
 // (slotPos).
-func (s *Stream) flushPosition() LSN {
+func (s *Stream) flushPosition() decoding.LSN {
 	return flushPosition(s.buf.FlushPosition(), s.pos.Received, s.slotPos, s.pos.Flushed)
 }
 
-func flushPosition(buffer, received, slot, sent LSN) LSN {
+func flushPosition(buffer, received, slot, sent decoding.LSN) decoding.LSN {
 	return max(min(buffer, received), slot, sent)
 }
 
@@ -575,7 +572,7 @@ func (s *Stream) sendStatus(requestReply bool) error {
 // it, and the shutdown, waiting until wal_sender_timeout (for ever if that is 0), answering in a
 // tight loop. With no flush position, the walsender sees the write position, which is what was
 // received, and ends the stream at once. Flush positions go with the regular status updates.
-func (s *Stream) reply(end LSN) error {
+func (s *Stream) reply(end decoding.LSN) error {
 	return s.status(false, end)
 }
 
@@ -583,7 +580,7 @@ func (s *Stream) reply(end LSN) error {
 // if that is higher: the slot's position before anything arrived); never more, as a walsender
 // that shuts down waits for it to reach what it sent. If replyTo is set and the flush position is
 // behind it, the flush and apply positions are sent as invalid (see reply).
-func (s *Stream) status(requestReply bool, replyTo LSN) error {
+func (s *Stream) status(requestReply bool, replyTo decoding.LSN) error {
 	s.mu.Lock()
 	flush := s.flushPosition()
 	write := max(s.pos.Received, flush)

@@ -6,9 +6,9 @@ import (
 	"fmt"
 	"log/slog"
 
-	"github.com/pgreorder/pgreorder/internal/pgconnect"
-
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgreorder/pgreorder/replication"
 )
 
 // DefaultWorkers is the number of connections that copy in parallel when Config.Workers is 0.
@@ -108,10 +108,7 @@ func (c *Config) logger() *slog.Logger {
 }
 
 func (c *Config) baseConnConfig() (*pgconn.Config, error) {
-	if c.ConnConfig != nil {
-		return c.ConnConfig, nil
-	}
-	pc, err := pgconnect.ParseConfig(c.ConnString)
+	pc, err := replication.ConnConfig(c.ConnConfig, c.ConnString)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
@@ -120,14 +117,11 @@ func (c *Config) baseConnConfig() (*pgconn.Config, error) {
 
 // connect opens one normal connection with the pinned settings.
 func (c *Config) connect(ctx context.Context, base *pgconn.Config, log *slog.Logger) (*pgconn.PgConn, error) {
-	// The values must read exactly as the stream's: pgconnect pins the same settings as
-	// package replication.
-	pc, err := pgconnect.Attempt(ctx, base, c.BeforeConnect, "pgreorder-copy", log)
-	if err != nil {
-		return nil, fmt.Errorf("snapshot: %w", err)
-	}
-	conn, err := pgconnect.Connect(ctx, pc)
-	if errors.Is(err, pgconnect.ErrNotParsed) {
+	// The values must read exactly as the stream's: the default settings of ConnectSQL are
+	// those of a replication connection.
+	conn, err := replication.ConnectSQL(ctx, replication.SQLConnConfig{Config: base, BeforeConnect: c.BeforeConnect,
+		ApplicationName: "pgreorder-copy", Logger: log})
+	if errors.Is(err, replication.ErrNotParsed) {
 		return nil, fmt.Errorf("%w: ConnConfig must be made by pgconn.ParseConfig", ErrInvalidConfig)
 	}
 	if err != nil {

@@ -93,7 +93,7 @@ func ExampleSyncTables() {
 	rcfg := replication.Config{ConnString: "host=db.example.com user=cdc dbname=shop", Slot: "cdc",
 		Publications: []string{"orders"}}
 	var copies []*snapshot.Result // the initial copy's Result, and those of later syncs
-	covered := func(rel uint32, commit replication.LSN) bool {
+	covered := func(rel uint32, commit decoding.LSN) bool {
 		for _, r := range copies {
 			if r.Covers(rel, commit) {
 				return true
@@ -152,7 +152,7 @@ func ExampleResult_Covers() {
 		Tables: []*snapshot.Table{{OID: 16402, Schema: "public", Name: "invoices"}}}
 	for _, c := range []struct {
 		rel    uint32
-		commit replication.LSN
+		commit decoding.LSN
 	}{
 		{16402, 0x3000010}, // before the consistent point: the copy has it
 		{16402, 0x3000060}, // at it: streamed, not copied

@@ -15,6 +15,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/replication"
 )
 
@@ -430,7 +431,7 @@ func (s *Session) closeConns(ctx context.Context) error {
 type Result struct {
 	// ConsistentPoint is the snapshot's point: the copy holds every transaction that committed
 	// before it, the stream of the slot that exported it every one that commits at or after it.
-	ConsistentPoint replication.LSN
+	ConsistentPoint decoding.LSN
 	// Slot is the slot that exported the snapshot.
 	Slot string
 	// Tables are the tables copied, with their row counts (Table.Rows).
@@ -449,7 +450,7 @@ func (r *Result) Copied(relationID uint32) bool {
 // transaction committed before the consistent point. A consumer skips such changes. It matters
 // for copies made with SyncTables while a stream runs: the stream of a slot created with the
 // copy's own snapshot never sends a transaction that Covers.
-func (r *Result) Covers(relationID uint32, commitLSN replication.LSN) bool {
+func (r *Result) Covers(relationID uint32, commitLSN decoding.LSN) bool {
 	return commitLSN < r.ConsistentPoint && r.Copied(relationID)
 }
 

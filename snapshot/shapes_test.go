@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pgreorder/pgreorder/internal/pgtest"
+	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
 	"github.com/pgreorder/pgreorder/snapshot"
 )
 

@@ -13,6 +13,7 @@ import (
 
 	"github.com/pgreorder/pgreorder/apply"
 	"github.com/pgreorder/pgreorder/metrics"
+	"github.com/pgreorder/pgreorder/replication"
 	"github.com/pgreorder/pgreorder/snapshot"
 )
 
@@ -81,7 +82,7 @@ type applyFlags struct {
 	metricsAddr                                     string
 
 	// Conflicts and origins.
-	origin, sourceOrigin, resolutions, logTable string
+	origin, originFilter, resolutions, logTable string
 	noDetection                                 bool
 	retention                                   time.Duration
 	uninstall                                   bool
@@ -125,8 +126,8 @@ func (f *applyFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus metrics on host:port at /metrics (port 0: any free port, logged)")
 	fs.BoolVar(&f.verbose, "v", false, "debug logging")
 	fs.StringVar(&f.origin, "origin", "", "replication origin marking the target transactions "+
-		"(and origin_w1... for workers): needed by -source-origin none on the way back, and for *_origin_differs")
-	fs.StringVar(&f.sourceOrigin, "source-origin", "", `pgoutput's origin option: "any", or "none" (PostgreSQL 16+: `+
+		"(and origin_w1... for workers): needed by -origin-filter none on the way back, and for *_origin_differs")
+	fs.StringVar(&f.originFilter, "origin-filter", "", `pgoutput's origin option on the source: "any", or "none" (PostgreSQL 16+: `+
 		"leave out changes another replication applied on the source, for bidirectional setups)")
 	fs.StringVar(&f.resolutions, "conflict", "", "conflict resolutions, type=resolution comma-separated, "+
 		"e.g. insert_exists=last_update_wins,update_missing=apply_remote; types: "+
@@ -174,6 +175,10 @@ func (f *applyFlags) config(fs *flag.FlagSet) (apply.Config, error) {
 	if err != nil {
 		return apply.Config{}, fmt.Errorf("-mode %q: valid values are buffered, eager and parallel", f.mode)
 	}
+	originFilter, err := replication.ParseOriginFilter(f.originFilter)
+	if err != nil {
+		return apply.Config{}, fmt.Errorf("-origin-filter %q: valid values are any and none", f.originFilter)
+	}
 	if f.workers < 0 || f.workers > apply.MaxWorkers {
 		return apply.Config{}, fmt.Errorf("-workers %d: want 1 to %d", f.workers, apply.MaxWorkers)
 	}
@@ -215,7 +220,7 @@ func (f *applyFlags) config(fs *flag.FlagSet) (apply.Config, error) {
 		StatusInterval:    f.status,
 		SlotWait:          cliSlotWait(f.slotWait),
 		Origin:            f.origin,
-		SourceOrigin:      f.sourceOrigin,
+		OriginFilter:      originFilter,
 		Conflicts: apply.ConflictConfig{
 			Off:         f.noDetection,
 			Resolutions: res,

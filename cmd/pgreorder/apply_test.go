@@ -15,7 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgreorder/pgreorder/internal/pgtest"
+	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
 )
 
 // TestApplyFlags checks that missing and invalid flags are refused with a message naming them.
@@ -33,7 +33,7 @@ func TestApplyFlags(t *testing.T) {
 		{append(base, "extra"), "unexpected arguments: extra"},
 		{append(base, "-conflict", "insert_exists=win"), `-conflict: apply: invalid configuration: resolution "win"`},
 		{append(base, "-conflict", "insert_missing=skip"), `conflict type "insert_missing"`},
-		{append(base, "-source-origin", "some"), `-source-origin "some"`},
+		{append(base, "-origin-filter", "some"), `-origin-filter "some": valid values are any and none`},
 		{append(base, "-conflict-retention", "1ms"), "-conflict-retention 1ms"},
 		{append(base, "-no-conflict-detection", "-conflict-log-table", "log"), "-conflict-log-table needs detection (-no-conflict-detection is given)"},
 		{append(base, "-copy", "-copy-workers", "-2"), "-copy-workers -2"},

@@ -17,7 +17,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgreorder/pgreorder/internal/pgtest"
+	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
 )
 
 // TestDSNRedacted: a connection string that does not parse is printed without its password,
@@ -156,7 +156,7 @@ func TestErrorsNameFlags(t *testing.T) {
 	tcpNoDB := strings.Replace(srv.TCPConnString("nope"), " sslmode=disable", "", 1) // sslmode prefer: TLS first
 
 	library := regexp.MustCompile(`Config\.|Buffer\.|Reconnect\.|CreateSlot|SkipThrough|Publications|invalid option|` +
-		`SourceOrigin|SlotWait|\bTarget:|\bSource:|tls error`)
+		`OriginFilter|SlotWait|\bTarget:|\bSource:|tls error`)
 	for _, tc := range []struct {
 		args []string
 		want []string

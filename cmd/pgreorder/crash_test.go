@@ -20,9 +20,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgreorder/pgreorder/format"
-	"github.com/pgreorder/pgreorder/internal/capture"
-	"github.com/pgreorder/pgreorder/internal/jsonl"
-	"github.com/pgreorder/pgreorder/internal/pgtest"
+	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
+	"github.com/pgreorder/pgreorder/internal/tools/capture"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 	"github.com/pgreorder/pgreorder/replication"
 )
@@ -394,7 +393,7 @@ func oracleReading(t *testing.T, ctx context.Context, dsn string) []string {
 	require.NoError(t, err)
 	defer b.Close()
 	var out strings.Builder
-	w := jsonl.NewWriter(&out)
+	w := format.NewWriter(&out, format.Config{})
 	for _, r := range recs {
 		require.NoError(t, b.Add(r.LSN, r.Data))
 		for x, ok := b.Next(); ok; x, ok = b.Next() {
@@ -402,7 +401,7 @@ func oracleReading(t *testing.T, ctx context.Context, dsn string) []string {
 			require.NoError(t, b.Ack(x))
 		}
 	}
-	lines, err := jsonl.Comparable(out.String())
+	lines, err := comparable(out.String())
 	require.NoError(t, err)
 	return lines
 }
@@ -420,7 +419,7 @@ func readComparable(t *testing.T, path string) []string {
 	} else {
 		data = nil
 	}
-	lines, err := jsonl.Comparable(string(data))
+	lines, err := comparable(string(data))
 	require.NoError(t, err)
 	return lines
 }

@@ -16,8 +16,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgreorder/pgreorder/decoding"
-	"github.com/pgreorder/pgreorder/internal/capture"
-	"github.com/pgreorder/pgreorder/internal/pgserver"
+	"github.com/pgreorder/pgreorder/internal/tools/capture"
+	"github.com/pgreorder/pgreorder/internal/tools/pgserver"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 	"github.com/pgreorder/pgreorder/replication"
 )
@@ -148,20 +148,19 @@ func (p *demoPrinter) print(t *reorderbuffer.Txn) error {
 		if err != nil {
 			return err
 		}
-		var table string // the relation a row change comes with
-		if c.Relation != nil {
-			table = c.Relation.Name
-		}
-		switch m := c.Msg.(type) {
-		case *decoding.Insert:
-			count("insert " + table)
-			if table == "demo_big" {
+		m := c.Msg
+		if _, ok := m.(decoding.RowChange); ok {
+			var name string // the relation a row change comes with
+			if c.Relation != nil {
+				name = c.Relation.Name
+			}
+			count(strings.ToLower(m.Type().String()) + " " + name)
+			if name == "demo_big" && m.Type() == decoding.MsgInsert {
 				p.bigRows++
 			}
-		case *decoding.Update:
-			count("update " + table)
-		case *decoding.Delete:
-			count("delete " + table)
+			continue
+		}
+		switch m := m.(type) {
 		case *decoding.Truncate:
 			count("truncate")
 		case *decoding.LogicalMessage:

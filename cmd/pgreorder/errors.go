@@ -6,7 +6,6 @@ import (
 	"regexp"
 	"strings"
 
-	"github.com/pgreorder/pgreorder/internal/pgconnect"
 	"github.com/pgreorder/pgreorder/replication"
 )
 
@@ -61,7 +60,7 @@ var fieldRenames = map[string][]rename{
 		"Off is set", "-no-conflict-detection is given",
 		"Retention", "-conflict-retention",
 		"LogTable", "-conflict-log-table",
-		"SourceOrigin", "-source-origin",
+		"OriginFilter", "-origin-filter",
 		"ProgressTable", "-progress-table",
 		"CopyWorkers", "-copy-workers",
 		"CopyTruncate", "-copy-truncate",
@@ -78,8 +77,8 @@ var fieldRenames = map[string][]rename{
 // optionFlags maps pgoutput's option names, as replication.OptionError gives them, to flags.
 var optionFlags = map[string]map[string]string{
 	"stream": {"slot": "-slot", "publication_names": "-publication", "proto_version": "-proto", "streaming": "-streaming",
-		"origin": "-origin", "two_phase": "-two-phase", "binary": "-binary", "messages": "-messages"},
-	"apply": {"slot": "-slot", "publication_names": "-publication", "origin": "-source-origin", "binary": "-binary"},
+		"origin": "-origin-filter", "two_phase": "-two-phase", "binary": "-binary", "messages": "-messages"},
+	"apply": {"slot": "-slot", "publication_names": "-publication", "origin": "-origin-filter", "binary": "-binary"},
 }
 
 // explain returns the message of err as the command's user should read it.
@@ -118,7 +117,7 @@ func explain(command string, err error) string {
 			msg = strings.Replace(msg, ce.Error(), s, 1)
 		}
 	}
-	msg = pgconnect.TidyConnectError(msg, err)
+	msg = replication.TidyConnectError(msg, err)
 	for _, rs := range [][]rename{fieldRenames[command], commonRenames} {
 		for _, r := range rs {
 			msg = r.re.ReplaceAllLiteralString(msg, r.flag)

@@ -19,13 +19,12 @@ import (
 	"github.com/pgreorder/pgreorder/decoding"
 
 	"github.com/pgreorder/pgreorder/format"
-	"github.com/pgreorder/pgreorder/internal/jsonl"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 	"github.com/stretchr/testify/require"
 )
 
 // committedTxns runs replay over a capture file and returns its transactions with changes, in
-// the form jsonl.Comparable gives.
+// the form comparable gives.
 func committedTxns(t *testing.T, file string, workMem int64) []string {
 	t.Helper()
 	f, err := os.Open(file)
@@ -34,7 +33,7 @@ func committedTxns(t *testing.T, file string, workMem int64) []string {
 	var out bytes.Buffer
 	_, err = replay(context.Background(), f, &out, reorderbuffer.Config{WorkMem: workMem, Dir: t.TempDir()}, format.Config{})
 	require.NoError(t, err, file)
-	txns, err := jsonl.Comparable(out.String())
+	txns, err := comparable(out.String())
 	require.NoError(t, err)
 	return txns
 }

@@ -26,17 +26,19 @@ func init() {
 
 // streamFlags are the flags of `pgreorder stream`.
 type streamFlags struct {
-	dsn, slot, workMem, dir, streaming, origin string
-	publications                               []string
-	createSlot, temporary, messages, twoPhase  bool
-	binary                                     bool
-	proto                                      int
-	resume, output                             string
-	status, progress, slotWait                 time.Duration
-	metricsAddr                                string
-	verbose                                    bool
-	fileMode                                   iofs.FileMode
-	out                                        outputFlags
+	dsn, slot, workMem, dir, streaming, originFilter string
+	publications                                     []string
+	createSlot, temporary, messages, twoPhase        bool
+	binary                                           bool
+	proto                                            int
+	resume, output                                   string
+	status, progress, slotWait                       time.Duration
+	metricsAddr                                      string
+	verbose                                          bool
+	fileMode                                         iofs.FileMode
+	streamingOpt                                     replication.Streaming    // -streaming, parsed by check
+	originFilterOpt                                  replication.OriginFilter // -origin-filter, parsed by check
+	out                                              outputFlags
 }
 
 const streamUsage = `usage: pgreorder stream -dsn DSN -slot NAME -publication NAME [flags]
@@ -89,7 +91,8 @@ func runStream(ctx context.Context, args []string) error {
 	fs.BoolVar(&f.messages, "messages", true, "receive logical decoding messages")
 	fs.BoolVar(&f.binary, "binary", false, "binary column values")
 	fs.BoolVar(&f.twoPhase, "two-phase", false, "decode prepared transactions at PREPARE (turns two-phase on for the slot for good)")
-	fs.StringVar(&f.origin, "origin", "", `origin filter: "any" or "none" (PostgreSQL 16+)`)
+	fs.StringVar(&f.originFilter, "origin-filter", "", `pgoutput's origin option: "any", or "none" (PostgreSQL 16+: `+
+		"leave out changes another replication applied)")
 	fs.StringVar(&f.resume, "resume", "", "end LSN (X/X) of the last transaction already handled: start after it (not with -o)")
 	fs.StringVar(&f.output, "o", "", "write durably to this file instead of stdout, and resume from it (see above)")
 	f.fileMode = format.DefaultFileMode
@@ -167,11 +170,11 @@ func runStream(ctx context.Context, args []string) error {
 		CreateSlot:     f.createSlot,
 		TemporarySlot:  f.temporary,
 		ProtoVersion:   f.proto,
-		Streaming:      f.streaming,
+		Streaming:      f.streamingOpt,
 		Binary:         f.binary,
 		Messages:       f.messages,
 		TwoPhase:       f.twoPhase,
-		Origin:         f.origin,
+		OriginFilter:   f.originFilterOpt,
 		StatusInterval: f.status,
 		Reconnect:      replication.ReconnectPolicy{SlotWait: cliSlotWait(f.slotWait)},
 		Buffer:         reorderbuffer.Config{WorkMem: workMem, Dir: f.dir, SkipThrough: skip},
@@ -310,15 +313,12 @@ func (f *streamFlags) check(fs *flag.FlagSet) error {
 	if err := parseProto(f.proto); err != nil {
 		return err
 	}
-	switch f.streaming {
-	case "", replication.StreamingOff, replication.StreamingOn, replication.StreamingParallel:
-	default:
+	var err error
+	if f.streamingOpt, err = replication.ParseStreaming(f.streaming); err != nil {
 		return fmt.Errorf("-streaming %q: valid values are off, on and parallel", f.streaming)
 	}
-	switch f.origin {
-	case "", "any", "none":
-	default:
-		return fmt.Errorf("-origin %q: valid values are any and none", f.origin)
+	if f.originFilterOpt, err = replication.ParseOriginFilter(f.originFilter); err != nil {
+		return fmt.Errorf("-origin-filter %q: valid values are any and none", f.originFilter)
 	}
 	if f.output != "" && f.resume != "" {
 		return errors.New("-resume and -o both give the resume position: with -o it is read from the file's position file")

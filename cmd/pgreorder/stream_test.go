@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/pgreorder/pgreorder/format"
-	"github.com/pgreorder/pgreorder/internal/pgtest"
+	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
 	"github.com/pgreorder/pgreorder/replication"
 	"github.com/stretchr/testify/require"
 )
@@ -88,7 +88,7 @@ func TestStreamCommand(t *testing.T) {
 				sc := bufio.NewScanner(r)
 				sc.Buffer(nil, 64<<20)
 				var got []map[string]any
-				want := map[format.Kind]int{format.Txn: 2, format.Debezium: 2001}[kind]
+				want := map[format.Kind]int{format.KindTxn: 2, format.KindDebezium: 2001}[kind]
 				for len(got) < want && sc.Scan() {
 					var v map[string]any
 					require.NoError(t, json.Unmarshal(sc.Bytes(), &v), "%s", sc.Bytes())
@@ -98,12 +98,12 @@ func TestStreamCommand(t *testing.T) {
 				require.NoError(t, <-done)
 				require.Len(t, got, want)
 				switch kind {
-				case format.Txn:
+				case format.KindTxn:
 					require.Len(t, got[0]["changes"].([]any), 2000, "the rolled-back deletes dropped")
 					c := got[1]["changes"].([]any)
 					require.Len(t, c, 1)
 					require.Equal(t, "update", c[0].(map[string]any)["op"])
-				case format.Debezium:
+				case format.KindDebezium:
 					for _, ev := range got[:2000] {
 						require.Equal(t, "c", ev["op"])
 						require.Equal(t, db, ev["source"].(map[string]any)["db"])
@@ -250,7 +250,7 @@ func TestStreamFlagErrors(t *testing.T) {
 		{append([]string{"-proto", "9"}, base...), []string{"-proto 9", "1-4"}},
 		{append([]string{"-work-mem", "0"}, base...), []string{"-work-mem", "none", "bare number is in kB"}},
 		{append([]string{"-streaming", "yes"}, base...), []string{"-streaming", "off, on and parallel"}},
-		{append([]string{"-origin", "all"}, base...), []string{"-origin", "any and none"}},
+		{append([]string{"-origin-filter", "all"}, base...), []string{"-origin-filter", "any and none"}},
 		{append([]string{"-format", "avro"}, base...), []string{"-format", "txn, debezium"}},
 		{append([]string{"-resume", "nope"}, base...), []string{"-resume", "0/16B3748"}},
 		{append([]string{"-resume", "0/1", "-o", "f"}, base...), []string{"-resume and -o"}},

@@ -9,7 +9,7 @@
 # creates and drops a database named capture). Slots are created before the workload and read with
 # pg_logical_slot_peek_binary_changes, one slot per option set (reading a slot once with two_phase
 # turns two-phase on for that slot for good). Output: one capture per slot, in the format of
-# internal/capture (lsn<TAB>xid<TAB>hex), with the workload and the options in '#' comments.
+# internal/tools/capture (lsn<TAB>xid<TAB>hex), with the workload and the options in '#' comments.
 set -euo pipefail
 out=$(cd "$(dirname "$0")" && pwd)
 c15=$1

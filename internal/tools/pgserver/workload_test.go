@@ -6,7 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgreorder/pgreorder/internal/pgserver"
+	"github.com/pgreorder/pgreorder/internal/tools/pgserver"
 )
 
 func TestParseWorkload(t *testing.T) {

@@ -6,7 +6,7 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/pgreorder/pgreorder/internal/pgserver"
+	"github.com/pgreorder/pgreorder/internal/tools/pgserver"
 )
 
 // The server types, constants and errors are pgserver's.

@@ -1,4 +1,4 @@
-package jsonl
+package main
 
 import (
 	"encoding/json"
@@ -6,12 +6,12 @@ import (
 	"strings"
 )
 
-// Comparable reduces the output of a Writer to what a streamed and a non-streamed reading of the
+// comparable reduces the txn format's output (format.Writer) to what a streamed and a non-streamed reading of the
 // same changes must agree on, one line per transaction: it leaves out transactions with no
 // changes (the server sends nothing for them with streaming off, a Stream Commit with it on) and
 // the gid (a two-phase reading names what a plain reading sees as an ordinary commit). Lines are
 // re-encoded with sorted keys, so they compare as strings.
-func Comparable(out string) ([]string, error) {
+func comparable(out string) ([]string, error) {
 	var txns []string
 	for _, line := range strings.Split(out, "\n") {
 		if line == "" {
@@ -19,7 +19,7 @@ func Comparable(out string) ([]string, error) {
 		}
 		var o map[string]any
 		if err := json.Unmarshal([]byte(line), &o); err != nil {
-			return nil, fmt.Errorf("jsonl: %w: %s", err, line)
+			return nil, fmt.Errorf("comparable: %w: %s", err, line)
 		}
 		if ch, ok := o["changes"].([]any); ok && len(ch) == 0 {
 			continue

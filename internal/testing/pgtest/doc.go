@@ -1,5 +1,5 @@
 // Package pgtest gives tests throwaway PostgreSQL servers (15 to 18), built on package
-// internal/pgserver, which does the work and which the pgreorder commands use directly.
+// internal/tools/pgserver, which does the work and which the pgreorder commands use directly.
 //
 // A package calls Main from TestMain; Shared(t, major) gives the test binary's single server of
 // that major (started on first use, stopped by Main), Majors lists what is installed and

@@ -7,7 +7,7 @@ import (
 	"os"
 	"strings"
 
-	"github.com/pgreorder/pgreorder/internal/capture"
+	"github.com/pgreorder/pgreorder/internal/tools/capture"
 )
 
 // Example reads a capture as pg_logical_slot_peek_binary_changes prints it and writes it back.

@@ -12,7 +12,7 @@ import (
 	"testing"
 
 	"github.com/pgreorder/pgreorder/decoding"
-	"github.com/pgreorder/pgreorder/internal/capture"
+	"github.com/pgreorder/pgreorder/internal/tools/capture"
 	"github.com/stretchr/testify/require"
 )
 

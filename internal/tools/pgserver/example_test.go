@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/pgreorder/pgreorder/internal/pgserver"
+	"github.com/pgreorder/pgreorder/internal/tools/pgserver"
 )
 
 func ExampleDefaultSettings() {

@@ -3,7 +3,7 @@ package pgtest_test
 import (
 	"fmt"
 
-	"github.com/pgreorder/pgreorder/internal/pgtest"
+	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
 )
 
 // A test package that uses servers calls Main from its TestMain:

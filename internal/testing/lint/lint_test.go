@@ -17,6 +17,9 @@ import (
 
 const mod = "github.com/pgreorder/pgreorder/"
 
+// root is the module's directory, relative to this package's.
+var root = filepath.Join("..", "..", "..")
+
 // core lists the packages that depend on the standard library and on each other only, with the
 // packages of this module each may depend on. It is checked on the transitive dependencies of
 // the shipped code (go list -deps), so that a core package cannot reach another module, or a
@@ -32,9 +35,8 @@ var core = map[string][]string{
 // this module they may import directly (imports point down only). Packages not listed here or
 // in core (commands, examples, tools above replication) are not restricted.
 var allowed = map[string][]string{
-	"replication":        {"reorderbuffer", "decoding", "spill", "heap", "internal/pgconnect"},
-	"internal/pgconnect": {},
-	"metrics":            {"replication", "reorderbuffer", "decoding"},
+	"replication": {"reorderbuffer", "decoding", "spill", "heap"},
+	"metrics":     {"replication", "reorderbuffer", "decoding"},
 	// The consumer entry point: over the toolkit, below apply (which uses its copy), never
 	// importing it.
 	"changefeed": {"replication", "snapshot", "pgvalue", "format", "reorderbuffer", "decoding"},
@@ -122,6 +124,7 @@ func TestCoreViolations(t *testing.T) {
 		{"heap", []string{mod + "decoding"}, 1},             // the leaves import nothing of ours
 		{"reorderbuffer", []string{mod + "replication"}, 1}, // nothing above
 		{"reorderbuffer", []string{mod + "internal/knobs"}, 1},
+		{"reorderbuffer", []string{mod + "internal/tools/capture"}, 1},
 	}
 	for _, tt := range tests {
 		p := maps.Clone(pkgs)
@@ -145,14 +148,15 @@ func TestImportsPointDown(t *testing.T) {
 }
 
 func TestOnlyReplicationTalksToPostgres(t *testing.T) {
-	// Who may open connections: replication (the walsender), apply and snapshot (ordinary
-	// connections to copy and apply), changefeed (its position table's database), internal/pgconnect (what replication and snapshot share), internal/pgserver and pgtest (throwaway servers for the
-	// commands and tests), examples (programs), and metrics, which listens for scrapes (net,
-	// never pgconn).
+	// Who may open connections: replication (the walsender, and the ordinary connections it opens
+	// for snapshot and apply), apply and snapshot (ordinary connections to copy and apply),
+	// changefeed (its position table's database), internal/tools and internal/testing
+	// (throwaway servers for the commands and tests), examples (programs), and metrics, which
+	// listens for scrapes (net, never pgconn).
 	connects := func(pkg, imp string) bool {
 		switch {
-		case pkg == "replication", pkg == "apply", pkg == "snapshot", pkg == "changefeed", pkg == "internal/pgconnect",
-			pkg == "internal/pgtest", pkg == "internal/pgserver", strings.HasPrefix(pkg, "examples/"):
+		case pkg == "replication", pkg == "apply", pkg == "snapshot", pkg == "changefeed",
+			strings.HasPrefix(pkg, "internal/testing/"), strings.HasPrefix(pkg, "internal/tools/"), strings.HasPrefix(pkg, "examples/"):
 			return true
 		case pkg == "metrics":
 			return imp == "net"
@@ -179,14 +183,15 @@ func TestOnlyReplicationTalksToPostgres(t *testing.T) {
 func TestOnlyReplicationSpeaksTheReplicationProtocol(t *testing.T) {
 	commands := []string{"START_REPLICATION", "CREATE_REPLICATION_SLOT", "IDENTIFY_SYSTEM", "TIMELINE_HISTORY",
 		"READ_REPLICATION_SLOT", "BASE_BACKUP"}
-	files, err := filepath.Glob(filepath.Join("..", "..", "*", "*.go"))
-	require.NoError(t, err)
-	more, err := filepath.Glob(filepath.Join("..", "..", "*", "*", "*.go"))
-	require.NoError(t, err)
-	files = append(files, more...)
+	var files []string
+	for _, pattern := range []string{"*/*.go", "*/*/*.go", "*/*/*/*.go"} {
+		more, err := filepath.Glob(filepath.Join(root, pattern))
+		require.NoError(t, err)
+		files = append(files, more...)
+	}
 	checked := 0
 	for _, f := range files {
-		rel, err := filepath.Rel(filepath.Join("..", ".."), f)
+		rel, err := filepath.Rel(root, f)
 		require.NoError(t, err)
 		if strings.HasSuffix(f, "_test.go") || strings.HasPrefix(rel, "replication"+string(filepath.Separator)) {
 			continue
@@ -212,7 +217,7 @@ func TestOnlyReplicationSpeaksTheReplicationProtocol(t *testing.T) {
 // RawNode, so that it is deterministic under test.
 func TestCoreHasNoGoroutinesOrClock(t *testing.T) {
 	for _, dir := range []string{"reorderbuffer", "decoding", "heap"} {
-		files, err := filepath.Glob(filepath.Join("..", "..", dir, "*.go"))
+		files, err := filepath.Glob(filepath.Join(root, dir, "*.go"))
 		require.NoError(t, err)
 		for _, f := range files {
 			if strings.HasSuffix(f, "_test.go") {
@@ -250,7 +255,7 @@ func TestSpillResolvesNamesInDirectories(t *testing.T) {
 		"syscall": {"Access", "Chmod", "Chown", "Creat", "Lchown", "Link", "Lstat", "Mkdir", "Mkfifo", "Mknod",
 			"Open", "Readlink", "Rename", "Rmdir", "Stat", "Symlink", "Truncate", "Unlink", "Utimes"},
 	}
-	files, err := filepath.Glob(filepath.Join("..", "..", "spill", "*.go"))
+	files, err := filepath.Glob(filepath.Join(root, "spill", "*.go"))
 	require.NoError(t, err)
 	require.NotEmpty(t, files)
 	for _, f := range files {

@@ -1,4 +1,4 @@
-package pgconnect
+package replication
 
 import (
 	"errors"
@@ -9,10 +9,10 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// mask replaces a password in what Redact returns.
+// mask replaces a password in what RedactConnString returns.
 const mask = "xxxxx"
 
-// secretKeys are the connection parameters whose values Redact hides.
+// secretKeys are the connection parameters whose values RedactConnString hides.
 var secretKeys = []string{"password", "sslpassword"}
 
 func isSecret(key string) bool {
@@ -24,18 +24,18 @@ func isSecret(key string) bool {
 	return false
 }
 
-// Redact returns the connection string dsn with its passwords replaced by "xxxxx", to be printed:
+// RedactConnString returns the connection string dsn with its passwords replaced by "xxxxx", to be printed:
 // in the keyword/value form, the value of every password and sslpassword keyword, however it is
 // spaced and quoted ("password = 'it”s'", "password='a\' b'"); in the URL form
 // (postgres://user:password@host/db?password=...), the password of the user information and of
 // the query. What follows a syntax error in the keyword/value form, which libpq would not parse
 // either, is replaced whole, since where a value ends is then unknown.
-func Redact(dsn string) string {
+func RedactConnString(dsn string) string {
 	out, _ := redact(dsn)
 	return out
 }
 
-// redact returns Redact(dsn) and the passwords it hid, as written and as meant (unquoted).
+// redact returns RedactConnString(dsn) and the passwords it hid, as written and as meant (unquoted).
 func redact(dsn string) (string, []string) {
 	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
 		return redactURL(dsn)
@@ -164,21 +164,30 @@ func redactURL(dsn string) (string, []string) {
 	return b.String(), secrets
 }
 
-// ParseConfig is pgconn.ParseConfig with its error made safe to print: see RedactError.
-func ParseConfig(dsn string) (*pgconn.Config, error) {
+// ParseConnString is pgconn.ParseConfig with its error made safe to print: see RedactConnError.
+func ParseConnString(dsn string) (*pgconn.Config, error) {
 	pc, err := pgconn.ParseConfig(dsn)
 	if err != nil {
-		return nil, RedactError(err, dsn)
+		return nil, RedactConnError(err, dsn)
 	}
 	return pc, nil
 }
 
-// RedactError returns err, an error about the connection string dsn, with every password of dsn
+// ConnConfig returns the connection configuration given either way: cfg when not nil, else
+// connString parsed (ParseConnString).
+func ConnConfig(cfg *pgconn.Config, connString string) (*pgconn.Config, error) {
+	if cfg != nil {
+		return cfg, nil
+	}
+	return ParseConnString(connString)
+}
+
+// RedactConnError returns err, an error about the connection string dsn, with every password of dsn
 // hidden from its message, whatever the message quotes of dsn and however: the connection string
-// it quotes is replaced by Redact's, and then any password of dsn (three characters or longer)
+// it quotes is replaced by RedactConnString's, and then any password of dsn (three characters or longer)
 // still in it. It unwraps to err, or, when err holds a *pgconn.ParseConfigError (as
 // pgconn.ParseConfig's errors are), to a copy of that whose ConnString is redacted.
-func RedactError(err error, dsn string) error {
+func RedactConnError(err error, dsn string) error {
 	if err == nil {
 		return nil
 	}
@@ -188,7 +197,7 @@ func RedactError(err error, dsn string) error {
 	var pe *pgconn.ParseConfigError
 	if errors.As(err, &pe) {
 		cp := *pe
-		cp.ConnString = Redact(pe.ConnString)
+		cp.ConnString = RedactConnString(pe.ConnString)
 		msg = strings.Replace(msg, pe.Error(), cp.Error(), 1)
 		inner = &cp
 	}

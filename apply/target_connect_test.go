@@ -1,0 +1,59 @@
+package apply
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// TestTargetConfigAndHook: the target's connections are made from TargetConfig, each through
+// TargetBeforeConnect, with the pinned settings replacing what the hook set in another letter
+// case, and the target's notices logged.
+func TestTargetConfigAndHook(t *testing.T) {
+	major := testMajors[len(testMajors)-1]
+	e := newEnv(t, major,
+		`CREATE FUNCTION say() RETURNS trigger LANGUAGE plpgsql AS $$
+		 BEGIN RAISE NOTICE 'marker % datestyle %', NEW.id, current_setting('datestyle'); RETURN NEW; END $$`,
+		`CREATE TRIGGER say BEFORE INSERT ON marker FOR EACH ROW EXECUTE FUNCTION say()`,
+		`ALTER TABLE marker ENABLE ALWAYS TRIGGER say`)
+	pc, err := pgconn.ParseConfig(e.dst)
+	must(t, err)
+	cfg := e.config(t, Buffered)
+	cfg.Target, cfg.TargetConfig = "", pc
+	var hooked atomic.Int32
+	cfg.TargetBeforeConnect = func(_ context.Context, c *pgconn.Config) error {
+		if c == pc {
+			return errors.New("the hook got the configuration itself, not a copy")
+		}
+		hooked.Add(1)
+		c.RuntimeParams["DateStyle"] = "German" // pinned anyway
+		return nil
+	}
+	log := &logBuffer{}
+	cfg.Logger = slog.New(slog.NewTextHandler(log, nil))
+
+	both := cfg
+	both.Target = e.dst
+	if _, err := New(both); !errors.Is(err, ErrInvalidConfig) {
+		t.Errorf("Target and TargetConfig: %v, want ErrInvalidConfig", err)
+	}
+
+	r := start(t, cfg)
+	execOn(t, e.src, `INSERT INTO marker VALUES (1)`)
+	e.waitMarker(t, r, 1)
+	r.halt(t)
+	if hooked.Load() == 0 {
+		t.Error("TargetBeforeConnect was not called")
+	}
+	if got := log.String(); !strings.Contains(got, `msg="server notice"`) || !strings.Contains(got, "marker 1 datestyle ISO") {
+		t.Errorf("the target's notice was not logged with the pinned DateStyle; notices:\n%s", got)
+	}
+	if _, ok := pc.RuntimeParams["DateStyle"]; ok {
+		t.Error("TargetConfig was modified")
+	}
+}
