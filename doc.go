@@ -22,6 +22,19 @@
 //   - [github.com/pgreorder/pgreorder/spill] and [github.com/pgreorder/pgreorder/heap] are the
 //     disk logs and the pairing heap underneath the buffer.
 //
+// Around the buffer, each small and importing only downwards:
+//
+//   - [github.com/pgreorder/pgreorder/pgvalue]: typed column values (pgx's pgtype, text and
+//     binary, enums and custom types), column names, keys, unchanged TOAST.
+//   - [github.com/pgreorder/pgreorder/format]: JSON lines per transaction or Debezium-style
+//     change events, and a durable, resumable output file.
+//   - [github.com/pgreorder/pgreorder/snapshot]: the initial copy of the published tables in the
+//     slot's exported snapshot, in parallel.
+//   - [github.com/pgreorder/pgreorder/metrics]: lag in bytes and time, memory, spill and rates of
+//     a stream, a consumer or an applier, as a struct and a Prometheus collector.
+//   - [github.com/pgreorder/pgreorder/apply]: replication into PostgreSQL, exactly once, with
+//     conflict detection and resolution as PostgreSQL names them.
+//
 // Two commands show it at work without writing code:
 //
 //	go run ./cmd/pgreorder demo     # a throwaway server, a large transaction with rolled-back savepoints, streamed
