@@ -70,7 +70,7 @@ func (w *Writer) txn(x *reorderbuffer.Txn) (int64, error) {
 }
 
 // relation resolves a change's relation and checks that its columns make a valid JSON object.
-func (w *Writer) relation(x *reorderbuffer.Txn, id uint32, t ...decoding.Tuple) (*decoding.Relation, error) {
+func (w *Writer) relation(x pgvalue.Schema, id uint32, t ...decoding.Tuple) (*decoding.Relation, error) {
 	r, ok := x.Relation(id)
 	if !ok {
 		return nil, fmt.Errorf("%w: relation %d", ErrUnknownRelation, id)
