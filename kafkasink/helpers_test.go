@@ -1,0 +1,209 @@
+package kafkasink_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/pgreorder/pgreorder/internal/kafkatest"
+	"github.com/pgreorder/pgreorder/internal/pgtest"
+)
+
+func TestMain(m *testing.M) {
+	if spec := os.Getenv(crashConsumerEnv); spec != "" {
+		os.Exit(crashConsumer(spec))
+	}
+	pgtest.Main(m)
+}
+
+// testedMajors are the server versions the integration tests run against, when installed.
+var testedMajors = []int{15, 18}
+
+func eachMajor(t *testing.T, f func(t *testing.T, srv *pgtest.Server)) {
+	ran := false
+	for _, major := range pgtest.Majors(t) {
+		if !slices.Contains(testedMajors, major) {
+			continue
+		}
+		ran = true
+		t.Run(fmt.Sprintf("pg%d", major), func(t *testing.T) { f(t, pgtest.Shared(t, major)) })
+	}
+	if !ran {
+		pgtest.Unavailable(t, fmt.Sprintf("none of PostgreSQL %v is installed", testedMajors))
+	}
+}
+
+func testCtx(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func mustExec(t *testing.T, connString string, statements ...string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := pgtest.Exec(ctx, connString, statements...); err != nil {
+		t.Fatal(err)
+	}
+}
+
+var prefixes atomic.Int64
+
+// newPrefix returns a topic prefix no other test of the binary uses.
+func newPrefix(t *testing.T) string {
+	return fmt.Sprintf("t%d_%d", os.Getpid(), prefixes.Add(1))
+}
+
+// sentinelHeader marks the records readCommitted writes to find the end of a partition.
+const sentinelHeader = "kafkasink-test-sentinel"
+
+// readCommitted returns every committed record of the topics, in partition order (a topic's
+// partitions one after the other), as a read_committed consumer sees them: it commits a sentinel
+// record to every partition in a transaction of its own, and reads each partition up to it.
+func readCommitted(t *testing.T, ctx context.Context, c *kafkatest.Cluster, topics ...string) map[string][]*kgo.Record {
+	t.Helper()
+	adm, err := kgo.NewClient(kgo.SeedBrokers(c.Addrs()...), kgo.MetadataMinAge(100*time.Millisecond))
+	require.NoError(t, err)
+	defer adm.Close()
+	td, err := kadm.NewClient(adm).ListTopics(ctx, topics...)
+	require.NoError(t, err)
+	require.NoError(t, td.Error())
+	p, err := kgo.NewClient(kgo.SeedBrokers(c.Addrs()...), kgo.MetadataMinAge(100*time.Millisecond), kgo.TransactionalID(fmt.Sprintf("sentinel-%d-%d", os.Getpid(), prefixes.Add(1))),
+		kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	require.NoError(t, err)
+	defer p.Close()
+	require.NoError(t, p.BeginTransaction())
+	want := map[string]map[int32]int64{}
+	parts := map[string]map[int32]kgo.Offset{}
+	for _, topic := range topics {
+		want[topic] = map[int32]int64{}
+		parts[topic] = map[int32]kgo.Offset{}
+		for _, pd := range td[topic].Partitions {
+			r := &kgo.Record{Topic: topic, Partition: pd.Partition, Key: []byte(sentinelHeader), Headers: []kgo.RecordHeader{{Key: sentinelHeader}}}
+			require.NoError(t, p.ProduceSync(ctx, r).FirstErr())
+			want[topic][pd.Partition] = r.Offset
+			parts[topic][pd.Partition] = kgo.NewOffset().AtStart()
+		}
+	}
+	require.NoError(t, p.EndTransaction(ctx, kgo.TryCommit))
+	rd, err := kgo.NewClient(kgo.SeedBrokers(c.Addrs()...), kgo.MetadataMinAge(100*time.Millisecond), kgo.ConsumePartitions(parts), kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+	require.NoError(t, err)
+	defer rd.Close()
+	byPart := map[string]map[int32][]*kgo.Record{}
+	left := 0
+	for _, ps := range want {
+		left += len(ps)
+	}
+	for left > 0 {
+		fs := rd.PollFetches(ctx)
+		require.NoError(t, ctx.Err())
+		require.NoError(t, fs.Err0())
+		fs.EachRecord(func(r *kgo.Record) {
+			if len(r.Headers) > 0 && r.Headers[0].Key == sentinelHeader {
+				if r.Offset == want[r.Topic][r.Partition] {
+					left--
+				}
+				return
+			}
+			if byPart[r.Topic] == nil {
+				byPart[r.Topic] = map[int32][]*kgo.Record{}
+			}
+			byPart[r.Topic][r.Partition] = append(byPart[r.Topic][r.Partition], r)
+		})
+	}
+	out := map[string][]*kgo.Record{}
+	for topic, ps := range byPart {
+		for i := int32(0); i < int32(len(td[topic].Partitions)); i++ {
+			out[topic] = append(out[topic], ps[i]...)
+		}
+	}
+	return out
+}
+
+// event is what the tests read of a change event.
+type event struct {
+	Before map[string]any `json:"before"`
+	After  map[string]any `json:"after"`
+	Op     string         `json:"op"`
+	Source struct {
+		Table    string  `json:"table"`
+		TxID     *uint64 `json:"txId"`
+		LSN      *uint64 `json:"lsn"`
+		Snapshot string  `json:"snapshot"`
+	} `json:"source"`
+	Transaction *struct {
+		ID         string `json:"id"`
+		TotalOrder int64  `json:"total_order"`
+	} `json:"transaction"`
+	Message *struct {
+		Prefix  string `json:"prefix"`
+		Content []byte `json:"content"`
+	} `json:"message"`
+}
+
+func parseEvent(t *testing.T, r *kgo.Record) event {
+	t.Helper()
+	var e event
+	require.NoError(t, json.Unmarshal(r.Value, &e), string(r.Value))
+	return e
+}
+
+// model applies row events of a table keyed by "id" to a map, refusing what exactly once
+// excludes: a create of a present key, an update or delete of a missing one.
+type model map[string]string
+
+func (m model) apply(e event) error {
+	id := func(row map[string]any) string { return fmt.Sprint(row["id"]) }
+	switch e.Op {
+	case "r", "c":
+		k := id(e.After)
+		if _, ok := m[k]; ok {
+			return fmt.Errorf("%s of key %s, which is present", e.Op, k)
+		}
+		m[k] = fmt.Sprint(e.After["v"])
+	case "u":
+		k := id(e.After)
+		if _, ok := m[k]; !ok {
+			return fmt.Errorf("update of key %s, which is missing", k)
+		}
+		m[k] = fmt.Sprint(e.After["v"])
+	case "d":
+		k := id(e.Before)
+		if _, ok := m[k]; !ok {
+			return fmt.Errorf("delete of key %s, which is missing", k)
+		}
+		delete(m, k)
+	case "t":
+		clear(m)
+	}
+	return nil
+}
+
+// tableModel reads table t's rows (id, v) as a model.
+func tableModel(t *testing.T, ctx context.Context, dsn, table string) model {
+	t.Helper()
+	conn, err := pgx.Connect(ctx, dsn)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	rows, err := conn.Query(ctx, "SELECT id::text, coalesce(v, '<nil>') FROM "+table)
+	require.NoError(t, err)
+	m := model{}
+	for rows.Next() {
+		var k, v string
+		require.NoError(t, rows.Scan(&k, &v))
+		m[k] = v
+	}
+	require.NoError(t, rows.Err())
+	return m
+}
