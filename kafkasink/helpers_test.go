@@ -1,6 +1,7 @@
 package kafkasink_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -155,7 +156,9 @@ type event struct {
 func parseEvent(t *testing.T, r *kgo.Record) event {
 	t.Helper()
 	var e event
-	require.NoError(t, json.Unmarshal(r.Value, &e), string(r.Value))
+	dec := json.NewDecoder(bytes.NewReader(r.Value))
+	dec.UseNumber()
+	require.NoError(t, dec.Decode(&e), string(r.Value))
 	return e
 }
 
