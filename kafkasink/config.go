@@ -145,6 +145,10 @@ type Config struct {
 	// DefaultTransactionTimeout.
 	TransactionTimeout time.Duration
 
+	// ConnectTimeout bounds the first contact with the brokers, when the Sink loads the position:
+	// no broker answering within it is ErrUnreachable. 0 means 30 seconds.
+	ConnectTimeout time.Duration
+
 	// Opts are more options for the client, applied after the sink's own; options that break
 	// the sink's promise (another TransactionalID, DisableIdempotentWrite, a read isolation
 	// level) must not be given.
@@ -190,6 +194,9 @@ func (c *Config) withDefaults() (Config, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = discardLogger
+	}
+	if cfg.ConnectTimeout <= 0 {
+		cfg.ConnectTimeout = 30 * time.Second
 	}
 	if cfg.SASL.Mechanism != SASLNone && cfg.SASL.User == "" {
 		return cfg, fmt.Errorf("%w: SASL without a User", ErrInvalidConfig)

@@ -70,12 +70,16 @@ type Sink struct {
 	recCancel context.CancelFunc
 	waiting   atomic.Int64 // Produce calls waiting for room
 
-	mu       sync.Mutex // the open transaction
+	mu       sync.Mutex // the open transaction; held while the client ends it
 	inTxn    bool
 	txCtx    context.Context
 	txCancel context.CancelFunc
-	failed   error // the first produce error of the open transaction
 	closed   bool
+
+	// failMu guards failed apart from mu: promises set it while mu's holder waits for them
+	// (AbortBufferedRecords, EndTransaction).
+	failMu sync.Mutex
+	failed error // the first produce error of the open transaction
 
 	topicMu sync.Mutex
 	topics  map[string]int // topics known to exist: their max.message.bytes
@@ -179,9 +183,9 @@ func (s *Sink) Load(ctx context.Context, slot string) (changefeed.Position, bool
 	return s.readPosition(ctx)
 }
 
-// reach checks that a broker answers, within 30 seconds.
+// reach checks that a broker answers, within Config.ConnectTimeout.
 func (s *Sink) reach(ctx context.Context) error {
-	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	rctx, cancel := context.WithTimeout(ctx, s.cfg.ConnectTimeout)
 	defer cancel()
 	if _, err := s.adm.BrokerMetadata(rctx); err != nil {
 		if ctx.Err() != nil {
@@ -290,7 +294,8 @@ func (s *Sink) Begin(ctx context.Context, worker int) (changefeed.Unit, error) {
 		if err := s.cl.BeginTransaction(); err != nil {
 			return nil, s.wrap(err)
 		}
-		s.inTxn, s.failed = true, nil
+		s.inTxn = true
+		s.setFailed(nil)
 		s.txCtx, s.txCancel = context.WithCancel(s.recCtx)
 	}
 	return &unit{s: s, worker: worker}, nil
@@ -341,10 +346,7 @@ type unit struct {
 func (u *unit) Commit(ctx context.Context, pos *changefeed.Position) error {
 	s := u.s
 	if pos == nil && u.worker != changefeed.StreamWorker {
-		s.mu.Lock()
-		err := s.failed
-		s.mu.Unlock()
-		return err
+		return s.firstFailure()
 	}
 	start := time.Now()
 	if pos != nil {
@@ -362,8 +364,8 @@ func (u *unit) Commit(ctx context.Context, pos *changefeed.Position) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.failed != nil {
-		return s.failed
+	if err := s.firstFailure(); err != nil {
+		return err
 	}
 	if !s.inTxn {
 		return errors.New("kafkasink: commit without an open transaction")
@@ -403,13 +405,25 @@ func (s *Sink) wrap(err error) error {
 	return err
 }
 
+func (s *Sink) firstFailure() error {
+	s.failMu.Lock()
+	defer s.failMu.Unlock()
+	return s.failed
+}
+
+func (s *Sink) setFailed(err error) {
+	s.failMu.Lock()
+	s.failed = err
+	s.failMu.Unlock()
+}
+
 // fail records the first produce error of the open transaction.
 func (s *Sink) fail(err error) {
-	s.mu.Lock()
+	s.failMu.Lock()
 	if s.failed == nil {
 		s.failed = s.wrap(err)
 	}
-	s.mu.Unlock()
+	s.failMu.Unlock()
 }
 
 // produce buffers r in the open transaction (waiting for room in the producer's buffer), after
@@ -429,9 +443,9 @@ func (s *Sink) produce(ctx context.Context, r *kgo.Record, table string, key []b
 			"and the brokers' message.max.bytes and replica.fetch.max.bytes)", ErrRecordTooLarge, what, keyText(key), size+recordOverhead, r.Topic, max)
 	}
 	s.mu.Lock()
-	err, txCtx := s.failed, s.txCtx
+	txCtx := s.txCtx
 	s.mu.Unlock()
-	if err != nil {
+	if err := s.firstFailure(); err != nil {
 		return err
 	}
 	s.events64.Add(1)
