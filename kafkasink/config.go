@@ -245,7 +245,11 @@ func (c Compression) codec() (kgo.CompressionCodec, bool) {
 	return kgo.CompressionCodec{}, false
 }
 
-// validTopic reports a name Kafka would refuse as a topic.
+// ValidTopicName reports a name Kafka would refuse as a topic: empty, longer than 249
+// characters, "." or "..", or holding a character other than ASCII letters, digits, '.', '_'
+// and '-'.
+func ValidTopicName(name string) error { return validTopic(name) }
+
 func validTopic(name string) error {
 	switch {
 	case name == "":
