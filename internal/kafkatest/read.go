@@ -82,4 +82,3 @@ func ReadCommitted(t testing.TB, ctx context.Context, c *Cluster, topics ...stri
 	}
 	return out
 }
-
