@@ -6,6 +6,10 @@
 //
 // Where to start:
 //
+//   - [github.com/pgreorder/pgreorder/changefeed] is a whole consumer in one call: the initial
+//     copy of the published tables, then the stream, every batch through a handler, with a
+//     durable position (a file, a table in the consumer's own transaction, or a store of one's
+//     own) and a copy cut short started over.
 //   - [github.com/pgreorder/pgreorder/replication] connects to a server, streams a slot into a
 //     reorder buffer and sends the status updates: Start, then Next and Ack in a loop. Most
 //     consumers need only this package.
@@ -23,8 +27,9 @@
 //	go run ./cmd/pgreorder demo     # a throwaway server, a large transaction with rolled-back savepoints, streamed
 //	go run ./cmd/pgreorder stream -dsn DSN -slot NAME -publication NAME -create-slot   # a live slot as JSON lines
 //
-// The examples directory holds complete consumers (examples/cdc-jsonl writes JSON lines,
-// examples/apply-postgres applies into another database). docs/architecture.md describes the
+// The examples directory holds complete consumers (examples/changefeed copies, streams and
+// resumes in 60 lines, examples/cdc-jsonl writes JSON lines, examples/apply-postgres applies
+// into another database). docs/architecture.md describes the
 // layers, the data path and the guarantees, and docs/try-it.md streams from a server started by
 // hand.
 package pgreorder

@@ -4,11 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"iter"
 	"log/slog"
 	"math/rand/v2"
+	"net"
+	"strings"
 	"sync"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
@@ -83,7 +88,8 @@ type Batch struct {
 	// Unit is the store's unit of work the batch commits with: the handler writes through it
 	// where the store offers a way to (TableStore: Tx(b)).
 	Unit Unit
-	// State is the handler's state stored with the position (Resume only; SetState sets it).
+	// State is the handler's state stored with the position (Resume only; SetState sets it),
+	// to read, not to modify.
 	State []byte
 
 	f *Feed
@@ -169,6 +175,8 @@ func New(cfg Config, store Store, h Handler) (*Feed, error) {
 		return nil, fmt.Errorf("%w: no Replication.Slot", ErrInvalidConfig)
 	case cfg.Replication.TemporarySlot:
 		return nil, fmt.Errorf("%w: Replication.TemporarySlot: a stored position needs a slot that outlives the connection", ErrInvalidConfig)
+	case cfg.Replication.Buffer.Incremental:
+		return nil, fmt.Errorf("%w: Replication.Buffer.Incremental: the handler gets whole transactions", ErrInvalidConfig)
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -196,7 +204,13 @@ func Run(ctx context.Context, cfg Config, store Store, h Handler) error {
 // closes the store when it returns. With no position stored for the slot, or that of a copy
 // cut short, it copies the published tables (after a Reset batch) and stores the copy's end;
 // with a complete copy stored, it resumes the stream after the stored position (after a Resume
-// batch). When ctx ends, Run returns its error (context.Cause). A Feed runs once.
+// batch). A copy that fails for a reason another attempt can cure (a lost connection, a server
+// restart) is discarded and started over at once, with a new Reset, as Replication.Reconnect
+// allows; the stream reconnects by itself. A handler's error stops Run, which returns it (for a
+// copied chunk, inside the *snapshot.ChunkError that names the chunk), unless it is a lost
+// connection during the copy (a server error of class 08 or 57, a network error), such as the
+// handler passes on from a chunk's rows: the copy is then started over too. When ctx ends, Run
+// returns its error (context.Cause). A Feed runs once.
 func (f *Feed) Run(ctx context.Context) (err error) {
 	f.mu.Lock()
 	if f.running {
@@ -222,11 +236,10 @@ func (f *Feed) Run(ctx context.Context) (err error) {
 	if ok && pos.CopyDone {
 		stream, err = f.resume(ctx, pos)
 	} else {
-		stream, _, err = InitialCopy(ctx, CopyConfig{Replication: f.cfg.Replication, Snapshot: f.cfg.Copy,
-			Begun: ok, SystemID: pos.SystemID}, (*feedCopier)(f))
+		stream, err = f.copy(ctx, pos, ok)
 	}
 	if err != nil {
-		return err
+		return unwrapStop(err)
 	}
 	f.mu.Lock()
 	f.stream = stream
@@ -236,7 +249,98 @@ func (f *Feed) Run(ctx context.Context) (err error) {
 			err = cerr
 		}
 	}()
-	return f.follow(ctx, stream)
+	return unwrapStop(f.follow(ctx, stream))
+}
+
+// copy runs the initial copy, and runs it again after a failure that another attempt can cure
+// (a lost connection, a server restart), as replication.Config.Reconnect allows.
+func (f *Feed) copy(ctx context.Context, pos Position, begun bool) (*replication.Stream, error) {
+	policy := f.cfg.Replication.Reconnect
+	for attempt := 1; ; attempt++ {
+		stream, _, err := InitialCopy(ctx, CopyConfig{Replication: f.cfg.Replication, Snapshot: f.cfg.Copy,
+			Begun: begun, SystemID: pos.SystemID}, (*feedCopier)(f))
+		if err == nil || ctx.Err() != nil || !copyRetryable(err) || policy.Disabled ||
+			(policy.MaxAttempts > 0 && attempt >= policy.MaxAttempts) {
+			return stream, err
+		}
+		f.log.Warn("the initial copy failed; starting it over", "slot", f.cfg.Replication.Slot, "attempt", attempt, "err", err)
+		if err := wait(ctx, attempt); err != nil {
+			return nil, err
+		}
+		var ok bool
+		if pos, ok, err = f.store.Load(ctx, f.cfg.Replication.Slot); err != nil {
+			return nil, err
+		}
+		begun = ok
+	}
+}
+
+// copyRetryable reports whether an initial copy that failed with err can succeed when started
+// over: not when the handler stopped it, nor for what the configuration, the publications or the
+// store decide.
+func copyRetryable(err error) bool {
+	var stop *stopError
+	if errors.As(err, &stop) {
+		return lostConnection(stop.err)
+	}
+	switch {
+	case errors.Is(err, ErrForeignSlot), errors.Is(err, ErrSystemMismatch),
+		errors.Is(err, ErrStore), errors.Is(err, ErrInvalidConfig), errors.Is(err, ErrClosed),
+		errors.Is(err, snapshot.ErrColumnLists), errors.Is(err, snapshot.ErrUnsupported),
+		errors.Is(err, snapshot.ErrInvalidConfig), errors.Is(err, snapshot.ErrPublicationNotFound),
+		errors.Is(err, snapshot.ErrNotConsumed):
+		return false
+	case errors.Is(err, snapshot.ErrSnapshotNotExported), errors.Is(err, snapshot.ErrPublicationChanged):
+		return true // a new slot has a new snapshot
+	}
+	return replication.Retryable(err)
+}
+
+// lostConnection reports whether a handler's error is a lost connection rather than the
+// handler's own decision: what reading a chunk's rows returns when the copy's connection is
+// lost, and what a handler that writes to a database gets when its connection is (a server error
+// of the connection or operator-intervention classes, a network error, an unexpected EOF).
+func lostConnection(err error) bool {
+	var (
+		pgErr  *pgconn.PgError
+		netErr net.Error
+	)
+	switch {
+	case errors.As(err, &pgErr):
+		return strings.HasPrefix(pgErr.Code, "08") || strings.HasPrefix(pgErr.Code, "57")
+	case errors.As(err, &netErr), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF):
+		return true
+	}
+	return false
+}
+
+// wait waits before attempt+1: from 100ms, doubling, up to 5s, with jitter.
+func wait(ctx context.Context, attempt int) error {
+	d := min(100*time.Millisecond<<min(attempt, 8), 5*time.Second)
+	d += rand.N(d / 4)
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	case <-t.C:
+		return nil
+	}
+}
+
+// stopError is a handler's error: it stops Run, which returns it as it is.
+type stopError struct{ err error }
+
+func (e *stopError) Error() string { return e.err.Error() }
+func (e *stopError) Unwrap() error { return e.err }
+
+// unwrapStop returns the handler's own error for a stopError, err otherwise. A chunk's error
+// stays in the snapshot.ChunkError that names the chunk, which wraps it.
+func unwrapStop(err error) error {
+	if s, ok := err.(*stopError); ok {
+		return s.err
+	}
+	return err
 }
 
 // follow hands the stream's transactions to the handler, one at a time, storing each one's
@@ -250,15 +354,16 @@ func (f *Feed) follow(ctx context.Context, s *replication.Stream) error {
 			}
 			return err
 		}
+		// Idle advances plug in here: a stream that hands out the slot's idle advances (the
+		// keepalive position, nothing pending) instead of confirming them by itself gives an
+		// entry with no changes and an EndLSN; it is stored with f.advance(ctx, txn.EndLSN)
+		// and acknowledged, without a batch, so that the slot never gets ahead of the store.
 		if err := f.handle(ctx, &Batch{Kind: Transaction, Txn: txn, Worker: StreamWorker, f: f}, &txn.EndLSN); err != nil {
 			return err
 		}
 		if err := s.Ack(txn); err != nil {
 			return err
 		}
-		// An idle advance of the slot (a keepalive position with nothing pending, which the
-		// stream confirms to the server) is stored here like a transaction's end, with
-		// f.advance, once the stream reports it.
 	}
 }
 
@@ -272,7 +377,7 @@ func (f *Feed) handle(ctx context.Context, b *Batch, end *LSN) error {
 	b.Unit = u
 	if err := f.h(ctx, b); err != nil {
 		f.rollback(ctx, u)
-		return err
+		return &stopError{err}
 	}
 	var pos *Position
 	if end != nil {
@@ -347,15 +452,9 @@ func (f *Feed) resume(ctx context.Context, pos Position) (*replication.Stream, e
 			return nil, err
 		}
 		// The walsender of a consumer that just died holds the slot for a moment.
-		d := min(100*time.Millisecond<<min(attempt, 8), 5*time.Second)
-		d += rand.N(d / 4)
-		f.log.Info("slot in use, retrying", "slot", rcfg.Slot, "attempt", attempt, "delay", d)
-		t := time.NewTimer(d)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return nil, context.Cause(ctx)
-		case <-t.C:
+		f.log.Info("slot in use, retrying", "slot", rcfg.Slot, "attempt", attempt)
+		if err := wait(ctx, attempt); err != nil {
+			return nil, err
 		}
 	}
 }
@@ -374,7 +473,7 @@ func (c *feedCopier) Begin(ctx context.Context, systemID string) error {
 	}
 	if err := f.h(ctx, &Batch{Kind: Reset, Worker: StreamWorker, Unit: u, f: f}); err != nil {
 		f.rollback(ctx, u)
-		return err
+		return &stopError{err}
 	}
 	pos := f.position(false, 0)
 	if err := u.Commit(ctx, &pos); err != nil {

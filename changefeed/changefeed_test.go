@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -132,7 +134,7 @@ func TestCopyThenStream(t *testing.T) {
 		require.True(t, pos.CopyDone)
 		require.NotEmpty(t, pos.SystemID)
 		require.Equal(t, pos.EndLSN.String(), string(pos.State))
-		r.lines, r.kinds = nil, nil
+		r.lines, r.kinds, r.linesAt = nil, nil, nil
 		stop = runFeed(t, cfg, s, h)
 		mustExec(t, dsn, `INSERT INTO u VALUES (2, 'b', 2)`)
 		waitTxns(t, r, 1)
@@ -171,7 +173,7 @@ func TestCopyFailsAndStartsOver(t *testing.T) {
 			Copy:        snapshot.Config{Workers: 2, ChunkSize: 8 << 10},
 		}
 		boom := errors.New("boom")
-		chunks := 0
+		var chunks atomic.Int32 // the handler runs on every copy worker at once
 		s, err := changefeed.OpenFile(path)
 		require.NoError(t, err)
 		err = changefeed.Run(ctx, cfg, s, func(ctx context.Context, b *changefeed.Batch) error {
@@ -181,7 +183,7 @@ func TestCopyFailsAndStartsOver(t *testing.T) {
 						return err
 					}
 				}
-				if chunks++; chunks == 3 {
+				if chunks.Add(1) == 3 {
 					return boom
 				}
 			}
@@ -327,4 +329,53 @@ func waitFor(ctx context.Context, cond func() bool) error {
 		}
 	}
 	return nil
+}
+
+// TestCopyRetried: the copy's connections terminated in the middle of the copy fail it; Run
+// discards it and copies again at once (a second Reset), and the stream follows.
+func TestCopyRetried(t *testing.T) {
+	eachMajor(t, func(t *testing.T, srv *pgtest.Server) {
+		ctx := testCtx(t, 2*time.Minute)
+		db := pgtest.NewDatabase(t, srv)
+		dsn := srv.ConnString(db)
+		mustExec(t, dsn, `CREATE TABLE t (id int PRIMARY KEY, v text, n int)`,
+			`INSERT INTO t SELECT g, 'v', g FROM generate_series(1, 2000) g`, `CREATE PUBLICATION pub FOR TABLE t`)
+		cfg := changefeed.Config{
+			Replication: replication.Config{ConnString: srv.ReplicationConnString(db), Slot: "cf", Publications: []string{"pub"}},
+			Copy:        snapshot.Config{Workers: 2, ChunkSize: 8 << 10},
+		}
+		r := &recorder{txns: make(chan struct{}, 10)}
+		var once sync.Once
+		h := func(ctx context.Context, b *changefeed.Batch) error {
+			if err := r.handle(ctx, b); err != nil {
+				return err
+			}
+			if b.Kind == changefeed.Snapshot {
+				once.Do(func() {
+					mustExec(t, dsn, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'pgreorder-copy'`)
+				})
+			}
+			return nil
+		}
+		stop := runFeed(t, cfg, mustOpen(t, filepath.Join(t.TempDir(), "pos")), h)
+		mustExec(t, dsn, `INSERT INTO t VALUES (0, 'z', 0)`)
+		waitTxns(t, r, 1)
+		require.NoError(t, stop())
+		var resets []int
+		for i, k := range r.kinds {
+			if k == changefeed.Reset {
+				resets = append(resets, i)
+			}
+		}
+		require.Len(t, resets, 2, "a Reset for each copy")
+		// What the first copy delivered is discarded at the second Reset.
+		m := newModel()
+		r.mu.Lock()
+		lines := r.lines[r.linesAt[resets[1]]:]
+		r.mu.Unlock()
+		for _, l := range lines {
+			require.NoError(t, m.apply(l), l)
+		}
+		require.Empty(t, diff(m.rows["public.t"], tableRows(ctx, t, dsn, "t")))
+	})
 }

@@ -63,7 +63,7 @@ const slotStageTimeout = 30 * time.Second
 // c.Chunk, and calls c.Done. If anything fails after c.Begin, it drops the slot again and calls
 // c.Discard before returning the error; a crash instead leaves the slot and the consumer's record
 // of the copy, and the next InitialCopy with Begun starts over.
-func InitialCopy(ctx context.Context, cfg CopyConfig, c Copier) (_ *replication.Stream, _ LSN, err error) {
+func InitialCopy(ctx context.Context, cfg CopyConfig, c Copier) (_ *replication.Stream, _ replication.LSN, err error) {
 	rcfg := cfg.Replication
 	rcfg.CreateSlot = false
 	rcfg.TemporarySlot = false

@@ -2,13 +2,48 @@
 // the published tables, then the change stream from the copy's consistent point, with no gap and
 // no overlap, every batch handed to a handler, and a durable position to resume from.
 //
-//	store, err := changefeed.OpenFile("cdc.pos")
-//	err = changefeed.Run(ctx, changefeed.Config{Replication: replication.Config{
-//		ConnString: dsn, Slot: "cdc", Publications: []string{"pub"}}}, store,
-//		func(ctx context.Context, b *changefeed.Batch) error {
-//			for ch, err := range pgvalue.NewDecoder(nil).Changes(b) { ... } // copied or streamed
-//			return nil // the position is stored, and the source acknowledged, only now
+// The whole consumer (Example, and examples/changefeed, which is tested against real servers):
+// the copy, the stream, each change printed with its table, column names and Go values, the
+// position in a file, Prometheus metrics:
+//
+//	store, err := changefeed.OpenFile("cdc.pos") // slot, server, copy done, end LSN
+//	if err != nil {
+//		log.Fatal(err)
+//	}
+//	var mu sync.Mutex // the copy's chunks are handled by several workers at once
+//	feed, err := changefeed.New(changefeed.Config{Replication: replication.Config{
+//		ConnString: dsn, Slot: "cdc", Publications: []string{"orders"}}}, // text values: enums are strings
+//		store, func(ctx context.Context, b *changefeed.Batch) error {
+//			var out []byte
+//			for ch, err := range pgvalue.NewDecoder(nil).Changes(b) { // copied rows are inserts
+//				if err != nil {
+//					return err
+//				}
+//				out = fmt.Appendf(out, "%s %s\n", b.Kind, ch) // "snapshot Insert public.orders"
+//				for c := range ch.New.Columns() {
+//					v, err := c.Value() // int32, string, time.Time, pgtype.Numeric...
+//					if errors.Is(err, pgvalue.ErrUnchanged) {
+//						continue // an unchanged TOASTed value: not sent
+//					} else if err != nil {
+//						return err
+//					}
+//					out = fmt.Appendf(out, "  %s = %T %v\n", c.Name, v, v)
+//				}
+//			}
+//			mu.Lock()
+//			defer mu.Unlock()
+//			_, err := os.Stdout.Write(out)
+//			return err // the position is stored, and the server told, only now
 //		})
+//	if err != nil {
+//		log.Fatal(err)
+//	}
+//	srv, err := metrics.Serve("127.0.0.1:9187", feed, metrics.Options{}) // the stream's lag, memory...
+//	if err != nil {
+//		log.Fatal(err)
+//	}
+//	defer srv.Close(ctx)
+//	err = feed.Run(ctx) // until ctx ends (context.Canceled) or something fails
 //
 // # What Run does
 //

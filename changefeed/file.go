@@ -39,7 +39,8 @@ type FileStore struct {
 const fileHeader = "pgreorder changefeed position v1"
 
 // OpenFile opens the position file at path (it need not exist; its directory must, and must be
-// writable: OpenFile checks).
+// writable: OpenFile checks). Only one FileStore may commit to a path at a time; others may Load
+// it meanwhile.
 func OpenFile(path string) (*FileStore, error) {
 	dir, err := os.Open(filepath.Dir(path))
 	if err != nil {
@@ -50,10 +51,12 @@ func OpenFile(path string) (*FileStore, error) {
 		dir.Close()
 		return nil, fmt.Errorf("%w: %s is not a regular file (a symbolic link is never followed)", ErrStore, path)
 	}
-	tmp, err := s.createTemp()
+	// A probe of its own: the temporary file may be a running writer's (another process
+	// reading the position), not to be touched.
+	probe, err := os.CreateTemp(filepath.Dir(path), ".changefeed-probe-*")
 	if err == nil {
-		tmp.Close()
-		err = os.Remove(tmp.Name())
+		probe.Close()
+		err = os.Remove(probe.Name())
 	}
 	if err != nil {
 		dir.Close()

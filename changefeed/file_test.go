@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgreorder/pgreorder/changefeed"
+	"github.com/pgreorder/pgreorder/replication"
 )
 
 func save(t *testing.T, s changefeed.Store, p changefeed.Position) error {
@@ -165,4 +166,70 @@ func TestFileStoreReadOnlyDir(t *testing.T) {
 	got, _, err := s.Load(ctx, "s")
 	require.NoError(t, err)
 	require.Equal(t, samplePos, got)
+}
+
+// TestFileStoreReader: another FileStore opened on the path to read it (a monitor, a test)
+// does not disturb the one that commits.
+func TestFileStoreReader(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "pos")
+	w := mustOpen(t, path)
+	done := make(chan error, 1)
+	go func() {
+		p := samplePos
+		for range 300 {
+			p.EndLSN++
+			if err := save(t, w, p); err != nil {
+				done <- err
+				return
+			}
+		}
+		done <- nil
+	}()
+	for {
+		select {
+		case err := <-done:
+			require.NoError(t, err)
+			return
+		default:
+		}
+		r := mustOpen(t, path)
+		_, _, err := r.Load(ctx, "s")
+		require.NoError(t, err)
+		require.NoError(t, r.Close())
+	}
+}
+
+// TestConfigErrors: what cannot work is refused before anything connects.
+func TestConfigErrors(t *testing.T) {
+	s := mustOpen(t, filepath.Join(t.TempDir(), "pos"))
+	ok := changefeed.Config{Replication: replication.Config{ConnString: "dbname=x", Slot: "s", Publications: []string{"p"}}}
+	h := func(context.Context, *changefeed.Batch) error { return nil }
+	for name, f := range map[string]func() error{
+		"no store":   func() error { _, err := changefeed.New(ok, nil, h); return err },
+		"no handler": func() error { _, err := changefeed.New(ok, s, nil); return err },
+		"no slot": func() error {
+			c := ok
+			c.Replication.Slot = ""
+			_, err := changefeed.New(c, s, h)
+			return err
+		},
+		"temporary slot": func() error {
+			c := ok
+			c.Replication.TemporarySlot = true
+			_, err := changefeed.New(c, s, h)
+			return err
+		},
+		"incremental": func() error {
+			c := ok
+			c.Replication.Buffer.Incremental = true
+			_, err := changefeed.New(c, s, h)
+			return err
+		},
+		"state too large": func() error {
+			return save(t, s, changefeed.Position{Slot: "s", State: make([]byte, changefeed.MaxState+1)})
+		},
+	} {
+		require.ErrorIs(t, f(), changefeed.ErrInvalidConfig, name)
+	}
 }

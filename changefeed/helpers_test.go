@@ -221,10 +221,11 @@ func diff(got, want map[string]string) string {
 
 // recorder is a handler that keeps every batch's lines in memory.
 type recorder struct {
-	mu    sync.Mutex
-	kinds []changefeed.Kind
-	lines []string
-	txns  chan struct{}
+	mu      sync.Mutex
+	kinds   []changefeed.Kind
+	linesAt []int // per batch: len(lines) before it
+	lines   []string
+	txns    chan struct{}
 }
 
 func (r *recorder) handle(ctx context.Context, b *changefeed.Batch) error {
@@ -234,6 +235,7 @@ func (r *recorder) handle(ctx context.Context, b *changefeed.Batch) error {
 	}
 	r.mu.Lock()
 	r.kinds = append(r.kinds, b.Kind)
+	r.linesAt = append(r.linesAt, len(r.lines))
 	r.lines = append(r.lines, ls...)
 	r.mu.Unlock()
 	if b.Kind == changefeed.Transaction && r.txns != nil {

@@ -87,3 +87,17 @@ func (s *Server) Close(ctx context.Context) error {
 	})
 	return s.closeErr
 }
+
+// Serve serves the metrics of s, labelled as opts says, on addr (see Listen): New, Handler and
+// Listen in one call.
+func Serve(addr string, s Source, opts Options) (*Server, error) {
+	c, err := New(s, opts)
+	if err != nil {
+		return nil, err
+	}
+	h, err := Handler(c)
+	if err != nil {
+		return nil, err
+	}
+	return Listen(addr, h)
+}

@@ -13,7 +13,7 @@ import (
 
 func main() {
 	s, err := replication.Start(context.Background(), replication.Config{ConnString: os.Args[1],
-		Slot: os.Args[2], Publications: os.Args[3:], CreateSlot: true, Binary: true})
+		Slot: os.Args[2], Publications: os.Args[3:], CreateSlot: true}) // text: binary has enums as []byte
 	check(err)
 	dec := pgvalue.NewDecoder(nil) // custom codecs: register them in dec.Map()
 	for {

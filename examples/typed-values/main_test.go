@@ -35,7 +35,8 @@ func TestPrints(t *testing.T) {
 	defer cancel()
 	db := pgtest.NewDatabase(t, srv)
 	if err := pgtest.Exec(ctx, srv.ConnString(db),
-		`CREATE TABLE t (id int PRIMARY KEY, n numeric, at timestamptz, big text)`,
+		`CREATE TYPE mood AS ENUM ('sad', 'happy')`,
+		`CREATE TABLE t (id int PRIMARY KEY, n numeric, at timestamptz, m mood, big text)`,
 		`ALTER TABLE t ALTER big SET STORAGE EXTERNAL`,
 		`CREATE PUBLICATION pub FOR TABLE t`); err != nil {
 		t.Fatal(err)
@@ -46,7 +47,7 @@ func TestPrints(t *testing.T) {
 	}
 	cmd := exec.CommandContext(ctx, bin, srv.ConnString(db), "typed", "pub")
 	cmd.Stderr = os.Stderr
-	cmd.Env = append(os.Environ(), "TZ=UTC") // binary timestamptz values decode in the local zone
+	cmd.Env = append(os.Environ(), "TZ=UTC") // timestamptz values decode in the local zone
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -70,7 +71,7 @@ func TestPrints(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	if err := pgtest.Exec(ctx, srv.ConnString(db),
-		`INSERT INTO t VALUES (1, 12.5, '2026-11-29 12:00:00+00', repeat('x', 5000))`,
+		`INSERT INTO t VALUES (1, 12.5, '2026-11-29 12:00:00+00', 'happy', repeat('x', 5000))`,
 		`UPDATE t SET n = NULL WHERE id = 1`,
 		`DELETE FROM t WHERE id = 1`,
 		`TRUNCATE t`); err != nil {
@@ -81,6 +82,7 @@ func TestPrints(t *testing.T) {
 		"  new id int4 = int32 1 <nil>",
 		"  new n numeric = pgtype.Numeric {125 -1 false finite true} <nil>",
 		"  new at timestamptz = time.Time 2026-11-29 12:00:00 +0000 UTC <nil>",
+		"  new m mood = string happy <nil>", // text values: in binary, an enum is a []byte
 		"Update public.t",
 		"  new n numeric = <nil> <nil> <nil>",
 		"  new big text = <nil> <nil> pgvalue: unchanged TOASTed value was not sent",
