@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"sync"
 	"testing"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	"github.com/pgreorder/pgreorder/internal/kafkatest"
 	"github.com/pgreorder/pgreorder/internal/pgtest"
 	"github.com/pgreorder/pgreorder/kafkasink"
+	"github.com/pgreorder/pgreorder/snapshot"
 )
 
 // confirmedFlush returns slot s's confirmed_flush_lsn: how far the source was acknowledged.
@@ -250,5 +252,49 @@ func TestRecordTooLarge(t *testing.T) {
 		copied, streamed := rowEvents(t, ctx, c, dsn, prefix)
 		require.Equal(t, 5, copied)
 		require.Equal(t, 2, streamed)
+	})
+}
+
+// TestCopyRetried: the copy's connections are terminated in the middle of the copy; Run copies
+// again at once (a second Reset), and the rows the first copy produced are not visible: the
+// copy's Kafka transaction is aborted, and the table's rows arrive once.
+func TestCopyRetried(t *testing.T) {
+	c := kafkatest.Shared(t)
+	eachMajor(t, func(t *testing.T, srv *pgtest.Server) {
+		ctx := testCtx(t, time.Minute)
+		dsn := setupTable(t, srv, 2000)
+		prefix := newPrefix(t)
+		cfg := feedConfig(dsn)
+		cfg.Copy = snapshot.Config{Workers: 2, ChunkSize: 8 << 10}
+		sink, err := kafkasink.Open(kafkasink.Config{Brokers: c.Addrs(), TopicPrefix: prefix})
+		require.NoError(t, err)
+		var once sync.Once
+		resets := 0
+		h := func(ctx context.Context, b *changefeed.Batch) error {
+			if err := sink.Handle(ctx, b); err != nil {
+				return err
+			}
+			switch b.Kind {
+			case changefeed.Reset:
+				resets++
+			case changefeed.Snapshot:
+				once.Do(func() {
+					mustExec(t, dsn, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'pgreorder-copy'`)
+				})
+			}
+			return nil
+		}
+		rctx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- changefeed.Run(rctx, cfg, sink, h) }()
+		r := &running{sink: sink, cancel: cancel, done: done}
+		t.Cleanup(func() { r.stop() })
+		r.waitPast(t, ctx, 0)
+		r.waitPast(t, ctx, commitLSN(t, ctx, dsn, "INSERT INTO t VALUES (0, 'streamed')"))
+		require.NoError(t, r.stop())
+		require.Equal(t, 2, resets, "a Reset for each copy")
+		copied, streamed := rowEvents(t, ctx, c, dsn, prefix)
+		require.Equal(t, 2000, copied)
+		require.Equal(t, 1, streamed)
 	})
 }

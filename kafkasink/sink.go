@@ -137,7 +137,18 @@ func (s *Sink) Load(ctx context.Context, slot string) (changefeed.Position, bool
 		return changefeed.Position{}, false, ErrClosed
 	}
 	if s.cl != nil {
-		return changefeed.Position{}, false, fmt.Errorf("%w: a Sink loads once", ErrInvalidConfig)
+		// Again (a copy started over): the transaction left open is aborted, and the position
+		// read anew.
+		if slot != s.slot {
+			return changefeed.Position{}, false, fmt.Errorf("%w: the Sink is of slot %q, not %q", ErrInvalidConfig, s.slot, slot)
+		}
+		s.mu.Lock()
+		err := s.abort(ctx)
+		s.mu.Unlock()
+		if err != nil {
+			return changefeed.Position{}, false, err
+		}
+		return s.readPosition(ctx)
 	}
 	if slot == "" {
 		return changefeed.Position{}, false, fmt.Errorf("%w: no slot", ErrInvalidConfig)
@@ -299,6 +310,22 @@ func (s *Sink) Begin(ctx context.Context, worker int) (changefeed.Unit, error) {
 		s.txCtx, s.txCancel = context.WithCancel(s.recCtx)
 	}
 	return &unit{s: s, worker: worker}, nil
+}
+
+// restart aborts the open transaction and begins another.
+func (s *Sink) restart(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.abort(context.WithoutCancel(ctx)); err != nil {
+		return err
+	}
+	if err := s.cl.BeginTransaction(); err != nil {
+		return s.wrap(err)
+	}
+	s.inTxn = true
+	s.setFailed(nil)
+	s.txCtx, s.txCancel = context.WithCancel(s.recCtx)
+	return nil
 }
 
 // Close aborts an open transaction and closes the clients. It is safe to call twice.
@@ -494,7 +521,11 @@ func (s *Sink) Handle(ctx context.Context, b *changefeed.Batch) error {
 	stop := context.AfterFunc(ctx, s.interrupt)
 	defer stop()
 	switch b.Kind {
-	case changefeed.Reset, changefeed.Resume:
+	case changefeed.Reset:
+		// Nothing delivered before counts: a copy's transaction still open is aborted, and the
+		// unit goes on in a new one.
+		return s.restart(ctx)
+	case changefeed.Resume:
 		// Nothing to cut back: what an earlier run did not commit was aborted by Load.
 		return nil
 	case changefeed.Snapshot:
