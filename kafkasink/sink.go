@@ -87,6 +87,8 @@ type Sink struct {
 	evMu   sync.Mutex
 	events map[int]*format.Events // by worker
 
+	initialized atomic.Pointer[string] // the transactional id, once initialized
+
 	events64, bytes64, txns64, commitNs, lastNs atomic.Int64
 	lastPos                                     atomic.Uint64
 }
@@ -110,8 +112,14 @@ func Open(cfg Config) (*Sink, error) {
 	return s, nil
 }
 
-// TransactionalID returns the producer's transactional id, once Load has run.
-func (s *Sink) TransactionalID() string { return s.txID }
+// TransactionalID returns the producer's transactional id once Load has initialized it (from then
+// on, earlier producers of the id are fenced), "" before. It is safe for concurrent use.
+func (s *Sink) TransactionalID() string {
+	if p := s.initialized.Load(); p != nil {
+		return *p
+	}
+	return ""
+}
 
 // Stats returns the sink's counters.
 func (s *Sink) Stats() Stats {
@@ -191,6 +199,8 @@ func (s *Sink) Load(ctx context.Context, slot string) (changefeed.Position, bool
 	if _, _, err := cl.ProducerID(ctx); err != nil {
 		return changefeed.Position{}, false, s.wrap(fmt.Errorf("kafkasink: initializing transactional id %q: %w", s.txID, err))
 	}
+	id := s.txID
+	s.initialized.Store(&id)
 	return s.readPosition(ctx)
 }
 
