@@ -298,3 +298,54 @@ func TestCopyRetried(t *testing.T) {
 		require.Equal(t, 1, streamed)
 	})
 }
+
+// TestLeaderLoss: in a cluster of three brokers (topics replicated three times, two in sync
+// required), the leader of the table's partition is killed in the middle of a big transaction;
+// the sink goes on with the new leader (or stops and is run again), and the transaction reaches
+// Kafka once.
+func TestLeaderLoss(t *testing.T) {
+	c := kafkatest.Start(t, 3)
+	srv := pgtest.Shared(t, pgtest.Majors(t)[len(pgtest.Majors(t))-1])
+	ctx := testCtx(t, 2*time.Minute)
+	dsn := setupTable(t, srv, 10)
+	prefix := newPrefix(t)
+	kcfg := kafkasink.Config{Brokers: c.Addrs(), TopicPrefix: prefix, Partitions: 1, ReplicationFactor: 3,
+		TopicConfigs: map[string]string{"min.insync.replicas": "2"}, MaxBufferedRecords: 200, TransactionTimeout: time.Minute}
+	r := start(t, ctx, feedConfig(dsn), kcfg)
+	r.waitPast(t, ctx, 0)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.Addrs()...))
+	require.NoError(t, err)
+	defer cl.Close()
+	td, err := kadm.NewClient(cl).ListTopics(ctx, prefix+".public.t")
+	require.NoError(t, err)
+	leader := td[prefix+".public.t"].Partitions[0].Leader
+	before := r.sink.Stats()
+	last := commitLSN(t, ctx, dsn, "INSERT INTO t SELECT g, md5(g::text) FROM generate_series(100, 20099) g")
+	for r.sink.Stats().Events < before.Events+2000 {
+		select {
+		case err := <-r.done:
+			t.Fatalf("the feed stopped: %v", err)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	require.Equal(t, before.Transactions, r.sink.Stats().Transactions, "the transaction is still being produced")
+	t.Logf("killing broker %d, the partition's leader", leader)
+	c.Brokers[leader-1].Kill()
+	for attempt := 0; r.sink.Stats().Position <= last; {
+		select {
+		case err := <-r.done:
+			require.Less(t, confirmedFlush(t, ctx, dsn), last)
+			attempt++
+			require.Less(t, attempt, 5, "the sink does not recover: %v", err)
+			t.Logf("the sink stopped: %v; running it again", err)
+			r = start(t, ctx, feedConfig(dsn), kcfg)
+		case <-ctx.Done():
+			t.Fatal(ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	require.NoError(t, r.stop())
+	copied, streamed := rowEvents(t, ctx, c, dsn, prefix)
+	require.Equal(t, 10, copied)
+	require.Equal(t, 20000, streamed)
+}
