@@ -17,6 +17,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/pgreorder/pgreorder/changefeed"
 	"github.com/pgreorder/pgreorder/internal/kafkatest"
@@ -308,4 +309,51 @@ func (l *lockedBuffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
+}
+
+// TestCrashDuringCopy: the consumer is killed with SIGKILL while the initial copy is being
+// produced (a read_uncommitted reader sees its first records); the next run aborts the copy's
+// transaction, copies again, and every row is there once.
+func TestCrashDuringCopy(t *testing.T) {
+	c := kafkatest.Shared(t)
+	self, err := os.Executable()
+	require.NoError(t, err)
+	srv := pgtest.Shared(t, pgtest.Majors(t)[len(pgtest.Majors(t))-1])
+	ctx := testCtx(t, 2*time.Minute)
+	dsn := setupTable(t, srv, 30000)
+	prefix := newPrefix(t)
+	cmd := exec.Command(self, "-test.run=^$")
+	cmd.Env = append(os.Environ(), crashConsumerEnv+"="+strings.Join([]string{dsn, c.Seeds(), prefix}, "\t"))
+	var stderr lockedBuffer
+	cmd.Stderr = &stderr
+	require.NoError(t, cmd.Start())
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	rd, err := kgo.NewClient(kgo.SeedBrokers(c.Addrs()...), kgo.ConsumeTopics(prefix+".public.t"),
+		kgo.FetchIsolationLevel(kgo.ReadUncommitted()), kgo.MetadataMinAge(100*time.Millisecond))
+	require.NoError(t, err)
+	defer rd.Close()
+	for seen := false; !seen; {
+		select {
+		case err := <-exited:
+			t.Fatalf("the consumer exited: %v\n%s", err, stderr.String())
+		default:
+		}
+		pctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		fs := rd.PollFetches(pctx)
+		cancel()
+		require.NoError(t, ctx.Err())
+		seen = len(fs.Records()) > 0
+	}
+	cmd.Process.Signal(syscall.SIGKILL)
+	<-exited
+	require.NotContains(t, stderr.String(), "initial copy done", "killed after the copy")
+
+	r := start(t, ctx, feedConfig(dsn), crashSinkConfig(c.Addrs(), prefix, nil))
+	r.waitPast(t, ctx, 0)
+	r.waitPast(t, ctx, commitLSN(t, ctx, dsn, "UPDATE t SET v = 'streamed' WHERE id = 1"))
+	require.NoError(t, r.stop())
+	copied, streamed := rowEvents(t, ctx, c, dsn, prefix)
+	require.Equal(t, 30000, copied)
+	require.Equal(t, 1, streamed)
 }

@@ -41,7 +41,15 @@
 // (transaction.max.timeout.ms) bounds; the initial copy as a whole too. Events of one source
 // transaction on several topics or partitions commit together, but a consumer reading several
 // partitions interleaves them as it pleases: use source.lsn and transaction.id to group them.
-// Deleting or recreating the offsets topic loses the positions.
+// A killed pgreorder's open transaction holds back what read_committed consumers of its
+// partitions see (the last stable offset) until the next Sink of the slot starts, which aborts
+// it, or until the transaction timeout passes. Deleting or recreating the offsets topic loses
+// the positions.
+//
+// One Kafka transaction per source transaction costs a few round trips to the brokers, and a
+// transaction begun at once after the last one waits for the brokers to finish writing its
+// commit markers (tens of milliseconds): a backlog of small transactions goes through at tens to
+// hundreds per second, while a big transaction streams at the producer's speed.
 //
 // # Memory
 //

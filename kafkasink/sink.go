@@ -528,6 +528,9 @@ func (s *Sink) batchMaxBytes(topic string) int32 {
 // truncated table and logical message, for a streamed transaction as for a copied chunk. It is
 // the changefeed.Handler of the Sink.
 func (s *Sink) Handle(ctx context.Context, b *changefeed.Batch) error {
+	if s.cl == nil {
+		return fmt.Errorf("%w: Handle before Load (run the Sink as the changefeed's Store)", ErrInvalidConfig)
+	}
 	stop := context.AfterFunc(ctx, s.interrupt)
 	defer stop()
 	switch b.Kind {
