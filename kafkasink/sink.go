@@ -41,7 +41,7 @@ const recordOverhead = 61 + 40
 
 // Stats are a Sink's counters since it was opened.
 type Stats struct {
-	Events       int64         // events produced (tombstones included)
+	Events       int64         // events produced, committed or not (tombstones included; positions not)
 	Bytes        int64         // bytes of their keys and values
 	Transactions int64         // Kafka transactions committed
 	CommitTime   time.Duration // total time spent committing (flush and EndTxn)
@@ -485,8 +485,6 @@ func (s *Sink) produce(ctx context.Context, r *kgo.Record, table string, key []b
 	if err := s.firstFailure(); err != nil {
 		return err
 	}
-	s.events64.Add(1)
-	s.bytes64.Add(int64(size))
 	// Counted as waiting before ctx is checked: an interrupt that comes after sees it.
 	s.waiting.Add(1)
 	defer s.waiting.Add(-1)
@@ -599,8 +597,14 @@ func (s *Sink) event(ctx context.Context, e format.Event) error {
 	if err := s.produce(ctx, r, table, key); err != nil {
 		return err
 	}
+	s.events64.Add(1)
+	s.bytes64.Add(int64(len(r.Key) + len(r.Value)))
 	if e.Op == 'd' && s.cfg.Tombstones && key != nil {
-		return s.produce(ctx, &kgo.Record{Topic: topic, Key: key}, table, key)
+		if err := s.produce(ctx, &kgo.Record{Topic: topic, Key: key}, table, key); err != nil {
+			return err
+		}
+		s.events64.Add(1)
+		s.bytes64.Add(int64(len(key)))
 	}
 	return nil
 }

@@ -156,7 +156,9 @@ func runKafka(ctx context.Context, args []string) error {
 		sink.Close()
 		return err
 	}
+	stopKafkaProgress := kafkaProgress(sink, f.progress)
 	err = feed.Run(ctx)
+	stopKafkaProgress()
 	if ctx.Err() != nil && errors.Is(err, context.Cause(ctx)) {
 		err = nil // Ctrl-C: a clean stop
 	}
@@ -327,4 +329,39 @@ func (f *kafkaFlags) tlsConfig() (*tls.Config, error) {
 		c.Certificates = []tls.Certificate{cert}
 	}
 	return c, nil
+}
+
+// kafkaProgress prints, every interval in which something was committed, what reached Kafka:
+// a line after the stream's progress line. It returns what stops it.
+func kafkaProgress(sink *kafkasink.Sink, every time.Duration) (stop func()) {
+	if every <= 0 {
+		return func() {}
+	}
+	done, finished := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(finished)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		var last kafkasink.Stats
+		for {
+			select {
+			case <-done:
+				return
+			case now := <-t.C:
+				st := sink.Stats()
+				if st.Transactions == last.Transactions {
+					continue
+				}
+				n := st.Transactions - last.Transactions
+				avg := (st.CommitTime - last.CommitTime) / time.Duration(n)
+				fmt.Fprintf(os.Stderr, "%s kafka committed_through=%s transactions=%d (+%d) events=%d (+%d) bytes=%d commit_avg=%v\n",
+					now.Format(time.TimeOnly), st.Position, st.Transactions, n, st.Events, st.Events-last.Events, st.Bytes, avg.Round(time.Microsecond))
+				last = st
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		<-finished
+	}
 }

@@ -58,7 +58,7 @@ func TestKafkaCommand(t *testing.T) {
 			runCtx, stop := context.WithCancel(ctx)
 			done := make(chan error, 1)
 			go func() {
-				done <- runKafka(runCtx, []string{"-dsn", dsn, "-slot", "k", "-publication", "p", "-progress", "0", "-status-interval", "100ms",
+				done <- runKafka(runCtx, []string{"-dsn", dsn, "-slot", "k", "-publication", "p", "-progress", "50ms", "-status-interval", "100ms",
 					"-kafka-brokers", c.Seeds(), "-kafka-topic-prefix", prefix, "-kafka-partitions", "3", "-kafka-compression", "zstd"})
 			}()
 			conn, err := pgx.Connect(ctx, dsn)
