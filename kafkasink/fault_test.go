@@ -349,3 +349,43 @@ func TestLeaderLoss(t *testing.T) {
 	require.Equal(t, 10, copied)
 	require.Equal(t, 20000, streamed)
 }
+
+// TestOffsetsTopicOnePartition: an offsets topic of several partitions is refused, naming it,
+// before the slot is made.
+func TestOffsetsTopicOnePartition(t *testing.T) {
+	c := kafkatest.Shared(t)
+	srv := pgtest.Shared(t, pgtest.Majors(t)[len(pgtest.Majors(t))-1])
+	ctx := testCtx(t, time.Minute)
+	dsn := setupTable(t, srv, 1)
+	prefix := newPrefix(t)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.Addrs()...))
+	require.NoError(t, err)
+	defer cl.Close()
+	_, err = kadm.NewClient(cl).CreateTopic(ctx, 2, 1, nil, prefix+".offsets")
+	require.NoError(t, err)
+	sink, err := kafkasink.Open(kafkasink.Config{Brokers: c.Addrs(), TopicPrefix: prefix})
+	require.NoError(t, err)
+	err = changefeed.Run(ctx, feedConfig(dsn), sink, sink.Handle)
+	require.ErrorIs(t, err, kafkasink.ErrInvalidConfig)
+	require.Contains(t, err.Error(), prefix+".offsets has 2 partitions")
+	require.False(t, slotExists(t, ctx, dsn))
+}
+
+// TestRecordBeyondBuffer: an event larger than the producer's buffer stops the sink with an error
+// that says which limit to raise, and nothing of the copy is visible.
+func TestRecordBeyondBuffer(t *testing.T) {
+	c := kafkatest.Shared(t)
+	srv := pgtest.Shared(t, pgtest.Majors(t)[len(pgtest.Majors(t))-1])
+	ctx := testCtx(t, time.Minute)
+	dsn := setupTable(t, srv, 3)
+	mustExec(t, dsn, "UPDATE t SET v = repeat('y', 5000) WHERE id = 2")
+	prefix := newPrefix(t)
+	sink, err := kafkasink.Open(kafkasink.Config{Brokers: c.Addrs(), TopicPrefix: prefix, MaxBufferedBytes: 2000})
+	require.NoError(t, err)
+	err = changefeed.Run(ctx, feedConfig(dsn), sink, sink.Handle)
+	require.ErrorIs(t, err, kafkasink.ErrRecordTooLarge)
+	for _, want := range []string{"table public.t", `key {"id":2}`, "-kafka-max-buffered"} {
+		require.Contains(t, err.Error(), want)
+	}
+	require.Empty(t, readCommitted(t, ctx, c, prefix+".public.t")[prefix+".public.t"])
+}

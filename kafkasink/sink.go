@@ -471,6 +471,10 @@ func (s *Sink) produce(ctx context.Context, r *kgo.Record, table string, key []b
 		return err
 	}
 	size := len(r.Key) + len(r.Value)
+	if size+recordOverhead > s.cfg.MaxBufferedBytes {
+		return fmt.Errorf("%w: %s, key %s: %d bytes, more than the producer's buffer of %d (raise Config.MaxBufferedBytes, -kafka-max-buffered)",
+			ErrRecordTooLarge, describe(r.Topic, table), keyText(key), size+recordOverhead, s.cfg.MaxBufferedBytes)
+	}
 	if size+recordOverhead > max {
 		what := "topic " + r.Topic
 		if table != "" {
@@ -500,6 +504,13 @@ func (s *Sink) produce(ctx context.Context, r *kgo.Record, table string, key []b
 		}
 	})
 	return nil
+}
+
+func describe(topic, table string) string {
+	if table != "" {
+		return "table " + table
+	}
+	return "topic " + topic
 }
 
 func keyText(k []byte) string {
@@ -631,6 +642,14 @@ func (s *Sink) ensureOffsetsTopic(ctx context.Context) error {
 	m, err := s.ensureTopic(ctx, s.cfg.OffsetsTopic, 1, s.cfg.ReplicationFactor, map[string]string{"cleanup.policy": "compact"})
 	if err != nil {
 		return err
+	}
+	// Load reads the partition its probe went to: the positions must be there too.
+	td, err := s.adm.ListTopics(ctx, s.cfg.OffsetsTopic)
+	if err != nil {
+		return fmt.Errorf("kafkasink: looking up topic %s: %w", s.cfg.OffsetsTopic, err)
+	}
+	if n := len(td[s.cfg.OffsetsTopic].Partitions); n != 1 {
+		return fmt.Errorf("%w: the offsets topic %s has %d partitions; it needs exactly one (and cleanup.policy=compact)", ErrInvalidConfig, s.cfg.OffsetsTopic, n)
 	}
 	s.topicMu.Lock()
 	s.topics[s.cfg.OffsetsTopic] = m

@@ -49,7 +49,8 @@ func ReadCommitted(t testing.TB, ctx context.Context, c *Cluster, topics ...stri
 		}
 	}
 	require.NoError(t, p.EndTransaction(ctx, kgo.TryCommit))
-	rd, err := kgo.NewClient(kgo.SeedBrokers(c.Addrs()...), kgo.MetadataMinAge(100*time.Millisecond), kgo.ConsumePartitions(parts), kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+	rd, err := kgo.NewClient(kgo.SeedBrokers(c.Addrs()...), kgo.MetadataMinAge(100*time.Millisecond), kgo.ConsumePartitions(parts),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.FetchMaxWait(100*time.Millisecond))
 	require.NoError(t, err)
 	defer rd.Close()
 	byPart := map[string]map[int32][]*kgo.Record{}
