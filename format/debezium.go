@@ -25,8 +25,29 @@ const (
 	xmlOID  = 142
 )
 
+// dbzTxn is what the Debezium events of a transaction, or of a chunk of an initial copy, say of
+// their source.
+type dbzTxn struct {
+	pgvalue.Source
+	xid        uint32
+	commitLSN  uint64
+	commitTime time.Time
+	nonTx      bool // a non-transactional message: no txId
+	snapshot   bool // copied rows: op "r", snapshot "true", no transaction block
+
+	schema decoding.Schema // the schema of the change being written
+}
+
+// Relation and Type resolve against the schema of the change being written.
+func (x *dbzTxn) Relation(id uint32) (*decoding.Relation, bool) { return x.schema.Relation(id) }
+func (x *dbzTxn) Type(oid uint32) (*decoding.DataType, bool)    { return x.schema.Type(oid) }
+
+func txnSource(x *reorderbuffer.Txn) *dbzTxn {
+	return &dbzTxn{Source: x, xid: x.Xid, commitLSN: uint64(x.CommitLSN), commitTime: x.CommitTime, nonTx: x.NonTransactional}
+}
+
 // debezium writes x as Debezium events, one line per change, and returns the number of events.
-func (w *Writer) debezium(x *reorderbuffer.Txn) (int64, error) {
+func (w *Writer) debezium(x *dbzTxn) (int64, error) {
 	now := w.now().UnixMilli()
 	if w.order == nil {
 		w.order = map[uint32]int64{}
@@ -37,13 +58,18 @@ func (w *Writer) debezium(x *reorderbuffer.Txn) (int64, error) {
 		if err != nil {
 			return n, err
 		}
+		x.schema = c.Schema
 		switch m := c.Msg.(type) {
 		case *decoding.Relation, *decoding.DataType:
 			continue
 		case *decoding.Insert:
 			r, err := w.relation(c.Relation, m.RelationID, m.New)
 			if err == nil {
-				err = w.dbzEvent(x, r, 'c', nil, m.New, now, n+1)
+				op := byte('c')
+				if x.snapshot {
+					op = 'r'
+				}
+				err = w.dbzEvent(x, r, op, nil, m.New, now, n+1)
 			}
 			if err != nil {
 				return n, err
@@ -84,7 +110,9 @@ func (w *Writer) debezium(x *reorderbuffer.Txn) (int64, error) {
 			}
 			n += int64(len(rels)) - 1
 		case *decoding.LogicalMessage:
-			w.dbzMessage(x, m, now, n+1)
+			if err := w.dbzMessage(x, m, now, n+1); err != nil {
+				return n, err
+			}
 		default:
 			return n, fmt.Errorf("format: unexpected %v message inside a transaction", m.Type())
 		}
@@ -95,14 +123,14 @@ func (w *Writer) debezium(x *reorderbuffer.Txn) (int64, error) {
 }
 
 // dbzEvent writes one change event; before and after are nil when the event has none.
-func (w *Writer) dbzEvent(x *reorderbuffer.Txn, r *decoding.Relation, op byte, before, after decoding.Tuple, now, total int64) error {
+func (w *Writer) dbzEvent(x *dbzTxn, r *decoding.Relation, op byte, before, after decoding.Tuple, now, total int64) error {
 	e := &w.enc
 	e.raw(`{"before":`)
 	if err := w.dbzRow(x, r, before, op == 'd'); err != nil {
 		return err
 	}
 	e.raw(`,"after":`)
-	if err := w.dbzRow(x, r, after, op == 'c' || op == 'u'); err != nil {
+	if err := w.dbzRow(x, r, after, op == 'c' || op == 'u' || op == 'r'); err != nil {
 		return err
 	}
 	e.raw(`,"source":`)
@@ -112,13 +140,24 @@ func (w *Writer) dbzEvent(x *reorderbuffer.Txn, r *decoding.Relation, op byte, b
 	e.raw(`","ts_ms":`)
 	e.int(now)
 	w.order[r.RelationID]++
-	w.dbzTransaction(x, total, w.order[r.RelationID])
+	if x.snapshot {
+		e.raw(`,"transaction":null`)
+	} else {
+		w.dbzTransaction(x, total, w.order[r.RelationID])
+	}
 	e.raw("}\n")
+	if w.event != nil {
+		key := after
+		if op == 'd' {
+			key = before
+		}
+		return w.emitEvent(x, r, op, key, nil)
+	}
 	return nil
 }
 
 // dbzMessage writes a logical decoding message event (op "m"), as Debezium does.
-func (w *Writer) dbzMessage(x *reorderbuffer.Txn, m *decoding.LogicalMessage, now, total int64) {
+func (w *Writer) dbzMessage(x *dbzTxn, m *decoding.LogicalMessage, now, total int64) error {
 	e := &w.enc
 	e.raw(`{"op":"m","ts_ms":`)
 	e.int(now)
@@ -135,9 +174,13 @@ func (w *Writer) dbzMessage(x *reorderbuffer.Txn, m *decoding.LogicalMessage, no
 		e.raw(`,"transaction":null`)
 	}
 	e.raw("}\n")
+	if w.event != nil {
+		return w.emitEvent(x, nil, 'm', nil, m)
+	}
+	return nil
 }
 
-func (w *Writer) dbzSource(x *reorderbuffer.Txn, r *decoding.Relation, now int64) {
+func (w *Writer) dbzSource(x *dbzTxn, r *decoding.Relation, now int64) {
 	e := &w.enc
 	e.byte('{')
 	if w.cfg.Version != "" {
@@ -148,12 +191,16 @@ func (w *Writer) dbzSource(x *reorderbuffer.Txn, r *decoding.Relation, now int64
 	e.raw(`"connector":"` + Connector + `","name":`)
 	e.name(w.cfg.Server)
 	ts := now
-	if !x.CommitTime.IsZero() {
-		ts = x.CommitTime.UnixMilli()
+	if !x.commitTime.IsZero() {
+		ts = x.commitTime.UnixMilli()
 	}
 	e.raw(`,"ts_ms":`)
 	e.int(ts)
-	e.raw(`,"snapshot":"false","db":`)
+	if x.snapshot {
+		e.raw(`,"snapshot":"true","db":`)
+	} else {
+		e.raw(`,"snapshot":"false","db":`)
+	}
 	e.name(w.cfg.Database)
 	e.raw(`,"schema":`)
 	if r != nil {
@@ -164,24 +211,28 @@ func (w *Writer) dbzSource(x *reorderbuffer.Txn, r *decoding.Relation, now int64
 		e.raw(`"","table":""`)
 	}
 	e.raw(`,"txId":`)
-	if x.NonTransactional {
+	if x.nonTx || x.snapshot {
 		e.raw("null")
 	} else {
-		e.uint(uint64(x.Xid))
+		e.uint(uint64(x.xid))
 	}
 	e.raw(`,"lsn":`)
-	e.uint(uint64(x.CommitLSN))
+	if x.snapshot {
+		e.raw("null")
+	} else {
+		e.uint(x.commitLSN)
+	}
 	e.raw(`,"xmin":null}`)
 }
 
 // dbzTransaction writes the transaction block: Debezium's id "xid:lsn", the event's position in
 // the transaction and among the transaction's events for its table (0 for a message).
-func (w *Writer) dbzTransaction(x *reorderbuffer.Txn, total, table int64) {
+func (w *Writer) dbzTransaction(x *dbzTxn, total, table int64) {
 	e := &w.enc
 	e.raw(`,"transaction":{"id":"`)
-	e.uint(uint64(x.Xid))
+	e.uint(uint64(x.xid))
 	e.byte(':')
-	e.uint(uint64(x.CommitLSN))
+	e.uint(x.commitLSN)
 	e.raw(`","total_order":`)
 	e.int(total)
 	e.raw(`,"data_collection_order":`)
@@ -190,7 +241,7 @@ func (w *Writer) dbzTransaction(x *reorderbuffer.Txn, total, table int64) {
 }
 
 // dbzRow writes a row as a JSON object of typed values, or null when the event has none.
-func (w *Writer) dbzRow(x *reorderbuffer.Txn, r *decoding.Relation, t decoding.Tuple, present bool) error {
+func (w *Writer) dbzRow(x *dbzTxn, r *decoding.Relation, t decoding.Tuple, present bool) error {
 	e := &w.enc
 	if !present {
 		e.raw("null")

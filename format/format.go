@@ -121,6 +121,8 @@ type Writer struct {
 	checked map[*decoding.Relation]error
 	order   map[uint32]int64 // Debezium: events per table in the transaction
 	changes int64
+	event   func(Event) error // Events: called with each Debezium event once encoded
+	ebuf    eventSink
 	kindErr error
 	closed  bool
 }
@@ -174,7 +176,7 @@ func (w *Writer) WriteTxn(x *reorderbuffer.Txn) error {
 	var n int64
 	var err error
 	if w.cfg.Kind == KindDebezium {
-		n, err = w.debezium(x)
+		n, err = w.debezium(txnSource(x))
 	} else {
 		n, err = w.txn(x)
 	}

@@ -183,7 +183,7 @@ func runStream(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	stopMonitoring, err := monitor(s, f, log)
+	stopMonitoring, err := monitor(s, f.metricsAddr, f.progress, log)
 	if err != nil {
 		closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
@@ -221,8 +221,8 @@ func runStream(ctx context.Context, args []string) error {
 
 // monitor starts the metrics server (-metrics-addr) and the progress line (-progress), and
 // returns what stops both.
-func monitor(s *replication.Stream, f streamFlags, log *slog.Logger) (stop func(context.Context) error, err error) {
-	if f.metricsAddr == "" && f.progress <= 0 {
+func monitor(s metrics.Source, metricsAddr string, progress time.Duration, log *slog.Logger) (stop func(context.Context) error, err error) {
+	if metricsAddr == "" && progress <= 0 {
 		return func(context.Context) error { return nil }, nil
 	}
 	c, err := metrics.New(s, metrics.Options{})
@@ -230,22 +230,22 @@ func monitor(s *replication.Stream, f streamFlags, log *slog.Logger) (stop func(
 		return nil, err
 	}
 	var srv *metrics.Server
-	if f.metricsAddr != "" {
+	if metricsAddr != "" {
 		h, err := metrics.Handler(c)
 		if err != nil {
 			return nil, err
 		}
-		if srv, err = metrics.Listen(f.metricsAddr, h); err != nil {
+		if srv, err = metrics.Listen(metricsAddr, h); err != nil {
 			return nil, fmt.Errorf("-metrics-addr: %w", err)
 		}
 		log.Info("serving metrics", "url", "http://"+srv.Addr()+"/metrics")
 	}
 	done := make(chan struct{})
 	finished := make(chan struct{})
-	if f.progress > 0 {
+	if progress > 0 {
 		go func() {
 			defer close(finished)
-			printProgress(done, os.Stderr, f.progress, c.Snapshot)
+			printProgress(done, os.Stderr, progress, c.Snapshot)
 		}()
 	} else {
 		close(finished)

@@ -40,6 +40,8 @@ var allowed = map[string][]string{
 	// The consumer entry point: over the toolkit, below apply (which uses its copy), never
 	// importing it.
 	"changefeed": {"replication", "snapshot", "pgvalue", "format", "reorderbuffer", "decoding"},
+	// The Kafka output: a changefeed store and handler over the format's events.
+	"kafkasink": {"changefeed", "format"},
 }
 
 // network reports whether an import path is a networking package of the standard library.
@@ -152,12 +154,15 @@ func TestOnlyReplicationTalksToPostgres(t *testing.T) {
 	// for snapshot and apply), apply and snapshot (ordinary connections to copy and apply),
 	// changefeed (its position table's database), internal/tools and internal/testing
 	// (throwaway servers for the commands and tests), examples (programs), and metrics, which
-	// listens for scrapes (net, never pgconn).
+	// listens for scrapes (net, never pgconn), as internal/testing/kafkatest picks free ports for
+	// its brokers.
 	connects := func(pkg, imp string) bool {
 		switch {
 		case pkg == "replication", pkg == "apply", pkg == "snapshot", pkg == "changefeed",
 			strings.HasPrefix(pkg, "internal/testing/"), strings.HasPrefix(pkg, "internal/tools/"), strings.HasPrefix(pkg, "examples/"):
 			return true
+		case pkg == "internal/kafkatest": // throwaway Kafka brokers for tests: free ports, never pgconn
+			return imp == "net"
 		case pkg == "metrics":
 			return imp == "net"
 		}

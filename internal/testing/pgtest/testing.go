@@ -59,7 +59,27 @@ func Main(m *testing.M) {
 	os.Exit(code)
 }
 
+var (
+	stopHooksMu sync.Mutex
+	stopHooks   []func()
+)
+
+// OnStop registers f to run when Main stops the shared servers (after the tests, or on SIGINT or
+// SIGTERM): other test helpers (internal/testing/kafkatest's brokers) stop what they started with it.
+func OnStop(f func()) {
+	stopHooksMu.Lock()
+	stopHooks = append(stopHooks, f)
+	stopHooksMu.Unlock()
+}
+
 func stopShared() {
+	stopHooksMu.Lock()
+	hooks := stopHooks
+	stopHooks = nil
+	stopHooksMu.Unlock()
+	for _, f := range hooks {
+		f()
+	}
 	sharedMu.Lock()
 	defer sharedMu.Unlock()
 	for major, e := range shared {

@@ -1,0 +1,365 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/pgreorder/pgreorder/changefeed"
+	"github.com/pgreorder/pgreorder/format"
+	"github.com/pgreorder/pgreorder/kafkasink"
+	"github.com/pgreorder/pgreorder/reorderbuffer"
+	"github.com/pgreorder/pgreorder/replication"
+	"github.com/pgreorder/pgreorder/snapshot"
+)
+
+func init() {
+	register("kafka", "copy, then stream, published tables into Kafka, exactly once", runKafka)
+}
+
+// kafkaSASLPasswordEnv holds the SASL password: not a flag, which other users could read in the
+// process list.
+const kafkaSASLPasswordEnv = "PGREORDER_KAFKA_SASL_PASSWORD"
+
+// kafkaFlags are the flags of `pgreorder kafka`: stream's source flags, and Kafka's.
+type kafkaFlags struct {
+	dsn, slot, workMem, dir, streaming, originFilter string
+	publications                                     []string
+	messages, binary                                 bool
+	proto, copyWorkers                               int
+	status, progress                                 time.Duration
+	metricsAddr                                      string
+	verbose                                          bool
+	sourceName, sourceDB                             string
+
+	brokers, prefix, offsetsTopic, txID, clientID  string
+	createTopics, tombstones                       bool
+	partitions, replicationFactor                  int
+	topicConfigs                                   map[string]string
+	tls, tlsInsecure                               bool
+	tlsCA, tlsCert, tlsKey                         string
+	saslMechanism, saslUser, compression, maxBytes string
+	txTimeout                                      time.Duration
+}
+
+const kafkaUsage = `usage: pgreorder kafka -dsn DSN -slot NAME -publication NAME -kafka-brokers HOST:PORT,... [flags]
+
+Copies the published tables, then streams every committed transaction from the copy's consistent
+point, into Kafka: one topic per table (PREFIX.SCHEMA.TABLE), one record per change with the
+Debezium-style event of -format debezium as value and the replica identity columns as key.
+
+Exactly once for consumers that read committed (isolation.level=read_committed): every source
+transaction is one Kafka transaction, which also writes the source position to a compacted
+offsets topic (PREFIX.offsets); the source is acknowledged only once Kafka committed, and a
+restart resumes after the last committed position. The slot is created by the first run (do not
+create it beforehand). A second pgreorder for the same slot fences the first, which stops. See
+docs/kafka.md.
+
+Progress goes to stderr as with pgreorder stream; Ctrl-C stops. The SASL password is read from
+$` + kafkaSASLPasswordEnv + `.
+
+flags:
+`
+
+func runKafka(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("kafka", flag.ContinueOnError)
+	f := kafkaFlags{topicConfigs: map[string]string{}}
+	fs.StringVar(&f.dsn, "dsn", "", "connection string of the source database (replication=database is added)")
+	fs.StringVar(&f.slot, "slot", "", "logical replication slot (pgoutput), created by the first run")
+	fs.Func("publication", "publication to stream (repeatable, or comma-separated)", func(s string) error {
+		for p := range strings.SplitSeq(s, ",") {
+			if p = strings.TrimSpace(p); p != "" {
+				f.publications = append(f.publications, p)
+			}
+		}
+		return nil
+	})
+	fs.StringVar(&f.workMem, "work-mem", "64MB", workMemHelp)
+	fs.StringVar(&f.dir, "spill-dir", "", "spill directory (default: the system temporary directory)")
+	fs.StringVar(&f.streaming, "streaming", "", `pgoutput streaming: off, on or parallel (default: the best the server has)`)
+	fs.IntVar(&f.proto, "proto", 0, "pgoutput proto_version, 1-4 (default: the highest the server speaks)")
+	fs.BoolVar(&f.messages, "messages", true, "receive logical decoding messages (to topic PREFIX.message)")
+	fs.BoolVar(&f.binary, "binary", false, "binary column values")
+	fs.StringVar(&f.originFilter, "origin-filter", "", `pgoutput's origin option: "any" or "none" (PostgreSQL 16+)`)
+	fs.IntVar(&f.copyWorkers, "copy-workers", 0, fmt.Sprintf("tables (or parts of tables) copied at once (default %d)", snapshot.DefaultWorkers))
+	fs.DurationVar(&f.status, "status-interval", replication.DefaultStatusInterval, "longest time between standby status updates")
+	fs.DurationVar(&f.progress, "progress", 5*time.Second, "interval of the progress line on stderr (0: none)")
+	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus metrics on host:port at /metrics (port 0: any free port, logged)")
+	fs.BoolVar(&f.verbose, "v", false, "debug logging")
+	fs.StringVar(&f.sourceName, "source-name", "pgreorder", "source.name of the events, the logical name of the source server")
+	fs.StringVar(&f.sourceDB, "source-db", "", "source.db of the events, the source database's name")
+
+	fs.StringVar(&f.brokers, "kafka-brokers", "", "Kafka seed brokers, host:port, comma-separated")
+	fs.StringVar(&f.prefix, "kafka-topic-prefix", kafkasink.DefaultTopicPrefix, "topic names: PREFIX.SCHEMA.TABLE, PREFIX.message, PREFIX.offsets")
+	fs.StringVar(&f.offsetsTopic, "kafka-offsets-topic", "", "compacted topic of the source positions (default PREFIX.offsets)")
+	fs.StringVar(&f.txID, "kafka-transactional-id", "", `producer transactional.id (default "pgreorder-" and the slot)`)
+	fs.BoolVar(&f.createTopics, "kafka-create-topics", true, "create missing topics; with false, a missing topic stops pgreorder")
+	fs.IntVar(&f.partitions, "kafka-partitions", 0, "partitions of the topics created (default: the brokers' num.partitions)")
+	fs.IntVar(&f.replicationFactor, "kafka-replication-factor", 0, "replication factor of the topics created (default: the brokers' default.replication.factor)")
+	fs.Func("kafka-topic-config", "NAME=VALUE configuration of the table topics created, such as retention.ms=604800000 (repeatable)", func(s string) error {
+		k, v, ok := strings.Cut(s, "=")
+		if !ok || k == "" {
+			return fmt.Errorf("want NAME=VALUE, such as max.message.bytes=10485760")
+		}
+		f.topicConfigs[k] = v
+		return nil
+	})
+	fs.BoolVar(&f.tombstones, "kafka-tombstones", false, "follow each delete with a tombstone (the key, no value), for log compaction")
+	fs.StringVar(&f.clientID, "kafka-client-id", "pgreorder", "Kafka client.id")
+	fs.StringVar(&f.compression, "kafka-compression", "", "batch compression: none, gzip, snappy, lz4 or zstd (default: snappy)")
+	fs.StringVar(&f.maxBytes, "kafka-max-buffered", "64MB", "most record bytes waiting for the brokers; a big transaction waits for room")
+	fs.DurationVar(&f.txTimeout, "kafka-transaction-timeout", kafkasink.DefaultTransactionTimeout,
+		"Kafka transaction timeout: the longest a transaction (and the initial copy) may take to produce; at most the brokers' transaction.max.timeout.ms")
+	fs.BoolVar(&f.tls, "kafka-tls", false, "connect to the brokers with TLS")
+	fs.StringVar(&f.tlsCA, "kafka-tls-ca", "", "PEM file of the CA certificates that sign the brokers' (implies -kafka-tls; default: the system's)")
+	fs.StringVar(&f.tlsCert, "kafka-tls-cert", "", "PEM file of the client certificate, with -kafka-tls-key (implies -kafka-tls)")
+	fs.StringVar(&f.tlsKey, "kafka-tls-key", "", "PEM file of the client certificate's key")
+	fs.BoolVar(&f.tlsInsecure, "kafka-tls-insecure", false, "do not verify the brokers' certificates (testing only)")
+	fs.StringVar(&f.saslMechanism, "kafka-sasl-mechanism", "", "SASL mechanism: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (password in $"+kafkaSASLPasswordEnv+")")
+	fs.StringVar(&f.saslUser, "kafka-sasl-user", "", "SASL user name")
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), kafkaUsage)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	cfg, kcfg, err := f.config(fs)
+	if err != nil {
+		return err
+	}
+	level := slog.LevelInfo
+	if f.verbose {
+		level = slog.LevelDebug
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	cfg.Logger, kcfg.Logger = log, log
+
+	sink, err := kafkasink.Open(kcfg)
+	if err != nil {
+		return err
+	}
+	feed, err := changefeed.New(cfg, sink, sink.Handle)
+	if err != nil {
+		sink.Close()
+		return err
+	}
+	stopMonitoring, err := monitor(feed, f.metricsAddr, f.progress, log)
+	if err != nil {
+		sink.Close()
+		return err
+	}
+	stopKafkaProgress := kafkaProgress(sink, f.progress)
+	err = feed.Run(ctx)
+	stopKafkaProgress()
+	if ctx.Err() != nil && errors.Is(err, context.Cause(ctx)) {
+		err = nil // Ctrl-C: a clean stop
+	}
+	closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	merr := stopMonitoring(closeCtx)
+	cancel()
+	st := sink.Stats()
+	log.Info("stopped", "committed_through", st.Position, "kafka_transactions", st.Transactions, "events", st.Events,
+		"bytes", st.Bytes, "commit_time", st.CommitTime)
+	if errors.Is(err, kafkasink.ErrRecordTooLarge) {
+		err = fmt.Errorf("%w\n(raise it for the topic, e.g. kafka-configs.sh --alter --entity-type topics --add-config max.message.bytes=N, or with -kafka-topic-config before the topic is created)", err)
+	}
+	return errors.Join(err, merr)
+}
+
+// config checks the flags, naming them, and returns the feed's and the sink's configurations.
+func (f *kafkaFlags) config(fs *flag.FlagSet) (changefeed.Config, kafkasink.Config, error) {
+	var cfg changefeed.Config
+	var kcfg kafkasink.Config
+	if fs.NArg() != 0 {
+		return cfg, kcfg, fmt.Errorf("unexpected arguments: %s (every option is a flag; see pgreorder kafka -h)", strings.Join(fs.Args(), " "))
+	}
+	var missing []string
+	for _, m := range []struct {
+		name  string
+		unset bool
+	}{{"-dsn", f.dsn == ""}, {"-slot", f.slot == ""}, {"-publication", len(f.publications) == 0}, {"-kafka-brokers", strings.TrimSpace(f.brokers) == ""}} {
+		if m.unset {
+			missing = append(missing, m.name)
+		}
+	}
+	if len(missing) > 0 {
+		return cfg, kcfg, fmt.Errorf("missing %s (see pgreorder kafka -h)", strings.Join(missing, ", "))
+	}
+	if err := parseProto(f.proto); err != nil {
+		return cfg, kcfg, err
+	}
+	streaming, err := replication.ParseStreaming(f.streaming)
+	if err != nil {
+		return cfg, kcfg, fmt.Errorf("-streaming %q: valid values are off, on and parallel", f.streaming)
+	}
+	originFilter, err := replication.ParseOriginFilter(f.originFilter)
+	if err != nil {
+		return cfg, kcfg, fmt.Errorf("-origin-filter %q: valid values are any and none", f.originFilter)
+	}
+	if f.progress < 0 {
+		return cfg, kcfg, fmt.Errorf("-progress %v: want an interval such as 5s, or 0 for no progress line", f.progress)
+	}
+	if f.copyWorkers < 0 || f.copyWorkers > 64 {
+		return cfg, kcfg, fmt.Errorf("-copy-workers %d: want 1 to 64", f.copyWorkers)
+	}
+	workMem, err := parseWorkMem(f.workMem)
+	if err != nil {
+		return cfg, kcfg, err
+	}
+	cfg = changefeed.Config{
+		Replication: replication.Config{
+			ConnString:     f.dsn,
+			Slot:           f.slot,
+			Publications:   f.publications,
+			ProtoVersion:   f.proto,
+			Streaming:      streaming,
+			Binary:         f.binary,
+			Messages:       f.messages,
+			OriginFilter:   originFilter,
+			StatusInterval: f.status,
+			Buffer:         reorderbuffer.Config{WorkMem: workMem, Dir: f.dir},
+		},
+		Copy: snapshot.Config{Workers: f.copyWorkers},
+	}
+
+	var brokers []string
+	for b := range strings.SplitSeq(f.brokers, ",") {
+		if b = strings.TrimSpace(b); b != "" {
+			brokers = append(brokers, b)
+		}
+	}
+	if f.partitions < 0 || f.partitions > 1<<20 {
+		return cfg, kcfg, fmt.Errorf("-kafka-partitions %d: want a positive number, or 0 for the brokers' default", f.partitions)
+	}
+	if f.replicationFactor < 0 || f.replicationFactor > 1<<14 {
+		return cfg, kcfg, fmt.Errorf("-kafka-replication-factor %d: want a positive number, or 0 for the brokers' default", f.replicationFactor)
+	}
+	compression, err := kafkasink.ParseCompression(f.compression)
+	if err != nil {
+		return cfg, kcfg, fmt.Errorf("-kafka-compression %q: valid values are none, gzip, snappy, lz4 and zstd", f.compression)
+	}
+	mech, err := kafkasink.ParseSASLMechanism(f.saslMechanism)
+	if err != nil {
+		return cfg, kcfg, fmt.Errorf("-kafka-sasl-mechanism %q: valid values are PLAIN, SCRAM-SHA-256 and SCRAM-SHA-512", f.saslMechanism)
+	}
+	if mech != kafkasink.SASLNone && f.saslUser == "" {
+		return cfg, kcfg, errors.New("-kafka-sasl-mechanism needs -kafka-sasl-user (and the password in $" + kafkaSASLPasswordEnv + ")")
+	}
+	if mech == kafkasink.SASLNone && f.saslUser != "" {
+		return cfg, kcfg, errors.New("-kafka-sasl-user needs -kafka-sasl-mechanism")
+	}
+	maxBytes, err := reorderbuffer.ParseWorkMem(f.maxBytes)
+	if err != nil || maxBytes <= 0 || maxBytes > 1<<40 {
+		return cfg, kcfg, fmt.Errorf("-kafka-max-buffered %q: want a size with a unit, such as 64MB", f.maxBytes)
+	}
+	if f.txTimeout <= 0 {
+		return cfg, kcfg, fmt.Errorf("-kafka-transaction-timeout %v: want a duration such as 5m", f.txTimeout)
+	}
+	tlsCfg, err := f.tlsConfig()
+	if err != nil {
+		return cfg, kcfg, err
+	}
+	topics := kafkasink.CreateTopics
+	if !f.createTopics {
+		topics = kafkasink.RequireTopics
+	}
+	kcfg = kafkasink.Config{
+		Brokers:            brokers,
+		TopicPrefix:        f.prefix,
+		OffsetsTopic:       f.offsetsTopic,
+		TransactionalID:    f.txID,
+		Topics:             topics,
+		Partitions:         int32(f.partitions),
+		ReplicationFactor:  int16(f.replicationFactor),
+		TopicConfigs:       f.topicConfigs,
+		Tombstones:         f.tombstones,
+		Format:             format.Config{Server: f.sourceName, Database: f.sourceDB},
+		TLS:                tlsCfg,
+		SASL:               kafkasink.SASL{Mechanism: mech, User: f.saslUser, Password: os.Getenv(kafkaSASLPasswordEnv)},
+		ClientID:           f.clientID,
+		Compression:        compression,
+		MaxBufferedBytes:   int(maxBytes),
+		TransactionTimeout: f.txTimeout,
+	}
+	if err := kafkasink.ValidTopicName(f.prefix); err != nil {
+		return cfg, kcfg, fmt.Errorf("-kafka-topic-prefix: %w", err)
+	}
+	if f.offsetsTopic != "" {
+		if err := kafkasink.ValidTopicName(f.offsetsTopic); err != nil {
+			return cfg, kcfg, fmt.Errorf("-kafka-offsets-topic: %w", err)
+		}
+	}
+	return cfg, kcfg, nil
+}
+
+func (f *kafkaFlags) tlsConfig() (*tls.Config, error) {
+	if !f.tls && f.tlsCA == "" && f.tlsCert == "" && f.tlsKey == "" && !f.tlsInsecure {
+		return nil, nil
+	}
+	c := &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: f.tlsInsecure}
+	if f.tlsCA != "" {
+		pem, err := os.ReadFile(f.tlsCA)
+		if err != nil {
+			return nil, fmt.Errorf("-kafka-tls-ca: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("-kafka-tls-ca %s: no PEM certificate in it", f.tlsCA)
+		}
+		c.RootCAs = pool
+	}
+	if (f.tlsCert == "") != (f.tlsKey == "") {
+		return nil, errors.New("-kafka-tls-cert and -kafka-tls-key go together")
+	}
+	if f.tlsCert != "" {
+		cert, err := tls.LoadX509KeyPair(f.tlsCert, f.tlsKey)
+		if err != nil {
+			return nil, fmt.Errorf("-kafka-tls-cert, -kafka-tls-key: %w", err)
+		}
+		c.Certificates = []tls.Certificate{cert}
+	}
+	return c, nil
+}
+
+// kafkaProgress prints, every interval in which something was committed, what reached Kafka:
+// a line after the stream's progress line. It returns what stops it.
+func kafkaProgress(sink *kafkasink.Sink, every time.Duration) (stop func()) {
+	if every <= 0 {
+		return func() {}
+	}
+	done, finished := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(finished)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		var last kafkasink.Stats
+		for {
+			select {
+			case <-done:
+				return
+			case now := <-t.C:
+				st := sink.Stats()
+				if st.Transactions == last.Transactions {
+					continue
+				}
+				n := st.Transactions - last.Transactions
+				avg := (st.CommitTime - last.CommitTime) / time.Duration(n)
+				fmt.Fprintf(os.Stderr, "%s kafka committed_through=%s transactions=%d (+%d) events=%d (+%d) bytes=%d commit_avg=%v\n",
+					now.Format(time.TimeOnly), st.Position, st.Transactions, n, st.Events, st.Events-last.Events, st.Bytes, avg.Round(time.Microsecond))
+				last = st
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		<-finished
+	}
+}

@@ -1,0 +1,104 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/internal/testing/kafkatest"
+	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
+)
+
+// TestKafkaFlags: flags that cannot work are refused before anything connects, naming the flag.
+func TestKafkaFlags(t *testing.T) {
+	base := []string{"-dsn", "x", "-slot", "s", "-publication", "p"}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "missing -dsn, -slot, -publication, -kafka-brokers"},
+		{base, "missing -kafka-brokers"},
+		{append(base, "-kafka-brokers", "b:9092", "-kafka-compression", "brotli"), "-kafka-compression"},
+		{append(base, "-kafka-brokers", "b:9092", "-kafka-sasl-user", "u"), "-kafka-sasl-user needs -kafka-sasl-mechanism"},
+		{append(base, "-kafka-brokers", "b:9092", "-kafka-sasl-mechanism", "GSSAPI"), "-kafka-sasl-mechanism"},
+		{append(base, "-kafka-brokers", "b:9092", "-kafka-topic-prefix", "a b"), "-kafka-topic-prefix"},
+		{append(base, "-kafka-brokers", "b:9092", "-kafka-partitions", "-1"), "-kafka-partitions"},
+		{append(base, "-kafka-brokers", "b:9092", "-kafka-tls-cert", "c.pem"), "-kafka-tls-cert and -kafka-tls-key"},
+		{append(base, "-kafka-brokers", "b:9092", "-kafka-max-buffered", "lots"), "-kafka-max-buffered"},
+	} {
+		err := runKafka(context.Background(), tc.args)
+		require.Error(t, err, "%v", tc.args)
+		require.Contains(t, err.Error(), tc.want, "%v", tc.args)
+	}
+}
+
+// TestKafkaCommand: pgreorder kafka copies and streams a table into Kafka; the slot is
+// acknowledged once the events are committed there.
+func TestKafkaCommand(t *testing.T) {
+	c := kafkatest.Shared(t)
+	for _, major := range pgtest.Majors(t) {
+		if major != 18 && major != 15 {
+			continue
+		}
+		t.Run(fmt.Sprint(major), func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			srv := pgtest.Shared(t, major)
+			dsn := srv.ConnString(pgtest.NewDatabase(t, srv))
+			require.NoError(t, pgtest.Exec(ctx, dsn, "CREATE TABLE t (id int PRIMARY KEY, v text)", "CREATE PUBLICATION p FOR TABLE t",
+				"INSERT INTO t VALUES (1, 'copied')"))
+			prefix := fmt.Sprintf("cmd%d", major)
+			runCtx, stop := context.WithCancel(ctx)
+			done := make(chan error, 1)
+			go func() {
+				done <- runKafka(runCtx, []string{"-dsn", dsn, "-slot", "k", "-publication", "p", "-progress", "50ms", "-status-interval", "100ms",
+					"-kafka-brokers", c.Seeds(), "-kafka-topic-prefix", prefix, "-kafka-partitions", "3", "-kafka-compression", "zstd"})
+			}()
+			conn, err := pgx.Connect(ctx, dsn)
+			require.NoError(t, err)
+			defer conn.Close(ctx)
+			acked := func() decoding.LSN {
+				var s *string
+				if err := conn.QueryRow(ctx, "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 'k'").Scan(&s); err != nil || s == nil {
+					return 0
+				}
+				l, _ := decoding.ParseLSN(*s)
+				return l
+			}
+			for acked() == 0 { // the copy is done
+				select {
+				case err := <-done:
+					t.Fatalf("pgreorder kafka stopped: %v", err)
+				case <-time.After(20 * time.Millisecond):
+				}
+			}
+			var lsn string
+			require.NoError(t, conn.QueryRow(ctx, "WITH i AS (INSERT INTO t VALUES (2, 'streamed') RETURNING 1) SELECT pg_current_wal_insert_lsn()::text FROM i").Scan(&lsn))
+			last, err := decoding.ParseLSN(lsn)
+			require.NoError(t, err)
+			for acked() <= last {
+				select {
+				case err := <-done:
+					t.Fatalf("pgreorder kafka stopped: %v", err)
+				case <-time.After(20 * time.Millisecond):
+				}
+			}
+			stop()
+			require.NoError(t, <-done)
+			var ops []string
+			for _, r := range kafkatest.ReadCommitted(t, ctx, c, prefix+".public.t")[prefix+".public.t"] {
+				var e struct{ Op string }
+				require.NoError(t, json.Unmarshal(r.Value, &e))
+				ops = append(ops, e.Op+" "+string(r.Key))
+			}
+			require.ElementsMatch(t, []string{`r {"id":1}`, `c {"id":2}`}, ops, strings.Join(ops, "; "))
+		})
+	}
+}

@@ -1,0 +1,427 @@
+// Package kafkatest gives tests throwaway Apache Kafka brokers (KRaft, no ZooKeeper), started
+// from the jars .ci/install-kafka puts in /opt/pgreorder/kafka/VERSION/lib (PGREORDER_KAFKA_LIB
+// names another folder). It is for tests only: shipped code never links it.
+//
+// Shared(t) gives the test binary's single-node broker (combined broker and controller, started
+// on first use, stopped by pgtest.Main, which the package's TestMain calls); Start(t, n) starts a
+// cluster of its own of n nodes, stopped at the end of the test. A Broker is killed (SIGKILL)
+// and restarted on the same ports and data on demand. Without the jars or a java command these
+// skip the test with a message that says how to install them; with PGREORDER_REQUIRE_KAFKA=1
+// they fail it instead (CI sets it). As root, brokers run as the unprivileged user of
+// PostgreSQL's test servers.
+package kafkatest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
+)
+
+const (
+	// Version is the Kafka version .ci/install-kafka installs.
+	Version = "4.4.0"
+	// EnvRequire, set to "1", turns every "no broker installed" skip into a test failure, and a
+	// broker that does not start is a failure anyway.
+	EnvRequire = "PGREORDER_REQUIRE_KAFKA"
+	// EnvLib names the folder of the broker's jars.
+	EnvLib = "PGREORDER_KAFKA_LIB"
+	// HowToInstall says how to get a broker.
+	HowToInstall = "install one with `sudo bash .ci/install-kafka` (needs a JDK 17 and Maven), or set " + EnvLib + " to a folder of Kafka's jars"
+)
+
+// Lib returns the folder of the broker's jars.
+func Lib() string {
+	if d := os.Getenv(EnvLib); d != "" {
+		return d
+	}
+	return filepath.Join("/opt/pgreorder/kafka", Version, "lib")
+}
+
+// available returns why no broker can start here, or "".
+func available() string {
+	if _, err := exec.LookPath("java"); err != nil {
+		return "no java command"
+	}
+	if _, err := os.Stat(filepath.Join(Lib(), "kafka_2.13-"+Version+".jar")); err != nil {
+		if m, _ := filepath.Glob(filepath.Join(Lib(), "kafka_2.13-*.jar")); len(m) == 0 {
+			return "no Kafka broker in " + Lib()
+		}
+	}
+	return ""
+}
+
+// Check skips t when no broker can start here (fails it with PGREORDER_REQUIRE_KAFKA=1).
+func Check(t testing.TB) {
+	t.Helper()
+	if why := available(); why != "" {
+		if os.Getenv(EnvRequire) == "1" {
+			t.Fatalf("%s (%s=1); %s", why, EnvRequire, HowToInstall)
+		}
+		t.Skipf("%s; %s", why, HowToInstall)
+	}
+}
+
+// Broker is one node of a throwaway cluster: a broker and a KRaft controller in one process.
+type Broker struct {
+	ID   int
+	Port int // the client listener, on 127.0.0.1
+	dir  string
+	cred *syscall.Credential
+	c    *Cluster
+
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// Addr returns the broker's client address, host:port.
+func (b *Broker) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(b.Port)) }
+
+// Cluster is a set of brokers started together.
+type Cluster struct {
+	Brokers []*Broker
+	dir     string
+}
+
+// Addrs returns every broker's address, for kgo.SeedBrokers.
+func (c *Cluster) Addrs() []string {
+	a := make([]string, len(c.Brokers))
+	for i, b := range c.Brokers {
+		a[i] = b.Addr()
+	}
+	return a
+}
+
+// Seeds returns the addresses joined by commas, as the pgreorder command takes them.
+func (c *Cluster) Seeds() string { return strings.Join(c.Addrs(), ",") }
+
+var (
+	sharedOnce sync.Once
+	shared     *Cluster
+	sharedErr  error
+)
+
+// Shared returns the test binary's single-node broker, starting it on first use. Tests share it:
+// give each its own topic prefix and transactional ids. The package's TestMain must call
+// pgtest.Main, which stops it.
+func Shared(t testing.TB) *Cluster {
+	t.Helper()
+	Check(t)
+	sharedOnce.Do(func() {
+		shared, sharedErr = start(1)
+		if sharedErr == nil {
+			pgtest.OnStop(func() { shared.Stop() })
+		}
+	})
+	if sharedErr != nil {
+		t.Fatalf("kafkatest: starting the shared broker: %v", sharedErr)
+	}
+	return shared
+}
+
+// Start starts a cluster of n nodes for t alone, stopped at its end.
+func Start(t testing.TB, n int) *Cluster {
+	t.Helper()
+	Check(t)
+	c, err := start(n)
+	if err != nil {
+		t.Fatalf("kafkatest: starting %d brokers: %v", n, err)
+	}
+	t.Cleanup(c.Stop)
+	return c
+}
+
+func start(n int) (_ *Cluster, err error) {
+	cred, err := brokerCredential()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("/tmp", "pgreorder-kafka-*") // TMPDIR may be under /root
+	if err != nil {
+		return nil, err
+	}
+	c := &Cluster{dir: dir}
+	defer func() {
+		if err != nil {
+			c.Stop()
+		}
+	}()
+	ports, err := freePorts(2 * n)
+	if err != nil {
+		return nil, err
+	}
+	var voters []string
+	for i := range n {
+		voters = append(voters, fmt.Sprintf("%d@127.0.0.1:%d", i+1, ports[2*i+1]))
+	}
+	rf := min(n, 3)
+	for i := range n {
+		b := &Broker{ID: i + 1, Port: ports[2*i], dir: filepath.Join(dir, strconv.Itoa(i+1)), cred: cred, c: c}
+		if err := os.MkdirAll(b.dir, 0o700); err != nil {
+			return nil, err
+		}
+		props := fmt.Sprintf(`process.roles=broker,controller
+node.id=%d
+controller.quorum.voters=%s
+listeners=PLAINTEXT://127.0.0.1:%d,CONTROLLER://127.0.0.1:%d
+advertised.listeners=PLAINTEXT://127.0.0.1:%d
+controller.listener.names=CONTROLLER
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+inter.broker.listener.name=PLAINTEXT
+log.dirs=%s
+auto.create.topics.enable=false
+num.partitions=1
+offsets.topic.replication.factor=%d
+offsets.topic.num.partitions=2
+transaction.state.log.replication.factor=%d
+transaction.state.log.min.isr=%d
+transaction.state.log.num.partitions=2
+min.insync.replicas=%d
+default.replication.factor=%d
+group.initial.rebalance.delay.ms=0
+num.network.threads=2
+num.io.threads=2
+background.threads=2
+log.cleaner.threads=1
+log.cleaner.dedupe.buffer.size=2097152
+transaction.remove.expired.transaction.cleanup.interval.ms=5000
+broker.session.timeout.ms=3000
+broker.heartbeat.interval.ms=300
+controller.quorum.election.timeout.ms=500
+controller.quorum.fetch.timeout.ms=1000
+replica.lag.time.max.ms=5000
+`, b.ID, strings.Join(voters, ","), b.Port, ports[2*i+1], b.Port, filepath.Join(b.dir, "data"),
+			rf, rf, min(rf, 2), min(rf, 2), rf)
+		if err := os.WriteFile(filepath.Join(b.dir, "server.properties"), []byte(props), 0o600); err != nil {
+			return nil, err
+		}
+		const log4j = "Configuration:\n  Appenders:\n    Console:\n      name: OUT\n      PatternLayout:\n        pattern: \"[%d] %p %m (%c)%n\"\n" +
+			"  Loggers:\n    Root:\n      level: WARN\n      AppenderRef:\n        - ref: OUT\n"
+		if err := os.WriteFile(filepath.Join(b.dir, "log4j2.yaml"), []byte(log4j), 0o600); err != nil {
+			return nil, err
+		}
+		c.Brokers = append(c.Brokers, b)
+	}
+	if cred != nil {
+		if err := chownTree(dir, int(cred.Uid), int(cred.Gid)); err != nil {
+			return nil, err
+		}
+	}
+	// One cluster id for every node, formatted in parallel.
+	clusterID := "rZ1PJHBgQB2yQpsYNR5VJg" // a UUID in base64, as StorageTool random-uuid prints
+	errs := make(chan error, n)
+	for _, b := range c.Brokers {
+		go func() {
+			out, err := b.java("kafka.tools.StorageTool", "format", "-t", clusterID, "-c", filepath.Join(b.dir, "server.properties")).CombinedOutput()
+			if err != nil {
+				err = fmt.Errorf("formatting broker %d: %v: %s", b.ID, err, tail(out))
+			}
+			errs <- err
+		}()
+	}
+	for range n {
+		if e := <-errs; e != nil && err == nil {
+			err = e
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	for _, b := range c.Brokers {
+		if err := b.launch(); err != nil {
+			return nil, err
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	if err := c.WaitReady(ctx); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// WaitReady waits until every broker is up and registered with the controller.
+func (c *Cluster) WaitReady(ctx context.Context) error {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.Addrs()...))
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	for {
+		m, err := adm.BrokerMetadata(ctx)
+		if err == nil && len(m.Brokers) == len(c.Brokers) && m.Controller >= 0 {
+			return nil
+		}
+		for _, b := range c.Brokers {
+			if b.exited() {
+				return fmt.Errorf("broker %d exited: %s", b.ID, b.logTail())
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("brokers not ready (last: %v, %d brokers): %s", err, len(m.Brokers), c.Brokers[0].logTail())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func (b *Broker) java(class string, args ...string) *exec.Cmd {
+	a := []string{"-Xmx256m", "-Xms64m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Xss512k",
+		"-Djava.awt.headless=true", "-Dlog4j2.configurationFile=" + filepath.Join(b.dir, "log4j2.yaml"),
+		"-cp", filepath.Join(Lib(), "*"), class}
+	cmd := exec.Command("java", append(a, args...)...)
+	cmd.Dir = b.dir
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: b.cred, Pdeathsig: syscall.SIGKILL, Setpgid: true}
+	return cmd
+}
+
+// launch starts the broker's process.
+func (b *Broker) launch() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.cmd != nil {
+		return errors.New("kafkatest: broker already running")
+	}
+	log, err := os.OpenFile(filepath.Join(b.dir, "broker.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	cmd := b.java("kafka.Kafka", filepath.Join(b.dir, "server.properties"))
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		log.Close()
+		return err
+	}
+	log.Close()
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	b.cmd, b.done = cmd, done
+	return nil
+}
+
+func (b *Broker) exited() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.done == nil {
+		return true
+	}
+	select {
+	case <-b.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// Kill kills the broker with SIGKILL and waits for it to be gone.
+func (b *Broker) Kill() {
+	b.mu.Lock()
+	cmd, done := b.cmd, b.done
+	b.cmd, b.done = nil, nil
+	b.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	<-done
+}
+
+// Restart starts a killed broker again, on its ports and data, and waits for the cluster to be
+// ready.
+func (b *Broker) Restart(ctx context.Context) error {
+	if err := b.launch(); err != nil {
+		return err
+	}
+	return b.c.WaitReady(ctx)
+}
+
+// Stop kills every broker and removes the cluster's folder. It is safe to call twice.
+func (c *Cluster) Stop() {
+	for _, b := range c.Brokers {
+		b.Kill()
+	}
+	if c.dir != "" {
+		os.RemoveAll(c.dir)
+	}
+}
+
+func (b *Broker) logTail() string {
+	out, _ := os.ReadFile(filepath.Join(b.dir, "broker.log"))
+	return tail(out)
+}
+
+func tail(b []byte) string {
+	s := strings.TrimSpace(string(b))
+	if len(s) > 2000 {
+		s = "..." + s[len(s)-2000:]
+	}
+	return s
+}
+
+// freePorts returns n distinct free loopback ports.
+func freePorts(n int) ([]int, error) {
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			l.Close()
+		}
+	}()
+	var ports []int
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		ls = append(ls, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}
+
+// brokerCredential returns nil when not root, else the ids of pgtest.ServerUser, creating that
+// user if needed: the broker runs unprivileged, as PostgreSQL's test servers do.
+func brokerCredential() (*syscall.Credential, error) {
+	if os.Geteuid() != 0 {
+		return nil, nil
+	}
+	u, err := user.Lookup(pgtest.ServerUser)
+	if err != nil {
+		out, uerr := exec.Command("useradd", "--system", "--user-group", "--no-create-home", "--home-dir", "/nonexistent",
+			"--shell", "/usr/sbin/nologin", pgtest.ServerUser).CombinedOutput()
+		if u, err = user.Lookup(pgtest.ServerUser); err != nil {
+			return nil, fmt.Errorf("running as root and cannot create user %q: %v: %s", pgtest.ServerUser, uerr, out)
+		}
+	}
+	uid, err1 := strconv.Atoi(u.Uid)
+	gid, err2 := strconv.Atoi(u.Gid)
+	if err1 != nil || err2 != nil {
+		return nil, fmt.Errorf("user %q has non-numeric ids", pgtest.ServerUser)
+	}
+	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), Groups: []uint32{}}, nil
+}
+
+func chownTree(dir string, uid, gid int) error {
+	return filepath.Walk(dir, func(p string, _ os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(p, uid, gid)
+	})
+}

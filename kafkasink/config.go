@@ -1,0 +1,293 @@
+package kafkasink
+
+import (
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sasl"
+	"github.com/twmb/franz-go/pkg/sasl/plain"
+	"github.com/twmb/franz-go/pkg/sasl/scram"
+
+	"github.com/pgreorder/pgreorder/format"
+)
+
+// Defaults of Config.
+const (
+	DefaultTopicPrefix        = "pgreorder"
+	DefaultMaxBufferedBytes   = 64 << 20
+	DefaultMaxBufferedRecords = 100_000
+	DefaultTransactionTimeout = 5 * time.Minute
+)
+
+// TopicCreation says what the sink does about a topic that does not exist.
+type TopicCreation int
+
+const (
+	// CreateTopics creates a missing topic with Config.Partitions and Config.ReplicationFactor
+	// (the default).
+	CreateTopics TopicCreation = iota
+	// RequireTopics refuses to write to a missing topic: the sink stops with ErrTopicMissing.
+	RequireTopics
+)
+
+// Compression is the producer's batch compression.
+type Compression int
+
+const (
+	// CompressionDefault is the client's default (snappy where the broker takes it).
+	CompressionDefault Compression = iota
+	CompressionNone
+	CompressionGzip
+	CompressionSnappy
+	CompressionLZ4
+	CompressionZstd
+)
+
+var compressionNames = map[string]Compression{"none": CompressionNone, "gzip": CompressionGzip,
+	"snappy": CompressionSnappy, "lz4": CompressionLZ4, "zstd": CompressionZstd}
+
+// ParseCompression returns the compression named s: none, gzip, snappy, lz4 or zstd ("" is
+// CompressionDefault).
+func ParseCompression(s string) (Compression, error) {
+	if s == "" {
+		return CompressionDefault, nil
+	}
+	if c, ok := compressionNames[s]; ok {
+		return c, nil
+	}
+	return 0, fmt.Errorf("%w: compression %q (valid: none, gzip, snappy, lz4, zstd)", ErrInvalidConfig, s)
+}
+
+// SASLMechanism is a SASL authentication mechanism.
+type SASLMechanism int
+
+const (
+	// SASLNone: no SASL authentication (the default).
+	SASLNone SASLMechanism = iota
+	SASLPlain
+	SASLScramSHA256
+	SASLScramSHA512
+)
+
+// ParseSASLMechanism returns the mechanism named s: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 ("" is
+// SASLNone), in any case.
+func ParseSASLMechanism(s string) (SASLMechanism, error) {
+	switch strings.ToUpper(s) {
+	case "":
+		return SASLNone, nil
+	case "PLAIN":
+		return SASLPlain, nil
+	case "SCRAM-SHA-256":
+		return SASLScramSHA256, nil
+	case "SCRAM-SHA-512":
+		return SASLScramSHA512, nil
+	}
+	return 0, fmt.Errorf("%w: SASL mechanism %q (valid: PLAIN, SCRAM-SHA-256, SCRAM-SHA-512)", ErrInvalidConfig, s)
+}
+
+// SASL is the authentication to the brokers.
+type SASL struct {
+	Mechanism      SASLMechanism
+	User, Password string
+}
+
+// Config configures a Sink. Brokers is required; every other field has a working zero value.
+type Config struct {
+	// Brokers are the seed brokers, host:port.
+	Brokers []string
+	// TopicPrefix starts every topic name: PREFIX.SCHEMA.TABLE for a table's events,
+	// PREFIX.message for logical decoding messages. "" means DefaultTopicPrefix.
+	TopicPrefix string
+	// OffsetsTopic is the compacted topic the source positions are written to, in the Kafka
+	// transaction of the events they follow. "" means PREFIX.offsets.
+	OffsetsTopic string
+	// TransactionalID is the producer's transactional.id. "" means "pgreorder-" and the slot's
+	// name: two sinks of one slot fence each other, whichever started last wins.
+	TransactionalID string
+	// Topics says whether missing topics are created (CreateTopics, the default) or refused.
+	Topics TopicCreation
+	// Partitions and ReplicationFactor of the topics the sink creates; 0 means the broker's
+	// default (num.partitions, default.replication.factor). The offsets topic has one partition.
+	Partitions        int32
+	ReplicationFactor int16
+	// TopicConfigs are the topic configurations of the table topics the sink creates
+	// (retention.ms, max.message.bytes, ...).
+	TopicConfigs map[string]string
+	// Tombstones adds, after each delete event, a record with the key and no value, as
+	// Debezium's tombstones.on.delete does, so that log compaction can drop the key.
+	Tombstones bool
+
+	// Format gives the events' source block (Server, Database, Version), the value decoder
+	// (Values) and the clock (Now); its Kind, StageBytes and TempDir do not apply.
+	Format format.Config
+
+	// TLS, when not nil, connects to the brokers with TLS.
+	TLS *tls.Config
+	// SASL authenticates to the brokers.
+	SASL SASL
+	// ClientID is the Kafka client.id; "" means "pgreorder".
+	ClientID string
+	// Compression of produced batches.
+	Compression Compression
+	// MaxBufferedBytes and MaxBufferedRecords bound what the producer holds while the brokers have
+	// not acknowledged it; a transaction is produced while it is read, and its records wait for
+	// room. 0 means DefaultMaxBufferedBytes and DefaultMaxBufferedRecords.
+	MaxBufferedBytes   int
+	MaxBufferedRecords int
+	// TransactionTimeout is the Kafka transaction timeout: the longest a source transaction (or
+	// the initial copy, one Kafka transaction) may take to produce. It must not exceed the
+	// brokers' transaction.max.timeout.ms (15 minutes by default). 0 means
+	// DefaultTransactionTimeout.
+	TransactionTimeout time.Duration
+
+	// ConnectTimeout bounds the first contact with the brokers, when the Sink loads the position:
+	// no broker answering within it is ErrUnreachable. 0 means 30 seconds.
+	ConnectTimeout time.Duration
+
+	// Opts are more options for the client, applied after the sink's own; options that break
+	// the sink's promise (another TransactionalID, DisableIdempotentWrite, a read isolation
+	// level) must not be given.
+	Opts []kgo.Opt
+
+	// Logger receives what the sink does; nil logs nothing.
+	Logger *slog.Logger
+}
+
+var discardLogger = slog.New(slog.DiscardHandler)
+
+func (c *Config) withDefaults() (Config, error) {
+	cfg := *c
+	if len(cfg.Brokers) == 0 {
+		return cfg, fmt.Errorf("%w: no Brokers", ErrInvalidConfig)
+	}
+	if cfg.TopicPrefix == "" {
+		cfg.TopicPrefix = DefaultTopicPrefix
+	}
+	if err := validTopic(cfg.TopicPrefix); err != nil {
+		return cfg, fmt.Errorf("%w: TopicPrefix: %v", ErrInvalidConfig, err)
+	}
+	if cfg.OffsetsTopic == "" {
+		cfg.OffsetsTopic = cfg.TopicPrefix + ".offsets"
+	}
+	if err := validTopic(cfg.OffsetsTopic); err != nil {
+		return cfg, fmt.Errorf("%w: OffsetsTopic: %v", ErrInvalidConfig, err)
+	}
+	if cfg.Partitions < 0 || cfg.ReplicationFactor < 0 {
+		return cfg, fmt.Errorf("%w: negative Partitions or ReplicationFactor", ErrInvalidConfig)
+	}
+	if cfg.ClientID == "" {
+		cfg.ClientID = "pgreorder"
+	}
+	if cfg.MaxBufferedBytes <= 0 {
+		cfg.MaxBufferedBytes = DefaultMaxBufferedBytes
+	}
+	if cfg.MaxBufferedRecords <= 0 {
+		cfg.MaxBufferedRecords = DefaultMaxBufferedRecords
+	}
+	if cfg.TransactionTimeout <= 0 {
+		cfg.TransactionTimeout = DefaultTransactionTimeout
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = discardLogger
+	}
+	if cfg.ConnectTimeout <= 0 {
+		cfg.ConnectTimeout = 30 * time.Second
+	}
+	if cfg.SASL.Mechanism != SASLNone && cfg.SASL.User == "" {
+		return cfg, fmt.Errorf("%w: SASL without a User", ErrInvalidConfig)
+	}
+	return cfg, nil
+}
+
+// clientOpts returns the options every client of the sink has: connection, authentication.
+func (c *Config) clientOpts() ([]kgo.Opt, error) {
+	// Metadata is not cached for long: a topic just created is written at once.
+	opts := []kgo.Opt{kgo.SeedBrokers(c.Brokers...), kgo.ClientID(c.ClientID), kgo.MetadataMinAge(100 * time.Millisecond)}
+	if c.TLS != nil {
+		opts = append(opts, kgo.DialTLSConfig(c.TLS.Clone()))
+	}
+	var m sasl.Mechanism
+	switch c.SASL.Mechanism {
+	case SASLNone:
+	case SASLPlain:
+		m = plain.Auth{User: c.SASL.User, Pass: c.SASL.Password}.AsMechanism()
+	case SASLScramSHA256:
+		m = scram.Auth{User: c.SASL.User, Pass: c.SASL.Password}.AsSha256Mechanism()
+	case SASLScramSHA512:
+		m = scram.Auth{User: c.SASL.User, Pass: c.SASL.Password}.AsSha512Mechanism()
+	default:
+		return nil, fmt.Errorf("%w: SASL mechanism %d", ErrInvalidConfig, c.SASL.Mechanism)
+	}
+	if m != nil {
+		opts = append(opts, kgo.SASL(m))
+	}
+	return opts, nil
+}
+
+func (c Compression) codec() (kgo.CompressionCodec, bool) {
+	switch c {
+	case CompressionNone:
+		return kgo.NoCompression(), true
+	case CompressionGzip:
+		return kgo.GzipCompression(), true
+	case CompressionSnappy:
+		return kgo.SnappyCompression(), true
+	case CompressionLZ4:
+		return kgo.Lz4Compression(), true
+	case CompressionZstd:
+		return kgo.ZstdCompression(), true
+	}
+	return kgo.CompressionCodec{}, false
+}
+
+// ValidTopicName reports a name Kafka would refuse as a topic: empty, longer than 249
+// characters, "." or "..", or holding a character other than ASCII letters, digits, '.', '_'
+// and '-'.
+func ValidTopicName(name string) error { return validTopic(name) }
+
+func validTopic(name string) error {
+	switch {
+	case name == "":
+		return errors.New("empty topic name")
+	case len(name) > 249:
+		return fmt.Errorf("topic name of %d characters, Kafka takes at most 249", len(name))
+	case name == "." || name == "..":
+		return fmt.Errorf("topic name %q", name)
+	}
+	for _, r := range name {
+		if !topicChar(r) {
+			return fmt.Errorf("topic name %q: only ASCII letters, digits, '.', '_' and '-'", name)
+		}
+	}
+	return nil
+}
+
+func topicChar(r rune) bool {
+	return r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '_' || r == '-'
+}
+
+// topicName returns PREFIX.SCHEMA.TABLE, with characters Kafka does not take in a topic name
+// replaced by '_', as Debezium does.
+func topicName(prefix, schema, table string) string {
+	var b strings.Builder
+	b.WriteString(prefix)
+	b.WriteByte('.')
+	clean := func(s string) {
+		for _, r := range s {
+			if topicChar(r) {
+				b.WriteRune(r)
+			} else {
+				b.WriteByte('_')
+			}
+		}
+	}
+	clean(schema)
+	b.WriteByte('.')
+	clean(table)
+	return b.String()
+}

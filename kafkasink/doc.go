@@ -1,0 +1,67 @@
+// Package kafkasink writes a PostgreSQL change feed to Apache Kafka, exactly once for consumers
+// that read committed, each source transaction atomically visible.
+//
+//	sink, err := kafkasink.Open(kafkasink.Config{Brokers: []string{"localhost:9092"}})
+//	err = changefeed.Run(ctx, changefeed.Config{Replication: replication.Config{
+//		ConnString: dsn, Slot: "cdc", Publications: []string{"pub"}}}, sink, sink.Handle)
+//
+// A Sink is a changefeed.Store whose units of work are Kafka transactions, and Handle is the
+// changefeed.Handler that produces a batch's events into the unit's transaction.
+//
+// # Records
+//
+// Each row change is one record on topic PREFIX.SCHEMA.TABLE (Config.TopicPrefix; characters a
+// topic name cannot hold become '_'), whose value is the change event of the debezium format of
+// package format (docs/formats.md) and whose key is the row's replica identity columns as a JSON
+// object of typed values ({"id":1}): the new row's for an insert or update, the old row's for a
+// delete, so that Kafka's default partitioner keeps every change of a key in one partition, in
+// commit order. A TRUNCATE is one event per table with a null key; a logical decoding message is
+// an "m" event on PREFIX.message with key {"prefix":"…"}; rows of the initial copy are "r" events
+// (source.snapshot "true"). With Config.Tombstones, a delete is followed by a tombstone.
+//
+// # Exactly once
+//
+// Every source transaction is one Kafka transaction (transactional.id "pgreorder-SLOT") holding
+// its events and, last, the source position (slot, end LSN, source system identifier) as a
+// record keyed by the slot on the compacted offsets topic (PREFIX.offsets). The source is
+// acknowledged only after the Kafka commit returned, and a restart resumes after the last
+// committed position: Load first initializes the transactional id, which fences any earlier
+// producer of the slot and aborts its open transaction, then reads the offsets topic with
+// read_committed. So a consumer with isolation.level=read_committed sees every committed source
+// transaction exactly once, whole or not at all, and every change of a key in commit order,
+// across crashes of pgreorder, of the brokers and of PostgreSQL. The initial copy is one Kafka
+// transaction too, committed with the copy's end: a copy cut short leaves nothing visible.
+//
+// A second Sink of the same slot (or transactional id) fences the first: its next produce or
+// commit fails with ErrFenced, and it stops without acknowledging anything more.
+//
+// The limits: a read_uncommitted consumer sees aborted events too (the events of a transaction
+// that was being produced when pgreorder died, which its successor aborts and sends again).
+// A transaction must be produced within Config.TransactionTimeout, which the brokers' cap
+// (transaction.max.timeout.ms) bounds; the initial copy as a whole too. Events of one source
+// transaction on several topics or partitions commit together, but a consumer reading several
+// partitions interleaves them as it pleases: use source.lsn and transaction.id to group them.
+// A killed pgreorder's open transaction holds back what read_committed consumers of its
+// partitions see (the last stable offset) until the next Sink of the slot starts, which aborts
+// it, or until the transaction timeout passes. Deleting or recreating the offsets topic loses
+// the positions.
+//
+// One Kafka transaction per source transaction costs a few round trips to the brokers, and a
+// transaction begun at once after the last one waits for the brokers to finish writing its
+// commit markers (tens of milliseconds): a backlog of small transactions goes through at tens to
+// hundreds per second, while a big transaction streams at the producer's speed.
+//
+// # Memory
+//
+// A source transaction is produced while it is read from the reorder buffer (which holds at most
+// its WorkMem and spills the rest): the producer holds at most Config.MaxBufferedBytes and
+// MaxBufferedRecords of records the brokers have not acknowledged, and waits for room; a
+// transaction is never held whole.
+//
+// # Topics
+//
+// A missing topic is created with Config.Partitions and Config.ReplicationFactor (the offsets
+// topic with one partition, compacted), or, with RequireTopics, refused (ErrTopicMissing). An
+// event larger than its topic's max.message.bytes stops the sink with ErrRecordTooLarge, naming
+// the table, the key and the size: an event is never dropped.
+package kafkasink

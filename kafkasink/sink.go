@@ -1,0 +1,731 @@
+package kafkasink
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/pgreorder/pgreorder/changefeed"
+	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/format"
+)
+
+var (
+	// ErrInvalidConfig is wrapped by the errors of a Config that cannot work.
+	ErrInvalidConfig = errors.New("kafkasink: invalid configuration")
+	// ErrFenced: another sink with the same transactional id (the same slot) started and took
+	// over; this one stopped, and what it had not committed is aborted.
+	ErrFenced = errors.New("kafkasink: fenced by another instance with the same transactional id")
+	// ErrTopicMissing: a topic does not exist and Config.Topics is RequireTopics.
+	ErrTopicMissing = errors.New("kafkasink: topic does not exist")
+	// ErrRecordTooLarge: an event is larger than its topic's max.message.bytes.
+	ErrRecordTooLarge = errors.New("kafkasink: record larger than the topic's max.message.bytes")
+	// ErrUnreachable: no broker answered.
+	ErrUnreachable = errors.New("kafkasink: cannot reach the Kafka brokers")
+	// ErrClosed is returned after Close.
+	ErrClosed = errors.New("kafkasink: closed")
+)
+
+// recordOverhead bounds what a record adds to its key and value in a batch of one: the batch
+// header (61 bytes) and the record's own varints and attributes.
+const recordOverhead = 61 + 40
+
+// Stats are a Sink's counters since it was opened.
+type Stats struct {
+	Events       int64         // events produced, committed or not (tombstones included; positions not)
+	Bytes        int64         // bytes of their keys and values
+	Transactions int64         // Kafka transactions committed
+	CommitTime   time.Duration // total time spent committing (flush and EndTxn)
+	LastCommit   time.Duration // the last commit's
+	Position     decoding.LSN
+}
+
+// Sink writes a changefeed to Kafka: it is the changefeed.Store whose units are Kafka
+// transactions, and Handle is the changefeed.Handler that produces the events into them.
+// Open one per Run; it is used by one Run at a time.
+type Sink struct {
+	cfg Config
+	log *slog.Logger
+	adm *kadm.Client
+	ac  *kgo.Client // admin and reading: not transactional
+
+	slot string
+	txID string
+	cl   *kgo.Client // the transactional producer, made by Load
+
+	// recCtx ends with the Sink. txCtx, under it, is the context of the open transaction's
+	// records: a record's delivery does not end with its batch's context (a copied chunk's ends
+	// with the copy, before the copy's transaction commits), only with its transaction, or when
+	// a batch's context ends while the producer waits for room in its buffer (interrupt).
+	recCtx    context.Context
+	recCancel context.CancelFunc
+	waiting   atomic.Int64 // Produce calls waiting for room
+
+	mu       sync.Mutex // the open transaction; held while the client ends it
+	inTxn    bool
+	txCtx    context.Context
+	txCancel context.CancelFunc
+	closed   bool
+
+	// failMu guards failed apart from mu: promises set it while mu's holder waits for them
+	// (AbortBufferedRecords, EndTransaction).
+	failMu sync.Mutex
+	failed error // the first produce error of the open transaction
+
+	topicMu sync.Mutex
+	topics  map[string]int // topics known to exist: their max.message.bytes
+
+	evMu   sync.Mutex
+	events map[int]*format.Events // by worker
+
+	initialized atomic.Pointer[string] // the transactional id, once initialized
+
+	events64, bytes64, txns64, commitNs, lastNs atomic.Int64
+	lastPos                                     atomic.Uint64
+}
+
+// Open returns a Sink for cfg. It connects when Run loads the position (Load).
+func Open(cfg Config) (*Sink, error) {
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	opts, err := c.clientOpts()
+	if err != nil {
+		return nil, err
+	}
+	ac, err := kgo.NewClient(append(opts, c.Opts...)...)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidConfig, err)
+	}
+	s := &Sink{cfg: c, log: c.Logger, ac: ac, adm: kadm.NewClient(ac), topics: map[string]int{}, events: map[int]*format.Events{}}
+	s.recCtx, s.recCancel = context.WithCancel(context.Background())
+	return s, nil
+}
+
+// TransactionalID returns the producer's transactional id once Load has initialized it (from then
+// on, earlier producers of the id are fenced), "" before. It is safe for concurrent use.
+func (s *Sink) TransactionalID() string {
+	if p := s.initialized.Load(); p != nil {
+		return *p
+	}
+	return ""
+}
+
+// Stats returns the sink's counters.
+func (s *Sink) Stats() Stats {
+	return Stats{Events: s.events64.Load(), Bytes: s.bytes64.Load(), Transactions: s.txns64.Load(),
+		CommitTime: time.Duration(s.commitNs.Load()), LastCommit: time.Duration(s.lastNs.Load()),
+		Position: decoding.LSN(s.lastPos.Load())}
+}
+
+// storedPosition is a position as the offsets topic holds it (the record's key is the slot).
+type storedPosition struct {
+	Slot     string `json:"slot"`
+	SystemID string `json:"system_id"`
+	CopyDone bool   `json:"copy_done"`
+	EndLSN   string `json:"end_lsn"`
+	State    []byte `json:"state,omitempty"`
+}
+
+// Load fences any earlier producer of the slot's transactional id (its open transaction is
+// aborted), then reads the slot's last committed position from the offsets topic
+// (read_committed). It is changefeed.Store's Load.
+func (s *Sink) Load(ctx context.Context, slot string) (changefeed.Position, bool, error) {
+	if s.closed {
+		return changefeed.Position{}, false, ErrClosed
+	}
+	if s.cl != nil {
+		// Again (a copy started over): the transaction left open is aborted, and the position
+		// read anew.
+		if slot != s.slot {
+			return changefeed.Position{}, false, fmt.Errorf("%w: the Sink is of slot %q, not %q", ErrInvalidConfig, s.slot, slot)
+		}
+		s.mu.Lock()
+		err := s.abort(ctx)
+		s.mu.Unlock()
+		if err != nil {
+			return changefeed.Position{}, false, err
+		}
+		return s.readPosition(ctx)
+	}
+	if slot == "" {
+		return changefeed.Position{}, false, fmt.Errorf("%w: no slot", ErrInvalidConfig)
+	}
+	s.slot = slot
+	s.txID = s.cfg.TransactionalID
+	if s.txID == "" {
+		s.txID = "pgreorder-" + slot
+	}
+	if err := s.reach(ctx); err != nil {
+		return changefeed.Position{}, false, err
+	}
+	if err := s.ensureOffsetsTopic(ctx); err != nil {
+		return changefeed.Position{}, false, err
+	}
+	opts, err := s.cfg.clientOpts()
+	if err != nil {
+		return changefeed.Position{}, false, err
+	}
+	opts = append(opts,
+		kgo.TransactionalID(s.txID),
+		kgo.TransactionTimeout(s.cfg.TransactionTimeout),
+		kgo.RecordDeliveryTimeout(s.cfg.TransactionTimeout),
+		kgo.MaxBufferedBytes(s.cfg.MaxBufferedBytes),
+		kgo.MaxBufferedRecords(s.cfg.MaxBufferedRecords),
+		kgo.ProducerBatchMaxBytesFn(s.batchMaxBytes),
+		kgo.RequiredAcks(kgo.AllISRAcks()),
+		kgo.UnknownTopicRetries(-1), // topics are made before they are written
+	)
+	if codec, ok := s.cfg.Compression.codec(); ok {
+		opts = append(opts, kgo.ProducerBatchCompression(codec))
+	}
+	cl, err := kgo.NewClient(append(opts, s.cfg.Opts...)...)
+	if err != nil {
+		return changefeed.Position{}, false, fmt.Errorf("%w: %v", ErrInvalidConfig, err)
+	}
+	s.cl = cl
+	// Fence: from here on an earlier instance can neither produce nor commit, and its open
+	// transaction is aborted.
+	if _, _, err := cl.ProducerID(ctx); err != nil {
+		return changefeed.Position{}, false, s.wrap(fmt.Errorf("kafkasink: initializing transactional id %q: %w", s.txID, err))
+	}
+	id := s.txID
+	s.initialized.Store(&id)
+	return s.readPosition(ctx)
+}
+
+// reach checks that a broker answers, within Config.ConnectTimeout.
+func (s *Sink) reach(ctx context.Context) error {
+	rctx, cancel := context.WithTimeout(ctx, s.cfg.ConnectTimeout)
+	defer cancel()
+	if _, err := s.adm.BrokerMetadata(rctx); err != nil {
+		if ctx.Err() != nil {
+			return context.Cause(ctx)
+		}
+		return fmt.Errorf("%w %v: %v", ErrUnreachable, s.cfg.Brokers, err)
+	}
+	return nil
+}
+
+// probeKey is the key of the record Load commits to find the end of what was committed before it.
+func (s *Sink) probeKey() []byte { return []byte("pgreorder.load:" + s.slot) }
+
+// readPosition commits a probe record to the offsets topic, then reads the topic read_committed
+// up to it: every position committed before Load fenced the earlier producer is before it.
+func (s *Sink) readPosition(ctx context.Context) (changefeed.Position, bool, error) {
+	if err := s.cl.BeginTransaction(); err != nil {
+		return changefeed.Position{}, false, s.wrap(err)
+	}
+	r := &kgo.Record{Topic: s.cfg.OffsetsTopic, Key: s.probeKey(), Value: []byte(strconv.FormatInt(time.Now().UnixMilli(), 10))}
+	res := s.cl.ProduceSync(ctx, r)
+	err := res.FirstErr()
+	if err == nil {
+		err = s.cl.EndTransaction(ctx, kgo.TryCommit)
+	} else {
+		s.cl.EndTransaction(context.WithoutCancel(ctx), kgo.TryAbort)
+	}
+	if err != nil {
+		return changefeed.Position{}, false, s.wrap(fmt.Errorf("kafkasink: writing to the offsets topic %s: %w", s.cfg.OffsetsTopic, err))
+	}
+	probe := r.Offset
+	opts, err := s.cfg.clientOpts()
+	if err != nil {
+		return changefeed.Position{}, false, err
+	}
+	rd, err := kgo.NewClient(append(opts,
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{s.cfg.OffsetsTopic: {r.Partition: kgo.NewOffset().AtStart()}}),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()))...)
+	if err != nil {
+		return changefeed.Position{}, false, err
+	}
+	defer rd.Close()
+	var last *kgo.Record
+	for {
+		fs := rd.PollFetches(ctx)
+		if ctx.Err() != nil {
+			return changefeed.Position{}, false, context.Cause(ctx)
+		}
+		if err := fs.Err0(); err != nil {
+			return changefeed.Position{}, false, fmt.Errorf("kafkasink: reading the offsets topic %s: %w", s.cfg.OffsetsTopic, err)
+		}
+		done := false
+		for _, rec := range fs.Records() {
+			if string(rec.Key) == s.slot {
+				last = rec
+			}
+			if rec.Offset >= probe {
+				done = true
+			}
+		}
+		if done {
+			break
+		}
+	}
+	if last == nil || last.Value == nil {
+		return changefeed.Position{}, false, nil
+	}
+	var sp storedPosition
+	if err := json.Unmarshal(last.Value, &sp); err != nil {
+		return changefeed.Position{}, false, fmt.Errorf("%w: the offsets topic %s holds for slot %q at offset %d a record that is not a position: %v",
+			changefeed.ErrStore, s.cfg.OffsetsTopic, s.slot, last.Offset, err)
+	}
+	end, err := parseLSN(sp.EndLSN)
+	if err != nil {
+		return changefeed.Position{}, false, fmt.Errorf("%w: the offsets topic %s at offset %d: %v", changefeed.ErrStore, s.cfg.OffsetsTopic, last.Offset, err)
+	}
+	pos := changefeed.Position{Slot: sp.Slot, SystemID: sp.SystemID, CopyDone: sp.CopyDone, EndLSN: end, State: sp.State}
+	s.lastPos.Store(uint64(end))
+	s.log.Info("kafka position", "slot", s.slot, "end_lsn", end, "copy_done", sp.CopyDone, "offset", last.Offset)
+	return pos, true, nil
+}
+
+func parseLSN(s string) (decoding.LSN, error) {
+	var hi, lo uint32
+	if _, err := fmt.Sscanf(s, "%X/%X", &hi, &lo); err != nil {
+		return 0, fmt.Errorf("LSN %q: %v", s, err)
+	}
+	return decoding.LSN(uint64(hi)<<32 | uint64(lo)), nil
+}
+
+func formatLSN(l decoding.LSN) string { return fmt.Sprintf("%X/%X", uint64(l)>>32, uint32(l)) }
+
+// Begin opens the unit of a batch: the Kafka transaction, begun if none is open. The initial
+// copy's chunks, handled concurrently, share one transaction, committed with the copy's end. It
+// is changefeed.Store's Begin.
+func (s *Sink) Begin(ctx context.Context, worker int) (changefeed.Unit, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, ErrClosed
+	}
+	if s.cl == nil {
+		return nil, fmt.Errorf("%w: Begin before Load", ErrInvalidConfig)
+	}
+	if !s.inTxn {
+		if err := s.cl.BeginTransaction(); err != nil {
+			return nil, s.wrap(err)
+		}
+		s.inTxn = true
+		s.setFailed(nil)
+		s.txCtx, s.txCancel = context.WithCancel(s.recCtx)
+	}
+	return &unit{s: s, worker: worker}, nil
+}
+
+// restart aborts the open transaction and begins another.
+func (s *Sink) restart(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.abort(context.WithoutCancel(ctx)); err != nil {
+		return err
+	}
+	if err := s.cl.BeginTransaction(); err != nil {
+		return s.wrap(err)
+	}
+	s.inTxn = true
+	s.setFailed(nil)
+	s.txCtx, s.txCancel = context.WithCancel(s.recCtx)
+	return nil
+}
+
+// Close aborts an open transaction and closes the clients. It is safe to call twice.
+func (s *Sink) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil
+	}
+	s.closed = true
+	defer s.recCancel()
+	if s.cl != nil {
+		if s.inTxn {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			s.abort(ctx)
+			cancel()
+		}
+		s.cl.Close()
+	}
+	s.ac.Close()
+	return nil
+}
+
+// abort ends the open transaction without committing it. s.mu is held.
+func (s *Sink) abort(ctx context.Context) error {
+	if !s.inTxn {
+		return nil
+	}
+	s.inTxn = false
+	s.txCancel()
+	err := s.cl.AbortBufferedRecords(ctx)
+	if eerr := s.cl.EndTransaction(ctx, kgo.TryAbort); err == nil {
+		err = eerr
+	}
+	return s.wrap(err)
+}
+
+type unit struct {
+	s      *Sink
+	worker int
+}
+
+// Commit commits the Kafka transaction with pos written to the offsets topic in it; a copied
+// chunk's unit (no position) leaves the copy's transaction open.
+func (u *unit) Commit(ctx context.Context, pos *changefeed.Position) error {
+	s := u.s
+	if pos == nil && u.worker != changefeed.StreamWorker {
+		return s.firstFailure()
+	}
+	start := time.Now()
+	if pos != nil {
+		v, err := json.Marshal(storedPosition{Slot: pos.Slot, SystemID: pos.SystemID, CopyDone: pos.CopyDone,
+			EndLSN: formatLSN(pos.EndLSN), State: pos.State})
+		if err != nil {
+			return err
+		}
+		if err := s.produce(ctx, &kgo.Record{Topic: s.cfg.OffsetsTopic, Key: []byte(s.slot), Value: v}, "", nil); err != nil {
+			return err
+		}
+	}
+	if err := s.cl.Flush(ctx); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.firstFailure(); err != nil {
+		return err
+	}
+	if !s.inTxn {
+		return errors.New("kafkasink: commit without an open transaction")
+	}
+	err := s.cl.EndTransaction(ctx, kgo.TryCommit)
+	s.inTxn = false
+	s.txCancel()
+	if err != nil {
+		return s.wrap(fmt.Errorf("kafkasink: committing the Kafka transaction: %w", err))
+	}
+	d := time.Since(start)
+	s.txns64.Add(1)
+	s.commitNs.Add(int64(d))
+	s.lastNs.Store(int64(d))
+	if pos != nil {
+		s.lastPos.Store(uint64(pos.EndLSN))
+	}
+	return nil
+}
+
+// Rollback aborts the Kafka transaction.
+func (u *unit) Rollback(ctx context.Context) error {
+	u.s.mu.Lock()
+	defer u.s.mu.Unlock()
+	return u.s.abort(ctx)
+}
+
+// wrap makes a fencing error ErrFenced, with what to do.
+func (s *Sink) wrap(err error) error {
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, kerr.ProducerFenced) || errors.Is(err, kerr.InvalidProducerEpoch) {
+		return fmt.Errorf("%w %q (another pgreorder for slot %q started; this one stops, and its uncommitted events are aborted): %v",
+			ErrFenced, s.txID, s.slot, err)
+	}
+	return err
+}
+
+func (s *Sink) firstFailure() error {
+	s.failMu.Lock()
+	defer s.failMu.Unlock()
+	return s.failed
+}
+
+func (s *Sink) setFailed(err error) {
+	s.failMu.Lock()
+	s.failed = err
+	s.failMu.Unlock()
+}
+
+// fail records the first produce error of the open transaction.
+func (s *Sink) fail(err error) {
+	s.failMu.Lock()
+	if s.failed == nil {
+		s.failed = s.wrap(err)
+	}
+	s.failMu.Unlock()
+}
+
+// produce buffers r in the open transaction (waiting for room in the producer's buffer), after
+// checking its size against its topic's limit. table names r's table in errors ("" for none).
+func (s *Sink) produce(ctx context.Context, r *kgo.Record, table string, key []byte) error {
+	max, err := s.topic(ctx, r.Topic)
+	if err != nil {
+		return err
+	}
+	size := len(r.Key) + len(r.Value)
+	if size+recordOverhead > s.cfg.MaxBufferedBytes {
+		return fmt.Errorf("%w: %s, key %s: %d bytes, more than the producer's buffer of %d (raise Config.MaxBufferedBytes, -kafka-max-buffered)",
+			ErrRecordTooLarge, describe(r.Topic, table), keyText(key), size+recordOverhead, s.cfg.MaxBufferedBytes)
+	}
+	if size+recordOverhead > max {
+		what := "topic " + r.Topic
+		if table != "" {
+			what = "table " + table
+		}
+		return fmt.Errorf("%w: %s, key %s: %d bytes, and topic %s takes at most %d (raise its max.message.bytes, "+
+			"and the brokers' message.max.bytes and replica.fetch.max.bytes)", ErrRecordTooLarge, what, keyText(key), size+recordOverhead, r.Topic, max)
+	}
+	s.mu.Lock()
+	txCtx := s.txCtx
+	s.mu.Unlock()
+	if err := s.firstFailure(); err != nil {
+		return err
+	}
+	// Counted as waiting before ctx is checked: an interrupt that comes after sees it.
+	s.waiting.Add(1)
+	defer s.waiting.Add(-1)
+	if ctx.Err() != nil {
+		return context.Cause(ctx)
+	}
+	s.cl.Produce(txCtx, r, func(r *kgo.Record, err error) {
+		if err != nil {
+			if errors.Is(err, kerr.MessageTooLarge) || errors.Is(err, kerr.RecordListTooLarge) {
+				err = fmt.Errorf("%w: topic %s, key %s: %d bytes: %v", ErrRecordTooLarge, r.Topic, keyText(r.Key), len(r.Key)+len(r.Value), err)
+			}
+			s.fail(err)
+		}
+	})
+	return nil
+}
+
+func describe(topic, table string) string {
+	if table != "" {
+		return "table " + table
+	}
+	return "topic " + topic
+}
+
+func keyText(k []byte) string {
+	if k == nil {
+		return "null"
+	}
+	if len(k) > 200 {
+		return string(k[:200]) + "..."
+	}
+	return string(k)
+}
+
+// batchMaxBytes is the producer's batch limit for a topic: its max.message.bytes.
+func (s *Sink) batchMaxBytes(topic string) int32 {
+	s.topicMu.Lock()
+	defer s.topicMu.Unlock()
+	if m, ok := s.topics[topic]; ok {
+		return int32(m)
+	}
+	return 1 << 20
+}
+
+// Handle produces the events of a batch into its unit's Kafka transaction: one record per change,
+// truncated table and logical message, for a streamed transaction as for a copied chunk. It is
+// the changefeed.Handler of the Sink.
+func (s *Sink) Handle(ctx context.Context, b *changefeed.Batch) error {
+	if s.cl == nil {
+		return fmt.Errorf("%w: Handle before Load (run the Sink as the changefeed's Store)", ErrInvalidConfig)
+	}
+	stop := context.AfterFunc(ctx, s.interrupt)
+	defer stop()
+	switch b.Kind {
+	case changefeed.Reset:
+		// Nothing delivered before counts: a copy's transaction still open is aborted, and the
+		// unit goes on in a new one.
+		return s.restart(ctx)
+	case changefeed.Resume:
+		// Nothing to cut back: what an earlier run did not commit was aborted by Load.
+		return nil
+	case changefeed.Snapshot:
+		_, err := s.encoder(b.Worker).Rows(b, func(e format.Event) error { return s.event(ctx, e) })
+		return err
+	case changefeed.Transaction:
+		_, err := s.encoder(changefeed.StreamWorker).Txn(b.Txn, func(e format.Event) error { return s.event(ctx, e) })
+		return err
+	}
+	return fmt.Errorf("kafkasink: unexpected batch %v", b.Kind)
+}
+
+// interrupt fails the open transaction's records when a batch's context ended while a Produce
+// waits for room: the wait ends, and the transaction is aborted.
+func (s *Sink) interrupt() {
+	if s.waiting.Load() == 0 {
+		return
+	}
+	s.mu.Lock()
+	if s.txCancel != nil {
+		s.txCancel()
+	}
+	s.mu.Unlock()
+}
+
+func (s *Sink) encoder(worker int) *format.Events {
+	s.evMu.Lock()
+	defer s.evMu.Unlock()
+	e, ok := s.events[worker]
+	if !ok {
+		e = format.NewEvents(s.cfg.Format)
+		s.events[worker] = e
+	}
+	return e
+}
+
+// event produces one event (and its tombstone).
+func (s *Sink) event(ctx context.Context, e format.Event) error {
+	var topic, table string
+	if e.Relation != nil {
+		topic = topicName(s.cfg.TopicPrefix, e.Relation.Namespace, e.Relation.Name)
+		table = e.Relation.Namespace + "." + e.Relation.Name
+		if e.Relation.Namespace == "" {
+			topic = topicName(s.cfg.TopicPrefix, "pg_catalog", e.Relation.Name)
+			table = e.Relation.Name
+		}
+	} else {
+		topic = s.cfg.TopicPrefix + ".message"
+	}
+	if err := validTopic(topic); err != nil {
+		return fmt.Errorf("kafkasink: table %s: %v (choose a shorter topic prefix)", table, err)
+	}
+	var key []byte
+	if e.Key != nil {
+		key = append([]byte(nil), e.Key...)
+	}
+	r := &kgo.Record{Topic: topic, Key: key, Value: append([]byte(nil), e.Value...)}
+	if err := s.produce(ctx, r, table, key); err != nil {
+		return err
+	}
+	s.events64.Add(1)
+	s.bytes64.Add(int64(len(r.Key) + len(r.Value)))
+	if e.Op == 'd' && s.cfg.Tombstones && key != nil {
+		if err := s.produce(ctx, &kgo.Record{Topic: topic, Key: key}, table, key); err != nil {
+			return err
+		}
+		s.events64.Add(1)
+		s.bytes64.Add(int64(len(key)))
+	}
+	return nil
+}
+
+// topic makes sure topic exists (creating it when allowed) and returns its max.message.bytes.
+func (s *Sink) topic(ctx context.Context, topic string) (int, error) {
+	s.topicMu.Lock()
+	m, ok := s.topics[topic]
+	s.topicMu.Unlock()
+	if ok {
+		return m, nil
+	}
+	m, err := s.ensureTopic(ctx, topic, s.cfg.Partitions, s.cfg.ReplicationFactor, s.cfg.TopicConfigs)
+	if err != nil {
+		return 0, err
+	}
+	s.topicMu.Lock()
+	s.topics[topic] = m
+	s.topicMu.Unlock()
+	return m, nil
+}
+
+func (s *Sink) ensureOffsetsTopic(ctx context.Context) error {
+	m, err := s.ensureTopic(ctx, s.cfg.OffsetsTopic, 1, s.cfg.ReplicationFactor, map[string]string{"cleanup.policy": "compact"})
+	if err != nil {
+		return err
+	}
+	// Load reads the partition its probe went to: the positions must be there too.
+	td, err := s.adm.ListTopics(ctx, s.cfg.OffsetsTopic)
+	if err != nil {
+		return fmt.Errorf("kafkasink: looking up topic %s: %w", s.cfg.OffsetsTopic, err)
+	}
+	if n := len(td[s.cfg.OffsetsTopic].Partitions); n != 1 {
+		return fmt.Errorf("%w: the offsets topic %s has %d partitions; it needs exactly one (and cleanup.policy=compact)", ErrInvalidConfig, s.cfg.OffsetsTopic, n)
+	}
+	s.topicMu.Lock()
+	s.topics[s.cfg.OffsetsTopic] = m
+	s.topicMu.Unlock()
+	return nil
+}
+
+func (s *Sink) ensureTopic(ctx context.Context, topic string, partitions int32, rf int16, configs map[string]string) (int, error) {
+	td, err := s.adm.ListTopics(ctx, topic)
+	if err != nil {
+		return 0, fmt.Errorf("kafkasink: looking up topic %s: %w", topic, err)
+	}
+	if !td.Has(topic) || errors.Is(td[topic].Err, kerr.UnknownTopicOrPartition) {
+		if s.cfg.Topics == RequireTopics {
+			return 0, fmt.Errorf("%w: %s (create it, or let pgreorder create topics)", ErrTopicMissing, topic)
+		}
+		if partitions == 0 {
+			partitions = -1
+		}
+		if rf == 0 {
+			rf = -1
+		}
+		cfgs := map[string]*string{}
+		for k, v := range configs {
+			cfgs[k] = &v
+		}
+		_, err := s.adm.CreateTopic(ctx, partitions, rf, cfgs, topic)
+		if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
+			return 0, fmt.Errorf("kafkasink: creating topic %s: %w", topic, err)
+		}
+		s.log.Info("created topic", "topic", topic, "partitions", partitions, "replication_factor", rf)
+		if err := s.waitLeaders(ctx, topic); err != nil {
+			return 0, err
+		}
+		s.log.Debug("topic has leaders", "topic", topic)
+	} else if err := td[topic].Err; err != nil {
+		return 0, fmt.Errorf("kafkasink: topic %s: %w", topic, err)
+	}
+	rc, err := s.adm.DescribeTopicConfigs(ctx, topic)
+	if err != nil {
+		return 0, fmt.Errorf("kafkasink: reading the configuration of topic %s: %w", topic, err)
+	}
+	c, err := rc.On(topic, nil)
+	if err != nil {
+		return 0, fmt.Errorf("kafkasink: reading the configuration of topic %s: %w", topic, err)
+	}
+	s.log.Debug("topic configuration read", "topic", topic)
+	max := 1048588 // Kafka's default message.max.bytes
+	for _, kv := range c.Configs {
+		if kv.Key == "max.message.bytes" && kv.Value != nil {
+			if n, err := strconv.Atoi(*kv.Value); err == nil {
+				max = n
+			}
+		}
+	}
+	return max, nil
+}
+
+// waitLeaders waits until every partition of a new topic has a leader.
+func (s *Sink) waitLeaders(ctx context.Context, topic string) error {
+	for {
+		td, err := s.adm.ListTopics(ctx, topic)
+		if err == nil && td.Has(topic) && td[topic].Err == nil && len(td[topic].Partitions) > 0 {
+			ok := true
+			for _, p := range td[topic].Partitions {
+				ok = ok && p.Leader >= 0 && p.Err == nil
+			}
+			if ok {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
