@@ -41,7 +41,7 @@ var allowed = map[string][]string{
 	// importing it.
 	"changefeed": {"replication", "snapshot", "pgvalue", "format", "reorderbuffer", "decoding"},
 	// The Kafka output: a changefeed store and handler over the format's events.
-	"kafkasink": {"changefeed", "format"},
+	"kafkasink": {"changefeed", "decoding", "format"},
 }
 
 // network reports whether an import path is a networking package of the standard library.
