@@ -675,7 +675,7 @@ func (t *target) insertConflict(ctx context.Context, op batchOp) error {
 		}
 		_, err = t.exec(ctx, op.st.plain, row, op.st.oids, formats)
 		if err == nil {
-			t.stats.inserts.Add(1)
+			t.rows.inserts++
 			_, err = t.exec(ctx, "RELEASE SAVEPOINT pgr_insert", nil, nil, nil)
 			return err
 		}
@@ -781,7 +781,7 @@ func (t *target) rowMissed(ctx context.Context, op batchOp) error {
 	if _, err := t.exec(ctx, sql, newRow, t.insertOIDs(m), newFormats); err != nil {
 		return t.statementError(batchOp{op: 'I', rel: m}, err)
 	}
-	t.stats.inserts.Add(1)
+	t.rows.inserts++
 	return nil
 }
 

@@ -365,7 +365,11 @@ func (t *target) commitCopy(ctx context.Context) error {
 	}
 	t.control("COMMIT")
 	t.inTxn = false
-	return t.flushBatch(ctx)
+	if err := t.flushBatch(ctx); err != nil {
+		return err
+	}
+	t.countRows()
+	return nil
 }
 
 // finishCopy writes the progress row at the consistent point and deletes the copy's rows, in

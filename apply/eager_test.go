@@ -73,6 +73,10 @@ func TestEagerSpool(t *testing.T) {
 			if st.Spooled == 0 || st.QueueSpilled == 0 || st.SubAborts == 0 {
 				t.Errorf("spooled %d, queue bytes spilled %d, subtransactions rolled back %d: want all > 0", st.Spooled, st.QueueSpilled, st.SubAborts)
 			}
+			// The rows of the subtransactions rolled back are not counted.
+			if rows := count(t, e.dst, `SELECT (SELECT count(*) FROM big) + (SELECT count(*) FROM events) + (SELECT count(*) FROM marker)`); st.Inserts != int64(rows) {
+				t.Errorf("Inserts %d, want the %d rows on the target", st.Inserts, rows)
+			}
 		})
 	}
 }

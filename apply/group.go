@@ -34,7 +34,6 @@ type group struct {
 	started bool      // a target transaction is open on the leader's connection
 	opened  time.Time // when the first member was added
 	changes int       // changes applied in the group
-	counted rowCounts // the row counters when the target transaction began
 }
 
 type groupMember struct {
@@ -90,7 +89,6 @@ func (s *session) applyGrouped(ctx context.Context, t *reorderbuffer.Txn) error 
 		if !g.started {
 			tg.begin(t.Xid, t)
 			g.started = true
-			g.counted = s.stats.rows()
 		}
 		g.changes++
 		member.changed = true
@@ -150,11 +148,11 @@ func (s *session) commitGroup(ctx context.Context) error {
 	return err
 }
 
-// abandonGroup takes back the row counts of the open group when the session ends without
-// committing it: its target transaction is rolled back with the connection.
+// abandonGroup forgets the open group when the session ends without committing it: its target
+// transaction is rolled back with the connection, and its rows are not counted.
 func (s *session) abandonGroup() {
 	if s.group.started {
-		s.stats.uncount(s.group.counted)
+		s.leader.dropRows()
 		s.group.reset()
 	}
 }

@@ -11,11 +11,11 @@ type LSN = decoding.LSN
 
 // Stats are an Applier's counters since it was made, over all its sessions.
 //
-// In Buffered, the row counts (Inserts to Truncates) are of target transactions that committed:
-// the rows of a group rolled back (the session failed before its commit) are taken back, and
-// counted when applied again. In Eager and Parallel they are counted as the statements are
-// applied, so a transaction rolled back on the target and applied again counts twice, and a
-// streamed transaction that aborted on the source counts what it applied before the abort.
+// The row counts (Inserts to Truncates) are of target transactions that committed, in every
+// mode: the rows of a target transaction rolled back (the session failed before its commit, a
+// transaction retried alone after a deadlock, a subtransaction rolled back to its savepoint, a
+// streamed transaction that aborted on the source) are not counted, and a transaction applied
+// again is counted once.
 type Stats struct {
 	Txns      int64 // source transactions committed on the target
 	EmptyTxns int64 // of which had nothing to apply (acknowledged without a target transaction)
@@ -105,25 +105,17 @@ func (c *counters) snapshot() Stats {
 	}
 }
 
-// rowCounts are the counters of rows and statements applied, which a transaction rolled back on
-// the target must not keep.
+// rowCounts are the counters of rows and statements applied in one target transaction, added
+// to the counters once it commits.
 type rowCounts struct{ inserts, copyRows, updates, deletes, truncates int64 }
 
-// rows returns the row counters.
-func (c *counters) rows() rowCounts {
-	return rowCounts{c.inserts.Load(), c.copyRows.Load(), c.updates.Load(), c.deletes.Load(), c.truncates.Load()}
-}
-
-// uncount takes back what the row counters gained since they were base: the target transaction
-// that applied those rows was rolled back. Only for a transaction no other connection applied
-// rows during (Buffered's).
-func (c *counters) uncount(base rowCounts) {
-	now := c.rows()
-	c.inserts.Add(base.inserts - now.inserts)
-	c.copyRows.Add(base.copyRows - now.copyRows)
-	c.updates.Add(base.updates - now.updates)
-	c.deletes.Add(base.deletes - now.deletes)
-	c.truncates.Add(base.truncates - now.truncates)
+// count adds the rows of a target transaction that committed.
+func (c *counters) count(r rowCounts) {
+	c.inserts.Add(r.inserts)
+	c.copyRows.Add(r.copyRows)
+	c.updates.Add(r.updates)
+	c.deletes.Add(r.deletes)
+	c.truncates.Add(r.truncates)
 }
 
 // applied records that a transaction ending at end committed on the target.

@@ -83,6 +83,12 @@ type target struct {
 	insSrcs []int32      // per row of the insert run: its source transaction, in srcs
 	opSrc   remoteTxn    // the source transaction of the change whose conflict is being resolved
 	marks   []reportMark // per savepoint taken: the reports made before it
+	// The rows the open target transaction applied, added to the stats once it commits (a
+	// transaction rolled back and applied again counts its rows once). They are counted as the
+	// results of the batch arrive, in its order; rowMarks are the counts at each savepoint whose
+	// result arrived, which a rollback to it restores.
+	rows     rowCounts
+	rowMarks []rowMark
 	// resolved counts the conflicts resolved (statements looked up after they changed no row
 	// or violated a unique constraint), so that a savepoint taken before a resolution can be
 	// taken again after it.
@@ -139,6 +145,22 @@ type batchOp struct {
 	guarded   bool  // sent after SAVEPOINT pgr_guard: a unique violation is an update_exists
 	check     bool  // the commit's check (see commitCheck)
 	src       int32 // the source transaction, in srcs
+
+	// For a SAVEPOINT (markSave) or ROLLBACK TO SAVEPOINT (markRollback) of subtransaction
+	// sub: the row counts to keep or restore once its result arrives.
+	mark int8
+	sub  uint32
+}
+
+const (
+	markSave     = 1
+	markRollback = 2
+)
+
+// rowMark is the row count of the target transaction at the savepoint of subtransaction sub.
+type rowMark struct {
+	sub  uint32
+	rows rowCounts
 }
 
 // pinnedSetting is a session setting of every connection apply opens to the target.
@@ -395,6 +417,7 @@ func (t *target) savepoint(ctx context.Context, sub uint32) error {
 		return err
 	}
 	t.control("SAVEPOINT s" + strconv.FormatUint(uint64(sub), 10))
+	t.ops[len(t.ops)-1].mark, t.ops[len(t.ops)-1].sub = markSave, sub
 	if t.det != nil {
 		t.marks = append(t.marks, reportMark{sub: sub, n: len(t.reports)})
 	}
@@ -408,6 +431,7 @@ func (t *target) rollbackTo(ctx context.Context, sub uint32) error {
 		return err
 	}
 	t.control("ROLLBACK TO SAVEPOINT s" + strconv.FormatUint(uint64(sub), 10))
+	t.ops[len(t.ops)-1].mark, t.ops[len(t.ops)-1].sub = markRollback, sub
 	for i, m := range t.marks {
 		if m.sub == sub { // the subtransaction's conflicts are undone with it
 			clear(t.reports[m.n:])
@@ -424,6 +448,7 @@ func (t *target) rollback(ctx context.Context) error {
 	t.batch, t.ops, t.bytes = nil, t.ops[:0], 0
 	t.resetArgs()
 	t.dropReports()
+	t.dropRows()
 	t.srcs = t.srcs[:0]
 	if !t.inTxn {
 		return nil
@@ -488,6 +513,7 @@ func (t *target) commit(ctx context.Context, progress *stmt, key progressKey, en
 		t.det.tomb.committed(t.remote.commitTime)
 	}
 	t.emitReports()
+	t.countRows()
 	t.srcs = t.srcs[:0]
 	t.stats.applied(end) // last: a reader that sees end sees the commit's conflicts counted
 	return nil
@@ -753,8 +779,8 @@ func (t *target) flushInserts(ctx context.Context) error {
 	if tag.RowsAffected() != int64(n) {
 		return &changeError{op: "INSERT", relation: m.name, err: fmt.Errorf("COPY inserted %d rows, want %d", tag.RowsAffected(), n)}
 	}
-	t.stats.inserts.Add(int64(n))
-	t.stats.copyRows.Add(int64(n))
+	t.rows.inserts += int64(n)
+	t.rows.copyRows += int64(n)
 	return nil
 }
 
@@ -1033,6 +1059,10 @@ func (t *target) flushBatch(ctx context.Context) error {
 			missed = append(missed, i-1)
 			continue
 		}
+		if op.mark != 0 {
+			t.markRows(op)
+			continue
+		}
 		t.checkResult(op, tag)
 	}
 	if err := mrr.Close(); err != nil && first == nil {
@@ -1207,7 +1237,7 @@ func opName(op byte) string {
 func (t *target) checkResult(op batchOp, tag pgconn.CommandTag) {
 	switch op.op {
 	case 'I':
-		t.stats.inserts.Add(1)
+		t.rows.inserts++
 	case 'U':
 		if tag.RowsAffected() == 0 {
 			t.stats.conflicts[UpdateMissing].Add(1)
@@ -1215,7 +1245,7 @@ func (t *target) checkResult(op batchOp, tag pgconn.CommandTag) {
 				"relation", op.rel.name, "conflict", "update_missing")
 			return
 		}
-		t.stats.updates.Add(1)
+		t.rows.updates++
 	case 'D':
 		if tag.RowsAffected() == 0 {
 			t.stats.conflicts[DeleteMissing].Add(1)
@@ -1223,10 +1253,35 @@ func (t *target) checkResult(op batchOp, tag pgconn.CommandTag) {
 				"relation", op.rel.name, "conflict", "delete_missing")
 			return
 		}
-		t.stats.deletes.Add(1)
+		t.rows.deletes++
 	case 'T':
-		t.stats.truncates.Add(1)
+		t.rows.truncates++
 	}
+}
+
+// markRows keeps the row counts at a savepoint, or restores them at a rollback to it.
+func (t *target) markRows(op batchOp) {
+	if op.mark == markSave {
+		t.rowMarks = append(t.rowMarks, rowMark{sub: op.sub, rows: t.rows})
+		return
+	}
+	for i, m := range t.rowMarks {
+		if m.sub == op.sub { // the savepoint stays, the rows since it are undone
+			t.rows, t.rowMarks = m.rows, t.rowMarks[:i+1]
+			return
+		}
+	}
+}
+
+// countRows adds the rows of the transaction that committed to the stats.
+func (t *target) countRows() {
+	t.stats.count(t.rows)
+	t.dropRows()
+}
+
+// dropRows forgets the rows of a transaction that did not commit.
+func (t *target) dropRows() {
+	t.rows, t.rowMarks = rowCounts{}, t.rowMarks[:0]
 }
 
 // prepareStatements prepares the statements the batch is about to use.
