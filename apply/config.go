@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pgreorder/pgreorder/apply/conflict"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 	"github.com/pgreorder/pgreorder/replication"
 )
@@ -188,7 +189,7 @@ type Config struct {
 	// what another replication, this Applier's reverse included, applied there).
 	SourceOrigin string
 	// Conflicts configures conflict detection, resolution and reporting.
-	Conflicts ConflictConfig
+	Conflicts conflict.Config
 
 	hooks *hooks // tests only: fault injection
 }
@@ -247,7 +248,7 @@ func (c Config) validate() (Config, error) {
 		return bad("SourceOrigin %q (want \"\", any or none)", c.SourceOrigin)
 	}
 	var err error
-	if c.Conflicts, err = c.Conflicts.validate(); err != nil {
+	if c.Conflicts, err = validateConflicts(c.Conflicts); err != nil {
 		return c, err
 	}
 	return c, nil

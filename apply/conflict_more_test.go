@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgreorder/pgreorder/apply/conflict"
 	"github.com/pgreorder/pgreorder/internal/pgtest"
 )
 
@@ -122,7 +123,7 @@ type biEnv struct {
 	atob, btoa Config
 }
 
-func newBiEnv(t *testing.T, srv *pgtest.Server, log *logBuffer, schema []string, res map[ConflictType]Resolution) *biEnv {
+func newBiEnv(t *testing.T, srv *pgtest.Server, log *logBuffer, schema []string, res map[conflict.Type]conflict.Resolution) *biEnv {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -136,7 +137,7 @@ func newBiEnv(t *testing.T, srv *pgtest.Server, log *logBuffer, schema []string,
 	mk := func(src, dst, srcDB, dstDB, name string) Config {
 		return Config{Source: srv.ReplicationConnString(srcDB), Target: srv.ConnString(dstDB), Slot: "bi_" + srcDB,
 			Publications: []string{"pub"}, StatusInterval: 100 * time.Millisecond, SourceOrigin: "none",
-			Origin: "pgr_" + name + "_" + dstDB, Conflicts: ConflictConfig{Resolutions: res},
+			Origin: "pgr_" + name + "_" + dstDB, Conflicts: conflict.Config{Resolutions: res},
 			Logger: slog.New(slog.NewTextHandler(log, &slog.HandlerOptions{Level: slog.LevelInfo})).With("dir", name)}
 	}
 	be.atob = mk(be.a, be.b, dbA, dbB, "atob")
@@ -188,7 +189,7 @@ func TestBidirectional(t *testing.T) {
 		if st.Txns != 22 {
 			t.Errorf("%s applied %d transactions, want 22 (stats %+v)", name, st.Txns, st)
 		}
-		for _, ct := range ConflictTypes() {
+		for _, ct := range conflict.Types() {
 			if st.Conflicts(ct) != 0 {
 				t.Errorf("%s: %d %s conflicts", name, st.Conflicts(ct), ct)
 			}
@@ -201,9 +202,9 @@ func TestBidirectional(t *testing.T) {
 func TestLastUpdateWinsConverges(t *testing.T) {
 	srv := conflictServer(t, testMajors[len(testMajors)-1])
 	var log logBuffer
-	lww := map[ConflictType]Resolution{}
-	for _, ct := range ConflictTypes() {
-		lww[ct] = ResolveLastUpdateWins
+	lww := map[conflict.Type]conflict.Resolution{}
+	for _, ct := range conflict.Types() {
+		lww[ct] = conflict.LastUpdateWins
 	}
 	be := newBiEnv(t, srv, &log, conflictSchema, lww)
 	ra, rb := start(t, be.atob), start(t, be.btoa)
@@ -275,7 +276,7 @@ func TestDetectionRoundTrips(t *testing.T) {
 	if txns != 51 || trips > 10 {
 		t.Errorf("%d transactions took %d round trips, want a few for the whole backlog", txns, trips)
 	}
-	for _, ct := range ConflictTypes() {
+	for _, ct := range conflict.Types() {
 		if n := after.Conflicts(ct); n != 0 {
 			t.Errorf("%d %s conflicts", n, ct)
 		}

@@ -208,7 +208,7 @@ func (t *target) queueLogRows() {
 	}
 	recs := make([]logRecord, len(t.reports))
 	for i, c := range t.reports {
-		recs[i] = c.record(t.cfg.Slot, t.det.cfg.MaxLoggedValue)
+		recs[i] = logRow(c, t.cfg.Slot, t.det.cfg.MaxLoggedValue)
 	}
 	b, err := json.Marshal(recs)
 	if err != nil {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgreorder/pgreorder/apply/conflict"
 	"github.com/pgreorder/pgreorder/internal/pgtest"
 )
 
@@ -198,7 +199,7 @@ func TestEagerSavepointFirst(t *testing.T) {
 			srv := conflictServer(t, major)
 			e := conflictEnv(t, srv)
 			var log logBuffer
-			cfg := e.conflictConfig(t, &log, map[ConflictType]Resolution{InsertExists: ResolveLastUpdateWins})
+			cfg := e.conflictConfig(t, &log, map[conflict.Type]conflict.Resolution{conflict.InsertExists: conflict.LastUpdateWins})
 			cfg.Mode, cfg.Workers = Eager, 1
 			cfg.Conflicts.LogTable = "conflict_log"
 			dropOrigins(t, e.dst, cfg.Origin)

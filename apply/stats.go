@@ -3,6 +3,7 @@ package apply
 import (
 	"sync/atomic"
 
+	"github.com/pgreorder/pgreorder/apply/conflict"
 	"github.com/pgreorder/pgreorder/decoding"
 )
 
@@ -29,9 +30,9 @@ type Stats struct {
 	RoundTrips int64 // batches of statements and COPYs: the round trips the statements took
 
 	// Conflicts by type, as PostgreSQL's pg_stat_subscription_stats counts them (confl_*): each
-	// one logged and resolved (see ConflictConfig), counted once its resolution committed (a
+	// one logged and resolved (see conflict.Config), counted once its resolution committed (a
 	// conflict that stops Run is counted when met). Without track_commit_timestamp on the target
-	// the *_origin_differs ones are not detected; without ConflictConfig.Retention,
+	// the *_origin_differs ones are not detected; without conflict.Config.Retention,
 	// update_deleted is reported as update_missing.
 	InsertExists            int64
 	UpdateOriginDiffers     int64
@@ -43,9 +44,9 @@ type Stats struct {
 	MultipleUniqueConflicts int64
 
 	// RetentionActive says whether tombstones are recorded for update_deleted detection: false
-	// without ConflictConfig.Retention, and while the apply lag exceeds it.
+	// without conflict.Config.Retention, and while the apply lag exceeds it.
 	RetentionActive  bool
-	RetentionStops   int64 // times the lag went over ConflictConfig.Retention
+	RetentionStops   int64 // times the lag went over conflict.Config.Retention
 	Tombstones       int64 // tombstones in the tombstone table at the last purge
 	TombstonesPurged int64 // tombstones removed by purges
 
@@ -92,10 +93,10 @@ func (c *counters) snapshot() Stats {
 		Txns: c.txns.Load(), EmptyTxns: c.emptyTxns.Load(), Inserts: c.inserts.Load(), CopyRows: c.copyRows.Load(),
 		Updates: c.updates.Load(), Deletes: c.deletes.Load(), Truncates: c.truncates.Load(),
 		Statements: c.statements.Load(), RoundTrips: c.roundTrips.Load(),
-		InsertExists: c.conflicts[InsertExists].Load(), UpdateOriginDiffers: c.conflicts[UpdateOriginDiffers].Load(),
-		UpdateExists: c.conflicts[UpdateExists].Load(), UpdateMissing: c.conflicts[UpdateMissing].Load(),
-		DeleteOriginDiffers: c.conflicts[DeleteOriginDiffers].Load(), UpdateDeleted: c.conflicts[UpdateDeleted].Load(),
-		DeleteMissing: c.conflicts[DeleteMissing].Load(), MultipleUniqueConflicts: c.conflicts[MultipleUniqueConflicts].Load(),
+		InsertExists: c.conflicts[conflict.InsertExists].Load(), UpdateOriginDiffers: c.conflicts[conflict.UpdateOriginDiffers].Load(),
+		UpdateExists: c.conflicts[conflict.UpdateExists].Load(), UpdateMissing: c.conflicts[conflict.UpdateMissing].Load(),
+		DeleteOriginDiffers: c.conflicts[conflict.DeleteOriginDiffers].Load(), UpdateDeleted: c.conflicts[conflict.UpdateDeleted].Load(),
+		DeleteMissing: c.conflicts[conflict.DeleteMissing].Load(), MultipleUniqueConflicts: c.conflicts[conflict.MultipleUniqueConflicts].Load(),
 		RetentionActive: c.retentionActive.Load(), RetentionStops: c.retentionStops.Load(),
 		Tombstones: c.tombstones.Load(), TombstonesPurged: c.tombstonesPurged.Load(),
 		SubAborts: c.subAborts.Load(), Aborts: c.aborts.Load(), Spooled: c.spooled.Load(),
@@ -129,23 +130,23 @@ func (c *counters) applied(end LSN) {
 }
 
 // Conflicts returns the count of conflicts of type ct.
-func (s Stats) Conflicts(ct ConflictType) int64 {
+func (s Stats) Conflicts(ct conflict.Type) int64 {
 	switch ct {
-	case InsertExists:
+	case conflict.InsertExists:
 		return s.InsertExists
-	case UpdateOriginDiffers:
+	case conflict.UpdateOriginDiffers:
 		return s.UpdateOriginDiffers
-	case UpdateExists:
+	case conflict.UpdateExists:
 		return s.UpdateExists
-	case UpdateMissing:
+	case conflict.UpdateMissing:
 		return s.UpdateMissing
-	case DeleteOriginDiffers:
+	case conflict.DeleteOriginDiffers:
 		return s.DeleteOriginDiffers
-	case UpdateDeleted:
+	case conflict.UpdateDeleted:
 		return s.UpdateDeleted
-	case DeleteMissing:
+	case conflict.DeleteMissing:
 		return s.DeleteMissing
-	case MultipleUniqueConflicts:
+	case conflict.MultipleUniqueConflicts:
 		return s.MultipleUniqueConflicts
 	}
 	return 0

@@ -14,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgreorder/pgreorder/apply/conflict"
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/internal/pgconnect"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
@@ -77,12 +78,12 @@ type target struct {
 	det     *detection
 	origin  string // the replication origin set up in the session, or ""
 	cinfo   map[*relInfo]*relConflict
-	remote  remoteTxn    // the source transaction being applied
-	reports []*Conflict  // the transaction's conflicts, reported once it commits
-	srcs    []remoteTxn  // the source transactions applied in the target transaction
-	insSrcs []int32      // per row of the insert run: its source transaction, in srcs
-	opSrc   remoteTxn    // the source transaction of the change whose conflict is being resolved
-	marks   []reportMark // per savepoint taken: the reports made before it
+	remote  remoteTxn          // the source transaction being applied
+	reports []*conflict.Report // the transaction's conflicts, reported once it commits
+	srcs    []remoteTxn        // the source transactions applied in the target transaction
+	insSrcs []int32            // per row of the insert run: its source transaction, in srcs
+	opSrc   remoteTxn          // the source transaction of the change whose conflict is being resolved
+	marks   []reportMark       // per savepoint taken: the reports made before it
 	// The rows the open target transaction applied, added to the stats once it commits (a
 	// transaction rolled back and applied again counts its rows once). They are counted as the
 	// results of the batch arrive, in its order; rowMarks are the counts at each savepoint whose
@@ -289,7 +290,7 @@ func resolveNames(ctx context.Context, conn *pgconn.PgConn, cfg *Config) (map[st
 	names := map[string]string{}
 	var bare []string // the names without a schema, quoted
 	var keys []string
-	for _, n := range []string{cfg.ProgressTable, cfg.Conflicts.LogTable, cfg.Conflicts.TombstoneTable, DefaultTombstoneTable} {
+	for _, n := range []string{cfg.ProgressTable, cfg.Conflicts.LogTable, cfg.Conflicts.TombstoneTable, conflict.DefaultTombstoneTable} {
 		if _, done := names[n]; done || n == "" {
 			continue
 		}
@@ -363,8 +364,8 @@ func connectTarget(ctx context.Context, cfg *Config, name string, stats *counter
 	return t, nil
 }
 
-// table returns a configured table name (Config.ProgressTable, ConflictConfig.LogTable or
-// TombstoneTable, or DefaultTombstoneTable) quoted and qualified, as resolved when the
+// table returns a configured table name (Config.ProgressTable, conflict.Config.LogTable or
+// TombstoneTable, or conflict.DefaultTombstoneTable) quoted and qualified, as resolved when the
 // connection was opened.
 func (t *target) table(name string) string {
 	if q, ok := t.names[name]; ok {
@@ -1240,7 +1241,7 @@ func (t *target) checkResult(op batchOp, tag pgconn.CommandTag) {
 		t.rows.inserts++
 	case 'U':
 		if tag.RowsAffected() == 0 {
-			t.stats.conflicts[UpdateMissing].Add(1)
+			t.stats.conflicts[conflict.UpdateMissing].Add(1)
 			t.log.Warn("conflict detected: the row to update does not exist on the target; skipped",
 				"relation", op.rel.name, "conflict", "update_missing")
 			return
@@ -1248,7 +1249,7 @@ func (t *target) checkResult(op batchOp, tag pgconn.CommandTag) {
 		t.rows.updates++
 	case 'D':
 		if tag.RowsAffected() == 0 {
-			t.stats.conflicts[DeleteMissing].Add(1)
+			t.stats.conflicts[conflict.DeleteMissing].Add(1)
 			t.log.Warn("conflict detected: the row to delete does not exist on the target; skipped",
 				"relation", op.rel.name, "conflict", "delete_missing")
 			return

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/pgreorder/pgreorder/apply"
+	"github.com/pgreorder/pgreorder/apply/conflict"
 	"github.com/pgreorder/pgreorder/snapshot"
 )
 
@@ -121,7 +122,7 @@ func (f *applyFlags) register(fs *flag.FlagSet) {
 		"leave out changes another replication applied on the source, for bidirectional setups)")
 	fs.StringVar(&f.resolutions, "conflict", "", "conflict resolutions, type=resolution comma-separated, "+
 		"e.g. insert_exists=last_update_wins,update_missing=apply_remote; types: "+
-		strings.Join(conflictTypeNames(), ", ")+"; resolutions: error, skip, apply_remote, keep_local, last_update_wins "+
+		strings.Join(conflictTypeNames(), ", ")+"; resolutions: error, skip, apply_remote, last_update_wins "+
 		"(default as PostgreSQL: error for *_exists and multiple_unique_conflicts, apply_remote for *_origin_differs, skip otherwise)")
 	fs.BoolVar(&f.noDetection, "no-conflict-detection", false, "send changes without conflict checks "+
 		"(update_missing and delete_missing are still counted; a unique violation stops)")
@@ -135,7 +136,7 @@ func (f *applyFlags) register(fs *flag.FlagSet) {
 
 func conflictTypeNames() []string {
 	var out []string
-	for _, ct := range apply.ConflictTypes() {
+	for _, ct := range conflict.Types() {
 		out = append(out, ct.String())
 	}
 	return out
@@ -175,7 +176,7 @@ func (f *applyFlags) config(fs *flag.FlagSet) (apply.Config, error) {
 	if err != nil {
 		return apply.Config{}, err
 	}
-	res, err := apply.ParseResolutions(f.resolutions, nil)
+	res, err := conflict.ParseResolutions(f.resolutions, nil)
 	if err != nil {
 		return apply.Config{}, fmt.Errorf("-conflict: %w", err)
 	}
@@ -204,7 +205,7 @@ func (f *applyFlags) config(fs *flag.FlagSet) (apply.Config, error) {
 		SlotWait:          cliSlotWait(f.slotWait),
 		Origin:            f.origin,
 		SourceOrigin:      f.sourceOrigin,
-		Conflicts: apply.ConflictConfig{
+		Conflicts: conflict.Config{
 			Off:         f.noDetection,
 			Resolutions: res,
 			Retention:   f.retention,
