@@ -448,7 +448,7 @@ func (t *target) newConflict(ct conflict.Type, m *relMap) *conflict.Report {
 
 // resolve decides what to do about c: it returns whether to apply the source change, or an
 // error when the resolution is conflict.Error. The report is kept until the transaction commits.
-func (t *target) resolve(c *conflict.Report, op string) (bool, error) {
+func (t *target) resolve(c *conflict.Report, op Op) (bool, error) {
 	r := t.det.cfg.Resolution(c.Type)
 	apply := false
 	switch r {
@@ -661,7 +661,7 @@ func (t *target) insertConflict(ctx context.Context, op batchOp) error {
 			}
 			c := t.newConflict(ct, m)
 			c.Remote, c.Local = rowOf(m, row, formats), reps
-			apply, err := t.resolve(c, "INSERT")
+			apply, err := t.resolve(c, OpInsert)
 			if err != nil || !apply {
 				return err
 			}
@@ -859,7 +859,7 @@ func (t *target) updateExists(ctx context.Context, op batchOp, cause error, ops 
 	}
 	c := t.newConflict(ct, m)
 	c.Remote, c.Identity, c.IdentityFull, c.Local = rowOf(m, newRow, newFormats), identityOf(m, st, key, keyFormats), st.full, reps
-	apply, err := t.resolve(c, "UPDATE")
+	apply, err := t.resolve(c, OpUpdate)
 	if err != nil || !apply {
 		return err
 	}

@@ -277,7 +277,7 @@ func (s *session) prepareCopy(ctx context.Context, ct string, tables []*snapshot
 			var ce *changeError
 			if errors.As(err, &ce) {
 				c := *ce
-				c.op = "COPY"
+				c.op = OpCopy
 				err = &c
 			}
 			return nil, fmt.Errorf("apply: initial copy: %w", err)

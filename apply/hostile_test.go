@@ -305,7 +305,7 @@ func TestSessionEndRetried(t *testing.T) {
 			t.Fatalf("%s: a statement on an ended session succeeded", c.name)
 		}
 		t.Logf("%s: %v", c.name, err)
-		ae := &ApplyError{Op: "INSERT", Err: tg.statementError(batchOp{op: 'I'}, err)}
+		ae := &ApplyError{Op: OpInsert, Err: tg.statementError(batchOp{op: 'I'}, err)}
 		if !retryable(ae) {
 			t.Errorf("%s: not retryable: %v", c.name, ae)
 		}
@@ -313,7 +313,7 @@ func TestSessionEndRetried(t *testing.T) {
 	// The same for every error the server sends as it ends a session.
 	for _, code := range []string{"57P05", "25P03", "25P04", "XX000"} {
 		fatal := &pgconn.PgError{Severity: "FATAL", Code: code, Message: "terminating connection"}
-		if err := (&ApplyError{Op: "INSERT", Err: tg.statementError(batchOp{op: 'I'}, fatal)}); !retryable(err) {
+		if err := (&ApplyError{Op: OpInsert, Err: tg.statementError(batchOp{op: 'I'}, fatal)}); !retryable(err) {
 			t.Errorf("FATAL %s: not retryable", code)
 		}
 	}
@@ -323,7 +323,7 @@ func TestSessionEndRetried(t *testing.T) {
 	}
 	// Nor a change the server refused.
 	refused := &pgconn.PgError{Severity: "ERROR", Code: "23505", Message: "duplicate key"}
-	if err := (&ApplyError{Op: "INSERT", Err: tg.statementError(batchOp{op: 'I'}, refused)}); retryable(err) {
+	if err := (&ApplyError{Op: OpInsert, Err: tg.statementError(batchOp{op: 'I'}, refused)}); retryable(err) {
 		t.Error("a unique violation is retryable")
 	}
 }

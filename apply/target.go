@@ -501,8 +501,8 @@ func (t *target) commit(ctx context.Context, progress *stmt, key progressKey, en
 			break
 		}
 		var ce *changeError
-		if errors.As(err, &ce) && ce.op == "" {
-			ce.op = "COMMIT" // a deferred constraint
+		if errors.As(err, &ce) && ce.op == OpNone {
+			ce.op = OpCommit // a deferred constraint
 		}
 		t.dropReports()
 		// The commit may not have been sent (a conflict held it back and its resolution
@@ -585,19 +585,19 @@ func (t *target) flushWAL(ctx context.Context, sql string, args [][]byte) error 
 func (t *target) change(ctx context.Context, m decoding.Message, rels []*relInfo) error {
 	switch m := m.(type) {
 	case *decoding.Insert:
-		rm, err := t.mapping(ctx, rels[0], "INSERT")
+		rm, err := t.mapping(ctx, rels[0], OpInsert)
 		if err != nil {
 			return err
 		}
 		return t.insert(ctx, rm, m.New)
 	case *decoding.Update:
-		rm, err := t.mapping(ctx, rels[0], "UPDATE")
+		rm, err := t.mapping(ctx, rels[0], OpUpdate)
 		if err != nil {
 			return err
 		}
 		return t.update(ctx, rm, m)
 	case *decoding.Delete:
-		rm, err := t.mapping(ctx, rels[0], "DELETE")
+		rm, err := t.mapping(ctx, rels[0], OpDelete)
 		if err != nil {
 			return err
 		}
@@ -608,7 +608,7 @@ func (t *target) change(ctx context.Context, m decoding.Message, rels []*relInfo
 	return nil
 }
 
-func (t *target) mapping(ctx context.Context, ri *relInfo, op string) (*relMap, error) {
+func (t *target) mapping(ctx context.Context, ri *relInfo, op Op) (*relMap, error) {
 	m, err := ri.mapping(ctx, t.conn, t.replicaRole, t.cfg.Binary)
 	if err != nil {
 		var ce *changeError
@@ -638,7 +638,7 @@ func rowClass(tup decoding.Tuple) (binary, mixed bool) {
 
 func (t *target) insert(ctx context.Context, m *relMap, tup decoding.Tuple) error {
 	if len(tup) != len(m.cols) {
-		return &changeError{op: "INSERT", relation: m.name, err: fmt.Errorf("row has %d columns, the relation %d", len(tup), len(m.cols))}
+		return &changeError{op: OpInsert, relation: m.name, err: fmt.Errorf("row has %d columns, the relation %d", len(tup), len(m.cols))}
 	}
 	bin, mixed := rowClass(tup)
 	if mixed {
@@ -778,7 +778,7 @@ func (t *target) flushInserts(ctx context.Context) error {
 		t.control("RELEASE SAVEPOINT pgr_copy")
 	}
 	if tag.RowsAffected() != int64(n) {
-		return &changeError{op: "INSERT", relation: m.name, err: fmt.Errorf("COPY inserted %d rows, want %d", tag.RowsAffected(), n)}
+		return &changeError{op: OpInsert, relation: m.name, err: fmt.Errorf("COPY inserted %d rows, want %d", tag.RowsAffected(), n)}
 	}
 	t.rows.inserts += int64(n)
 	t.rows.copyRows += int64(n)
@@ -1219,18 +1219,18 @@ func columnAt(m *relMap, sql string, pos int) int {
 	return best
 }
 
-func opName(op byte) string {
+func opName(op byte) Op {
 	switch op {
 	case 'I':
-		return "INSERT"
+		return OpInsert
 	case 'U':
-		return "UPDATE"
+		return OpUpdate
 	case 'D':
-		return "DELETE"
+		return OpDelete
 	case 'T':
-		return "TRUNCATE"
+		return OpTruncate
 	}
-	return ""
+	return OpNone
 }
 
 // checkResult counts a statement's rows, and the conflicts of an UPDATE or DELETE that found no
@@ -1426,15 +1426,15 @@ func (t *target) update(ctx context.Context, m *relMap, u *decoding.Update) erro
 	case full && u.OldKind == 'O':
 		key = u.Old
 	case full:
-		return &changeError{kind: ErrNoReplicaIdentity, op: "UPDATE", relation: m.name,
+		return &changeError{kind: ErrNoReplicaIdentity, op: OpUpdate, relation: m.name,
 			err: errors.New("REPLICA IDENTITY FULL without the old row")}
 	case m.idErr != nil:
-		return t.identityError(m, "UPDATE")
+		return t.identityError(m, OpUpdate)
 	case u.OldKind == 'K' || u.OldKind == 'O':
 		key = u.Old
 	}
 	if len(u.New) != len(m.cols) {
-		return &changeError{op: "UPDATE", relation: m.name, err: fmt.Errorf("row has %d columns, the relation %d", len(u.New), len(m.cols))}
+		return &changeError{op: OpUpdate, relation: m.name, err: fmt.Errorf("row has %d columns, the relation %d", len(u.New), len(m.cols))}
 	}
 	if err := t.flushInserts(ctx); err != nil {
 		return err
@@ -1459,7 +1459,7 @@ func (t *target) update(ctx context.Context, m *relMap, u *decoding.Update) erro
 	whereAt := len(t.shape)
 	params, formats, err := t.where(m, key, full, params, formats)
 	if err != nil {
-		return &changeError{kind: ErrNoReplicaIdentity, op: "UPDATE", relation: m.name, err: err}
+		return &changeError{kind: ErrNoReplicaIdentity, op: OpUpdate, relation: m.name, err: err}
 	}
 	t.params, t.formats = params, formats
 	shape := t.shape
@@ -1496,7 +1496,7 @@ func (t *target) update(ctx context.Context, m *relMap, u *decoding.Update) erro
 	return t.queueUpdate(ctx, m, st, u, whereAt, full, params, formats, sets)
 }
 
-func (t *target) identityError(m *relMap, op string) error {
+func (t *target) identityError(m *relMap, op Op) error {
 	var ce *changeError
 	if errors.As(m.idErr, &ce) {
 		c := *ce
@@ -1510,10 +1510,10 @@ func (t *target) delete(ctx context.Context, m *relMap, d *decoding.Delete) erro
 	full := m.full
 	switch {
 	case full && d.OldKind != 'O':
-		return &changeError{kind: ErrNoReplicaIdentity, op: "DELETE", relation: m.name,
+		return &changeError{kind: ErrNoReplicaIdentity, op: OpDelete, relation: m.name,
 			err: errors.New("REPLICA IDENTITY FULL without the old row")}
 	case !full && m.idErr != nil:
-		return t.identityError(m, "DELETE")
+		return t.identityError(m, OpDelete)
 	}
 	if err := t.flushInserts(ctx); err != nil {
 		return err
@@ -1521,7 +1521,7 @@ func (t *target) delete(ctx context.Context, m *relMap, d *decoding.Delete) erro
 	t.shape = append(t.shape[:0], 'D')
 	params, formats, err := t.where(m, d.Old, full, t.params[:0], t.formats[:0])
 	if err != nil {
-		return &changeError{kind: ErrNoReplicaIdentity, op: "DELETE", relation: m.name, err: err}
+		return &changeError{kind: ErrNoReplicaIdentity, op: OpDelete, relation: m.name, err: err}
 	}
 	t.params, t.formats = params, formats
 	shape := t.shape
@@ -1549,7 +1549,7 @@ func (t *target) truncate(ctx context.Context, m *decoding.Truncate, rels []*rel
 	b := []byte("TRUNCATE ")
 	var names []byte
 	for i, ri := range rels {
-		rm, err := t.mapping(ctx, ri, "TRUNCATE")
+		rm, err := t.mapping(ctx, ri, OpTruncate)
 		if err != nil {
 			return err
 		}

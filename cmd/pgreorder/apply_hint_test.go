@@ -15,7 +15,7 @@ func TestFlagHint(t *testing.T) {
 		conflict.DeleteMissing: "use -conflict delete_missing=skip to get past it",
 	} {
 		ce := &conflict.StopError{Report: &conflict.Report{Type: ct, Relation: `"public"."t"`}, Hint: "set Config..."}
-		err := &apply.ApplyError{Kind: apply.ErrConflict, Relation: `"public"."t"`, Op: "INSERT", Xid: 7, Err: ce}
+		err := &apply.ApplyError{Kind: apply.ErrConflict, Relation: `"public"."t"`, Op: apply.OpInsert, Xid: 7, Err: ce}
 		flagHint(err)
 		if msg := err.Error(); !strings.HasSuffix(msg, "; "+want) || strings.Contains(msg, "Config") {
 			t.Errorf("%s: %q, want it to end with %q", ct, msg, want)
