@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/pgreorder/pgreorder/decoding"
 )
 
 // Retry delays of Run after a retryable error: doubling from minRetryDelay to maxRetryDelay for
@@ -145,8 +147,8 @@ type hooks struct {
 type txnRef struct {
 	Xid       uint32
 	Streamed  bool
-	CommitLSN LSN
-	EndLSN    LSN
+	CommitLSN decoding.LSN
+	EndLSN    decoding.LSN
 }
 
 func (c *Config) hook(ctx context.Context, stage string, x txnRef) error {

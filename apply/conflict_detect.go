@@ -62,7 +62,7 @@ type remoteTxn struct {
 	xid        uint32
 	commitTime time.Time // zero until known (a transaction applied before its commit arrived)
 	origin     string
-	end        LSN
+	end        decoding.LSN
 }
 
 // relConflict is what detection needs of a target table: its unique indexes.

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strconv"
 	"time"
+
+	"github.com/pgreorder/pgreorder/decoding"
 )
 
 // setupConflicts prepares conflict detection and replication origins for a session, on the
@@ -161,7 +163,7 @@ func (t *target) setupOrigin(ctx context.Context, name string) error {
 
 // originXact queues the origin's transaction setup: the source transaction's end LSN and
 // commit time become the target commit's origin LSN and commit timestamp.
-func (t *target) originXact(end LSN) {
+func (t *target) originXact(end decoding.LSN) {
 	ts := t.remote.commitTime
 	if ts.IsZero() {
 		ts = time.Now()

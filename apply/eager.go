@@ -712,7 +712,7 @@ func (s *session) commitOn(ctx context.Context, tg *target, j *job, begun bool, 
 		w.state.Store(wsApplying)
 	}
 	durable := s.cfg.SynchronousCommit
-	var progress LSN // the progress row written, if any
+	var progress decoding.LSN // the progress row written, if any
 	if begun {
 		if err := s.cfg.hook(ctx, "before-commit", j.ref); err != nil {
 			return err

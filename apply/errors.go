@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 	"github.com/pgreorder/pgreorder/replication"
 	"github.com/pgreorder/pgreorder/spill"
@@ -110,7 +111,7 @@ type ApplyError struct {
 	Xid uint32
 	// CommitLSN and EndLSN are the source transaction's commit record; EndLSN is the position it
 	// would have been acknowledged at.
-	CommitLSN, EndLSN LSN
+	CommitLSN, EndLSN decoding.LSN
 	// Err is the cause, usually a *pgconn.PgError.
 	Err error
 }

@@ -116,7 +116,7 @@ func (s *session) commitGroup(ctx context.Context) error {
 	}
 	last := g.members[len(g.members)-1].ref
 	durable := s.cfg.SynchronousCommit
-	var progress LSN // the progress row written, if any
+	var progress decoding.LSN // the progress row written, if any
 	if g.started {
 		for _, m := range g.members {
 			if err := s.cfg.hook(ctx, "before-commit", m.ref); err != nil {

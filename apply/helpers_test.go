@@ -186,7 +186,7 @@ func (e *env) compare(t testing.TB) {
 }
 
 // progress returns the target's progress row for the slot.
-func (e *env) progress(t testing.TB) LSN {
+func (e *env) progress(t testing.TB) decoding.LSN {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -199,7 +199,7 @@ func (e *env) progress(t testing.TB) LSN {
 }
 
 // confirmed returns the slot's confirmed_flush_lsn.
-func (e *env) confirmed(t testing.TB) LSN {
+func (e *env) confirmed(t testing.TB) decoding.LSN {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

@@ -294,7 +294,7 @@ type progressKey struct {
 }
 
 // args returns the parameters of the progress upserts for position end.
-func (k progressKey) args(end LSN) [][]byte {
+func (k progressKey) args(end decoding.LSN) [][]byte {
 	return [][]byte{[]byte(k.slot), end.AppendText(nil), []byte(k.system), strconv.AppendInt(nil, int64(k.timeline), 10)}
 }
 
@@ -319,7 +319,7 @@ func identifySource(ctx context.Context, cfg *Config) (replication.System, *repl
 // unless Config.AcceptSlotAhead (or the progress row predates the source system's columns: the
 // versions that wrote such rows let the slot confirm idle positions they never recorded), in
 // which case the progress row moves to the slot's position, durably, and that is returned.
-func (s *session) slotAhead(ctx context.Context, resume, confirmed LSN, legacy bool) (LSN, error) {
+func (s *session) slotAhead(ctx context.Context, resume, confirmed decoding.LSN, legacy bool) (decoding.LSN, error) {
 	if !s.cfg.AcceptSlotAhead && !legacy {
 		return 0, fmt.Errorf("%w: slot %q confirmed %s, but the target's progress row is at %s: the source transactions "+
 			"that committed in between were acknowledged but are not on the target, and the source will not send them "+
@@ -345,7 +345,7 @@ func (s *session) slotAhead(ctx context.Context, resume, confirmed LSN, legacy b
 // setupProgress creates the progress table if it is missing (and adds the source system's
 // columns to one made before they existed), checks that the slot's row, if any, belongs to the
 // source system, and returns the slot's position.
-func (s *session) setupProgress(ctx context.Context, tg *target) (_ LSN, legacy bool, err error) {
+func (s *session) setupProgress(ctx context.Context, tg *target) (_ decoding.LSN, legacy bool, err error) {
 	table := tg.table(s.cfg.ProgressTable)
 	// The upserts never write a row of another system (a row of another system found at the
 	// start stops the session; these guard against one made meanwhile).

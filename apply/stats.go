@@ -7,9 +7,6 @@ import (
 	"github.com/pgreorder/pgreorder/decoding"
 )
 
-// LSN is a WAL position of the source.
-type LSN = decoding.LSN
-
 // Stats are an Applier's counters since it was made, over all its sessions.
 //
 // The row counts (Inserts to Truncates) are of target transactions that committed, in every
@@ -60,7 +57,7 @@ type Stats struct {
 	SerialRetries int64 // transactions retried alone after failing or deadlocking in parallel
 	Deadlocks     int64 // lock waits between the Applier's own connections it broke
 
-	AppliedLSN LSN // end LSN of the last transaction committed on the target
+	AppliedLSN decoding.LSN // end LSN of the last transaction committed on the target
 }
 
 type counters struct {
@@ -102,7 +99,7 @@ func (c *counters) snapshot() Stats {
 		SubAborts: c.subAborts.Load(), Aborts: c.aborts.Load(), Spooled: c.spooled.Load(),
 		SerialTxns: c.serialTxns.Load(), QueueSpilled: c.queueSpilled.Load(),
 		Sessions: c.sessions.Load(), SerialRetries: c.serialRetries.Load(), Deadlocks: c.deadlocks.Load(),
-		AppliedLSN: LSN(c.appliedLSN.Load()),
+		AppliedLSN: decoding.LSN(c.appliedLSN.Load()),
 	}
 }
 
@@ -120,7 +117,7 @@ func (c *counters) count(r rowCounts) {
 }
 
 // applied records that a transaction ending at end committed on the target.
-func (c *counters) applied(end LSN) {
+func (c *counters) applied(end decoding.LSN) {
 	for {
 		old := c.appliedLSN.Load()
 		if uint64(end) <= old || c.appliedLSN.CompareAndSwap(old, uint64(end)) {

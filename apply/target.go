@@ -468,7 +468,7 @@ func (t *target) flushPending(ctx context.Context) error {
 
 // commit sends what is pending, the progress row for end, and COMMIT, in one round trip when
 // no COPY is pending. Without Config.SynchronousCommit, sync makes this commit wait for the WAL flush.
-func (t *target) commit(ctx context.Context, progress *stmt, key progressKey, end LSN, sync bool) error {
+func (t *target) commit(ctx context.Context, progress *stmt, key progressKey, end decoding.LSN, sync bool) error {
 	if err := t.flushInserts(ctx); err != nil {
 		return err
 	}
@@ -566,7 +566,7 @@ func (t *target) flushWAL(ctx context.Context, sql string, args [][]byte) error 
 		return fmt.Errorf("apply: flushing the target's WAL: the progress row of slot %q was not written "+
 			"(it names another source system)", args[0])
 	}
-	var ins, flushed LSN
+	var ins, flushed decoding.LSN
 	if err := ins.UnmarshalText(res[2].Rows[0][0]); err != nil {
 		return fmt.Errorf("apply: flushing the target's WAL: %w", err)
 	}
