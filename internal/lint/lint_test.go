@@ -28,9 +28,10 @@ var core = map[string][]string{
 	"reorderbuffer": {"heap", "decoding", "spill"},
 }
 
-// allowed lists, for the other library packages with a place in the layering, the packages of
-// this module they may import directly (imports point down only). Packages not listed here or
-// in core (commands, examples, tools above replication) are not restricted.
+// allowed lists, for every other library package, the packages of this module it may import
+// directly (imports point down only). Every package of the module except commands (cmd/...),
+// programs (examples/...) and benchmarks (bench/...) is here or in core: a new package has to
+// take its place in the layering.
 var allowed = map[string][]string{
 	"replication":        {"reorderbuffer", "decoding", "spill", "heap", "internal/pgconnect"},
 	"internal/pgconnect": {},
@@ -38,6 +39,30 @@ var allowed = map[string][]string{
 	// The consumer entry point: over the toolkit, below apply (which uses its copy), never
 	// importing it.
 	"changefeed": {"replication", "snapshot", "pgvalue", "format", "reorderbuffer", "decoding"},
+	// The toolkit.
+	"pgvalue":  {"decoding"},
+	"format":   {"pgvalue", "reorderbuffer", "decoding", "internal/dirfile"},
+	"snapshot": {"replication", "decoding", "internal/pgconnect"},
+	// The subscriber: apply orchestrates; its conflict vocabulary is a public leaf over decoding
+	// only.
+	"apply": {"apply/conflict", "changefeed", "snapshot", "replication", "reorderbuffer", "decoding", "spill",
+		"internal/pgconnect"},
+	"apply/conflict": {"decoding"},
+	// Helpers of tests and commands.
+	"internal/capture":  {"decoding"},
+	"internal/dirfile":  {},
+	"internal/jsonl":    {"format", "reorderbuffer"},
+	"internal/lint":     {},
+	"internal/pgserver": {"decoding", "internal/capture"},
+	"internal/pgtest":   {"internal/pgserver"},
+	"spill/faultfs":     {"spill"},
+}
+
+// unrestricted reports whether a package of the module is above the layering: a command, a
+// program, a benchmark, or the module's root package (its documentation).
+func unrestricted(pkg string) bool {
+	return pkg == "" || pkg == "bench" || strings.HasPrefix(pkg, "bench/") ||
+		strings.HasPrefix(pkg, "cmd/") || strings.HasPrefix(pkg, "examples/")
 }
 
 // network reports whether an import path is a networking package of the standard library.
@@ -140,6 +165,24 @@ func TestImportsPointDown(t *testing.T) {
 			if own, isOwn := strings.CutPrefix(imp, mod); isOwn {
 				require.Contains(t, ok, own, "%s must not import %s", pkg, imp)
 			}
+		}
+	}
+}
+
+// TestEveryPackageHasItsPlace: each library package of the module is in core or allowed.
+func TestEveryPackageHasItsPlace(t *testing.T) {
+	for path := range list(t) {
+		pkg, isOwn := strings.CutPrefix(path, mod)
+		if path == strings.TrimSuffix(mod, "/") {
+			pkg, isOwn = "", true
+		}
+		if !isOwn || unrestricted(pkg) {
+			continue
+		}
+		_, isCore := core[pkg]
+		_, isAllowed := allowed[pkg]
+		if !isCore && !isAllowed {
+			t.Errorf("package %s has no place in the layering: add it to core or allowed", pkg)
 		}
 	}
 }
