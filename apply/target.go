@@ -16,6 +16,7 @@ import (
 
 	"github.com/pgreorder/pgreorder/apply/conflict"
 	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/internal/copycodec"
 	"github.com/pgreorder/pgreorder/internal/pgconnect"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 )
@@ -683,15 +684,15 @@ func allNull(tup decoding.Tuple) bool {
 }
 
 // insRow reads the next row of the insert run from buf into fields.
-func insRow(buf []byte, fields []field) []byte {
+func insRow(buf []byte, fields []copycodec.Field) []byte {
 	for i := range fields {
 		n := binary.BigEndian.Uint32(buf)
 		buf = buf[4:]
 		if n == 0xffffffff {
-			fields[i] = field{null: true}
+			fields[i] = copycodec.Field{Null: true}
 			continue
 		}
-		fields[i] = field{data: buf[:n:n]}
+		fields[i] = copycodec.Field{Data: buf[:n:n]}
 		buf = buf[n:]
 	}
 	return buf
@@ -734,23 +735,23 @@ func (t *target) flushInserts(ctx context.Context) error {
 			return err
 		}
 	}
-	fields := make([]field, len(m.cols))
+	fields := make([]copycodec.Field, len(m.cols))
 	buf := t.copyBuf[:0]
 	var sql string
 	if t.insBinary {
-		buf = append(buf, copyBinaryHeader...)
+		buf = append(buf, copycodec.BinaryHeader...)
 		for rest := t.insBuf; len(rest) > 0; {
 			buf = binary.BigEndian.AppendUint16(buf, uint16(len(fields)))
 			start := rest
 			rest = insRow(rest, fields)
 			buf = append(buf, start[:len(start)-len(rest)]...)
 		}
-		buf = append(buf, copyBinaryTrailer...)
+		buf = append(buf, copycodec.BinaryTrailer...)
 		sql = "COPY " + m.name + " " + m.copyCols + " FROM STDIN (FORMAT binary)"
 	} else {
 		for rest := t.insBuf; len(rest) > 0; {
 			rest = insRow(rest, fields)
-			buf = appendCopyTextRow(buf, fields)
+			buf = copycodec.AppendTextRow(buf, fields)
 		}
 		sql = "COPY " + m.name + " " + m.copyCols + " FROM STDIN"
 	}
@@ -791,7 +792,7 @@ func (t *target) flushInsertsToBatch() {
 		return
 	}
 	m := t.ins
-	fields := make([]field, len(m.cols))
+	fields := make([]copycodec.Field, len(m.cols))
 	formats := t.formats[:0]
 	for range fields {
 		if t.insBinary {
@@ -806,10 +807,10 @@ func (t *target) flushInsertsToBatch() {
 		rest = insRow(rest, fields)
 		params := t.params[:0]
 		for _, f := range fields {
-			if f.null {
+			if f.Null {
 				params = append(params, nil)
 			} else {
-				params = append(params, nonNil(f.data))
+				params = append(params, nonNil(f.Data))
 			}
 		}
 		t.params = params

@@ -42,12 +42,13 @@ var allowed = map[string][]string{
 	// The toolkit.
 	"pgvalue":  {"decoding"},
 	"format":   {"pgvalue", "reorderbuffer", "decoding", "internal/dirfile"},
-	"snapshot": {"replication", "decoding", "internal/pgconnect"},
+	"snapshot": {"replication", "decoding", "internal/pgconnect", "internal/copycodec"},
 	// The subscriber: apply orchestrates; its conflict vocabulary is a public leaf over decoding
-	// only.
+	// only, and the COPY codec it shares with snapshot another.
 	"apply": {"apply/conflict", "changefeed", "snapshot", "replication", "reorderbuffer", "decoding", "spill",
-		"internal/pgconnect"},
-	"apply/conflict": {"decoding"},
+		"internal/pgconnect", "internal/copycodec"},
+	"apply/conflict":     {"decoding"},
+	"internal/copycodec": {"decoding"},
 	// Helpers of tests and commands.
 	"internal/capture":  {"decoding"},
 	"internal/dirfile":  {},
