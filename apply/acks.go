@@ -140,7 +140,7 @@ func (s *session) ackCommitted(ctx context.Context) error {
 	}
 	for _, c := range ready {
 		if c.job != nil && s.deps != nil {
-			s.deps.release(c.job)
+			s.deps.Release(&c.job.Job)
 		}
 		if err := s.stream.Ack(c.txn); err != nil {
 			return err
@@ -212,7 +212,7 @@ func (s *session) flushNow(ctx context.Context) error {
 	if s.leader.inTxn {
 		return nil
 	}
-	done := s.order.committed()
+	done := s.order.Committed()
 	a := &s.acks
 	a.mu.Lock()
 	pos := a.persisted

@@ -130,8 +130,8 @@ func (s *session) commitGroup(ctx context.Context) error {
 		progress = last.EndLSN
 	}
 	for _, m := range g.members {
-		seq := s.order.assign()
-		s.order.finish(seq)
+		seq := s.order.Assign()
+		s.order.Finish(seq)
 		s.stats.txns.Add(1)
 		if !m.changed { // acknowledged without a target transaction of its own
 			s.stats.emptyTxns.Add(1)

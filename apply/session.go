@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/pgreorder/pgreorder/apply/internal/schedule"
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 	"github.com/pgreorder/pgreorder/replication"
@@ -42,16 +43,16 @@ type session struct {
 	// Eager and Parallel.
 	cancel    context.CancelCauseFunc // ends the session with the first error
 	wg        sync.WaitGroup          // the workers' and the watchdog's goroutines
-	order     *order
+	order     *schedule.Order
 	jobs      map[uint32]*job // by xid, until their commit or abort (leader only)
 	workers   []*worker
 	free      chan *worker
-	store     *spillStore
-	budget    *budget
+	store     *schedule.SpillStore
+	budget    *schedule.Budget
 	share     int64 // the memory one queue may hold
 	acks      acks
 	leaderJob atomic.Pointer[job] // the job the leader's connection applies, for the watchdog
-	deps      *tracker            // Parallel
+	deps      *schedule.Tracker   // Parallel
 }
 
 // session runs one session.
@@ -437,7 +438,7 @@ func (s *session) prepareProgress(ctx context.Context, tg *target) error {
 
 // runBuffered applies whole transactions, one at a time, on the leader's connection.
 func (s *session) runBuffered(ctx context.Context) error {
-	s.order = newOrder()
+	s.order = schedule.NewOrder()
 	defer s.abandonGroup()
 	for {
 		if err := s.ackCommitted(ctx); err != nil {
@@ -482,11 +483,11 @@ func (s *session) runBuffered(ctx context.Context) error {
 // The stream hands one out only when every transaction before it was acknowledged (none is
 // being received either), so every earlier commit is done and the wait returns at once.
 func (s *session) advanced(ctx context.Context, t *reorderbuffer.Txn) error {
-	seq := s.order.assign()
-	if err := s.order.wait(ctx, seq-1); err != nil {
+	seq := s.order.Assign()
+	if err := s.order.Wait(ctx, seq-1); err != nil {
 		return err
 	}
-	s.order.finish(seq)
+	s.order.Finish(seq)
 	s.committed(commitRef{seq: seq, txn: t}, false)
 	return nil
 }

@@ -44,11 +44,13 @@ var allowed = map[string][]string{
 	"format":   {"pgvalue", "reorderbuffer", "decoding", "internal/dirfile"},
 	"snapshot": {"replication", "decoding", "internal/pgconnect", "internal/copycodec"},
 	// The subscriber: apply orchestrates; its conflict vocabulary is a public leaf over decoding
-	// only, and the COPY codec it shares with snapshot another.
+	// only, and the COPY codec it shares with snapshot another; its scheduling (commit order,
+	// queues, dependencies) touches no server.
 	"apply": {"apply/conflict", "changefeed", "snapshot", "replication", "reorderbuffer", "decoding", "spill",
-		"internal/pgconnect", "internal/copycodec"},
-	"apply/conflict":     {"decoding"},
-	"internal/copycodec": {"decoding"},
+		"internal/pgconnect", "internal/copycodec", "apply/internal/schedule"},
+	"apply/conflict":          {"decoding"},
+	"apply/internal/schedule": {"decoding", "spill"},
+	"internal/copycodec":      {"decoding"},
 	// Helpers of tests and commands.
 	"internal/capture":  {"decoding"},
 	"internal/dirfile":  {},
