@@ -199,4 +199,19 @@
 // ErrSlotAhead: see above); and corrupt or lost data reported by the reorder buffer. Nothing at or after a refused transaction is acknowledged,
 // so a new Run, once the cause is fixed, resumes with it. A change refused while applied
 // concurrently with earlier transactions (Eager, Parallel) is first retried alone.
+//
+// # Layout
+//
+// Package apply is the orchestration: Applier, Config, the errors and Stats, the session (the
+// replication stream, grouping in Buffered, acknowledgements, the initial copy, the watchdog of
+// Eager and Parallel) and the target connections it applies through. Beside it:
+//
+//   - apply/conflict, public, imported by users: conflict types, resolutions, reports and their
+//     configuration (Config.Conflicts is a conflict.Config; a conflict that stops Run carries a
+//     *conflict.StopError). It depends on nothing of apply.
+//   - apply/internal/schedule: what Eager and Parallel schedule transactions with, touching no
+//     server: the commit order, the per-transaction queues with their shared memory budget and
+//     spill files, and Parallel's dependency tracker.
+//   - internal/copycodec: COPY's text and binary formats, which apply writes (inserts go out as
+//     COPY) and package snapshot reads.
 package apply
