@@ -141,6 +141,9 @@ type hooks struct {
 	stage func(ctx context.Context, stage string, x txnRef) error
 	// copyChunkSize, if set, is the initial copy's snapshot.Config.ChunkSize.
 	copyChunkSize int64
+	// now, if set, is the clock of the apply lag (tombstones' retention), of the group's age
+	// (Buffered) and of the commit time of a transaction whose commit has not arrived yet.
+	now func() time.Time
 }
 
 // txnRef identifies a source transaction to hooks.
@@ -149,6 +152,14 @@ type txnRef struct {
 	Streamed  bool
 	CommitLSN decoding.LSN
 	EndLSN    decoding.LSN
+}
+
+// now returns the time: time.Now, or the tests' clock.
+func (c *Config) now() time.Time {
+	if c.hooks != nil && c.hooks.now != nil {
+		return c.hooks.now()
+	}
+	return time.Now()
 }
 
 func (c *Config) hook(ctx context.Context, stage string, x txnRef) error {

@@ -131,7 +131,7 @@ func (tb *tombstones) want(m *relMap) {
 // committed records the apply lag of a source transaction just committed.
 func (tb *tombstones) committed(commitTime time.Time) {
 	if !commitTime.IsZero() {
-		tb.lag.Store(int64(time.Since(commitTime)))
+		tb.lag.Store(int64(tb.cfg.now().Sub(commitTime)))
 	}
 }
 

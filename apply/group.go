@@ -44,9 +44,9 @@ type groupMember struct {
 
 func (g *group) open() bool { return len(g.members) > 0 }
 
-// full says whether the group must commit before it takes another transaction.
-func (g *group) full() bool {
-	return len(g.members) >= groupMaxTxns || g.changes >= batchMaxOps || time.Since(g.opened) >= groupMaxAge
+// full says whether the group must commit before it takes another transaction, at time now.
+func (g *group) full(now time.Time) bool {
+	return len(g.members) >= groupMaxTxns || g.changes >= batchMaxOps || now.Sub(g.opened) >= groupMaxAge
 }
 
 func (g *group) xids() []uint32 {
@@ -70,13 +70,13 @@ func (s *session) applyGrouped(ctx context.Context, t *reorderbuffer.Txn) error 
 	// timestamp of all its rows (with an origin): under last_update_wins a row must carry its
 	// own transaction's time, or two sides replicating to each other can decide differently.
 	alone := s.a.serial[t.Xid] || (s.det != nil && s.leader.origin != "" && lastUpdateWins(&s.cfg.Conflicts))
-	if g.open() && (alone || g.full()) {
+	if g.open() && (alone || g.full(s.cfg.now())) {
 		if err := s.commitGroup(ctx); err != nil {
 			return err
 		}
 	}
 	if !g.open() {
-		g.opened = time.Now()
+		g.opened = s.cfg.now()
 	}
 	ref := txnRef{Xid: t.Xid, Streamed: t.Streamed, CommitLSN: t.CommitLSN, EndLSN: t.EndLSN}
 	g.members = append(g.members, groupMember{txn: t, ref: ref})

@@ -478,3 +478,30 @@ func concurrent(ctx context.Context, dsn string, rng *rand.Rand, clients, txns i
 	}
 	return first
 }
+
+// waitReplies waits until the source has received n more status updates from the walsender
+// client of slot (pg_stat_replication.reply_time moved n times).
+func waitReplies(t testing.TB, ctx context.Context, dsn, slot string, n int) {
+	t.Helper()
+	c, err := pgx.Connect(ctx, dsn)
+	must(t, err)
+	defer c.Close(context.Background())
+	var last *time.Time
+	for moved := -1; moved < n; {
+		var at *time.Time
+		err := c.QueryRow(ctx, `SELECT r.reply_time FROM pg_catalog.pg_stat_replication r
+			JOIN pg_catalog.pg_replication_slots s ON s.active_pid = r.pid WHERE s.slot_name = $1`, slot).Scan(&at)
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			t.Fatalf("reading reply_time: %v", err)
+		}
+		if at != nil && (last == nil || !at.Equal(*last)) {
+			moved++
+			last = at
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%d status updates of slot %s seen, want %d: %v", max(moved, 0), slot, n, ctx.Err())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
