@@ -15,38 +15,13 @@ import (
 	"github.com/pgreorder/pgreorder/internal/pgtest"
 )
 
-// count64 returns the result of a count query.
-func count64(t *testing.T, dsn, sql string) int64 {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	c, err := pgx.Connect(ctx, dsn)
-	must(t, err)
-	defer c.Close(context.Background())
-	var n int64
-	must(t, c.QueryRow(ctx, sql).Scan(&n))
-	return n
-}
-
-// eventually waits up to a minute for cond.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting: %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // TestTombstonesBounded deletes rows locally on the target without pause: the tombstones stay
 // within the retention, the purge removes the rest; an apply lag over the retention stops the
 // recording, and it resumes once the lag is back under it.
 func TestTombstonesBounded(t *testing.T) {
 	srv := conflictServer(t, testMajors[len(testMajors)-1])
 	e := conflictEnv(t, srv)
-	var log logBuffer
+	var log lockedBuffer
 	cfg := e.conflictConfig(t, &log, nil)
 	cfg.Conflicts.Retention = 300 * time.Millisecond
 	// The Applier's clock, ahead of the servers' by skew: an apply lag without waiting for one.
@@ -63,8 +38,7 @@ func TestTombstonesBounded(t *testing.T) {
 	e.waitMarker(t, r, 1)
 	waitTrigger(t, e.dst)
 
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	ctx := testCtx(t)
 	c, err := pgx.Connect(ctx, e.dst)
 	must(t, err)
 	defer c.Close(context.Background())
@@ -88,7 +62,7 @@ func TestTombstonesBounded(t *testing.T) {
 		t.Errorf("at most %d tombstones for %d deletions over ~2s with a retention of 300ms", most, deleted)
 	}
 	eventually(t, "the tombstones purged", func() bool {
-		return count64(t, e.dst, `SELECT count(*) FROM pgreorder_tombstones`) == 0
+		return count(t, e.dst, `SELECT count(*) FROM pgreorder_tombstones`) == 0
 	})
 	if st := r.a.Stats(); st.TombstonesPurged < deleted/2 || !st.RetentionActive {
 		t.Errorf("stats %+v: want most of %d tombstones purged, retention active", st, deleted)
@@ -103,14 +77,14 @@ func TestTombstonesBounded(t *testing.T) {
 	// The trigger no longer records: the deletion's transaction would have written the tombstone.
 	execOn(t, e.dst, `INSERT INTO kv VALUES (100, 100, 'l')`, `DELETE FROM kv WHERE id = 100`)
 	skew.Store(0)
-	if n := count64(t, e.dst, `SELECT count(*) FROM pgreorder_tombstones`); n != 0 {
+	if n := count(t, e.dst, `SELECT count(*) FROM pgreorder_tombstones`); n != 0 {
 		t.Errorf("%d tombstones recorded while retention is stopped", n)
 	}
 	execOn(t, e.src, `INSERT INTO marker VALUES (3)`)
 	e.waitMarker(t, r, 3)
 	eventually(t, "retention resumed", func() bool { return r.a.Stats().RetentionActive })
 	execOn(t, e.dst, `INSERT INTO kv VALUES (100, 100, 'l')`, `DELETE FROM kv WHERE id = 100`)
-	if n := count64(t, e.dst, `SELECT count(*) FROM pgreorder_tombstones`); n != 1 {
+	if n := count(t, e.dst, `SELECT count(*) FROM pgreorder_tombstones`); n != 1 {
 		t.Errorf("%d tombstones after a deletion with retention resumed, want 1", n)
 	}
 	for _, w := range []string{"apply lag exceeds the conflict retention", "deletions are recorded again"} {
@@ -127,10 +101,9 @@ type biEnv struct {
 	atob, btoa Config
 }
 
-func newBiEnv(t *testing.T, srv *pgtest.Server, log *logBuffer, schema []string, res map[conflict.Type]conflict.Resolution) *biEnv {
+func newBiEnv(t *testing.T, srv *pgtest.Server, log *lockedBuffer, schema []string, res map[conflict.Type]conflict.Resolution) *biEnv {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	ctx := testCtx(t)
 	dbA, dbB := pgtest.NewDatabase(t, srv), pgtest.NewDatabase(t, srv)
 	be := &biEnv{a: srv.ConnString(dbA), b: srv.ConnString(dbB)}
 	for _, db := range []string{dbA, dbB} {
@@ -157,14 +130,14 @@ func (be *biEnv) waitMarkers(t *testing.T, id int) {
 	execOn(t, be.a, fmt.Sprintf(`INSERT INTO marker VALUES (%d)`, id))
 	execOn(t, be.b, fmt.Sprintf(`INSERT INTO marker VALUES (%d)`, id+1))
 	q := fmt.Sprintf(`SELECT count(*) FROM marker WHERE id IN (%d, %d)`, id, id+1)
-	eventually(t, "markers on both sides", func() bool { return count64(t, be.a, q) == 2 && count64(t, be.b, q) == 2 })
+	eventually(t, "markers on both sides", func() bool { return count(t, be.a, q) == 2 && count(t, be.b, q) == 2 })
 }
 
 // TestBidirectional replicates two databases into each other with origin = none: every change
 // reaches the other side once, none comes back.
 func TestBidirectional(t *testing.T) {
 	srv := conflictServer(t, testMajors[len(testMajors)-1]) // origin = none: 16+
-	var log logBuffer
+	var log lockedBuffer
 	be := newBiEnv(t, srv, &log, conflictSchema, nil)
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -185,7 +158,7 @@ func TestBidirectional(t *testing.T) {
 	if ga, gb := rowsOf(t, be.a), rowsOf(t, be.b); ga != gb {
 		t.Fatalf("a has %q, b %q", ga, gb)
 	}
-	if n := count64(t, be.a, `SELECT count(*) FROM kv`); n != 30 {
+	if n := count(t, be.a, `SELECT count(*) FROM kv`); n != 30 {
 		t.Errorf("%d rows, want 30", n)
 	}
 	// Each Applier applied the other side's own transactions only: 20 inserts, one update or
@@ -209,7 +182,7 @@ func TestBidirectional(t *testing.T) {
 // the same keys, with last_update_wins: both sides end with the same rows.
 func TestLastUpdateWinsConverges(t *testing.T) {
 	srv := conflictServer(t, testMajors[len(testMajors)-1])
-	var log logBuffer
+	var log lockedBuffer
 	lww := map[conflict.Type]conflict.Resolution{}
 	for _, ct := range conflict.Types() {
 		lww[ct] = conflict.LastUpdateWins
@@ -256,7 +229,7 @@ func TestLastUpdateWinsConverges(t *testing.T) {
 func TestDetectionRoundTrips(t *testing.T) {
 	srv := conflictServer(t, testMajors[len(testMajors)-1])
 	e := conflictEnv(t, srv)
-	var log logBuffer
+	var log lockedBuffer
 	cfg := e.conflictConfig(t, &log, nil)
 	dropOrigins(t, e.dst, cfg.Origin)
 	execOn(t, e.src, `INSERT INTO kv VALUES (1, 1, 'x'), (2, 2, 'y')`, `INSERT INTO marker VALUES (1)`)

@@ -53,7 +53,7 @@ func TestResolutionSurvivesLaterCopy(t *testing.T) {
 				must(t, pgtest.Exec(ctx, e.src, append(append([]string{}, schema...), `CREATE PUBLICATION pub FOR ALL TABLES`,
 					`SELECT pg_create_logical_replication_slot('later_copy', 'pgoutput')`)...))
 				must(t, pgtest.Exec(ctx, e.dst, schema...))
-				var log logBuffer
+				var log lockedBuffer
 				resolutions := map[conflict.Type]conflict.Resolution{k.ct: res}
 				uRes := res
 				if k.ct != conflict.InsertExists {
@@ -120,8 +120,7 @@ func TestResolutionSurvivesLaterCopy(t *testing.T) {
 // tableRows returns a two-column table's rows as "id,v" strings, in id order.
 func tableRows(t *testing.T, dsn, table string) string {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	ctx := testCtx(t)
 	c, err := pgx.Connect(ctx, dsn)
 	must(t, err)
 	defer c.Close(context.Background())
@@ -133,8 +132,7 @@ func tableRows(t *testing.T, dsn, table string) string {
 // logRows returns the conflict log table's rows as relation:conflict:resolution, sorted.
 func logRows(t *testing.T, dsn string) string {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	ctx := testCtx(t)
 	c, err := pgx.Connect(ctx, dsn)
 	must(t, err)
 	defer c.Close(context.Background())

@@ -1,13 +1,11 @@
 package apply
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -42,24 +40,6 @@ func conflictServer(t *testing.T, major int) *pgtest.Server {
 	return srv
 }
 
-// logBuffer is a slog handler's output, safe for concurrent use.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 var conflictSchema = []string{
 	`CREATE TABLE kv (id int PRIMARY KEY, u int UNIQUE, v text)`,
 	`CREATE TABLE marker (id int PRIMARY KEY)`,
@@ -68,8 +48,7 @@ var conflictSchema = []string{
 // conflictEnv is a source and a target database of srv with the conflict schema.
 func conflictEnv(t *testing.T, srv *pgtest.Server) *env {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	ctx := testCtx(t)
 	srcDB, dstDB := pgtest.NewDatabase(t, srv), pgtest.NewDatabase(t, srv)
 	e := &env{srv: srv, src: srv.ConnString(srcDB), dst: srv.ConnString(dstDB), repl: srv.ReplicationConnString(srcDB), slot: "conflicts"}
 	must(t, pgtest.Exec(ctx, e.src, append(append([]string{}, conflictSchema...),
@@ -80,7 +59,7 @@ func conflictEnv(t *testing.T, srv *pgtest.Server) *env {
 }
 
 // conflictConfig is a Buffered Applier with an origin, logging into log.
-func (e *env) conflictConfig(t *testing.T, log *logBuffer, res map[conflict.Type]conflict.Resolution) Config {
+func (e *env) conflictConfig(t *testing.T, log *lockedBuffer, res map[conflict.Type]conflict.Resolution) Config {
 	cfg := e.config(t, Buffered)
 	cfg.Logger = slog.New(slog.NewTextHandler(log, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	cfg.Origin = "pgr_test_" + strings.TrimPrefix(e.dst[strings.LastIndex(e.dst, "dbname=")+7:], "'")
@@ -109,18 +88,10 @@ func dropOrigins(t *testing.T, dsn, origin string) {
 	})
 }
 
-func execOn(t *testing.T, dsn string, stmts ...string) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	must(t, pgtest.Exec(ctx, dsn, stmts...))
-}
-
 // rowsOf returns kv's rows as "id,u,v" strings, in id order.
 func rowsOf(t *testing.T, dsn string) string {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	ctx := testCtx(t)
 	c, err := pgx.Connect(ctx, dsn)
 	must(t, err)
 	defer c.Close(context.Background())
@@ -145,8 +116,7 @@ func (r *running) stopped(t *testing.T) error {
 // waitTrigger waits until the tombstone trigger is on kv.
 func waitTrigger(t *testing.T, dsn string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	ctx := testCtx(t)
 	c, err := pgx.Connect(ctx, dsn)
 	must(t, err)
 	defer c.Close(context.Background())
@@ -322,7 +292,7 @@ func conflictCases() []conflictCase {
 
 func runConflictCase(t *testing.T, srv *pgtest.Server, c conflictCase) {
 	e := conflictEnv(t, srv)
-	var log logBuffer
+	var log lockedBuffer
 	res := map[conflict.Type]conflict.Resolution{c.ct: c.res}
 	cfg := e.conflictConfig(t, &log, res)
 	cfg.Mode = c.mode
@@ -391,12 +361,12 @@ func runConflictCase(t *testing.T, srv *pgtest.Server, c conflictCase) {
 	if !c.stops {
 		q := fmt.Sprintf(`SELECT count(*) FROM conflict_log WHERE conflict = '%s' AND relation = '"public"."kv"' AND remote_xid > 0
 			AND remote_final_lsn IS NOT NULL AND remote_commit_ts IS NOT NULL AND slot = 'conflicts'`, c.ct)
-		if n := count64(t, e.dst, q); n != c.wantCount {
+		if n := count(t, e.dst, q); n != c.wantCount {
 			t.Errorf("%d rows in the conflict log table, want %d", n, c.wantCount)
 		}
 	}
 	if c.check != "" {
-		if n := count64(t, e.dst, c.check); n != 1 {
+		if n := count(t, e.dst, c.check); n != 1 {
 			t.Errorf("%s: %d, want 1", c.check, n)
 		}
 	}
@@ -424,7 +394,7 @@ func TestCopyWithOrigin(t *testing.T) {
 				`INSERT INTO kv SELECT g, g, 'copied' FROM generate_series(1, 200) g`,
 				`CREATE PUBLICATION pub FOR ALL TABLES`)...))
 			must(t, pgtest.Exec(ctx, e.dst, conflictSchema...))
-			var log logBuffer
+			var log lockedBuffer
 			cfg := e.conflictConfig(t, &log, nil)
 			cfg.Copy = true
 			dropOrigins(t, e.dst, cfg.Origin)
