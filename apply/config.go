@@ -51,6 +51,41 @@ func ParseMode(s string) (Mode, error) {
 	return 0, fmt.Errorf("%w: mode %q (want buffered, eager or parallel)", ErrInvalidConfig, s)
 }
 
+// SourceOrigin is pgoutput's origin option on the source: which changes it sends by the origin
+// they were committed with.
+type SourceOrigin int
+
+const (
+	// OriginUnset does not send the option: every change, as OriginAny (and the only choice
+	// before PostgreSQL 16).
+	OriginUnset SourceOrigin = iota
+	// OriginAny sends every change, whatever its origin.
+	OriginAny
+	// OriginNone sends only the changes committed without origin (PostgreSQL 16+): it leaves out
+	// what another replication, this Applier's reverse included, applied on the source.
+	OriginNone
+)
+
+var originNames = [...]string{OriginUnset: "", OriginAny: "any", OriginNone: "none"}
+
+// String returns the option's value: "", "any" or "none".
+func (o SourceOrigin) String() string {
+	if o >= 0 && int(o) < len(originNames) {
+		return originNames[o]
+	}
+	return fmt.Sprintf("SourceOrigin(%d)", int(o))
+}
+
+// ParseSourceOrigin parses "", "any" or "none".
+func ParseSourceOrigin(s string) (SourceOrigin, error) {
+	for o, n := range originNames {
+		if strings.EqualFold(s, n) {
+			return SourceOrigin(o), nil
+		}
+	}
+	return 0, fmt.Errorf("%w: SourceOrigin %q (want \"\", any or none)", ErrInvalidConfig, s)
+}
+
 // Defaults of zero Config fields.
 const (
 	// DefaultProgressTable is the target table that records, per slot, the end LSN of the last
@@ -184,10 +219,10 @@ type Config struct {
 	// Setting up an origin takes a superuser or a role granted EXECUTE on the functions; without
 	// it the Applier says so once and commits without origin. "" commits without origin.
 	Origin string
-	// SourceOrigin is pgoutput's origin option on the source: "" (not sent: every change),
-	// "any", or "none" (PostgreSQL 16+: only changes committed without origin, which leaves out
-	// what another replication, this Applier's reverse included, applied there).
-	SourceOrigin string
+	// SourceOrigin is pgoutput's origin option on the source (see the constants): OriginNone
+	// (PostgreSQL 16+) sends only the changes committed without origin, which leaves out what
+	// another replication, this Applier's reverse included, applied there.
+	SourceOrigin SourceOrigin
 	// Conflicts configures conflict detection, resolution and reporting.
 	Conflicts conflict.Config
 
@@ -242,10 +277,8 @@ func (c Config) validate() (Config, error) {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
-	switch strings.ToLower(c.SourceOrigin) {
-	case "", "any", "none":
-	default:
-		return bad("SourceOrigin %q (want \"\", any or none)", c.SourceOrigin)
+	if c.SourceOrigin < OriginUnset || c.SourceOrigin > OriginNone {
+		return bad("SourceOrigin %d", int(c.SourceOrigin))
 	}
 	var err error
 	if c.Conflicts, err = validateConflicts(c.Conflicts); err != nil {

@@ -113,7 +113,7 @@ func newBiEnv(t *testing.T, srv *pgtest.Server, log *lockedBuffer, schema []stri
 	}
 	mk := func(src, dst, srcDB, dstDB, name string) Config {
 		return Config{Source: srv.ReplicationConnString(srcDB), Target: srv.ConnString(dstDB), Slot: "bi_" + srcDB,
-			Publications: []string{"pub"}, StatusInterval: 100 * time.Millisecond, SourceOrigin: "none",
+			Publications: []string{"pub"}, StatusInterval: 100 * time.Millisecond, SourceOrigin: OriginNone,
 			Origin: "pgr_" + name + "_" + dstDB, Conflicts: conflict.Config{Resolutions: res},
 			Logger: slog.New(slog.NewTextHandler(log, &slog.HandlerOptions{Level: slog.LevelInfo})).With("dir", name)}
 	}

@@ -160,7 +160,7 @@
 // checks cost no round trip when nothing conflicts: rows are looked up only for statements that
 // met a conflict. Config.Origin marks the applied transactions with a replication origin, which
 // lets the target tell the Applier's rows from others' (with track_commit_timestamp) and lets a
-// reverse replication leave them out (Config.SourceOrigin "none"): two databases can replicate
+// reverse replication leave them out (Config.SourceOrigin OriginNone): two databases can replicate
 // into each other. conflict.Config.Retention turns on update_deleted detection, from a bounded
 // record of the target's local deletions rather than retained dead tuples; Applier.Uninstall
 // removes that record (and, as asked, the slot's progress and the origins) from the target.

@@ -167,3 +167,20 @@ func TestRefusedConcurrent(t *testing.T) {
 		}
 	}
 }
+
+// TestSourceOrigin: the origin option's names parse back to their values, and a value out of
+// range is a configuration error.
+func TestSourceOrigin(t *testing.T) {
+	for _, o := range []SourceOrigin{OriginUnset, OriginAny, OriginNone} {
+		if got, err := ParseSourceOrigin(o.String()); err != nil || got != o {
+			t.Errorf("ParseSourceOrigin(%q) = %v, %v", o, got, err)
+		}
+	}
+	if _, err := ParseSourceOrigin("some"); !errors.Is(err, ErrInvalidConfig) {
+		t.Errorf("ParseSourceOrigin(some): %v", err)
+	}
+	cfg := Config{Source: "host=/nonexistent", Target: "host=/nonexistent", Slot: "s", Publications: []string{"p"}, SourceOrigin: 7}
+	if _, err := cfg.validate(); !errors.Is(err, ErrInvalidConfig) {
+		t.Errorf("SourceOrigin 7: %v", err)
+	}
+}

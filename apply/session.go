@@ -108,7 +108,7 @@ func (a *Applier) session(parent context.Context) (err error) {
 		Publications:   s.cfg.Publications,
 		CreateSlot:     s.cfg.CreateSlot,
 		Binary:         s.cfg.Binary,
-		Origin:         s.cfg.SourceOrigin,
+		Origin:         s.cfg.SourceOrigin.String(),
 		StatusInterval: s.cfg.StatusInterval,
 		Reconnect:      replication.ReconnectPolicy{SlotWait: s.cfg.SlotWait},
 		Logger:         s.log,
@@ -304,7 +304,7 @@ func (k progressKey) args(end decoding.LSN) [][]byte {
 // It also returns the slot as it is then, or nil if it does not exist.
 func identifySource(ctx context.Context, cfg *Config) (replication.System, *replication.SlotInfo, error) {
 	conn, err := replication.Connect(ctx, replication.Config{ConnString: cfg.Source, Slot: cfg.Slot,
-		Publications: cfg.Publications, Binary: cfg.Binary, Origin: cfg.SourceOrigin})
+		Publications: cfg.Publications, Binary: cfg.Binary, Origin: cfg.SourceOrigin.String()})
 	if err != nil {
 		return replication.System{}, nil, err
 	}

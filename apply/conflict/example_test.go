@@ -17,8 +17,8 @@ func ExampleParseResolutions() {
 		return
 	}
 	cfg := apply.Config{
-		Origin:       "pgreorder_app", // marks the applied transactions: no loops, *_origin_differs
-		SourceOrigin: "none",          // the other direction's applied changes are not sent back
+		Origin:       "pgreorder_app",  // marks the applied transactions: no loops, *_origin_differs
+		SourceOrigin: apply.OriginNone, // the other direction's applied changes are not sent back
 		Conflicts: conflict.Config{
 			Resolutions: res,
 			Retention:   5 * time.Minute, // update_deleted: tombstones of local deletions, kept 5 minutes

@@ -176,6 +176,10 @@ func (f *applyFlags) config(fs *flag.FlagSet) (apply.Config, error) {
 	if err != nil {
 		return apply.Config{}, err
 	}
+	sourceOrigin, err := apply.ParseSourceOrigin(f.sourceOrigin)
+	if err != nil {
+		return apply.Config{}, fmt.Errorf("-source-origin %q: want any or none", f.sourceOrigin)
+	}
 	res, err := conflict.ParseResolutions(f.resolutions, nil)
 	if err != nil {
 		return apply.Config{}, fmt.Errorf("-conflict: %w", err)
@@ -204,7 +208,7 @@ func (f *applyFlags) config(fs *flag.FlagSet) (apply.Config, error) {
 		StatusInterval:    f.status,
 		SlotWait:          cliSlotWait(f.slotWait),
 		Origin:            f.origin,
-		SourceOrigin:      f.sourceOrigin,
+		SourceOrigin:      sourceOrigin,
 		Conflicts: conflict.Config{
 			Off:         f.noDetection,
 			Resolutions: res,
