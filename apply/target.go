@@ -76,8 +76,22 @@ type target struct {
 	pendingPrepare []prepare // statements to prepare before the next batch
 
 	// Conflict detection (see conflict_detect.go): nil when off.
-	det     *detection
-	origin  string // the replication origin set up in the session, or ""
+	det    *detection
+	origin string // the replication origin set up in the session, or ""
+	conflictState
+
+	// The rows the open target transaction applied, added to the stats once it commits (a
+	// transaction rolled back and applied again counts its rows once). They are counted as the
+	// results of the batch arrive, in its order; rowMarks are the counts at each savepoint whose
+	// result arrived, which a rollback to it restores.
+	rows     rowCounts
+	rowMarks []rowMark
+}
+
+// conflictState is what a target keeps of the transaction it applies for conflict detection
+// and reports: the source transactions, the conflicts met and their savepoint marks, and the
+// statements' parameters to resolve them with.
+type conflictState struct {
 	cinfo   map[*relInfo]*relConflict
 	remote  remoteTxn          // the source transaction being applied
 	reports []*conflict.Report // the transaction's conflicts, reported once it commits
@@ -85,12 +99,6 @@ type target struct {
 	insSrcs []int32            // per row of the insert run: its source transaction, in srcs
 	opSrc   remoteTxn          // the source transaction of the change whose conflict is being resolved
 	marks   []reportMark       // per savepoint taken: the reports made before it
-	// The rows the open target transaction applied, added to the stats once it commits (a
-	// transaction rolled back and applied again counts its rows once). They are counted as the
-	// results of the batch arrive, in its order; rowMarks are the counts at each savepoint whose
-	// result arrived, which a rollback to it restores.
-	rows     rowCounts
-	rowMarks []rowMark
 	// resolved counts the conflicts resolved (statements looked up after they changed no row
 	// or violated a unique constraint), so that a savepoint taken before a resolution can be
 	// taken again after it.
