@@ -211,7 +211,8 @@
 //     *conflict.StopError). It depends on nothing of apply.
 //   - apply/internal/schedule: what Eager and Parallel schedule transactions with, touching no
 //     server: the commit order, the per-transaction queues with their shared memory budget and
-//     spill files, and Parallel's dependency tracker.
+//     spill files, Parallel's dependency tracker, and the watchdog's rule for lock waits between
+//     the Applier's own connections.
 //   - internal/copycodec: COPY's text and binary formats, which apply writes (inserts go out as
 //     COPY) and package snapshot reads.
 package apply

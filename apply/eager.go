@@ -71,13 +71,6 @@ type job struct {
 	waitFor uint64          // the highest sequence number a recWait was queued for
 }
 
-func (j *job) rank() uint64 {
-	if s := j.Seq.Load(); s != 0 {
-		return s
-	}
-	return ^uint64(0) // not committed yet: after every committed one
-}
-
 // worker is a goroutine with a target connection that applies one job at a time.
 type worker struct {
 	id    int
