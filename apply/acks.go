@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 )
 
@@ -38,17 +39,17 @@ const (
 type commitRef struct {
 	seq      uint64
 	txn      *reorderbuffer.Txn
-	job      *job // nil in Buffered
-	progress LSN  // the progress row its target transaction wrote; 0 for none
+	job      *job         // nil in Buffered
+	progress decoding.LSN // the progress row its target transaction wrote; 0 for none
 }
 
 // acks holds the commits made and not yet acknowledged, in commit order.
 type acks struct {
 	mu        sync.Mutex
 	list      []commitRef
-	flushed   uint64 // every commit up to this sequence number is durable
-	persisted LSN    // a durable progress row is at or past this position
-	waiting   bool   // the leader waits in Next on wake
+	flushed   uint64       // every commit up to this sequence number is durable
+	persisted decoding.LSN // a durable progress row is at or past this position
+	waiting   bool         // the leader waits in Next on wake
 	wake      context.Context
 	cancel    context.CancelFunc
 
@@ -112,7 +113,7 @@ func (s *session) committed(c commitRef, durable bool) {
 }
 
 // markFlushed records that every commit up to seq is durable, and a progress row at pos.
-func (s *session) markFlushed(seq uint64, pos LSN) {
+func (s *session) markFlushed(seq uint64, pos decoding.LSN) {
 	a := &s.acks
 	a.mu.Lock()
 	a.flushed = max(a.flushed, seq)
@@ -140,7 +141,7 @@ func (s *session) ackCommitted(ctx context.Context) error {
 	}
 	for _, c := range ready {
 		if c.job != nil && s.deps != nil {
-			s.deps.release(c.job)
+			s.deps.Release(&c.job.Job)
 		}
 		if err := s.stream.Ack(c.txn); err != nil {
 			return err
@@ -212,7 +213,7 @@ func (s *session) flushNow(ctx context.Context) error {
 	if s.leader.inTxn {
 		return nil
 	}
-	done := s.order.committed()
+	done := s.order.Committed()
 	a := &s.acks
 	a.mu.Lock()
 	pos := a.persisted

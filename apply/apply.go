@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/pgreorder/pgreorder/decoding"
 )
 
 // Retry delays of Run after a retryable error: doubling from minRetryDelay to maxRetryDelay for
@@ -140,14 +142,25 @@ type hooks struct {
 	stage func(ctx context.Context, stage string, x txnRef) error
 	// copyChunkSize, if set, is the initial copy's snapshot.Config.ChunkSize.
 	copyChunkSize int64
+	// now, if set, is the clock of the apply lag (tombstones' retention), of the group's age
+	// (Buffered) and of the commit time of a transaction whose commit has not arrived yet.
+	now func() time.Time
 }
 
 // txnRef identifies a source transaction to hooks.
 type txnRef struct {
 	Xid       uint32
 	Streamed  bool
-	CommitLSN LSN
-	EndLSN    LSN
+	CommitLSN decoding.LSN
+	EndLSN    decoding.LSN
+}
+
+// now returns the time: time.Now, or the tests' clock.
+func (c *Config) now() time.Time {
+	if c.hooks != nil && c.hooks.now != nil {
+		return c.hooks.now()
+	}
+	return time.Now()
 }
 
 func (c *Config) hook(ctx context.Context, stage string, x txnRef) error {

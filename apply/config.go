@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgreorder/pgreorder/apply/conflict"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 	"github.com/pgreorder/pgreorder/replication"
 )
@@ -201,7 +202,7 @@ type Config struct {
 	// Applier's reverse included, applied there).
 	OriginFilter replication.OriginFilter
 	// Conflicts configures conflict detection, resolution and reporting.
-	Conflicts ConflictConfig
+	Conflicts conflict.Config
 
 	hooks *hooks // tests only: fault injection
 }
@@ -262,7 +263,7 @@ func (c Config) validate() (Config, error) {
 		return bad("unknown OriginFilter %d", int(c.OriginFilter))
 	}
 	var err error
-	if c.Conflicts, err = c.Conflicts.validate(); err != nil {
+	if c.Conflicts, err = validateConflicts(c.Conflicts); err != nil {
 		return c, err
 	}
 	return c, nil

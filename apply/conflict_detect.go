@@ -14,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgreorder/pgreorder/apply/conflict"
 	"github.com/pgreorder/pgreorder/decoding"
 )
 
@@ -44,12 +45,12 @@ import (
 // detection is what a session knows about the target for conflict detection; shared by its
 // targets, read-only once made.
 type detection struct {
-	cfg     *ConflictConfig
+	cfg     *conflict.Config
 	trackTS bool     // the target has track_commit_timestamp on
 	ours    []uint32 // the Applier's replication origins' ids, when it has origins
 	origin  string   // the Applier's (the leader's) origin name, or ""
 	tomb    *tombstones
-	logSQL  string // inserts conflict rows into ConflictConfig.LogTable, or ""
+	logSQL  string // inserts conflict rows into conflict.Config.LogTable, or ""
 	log     *slog.Logger
 }
 
@@ -61,7 +62,7 @@ type remoteTxn struct {
 	xid        uint32
 	commitTime time.Time // zero until known (a transaction applied before its commit arrived)
 	origin     string
-	end        LSN
+	end        decoding.LSN
 }
 
 // relConflict is what detection needs of a target table: its unique indexes.
@@ -357,7 +358,7 @@ func (t *target) localQuery(m *relMap, cond []byte) string {
 
 // localRow is a row localQuery returned.
 type localRow struct {
-	LocalRow
+	conflict.LocalRow
 	tableoid, ctid string
 }
 
@@ -367,9 +368,9 @@ func (t *target) parseLocal(m *relMap, r [][]byte) localRow {
 	l.Xid = uint32(x)
 	l.tableoid, l.ctid = string(r[1]), string(r[2])
 	n := len(m.cols)
-	l.Row = make([]ColumnValue, n)
+	l.Row = make([]conflict.ColumnValue, n)
 	for i := range n {
-		l.Row[i] = ColumnValue{Name: m.info.rel.Columns[i].Name, Value: textValue(r[3+i], 0)}
+		l.Row[i] = conflict.ColumnValue{Name: m.info.rel.Columns[i].Name, Value: textValue(r[3+i], 0)}
 	}
 	if t.det.trackTS && len(r) >= 5+n {
 		if r[3+n] != nil {
@@ -400,11 +401,11 @@ func textValue(v []byte, format int16) *string {
 }
 
 // identityOf describes the replica identity op names.
-func identityOf(m *relMap, st *stmt, key [][]byte, formats []int16) []ColumnValue {
-	var out []ColumnValue
+func identityOf(m *relMap, st *stmt, key [][]byte, formats []int16) []conflict.ColumnValue {
+	var out []conflict.ColumnValue
 	k := 0
 	add := func(i int, s byte) {
-		cv := ColumnValue{Name: m.info.rel.Columns[i].Name}
+		cv := conflict.ColumnValue{Name: m.info.rel.Columns[i].Name}
 		if s == 1 && k < len(key) {
 			cv.Value = textValue(key[k], formats[k])
 			k++
@@ -426,41 +427,41 @@ func identityOf(m *relMap, st *stmt, key [][]byte, formats []int16) []ColumnValu
 }
 
 // rowOf describes a kept source row.
-func rowOf(m *relMap, row [][]byte, formats []int16) []ColumnValue {
-	out := make([]ColumnValue, 0, len(row))
+func rowOf(m *relMap, row [][]byte, formats []int16) []conflict.ColumnValue {
+	out := make([]conflict.ColumnValue, 0, len(row))
 	for i, v := range row {
 		if formats[i] == fmtUnchanged {
 			continue
 		}
-		out = append(out, ColumnValue{Name: m.info.rel.Columns[i].Name, Value: textValue(v, formats[i])})
+		out = append(out, conflict.ColumnValue{Name: m.info.rel.Columns[i].Name, Value: textValue(v, formats[i])})
 	}
 	return out
 }
 
 // newConflict starts the report of a conflict of the transaction being applied.
-func (t *target) newConflict(ct ConflictType, m *relMap) *Conflict {
+func (t *target) newConflict(ct conflict.Type, m *relMap) *conflict.Report {
 	r := t.opSrc
-	c := &Conflict{Type: ct, Relation: m.name, RemoteXid: r.xid, RemoteFinalLSN: r.end,
+	c := &conflict.Report{Type: ct, Relation: m.name, RemoteXid: r.xid, RemoteFinalLSN: r.end,
 		RemoteCommitTime: r.commitTime, RemoteOrigin: r.origin}
 	return c
 }
 
 // resolve decides what to do about c: it returns whether to apply the source change, or an
-// error when the resolution is ResolveError. The report is kept until the transaction commits.
-func (t *target) resolve(c *Conflict, op string) (bool, error) {
-	r := t.det.cfg.resolution(c.Type)
+// error when the resolution is conflict.Error. The report is kept until the transaction commits.
+func (t *target) resolve(c *conflict.Report, op Op) (bool, error) {
+	r := t.det.cfg.Resolution(c.Type)
 	apply := false
 	switch r {
-	case ResolveApplyRemote:
+	case conflict.ApplyRemote:
 		apply = true
-	case ResolveLastUpdateWins:
+	case conflict.LastUpdateWins:
 		apply = t.remoteWins(c)
 		if apply {
-			r, c.Winner = ResolveApplyRemote, "remote"
+			r, c.Winner = conflict.ApplyRemote, conflict.RemoteWins
 		} else {
-			r, c.Winner = ResolveKeepLocal, "local"
+			r, c.Winner = conflict.Skip, conflict.LocalWins
 		}
-	case ResolveError:
+	case conflict.Error:
 		c.Resolution = r
 		return false, &changeError{kind: ErrConflict, op: op, relation: c.Relation, err: newConflictError(c)}
 	}
@@ -473,10 +474,10 @@ func (t *target) resolve(c *Conflict, op string) (bool, error) {
 // update_deleted, the deletion's): the later wins. A source transaction whose commit has not
 // arrived yet commits after now. Equal times are decided by the rows' text, the greater
 // winning, so that two nodes replicating to each other pick the same version.
-func (t *target) remoteWins(c *Conflict) bool {
+func (t *target) remoteWins(c *conflict.Report) bool {
 	rt := t.opSrc.commitTime
 	if rt.IsZero() {
-		rt = time.Now()
+		rt = t.cfg.now()
 	}
 	for _, l := range c.Local {
 		switch {
@@ -492,7 +493,7 @@ func (t *target) remoteWins(c *Conflict) bool {
 	return true
 }
 
-func rowText(row []ColumnValue) string {
+func rowText(row []conflict.ColumnValue) string {
 	var b strings.Builder
 	for _, c := range row {
 		if c.Value == nil {
@@ -507,10 +508,10 @@ func rowText(row []ColumnValue) string {
 // conflictStopped counts and logs a conflict that stops Run (err is the transaction's final
 // error: a transaction retried alone after failing among others is counted once).
 func (s *session) conflictStopped(err error) {
-	var ce *ConflictError
+	var ce *conflict.StopError
 	if errors.As(err, &ce) {
-		s.stats.conflicts[ce.Conflict.Type].Add(1)
-		ce.Conflict.log(s.log, slog.LevelError)
+		s.stats.conflicts[ce.Report.Type].Add(1)
+		logConflict(ce.Report, s.log, slog.LevelError)
 	}
 }
 
@@ -534,7 +535,7 @@ func (t *target) completeReports() {
 func (t *target) emitReports() {
 	for _, c := range t.reports {
 		t.stats.conflicts[c.Type].Add(1)
-		c.log(t.log, slog.LevelWarn)
+		logConflict(c, t.log, slog.LevelWarn)
 	}
 	t.dropReports()
 }
@@ -574,19 +575,19 @@ func (t *target) resolveMissed(ctx context.Context, op batchOp) error {
 
 // uniqueLocals looks up, for each unique index of m, the local row holding the key of row;
 // skip names a row not to count (the one an UPDATE changes).
-func (t *target) uniqueLocals(ctx context.Context, m *relMap, row [][]byte, formats []int16, skip *localRow) ([]LocalRow, []localRow, error) {
+func (t *target) uniqueLocals(ctx context.Context, m *relMap, row [][]byte, formats []int16, skip *localRow) ([]conflict.LocalRow, []localRow, error) {
 	rc, err := t.conflictInfo(ctx, m)
 	if err != nil {
 		return nil, nil, err
 	}
-	var reps []LocalRow
+	var reps []conflict.LocalRow
 	var rows []localRow
 	for _, ix := range rc.unique {
 		var cond []byte
 		var params [][]byte
 		var fmts []int16
 		var oids []uint32
-		var key []ColumnValue
+		var key []conflict.ColumnValue
 		usable := true
 		for j, i := range ix.cols {
 			if row[i] == nil || formats[i] == fmtUnchanged {
@@ -598,7 +599,7 @@ func (t *target) uniqueLocals(ctx context.Context, m *relMap, row [][]byte, form
 			}
 			cond = append(cond, m.cols[i].name+" = $"+strconv.Itoa(j+1)...)
 			params, fmts, oids = append(params, row[i]), append(fmts, formats[i]), append(oids, m.cols[i].typeOID)
-			key = append(key, ColumnValue{Name: m.info.rel.Columns[i].Name, Value: textValue(row[i], formats[i])})
+			key = append(key, conflict.ColumnValue{Name: m.info.rel.Columns[i].Name, Value: textValue(row[i], formats[i])})
 		}
 		if !usable {
 			continue
@@ -654,13 +655,13 @@ func (t *target) insertConflict(ctx context.Context, op batchOp) error {
 			return err
 		}
 		if len(reps) > 0 {
-			ct := InsertExists
+			ct := conflict.InsertExists
 			if len(reps) > 1 {
-				ct = MultipleUniqueConflicts
+				ct = conflict.MultipleUniqueConflicts
 			}
 			c := t.newConflict(ct, m)
 			c.Remote, c.Local = rowOf(m, row, formats), reps
-			apply, err := t.resolve(c, "INSERT")
+			apply, err := t.resolve(c, OpInsert)
 			if err != nil || !apply {
 				return err
 			}
@@ -675,7 +676,7 @@ func (t *target) insertConflict(ctx context.Context, op batchOp) error {
 		}
 		_, err = t.exec(ctx, op.st.plain, row, op.st.oids, formats)
 		if err == nil {
-			t.stats.inserts.Add(1)
+			t.rows.inserts++
 			_, err = t.exec(ctx, "RELEASE SAVEPOINT pgr_insert", nil, nil, nil)
 			return err
 		}
@@ -696,7 +697,7 @@ func (t *target) rowMissed(ctx context.Context, op batchOp) error {
 	m, st := op.rel, op.st
 	params, formats := t.kept(op.arg, op.narg)
 	key, keyFormats := params[op.keyAt:], formats[op.keyAt:]
-	var remote []ColumnValue
+	var remote []conflict.ColumnValue
 	var newRow [][]byte
 	var newFormats []int16
 	if op.op == 'U' {
@@ -715,12 +716,12 @@ func (t *target) rowMissed(ctx context.Context, op batchOp) error {
 		}
 		if len(res.Rows) > 0 {
 			l := t.parseLocal(m, res.Rows[0])
-			ct := UpdateOriginDiffers
+			ct := conflict.UpdateOriginDiffers
 			if op.op == 'D' {
-				ct = DeleteOriginDiffers
+				ct = conflict.DeleteOriginDiffers
 			}
 			c := t.newConflict(ct, m)
-			c.Remote, c.Identity, c.IdentityFull, c.Local = remote, identityOf(m, st, key, keyFormats), st.full, []LocalRow{l.LocalRow}
+			c.Remote, c.Identity, c.IdentityFull, c.Local = remote, identityOf(m, st, key, keyFormats), st.full, []conflict.LocalRow{l.LocalRow}
 			apply, err := t.resolve(c, opName)
 			if err != nil || !apply {
 				return err
@@ -736,16 +737,16 @@ func (t *target) rowMissed(ctx context.Context, op batchOp) error {
 		}
 	}
 	if op.op == 'D' {
-		c := t.newConflict(DeleteMissing, m)
+		c := t.newConflict(conflict.DeleteMissing, m)
 		c.Identity, c.IdentityFull = identityOf(m, st, key, keyFormats), st.full
 		_, err := t.resolve(c, opName)
-		if err == nil && c.Resolution == ResolveApplyRemote {
+		if err == nil && c.Resolution == conflict.ApplyRemote {
 			c.Note = "no row to delete"
 		}
 		return err
 	}
-	ct := UpdateMissing
-	var deleted *LocalRow
+	ct := conflict.UpdateMissing
+	var deleted *conflict.LocalRow
 	if t.det.tomb != nil && !st.full && len(m.key) > 0 {
 		d, err := t.det.tomb.lookup(ctx, t, m, key, keyFormats)
 		if err != nil {
@@ -753,13 +754,13 @@ func (t *target) rowMissed(ctx context.Context, op batchOp) error {
 		}
 		rt := t.opSrc.commitTime
 		if d != nil && (rt.IsZero() || d.CommitTime.After(rt)) {
-			ct, deleted = UpdateDeleted, d
+			ct, deleted = conflict.UpdateDeleted, d
 		}
 	}
 	c := t.newConflict(ct, m)
 	c.Remote, c.Identity, c.IdentityFull = remote, identityOf(m, st, key, keyFormats), st.full
 	if deleted != nil {
-		c.Local = []LocalRow{*deleted}
+		c.Local = []conflict.LocalRow{*deleted}
 	}
 	apply, err := t.resolve(c, opName)
 	if err != nil || !apply {
@@ -781,7 +782,7 @@ func (t *target) rowMissed(ctx context.Context, op batchOp) error {
 	if _, err := t.exec(ctx, sql, newRow, t.insertOIDs(m), newFormats); err != nil {
 		return t.statementError(batchOp{op: 'I', rel: m}, err)
 	}
-	t.stats.inserts.Add(1)
+	t.rows.inserts++
 	return nil
 }
 
@@ -852,13 +853,13 @@ func (t *target) updateExists(ctx context.Context, op batchOp, cause error, ops 
 	if len(reps) == 0 {
 		return cause // an exclusion constraint, or not a conflict this can resolve
 	}
-	ct := UpdateExists
+	ct := conflict.UpdateExists
 	if len(reps) > 1 {
-		ct = MultipleUniqueConflicts
+		ct = conflict.MultipleUniqueConflicts
 	}
 	c := t.newConflict(ct, m)
 	c.Remote, c.Identity, c.IdentityFull, c.Local = rowOf(m, newRow, newFormats), identityOf(m, st, key, keyFormats), st.full, reps
-	apply, err := t.resolve(c, "UPDATE")
+	apply, err := t.resolve(c, OpUpdate)
 	if err != nil || !apply {
 		return err
 	}

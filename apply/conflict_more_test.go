@@ -5,39 +5,16 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgreorder/pgreorder/apply/conflict"
 	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
 	"github.com/pgreorder/pgreorder/replication"
 )
-
-// count64 returns the result of a count query.
-func count64(t *testing.T, dsn, sql string) int64 {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	c, err := pgx.Connect(ctx, dsn)
-	must(t, err)
-	defer c.Close(context.Background())
-	var n int64
-	must(t, c.QueryRow(ctx, sql).Scan(&n))
-	return n
-}
-
-// eventually waits up to a minute for cond.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting: %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
 
 // TestTombstonesBounded deletes rows locally on the target without pause: the tombstones stay
 // within the retention, the purge removes the rest; an apply lag over the retention stops the
@@ -45,9 +22,12 @@ func eventually(t *testing.T, what string, cond func() bool) {
 func TestTombstonesBounded(t *testing.T) {
 	srv := conflictServer(t, testMajors[len(testMajors)-1])
 	e := conflictEnv(t, srv)
-	var log logBuffer
+	var log lockedBuffer
 	cfg := e.conflictConfig(t, &log, nil)
 	cfg.Conflicts.Retention = 300 * time.Millisecond
+	// The Applier's clock, ahead of the servers' by skew: an apply lag without waiting for one.
+	var skew atomic.Int64
+	cfg.hooks = &hooks{now: func() time.Time { return time.Now().Add(time.Duration(skew.Load())) }}
 	dropOrigins(t, e.dst, cfg.Origin)
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -59,8 +39,7 @@ func TestTombstonesBounded(t *testing.T) {
 	e.waitMarker(t, r, 1)
 	waitTrigger(t, e.dst)
 
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	ctx := testCtx(t)
 	c, err := pgx.Connect(ctx, e.dst)
 	must(t, err)
 	defer c.Close(context.Background())
@@ -84,29 +63,29 @@ func TestTombstonesBounded(t *testing.T) {
 		t.Errorf("at most %d tombstones for %d deletions over ~2s with a retention of 300ms", most, deleted)
 	}
 	eventually(t, "the tombstones purged", func() bool {
-		return count64(t, e.dst, `SELECT count(*) FROM pgreorder_tombstones`) == 0
+		return count(t, e.dst, `SELECT count(*) FROM pgreorder_tombstones`) == 0
 	})
 	if st := r.a.Stats(); st.TombstonesPurged < deleted/2 || !st.RetentionActive {
 		t.Errorf("stats %+v: want most of %d tombstones purged, retention active", st, deleted)
 	}
 
-	// A lag over the retention: the source commits while the Applier is stopped.
-	r.halt(t)
+	// A lag over the retention: the source's transactions reach the Applier a second after
+	// their commit, by its clock.
+	skew.Store(int64(time.Second))
 	execOn(t, e.src, `INSERT INTO kv VALUES (2, 2, 'late')`, `INSERT INTO marker VALUES (2)`)
-	time.Sleep(time.Second)
-	r = start(t, cfg)
 	e.waitMarker(t, r, 2)
 	eventually(t, "retention stopped", func() bool { return r.a.Stats().RetentionStops == 1 && !r.a.Stats().RetentionActive })
+	// The trigger no longer records: the deletion's transaction would have written the tombstone.
 	execOn(t, e.dst, `INSERT INTO kv VALUES (100, 100, 'l')`, `DELETE FROM kv WHERE id = 100`)
-	time.Sleep(100 * time.Millisecond)
-	if n := count64(t, e.dst, `SELECT count(*) FROM pgreorder_tombstones`); n != 0 {
+	skew.Store(0)
+	if n := count(t, e.dst, `SELECT count(*) FROM pgreorder_tombstones`); n != 0 {
 		t.Errorf("%d tombstones recorded while retention is stopped", n)
 	}
 	execOn(t, e.src, `INSERT INTO marker VALUES (3)`)
 	e.waitMarker(t, r, 3)
 	eventually(t, "retention resumed", func() bool { return r.a.Stats().RetentionActive })
 	execOn(t, e.dst, `INSERT INTO kv VALUES (100, 100, 'l')`, `DELETE FROM kv WHERE id = 100`)
-	if n := count64(t, e.dst, `SELECT count(*) FROM pgreorder_tombstones`); n != 1 {
+	if n := count(t, e.dst, `SELECT count(*) FROM pgreorder_tombstones`); n != 1 {
 		t.Errorf("%d tombstones after a deletion with retention resumed, want 1", n)
 	}
 	for _, w := range []string{"apply lag exceeds the conflict retention", "deletions are recorded again"} {
@@ -123,10 +102,9 @@ type biEnv struct {
 	atob, btoa Config
 }
 
-func newBiEnv(t *testing.T, srv *pgtest.Server, log *logBuffer, schema []string, res map[ConflictType]Resolution) *biEnv {
+func newBiEnv(t *testing.T, srv *pgtest.Server, log *lockedBuffer, schema []string, res map[conflict.Type]conflict.Resolution) *biEnv {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	ctx := testCtx(t)
 	dbA, dbB := pgtest.NewDatabase(t, srv), pgtest.NewDatabase(t, srv)
 	be := &biEnv{a: srv.ConnString(dbA), b: srv.ConnString(dbB)}
 	for _, db := range []string{dbA, dbB} {
@@ -137,7 +115,7 @@ func newBiEnv(t *testing.T, srv *pgtest.Server, log *logBuffer, schema []string,
 	mk := func(src, dst, srcDB, dstDB, name string) Config {
 		return Config{Source: srv.ReplicationConnString(srcDB), Target: srv.ConnString(dstDB), Slot: "bi_" + srcDB,
 			Publications: []string{"pub"}, StatusInterval: 100 * time.Millisecond, OriginFilter: replication.OriginFilterNone,
-			Origin: "pgr_" + name + "_" + dstDB, Conflicts: ConflictConfig{Resolutions: res},
+			Origin: "pgr_" + name + "_" + dstDB, Conflicts: conflict.Config{Resolutions: res},
 			Logger: slog.New(slog.NewTextHandler(log, &slog.HandlerOptions{Level: slog.LevelInfo})).With("dir", name)}
 	}
 	be.atob = mk(be.a, be.b, dbA, dbB, "atob")
@@ -153,14 +131,14 @@ func (be *biEnv) waitMarkers(t *testing.T, id int) {
 	execOn(t, be.a, fmt.Sprintf(`INSERT INTO marker VALUES (%d)`, id))
 	execOn(t, be.b, fmt.Sprintf(`INSERT INTO marker VALUES (%d)`, id+1))
 	q := fmt.Sprintf(`SELECT count(*) FROM marker WHERE id IN (%d, %d)`, id, id+1)
-	eventually(t, "markers on both sides", func() bool { return count64(t, be.a, q) == 2 && count64(t, be.b, q) == 2 })
+	eventually(t, "markers on both sides", func() bool { return count(t, be.a, q) == 2 && count(t, be.b, q) == 2 })
 }
 
 // TestBidirectional replicates two databases into each other with origin = none: every change
 // reaches the other side once, none comes back.
 func TestBidirectional(t *testing.T) {
 	srv := conflictServer(t, testMajors[len(testMajors)-1]) // origin = none: 16+
-	var log logBuffer
+	var log lockedBuffer
 	be := newBiEnv(t, srv, &log, conflictSchema, nil)
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -175,21 +153,25 @@ func TestBidirectional(t *testing.T) {
 	execOn(t, be.a, `UPDATE kv SET v = 'a2' WHERE id < 10`)
 	execOn(t, be.b, `DELETE FROM kv WHERE id >= 1010`)
 	be.waitMarkers(t, 1)
-	time.Sleep(500 * time.Millisecond) // a loop would show as more transactions meanwhile
+	// A loop would send the changes back: a second round of markers, committed after whatever
+	// either side sent back of the first, reaches the other side only after that did.
+	be.waitMarkers(t, 3)
 	if ga, gb := rowsOf(t, be.a), rowsOf(t, be.b); ga != gb {
 		t.Fatalf("a has %q, b %q", ga, gb)
 	}
-	if n := count64(t, be.a, `SELECT count(*) FROM kv`); n != 30 {
+	if n := count(t, be.a, `SELECT count(*) FROM kv`); n != 30 {
 		t.Errorf("%d rows, want 30", n)
 	}
 	// Each Applier applied the other side's own transactions only: 20 inserts, one update or
-	// delete, one marker.
+	// delete, two markers (counted in commit order: a transaction sent back would be counted
+	// before the second marker).
 	for name, r := range map[string]*running{"a to b": ra, "b to a": rb} {
+		eventually(t, name+" counted the second marker", func() bool { return r.a.Stats().Txns >= 23 })
 		st := r.a.Stats()
-		if st.Txns != 22 {
-			t.Errorf("%s applied %d transactions, want 22 (stats %+v)", name, st.Txns, st)
+		if st.Txns != 23 {
+			t.Errorf("%s applied %d transactions, want 23 (stats %+v)", name, st.Txns, st)
 		}
-		for _, ct := range ConflictTypes() {
+		for _, ct := range conflict.Types() {
 			if st.Conflicts(ct) != 0 {
 				t.Errorf("%s: %d %s conflicts", name, st.Conflicts(ct), ct)
 			}
@@ -201,10 +183,10 @@ func TestBidirectional(t *testing.T) {
 // the same keys, with last_update_wins: both sides end with the same rows.
 func TestLastUpdateWinsConverges(t *testing.T) {
 	srv := conflictServer(t, testMajors[len(testMajors)-1])
-	var log logBuffer
-	lww := map[ConflictType]Resolution{}
-	for _, ct := range ConflictTypes() {
-		lww[ct] = ResolveLastUpdateWins
+	var log lockedBuffer
+	lww := map[conflict.Type]conflict.Resolution{}
+	for _, ct := range conflict.Types() {
+		lww[ct] = conflict.LastUpdateWins
 	}
 	be := newBiEnv(t, srv, &log, conflictSchema, lww)
 	ra, rb := start(t, be.atob), start(t, be.btoa)
@@ -229,7 +211,6 @@ func TestLastUpdateWinsConverges(t *testing.T) {
 		}
 	}
 	be.waitMarkers(t, 1)
-	time.Sleep(300 * time.Millisecond)
 	be.waitMarkers(t, 3)
 	ga, gb := rowsOf(t, be.a), rowsOf(t, be.b)
 	if ga != gb {
@@ -249,7 +230,7 @@ func TestLastUpdateWinsConverges(t *testing.T) {
 func TestDetectionRoundTrips(t *testing.T) {
 	srv := conflictServer(t, testMajors[len(testMajors)-1])
 	e := conflictEnv(t, srv)
-	var log logBuffer
+	var log lockedBuffer
 	cfg := e.conflictConfig(t, &log, nil)
 	dropOrigins(t, e.dst, cfg.Origin)
 	execOn(t, e.src, `INSERT INTO kv VALUES (1, 1, 'x'), (2, 2, 'y')`, `INSERT INTO marker VALUES (1)`)
@@ -276,7 +257,7 @@ func TestDetectionRoundTrips(t *testing.T) {
 	if txns != 51 || trips > 10 {
 		t.Errorf("%d transactions took %d round trips, want a few for the whole backlog", txns, trips)
 	}
-	for _, ct := range ConflictTypes() {
+	for _, ct := range conflict.Types() {
 		if n := after.Conflicts(ct); n != 0 {
 			t.Errorf("%d %s conflicts", n, ct)
 		}

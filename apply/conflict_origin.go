@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strconv"
 	"time"
+
+	"github.com/pgreorder/pgreorder/decoding"
 )
 
 // setupConflicts prepares conflict detection and replication origins for a session, on the
@@ -161,10 +163,10 @@ func (t *target) setupOrigin(ctx context.Context, name string) error {
 
 // originXact queues the origin's transaction setup: the source transaction's end LSN and
 // commit time become the target commit's origin LSN and commit timestamp.
-func (t *target) originXact(end LSN) {
+func (t *target) originXact(end decoding.LSN) {
 	ts := t.remote.commitTime
 	if ts.IsZero() {
-		ts = time.Now()
+		ts = t.cfg.now()
 	}
 	t.batch.ExecParams("SELECT pg_catalog.pg_replication_origin_xact_setup($1::pg_catalog.pg_lsn, $2::pg_catalog.timestamptz)",
 		[][]byte{end.AppendText(nil), []byte(ts.UTC().Format(time.RFC3339Nano))}, nil, nil, nil)
@@ -208,7 +210,7 @@ func (t *target) queueLogRows() {
 	}
 	recs := make([]logRecord, len(t.reports))
 	for i, c := range t.reports {
-		recs[i] = c.record(t.cfg.Slot, t.det.cfg.MaxLoggedValue)
+		recs[i] = logRow(c, t.cfg.Slot, t.det.cfg.MaxLoggedValue)
 	}
 	b, err := json.Marshal(recs)
 	if err != nil {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgreorder/pgreorder/apply/conflict"
 	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
 )
 
@@ -25,7 +26,7 @@ func TestResolutionSurvivesLaterCopy(t *testing.T) {
 		`CREATE TABLE marker (id int PRIMARY KEY)`,
 	}
 	type kind struct {
-		ct      ConflictType
+		ct      conflict.Type
 		setup   []string // on the source, replicated first
 		local   string   // on the target
 		remote  string   // the source transaction's first statement
@@ -33,17 +34,17 @@ func TestResolutionSurvivesLaterCopy(t *testing.T) {
 		kept    string   // t when the local row is kept
 	}
 	kinds := []kind{
-		{ct: InsertExists, local: `INSERT INTO t VALUES (10, 'local')`, remote: `INSERT INTO t VALUES (10, 'remote')`,
+		{ct: conflict.InsertExists, local: `INSERT INTO t VALUES (10, 'local')`, remote: `INSERT INTO t VALUES (10, 'remote')`,
 			applied: "10,remote", kept: "10,local"},
-		{ct: UpdateMissing, setup: []string{`INSERT INTO t VALUES (10, 'orig')`}, local: `DELETE FROM t WHERE id = 10`,
+		{ct: conflict.UpdateMissing, setup: []string{`INSERT INTO t VALUES (10, 'orig')`}, local: `DELETE FROM t WHERE id = 10`,
 			remote: `UPDATE t SET v = 'remote' WHERE id = 10`, applied: "10,remote", kept: ""},
-		{ct: UpdateOriginDiffers, setup: []string{`INSERT INTO t VALUES (10, 'orig')`}, local: `UPDATE t SET v = 'local' WHERE id = 10`,
+		{ct: conflict.UpdateOriginDiffers, setup: []string{`INSERT INTO t VALUES (10, 'orig')`}, local: `UPDATE t SET v = 'local' WHERE id = 10`,
 			remote: `UPDATE t SET v = 'remote' WHERE id = 10`, applied: "10,remote", kept: "10,local"},
-		{ct: DeleteOriginDiffers, setup: []string{`INSERT INTO t VALUES (10, 'orig')`}, local: `UPDATE t SET v = 'local' WHERE id = 10`,
+		{ct: conflict.DeleteOriginDiffers, setup: []string{`INSERT INTO t VALUES (10, 'orig')`}, local: `UPDATE t SET v = 'local' WHERE id = 10`,
 			remote: `DELETE FROM t WHERE id = 10`, applied: "", kept: "10,local"},
 	}
 	for _, k := range kinds {
-		for _, res := range []Resolution{ResolveApplyRemote, ResolveSkip, ResolveKeepLocal, ResolveLastUpdateWins} {
+		for _, res := range []conflict.Resolution{conflict.ApplyRemote, conflict.Skip, conflict.LastUpdateWins} {
 			t.Run(k.ct.String()+"/"+res.String(), func(t *testing.T) {
 				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 				defer cancel()
@@ -52,12 +53,12 @@ func TestResolutionSurvivesLaterCopy(t *testing.T) {
 				must(t, pgtest.Exec(ctx, e.src, append(append([]string{}, schema...), `CREATE PUBLICATION pub FOR ALL TABLES`,
 					`SELECT pg_create_logical_replication_slot('later_copy', 'pgoutput')`)...))
 				must(t, pgtest.Exec(ctx, e.dst, schema...))
-				var log logBuffer
-				resolutions := map[ConflictType]Resolution{k.ct: res}
+				var log lockedBuffer
+				resolutions := map[conflict.Type]conflict.Resolution{k.ct: res}
 				uRes := res
-				if k.ct != InsertExists {
-					uRes = ResolveApplyRemote
-					resolutions[InsertExists] = uRes
+				if k.ct != conflict.InsertExists {
+					uRes = conflict.ApplyRemote
+					resolutions[conflict.InsertExists] = uRes
 				}
 				cfg := e.conflictConfig(t, &log, resolutions)
 				cfg.Conflicts.LogTable = "conflict_log"
@@ -80,12 +81,12 @@ func TestResolutionSurvivesLaterCopy(t *testing.T) {
 				e.settled(t, r)
 				r.halt(t)
 
-				wins := res == ResolveApplyRemote || res == ResolveLastUpdateWins
+				wins := res == conflict.ApplyRemote || res == conflict.LastUpdateWins
 				wantT := k.kept
 				if wins {
 					wantT = k.applied
 				}
-				uWins := uRes == ResolveApplyRemote || uRes == ResolveLastUpdateWins
+				uWins := uRes == conflict.ApplyRemote || uRes == conflict.LastUpdateWins
 				wantU := "1,remote 2,remote 3,local 4,remote 5,remote"
 				if uWins {
 					wantU = "1,remote 2,remote 3,remote 4,remote 5,remote"
@@ -97,17 +98,17 @@ func TestResolutionSurvivesLaterCopy(t *testing.T) {
 					t.Errorf("u on the target: %q, want %q", got, wantU)
 				}
 				// The log table says what the target kept.
-				logged := func(rel string, ct ConflictType, won bool, r Resolution) string {
+				logged := func(rel string, ct conflict.Type, won bool, r conflict.Resolution) string {
 					name := r.String()
 					switch {
-					case r == ResolveLastUpdateWins && won:
-						name = ResolveApplyRemote.String()
-					case r == ResolveLastUpdateWins:
-						name = ResolveKeepLocal.String()
+					case r == conflict.LastUpdateWins && won:
+						name = conflict.ApplyRemote.String()
+					case r == conflict.LastUpdateWins:
+						name = conflict.Skip.String()
 					}
 					return fmt.Sprintf(`"public"."%s":%s:%s`, rel, ct, name)
 				}
-				want := []string{logged("t", k.ct, wins, res), logged("u", InsertExists, uWins, uRes)}
+				want := []string{logged("t", k.ct, wins, res), logged("u", conflict.InsertExists, uWins, uRes)}
 				if got := logRows(t, e.dst); got != strings.Join(want, " ") {
 					t.Errorf("conflict log table: %q, want %q", got, strings.Join(want, " "))
 				}
@@ -119,8 +120,7 @@ func TestResolutionSurvivesLaterCopy(t *testing.T) {
 // tableRows returns a two-column table's rows as "id,v" strings, in id order.
 func tableRows(t *testing.T, dsn, table string) string {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	ctx := testCtx(t)
 	c, err := pgx.Connect(ctx, dsn)
 	must(t, err)
 	defer c.Close(context.Background())
@@ -132,8 +132,7 @@ func tableRows(t *testing.T, dsn, table string) string {
 // logRows returns the conflict log table's rows as relation:conflict:resolution, sorted.
 func logRows(t *testing.T, dsn string) string {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	ctx := testCtx(t)
 	c, err := pgx.Connect(ctx, dsn)
 	must(t, err)
 	defer c.Close(context.Background())

@@ -1,18 +1,17 @@
 package apply
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgreorder/pgreorder/apply/conflict"
 	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
 )
 
@@ -41,24 +40,6 @@ func conflictServer(t *testing.T, major int) *pgtest.Server {
 	return srv
 }
 
-// logBuffer is a slog handler's output, safe for concurrent use.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 var conflictSchema = []string{
 	`CREATE TABLE kv (id int PRIMARY KEY, u int UNIQUE, v text)`,
 	`CREATE TABLE marker (id int PRIMARY KEY)`,
@@ -67,8 +48,7 @@ var conflictSchema = []string{
 // conflictEnv is a source and a target database of srv with the conflict schema.
 func conflictEnv(t *testing.T, srv *pgtest.Server) *env {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	ctx := testCtx(t)
 	srcDB, dstDB := pgtest.NewDatabase(t, srv), pgtest.NewDatabase(t, srv)
 	e := &env{srv: srv, src: srv.ConnString(srcDB), dst: srv.ConnString(dstDB), repl: srv.ReplicationConnString(srcDB), slot: "conflicts"}
 	must(t, pgtest.Exec(ctx, e.src, append(append([]string{}, conflictSchema...),
@@ -79,7 +59,7 @@ func conflictEnv(t *testing.T, srv *pgtest.Server) *env {
 }
 
 // conflictConfig is a Buffered Applier with an origin, logging into log.
-func (e *env) conflictConfig(t *testing.T, log *logBuffer, res map[ConflictType]Resolution) Config {
+func (e *env) conflictConfig(t *testing.T, log *lockedBuffer, res map[conflict.Type]conflict.Resolution) Config {
 	cfg := e.config(t, Buffered)
 	cfg.Logger = slog.New(slog.NewTextHandler(log, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	cfg.Origin = "pgr_test_" + strings.TrimPrefix(e.dst[strings.LastIndex(e.dst, "dbname=")+7:], "'")
@@ -108,18 +88,10 @@ func dropOrigins(t *testing.T, dsn, origin string) {
 	})
 }
 
-func execOn(t *testing.T, dsn string, stmts ...string) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	must(t, pgtest.Exec(ctx, dsn, stmts...))
-}
-
 // rowsOf returns kv's rows as "id,u,v" strings, in id order.
 func rowsOf(t *testing.T, dsn string) string {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	ctx := testCtx(t)
 	c, err := pgx.Connect(ctx, dsn)
 	must(t, err)
 	defer c.Close(context.Background())
@@ -144,8 +116,7 @@ func (r *running) stopped(t *testing.T) error {
 // waitTrigger waits until the tombstone trigger is on kv.
 func waitTrigger(t *testing.T, dsn string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	ctx := testCtx(t)
 	c, err := pgx.Connect(ctx, dsn)
 	must(t, err)
 	defer c.Close(context.Background())
@@ -168,8 +139,8 @@ func waitTrigger(t *testing.T, dsn string) {
 // remoteFirst says (which decides last_update_wins); then the Applier runs with the resolution.
 type conflictCase struct {
 	name        string
-	ct          ConflictType
-	res         Resolution
+	ct          conflict.Type
+	res         conflict.Resolution
 	setupSrc    []string // on the source, replicated before the conflict
 	local       []string // on the target, locally
 	remote      []string // on the source
@@ -198,9 +169,9 @@ func conflictCases() []conflictCase {
 	seed := []string{`INSERT INTO kv VALUES (1, 10, 'a'), (2, 20, 'b'), (3, 30, 'c')`}
 	var cases []conflictCase
 	// insert_exists under every resolution.
-	ie := func(res Resolution, remoteFirst bool, want string) conflictCase {
+	ie := func(res conflict.Resolution, remoteFirst bool, want string) conflictCase {
 		return conflictCase{name: "insert_exists/" + res.String() + map[bool]string{true: "/remote_first", false: ""}[remoteFirst],
-			ct: InsertExists, res: res, setupSrc: seed,
+			ct: conflict.InsertExists, res: res, setupSrc: seed,
 			local: []string{`INSERT INTO kv VALUES (4, 40, 'local')`}, remote: []string{`INSERT INTO kv VALUES (4, 41, 'remote')`},
 			remoteFirst: remoteFirst, want: want, wantCount: 1,
 			wantLog: []string{`conflict detected on relation \"public.kv\": conflict=insert_exists`, `Key already exists in unique index \"kv_pkey\"`,
@@ -208,101 +179,100 @@ func conflictCases() []conflictCase {
 	}
 	base := "1,10,a 2,20,b 3,30,c "
 	cases = append(cases,
-		ie(ResolveDefault, false, base+"4,40,local"),
-		ie(ResolveSkip, false, base+"4,40,local"),
-		ie(ResolveKeepLocal, false, base+"4,40,local"),
-		ie(ResolveApplyRemote, false, base+"4,41,remote"),
-		ie(ResolveLastUpdateWins, false, base+"4,41,remote"),
-		ie(ResolveLastUpdateWins, true, base+"4,40,local"),
+		ie(conflict.Default, false, base+"4,40,local"),
+		ie(conflict.Skip, false, base+"4,40,local"),
+		ie(conflict.ApplyRemote, false, base+"4,41,remote"),
+		ie(conflict.LastUpdateWins, false, base+"4,41,remote"),
+		ie(conflict.LastUpdateWins, true, base+"4,40,local"),
 	)
 	cases[0].stops = true
 	// Oversized values: cut in the log line, replaced by a marker in the log table.
-	cases = append(cases, conflictCase{name: "insert_exists/large", ct: InsertExists, res: ResolveSkip, setupSrc: seed,
+	cases = append(cases, conflictCase{name: "insert_exists/large", ct: conflict.InsertExists, res: conflict.Skip, setupSrc: seed,
 		local: []string{`INSERT INTO kv VALUES (4, 40, 'local')`}, remote: []string{`INSERT INTO kv VALUES (4, 41, repeat('x', 2000))`},
 		want: base + "4,40,local", wantCount: 1,
-		wantLog: []string{`remote row (4, 41, ` + strings.Repeat("x", maxReportedValue) + `...)`},
+		wantLog: []string{`remote row (4, 41, ` + strings.Repeat("x", 64) + `...)`},
 		check: `SELECT count(*) FROM conflict_log WHERE remote_tuple -> 'v' = '{"omitted_bytes": 2000}' AND remote_tuple ->> 'id' = '4'
 			AND local_conflicts -> 0 -> 'tuple' ->> 'v' = 'local' AND local_conflicts -> 0 ->> 'index' = 'kv_pkey'`})
 	// A run of inserts long enough for COPY, one of which conflicts.
-	cases = append(cases, conflictCase{name: "insert_exists/copy", ct: InsertExists, res: ResolveSkip, setupSrc: seed,
+	cases = append(cases, conflictCase{name: "insert_exists/copy", ct: conflict.InsertExists, res: conflict.Skip, setupSrc: seed,
 		local:  []string{`INSERT INTO kv VALUES (5, 55, 'local')`},
 		remote: []string{`INSERT INTO kv SELECT g, g * 10, 'r' FROM generate_series(4, 9) g`},
 		want:   base + "4,40,r 5,55,local 6,60,r 7,70,r 8,80,r 9,90,r", wantCount: 1,
 		wantLog: []string{`conflict=insert_exists`, `key (id)=(5)`}})
 	// multiple_unique_conflicts: one remote row against two local rows.
-	muc := func(res Resolution, want string) conflictCase {
-		return conflictCase{name: "multiple_unique_conflicts/" + res.String(), ct: MultipleUniqueConflicts, res: res, setupSrc: seed,
+	muc := func(res conflict.Resolution, want string) conflictCase {
+		return conflictCase{name: "multiple_unique_conflicts/" + res.String(), ct: conflict.MultipleUniqueConflicts, res: res, setupSrc: seed,
 			local:  []string{`INSERT INTO kv VALUES (4, 40, 'l4'), (5, 50, 'l5')`},
-			remote: []string{`INSERT INTO kv VALUES (4, 50, 'remote')`}, want: want, wantCount: 1, stops: res == ResolveDefault,
+			remote: []string{`INSERT INTO kv VALUES (4, 50, 'remote')`}, want: want, wantCount: 1, stops: res == conflict.Default,
 			wantLog: []string{`conflict=multiple_unique_conflicts`, `unique index \"kv_pkey\"`, `unique index \"kv_u_key\"`,
 				`local row (4, 40, l4)`, `local row (5, 50, l5)`}}
 	}
 	cases = append(cases,
-		muc(ResolveDefault, base+"4,40,l4 5,50,l5"),
-		muc(ResolveSkip, base+"4,40,l4 5,50,l5"),
-		muc(ResolveApplyRemote, base+"4,50,remote"))
+		muc(conflict.Default, base+"4,40,l4 5,50,l5"),
+		muc(conflict.Skip, base+"4,40,l4 5,50,l5"),
+		muc(conflict.ApplyRemote, base+"4,50,remote"))
 	// update_exists: the update sets a unique column to a value a local row holds.
-	ue := func(res Resolution, want string) conflictCase {
-		return conflictCase{name: "update_exists/" + res.String(), ct: UpdateExists, res: res, setupSrc: seed,
+	ue := func(res conflict.Resolution, want string) conflictCase {
+		return conflictCase{name: "update_exists/" + res.String(), ct: conflict.UpdateExists, res: res, setupSrc: seed,
 			local: []string{`INSERT INTO kv VALUES (4, 40, 'local')`}, remote: []string{`UPDATE kv SET u = 40 WHERE id = 3`},
-			want: want, wantCount: 1, stops: res == ResolveDefault,
+			want: want, wantCount: 1, stops: res == conflict.Default,
 			wantLog: []string{`conflict=update_exists`, `unique index \"kv_u_key\"`, `key (u)=(40)`, `local row (4, 40, local)`,
 				`replica identity (id)=(3)`}}
 	}
 	cases = append(cases,
-		ue(ResolveDefault, base+"4,40,local"),
-		ue(ResolveSkip, base+"4,40,local"),
-		ue(ResolveApplyRemote, "1,10,a 2,20,b 3,40,c"))
+		ue(conflict.Default, base+"4,40,local"),
+		ue(conflict.Skip, base+"4,40,local"),
+		ue(conflict.ApplyRemote, "1,10,a 2,20,b 3,40,c"))
 	// update_missing and delete_missing.
 	cases = append(cases,
-		conflictCase{name: "update_missing/skip", ct: UpdateMissing, res: ResolveDefault, setupSrc: seed,
+		conflictCase{name: "update_missing/skip", ct: conflict.UpdateMissing, res: conflict.Default, setupSrc: seed,
 			local: []string{`DELETE FROM kv WHERE id = 2`}, remote: []string{`UPDATE kv SET v = 'remote' WHERE id = 2`},
 			want: "1,10,a 3,30,c", wantCount: 1,
 			wantLog: []string{`conflict=update_missing`, `Could not find the row to be updated: remote row (2, 20, remote), replica identity (id)=(2)`}},
-		conflictCase{name: "update_missing/apply_remote", ct: UpdateMissing, res: ResolveApplyRemote, setupSrc: seed,
+		conflictCase{name: "update_missing/apply_remote", ct: conflict.UpdateMissing, res: conflict.ApplyRemote, setupSrc: seed,
 			local: []string{`DELETE FROM kv WHERE id = 2`}, remote: []string{`UPDATE kv SET v = 'remote' WHERE id = 2`},
 			want: "1,10,a 2,20,remote 3,30,c", wantCount: 1, wantLog: []string{`conflict=update_missing`}},
-		conflictCase{name: "delete_missing/skip", ct: DeleteMissing, res: ResolveDefault, setupSrc: seed,
+		conflictCase{name: "delete_missing/skip", ct: conflict.DeleteMissing, res: conflict.Default, setupSrc: seed,
 			local: []string{`DELETE FROM kv WHERE id = 2`}, remote: []string{`DELETE FROM kv WHERE id = 2`},
 			want: "1,10,a 3,30,c", wantCount: 1,
 			wantLog: []string{`conflict=delete_missing`, `Could not find the row to be deleted: replica identity (id)=(2)`}},
 	)
 	// *_origin_differs: the row was changed locally since the Applier wrote it.
-	uod := func(res Resolution, remoteFirst bool, want string) conflictCase {
+	uod := func(res conflict.Resolution, remoteFirst bool, want string) conflictCase {
 		return conflictCase{name: "update_origin_differs/" + res.String() + map[bool]string{true: "/remote_first", false: ""}[remoteFirst],
-			ct: UpdateOriginDiffers, res: res, setupSrc: seed, remoteFirst: remoteFirst,
+			ct: conflict.UpdateOriginDiffers, res: res, setupSrc: seed, remoteFirst: remoteFirst,
 			local: []string{`UPDATE kv SET v = 'local' WHERE id = 2`}, remote: []string{`UPDATE kv SET v = 'remote' WHERE id = 2`},
 			want: want, wantCount: 1,
 			wantLog: []string{`conflict=update_origin_differs`, `Updating the row that was modified locally in transaction`,
 				`local row (2, 20, local), remote row (2, 20, remote), replica identity (id)=(2)`}}
 	}
 	cases = append(cases,
-		uod(ResolveDefault, false, "1,10,a 2,20,remote 3,30,c"),
-		uod(ResolveSkip, false, "1,10,a 2,20,local 3,30,c"),
-		uod(ResolveLastUpdateWins, false, "1,10,a 2,20,remote 3,30,c"),
-		uod(ResolveLastUpdateWins, true, "1,10,a 2,20,local 3,30,c"),
-		conflictCase{name: "delete_origin_differs/apply_remote", ct: DeleteOriginDiffers, res: ResolveDefault, setupSrc: seed,
+		uod(conflict.Default, false, "1,10,a 2,20,remote 3,30,c"),
+		uod(conflict.Skip, false, "1,10,a 2,20,local 3,30,c"),
+		uod(conflict.LastUpdateWins, false, "1,10,a 2,20,remote 3,30,c"),
+		uod(conflict.LastUpdateWins, true, "1,10,a 2,20,local 3,30,c"),
+		conflictCase{name: "delete_origin_differs/apply_remote", ct: conflict.DeleteOriginDiffers, res: conflict.Default, setupSrc: seed,
 			local: []string{`UPDATE kv SET v = 'local' WHERE id = 2`}, remote: []string{`DELETE FROM kv WHERE id = 2`},
 			want: "1,10,a 3,30,c", wantCount: 1,
 			wantLog: []string{`conflict=delete_origin_differs`, `Deleting the row that was modified locally`}},
-		conflictCase{name: "delete_origin_differs/skip", ct: DeleteOriginDiffers, res: ResolveSkip, setupSrc: seed,
+		conflictCase{name: "delete_origin_differs/skip", ct: conflict.DeleteOriginDiffers, res: conflict.Skip, setupSrc: seed,
 			local: []string{`UPDATE kv SET v = 'local' WHERE id = 2`}, remote: []string{`DELETE FROM kv WHERE id = 2`},
 			want: "1,10,a 2,20,local 3,30,c", wantCount: 1, wantLog: []string{`conflict=delete_origin_differs`}},
 	)
 	// update_deleted: the row was deleted locally after the source's update committed (with
 	// tombstones); deleted before it, the update is update_missing.
 	cases = append(cases,
-		conflictCase{name: "update_deleted/skip", ct: UpdateDeleted, res: ResolveDefault, setupSrc: seed, retention: time.Minute,
+		conflictCase{name: "update_deleted/skip", ct: conflict.UpdateDeleted, res: conflict.Default, setupSrc: seed, retention: time.Minute,
 			remoteFirst: true, local: []string{`DELETE FROM kv WHERE id = 2`}, remote: []string{`UPDATE kv SET v = 'remote' WHERE id = 2`},
 			want: "1,10,a 3,30,c", wantCount: 1,
 			wantLog: []string{`conflict=update_deleted`, `The row to be updated was deleted locally in transaction`}},
-		conflictCase{name: "update_deleted/apply_remote", ct: UpdateDeleted, res: ResolveApplyRemote, setupSrc: seed, retention: time.Minute,
+		conflictCase{name: "update_deleted/apply_remote", ct: conflict.UpdateDeleted, res: conflict.ApplyRemote, setupSrc: seed, retention: time.Minute,
 			remoteFirst: true, local: []string{`DELETE FROM kv WHERE id = 2`}, remote: []string{`UPDATE kv SET v = 'remote' WHERE id = 2`},
 			want: "1,10,a 2,20,remote 3,30,c", wantCount: 1, wantLog: []string{`conflict=update_deleted`}},
-		conflictCase{name: "update_deleted/last_update_wins", ct: UpdateDeleted, res: ResolveLastUpdateWins, setupSrc: seed, retention: time.Minute,
+		conflictCase{name: "update_deleted/last_update_wins", ct: conflict.UpdateDeleted, res: conflict.LastUpdateWins, setupSrc: seed, retention: time.Minute,
 			remoteFirst: true, local: []string{`DELETE FROM kv WHERE id = 2`}, remote: []string{`UPDATE kv SET v = 'remote' WHERE id = 2`},
 			want: "1,10,a 3,30,c", wantCount: 1, wantLog: []string{`conflict=update_deleted`, `local change is the last update`}},
-		conflictCase{name: "update_deleted/deleted_before", ct: UpdateMissing, res: ResolveDefault, setupSrc: seed, retention: time.Minute,
+		conflictCase{name: "update_deleted/deleted_before", ct: conflict.UpdateMissing, res: conflict.Default, setupSrc: seed, retention: time.Minute,
 			local: []string{`DELETE FROM kv WHERE id = 2`}, remote: []string{`UPDATE kv SET v = 'remote' WHERE id = 2`},
 			want: "1,10,a 3,30,c", wantCount: 1, wantLog: []string{`conflict=update_missing`}},
 	)
@@ -322,8 +292,8 @@ func conflictCases() []conflictCase {
 
 func runConflictCase(t *testing.T, srv *pgtest.Server, c conflictCase) {
 	e := conflictEnv(t, srv)
-	var log logBuffer
-	res := map[ConflictType]Resolution{c.ct: c.res}
+	var log lockedBuffer
+	res := map[conflict.Type]conflict.Resolution{c.ct: c.res}
 	cfg := e.conflictConfig(t, &log, res)
 	cfg.Mode = c.mode
 	cfg.Conflicts.LogTable = "conflict_log"
@@ -360,12 +330,12 @@ func runConflictCase(t *testing.T, srv *pgtest.Server, c conflictCase) {
 			t.Fatalf("Run: %v, want an ErrConflict", err)
 		}
 		var ae *ApplyError
-		var ce *ConflictError
-		if !errors.As(err, &ae) || !errors.As(err, &ce) || ce.Conflict.Type != c.ct {
-			t.Fatalf("Run: %v, want an *ApplyError with a %s *ConflictError", err, c.ct)
+		var ce *conflict.StopError
+		if !errors.As(err, &ae) || !errors.As(err, &ce) || ce.Report.Type != c.ct {
+			t.Fatalf("Run: %v, want an *ApplyError with a %s *conflict.StopError", err, c.ct)
 		}
 		// Nothing was acknowledged: an Applier that skips it meets it again.
-		cfg.Conflicts.Resolutions = map[ConflictType]Resolution{c.ct: ResolveSkip}
+		cfg.Conflicts.Resolutions = map[conflict.Type]conflict.Resolution{c.ct: conflict.Skip}
 		again := start(t, cfg)
 		e.waitMarker(t, again, 2)
 		e.settled(t, again)
@@ -380,7 +350,7 @@ func runConflictCase(t *testing.T, srv *pgtest.Server, c conflictCase) {
 	if got := st.Conflicts(c.ct); got != c.wantCount {
 		t.Errorf("%s conflicts: %d, want %d (stats %+v)", c.ct, got, c.wantCount, st)
 	}
-	for _, other := range ConflictTypes() {
+	for _, other := range conflict.Types() {
 		if other != c.ct && st.Conflicts(other) != 0 {
 			t.Errorf("%s conflicts: %d, want 0", other, st.Conflicts(other))
 		}
@@ -391,12 +361,12 @@ func runConflictCase(t *testing.T, srv *pgtest.Server, c conflictCase) {
 	if !c.stops {
 		q := fmt.Sprintf(`SELECT count(*) FROM conflict_log WHERE conflict = '%s' AND relation = '"public"."kv"' AND remote_xid > 0
 			AND remote_final_lsn IS NOT NULL AND remote_commit_ts IS NOT NULL AND slot = 'conflicts'`, c.ct)
-		if n := count64(t, e.dst, q); n != c.wantCount {
+		if n := count(t, e.dst, q); n != c.wantCount {
 			t.Errorf("%d rows in the conflict log table, want %d", n, c.wantCount)
 		}
 	}
 	if c.check != "" {
-		if n := count64(t, e.dst, c.check); n != 1 {
+		if n := count(t, e.dst, c.check); n != 1 {
 			t.Errorf("%s: %d, want 1", c.check, n)
 		}
 	}
@@ -424,7 +394,7 @@ func TestCopyWithOrigin(t *testing.T) {
 				`INSERT INTO kv SELECT g, g, 'copied' FROM generate_series(1, 200) g`,
 				`CREATE PUBLICATION pub FOR ALL TABLES`)...))
 			must(t, pgtest.Exec(ctx, e.dst, conflictSchema...))
-			var log logBuffer
+			var log lockedBuffer
 			cfg := e.conflictConfig(t, &log, nil)
 			cfg.Copy = true
 			dropOrigins(t, e.dst, cfg.Origin)

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgreorder/pgreorder/apply/conflict"
 )
 
 // Tuning of the tombstone store.
@@ -54,9 +56,9 @@ func tombstoneNames(tg *target, cfg *Config) (table, fn, base string) {
 	if cfg.Conflicts.TombstoneTable != "" {
 		parts, _ = parseQualified(tg.table(cfg.Conflicts.TombstoneTable))
 	} else if p, _ := parseQualified(cfg.ProgressTable); len(p) == 2 {
-		parts = []string{p[0], DefaultTombstoneTable}
+		parts = []string{p[0], conflict.DefaultTombstoneTable}
 	} else {
-		parts, _ = parseQualified(tg.table(DefaultTombstoneTable))
+		parts, _ = parseQualified(tg.table(conflict.DefaultTombstoneTable))
 	}
 	base = parts[len(parts)-1]
 	table = quoteQualified(parts)
@@ -129,12 +131,12 @@ func (tb *tombstones) want(m *relMap) {
 // committed records the apply lag of a source transaction just committed.
 func (tb *tombstones) committed(commitTime time.Time) {
 	if !commitTime.IsZero() {
-		tb.lag.Store(int64(time.Since(commitTime)))
+		tb.lag.Store(int64(tb.cfg.now().Sub(commitTime)))
 	}
 }
 
 // lookup returns the latest tombstone of key in m's table, or nil.
-func (tb *tombstones) lookup(ctx context.Context, t *target, m *relMap, key [][]byte, formats []int16) (*LocalRow, error) {
+func (tb *tombstones) lookup(ctx context.Context, t *target, m *relMap, key [][]byte, formats []int16) (*conflict.LocalRow, error) {
 	var b strings.Builder
 	b.WriteString(`SELECT (pg_catalog.date_part('epoch', deleted_at) * 1000000)::int8, xid::text FROM ` + tb.table +
 		` WHERE relid = $1 AND key = ARRAY[`)
@@ -158,7 +160,7 @@ func (tb *tombstones) lookup(ctx context.Context, t *target, m *relMap, key [][]
 	}
 	us, _ := strconv.ParseInt(string(res.Rows[0][0]), 10, 64)
 	x, _ := strconv.ParseUint(string(res.Rows[0][1]), 10, 64)
-	return &LocalRow{Xid: uint32(x), CommitTime: time.UnixMicro(us).UTC()}, nil
+	return &conflict.LocalRow{Xid: uint32(x), CommitTime: time.UnixMicro(us).UTC()}, nil
 }
 
 // start runs the maintainer until ctx is done; stop waits for it.

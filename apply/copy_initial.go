@@ -67,7 +67,7 @@ func copyTableName(progress string) string {
 // read after it) are changefeed.InitialCopy's; the copy table is apply's record of them (see
 // copyTarget). On failure what was copied is discarded once the slot is dropped; what could not
 // be discarded, the next session does.
-func (s *session) initialCopy(ctx context.Context, rcfg replication.Config) (*replication.Stream, LSN, error) {
+func (s *session) initialCopy(ctx context.Context, rcfg replication.Config) (*replication.Stream, decoding.LSN, error) {
 	ct := copyTableName(s.leader.table(s.cfg.ProgressTable))
 	if err := s.createCopyTable(ctx, ct); err != nil {
 		return nil, 0, err
@@ -149,7 +149,7 @@ func (c *copyTarget) Chunk(ctx context.Context, ch *snapshot.Chunk) error {
 }
 
 // Done writes the progress row at the consistent point.
-func (c *copyTarget) Done(ctx context.Context, cp LSN) error {
+func (c *copyTarget) Done(ctx context.Context, cp decoding.LSN) error {
 	c.closeTargets(ctx)
 	if err := c.s.cfg.hook(ctx, "copy-done", txnRef{EndLSN: cp}); err != nil {
 		return err
@@ -278,7 +278,7 @@ func (s *session) prepareCopy(ctx context.Context, ct string, tables []*snapshot
 			var ce *changeError
 			if errors.As(err, &ce) {
 				c := *ce
-				c.op = "COPY"
+				c.op = OpCopy
 				err = &c
 			}
 			return nil, fmt.Errorf("apply: initial copy: %w", err)
@@ -366,12 +366,16 @@ func (t *target) commitCopy(ctx context.Context) error {
 	}
 	t.control("COMMIT")
 	t.inTxn = false
-	return t.flushBatch(ctx)
+	if err := t.flushBatch(ctx); err != nil {
+		return err
+	}
+	t.countRows()
+	return nil
 }
 
 // finishCopy writes the progress row at the consistent point and deletes the copy's rows, in
 // one durable transaction: from then on the copy is complete and the stream resumes after it.
-func (s *session) finishCopy(ctx context.Context, ct string, cp LSN) error {
+func (s *session) finishCopy(ctx context.Context, ct string, cp decoding.LSN) error {
 	err := s.inTxn(ctx, true, func() error {
 		if _, err := query(ctx, s.leader.conn, s.progSQL, s.key.slot, cp.String(), s.key.system, strconv.Itoa(s.key.timeline)); err != nil {
 			return err

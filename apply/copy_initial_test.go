@@ -19,8 +19,7 @@ import (
 func newCopyEnv(t *testing.T, major int, extraTarget ...string) *env {
 	t.Helper()
 	e := newEnv(t, major, extraTarget...)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	ctx := testCtx(t)
 	must(t, pgtest.Exec(ctx, e.src, `SELECT pg_drop_replication_slot('apply')`))
 	return e
 }
@@ -45,8 +44,7 @@ type writer struct {
 }
 
 func newWriter(t *testing.T, dsn string) *writer {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	ctx := testCtx(t)
 	c, err := pgx.Connect(ctx, dsn)
 	must(t, err)
 	t.Cleanup(func() { c.Close(context.Background()) })
@@ -100,19 +98,6 @@ func (e *env) waitProgress(t *testing.T, r *running) {
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
-}
-
-// count returns the result of a count query.
-func count(t testing.TB, dsn, sql string, args ...any) int {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, dsn)
-	must(t, err)
-	defer conn.Close(context.Background())
-	var n int
-	must(t, conn.QueryRow(ctx, sql, args...).Scan(&n))
-	return n
 }
 
 func (e *env) slotExists(t testing.TB) bool {

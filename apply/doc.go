@@ -153,15 +153,15 @@
 // A change that does not fit the target's rows is a conflict, detected and named as PostgreSQL's
 // subscriber does (insert_exists, update_exists, multiple_unique_conflicts, update_missing,
 // update_deleted, delete_missing, update_origin_differs, delete_origin_differs; see
-// ConflictType), resolved as ConflictConfig says (by default as PostgreSQL: the *_exists ones stop
+// conflict.Type), resolved as conflict.Config says (by default as PostgreSQL: the *_exists ones stop
 // Run with an *ApplyError wrapping ErrConflict, missing rows are skipped, rows another origin
-// changed are overwritten; or skip, apply_remote, keep_local, last_update_wins), logged in
+// changed are overwritten; or skip, apply_remote, last_update_wins), logged in
 // PostgreSQL's words, counted in Stats, and optionally recorded in a conflict log table. The
 // checks cost no round trip when nothing conflicts: rows are looked up only for statements that
 // met a conflict. Config.Origin marks the applied transactions with a replication origin, which
 // lets the target tell the Applier's rows from others' (with track_commit_timestamp) and lets a
 // reverse replication leave them out (Config.OriginFilter replication.OriginFilterNone): two databases can replicate
-// into each other. ConflictConfig.Retention turns on update_deleted detection, from a bounded
+// into each other. conflict.Config.Retention turns on update_deleted detection, from a bounded
 // record of the target's local deletions rather than retained dead tuples; Applier.Uninstall
 // removes that record (and, as asked, the slot's progress and the origins) from the target.
 //
@@ -209,4 +209,20 @@
 // ErrSlotAhead: see above); and corrupt or lost data reported by the reorder buffer. Nothing at or after a refused transaction is acknowledged,
 // so a new Run, once the cause is fixed, resumes with it. A change refused while applied
 // concurrently with earlier transactions (Eager, Parallel) is first retried alone.
+//
+// # Layout
+//
+// Package apply is the orchestration: Applier, Config, the errors and Stats, the session (the
+// replication stream, grouping in Buffered, acknowledgements, the initial copy, the watchdog of
+// Eager and Parallel) and the target connections it applies through. Beside it:
+//
+//   - apply/conflict, public, imported by users: conflict types, resolutions, reports and their
+//     configuration (Config.Conflicts is a conflict.Config; a conflict that stops Run carries a
+//     *conflict.StopError). It depends on nothing of apply.
+//   - apply/internal/schedule: what Eager and Parallel schedule transactions with, touching no
+//     server: the commit order, the per-transaction queues with their shared memory budget and
+//     spill files, Parallel's dependency tracker, and the watchdog's rule for lock waits between
+//     the Applier's own connections.
+//   - internal/copycodec: COPY's text and binary formats, which apply writes (inserts go out as
+//     COPY) and package snapshot reads.
 package apply

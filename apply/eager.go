@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgreorder/pgreorder/apply/internal/schedule"
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 )
@@ -50,13 +51,13 @@ const (
 
 // job is one source transaction being applied in parts.
 type job struct {
+	schedule.Job // the commit order (Seq; 0 until known), and for Parallel the tracker's state
+
 	xid      uint32
 	streamed bool
-	seq      atomic.Uint64 // commit order; 0 until known
-	q        *queue        // nil for a direct job
-	direct   bool          // applied on the leader's connection as its parts arrive
-	spooled  bool          // applied on the leader's connection at its commit
-	serial   bool          // must not run alongside earlier transactions (Parallel)
+	q        *schedule.Queue // nil for a direct job
+	direct   bool            // applied on the leader's connection as its parts arrive
+	spooled  bool            // applied on the leader's connection at its commit
 
 	// Set by the leader before it queues recCommit; read by the worker after.
 	ref    txnRef
@@ -68,15 +69,6 @@ type job struct {
 	subs    []uint32        // subtransactions with a savepoint, in order
 	seen    map[uint32]bool // subtransactions seen
 	waitFor uint64          // the highest sequence number a recWait was queued for
-	keys    []uint64        // Parallel: keys registered for it in the dependency tracker
-	wide    bool            // Parallel: too many keys to track; later transactions wait for all of it
-}
-
-func (j *job) rank() uint64 {
-	if s := j.seq.Load(); s != 0 {
-		return s
-	}
-	return ^uint64(0) // not committed yet: after every committed one
 }
 
 // worker is a goroutine with a target connection that applies one job at a time.
@@ -90,14 +82,14 @@ type worker struct {
 
 // startWorkers connects the workers and starts their goroutines and the watchdog's.
 func (s *session) startWorkers(ctx context.Context) error {
-	s.order = newOrder()
+	s.order = schedule.NewOrder()
 	s.jobs = map[uint32]*job{}
-	s.store = &spillStore{dir: s.cfg.SpillDir}
-	s.budget = &budget{limit: s.cfg.queueMem()}
-	s.share = max(s.budget.limit/int64(max(s.cfg.Workers, 1)), 64<<10)
+	s.store = schedule.NewSpillStore(s.cfg.SpillDir)
+	s.budget = schedule.NewBudget(s.cfg.queueMem())
+	s.share = max(s.cfg.queueMem()/int64(max(s.cfg.Workers, 1)), 64<<10)
 	s.free = make(chan *worker, s.cfg.Workers)
 	if s.cfg.Mode == Parallel {
-		s.deps = newTracker()
+		s.deps = schedule.NewTracker()
 	}
 	for i := range s.cfg.Workers {
 		tg, err := connectTarget(ctx, s.cfg, "pgreorder apply "+s.cfg.Slot+" w"+strconv.Itoa(i+1), s.stats)
@@ -145,15 +137,15 @@ func (s *session) stopWorkers(ctx context.Context) {
 	}
 	for _, j := range s.jobs {
 		if j.q != nil {
-			j.q.close()
+			j.q.Close()
 		}
 	}
 	for _, w := range s.workers {
 		if j := w.cur.Load(); j != nil && j.q != nil {
-			j.q.close()
+			j.q.Close()
 		}
 	}
-	if err := s.store.close(); err != nil {
+	if err := s.store.Close(); err != nil {
 		s.log.Warn("removing spill files", "err", err)
 	}
 }
@@ -202,7 +194,7 @@ func (s *session) part(ctx context.Context, t *reorderbuffer.Txn) error {
 			return err
 		}
 		s.jobs[t.Xid] = j
-		s.log.Debug("transaction", "xid", t.Xid, "streamed", t.Streamed, "direct", j.direct, "spooled", j.spooled, "seq", j.seq.Load())
+		s.log.Debug("transaction", "xid", t.Xid, "streamed", t.Streamed, "direct", j.direct, "spooled", j.spooled, "seq", j.Seq.Load())
 	}
 	var err error
 	if j.direct {
@@ -224,7 +216,7 @@ func (s *session) newJob(ctx context.Context, t *reorderbuffer.Txn) (*job, error
 	j := &job{xid: t.Xid, streamed: t.Streamed}
 	if !t.Streamed {
 		// Committed on the source already: it is next in commit order.
-		j.seq.Store(s.order.assign())
+		j.Seq.Store(s.order.Assign())
 		if s.cfg.Mode != Parallel || s.a.serial[t.Xid] {
 			j.direct = true
 			return j, nil
@@ -237,12 +229,12 @@ func (s *session) newJob(ctx context.Context, t *reorderbuffer.Txn) (*job, error
 			j.direct = true
 			return j, nil
 		}
-		j.q = newQueue(s.store, s.budget, s.share, s.stats)
+		j.q = schedule.NewQueue(s.store, s.budget, s.share, &s.stats.queueSpilled)
 		w.cur.Store(j)
 		w.jobs <- j
 		return j, nil
 	}
-	j.q = newQueue(s.store, s.budget, s.share, s.stats)
+	j.q = schedule.NewQueue(s.store, s.budget, s.share, &s.stats.queueSpilled)
 	j.seen = map[uint32]bool{}
 	if s.a.serial[t.Xid] {
 		j.spooled = true
@@ -271,7 +263,7 @@ func (s *session) takeWorker(ctx context.Context) (*worker, error) {
 	}
 	finishing := false
 	for _, w := range s.workers {
-		if j := w.cur.Load(); j != nil && j.seq.Load() != 0 {
+		if j := w.cur.Load(); j != nil && j.Seq.Load() != 0 {
 			finishing = true
 		}
 	}
@@ -293,7 +285,7 @@ func (s *session) applyDirect(ctx context.Context, j *job, t *reorderbuffer.Txn)
 	if j.failed != nil {
 		return nil
 	}
-	if err := s.order.wait(ctx, j.seq.Load()-1); err != nil {
+	if err := s.order.Wait(ctx, j.Seq.Load()-1); err != nil {
 		return err
 	}
 	s.leaderJob.Store(j)
@@ -360,14 +352,14 @@ func (s *session) enqueue(ctx context.Context, j *job, t *reorderbuffer.Txn) err
 			if sub := changeXid(m); sub != 0 && sub != t.Xid && !j.seen[sub] {
 				j.seen[sub] = true
 				j.subs = append(j.subs, sub)
-				if err := j.q.push(binary.BigEndian.AppendUint32([]byte{recSavepoint}, sub)); err != nil {
+				if err := j.q.Push(binary.BigEndian.AppendUint32([]byte{recSavepoint}, sub)); err != nil {
 					return err
 				}
 			}
 			// The change came after every transaction committed so far: it may read their rows.
-			if last := s.order.last(); last > j.waitFor && last > s.order.committed() {
+			if last := s.order.Last(); last > j.waitFor && last > s.order.Committed() {
 				j.waitFor = last
-				if err := j.q.push(binary.BigEndian.AppendUint64([]byte{recWait}, last)); err != nil {
+				if err := j.q.Push(binary.BigEndian.AppendUint64([]byte{recWait}, last)); err != nil {
 					return err
 				}
 			}
@@ -376,7 +368,7 @@ func (s *session) enqueue(ctx context.Context, j *job, t *reorderbuffer.Txn) err
 		if err != nil {
 			return err
 		}
-		return j.q.push(rec)
+		return j.q.Push(rec)
 	})
 }
 
@@ -391,13 +383,13 @@ func (s *session) depend(ctx context.Context, j *job, m decoding.Message, rels [
 	if err != nil && !errors.As(err, &ce) {
 		return err
 	}
-	wait, serial := s.deps.change(j, rels[0].rel, m, err != nil || rm.triggers)
+	wait, serial := s.deps.Change(&j.Job, rels[0].rel, m, err != nil || rm.triggers)
 	if serial {
 		s.stats.serialTxns.Add(1)
 	}
-	if wait > j.waitFor && wait > s.order.committed() {
+	if wait > j.waitFor && wait > s.order.Committed() {
 		j.waitFor = wait
-		return j.q.push(binary.BigEndian.AppendUint64([]byte{recWait}, wait))
+		return j.q.Push(binary.BigEndian.AppendUint64([]byte{recWait}, wait))
 	}
 	return nil
 }
@@ -455,7 +447,7 @@ func (s *session) subAbort(t *reorderbuffer.Txn) error {
 	for i, sub := range j.subs {
 		if sub == t.SubXid {
 			j.subs = j.subs[:i] // the savepoints taken after it go too
-			return j.q.push(binary.BigEndian.AppendUint32([]byte{recRollback}, sub))
+			return j.q.Push(binary.BigEndian.AppendUint32([]byte{recRollback}, sub))
 		}
 	}
 	return nil
@@ -470,7 +462,7 @@ func (s *session) abort(ctx context.Context, t *reorderbuffer.Txn) error {
 	delete(s.jobs, t.Xid)
 	delete(s.a.serial, t.Xid)
 	if s.deps != nil {
-		s.deps.release(j)
+		s.deps.Release(&j.Job)
 	}
 	switch {
 	case j.direct:
@@ -481,16 +473,16 @@ func (s *session) abort(ctx context.Context, t *reorderbuffer.Txn) error {
 			}
 		}
 		// Its sequence number is the last one handed out: nothing to commit under it.
-		seq := j.seq.Load()
-		if err := s.order.wait(ctx, seq-1); err != nil {
+		seq := j.Seq.Load()
+		if err := s.order.Wait(ctx, seq-1); err != nil {
 			return err
 		}
-		s.order.finish(seq)
+		s.order.Finish(seq)
 		return nil
 	case j.spooled:
-		return j.q.close()
+		return j.q.Close()
 	default:
-		return j.q.push([]byte{recAbort})
+		return j.q.Push([]byte{recAbort})
 	}
 }
 
@@ -501,8 +493,8 @@ func (s *session) commitJob(ctx context.Context, j *job, t *reorderbuffer.Txn) e
 	delete(s.a.serial, j.xid)
 	j.ref = txnRef{Xid: t.Xid, Streamed: t.Streamed, CommitLSN: t.CommitLSN, EndLSN: t.EndLSN}
 	j.commit = t
-	if j.seq.Load() == 0 {
-		j.seq.Store(s.order.assign())
+	if j.Seq.Load() == 0 {
+		j.Seq.Store(s.order.Assign())
 	}
 	switch {
 	case j.direct:
@@ -510,7 +502,7 @@ func (s *session) commitJob(ctx context.Context, j *job, t *reorderbuffer.Txn) e
 		if j.failed != nil {
 			return s.txnError(j.ref, j.failed)
 		}
-		if err := s.order.wait(ctx, j.seq.Load()-1); err != nil {
+		if err := s.order.Wait(ctx, j.Seq.Load()-1); err != nil {
 			return err
 		}
 		if err := s.commitOn(ctx, s.leader, j, j.begun, nil); err != nil {
@@ -522,10 +514,10 @@ func (s *session) commitJob(ctx context.Context, j *job, t *reorderbuffer.Txn) e
 		}
 		return s.ackCommitted(ctx)
 	case j.spooled:
-		if err := j.q.push([]byte{recCommit}); err != nil {
+		if err := j.q.Push([]byte{recCommit}); err != nil {
 			return err
 		}
-		if err := s.order.wait(ctx, j.seq.Load()-1); err != nil {
+		if err := s.order.Wait(ctx, j.Seq.Load()-1); err != nil {
 			return err
 		}
 		s.leaderJob.Store(j)
@@ -540,9 +532,9 @@ func (s *session) commitJob(ctx context.Context, j *job, t *reorderbuffer.Txn) e
 		return s.ackCommitted(ctx)
 	default:
 		if j.streamed && s.deps != nil {
-			s.deps.after(j.seq.Load()) // its keys are not tracked
+			s.deps.After(j.Seq.Load()) // its keys are not tracked
 		}
-		return j.q.push([]byte{recCommit})
+		return j.q.Push([]byte{recCommit})
 	}
 }
 
@@ -582,7 +574,7 @@ func (s *session) runJob(ctx context.Context, tg *target, j *job, w *worker) err
 	}
 	waiting := func() { state(wsWaiting) }
 	for {
-		rec, ok, err := j.q.tryPop()
+		rec, ok, err := j.q.TryPop()
 		if err == nil && !ok {
 			// Nothing more for now: send what is pending before waiting, so that the target
 			// keeps up with the source.
@@ -594,7 +586,7 @@ func (s *session) runJob(ctx context.Context, tg *target, j *job, w *worker) err
 					begun = false
 				}
 			}
-			rec, err = j.q.pop(ctx, waiting)
+			rec, err = j.q.Pop(ctx, waiting)
 		}
 		if err != nil {
 			return err
@@ -633,26 +625,26 @@ func (s *session) runJob(ctx context.Context, tg *target, j *job, w *worker) err
 			}
 		case recWait:
 			state(wsWaiting)
-			err = s.order.wait(ctx, binary.BigEndian.Uint64(rec[1:]))
+			err = s.order.Wait(ctx, binary.BigEndian.Uint64(rec[1:]))
 		case recAbort:
-			j.q.close()
+			j.q.Close()
 			if begun {
 				s.stats.aborts.Add(1)
 				if err := tg.rollback(ctx); err != nil {
 					return err
 				}
 			}
-			if seq := j.seq.Load(); seq != 0 {
+			if seq := j.Seq.Load(); seq != 0 {
 				// A committed transaction the consumer turned out to have already (see
 				// reorderbuffer.PartAbort): nothing to commit under its number.
-				if err := s.order.wait(ctx, seq-1); err != nil {
+				if err := s.order.Wait(ctx, seq-1); err != nil {
 					return err
 				}
-				s.order.finish(seq)
+				s.order.Finish(seq)
 			}
 			return nil
 		case recCommit:
-			j.q.close()
+			j.q.Close()
 			if failed != nil {
 				return &restartError{xids: []uint32{j.xid}, reason: failed}
 			}
@@ -695,8 +687,8 @@ func (s *session) jobFailed(ctx context.Context, tg *target, j *job, err error) 
 // acknowledgement. begun says whether it has a target transaction (otherwise there was nothing
 // to apply).
 func (s *session) commitOn(ctx context.Context, tg *target, j *job, begun bool, w *worker) error {
-	seq := j.seq.Load()
-	if begun && s.order.committed() < seq-1 {
+	seq := j.Seq.Load()
+	if begun && s.order.Committed() < seq-1 {
 		// Not its turn yet: send what is pending meanwhile, so that the commit is one round trip.
 		if err := tg.flushPending(ctx); err != nil {
 			return err
@@ -705,14 +697,14 @@ func (s *session) commitOn(ctx context.Context, tg *target, j *job, begun bool, 
 	if w != nil {
 		w.state.Store(wsWaiting)
 	}
-	if err := s.order.wait(ctx, seq-1); err != nil {
+	if err := s.order.Wait(ctx, seq-1); err != nil {
 		return err
 	}
 	if w != nil {
 		w.state.Store(wsApplying)
 	}
 	durable := s.cfg.SynchronousCommit
-	var progress LSN // the progress row written, if any
+	var progress decoding.LSN // the progress row written, if any
 	if begun {
 		if err := s.cfg.hook(ctx, "before-commit", j.ref); err != nil {
 			return err
@@ -726,7 +718,7 @@ func (s *session) commitOn(ctx context.Context, tg *target, j *job, begun bool, 
 	} else {
 		s.stats.emptyTxns.Add(1)
 	}
-	s.order.finish(seq)
+	s.order.Finish(seq)
 	s.stats.txns.Add(1)
 	if err := s.cfg.hook(ctx, "after-commit", j.ref); err != nil {
 		return err

@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgreorder/pgreorder/apply/conflict"
 	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
 )
 
@@ -72,6 +73,10 @@ func TestEagerSpool(t *testing.T) {
 			t.Logf("stats %+v", st)
 			if st.Spooled == 0 || st.QueueSpilled == 0 || st.SubAborts == 0 {
 				t.Errorf("spooled %d, queue bytes spilled %d, subtransactions rolled back %d: want all > 0", st.Spooled, st.QueueSpilled, st.SubAborts)
+			}
+			// The rows of the subtransactions rolled back are not counted.
+			if rows := count(t, e.dst, `SELECT (SELECT count(*) FROM big) + (SELECT count(*) FROM events) + (SELECT count(*) FROM marker)`); st.Inserts != int64(rows) {
+				t.Errorf("Inserts %d, want the %d rows on the target", st.Inserts, rows)
 			}
 		})
 	}
@@ -193,8 +198,8 @@ func TestEagerSavepointFirst(t *testing.T) {
 		t.Run(fmt.Sprintf("pg%d", major), func(t *testing.T) {
 			srv := conflictServer(t, major)
 			e := conflictEnv(t, srv)
-			var log logBuffer
-			cfg := e.conflictConfig(t, &log, map[ConflictType]Resolution{InsertExists: ResolveLastUpdateWins})
+			var log lockedBuffer
+			cfg := e.conflictConfig(t, &log, map[conflict.Type]conflict.Resolution{conflict.InsertExists: conflict.LastUpdateWins})
 			cfg.Mode, cfg.Workers = Eager, 1
 			cfg.Conflicts.LogTable = "conflict_log"
 			dropOrigins(t, e.dst, cfg.Origin)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 	"github.com/pgreorder/pgreorder/replication"
 )
@@ -102,22 +103,46 @@ type ApplyError struct {
 	// Relation is the target table, quoted and qualified ("public"."t"), or "" when the error
 	// is not about one table.
 	Relation string
-	// Op is what was applied: INSERT, UPDATE, DELETE, TRUNCATE or COMMIT.
-	Op string
+	// Op is what was applied, OpNone when the error is not about one statement.
+	Op Op
 	// Xid is the source transaction.
 	Xid uint32
 	// CommitLSN and EndLSN are the source transaction's commit record; EndLSN is the position it
 	// would have been acknowledged at.
-	CommitLSN, EndLSN LSN
+	CommitLSN, EndLSN decoding.LSN
 	// Err is the cause, usually a *pgconn.PgError.
 	Err error
+}
+
+// Op is the statement an ApplyError names.
+type Op int
+
+const (
+	OpNone     Op = iota // not one statement
+	OpInsert             // INSERT, or a COPY of inserted rows
+	OpUpdate             // UPDATE
+	OpDelete             // DELETE
+	OpTruncate           // TRUNCATE
+	OpCommit             // COMMIT: a deferred constraint, say
+	OpCopy               // the initial copy's COPY
+)
+
+var opNames = [...]string{OpNone: "", OpInsert: "INSERT", OpUpdate: "UPDATE", OpDelete: "DELETE",
+	OpTruncate: "TRUNCATE", OpCommit: "COMMIT", OpCopy: "COPY"}
+
+// String returns the statement's SQL keyword, such as "INSERT" ("" for OpNone).
+func (o Op) String() string {
+	if o >= 0 && int(o) < len(opNames) {
+		return opNames[o]
+	}
+	return fmt.Sprintf("Op(%d)", int(o))
 }
 
 func (e *ApplyError) Error() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "apply: source transaction %d (commit %s, end %s)", e.Xid, e.CommitLSN, e.EndLSN)
-	if e.Op != "" {
-		b.WriteString(": " + e.Op)
+	if e.Op != OpNone {
+		b.WriteString(": " + e.Op.String())
 		if e.Relation != "" {
 			b.WriteString(" " + e.Relation)
 		}
@@ -150,12 +175,12 @@ func (e *ApplyError) Unwrap() []error {
 type changeError struct {
 	kind     error
 	relation string
-	op       string
+	op       Op
 	err      error
 }
 
 func (e *changeError) Error() string {
-	s := e.op
+	s := e.op.String()
 	if e.relation != "" {
 		s += " " + e.relation
 	}

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -17,8 +16,7 @@ import (
 func fullEnv(t *testing.T, major int, slot string, schema []string) *env {
 	t.Helper()
 	srv := pgtest.Shared(t, major)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	ctx := testCtx(t)
 	srcDB, dstDB := pgtest.NewDatabase(t, srv), pgtest.NewDatabase(t, srv)
 	e := &env{srv: srv, src: srv.ConnString(srcDB), dst: srv.ConnString(dstDB), repl: srv.ReplicationConnString(srcDB), slot: slot}
 	must(t, pgtest.Exec(ctx, e.src, append(append([]string{}, schema...), `CREATE PUBLICATION pub FOR ALL TABLES`,
@@ -30,8 +28,7 @@ func fullEnv(t *testing.T, major int, slot string, schema []string) *env {
 // sameRows fails t unless table has the same rows (as text, with duplicates) on both sides.
 func (e *env) sameRows(t *testing.T, table string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	ctx := testCtx(t)
 	q := `SELECT coalesce(string_agg(r::text, ' | ' ORDER BY r::text), '') FROM ` + table + ` r`
 	var got, want string
 	for dsn, out := range map[string]*string{e.src: &want, e.dst: &got} {

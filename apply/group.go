@@ -34,7 +34,6 @@ type group struct {
 	started bool      // a target transaction is open on the leader's connection
 	opened  time.Time // when the first member was added
 	changes int       // changes applied in the group
-	counted rowCounts // the row counters when the target transaction began
 }
 
 type groupMember struct {
@@ -45,9 +44,9 @@ type groupMember struct {
 
 func (g *group) open() bool { return len(g.members) > 0 }
 
-// full says whether the group must commit before it takes another transaction.
-func (g *group) full() bool {
-	return len(g.members) >= groupMaxTxns || g.changes >= batchMaxOps || time.Since(g.opened) >= groupMaxAge
+// full says whether the group must commit before it takes another transaction, at time now.
+func (g *group) full(now time.Time) bool {
+	return len(g.members) >= groupMaxTxns || g.changes >= batchMaxOps || now.Sub(g.opened) >= groupMaxAge
 }
 
 func (g *group) xids() []uint32 {
@@ -70,14 +69,14 @@ func (s *session) applyGrouped(ctx context.Context, t *reorderbuffer.Txn) error 
 	// A group commits with the commit time of its last transaction, which becomes the commit
 	// timestamp of all its rows (with an origin): under last_update_wins a row must carry its
 	// own transaction's time, or two sides replicating to each other can decide differently.
-	alone := s.a.serial[t.Xid] || (s.det != nil && s.leader.origin != "" && s.cfg.Conflicts.lastUpdateWins())
-	if g.open() && (alone || g.full()) {
+	alone := s.a.serial[t.Xid] || (s.det != nil && s.leader.origin != "" && lastUpdateWins(&s.cfg.Conflicts))
+	if g.open() && (alone || g.full(s.cfg.now())) {
 		if err := s.commitGroup(ctx); err != nil {
 			return err
 		}
 	}
 	if !g.open() {
-		g.opened = time.Now()
+		g.opened = s.cfg.now()
 	}
 	ref := txnRef{Xid: t.Xid, Streamed: t.Streamed, CommitLSN: t.CommitLSN, EndLSN: t.EndLSN}
 	g.members = append(g.members, groupMember{txn: t, ref: ref})
@@ -90,7 +89,6 @@ func (s *session) applyGrouped(ctx context.Context, t *reorderbuffer.Txn) error 
 		if !g.started {
 			tg.begin(t.Xid, t)
 			g.started = true
-			g.counted = s.stats.rows()
 		}
 		g.changes++
 		member.changed = true
@@ -118,7 +116,7 @@ func (s *session) commitGroup(ctx context.Context) error {
 	}
 	last := g.members[len(g.members)-1].ref
 	durable := s.cfg.SynchronousCommit
-	var progress LSN // the progress row written, if any
+	var progress decoding.LSN // the progress row written, if any
 	if g.started {
 		for _, m := range g.members {
 			if err := s.cfg.hook(ctx, "before-commit", m.ref); err != nil {
@@ -132,8 +130,8 @@ func (s *session) commitGroup(ctx context.Context) error {
 		progress = last.EndLSN
 	}
 	for _, m := range g.members {
-		seq := s.order.assign()
-		s.order.finish(seq)
+		seq := s.order.Assign()
+		s.order.Finish(seq)
 		s.stats.txns.Add(1)
 		if !m.changed { // acknowledged without a target transaction of its own
 			s.stats.emptyTxns.Add(1)
@@ -150,11 +148,11 @@ func (s *session) commitGroup(ctx context.Context) error {
 	return err
 }
 
-// abandonGroup takes back the row counts of the open group when the session ends without
-// committing it: its target transaction is rolled back with the connection.
+// abandonGroup forgets the open group when the session ends without committing it: its target
+// transaction is rolled back with the connection, and its rows are not counted.
 func (s *session) abandonGroup() {
 	if s.group.started {
-		s.stats.uncount(s.group.counted)
+		s.leader.dropRows()
 		s.group.reset()
 	}
 }

@@ -71,7 +71,7 @@ func TestGroupKill(t *testing.T) {
 				}
 			}
 			// Status updates go on while it stalls: nothing of the open group may be confirmed.
-			time.Sleep(300 * time.Millisecond)
+			waitReplies(t, ctx, e.src, e.slot, 3)
 			first.kill(t)
 			must(t, pgtest.Exec(ctx, e.src, `INSERT INTO marker VALUES (1)`))
 			cc.Stall = ""

@@ -1,6 +1,7 @@
 package apply
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -58,8 +59,7 @@ type env struct {
 func newEnv(t *testing.T, major int, extraTarget ...string) *env {
 	t.Helper()
 	srv := pgtest.Shared(t, major)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	ctx := testCtx(t)
 	srcDB, dstDB := pgtest.NewDatabase(t, srv), pgtest.NewDatabase(t, srv)
 	e := &env{srv: srv, src: srv.ConnString(srcDB), dst: srv.ConnString(dstDB), repl: srv.ReplicationConnString(srcDB), slot: "apply"}
 	must(t, pgtest.Exec(ctx, e.src, append(append([]string{}, schema...),
@@ -141,8 +141,7 @@ func (e *env) waitMarker(t testing.TB, r *running, id int) {
 // compare fails t unless every table has the same rows on both sides.
 func (e *env) compare(t testing.TB) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	ctx := testCtx(t)
 	src, err := pgx.Connect(ctx, e.src)
 	must(t, err)
 	defer src.Close(context.Background())
@@ -186,10 +185,9 @@ func (e *env) compare(t testing.TB) {
 }
 
 // progress returns the target's progress row for the slot.
-func (e *env) progress(t testing.TB) LSN {
+func (e *env) progress(t testing.TB) decoding.LSN {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	ctx := testCtx(t)
 	conn, err := pgx.Connect(ctx, e.dst)
 	must(t, err)
 	defer conn.Close(context.Background())
@@ -199,10 +197,9 @@ func (e *env) progress(t testing.TB) LSN {
 }
 
 // confirmed returns the slot's confirmed_flush_lsn.
-func (e *env) confirmed(t testing.TB) LSN {
+func (e *env) confirmed(t testing.TB) decoding.LSN {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	ctx := testCtx(t)
 	conn, err := pgx.Connect(ctx, e.src)
 	must(t, err)
 	defer conn.Close(context.Background())
@@ -387,8 +384,7 @@ type terminator struct {
 }
 
 func newTerminator(t testing.TB, dsn string) *terminator {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	ctx := testCtx(t)
 	c, err := pgx.Connect(ctx, dsn)
 	must(t, err)
 	t.Cleanup(func() { c.Close(context.Background()) })
@@ -477,4 +473,89 @@ func concurrent(ctx context.Context, dsn string, rng *rand.Rand, clients, txns i
 		}
 	}
 	return first
+}
+
+// waitReplies waits until the source has received n more status updates from the walsender
+// client of slot (pg_stat_replication.reply_time moved n times).
+func waitReplies(t testing.TB, ctx context.Context, dsn, slot string, n int) {
+	t.Helper()
+	c, err := pgx.Connect(ctx, dsn)
+	must(t, err)
+	defer c.Close(context.Background())
+	var last *time.Time
+	for moved := -1; moved < n; {
+		var at *time.Time
+		err := c.QueryRow(ctx, `SELECT r.reply_time FROM pg_catalog.pg_stat_replication r
+			JOIN pg_catalog.pg_replication_slots s ON s.active_pid = r.pid WHERE s.slot_name = $1`, slot).Scan(&at)
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			t.Fatalf("reading reply_time: %v", err)
+		}
+		if at != nil && (last == nil || !at.Equal(*last)) {
+			moved++
+			last = at
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%d status updates of slot %s seen, want %d: %v", max(moved, 0), slot, n, ctx.Err())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// lockedBuffer collects what several goroutines write (a log handler's output, a child's
+// stderr).
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// eventually waits up to a minute for cond.
+func eventually(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting: %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// execOn runs statements on dsn.
+func execOn(t testing.TB, dsn string, stmts ...string) {
+	t.Helper()
+	ctx := testCtx(t)
+	must(t, pgtest.Exec(ctx, dsn, stmts...))
+}
+
+// count returns the result of a count query.
+func count(t testing.TB, dsn, sql string, args ...any) int64 {
+	t.Helper()
+	ctx := testCtx(t)
+	conn, err := pgx.Connect(ctx, dsn)
+	must(t, err)
+	defer conn.Close(context.Background())
+	var n int64
+	must(t, conn.QueryRow(ctx, sql, args...).Scan(&n))
+	return n
+}
+
+// testCtx is a context for a helper's or a test's few statements: it ends after a minute, or
+// with the test.
+func testCtx(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	return ctx
 }

@@ -79,13 +79,13 @@ func TestTombstoneInjection(t *testing.T) {
 			r := start(t, cfg)
 			e.waitMarker(t, r, 1)
 			eventually(t, "the tombstone trigger on kv", func() bool {
-				return count64(t, dst, `SELECT count(*) FROM pg_trigger WHERE tgrelid = 'kv'::regclass AND tgname = '`+tombstoneTrigger+`'`) > 0
+				return count(t, dst, `SELECT count(*) FROM pg_trigger WHERE tgrelid = 'kv'::regclass AND tgname = '`+tombstoneTrigger+`'`) > 0
 			})
-			if n := count64(t, dst, `SELECT count(*) FROM pg_class WHERE relname = 'victim'`); n != 1 {
+			if n := count(t, dst, `SELECT count(*) FROM pg_class WHERE relname = 'victim'`); n != 1 {
 				t.Fatalf("table victim is gone from the target")
 			}
 			execOn(t, dst, `DELETE FROM kv WHERE u = 1`)
-			if n := count64(t, dst, `SELECT count(*) FROM pgreorder_tombstones WHERE key = ARRAY['1']`); n != 1 {
+			if n := count(t, dst, `SELECT count(*) FROM pgreorder_tombstones WHERE key = ARRAY['1']`); n != 1 {
 				t.Errorf("%d tombstones for the deleted row, want 1", n)
 			}
 			r.halt(t)
@@ -120,7 +120,7 @@ func TestTombstoneLocalSessions(t *testing.T) {
 			execOn(t, e.src, `INSERT INTO kv VALUES (5, 5, 'b')`, `INSERT INTO marker VALUES (2)`)
 			e.waitMarker(t, r, 2)
 			execOn(t, e.dst, `SET search_path = appschema; DELETE FROM public.kv WHERE id = 5`)
-			got := count64(t, e.dst, `SELECT count(*) FROM "My ""Sch""".pgreorder_tombstones`)
+			got := count(t, e.dst, `SELECT count(*) FROM "My ""Sch""".pgreorder_tombstones`)
 			if got != 5 {
 				t.Errorf("%d tombstones, want 5", got)
 			}
@@ -212,8 +212,7 @@ func TestPinnedTargetSettings(t *testing.T) {
 				t.Errorf("target rows differ from the source's:\n%s\nwant\n%s", got, want)
 			}
 			seen := map[string]string{}
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			defer cancel()
+			ctx := testCtx(t)
 			c, err := pgx.Connect(ctx, dst)
 			must(t, err)
 			defer c.Close(context.Background())
@@ -289,8 +288,7 @@ func TestSessionEndRetried(t *testing.T) {
 	srv := pgtest.Shared(t, major)
 	db := pgtest.NewDatabase(t, srv)
 	dsn := srv.ConnString(db)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	ctx := testCtx(t)
 	tg := &target{}
 	for _, c := range []struct{ name, dsn string }{{"tcp", srv.TCPConnString(db)}, {"unix", dsn}} {
 		conn, err := pgconn.Connect(ctx, c.dsn+" idle_session_timeout=100")
@@ -298,14 +296,14 @@ func TestSessionEndRetried(t *testing.T) {
 		defer conn.Close(context.Background())
 		pid := fmt.Sprint(conn.PID())
 		eventually(t, "the idle session ended", func() bool {
-			return count64(t, dsn, `SELECT count(*) FROM pg_stat_activity WHERE pid = `+pid) == 0
+			return count(t, dsn, `SELECT count(*) FROM pg_stat_activity WHERE pid = `+pid) == 0
 		})
 		_, err = conn.Exec(ctx, "SELECT 1").ReadAll()
 		if err == nil {
 			t.Fatalf("%s: a statement on an ended session succeeded", c.name)
 		}
 		t.Logf("%s: %v", c.name, err)
-		ae := &ApplyError{Op: "INSERT", Err: tg.statementError(batchOp{op: 'I'}, err)}
+		ae := &ApplyError{Op: OpInsert, Err: tg.statementError(batchOp{op: 'I'}, err)}
 		if !retryable(ae) {
 			t.Errorf("%s: not retryable: %v", c.name, ae)
 		}
@@ -313,7 +311,7 @@ func TestSessionEndRetried(t *testing.T) {
 	// The same for every error the server sends as it ends a session.
 	for _, code := range []string{"57P05", "25P03", "25P04", "XX000"} {
 		fatal := &pgconn.PgError{Severity: "FATAL", Code: code, Message: "terminating connection"}
-		if err := (&ApplyError{Op: "INSERT", Err: tg.statementError(batchOp{op: 'I'}, fatal)}); !retryable(err) {
+		if err := (&ApplyError{Op: OpInsert, Err: tg.statementError(batchOp{op: 'I'}, fatal)}); !retryable(err) {
 			t.Errorf("FATAL %s: not retryable", code)
 		}
 	}
@@ -323,7 +321,7 @@ func TestSessionEndRetried(t *testing.T) {
 	}
 	// Nor a change the server refused.
 	refused := &pgconn.PgError{Severity: "ERROR", Code: "23505", Message: "duplicate key"}
-	if err := (&ApplyError{Op: "INSERT", Err: tg.statementError(batchOp{op: 'I'}, refused)}); retryable(err) {
+	if err := (&ApplyError{Op: OpInsert, Err: tg.statementError(batchOp{op: 'I'}, refused)}); retryable(err) {
 		t.Error("a unique violation is retryable")
 	}
 }
@@ -345,8 +343,7 @@ func TestUninstall(t *testing.T) {
 	r := start(t, cfg)
 	e.waitMarker(t, r, 1)
 	waitTrigger(t, e.dst)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	ctx := testCtx(t)
 	a, err := New(cfg)
 	must(t, err)
 	if err := a.Uninstall(ctx, UninstallOptions{Progress: true, Origins: true}); !errors.Is(err, ErrSlotInUse) {
@@ -355,11 +352,11 @@ func TestUninstall(t *testing.T) {
 	r.halt(t)
 	left := func() map[string]int64 {
 		return map[string]int64{
-			"triggers": count64(t, e.dst, `SELECT count(*) FROM pg_trigger WHERE tgname = '`+tombstoneTrigger+`'`),
-			"functions": count64(t, e.dst, `SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+			"triggers": count(t, e.dst, `SELECT count(*) FROM pg_trigger WHERE tgname = '`+tombstoneTrigger+`'`),
+			"functions": count(t, e.dst, `SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
 				WHERE n.nspname = 'My "Sch"' AND p.proname = 'pgreorder_tombstones_record'`),
-			"tables":  count64(t, e.dst, `SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'My "Sch"'`),
-			"origins": count64(t, e.dst, `SELECT count(*) FROM pg_replication_origin WHERE roname LIKE 'pgr_uninstall%'`),
+			"tables":  count(t, e.dst, `SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'My "Sch"'`),
+			"origins": count(t, e.dst, `SELECT count(*) FROM pg_replication_origin WHERE roname LIKE 'pgr_uninstall%'`),
 		}
 	}
 	before := left()
@@ -372,7 +369,7 @@ func TestUninstall(t *testing.T) {
 	if got := left(); got["triggers"] != 0 || got["functions"] != 0 || got["tables"] != 2 || got["origins"] != 0 {
 		t.Errorf("after Uninstall: %v, want only the progress table (and its index)", got)
 	}
-	if n := count64(t, e.dst, `SELECT count(*) FROM "My ""Sch""".progress WHERE slot = 'hostile'`); n != 0 {
+	if n := count(t, e.dst, `SELECT count(*) FROM "My ""Sch""".progress WHERE slot = 'hostile'`); n != 0 {
 		t.Errorf("the slot's progress row is still there")
 	}
 	// The store comes back with the next Run.
@@ -401,11 +398,11 @@ func TestUnqualifiedNames(t *testing.T) {
 	waitTrigger(t, e.dst)
 	r.halt(t)
 	for _, table := range []string{"app.pgreorder_apply_progress", "app.pgreorder_tombstones", "public.conflict_log"} {
-		if n := count64(t, e.dst, `SELECT count(*) FROM pg_catalog.pg_class WHERE oid = pg_catalog.to_regclass('`+table+`')`); n != 1 {
+		if n := count(t, e.dst, `SELECT count(*) FROM pg_catalog.pg_class WHERE oid = pg_catalog.to_regclass('`+table+`')`); n != 1 {
 			t.Errorf("no table %s", table)
 		}
 	}
-	if n := count64(t, e.dst, `SELECT count(*) FROM app.pgreorder_apply_progress WHERE slot = 'hostile'`); n != 1 {
+	if n := count(t, e.dst, `SELECT count(*) FROM app.pgreorder_apply_progress WHERE slot = 'hostile'`); n != 1 {
 		t.Errorf("no progress row in app.pgreorder_apply_progress")
 	}
 }

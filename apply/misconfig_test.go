@@ -25,23 +25,23 @@ func TestMisconfiguration(t *testing.T) {
 	cases := []struct {
 		name   string
 		kind   error
-		op     string
+		op     Op
 		target []string // replaces the target's items table
 		fix    []string
 		role   bool // connect to the target as a role that may only read items
 	}{
-		{name: "missing-table", kind: ErrMissingTable, op: "INSERT",
+		{name: "missing-table", kind: ErrMissingTable, op: OpInsert,
 			target: []string{`DROP TABLE items`},
 			fix:    []string{`CREATE TABLE items (id int PRIMARY KEY, qty int NOT NULL, note text)`}},
-		{name: "missing-column", kind: ErrSchemaMismatch, op: "INSERT",
+		{name: "missing-column", kind: ErrSchemaMismatch, op: OpInsert,
 			target: []string{`ALTER TABLE items DROP COLUMN note`},
 			fix:    []string{`ALTER TABLE items ADD COLUMN note text`}},
-		{name: "no-replica-identity", kind: ErrNoReplicaIdentity, op: "UPDATE",
+		{name: "no-replica-identity", kind: ErrNoReplicaIdentity, op: OpUpdate,
 			target: []string{`ALTER TABLE items DROP CONSTRAINT items_pkey`},
 			fix:    []string{`ALTER TABLE items ADD PRIMARY KEY (id)`}},
-		{name: "permission", kind: ErrPermission, op: "INSERT", role: true,
+		{name: "permission", kind: ErrPermission, op: OpInsert, role: true,
 			fix: []string{`GRANT INSERT, UPDATE, DELETE ON items, marker TO %ROLE%`}},
-		{name: "constraint", kind: ErrConstraint, op: "UPDATE",
+		{name: "constraint", kind: ErrConstraint, op: OpUpdate,
 			target: []string{`ALTER TABLE items ADD CONSTRAINT small_qty CHECK (qty < 100)`},
 			fix:    []string{`ALTER TABLE items DROP CONSTRAINT small_qty`}},
 	}

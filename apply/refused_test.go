@@ -37,7 +37,7 @@ func TestRefusedChangeNames(t *testing.T) {
 			remote: []string{`INSERT INTO e VALUES (1, 'ab', '1')`},
 			want:   []string{`INSERT "public"."e"`, `cannot be used with table that has INSERT or UPDATE rules`}},
 		{name: "conflict", target: []string{`INSERT INTO e VALUES (1, 'xy', 2)`}, remote: []string{`INSERT INTO e VALUES (1, 'ab', '1')`},
-			want: []string{`conflict=insert_exists`, `set Config.Conflicts.Resolutions[apply.InsertExists] to apply.ResolveApplyRemote (or apply.ResolveSkip) to get past it`},
+			want: []string{`conflict=insert_exists`, `set Config.Conflicts.Resolutions[conflict.InsertExists] to conflict.ApplyRemote (or conflict.Skip) to get past it`},
 			kind: ErrConflict},
 	}
 	for _, c := range cases {

@@ -39,13 +39,7 @@ func (l *delayLog) Handle(_ context.Context, r slog.Record) error {
 // waitTxns waits until r has committed n source transactions.
 func waitTxns(t *testing.T, r *running, n int64) {
 	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for r.a.Stats().Txns < n {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d transactions applied, want %d", r.a.Stats().Txns, n)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	eventually(t, fmt.Sprintf("%d transactions applied", n), func() bool { return r.a.Stats().Txns >= n })
 }
 
 // TestRetryDelayReset: a session that applied transactions before it failed is followed by the
@@ -84,36 +78,41 @@ func TestRetryDelayReset(t *testing.T) {
 	}
 }
 
-// TestStatsRolledBack: the rows of a group that was rolled back (the session failed before its
-// commit) are not counted; they are counted once, when applied again and committed.
+// TestStatsRolledBack: in every mode, the rows of a target transaction that was rolled back (the
+// session failed before its commit) are not counted; they are counted once, when applied again
+// and committed.
 func TestStatsRolledBack(t *testing.T) {
-	e := newEnv(t, testMajors[len(testMajors)-1])
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	const txns, rows = 5, 10
-	for i := range txns {
-		// The UPDATE makes the applier send the inserts (a COPY) before the commit.
-		must(t, pgtest.Exec(ctx, e.src, fmt.Sprintf(
-			`BEGIN; INSERT INTO items SELECT g, 1, 'x' FROM generate_series(%d, %d) g; UPDATE items SET qty = 2 WHERE id = %d; COMMIT`,
-			i*rows+1, (i+1)*rows, i*rows+1)))
+	for _, mode := range []Mode{Buffered, Eager, Parallel} {
+		t.Run(mode.String(), func(t *testing.T) {
+			e := newEnv(t, testMajors[len(testMajors)-1])
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			const txns, rows = 5, 10
+			for i := range txns {
+				// The UPDATE makes the applier send the inserts (a COPY) before the commit.
+				must(t, pgtest.Exec(ctx, e.src, fmt.Sprintf(
+					`BEGIN; INSERT INTO items SELECT g, 1, 'x' FROM generate_series(%d, %d) g; UPDATE items SET qty = 2 WHERE id = %d; COMMIT`,
+					i*rows+1, (i+1)*rows, i*rows+1)))
+			}
+			cfg := e.config(t, mode)
+			var crashed atomic.Bool
+			cfg.hooks = &hooks{stage: func(ctx context.Context, stage string, x txnRef) error {
+				if stage == "before-commit" && crashed.CompareAndSwap(false, true) {
+					return errCrash // the transaction's rows were sent; it is rolled back
+				}
+				return nil
+			}}
+			r := start(t, cfg)
+			waitTxns(t, r, txns)
+			r.halt(t)
+			st := r.a.Stats()
+			if !crashed.Load() || st.Sessions < 2 {
+				t.Fatalf("no crash: %+v", st)
+			}
+			if st.Inserts != txns*rows || st.Updates != txns {
+				t.Errorf("Inserts %d, Updates %d, want %d and %d: rows of the rolled-back transaction were counted", st.Inserts, st.Updates, txns*rows, txns)
+			}
+			e.compare(t)
+		})
 	}
-	cfg := e.config(t, Buffered)
-	var crashed atomic.Bool
-	cfg.hooks = &hooks{stage: func(ctx context.Context, stage string, x txnRef) error {
-		if stage == "before-commit" && crashed.CompareAndSwap(false, true) {
-			return errCrash // the group's rows were sent; it is rolled back
-		}
-		return nil
-	}}
-	r := start(t, cfg)
-	waitTxns(t, r, txns)
-	r.halt(t)
-	st := r.a.Stats()
-	if !crashed.Load() || st.Sessions < 2 {
-		t.Fatalf("no crash: %+v", st)
-	}
-	if st.Inserts != txns*rows || st.Updates != txns {
-		t.Errorf("Inserts %d, Updates %d, want %d and %d: rows of the rolled-back group were counted", st.Inserts, st.Updates, txns*rows, txns)
-	}
-	e.compare(t)
 }

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/pgreorder/pgreorder/apply/internal/schedule"
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 	"github.com/pgreorder/pgreorder/replication"
@@ -42,16 +43,16 @@ type session struct {
 	// Eager and Parallel.
 	cancel    context.CancelCauseFunc // ends the session with the first error
 	wg        sync.WaitGroup          // the workers' and the watchdog's goroutines
-	order     *order
+	order     *schedule.Order
 	jobs      map[uint32]*job // by xid, until their commit or abort (leader only)
 	workers   []*worker
 	free      chan *worker
-	store     *spillStore
-	budget    *budget
+	store     *schedule.SpillStore
+	budget    *schedule.Budget
 	share     int64 // the memory one queue may hold
 	acks      acks
 	leaderJob atomic.Pointer[job] // the job the leader's connection applies, for the watchdog
-	deps      *tracker            // Parallel
+	deps      *schedule.Tracker   // Parallel
 }
 
 // session runs one session.
@@ -296,7 +297,7 @@ type progressKey struct {
 }
 
 // args returns the parameters of the progress upserts for position end.
-func (k progressKey) args(end LSN) [][]byte {
+func (k progressKey) args(end decoding.LSN) [][]byte {
 	return [][]byte{[]byte(k.slot), end.AppendText(nil), []byte(k.system), strconv.AppendInt(nil, int64(k.timeline), 10)}
 }
 
@@ -321,7 +322,7 @@ func identifySource(ctx context.Context, cfg *Config) (replication.System, *repl
 // unless Config.AcceptSlotAhead (or the progress row predates the source system's columns: the
 // versions that wrote such rows let the slot confirm idle positions they never recorded), in
 // which case the progress row moves to the slot's position, durably, and that is returned.
-func (s *session) slotAhead(ctx context.Context, resume, confirmed LSN, legacy bool) (LSN, error) {
+func (s *session) slotAhead(ctx context.Context, resume, confirmed decoding.LSN, legacy bool) (decoding.LSN, error) {
 	if !s.cfg.AcceptSlotAhead && !legacy {
 		return 0, fmt.Errorf("%w: slot %q confirmed %s, but the target's progress row is at %s: the source transactions "+
 			"that committed in between were acknowledged but are not on the target, and the source will not send them "+
@@ -347,7 +348,7 @@ func (s *session) slotAhead(ctx context.Context, resume, confirmed LSN, legacy b
 // setupProgress creates the progress table if it is missing (and adds the source system's
 // columns to one made before they existed), checks that the slot's row, if any, belongs to the
 // source system, and returns the slot's position.
-func (s *session) setupProgress(ctx context.Context, tg *target) (_ LSN, legacy bool, err error) {
+func (s *session) setupProgress(ctx context.Context, tg *target) (_ decoding.LSN, legacy bool, err error) {
 	table := tg.table(s.cfg.ProgressTable)
 	// The upserts never write a row of another system (a row of another system found at the
 	// start stops the session; these guard against one made meanwhile).
@@ -439,7 +440,7 @@ func (s *session) prepareProgress(ctx context.Context, tg *target) error {
 
 // runBuffered applies whole transactions, one at a time, on the leader's connection.
 func (s *session) runBuffered(ctx context.Context) error {
-	s.order = newOrder()
+	s.order = schedule.NewOrder()
 	defer s.abandonGroup()
 	for {
 		if err := s.ackCommitted(ctx); err != nil {
@@ -484,11 +485,11 @@ func (s *session) runBuffered(ctx context.Context) error {
 // The stream hands one out only when every transaction before it was acknowledged (none is
 // being received either), so every earlier commit is done and the wait returns at once.
 func (s *session) advanced(ctx context.Context, t *reorderbuffer.Txn) error {
-	seq := s.order.assign()
-	if err := s.order.wait(ctx, seq-1); err != nil {
+	seq := s.order.Assign()
+	if err := s.order.Wait(ctx, seq-1); err != nil {
 		return err
 	}
-	s.order.finish(seq)
+	s.order.Finish(seq)
 	s.committed(commitRef{seq: seq, txn: t}, false)
 	return nil
 }

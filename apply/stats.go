@@ -5,21 +5,19 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/pgreorder/pgreorder/apply/conflict"
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 	"github.com/pgreorder/pgreorder/replication"
 )
 
-// LSN is a WAL position of the source.
-type LSN = decoding.LSN
-
 // Stats are an Applier's counters since it was made, over all its sessions.
 //
-// In Buffered, the row counts (Inserts to Truncates) are of target transactions that committed:
-// the rows of a group rolled back (the session failed before its commit) are taken back, and
-// counted when applied again. In Eager and Parallel they are counted as the statements are
-// applied, so a transaction rolled back on the target and applied again counts twice, and a
-// streamed transaction that aborted on the source counts what it applied before the abort.
+// The row counts (Inserts to Truncates) are of target transactions that committed, in every
+// mode: the rows of a target transaction rolled back (the session failed before its commit, a
+// transaction retried alone after a deadlock, a subtransaction rolled back to its savepoint, a
+// streamed transaction that aborted on the source) are not counted, and a transaction applied
+// again is counted once.
 type Stats struct {
 	Txns      int64 // source transactions committed on the target
 	EmptyTxns int64 // of which had nothing to apply (acknowledged without a target transaction)
@@ -35,9 +33,9 @@ type Stats struct {
 	RoundTrips int64 // batches of statements and COPYs: the round trips the statements took
 
 	// Conflicts by type, as PostgreSQL's pg_stat_subscription_stats counts them (confl_*): each
-	// one logged and resolved (see ConflictConfig), counted once its resolution committed (a
+	// one logged and resolved (see conflict.Config), counted once its resolution committed (a
 	// conflict that stops Run is counted when met). Without track_commit_timestamp on the target
-	// the *_origin_differs ones are not detected; without ConflictConfig.Retention,
+	// the *_origin_differs ones are not detected; without conflict.Config.Retention,
 	// update_deleted is reported as update_missing.
 	InsertExists            int64
 	UpdateOriginDiffers     int64
@@ -49,9 +47,9 @@ type Stats struct {
 	MultipleUniqueConflicts int64
 
 	// RetentionActive says whether tombstones are recorded for update_deleted detection: false
-	// without ConflictConfig.Retention, and while the apply lag exceeds it.
+	// without conflict.Config.Retention, and while the apply lag exceeds it.
 	RetentionActive  bool
-	RetentionStops   int64 // times the lag went over ConflictConfig.Retention
+	RetentionStops   int64 // times the lag went over conflict.Config.Retention
 	Tombstones       int64 // tombstones in the tombstone table at the last purge
 	TombstonesPurged int64 // tombstones removed by purges
 
@@ -69,7 +67,7 @@ type Stats struct {
 	SerialRetries int64 // transactions retried alone after failing or deadlocking in parallel
 	Deadlocks     int64 // lock waits between the Applier's own connections it broke
 
-	AppliedLSN LSN // end LSN of the last transaction committed on the target
+	AppliedLSN decoding.LSN // end LSN of the last transaction committed on the target
 }
 
 type counters struct {
@@ -103,43 +101,35 @@ func (c *counters) snapshot() Stats {
 		Txns: c.txns.Load(), EmptyTxns: c.emptyTxns.Load(), Inserts: c.inserts.Load(), InsertsViaCopy: c.insertsViaCopy.Load(),
 		Updates: c.updates.Load(), Deletes: c.deletes.Load(), Truncates: c.truncates.Load(),
 		Statements: c.statements.Load(), RoundTrips: c.roundTrips.Load(),
-		InsertExists: c.conflicts[InsertExists].Load(), UpdateOriginDiffers: c.conflicts[UpdateOriginDiffers].Load(),
-		UpdateExists: c.conflicts[UpdateExists].Load(), UpdateMissing: c.conflicts[UpdateMissing].Load(),
-		DeleteOriginDiffers: c.conflicts[DeleteOriginDiffers].Load(), UpdateDeleted: c.conflicts[UpdateDeleted].Load(),
-		DeleteMissing: c.conflicts[DeleteMissing].Load(), MultipleUniqueConflicts: c.conflicts[MultipleUniqueConflicts].Load(),
+		InsertExists: c.conflicts[conflict.InsertExists].Load(), UpdateOriginDiffers: c.conflicts[conflict.UpdateOriginDiffers].Load(),
+		UpdateExists: c.conflicts[conflict.UpdateExists].Load(), UpdateMissing: c.conflicts[conflict.UpdateMissing].Load(),
+		DeleteOriginDiffers: c.conflicts[conflict.DeleteOriginDiffers].Load(), UpdateDeleted: c.conflicts[conflict.UpdateDeleted].Load(),
+		DeleteMissing: c.conflicts[conflict.DeleteMissing].Load(), MultipleUniqueConflicts: c.conflicts[conflict.MultipleUniqueConflicts].Load(),
 		RetentionActive: c.retentionActive.Load(), RetentionStops: c.retentionStops.Load(),
 		Tombstones: c.tombstones.Load(), TombstonesPurged: c.tombstonesPurged.Load(),
 		SubAborts: c.subAborts.Load(), Aborts: c.aborts.Load(), Spooled: c.spooled.Load(),
 		SerialTxns: c.serialTxns.Load(), QueueSpilled: c.queueSpilled.Load(),
 		InitialCopyRows: c.initialCopyRows.Load(),
 		Sessions:        c.sessions.Load(), SerialRetries: c.serialRetries.Load(), Deadlocks: c.deadlocks.Load(),
-		AppliedLSN: LSN(c.appliedLSN.Load()),
+		AppliedLSN: decoding.LSN(c.appliedLSN.Load()),
 	}
 }
 
-// rowCounts are the counters of rows and statements applied, which a transaction rolled back on
-// the target must not keep.
+// rowCounts are the counters of rows and statements applied in one target transaction, added
+// to the counters once it commits.
 type rowCounts struct{ inserts, insertsViaCopy, updates, deletes, truncates int64 }
 
-// rows returns the row counters.
-func (c *counters) rows() rowCounts {
-	return rowCounts{c.inserts.Load(), c.insertsViaCopy.Load(), c.updates.Load(), c.deletes.Load(), c.truncates.Load()}
-}
-
-// uncount takes back what the row counters gained since they were base: the target transaction
-// that applied those rows was rolled back. Only for a transaction no other connection applied
-// rows during (Buffered's).
-func (c *counters) uncount(base rowCounts) {
-	now := c.rows()
-	c.inserts.Add(base.inserts - now.inserts)
-	c.insertsViaCopy.Add(base.insertsViaCopy - now.insertsViaCopy)
-	c.updates.Add(base.updates - now.updates)
-	c.deletes.Add(base.deletes - now.deletes)
-	c.truncates.Add(base.truncates - now.truncates)
+// count adds the rows of a target transaction that committed.
+func (c *counters) count(r rowCounts) {
+	c.inserts.Add(r.inserts)
+	c.insertsViaCopy.Add(r.insertsViaCopy)
+	c.updates.Add(r.updates)
+	c.deletes.Add(r.deletes)
+	c.truncates.Add(r.truncates)
 }
 
 // applied records that a transaction ending at end committed on the target.
-func (c *counters) applied(end LSN) {
+func (c *counters) applied(end decoding.LSN) {
 	for {
 		old := c.appliedLSN.Load()
 		if uint64(end) <= old || c.appliedLSN.CompareAndSwap(old, uint64(end)) {
@@ -149,23 +139,23 @@ func (c *counters) applied(end LSN) {
 }
 
 // Conflicts returns the count of conflicts of type ct.
-func (s Stats) Conflicts(ct ConflictType) int64 {
+func (s Stats) Conflicts(ct conflict.Type) int64 {
 	switch ct {
-	case InsertExists:
+	case conflict.InsertExists:
 		return s.InsertExists
-	case UpdateOriginDiffers:
+	case conflict.UpdateOriginDiffers:
 		return s.UpdateOriginDiffers
-	case UpdateExists:
+	case conflict.UpdateExists:
 		return s.UpdateExists
-	case UpdateMissing:
+	case conflict.UpdateMissing:
 		return s.UpdateMissing
-	case DeleteOriginDiffers:
+	case conflict.DeleteOriginDiffers:
 		return s.DeleteOriginDiffers
-	case UpdateDeleted:
+	case conflict.UpdateDeleted:
 		return s.UpdateDeleted
-	case DeleteMissing:
+	case conflict.DeleteMissing:
 		return s.DeleteMissing
-	case MultipleUniqueConflicts:
+	case conflict.MultipleUniqueConflicts:
 		return s.MultipleUniqueConflicts
 	}
 	return 0

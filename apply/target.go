@@ -14,7 +14,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgreorder/pgreorder/apply/conflict"
 	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/internal/copycodec"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 	"github.com/pgreorder/pgreorder/replication"
 )
@@ -75,15 +77,29 @@ type target struct {
 	pendingPrepare []prepare // statements to prepare before the next batch
 
 	// Conflict detection (see conflict_detect.go): nil when off.
-	det     *detection
-	origin  string // the replication origin set up in the session, or ""
+	det    *detection
+	origin string // the replication origin set up in the session, or ""
+	conflictState
+
+	// The rows the open target transaction applied, added to the stats once it commits (a
+	// transaction rolled back and applied again counts its rows once). They are counted as the
+	// results of the batch arrive, in its order; rowMarks are the counts at each savepoint whose
+	// result arrived, which a rollback to it restores.
+	rows     rowCounts
+	rowMarks []rowMark
+}
+
+// conflictState is what a target keeps of the transaction it applies for conflict detection
+// and reports: the source transactions, the conflicts met and their savepoint marks, and the
+// statements' parameters to resolve them with.
+type conflictState struct {
 	cinfo   map[*relInfo]*relConflict
-	remote  remoteTxn    // the source transaction being applied
-	reports []*Conflict  // the transaction's conflicts, reported once it commits
-	srcs    []remoteTxn  // the source transactions applied in the target transaction
-	insSrcs []int32      // per row of the insert run: its source transaction, in srcs
-	opSrc   remoteTxn    // the source transaction of the change whose conflict is being resolved
-	marks   []reportMark // per savepoint taken: the reports made before it
+	remote  remoteTxn          // the source transaction being applied
+	reports []*conflict.Report // the transaction's conflicts, reported once it commits
+	srcs    []remoteTxn        // the source transactions applied in the target transaction
+	insSrcs []int32            // per row of the insert run: its source transaction, in srcs
+	opSrc   remoteTxn          // the source transaction of the change whose conflict is being resolved
+	marks   []reportMark       // per savepoint taken: the reports made before it
 	// resolved counts the conflicts resolved (statements looked up after they changed no row
 	// or violated a unique constraint), so that a savepoint taken before a resolution can be
 	// taken again after it.
@@ -140,6 +156,22 @@ type batchOp struct {
 	guarded   bool  // sent after SAVEPOINT pgr_guard: a unique violation is an update_exists
 	check     bool  // the commit's check (see commitCheck)
 	src       int32 // the source transaction, in srcs
+
+	// For a SAVEPOINT (markSave) or ROLLBACK TO SAVEPOINT (markRollback) of subtransaction
+	// sub: the row counts to keep or restore once its result arrives.
+	mark int8
+	sub  uint32
+}
+
+const (
+	markSave     = 1
+	markRollback = 2
+)
+
+// rowMark is the row count of the target transaction at the savepoint of subtransaction sub.
+type rowMark struct {
+	sub  uint32
+	rows rowCounts
 }
 
 // targetSettings are the session settings apply pins on the target, whatever ALTER DATABASE,
@@ -253,7 +285,7 @@ func resolveNames(ctx context.Context, conn *pgconn.PgConn, cfg *Config) (map[st
 	names := map[string]string{}
 	var bare []string // the names without a schema, quoted
 	var keys []string
-	for _, n := range []string{cfg.ProgressTable, cfg.Conflicts.LogTable, cfg.Conflicts.TombstoneTable, DefaultTombstoneTable} {
+	for _, n := range []string{cfg.ProgressTable, cfg.Conflicts.LogTable, cfg.Conflicts.TombstoneTable, conflict.DefaultTombstoneTable} {
 		if _, done := names[n]; done || n == "" {
 			continue
 		}
@@ -327,8 +359,8 @@ func connectTarget(ctx context.Context, cfg *Config, name string, stats *counter
 	return t, nil
 }
 
-// table returns a configured table name (Config.ProgressTable, ConflictConfig.LogTable or
-// TombstoneTable, or DefaultTombstoneTable) quoted and qualified, as resolved when the
+// table returns a configured table name (Config.ProgressTable, conflict.Config.LogTable or
+// TombstoneTable, or conflict.DefaultTombstoneTable) quoted and qualified, as resolved when the
 // connection was opened.
 func (t *target) table(name string) string {
 	if q, ok := t.names[name]; ok {
@@ -381,6 +413,7 @@ func (t *target) savepoint(ctx context.Context, sub uint32) error {
 		return err
 	}
 	t.control("SAVEPOINT s" + strconv.FormatUint(uint64(sub), 10))
+	t.ops[len(t.ops)-1].mark, t.ops[len(t.ops)-1].sub = markSave, sub
 	if t.det != nil {
 		t.marks = append(t.marks, reportMark{sub: sub, n: len(t.reports)})
 	}
@@ -394,6 +427,7 @@ func (t *target) rollbackTo(ctx context.Context, sub uint32) error {
 		return err
 	}
 	t.control("ROLLBACK TO SAVEPOINT s" + strconv.FormatUint(uint64(sub), 10))
+	t.ops[len(t.ops)-1].mark, t.ops[len(t.ops)-1].sub = markRollback, sub
 	for i, m := range t.marks {
 		if m.sub == sub { // the subtransaction's conflicts are undone with it
 			clear(t.reports[m.n:])
@@ -410,6 +444,7 @@ func (t *target) rollback(ctx context.Context) error {
 	t.batch, t.ops, t.bytes = nil, t.ops[:0], 0
 	t.resetArgs()
 	t.dropReports()
+	t.dropRows()
 	t.srcs = t.srcs[:0]
 	if !t.inTxn {
 		return nil
@@ -428,7 +463,7 @@ func (t *target) flushPending(ctx context.Context) error {
 
 // commit sends what is pending, the progress row for end, and COMMIT, in one round trip when
 // no COPY is pending. Without Config.SynchronousCommit, sync makes this commit wait for the WAL flush.
-func (t *target) commit(ctx context.Context, progress *stmt, key progressKey, end LSN, sync bool) error {
+func (t *target) commit(ctx context.Context, progress *stmt, key progressKey, end decoding.LSN, sync bool) error {
 	if err := t.flushInserts(ctx); err != nil {
 		return err
 	}
@@ -461,8 +496,8 @@ func (t *target) commit(ctx context.Context, progress *stmt, key progressKey, en
 			break
 		}
 		var ce *changeError
-		if errors.As(err, &ce) && ce.op == "" {
-			ce.op = "COMMIT" // a deferred constraint
+		if errors.As(err, &ce) && ce.op == OpNone {
+			ce.op = OpCommit // a deferred constraint
 		}
 		t.dropReports()
 		// The commit may not have been sent (a conflict held it back and its resolution
@@ -474,6 +509,7 @@ func (t *target) commit(ctx context.Context, progress *stmt, key progressKey, en
 		t.det.tomb.committed(t.remote.commitTime)
 	}
 	t.emitReports()
+	t.countRows()
 	t.srcs = t.srcs[:0]
 	t.stats.applied(end) // last: a reader that sees end sees the commit's conflicts counted
 	return nil
@@ -525,7 +561,7 @@ func (t *target) flushWAL(ctx context.Context, sql string, args [][]byte) error 
 		return fmt.Errorf("apply: flushing the target's WAL: the progress row of slot %q was not written "+
 			"(it names another source system)", args[0])
 	}
-	var ins, flushed LSN
+	var ins, flushed decoding.LSN
 	if err := ins.UnmarshalText(res[2].Rows[0][0]); err != nil {
 		return fmt.Errorf("apply: flushing the target's WAL: %w", err)
 	}
@@ -544,19 +580,19 @@ func (t *target) flushWAL(ctx context.Context, sql string, args [][]byte) error 
 func (t *target) change(ctx context.Context, m decoding.Message, rels []*relInfo) error {
 	switch m := m.(type) {
 	case *decoding.Insert:
-		rm, err := t.mapping(ctx, rels[0], "INSERT")
+		rm, err := t.mapping(ctx, rels[0], OpInsert)
 		if err != nil {
 			return err
 		}
 		return t.insert(ctx, rm, m.New)
 	case *decoding.Update:
-		rm, err := t.mapping(ctx, rels[0], "UPDATE")
+		rm, err := t.mapping(ctx, rels[0], OpUpdate)
 		if err != nil {
 			return err
 		}
 		return t.update(ctx, rm, m)
 	case *decoding.Delete:
-		rm, err := t.mapping(ctx, rels[0], "DELETE")
+		rm, err := t.mapping(ctx, rels[0], OpDelete)
 		if err != nil {
 			return err
 		}
@@ -567,7 +603,7 @@ func (t *target) change(ctx context.Context, m decoding.Message, rels []*relInfo
 	return nil
 }
 
-func (t *target) mapping(ctx context.Context, ri *relInfo, op string) (*relMap, error) {
+func (t *target) mapping(ctx context.Context, ri *relInfo, op Op) (*relMap, error) {
 	m, err := ri.mapping(ctx, t.conn, t.replicaRole, t.cfg.Binary)
 	if err != nil {
 		var ce *changeError
@@ -597,7 +633,7 @@ func rowClass(tup decoding.Tuple) (binary, mixed bool) {
 
 func (t *target) insert(ctx context.Context, m *relMap, tup decoding.Tuple) error {
 	if len(tup) != len(m.cols) {
-		return &changeError{op: "INSERT", relation: m.name, err: fmt.Errorf("row has %d columns, the relation %d", len(tup), len(m.cols))}
+		return &changeError{op: OpInsert, relation: m.name, err: fmt.Errorf("row has %d columns, the relation %d", len(tup), len(m.cols))}
 	}
 	bin, mixed := rowClass(tup)
 	if mixed {
@@ -642,15 +678,15 @@ func allNull(tup decoding.Tuple) bool {
 }
 
 // insRow reads the next row of the insert run from buf into fields.
-func insRow(buf []byte, fields []field) []byte {
+func insRow(buf []byte, fields []copycodec.Field) []byte {
 	for i := range fields {
 		n := binary.BigEndian.Uint32(buf)
 		buf = buf[4:]
 		if n == 0xffffffff {
-			fields[i] = field{null: true}
+			fields[i] = copycodec.Field{Null: true}
 			continue
 		}
-		fields[i] = field{data: buf[:n:n]}
+		fields[i] = copycodec.Field{Data: buf[:n:n]}
 		buf = buf[n:]
 	}
 	return buf
@@ -693,23 +729,23 @@ func (t *target) flushInserts(ctx context.Context) error {
 			return err
 		}
 	}
-	fields := make([]field, len(m.cols))
+	fields := make([]copycodec.Field, len(m.cols))
 	buf := t.copyBuf[:0]
 	var sql string
 	if t.insBinary {
-		buf = append(buf, copyBinaryHeader...)
+		buf = append(buf, copycodec.BinaryHeader...)
 		for rest := t.insBuf; len(rest) > 0; {
 			buf = binary.BigEndian.AppendUint16(buf, uint16(len(fields)))
 			start := rest
 			rest = insRow(rest, fields)
 			buf = append(buf, start[:len(start)-len(rest)]...)
 		}
-		buf = append(buf, copyBinaryTrailer...)
+		buf = append(buf, copycodec.BinaryTrailer...)
 		sql = "COPY " + m.name + " " + m.copyCols + " FROM STDIN (FORMAT binary)"
 	} else {
 		for rest := t.insBuf; len(rest) > 0; {
 			rest = insRow(rest, fields)
-			buf = appendCopyTextRow(buf, fields)
+			buf = copycodec.AppendTextRow(buf, fields)
 		}
 		sql = "COPY " + m.name + " " + m.copyCols + " FROM STDIN"
 	}
@@ -737,13 +773,13 @@ func (t *target) flushInserts(ctx context.Context) error {
 		t.control("RELEASE SAVEPOINT pgr_copy")
 	}
 	if tag.RowsAffected() != int64(n) {
-		return &changeError{op: "INSERT", relation: m.name, err: fmt.Errorf("COPY inserted %d rows, want %d", tag.RowsAffected(), n)}
+		return &changeError{op: OpInsert, relation: m.name, err: fmt.Errorf("COPY inserted %d rows, want %d", tag.RowsAffected(), n)}
 	}
 	if t.initialCopy {
 		t.stats.initialCopyRows.Add(int64(n))
 	} else {
-		t.stats.inserts.Add(int64(n))
-		t.stats.insertsViaCopy.Add(int64(n))
+		t.rows.inserts += int64(n)
+		t.rows.insertsViaCopy += int64(n)
 	}
 	return nil
 }
@@ -754,7 +790,7 @@ func (t *target) flushInsertsToBatch() {
 		return
 	}
 	m := t.ins
-	fields := make([]field, len(m.cols))
+	fields := make([]copycodec.Field, len(m.cols))
 	formats := t.formats[:0]
 	for range fields {
 		if t.insBinary {
@@ -769,10 +805,10 @@ func (t *target) flushInsertsToBatch() {
 		rest = insRow(rest, fields)
 		params := t.params[:0]
 		for _, f := range fields {
-			if f.null {
+			if f.Null {
 				params = append(params, nil)
 			} else {
-				params = append(params, nonNil(f.data))
+				params = append(params, nonNil(f.Data))
 			}
 		}
 		t.params = params
@@ -1023,6 +1059,10 @@ func (t *target) flushBatch(ctx context.Context) error {
 			missed = append(missed, i-1)
 			continue
 		}
+		if op.mark != 0 {
+			t.markRows(op)
+			continue
+		}
 		t.checkResult(op, tag)
 	}
 	if err := mrr.Close(); err != nil && first == nil {
@@ -1178,18 +1218,18 @@ func columnAt(m *relMap, sql string, pos int) int {
 	return best
 }
 
-func opName(op byte) string {
+func opName(op byte) Op {
 	switch op {
 	case 'I':
-		return "INSERT"
+		return OpInsert
 	case 'U':
-		return "UPDATE"
+		return OpUpdate
 	case 'D':
-		return "DELETE"
+		return OpDelete
 	case 'T':
-		return "TRUNCATE"
+		return OpTruncate
 	}
-	return ""
+	return OpNone
 }
 
 // checkResult counts a statement's rows, and the conflicts of an UPDATE or DELETE that found no
@@ -1200,27 +1240,52 @@ func (t *target) checkResult(op batchOp, tag pgconn.CommandTag) {
 		if t.initialCopy {
 			t.stats.initialCopyRows.Add(1)
 		} else {
-			t.stats.inserts.Add(1)
+			t.rows.inserts++
 		}
 	case 'U':
 		if tag.RowsAffected() == 0 {
-			t.stats.conflicts[UpdateMissing].Add(1)
+			t.stats.conflicts[conflict.UpdateMissing].Add(1)
 			t.log.Warn("conflict detected: the row to update does not exist on the target; skipped",
 				"relation", op.rel.name, "conflict", "update_missing")
 			return
 		}
-		t.stats.updates.Add(1)
+		t.rows.updates++
 	case 'D':
 		if tag.RowsAffected() == 0 {
-			t.stats.conflicts[DeleteMissing].Add(1)
+			t.stats.conflicts[conflict.DeleteMissing].Add(1)
 			t.log.Warn("conflict detected: the row to delete does not exist on the target; skipped",
 				"relation", op.rel.name, "conflict", "delete_missing")
 			return
 		}
-		t.stats.deletes.Add(1)
+		t.rows.deletes++
 	case 'T':
-		t.stats.truncates.Add(1)
+		t.rows.truncates++
 	}
+}
+
+// markRows keeps the row counts at a savepoint, or restores them at a rollback to it.
+func (t *target) markRows(op batchOp) {
+	if op.mark == markSave {
+		t.rowMarks = append(t.rowMarks, rowMark{sub: op.sub, rows: t.rows})
+		return
+	}
+	for i, m := range t.rowMarks {
+		if m.sub == op.sub { // the savepoint stays, the rows since it are undone
+			t.rows, t.rowMarks = m.rows, t.rowMarks[:i+1]
+			return
+		}
+	}
+}
+
+// countRows adds the rows of the transaction that committed to the stats.
+func (t *target) countRows() {
+	t.stats.count(t.rows)
+	t.dropRows()
+}
+
+// dropRows forgets the rows of a transaction that did not commit.
+func (t *target) dropRows() {
+	t.rows, t.rowMarks = rowCounts{}, t.rowMarks[:0]
 }
 
 // prepareStatements prepares the statements the batch is about to use.
@@ -1364,15 +1429,15 @@ func (t *target) update(ctx context.Context, m *relMap, u *decoding.Update) erro
 	case full && u.OldKind == 'O':
 		key = u.Old
 	case full:
-		return &changeError{kind: ErrNoReplicaIdentity, op: "UPDATE", relation: m.name,
+		return &changeError{kind: ErrNoReplicaIdentity, op: OpUpdate, relation: m.name,
 			err: errors.New("REPLICA IDENTITY FULL without the old row")}
 	case m.idErr != nil:
-		return t.identityError(m, "UPDATE")
+		return t.identityError(m, OpUpdate)
 	case u.OldKind == 'K' || u.OldKind == 'O':
 		key = u.Old
 	}
 	if len(u.New) != len(m.cols) {
-		return &changeError{op: "UPDATE", relation: m.name, err: fmt.Errorf("row has %d columns, the relation %d", len(u.New), len(m.cols))}
+		return &changeError{op: OpUpdate, relation: m.name, err: fmt.Errorf("row has %d columns, the relation %d", len(u.New), len(m.cols))}
 	}
 	if err := t.flushInserts(ctx); err != nil {
 		return err
@@ -1397,7 +1462,7 @@ func (t *target) update(ctx context.Context, m *relMap, u *decoding.Update) erro
 	whereAt := len(t.shape)
 	params, formats, err := t.where(m, key, full, params, formats)
 	if err != nil {
-		return &changeError{kind: ErrNoReplicaIdentity, op: "UPDATE", relation: m.name, err: err}
+		return &changeError{kind: ErrNoReplicaIdentity, op: OpUpdate, relation: m.name, err: err}
 	}
 	t.params, t.formats = params, formats
 	shape := t.shape
@@ -1434,7 +1499,7 @@ func (t *target) update(ctx context.Context, m *relMap, u *decoding.Update) erro
 	return t.queueUpdate(ctx, m, st, u, whereAt, full, params, formats, sets)
 }
 
-func (t *target) identityError(m *relMap, op string) error {
+func (t *target) identityError(m *relMap, op Op) error {
 	var ce *changeError
 	if errors.As(m.idErr, &ce) {
 		c := *ce
@@ -1448,10 +1513,10 @@ func (t *target) delete(ctx context.Context, m *relMap, d *decoding.Delete) erro
 	full := m.full
 	switch {
 	case full && d.OldKind != 'O':
-		return &changeError{kind: ErrNoReplicaIdentity, op: "DELETE", relation: m.name,
+		return &changeError{kind: ErrNoReplicaIdentity, op: OpDelete, relation: m.name,
 			err: errors.New("REPLICA IDENTITY FULL without the old row")}
 	case !full && m.idErr != nil:
-		return t.identityError(m, "DELETE")
+		return t.identityError(m, OpDelete)
 	}
 	if err := t.flushInserts(ctx); err != nil {
 		return err
@@ -1459,7 +1524,7 @@ func (t *target) delete(ctx context.Context, m *relMap, d *decoding.Delete) erro
 	t.shape = append(t.shape[:0], 'D')
 	params, formats, err := t.where(m, d.Old, full, t.params[:0], t.formats[:0])
 	if err != nil {
-		return &changeError{kind: ErrNoReplicaIdentity, op: "DELETE", relation: m.name, err: err}
+		return &changeError{kind: ErrNoReplicaIdentity, op: OpDelete, relation: m.name, err: err}
 	}
 	t.params, t.formats = params, formats
 	shape := t.shape
@@ -1487,7 +1552,7 @@ func (t *target) truncate(ctx context.Context, m *decoding.Truncate, rels []*rel
 	b := []byte("TRUNCATE ")
 	var names []byte
 	for i, ri := range rels {
-		rm, err := t.mapping(ctx, ri, "TRUNCATE")
+		rm, err := t.mapping(ctx, ri, OpTruncate)
 		if err != nil {
 			return err
 		}

@@ -34,7 +34,7 @@ func TestTargetConfigAndHook(t *testing.T) {
 		c.RuntimeParams["DateStyle"] = "German" // pinned anyway
 		return nil
 	}
-	log := &logBuffer{}
+	log := &lockedBuffer{}
 	cfg.Logger = slog.New(slog.NewTextHandler(log, nil))
 
 	both := cfg

@@ -19,7 +19,7 @@ type UninstallOptions struct {
 }
 
 // Uninstall removes from the target what the Applier created there for update_deleted
-// detection (ConflictConfig.Retention): the tombstone trigger of every table, the trigger
+// detection (conflict.Config.Retention): the tombstone trigger of every table, the trigger
 // function and the tombstone table; and, as opts says, the slot's progress and the Applier's
 // replication origins. It fails with ErrSlotInUse while an Applier of the slot runs. The
 // tombstone store is shared by the Appliers whose tombstone table is the same one: one of

@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/pgreorder/pgreorder/apply/internal/schedule"
 )
 
 // watchInterval is how often the watchdog looks for lock waits between the session's own
@@ -33,33 +35,30 @@ func (s *session) watchdog(ctx context.Context) error {
 	defer conn.close(context.WithoutCancel(ctx))
 	tick := time.NewTicker(watchInterval)
 	defer tick.Stop()
-	suspects := map[[2]uint32]bool{}
+	var watch schedule.LockWatch
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-tick.C:
 		}
-		type holder struct {
-			j       *job
-			w       *worker // nil for the leader's connection
-			waiting bool
-		}
-		ours := map[uint32]holder{}
+		jobs := map[uint32]*job{}
+		holders := map[uint32]schedule.Holder{}
 		if j := s.leaderJob.Load(); j != nil {
-			ours[s.leader.pid] = holder{j: j}
+			jobs[s.leader.pid], holders[s.leader.pid] = j, schedule.Holder{Rank: j.Rank()}
 		}
 		for _, w := range s.workers {
 			if j := w.cur.Load(); j != nil {
-				ours[w.tg.pid] = holder{j: j, w: w, waiting: w.state.Load() == wsWaiting}
+				jobs[w.tg.pid] = j
+				holders[w.tg.pid] = schedule.Holder{Rank: j.Rank(), Worker: true, Waiting: w.state.Load() == wsWaiting}
 			}
 		}
-		if len(ours) < 2 {
-			clear(suspects)
+		if len(holders) < 2 {
+			watch.Reset()
 			continue
 		}
-		pids := make([]string, 0, len(ours))
-		for pid := range ours {
+		pids := make([]string, 0, len(holders))
+		for pid := range holders {
 			pids = append(pids, strconv.FormatUint(uint64(pid), 10))
 		}
 		rows, err := query(ctx, conn.conn, `SELECT pid, pg_catalog.pg_blocking_pids(pid)::text FROM pg_catalog.pg_stat_activity
@@ -70,33 +69,22 @@ func (s *session) watchdog(ctx context.Context) error {
 			}
 			return fmt.Errorf("apply: watchdog: %w", err)
 		}
-		now := map[[2]uint32]bool{}
+		waits := map[uint32][]uint32{}
 		for _, r := range rows {
 			p, _ := strconv.ParseUint(string(r[0]), 10, 32)
-			waiter, ok := ours[uint32(p)]
-			if !ok {
-				continue
-			}
 			for b := range strings.SplitSeq(strings.Trim(string(r[1]), "{}"), ",") {
-				q, err := strconv.ParseUint(b, 10, 32)
-				if err != nil {
-					continue
-				}
-				blocker, ok := ours[uint32(q)]
-				if !ok || blocker.w == nil || !blocker.waiting || waiter.j.rank() >= blocker.j.rank() {
-					continue
-				}
-				pair := [2]uint32{uint32(p), uint32(q)}
-				now[pair] = true
-				if suspects[pair] {
-					s.stats.deadlocks.Add(1)
-					s.log.Warn("lock wait on a later transaction: rolling it back to apply it alone",
-						"waiting_xid", waiter.j.xid, "holding_xid", blocker.j.xid)
-					return &restartError{xids: []uint32{blocker.j.xid},
-						reason: fmt.Errorf("transaction %d waited for a lock held by transaction %d, which commits after it", waiter.j.xid, blocker.j.xid)}
+				if q, err := strconv.ParseUint(b, 10, 32); err == nil {
+					waits[uint32(p)] = append(waits[uint32(p)], uint32(q))
 				}
 			}
 		}
-		suspects = now
+		if p, q, found := watch.Observe(holders, waits); found {
+			waiter, blocker := jobs[p], jobs[q]
+			s.stats.deadlocks.Add(1)
+			s.log.Warn("lock wait on a later transaction: rolling it back to apply it alone",
+				"waiting_xid", waiter.xid, "holding_xid", blocker.xid)
+			return &restartError{xids: []uint32{blocker.xid},
+				reason: fmt.Errorf("transaction %d waited for a lock held by transaction %d, which commits after it", waiter.xid, blocker.xid)}
+		}
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgreorder/pgreorder/apply"
+	"github.com/pgreorder/pgreorder/apply/conflict"
 	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
 )
 
@@ -60,11 +61,11 @@ func BenchmarkConflictDetection(b *testing.B) {
 	defer sub.Stop()
 	cases := []struct {
 		name string
-		cc   apply.ConflictConfig
+		cc   conflict.Config
 	}{
-		{"detection=off", apply.ConflictConfig{Off: true}},
-		{"detection=on", apply.ConflictConfig{}},
-		{"detection=on/retention=5s", apply.ConflictConfig{Retention: 5 * time.Second}},
+		{"detection=off", conflict.Config{Off: true}},
+		{"detection=on", conflict.Config{}},
+		{"detection=on/retention=5s", conflict.Config{Retention: 5 * time.Second}},
 	}
 	for n, c := range cases {
 		b.Run(fmt.Sprintf("pg=%d/scale=%d/clients=%d+%d/%s", in.Major, scale, clients, clients, c.name), func(b *testing.B) {
@@ -95,7 +96,7 @@ type conflictResult struct {
 // conflictRun loads fresh databases db on both servers, starts the Applier, runs both loads for
 // d, and waits for the Applier to apply everything.
 func conflictRun(ctx context.Context, b *testing.B, pub, sub *pgtest.Server, db string, scale, clients int, d time.Duration,
-	cc apply.ConflictConfig) (conflictResult, error) {
+	cc conflict.Config) (conflictResult, error) {
 	var res conflictResult
 	for _, s := range []*pgtest.Server{pub, sub} {
 		if err := pgtest.DropDatabase(ctx, s, db); err != nil {
@@ -179,7 +180,7 @@ func conflictRun(ctx context.Context, b *testing.B, pub, sub *pgtest.Server, db 
 	}
 	res.catchUp = time.Since(loadEnd)
 	res.stats = a.Stats()
-	for _, ct := range apply.ConflictTypes() {
+	for _, ct := range conflict.Types() {
 		res.conflicts += res.stats.Conflicts(ct)
 	}
 	return res, nil

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/internal/copycodec"
 )
 
 // Handler receives the chunks of the copy. Run calls it from Config.Workers goroutines at once,
@@ -107,7 +108,7 @@ func (c *Chunk) Changes() iter.Seq2[decoding.Change, error] {
 			return
 		}
 		c.ins = decoding.Insert{RelationID: c.Table.OID}
-		rr := newRowReader(c.binary, c.Table.kinds, func(t decoding.Tuple) error {
+		rr := copycodec.NewRowReader(c.binary, c.Table.kinds, func(t decoding.Tuple) error {
 			c.ins.New = t
 			c.rows++
 			c.Table.rows.Add(1)
@@ -124,12 +125,15 @@ func (c *Chunk) Changes() iter.Seq2[decoding.Change, error] {
 			return
 		}
 		if err == nil {
-			err = rr.finish()
+			err = rr.Finish()
 		}
 		if err == nil {
-			if n, ok := copyCount(tag); !ok || n != rr.rows {
-				err = &FormatError{Row: rr.rows, Problem: fmt.Sprintf("the server reports %q, %d rows were read", tag, rr.rows)}
+			if n, ok := copyCount(tag); !ok || n != rr.Rows() {
+				err = &FormatError{Row: rr.Rows(), Problem: fmt.Sprintf("the server reports %q, %d rows were read", tag, rr.Rows())}
 			}
+		}
+		if fe := (*copycodec.FormatError)(nil); errors.As(err, &fe) {
+			err = &FormatError{Row: fe.Row, Problem: fe.Problem}
 		}
 		if err != nil {
 			if c.ctx.Err() != nil && !errors.Is(err, c.ctx.Err()) {

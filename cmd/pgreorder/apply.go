@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/pgreorder/pgreorder/apply"
+	"github.com/pgreorder/pgreorder/apply/conflict"
 	"github.com/pgreorder/pgreorder/metrics"
 	"github.com/pgreorder/pgreorder/replication"
 	"github.com/pgreorder/pgreorder/snapshot"
@@ -131,7 +132,7 @@ func (f *applyFlags) register(fs *flag.FlagSet) {
 		"leave out changes another replication applied on the source, for bidirectional setups)")
 	fs.StringVar(&f.resolutions, "conflict", "", "conflict resolutions, type=resolution comma-separated, "+
 		"e.g. insert_exists=last_update_wins,update_missing=apply_remote; types: "+
-		strings.Join(conflictTypeNames(), ", ")+"; resolutions: error, skip, apply_remote, keep_local, last_update_wins "+
+		strings.Join(conflictTypeNames(), ", ")+"; resolutions: error, skip, apply_remote, last_update_wins "+
 		"(default as PostgreSQL: error for *_exists and multiple_unique_conflicts, apply_remote for *_origin_differs, skip otherwise)")
 	fs.BoolVar(&f.noDetection, "no-conflict-detection", false, "send changes without conflict checks "+
 		"(update_missing and delete_missing are still counted; a unique violation stops)")
@@ -145,7 +146,7 @@ func (f *applyFlags) register(fs *flag.FlagSet) {
 
 func conflictTypeNames() []string {
 	var out []string
-	for _, ct := range apply.ConflictTypes() {
+	for _, ct := range conflict.Types() {
 		out = append(out, ct.String())
 	}
 	return out
@@ -192,7 +193,7 @@ func (f *applyFlags) config(fs *flag.FlagSet) (apply.Config, error) {
 	if err != nil {
 		return apply.Config{}, err
 	}
-	res, err := apply.ParseResolutions(f.resolutions, nil)
+	res, err := conflict.ParseResolutions(f.resolutions, nil)
 	if err != nil {
 		return apply.Config{}, fmt.Errorf("-conflict: %w", err)
 	}
@@ -221,7 +222,7 @@ func (f *applyFlags) config(fs *flag.FlagSet) (apply.Config, error) {
 		SlotWait:          cliSlotWait(f.slotWait),
 		Origin:            f.origin,
 		OriginFilter:      originFilter,
-		Conflicts: apply.ConflictConfig{
+		Conflicts: conflict.Config{
 			Off:         f.noDetection,
 			Resolutions: res,
 			Retention:   f.retention,
@@ -369,7 +370,7 @@ func applyProgressLine(st apply.Stats, snap metrics.Snapshot) string {
 	fmt.Fprintf(&b, "applied %d txns: %d inserts (%d via COPY), %d updates, %d deletes, %d truncates",
 		st.Txns, st.Inserts, st.InsertsViaCopy, st.Updates, st.Deletes, st.Truncates)
 	var conflicts int64
-	for _, ct := range apply.ConflictTypes() {
+	for _, ct := range conflict.Types() {
 		conflicts += st.Conflicts(ct)
 	}
 	if conflicts > 0 {

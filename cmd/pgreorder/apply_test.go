@@ -31,7 +31,7 @@ func TestApplyFlags(t *testing.T) {
 		{append(base, "-workers", "-1"), "-workers -1"},
 		{append(base, "-work-mem", "0"), `-work-mem "0"`},
 		{append(base, "extra"), "unexpected arguments: extra"},
-		{append(base, "-conflict", "insert_exists=win"), `-conflict: apply: invalid configuration: resolution "win"`},
+		{append(base, "-conflict", "insert_exists=win"), `-conflict: conflict: invalid resolution "win"`},
 		{append(base, "-conflict", "insert_missing=skip"), `conflict type "insert_missing"`},
 		{append(base, "-origin-filter", "some"), `-origin-filter "some": valid values are any and none`},
 		{append(base, "-conflict-retention", "1ms"), "-conflict-retention 1ms"},

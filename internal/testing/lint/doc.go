@@ -1,6 +1,7 @@
 // Package lint holds tests that keep the architecture honest: the core packages (heap, decoding,
 // spill, reorderbuffer) depend, transitively, on the standard library and on each other only, as
-// the layering allows, and on no network package; imports point down only; only replication,
+// the layering allows, and on no network package; every other library package has a place in
+// the layering and imports only the packages below it; only replication,
 // snapshot, apply, changefeed and the server
 // helpers talk to pgconn, and only replication speaks the walsender's commands; only metrics
 // imports the Prometheus client, and nothing below it depends on it; the core has no goroutines

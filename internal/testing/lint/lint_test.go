@@ -31,9 +31,10 @@ var core = map[string][]string{
 	"reorderbuffer": {"heap", "decoding", "spill"},
 }
 
-// allowed lists, for the other library packages with a place in the layering, the packages of
-// this module they may import directly (imports point down only). Packages not listed here or
-// in core (commands, examples, tools above replication) are not restricted.
+// allowed lists, for every other library package, the packages of this module it may import
+// directly (imports point down only). Every package of the module except commands (cmd/...),
+// programs (examples/...) and benchmarks (bench/...) is here or in core: a new package has to
+// take its place in the layering.
 var allowed = map[string][]string{
 	"replication": {"reorderbuffer", "decoding", "spill", "heap"},
 	"metrics":     {"replication", "reorderbuffer", "decoding"},
@@ -42,6 +43,34 @@ var allowed = map[string][]string{
 	"changefeed": {"replication", "snapshot", "pgvalue", "format", "reorderbuffer", "decoding"},
 	// The Kafka output: a changefeed store and handler over the format's events.
 	"kafkasink": {"changefeed", "decoding", "format"},
+	// The toolkit.
+	"pgvalue":  {"decoding"},
+	"format":   {"pgvalue", "reorderbuffer", "decoding", "internal/dirfile"},
+	"snapshot": {"replication", "decoding", "internal/copycodec"},
+	// The subscriber: apply orchestrates; its conflict vocabulary is a public leaf over decoding
+	// only, and the COPY codec it shares with snapshot another; its scheduling (commit order,
+	// queues, dependencies) touches no server.
+	"apply": {"apply/conflict", "changefeed", "snapshot", "replication", "reorderbuffer", "decoding", "spill",
+		"internal/copycodec", "apply/internal/schedule"},
+	"apply/conflict":          {"decoding"},
+	"apply/internal/schedule": {"decoding", "spill"},
+	"internal/copycodec":      {"decoding"},
+	"internal/dirfile":        {},
+	// What the commands link besides the library.
+	"internal/tools/capture":  {"decoding"},
+	"internal/tools/pgserver": {"decoding", "internal/tools/capture"},
+	// Test machinery.
+	"internal/testing/lint":      {},
+	"internal/testing/pgtest":    {"internal/tools/pgserver"},
+	"internal/testing/kafkatest": {"internal/testing/pgtest"},
+	"spill/faultfs":              {"spill"},
+}
+
+// unrestricted reports whether a package of the module is above the layering: a command, a
+// program, a benchmark, or the module's root package (its documentation).
+func unrestricted(pkg string) bool {
+	return pkg == "" || pkg == "bench" || strings.HasPrefix(pkg, "bench/") ||
+		strings.HasPrefix(pkg, "cmd/") || strings.HasPrefix(pkg, "examples/")
 }
 
 // network reports whether an import path is a networking package of the standard library.
@@ -145,6 +174,24 @@ func TestImportsPointDown(t *testing.T) {
 			if own, isOwn := strings.CutPrefix(imp, mod); isOwn {
 				require.Contains(t, ok, own, "%s must not import %s", pkg, imp)
 			}
+		}
+	}
+}
+
+// TestEveryPackageHasItsPlace: each library package of the module is in core or allowed.
+func TestEveryPackageHasItsPlace(t *testing.T) {
+	for path := range list(t) {
+		pkg, isOwn := strings.CutPrefix(path, mod)
+		if path == strings.TrimSuffix(mod, "/") {
+			pkg, isOwn = "", true
+		}
+		if !isOwn || unrestricted(pkg) {
+			continue
+		}
+		_, isCore := core[pkg]
+		_, isAllowed := allowed[pkg]
+		if !isCore && !isAllowed {
+			t.Errorf("package %s has no place in the layering: add it to core or allowed", pkg)
 		}
 	}
 }

@@ -1,4 +1,8 @@
-package snapshot
+// Package copycodec encodes and decodes the data of COPY's text and binary formats: apply
+// encodes the rows it sends with COPY ... FROM STDIN, snapshot decodes what COPY ... TO STDOUT
+// sends. Values are never converted: a field is the bytes of its type's text output or send
+// format, as pgoutput sends them too.
+package copycodec
 
 import (
 	"bytes"
@@ -11,14 +15,14 @@ import (
 // binarySignature starts the output of COPY ... (FORMAT binary).
 const binarySignature = "PGCOPY\n\xff\r\n\x00"
 
-// rowReader parses the data of COPY ... TO STDOUT, in the text or the binary format, into
+// RowReader parses the data of COPY ... TO STDOUT, in the text or the binary format, into
 // tuples of a known number of columns. It is an io.Writer: pgconn's CopyTo writes each CopyData
 // message to it, and the rows are handed to emit as soon as they are complete, in whatever pieces
 // the data arrives.
 //
 // A tuple handed to emit, and the Data of its columns, are valid until emit returns: they alias
 // the data being written or the reader's own buffers.
-type rowReader struct {
+type RowReader struct {
 	binary bool
 	ncols  int
 	// kinds gives the Kind of each non-NULL column: decoding.ColumnText, or ColumnBinary (binary
@@ -35,14 +39,26 @@ type rowReader struct {
 	rows    int64 // rows emitted
 }
 
-func newRowReader(binary bool, kinds []byte, emit func(decoding.Tuple) error) *rowReader {
-	return &rowReader{binary: binary, ncols: len(kinds), kinds: kinds, emit: emit,
+// FormatError reports COPY data that does not parse.
+type FormatError struct {
+	Row     int64 // the row, from 1
+	Problem string
+}
+
+func (e *FormatError) Error() string {
+	return fmt.Sprintf("malformed COPY data at row %d: %s", e.Row, e.Problem)
+}
+
+// NewRowReader returns a reader of rows of len(kinds) columns, in the binary format or the text
+// format, that hands each row to emit.
+func NewRowReader(binary bool, kinds []byte, emit func(decoding.Tuple) error) *RowReader {
+	return &RowReader{binary: binary, ncols: len(kinds), kinds: kinds, emit: emit,
 		tuple: make(decoding.Tuple, len(kinds)), offs: make([]int, len(kinds))}
 }
 
 // Write parses p, emitting every row it completes. The part of a row that p leaves incomplete
 // is kept for the next Write. An error from emit is returned as it is.
-func (r *rowReader) Write(p []byte) (int, error) {
+func (r *RowReader) Write(p []byte) (int, error) {
 	n := len(p)
 	data := p
 	if len(r.pending) > 0 {
@@ -68,8 +84,11 @@ func (r *rowReader) Write(p []byte) (int, error) {
 	return n, nil
 }
 
-// finish reports an error if the data ended inside a row, or (binary) without its trailer.
-func (r *rowReader) finish() error {
+// Rows returns the number of rows emitted.
+func (r *RowReader) Rows() int64 { return r.rows }
+
+// Finish reports an error if the data ended inside a row, or (binary) without its trailer.
+func (r *RowReader) Finish() error {
 	if len(r.pending) > 0 {
 		return &FormatError{Row: r.rows + 1, Problem: fmt.Sprintf("data ends inside a row (%d bytes left)", len(r.pending))}
 	}
@@ -81,7 +100,7 @@ func (r *rowReader) finish() error {
 
 // next parses one row (or the binary header or trailer) at the start of data and returns the
 // number of bytes it used, 0 if data does not hold a complete one yet.
-func (r *rowReader) next(data []byte) (int, error) {
+func (r *RowReader) next(data []byte) (int, error) {
 	if r.binary {
 		return r.nextBinary(data)
 	}
@@ -90,7 +109,7 @@ func (r *rowReader) next(data []byte) (int, error) {
 
 // nextText parses one line of the text format: values separated by tabs, \N for NULL,
 // backslash escapes for the rest.
-func (r *rowReader) nextText(data []byte) (int, error) {
+func (r *RowReader) nextText(data []byte) (int, error) {
 	end := bytes.IndexByte(data, '\n')
 	if end < 0 {
 		return 0, nil
@@ -163,7 +182,7 @@ func (r *rowReader) nextText(data []byte) (int, error) {
 	return end + 1, nil
 }
 
-func (r *rowReader) textError(problem string) error {
+func (r *RowReader) textError(problem string) error {
 	return &FormatError{Row: r.rows + 1, Problem: "text format: " + problem}
 }
 
@@ -238,7 +257,7 @@ func hexVal(c byte) int {
 }
 
 // nextBinary parses the header, one tuple or the trailer of the binary format.
-func (r *rowReader) nextBinary(data []byte) (int, error) {
+func (r *RowReader) nextBinary(data []byte) (int, error) {
 	if r.trailer {
 		return 0, r.binaryError(fmt.Sprintf("%d bytes after the trailer", len(data)))
 	}
@@ -312,11 +331,11 @@ func (r *rowReader) nextBinary(data []byte) (int, error) {
 	return pos, nil
 }
 
-func (r *rowReader) binaryError(problem string) error {
+func (r *RowReader) binaryError(problem string) error {
 	return &FormatError{Row: r.rows + 1, Problem: "binary format: " + problem}
 }
 
-func (r *rowReader) row() error {
+func (r *RowReader) row() error {
 	r.rows++
 	return r.emit(r.tuple)
 }

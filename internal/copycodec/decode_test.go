@@ -1,4 +1,4 @@
-package snapshot
+package copycodec
 
 import (
 	"bytes"
@@ -14,7 +14,7 @@ import (
 	"github.com/pgreorder/pgreorder/decoding"
 )
 
-// parsed is what a rowReader made of some data: the rows (NULL as nil, values copied) and the
+// parsed is what a RowReader made of some data: the rows (NULL as nil, values copied) and the
 // error, if any.
 type parsed struct {
 	rows [][]*string
@@ -29,7 +29,7 @@ func parseAll(bin bool, ncols int, data []byte, cuts ...int) parsed {
 		kinds = bytes.Repeat([]byte{decoding.ColumnBinary}, ncols)
 	}
 	var out parsed
-	r := newRowReader(bin, kinds, func(t decoding.Tuple) error {
+	r := NewRowReader(bin, kinds, func(t decoding.Tuple) error {
 		row := make([]*string, len(t))
 		for i, c := range t {
 			if c.Kind == decoding.ColumnNull {
@@ -53,7 +53,7 @@ func parseAll(bin bool, ncols int, data []byte, cuts ...int) parsed {
 		}
 		prev = cut
 	}
-	out.err = r.finish()
+	out.err = r.Finish()
 	return out
 }
 
@@ -304,7 +304,7 @@ func sortedInts(v []int) []int {
 func TestEmitError(t *testing.T) {
 	stop := errors.New("stop")
 	n := 0
-	r := newRowReader(false, []byte{decoding.ColumnText}, func(decoding.Tuple) error {
+	r := NewRowReader(false, []byte{decoding.ColumnText}, func(decoding.Tuple) error {
 		n++
 		return stop
 	})

@@ -1,4 +1,4 @@
-package apply
+package schedule
 
 import (
 	"fmt"
@@ -36,9 +36,9 @@ func tup(vals ...string) decoding.Tuple {
 	return t
 }
 
-func jobSeq(seq uint64) *job {
-	j := &job{xid: uint32(seq) + 100}
-	j.seq.Store(seq)
+func jobSeq(seq uint64) *Job {
+	j := &Job{}
+	j.Seq.Store(seq)
 	return j
 }
 
@@ -137,12 +137,12 @@ func TestTracker(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			tr := newTracker()
-			jobs := map[uint64]*job{}
+			tr := NewTracker()
+			jobs := map[uint64]*Job{}
 			for i, s := range c.steps {
 				if i == len(c.steps)-1 {
 					for _, seq := range c.released {
-						tr.release(jobs[seq])
+						tr.Release(jobs[seq])
 					}
 				}
 				j := jobs[s.seq]
@@ -150,7 +150,7 @@ func TestTracker(t *testing.T) {
 					j = jobSeq(s.seq)
 					jobs[s.seq] = j
 				}
-				wait, serial := tr.change(j, s.rel, s.m, s.triggers)
+				wait, serial := tr.Change(j, s.rel, s.m, s.triggers)
 				if wait != s.wait || serial != s.serial {
 					t.Errorf("step %d (transaction %d): wait %d serial %v, want wait %d serial %v", i, s.seq, wait, serial, s.wait, s.serial)
 				}
@@ -162,17 +162,17 @@ func TestTracker(t *testing.T) {
 // TestTrackerWide checks that a transaction touching more keys than the tracker keeps becomes
 // a barrier and keeps nothing.
 func TestTrackerWide(t *testing.T) {
-	tr := newTracker()
+	tr := NewTracker()
 	big := jobSeq(1)
 	for i := range maxJobKeys + 10 {
-		if wait, serial := tr.change(big, relKeyed, &decoding.Insert{New: tup(strconv.Itoa(i), "x")}, false); wait != 0 || serial {
+		if wait, serial := tr.Change(big, relKeyed, &decoding.Insert{New: tup(strconv.Itoa(i), "x")}, false); wait != 0 || serial {
 			t.Fatalf("row %d: wait %d serial %v", i, wait, serial)
 		}
 	}
 	if !big.wide || len(tr.owners) != 0 {
 		t.Fatalf("wide %v, %d keys kept", big.wide, len(tr.owners))
 	}
-	if wait, _ := tr.change(jobSeq(2), relKeyed, &decoding.Insert{New: tup("-1", "x")}, false); wait != 1 {
+	if wait, _ := tr.Change(jobSeq(2), relKeyed, &decoding.Insert{New: tup("-1", "x")}, false); wait != 1 {
 		t.Fatalf("a later transaction waits for %d, want 1", wait)
 	}
 }
@@ -180,7 +180,7 @@ func TestTrackerWide(t *testing.T) {
 func BenchmarkTracker(b *testing.B) {
 	for _, hot := range []int{16, 1 << 20} {
 		b.Run(fmt.Sprintf("keys=%d", hot), func(b *testing.B) {
-			tr := newTracker()
+			tr := NewTracker()
 			vals := make([][]byte, 4096)
 			for i := range vals {
 				vals[i] = []byte(strconv.Itoa(i * 7919 % hot))
@@ -188,8 +188,8 @@ func BenchmarkTracker(b *testing.B) {
 			m := &decoding.Update{RelationID: 1, New: tup("0", "payload")}
 			var (
 				seq      uint64
-				j        *job
-				inFlight [8]*job // eight transactions in flight: the oldest commits when one starts
+				j        *Job
+				inFlight [8]*Job // eight transactions in flight: the oldest commits when one starts
 			)
 			waits := 0
 			b.ReportAllocs()
@@ -198,13 +198,13 @@ func BenchmarkTracker(b *testing.B) {
 					seq++
 					slot := &inFlight[seq%uint64(len(inFlight))]
 					if *slot != nil {
-						tr.release(*slot)
+						tr.Release(*slot)
 					}
 					j = jobSeq(seq)
 					*slot = j
 				}
 				m.New[0].Data = vals[i%len(vals)]
-				if w, _ := tr.change(j, relKeyed, m, false); w != 0 {
+				if w, _ := tr.Change(j, relKeyed, m, false); w != 0 {
 					waits++
 				}
 			}

@@ -1,43 +1,55 @@
-package apply
+package schedule
 
 import (
 	"encoding/binary"
 	"hash/maphash"
+	"sync/atomic"
 
 	"github.com/pgreorder/pgreorder/decoding"
 )
+
+// Job is what the tracker knows of a transaction: its sequence number in the commit order (0
+// until its commit is known), whether it is serial, and the keys registered for it.
+type Job struct {
+	Seq    atomic.Uint64
+	Serial bool // must not run alongside earlier transactions
+
+	keys []uint64 // keys registered for it
+	wide bool     // too many keys to track: later transactions wait for all of it
+}
 
 // maxJobKeys is how many row keys the tracker remembers for one transaction; a transaction that
 // touches more becomes a barrier instead: every later one waits for its commit. It bounds the
 // tracker's memory (about 50 bytes a key) whatever the transactions' sizes.
 const maxJobKeys = 16384
 
-// tracker finds what a transaction applied in Parallel must wait for, as the proposed parallel
+// Tracker finds what a transaction applied in Parallel must wait for, as the proposed parallel
 // apply of PostgreSQL does: it remembers, for each row key (relation and replica identity key
 // values, hashed) the last transaction in flight that touched it. A change to a key an earlier
 // transaction still in flight touched waits for that transaction's commit. A change without a
 // usable key (UPDATE or DELETE of a REPLICA IDENTITY FULL or keyless relation), a TRUNCATE, or a
-// change to a table whose triggers (foreign keys included) fire on the target makes its
+// Change to a table whose triggers (foreign keys included) fire on the target makes its
 // transaction serial: it waits for every earlier transaction, and every later one waits for it.
 //
 // Hash collisions only add waits. The tracker is the leader's: not safe for concurrent use.
-type tracker struct {
+type Tracker struct {
 	seed    maphash.Seed
-	owners  map[uint64]*job
+	owners  map[uint64]*Job
 	barrier uint64 // sequence number every later transaction waits for
 	buf     []byte
 }
 
-func newTracker() *tracker {
-	return &tracker{seed: maphash.MakeSeed(), owners: map[uint64]*job{}}
+// NewTracker returns a tracker that knows of no transaction.
+func NewTracker() *Tracker {
+	return &Tracker{seed: maphash.MakeSeed(), owners: map[uint64]*Job{}}
 }
 
-// change registers that j (whose sequence number is known) makes change m to the relation rel,
+// Change registers that j (whose sequence number is known) makes change m to the relation rel,
 // whose target table has triggers that fire if triggers is set. It returns the sequence number j
 // must wait for before applying m (0 for none), and whether j just became serial.
-func (tr *tracker) change(j *job, rel *decoding.Relation, m decoding.Message, triggers bool) (wait uint64, serial bool) {
-	seq := j.seq.Load()
-	if j.serial {
+func (tr *Tracker) Change(j *Job, rel *decoding.Relation, m decoding.Message, triggers bool) (wait uint64, serial bool) {
+	seq := j.Seq.Load()
+	if j.Serial {
 		return 0, false // already waits for everything before it
 	}
 	wait = tr.barrier
@@ -84,7 +96,7 @@ func (tr *tracker) change(j *job, rel *decoding.Relation, m decoding.Message, tr
 	}
 	for _, k := range keys[:n] {
 		if o := tr.owners[k]; o != nil && o != j {
-			if s := o.seq.Load(); s < seq && s > wait {
+			if s := o.Seq.Load(); s < seq && s > wait {
 				wait = s
 			}
 		}
@@ -95,7 +107,7 @@ func (tr *tracker) change(j *job, rel *decoding.Relation, m decoding.Message, tr
 			// Too many keys to remember: later transactions wait for all of j instead.
 			j.wide = true
 			tr.barrier = max(tr.barrier, seq)
-			tr.release(j)
+			tr.Release(j)
 			continue
 		}
 		if tr.owners[k] != j {
@@ -107,20 +119,20 @@ func (tr *tracker) change(j *job, rel *decoding.Relation, m decoding.Message, tr
 }
 
 // serialize makes j serial: it waits for every earlier transaction, every later one for it.
-func (tr *tracker) serialize(j *job) uint64 {
-	j.serial = true
-	seq := j.seq.Load()
+func (tr *Tracker) serialize(j *Job) uint64 {
+	j.Serial = true
+	seq := j.Seq.Load()
 	tr.barrier = max(tr.barrier, seq)
-	tr.release(j)
+	tr.Release(j)
 	return seq - 1
 }
 
-// after makes every transaction after seq wait for it (a streamed transaction, whose keys are
+// After makes every transaction after seq wait for it (a streamed transaction, whose keys are
 // not tracked, or one applied by the leader).
-func (tr *tracker) after(seq uint64) { tr.barrier = max(tr.barrier, seq) }
+func (tr *Tracker) After(seq uint64) { tr.barrier = max(tr.barrier, seq) }
 
-// release forgets j's keys: it committed (or stopped tracking them).
-func (tr *tracker) release(j *job) {
+// Release forgets j's keys: it committed (or stopped tracking them).
+func (tr *Tracker) Release(j *Job) {
 	for _, k := range j.keys {
 		if tr.owners[k] == j {
 			delete(tr.owners, k)
@@ -132,7 +144,7 @@ func (tr *tracker) release(j *job) {
 // key hashes the relation and its replica identity key columns in tup; ok is false when the
 // relation has no key, is REPLICA IDENTITY FULL (every column is flagged), or a key value was
 // not sent (an unchanged TOASTed value).
-func (tr *tracker) key(rel *decoding.Relation, tup decoding.Tuple) (uint64, bool) {
+func (tr *Tracker) key(rel *decoding.Relation, tup decoding.Tuple) (uint64, bool) {
 	if rel.ReplicaIdentity == 'f' {
 		return 0, false
 	}

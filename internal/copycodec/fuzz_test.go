@@ -1,4 +1,4 @@
-package snapshot
+package copycodec
 
 import (
 	"bytes"

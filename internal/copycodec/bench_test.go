@@ -1,4 +1,4 @@
-package snapshot
+package copycodec
 
 import (
 	"bytes"
@@ -50,13 +50,13 @@ func BenchmarkParse(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
 				rows := 0
-				r := newRowReader(bin, kinds, func(decoding.Tuple) error { rows++; return nil })
+				r := NewRowReader(bin, kinds, func(decoding.Tuple) error { rows++; return nil })
 				for _, m := range msgs {
 					if _, err := r.Write(m); err != nil {
 						b.Fatal(err)
 					}
 				}
-				if err := r.finish(); err != nil || rows != n {
+				if err := r.Finish(); err != nil || rows != n {
 					b.Fatalf("%d rows, %v", rows, err)
 				}
 			}

@@ -1,4 +1,4 @@
-package apply
+package schedule
 
 import (
 	"context"
@@ -6,28 +6,29 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"sync/atomic"
 
 	"github.com/pgreorder/pgreorder/spill"
 )
 
-// A queue holds what the leader handed to one job and its worker has not applied yet: records
+// A Queue holds what the leader handed to one job and its worker has not applied yet: records
 // (changes, savepoints, rollbacks, waits, the end), in order. Records stay in memory while the
 // queues' shared budget and the queue's own share allow, and go to a spill log otherwise, as
 // PostgreSQL's leader apply worker "partially serializes" to a file when its parallel worker
 // cannot keep up. The leader never waits for a worker to make room: a slow worker costs disk,
 // never the other transactions. The worker replays the segments in order.
-type queue struct {
-	st     *spillStore
-	budget *budget
+type Queue struct {
+	st     *SpillStore
+	budget *Budget
 	share  int64 // the most bytes this queue may hold in memory
 
-	mu     sync.Mutex
-	segs   []*segment
-	mem    int64 // bytes of records in memory
-	wake   chan struct{}
-	err    error // a spill error: sticky
-	closed bool
-	stats  *counters
+	mu      sync.Mutex
+	segs    []*segment
+	mem     int64 // bytes of records in memory
+	wake    chan struct{}
+	err     error // a spill error: sticky
+	closed  bool
+	spilled *atomic.Int64 // bytes written to spill logs, of every queue
 }
 
 // segment is a run of records: in memory, or in a spill log. A spill segment is sealed once its
@@ -41,14 +42,17 @@ type segment struct {
 	sealed bool
 }
 
-// budget is the memory all queues of a session share.
-type budget struct {
+// Budget is the memory all queues of a session share.
+type Budget struct {
 	mu    sync.Mutex
 	used  int64
 	limit int64
 }
 
-func (b *budget) take(n int64) bool {
+// NewBudget returns a budget of limit bytes.
+func NewBudget(limit int64) *Budget { return &Budget{limit: limit} }
+
+func (b *Budget) take(n int64) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.used+n > b.limit {
@@ -58,21 +62,24 @@ func (b *budget) take(n int64) bool {
 	return true
 }
 
-func (b *budget) give(n int64) {
+func (b *Budget) give(n int64) {
 	b.mu.Lock()
 	b.used -= n
 	b.mu.Unlock()
 }
 
-// spillStore is a spill.Store shared by the queues of a session, used under its lock (a Store
+// SpillStore is a spill.Store shared by the queues of a session, used under its lock (a Store
 // and its logs are not safe for concurrent use). It is opened on first use.
-type spillStore struct {
+type SpillStore struct {
 	mu  sync.Mutex
 	dir string
 	st  *spill.Store
 }
 
-func (s *spillStore) create() (*spill.Log, error) {
+// NewSpillStore returns a store of spill files in dir ("": the system's temporary directory).
+func NewSpillStore(dir string) *SpillStore { return &SpillStore{dir: dir} }
+
+func (s *SpillStore) create() (*spill.Log, error) {
 	if s.st == nil {
 		st, err := spill.Open(spill.Options{Dir: s.dir})
 		if err != nil {
@@ -83,7 +90,8 @@ func (s *spillStore) create() (*spill.Log, error) {
 	return s.st.Create()
 }
 
-func (s *spillStore) close() error {
+// Close closes the store, if it was opened.
+func (s *SpillStore) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.st == nil {
@@ -94,19 +102,21 @@ func (s *spillStore) close() error {
 	return err
 }
 
-func newQueue(st *spillStore, b *budget, share int64, stats *counters) *queue {
-	return &queue{st: st, budget: b, share: share, wake: make(chan struct{}, 1), stats: stats}
+// NewQueue returns an empty queue spilling to st, holding up to share bytes in memory while b
+// allows; spilled counts the bytes it writes to spill logs.
+func NewQueue(st *SpillStore, b *Budget, share int64, spilled *atomic.Int64) *Queue {
+	return &Queue{st: st, budget: b, share: share, wake: make(chan struct{}, 1), spilled: spilled}
 }
 
-// errQueueClosed is returned by push and pop after close.
-var errQueueClosed = errors.New("apply: queue closed")
+// ErrQueueClosed is returned by push and pop after close.
+var ErrQueueClosed = errors.New("apply: queue closed")
 
-// push appends rec, which the queue takes ownership of.
-func (q *queue) push(rec []byte) error {
+// Push appends rec, which the queue takes ownership of.
+func (q *Queue) Push(rec []byte) error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.closed {
-		return errQueueClosed
+		return ErrQueueClosed
 	}
 	if q.err != nil {
 		return q.err
@@ -146,23 +156,23 @@ func (q *queue) push(rec []byte) error {
 		q.err = fmt.Errorf("apply: spilling a queue: %w", err)
 		return q.err
 	}
-	q.stats.queueSpilled.Add(n)
+	q.spilled.Add(n)
 	q.signal()
 	return nil
 }
 
-func (q *queue) signal() {
+func (q *Queue) signal() {
 	select {
 	case q.wake <- struct{}{}:
 	default:
 	}
 }
 
-// pop returns the next record, waiting for one until ctx is done; waiting (if not nil) is called
+// Pop returns the next record, waiting for one until ctx is done; waiting (if not nil) is called
 // before it waits. The record is valid until the next pop.
-func (q *queue) pop(ctx context.Context, waiting func()) ([]byte, error) {
+func (q *Queue) Pop(ctx context.Context, waiting func()) ([]byte, error) {
 	for {
-		rec, ok, err := q.tryPop()
+		rec, ok, err := q.TryPop()
 		if err != nil || ok {
 			return rec, err
 		}
@@ -177,12 +187,14 @@ func (q *queue) pop(ctx context.Context, waiting func()) ([]byte, error) {
 	}
 }
 
-func (q *queue) tryPop() ([]byte, bool, error) {
+// TryPop returns the next record if there is one (ok), without waiting. The record is valid
+// until the next pop.
+func (q *Queue) TryPop() (rec []byte, ok bool, err error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	for {
 		if q.closed {
-			return nil, false, errQueueClosed
+			return nil, false, ErrQueueClosed
 		}
 		if q.err != nil {
 			return nil, false, q.err
@@ -234,9 +246,9 @@ func (q *queue) tryPop() ([]byte, bool, error) {
 	}
 }
 
-// close drops what the queue holds, giving back its memory and removing its spill logs. It is
+// Close drops what the queue holds, giving back its memory and removing its spill logs. It is
 // safe to call twice.
-func (q *queue) close() error {
+func (q *Queue) Close() error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.closed {

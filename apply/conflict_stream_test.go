@@ -1,0 +1,95 @@
+package apply
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgreorder/pgreorder/apply/conflict"
+	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
+)
+
+// TestConflictStreamedSubtransactions: in Eager and Parallel, a streamed transaction is applied
+// as it arrives, subtransactions as savepoints. A conflict resolved in a subtransaction the
+// source then rolls back is undone with it (the local row it replaced is back) and neither
+// counted nor logged; a conflict in a subtransaction that stays is counted and logged once,
+// when the transaction commits.
+func TestConflictStreamedSubtransactions(t *testing.T) {
+	srv := conflictServer(t, testMajors[len(testMajors)-1])
+	schema := []string{
+		`CREATE TABLE t (id int PRIMARY KEY, v text)`,
+		`CREATE TABLE big (id int PRIMARY KEY, v text)`,
+		`CREATE TABLE marker (id int PRIMARY KEY)`,
+	}
+	for _, mode := range []Mode{Eager, Parallel} {
+		t.Run(mode.String(), func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			srcDB, dstDB := pgtest.NewDatabase(t, srv), pgtest.NewDatabase(t, srv)
+			e := &env{srv: srv, src: srv.ConnString(srcDB), dst: srv.ConnString(dstDB), repl: srv.ReplicationConnString(srcDB), slot: "streamed_sub"}
+			must(t, pgtest.Exec(ctx, e.src, append(append([]string{}, schema...), `CREATE PUBLICATION pub FOR ALL TABLES`,
+				`SELECT pg_create_logical_replication_slot('streamed_sub', 'pgoutput')`)...))
+			must(t, pgtest.Exec(ctx, e.dst, schema...))
+			var log lockedBuffer
+			cfg := e.conflictConfig(t, &log, map[conflict.Type]conflict.Resolution{conflict.InsertExists: conflict.ApplyRemote})
+			cfg.Mode = mode
+			cfg.Conflicts.LogTable = "conflict_log"
+			dropOrigins(t, e.dst, cfg.Origin)
+			t.Cleanup(func() {
+				if t.Failed() {
+					t.Log(log.String())
+				}
+			})
+			execOn(t, e.src, `INSERT INTO t VALUES (20, 'orig')`, `INSERT INTO marker VALUES (1)`)
+			r := start(t, cfg)
+			e.waitMarker(t, r, 1)
+			// Local changes: a row the source will insert too, and the deletion of one it updates.
+			execOn(t, e.dst, `INSERT INTO t VALUES (10, 'local')`, `DELETE FROM t WHERE id = 20`)
+
+			src, err := pgx.Connect(ctx, e.src)
+			must(t, err)
+			defer src.Close(context.Background())
+			bigRows := func(lo int) string {
+				return fmt.Sprintf(`INSERT INTO big SELECT g, repeat('p', 200) FROM generate_series(%d, %d) g`, lo, lo+999)
+			}
+			for _, q := range []string{
+				`BEGIN`, bigRows(1), // more than logical_decoding_work_mem: streamed
+				`SAVEPOINT a`, `INSERT INTO t VALUES (10, 'remote')`, bigRows(1001), // insert_exists, resolved on the target
+				`ROLLBACK TO SAVEPOINT a`,
+				`SAVEPOINT b`, `UPDATE t SET v = 'remote' WHERE id = 20`, `RELEASE SAVEPOINT b`, // update_missing
+				bigRows(2001), `COMMIT`, `INSERT INTO marker VALUES (2)`,
+			} {
+				_, err := src.Exec(ctx, q)
+				must(t, err)
+			}
+			e.waitMarker(t, r, 2)
+			e.settled(t, r)
+			r.halt(t)
+
+			if got := tableRows(t, e.dst, "t"); got != "10,local" {
+				t.Errorf("t on the target: %q, want the local row back", got)
+			}
+			if n := count(t, e.dst, `SELECT count(*) FROM big`); n != 2000 {
+				t.Errorf("%d rows in big, want 2000", n)
+			}
+			st := r.a.Stats()
+			if st.SubAborts == 0 {
+				t.Errorf("no subtransaction rolled back on the target: the transaction was not applied as it streamed (%+v)", st)
+			}
+			if st.InsertExists != 0 || st.UpdateMissing != 1 {
+				t.Errorf("insert_exists %d, update_missing %d: want 0 and 1", st.InsertExists, st.UpdateMissing)
+			}
+			var logged string
+			c, err := pgx.Connect(ctx, e.dst)
+			must(t, err)
+			defer c.Close(context.Background())
+			must(t, c.QueryRow(ctx, `SELECT coalesce(string_agg(conflict || ':' || resolution, ' ' ORDER BY conflict), '') FROM conflict_log`).Scan(&logged))
+			if logged != "update_missing:skip" {
+				t.Errorf("conflict log table: %q, want only update_missing:skip", logged)
+			}
+		})
+	}
+}
