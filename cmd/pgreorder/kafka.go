@@ -32,7 +32,7 @@ const kafkaSASLPasswordEnv = "PGREORDER_KAFKA_SASL_PASSWORD"
 type kafkaFlags struct {
 	dsn, slot, workMem, dir, streaming, originFilter string
 	publications                                     []string
-	messages, binary                                 bool
+	messages, binary, twoPhase                       bool
 	proto, copyWorkers                               int
 	status, progress                                 time.Duration
 	metricsAddr                                      string
@@ -87,6 +87,8 @@ func runKafka(ctx context.Context, args []string) error {
 	fs.IntVar(&f.proto, "proto", 0, "pgoutput proto_version, 1-4 (default: the highest the server speaks)")
 	fs.BoolVar(&f.messages, "messages", true, "receive logical decoding messages (to topic PREFIX.message)")
 	fs.BoolVar(&f.binary, "binary", false, "binary column values")
+	fs.BoolVar(&f.twoPhase, "two-phase", false, "decode prepared transactions at PREPARE; their events go to Kafka at COMMIT PREPARED, "+
+		"none at ROLLBACK PREPARED (turns two-phase on for the slot for good)")
 	fs.StringVar(&f.originFilter, "origin-filter", "", `pgoutput's origin option: "any" or "none" (PostgreSQL 16+)`)
 	fs.IntVar(&f.copyWorkers, "copy-workers", 0, fmt.Sprintf("tables (or parts of tables) copied at once (default %d)", snapshot.DefaultWorkers))
 	fs.DurationVar(&f.status, "status-interval", replication.DefaultStatusInterval, "longest time between standby status updates")
@@ -223,6 +225,7 @@ func (f *kafkaFlags) config(fs *flag.FlagSet) (changefeed.Config, kafkasink.Conf
 			Streaming:      streaming,
 			Binary:         f.binary,
 			Messages:       f.messages,
+			TwoPhase:       f.twoPhase,
 			OriginFilter:   originFilter,
 			StatusInterval: f.status,
 			Buffer:         reorderbuffer.Config{WorkMem: workMem, Dir: f.dir},
