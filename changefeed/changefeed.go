@@ -325,9 +325,43 @@ func unwrapStop(err error) error {
 	return err
 }
 
-// follow hands the stream's transactions to the handler, one at a time, storing each one's
-// end after the handler returned and acknowledging it once stored.
-func (f *Feed) follow(ctx context.Context, s *replication.Stream) error {
+// follow hands the stream's transactions to the handler, one at a time, storing the end of
+// each unit's last transaction after the handler returned, and acknowledging the unit's
+// transactions once stored. A unit covers one transaction, or, for a Grouper store, the
+// consecutive transactions the stream already holds, within the store's Grouping.
+func (f *Feed) follow(ctx context.Context, s *replication.Stream) (err error) {
+	var g Grouping
+	if gr, ok := f.store.(Grouper); ok {
+		g = gr.Grouping()
+	}
+	var (
+		u     Unit                 // the open unit, nil when none is
+		txns  []*reorderbuffer.Txn // its transactions, handled, to acknowledge once it commits
+		from  decoding.LSN         // the end before its first transaction
+		since time.Time            // when its first transaction was handled
+	)
+	defer func() {
+		if u != nil {
+			f.rollback(ctx, u)
+		}
+	}()
+	commit := func() error {
+		pos := f.position(true, txns[len(txns)-1].EndLSN)
+		err := u.Commit(ctx, &pos)
+		if err != nil {
+			return err
+		}
+		u = nil
+		for i, t := range txns {
+			txns[i] = nil
+			if err := s.Ack(t); err != nil {
+				return err
+			}
+		}
+		txns = txns[:0]
+		return nil
+	}
+	last := f.Position().Acked
 	for {
 		txn, err := s.Next(ctx)
 		if err != nil {
@@ -340,18 +374,38 @@ func (f *Feed) follow(ctx context.Context, s *replication.Stream) error {
 		// reorderbuffer.Config.HandOutAdvances) is stored without a batch, then acknowledged:
 		// the slot never confirms a position the store does not have.
 		if txn.Part == reorderbuffer.Advance {
+			if u != nil {
+				if err := commit(); err != nil {
+					return err
+				}
+			}
 			if err := f.advance(ctx, txn.EndLSN); err != nil {
 				return err
 			}
 			if err := s.Ack(txn); err != nil {
 				return err
 			}
+			last = txn.EndLSN
 			continue
 		}
-		if err := f.handle(ctx, &Batch{Kind: Transaction, Txn: txn, Worker: StreamWorker, f: f}, &txn.EndLSN); err != nil {
-			return err
+		if u == nil {
+			if u, err = f.store.Begin(ctx, StreamWorker); err != nil {
+				return err
+			}
+			from, since = last, time.Now()
 		}
-		if err := s.Ack(txn); err != nil {
+		if err := f.h(ctx, &Batch{Kind: Transaction, Txn: txn, Worker: StreamWorker, Unit: u, f: f}); err != nil {
+			return &stopError{err}
+		}
+		txns = append(txns, txn)
+		last = txn.EndLSN
+		if len(txns) < g.MaxTransactions &&
+			(g.MaxBytes <= 0 || int64(last-from) < g.MaxBytes) &&
+			(g.MaxDelay <= 0 || time.Since(since) < g.MaxDelay) &&
+			s.Ready() {
+			continue // the next transaction is there: it joins the unit
+		}
+		if err := commit(); err != nil {
 			return err
 		}
 	}

@@ -83,6 +83,21 @@
 //     Reset. A handler that does not gets every change at least once: a crash between its write
 //     and the position's commit hands that transaction out again.
 //
+// # Grouping
+//
+// A unit of work covers one streamed transaction, unless the store is a Grouper (package
+// kafkasink's Sink is; FileStore and TableStore are not: their commit per transaction is cheap
+// enough). Then Run keeps the unit open while the stream already holds the next transaction
+// complete (replication.Stream.Ready, which never waits for the server) and the store's Grouping
+// allows (transactions, bytes of WAL, time): the handler gets each transaction as its own batch,
+// in the same Unit, and the unit commits with the position of the last one, the end of the last
+// transaction whose handler returned. A transaction is never split across units, and one with
+// nothing after it commits at once, alone: a caught-up consumer waits for nothing. The group's
+// transactions are acknowledged to the server only after the unit committed; a crash before
+// undoes the unit whole, and a later run hands all of them out again. A store that groups
+// therefore keeps the promise above, with "the unit the batch was handled in" shared by several
+// batches.
+//
 // Copied chunks are not positions: their units commit without one, and the copy counts only once
 // Run has stored CopyDone. Until then a restart discards it (Reset), so a handler whose output of
 // copied rows is not removed on Reset holds them twice.

@@ -3,6 +3,7 @@ package changefeed
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/pgreorder/pgreorder/decoding"
 )
@@ -33,13 +34,15 @@ const MaxState = 4096
 // StreamWorker is the worker number Store.Begin is given for everything but copied chunks.
 const StreamWorker = -1
 
-// Store keeps a Position durably. Run calls Load once, then Begin for every batch (from the copy's
-// worker goroutines at once, each with its own worker number, and for the stream with
-// StreamWorker), and Close when it returns. A Store is used by one Run at a time.
+// Store keeps a Position durably. Run calls Load first (and again when it starts a failed copy
+// over), then Begin for every unit of work (from the copy's worker goroutines at once, each with
+// its own worker number, and for the stream with StreamWorker), and Close when it returns. A Store
+// is used by one Run at a time.
 //
 // FileStore keeps the position in a file, TableStore in a table of a PostgreSQL database, where
 // the handler's writes commit in the same transaction. Other stores (a Kafka offsets topic, for
-// one) implement the same three methods.
+// one) implement the same three methods. A store whose commits are costly may also implement
+// Grouper, to commit several streamed transactions in one unit.
 type Store interface {
 	// Load returns the position stored for slot, and false if there is none.
 	Load(ctx context.Context, slot string) (Position, bool, error)
@@ -60,6 +63,33 @@ type Unit interface {
 	// Rollback abandons the unit. It is called after a failed handler or Commit, and may fail
 	// itself (the store's connection is gone): Run only logs that.
 	Rollback(ctx context.Context) error
+}
+
+// Grouping bounds a unit of work that covers several consecutive streamed transactions. The
+// zero value groups nothing: one transaction per unit.
+type Grouping struct {
+	// MaxTransactions is the most transactions one unit covers; 0 or 1 is one.
+	MaxTransactions int
+	// MaxBytes bounds the WAL a unit's transactions span, from the end of the one before the
+	// first to the end of the last; 0 is no bound. A transaction is never split: one larger than
+	// MaxBytes is a unit of its own.
+	MaxBytes int64
+	// MaxDelay bounds how long a unit stays open for more transactions after its first one was
+	// handled; 0 is no bound. (A unit never waits for a transaction that is not there yet: see
+	// Grouper.)
+	MaxDelay time.Duration
+}
+
+// Grouper is implemented by a Store whose units may cover several consecutive streamed
+// transactions (a Kafka transaction costs the same for one source transaction as for hundreds).
+// Run keeps the stream's unit open, handing the next transaction to the handler in the same unit,
+// while the stream already holds that transaction complete (replication.Stream.Ready) and the
+// Grouping's bounds allow; it commits the unit, with the end of its last transaction as the
+// position, as soon as the next transaction is not there yet: a transaction alone commits at once.
+// The group's transactions are acknowledged to the server only after the unit committed.
+type Grouper interface {
+	// Grouping returns the bounds of a group; Run asks once, before it streams.
+	Grouping() Grouping
 }
 
 var (

@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/sasl/plain"
 	"github.com/twmb/franz-go/pkg/sasl/scram"
 
+	"github.com/pgreorder/pgreorder/changefeed"
 	"github.com/pgreorder/pgreorder/format"
 )
 
@@ -22,6 +23,11 @@ const (
 	DefaultMaxBufferedBytes   = 64 << 20
 	DefaultMaxBufferedRecords = 100_000
 	DefaultTransactionTimeout = 5 * time.Minute
+
+	// Defaults of Config.Group.
+	DefaultGroupTransactions = 1000
+	DefaultGroupBytes        = 16 << 20
+	DefaultGroupDelay        = 500 * time.Millisecond
 )
 
 // TopicCreation says what the sink does about a topic that does not exist.
@@ -144,6 +150,13 @@ type Config struct {
 	// brokers' transaction.max.timeout.ms (15 minutes by default). 0 means
 	// DefaultTransactionTimeout.
 	TransactionTimeout time.Duration
+	// Group bounds how many consecutive source transactions share one Kafka transaction when
+	// the stream already holds the next one (a backlog): at most MaxTransactions of them, over at
+	// most MaxBytes of WAL, for at most MaxDelay. A source transaction the stream has nothing
+	// after commits at once, alone. Zero fields mean DefaultGroupTransactions, DefaultGroupBytes
+	// and DefaultGroupDelay; MaxTransactions 1 makes every source transaction its own Kafka
+	// transaction.
+	Group changefeed.Grouping
 
 	// ConnectTimeout bounds the first contact with the brokers, when the Sink loads the position:
 	// no broker answering within it is ErrUnreachable. 0 means 30 seconds.
@@ -191,6 +204,18 @@ func (c *Config) withDefaults() (Config, error) {
 	}
 	if cfg.TransactionTimeout <= 0 {
 		cfg.TransactionTimeout = DefaultTransactionTimeout
+	}
+	if cfg.Group.MaxTransactions < 0 || cfg.Group.MaxBytes < 0 || cfg.Group.MaxDelay < 0 {
+		return cfg, fmt.Errorf("%w: negative Group bound", ErrInvalidConfig)
+	}
+	if cfg.Group.MaxTransactions == 0 {
+		cfg.Group.MaxTransactions = DefaultGroupTransactions
+	}
+	if cfg.Group.MaxBytes == 0 {
+		cfg.Group.MaxBytes = DefaultGroupBytes
+	}
+	if cfg.Group.MaxDelay == 0 {
+		cfg.Group.MaxDelay = DefaultGroupDelay
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = discardLogger

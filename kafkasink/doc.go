@@ -21,11 +21,14 @@
 //
 // # Exactly once
 //
-// Every source transaction is one Kafka transaction (transactional.id "pgreorder-SLOT") holding
-// its events and, last, the source position (slot, end LSN, source system identifier) as a
-// record keyed by the slot on the compacted offsets topic (PREFIX.offsets). The source is
-// acknowledged only after the Kafka commit returned, and a restart resumes after the last
-// committed position: Load first initializes the transactional id, which fences any earlier
+// Every source transaction is in one Kafka transaction (transactional.id "pgreorder-SLOT")
+// holding its events and, last, the source position (slot, end LSN, source system identifier) as
+// a record keyed by the slot on the compacted offsets topic (PREFIX.offsets). Consecutive source
+// transactions that the stream already holds share one Kafka transaction (the Sink is a
+// changefeed.Grouper, within Config.Group), the position being the last one's end; one with
+// nothing after it commits at once, alone. A source transaction is never split across Kafka
+// transactions. Every source transaction of a Kafka transaction is acknowledged only after its
+// commit returned, and a restart resumes after the last committed position: Load first initializes the transactional id, which fences any earlier
 // producer of the slot and aborts its open transaction, then reads the offsets topic with
 // read_committed. So a consumer with isolation.level=read_committed sees every committed source
 // transaction exactly once, whole or not at all, and every change of a key in commit order,
@@ -46,10 +49,11 @@
 // it, or until the transaction timeout passes. Deleting or recreating the offsets topic loses
 // the positions.
 //
-// One Kafka transaction per source transaction costs a few round trips to the brokers, and a
-// transaction begun at once after the last one waits for the brokers to finish writing its
-// commit markers (tens of milliseconds): a backlog of small transactions goes through at tens to
-// hundreds per second, while a big transaction streams at the producer's speed.
+// A Kafka transaction costs a few round trips to the brokers, and one begun at once after the
+// last waits for the brokers to finish writing its commit markers (tens of milliseconds): one
+// Kafka transaction per source transaction (Group.MaxTransactions 1) takes a backlog of small
+// transactions at tens per second; grouped, at thousands. A big transaction streams at the
+// producer's speed.
 //
 // # Memory
 //

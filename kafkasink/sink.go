@@ -323,6 +323,10 @@ func (s *Sink) Begin(ctx context.Context, worker int) (changefeed.Unit, error) {
 	return &unit{s: s, worker: worker}, nil
 }
 
+// Grouping is changefeed.Grouper's: consecutive source transactions that the stream already
+// holds share a Kafka transaction, within Config.Group.
+func (s *Sink) Grouping() changefeed.Grouping { return s.cfg.Group }
+
 // restart aborts the open transaction and begins another.
 func (s *Sink) restart(ctx context.Context) error {
 	s.mu.Lock()

@@ -246,6 +246,50 @@ func (s *Stream) Next(ctx context.Context) (*reorderbuffer.Txn, error) {
 	}
 }
 
+// readyWait is how long Ready reads messages that are already on their way.
+const readyWait = time.Millisecond
+
+// Ready reports whether Next would return a transaction at once: one is complete in the buffer,
+// or completes from messages that already arrived (Ready reads them, for at most a millisecond,
+// and never waits for the server). A consumer that can group transactions (commit several in one
+// unit of work) asks it before it commits: true means another transaction is there to add, false
+// that the stream is idle or the next transaction still on its way. It returns false after
+// Close, and on an error, which Next then reports (a lost connection is left for Next to
+// reconnect). Ready is called by the consumer, like Next, never while Next runs.
+func (s *Stream) Ready() bool {
+	s.takeConn()
+	defer s.giveConn()
+	if s.life.Err() != nil || s.err != nil {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(s.life, readyWait)
+	defer cancel()
+	for {
+		s.mu.Lock()
+		n := s.buf.Pending()
+		s.mu.Unlock()
+		if n > 0 {
+			return true
+		}
+		if s.conn == nil || ctx.Err() != nil {
+			return false
+		}
+		msg, err := s.conn.ReceiveMessage(ctx)
+		if err != nil {
+			if s.life.Err() != nil || pgconn.Timeout(err) && !s.conn.IsClosed() {
+				return false
+			}
+			err = fmt.Errorf("replication: receive: %w", err)
+		} else {
+			err = s.handle(msg)
+		}
+		if err != nil {
+			s.lost(err) // Next reconnects, or returns the sticky error
+			return false
+		}
+	}
+}
+
 // queueAdvance queues an idle advance in the buffer (Config.Buffer.HandOutAdvances), once per
 // status interval: when it is time for a status update and nothing is pending, the position the
 // server reached is handed out for the consumer to persist and acknowledge, and the update after

@@ -32,7 +32,7 @@ const kafkaSASLPasswordEnv = "PGREORDER_KAFKA_SASL_PASSWORD"
 type kafkaFlags struct {
 	dsn, slot, workMem, dir, streaming, originFilter string
 	publications                                     []string
-	messages, binary                                 bool
+	messages, binary, twoPhase                       bool
 	proto, copyWorkers                               int
 	status, progress                                 time.Duration
 	metricsAddr                                      string
@@ -47,6 +47,7 @@ type kafkaFlags struct {
 	tlsCA, tlsCert, tlsKey                         string
 	saslMechanism, saslUser, compression, maxBytes string
 	txTimeout                                      time.Duration
+	group                                          int
 }
 
 const kafkaUsage = `usage: pgreorder kafka -dsn DSN -slot NAME -publication NAME -kafka-brokers HOST:PORT,... [flags]
@@ -87,6 +88,8 @@ func runKafka(ctx context.Context, args []string) error {
 	fs.IntVar(&f.proto, "proto", 0, "pgoutput proto_version, 1-4 (default: the highest the server speaks)")
 	fs.BoolVar(&f.messages, "messages", true, "receive logical decoding messages (to topic PREFIX.message)")
 	fs.BoolVar(&f.binary, "binary", false, "binary column values")
+	fs.BoolVar(&f.twoPhase, "two-phase", false, "decode prepared transactions at PREPARE; their events go to Kafka at COMMIT PREPARED, "+
+		"none at ROLLBACK PREPARED (turns two-phase on for the slot for good)")
 	fs.StringVar(&f.originFilter, "origin-filter", "", `pgoutput's origin option: "any" or "none" (PostgreSQL 16+)`)
 	fs.IntVar(&f.copyWorkers, "copy-workers", 0, fmt.Sprintf("tables (or parts of tables) copied at once (default %d)", snapshot.DefaultWorkers))
 	fs.DurationVar(&f.status, "status-interval", replication.DefaultStatusInterval, "longest time between standby status updates")
@@ -117,6 +120,8 @@ func runKafka(ctx context.Context, args []string) error {
 	fs.StringVar(&f.maxBytes, "kafka-max-buffered", "64MB", "most record bytes waiting for the brokers; a big transaction waits for room")
 	fs.DurationVar(&f.txTimeout, "kafka-transaction-timeout", kafkasink.DefaultTransactionTimeout,
 		"Kafka transaction timeout: the longest a transaction (and the initial copy) may take to produce; at most the brokers' transaction.max.timeout.ms")
+	fs.IntVar(&f.group, "kafka-group", kafkasink.DefaultGroupTransactions,
+		"most source transactions in one Kafka transaction while a backlog is there (1: one each); a transaction with nothing after it commits at once")
 	fs.BoolVar(&f.tls, "kafka-tls", false, "connect to the brokers with TLS")
 	fs.StringVar(&f.tlsCA, "kafka-tls-ca", "", "PEM file of the CA certificates that sign the brokers' (implies -kafka-tls; default: the system's)")
 	fs.StringVar(&f.tlsCert, "kafka-tls-cert", "", "PEM file of the client certificate, with -kafka-tls-key (implies -kafka-tls)")
@@ -223,6 +228,7 @@ func (f *kafkaFlags) config(fs *flag.FlagSet) (changefeed.Config, kafkasink.Conf
 			Streaming:      streaming,
 			Binary:         f.binary,
 			Messages:       f.messages,
+			TwoPhase:       f.twoPhase,
 			OriginFilter:   originFilter,
 			StatusInterval: f.status,
 			Buffer:         reorderbuffer.Config{WorkMem: workMem, Dir: f.dir},
@@ -263,6 +269,9 @@ func (f *kafkaFlags) config(fs *flag.FlagSet) (changefeed.Config, kafkasink.Conf
 	if f.txTimeout <= 0 {
 		return cfg, kcfg, fmt.Errorf("-kafka-transaction-timeout %v: want a duration such as 5m", f.txTimeout)
 	}
+	if f.group < 1 {
+		return cfg, kcfg, fmt.Errorf("-kafka-group %d: want 1 or more (1: every source transaction its own Kafka transaction)", f.group)
+	}
 	tlsCfg, err := f.tlsConfig()
 	if err != nil {
 		return cfg, kcfg, err
@@ -288,6 +297,7 @@ func (f *kafkaFlags) config(fs *flag.FlagSet) (changefeed.Config, kafkasink.Conf
 		Compression:        compression,
 		MaxBufferedBytes:   int(maxBytes),
 		TransactionTimeout: f.txTimeout,
+		Group:              changefeed.Grouping{MaxTransactions: f.group},
 	}
 	if err := kafkasink.ValidTopicName(f.prefix); err != nil {
 		return cfg, kcfg, fmt.Errorf("-kafka-topic-prefix: %w", err)

@@ -32,6 +32,7 @@ func TestKafkaFlags(t *testing.T) {
 		{append(base, "-kafka-brokers", "b:9092", "-kafka-partitions", "-1"), "-kafka-partitions"},
 		{append(base, "-kafka-brokers", "b:9092", "-kafka-tls-cert", "c.pem"), "-kafka-tls-cert and -kafka-tls-key"},
 		{append(base, "-kafka-brokers", "b:9092", "-kafka-max-buffered", "lots"), "-kafka-max-buffered"},
+		{append(base, "-kafka-brokers", "b:9092", "-kafka-group", "0"), "-kafka-group 0: want 1 or more"},
 	} {
 		err := runKafka(context.Background(), tc.args)
 		require.Error(t, err, "%v", tc.args)
@@ -40,13 +41,15 @@ func TestKafkaFlags(t *testing.T) {
 }
 
 // TestKafkaCommand: pgreorder kafka copies and streams a table into Kafka; the slot is
-// acknowledged once the events are committed there.
+// acknowledged once the events are committed there. With -two-phase (on 18), the slot decodes
+// at PREPARE, and a prepared transaction reaches Kafka once committed, never when rolled back.
 func TestKafkaCommand(t *testing.T) {
 	c := kafkatest.Shared(t)
 	for _, major := range pgtest.Majors(t) {
 		if major != 18 && major != 15 {
 			continue
 		}
+		twoPhase := major == 18
 		t.Run(fmt.Sprint(major), func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
@@ -57,10 +60,12 @@ func TestKafkaCommand(t *testing.T) {
 			prefix := fmt.Sprintf("cmd%d", major)
 			runCtx, stop := context.WithCancel(ctx)
 			done := make(chan error, 1)
-			go func() {
-				done <- runKafka(runCtx, []string{"-dsn", dsn, "-slot", "k", "-publication", "p", "-progress", "50ms", "-status-interval", "100ms",
-					"-kafka-brokers", c.Seeds(), "-kafka-topic-prefix", prefix, "-kafka-partitions", "3", "-kafka-compression", "zstd"})
-			}()
+			args := []string{"-dsn", dsn, "-slot", "k", "-publication", "p", "-progress", "50ms", "-status-interval", "100ms",
+				"-kafka-brokers", c.Seeds(), "-kafka-topic-prefix", prefix, "-kafka-partitions", "3", "-kafka-compression", "zstd"}
+			if twoPhase {
+				args = append(args, "-two-phase")
+			}
+			go func() { done <- runKafka(runCtx, args) }()
 			conn, err := pgx.Connect(ctx, dsn)
 			require.NoError(t, err)
 			defer conn.Close(ctx)
@@ -78,6 +83,16 @@ func TestKafkaCommand(t *testing.T) {
 					t.Fatalf("pgreorder kafka stopped: %v", err)
 				case <-time.After(20 * time.Millisecond):
 				}
+			}
+			want := []string{`r {"id":1}`, `c {"id":2}`}
+			if twoPhase {
+				var on bool
+				require.NoError(t, conn.QueryRow(ctx, "SELECT two_phase FROM pg_replication_slots WHERE slot_name = 'k'").Scan(&on))
+				require.True(t, on, "the slot decodes at PREPARE")
+				require.NoError(t, pgtest.Exec(ctx, dsn, "BEGIN", "INSERT INTO t VALUES (3, 'prepared')", "PREPARE TRANSACTION 'k3'",
+					"COMMIT PREPARED 'k3'", "BEGIN", "INSERT INTO t VALUES (4, 'rolled back')", "PREPARE TRANSACTION 'k4'",
+					"ROLLBACK PREPARED 'k4'"))
+				want = append(want, `c {"id":3}`)
 			}
 			var lsn string
 			require.NoError(t, conn.QueryRow(ctx, "WITH i AS (INSERT INTO t VALUES (2, 'streamed') RETURNING 1) SELECT pg_current_wal_insert_lsn()::text FROM i").Scan(&lsn))
@@ -98,7 +113,7 @@ func TestKafkaCommand(t *testing.T) {
 				require.NoError(t, json.Unmarshal(r.Value, &e))
 				ops = append(ops, e.Op+" "+string(r.Key))
 			}
-			require.ElementsMatch(t, []string{`r {"id":1}`, `c {"id":2}`}, ops, strings.Join(ops, "; "))
+			require.ElementsMatch(t, want, ops, strings.Join(ops, "; "))
 		})
 	}
 }
