@@ -477,7 +477,7 @@ func (t *target) resolve(c *conflict.Report, op Op) (bool, error) {
 func (t *target) remoteWins(c *conflict.Report) bool {
 	rt := t.opSrc.commitTime
 	if rt.IsZero() {
-		rt = t.cfg.now()
+		rt = t.opts.now()
 	}
 	for _, l := range c.Local {
 		switch {

@@ -166,7 +166,7 @@ func (t *target) setupOrigin(ctx context.Context, name string) error {
 func (t *target) originXact(end decoding.LSN) {
 	ts := t.remote.commitTime
 	if ts.IsZero() {
-		ts = t.cfg.now()
+		ts = t.opts.now()
 	}
 	t.batch.ExecParams("SELECT pg_catalog.pg_replication_origin_xact_setup($1::pg_catalog.pg_lsn, $2::pg_catalog.timestamptz)",
 		[][]byte{end.AppendText(nil), []byte(ts.UTC().Format(time.RFC3339Nano))}, nil, nil, nil)
@@ -210,7 +210,7 @@ func (t *target) queueLogRows() {
 	}
 	recs := make([]logRecord, len(t.reports))
 	for i, c := range t.reports {
-		recs[i] = logRow(c, t.cfg.Slot, t.det.cfg.MaxLoggedValue)
+		recs[i] = logRow(c, t.opts.slot, t.det.cfg.MaxLoggedValue)
 	}
 	b, err := json.Marshal(recs)
 	if err != nil {

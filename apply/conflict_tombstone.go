@@ -207,7 +207,7 @@ func (tb *tombstones) run(ctx context.Context) {
 }
 
 func (tb *tombstones) connect(ctx context.Context) (*pgconn.PgConn, error) {
-	conn, _, err := dialTarget(ctx, tb.cfg, "pgreorder apply "+tb.cfg.Slot+" tombstones")
+	conn, _, err := dialTarget(ctx, tb.cfg.targetOptions(), "pgreorder apply "+tb.cfg.Slot+" tombstones")
 	if err != nil {
 		return nil, err
 	}

@@ -92,7 +92,7 @@ func (s *session) startWorkers(ctx context.Context) error {
 		s.deps = schedule.NewTracker()
 	}
 	for i := range s.cfg.Workers {
-		tg, err := connectTarget(ctx, s.cfg, "pgreorder apply "+s.cfg.Slot+" w"+strconv.Itoa(i+1), s.stats)
+		tg, err := connectTarget(ctx, s.cfg.targetOptions(), "pgreorder apply "+s.cfg.Slot+" w"+strconv.Itoa(i+1), &s.stats.targetCounters)
 		if err != nil {
 			return err
 		}

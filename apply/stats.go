@@ -71,15 +71,22 @@ type Stats struct {
 }
 
 type counters struct {
-	txns, emptyTxns, inserts, insertsViaCopy, updates, deletes, truncates atomic.Int64
-	initialCopyRows                                                       atomic.Int64
-	statements, roundTrips                                                atomic.Int64
-	conflicts                                                             [numConflictTypes]atomic.Int64
-	retentionStops, tombstones, tombstonesPurged                          atomic.Int64
-	retentionActive                                                       atomic.Bool
-	subAborts, aborts, spooled, serialTxns, queueSpilled                  atomic.Int64
-	sessions, serialRetries, deadlocks                                    atomic.Int64
-	appliedLSN                                                            atomic.Uint64
+	targetCounters
+	txns, emptyTxns                                      atomic.Int64
+	retentionStops, tombstones, tombstonesPurged         atomic.Int64
+	retentionActive                                      atomic.Bool
+	subAborts, aborts, spooled, serialTxns, queueSpilled atomic.Int64
+	sessions, serialRetries, deadlocks                   atomic.Int64
+}
+
+// targetCounters are the counters the target connections add to: rows, statements, round
+// trips, conflicts and prepared statements.
+type targetCounters struct {
+	inserts, insertsViaCopy, updates, deletes, truncates atomic.Int64
+	initialCopyRows                                      atomic.Int64
+	statements, roundTrips                               atomic.Int64
+	conflicts                                            [numConflictTypes]atomic.Int64
+	appliedLSN                                           atomic.Uint64
 
 	// Statements prepared on the target connections: the most one connection held at once,
 	// and how many times one was prepared.
@@ -87,7 +94,7 @@ type counters struct {
 }
 
 // preparedPeak records n statements prepared on one connection.
-func (c *counters) preparedPeak(n int64) {
+func (c *targetCounters) preparedPeak(n int64) {
 	for {
 		old := c.preparedMost.Load()
 		if n <= old || c.preparedMost.CompareAndSwap(old, n) {
@@ -120,7 +127,7 @@ func (c *counters) snapshot() Stats {
 type rowCounts struct{ inserts, insertsViaCopy, updates, deletes, truncates int64 }
 
 // count adds the rows of a target transaction that committed.
-func (c *counters) count(r rowCounts) {
+func (c *targetCounters) count(r rowCounts) {
 	c.inserts.Add(r.inserts)
 	c.insertsViaCopy.Add(r.insertsViaCopy)
 	c.updates.Add(r.updates)
@@ -129,7 +136,7 @@ func (c *counters) count(r rowCounts) {
 }
 
 // applied records that a transaction ending at end committed on the target.
-func (c *counters) applied(end decoding.LSN) {
+func (c *targetCounters) applied(end decoding.LSN) {
 	for {
 		old := c.appliedLSN.Load()
 		if uint64(end) <= old || c.appliedLSN.CompareAndSwap(old, uint64(end)) {

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -44,9 +45,9 @@ type target struct {
 	name        string            // application_name
 	names       map[string]string // the configured table names, resolved (see table)
 	replicaRole bool              // session_replication_role = replica took effect
-	cfg         *Config
+	opts        *targetOptions
 	log         *slog.Logger
-	stats       *counters
+	stats       *targetCounters
 	initialCopy bool // a connection of the initial copy: its rows count in InitialCopyRows
 
 	// The statements prepared on the connection, by relation and shape, the most recently used
@@ -212,10 +213,32 @@ var targetSettings = [...]replication.Setting{
 	{Name: "default_transaction_read_only", Value: "off"},
 }
 
-// targetConfig returns the target's connection configuration: cfg.TargetConfig, or cfg.Target
-// parsed.
-func targetConfig(cfg *Config) (*pgconn.Config, error) {
-	pc, err := replication.ConnConfig(cfg.TargetConfig, cfg.Target)
+// targetOptions are what a target connection takes of the Config.
+type targetOptions struct {
+	connConfig    *pgconn.Config // Config.TargetConfig
+	connString    string         // Config.Target, when connConfig is nil
+	beforeConnect func(ctx context.Context, cfg *pgconn.Config) error
+	logger        *slog.Logger
+	// tables are the configured table names resolved when a connection opens (see table).
+	tables            []string
+	slot              string
+	synchronousCommit bool
+	binary            bool
+	now               func() time.Time
+}
+
+// targetOptions returns the options of the Applier's target connections.
+func (c *Config) targetOptions() *targetOptions {
+	return &targetOptions{connConfig: c.TargetConfig, connString: c.Target, beforeConnect: c.TargetBeforeConnect,
+		logger: c.Logger, tables: []string{c.ProgressTable, c.Conflicts.LogTable, c.Conflicts.TombstoneTable,
+			conflict.DefaultTombstoneTable},
+		slot: c.Slot, synchronousCommit: c.SynchronousCommit, binary: c.Binary, now: c.now}
+}
+
+// targetConfig returns the target's connection configuration: Config.TargetConfig, or
+// Config.Target parsed.
+func targetConfig(o *targetOptions) (*pgconn.Config, error) {
+	pc, err := replication.ConnConfig(o.connConfig, o.connString)
 	if err != nil {
 		return nil, fmt.Errorf("%w: Target: %w", ErrInvalidConfig, err)
 	}
@@ -238,20 +261,20 @@ func startupSettings() []replication.Setting {
 // pinned settings. Before search_path is pinned, the configured table names that are not
 // qualified are resolved (resolveNames): the result is the connection and the names, each quoted
 // and qualified.
-func dialTarget(ctx context.Context, cfg *Config, name string) (*pgconn.PgConn, map[string]string, error) {
-	pc, err := targetConfig(cfg)
+func dialTarget(ctx context.Context, o *targetOptions, name string) (*pgconn.PgConn, map[string]string, error) {
+	pc, err := targetConfig(o)
 	if err != nil {
 		return nil, nil, err
 	}
-	conn, err := replication.ConnectSQL(ctx, replication.SQLConnConfig{Config: pc, BeforeConnect: cfg.TargetBeforeConnect,
-		ApplicationName: name, ForceApplicationName: true, Settings: startupSettings(), Logger: cfg.Logger})
+	conn, err := replication.ConnectSQL(ctx, replication.SQLConnConfig{Config: pc, BeforeConnect: o.beforeConnect,
+		ApplicationName: name, ForceApplicationName: true, Settings: startupSettings(), Logger: o.logger})
 	if errors.Is(err, replication.ErrNotParsed) {
 		return nil, nil, fmt.Errorf("%w: TargetConfig must be made by pgconn.ParseConfig", ErrInvalidConfig)
 	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("apply: connecting to the target: %w", err)
 	}
-	names, err := resolveNames(ctx, conn, cfg)
+	names, err := resolveNames(ctx, conn, o.tables)
 	if err == nil {
 		err = pinSearchPath(ctx, conn)
 	}
@@ -281,11 +304,11 @@ func pinSearchPath(ctx context.Context, conn *pgconn.PgConn) error {
 // in the user's search_path: the schema of an existing table of that name, or else the one a
 // CREATE TABLE would use. The query (one round trip) names its operators and functions with
 // their schema: the search_path is the user's here.
-func resolveNames(ctx context.Context, conn *pgconn.PgConn, cfg *Config) (map[string]string, error) {
+func resolveNames(ctx context.Context, conn *pgconn.PgConn, tables []string) (map[string]string, error) {
 	names := map[string]string{}
 	var bare []string // the names without a schema, quoted
 	var keys []string
-	for _, n := range []string{cfg.ProgressTable, cfg.Conflicts.LogTable, cfg.Conflicts.TombstoneTable, conflict.DefaultTombstoneTable} {
+	for _, n := range tables {
 		if _, done := names[n]; done || n == "" {
 			continue
 		}
@@ -335,16 +358,16 @@ func quoteQualified(parts []string) string {
 }
 
 // connectTarget opens a connection to the target with the session settings apply relies on.
-func connectTarget(ctx context.Context, cfg *Config, name string, stats *counters) (*target, error) {
-	conn, names, err := dialTarget(ctx, cfg, name)
+func connectTarget(ctx context.Context, o *targetOptions, name string, stats *targetCounters) (*target, error) {
+	conn, names, err := dialTarget(ctx, o, name)
 	if err != nil {
 		return nil, err
 	}
-	t := &target{conn: conn, pid: conn.PID(), name: name, names: names, cfg: cfg, log: cfg.Logger.With("conn", name),
+	t := &target{conn: conn, pid: conn.PID(), name: name, names: names, opts: o, log: o.logger.With("conn", name),
 		stats: stats}
 	// As PostgreSQL's subscriber: replicated changes do not fire ordinary triggers or foreign
 	// key checks. Setting it takes a superuser (or, 15+, a role granted SET on it).
-	if !cfg.SynchronousCommit {
+	if !o.synchronousCommit {
 		if err := conn.Exec(ctx, "SET synchronous_commit = off").Close(); err != nil {
 			conn.Close(context.WithoutCancel(ctx))
 			return nil, fmt.Errorf("apply: setting up the target connection: %w", err)
@@ -480,7 +503,7 @@ func (t *target) commit(ctx context.Context, progress *stmt, key progressKey, en
 		t.queueLogRows()
 		t.batch.ExecPrepared(progress.name, key.args(end), nil, nil)
 		t.ops = append(t.ops, batchOp{})
-		if sync && !t.cfg.SynchronousCommit {
+		if sync && !t.opts.synchronousCommit {
 			t.control("SET LOCAL synchronous_commit = on")
 		}
 		t.control("COMMIT")
@@ -604,7 +627,7 @@ func (t *target) change(ctx context.Context, m decoding.Message, rels []*relInfo
 }
 
 func (t *target) mapping(ctx context.Context, ri *relInfo, op Op) (*relMap, error) {
-	m, err := ri.mapping(ctx, t.conn, t.replicaRole, t.cfg.Binary)
+	m, err := ri.mapping(ctx, t.conn, t.replicaRole, t.opts.binary)
 	if err != nil {
 		var ce *changeError
 		if errors.As(err, &ce) {
