@@ -91,7 +91,7 @@ func (s *session) setupConflicts(ctx context.Context) error {
 		det.logSQL = sql
 	}
 	if cfg.Conflicts.Retention > 0 {
-		tb, err := newTombstones(ctx, tg, cfg, s.stats, s.log)
+		tb, err := newTombstones(ctx, tg, &cfg.Conflicts, cfg.ProgressTable, &s.stats.tombstoneCounters, s.log)
 		if err != nil {
 			return err
 		}

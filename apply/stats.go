@@ -72,9 +72,8 @@ type Stats struct {
 
 type counters struct {
 	targetCounters
+	tombstoneCounters
 	txns, emptyTxns                                      atomic.Int64
-	retentionStops, tombstones, tombstonesPurged         atomic.Int64
-	retentionActive                                      atomic.Bool
 	subAborts, aborts, spooled, serialTxns, queueSpilled atomic.Int64
 	sessions, serialRetries, deadlocks                   atomic.Int64
 }
@@ -91,6 +90,12 @@ type targetCounters struct {
 	// Statements prepared on the target connections: the most one connection held at once,
 	// and how many times one was prepared.
 	preparedMost, prepares atomic.Int64
+}
+
+// tombstoneCounters are the counters of the tombstone store (update_deleted detection).
+type tombstoneCounters struct {
+	retentionStops, tombstones, tombstonesPurged atomic.Int64
+	retentionActive                              atomic.Bool
 }
 
 // preparedPeak records n statements prepared on one connection.

@@ -60,7 +60,7 @@ func (a *Applier) Uninstall(ctx context.Context, opts UninstallOptions) error {
 		return fmt.Errorf("%w: slot %q: stop it first", ErrSlotInUse, cfg.Slot)
 	}
 
-	table, fn, _ := tombstoneNames(tg, cfg)
+	table, fn, _ := tombstoneNames(tg, cfg.Conflicts.TombstoneTable, cfg.ProgressTable)
 	if err := exec("BEGIN"); err != nil {
 		return fmt.Errorf("apply: uninstall: %w", err)
 	}
