@@ -16,6 +16,7 @@ import (
 
 	"github.com/pgreorder/pgreorder/apply/conflict"
 	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/reorderbuffer"
 )
 
 // Conflict detection keeps the applier's fast paths as they are and pays only where something
@@ -54,6 +55,9 @@ type detection struct {
 	log     *slog.Logger
 }
 
+// on reports whether conflict detection is on.
+func (d *detector) on() bool { return d.detection != nil }
+
 // originCheck reports whether updates and deletes check the origin of the row they change.
 func (d *detection) originCheck() bool { return d.trackTS && len(d.ours) > 0 }
 
@@ -88,7 +92,7 @@ ORDER BY c.relname`
 
 // conflictInfo returns the unique indexes of m's target table, read the first time.
 func (t *target) conflictInfo(ctx context.Context, m *relMap) (*relConflict, error) {
-	if rc := t.cinfo[m.info]; rc != nil {
+	if rc := t.det.cinfo[m.info]; rc != nil {
 		return rc, nil
 	}
 	rows, err := query(ctx, t.conn, uniqueQuery, strconv.FormatUint(uint64(m.oid), 10))
@@ -121,10 +125,10 @@ func (t *target) conflictInfo(ctx context.Context, m *relMap) (*relConflict, err
 			rc.unique = append(rc.unique, ix)
 		}
 	}
-	if t.cinfo == nil {
-		t.cinfo = map[*relInfo]*relConflict{}
+	if t.det.cinfo == nil {
+		t.det.cinfo = map[*relInfo]*relConflict{}
 	}
-	t.cinfo[m.info] = rc
+	t.det.cinfo[m.info] = rc
 	if t.det.tomb != nil && !m.full && len(m.key) > 0 {
 		t.det.tomb.want(m)
 	}
@@ -168,7 +172,7 @@ func counted(sql string) string {
 
 // hasChecked reports whether the batch holds checked statements.
 func (t *target) hasChecked() bool {
-	if t.det == nil {
+	if !t.det.on() {
 		return false
 	}
 	for i := range t.ops {
@@ -214,60 +218,60 @@ func (t *target) heldBack(ctx context.Context, ops []batchOp, missed []int) erro
 const fmtUnchanged = -1
 
 // keep copies a statement's parameters for conflict resolution; it returns where they are.
-func (t *target) keep(params [][]byte, formats []int16) (at, n int32) {
-	at = int32(len(t.argv))
+func (d *detector) keep(params [][]byte, formats []int16) (at, n int32) {
+	at = int32(len(d.argv))
 	for i, p := range params {
 		var f int16
 		if i < len(formats) {
 			f = formats[i]
 		}
-		t.argf = append(t.argf, f)
+		d.argf = append(d.argf, f)
 		if p == nil {
-			t.argv = append(t.argv, nil)
+			d.argv = append(d.argv, nil)
 			continue
 		}
-		start := len(t.arena)
-		t.arena = append(t.arena, p...)
-		t.argv = append(t.argv, t.arena[start:len(t.arena):len(t.arena)])
+		start := len(d.arena)
+		d.arena = append(d.arena, p...)
+		d.argv = append(d.argv, d.arena[start:len(d.arena):len(d.arena)])
 	}
 	return at, int32(len(params))
 }
 
 // keepTuple copies a source row.
-func (t *target) keepTuple(tup decoding.Tuple) (at, n int32) {
-	at = int32(len(t.argv))
+func (d *detector) keepTuple(tup decoding.Tuple) (at, n int32) {
+	at = int32(len(d.argv))
 	for _, c := range tup {
 		switch c.Kind {
 		case decoding.ColumnNull:
-			t.argv, t.argf = append(t.argv, nil), append(t.argf, 0)
+			d.argv, d.argf = append(d.argv, nil), append(d.argf, 0)
 		case decoding.ColumnUnchanged:
-			t.argv, t.argf = append(t.argv, nil), append(t.argf, fmtUnchanged)
+			d.argv, d.argf = append(d.argv, nil), append(d.argf, fmtUnchanged)
 		default:
 			f := int16(0)
 			if c.Kind == decoding.ColumnBinary {
 				f = 1
 			}
-			start := len(t.arena)
-			t.arena = append(t.arena, c.Data...)
-			t.argv, t.argf = append(t.argv, t.arena[start:len(t.arena):len(t.arena)]), append(t.argf, f)
+			start := len(d.arena)
+			d.arena = append(d.arena, c.Data...)
+			d.argv, d.argf = append(d.argv, d.arena[start:len(d.arena):len(d.arena)]), append(d.argf, f)
 		}
 	}
 	return at, int32(len(tup))
 }
 
 // kept returns kept values; the arena is not reused until resetArgs.
-func (t *target) kept(at, n int32) ([][]byte, []int16) {
-	return t.argv[at : at+n : at+n], t.argf[at : at+n : at+n]
+func (d *detector) kept(at, n int32) ([][]byte, []int16) {
+	return d.argv[at : at+n : at+n], d.argf[at : at+n : at+n]
 }
 
-func (t *target) resetArgs() {
-	if t.det == nil {
+func (d *detector) resetArgs() {
+	if !d.on() {
 		return
 	}
-	clear(t.argv)
-	t.argv, t.argf, t.arena = t.argv[:0], t.argf[:0], t.arena[:0]
-	if cap(t.arena) > 4*batchMaxBytes {
-		t.arena = nil
+	clear(d.argv)
+	d.argv, d.argf, d.arena = d.argv[:0], d.argf[:0], d.arena[:0]
+	if cap(d.arena) > 4*batchMaxBytes {
+		d.arena = nil
 	}
 }
 
@@ -292,7 +296,7 @@ func (t *target) queueUpdate(ctx context.Context, m *relMap, st *stmt, u *decodi
 		// At the end of the batch, which is sent at once: a violation skips nothing after it.
 		t.control("SAVEPOINT pgr_guard")
 	}
-	op.row, op.nrow = t.keepTuple(u.New)
+	op.row, op.nrow = t.det.keepTuple(u.New)
 	t.queue(st, params, formats, op)
 	if st.risky {
 		t.control("RELEASE SAVEPOINT pgr_guard")
@@ -306,7 +310,7 @@ func (t *target) queueUpdate(ctx context.Context, m *relMap, st *stmt, u *decodi
 // (which must not go in the same round trip as statements whose conflicts may stop it). With
 // detection, a transaction whose last changes are not sent yet takes one round trip more.
 func (t *target) settleChecks(ctx context.Context) error {
-	if t.det == nil {
+	if !t.det.on() {
 		return nil
 	}
 	for i := range t.ops {
@@ -439,8 +443,8 @@ func rowOf(m *relMap, row [][]byte, formats []int16) []conflict.ColumnValue {
 }
 
 // newConflict starts the report of a conflict of the transaction being applied.
-func (t *target) newConflict(ct conflict.Type, m *relMap) *conflict.Report {
-	r := t.opSrc
+func (d *detector) newConflict(ct conflict.Type, m *relMap) *conflict.Report {
+	r := d.opSrc
 	c := &conflict.Report{Type: ct, Relation: m.name, RemoteXid: r.xid, RemoteFinalLSN: r.end,
 		RemoteCommitTime: r.commitTime, RemoteOrigin: r.origin}
 	return c
@@ -448,14 +452,14 @@ func (t *target) newConflict(ct conflict.Type, m *relMap) *conflict.Report {
 
 // resolve decides what to do about c: it returns whether to apply the source change, or an
 // error when the resolution is conflict.Error. The report is kept until the transaction commits.
-func (t *target) resolve(c *conflict.Report, op Op) (bool, error) {
-	r := t.det.cfg.Resolution(c.Type)
+func (d *detector) resolve(c *conflict.Report, op Op) (bool, error) {
+	r := d.cfg.Resolution(c.Type)
 	apply := false
 	switch r {
 	case conflict.ApplyRemote:
 		apply = true
 	case conflict.LastUpdateWins:
-		apply = t.remoteWins(c)
+		apply = d.remoteWins(c)
 		if apply {
 			r, c.Winner = conflict.ApplyRemote, conflict.RemoteWins
 		} else {
@@ -466,7 +470,7 @@ func (t *target) resolve(c *conflict.Report, op Op) (bool, error) {
 		return false, &changeError{kind: ErrConflict, op: op, relation: c.Relation, err: newConflictError(c)}
 	}
 	c.Resolution = r
-	t.reports = append(t.reports, c)
+	d.reports = append(d.reports, c)
 	return apply, nil
 }
 
@@ -474,10 +478,10 @@ func (t *target) resolve(c *conflict.Report, op Op) (bool, error) {
 // update_deleted, the deletion's): the later wins. A source transaction whose commit has not
 // arrived yet commits after now. Equal times are decided by the rows' text, the greater
 // winning, so that two nodes replicating to each other pick the same version.
-func (t *target) remoteWins(c *conflict.Report) bool {
-	rt := t.opSrc.commitTime
+func (d *detector) remoteWins(c *conflict.Report) bool {
+	rt := d.opSrc.commitTime
 	if rt.IsZero() {
-		rt = t.cfg.now()
+		rt = d.now()
 	}
 	for _, l := range c.Local {
 		switch {
@@ -517,32 +521,84 @@ func (s *session) conflictStopped(err error) {
 
 // completeReports fills in the commit of the source transaction in reports made before it
 // arrived (a transaction applied as its parts arrive).
-func (t *target) completeReports() {
-	for _, c := range t.reports {
+func (d *detector) completeReports() {
+	for _, c := range d.reports {
 		if c.RemoteCommitTime.IsZero() {
-			c.RemoteCommitTime = t.remote.commitTime
+			c.RemoteCommitTime = d.remote.commitTime
 		}
 		if c.RemoteFinalLSN == 0 {
-			c.RemoteFinalLSN = t.remote.end
+			c.RemoteFinalLSN = d.remote.end
 		}
 		if c.RemoteOrigin == "" {
-			c.RemoteOrigin = t.remote.origin
+			c.RemoteOrigin = d.remote.origin
 		}
 	}
 }
 
 // emitReports logs and counts the conflicts of the transaction that just committed.
-func (t *target) emitReports() {
-	for _, c := range t.reports {
-		t.stats.conflicts[c.Type].Add(1)
-		logConflict(c, t.log, slog.LevelWarn)
+func (d *detector) emitReports(stats *targetCounters, log *slog.Logger) {
+	for _, c := range d.reports {
+		stats.conflicts[c.Type].Add(1)
+		logConflict(c, log, slog.LevelWarn)
 	}
-	t.dropReports()
+	d.dropReports()
 }
 
-func (t *target) dropReports() {
-	clear(t.reports)
-	t.reports, t.marks = t.reports[:0], t.marks[:0]
+func (d *detector) dropReports() {
+	clear(d.reports)
+	d.reports, d.marks = d.reports[:0], d.marks[:0]
+}
+
+// source records the source transaction being applied: its xid, and once its commit arrived, c.
+func (d *detector) source(xid uint32, c *reorderbuffer.Txn) {
+	d.remote = remoteTxn{xid: xid}
+	if c != nil {
+		d.remote.commitTime, d.remote.origin, d.remote.end = c.CommitTime, c.Origin, c.EndLSN
+	}
+	if !d.on() {
+		return
+	}
+	if n := len(d.srcs); n > 0 && d.srcs[n-1].xid == xid {
+		d.srcs[n-1] = d.remote // its commit arrived
+	} else {
+		d.srcs = append(d.srcs, d.remote)
+	}
+}
+
+// savepoint marks the reports made before the savepoint of subtransaction sub.
+func (d *detector) savepoint(sub uint32) {
+	if d.on() {
+		d.marks = append(d.marks, reportMark{sub: sub, n: len(d.reports)})
+	}
+}
+
+// rollbackTo drops the reports made since the savepoint of sub: the subtransaction's conflicts
+// are undone with it.
+func (d *detector) rollbackTo(sub uint32) {
+	for i, m := range d.marks {
+		if m.sub == sub {
+			clear(d.reports[m.n:])
+			d.reports, d.marks = d.reports[:m.n], d.marks[:i+1]
+			break
+		}
+	}
+}
+
+// rollback forgets the target transaction rolled back.
+func (d *detector) rollback() {
+	d.resetArgs()
+	d.dropReports()
+	d.srcs = d.srcs[:0]
+}
+
+// committed records that the target transaction committed: its conflicts are counted and
+// logged, and the apply lag is the tombstones'.
+func (d *detector) committed(stats *targetCounters, log *slog.Logger) {
+	if d.on() && d.tomb != nil {
+		d.tomb.committed(d.remote.commitTime)
+	}
+	d.emitReports(stats, log)
+	d.srcs = d.srcs[:0]
 }
 
 // reportMark is the number of conflict reports made before a savepoint.
@@ -553,17 +609,17 @@ type reportMark struct {
 
 // srcOf returns the source transaction op belongs to: a group (Buffered) applies several in
 // one target transaction, and its conflicts are resolved after later ones were queued.
-func (t *target) srcOf(op batchOp) remoteTxn {
-	if op.src >= 0 && int(op.src) < len(t.srcs) {
-		return t.srcs[op.src]
+func (d *detector) srcOf(op batchOp) remoteTxn {
+	if op.src >= 0 && int(op.src) < len(d.srcs) {
+		return d.srcs[op.src]
 	}
-	return t.remote
+	return d.remote
 }
 
 // resolveMissed resolves a checked statement that affected no row.
 func (t *target) resolveMissed(ctx context.Context, op batchOp) error {
-	t.resolved++
-	t.opSrc = t.srcOf(op)
+	t.det.resolved++
+	t.det.opSrc = t.det.srcOf(op)
 	switch op.op {
 	case 'I':
 		return t.insertConflict(ctx, op)
@@ -642,14 +698,14 @@ func (t *target) deleteLocals(ctx context.Context, m *relMap, rows []localRow) e
 // insertConflict resolves an INSERT ... ON CONFLICT DO NOTHING that inserted nothing.
 func (t *target) insertConflict(ctx context.Context, op batchOp) error {
 	m := op.rel
-	row, formats := t.kept(op.arg, op.narg)
+	row, formats := t.det.kept(op.arg, op.narg)
 	// A local transaction may insert a conflicting row between the lookup and the INSERT (the
 	// target is written concurrently, which is why there are conflicts): the INSERT runs after a
 	// savepoint, and a unique violation rolls back to it and resolves again against the rows
 	// now there, a few times at most.
 	const attempts = 3
 	for attempt := 1; ; attempt++ {
-		reports := len(t.reports)
+		reports := len(t.det.reports)
 		reps, rows, err := t.uniqueLocals(ctx, m, row, formats, nil)
 		if err != nil {
 			return err
@@ -659,9 +715,9 @@ func (t *target) insertConflict(ctx context.Context, op batchOp) error {
 			if len(reps) > 1 {
 				ct = conflict.MultipleUniqueConflicts
 			}
-			c := t.newConflict(ct, m)
+			c := t.det.newConflict(ct, m)
 			c.Remote, c.Local = rowOf(m, row, formats), reps
-			apply, err := t.resolve(c, OpInsert)
+			apply, err := t.det.resolve(c, OpInsert)
 			if err != nil || !apply {
 				return err
 			}
@@ -686,8 +742,8 @@ func (t *target) insertConflict(ctx context.Context, op batchOp) error {
 		if _, err := t.exec(ctx, "ROLLBACK TO SAVEPOINT pgr_insert", nil, nil, nil); err != nil {
 			return err
 		}
-		clear(t.reports[reports:]) // resolved again below
-		t.reports = t.reports[:reports]
+		clear(t.det.reports[reports:]) // resolved again below
+		t.det.reports = t.det.reports[:reports]
 	}
 }
 
@@ -695,13 +751,13 @@ func (t *target) insertConflict(ctx context.Context, op batchOp) error {
 // origin, or is missing (or was deleted).
 func (t *target) rowMissed(ctx context.Context, op batchOp) error {
 	m, st := op.rel, op.st
-	params, formats := t.kept(op.arg, op.narg)
+	params, formats := t.det.kept(op.arg, op.narg)
 	key, keyFormats := params[op.keyAt:], formats[op.keyAt:]
 	var remote []conflict.ColumnValue
 	var newRow [][]byte
 	var newFormats []int16
 	if op.op == 'U' {
-		newRow, newFormats = t.kept(op.row, op.nrow)
+		newRow, newFormats = t.det.kept(op.row, op.nrow)
 		remote = rowOf(m, newRow, newFormats)
 	}
 	opName := opName(op.op)
@@ -720,9 +776,9 @@ func (t *target) rowMissed(ctx context.Context, op batchOp) error {
 			if op.op == 'D' {
 				ct = conflict.DeleteOriginDiffers
 			}
-			c := t.newConflict(ct, m)
+			c := t.det.newConflict(ct, m)
 			c.Remote, c.Identity, c.IdentityFull, c.Local = remote, identityOf(m, st, key, keyFormats), st.full, []conflict.LocalRow{l.LocalRow}
-			apply, err := t.resolve(c, opName)
+			apply, err := t.det.resolve(c, opName)
 			if err != nil || !apply {
 				return err
 			}
@@ -737,9 +793,9 @@ func (t *target) rowMissed(ctx context.Context, op batchOp) error {
 		}
 	}
 	if op.op == 'D' {
-		c := t.newConflict(conflict.DeleteMissing, m)
+		c := t.det.newConflict(conflict.DeleteMissing, m)
 		c.Identity, c.IdentityFull = identityOf(m, st, key, keyFormats), st.full
-		_, err := t.resolve(c, opName)
+		_, err := t.det.resolve(c, opName)
 		if err == nil && c.Resolution == conflict.ApplyRemote {
 			c.Note = "no row to delete"
 		}
@@ -752,17 +808,17 @@ func (t *target) rowMissed(ctx context.Context, op batchOp) error {
 		if err != nil {
 			return err
 		}
-		rt := t.opSrc.commitTime
+		rt := t.det.opSrc.commitTime
 		if d != nil && (rt.IsZero() || d.CommitTime.After(rt)) {
 			ct, deleted = conflict.UpdateDeleted, d
 		}
 	}
-	c := t.newConflict(ct, m)
+	c := t.det.newConflict(ct, m)
 	c.Remote, c.Identity, c.IdentityFull = remote, identityOf(m, st, key, keyFormats), st.full
 	if deleted != nil {
 		c.Local = []conflict.LocalRow{*deleted}
 	}
-	apply, err := t.resolve(c, opName)
+	apply, err := t.det.resolve(c, opName)
 	if err != nil || !apply {
 		return err
 	}
@@ -821,11 +877,11 @@ func (t *target) updateExists(ctx context.Context, op batchOp, cause error, ops 
 			return err
 		}
 	}
-	t.opSrc = t.srcOf(op)
+	t.det.opSrc = t.det.srcOf(op)
 	m, st := op.rel, op.st
-	params, formats := t.kept(op.arg, op.narg)
+	params, formats := t.det.kept(op.arg, op.narg)
 	key, keyFormats := params[op.keyAt:], formats[op.keyAt:]
-	newRow, newFormats := t.kept(op.row, op.nrow)
+	newRow, newFormats := t.det.kept(op.row, op.nrow)
 	// The row being updated is not a conflict of its own update.
 	cond, oids := whereSQL(nil, m, st.where, st.full, 1, nil)
 	if st.full {
@@ -857,9 +913,9 @@ func (t *target) updateExists(ctx context.Context, op batchOp, cause error, ops 
 	if len(reps) > 1 {
 		ct = conflict.MultipleUniqueConflicts
 	}
-	c := t.newConflict(ct, m)
+	c := t.det.newConflict(ct, m)
 	c.Remote, c.Identity, c.IdentityFull, c.Local = rowOf(m, newRow, newFormats), identityOf(m, st, key, keyFormats), st.full, reps
-	apply, err := t.resolve(c, OpUpdate)
+	apply, err := t.det.resolve(c, OpUpdate)
 	if err != nil || !apply {
 		return err
 	}

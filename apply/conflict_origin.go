@@ -91,14 +91,14 @@ func (s *session) setupConflicts(ctx context.Context) error {
 		det.logSQL = sql
 	}
 	if cfg.Conflicts.Retention > 0 {
-		tb, err := newTombstones(ctx, tg, cfg, s.stats, s.log)
+		tb, err := newTombstones(ctx, tg, &cfg.Conflicts, cfg.ProgressTable, &s.stats.tombstoneCounters, s.log)
 		if err != nil {
 			return err
 		}
 		det.tomb = tb
 	}
 	s.det = det
-	tg.det = det
+	tg.det.detection = det
 	return nil
 }
 
@@ -115,7 +115,7 @@ func (s *session) attachConflicts(ctx context.Context, tg *target, worker int) e
 			return fmt.Errorf("apply: setting up the target connection: %w", err)
 		}
 	}
-	tg.det = s.det
+	tg.det.detection = s.det
 	return nil
 }
 
@@ -164,9 +164,9 @@ func (t *target) setupOrigin(ctx context.Context, name string) error {
 // originXact queues the origin's transaction setup: the source transaction's end LSN and
 // commit time become the target commit's origin LSN and commit timestamp.
 func (t *target) originXact(end decoding.LSN) {
-	ts := t.remote.commitTime
+	ts := t.det.remote.commitTime
 	if ts.IsZero() {
-		ts = t.cfg.now()
+		ts = t.opts.now()
 	}
 	t.batch.ExecParams("SELECT pg_catalog.pg_replication_origin_xact_setup($1::pg_catalog.pg_lsn, $2::pg_catalog.timestamptz)",
 		[][]byte{end.AppendText(nil), []byte(ts.UTC().Format(time.RFC3339Nano))}, nil, nil, nil)
@@ -205,12 +205,12 @@ func setupLogTable(ctx context.Context, tg *target, table string) (string, error
 // queueLogRows queues the rows of the transaction's conflicts into the log table, in the
 // transaction that resolved them.
 func (t *target) queueLogRows() {
-	if t.det == nil || t.det.logSQL == "" || len(t.reports) == 0 {
+	if !t.det.on() || t.det.logSQL == "" || len(t.det.reports) == 0 {
 		return
 	}
-	recs := make([]logRecord, len(t.reports))
-	for i, c := range t.reports {
-		recs[i] = logRow(c, t.cfg.Slot, t.det.cfg.MaxLoggedValue)
+	recs := make([]logRecord, len(t.det.reports))
+	for i, c := range t.det.reports {
+		recs[i] = logRow(c, t.opts.slot, t.det.cfg.MaxLoggedValue)
 	}
 	b, err := json.Marshal(recs)
 	if err != nil {

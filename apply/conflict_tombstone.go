@@ -35,8 +35,8 @@ const (
 type tombstones struct {
 	table, fn string // quoted, qualified
 	retention time.Duration
-	cfg       *Config
-	stats     *counters
+	opts      *targetOptions // of the maintainer's connection
+	stats     *tombstoneCounters
 	log       *slog.Logger
 
 	mu        sync.Mutex
@@ -50,12 +50,13 @@ type tombstones struct {
 }
 
 // tombstoneNames returns the quoted, qualified names of the tombstone table and of its trigger
-// function, and the table's own name, for a Config and a connection that resolved its names.
-func tombstoneNames(tg *target, cfg *Config) (table, fn, base string) {
+// function, and the table's own name, for the configured tombstone table (conflict.Config's,
+// or "") and progress table, and a connection that resolved its names.
+func tombstoneNames(tg *target, tombstoneTable, progressTable string) (table, fn, base string) {
 	var parts []string
-	if cfg.Conflicts.TombstoneTable != "" {
-		parts, _ = parseQualified(tg.table(cfg.Conflicts.TombstoneTable))
-	} else if p, _ := parseQualified(cfg.ProgressTable); len(p) == 2 {
+	if tombstoneTable != "" {
+		parts, _ = parseQualified(tg.table(tombstoneTable))
+	} else if p, _ := parseQualified(progressTable); len(p) == 2 {
 		parts = []string{p[0], conflict.DefaultTombstoneTable}
 	} else {
 		parts, _ = parseQualified(tg.table(conflict.DefaultTombstoneTable))
@@ -66,15 +67,18 @@ func tombstoneNames(tg *target, cfg *Config) (table, fn, base string) {
 	return table, quoteQualified(parts), base
 }
 
-// newTombstones creates the tombstone table and the trigger function (recording) through tg.
-func newTombstones(ctx context.Context, tg *target, cfg *Config, stats *counters, log *slog.Logger) (*tombstones, error) {
-	if cfg.Conflicts.TombstoneTable != "" {
-		if _, err := parseQualified(cfg.Conflicts.TombstoneTable); err != nil {
+// newTombstones creates the tombstone table and the trigger function (recording) through tg, for
+// the conflict configuration cc and the configured progress table; the maintainer connects with
+// tg's options.
+func newTombstones(ctx context.Context, tg *target, cc *conflict.Config, progressTable string, stats *tombstoneCounters,
+	log *slog.Logger) (*tombstones, error) {
+	if cc.TombstoneTable != "" {
+		if _, err := parseQualified(cc.TombstoneTable); err != nil {
 			return nil, fmt.Errorf("%w: TombstoneTable: %v", ErrInvalidConfig, err)
 		}
 	}
-	table, fn, base := tombstoneNames(tg, cfg)
-	tb := &tombstones{table: table, fn: fn, retention: cfg.Conflicts.Retention, cfg: cfg,
+	table, fn, base := tombstoneNames(tg, cc.TombstoneTable, progressTable)
+	tb := &tombstones{table: table, fn: fn, retention: cc.Retention, opts: tg.opts,
 		stats: stats, log: log, wanted: map[uint32]*relMap{}, installed: map[uint32]bool{}, active: true}
 	idx := func(suffix string) string { return quoteIdent(base + suffix) } // in the table's schema
 	// One statement at a time, through the extended protocol, which takes no more than one.
@@ -131,7 +135,7 @@ func (tb *tombstones) want(m *relMap) {
 // committed records the apply lag of a source transaction just committed.
 func (tb *tombstones) committed(commitTime time.Time) {
 	if !commitTime.IsZero() {
-		tb.lag.Store(int64(tb.cfg.now().Sub(commitTime)))
+		tb.lag.Store(int64(tb.opts.now().Sub(commitTime)))
 	}
 }
 
@@ -207,7 +211,7 @@ func (tb *tombstones) run(ctx context.Context) {
 }
 
 func (tb *tombstones) connect(ctx context.Context) (*pgconn.PgConn, error) {
-	conn, _, err := dialTarget(ctx, tb.cfg, "pgreorder apply "+tb.cfg.Slot+" tombstones")
+	conn, _, err := dialTarget(ctx, tb.opts, "pgreorder apply "+tb.opts.slot+" tombstones")
 	if err != nil {
 		return nil, err
 	}

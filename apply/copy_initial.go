@@ -122,7 +122,7 @@ func (c *copyTarget) Plan(ctx context.Context, sess *snapshot.Session) (err erro
 	c.tgs = make([]*target, sess.Workers())
 	_, fence := c.s.fenceKeys()
 	for i := range c.tgs {
-		tg, err := connectTarget(ctx, c.s.cfg, "pgreorder apply "+c.s.cfg.Slot+" c"+strconv.Itoa(i+1), c.s.stats)
+		tg, err := connectTarget(ctx, c.s.cfg.targetOptions(), "pgreorder apply "+c.s.cfg.Slot+" c"+strconv.Itoa(i+1), &c.s.stats.targetCounters)
 		if err != nil {
 			return err
 		}

@@ -214,15 +214,19 @@
 //
 // Package apply is the orchestration: Applier, Config, the errors and Stats, the session (the
 // replication stream, grouping in Buffered, acknowledgements, the initial copy, the watchdog of
-// Eager and Parallel) and the target connections it applies through. Beside it:
+// Eager and Parallel) and the target connections it applies through. A target connection takes
+// its own options and counters, not the Config; its conflict detection is a detector, which the
+// target calls as it queues statements, as their results arrive, and as it rolls back and
+// commits. Beside it:
 //
 //   - apply/conflict, public, imported by users: conflict types, resolutions, reports and their
 //     configuration (Config.Conflicts is a conflict.Config; a conflict that stops Run carries a
 //     *conflict.StopError). It depends on nothing of apply.
 //   - apply/internal/schedule: what Eager and Parallel schedule transactions with, touching no
 //     server: the commit order, the per-transaction queues with their shared memory budget and
-//     spill files, Parallel's dependency tracker, and the watchdog's rule for lock waits between
-//     the Applier's own connections.
+//     spill files, the state machine a worker applies a queue's records with (RunJob, over the
+//     target it is given), Parallel's dependency tracker, and the watchdog's rule for lock waits
+//     between the Applier's own connections.
 //   - internal/copycodec: COPY's text and binary formats, which apply writes (inserts go out as
 //     COPY) and package snapshot reads.
 package apply

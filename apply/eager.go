@@ -32,21 +32,14 @@ import (
 // progress row, in the same target transaction. The acknowledgement to the source follows the
 // commit; the leader sends them (a worker's commits wake it up when it waits for the stream).
 
-// Record kinds of a job's queue.
-const (
-	recChange    = 'c' // u16 relation count, u32 registry ids, pgoutput message (not in-stream)
-	recSavepoint = 's' // u32 subtransaction
-	recRollback  = 'r' // u32 subtransaction
-	recWait      = 'w' // u64 sequence number that must be committed first
-	recCommit    = 'C'
-	recAbort     = 'A'
-)
+// A job's queue holds schedule's records; a schedule.RecChange is a u16 relation count, the
+// u32 registry ids, and the pgoutput message (not in-stream).
 
 // Worker states, for the watchdog.
 const (
-	wsIdle     int32 = iota // no job
-	wsApplying              // sending statements
-	wsWaiting               // waiting for records, for an earlier commit, or for its turn: holding its locks
+	wsIdle     = schedule.WorkerIdle
+	wsApplying = schedule.WorkerApplying
+	wsWaiting  = schedule.WorkerWaiting
 )
 
 // job is one source transaction being applied in parts.
@@ -59,7 +52,7 @@ type job struct {
 	direct   bool            // applied on the leader's connection as its parts arrive
 	spooled  bool            // applied on the leader's connection at its commit
 
-	// Set by the leader before it queues recCommit; read by the worker after.
+	// Set by the leader before it queues schedule.RecCommit; read by the worker after.
 	ref    txnRef
 	commit *reorderbuffer.Txn
 
@@ -68,7 +61,7 @@ type job struct {
 	failed  error           // direct: a change the target refused (reported at the commit)
 	subs    []uint32        // subtransactions with a savepoint, in order
 	seen    map[uint32]bool // subtransactions seen
-	waitFor uint64          // the highest sequence number a recWait was queued for
+	waitFor uint64          // the highest sequence number a schedule.RecWait was queued for
 }
 
 // worker is a goroutine with a target connection that applies one job at a time.
@@ -92,7 +85,7 @@ func (s *session) startWorkers(ctx context.Context) error {
 		s.deps = schedule.NewTracker()
 	}
 	for i := range s.cfg.Workers {
-		tg, err := connectTarget(ctx, s.cfg, "pgreorder apply "+s.cfg.Slot+" w"+strconv.Itoa(i+1), s.stats)
+		tg, err := connectTarget(ctx, s.cfg.targetOptions(), "pgreorder apply "+s.cfg.Slot+" w"+strconv.Itoa(i+1), &s.stats.targetCounters)
 		if err != nil {
 			return err
 		}
@@ -352,14 +345,14 @@ func (s *session) enqueue(ctx context.Context, j *job, t *reorderbuffer.Txn) err
 			if sub := changeXid(m); sub != 0 && sub != t.Xid && !j.seen[sub] {
 				j.seen[sub] = true
 				j.subs = append(j.subs, sub)
-				if err := j.q.Push(binary.BigEndian.AppendUint32([]byte{recSavepoint}, sub)); err != nil {
+				if err := j.q.Push(schedule.SavepointRecord(sub)); err != nil {
 					return err
 				}
 			}
 			// The change came after every transaction committed so far: it may read their rows.
 			if last := s.order.Last(); last > j.waitFor && last > s.order.Committed() {
 				j.waitFor = last
-				if err := j.q.Push(binary.BigEndian.AppendUint64([]byte{recWait}, last)); err != nil {
+				if err := j.q.Push(schedule.WaitRecord(last)); err != nil {
 					return err
 				}
 			}
@@ -389,7 +382,7 @@ func (s *session) depend(ctx context.Context, j *job, m decoding.Message, rels [
 	}
 	if wait > j.waitFor && wait > s.order.Committed() {
 		j.waitFor = wait
-		return j.q.Push(binary.BigEndian.AppendUint64([]byte{recWait}, wait))
+		return j.q.Push(schedule.WaitRecord(wait))
 	}
 	return nil
 }
@@ -409,10 +402,10 @@ func changeXid(m decoding.Message) uint32 {
 	return 0
 }
 
-// encodeChange makes a recChange record.
+// encodeChange makes a schedule.RecChange record.
 func encodeChange(m decoding.Message, rels []*relInfo) ([]byte, error) {
 	rec := make([]byte, 0, 64)
-	rec = append(rec, recChange)
+	rec = append(rec, schedule.RecChange)
 	rec = binary.BigEndian.AppendUint16(rec, uint16(len(rels)))
 	for _, r := range rels {
 		rec = binary.BigEndian.AppendUint32(rec, r.id)
@@ -420,7 +413,7 @@ func encodeChange(m decoding.Message, rels []*relInfo) ([]byte, error) {
 	return decoding.Append(rec, m, false, decoding.Options{})
 }
 
-// decodeChange reads a recChange record. The message is valid until the parser's next use.
+// decodeChange reads a schedule.RecChange record. The message is valid until the parser's next use.
 func (s *session) decodeChange(p *decoding.Parser, rec []byte, rels []*relInfo) (decoding.Message, []*relInfo, error) {
 	if len(rec) < 3 {
 		return nil, nil, errors.New("apply: short queue record")
@@ -447,7 +440,7 @@ func (s *session) subAbort(t *reorderbuffer.Txn) error {
 	for i, sub := range j.subs {
 		if sub == t.SubXid {
 			j.subs = j.subs[:i] // the savepoints taken after it go too
-			return j.q.Push(binary.BigEndian.AppendUint32([]byte{recRollback}, sub))
+			return j.q.Push(schedule.RollbackRecord(sub))
 		}
 	}
 	return nil
@@ -482,7 +475,7 @@ func (s *session) abort(ctx context.Context, t *reorderbuffer.Txn) error {
 	case j.spooled:
 		return j.q.Close()
 	default:
-		return j.q.Push([]byte{recAbort})
+		return j.q.Push([]byte{schedule.RecAbort})
 	}
 }
 
@@ -514,7 +507,7 @@ func (s *session) commitJob(ctx context.Context, j *job, t *reorderbuffer.Txn) e
 		}
 		return s.ackCommitted(ctx)
 	case j.spooled:
-		if err := j.q.Push([]byte{recCommit}); err != nil {
+		if err := j.q.Push([]byte{schedule.RecCommit}); err != nil {
 			return err
 		}
 		if err := s.order.Wait(ctx, j.Seq.Load()-1); err != nil {
@@ -534,7 +527,7 @@ func (s *session) commitJob(ctx context.Context, j *job, t *reorderbuffer.Txn) e
 		if j.streamed && s.deps != nil {
 			s.deps.After(j.Seq.Load()) // its keys are not tracked
 		}
-		return j.q.Push([]byte{recCommit})
+		return j.q.Push([]byte{schedule.RecCommit})
 	}
 }
 
@@ -561,112 +554,90 @@ func (s *session) work(ctx context.Context, w *worker) error {
 // (restartError): it ran alongside transactions that committed before it, which may have been the
 // cause.
 func (s *session) runJob(ctx context.Context, tg *target, j *job, w *worker) error {
-	var (
-		p      decoding.Parser
-		rels   []*relInfo
-		begun  bool
-		failed error
-	)
-	state := func(st int32) {
-		if w != nil {
-			w.state.Store(st)
-		}
+	return schedule.RunJob(ctx, j.q, &jobRun{s: s, tg: tg, j: j, w: w})
+}
+
+// jobRun applies a job's records on a target connection (schedule.JobTarget).
+type jobRun struct {
+	s    *session
+	tg   *target
+	j    *job
+	w    *worker // nil on the leader's connection
+	p    decoding.Parser
+	rels []*relInfo
+}
+
+func (r *jobRun) State(st int32) {
+	if r.w != nil {
+		r.w.state.Store(st)
 	}
-	waiting := func() { state(wsWaiting) }
-	for {
-		rec, ok, err := j.q.TryPop()
-		if err == nil && !ok {
-			// Nothing more for now: send what is pending before waiting, so that the target
-			// keeps up with the source.
-			if begun && failed == nil {
-				if err := tg.flushPending(ctx); err != nil {
-					if failed, err = s.jobFailed(ctx, tg, j, err); err != nil {
-						return err
-					}
-					begun = false
-				}
-			}
-			rec, err = j.q.Pop(ctx, waiting)
-		}
-		if err != nil {
+}
+
+func (r *jobRun) Record(ctx context.Context) error {
+	if r.s.cfg.hooks == nil {
+		return nil
+	}
+	return r.s.cfg.hook(ctx, "record", txnRef{Xid: r.j.xid, Streamed: r.j.streamed})
+}
+
+func (r *jobRun) Begin() { r.tg.begin(r.j.xid, nil) }
+
+func (r *jobRun) Change(ctx context.Context, rec []byte) error {
+	var m decoding.Message
+	var err error
+	m, r.rels, err = r.s.decodeChange(&r.p, rec, r.rels)
+	if err != nil {
+		return schedule.Fatal(err)
+	}
+	return r.tg.change(ctx, m, r.rels)
+}
+
+func (r *jobRun) Savepoint(ctx context.Context, sub uint32) error { return r.tg.savepoint(ctx, sub) }
+
+func (r *jobRun) RollbackTo(ctx context.Context, sub uint32) error {
+	r.s.stats.subAborts.Add(1)
+	return r.tg.rollbackTo(ctx, sub)
+}
+
+func (r *jobRun) Flush(ctx context.Context) error { return r.tg.flushPending(ctx) }
+
+func (r *jobRun) Wait(ctx context.Context, seq uint64) error { return r.s.order.Wait(ctx, seq) }
+
+func (r *jobRun) Failed(ctx context.Context, err error) (failed, fatal error) {
+	return r.s.jobFailed(ctx, r.tg, r.j, err)
+}
+
+func (r *jobRun) Abort(ctx context.Context, begun bool) error {
+	if begun {
+		r.s.stats.aborts.Add(1)
+		if err := r.tg.rollback(ctx); err != nil {
 			return err
 		}
-		state(wsApplying)
-		if s.cfg.hooks != nil {
-			if err := s.cfg.hook(ctx, "record", txnRef{Xid: j.xid, Streamed: j.streamed}); err != nil {
-				return err
-			}
-		}
-		if failed != nil && rec[0] != recCommit && rec[0] != recAbort {
-			continue
-		}
-		switch rec[0] {
-		case recChange:
-			var m decoding.Message
-			m, rels, err = s.decodeChange(&p, rec, rels)
-			if err != nil {
-				return err
-			}
-			if !begun {
-				tg.begin(j.xid, nil)
-				begun = true
-			}
-			err = tg.change(ctx, m, rels)
-		case recSavepoint:
-			if !begun {
-				tg.begin(j.xid, nil)
-				begun = true
-			}
-			err = tg.savepoint(ctx, binary.BigEndian.Uint32(rec[1:]))
-		case recRollback:
-			if begun {
-				s.stats.subAborts.Add(1)
-				err = tg.rollbackTo(ctx, binary.BigEndian.Uint32(rec[1:]))
-			}
-		case recWait:
-			state(wsWaiting)
-			err = s.order.Wait(ctx, binary.BigEndian.Uint64(rec[1:]))
-		case recAbort:
-			j.q.Close()
-			if begun {
-				s.stats.aborts.Add(1)
-				if err := tg.rollback(ctx); err != nil {
-					return err
-				}
-			}
-			if seq := j.Seq.Load(); seq != 0 {
-				// A committed transaction the consumer turned out to have already (see
-				// reorderbuffer.PartAbort): nothing to commit under its number.
-				if err := s.order.Wait(ctx, seq-1); err != nil {
-					return err
-				}
-				s.order.Finish(seq)
-			}
-			return nil
-		case recCommit:
-			j.q.Close()
-			if failed != nil {
-				return &restartError{xids: []uint32{j.xid}, reason: failed}
-			}
-			err = s.commitOn(ctx, tg, j, begun, w)
-			var ce *changeError
-			if errors.As(err, &ce) {
-				return &restartError{xids: []uint32{j.xid}, reason: err}
-			}
-			if err != nil {
-				return s.conflict(j, err)
-			}
-			return nil
-		default:
-			return fmt.Errorf("apply: unknown queue record %q", rec[0])
-		}
-		if err != nil {
-			if failed, err = s.jobFailed(ctx, tg, j, err); err != nil {
-				return err
-			}
-			begun = false
-		}
 	}
+	if seq := r.j.Seq.Load(); seq != 0 {
+		// A committed transaction the consumer turned out to have already (see
+		// reorderbuffer.PartAbort): nothing to commit under its number.
+		if err := r.s.order.Wait(ctx, seq-1); err != nil {
+			return err
+		}
+		r.s.order.Finish(seq)
+	}
+	return nil
+}
+
+func (r *jobRun) Commit(ctx context.Context, begun bool, failed error) error {
+	if failed != nil {
+		return &restartError{xids: []uint32{r.j.xid}, reason: failed}
+	}
+	err := r.s.commitOn(ctx, r.tg, r.j, begun, r.w)
+	var ce *changeError
+	if errors.As(err, &ce) {
+		return &restartError{xids: []uint32{r.j.xid}, reason: err}
+	}
+	if err != nil {
+		return r.s.conflict(r.j, err)
+	}
+	return nil
 }
 
 // jobFailed handles an error while applying a job's records: a change the target refused rolls

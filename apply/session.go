@@ -61,7 +61,7 @@ func (a *Applier) session(parent context.Context) (err error) {
 	ctx, cancel := context.WithCancelCause(parent)
 	s.cancel = cancel
 	defer cancel(nil)
-	s.leader, err = connectTarget(ctx, s.cfg, "pgreorder apply "+s.cfg.Slot, s.stats)
+	s.leader, err = connectTarget(ctx, s.cfg.targetOptions(), "pgreorder apply "+s.cfg.Slot, &s.stats.targetCounters)
 	if err != nil {
 		return err
 	}

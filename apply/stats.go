@@ -71,23 +71,35 @@ type Stats struct {
 }
 
 type counters struct {
-	txns, emptyTxns, inserts, insertsViaCopy, updates, deletes, truncates atomic.Int64
-	initialCopyRows                                                       atomic.Int64
-	statements, roundTrips                                                atomic.Int64
-	conflicts                                                             [numConflictTypes]atomic.Int64
-	retentionStops, tombstones, tombstonesPurged                          atomic.Int64
-	retentionActive                                                       atomic.Bool
-	subAborts, aborts, spooled, serialTxns, queueSpilled                  atomic.Int64
-	sessions, serialRetries, deadlocks                                    atomic.Int64
-	appliedLSN                                                            atomic.Uint64
+	targetCounters
+	tombstoneCounters
+	txns, emptyTxns                                      atomic.Int64
+	subAborts, aborts, spooled, serialTxns, queueSpilled atomic.Int64
+	sessions, serialRetries, deadlocks                   atomic.Int64
+}
+
+// targetCounters are the counters the target connections add to: rows, statements, round
+// trips, conflicts and prepared statements.
+type targetCounters struct {
+	inserts, insertsViaCopy, updates, deletes, truncates atomic.Int64
+	initialCopyRows                                      atomic.Int64
+	statements, roundTrips                               atomic.Int64
+	conflicts                                            [numConflictTypes]atomic.Int64
+	appliedLSN                                           atomic.Uint64
 
 	// Statements prepared on the target connections: the most one connection held at once,
 	// and how many times one was prepared.
 	preparedMost, prepares atomic.Int64
 }
 
+// tombstoneCounters are the counters of the tombstone store (update_deleted detection).
+type tombstoneCounters struct {
+	retentionStops, tombstones, tombstonesPurged atomic.Int64
+	retentionActive                              atomic.Bool
+}
+
 // preparedPeak records n statements prepared on one connection.
-func (c *counters) preparedPeak(n int64) {
+func (c *targetCounters) preparedPeak(n int64) {
 	for {
 		old := c.preparedMost.Load()
 		if n <= old || c.preparedMost.CompareAndSwap(old, n) {
@@ -120,7 +132,7 @@ func (c *counters) snapshot() Stats {
 type rowCounts struct{ inserts, insertsViaCopy, updates, deletes, truncates int64 }
 
 // count adds the rows of a target transaction that committed.
-func (c *counters) count(r rowCounts) {
+func (c *targetCounters) count(r rowCounts) {
 	c.inserts.Add(r.inserts)
 	c.insertsViaCopy.Add(r.insertsViaCopy)
 	c.updates.Add(r.updates)
@@ -129,7 +141,7 @@ func (c *counters) count(r rowCounts) {
 }
 
 // applied records that a transaction ending at end committed on the target.
-func (c *counters) applied(end decoding.LSN) {
+func (c *targetCounters) applied(end decoding.LSN) {
 	for {
 		old := c.appliedLSN.Load()
 		if uint64(end) <= old || c.appliedLSN.CompareAndSwap(old, uint64(end)) {

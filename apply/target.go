@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -44,9 +45,9 @@ type target struct {
 	name        string            // application_name
 	names       map[string]string // the configured table names, resolved (see table)
 	replicaRole bool              // session_replication_role = replica took effect
-	cfg         *Config
+	opts        *targetOptions
 	log         *slog.Logger
-	stats       *counters
+	stats       *targetCounters
 	initialCopy bool // a connection of the initial copy: its rows count in InitialCopyRows
 
 	// The statements prepared on the connection, by relation and shape, the most recently used
@@ -76,10 +77,8 @@ type target struct {
 
 	pendingPrepare []prepare // statements to prepare before the next batch
 
-	// Conflict detection (see conflict_detect.go): nil when off.
-	det    *detection
-	origin string // the replication origin set up in the session, or ""
-	conflictState
+	det    detector // conflict detection (see conflict_detect.go)
+	origin string   // the replication origin set up in the session, or ""
 
 	// The rows the open target transaction applied, added to the stats once it commits (a
 	// transaction rolled back and applied again counts its rows once). They are counted as the
@@ -89,10 +88,14 @@ type target struct {
 	rowMarks []rowMark
 }
 
-// conflictState is what a target keeps of the transaction it applies for conflict detection
-// and reports: the source transactions, the conflicts met and their savepoint marks, and the
-// statements' parameters to resolve them with.
-type conflictState struct {
+// detector is a target's conflict detection: the session's settings (nil when detection is
+// off) and what it keeps of the transaction the target applies: the source transactions, the
+// conflicts met and their savepoint marks, and the statements' parameters to resolve them with.
+// The target calls it as it queues statements, as their results arrive and as it commits.
+type detector struct {
+	*detection
+	now func() time.Time // the clock of a commit not arrived yet (see remoteWins)
+
 	cinfo   map[*relInfo]*relConflict
 	remote  remoteTxn          // the source transaction being applied
 	reports []*conflict.Report // the transaction's conflicts, reported once it commits
@@ -212,10 +215,32 @@ var targetSettings = [...]replication.Setting{
 	{Name: "default_transaction_read_only", Value: "off"},
 }
 
-// targetConfig returns the target's connection configuration: cfg.TargetConfig, or cfg.Target
-// parsed.
-func targetConfig(cfg *Config) (*pgconn.Config, error) {
-	pc, err := replication.ConnConfig(cfg.TargetConfig, cfg.Target)
+// targetOptions are what a target connection takes of the Config.
+type targetOptions struct {
+	connConfig    *pgconn.Config // Config.TargetConfig
+	connString    string         // Config.Target, when connConfig is nil
+	beforeConnect func(ctx context.Context, cfg *pgconn.Config) error
+	logger        *slog.Logger
+	// tables are the configured table names resolved when a connection opens (see table).
+	tables            []string
+	slot              string
+	synchronousCommit bool
+	binary            bool
+	now               func() time.Time
+}
+
+// targetOptions returns the options of the Applier's target connections.
+func (c *Config) targetOptions() *targetOptions {
+	return &targetOptions{connConfig: c.TargetConfig, connString: c.Target, beforeConnect: c.TargetBeforeConnect,
+		logger: c.Logger, tables: []string{c.ProgressTable, c.Conflicts.LogTable, c.Conflicts.TombstoneTable,
+			conflict.DefaultTombstoneTable},
+		slot: c.Slot, synchronousCommit: c.SynchronousCommit, binary: c.Binary, now: c.now}
+}
+
+// targetConfig returns the target's connection configuration: Config.TargetConfig, or
+// Config.Target parsed.
+func targetConfig(o *targetOptions) (*pgconn.Config, error) {
+	pc, err := replication.ConnConfig(o.connConfig, o.connString)
 	if err != nil {
 		return nil, fmt.Errorf("%w: Target: %w", ErrInvalidConfig, err)
 	}
@@ -238,20 +263,20 @@ func startupSettings() []replication.Setting {
 // pinned settings. Before search_path is pinned, the configured table names that are not
 // qualified are resolved (resolveNames): the result is the connection and the names, each quoted
 // and qualified.
-func dialTarget(ctx context.Context, cfg *Config, name string) (*pgconn.PgConn, map[string]string, error) {
-	pc, err := targetConfig(cfg)
+func dialTarget(ctx context.Context, o *targetOptions, name string) (*pgconn.PgConn, map[string]string, error) {
+	pc, err := targetConfig(o)
 	if err != nil {
 		return nil, nil, err
 	}
-	conn, err := replication.ConnectSQL(ctx, replication.SQLConnConfig{Config: pc, BeforeConnect: cfg.TargetBeforeConnect,
-		ApplicationName: name, ForceApplicationName: true, Settings: startupSettings(), Logger: cfg.Logger})
+	conn, err := replication.ConnectSQL(ctx, replication.SQLConnConfig{Config: pc, BeforeConnect: o.beforeConnect,
+		ApplicationName: name, ForceApplicationName: true, Settings: startupSettings(), Logger: o.logger})
 	if errors.Is(err, replication.ErrNotParsed) {
 		return nil, nil, fmt.Errorf("%w: TargetConfig must be made by pgconn.ParseConfig", ErrInvalidConfig)
 	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("apply: connecting to the target: %w", err)
 	}
-	names, err := resolveNames(ctx, conn, cfg)
+	names, err := resolveNames(ctx, conn, o.tables)
 	if err == nil {
 		err = pinSearchPath(ctx, conn)
 	}
@@ -281,11 +306,11 @@ func pinSearchPath(ctx context.Context, conn *pgconn.PgConn) error {
 // in the user's search_path: the schema of an existing table of that name, or else the one a
 // CREATE TABLE would use. The query (one round trip) names its operators and functions with
 // their schema: the search_path is the user's here.
-func resolveNames(ctx context.Context, conn *pgconn.PgConn, cfg *Config) (map[string]string, error) {
+func resolveNames(ctx context.Context, conn *pgconn.PgConn, tables []string) (map[string]string, error) {
 	names := map[string]string{}
 	var bare []string // the names without a schema, quoted
 	var keys []string
-	for _, n := range []string{cfg.ProgressTable, cfg.Conflicts.LogTable, cfg.Conflicts.TombstoneTable, conflict.DefaultTombstoneTable} {
+	for _, n := range tables {
 		if _, done := names[n]; done || n == "" {
 			continue
 		}
@@ -335,16 +360,16 @@ func quoteQualified(parts []string) string {
 }
 
 // connectTarget opens a connection to the target with the session settings apply relies on.
-func connectTarget(ctx context.Context, cfg *Config, name string, stats *counters) (*target, error) {
-	conn, names, err := dialTarget(ctx, cfg, name)
+func connectTarget(ctx context.Context, o *targetOptions, name string, stats *targetCounters) (*target, error) {
+	conn, names, err := dialTarget(ctx, o, name)
 	if err != nil {
 		return nil, err
 	}
-	t := &target{conn: conn, pid: conn.PID(), name: name, names: names, cfg: cfg, log: cfg.Logger.With("conn", name),
-		stats: stats}
+	t := &target{conn: conn, pid: conn.PID(), name: name, names: names, opts: o, log: o.logger.With("conn", name),
+		stats: stats, det: detector{now: o.now}}
 	// As PostgreSQL's subscriber: replicated changes do not fire ordinary triggers or foreign
 	// key checks. Setting it takes a superuser (or, 15+, a role granted SET on it).
-	if !cfg.SynchronousCommit {
+	if !o.synchronousCommit {
 		if err := conn.Exec(ctx, "SET synchronous_commit = off").Close(); err != nil {
 			conn.Close(context.WithoutCancel(ctx))
 			return nil, fmt.Errorf("apply: setting up the target connection: %w", err)
@@ -414,9 +439,7 @@ func (t *target) savepoint(ctx context.Context, sub uint32) error {
 	}
 	t.control("SAVEPOINT s" + strconv.FormatUint(uint64(sub), 10))
 	t.ops[len(t.ops)-1].mark, t.ops[len(t.ops)-1].sub = markSave, sub
-	if t.det != nil {
-		t.marks = append(t.marks, reportMark{sub: sub, n: len(t.reports)})
-	}
+	t.det.savepoint(sub)
 	return nil
 }
 
@@ -428,13 +451,7 @@ func (t *target) rollbackTo(ctx context.Context, sub uint32) error {
 	}
 	t.control("ROLLBACK TO SAVEPOINT s" + strconv.FormatUint(uint64(sub), 10))
 	t.ops[len(t.ops)-1].mark, t.ops[len(t.ops)-1].sub = markRollback, sub
-	for i, m := range t.marks {
-		if m.sub == sub { // the subtransaction's conflicts are undone with it
-			clear(t.reports[m.n:])
-			t.reports, t.marks = t.reports[:m.n], t.marks[:i+1]
-			break
-		}
-	}
+	t.det.rollbackTo(sub)
 	return t.maybeFlush(ctx)
 }
 
@@ -442,10 +459,8 @@ func (t *target) rollbackTo(ctx context.Context, sub uint32) error {
 func (t *target) rollback(ctx context.Context) error {
 	t.dropInserts()
 	t.batch, t.ops, t.bytes = nil, t.ops[:0], 0
-	t.resetArgs()
-	t.dropReports()
+	t.det.rollback()
 	t.dropRows()
-	t.srcs = t.srcs[:0]
 	if !t.inTxn {
 		return nil
 	}
@@ -476,11 +491,11 @@ func (t *target) commit(ctx context.Context, progress *stmt, key progressKey, en
 		if t.origin != "" {
 			t.originXact(end)
 		}
-		t.completeReports()
+		t.det.completeReports()
 		t.queueLogRows()
 		t.batch.ExecPrepared(progress.name, key.args(end), nil, nil)
 		t.ops = append(t.ops, batchOp{})
-		if sync && !t.cfg.SynchronousCommit {
+		if sync && !t.opts.synchronousCommit {
 			t.control("SET LOCAL synchronous_commit = on")
 		}
 		t.control("COMMIT")
@@ -499,18 +514,14 @@ func (t *target) commit(ctx context.Context, progress *stmt, key progressKey, en
 		if errors.As(err, &ce) && ce.op == OpNone {
 			ce.op = OpCommit // a deferred constraint
 		}
-		t.dropReports()
+		t.det.dropReports()
 		// The commit may not have been sent (a conflict held it back and its resolution
 		// failed): a rollback must end the transaction.
 		t.inTxn = true
 		return err
 	}
-	if t.det != nil && t.det.tomb != nil {
-		t.det.tomb.committed(t.remote.commitTime)
-	}
-	t.emitReports()
+	t.det.committed(t.stats, t.log)
 	t.countRows()
-	t.srcs = t.srcs[:0]
 	t.stats.applied(end) // last: a reader that sees end sees the commit's conflicts counted
 	return nil
 }
@@ -518,18 +529,7 @@ func (t *target) commit(ctx context.Context, progress *stmt, key progressKey, en
 // source names the source transaction the target applies, for conflict reports and the
 // origin's commit time: its xid, and once its commit arrived, c.
 func (t *target) source(xid uint32, c *reorderbuffer.Txn) {
-	t.remote = remoteTxn{xid: xid}
-	if c != nil {
-		t.remote.commitTime, t.remote.origin, t.remote.end = c.CommitTime, c.Origin, c.EndLSN
-	}
-	if t.det == nil {
-		return
-	}
-	if n := len(t.srcs); n > 0 && t.srcs[n-1].xid == xid {
-		t.srcs[n-1] = t.remote // its commit arrived
-	} else {
-		t.srcs = append(t.srcs, t.remote)
-	}
+	t.det.source(xid, c)
 }
 
 // flushWAL makes every commit that returned on the target before it durable, and writes the
@@ -604,7 +604,7 @@ func (t *target) change(ctx context.Context, m decoding.Message, rels []*relInfo
 }
 
 func (t *target) mapping(ctx context.Context, ri *relInfo, op Op) (*relMap, error) {
-	m, err := ri.mapping(ctx, t.conn, t.replicaRole, t.cfg.Binary)
+	m, err := ri.mapping(ctx, t.conn, t.replicaRole, t.opts.binary)
 	if err != nil {
 		var ce *changeError
 		if errors.As(err, &ce) {
@@ -659,8 +659,8 @@ func (t *target) insert(ctx context.Context, m *relMap, tup decoding.Tuple) erro
 		t.insBuf = append(t.insBuf, c.Data...)
 	}
 	t.insRows++
-	if t.det != nil {
-		t.insSrcs = append(t.insSrcs, int32(len(t.srcs)-1))
+	if t.det.on() {
+		t.det.insSrcs = append(t.det.insSrcs, int32(len(t.det.srcs)-1))
 	}
 	if len(t.insBuf) >= insertBufMax {
 		return t.flushInserts(ctx)
@@ -704,7 +704,7 @@ func (t *target) flushInserts(ctx context.Context) error {
 	}
 	m, n := t.ins, t.insRows
 	guard := false
-	if t.det != nil {
+	if t.det.on() {
 		rc, err := t.conflictInfo(ctx, m)
 		if err != nil {
 			return err
@@ -713,14 +713,14 @@ func (t *target) flushInserts(ctx context.Context) error {
 		// and on a violation the run is sent again as INSERT ... ON CONFLICT DO NOTHING.
 		guard = rc.onConflict
 	}
-	resolved := t.resolved
+	resolved := t.det.resolved
 	if guard {
 		t.control("SAVEPOINT pgr_copy")
 	}
 	if err := t.flushBatch(ctx); err != nil {
 		return err
 	}
-	if guard && t.resolved != resolved {
+	if guard && t.det.resolved != resolved {
 		// The batch's conflicts were resolved after the savepoint (their statements ran before
 		// it): a rollback to it would undo the resolutions. Take it again after them.
 		t.stats.roundTrips.Add(1)
@@ -813,15 +813,15 @@ func (t *target) flushInsertsToBatch() {
 		}
 		t.params = params
 		t.queue(st, params, formats, batchOp{op: 'I', rel: m})
-		if row < len(t.insSrcs) {
-			t.ops[len(t.ops)-1].src = t.insSrcs[row] // the run may span source transactions
+		if row < len(t.det.insSrcs) {
+			t.ops[len(t.ops)-1].src = t.det.insSrcs[row] // the run may span source transactions
 		}
 	}
 	t.dropInserts()
 }
 
 func (t *target) dropInserts() {
-	t.insSrcs = t.insSrcs[:0]
+	t.det.insSrcs = t.det.insSrcs[:0]
 	t.ins, t.insRows = nil, 0
 	t.insBuf = t.insBuf[:0]
 	if cap(t.insBuf) > 4*insertBufMax {
@@ -891,7 +891,7 @@ func (t *target) prepared(m *relMap, shape string, build func() (string, []uint3
 	t.nextStmt++
 	s := &stmt{name: "pgr_" + strconv.Itoa(t.nextStmt), nparams: len(oids), key: stmtKey{ri, shape}, gen: t.gen,
 		cols: paramCols(m, shape)}
-	if t.det != nil {
+	if t.det.on() {
 		s.plain, s.oids = sql, oids
 		sql = t.checkedSQL(m, s, shape)
 	}
@@ -978,9 +978,9 @@ type prepare struct {
 // queue appends an execution of s to the batch.
 func (t *target) queue(s *stmt, params [][]byte, formats []int16, op batchOp) {
 	op.st = s
-	if t.det != nil {
-		op.arg, op.narg = t.keep(params, formats)
-		op.src = int32(len(t.srcs) - 1)
+	if t.det.on() {
+		op.arg, op.narg = t.det.keep(params, formats)
+		op.src = int32(len(t.det.srcs) - 1)
 	}
 	t.newBatch()
 	if allZero(formats) {
@@ -1039,7 +1039,7 @@ func (t *target) flushBatch(ctx context.Context) error {
 		op := ops[i]
 		i++
 		affected := int64(-1)
-		if t.det != nil && op.st != nil {
+		if t.det.on() && op.st != nil {
 			// A checked statement returns the rows it changed (see checkedSQL).
 			for rr.NextRow() {
 				if v := rr.Values(); len(v) > 0 {
@@ -1055,7 +1055,7 @@ func (t *target) flushBatch(ctx context.Context) error {
 		if affected < 0 {
 			affected = tag.RowsAffected()
 		}
-		if t.det != nil && op.st != nil && affected == 0 {
+		if t.det.on() && op.st != nil && affected == 0 {
 			missed = append(missed, i-1)
 			continue
 		}
@@ -1075,7 +1075,7 @@ func (t *target) flushBatch(ctx context.Context) error {
 		}
 		first, failed = t.statementError(op, err), err
 	}
-	defer t.resetArgs()
+	defer t.det.resetArgs()
 	if first != nil {
 		if i > 0 && ops[i-1].guarded && isViolation(failed) {
 			return t.updateExists(ctx, ops[i-1], first, ops, missed)
@@ -1125,7 +1125,7 @@ func (t *target) statementError(op batchOp, err error) error {
 			col = param - 1 // an INSERT of every column (see insertSQL)
 		case param == 0 && strings.HasPrefix(pgErr.Where, "COPY "):
 			col = copyColumn(m, pgErr.Where)
-		case param == 0 && pgErr.Code == "22001" && t.det != nil && op.st != nil && op.narg > 0:
+		case param == 0 && pgErr.Code == "22001" && t.det.on() && op.st != nil && op.narg > 0:
 			col = t.tooLong(m, op)
 		}
 		if col >= 0 && col < len(m.cols) {
@@ -1141,7 +1141,7 @@ func (t *target) statementError(op batchOp, err error) error {
 // tooLong returns the column of a character varying(n) or character(n) whose value in op's
 // kept parameters is longer than n, or -1 (the server names no column for such a value).
 func (t *target) tooLong(m *relMap, op batchOp) int {
-	params, _ := t.kept(op.arg, op.narg)
+	params, _ := t.det.kept(op.arg, op.narg)
 	for k, v := range params {
 		if k >= len(op.st.cols) || v == nil {
 			continue
@@ -1492,7 +1492,7 @@ func (t *target) update(ctx context.Context, m *relMap, u *decoding.Update) erro
 		}
 		return string(b), oids
 	})
-	if t.det == nil {
+	if !t.det.on() {
 		t.queue(st, params, formats, batchOp{op: 'U', rel: m})
 		return t.maybeFlush(ctx)
 	}

@@ -27,12 +27,12 @@ type UninstallOptions struct {
 // (pg_drop_replication_slot) when the Applier is retired.
 func (a *Applier) Uninstall(ctx context.Context, opts UninstallOptions) error {
 	cfg := &a.cfg
-	conn, names, err := dialTarget(ctx, cfg, "pgreorder apply "+cfg.Slot+" uninstall")
+	conn, names, err := dialTarget(ctx, cfg.targetOptions(), "pgreorder apply "+cfg.Slot+" uninstall")
 	if err != nil {
 		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	tg := &target{conn: conn, names: names, cfg: cfg}
+	tg := &target{conn: conn, names: names}
 	exec := func(sql string, args ...string) error {
 		_, err := query(ctx, conn, sql, args...)
 		return err
@@ -60,7 +60,7 @@ func (a *Applier) Uninstall(ctx context.Context, opts UninstallOptions) error {
 		return fmt.Errorf("%w: slot %q: stop it first", ErrSlotInUse, cfg.Slot)
 	}
 
-	table, fn, _ := tombstoneNames(tg, cfg)
+	table, fn, _ := tombstoneNames(tg, cfg.Conflicts.TombstoneTable, cfg.ProgressTable)
 	if err := exec("BEGIN"); err != nil {
 		return fmt.Errorf("apply: uninstall: %w", err)
 	}

@@ -28,7 +28,7 @@ func (s *session) watchdog(ctx context.Context) error {
 	if len(s.workers) == 0 {
 		return nil
 	}
-	conn, err := connectTarget(ctx, s.cfg, "pgreorder apply "+s.cfg.Slot+" watchdog", s.stats)
+	conn, err := connectTarget(ctx, s.cfg.targetOptions(), "pgreorder apply "+s.cfg.Slot+" watchdog", &s.stats.targetCounters)
 	if err != nil {
 		return err
 	}

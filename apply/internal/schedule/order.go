@@ -1,8 +1,9 @@
 // Package schedule holds what apply's Eager and Parallel modes schedule their transactions with,
 // none of it touching a server: the commit order (Order), the queues that hand a transaction's
-// changes to its worker (Queue, over a shared memory Budget and spill files), and the
-// dependency tracker of Parallel (Tracker), which says what each transaction must wait for, and
-// the watchdog's rule for the lock waits the target cannot see as deadlocks (LockWatch).
+// changes to its worker (Queue, over a shared memory Budget and spill files), the state machine
+// a worker applies a queue's records with (RunJob, over a JobTarget), the dependency tracker of
+// Parallel (Tracker), which says what each transaction must wait for, and the watchdog's rule
+// for the lock waits the target cannot see as deadlocks (LockWatch).
 package schedule
 
 import (
