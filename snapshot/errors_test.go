@@ -280,8 +280,11 @@ func TestCancel(t *testing.T) {
 			}
 			waiting := make(chan struct{}, 3)
 			ran := make(chan error, 1)
+			var handlers atomic.Int64 // handlers that have not returned
 			go func() {
 				_, err := s.Run(ctx, func(ctx context.Context, c *snapshot.Chunk) error {
+					handlers.Add(1)
+					defer handlers.Add(-1)
 					for _, err := range c.Changes() {
 						if err != nil {
 							return err
@@ -298,13 +301,17 @@ func TestCancel(t *testing.T) {
 			if err := s.Close(ctx); err != nil {
 				t.Fatal(err)
 			}
+			// Close waits for Run's handlers to return (Run itself returns just after).
+			if n := handlers.Load(); n != 0 {
+				t.Fatalf("Close returned while %d handlers still ran", n)
+			}
 			select {
 			case err := <-ran:
 				if !errors.Is(err, context.Canceled) {
 					t.Fatalf("Run = %v; want context.Canceled", err)
 				}
-			default:
-				t.Fatal("Close returned before Run")
+			case <-time.After(10 * time.Second):
+				t.Fatal("Run did not return after Close")
 			}
 			waitGone(t)
 		})
