@@ -16,7 +16,6 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/pgreorder/pgreorder/reorderbuffer"
-	"github.com/pgreorder/pgreorder/spillcodec"
 )
 
 // SnapshotAction says what CREATE_REPLICATION_SLOT does with the snapshot of the slot's
@@ -210,9 +209,6 @@ func (c *Conn) StartStreaming(ctx context.Context) (_ *Stream, err error) {
 	}
 	bcfg := c.cfg.Buffer
 	bcfg.Decoding = c.neg.decodingOptions()
-	if bcfg.SpillCodec == nil {
-		bcfg.SpillCodec = spillcodec.Default()
-	}
 	buf, err := reorderbuffer.New(bcfg)
 	if err != nil {
 		return nil, err

@@ -21,18 +21,6 @@ type Codec interface {
 	Decompress(dst, src []byte) error
 }
 
-// Uncompressed, as Options.Codec, writes records as they are, as nil does. Packages that
-// compress by default when no codec is set (replication, and what is built on it) take it to
-// mean no compression.
-var Uncompressed Codec = uncompressed{}
-
-type uncompressed struct{}
-
-func (uncompressed) Compress(dst, src []byte) ([]byte, error) { return dst, errNoCodec }
-func (uncompressed) Decompress(dst, src []byte) error         { return errNoCodec }
-
-var errNoCodec = errors.New("spill: no codec")
-
 // Format version 2, used with a Codec (see the package documentation): the file header, then
 // blocks, each a block header and its stored bytes. The stored bytes are the block's records
 // compressed, or as they are when that is not shorter (stored length = raw length).

@@ -299,6 +299,7 @@ func (l *Log) OpenReader() *Reader {
 	if r.buf == nil {
 		r.buf = make([]byte, s.bufSize)
 	}
+	r.stored, s.cspare = s.cspare, nil
 	return r
 }
 

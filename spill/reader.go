@@ -74,6 +74,9 @@ func (r *Reader) next() ([]byte, error) {
 		}
 	}
 	if r.codec != nil {
+		if r.stored == nil && !r.own {
+			r.stored, l.s.cspare = l.s.cspare, nil
+		}
 		return r.nextInBlock()
 	}
 	if r.end-r.off < frameHeaderSize {
@@ -259,11 +262,14 @@ func (r *Reader) Close() error {
 	if r.buf != nil && !r.l.s.closed && r.l.s.spare == nil {
 		r.l.s.spare = r.buf
 	}
+	if r.stored != nil && !r.l.s.closed && cap(r.stored) > cap(r.l.s.cspare) {
+		r.l.s.cspare = r.stored[:0]
+	}
 	if r.own && r.f != nil {
 		r.l.giveBack()
 		r.f = nil
 	}
-	r.buf, r.big = nil, nil
+	r.buf, r.big, r.stored, r.blk = nil, nil, nil, nil
 	r.err = ErrClosed
 	return nil
 }

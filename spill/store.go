@@ -101,7 +101,8 @@ type Store struct {
 	wmem  []byte // wbuf's memory: headerSize bytes in front of wbuf for a file header
 	owner *Log
 
-	spare []byte // a read buffer returned by a closed Reader, for the next one
+	spare  []byte // a read buffer returned by a closed Reader, for the next one
+	cspare []byte // with a codec: a buffer for a block's stored bytes, likewise
 
 	closed bool
 }
@@ -128,9 +129,6 @@ func Open(opts Options) (*Store, error) {
 		s.bufSize = DefaultBufferSize
 	}
 	s.bufSize = max(s.bufSize, 64)
-	if s.codec == Uncompressed {
-		s.codec = nil
-	}
 	if s.codec != nil {
 		s.front = headerSize + blockHeaderSize
 	}
@@ -346,7 +344,7 @@ func (s *Store) Close() error {
 		}
 	}
 	s.logs = nil
-	s.wbuf, s.wmem, s.owner, s.spare, s.cmem = nil, nil, nil, nil, nil
+	s.wbuf, s.wmem, s.owner, s.spare, s.cmem, s.cspare = nil, nil, nil, nil, nil, nil
 	if err := s.dir.Remove(lockName); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		errs = append(errs, err)
 	}

@@ -1,13 +1,15 @@
 // Package spillcodec provides the block compressors a reorder buffer's spill files can use
-// (spill.Codec): LZ4, the default, and S2 and zstd from github.com/klauspost/compress.
+// (spill.Codec): S2 (github.com/klauspost/compress/s2), LZ4 (github.com/pierrec/lz4/v4) and
+// zstd (github.com/klauspost/compress/zstd).
 //
 // The core packages (spill, reorderbuffer) import nothing outside the standard library, so
-// compression is passed in: reorderbuffer.Config.SpillCodec, which package replication, the
-// consumer entry point and the pgreorder command set to Default unless told otherwise.
+// compression is passed in as reorderbuffer.Config.SpillCodec (replication.Config.Buffer for a
+// stream; -spill-compression for the pgreorder command).
 //
-// The codecs were chosen by measurement (see BENCHMARKS.md, "Spill compression"): on the
-// benchmark workloads LZ4 compresses spilled records as well as S2 and nearly as well as zstd
-// at its fastest, and costs the least time per spilled change.
+// Default is S2, chosen by measurement (BENCHMARKS.md, "Spill compression"): on the bulk insert
+// and the streamed pgbench workloads, S2 and LZ4 both leave a fifth to a quarter of the bytes
+// (zstd at its fastest level a fiftieth to a sixth), and S2 costs the least time per spilled
+// change (zstd up to twice as much per change as no compression on the pgbench case).
 package spillcodec
 
 import (
@@ -22,8 +24,8 @@ import (
 	"github.com/pgreorder/pgreorder/spill"
 )
 
-// Default returns the codec spill files use unless configured otherwise: LZ4.
-func Default() spill.Codec { return LZ4() }
+// Default returns the recommended codec: S2.
+func Default() spill.Codec { return S2() }
 
 // LZ4 returns a codec that compresses each block with LZ4 (github.com/pierrec/lz4/v4, block
 // format, fastest level).

@@ -85,7 +85,7 @@ func runStream(ctx context.Context, args []string) error {
 	fs.BoolVar(&f.temporary, "temporary", false, "with -create-slot: make it a temporary slot, dropped at exit")
 	fs.StringVar(&f.workMem, "work-mem", "64MB", workMemHelp)
 	fs.StringVar(&f.dir, "spill-dir", "", "spill directory (default: the system temporary directory)")
-	fs.StringVar(&f.compression, "spill-compression", "lz4", spillCompressionHelp)
+	fs.StringVar(&f.compression, "spill-compression", "none", spillCompressionHelp)
 	fs.StringVar(&f.streaming, "streaming", "", `pgoutput streaming: off, on or parallel (default: the best the server has)`)
 	fs.IntVar(&f.proto, "proto", 0, "pgoutput proto_version, 1-4 (default: the highest the server speaks)")
 	fs.BoolVar(&f.messages, "messages", true, "receive logical decoding messages")

@@ -32,7 +32,7 @@ var core = map[string][]string{
 // this module they may import directly (imports point down only). Packages not listed here or
 // in core (commands, examples, tools above replication) are not restricted.
 var allowed = map[string][]string{
-	"replication":        {"reorderbuffer", "decoding", "spill", "spillcodec", "heap", "internal/pgconnect"},
+	"replication":        {"reorderbuffer", "decoding", "spill", "heap", "internal/pgconnect"},
 	"spillcodec":         {"spill"},
 	"internal/pgconnect": {},
 	"metrics":            {"replication", "reorderbuffer", "decoding"},
