@@ -15,7 +15,7 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 // Log is an append-only sequence of records that can be cut back to an earlier end. Create one
 // with Store.Create.
 //
-// A Log is kept small (about 100 bytes), since a store may hold one for each of 100k open
+// A Log is kept small (120 bytes), since a store may hold one for each of 100k open
 // transactions: its file's name and path are made from its sequence number when needed.
 type Log struct {
 	s   *Store
