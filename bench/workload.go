@@ -396,3 +396,29 @@ func SmallTxnsStreamed(txnsPerClient, clients, perTxn, unitsPerBlock int64, seed
 		},
 	}
 }
+
+// ManyOpenTxns is n streamed transactions open at once: each is streamed in one block of its
+// relation and perTxn inserts, as when n sessions each ran a transaction that the server
+// streamed (it streams the largest transaction when its memory is full, so a server with
+// many sessions streams many small ones), and only then do they commit, one after the other.
+// It measures what the consumer keeps per open transaction.
+func ManyOpenTxns(n, perTxn int64, seed uint64) *Workload {
+	return &Workload{
+		Name: fmt.Sprintf("many-open-txns n=%d per=%d", n, perTxn), Seed: seed,
+		Changes: n * perTxn, Kept: n * perTxn, Txns: n,
+		gen: func(w *writer) {
+			for i := range n {
+				x := uint32(firstXid + i)
+				w.streamStart(x, true)
+				w.relation(&relTest, x, true)
+				for range perTxn {
+					w.insert(x, relTest.RelationID, true, w.tuple(nil, w.rng.Int64N(1<<31)))
+				}
+				w.streamStop()
+			}
+			for i := range n {
+				w.streamCommit(uint32(firstXid + i))
+			}
+		},
+	}
+}

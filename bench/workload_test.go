@@ -24,6 +24,7 @@ func testWorkloads(seed uint64) []*Workload {
 		RollbackToSavepoint(436*10, 10, 64<<10, seed),
 		SmallTxns(20, 32, seed),
 		SmallTxnsStreamed(100, 32, 30, 7, seed),
+		ManyOpenTxns(2000, 5, seed),
 	}
 }
 

@@ -64,7 +64,7 @@ func New(cfg Config) (*Buffer, error) {
 	if dir == "" {
 		dir = os.TempDir()
 	}
-	st, err := spill.Open(spill.Options{Dir: dir, FS: cfg.FS, MaxOpenFiles: cfg.MaxOpenFiles})
+	st, err := spill.Open(spill.Options{Dir: dir, FS: cfg.FS, MaxOpenFiles: cfg.MaxOpenFiles, Codec: cfg.SpillCodec})
 	if err != nil {
 		return nil, fmt.Errorf("reorderbuffer: opening spill store: %w", err)
 	}
@@ -339,9 +339,10 @@ func (b *Buffer) open(xid uint32) *xact {
 		switch {
 		case old.prepared:
 			delete(b.xacts, xid)
-			t.replaces = old
+			t.replace(old)
 		default:
-			t.replaces, old.replaces = old.replaces, nil
+			t.replace(old.replaced())
+			old.replace(nil)
 			b.stats.RestartedTxns++
 			b.undo(old)
 			b.dropErr(old)
@@ -362,11 +363,11 @@ func (b *Buffer) dropErr(t *xact) {
 // settle lets go of the held prepared transaction t replaces, if any, when t ends otherwise
 // than by a PREPARE (which the server would not do for the same transaction).
 func (b *Buffer) settle(t *xact) error {
-	old := t.replaces
+	old := t.replaced()
 	if old == nil {
 		return nil
 	}
-	t.replaces = nil
+	t.replace(nil)
 	b.stats.RestartedTxns++
 	return b.drop(old)
 }
@@ -575,10 +576,10 @@ func (b *Buffer) abortSub(t *xact, sub uint32) error {
 // describing them again. So the transaction's descriptions take effect now, in stream order.
 func (b *Buffer) hold(t *xact, gid string, prepareLSN, endLSN decoding.LSN) error {
 	b.prog.receive(endLSN)
-	if old := t.replaces; old != nil {
+	if old := t.replaced(); old != nil {
 		// The same prepared transaction, sent again after a restart: the one held has it all
 		// (and, handed out in parts, what the consumer applied), so keep that one.
-		t.replaces = nil
+		t.replace(nil)
 		b.xacts[t.xid] = old
 		b.stats.RestartedTxns++
 		return b.free(t)
@@ -726,8 +727,8 @@ func (b *Buffer) nonTransactional(m *decoding.LogicalMessage, data []byte) error
 func (b *Buffer) drop(t *xact) error {
 	if b.xacts[t.xid] == t {
 		delete(b.xacts, t.xid)
-		if old := t.replaces; old != nil {
-			t.replaces = nil
+		if old := t.replaced(); old != nil {
+			t.replace(nil)
 			b.xacts[t.xid] = old
 		}
 	}
@@ -748,7 +749,7 @@ func (b *Buffer) drop(t *xact) error {
 // free releases t's memory and spill log, and those of the transaction it replaces, if any.
 func (b *Buffer) free(t *xact) error {
 	var errs []error
-	for ; t != nil; t = t.replaces {
+	for ; t != nil; t = t.replaced() {
 		released, err := t.free(b.recycle)
 		b.released(t, released)
 		if err != nil {

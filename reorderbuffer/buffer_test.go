@@ -341,7 +341,7 @@ func TestManyOpenTransactions(t *testing.T) {
 	st := b.Stats()
 	require.LessOrEqual(t, st.MemoryBytes, int64(limit))
 	require.Equal(t, n, st.OpenTxns)
-	require.Less(t, st.OverheadBytes/int64(n), int64(600), "overhead per open transaction (spilled), as documented")
+	require.LessOrEqual(t, st.OverheadBytes/int64(n), int64(400), "overhead per open transaction (spilled), as documented")
 	// The accounting is what the Go heap says, within a quarter: the heap grew by the records
 	// in memory, the spill store's buffers and the bookkeeping.
 	heap := int64(after.HeapAlloc) - int64(before.HeapAlloc) - st.MemoryBytes - 2*spill.DefaultBufferSize

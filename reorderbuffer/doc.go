@@ -24,13 +24,17 @@
 //     Config.WorkMem: room is made, by spilling, before a chunk is allocated. The only excess is
 //     a single record larger than the limit, which is spilled right after it arrives. A
 //     transaction handed out by Next stays counted but is no longer spilled while the consumer
-//     reads it. Bookkeeping outside the limit is small and bounded: about 300 bytes per open
-//     transaction (550 once it has a spill log), about 4 bytes per subtransaction that wrote,
+//     reads it. Bookkeeping outside the limit is small and bounded: 210 bytes per open
+//     transaction, 128 more once it has a spill log, about 4 bytes per subtransaction that wrote,
 //     32 bytes per relation description a transaction carries (one copy of each description is
 //     shared by all), 16 bytes per transaction handed out and not yet acknowledged
 //     (Stats.OverheadBytes, checked against the Go heap by the tests), the spill store's shared
 //     256 KiB write buffer and, while a spilled transaction is handed out, one 256 KiB read
-//     buffer and one file descriptor outside Config.MaxOpenFiles.
+//     buffer and one file descriptor outside Config.MaxOpenFiles. An open streamed transaction
+//     that wrote one relation therefore costs at most about 370 bytes beyond the limit: 100,000
+//     of them 37 MB (bench's BenchmarkOpenTxns measures it on the Go heap). With
+//     Config.SpillCodec, a reader of a spilled transaction also holds the compressed bytes of
+//     one block (at most 256 KiB).
 //   - Errors: bad bytes and protocol violations give an *InputError wrapping the decoding
 //     package's typed errors; a spill I/O error is returned by the call that hit it. The end or
 //     the continuation of a transaction whose beginning never arrived (a COMMIT PREPARED, a

@@ -41,7 +41,7 @@ func (b *Buffer) CheckInvariants() error {
 		if err := count(t); err != nil {
 			return err
 		}
-		for old := t.replaces; old != nil; old = old.replaces {
+		for old := t.replaced(); old != nil; old = old.replaced() {
 			if !old.prepared || t.prepared {
 				return fmt.Errorf("xact %d replaces one not held (prepared %v), or is itself prepared", xid, old.prepared)
 			}

@@ -14,10 +14,15 @@ import "encoding/binary"
 // the memlog (0 after reset). A position returned by end() is a record boundary until the memlog is
 // truncated before it or reset.
 type memlog struct {
-	chunks [][]byte
-	starts []int64 // starts[i] = position of chunks[i][0]
-	size   int64   // position after the last record
-	capSum int64   // sum of cap(chunks[i])
+	chunks []chunk
+	size   int64 // position after the last record
+	capSum int64 // sum of cap(chunks[i].b)
+}
+
+// chunk is one of a memlog's chunks and the position of its first byte.
+type chunk struct {
+	b     []byte
+	start int64
 }
 
 const (
@@ -37,34 +42,33 @@ func (m *memlog) bytes() int64 { return m.capSum }
 func (m *memlog) chunkFor(n, maxSize int) int {
 	need := uvarintLen(uint64(n)) + n
 	last := len(m.chunks) - 1
-	if last >= 0 && cap(m.chunks[last])-len(m.chunks[last]) >= need {
+	if last >= 0 && cap(m.chunks[last].b)-len(m.chunks[last].b) >= need {
 		return 0
 	}
 	size := minChunk
 	if last >= 0 {
-		size = min(2*cap(m.chunks[last]), maxSize)
+		size = min(2*cap(m.chunks[last].b), maxSize)
 	}
 	return max(size, need)
 }
 
 // appendRecord appends a record made of the concatenation of parts. If chunkFor said a chunk
 // is needed, chunk must be an empty slice of at least that capacity; it becomes the last chunk.
-func (m *memlog) appendRecord(chunk []byte, parts ...[]byte) {
+func (m *memlog) appendRecord(c []byte, parts ...[]byte) {
 	n := 0
 	for _, p := range parts {
 		n += len(p)
 	}
-	if chunk != nil {
-		m.chunks = append(m.chunks, chunk[:0])
-		m.starts = append(m.starts, m.size)
-		m.capSum += int64(cap(chunk))
+	if c != nil {
+		m.chunks = append(m.chunks, chunk{b: c[:0], start: m.size})
+		m.capSum += int64(cap(c))
 	}
 	last := len(m.chunks) - 1
-	c := binary.AppendUvarint(m.chunks[last], uint64(n))
+	c = binary.AppendUvarint(m.chunks[last].b, uint64(n))
 	for _, p := range parts {
 		c = append(c, p...)
 	}
-	m.chunks[last] = c
+	m.chunks[last].b = c
 	m.size += int64(uvarintLen(uint64(n)) + n)
 }
 
@@ -78,39 +82,38 @@ func (m *memlog) truncate(pos int64, recycle func([]byte) bool) (released int64)
 		return m.reset(recycle)
 	}
 	// The chunk holding pos is the last one starting at or before it.
-	i := len(m.starts) - 1
-	for i > 0 && m.starts[i] > pos {
+	i := len(m.chunks) - 1
+	for i > 0 && m.chunks[i].start > pos {
 		i--
 	}
-	m.chunks[i] = m.chunks[i][:pos-m.starts[i]]
+	m.chunks[i].b = m.chunks[i].b[:pos-m.chunks[i].start]
 	keep := i + 1
-	if len(m.chunks[i]) == 0 {
+	if len(m.chunks[i].b) == 0 {
 		keep = i
 	}
 	for j := keep; j < len(m.chunks); j++ {
-		m.capSum -= int64(cap(m.chunks[j]))
-		if !recycle(m.chunks[j]) {
-			released += int64(cap(m.chunks[j]))
+		c := m.chunks[j].b
+		m.capSum -= int64(cap(c))
+		if !recycle(c) {
+			released += int64(cap(c))
 		}
-		m.chunks[j] = nil
+		m.chunks[j] = chunk{}
 	}
 	m.chunks = m.chunks[:keep]
-	m.starts = m.starts[:keep]
 	m.size = pos
 	return released
 }
 
 // reset drops every record, offering each chunk to recycle, and returns the capacity of the
-// chunks recycle did not keep. Positions start again at 0.
+// chunks recycle did not keep. Positions start again at 0. The list of chunks goes too, so that
+// an emptied memlog (a spilled transaction's) costs nothing besides itself.
 func (m *memlog) reset(recycle func([]byte) bool) (released int64) {
-	for i, c := range m.chunks {
-		if !recycle(c) {
-			released += int64(cap(c))
+	for _, c := range m.chunks {
+		if !recycle(c.b) {
+			released += int64(cap(c.b))
 		}
-		m.chunks[i] = nil
 	}
-	m.chunks = m.chunks[:0]
-	m.starts = m.starts[:0]
+	m.chunks = nil
 	m.size, m.capSum = 0, 0
 	return released
 }
@@ -118,12 +121,12 @@ func (m *memlog) reset(recycle func([]byte) bool) (released int64) {
 // all calls yield for every record in order with its position, until yield returns false. The slice
 // passed to yield aliases the memlog and is valid until the memlog is next modified.
 func (m *memlog) all(yield func(pos int64, rec []byte) bool) bool {
-	for i, c := range m.chunks {
-		off := 0
+	for _, ch := range m.chunks {
+		c, off := ch.b, 0
 		for off < len(c) {
 			l, k := binary.Uvarint(c[off:])
 			start := off + k
-			if !yield(m.starts[i]+int64(off), c[start:start+int(l):start+int(l)]) {
+			if !yield(ch.start+int64(off), c[start:start+int(l):start+int(l)]) {
 				return false
 			}
 			off = start + int(l)
@@ -132,13 +135,13 @@ func (m *memlog) all(yield func(pos int64, rec []byte) bool) bool {
 	return true
 }
 
-// at returns the record at chunk index *chunk, byte offset *off, and moves them past it; ok is
+// at returns the record at chunk index *idx, byte offset *off, and moves them past it; ok is
 // false after the last record. Start with both at 0. The slice aliases the memlog and is valid
 // until the memlog is next modified. Unlike all, a caller may stop and resume at will, and a
 // memlog reset in between ends the walk instead of reading freed chunks.
-func (m *memlog) at(chunk, off *int) (rec []byte, ok bool) {
-	for *chunk < len(m.chunks) {
-		c := m.chunks[*chunk]
+func (m *memlog) at(idx, off *int) (rec []byte, ok bool) {
+	for *idx < len(m.chunks) {
+		c := m.chunks[*idx].b
 		if *off < len(c) {
 			l, k := binary.Uvarint(c[*off:])
 			start := *off + k
@@ -146,7 +149,7 @@ func (m *memlog) at(chunk, off *int) (rec []byte, ok bool) {
 			*off = end
 			return c[start:end:end], true
 		}
-		*chunk++
+		*idx++
 		*off = 0
 	}
 	return nil, false

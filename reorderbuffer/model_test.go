@@ -12,6 +12,8 @@ import (
 
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
+	"github.com/pgreorder/pgreorder/spill"
+	"github.com/pgreorder/pgreorder/spillcodec"
 	"github.com/stretchr/testify/require"
 )
 
@@ -604,8 +606,13 @@ func TestModel(t *testing.T) {
 		for i, limit := range []int64{math.MaxInt64, 1 << 20, 4 << 10, reorderbuffer.SpillEverything} {
 			dir := t.TempDir()
 			incremental := (r+i)%2 == 1
-			got, st := run(t, g.out, reorderbuffer.Config{WorkMem: limit, Dir: dir, Incremental: incremental})
-			require.Equal(t, g.want, got, "seed %d limit %d incremental %v", s, limit, incremental)
+			// Every other round spills compressed: subtransaction aborts then cut into blocks.
+			var codec spill.Codec
+			if r%2 == 0 {
+				codec = spillcodec.LZ4()
+			}
+			got, st := run(t, g.out, reorderbuffer.Config{WorkMem: limit, Dir: dir, Incremental: incremental, SpillCodec: codec})
+			require.Equal(t, g.want, got, "seed %d limit %d incremental %v compressed %v", s, limit, incremental, codec != nil)
 			if limit > 0 {
 				require.LessOrEqual(t, st.PeakMemoryBytes, limit, "seed %d: peak memory over the limit", s)
 			}

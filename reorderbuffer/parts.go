@@ -63,7 +63,7 @@ func partSize(limit int64) int64 {
 
 // partable reports whether t hands out its changes as they arrive now.
 func (b *Buffer) partable(t *xact) bool {
-	return t.inc != nil && !t.inc.quiet && !t.prepared && t.replaces == nil
+	return t.inc != nil && !t.inc.quiet && !t.prepared && t.replaced() == nil
 }
 
 // cut hands out what t received since its previous part as a PartChanges Txn. Its records move

@@ -4,6 +4,7 @@ import (
 	"unsafe"
 
 	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/spill"
 )
 
 // Stats are the buffer's counters. The first eight are named and counted like the columns of
@@ -11,7 +12,7 @@ import (
 type Stats struct {
 	SpillTxns   int64 // transactions spilled to disk at least once
 	SpillCount  int64 // times a transaction was spilled (one transaction may be spilled many times)
-	SpillBytes  int64 // bytes written to spill logs
+	SpillBytes  int64 // bytes of records written to spill logs, with their framing, before compression
 	StreamTxns  int64 // streamed transactions received (first segments)
 	StreamCount int64 // stream blocks received (Stream Start messages)
 	StreamBytes int64 // bytes of messages received inside stream blocks
@@ -19,7 +20,11 @@ type Stats struct {
 	TotalBytes  int64 // pgoutput bytes of those transactions
 
 	TotalChanges  int64 // changes (and transactional messages) of those transactions
-	SpillBytesNow int64 // bytes in spill logs now, of transactions held, queued or handed out
+	SpillBytesNow int64 // bytes in spill logs now, of transactions held, queued or handed out (before compression)
+	// SpillWrittenBytes is what was written to spill files: SpillBytes after compression
+	// (Config.SpillCodec), with file and block headers, and the parts of blocks a
+	// subtransaction abort cut into written again.
+	SpillWrittenBytes int64
 
 	MemoryBytes     int64 // bytes of transaction records in memory now
 	PeakMemoryBytes int64 // highest MemoryBytes so far
@@ -48,14 +53,13 @@ type Stats struct {
 }
 
 // xactOverhead is what one open transaction costs outside its records, subtransaction list and
-// schema entries: the struct itself, its map entry and what its emptied memlog keeps (measured on
-// the Go heap by TestManyOpenTransactions).
-const xactOverhead = int64(unsafe.Sizeof(xact{})) + 64
+// schema entries: the struct itself and its entry in the map of open transactions (measured on
+// the Go heap by TestManyOpenTransactions and bench's BenchmarkOpenTxns).
+const xactOverhead = int64(unsafe.Sizeof(xact{})) + 32
 
-// logOverhead is what a spill log costs in memory while it exists: the spill package's Log, its
-// file name and the store's entry for it (measured likewise). The descriptor budget bounds the
-// open files whatever the number of logs.
-const logOverhead = 256
+// logOverhead is what a spill log costs in memory while it exists: the spill package's Log
+// (measured likewise). The descriptor budget bounds the open files whatever the number of logs.
+const logOverhead = int64(unsafe.Sizeof(spill.Log{}))
 
 // Stats returns the current counters. It walks the open transactions, so it costs O(open
 // transactions): call it for monitoring, not per message. Like the other methods it may run
@@ -63,6 +67,9 @@ const logOverhead = 256
 func (b *Buffer) Stats() Stats {
 	s := b.stats
 	s.MemoryBytes = b.pool.mem
+	if b.store != nil {
+		s.SpillWrittenBytes = b.store.WrittenBytes()
+	}
 	s.PeakMemoryBytes = b.pool.peak
 	s.OpenTxns = len(b.xacts)
 	s.QueuedTxns = len(b.queue)
@@ -73,7 +80,7 @@ func (b *Buffer) Stats() Stats {
 	s.FlushLagBytes = int64(b.prog.received) - int64(b.prog.reported)
 	s.OverheadBytes = int64(cap(b.prog.pending)) * int64(unsafe.Sizeof(ackEntry{}))
 	onDisk := func(t *xact) {
-		for ; t != nil; t = t.replaces {
+		for ; t != nil; t = t.replaced() {
 			if t.log != nil {
 				s.SpillBytesNow += t.log.Size()
 			}

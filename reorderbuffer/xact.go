@@ -24,10 +24,6 @@ type xact struct {
 	schema []schemaEntry // Relation and Type messages among the records, in order
 	meta   *xactMeta     // nil unless the transaction has an origin or is two-phase
 
-	// replaces is the held prepared transaction this one, the same transaction sent again
-	// after a restart, takes the place of (see Buffer.open).
-	replaces *xact
-
 	bytes   int64 // pgoutput bytes received for it
 	changes int64 // of its records, those that are not schema descriptions
 	xid     uint32
@@ -67,6 +63,25 @@ type xactMeta struct {
 	gid        string
 	prepareLSN decoding.LSN
 	base       *schema // prepared: the schema in effect before the PREPARE (shared)
+
+	// replaces is the held prepared transaction this one, the same transaction sent again
+	// after a restart, takes the place of (see Buffer.open).
+	replaces *xact
+}
+
+// replaced returns the held prepared transaction t takes the place of, or nil.
+func (t *xact) replaced() *xact {
+	if t.meta == nil {
+		return nil
+	}
+	return t.meta.replaces
+}
+
+// replace makes t take the place of old (nil: of none).
+func (t *xact) replace(old *xact) {
+	if old != nil || t.meta != nil {
+		t.metadata().replaces = old
+	}
 }
 
 func (t *xact) metadata() *xactMeta {

@@ -17,7 +17,7 @@
 //     returned earlier for that log (as long as the log has not been truncated below it since).
 //   - [Log.NewReader] flushes the log and returns a [Reader] over the records [0, Size()). Reading
 //     uses one fixed buffer of [Options].BufferSize plus, for records larger than it, one buffer of
-//     the largest record. The slice returned by [Reader.Next] is valid until the next call to Next
+//     the largest record; with [Options].Codec, also the compressed bytes of one block. The slice returned by [Reader.Next] is valid until the next call to Next
 //     or Close.
 //   - Files are opened lazily and at most [Options].MaxOpenFiles stay open (by default a quarter of
 //     the soft RLIMIT_NOFILE, at most [DefaultMaxOpenFiles]). The least recently used is closed
@@ -62,6 +62,48 @@
 // [Log.Size] and [Log.Truncate] are logical: they count record bytes only, so an empty log has
 // Size 0 and the record at logical offset o starts at file offset 8+o.
 // [CorruptError].Offset is a file offset, for use with a hex dump.
+//
+// # Compression
+//
+// With [Options].Codec set, a store writes format version 2: each flush of the write buffer
+// becomes one block, compressed by the codec (or stored as it is when that is not shorter), and
+// a record larger than the buffer is a block of its own, stored as it is. The codec is an
+// interface because this package imports only the standard library: package spillcodec has
+// LZ4, S2 and zstd. What the store wrote, after compression, is [Store.WrittenBytes].
+//
+//	file:    +--------------+-------------------+---------+---------+-----
+//	         | magic (4B)   | format version 4B | block   | block   | ...
+//	         | "PGRS"       | uint32 = 2        |         |         |
+//	         +--------------+-------------------+---------+---------+-----
+//
+//	block:   +--------------+-------------------+------------------+------------------------+
+//	         | CRC-32C (4B) | stored length 4B  | raw length (4B)  | stored bytes           |
+//	         | uint32       | uint32            | uint32           | (stored length bytes)  |
+//	         +--------------+-------------------+------------------+------------------------+
+//	                        '------------------- covered by the CRC ---------------------'
+//
+//	raw:     +-------------+---------+-------------+---------+-----
+//	         | length (4B) | payload | length (4B) | payload | ...
+//	         +-------------+---------+-------------+---------+-----
+//
+// The stored bytes are the raw bytes compressed, or the raw bytes themselves when the stored
+// length equals the raw length. One CRC-32C covers a block (its lengths and what is stored), so
+// the records inside carry only their length. A damaged block (CRC, lengths, or stored bytes that
+// do not decompress to the raw length) gives a [*CorruptError] at the block's file offset, and
+// none of its records is returned. Logical offsets ([Log.Size], [Log.Truncate]) count raw bytes:
+// a record takes 4 bytes plus its payload, and an empty log has Size 0.
+//
+// Truncation keeps working inside a compressed block. [Log.Truncate] to an offset at the start of
+// a block cuts the file there. To an offset inside a block, it reads that block, checks its CRC,
+// decompresses it, cuts the file at the block's start and writes the records before the offset
+// again, as a new block (compressed again) in its place; an offset that is not a record
+// boundary is refused with [ErrInvalidOffset], without effect. The block is found from the last
+// block's position, which the log keeps, or else by reading the block headers from the start of
+// the file (a cut into an earlier block is a rare event: a subtransaction that rolled back after
+// more than a buffer of later records was spilled). A damaged block met there, or an I/O error
+// while writing the new block (ENOSPC), sticks to the log like any other, so a torn block is never
+// read. Compression changes nothing about descriptors: the files, their budget and their
+// names are the same.
 //
 // # File names
 //

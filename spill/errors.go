@@ -68,7 +68,7 @@ func otherLogError(o *Log, err error) error {
 	if _, ok := err.(*LogError); ok {
 		return err
 	}
-	return &LogError{Path: o.path, Err: err}
+	return &LogError{Path: o.Path(), Err: err}
 }
 
 // ioError wraps a failed file operation on a log; it is what a log's sticky error holds.

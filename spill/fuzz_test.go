@@ -37,7 +37,7 @@ func FuzzReader(f *testing.F) {
 		defer s.Close()
 		l, _ := s.Create()
 		file := make([]byte, headerSize, headerSize+len(data))
-		putHeader(file)
+		s.putHeader(file)
 		file = append(file, data...)
 		mfs.put(l.Path(), file)
 		l.created, l.headed, l.flushed = true, true, int64(len(data))

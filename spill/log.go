@@ -6,30 +6,47 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io/fs"
+	"path/filepath"
+	"strconv"
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // Log is an append-only sequence of records that can be cut back to an earlier end. Create one
 // with Store.Create.
+//
+// A Log is kept small (120 bytes), since a store may hold one for each of 100k open
+// transactions: its file's name and path are made from its sequence number when needed.
 type Log struct {
-	s    *Store
-	name string // in the store's directory
-	path string // for messages
+	s   *Store
+	seq uint64 // the file is log-<seq>.spill in the store's directory
 
 	f          File  // nil while closed by the descriptor budget (or not yet created)
 	prev, next *Log  // LRU links while f != nil
-	created    bool  // the file exists on disk
-	headed     bool  // the file header is written
-	flushed    int64 // logical bytes in the file (file size - headerSize)
+	lprev      *Log  // the store's list of live logs
+	lnext      *Log  //
+	flushed    int64 // logical bytes in the file (file size - headerSize without a codec)
+
+	// With a codec: the file's size, and the file offset and logical offset of its last block
+	// (lastFile 0: no block).
+	fileEnd, lastFile, lastLogical int64
 
 	err     error // sticky I/O error
+	created bool  // the file exists on disk
+	headed  bool  // the file header is written
 	removed bool
 	lent    bool // f is held by a reader of OpenReader: out of the LRU and the budget
 }
 
 // Path returns the log's file path (the file may not exist yet).
-func (l *Log) Path() string { return l.path }
+func (l *Log) Path() string { return filepath.Join(l.s.path, l.name()) }
+
+// name returns the log's file name in the store's directory.
+func (l *Log) name() string {
+	var b [len(logPrefix) + 20 + len(logSuffix)]byte
+	n := strconv.AppendUint(append(b[:0], logPrefix...), l.seq, 10)
+	return string(append(n, logSuffix...))
+}
 
 // Err returns the log's sticky error, if any.
 func (l *Log) Err() error { return l.err }
@@ -46,7 +63,7 @@ func (l *Log) check() error {
 // buffered bytes: none of them may ever become readable.
 func (l *Log) fail(op string, err error) error {
 	if l.err == nil {
-		l.err = ioError(op, l.path, err)
+		l.err = ioError(op, l.Path(), err)
 	}
 	if l.s.owner == l {
 		l.s.owner = nil
@@ -86,9 +103,12 @@ func (l *Log) Append(rec []byte) error {
 		}
 		s.owner = l
 		if s.wbuf == nil {
-			s.wmem = make([]byte, headerSize+s.bufSize)
-			s.wbuf = s.wmem[headerSize:headerSize]
+			s.wmem = make([]byte, s.front+s.bufSize)
+			s.wbuf = s.wmem[s.front:s.front]
 		}
+	}
+	if s.codec != nil {
+		return l.appendBlocks(rec)
 	}
 	frame := frameHeaderSize + len(rec)
 	if len(s.wbuf)+frame > cap(s.wbuf) {
@@ -113,7 +133,7 @@ func (l *Log) Append(rec []byte) error {
 		return err
 	}
 	hdr := s.wmem[:headerSize+frameHeaderSize]
-	putHeader(hdr)
+	s.putHeader(hdr)
 	fh := hdr[headerSize:]
 	binary.LittleEndian.PutUint32(fh[4:], uint32(len(rec)))
 	crc := crc32.Update(crc32.Checksum(fh[4:], castagnoli), castagnoli, rec)
@@ -124,11 +144,11 @@ func (l *Log) Append(rec []byte) error {
 	} else {
 		hdr = fh
 	}
-	if err := writeFull(f, hdr, off); err != nil {
+	if err := s.writeFull(f, hdr, off); err != nil {
 		return l.fail("write", err)
 	}
 	l.headed = true
-	if err := writeFull(f, rec, headerSize+l.flushed+frameHeaderSize); err != nil {
+	if err := s.writeFull(f, rec, headerSize+l.flushed+frameHeaderSize); err != nil {
 		return l.fail("write", err)
 	}
 	if err := l.maybeSync(f); err != nil {
@@ -152,13 +172,16 @@ func (l *Log) flush() error {
 	if err != nil {
 		return err
 	}
+	if s.codec != nil {
+		return l.flushBlock(f)
+	}
 	data, off := s.wbuf, headerSize+l.flushed
 	if !l.headed {
 		// The header goes out with the first bytes, in the room kept before wbuf.
 		data, off = s.wmem[:headerSize+len(s.wbuf)], 0
-		putHeader(data)
+		s.putHeader(data)
 	}
-	if err := writeFull(f, data, off); err != nil {
+	if err := s.writeFull(f, data, off); err != nil {
 		return l.fail("write", err)
 	}
 	l.headed = true
@@ -203,6 +226,9 @@ func (l *Log) Truncate(off int64) error {
 	if err != nil {
 		return err // l is as it was, unless the error is l's own (and sticks)
 	}
+	if s.codec != nil {
+		return l.truncateBlocks(f, off)
+	}
 	if s.owner == l { // every buffered byte lies beyond off
 		s.wbuf = s.wbuf[:0]
 		s.owner = nil
@@ -221,14 +247,14 @@ func (l *Log) Truncate(off int64) error {
 // returned by the reader's first Next. The log must not be truncated while the reader is in use;
 // records appended after NewReader are not read.
 func (l *Log) NewReader() *Reader {
-	r := &Reader{l: l}
+	r := &Reader{l: l, codec: l.s.codec, foff: headerSize}
 	if r.err = l.check(); r.err != nil {
 		return r
 	}
 	if r.err = l.flush(); r.err != nil {
 		return r
 	}
-	r.end = l.flushed
+	r.end, r.fend = l.flushed, l.fileEnd
 	return r
 }
 
@@ -243,20 +269,20 @@ func (l *Log) NewReader() *Reader {
 // An error flushing or opening the log is returned by the reader's first Next (and by every
 // later one, Rewind or not).
 func (l *Log) OpenReader() *Reader {
-	r := &Reader{l: l, own: true}
+	r := &Reader{l: l, own: true, codec: l.s.codec, foff: headerSize}
 	if r.fixed = l.check(); r.fixed != nil {
 		return r
 	}
 	if r.fixed = l.flush(); r.fixed != nil {
 		return r
 	}
-	r.end = l.flushed
+	r.end, r.fend = l.flushed, l.fileEnd
 	if r.end == 0 {
 		return r // nothing to read: no file needed
 	}
 	s := l.s
 	if l.lent {
-		r.fixed = fmt.Errorf("spill: %s: the log already has a reader of OpenReader", l.path)
+		r.fixed = fmt.Errorf("spill: %s: the log already has a reader of OpenReader", l.Path())
 		return r
 	}
 	f, err := s.file(l)
@@ -273,6 +299,7 @@ func (l *Log) OpenReader() *Reader {
 	if r.buf == nil {
 		r.buf = make([]byte, s.bufSize)
 	}
+	r.stored, s.cspare = s.cspare, nil
 	return r
 }
 
@@ -322,7 +349,7 @@ func (l *Log) release() error {
 		}
 	}
 	if l.created {
-		if err := s.dir.Remove(l.name); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		if err := s.dir.Remove(l.name()); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			errs = append(errs, err)
 		}
 		l.created = false
@@ -337,7 +364,7 @@ func (l *Log) Remove() error {
 	if l.removed || l.s.closed {
 		return nil
 	}
-	delete(l.s.logs, l)
+	l.s.unlist(l)
 	if err := l.release(); err != nil {
 		return fmt.Errorf("spill: remove: %w", err)
 	}

@@ -22,6 +22,15 @@ type Reader struct {
 	own    bool   // made by OpenReader: reads f, never the store
 	f      File   // own: the log's file
 	fixed  error  // own: an error from OpenReader, returned for good
+
+	// With a codec: the current block's raw bytes blk (in buf or big), the next record at
+	// blk[bi:], the block at file offset bfoff, the next one at foff, the file's size fend.
+	codec      Codec
+	blk        []byte
+	bi         int
+	bfoff      int64
+	foff, fend int64
+	stored     []byte // a block's stored (compressed) bytes
 }
 
 // Next returns the next record, or io.EOF after the last one. The slice is valid until the next
@@ -63,6 +72,12 @@ func (r *Reader) next() ([]byte, error) {
 		if r.buf == nil {
 			r.buf = make([]byte, l.s.bufSize)
 		}
+	}
+	if r.codec != nil {
+		if r.stored == nil && !r.own {
+			r.stored, l.s.cspare = l.s.cspare, nil
+		}
+		return r.nextInBlock()
 	}
 	if r.end-r.off < frameHeaderSize {
 		return nil, r.corrupt(io.ErrUnexpectedEOF)
@@ -150,9 +165,9 @@ func (r *Reader) read(p []byte, off int64) (int, error) {
 		return n, nil
 	}
 	if err == nil || errors.Is(err, io.EOF) {
-		return n, &CorruptError{Log: r.l.path, Offset: headerSize + off + int64(n), Err: io.ErrUnexpectedEOF}
+		return n, &CorruptError{Log: r.l.Path(), Offset: headerSize + off + int64(n), Err: io.ErrUnexpectedEOF}
 	}
-	return n, ioError("read", r.l.path, err)
+	return n, ioError("read", r.l.Path(), err)
 }
 
 // file returns the log's file: the reader's own, or the store's.
@@ -172,21 +187,21 @@ func (r *Reader) checkHeader() error {
 	n, err := f.ReadAt(hdr[:], 0)
 	if n < headerSize {
 		if err == nil || errors.Is(err, io.EOF) {
-			return &CorruptError{Log: r.l.path, Offset: int64(n), Err: io.ErrUnexpectedEOF}
+			return &CorruptError{Log: r.l.Path(), Offset: int64(n), Err: io.ErrUnexpectedEOF}
 		}
-		return ioError("read", r.l.path, err)
+		return ioError("read", r.l.Path(), err)
 	}
 	if !bytes.Equal(hdr[:4], []byte(magic)) {
-		return &CorruptError{Log: r.l.path, Offset: 0, Err: errBadMagic}
+		return &CorruptError{Log: r.l.Path(), Offset: 0, Err: errBadMagic}
 	}
-	if binary.LittleEndian.Uint32(hdr[4:]) != formatVersion {
-		return &CorruptError{Log: r.l.path, Offset: 4, Err: errBadVersion}
+	if binary.LittleEndian.Uint32(hdr[4:]) != r.l.s.version() {
+		return &CorruptError{Log: r.l.Path(), Offset: 4, Err: errBadVersion}
 	}
 	return nil
 }
 
 func (r *Reader) corrupt(err error) error {
-	return &CorruptError{Log: r.l.path, Offset: headerSize + r.off, Err: err}
+	return &CorruptError{Log: r.l.Path(), Offset: headerSize + r.off, Err: err}
 }
 
 // Rewind makes the reader start again from the first record, also after an error (which the
@@ -196,6 +211,45 @@ func (r *Reader) Rewind() {
 		return
 	}
 	r.err, r.off, r.i, r.j = nil, 0, 0, 0
+	r.blk, r.bi, r.foff = nil, 0, headerSize
+}
+
+// nextInBlock is next with a codec: the next record of the current block, reading the next
+// block when it is used up.
+func (r *Reader) nextInBlock() ([]byte, error) {
+	if r.bi == len(r.blk) {
+		f, err := r.file()
+		if err != nil {
+			return nil, err
+		}
+		bh, err := readBlockHeader(f, r.l.Path(), r.foff, r.fend, r.end-r.off)
+		if err != nil {
+			return nil, err
+		}
+		dst := &r.buf
+		if bh.raw > int64(len(r.buf)) {
+			dst = &r.big
+		}
+		if err := readBlock(f, r.l.Path(), r.codec, r.foff, bh, dst, &r.stored); err != nil {
+			return nil, err
+		}
+		if dst == &r.buf {
+			r.blk = r.buf[:bh.raw]
+			r.buf = r.buf[:cap(r.buf)]
+		} else {
+			r.blk = r.big
+		}
+		r.bi, r.bfoff = 0, r.foff
+		r.foff += blockHeaderSize + bh.stored
+	}
+	rest := r.blk[r.bi:]
+	if len(rest) < recHeaderSize || int64(binary.LittleEndian.Uint32(rest)) > int64(len(rest)-recHeaderSize) {
+		return nil, &CorruptError{Log: r.l.Path(), Offset: r.bfoff, Err: errRecInBlock}
+	}
+	n := recHeaderSize + int(binary.LittleEndian.Uint32(rest))
+	r.bi += n
+	r.off += int64(n)
+	return rest[recHeaderSize:n:n], nil
 }
 
 // Close releases the reader's buffers (and, for a reader of OpenReader, hands the log's file
@@ -208,11 +262,14 @@ func (r *Reader) Close() error {
 	if r.buf != nil && !r.l.s.closed && r.l.s.spare == nil {
 		r.l.s.spare = r.buf
 	}
+	if r.stored != nil && !r.l.s.closed && cap(r.stored) > cap(r.l.s.cspare) {
+		r.l.s.cspare = r.stored[:0]
+	}
 	if r.own && r.f != nil {
 		r.l.giveBack()
 		r.f = nil
 	}
-	r.buf, r.big = nil, nil
+	r.buf, r.big, r.stored, r.blk = nil, nil, nil, nil
 	r.err = ErrClosed
 	return nil
 }

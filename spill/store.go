@@ -67,6 +67,10 @@ type Options struct {
 	// Sync makes every flush of a log fsync it. Off by default: spill files do not outlive the
 	// process, so durability is useless.
 	Sync bool
+	// Codec, if set, compresses what the store writes, one block of records at a time (each
+	// flush of the write buffer is a block; see "Compression" in the package documentation).
+	// nil writes records as they are.
+	Codec Codec
 }
 
 // Store is a set of logs in a private directory. It is not safe for concurrent use.
@@ -81,9 +85,13 @@ type Store struct {
 	maxOpen int
 	bufSize int
 	sync    bool
+	codec   Codec  // nil: format version 1
+	front   int    // bytes kept in front of wbuf in wmem: file header (and block header)
+	cmem    []byte // with a codec: a flush's block, compressed, after front bytes
+	written int64  // bytes written to log files
 
 	seq  uint64
-	logs map[*Log]struct{} // live (not removed) logs
+	logs *Log // live (not removed) logs, linked by lnext
 
 	// LRU of logs with an open file: head is the most recently used.
 	head, tail *Log
@@ -93,7 +101,8 @@ type Store struct {
 	wmem  []byte // wbuf's memory: headerSize bytes in front of wbuf for a file header
 	owner *Log
 
-	spare []byte // a read buffer returned by a closed Reader, for the next one
+	spare  []byte // a read buffer returned by a closed Reader, for the next one
+	cspare []byte // with a codec: a buffer for a block's stored bytes, likewise
 
 	closed bool
 }
@@ -107,7 +116,8 @@ func Open(opts Options) (*Store, error) {
 		maxOpen: opts.MaxOpenFiles,
 		bufSize: opts.BufferSize,
 		sync:    opts.Sync,
-		logs:    make(map[*Log]struct{}),
+		codec:   opts.Codec,
+		front:   headerSize,
 	}
 	if s.fs == nil {
 		s.fs = OSFS()
@@ -119,6 +129,9 @@ func Open(opts Options) (*Store, error) {
 		s.bufSize = DefaultBufferSize
 	}
 	s.bufSize = max(s.bufSize, 64)
+	if s.codec != nil {
+		s.front = headerSize + blockHeaderSize
+	}
 	path := opts.Dir
 	if path == "" {
 		path = os.TempDir()
@@ -296,10 +309,25 @@ func (s *Store) Create() (*Log, error) {
 		return nil, ErrClosed
 	}
 	s.seq++
-	name := logPrefix + strconv.FormatUint(s.seq, 10) + logSuffix
-	l := &Log{s: s, name: name, path: filepath.Join(s.path, name)}
-	s.logs[l] = struct{}{}
+	l := &Log{s: s, seq: s.seq, lnext: s.logs}
+	if s.logs != nil {
+		s.logs.lprev = l
+	}
+	s.logs = l
 	return l, nil
+}
+
+// unlist takes l out of the store's list of live logs.
+func (s *Store) unlist(l *Log) {
+	if l.lprev != nil {
+		l.lprev.lnext = l.lnext
+	} else if s.logs == l {
+		s.logs = l.lnext
+	}
+	if l.lnext != nil {
+		l.lnext.lprev = l.lprev
+	}
+	l.lprev, l.lnext = nil, nil
 }
 
 // Close removes every file the store made: its logs, its lock file and its directory. Logs and
@@ -310,13 +338,13 @@ func (s *Store) Close() error {
 	}
 	s.closed = true
 	var errs []error
-	for l := range s.logs {
+	for l := s.logs; l != nil; l = l.lnext {
 		if err := l.release(); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	s.logs = nil
-	s.wbuf, s.wmem, s.owner, s.spare = nil, nil, nil, nil
+	s.wbuf, s.wmem, s.owner, s.spare, s.cmem, s.cspare = nil, nil, nil, nil, nil, nil
 	if err := s.dir.Remove(lockName); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		errs = append(errs, err)
 	}
@@ -390,14 +418,14 @@ func (s *Store) file(l *Log) (File, error) {
 	if !l.created {
 		op, flag = "create", os.O_RDWR|os.O_CREATE|os.O_EXCL
 	}
-	f, err := s.dir.OpenFile(l.name, flag, 0o600)
+	f, err := s.dir.OpenFile(l.name(), flag, 0o600)
 	for err != nil && tooManyFiles(err) && s.tail != nil {
 		// The process is out of descriptors: give one of ours back and try again.
 		victim := s.tail
 		if err := victim.closeFile(); err != nil {
 			return nil, otherLogError(victim, err)
 		}
-		f, err = s.dir.OpenFile(l.name, flag, 0o600)
+		f, err = s.dir.OpenFile(l.name(), flag, 0o600)
 	}
 	if err != nil {
 		return nil, l.fail(op, err)
@@ -434,14 +462,28 @@ func (s *Store) unlink(l *Log) {
 }
 
 // putHeader writes the file header into b.
-func putHeader(b []byte) {
+func (s *Store) putHeader(b []byte) {
 	copy(b, magic)
-	binary.LittleEndian.PutUint32(b[4:headerSize], formatVersion)
+	binary.LittleEndian.PutUint32(b[4:headerSize], s.version())
 }
 
-// writeFull writes p at off, turning a short write without error into io.ErrShortWrite.
-func writeFull(f File, p []byte, off int64) error {
+// version is the format version of the store's files.
+func (s *Store) version() uint32 {
+	if s.codec != nil {
+		return formatVersionBlocks
+	}
+	return formatVersion
+}
+
+// WrittenBytes returns the bytes written to the store's files so far: file and block headers
+// included, after compression with Options.Codec, and counting again what a Truncate rewrote.
+func (s *Store) WrittenBytes() int64 { return s.written }
+
+// writeFull writes p at off, turning a short write without error into io.ErrShortWrite, and
+// counts what it wrote.
+func (s *Store) writeFull(f File, p []byte, off int64) error {
 	n, err := f.WriteAt(p, off)
+	s.written += int64(max(n, 0))
 	if err == nil && n < len(p) {
 		err = io.ErrShortWrite
 	}

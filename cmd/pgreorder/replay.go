@@ -14,6 +14,8 @@ import (
 	"github.com/pgreorder/pgreorder/format"
 	"github.com/pgreorder/pgreorder/internal/tools/capture"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
+	"github.com/pgreorder/pgreorder/spill"
+	"github.com/pgreorder/pgreorder/spillcodec"
 )
 
 func init() {
@@ -23,6 +25,24 @@ func init() {
 // workMemHelp describes -work-mem in both commands.
 const workMemHelp = "memory limit for transaction data: a size with a unit (64kB, 4MB, 1GB; " +
 	"a bare number is in kB, as in postgresql.conf), none (spill every transaction to disk) or unlimited"
+
+// spillCompressionHelp describes -spill-compression in both commands.
+const spillCompressionHelp = "compression of spill files: none, s2 (a quarter to a fifth of the bytes), lz4 or zstd"
+
+// parseSpillCompression parses -spill-compression.
+func parseSpillCompression(s string) (spill.Codec, error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "lz4":
+		return spillcodec.LZ4(), nil
+	case "s2":
+		return spillcodec.S2(), nil
+	case "zstd":
+		return spillcodec.Zstd(), nil
+	case "none", "off", "":
+		return nil, nil
+	}
+	return nil, fmt.Errorf("-spill-compression %q: want none (the default), s2, lz4 or zstd", s)
+}
 
 // parseWorkMem parses -work-mem as reorderbuffer.ParseWorkMem does (a size of 0 is refused:
 // it is easy to mean either "no limit" or "nothing in memory" by it; "none" says the latter),
@@ -68,6 +88,7 @@ func runReplay(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("replay", flag.ContinueOnError)
 	workMem := fs.String("work-mem", "64MB", workMemHelp)
 	dir := fs.String("spill-dir", "", "directory for spill files (default: the system temp dir)")
+	compression := fs.String("spill-compression", "none", spillCompressionHelp)
 	proto := fs.Int("proto", 0, "protocol version the capture was made with, 1-4 (0 = accept 1-4)")
 	var out outputFlags
 	out.register(fs)
@@ -94,6 +115,10 @@ func runReplay(ctx context.Context, args []string) error {
 	if err := parseProto(*proto); err != nil {
 		return err
 	}
+	codec, err := parseSpillCompression(*compression)
+	if err != nil {
+		return err
+	}
 	cfg, err := out.config()
 	if err != nil {
 		return err
@@ -109,9 +134,10 @@ func runReplay(ctx context.Context, args []string) error {
 	}
 	bw := bufio.NewWriterSize(os.Stdout, 64<<10)
 	stats, err := replay(ctx, in, bw, reorderbuffer.Config{
-		WorkMem:  limit,
-		Dir:      *dir,
-		Decoding: decoding.Options{ProtoVersion: *proto},
+		WorkMem:    limit,
+		Dir:        *dir,
+		Decoding:   decoding.Options{ProtoVersion: *proto},
+		SpillCodec: codec,
 	}, cfg)
 	if ferr := bw.Flush(); err == nil {
 		err = ferr
@@ -169,7 +195,7 @@ func replay(ctx context.Context, in io.Reader, out io.Writer, cfg reorderbuffer.
 
 func formatStats(s reorderbuffer.Stats) string {
 	return fmt.Sprintf("stats: total_txns=%d total_bytes=%d stream_txns=%d stream_count=%d stream_bytes=%d "+
-		"spill_txns=%d spill_count=%d spill_bytes=%d peak_memory_bytes=%d aborted_txns=%d aborted_subxacts=%d open_txns=%d",
+		"spill_txns=%d spill_count=%d spill_bytes=%d spill_written_bytes=%d peak_memory_bytes=%d aborted_txns=%d aborted_subxacts=%d open_txns=%d",
 		s.TotalTxns, s.TotalBytes, s.StreamTxns, s.StreamCount, s.StreamBytes,
-		s.SpillTxns, s.SpillCount, s.SpillBytes, s.PeakMemoryBytes, s.AbortedTxns, s.AbortedSubxacts, s.OpenTxns)
+		s.SpillTxns, s.SpillCount, s.SpillBytes, s.SpillWrittenBytes, s.PeakMemoryBytes, s.AbortedTxns, s.AbortedSubxacts, s.OpenTxns)
 }

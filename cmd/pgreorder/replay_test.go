@@ -107,6 +107,27 @@ func TestReplayGzip(t *testing.T) {
 	require.Equal(t, fromGzip.String(), out)
 }
 
+// TestReplaySpillCompression: with -spill-compression the output is the same, and the spill
+// figures say what was written before and after compression.
+func TestReplaySpillCompression(t *testing.T) {
+	z, err := os.ReadFile("testdata/demo.capture.gz")
+	require.NoError(t, err)
+	var plain bytes.Buffer
+	st, err := replay(context.Background(), bytes.NewReader(z), &plain, reorderbuffer.Config{Dir: t.TempDir(), WorkMem: reorderbuffer.SpillEverything}, format.Config{})
+	require.NoError(t, err)
+	for _, name := range []string{"s2", "lz4", "zstd"} {
+		codec, err := parseSpillCompression(name)
+		require.NoError(t, err)
+		var out bytes.Buffer
+		cst, err := replay(context.Background(), bytes.NewReader(z), &out, reorderbuffer.Config{Dir: t.TempDir(), WorkMem: reorderbuffer.SpillEverything, SpillCodec: codec}, format.Config{})
+		require.NoError(t, err)
+		require.Equal(t, plain.String(), out.String(), name)
+		require.Positive(t, cst.SpillBytes, name)
+		require.Less(t, cst.SpillWrittenBytes, st.SpillWrittenBytes/2, "%s: %d bytes written, %d uncompressed", name, cst.SpillWrittenBytes, st.SpillWrittenBytes)
+		require.Contains(t, formatStats(cst), fmt.Sprintf("spill_bytes=%d spill_written_bytes=%d", cst.SpillBytes, cst.SpillWrittenBytes))
+	}
+}
+
 // captureStdout runs f with os.Stdout redirected to a file and returns what it wrote.
 func captureStdout(t *testing.T, f func() error) string {
 	t.Helper()
@@ -172,6 +193,7 @@ func TestReplayFlagErrors(t *testing.T) {
 		{[]string{"-work-mem", "0", file}, []string{"-work-mem", "is zero", "none", "bare number is in kB"}},
 		{[]string{"-work-mem", "64kb", file}, []string{"-work-mem \"64kb\"", "bare number is in kB"}},
 		{[]string{"-format", "xml", file}, []string{"-format", "txn, debezium"}},
+		{[]string{"-spill-compression", "gzip", file}, []string{"-spill-compression \"gzip\"", "none", "s2"}},
 	} {
 		err := runReplay(context.Background(), tc.args)
 		require.Error(t, err, "%v", tc.args)

@@ -27,6 +27,7 @@ func init() {
 // streamFlags are the flags of `pgreorder stream`.
 type streamFlags struct {
 	dsn, slot, workMem, dir, streaming, originFilter string
+	compression                                      string
 	publications                                     []string
 	createSlot, temporary, messages, twoPhase        bool
 	binary                                           bool
@@ -86,6 +87,7 @@ func runStream(ctx context.Context, args []string) error {
 	fs.BoolVar(&f.temporary, "temporary", false, "with -create-slot: make it a temporary slot, dropped at exit")
 	fs.StringVar(&f.workMem, "work-mem", "64MB", workMemHelp)
 	fs.StringVar(&f.dir, "spill-dir", "", "spill directory (default: the system temporary directory)")
+	fs.StringVar(&f.compression, "spill-compression", "none", spillCompressionHelp)
 	fs.StringVar(&f.streaming, "streaming", "", `pgoutput streaming: off, on or parallel (default: the best the server has)`)
 	fs.IntVar(&f.proto, "proto", 0, "pgoutput proto_version, 1-4 (default: the highest the server speaks)")
 	fs.BoolVar(&f.messages, "messages", true, "receive logical decoding messages")
@@ -122,6 +124,10 @@ func runStream(ctx context.Context, args []string) error {
 		return err
 	}
 	workMem, err := parseWorkMem(f.workMem)
+	if err != nil {
+		return err
+	}
+	codec, err := parseSpillCompression(f.compression)
 	if err != nil {
 		return err
 	}
@@ -177,7 +183,7 @@ func runStream(ctx context.Context, args []string) error {
 		OriginFilter:   f.originFilterOpt,
 		StatusInterval: f.status,
 		Reconnect:      replication.ReconnectPolicy{SlotWait: cliSlotWait(f.slotWait)},
-		Buffer:         reorderbuffer.Config{WorkMem: workMem, Dir: f.dir, SkipThrough: skip},
+		Buffer:         reorderbuffer.Config{WorkMem: workMem, Dir: f.dir, SkipThrough: skip, SpillCodec: codec},
 		Logger:         log,
 	})
 	if err != nil {

@@ -38,6 +38,7 @@ var core = map[string][]string{
 var allowed = map[string][]string{
 	"replication": {"reorderbuffer", "decoding", "spill", "heap"},
 	"metrics":     {"replication", "reorderbuffer", "decoding"},
+	"spillcodec":  {"spill"},
 	// The consumer entry point: over the toolkit, below apply (which uses its copy), never
 	// importing it.
 	"changefeed": {"replication", "snapshot", "pgvalue", "format", "reorderbuffer", "decoding"},

@@ -1,0 +1,314 @@
+package spill
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+)
+
+// Codec compresses the blocks of records a Store writes (Options.Codec). Package spill holds no
+// compressor of its own; a Codec wraps one. Both methods must be safe to call from several
+// goroutines at once (a Reader of Log.OpenReader decompresses on its own goroutine).
+type Codec interface {
+	// Compress appends the compressed form of src to dst and returns the extended slice, like
+	// append (it may grow dst). Compressed bytes that are not shorter than src, or an error,
+	// make the store write the block as it is.
+	Compress(dst, src []byte) ([]byte, error)
+	// Decompress fills dst, which has exactly the uncompressed length of the block, from src.
+	// It returns an error if src does not decompress to exactly len(dst) bytes.
+	Decompress(dst, src []byte) error
+}
+
+// Format version 2, used with a Codec (see the package documentation): the file header, then
+// blocks, each a block header and its stored bytes. The stored bytes are the block's records
+// compressed, or as they are when that is not shorter (stored length = raw length).
+const (
+	formatVersionBlocks uint32 = 2
+	blockHeaderSize            = 12 // CRC-32C, stored length, raw length
+	recHeaderSize              = 4  // a record's length inside a block
+)
+
+var (
+	errBlockLength = errors.New("block length beyond end of log")
+	errDecompress  = errors.New("block does not decompress")
+	errRecInBlock  = errors.New("record length beyond end of block")
+)
+
+// putBlockHeader writes the header of a block of raw bytes stored as stored into h (whose
+// stored bytes follow), with the CRC of the lengths and stored.
+func putBlockHeader(h []byte, stored []byte, raw int) {
+	binary.LittleEndian.PutUint32(h[4:], uint32(len(stored)))
+	binary.LittleEndian.PutUint32(h[8:], uint32(raw))
+	crc := crc32.Update(crc32.Checksum(h[4:blockHeaderSize], castagnoli), castagnoli, stored)
+	binary.LittleEndian.PutUint32(h[:4], crc)
+}
+
+// blockHeader is a block's header as read from a file.
+type blockHeader struct {
+	crc         uint32
+	stored, raw int64
+}
+
+// readBlockHeader reads the header of the block at file offset foff, which must lie below
+// fileEnd. The lengths are checked against the file and limit (the most raw bytes the block may
+// hold).
+func readBlockHeader(f File, path string, foff, fileEnd, limit int64) (blockHeader, error) {
+	var h [blockHeaderSize]byte
+	if fileEnd-foff < blockHeaderSize {
+		return blockHeader{}, &CorruptError{Log: path, Offset: foff, Err: io.ErrUnexpectedEOF}
+	}
+	n, err := f.ReadAt(h[:], foff)
+	if n < len(h) {
+		if err == nil || errors.Is(err, io.EOF) {
+			return blockHeader{}, &CorruptError{Log: path, Offset: foff + int64(n), Err: io.ErrUnexpectedEOF}
+		}
+		return blockHeader{}, ioError("read", path, err)
+	}
+	bh := blockHeader{
+		crc:    binary.LittleEndian.Uint32(h[:4]),
+		stored: int64(binary.LittleEndian.Uint32(h[4:])),
+		raw:    int64(binary.LittleEndian.Uint32(h[8:])),
+	}
+	if bh.stored > bh.raw || bh.raw > limit || bh.raw < recHeaderSize || bh.stored > fileEnd-foff-blockHeaderSize {
+		return blockHeader{}, &CorruptError{Log: path, Offset: foff, Err: errBlockLength}
+	}
+	return bh, nil
+}
+
+// readBlock reads the block at foff, whose header is bh, checks its CRC and returns its raw
+// bytes in *raw (grown as needed), using *stored for the compressed bytes.
+func readBlock(f File, path string, codec Codec, foff int64, bh blockHeader, raw, stored *[]byte) error {
+	if int64(cap(*raw)) < bh.raw {
+		*raw = make([]byte, bh.raw)
+	}
+	*raw = (*raw)[:bh.raw]
+	dst := *raw
+	if bh.stored < bh.raw {
+		if int64(cap(*stored)) < bh.stored {
+			*stored = make([]byte, bh.stored)
+		}
+		dst = (*stored)[:bh.stored]
+	}
+	n, err := f.ReadAt(dst, foff+blockHeaderSize)
+	if n < len(dst) {
+		if err == nil || errors.Is(err, io.EOF) {
+			return &CorruptError{Log: path, Offset: foff + blockHeaderSize + int64(n), Err: io.ErrUnexpectedEOF}
+		}
+		return ioError("read", path, err)
+	}
+	var lens [8]byte
+	binary.LittleEndian.PutUint32(lens[:4], uint32(bh.stored))
+	binary.LittleEndian.PutUint32(lens[4:], uint32(bh.raw))
+	if crc32.Update(crc32.Checksum(lens[:], castagnoli), castagnoli, dst) != bh.crc {
+		return &CorruptError{Log: path, Offset: foff, Err: errChecksum}
+	}
+	if bh.stored < bh.raw {
+		if err := codec.Decompress(*raw, dst); err != nil {
+			return &CorruptError{Log: path, Offset: foff, Err: fmt.Errorf("%w: %v", errDecompress, err)}
+		}
+	}
+	return nil
+}
+
+// appendBlocks is Append with a codec (l owns the write buffer): records go into the buffer as
+// a length and the bytes, and one too large for it is written through as a block of its own.
+func (l *Log) appendBlocks(rec []byte) error {
+	s := l.s
+	frame := recHeaderSize + len(rec)
+	if len(s.wbuf)+frame > cap(s.wbuf) {
+		if err := l.flush(); err != nil {
+			return err
+		}
+		s.owner = l
+	}
+	if frame <= cap(s.wbuf) {
+		n := len(s.wbuf)
+		s.wbuf = s.wbuf[:n+frame]
+		binary.LittleEndian.PutUint32(s.wbuf[n:], uint32(len(rec)))
+		copy(s.wbuf[n+recHeaderSize:], rec)
+		return nil
+	}
+	// A block of its own, stored as it is: headers built in the (empty) buffer's memory.
+	f, err := s.file(l)
+	if err != nil {
+		return err
+	}
+	hdr := s.wmem[:s.front+recHeaderSize]
+	binary.LittleEndian.PutUint32(hdr[s.front:], uint32(len(rec)))
+	bh := hdr[headerSize:s.front]
+	binary.LittleEndian.PutUint32(bh[4:], uint32(frame))
+	binary.LittleEndian.PutUint32(bh[8:], uint32(frame))
+	crc := crc32.Update(crc32.Checksum(bh[4:], castagnoli), castagnoli, hdr[s.front:])
+	binary.LittleEndian.PutUint32(bh[:4], crc32.Update(crc, castagnoli, rec))
+	start := l.blockStart()
+	off := start
+	if !l.headed {
+		s.putHeader(hdr)
+		off = 0
+	} else {
+		hdr = hdr[headerSize:]
+	}
+	if err := s.writeFull(f, hdr, off); err != nil {
+		return l.fail("write", err)
+	}
+	l.headed = true
+	if err := s.writeFull(f, rec, start+blockHeaderSize+recHeaderSize); err != nil {
+		return l.fail("write", err)
+	}
+	if err := l.maybeSync(f); err != nil {
+		return err
+	}
+	l.lastFile, l.lastLogical = start, l.flushed
+	l.fileEnd = start + blockHeaderSize + int64(frame)
+	l.flushed += int64(frame)
+	return nil
+}
+
+// blockStart returns the file offset of l's next block.
+func (l *Log) blockStart() int64 {
+	if !l.headed {
+		return headerSize
+	}
+	return l.fileEnd
+}
+
+// flushBlock writes l's buffered records (there are some) as one block, compressed if that
+// makes it shorter, and releases the buffer.
+func (l *Log) flushBlock(f File) error {
+	s := l.s
+	raw := s.wbuf
+	block, stored := s.wmem[:s.front+len(raw)], raw // as they are, in the room before wbuf
+	if s.cmem == nil {
+		s.cmem = make([]byte, s.front, s.front+s.bufSize)
+	}
+	if out, err := s.codec.Compress(s.cmem[:s.front], raw); err == nil && len(out)-s.front < len(raw) {
+		s.cmem = out[:0]
+		block, stored = out, out[s.front:]
+	}
+	putBlockHeader(block[headerSize:s.front], stored, len(raw))
+	start := l.blockStart()
+	off := start
+	if !l.headed {
+		s.putHeader(block)
+		off = 0
+	} else {
+		block = block[headerSize:]
+	}
+	if err := s.writeFull(f, block, off); err != nil {
+		return l.fail("write", err)
+	}
+	l.headed = true
+	if err := l.maybeSync(f); err != nil {
+		return err
+	}
+	l.lastFile, l.lastLogical = start, l.flushed
+	l.fileEnd = start + blockHeaderSize + int64(len(stored))
+	l.flushed += int64(len(raw))
+	s.wbuf = s.wbuf[:0]
+	s.owner = nil
+	return nil
+}
+
+// truncateBlocks is Truncate with a codec, to off < l.flushed. The cut falls at the start of a
+// block, or inside one: then the block's records before off are written again, as a new block
+// in its place (compressed again). The block is found from the last one's position, or by
+// reading the block headers from the start of the file.
+func (l *Log) truncateBlocks(f File, off int64) error {
+	s := l.s
+	if s.owner == l { // every buffered byte lies beyond off
+		s.wbuf = s.wbuf[:0]
+		s.owner = nil
+	}
+	limit := int64(MaxRecordSize + recHeaderSize)
+	var (
+		foff, lstart int64 // the block holding off
+		prevF, prevL int64 // the block before it (prevF 0: none)
+		bh           blockHeader
+		err          error
+	)
+	if l.lastFile != 0 && off > l.lastLogical {
+		foff, lstart = l.lastFile, l.lastLogical
+		if bh, err = readBlockHeader(f, l.Path(), foff, l.fileEnd, limit); err != nil {
+			return l.stick(err)
+		}
+	} else {
+		foff = headerSize
+		for {
+			if bh, err = readBlockHeader(f, l.Path(), foff, l.fileEnd, limit); err != nil {
+				return l.stick(err)
+			}
+			if lstart+bh.raw > off {
+				break
+			}
+			prevF, prevL = foff, lstart
+			foff += blockHeaderSize + bh.stored
+			lstart += bh.raw
+		}
+	}
+	var keep []byte // the records of the block before off
+	if off > lstart {
+		if bh.raw > int64(s.bufSize) {
+			// A record larger than the buffer, alone in its block: off is inside it.
+			return fmt.Errorf("%w: %d is inside a record", ErrInvalidOffset, off)
+		}
+		raw := s.spare
+		s.spare = nil
+		stored := s.cmem
+		if err := readBlock(f, l.Path(), s.codec, foff, bh, &raw, &stored); err != nil {
+			return l.stick(err)
+		}
+		if cap(stored) > cap(s.cmem) {
+			s.cmem = stored[:0]
+		}
+		defer func() {
+			if s.spare == nil && cap(raw) >= s.bufSize {
+				s.spare = raw[:s.bufSize]
+			}
+		}()
+		at := 0
+		for int64(at) < off-lstart {
+			if len(raw)-at < recHeaderSize {
+				return l.stick(&CorruptError{Log: l.Path(), Offset: foff, Err: errRecInBlock})
+			}
+			at += recHeaderSize + int(binary.LittleEndian.Uint32(raw[at:]))
+		}
+		if int64(at) != off-lstart {
+			return fmt.Errorf("%w: %d is inside a record", ErrInvalidOffset, off)
+		}
+		keep = raw[:at]
+	}
+	if err := f.Truncate(foff); err != nil {
+		return l.fail("truncate", err)
+	}
+	l.fileEnd, l.flushed = foff, lstart
+	l.lastFile, l.lastLogical = prevF, prevL
+	if keep != nil {
+		block, stored := keep, keep
+		if out, err := s.codec.Compress(s.cmem[:0], keep); err == nil && len(out) < len(keep) {
+			block, stored = out, out
+			s.cmem = out[:0]
+		}
+		var h [blockHeaderSize]byte
+		putBlockHeader(h[:], stored, len(keep))
+		if err := s.writeFull(f, h[:], foff); err != nil {
+			return l.fail("write", err)
+		}
+		if err := s.writeFull(f, block, foff+blockHeaderSize); err != nil {
+			return l.fail("write", err)
+		}
+		l.lastFile, l.lastLogical = foff, lstart
+		l.fileEnd = foff + blockHeaderSize + int64(len(stored))
+		l.flushed = off
+	}
+	return l.maybeSync(f)
+}
+
+// stick makes err, a corrupt block or a read error met by Truncate, l's sticky error.
+func (l *Log) stick(err error) error {
+	if l.err == nil {
+		l.err = err
+	}
+	return l.err
+}

@@ -1,0 +1,361 @@
+package spill_test
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/pgreorder/pgreorder/spill"
+	"github.com/pgreorder/pgreorder/spill/faultfs"
+)
+
+// rle is a run-length codec for the tests (package spill has no compressor of its own): each
+// run of up to 255 equal bytes becomes its length and the byte.
+type rle struct{}
+
+func (rle) Compress(dst, src []byte) ([]byte, error) {
+	for i := 0; i < len(src); {
+		j := i + 1
+		for j < len(src) && j-i < 255 && src[j] == src[i] {
+			j++
+		}
+		dst = append(dst, byte(j-i), src[i])
+		i = j
+	}
+	return dst, nil
+}
+
+func (rle) Decompress(dst, src []byte) error {
+	n := 0
+	for i := 0; i+1 < len(src); i += 2 {
+		k := int(src[i])
+		if k == 0 || n+k > len(dst) {
+			return errors.New("rle: too long")
+		}
+		for j := range k {
+			dst[n+j] = src[i+1]
+		}
+		n += k
+	}
+	if n != len(dst) || len(src)%2 != 0 {
+		return errors.New("rle: wrong length")
+	}
+	return nil
+}
+
+// compressible returns a record of n bytes in runs, as rle compresses.
+func compressible(rng *rand.Rand, n int) []byte {
+	b := make([]byte, 0, n)
+	for len(b) < n {
+		b = append(b, bytes.Repeat([]byte{byte(rng.Uint32())}, min(n-len(b), 1+rng.IntN(40)))...)
+	}
+	return b
+}
+
+// TestCompressedModel runs the log against a model with a codec: appends (compressible and
+// not), truncations to any earlier Size (inside blocks, at their starts, in the write buffer),
+// reads, removals, in many logs sharing the write buffer.
+func TestCompressedModel(t *testing.T) {
+	seed := time.Now().UnixNano()
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(uint64(seed), 2))
+	for _, cfg := range []spill.Options{
+		{BufferSize: 64, MaxOpenFiles: 1, Codec: rle{}},
+		{BufferSize: 500, MaxOpenFiles: 3, Codec: rle{}},
+		{Codec: rle{}},
+	} {
+		t.Run(fmt.Sprintf("buf=%d,fds=%d", cfg.BufferSize, cfg.MaxOpenFiles), func(t *testing.T) {
+			s := openStore(t, cfg)
+			type model struct {
+				l     *spill.Log
+				recs  [][]byte
+				marks []int
+				sizes []int64
+			}
+			var logs []*model
+			for range 3000 {
+				if len(logs) == 0 || rng.IntN(20) == 0 {
+					logs = append(logs, &model{l: create(t, s)})
+				}
+				m := logs[rng.IntN(len(logs))]
+				switch op := rng.IntN(100); {
+				case op < 70:
+					n := rng.IntN(100)
+					if rng.IntN(20) == 0 {
+						n = rng.IntN(1000)
+					}
+					if rng.IntN(4) == 0 {
+						m.marks = append(m.marks, len(m.recs))
+						m.sizes = append(m.sizes, m.l.Size())
+					}
+					rec := record(rng, n)
+					if rng.IntN(3) > 0 {
+						rec = compressible(rng, n)
+					}
+					if err := m.l.Append(rec); err != nil {
+						t.Fatal(err)
+					}
+					m.recs = append(m.recs, rec)
+				case op < 85:
+					if len(m.marks) == 0 {
+						continue
+					}
+					k := rng.IntN(len(m.marks))
+					if err := m.l.Truncate(m.sizes[k]); err != nil {
+						t.Fatal(err)
+					}
+					if m.l.Size() != m.sizes[k] {
+						t.Fatalf("Size after Truncate(%d) = %d", m.sizes[k], m.l.Size())
+					}
+					m.recs = m.recs[:m.marks[k]]
+					m.marks, m.sizes = m.marks[:k], m.sizes[:k]
+				case op < 97:
+					got, err := readAll(m.l)
+					if err != nil {
+						t.Fatal(err)
+					}
+					equalRecords(t, got, m.recs)
+				default:
+					if err := m.l.Remove(); err != nil {
+						t.Fatal(err)
+					}
+					for i := range logs {
+						if logs[i] == m {
+							logs = append(logs[:i], logs[i+1:]...)
+							break
+						}
+					}
+				}
+			}
+			for _, m := range logs {
+				got, err := readAll(m.l)
+				if err != nil {
+					t.Fatal(err)
+				}
+				equalRecords(t, got, m.recs)
+			}
+		})
+	}
+}
+
+// compressedLog writes 30 compressible records of 100 bytes into one block (flushed by a
+// reader) and returns the log, the Size before each record, and the records.
+func compressedLog(t *testing.T, opts spill.Options) (*spill.Log, []int64, [][]byte) {
+	t.Helper()
+	opts.Codec = rle{}
+	s := openStore(t, opts)
+	l := create(t, s)
+	var sizes []int64
+	var recs [][]byte
+	for i := range 30 {
+		sizes = append(sizes, l.Size())
+		r := rec(i, 100)
+		recs = append(recs, r)
+		if err := l.Append(r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sizes = append(sizes, l.Size())
+	got, err := readAll(l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	equalRecords(t, got, recs)
+	return l, sizes, recs
+}
+
+func TestCompressedTruncateInsideBlock(t *testing.T) {
+	l, sizes, recs := compressedLog(t, spill.Options{})
+	fi, err := os.Stat(l.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Size() >= sizes[30]/10 {
+		t.Fatalf("file of %d bytes for %d bytes of records: not compressed", fi.Size(), sizes[30])
+	}
+	// Inside the one block, then at its start; then appending goes on after the cut.
+	for _, k := range []int{17, 9, 0} {
+		if err := l.Truncate(sizes[k]); err != nil {
+			t.Fatal(err)
+		}
+		got, err := readAll(l)
+		if err != nil {
+			t.Fatal(err)
+		}
+		equalRecords(t, got, recs[:k])
+	}
+	if err := l.Append([]byte("after")); err != nil {
+		t.Fatal(err)
+	}
+	got, err := readAll(l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	equalRecords(t, got, [][]byte{[]byte("after")})
+	// Not a record boundary: refused, and not sticky.
+	if err := l.Truncate(3); !errors.Is(err, spill.ErrInvalidOffset) {
+		t.Fatalf("Truncate inside a record: %v", err)
+	}
+	if _, err := readAll(l); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestCompressedTruncateEarlierBlock(t *testing.T) {
+	// Many blocks (a small buffer); a cut inside an early one walks the block headers.
+	s := openStore(t, spill.Options{BufferSize: 256, Codec: rle{}})
+	l := create(t, s)
+	var sizes []int64
+	var recs [][]byte
+	for i := range 200 {
+		sizes = append(sizes, l.Size())
+		r := rec(i, 1+i%90)
+		recs = append(recs, r)
+		if err := l.Append(r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, k := range []int{150, 149, 101, 40, 3, 1} {
+		if err := l.Truncate(sizes[k]); err != nil {
+			t.Fatal(err)
+		}
+		got, err := readAll(l)
+		if err != nil {
+			t.Fatal(err)
+		}
+		equalRecords(t, got, recs[:k])
+	}
+}
+
+func TestCompressedCorrupt(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		damage func(b []byte) []byte
+		want   error
+	}{
+		{"flipped stored byte", func(b []byte) []byte { b[len(b)-3] ^= 0x40; return b }, nil},
+		{"flipped length", func(b []byte) []byte { b[spill.HeaderSize+5] ^= 0x01; return b }, nil},
+		{"cut inside the block", func(b []byte) []byte { return b[:len(b)-5] }, io.ErrUnexpectedEOF},
+		{"cut inside the block header", func(b []byte) []byte { return b[:spill.HeaderSize+6] }, io.ErrUnexpectedEOF},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l, _, _ := compressedLog(t, spill.Options{})
+			b, err := os.ReadFile(l.Path())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(l.Path(), tc.damage(b), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			got, err := readAll(l)
+			var ce *spill.CorruptError
+			if !errors.As(err, &ce) || !errors.Is(err, spill.ErrCorrupt) {
+				t.Fatalf("read %d records of a damaged block, error %v; want a CorruptError", len(got), err)
+			}
+			if len(got) != 0 {
+				t.Fatalf("%d records of a damaged block were returned", len(got))
+			}
+			if tc.want != nil && !errors.Is(err, tc.want) {
+				t.Fatalf("error %v, want %v", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestCompressedTruncateCorruptBlock(t *testing.T) {
+	// A cut inside a damaged block cannot write its start again: the damage is reported, and
+	// sticks.
+	l, sizes, _ := compressedLog(t, spill.Options{})
+	b, err := os.ReadFile(l.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[len(b)-3] ^= 0x40
+	if err := os.WriteFile(l.Path(), b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Truncate(sizes[10]); !errors.Is(err, spill.ErrCorrupt) {
+		t.Fatalf("Truncate inside a damaged block: %v", err)
+	}
+	if err := l.Append([]byte("x")); !errors.Is(err, spill.ErrCorrupt) {
+		t.Fatalf("Append after: %v (the error must stick)", err)
+	}
+}
+
+func TestCompressedTruncateENOSPC(t *testing.T) {
+	// The disk fills up while the start of the cut block is written again: the error sticks,
+	// and no record of the torn block is ever returned.
+	ffs := faultfs.New(spill.OSFS())
+	l, sizes, _ := compressedLog(t, spill.Options{FS: ffs})
+	ffs.Add(faultfs.Rule{Op: faultfs.OpWrite, Match: func(p string) bool { return p == l.Path() }, Err: syscall.ENOSPC, Partial: true})
+	if err := l.Truncate(sizes[12]); !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("Truncate: %v, want ENOSPC", err)
+	}
+	if _, err := readAll(l); !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("read after: %v, want the sticky ENOSPC", err)
+	}
+	if err := l.Append([]byte("x")); !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("Append after: %v, want the sticky ENOSPC", err)
+	}
+}
+
+func TestCompressedENOSPCOnFlush(t *testing.T) {
+	ffs := faultfs.New(spill.OSFS())
+	s := openStore(t, spill.Options{FS: ffs, BufferSize: 256, Codec: rle{}})
+	l := create(t, s)
+	ffs.Add(faultfs.Rule{Op: faultfs.OpWrite, Match: func(p string) bool { return p == l.Path() }, Skip: 2, Err: syscall.ENOSPC, Partial: true})
+	var err error
+	for i := 0; i < 1000 && err == nil; i++ {
+		err = l.Append(rec(i, 50))
+	}
+	if !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("Append: %v, want ENOSPC", err)
+	}
+	got, err := readAll(l)
+	if !errors.Is(err, syscall.ENOSPC) || len(got) != 0 {
+		t.Fatalf("read after: %d records, %v; want the sticky ENOSPC", len(got), err)
+	}
+}
+
+func TestCompressedLargeRecord(t *testing.T) {
+	// A record larger than the write buffer is a block of its own; cuts before and after it.
+	s := openStore(t, spill.Options{BufferSize: 64, Codec: rle{}})
+	l := create(t, s)
+	small, big := []byte("small"), bytes.Repeat([]byte{7}, 5000)
+	if err := l.Append(small); err != nil {
+		t.Fatal(err)
+	}
+	mid := l.Size()
+	if err := l.Append(big); err != nil {
+		t.Fatal(err)
+	}
+	end := l.Size()
+	if err := l.Append(small); err != nil {
+		t.Fatal(err)
+	}
+	got, err := readAll(l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	equalRecords(t, got, [][]byte{small, big, small})
+	if err := l.Truncate(end); err != nil {
+		t.Fatal(err)
+	}
+	if got, err = readAll(l); err != nil {
+		t.Fatal(err)
+	}
+	equalRecords(t, got, [][]byte{small, big})
+	if err := l.Truncate(mid); err != nil {
+		t.Fatal(err)
+	}
+	if got, err = readAll(l); err != nil {
+		t.Fatal(err)
+	}
+	equalRecords(t, got, [][]byte{small})
+}
