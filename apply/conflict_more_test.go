@@ -22,7 +22,7 @@ import (
 func TestTombstonesBounded(t *testing.T) {
 	srv := conflictServer(t, testMajors[len(testMajors)-1])
 	e := conflictEnv(t, srv)
-	var log lockedBuffer
+	var log pgtest.LockedBuffer
 	cfg := e.conflictConfig(t, &log, nil)
 	cfg.Conflicts.Retention = 300 * time.Millisecond
 	// The Applier's clock, ahead of the servers' by skew: an apply lag without waiting for one.
@@ -102,7 +102,7 @@ type biEnv struct {
 	atob, btoa Config
 }
 
-func newBiEnv(t *testing.T, srv *pgtest.Server, log *lockedBuffer, schema []string, res map[conflict.Type]conflict.Resolution) *biEnv {
+func newBiEnv(t *testing.T, srv *pgtest.Server, log *pgtest.LockedBuffer, schema []string, res map[conflict.Type]conflict.Resolution) *biEnv {
 	t.Helper()
 	ctx := testCtx(t)
 	dbA, dbB := pgtest.NewDatabase(t, srv), pgtest.NewDatabase(t, srv)
@@ -138,7 +138,7 @@ func (be *biEnv) waitMarkers(t *testing.T, id int) {
 // reaches the other side once, none comes back.
 func TestBidirectional(t *testing.T) {
 	srv := conflictServer(t, testMajors[len(testMajors)-1]) // origin = none: 16+
-	var log lockedBuffer
+	var log pgtest.LockedBuffer
 	be := newBiEnv(t, srv, &log, conflictSchema, nil)
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -183,7 +183,7 @@ func TestBidirectional(t *testing.T) {
 // the same keys, with last_update_wins: both sides end with the same rows.
 func TestLastUpdateWinsConverges(t *testing.T) {
 	srv := conflictServer(t, testMajors[len(testMajors)-1])
-	var log lockedBuffer
+	var log pgtest.LockedBuffer
 	lww := map[conflict.Type]conflict.Resolution{}
 	for _, ct := range conflict.Types() {
 		lww[ct] = conflict.LastUpdateWins
@@ -230,7 +230,7 @@ func TestLastUpdateWinsConverges(t *testing.T) {
 func TestDetectionRoundTrips(t *testing.T) {
 	srv := conflictServer(t, testMajors[len(testMajors)-1])
 	e := conflictEnv(t, srv)
-	var log lockedBuffer
+	var log pgtest.LockedBuffer
 	cfg := e.conflictConfig(t, &log, nil)
 	dropOrigins(t, e.dst, cfg.Origin)
 	execOn(t, e.src, `INSERT INTO kv VALUES (1, 1, 'x'), (2, 2, 'y')`, `INSERT INTO marker VALUES (1)`)

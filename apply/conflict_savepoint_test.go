@@ -53,7 +53,7 @@ func TestResolutionSurvivesLaterCopy(t *testing.T) {
 				must(t, pgtest.Exec(ctx, e.src, append(append([]string{}, schema...), `CREATE PUBLICATION pub FOR ALL TABLES`,
 					`SELECT pg_create_logical_replication_slot('later_copy', 'pgoutput')`)...))
 				must(t, pgtest.Exec(ctx, e.dst, schema...))
-				var log lockedBuffer
+				var log pgtest.LockedBuffer
 				resolutions := map[conflict.Type]conflict.Resolution{k.ct: res}
 				uRes := res
 				if k.ct != conflict.InsertExists {

@@ -33,7 +33,7 @@ func TestConflictStreamedSubtransactions(t *testing.T) {
 			must(t, pgtest.Exec(ctx, e.src, append(append([]string{}, schema...), `CREATE PUBLICATION pub FOR ALL TABLES`,
 				`SELECT pg_create_logical_replication_slot('streamed_sub', 'pgoutput')`)...))
 			must(t, pgtest.Exec(ctx, e.dst, schema...))
-			var log lockedBuffer
+			var log pgtest.LockedBuffer
 			cfg := e.conflictConfig(t, &log, map[conflict.Type]conflict.Resolution{conflict.InsertExists: conflict.ApplyRemote})
 			cfg.Mode = mode
 			cfg.Conflicts.LogTable = "conflict_log"

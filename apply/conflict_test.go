@@ -59,7 +59,7 @@ func conflictEnv(t *testing.T, srv *pgtest.Server) *env {
 }
 
 // conflictConfig is a Buffered Applier with an origin, logging into log.
-func (e *env) conflictConfig(t *testing.T, log *lockedBuffer, res map[conflict.Type]conflict.Resolution) Config {
+func (e *env) conflictConfig(t *testing.T, log *pgtest.LockedBuffer, res map[conflict.Type]conflict.Resolution) Config {
 	cfg := e.config(t, Buffered)
 	cfg.Logger = slog.New(slog.NewTextHandler(log, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	cfg.Origin = "pgr_test_" + strings.TrimPrefix(e.dst[strings.LastIndex(e.dst, "dbname=")+7:], "'")
@@ -292,7 +292,7 @@ func conflictCases() []conflictCase {
 
 func runConflictCase(t *testing.T, srv *pgtest.Server, c conflictCase) {
 	e := conflictEnv(t, srv)
-	var log lockedBuffer
+	var log pgtest.LockedBuffer
 	res := map[conflict.Type]conflict.Resolution{c.ct: c.res}
 	cfg := e.conflictConfig(t, &log, res)
 	cfg.Mode = c.mode
@@ -394,7 +394,7 @@ func TestCopyWithOrigin(t *testing.T) {
 				`INSERT INTO kv SELECT g, g, 'copied' FROM generate_series(1, 200) g`,
 				`CREATE PUBLICATION pub FOR ALL TABLES`)...))
 			must(t, pgtest.Exec(ctx, e.dst, conflictSchema...))
-			var log lockedBuffer
+			var log pgtest.LockedBuffer
 			cfg := e.conflictConfig(t, &log, nil)
 			cfg.Copy = true
 			dropOrigins(t, e.dst, cfg.Origin)

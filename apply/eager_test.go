@@ -198,7 +198,7 @@ func TestEagerSavepointFirst(t *testing.T) {
 		t.Run(fmt.Sprintf("pg%d", major), func(t *testing.T) {
 			srv := conflictServer(t, major)
 			e := conflictEnv(t, srv)
-			var log lockedBuffer
+			var log pgtest.LockedBuffer
 			cfg := e.conflictConfig(t, &log, map[conflict.Type]conflict.Resolution{conflict.InsertExists: conflict.LastUpdateWins})
 			cfg.Mode, cfg.Workers = Eager, 1
 			cfg.Conflicts.LogTable = "conflict_log"

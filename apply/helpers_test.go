@@ -1,7 +1,6 @@
 package apply
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -500,25 +499,6 @@ func waitReplies(t testing.TB, ctx context.Context, dsn, slot string, n int) {
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
-}
-
-// lockedBuffer collects what several goroutines write (a log handler's output, a child's
-// stderr).
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // eventually waits up to a minute for cond.

@@ -76,7 +76,7 @@ func runChild() int {
 // child is an applier in a process of its own.
 type child struct {
 	cmd    *exec.Cmd
-	stderr *lockedBuffer
+	stderr *pgtest.LockedBuffer
 	done   chan error
 }
 
@@ -86,7 +86,7 @@ func startChild(t *testing.T, c childConfig) *child {
 	must(t, err)
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), childEnv+"="+string(b))
-	ch := &child{cmd: cmd, stderr: &lockedBuffer{}, done: make(chan error, 1)}
+	ch := &child{cmd: cmd, stderr: &pgtest.LockedBuffer{}, done: make(chan error, 1)}
 	cmd.Stderr = ch.stderr
 	must(t, cmd.Start())
 	go func() { ch.done <- cmd.Wait() }()

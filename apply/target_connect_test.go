@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
 )
 
 // TestTargetConfigAndHook: the target's connections are made from TargetConfig, each through
@@ -34,7 +36,7 @@ func TestTargetConfigAndHook(t *testing.T) {
 		c.RuntimeParams["DateStyle"] = "German" // pinned anyway
 		return nil
 	}
-	log := &lockedBuffer{}
+	log := &pgtest.LockedBuffer{}
 	cfg.Logger = slog.New(slog.NewTextHandler(log, nil))
 
 	both := cfg

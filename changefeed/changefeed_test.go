@@ -83,10 +83,10 @@ func waitTxns(t *testing.T, r *recorder, n int) {
 // transaction's end.
 func TestCopyThenStream(t *testing.T) {
 	eachMajor(t, func(t *testing.T, srv *pgtest.Server) {
-		ctx := testCtx(t, 2*time.Minute)
+		ctx := pgtest.Context(t, 2*time.Minute)
 		db := pgtest.NewDatabase(t, srv)
 		dsn := srv.ConnString(db)
-		mustExec(t, dsn, `CREATE TABLE t (id int PRIMARY KEY, v text, n int)`,
+		pgtest.ExecAll(t, dsn, `CREATE TABLE t (id int PRIMARY KEY, v text, n int)`,
 			`INSERT INTO t SELECT g, 'v' || g, g FROM generate_series(1, 300) g`,
 			`CREATE TABLE u (id int PRIMARY KEY, v text, n int)`, `INSERT INTO u VALUES (1, 'a', NULL)`,
 			`CREATE PUBLICATION pub FOR TABLE t, u`)
@@ -114,7 +114,7 @@ func TestCopyThenStream(t *testing.T) {
 			return r.handle(ctx, b)
 		}
 		stop := runFeed(t, cfg, open(), h)
-		mustExec(t, dsn, `INSERT INTO t VALUES (1000, 'x', 1)`, `UPDATE t SET id = 1001, v = 'y' WHERE id = 1`, `DELETE FROM u`)
+		pgtest.ExecAll(t, dsn, `INSERT INTO t VALUES (1000, 'x', 1)`, `UPDATE t SET id = 1001, v = 'y' WHERE id = 1`, `DELETE FROM u`)
 		waitTxns(t, r, 3)
 		require.NoError(t, stop())
 
@@ -138,7 +138,7 @@ func TestCopyThenStream(t *testing.T) {
 		require.Equal(t, pos.EndLSN.String(), string(pos.State))
 		r.lines, r.kinds, r.linesAt = nil, nil, nil
 		stop = runFeed(t, cfg, s, h)
-		mustExec(t, dsn, `INSERT INTO u VALUES (2, 'b', 2)`)
+		pgtest.ExecAll(t, dsn, `INSERT INTO u VALUES (2, 'b', 2)`)
 		waitTxns(t, r, 1)
 		require.NoError(t, stop())
 		require.Equal(t, []changefeed.Kind{changefeed.Resume, changefeed.Transaction}, r.kinds)
@@ -164,10 +164,10 @@ func countKind(lines []string, kind string) int {
 // the next Run starts with a Reset and copies everything again, from a new slot.
 func TestCopyFailsAndStartsOver(t *testing.T) {
 	eachMajor(t, func(t *testing.T, srv *pgtest.Server) {
-		ctx := testCtx(t, 2*time.Minute)
+		ctx := pgtest.Context(t, 2*time.Minute)
 		db := pgtest.NewDatabase(t, srv)
 		dsn := srv.ConnString(db)
-		mustExec(t, dsn, `CREATE TABLE t (id int PRIMARY KEY, v text, n int)`,
+		pgtest.ExecAll(t, dsn, `CREATE TABLE t (id int PRIMARY KEY, v text, n int)`,
 			`INSERT INTO t SELECT g, 'v', g FROM generate_series(1, 2000) g`, `CREATE PUBLICATION pub FOR TABLE t`)
 		path := filepath.Join(t.TempDir(), "pos")
 		cfg := changefeed.Config{
@@ -202,7 +202,7 @@ func TestCopyFailsAndStartsOver(t *testing.T) {
 
 		r := &recorder{txns: make(chan struct{}, 10)}
 		stop := runFeed(t, cfg, s, r.handle)
-		mustExec(t, dsn, `INSERT INTO t VALUES (0, 'z', 0)`)
+		pgtest.ExecAll(t, dsn, `INSERT INTO t VALUES (0, 'z', 0)`)
 		waitTxns(t, r, 1)
 		require.NoError(t, stop())
 		require.Equal(t, changefeed.Reset, r.kinds[0])
@@ -235,10 +235,10 @@ func TestStoreMismatch(t *testing.T) {
 	eachMajor(t, func(t *testing.T, srv *pgtest.Server) {
 		db, tdb := pgtest.NewDatabase(t, srv), pgtest.NewDatabase(t, srv)
 		dsn := srv.ConnString(db)
-		mustExec(t, dsn, `CREATE TABLE t (id int PRIMARY KEY)`, `CREATE PUBLICATION pub FOR TABLE t`)
+		pgtest.ExecAll(t, dsn, `CREATE TABLE t (id int PRIMARY KEY)`, `CREATE PUBLICATION pub FOR TABLE t`)
 		for _, kind := range []string{"file", "table"} {
 			t.Run(kind, func(t *testing.T) {
-				ctx := testCtx(t, 2*time.Minute)
+				ctx := pgtest.Context(t, 2*time.Minute)
 				slot := "cf_" + kind
 				cfg := changefeed.Config{Replication: replication.Config{ConnString: srv.ReplicationConnString(db), Slot: slot, Publications: []string{"pub"}}}
 				dir := t.TempDir()
@@ -253,7 +253,7 @@ func TestStoreMismatch(t *testing.T) {
 				run := func(pos *changefeed.Position) error {
 					os.Remove(filepath.Join(dir, "pos"))
 					if kind == "table" {
-						mustExec(t, srv.ConnString(tdb), `DELETE FROM `+changefeed.DefaultTable)
+						pgtest.ExecAll(t, srv.ConnString(tdb), `DELETE FROM `+changefeed.DefaultTable)
 					}
 					s := open()
 					if pos != nil {
@@ -296,7 +296,7 @@ func TestStoreMismatch(t *testing.T) {
 				}
 				require.Equal(t, 1, slotCount(ctx, t, dsn, slot), "the slot is left alone")
 
-				mustExec(t, dsn, `SELECT pg_drop_replication_slot('`+slot+`')`)
+				pgtest.ExecAll(t, dsn, `SELECT pg_drop_replication_slot('`+slot+`')`)
 				err = run(&real)
 				require.ErrorIs(t, err, replication.ErrSlotNotFound)
 				require.ErrorContains(t, err, "start again with a copy")
@@ -337,10 +337,10 @@ func waitFor(ctx context.Context, cond func() bool) error {
 // discards it and copies again at once (a second Reset), and the stream follows.
 func TestCopyRetried(t *testing.T) {
 	eachMajor(t, func(t *testing.T, srv *pgtest.Server) {
-		ctx := testCtx(t, 2*time.Minute)
+		ctx := pgtest.Context(t, 2*time.Minute)
 		db := pgtest.NewDatabase(t, srv)
 		dsn := srv.ConnString(db)
-		mustExec(t, dsn, `CREATE TABLE t (id int PRIMARY KEY, v text, n int)`,
+		pgtest.ExecAll(t, dsn, `CREATE TABLE t (id int PRIMARY KEY, v text, n int)`,
 			`INSERT INTO t SELECT g, 'v', g FROM generate_series(1, 2000) g`, `CREATE PUBLICATION pub FOR TABLE t`)
 		cfg := changefeed.Config{
 			Replication: replication.Config{ConnString: srv.ReplicationConnString(db), Slot: "cf", Publications: []string{"pub"}},
@@ -354,13 +354,13 @@ func TestCopyRetried(t *testing.T) {
 			}
 			if b.Kind == changefeed.Snapshot {
 				once.Do(func() {
-					mustExec(t, dsn, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'pgreorder-copy'`)
+					pgtest.ExecAll(t, dsn, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'pgreorder-copy'`)
 				})
 			}
 			return nil
 		}
 		stop := runFeed(t, cfg, mustOpen(t, filepath.Join(t.TempDir(), "pos")), h)
-		mustExec(t, dsn, `INSERT INTO t VALUES (0, 'z', 0)`)
+		pgtest.ExecAll(t, dsn, `INSERT INTO t VALUES (0, 'z', 0)`)
 		waitTxns(t, r, 1)
 		require.NoError(t, stop())
 		var resets []int
@@ -387,10 +387,10 @@ func TestCopyRetried(t *testing.T) {
 // more than the store holds, so a later run resumes without finding the slot ahead of it.
 func TestIdleAdvancesStored(t *testing.T) {
 	eachMajor(t, func(t *testing.T, srv *pgtest.Server) {
-		ctx := testCtx(t, 2*time.Minute)
+		ctx := pgtest.Context(t, 2*time.Minute)
 		db := pgtest.NewDatabase(t, srv)
 		dsn := srv.ConnString(db)
-		mustExec(t, dsn, `CREATE TABLE t (id int PRIMARY KEY)`, `CREATE TABLE other (id int)`,
+		pgtest.ExecAll(t, dsn, `CREATE TABLE t (id int PRIMARY KEY)`, `CREATE TABLE other (id int)`,
 			`CREATE PUBLICATION pub FOR TABLE t`)
 		path := filepath.Join(t.TempDir(), "pos")
 		cfg := changefeed.Config{Replication: replication.Config{ConnString: srv.ReplicationConnString(db), Slot: "idle",
@@ -413,7 +413,7 @@ func TestIdleAdvancesStored(t *testing.T) {
 		}
 		start := stored()
 		for i := range 2 {
-			mustExec(t, dsn, fmt.Sprintf(`INSERT INTO other SELECT generate_series(1, %d)`, 100*(i+1)))
+			pgtest.ExecAll(t, dsn, fmt.Sprintf(`INSERT INTO other SELECT generate_series(1, %d)`, 100*(i+1)))
 			before := stored()
 			require.NoError(t, waitFor(ctx, func() bool { return stored() > before }), "the store did not follow the server's position")
 			require.LessOrEqual(t, confirmed(), stored(), "the slot confirmed more than the store holds")

@@ -280,16 +280,16 @@ func TestCrash(t *testing.T) {
 }
 
 func crash(t *testing.T, srv *pgtest.Server, mode, self string, rng *rand.Rand) {
-	ctx := testCtx(t, 4*time.Minute)
+	ctx := pgtest.Context(t, 4*time.Minute)
 	db, tdb := pgtest.NewDatabase(t, srv), pgtest.NewDatabase(t, srv)
 	dsn, target := srv.ConnString(db), srv.ConnString(tdb)
 	const initial = 6000
 	schema := []string{`CREATE TABLE t (id int PRIMARY KEY, v text, n int)`, `CREATE TABLE u (id int PRIMARY KEY, v text, n int)`}
-	mustExec(t, dsn, append(schema,
+	pgtest.ExecAll(t, dsn, append(schema,
 		fmt.Sprintf(`INSERT INTO t SELECT g, repeat('x', 20) || g, g FROM generate_series(1, %d) g`, initial),
 		fmt.Sprintf(`INSERT INTO u SELECT g, 'u' || g, NULL FROM generate_series(1, %d) g`, initial/4),
 		`CREATE PUBLICATION p FOR TABLE t, u`)...)
-	mustExec(t, target, schema...)
+	pgtest.ExecAll(t, target, schema...)
 	path := filepath.Join(t.TempDir(), "out")
 
 	// The writers, throughout.
@@ -313,7 +313,7 @@ func crash(t *testing.T, srv *pgtest.Server, mode, self string, rng *rand.Rand) 
 		wg.Wait()
 	}()
 
-	var logs lockedBuffer
+	var logs pgtest.LockedBuffer
 	type child struct {
 		cmd  *exec.Cmd
 		out  chan string
@@ -510,21 +510,4 @@ func write(ctx context.Context, dsn string, rng *rand.Rand, nextID *atomic.Int64
 		}
 	}
 	return nil
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

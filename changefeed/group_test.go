@@ -29,10 +29,10 @@ func (s groupingStore) Grouping() changefeed.Grouping { return s.g }
 // lone transaction is committed at once, with no traffic after it.
 func TestGrouping(t *testing.T) {
 	srv := pgtest.Shared(t, 18)
-	ctx := testCtx(t, time.Minute)
+	ctx := pgtest.Context(t, time.Minute)
 	db := pgtest.NewDatabase(t, srv)
 	dsn := srv.ConnString(db)
-	mustExec(t, dsn, "CREATE TABLE t (id int PRIMARY KEY)", "CREATE TABLE out (end_lsn pg_lsn PRIMARY KEY)",
+	pgtest.ExecAll(t, dsn, "CREATE TABLE t (id int PRIMARY KEY)", "CREATE TABLE out (end_lsn pg_lsn PRIMARY KEY)",
 		"CREATE PUBLICATION pub FOR TABLE t")
 	cfg := changefeed.Config{Replication: replication.Config{ConnString: srv.ReplicationConnString(db), Slot: "cf",
 		Publications: []string{"pub"}, StatusInterval: 10 * time.Second}} // no idle advance meanwhile
@@ -124,7 +124,7 @@ func TestGrouping(t *testing.T) {
 
 	// A backlog, grouped.
 	const backlog = 200
-	mustExec(t, dsn, `DO $$ BEGIN FOR i IN 1..200 LOOP INSERT INTO t VALUES (i); COMMIT; END LOOP; END $$`)
+	pgtest.ExecAll(t, dsn, `DO $$ BEGIN FOR i IN 1..200 LOOP INSERT INTO t VALUES (i); COMMIT; END LOOP; END $$`)
 	last := insert(-1)
 	f, stop = run()
 	waitAcked(f, last, 30*time.Second)

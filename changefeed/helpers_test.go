@@ -4,13 +4,11 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"slices"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -31,32 +29,7 @@ func TestMain(m *testing.M) {
 var testedMajors = []int{15, 18}
 
 func eachMajor(t *testing.T, f func(t *testing.T, srv *pgtest.Server)) {
-	ran := false
-	for _, major := range pgtest.Majors(t) {
-		if !slices.Contains(testedMajors, major) {
-			continue
-		}
-		ran = true
-		t.Run(fmt.Sprintf("pg%d", major), func(t *testing.T) { f(t, pgtest.Shared(t, major)) })
-	}
-	if !ran {
-		pgtest.Unavailable(t, fmt.Sprintf("none of PostgreSQL %v is installed", testedMajors))
-	}
-}
-
-func testCtx(t *testing.T, d time.Duration) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	t.Cleanup(cancel)
-	return ctx
-}
-
-func mustExec(t *testing.T, connString string, statements ...string) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if err := pgtest.Exec(ctx, connString, statements...); err != nil {
-		t.Fatal(err)
-	}
+	pgtest.EachMajor(t, testedMajors, f)
 }
 
 // lines renders a batch's changes, one line each: "kind op table key=value...", with the

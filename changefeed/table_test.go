@@ -18,9 +18,9 @@ import (
 // connects again; a second store for the same slot waits in Load until the first is closed.
 func TestTableStore(t *testing.T) {
 	eachMajor(t, func(t *testing.T, srv *pgtest.Server) {
-		ctx := testCtx(t, time.Minute)
+		ctx := pgtest.Context(t, time.Minute)
 		dsn := srv.ConnString(pgtest.NewDatabase(t, srv))
-		mustExec(t, dsn, `CREATE TABLE out (id int PRIMARY KEY)`)
+		pgtest.ExecAll(t, dsn, `CREATE TABLE out (id int PRIMARY KEY)`)
 		s, err := changefeed.OpenTableStore(ctx, changefeed.TableConfig{ConnString: dsn, Schema: "public", Table: "Pos Ition"})
 		require.NoError(t, err)
 		defer s.Close()
@@ -66,7 +66,7 @@ func TestTableStore(t *testing.T) {
 		u, tx := write(2)
 		var pid int
 		require.NoError(t, tx.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid))
-		mustExec(t, dsn, "SELECT pg_terminate_backend("+strconv.Itoa(pid)+", 10000)")
+		pgtest.ExecAll(t, dsn, "SELECT pg_terminate_backend("+strconv.Itoa(pid)+", 10000)")
 		next := samplePos
 		next.EndLSN++
 		require.Error(t, u.Commit(ctx, &next))

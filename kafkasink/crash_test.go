@@ -195,9 +195,9 @@ func TestCrash(t *testing.T) {
 		}
 		t.Logf("seed %d (PGREORDER_CRASH_SEED=%d repeats it)", seed, seed)
 		rng := rand.New(rand.NewPCG(seed, 0))
-		ctx := testCtx(t, 3*time.Minute)
+		ctx := pgtest.Context(t, 3*time.Minute)
 		dsn := srv.ConnString(pgtest.NewDatabase(t, srv))
-		mustExec(t, dsn, "CREATE TABLE t (id int PRIMARY KEY, v text)", "CREATE PUBLICATION p FOR TABLE t",
+		pgtest.ExecAll(t, dsn, "CREATE TABLE t (id int PRIMARY KEY, v text)", "CREATE PUBLICATION p FOR TABLE t",
 			"INSERT INTO t SELECT g, 'copied' FROM generate_series(1, 3000) g")
 		prefix := newPrefix(t)
 		// The copy first (a copy cut short is made again, from a later point: the workload's
@@ -211,7 +211,7 @@ func TestCrash(t *testing.T) {
 		werr := make(chan error, 1)
 		go func() { werr <- workload(wctx, dsn, seed, 8*time.Second, got) }()
 
-		var stderr lockedBuffer
+		var stderr pgtest.LockedBuffer
 		spec := strings.Join([]string{dsn, c.Seeds(), prefix}, "\t")
 		kills := 0
 	loop:
@@ -294,23 +294,6 @@ func checkExactlyOnce(t *testing.T, ctx context.Context, c *kafkatest.Cluster, d
 	require.Equal(t, tableModel(t, ctx, dsn, "t"), m)
 }
 
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // TestCrashDuringCopy: the consumer is killed with SIGKILL while the initial copy is being
 // produced (a read_uncommitted reader sees its first records); the next run aborts the copy's
 // transaction, copies again, and every row is there once.
@@ -319,12 +302,12 @@ func TestCrashDuringCopy(t *testing.T) {
 	self, err := os.Executable()
 	require.NoError(t, err)
 	srv := pgtest.Shared(t, pgtest.Majors(t)[len(pgtest.Majors(t))-1])
-	ctx := testCtx(t, 2*time.Minute)
+	ctx := pgtest.Context(t, 2*time.Minute)
 	dsn := setupTable(t, srv, 30000)
 	prefix := newPrefix(t)
 	cmd := exec.Command(self, "-test.run=^$")
 	cmd.Env = append(os.Environ(), crashConsumerEnv+"="+strings.Join([]string{dsn, c.Seeds(), prefix}, "\t"))
-	var stderr lockedBuffer
+	var stderr pgtest.LockedBuffer
 	cmd.Stderr = &stderr
 	require.NoError(t, cmd.Start())
 	exited := make(chan error, 1)

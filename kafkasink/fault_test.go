@@ -71,7 +71,7 @@ func rowEvents(t *testing.T, ctx context.Context, c *kafkatest.Cluster, dsn, pre
 func setupTable(t *testing.T, srv *pgtest.Server, rows int) string {
 	t.Helper()
 	dsn := srv.ConnString(pgtest.NewDatabase(t, srv))
-	mustExec(t, dsn, "CREATE TABLE t (id int PRIMARY KEY, v text)", "CREATE PUBLICATION p FOR TABLE t",
+	pgtest.ExecAll(t, dsn, "CREATE TABLE t (id int PRIMARY KEY, v text)", "CREATE PUBLICATION p FOR TABLE t",
 		fmt.Sprintf("INSERT INTO t SELECT g, 'copied' FROM generate_series(1, %d) g", rows))
 	return dsn
 }
@@ -81,7 +81,7 @@ func setupTable(t *testing.T, srv *pgtest.Server, rows int) string {
 func TestFencing(t *testing.T) {
 	c := kafkatest.Shared(t)
 	eachMajor(t, func(t *testing.T, srv *pgtest.Server) {
-		ctx := testCtx(t, time.Minute)
+		ctx := pgtest.Context(t, time.Minute)
 		dsn := setupTable(t, srv, 10)
 		prefix := newPrefix(t)
 		kcfg := kafkasink.Config{Brokers: c.Addrs(), TopicPrefix: prefix}
@@ -115,7 +115,7 @@ func TestFencing(t *testing.T) {
 func TestBrokerRestart(t *testing.T) {
 	c := kafkatest.Start(t, 1)
 	eachMajor(t, func(t *testing.T, srv *pgtest.Server) {
-		ctx := testCtx(t, 2*time.Minute)
+		ctx := pgtest.Context(t, 2*time.Minute)
 		dsn := setupTable(t, srv, 10)
 		prefix := newPrefix(t)
 		kcfg := kafkasink.Config{Brokers: c.Addrs(), TopicPrefix: prefix, MaxBufferedRecords: 200, TransactionTimeout: time.Minute}
@@ -162,7 +162,7 @@ func TestUnreachable(t *testing.T) {
 	addr := l.Addr().String()
 	l.Close()
 	eachMajor(t, func(t *testing.T, srv *pgtest.Server) {
-		ctx := testCtx(t, time.Minute)
+		ctx := pgtest.Context(t, time.Minute)
 		dsn := setupTable(t, srv, 10)
 		sink, err := kafkasink.Open(kafkasink.Config{Brokers: []string{addr}, ConnectTimeout: 2 * time.Second})
 		require.NoError(t, err)
@@ -179,7 +179,7 @@ func TestUnreachable(t *testing.T) {
 func TestTopicsRequired(t *testing.T) {
 	c := kafkatest.Shared(t)
 	eachMajor(t, func(t *testing.T, srv *pgtest.Server) {
-		ctx := testCtx(t, time.Minute)
+		ctx := pgtest.Context(t, time.Minute)
 		dsn := setupTable(t, srv, 50)
 		prefix := newPrefix(t)
 		kcfg := kafkasink.Config{Brokers: c.Addrs(), TopicPrefix: prefix, Topics: kafkasink.RequireTopics}
@@ -220,7 +220,7 @@ func TestTopicsRequired(t *testing.T) {
 func TestRecordTooLarge(t *testing.T) {
 	c := kafkatest.Shared(t)
 	eachMajor(t, func(t *testing.T, srv *pgtest.Server) {
-		ctx := testCtx(t, time.Minute)
+		ctx := pgtest.Context(t, time.Minute)
 		dsn := setupTable(t, srv, 5)
 		prefix := newPrefix(t)
 		kcfg := kafkasink.Config{Brokers: c.Addrs(), TopicPrefix: prefix, TopicConfigs: map[string]string{"max.message.bytes": "4000"}}
@@ -261,7 +261,7 @@ func TestRecordTooLarge(t *testing.T) {
 func TestCopyRetried(t *testing.T) {
 	c := kafkatest.Shared(t)
 	eachMajor(t, func(t *testing.T, srv *pgtest.Server) {
-		ctx := testCtx(t, time.Minute)
+		ctx := pgtest.Context(t, time.Minute)
 		dsn := setupTable(t, srv, 2000)
 		prefix := newPrefix(t)
 		cfg := feedConfig(dsn)
@@ -279,7 +279,7 @@ func TestCopyRetried(t *testing.T) {
 				resets++
 			case changefeed.Snapshot:
 				once.Do(func() {
-					mustExec(t, dsn, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'pgreorder-copy'`)
+					pgtest.ExecAll(t, dsn, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'pgreorder-copy'`)
 				})
 			}
 			return nil
@@ -306,7 +306,7 @@ func TestCopyRetried(t *testing.T) {
 func TestLeaderLoss(t *testing.T) {
 	c := kafkatest.Start(t, 3)
 	srv := pgtest.Shared(t, pgtest.Majors(t)[len(pgtest.Majors(t))-1])
-	ctx := testCtx(t, 2*time.Minute)
+	ctx := pgtest.Context(t, 2*time.Minute)
 	dsn := setupTable(t, srv, 10)
 	prefix := newPrefix(t)
 	kcfg := kafkasink.Config{Brokers: c.Addrs(), TopicPrefix: prefix, Partitions: 1, ReplicationFactor: 3,
@@ -355,7 +355,7 @@ func TestLeaderLoss(t *testing.T) {
 func TestOffsetsTopicOnePartition(t *testing.T) {
 	c := kafkatest.Shared(t)
 	srv := pgtest.Shared(t, pgtest.Majors(t)[len(pgtest.Majors(t))-1])
-	ctx := testCtx(t, time.Minute)
+	ctx := pgtest.Context(t, time.Minute)
 	dsn := setupTable(t, srv, 1)
 	prefix := newPrefix(t)
 	cl, err := kgo.NewClient(kgo.SeedBrokers(c.Addrs()...))
@@ -376,9 +376,9 @@ func TestOffsetsTopicOnePartition(t *testing.T) {
 func TestRecordBeyondBuffer(t *testing.T) {
 	c := kafkatest.Shared(t)
 	srv := pgtest.Shared(t, pgtest.Majors(t)[len(pgtest.Majors(t))-1])
-	ctx := testCtx(t, time.Minute)
+	ctx := pgtest.Context(t, time.Minute)
 	dsn := setupTable(t, srv, 3)
-	mustExec(t, dsn, "UPDATE t SET v = repeat('y', 5000) WHERE id = 2")
+	pgtest.ExecAll(t, dsn, "UPDATE t SET v = repeat('y', 5000) WHERE id = 2")
 	prefix := newPrefix(t)
 	sink, err := kafkasink.Open(kafkasink.Config{Brokers: c.Addrs(), TopicPrefix: prefix, MaxBufferedBytes: 2000})
 	require.NoError(t, err)

@@ -33,7 +33,7 @@ func positionsOf(t *testing.T, ctx context.Context, c *kafkatest.Cluster, prefix
 func TestGrouping(t *testing.T) {
 	c := kafkatest.Shared(t)
 	srv := pgtest.Shared(t, 18)
-	ctx := testCtx(t, 2*time.Minute)
+	ctx := pgtest.Context(t, 2*time.Minute)
 	dsn := setupTable(t, srv, 0)
 	prefix := newPrefix(t)
 	kcfg := kafkasink.Config{Brokers: c.Addrs(), TopicPrefix: prefix}
@@ -57,7 +57,7 @@ func TestGrouping(t *testing.T) {
 
 	// A backlog: grouped.
 	const backlog = 300
-	mustExec(t, dsn, `DO $$ BEGIN FOR i IN 1..300 LOOP INSERT INTO t VALUES (i, 'b'); COMMIT; END LOOP; END $$`)
+	pgtest.ExecAll(t, dsn, `DO $$ BEGIN FOR i IN 1..300 LOOP INSERT INTO t VALUES (i, 'b'); COMMIT; END LOOP; END $$`)
 	last := commitLSN(t, ctx, dsn, "INSERT INTO t VALUES (-1, 'last')")
 	r = start(t, ctx, fcfg, kcfg)
 	r.waitPast(t, ctx, last)
@@ -81,7 +81,7 @@ func TestGrouping(t *testing.T) {
 	require.Equal(t, tableModel(t, ctx, dsn, "t"), m)
 
 	// Grouping off: one Kafka transaction per source transaction.
-	mustExec(t, dsn, `DO $$ BEGIN FOR i IN 1001..1020 LOOP INSERT INTO t VALUES (i, 'one'); COMMIT; END LOOP; END $$`)
+	pgtest.ExecAll(t, dsn, `DO $$ BEGIN FOR i IN 1001..1020 LOOP INSERT INTO t VALUES (i, 'one'); COMMIT; END LOOP; END $$`)
 	last = commitLSN(t, ctx, dsn, "INSERT INTO t VALUES (-2, 'last')")
 	one := kcfg
 	one.Group = changefeed.Grouping{MaxTransactions: 1}

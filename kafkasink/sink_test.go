@@ -104,14 +104,14 @@ func commitLSN(t *testing.T, ctx context.Context, dsn string, statements ...stri
 func TestCopyAndStream(t *testing.T) {
 	c := kafkatest.Shared(t)
 	eachMajor(t, func(t *testing.T, srv *pgtest.Server) {
-		ctx := testCtx(t, 2*time.Minute)
+		ctx := pgtest.Context(t, 2*time.Minute)
 		dsn := srv.ConnString(pgtest.NewDatabase(t, srv))
-		mustExec(t, dsn, "CREATE TABLE t (id int PRIMARY KEY, v text)", "CREATE TABLE u (id int PRIMARY KEY, v text)",
+		pgtest.ExecAll(t, dsn, "CREATE TABLE t (id int PRIMARY KEY, v text)", "CREATE TABLE u (id int PRIMARY KEY, v text)",
 			"CREATE PUBLICATION p FOR TABLE t, u", "INSERT INTO t SELECT g, 'copied' FROM generate_series(1, 100) g")
 		prefix := newPrefix(t)
 		r := start(t, ctx, feedConfig(dsn), kafkasink.Config{Brokers: c.Addrs(), TopicPrefix: prefix})
 		r.waitPast(t, ctx, 0) // the copy is done
-		mustExec(t, dsn, "INSERT INTO t VALUES (101, 'a')", "UPDATE t SET v = 'b' WHERE id = 1", "DELETE FROM t WHERE id = 2")
+		pgtest.ExecAll(t, dsn, "INSERT INTO t VALUES (101, 'a')", "UPDATE t SET v = 'b' WHERE id = 1", "DELETE FROM t WHERE id = 2")
 		commitLSN(t, ctx, dsn, "INSERT INTO t SELECT g, repeat('x', 200) FROM generate_series(1000, 5999) g",
 			"SAVEPOINT a", "INSERT INTO t SELECT g, 'rolled back' FROM generate_series(6000, 6999) g", "ROLLBACK TO SAVEPOINT a",
 			"UPDATE t SET v = 'big' WHERE id BETWEEN 1000 AND 1999")
@@ -123,7 +123,7 @@ func TestCopyAndStream(t *testing.T) {
 		require.NoError(t, err)
 		require.NoError(t, tx.Rollback(ctx))
 		conn.Close(ctx)
-		mustExec(t, dsn, "INSERT INTO u VALUES (1, 'u1')", "TRUNCATE u", "INSERT INTO u VALUES (2, 'u2')")
+		pgtest.ExecAll(t, dsn, "INSERT INTO u VALUES (1, 'u1')", "TRUNCATE u", "INSERT INTO u VALUES (2, 'u2')")
 		last := commitLSN(t, ctx, dsn, "SELECT pg_logical_emit_message(true, 'pfx', 'hello')", "INSERT INTO t VALUES (102, 'last')")
 		r.waitPast(t, ctx, last)
 		require.NoError(t, r.stop())

@@ -20,7 +20,7 @@ func TestThroughput(t *testing.T) {
 	}
 	c := kafkatest.Shared(t)
 	srv := pgtest.Shared(t, 18)
-	ctx := testCtx(t, 5*time.Minute)
+	ctx := pgtest.Context(t, 5*time.Minute)
 	dsn := setupTable(t, srv, 0)
 	prefix := newPrefix(t)
 	kcfg := kafkasink.Config{Brokers: c.Addrs(), TopicPrefix: prefix, Partitions: 3}
@@ -28,7 +28,7 @@ func TestThroughput(t *testing.T) {
 	r.waitPast(t, ctx, 0)
 	require.NoError(t, r.stop())
 	const small = 2000
-	mustExec(t, dsn, `DO $$ BEGIN FOR i IN 1..2000 LOOP INSERT INTO t VALUES (i, md5(i::text)); COMMIT; END LOOP; END $$`)
+	pgtest.ExecAll(t, dsn, `DO $$ BEGIN FOR i IN 1..2000 LOOP INSERT INTO t VALUES (i, md5(i::text)); COMMIT; END LOOP; END $$`)
 	last := commitLSN(t, ctx, dsn, "INSERT INTO t VALUES (-1, 'last')")
 	t0 := time.Now()
 	r = start(t, ctx, feedConfig(dsn), kcfg)

@@ -22,7 +22,7 @@ func TestHandOutAdvances(t *testing.T) {
 			db := pgtest.NewDatabase(t, srv)
 			setupPub(t, srv, db)
 			cs := srv.ConnString(db)
-			ctx := testCtx(t, time.Minute)
+			ctx := pgtest.Context(t, time.Minute)
 			mustExec(t, cs, `SELECT pg_create_logical_replication_slot('s', 'pgoutput')`)
 			created, _ := slotState(t, cs, "s", false)
 			cfg := replication.Config{ConnString: srv.ReplicationConnString(db), Slot: "s", Publications: []string{"pub"},

@@ -39,7 +39,7 @@ func TestPreflight(t *testing.T) {
 			db := pgtest.NewDatabase(t, srv)
 			setupPub(t, srv, db)
 			cs := srv.ConnString(db)
-			ctx := testCtx(t, time.Minute)
+			ctx := pgtest.Context(t, time.Minute)
 			base := replication.Config{ConnString: srv.ReplicationConnString(db), Publications: []string{"pub"},
 				Reconnect: replication.ReconnectPolicy{MaxAttempts: 1}}
 			start := func(slot string, mod func(*replication.Config)) error {
@@ -109,7 +109,7 @@ func TestPublicationCreatedAfterSlot(t *testing.T) {
 			srv := pgtest.Shared(t, major)
 			db := pgtest.NewDatabase(t, srv)
 			cs := srv.ConnString(db)
-			ctx := testCtx(t, time.Minute)
+			ctx := pgtest.Context(t, time.Minute)
 			mustExec(t, cs, `CREATE TABLE late_t (id int PRIMARY KEY)`,
 				`SELECT pg_create_logical_replication_slot('s', 'pgoutput')`,
 				`INSERT INTO late_t VALUES (1)`,
@@ -156,7 +156,7 @@ func TestWalLevel(t *testing.T) {
 			srv := ownServer(t, major, map[string]string{"wal_level": "replica"})
 			db := pgtest.NewDatabase(t, srv)
 			setupPub(t, srv, db)
-			ctx := testCtx(t, time.Minute)
+			ctx := pgtest.Context(t, time.Minute)
 			_, err := replication.Start(ctx, replication.Config{ConnString: srv.ReplicationConnString(db), Slot: "s",
 				Publications: []string{"pub"}, CreateSlot: true})
 			wantCheck(t, err, "wal_level", replication.ErrServerConfig, `"replica"`)

@@ -76,12 +76,6 @@ func (l logRecorder) dump(t *testing.T) {
 	}
 }
 
-func testCtx(t *testing.T, d time.Duration) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 func mustExec(t *testing.T, connString string, statements ...string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

@@ -76,7 +76,7 @@ func TestReconnectAfterTerminate(t *testing.T) {
 			srv := pgtest.Shared(t, major)
 			db := pgtest.NewDatabase(t, srv)
 			setupPub(t, srv, db)
-			ctx := testCtx(t, 2*time.Minute)
+			ctx := pgtest.Context(t, 2*time.Minute)
 			log := newLogRecorder()
 			defer func() {
 				if t.Failed() {
@@ -150,7 +150,7 @@ func TestReconnectAfterServerRestart(t *testing.T) {
 			t.Run("ended", func(t *testing.T) {
 				db := pgtest.NewDatabase(t, srv)
 				setupPub(t, srv, db)
-				ctx := testCtx(t, 2*time.Minute)
+				ctx := pgtest.Context(t, 2*time.Minute)
 				log := newLogRecorder()
 				cfg := reconnectConfig(srv, db, log)
 				cfg.Reconnect.Disabled = true
@@ -186,7 +186,7 @@ func TestReconnectAfterServerRestart(t *testing.T) {
 				t.Run(mode.name, func(t *testing.T) {
 					db := pgtest.NewDatabase(t, srv)
 					setupPub(t, srv, db)
-					ctx := testCtx(t, 2*time.Minute)
+					ctx := pgtest.Context(t, 2*time.Minute)
 					log := newLogRecorder()
 					defer func() {
 						if t.Failed() {
@@ -283,7 +283,7 @@ func TestConnConfigAndBeforeConnect(t *testing.T) {
 			srv := pgtest.Shared(t, major)
 			db := pgtest.NewDatabase(t, srv)
 			setupPub(t, srv, db)
-			ctx := testCtx(t, time.Minute)
+			ctx := pgtest.Context(t, time.Minute)
 			pc, err := pgconn.ParseConfig(srv.ConnString(db)) // no replication=database: added
 			if err != nil {
 				t.Fatal(err)

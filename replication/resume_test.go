@@ -24,7 +24,7 @@ func TestTwoPhaseResume(t *testing.T) {
 			db := pgtest.NewDatabase(t, srv)
 			setupPub(t, srv, db)
 			cs := srv.ConnString(db)
-			ctx := testCtx(t, time.Minute)
+			ctx := pgtest.Context(t, time.Minute)
 			// Two slots created back to back see the same transactions.
 			mustExec(t, cs, `SELECT pg_create_logical_replication_slot('a', 'pgoutput', false, true)`,
 				`SELECT pg_create_logical_replication_slot('b', 'pgoutput', false, true)`,
@@ -72,7 +72,7 @@ func TestAckedPrefix(t *testing.T) {
 			db := pgtest.NewDatabase(t, srv)
 			setupPub(t, srv, db)
 			cs := srv.ConnString(db)
-			ctx := testCtx(t, time.Minute)
+			ctx := pgtest.Context(t, time.Minute)
 			s, err := replication.Start(ctx, replication.Config{ConnString: srv.ReplicationConnString(db), Slot: "s",
 				Publications: []string{"pub"}, CreateSlot: true})
 			if err != nil {
@@ -128,7 +128,7 @@ func TestResumePosition(t *testing.T) {
 			db := pgtest.NewDatabase(t, srv)
 			setupPub(t, srv, db)
 			cs := srv.ConnString(db)
-			ctx := testCtx(t, time.Minute)
+			ctx := pgtest.Context(t, time.Minute)
 			mustExec(t, cs, `SELECT pg_create_logical_replication_slot('s', 'pgoutput')`)
 			before, _ := slotState(t, cs, "s", false)
 			cfg := replication.Config{ConnString: srv.ReplicationConnString(db), Slot: "s", Publications: []string{"pub"},

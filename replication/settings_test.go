@@ -60,7 +60,7 @@ func testPinnedFormats(t *testing.T, srv *pgtest.Server) {
 	waitNoWalsenders(t, srv)
 	db := pgtest.NewDatabase(t, srv)
 	cs := srv.ConnString(db)
-	ctx := testCtx(t, time.Minute)
+	ctx := pgtest.Context(t, time.Minute)
 	mustExec(t, cs, `CREATE TABLE fmt (id int PRIMARY KEY, d date, i interval, f float8, r real, t text)`,
 		`CREATE PUBLICATION fmt FOR TABLE fmt`)
 	const dsnSettings = ` options='-c DateStyle=SQL,DMY -c IntervalStyle=sql_standard -c extra_float_digits=0 -c client_encoding=LATIN1'` +
@@ -106,7 +106,7 @@ func testSlowConsumer(t *testing.T, srv *pgtest.Server) {
 	db := pgtest.NewDatabase(t, srv)
 	setupPub(t, srv, db)
 	cs := srv.ConnString(db)
-	ctx := testCtx(t, time.Minute)
+	ctx := pgtest.Context(t, time.Minute)
 	log := newLogRecorder()
 	s, err := replication.Start(ctx, replication.Config{ConnString: srv.ReplicationConnString(db), Slot: "s",
 		Publications: []string{"pub"}, CreateSlot: true, Reconnect: replication.ReconnectPolicy{Disabled: true},
@@ -153,7 +153,7 @@ func testNoFreeSlot(t *testing.T, srv *pgtest.Server) {
 	db := pgtest.NewDatabase(t, srv)
 	setupPub(t, srv, db)
 	cs := srv.ConnString(db)
-	ctx := testCtx(t, time.Minute)
+	ctx := pgtest.Context(t, time.Minute)
 	mustExec(t, cs, `SELECT pg_create_logical_replication_slot('full_' || i, 'pgoutput')
 		FROM generate_series(1, current_setting('max_replication_slots')::int - (SELECT count(*) FROM pg_replication_slots)) i`)
 	_, err := replication.Start(ctx, replication.Config{ConnString: srv.ReplicationConnString(db), Slot: "s",
@@ -166,7 +166,7 @@ func testNoFreeWalsender(t *testing.T, srv *pgtest.Server) {
 	waitNoWalsenders(t, srv)
 	db := pgtest.NewDatabase(t, srv)
 	setupPub(t, srv, db)
-	ctx := testCtx(t, time.Minute)
+	ctx := pgtest.Context(t, time.Minute)
 	cfg := replication.Config{ConnString: srv.ReplicationConnString(db), Slot: "s", Publications: []string{"pub"}}
 	for range 2 {
 		c, err := replication.Connect(ctx, cfg)

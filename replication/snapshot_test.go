@@ -23,7 +23,7 @@ func TestExportSnapshot(t *testing.T) {
 			db := pgtest.NewDatabase(t, srv)
 			setupPub(t, srv, db)
 			cs := srv.ConnString(db)
-			ctx := testCtx(t, time.Minute)
+			ctx := pgtest.Context(t, time.Minute)
 			mustExec(t, cs, `INSERT INTO pub_t VALUES (1)`)
 			cfg := replication.Config{ConnString: srv.ReplicationConnString(db), Slot: "s", Publications: []string{"pub"}}
 			conn, err := replication.Connect(ctx, cfg)

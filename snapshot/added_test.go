@@ -19,11 +19,11 @@ func TestTableAddedLater(t *testing.T) {
 	eachMajor(t, func(t *testing.T, srv *pgtest.Server) {
 		db := pgtest.NewDatabase(t, srv)
 		cs := srv.ConnString(db)
-		ctx := testCtx(t, 3*time.Minute)
+		ctx := pgtest.Context(t, 3*time.Minute)
 		seed := uint64(time.Now().UnixNano())
 		t.Logf("seed %d", seed)
 		const n = 2000
-		mustExec(t, cs, `CREATE TABLE t1 (id int PRIMARY KEY, v int NOT NULL, pad text NOT NULL)`,
+		pgtest.ExecAll(t, cs, `CREATE TABLE t1 (id int PRIMARY KEY, v int NOT NULL, pad text NOT NULL)`,
 			`CREATE TABLE t2 (id int PRIMARY KEY, v int NOT NULL, pad text NOT NULL)`,
 			`CREATE TABLE done (id int PRIMARY KEY)`,
 			`INSERT INTO t1 SELECT i, 0, md5(i::text) FROM generate_series(1, 2000) i`,
@@ -70,7 +70,7 @@ func TestTableAddedLater(t *testing.T) {
 		}
 		defer s.Close(ctx)
 		must(t, w.waitFor(ctx, 20))
-		mustExec(t, cs, `ALTER PUBLICATION pub ADD TABLE t2`)
+		pgtest.ExecAll(t, cs, `ALTER PUBLICATION pub ADD TABLE t2`)
 		finished := make(chan error, 1)
 		go func() {
 			// The sync happens while the writer goes on; then the writer stops and the

@@ -54,7 +54,7 @@ func TestConfigErrors(t *testing.T) {
 func errorsSetup(t *testing.T, srv *pgtest.Server) (string, func(ctx context.Context, t *testing.T) (*replication.Conn, replication.Snapshot)) {
 	db := pgtest.NewDatabase(t, srv)
 	cs := srv.ConnString(db)
-	mustExec(t, cs, `CREATE TABLE t (id int PRIMARY KEY, pad text)`,
+	pgtest.ExecAll(t, cs, `CREATE TABLE t (id int PRIMARY KEY, pad text)`,
 		`INSERT INTO t SELECT i, repeat('x', 200) FROM generate_series(1, 1200) i`,
 		`CREATE PUBLICATION pub FOR TABLE t`)
 	n := 0
@@ -78,7 +78,7 @@ func TestErrors(t *testing.T) {
 	eachMajor(t, func(t *testing.T, srv *pgtest.Server) {
 		cs, slot := errorsSetup(t, srv)
 		cfg := snapshot.Config{ConnString: cs, Publications: []string{"pub"}, Workers: 2, ChunkSize: 64 << 10}
-		ctx := testCtx(t, 2*time.Minute)
+		ctx := pgtest.Context(t, 2*time.Minute)
 
 		t.Run("unknown snapshot", func(t *testing.T) {
 			_, err := snapshot.Open(ctx, cfg, replication.Snapshot{Name: "00000003-0000FFFF-1", Slot: "x"})
@@ -101,8 +101,8 @@ func TestErrors(t *testing.T) {
 		})
 		t.Run("publication changed", func(t *testing.T) {
 			_, snap := slot(ctx, t)
-			mustExec(t, cs, `CREATE TABLE later (id int PRIMARY KEY)`, `ALTER PUBLICATION pub ADD TABLE later`)
-			defer mustExec(t, cs, `DROP TABLE later`)
+			pgtest.ExecAll(t, cs, `CREATE TABLE later (id int PRIMARY KEY)`, `ALTER PUBLICATION pub ADD TABLE later`)
+			defer pgtest.ExecAll(t, cs, `DROP TABLE later`)
 			if _, err := snapshot.Open(ctx, cfg, snap); !errors.Is(err, snapshot.ErrPublicationChanged) {
 				t.Fatalf("Open = %v; want ErrPublicationChanged", err)
 			}
@@ -116,9 +116,9 @@ func TestErrors(t *testing.T) {
 			}
 		})
 		t.Run("different column lists", func(t *testing.T) {
-			mustExec(t, cs, `CREATE TABLE cols (id int PRIMARY KEY, a int, b int)`,
+			pgtest.ExecAll(t, cs, `CREATE TABLE cols (id int PRIMARY KEY, a int, b int)`,
 				`CREATE PUBLICATION ca FOR TABLE cols (id, a)`, `CREATE PUBLICATION cb FOR TABLE cols (id, b)`)
-			defer mustExec(t, cs, `DROP PUBLICATION ca, cb`, `DROP TABLE cols`)
+			defer pgtest.ExecAll(t, cs, `DROP PUBLICATION ca, cb`, `DROP TABLE cols`)
 			_, snap := slot(ctx, t)
 			c := cfg
 			c.Publications = []string{"ca", "cb"}
@@ -197,8 +197,8 @@ func TestErrors(t *testing.T) {
 			}
 		})
 		t.Run("tables filter", func(t *testing.T) {
-			mustExec(t, cs, `CREATE TABLE other (id int PRIMARY KEY)`, `INSERT INTO other VALUES (1)`, `ALTER PUBLICATION pub ADD TABLE other`)
-			defer mustExec(t, cs, `ALTER PUBLICATION pub DROP TABLE other`, `DROP TABLE other`)
+			pgtest.ExecAll(t, cs, `CREATE TABLE other (id int PRIMARY KEY)`, `INSERT INTO other VALUES (1)`, `ALTER PUBLICATION pub ADD TABLE other`)
+			defer pgtest.ExecAll(t, cs, `ALTER PUBLICATION pub DROP TABLE other`, `DROP TABLE other`)
 			_, snap := slot(ctx, t)
 			c := cfg
 			var offered []string
@@ -229,7 +229,7 @@ func TestCancel(t *testing.T) {
 				c.RuntimeParams["application_name"] = "cancel_test"
 				return nil
 			}}
-		ctx := testCtx(t, 2*time.Minute)
+		ctx := pgtest.Context(t, 2*time.Minute)
 		backends := func() string {
 			return queryValue(ctx, t, cs, `SELECT count(*)::text FROM pg_stat_activity WHERE application_name = 'cancel_test'`)
 		}

@@ -30,34 +30,8 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 // testedMajors are the server versions the integration tests run against, when installed.
 var testedMajors = []int{15, 18}
 
-// eachMajor runs f for each tested server version that is installed.
 func eachMajor(t *testing.T, f func(t *testing.T, srv *pgtest.Server)) {
-	ran := false
-	for _, major := range pgtest.Majors(t) {
-		if !slices.Contains(testedMajors, major) {
-			continue
-		}
-		ran = true
-		t.Run(fmt.Sprintf("pg%d", major), func(t *testing.T) { f(t, pgtest.Shared(t, major)) })
-	}
-	if !ran {
-		pgtest.Unavailable(t, fmt.Sprintf("none of PostgreSQL %v is installed", testedMajors))
-	}
-}
-
-func testCtx(t *testing.T, d time.Duration) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	t.Cleanup(cancel)
-	return ctx
-}
-
-func mustExec(t *testing.T, connString string, statements ...string) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if err := pgtest.Exec(ctx, connString, statements...); err != nil {
-		t.Fatal(err)
-	}
+	pgtest.EachMajor(t, testedMajors, f)
 }
 
 // connectSlot connects for replication and creates slot with an exported snapshot.

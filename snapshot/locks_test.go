@@ -21,8 +21,8 @@ func TestTruncateDuringCopy(t *testing.T) {
 	eachMajor(t, func(t *testing.T, srv *pgtest.Server) {
 		db := pgtest.NewDatabase(t, srv)
 		cs := srv.ConnString(db)
-		ctx := testCtx(t, 2*time.Minute)
-		mustExec(t, cs, `CREATE TABLE t1 (id int PRIMARY KEY, pad text NOT NULL)`,
+		ctx := pgtest.Context(t, 2*time.Minute)
+		pgtest.ExecAll(t, cs, `CREATE TABLE t1 (id int PRIMARY KEY, pad text NOT NULL)`,
 			`CREATE TABLE t2 (id int PRIMARY KEY, pad text NOT NULL)`,
 			`INSERT INTO t1 SELECT g, repeat('x', 200) FROM generate_series(1, 5000) g`,
 			`INSERT INTO t2 SELECT g, repeat('y', 200) FROM generate_series(1, 5000) g`,

@@ -25,9 +25,9 @@ func TestPublicationShapes(t *testing.T) {
 	eachMajor(t, func(t *testing.T, srv *pgtest.Server) {
 		db := pgtest.NewDatabase(t, srv)
 		cs := srv.ConnString(db)
-		ctx := testCtx(t, 2*time.Minute)
+		ctx := pgtest.Context(t, 2*time.Minute)
 		pubs := []string{"p1", "p2", "p3"}
-		mustExec(t, cs,
+		pgtest.ExecAll(t, cs,
 			`CREATE TABLE cl (id int PRIMARY KEY, a text, b int, secret text)`,
 			`CREATE TABLE rf (id int PRIMARY KEY, v int)`,
 			`ALTER TABLE rf REPLICA IDENTITY FULL`, // a row filter on v, for updates
@@ -66,13 +66,13 @@ func TestPublicationShapes(t *testing.T) {
 			`INSERT INTO rfull SELECT i, 'f' || i FROM generate_series(1, 20) i`,
 			`INSERT INTO "Odd ""name""" SELECT i, 'o' || i FROM generate_series(1, 20) i`)
 		if srv.Major() >= 18 {
-			mustExec(t, cs, `CREATE TABLE gen (id int PRIMARY KEY, g int GENERATED ALWAYS AS (id * 10) STORED)`,
+			pgtest.ExecAll(t, cs, `CREATE TABLE gen (id int PRIMARY KEY, g int GENERATED ALWAYS AS (id * 10) STORED)`,
 				`CREATE PUBLICATION p4 FOR TABLE gen WITH (publish_generated_columns = stored)`,
 				`INSERT INTO gen SELECT i FROM generate_series(1, 20) i`)
 			pubs = append(pubs, "p4")
 		}
 		conn, snap, _ := connectSlot(ctx, t, srv, db, "s", false, pubs...)
-		mustExec(t, cs,
+		pgtest.ExecAll(t, cs,
 			`INSERT INTO cl VALUES (101, 'x', 1, 's')`, `UPDATE cl SET a = 'y', secret = 'z' WHERE id = 1`, `DELETE FROM cl WHERE id = 2`,
 			`INSERT INTO rf VALUES (101, 50), (102, 5), (103, -3)`,
 			`UPDATE rf SET v = 20 WHERE id = 1`, // out of the filter, into it: an insert
@@ -89,7 +89,7 @@ func TestPublicationShapes(t *testing.T) {
 			`INSERT INTO rfull VALUES (101, 'f')`, `UPDATE rfull SET v = 'g' WHERE id = 1`, `DELETE FROM rfull WHERE id = 2`,
 			`INSERT INTO "Odd ""name""" VALUES (101, 'o')`)
 		if srv.Major() >= 18 {
-			mustExec(t, cs, `INSERT INTO gen VALUES (101)`, `UPDATE gen SET id = 102 WHERE id = 1`)
+			pgtest.ExecAll(t, cs, `INSERT INTO gen VALUES (101)`, `UPDATE gen SET id = 102 WHERE id = 1`)
 		}
 
 		m := newRowModel()
@@ -137,7 +137,7 @@ func TestPublicationShapes(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer s.Close(ctx)
-		mustExec(t, cs, `INSERT INTO done VALUES (1)`)
+		pgtest.ExecAll(t, cs, `INSERT INTO done VALUES (1)`)
 		streamInto(ctx, t, s, m, []*snapshot.Result{res}, isDone, nil)
 
 		for _, c := range []struct {
@@ -178,10 +178,10 @@ func TestCreatedAfterSnapshot(t *testing.T) {
 	eachMajor(t, func(t *testing.T, srv *pgtest.Server) {
 		db := pgtest.NewDatabase(t, srv)
 		cs := srv.ConnString(db)
-		ctx := testCtx(t, time.Minute)
-		mustExec(t, cs, `CREATE TABLE a (id int PRIMARY KEY)`, `INSERT INTO a VALUES (1)`, `CREATE PUBLICATION everything FOR ALL TABLES`)
+		ctx := pgtest.Context(t, time.Minute)
+		pgtest.ExecAll(t, cs, `CREATE TABLE a (id int PRIMARY KEY)`, `INSERT INTO a VALUES (1)`, `CREATE PUBLICATION everything FOR ALL TABLES`)
 		conn, snap, _ := connectSlot(ctx, t, srv, db, "s", false, "everything")
-		mustExec(t, cs, `CREATE TABLE b (id int PRIMARY KEY)`, `INSERT INTO b VALUES (2)`)
+		pgtest.ExecAll(t, cs, `CREATE TABLE b (id int PRIMARY KEY)`, `INSERT INTO b VALUES (2)`)
 		m := newRowModel()
 		res, err := snapshot.Copy(ctx, snapshot.Config{ConnString: cs, Publications: []string{"everything"}}, snap, copyInto(m))
 		if err != nil {
@@ -195,7 +195,7 @@ func TestCreatedAfterSnapshot(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer s.Close(ctx)
-		mustExec(t, cs, `CREATE TABLE done (id int)`, `INSERT INTO done VALUES (1)`)
+		pgtest.ExecAll(t, cs, `CREATE TABLE done (id int)`, `INSERT INTO done VALUES (1)`)
 		streamInto(ctx, t, s, m, []*snapshot.Result{res}, isDone, nil)
 		checkModel(ctx, t, cs, m, "public.a", "SELECT * FROM a", 0)
 		checkModel(ctx, t, cs, m, "public.b", "SELECT * FROM b", 0)

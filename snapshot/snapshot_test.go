@@ -52,7 +52,7 @@ func insertTypeRows(t *testing.T, cs string, base int) {
 	for i, r := range typeRows {
 		stmts = append(stmts, fmt.Sprintf("INSERT INTO types (%s) VALUES (%d, %s)", typeNames, base+i+1, r))
 	}
-	mustExec(t, cs, stmts...)
+	pgtest.ExecAll(t, cs, stmts...)
 }
 
 // TestTypes: rows copied and the same rows streamed carry the same columns, byte for byte, in
@@ -65,8 +65,8 @@ func TestTypes(t *testing.T) {
 			t.Run(map[bool]string{false: "text", true: "binary"}[binary], func(t *testing.T) {
 				db := pgtest.NewDatabase(t, srv)
 				cs := srv.ConnString(db)
-				ctx := testCtx(t, 2*time.Minute)
-				mustExec(t, cs, typeSetup, "CREATE TABLE types ("+typeColumns+")", "CREATE PUBLICATION pub FOR TABLE types")
+				ctx := pgtest.Context(t, 2*time.Minute)
+				pgtest.ExecAll(t, cs, typeSetup, "CREATE TABLE types ("+typeColumns+")", "CREATE PUBLICATION pub FOR TABLE types")
 				insertTypeRows(t, cs, 0)
 				conn, snap, _ := connectSlot(ctx, t, srv, db, "s", binary, "pub")
 				insertTypeRows(t, cs, 1000) // after the consistent point: streamed, not copied
@@ -222,11 +222,11 @@ func TestConcurrentWrites(t *testing.T) {
 		binary := srv.Major() >= 18
 		db := pgtest.NewDatabase(t, srv)
 		cs := srv.ConnString(db)
-		ctx := testCtx(t, 3*time.Minute)
+		ctx := pgtest.Context(t, 3*time.Minute)
 		seed := uint64(time.Now().UnixNano())
 		t.Logf("seed %d", seed)
 		const n = 12000
-		mustExec(t, cs, `CREATE TABLE big (id int PRIMARY KEY, v int NOT NULL, pad text NOT NULL)`,
+		pgtest.ExecAll(t, cs, `CREATE TABLE big (id int PRIMARY KEY, v int NOT NULL, pad text NOT NULL)`,
 			`CREATE TABLE done (id int PRIMARY KEY)`,
 			fmt.Sprintf(`INSERT INTO big SELECT i, 0, md5(i::text) || md5((-i)::text) FROM generate_series(1, %d) i`, n),
 			`CREATE PUBLICATION pub FOR TABLE big, done`)
@@ -317,7 +317,7 @@ func TestConcurrentWrites(t *testing.T) {
 		must(t, w.waitFor(ctx, 20))
 		w.stop()
 		t.Logf("writer: %s", w)
-		mustExec(t, cs, `INSERT INTO done VALUES (1)`)
+		pgtest.ExecAll(t, cs, `INSERT INTO done VALUES (1)`)
 		streamInto(ctx, t, s, m, []*snapshot.Result{res}, isDone, nil)
 		checkModel(ctx, t, cs, m, "public.big", "SELECT * FROM big", 0)
 	})

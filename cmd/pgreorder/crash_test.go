@@ -167,7 +167,7 @@ func crashResume(t *testing.T, major int, rng *rand.Rand, start func(dsn, slot, 
 		mu    sync.Mutex
 		cmd   *exec.Cmd
 		kills int
-		logs  lockedBuffer
+		logs  pgtest.LockedBuffer
 	)
 	workloadSeed, killerRng := rng.Uint64(), rand.New(rand.NewPCG(rng.Uint64(), 1))
 	launch := func() error {
@@ -476,22 +476,4 @@ func checkTableEqualsOutput(t *testing.T, ctx context.Context, dsn, path string)
 	}
 	require.NoError(t, res.Err())
 	require.Equal(t, len(rows), n, "rows in the output that the table does not have")
-}
-
-// lockedBuffer collects a child's output, written from exec's goroutines and read by the test.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
