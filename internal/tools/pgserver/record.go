@@ -122,12 +122,25 @@ func Record(ctx context.Context, connString string, w *Workload, opts RecordOpti
 		}
 	}()
 	slots := make([]string, len(variants))
+	// The slots are temporary, but a temporary slot goes away only once the server has ended the
+	// backend of the connection that made it, after that connection closed: a Record that
+	// follows at once, with the same names, could find them. They are dropped here instead.
+	var made []string
+	defer func() {
+		for _, slot := range made {
+			q := "SELECT pg_catalog.pg_drop_replication_slot(" + quoteLiteral(slot) + ")"
+			if _, derr := ctl.Exec(context.Background(), q).ReadAll(); derr != nil && err == nil {
+				err = fmt.Errorf("pgserver: record: dropping slot %s: %w", slot, derr)
+			}
+		}
+	}()
 	for i, v := range variants {
 		slots[i] = name + "_" + strings.ReplaceAll(v.Name, "-", "_")
 		q := fmt.Sprintf("SELECT pg_create_logical_replication_slot(%s, 'pgoutput', true, %t)", quoteLiteral(slots[i]), v.TwoPhase)
 		if _, err := ctl.Exec(ctx, q).ReadAll(); err != nil {
 			return nil, fmt.Errorf("pgserver: record: creating slot %s: %w", slots[i], err)
 		}
+		made = append(made, slots[i])
 	}
 	if err := runSteps(ctx, connString, sessions, w.Workload); err != nil {
 		return nil, err
