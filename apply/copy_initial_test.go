@@ -327,9 +327,10 @@ func TestCopyRetry(t *testing.T) {
 				preload(t, ctx, e, rng)
 				killer := newTerminator(t, side.dsn(e))
 				var (
-					mu     sync.Mutex
-					chunks int
-					killed int
+					mu       sync.Mutex
+					chunks   int
+					killed   int
+					killFail bool
 				)
 				cfg := e.config(t, Parallel)
 				cfg.Copy, cfg.CopyWorkers = true, 2
@@ -339,13 +340,18 @@ func TestCopyRetry(t *testing.T) {
 					}
 					mu.Lock()
 					defer mu.Unlock()
-					if chunks++; chunks >= 5 && killed == 0 {
-						n, err := killer.kill(ctx, side.cond)
+					if chunks++; chunks >= 5 && killed == 0 && !killFail {
+						// Not on the copy's context: another worker's failure may end it while
+						// the query runs, and a query cut short closes the terminator's
+						// connection for every later attempt.
+						kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+						defer cancel()
+						n, err := killer.kill(kctx, side.cond)
 						killed = n
 						if err != nil {
+							killFail = true // reported below as no connection terminated
 							t.Logf("terminating the copy's connections: %v", err)
 						}
-						return err
 					}
 					return nil
 				}}
