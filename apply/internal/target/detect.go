@@ -1,4 +1,4 @@
-package apply
+package target
 
 import (
 	"bytes"
@@ -16,7 +16,6 @@ import (
 
 	"github.com/pgreorder/pgreorder/apply/conflict"
 	"github.com/pgreorder/pgreorder/decoding"
-	"github.com/pgreorder/pgreorder/reorderbuffer"
 )
 
 // Conflict detection keeps the applier's fast paths as they are and pays only where something
@@ -43,23 +42,27 @@ import (
 // Lookups and resolutions run on the connection applying the transaction, inside it, in the
 // order of the statements.
 
-// detection is what a session knows about the target for conflict detection; shared by its
+// Detection is what a session knows about the target for conflict detection; shared by its
 // targets, read-only once made.
-type detection struct {
-	cfg     *conflict.Config
-	trackTS bool     // the target has track_commit_timestamp on
-	ours    []uint32 // the Applier's replication origins' ids, when it has origins
-	origin  string   // the Applier's (the leader's) origin name, or ""
-	tomb    *tombstones
-	logSQL  string // inserts conflict rows into conflict.Config.LogTable, or ""
-	log     *slog.Logger
+type Detection struct {
+	Config  *conflict.Config
+	TrackTS bool     // the target has track_commit_timestamp on
+	Ours    []uint32 // the Applier's replication origins' ids, when it has origins
+	Origin  string   // the Applier's (the leader's) origin name, or ""
+	Tomb    *Tombstones
+	LogSQL  string // inserts conflict rows into conflict.Config.LogTable, or ""
+	Log     *slog.Logger
 }
 
+// SetDetection turns conflict detection on for the connection's next transactions, with the
+// session's d (nil: off).
+func (t *Conn) SetDetection(d *Detection) { t.det.Detection = d }
+
 // on reports whether conflict detection is on.
-func (d *detector) on() bool { return d.detection != nil }
+func (d *detector) on() bool { return d.Detection != nil }
 
 // originCheck reports whether updates and deletes check the origin of the row they change.
-func (d *detection) originCheck() bool { return d.trackTS && len(d.ours) > 0 }
+func (d *Detection) originCheck() bool { return d.TrackTS && len(d.Ours) > 0 }
 
 // remoteTxn is the source transaction a target applies, as conflict reports name it.
 type remoteTxn struct {
@@ -91,16 +94,16 @@ WHERE i.indrelid = $1::oid AND (i.indisunique OR i.indisexclusion) AND i.indisva
 ORDER BY c.relname`
 
 // conflictInfo returns the unique indexes of m's target table, read the first time.
-func (t *target) conflictInfo(ctx context.Context, m *relMap) (*relConflict, error) {
+func (t *Conn) conflictInfo(ctx context.Context, m *Table) (*relConflict, error) {
 	if rc := t.det.cinfo[m.info]; rc != nil {
 		return rc, nil
 	}
-	rows, err := query(ctx, t.conn, uniqueQuery, strconv.FormatUint(uint64(m.oid), 10))
+	rows, err := Query(ctx, t.PG, uniqueQuery, strconv.FormatUint(uint64(m.oid), 10))
 	if err != nil {
-		return nil, fmt.Errorf("apply: reading the unique indexes of %s: %w", m.name, err)
+		return nil, fmt.Errorf("apply: reading the unique indexes of %s: %w", m.Name, err)
 	}
 	byName := map[string]int{}
-	for i, c := range m.info.rel.Columns {
+	for i, c := range m.info.Rel.Columns {
 		byName[c.Name] = i
 	}
 	rc := &relConflict{onConflict: len(rows) > 0, inUnique: make([]bool, len(m.cols))}
@@ -126,17 +129,17 @@ func (t *target) conflictInfo(ctx context.Context, m *relMap) (*relConflict, err
 		}
 	}
 	if t.det.cinfo == nil {
-		t.det.cinfo = map[*relInfo]*relConflict{}
+		t.det.cinfo = map[*Relation]*relConflict{}
 	}
 	t.det.cinfo[m.info] = rc
-	if t.det.tomb != nil && !m.full && len(m.key) > 0 {
-		t.det.tomb.want(m)
+	if t.det.Tomb != nil && !m.full && len(m.key) > 0 {
+		t.det.Tomb.want(m)
 	}
 	return rc, nil
 }
 
 // checkedSQL is the statement s sends with detection: plain plus its check.
-func (t *target) checkedSQL(m *relMap, s *stmt, shape string) string {
+func (t *Conn) checkedSQL(m *Table, s *stmt, shape string) string {
 	switch shape[0] {
 	case 'I':
 		rc, err := t.conflictInfo(context.Background(), m)
@@ -149,8 +152,8 @@ func (t *target) checkedSQL(m *relMap, s *stmt, shape string) string {
 			s.where = []byte(shape[1:])
 		}
 		if t.det.originCheck() {
-			ids := make([]string, len(t.det.ours))
-			for i, id := range t.det.ours {
+			ids := make([]string, len(t.det.Ours))
+			for i, id := range t.det.Ours {
 				ids[i] = "'" + strconv.FormatUint(uint64(id), 10) + "'"
 			}
 			// A row last changed by a transaction without commit timestamp (frozen, older than
@@ -171,7 +174,7 @@ func counted(sql string) string {
 }
 
 // hasChecked reports whether the batch holds checked statements.
-func (t *target) hasChecked() bool {
+func (t *Conn) hasChecked() bool {
 	if !t.det.on() {
 		return false
 	}
@@ -187,21 +190,21 @@ func (t *target) hasChecked() bool {
 // transaction changed no row, after a savepoint: the batch that commits holds its last
 // statements, whose conflicts must be resolved before the commit. The check failing skips the
 // commit and leaves the transaction as it was at the savepoint; see heldBack.
-func (t *target) commitCheck() {
-	t.control("SAVEPOINT pgr_commit")
+func (t *Conn) commitCheck() {
+	t.Control("SAVEPOINT pgr_commit")
 	// Divides by zero when marked (not a constant: the planner would fold it and fail always).
-	t.control("SELECT 1 / (pg_catalog.current_setting('pgreorder.missed', true) IS DISTINCT FROM 'on')::int")
+	t.Control("SELECT 1 / (pg_catalog.current_setting('pgreorder.missed', true) IS DISTINCT FROM 'on')::int")
 	t.ops[len(t.ops)-1].check = true
-	t.control("RELEASE SAVEPOINT pgr_commit")
+	t.Control("RELEASE SAVEPOINT pgr_commit")
 }
 
 // errRecommit says that the commit was held back by its check: send it again.
 var errRecommit = errors.New("apply: commit held back by a conflict")
 
 // heldBack undoes the failed check and resolves the conflicts of the batch.
-func (t *target) heldBack(ctx context.Context, ops []batchOp, missed []int) error {
-	t.stats.roundTrips.Add(1)
-	err := t.conn.Exec(ctx, "ROLLBACK TO SAVEPOINT pgr_commit; RELEASE SAVEPOINT pgr_commit; "+
+func (t *Conn) heldBack(ctx context.Context, ops []batchOp, missed []int) error {
+	t.stats.RoundTrips.Add(1)
+	err := t.PG.Exec(ctx, "ROLLBACK TO SAVEPOINT pgr_commit; RELEASE SAVEPOINT pgr_commit; "+
 		"SELECT pg_catalog.set_config('pgreorder.missed', '', true)").Close()
 	if err != nil {
 		return err
@@ -277,7 +280,7 @@ func (d *detector) resetArgs() {
 
 // queueUpdate queues an UPDATE with detection: kept for resolution, and alone after a
 // savepoint when it may violate a unique constraint.
-func (t *target) queueUpdate(ctx context.Context, m *relMap, st *stmt, u *decoding.Update, whereAt int, full bool,
+func (t *Conn) queueUpdate(ctx context.Context, m *Table, st *stmt, u *decoding.Update, whereAt int, full bool,
 	params [][]byte, formats []int16, sets int) error {
 	if st.where == nil {
 		st.where, st.full = bytes.Clone(t.shape[whereAt:]), full
@@ -294,13 +297,13 @@ func (t *target) queueUpdate(ctx context.Context, m *relMap, st *stmt, u *decodi
 	op := batchOp{op: 'U', rel: m, keyAt: int32(sets), guarded: st.risky}
 	if st.risky {
 		// At the end of the batch, which is sent at once: a violation skips nothing after it.
-		t.control("SAVEPOINT pgr_guard")
+		t.Control("SAVEPOINT pgr_guard")
 	}
 	op.row, op.nrow = t.det.keepTuple(u.New)
 	t.queue(st, params, formats, op)
 	if st.risky {
-		t.control("RELEASE SAVEPOINT pgr_guard")
-		return t.flushBatch(ctx)
+		t.Control("RELEASE SAVEPOINT pgr_guard")
+		return t.FlushBatch(ctx)
 	}
 	return t.maybeFlush(ctx)
 }
@@ -309,13 +312,13 @@ func (t *target) queueUpdate(ctx context.Context, m *relMap, st *stmt, u *decodi
 // meet are resolved before what comes next: a savepoint, a rollback to one, or the commit
 // (which must not go in the same round trip as statements whose conflicts may stop it). With
 // detection, a transaction whose last changes are not sent yet takes one round trip more.
-func (t *target) settleChecks(ctx context.Context) error {
+func (t *Conn) settleChecks(ctx context.Context) error {
 	if !t.det.on() {
 		return nil
 	}
 	for i := range t.ops {
 		if t.ops[i].st != nil {
-			return t.flushBatch(ctx)
+			return t.FlushBatch(ctx)
 		}
 	}
 	return nil
@@ -327,33 +330,33 @@ func isViolation(err error) bool {
 }
 
 // exec runs one statement of conflict resolution and returns its rows as text.
-func (t *target) exec(ctx context.Context, sql string, params [][]byte, oids []uint32, formats []int16) (*pgconn.Result, error) {
-	t.stats.roundTrips.Add(1)
-	t.stats.statements.Add(1)
+func (t *Conn) exec(ctx context.Context, sql string, params [][]byte, oids []uint32, formats []int16) (*pgconn.Result, error) {
+	t.stats.RoundTrips.Add(1)
+	t.stats.Statements.Add(1)
 	if allZero(formats) {
 		formats = nil
 	}
-	res := t.conn.ExecParams(ctx, sql, params, oids, formats, nil).Read()
+	res := t.PG.ExecParams(ctx, sql, params, oids, formats, nil).Read()
 	return res, res.Err
 }
 
 // localQuery selects the rows of m that cond (with parameters from $1) names, with what a
 // report says of them: xmin, tableoid, ctid, the source columns, and with commit timestamps
 // the commit time (microseconds since the epoch) and origin name.
-func (t *target) localQuery(m *relMap, cond []byte) string {
+func (t *Conn) localQuery(m *Table, cond []byte) string {
 	var b strings.Builder
 	b.WriteString("SELECT r.*")
-	if t.det.trackTS {
+	if t.det.TrackTS {
 		b.WriteString(`, (pg_catalog.date_part('epoch', ts."timestamp") * 1000000)::int8, o.roname`)
 	}
 	b.WriteString(" FROM (SELECT xmin AS pgr_xmin, tableoid AS pgr_tableoid, ctid AS pgr_ctid")
 	for _, c := range m.cols {
 		b.WriteString(", " + c.name)
 	}
-	b.WriteString(" FROM " + m.name + " WHERE ")
+	b.WriteString(" FROM " + m.Name + " WHERE ")
 	b.Write(cond)
 	b.WriteString(") r")
-	if t.det.trackTS {
+	if t.det.TrackTS {
 		b.WriteString(" LEFT JOIN LATERAL pg_catalog.pg_xact_commit_timestamp_origin(r.pgr_xmin) ts ON true" +
 			" LEFT JOIN pg_catalog.pg_replication_origin o ON o.roident = ts.roident")
 	}
@@ -366,7 +369,7 @@ type localRow struct {
 	tableoid, ctid string
 }
 
-func (t *target) parseLocal(m *relMap, r [][]byte) localRow {
+func (t *Conn) parseLocal(m *Table, r [][]byte) localRow {
 	var l localRow
 	x, _ := strconv.ParseUint(string(r[0]), 10, 32)
 	l.Xid = uint32(x)
@@ -374,9 +377,9 @@ func (t *target) parseLocal(m *relMap, r [][]byte) localRow {
 	n := len(m.cols)
 	l.Row = make([]conflict.ColumnValue, n)
 	for i := range n {
-		l.Row[i] = conflict.ColumnValue{Name: m.info.rel.Columns[i].Name, Value: textValue(r[3+i], 0)}
+		l.Row[i] = conflict.ColumnValue{Name: m.info.Rel.Columns[i].Name, Value: textValue(r[3+i], 0)}
 	}
-	if t.det.trackTS && len(r) >= 5+n {
+	if t.det.TrackTS && len(r) >= 5+n {
 		if r[3+n] != nil {
 			us, _ := strconv.ParseInt(string(r[3+n]), 10, 64)
 			l.CommitTime = time.UnixMicro(us).UTC()
@@ -405,11 +408,11 @@ func textValue(v []byte, format int16) *string {
 }
 
 // identityOf describes the replica identity op names.
-func identityOf(m *relMap, st *stmt, key [][]byte, formats []int16) []conflict.ColumnValue {
+func identityOf(m *Table, st *stmt, key [][]byte, formats []int16) []conflict.ColumnValue {
 	var out []conflict.ColumnValue
 	k := 0
 	add := func(i int, s byte) {
-		cv := conflict.ColumnValue{Name: m.info.rel.Columns[i].Name}
+		cv := conflict.ColumnValue{Name: m.info.Rel.Columns[i].Name}
 		if s == 1 && k < len(key) {
 			cv.Value = textValue(key[k], formats[k])
 			k++
@@ -431,21 +434,21 @@ func identityOf(m *relMap, st *stmt, key [][]byte, formats []int16) []conflict.C
 }
 
 // rowOf describes a kept source row.
-func rowOf(m *relMap, row [][]byte, formats []int16) []conflict.ColumnValue {
+func rowOf(m *Table, row [][]byte, formats []int16) []conflict.ColumnValue {
 	out := make([]conflict.ColumnValue, 0, len(row))
 	for i, v := range row {
 		if formats[i] == fmtUnchanged {
 			continue
 		}
-		out = append(out, conflict.ColumnValue{Name: m.info.rel.Columns[i].Name, Value: textValue(v, formats[i])})
+		out = append(out, conflict.ColumnValue{Name: m.info.Rel.Columns[i].Name, Value: textValue(v, formats[i])})
 	}
 	return out
 }
 
 // newConflict starts the report of a conflict of the transaction being applied.
-func (d *detector) newConflict(ct conflict.Type, m *relMap) *conflict.Report {
+func (d *detector) newConflict(ct conflict.Type, m *Table) *conflict.Report {
 	r := d.opSrc
-	c := &conflict.Report{Type: ct, Relation: m.name, RemoteXid: r.xid, RemoteFinalLSN: r.end,
+	c := &conflict.Report{Type: ct, Relation: m.Name, RemoteXid: r.xid, RemoteFinalLSN: r.end,
 		RemoteCommitTime: r.commitTime, RemoteOrigin: r.origin}
 	return c
 }
@@ -453,7 +456,7 @@ func (d *detector) newConflict(ct conflict.Type, m *relMap) *conflict.Report {
 // resolve decides what to do about c: it returns whether to apply the source change, or an
 // error when the resolution is conflict.Error. The report is kept until the transaction commits.
 func (d *detector) resolve(c *conflict.Report, op Op) (bool, error) {
-	r := d.cfg.Resolution(c.Type)
+	r := d.Config.Resolution(c.Type)
 	apply := false
 	switch r {
 	case conflict.ApplyRemote:
@@ -467,7 +470,7 @@ func (d *detector) resolve(c *conflict.Report, op Op) (bool, error) {
 		}
 	case conflict.Error:
 		c.Resolution = r
-		return false, &changeError{kind: ErrConflict, op: op, relation: c.Relation, err: newConflictError(c)}
+		return false, &ChangeError{Kind: KindConflict, Op: op, Relation: c.Relation, Err: newConflictError(c)}
 	}
 	c.Resolution = r
 	d.reports = append(d.reports, c)
@@ -509,16 +512,6 @@ func rowText(row []conflict.ColumnValue) string {
 	return b.String()
 }
 
-// conflictStopped counts and logs a conflict that stops Run (err is the transaction's final
-// error: a transaction retried alone after failing among others is counted once).
-func (s *session) conflictStopped(err error) {
-	var ce *conflict.StopError
-	if errors.As(err, &ce) {
-		s.stats.conflicts[ce.Report.Type].Add(1)
-		logConflict(ce.Report, s.log, slog.LevelError)
-	}
-}
-
 // completeReports fills in the commit of the source transaction in reports made before it
 // arrived (a transaction applied as its parts arrive).
 func (d *detector) completeReports() {
@@ -536,10 +529,10 @@ func (d *detector) completeReports() {
 }
 
 // emitReports logs and counts the conflicts of the transaction that just committed.
-func (d *detector) emitReports(stats *targetCounters, log *slog.Logger) {
+func (d *detector) emitReports(stats *Counters, log *slog.Logger) {
 	for _, c := range d.reports {
-		stats.conflicts[c.Type].Add(1)
-		logConflict(c, log, slog.LevelWarn)
+		stats.Conflicts[c.Type].Add(1)
+		LogConflict(c, log, slog.LevelWarn)
 	}
 	d.dropReports()
 }
@@ -550,10 +543,10 @@ func (d *detector) dropReports() {
 }
 
 // source records the source transaction being applied: its xid, and once its commit arrived, c.
-func (d *detector) source(xid uint32, c *reorderbuffer.Txn) {
+func (d *detector) source(xid uint32, c *SourceCommit) {
 	d.remote = remoteTxn{xid: xid}
 	if c != nil {
-		d.remote.commitTime, d.remote.origin, d.remote.end = c.CommitTime, c.Origin, c.EndLSN
+		d.remote.commitTime, d.remote.origin, d.remote.end = c.Time, c.Origin, c.End
 	}
 	if !d.on() {
 		return
@@ -593,9 +586,9 @@ func (d *detector) rollback() {
 
 // committed records that the target transaction committed: its conflicts are counted and
 // logged, and the apply lag is the tombstones'.
-func (d *detector) committed(stats *targetCounters, log *slog.Logger) {
-	if d.on() && d.tomb != nil {
-		d.tomb.committed(d.remote.commitTime)
+func (d *detector) committed(stats *Counters, log *slog.Logger) {
+	if d.on() && d.Tomb != nil {
+		d.Tomb.committed(d.remote.commitTime)
 	}
 	d.emitReports(stats, log)
 	d.srcs = d.srcs[:0]
@@ -617,7 +610,7 @@ func (d *detector) srcOf(op batchOp) remoteTxn {
 }
 
 // resolveMissed resolves a checked statement that affected no row.
-func (t *target) resolveMissed(ctx context.Context, op batchOp) error {
+func (t *Conn) resolveMissed(ctx context.Context, op batchOp) error {
 	t.det.resolved++
 	t.det.opSrc = t.det.srcOf(op)
 	switch op.op {
@@ -631,7 +624,7 @@ func (t *target) resolveMissed(ctx context.Context, op batchOp) error {
 
 // uniqueLocals looks up, for each unique index of m, the local row holding the key of row;
 // skip names a row not to count (the one an UPDATE changes).
-func (t *target) uniqueLocals(ctx context.Context, m *relMap, row [][]byte, formats []int16, skip *localRow) ([]conflict.LocalRow, []localRow, error) {
+func (t *Conn) uniqueLocals(ctx context.Context, m *Table, row [][]byte, formats []int16, skip *localRow) ([]conflict.LocalRow, []localRow, error) {
 	rc, err := t.conflictInfo(ctx, m)
 	if err != nil {
 		return nil, nil, err
@@ -655,7 +648,7 @@ func (t *target) uniqueLocals(ctx context.Context, m *relMap, row [][]byte, form
 			}
 			cond = append(cond, m.cols[i].name+" = $"+strconv.Itoa(j+1)...)
 			params, fmts, oids = append(params, row[i]), append(fmts, formats[i]), append(oids, m.cols[i].typeOID)
-			key = append(key, conflict.ColumnValue{Name: m.info.rel.Columns[i].Name, Value: textValue(row[i], formats[i])})
+			key = append(key, conflict.ColumnValue{Name: m.info.Rel.Columns[i].Name, Value: textValue(row[i], formats[i])})
 		}
 		if !usable {
 			continue
@@ -678,7 +671,7 @@ func (t *target) uniqueLocals(ctx context.Context, m *relMap, row [][]byte, form
 }
 
 // deleteLocals deletes the local rows (once each).
-func (t *target) deleteLocals(ctx context.Context, m *relMap, rows []localRow) error {
+func (t *Conn) deleteLocals(ctx context.Context, m *Table, rows []localRow) error {
 	seen := map[string]bool{}
 	for _, l := range rows {
 		k := l.tableoid + "/" + l.ctid
@@ -686,7 +679,7 @@ func (t *target) deleteLocals(ctx context.Context, m *relMap, rows []localRow) e
 			continue
 		}
 		seen[k] = true
-		_, err := t.exec(ctx, "DELETE FROM "+m.name+" WHERE tableoid = $1::oid AND ctid = $2::tid",
+		_, err := t.exec(ctx, "DELETE FROM "+m.Name+" WHERE tableoid = $1::oid AND ctid = $2::tid",
 			[][]byte{[]byte(l.tableoid), []byte(l.ctid)}, nil, nil)
 		if err != nil {
 			return t.statementError(batchOp{op: 'D', rel: m}, err)
@@ -696,7 +689,7 @@ func (t *target) deleteLocals(ctx context.Context, m *relMap, rows []localRow) e
 }
 
 // insertConflict resolves an INSERT ... ON CONFLICT DO NOTHING that inserted nothing.
-func (t *target) insertConflict(ctx context.Context, op batchOp) error {
+func (t *Conn) insertConflict(ctx context.Context, op batchOp) error {
 	m := op.rel
 	row, formats := t.det.kept(op.arg, op.narg)
 	// A local transaction may insert a conflicting row between the lookup and the INSERT (the
@@ -749,7 +742,7 @@ func (t *target) insertConflict(ctx context.Context, op batchOp) error {
 
 // rowMissed resolves an UPDATE or DELETE that changed no row: its row was changed by another
 // origin, or is missing (or was deleted).
-func (t *target) rowMissed(ctx context.Context, op batchOp) error {
+func (t *Conn) rowMissed(ctx context.Context, op batchOp) error {
 	m, st := op.rel, op.st
 	params, formats := t.det.kept(op.arg, op.narg)
 	key, keyFormats := params[op.keyAt:], formats[op.keyAt:]
@@ -803,8 +796,8 @@ func (t *target) rowMissed(ctx context.Context, op batchOp) error {
 	}
 	ct := conflict.UpdateMissing
 	var deleted *conflict.LocalRow
-	if t.det.tomb != nil && !st.full && len(m.key) > 0 {
-		d, err := t.det.tomb.lookup(ctx, t, m, key, keyFormats)
+	if t.det.Tomb != nil && !st.full && len(m.key) > 0 {
+		d, err := t.det.Tomb.lookup(ctx, t, m, key, keyFormats)
 		if err != nil {
 			return err
 		}
@@ -843,9 +836,9 @@ func (t *target) rowMissed(ctx context.Context, op batchOp) error {
 }
 
 // insertSQL is the plain INSERT of every source column of m.
-func (t *target) insertSQL(m *relMap) string {
+func (t *Conn) insertSQL(m *Table) string {
 	var b strings.Builder
-	b.WriteString("INSERT INTO " + m.name + " " + m.copyCols + " VALUES (")
+	b.WriteString("INSERT INTO " + m.Name + " " + m.copyCols + " VALUES (")
 	for i := range m.cols {
 		if i > 0 {
 			b.WriteString(", ")
@@ -856,7 +849,7 @@ func (t *target) insertSQL(m *relMap) string {
 	return b.String()
 }
 
-func (t *target) insertOIDs(m *relMap) []uint32 {
+func (t *Conn) insertOIDs(m *Table) []uint32 {
 	oids := make([]uint32, len(m.cols))
 	for i, c := range m.cols {
 		oids[i] = c.typeOID
@@ -867,9 +860,9 @@ func (t *target) insertOIDs(m *relMap) []uint32 {
 // updateExists resolves a guarded UPDATE, the last statement of its batch, that violated a
 // unique constraint: the transaction is rolled back to the guard, the conflicts of the
 // statements before it (missed) resolved, and the conflicting local rows looked up.
-func (t *target) updateExists(ctx context.Context, op batchOp, cause error, ops []batchOp, missed []int) error {
-	t.stats.roundTrips.Add(1)
-	if err := t.conn.Exec(ctx, "ROLLBACK TO SAVEPOINT pgr_guard; RELEASE SAVEPOINT pgr_guard").Close(); err != nil {
+func (t *Conn) updateExists(ctx context.Context, op batchOp, cause error, ops []batchOp, missed []int) error {
+	t.stats.RoundTrips.Add(1)
+	if err := t.PG.Exec(ctx, "ROLLBACK TO SAVEPOINT pgr_guard; RELEASE SAVEPOINT pgr_guard").Close(); err != nil {
 		return err
 	}
 	for _, j := range missed {
@@ -928,4 +921,33 @@ func (t *target) updateExists(ctx context.Context, op batchOp, cause error, ops 
 	}
 	t.checkResult(batchOp{op: 'U', rel: m}, tag.CommandTag)
 	return nil
+}
+
+// numConflictTypes is the number of conflict types, for arrays indexed by them.
+const numConflictTypes = int(conflict.MultipleUniqueConflicts) + 1
+
+// conflictIdents and resolutionIdents are the Go names of the constants, for hints.
+var (
+	conflictIdents = [numConflictTypes]string{
+		conflict.InsertExists: "InsertExists", conflict.UpdateOriginDiffers: "UpdateOriginDiffers",
+		conflict.UpdateExists: "UpdateExists", conflict.UpdateMissing: "UpdateMissing",
+		conflict.DeleteOriginDiffers: "DeleteOriginDiffers", conflict.UpdateDeleted: "UpdateDeleted",
+		conflict.DeleteMissing: "DeleteMissing", conflict.MultipleUniqueConflicts: "MultipleUniqueConflicts",
+	}
+	resolutionIdents = map[conflict.Resolution]string{
+		conflict.Default: "Default", conflict.Error: "Error", conflict.Skip: "Skip",
+		conflict.ApplyRemote: "ApplyRemote", conflict.LastUpdateWins: "LastUpdateWins",
+	}
+)
+
+// newConflictError is the error of conflict c, which stops Run, with its hint in terms of Config.
+func newConflictError(c *conflict.Report) *conflict.StopError {
+	e := &conflict.StopError{Report: c}
+	rs := e.Resolutions()
+	h := "set Config.Conflicts.Resolutions[conflict." + conflictIdents[c.Type] + "] to conflict." + resolutionIdents[rs[0]]
+	if len(rs) > 1 {
+		h += " (or conflict." + resolutionIdents[rs[1]] + ")"
+	}
+	e.Hint = h + " to get past it"
+	return e
 }

@@ -1,4 +1,4 @@
-package apply
+package target
 
 import (
 	"bytes"
@@ -11,8 +11,8 @@ import (
 	"github.com/pgreorder/pgreorder/apply/conflict"
 )
 
-// logConflict writes the report to l: the message at level, with the detail and the report's fields.
-func logConflict(c *conflict.Report, l *slog.Logger, level slog.Level) {
+// LogConflict writes the report to l: the message at level, with the detail and the report's fields.
+func LogConflict(c *conflict.Report, l *slog.Logger, level slog.Level) {
 	attrs := []slog.Attr{
 		slog.String("conflict", c.Type.String()),
 		slog.String("relation", c.Relation),

@@ -1,4 +1,4 @@
-package apply
+package target
 
 import (
 	"context"
@@ -19,11 +19,11 @@ import (
 const (
 	// tombstonePurgeRows bounds the tombstones one purge removes.
 	tombstonePurgeRows = 10000
-	// tombstoneTrigger is the name of the trigger that records deletions.
-	tombstoneTrigger = "pgreorder_tombstone"
+	// TombstoneTrigger is the name of the trigger that records deletions.
+	TombstoneTrigger = "pgreorder_tombstone"
 )
 
-// tombstones is the record of local deletions that update_deleted detection reads: a table of
+// Tombstones is the record of local deletions that update_deleted detection reads: a table of
 // (relid, key, deleted_at, xid) fed by an AFTER DELETE trigger on each target table the Applier
 // writes. The trigger is an ordinary one: it fires in local sessions, not in the Applier's (nor
 // in PostgreSQL's subscribers'), which run with session_replication_role = replica; a
@@ -32,15 +32,15 @@ const (
 // that no apply transaction waits for it), purges tombstones older than the retention, a
 // bounded number at a time, and stops and resumes recording as the apply lag crosses the
 // retention.
-type tombstones struct {
+type Tombstones struct {
 	table, fn string // quoted, qualified
 	retention time.Duration
-	opts      *targetOptions // of the maintainer's connection
-	stats     *tombstoneCounters
+	opts      *Options // of the maintainer's connection
+	stats     *TombstoneCounters
 	log       *slog.Logger
 
 	mu        sync.Mutex
-	wanted    map[uint32]*relMap // target tables without trigger yet, by OID
+	wanted    map[uint32]*Table // target tables without trigger yet, by OID
 	installed map[uint32]bool
 
 	lag atomic.Int64 // the apply lag at the last commit, in nanoseconds
@@ -49,38 +49,38 @@ type tombstones struct {
 	done   chan struct{}
 }
 
-// tombstoneNames returns the quoted, qualified names of the tombstone table and of its trigger
+// TombstoneNames returns the quoted, qualified names of the tombstone table and of its trigger
 // function, and the table's own name, for the configured tombstone table (conflict.Config's,
 // or "") and progress table, and a connection that resolved its names.
-func tombstoneNames(tg *target, tombstoneTable, progressTable string) (table, fn, base string) {
+func TombstoneNames(tg *Conn, tombstoneTable, progressTable string) (table, fn, base string) {
 	var parts []string
 	if tombstoneTable != "" {
-		parts, _ = parseQualified(tg.table(tombstoneTable))
-	} else if p, _ := parseQualified(progressTable); len(p) == 2 {
+		parts, _ = ParseQualified(tg.Table(tombstoneTable))
+	} else if p, _ := ParseQualified(progressTable); len(p) == 2 {
 		parts = []string{p[0], conflict.DefaultTombstoneTable}
 	} else {
-		parts, _ = parseQualified(tg.table(conflict.DefaultTombstoneTable))
+		parts, _ = ParseQualified(tg.Table(conflict.DefaultTombstoneTable))
 	}
 	base = parts[len(parts)-1]
-	table = quoteQualified(parts)
+	table = QuoteQualified(parts)
 	parts[len(parts)-1] = base + "_record"
-	return table, quoteQualified(parts), base
+	return table, QuoteQualified(parts), base
 }
 
-// newTombstones creates the tombstone table and the trigger function (recording) through tg, for
+// NewTombstones creates the tombstone table and the trigger function (recording) through tg, for
 // the conflict configuration cc and the configured progress table; the maintainer connects with
 // tg's options.
-func newTombstones(ctx context.Context, tg *target, cc *conflict.Config, progressTable string, stats *tombstoneCounters,
-	log *slog.Logger) (*tombstones, error) {
+func NewTombstones(ctx context.Context, tg *Conn, cc *conflict.Config, progressTable string, stats *TombstoneCounters,
+	log *slog.Logger) (*Tombstones, error) {
 	if cc.TombstoneTable != "" {
-		if _, err := parseQualified(cc.TombstoneTable); err != nil {
-			return nil, fmt.Errorf("%w: TombstoneTable: %v", ErrInvalidConfig, err)
+		if _, err := ParseQualified(cc.TombstoneTable); err != nil {
+			return nil, configError("TombstoneTable: %v", err)
 		}
 	}
-	table, fn, base := tombstoneNames(tg, cc.TombstoneTable, progressTable)
-	tb := &tombstones{table: table, fn: fn, retention: cc.Retention, opts: tg.opts,
-		stats: stats, log: log, wanted: map[uint32]*relMap{}, installed: map[uint32]bool{}, active: true}
-	idx := func(suffix string) string { return quoteIdent(base + suffix) } // in the table's schema
+	table, fn, base := TombstoneNames(tg, cc.TombstoneTable, progressTable)
+	tb := &Tombstones{table: table, fn: fn, retention: cc.Retention, opts: tg.opts,
+		stats: stats, log: log, wanted: map[uint32]*Table{}, installed: map[uint32]bool{}, active: true}
+	idx := func(suffix string) string { return QuoteIdent(base + suffix) } // in the table's schema
 	// One statement at a time, through the extended protocol, which takes no more than one.
 	for _, sql := range []string{
 		"CREATE TABLE IF NOT EXISTS " + tb.table + " (relid pg_catalog.oid NOT NULL, key pg_catalog.text[] NOT NULL, " +
@@ -94,11 +94,11 @@ func newTombstones(ctx context.Context, tg *target, cc *conflict.Config, progres
 		"REVOKE ALL ON FUNCTION " + tb.fn + "() FROM PUBLIC",
 		"SET pgreorder.applying = on",
 	} {
-		if _, err := tg.conn.ExecParams(ctx, sql, nil, nil, nil, nil).Close(); err != nil {
+		if _, err := tg.PG.ExecParams(ctx, sql, nil, nil, nil, nil).Close(); err != nil {
 			return nil, fmt.Errorf("apply: setting up the tombstone table %s: %w", tb.table, err)
 		}
 	}
-	stats.retentionActive.Store(true)
+	stats.RetentionActive.Store(true)
 	return tb, nil
 }
 
@@ -106,7 +106,7 @@ func newTombstones(ctx context.Context, tg *target, cc *conflict.Config, progres
 // their role and search_path: it runs as its owner, the Applier's role (SECURITY DEFINER), the
 // only one that may write the tombstone table, with a search_path of its own, and names every
 // object with its schema.
-func (tb *tombstones) function(record bool) string {
+func (tb *Tombstones) function(record bool) string {
 	body := "BEGIN RETURN NULL; END"
 	if record {
 		body = `BEGIN
@@ -124,7 +124,7 @@ END`
 }
 
 // want asks for the trigger on m's target table.
-func (tb *tombstones) want(m *relMap) {
+func (tb *Tombstones) want(m *Table) {
 	tb.mu.Lock()
 	defer tb.mu.Unlock()
 	if !tb.installed[m.oid] {
@@ -133,14 +133,14 @@ func (tb *tombstones) want(m *relMap) {
 }
 
 // committed records the apply lag of a source transaction just committed.
-func (tb *tombstones) committed(commitTime time.Time) {
+func (tb *Tombstones) committed(commitTime time.Time) {
 	if !commitTime.IsZero() {
-		tb.lag.Store(int64(tb.opts.now().Sub(commitTime)))
+		tb.lag.Store(int64(tb.opts.Now().Sub(commitTime)))
 	}
 }
 
 // lookup returns the latest tombstone of key in m's table, or nil.
-func (tb *tombstones) lookup(ctx context.Context, t *target, m *relMap, key [][]byte, formats []int16) (*conflict.LocalRow, error) {
+func (tb *Tombstones) lookup(ctx context.Context, t *Conn, m *Table, key [][]byte, formats []int16) (*conflict.LocalRow, error) {
 	var b strings.Builder
 	b.WriteString(`SELECT (pg_catalog.date_part('epoch', deleted_at) * 1000000)::int8, xid::text FROM ` + tb.table +
 		` WHERE relid = $1 AND key = ARRAY[`)
@@ -167,8 +167,8 @@ func (tb *tombstones) lookup(ctx context.Context, t *target, m *relMap, key [][]
 	return &conflict.LocalRow{Xid: uint32(x), CommitTime: time.UnixMicro(us).UTC()}, nil
 }
 
-// start runs the maintainer until ctx is done; stop waits for it.
-func (tb *tombstones) start(ctx context.Context) (stop func()) {
+// Start runs the maintainer until ctx is done; stop waits for it.
+func (tb *Tombstones) Start(ctx context.Context) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	tb.done = make(chan struct{})
 	go func() {
@@ -181,7 +181,7 @@ func (tb *tombstones) start(ctx context.Context) (stop func()) {
 	}
 }
 
-func (tb *tombstones) run(ctx context.Context) {
+func (tb *Tombstones) run(ctx context.Context) {
 	tick := min(max(tb.retention/4, 50*time.Millisecond), time.Second)
 	var conn *pgconn.PgConn
 	defer func() {
@@ -210,11 +210,12 @@ func (tb *tombstones) run(ctx context.Context) {
 	}
 }
 
-func (tb *tombstones) connect(ctx context.Context) (*pgconn.PgConn, error) {
-	conn, _, err := dialTarget(ctx, tb.opts, "pgreorder apply "+tb.opts.slot+" tombstones")
+func (tb *Tombstones) connect(ctx context.Context) (*pgconn.PgConn, error) {
+	c, err := Dial(ctx, tb.opts, "pgreorder apply "+tb.opts.Slot+" tombstones")
 	if err != nil {
 		return nil, err
 	}
+	conn := c.PG
 	// Maintenance gives way to the tables' other users: a lock not granted soon is asked for
 	// again at the next tick.
 	if _, err := conn.ExecParams(ctx, "SELECT pg_catalog.set_config('lock_timeout', '1s', false), "+
@@ -226,9 +227,9 @@ func (tb *tombstones) connect(ctx context.Context) (*pgconn.PgConn, error) {
 }
 
 // maintain installs the triggers wanted, follows the lag, purges, and counts.
-func (tb *tombstones) maintain(ctx context.Context, conn *pgconn.PgConn) error {
+func (tb *Tombstones) maintain(ctx context.Context, conn *pgconn.PgConn) error {
 	tb.mu.Lock()
-	var todo []*relMap
+	var todo []*Table
 	for _, m := range tb.wanted {
 		todo = append(todo, m)
 	}
@@ -237,7 +238,7 @@ func (tb *tombstones) maintain(ctx context.Context, conn *pgconn.PgConn) error {
 		if err := tb.install(ctx, conn, m); err != nil {
 			if isCode(err, "42501") {
 				tb.log.Warn("the target role may not create the tombstone trigger: update_deleted is not detected for the table",
-					"relation", m.name, "err", err)
+					"relation", m.Name, "err", err)
 			} else {
 				return err // a lock timeout: next time
 			}
@@ -254,8 +255,8 @@ func (tb *tombstones) maintain(ctx context.Context, conn *pgconn.PgConn) error {
 			return err
 		}
 		tb.active = false
-		tb.stats.retentionActive.Store(false)
-		tb.stats.retentionStops.Add(1)
+		tb.stats.RetentionActive.Store(false)
+		tb.stats.RetentionStops.Add(1)
 		tb.log.Warn("apply lag exceeds the conflict retention: deletions are no longer recorded, update_deleted is reported as "+
 			"update_missing until the lag is back under it", "lag", lag, "retention", tb.retention)
 	case !tb.active && lag <= tb.retention:
@@ -263,7 +264,7 @@ func (tb *tombstones) maintain(ctx context.Context, conn *pgconn.PgConn) error {
 			return err
 		}
 		tb.active = true
-		tb.stats.retentionActive.Store(true)
+		tb.stats.RetentionActive.Store(true)
 		tb.log.Info("apply lag is back under the conflict retention: deletions are recorded again", "lag", lag,
 			"retention", tb.retention)
 	}
@@ -271,9 +272,9 @@ func (tb *tombstones) maintain(ctx context.Context, conn *pgconn.PgConn) error {
 }
 
 // install creates the trigger on m's table unless it is there.
-func (tb *tombstones) install(ctx context.Context, conn *pgconn.PgConn, m *relMap) error {
+func (tb *Tombstones) install(ctx context.Context, conn *pgconn.PgConn, m *Table) error {
 	oid := strconv.FormatUint(uint64(m.oid), 10)
-	rows, err := query(ctx, conn, "SELECT 1 FROM pg_catalog.pg_trigger WHERE tgrelid = $1::oid AND tgname = $2", oid, tombstoneTrigger)
+	rows, err := Query(ctx, conn, "SELECT 1 FROM pg_catalog.pg_trigger WHERE tgrelid = $1::oid AND tgname = $2", oid, TombstoneTrigger)
 	if err != nil || len(rows) > 0 {
 		return err
 	}
@@ -281,9 +282,9 @@ func (tb *tombstones) install(ctx context.Context, conn *pgconn.PgConn, m *relMa
 	// source, quoted by quoteLiteral, in one statement the extended protocol sends.
 	args := []string{quoteLiteral(oid)}
 	for _, i := range m.key {
-		args = append(args, quoteLiteral(m.info.rel.Columns[i].Name))
+		args = append(args, quoteLiteral(m.info.Rel.Columns[i].Name))
 	}
-	_, err = conn.ExecParams(ctx, "CREATE TRIGGER "+tombstoneTrigger+" AFTER DELETE ON "+m.name+" FOR EACH ROW EXECUTE FUNCTION "+
+	_, err = conn.ExecParams(ctx, "CREATE TRIGGER "+TombstoneTrigger+" AFTER DELETE ON "+m.Name+" FOR EACH ROW EXECUTE FUNCTION "+
 		tb.fn+"("+strings.Join(args, ", ")+")", nil, nil, nil, nil).Close()
 	if isCode(err, "42710") { // made meanwhile
 		return nil
@@ -293,7 +294,7 @@ func (tb *tombstones) install(ctx context.Context, conn *pgconn.PgConn, m *relMa
 
 // purge removes tombstones older than the retention, at most tombstonePurgeRows, and counts
 // the rest.
-func (tb *tombstones) purge(ctx context.Context, conn *pgconn.PgConn) error {
+func (tb *Tombstones) purge(ctx context.Context, conn *pgconn.PgConn) error {
 	us := strconv.FormatInt(tb.retention.Microseconds(), 10)
 	tag, err := conn.ExecParams(ctx, "DELETE FROM "+tb.table+" WHERE ctid = ANY (ARRAY(SELECT ctid FROM "+tb.table+
 		" WHERE deleted_at < pg_catalog.clock_timestamp() - $1::int8 * interval '1 microsecond' LIMIT "+
@@ -301,13 +302,13 @@ func (tb *tombstones) purge(ctx context.Context, conn *pgconn.PgConn) error {
 	if err != nil {
 		return err
 	}
-	tb.stats.tombstonesPurged.Add(tag.RowsAffected())
-	rows, err := query(ctx, conn, "SELECT count(*) FROM "+tb.table)
+	tb.stats.TombstonesPurged.Add(tag.RowsAffected())
+	rows, err := Query(ctx, conn, "SELECT count(*) FROM "+tb.table)
 	if err != nil {
 		return err
 	}
 	n, _ := strconv.ParseInt(string(rows[0][0]), 10, 64)
-	tb.stats.tombstones.Store(n)
+	tb.stats.TombstoneRows.Store(n)
 	return nil
 }
 
