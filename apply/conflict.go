@@ -8,6 +8,7 @@ import (
 	"slices"
 
 	"github.com/pgreorder/pgreorder/apply/conflict"
+	"github.com/pgreorder/pgreorder/apply/internal/detect"
 	"github.com/pgreorder/pgreorder/apply/internal/target"
 )
 
@@ -81,6 +82,6 @@ func (s *session) conflictStopped(err error) {
 	var ce *conflict.StopError
 	if errors.As(err, &ce) {
 		s.stats.Conflicts[ce.Report.Type].Add(1)
-		target.LogConflict(ce.Report, s.log, slog.LevelError)
+		detect.LogConflict(ce.Report, s.log, slog.LevelError)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 
+	"github.com/pgreorder/pgreorder/apply/internal/detect"
 	"github.com/pgreorder/pgreorder/apply/internal/target"
 )
 
@@ -61,7 +62,7 @@ func (s *session) setupConflicts(ctx context.Context) error {
 	if cfg.Conflicts.Off {
 		return nil
 	}
-	det := &target.Detection{Config: &cfg.Conflicts, Log: s.log}
+	det := &detect.Detection{Config: &cfg.Conflicts, Log: s.log}
 	if s.ours != nil {
 		det.Ours, det.Origin = s.ours, cfg.Origin
 	}
@@ -82,7 +83,7 @@ func (s *session) setupConflicts(ctx context.Context) error {
 		})
 	}
 	if cfg.Conflicts.LogTable != "" {
-		sql, err := target.SetupLogTable(ctx, tg, tg.Table(cfg.Conflicts.LogTable))
+		sql, err := detect.SetupLogTable(ctx, tg.PG, tg.Table(cfg.Conflicts.LogTable))
 		if err != nil {
 			return err
 		}

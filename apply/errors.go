@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgreorder/pgreorder/apply/internal/detect"
 	"github.com/pgreorder/pgreorder/apply/internal/target"
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
@@ -218,11 +219,11 @@ func connectTarget(ctx context.Context, o *target.Options, name string, stats *t
 
 // sourceCommit is what target connections take of a source transaction's commit (nil until it
 // arrived).
-func sourceCommit(t *reorderbuffer.Txn) *target.SourceCommit {
+func sourceCommit(t *reorderbuffer.Txn) *detect.SourceCommit {
 	if t == nil {
 		return nil
 	}
-	return &target.SourceCommit{Time: t.CommitTime, Origin: t.Origin, End: t.EndLSN}
+	return &detect.SourceCommit{Time: t.CommitTime, Origin: t.Origin, End: t.EndLSN}
 }
 
 // retryable reports whether starting the session again can cure err: connection failures of

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgreorder/pgreorder/apply/internal/detect"
 	"github.com/pgreorder/pgreorder/apply/internal/target"
 	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
 )
@@ -80,7 +81,7 @@ func TestTombstoneInjection(t *testing.T) {
 			r := start(t, cfg)
 			e.waitMarker(t, r, 1)
 			eventually(t, "the tombstone trigger on kv", func() bool {
-				return count(t, dst, `SELECT count(*) FROM pg_trigger WHERE tgrelid = 'kv'::regclass AND tgname = '`+target.TombstoneTrigger+`'`) > 0
+				return count(t, dst, `SELECT count(*) FROM pg_trigger WHERE tgrelid = 'kv'::regclass AND tgname = '`+detect.TombstoneTrigger+`'`) > 0
 			})
 			if n := count(t, dst, `SELECT count(*) FROM pg_class WHERE relname = 'victim'`); n != 1 {
 				t.Fatalf("table victim is gone from the target")
@@ -352,7 +353,7 @@ func TestUninstall(t *testing.T) {
 	r.halt(t)
 	left := func() map[string]int64 {
 		return map[string]int64{
-			"triggers": count(t, e.dst, `SELECT count(*) FROM pg_trigger WHERE tgname = '`+target.TombstoneTrigger+`'`),
+			"triggers": count(t, e.dst, `SELECT count(*) FROM pg_trigger WHERE tgname = '`+detect.TombstoneTrigger+`'`),
 			"functions": count(t, e.dst, `SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
 				WHERE n.nspname = 'My "Sch"' AND p.proname = 'pgreorder_tombstones_record'`),
 			"tables":  count(t, e.dst, `SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'My "Sch"'`),

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/pgreorder/pgreorder/apply/internal/detect"
 	"github.com/pgreorder/pgreorder/apply/internal/schedule"
 	"github.com/pgreorder/pgreorder/apply/internal/target"
 	"github.com/pgreorder/pgreorder/decoding"
@@ -36,7 +37,7 @@ type session struct {
 
 	relBuf [1]*target.Relation
 
-	det   *target.Detection // conflict detection; nil when off
+	det   *detect.Detection // conflict detection; nil when off
 	ours  []uint32          // the Applier's replication origins, when it has them
 	group group             // Buffered: the open target transaction
 

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/pgreorder/pgreorder/apply/conflict"
+	"github.com/pgreorder/pgreorder/apply/internal/detect"
 	"github.com/pgreorder/pgreorder/apply/internal/target"
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
@@ -73,7 +74,7 @@ type Stats struct {
 
 type counters struct {
 	target.Counters
-	target.TombstoneCounters
+	detect.TombstoneCounters
 	txns, emptyTxns                                      atomic.Int64
 	subAborts, aborts, spooled, serialTxns, queueSpilled atomic.Int64
 	sessions, serialRetries, deadlocks                   atomic.Int64

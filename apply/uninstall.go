@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 
+	"github.com/pgreorder/pgreorder/apply/internal/detect"
 	"github.com/pgreorder/pgreorder/apply/internal/target"
 )
 
@@ -72,13 +73,13 @@ func (a *Applier) Uninstall(ctx context.Context, opts UninstallOptions) error {
 	}
 	rows, err = target.Query(ctx, conn, `SELECT n.nspname, c.relname FROM pg_catalog.pg_trigger t
 		JOIN pg_catalog.pg_class c ON c.oid = t.tgrelid JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-		WHERE t.tgfoid = pg_catalog.to_regprocedure($1) AND t.tgname = $2`, fn+"()", target.TombstoneTrigger)
+		WHERE t.tgfoid = pg_catalog.to_regprocedure($1) AND t.tgname = $2`, fn+"()", detect.TombstoneTrigger)
 	if err != nil {
 		return rollback(fmt.Errorf("listing the tombstone triggers: %w", err))
 	}
 	for _, r := range rows {
 		rel := target.QuoteIdent(string(r[0])) + "." + target.QuoteIdent(string(r[1]))
-		if err := exec("DROP TRIGGER IF EXISTS " + target.QuoteIdent(target.TombstoneTrigger) + " ON " + rel); err != nil {
+		if err := exec("DROP TRIGGER IF EXISTS " + target.QuoteIdent(detect.TombstoneTrigger) + " ON " + rel); err != nil {
 			return rollback(fmt.Errorf("dropping the tombstone trigger of %s: %w", rel, err))
 		}
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgreorder/pgreorder/apply/internal/detect"
 	"github.com/pgreorder/pgreorder/decoding"
 )
 
@@ -59,7 +60,8 @@ func (r *Registry) Get(id uint32) *Relation {
 	return r.infos[id]
 }
 
-// typeResolver resolves the stream's descriptions of user-defined types (reorderbuffer.Txn).
+// typeResolver resolves the stream's descriptions of user-defined types: a change's
+// decoding.Schema, or a snapshot table.
 type typeResolver interface {
 	Type(oid uint32) (*decoding.DataType, bool)
 }
@@ -121,16 +123,13 @@ const firstNormalOID = 16384
 
 // Table is how a source relation's changes are written to its target table.
 type Table struct {
-	info        *Relation
-	Name        string // quoted, qualified target table
-	oid         uint32
-	Partitioned bool
-	cols        []colMap // per source column
-	key         []int    // source columns of the replica identity key
-	full        bool     // the source relation is REPLICA IDENTITY FULL
-	idErr       error    // why UPDATE and DELETE cannot identify rows, if they cannot
-	Triggers    bool     // triggers that fire for the apply sessions' role (foreign keys included)
-	copyCols    string   // "(a, b, c)": the source columns, for INSERT and COPY
+	detect.Table // Name is the target table's, quoted and qualified
+	info         *Relation
+	Partitioned  bool
+	cols         []colMap // per source column
+	idErr        error    // why UPDATE and DELETE cannot identify rows, if they cannot
+	Triggers     bool     // triggers that fire for the apply sessions' role (foreign keys included)
+	copyCols     string   // "(a, b, c)": the source columns, for INSERT and COPY
 }
 
 // colMap is the target column a source column is written to.
@@ -233,8 +232,8 @@ func loadMapping(ctx context.Context, conn *pgconn.PgConn, ri *Relation, replica
 	}
 	r := rows[0]
 	oid, _ := strconv.ParseUint(string(r[0]), 10, 32)
-	m := &Table{info: ri, Name: name, oid: uint32(oid), Partitioned: string(r[1]) == "p",
-		full: rel.ReplicaIdentity == 'f', Triggers: string(r[2]) != "0"}
+	m := &Table{Table: detect.Table{Name: name, OID: uint32(oid), Full: rel.ReplicaIdentity == 'f'}, info: ri,
+		Partitioned: string(r[1]) == "p", Triggers: string(r[2]) != "0"}
 	identity := string(r[3]) // attnums of the target's replica identity index or primary key, or ""
 
 	cols, err := Query(ctx, conn, columnsQuery, string(r[0]))
@@ -267,6 +266,7 @@ func loadMapping(ctx context.Context, conn *pgconn.PgConn, ri *Relation, replica
 		byNum[string(c[0])] = string(c[1])
 	}
 	m.cols = make([]colMap, len(rel.Columns))
+	m.Columns = make([]detect.Column, len(rel.Columns))
 	var names []string
 	for i, sc := range rel.Columns {
 		tc, ok := byName[sc.Name]
@@ -281,9 +281,10 @@ func loadMapping(ctx context.Context, conn *pgconn.PgConn, ri *Relation, replica
 				"binary values need the same type", sc.Name, tc.format, sc.TypeOID)
 		}
 		m.cols[i] = colMap{name: QuoteIdent(sc.Name), typeOID: tc.typeOID, typ: tc.format, chars: tc.chars, textEq: !tc.hasEq}
+		m.Columns[i] = detect.Column{Source: sc.Name, Name: m.cols[i].name, TypeOID: tc.typeOID}
 		names = append(names, m.cols[i].name)
 		if sc.IsKey() {
-			m.key = append(m.key, i)
+			m.Key = append(m.Key, i)
 		}
 	}
 	m.copyCols = "(" + strings.Join(names, ", ") + ")"
@@ -291,8 +292,8 @@ func loadMapping(ctx context.Context, conn *pgconn.PgConn, ri *Relation, replica
 	// UPDATE and DELETE find their row by the source's key, which the target must index uniquely
 	// (or by the whole old row, with REPLICA IDENTITY FULL).
 	switch {
-	case m.full:
-	case len(m.key) == 0:
+	case m.Full:
+	case len(m.Key) == 0:
 		m.idErr = fail(KindNoReplicaIdentity, "the source relation has no replica identity key (replica identity %q) "+
 			"and is not REPLICA IDENTITY FULL", string(rune(rel.ReplicaIdentity)))
 	case identity == "":
@@ -300,7 +301,7 @@ func loadMapping(ctx context.Context, conn *pgconn.PgConn, ri *Relation, replica
 			"and the source relation is not REPLICA IDENTITY FULL")
 	default:
 		keys := map[string]bool{}
-		for _, i := range m.key {
+		for _, i := range m.Key {
 			keys[rel.Columns[i].Name] = true
 		}
 		for num := range strings.FieldsSeq(identity) {

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgreorder/pgreorder/apply/conflict"
+	"github.com/pgreorder/pgreorder/apply/internal/detect"
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/internal/copycodec"
 	"github.com/pgreorder/pgreorder/replication"
@@ -74,11 +75,12 @@ type Conn struct {
 	formats   []int16
 	shape     []byte
 
-	pendingPrepare []prepare // statements to prepare before the next batch
-	progress       *stmt     // the progress upsert (see PrepareProgress)
+	pendingPrepare []prepare                     // statements to prepare before the next batch
+	indexes        map[*Relation]*detect.Indexes // with conflict detection: the tables' unique indexes
+	progress       *stmt                         // the progress upsert (see PrepareProgress)
 
-	det    detector // conflict detection (see conflict_detect.go)
-	Origin string   // the replication origin set up in the session, or ""
+	det    detect.Detector // conflict detection (see conflict_detect.go)
+	Origin string          // the replication origin set up in the session, or ""
 
 	// The rows the open target transaction applied, added to the stats once it commits (a
 	// transaction rolled back and applied again counts its rows once). They are counted as the
@@ -86,32 +88,6 @@ type Conn struct {
 	// result arrived, which a rollback to it restores.
 	rows     rowCounts
 	rowMarks []rowMark
-}
-
-// detector is a target's conflict detection: the session's settings (nil when detection is
-// off) and what it keeps of the transaction the target applies: the source transactions, the
-// conflicts met and their savepoint marks, and the statements' parameters to resolve them with.
-// The target calls it as it queues statements, as their results arrive and as it commits.
-type detector struct {
-	*Detection
-	now func() time.Time // the clock of a commit not arrived yet (see remoteWins)
-
-	cinfo   map[*Relation]*relConflict
-	remote  remoteTxn          // the source transaction being applied
-	reports []*conflict.Report // the transaction's conflicts, reported once it commits
-	srcs    []remoteTxn        // the source transactions applied in the target transaction
-	insSrcs []int32            // per row of the insert run: its source transaction, in srcs
-	opSrc   remoteTxn          // the source transaction of the change whose conflict is being resolved
-	marks   []reportMark       // per savepoint taken: the reports made before it
-	// resolved counts the conflicts resolved (statements looked up after they changed no row
-	// or violated a unique constraint), so that a savepoint taken before a resolution can be
-	// taken again after it.
-	resolved int
-	// The batch's statements' parameters, kept (with detection) to resolve their conflicts:
-	// argv[i] aliases arena (nil for NULL), argf[i] is its format (fmtUnchanged: not sent).
-	argv  [][]byte
-	argf  []int16
-	arena []byte
 }
 
 // MaxStatements bounds the statements prepared on one target connection: past it, the least
@@ -215,13 +191,6 @@ var Settings = [...]replication.Setting{
 	{Name: "default_transaction_read_only", Value: "off"},
 }
 
-// SourceCommit is what the commit of a source transaction says, once it arrived.
-type SourceCommit struct {
-	Time   time.Time
-	Origin string
-	End    decoding.LSN
-}
-
 // Options are what a target connection takes of the applier's configuration.
 type Options struct {
 	ConnConfig    *pgconn.Config // made by pgconn.ParseConfig; or nil, and ConnString
@@ -286,7 +255,7 @@ func Dial(ctx context.Context, o *Options, name string) (*Conn, error) {
 		return nil, err
 	}
 	return &Conn{PG: conn, PID: conn.PID(), name: name, names: names, opts: o, log: o.Logger.With("conn", name),
-		det: detector{now: o.Now}}, nil
+		det: detect.Detector{Now: o.Now}}, nil
 }
 
 // pinSearchPath sets the pinned search_path.
@@ -411,7 +380,7 @@ func (t *Conn) Close(ctx context.Context) {
 
 // Begin starts a transaction applying source transaction xid (see Source); BEGIN goes out
 // with the first batch.
-func (t *Conn) Begin(xid uint32, c *SourceCommit) {
+func (t *Conn) Begin(xid uint32, c *detect.SourceCommit) {
 	t.InTxn = true
 	t.Control("BEGIN")
 	t.Source(xid, c)
@@ -441,7 +410,7 @@ func (t *Conn) Savepoint(ctx context.Context, sub uint32) error {
 	}
 	t.Control("SAVEPOINT s" + strconv.FormatUint(uint64(sub), 10))
 	t.ops[len(t.ops)-1].mark, t.ops[len(t.ops)-1].sub = markSave, sub
-	t.det.savepoint(sub)
+	t.det.Savepoint(sub)
 	return nil
 }
 
@@ -453,7 +422,7 @@ func (t *Conn) RollbackTo(ctx context.Context, sub uint32) error {
 	}
 	t.Control("ROLLBACK TO SAVEPOINT s" + strconv.FormatUint(uint64(sub), 10))
 	t.ops[len(t.ops)-1].mark, t.ops[len(t.ops)-1].sub = markRollback, sub
-	t.det.rollbackTo(sub)
+	t.det.RollbackTo(sub)
 	return t.maybeFlush(ctx)
 }
 
@@ -461,7 +430,7 @@ func (t *Conn) RollbackTo(ctx context.Context, sub uint32) error {
 func (t *Conn) Rollback(ctx context.Context) error {
 	t.dropInserts()
 	t.batch, t.ops, t.bytes = nil, t.ops[:0], 0
-	t.det.rollback()
+	t.det.Rollback()
 	t.DropRows()
 	if !t.InTxn {
 		return nil
@@ -497,7 +466,7 @@ func (t *Conn) Commit(ctx context.Context, key ProgressKey, end decoding.LSN, sy
 		if t.Origin != "" {
 			t.originXact(end)
 		}
-		t.det.completeReports()
+		t.det.CompleteReports()
 		t.queueLogRows()
 		t.batch.ExecPrepared(progress.name, key.Args(end), nil, nil)
 		t.ops = append(t.ops, batchOp{})
@@ -520,13 +489,13 @@ func (t *Conn) Commit(ctx context.Context, key ProgressKey, end decoding.LSN, sy
 		if errors.As(err, &ce) && ce.Op == OpNone {
 			ce.Op = OpCommit // a deferred constraint
 		}
-		t.det.dropReports()
+		t.det.DropReports()
 		// The commit may not have been sent (a conflict held it back and its resolution
 		// failed): a rollback must end the transaction.
 		t.InTxn = true
 		return err
 	}
-	t.det.committed(t.stats, t.log)
+	t.det.Committed(&t.stats.Conflicts, t.log)
 	t.CountRows()
 	t.stats.Applied(end) // last: a reader that sees end sees the commit's conflicts counted
 	return nil
@@ -534,8 +503,8 @@ func (t *Conn) Commit(ctx context.Context, key ProgressKey, end decoding.LSN, sy
 
 // Source names the source transaction the target applies, for conflict reports and the
 // origin's commit time: its xid, and once its commit arrived, c.
-func (t *Conn) Source(xid uint32, c *SourceCommit) {
-	t.det.source(xid, c)
+func (t *Conn) Source(xid uint32, c *detect.SourceCommit) {
+	t.det.Source(xid, c)
 }
 
 // FlushWAL makes every commit that returned on the target before it durable, and writes the
@@ -665,8 +634,8 @@ func (t *Conn) Insert(ctx context.Context, m *Table, tup decoding.Tuple) error {
 		t.insBuf = append(t.insBuf, c.Data...)
 	}
 	t.insRows++
-	if t.det.on() {
-		t.det.insSrcs = append(t.det.insSrcs, int32(len(t.det.srcs)-1))
+	if t.det.On() {
+		t.det.InsSrcs = append(t.det.InsSrcs, int32(len(t.det.Srcs)-1))
 	}
 	if len(t.insBuf) >= insertBufMax {
 		return t.FlushInserts(ctx)
@@ -710,23 +679,23 @@ func (t *Conn) FlushInserts(ctx context.Context) error {
 	}
 	m, n := t.ins, t.insRows
 	guard := false
-	if t.det.on() {
+	if t.det.On() {
 		rc, err := t.conflictInfo(ctx, m)
 		if err != nil {
 			return err
 		}
 		// A unique violation must not abort the transaction: the COPY goes after a savepoint,
 		// and on a violation the run is sent again as INSERT ... ON CONFLICT DO NOTHING.
-		guard = rc.onConflict
+		guard = rc.OnConflict
 	}
-	resolved := t.det.resolved
+	resolved := t.det.Resolved
 	if guard {
 		t.Control("SAVEPOINT pgr_copy")
 	}
 	if err := t.FlushBatch(ctx); err != nil {
 		return err
 	}
-	if guard && t.det.resolved != resolved {
+	if guard && t.det.Resolved != resolved {
 		// The batch's conflicts were resolved after the savepoint (their statements ran before
 		// it): a rollback to it would undo the resolutions. Take it again after them.
 		t.stats.RoundTrips.Add(1)
@@ -819,15 +788,15 @@ func (t *Conn) flushInsertsToBatch() {
 		}
 		t.params = params
 		t.queue(st, params, formats, batchOp{op: 'I', rel: m})
-		if row < len(t.det.insSrcs) {
-			t.ops[len(t.ops)-1].src = t.det.insSrcs[row] // the run may span source transactions
+		if row < len(t.det.InsSrcs) {
+			t.ops[len(t.ops)-1].src = t.det.InsSrcs[row] // the run may span source transactions
 		}
 	}
 	t.dropInserts()
 }
 
 func (t *Conn) dropInserts() {
-	t.det.insSrcs = t.det.insSrcs[:0]
+	t.det.InsSrcs = t.det.InsSrcs[:0]
 	t.ins, t.insRows = nil, 0
 	t.insBuf = t.insBuf[:0]
 	if cap(t.insBuf) > 4*insertBufMax {
@@ -897,7 +866,7 @@ func (t *Conn) prepared(m *Table, shape string, build func() (string, []uint32))
 	t.nextStmt++
 	s := &stmt{name: "pgr_" + strconv.Itoa(t.nextStmt), nparams: len(oids), key: stmtKey{ri, shape}, gen: t.gen,
 		cols: paramCols(m, shape)}
-	if t.det.on() {
+	if t.det.On() {
 		s.plain, s.oids = sql, oids
 		sql = t.checkedSQL(m, s, shape)
 	}
@@ -916,7 +885,7 @@ func (t *Conn) prepared(m *Table, shape string, build func() (string, []uint32))
 func paramCols(m *Table, shape string) []int {
 	var cols []int
 	where := func(w string) {
-		if m.full {
+		if m.Full {
 			for i := 0; i < len(w) && i < len(m.cols); i++ {
 				if w[i] == 1 {
 					cols = append(cols, i)
@@ -924,7 +893,7 @@ func paramCols(m *Table, shape string) []int {
 			}
 			return
 		}
-		for j, i := range m.key {
+		for j, i := range m.Key {
 			if j < len(w) && w[j] == 1 {
 				cols = append(cols, i)
 			}
@@ -984,9 +953,9 @@ type prepare struct {
 // queue appends an execution of s to the batch.
 func (t *Conn) queue(s *stmt, params [][]byte, formats []int16, op batchOp) {
 	op.st = s
-	if t.det.on() {
-		op.arg, op.narg = t.det.keep(params, formats)
-		op.src = int32(len(t.det.srcs) - 1)
+	if t.det.On() {
+		op.arg, op.narg = t.det.Keep(params, formats)
+		op.src = int32(len(t.det.Srcs) - 1)
 	}
 	t.newBatch()
 	if allZero(formats) {
@@ -1045,7 +1014,7 @@ func (t *Conn) FlushBatch(ctx context.Context) error {
 		op := ops[i]
 		i++
 		affected := int64(-1)
-		if t.det.on() && op.st != nil {
+		if t.det.On() && op.st != nil {
 			// A checked statement returns the rows it changed (see checkedSQL).
 			for rr.NextRow() {
 				if v := rr.Values(); len(v) > 0 {
@@ -1061,7 +1030,7 @@ func (t *Conn) FlushBatch(ctx context.Context) error {
 		if affected < 0 {
 			affected = tag.RowsAffected()
 		}
-		if t.det.on() && op.st != nil && affected == 0 {
+		if t.det.On() && op.st != nil && affected == 0 {
 			missed = append(missed, i-1)
 			continue
 		}
@@ -1081,7 +1050,7 @@ func (t *Conn) FlushBatch(ctx context.Context) error {
 		}
 		first, failed = t.statementError(op, err), err
 	}
-	defer t.det.resetArgs()
+	defer t.det.ResetArgs()
 	if first != nil {
 		if i > 0 && ops[i-1].guarded && isViolation(failed) {
 			return t.updateExists(ctx, ops[i-1], first, ops, missed)
@@ -1131,7 +1100,7 @@ func (t *Conn) statementError(op batchOp, err error) error {
 			col = param - 1 // an INSERT of every column (see insertSQL)
 		case param == 0 && strings.HasPrefix(pgErr.Where, "COPY "):
 			col = copyColumn(m, pgErr.Where)
-		case param == 0 && pgErr.Code == "22001" && t.det.on() && op.st != nil && op.narg > 0:
+		case param == 0 && pgErr.Code == "22001" && t.det.On() && op.st != nil && op.narg > 0:
 			col = t.tooLong(m, op)
 		}
 		if col >= 0 && col < len(m.cols) {
@@ -1147,7 +1116,7 @@ func (t *Conn) statementError(op batchOp, err error) error {
 // tooLong returns the column of a character varying(n) or character(n) whose value in op's
 // kept parameters is longer than n, or -1 (the server names no column for such a value).
 func (t *Conn) tooLong(m *Table, op batchOp) int {
-	params, _ := t.det.kept(op.arg, op.narg)
+	params, _ := t.det.Kept(op.arg, op.narg)
 	for k, v := range params {
 		if k >= len(op.st.cols) || v == nil {
 			continue
@@ -1351,7 +1320,7 @@ func (t *Conn) where(m *Table, key decoding.Tuple, full bool, params [][]byte, f
 		}
 		return params, formats, nil
 	}
-	for _, i := range m.key {
+	for _, i := range m.Key {
 		if i >= len(key) {
 			return nil, nil, fmt.Errorf("the row has no value for key column %s", m.cols[i].name)
 		}
@@ -1407,7 +1376,7 @@ func whereSQL(b []byte, m *Table, shape []byte, full bool, n int, oids []uint32)
 			}
 		}
 	} else {
-		for j, i := range m.key {
+		for j, i := range m.Key {
 			cond(i, shape[j])
 		}
 	}
@@ -1430,7 +1399,7 @@ func rowTarget(m *Table, cond []byte) []byte {
 }
 
 func (t *Conn) update(ctx context.Context, m *Table, u *decoding.Update) error {
-	key, full := u.New, m.full
+	key, full := u.New, m.Full
 	switch {
 	case full && u.OldKind == 'O':
 		key = u.Old
@@ -1498,7 +1467,7 @@ func (t *Conn) update(ctx context.Context, m *Table, u *decoding.Update) error {
 		}
 		return string(b), oids
 	})
-	if !t.det.on() {
+	if !t.det.On() {
 		t.queue(st, params, formats, batchOp{op: 'U', rel: m})
 		return t.maybeFlush(ctx)
 	}
@@ -1516,7 +1485,7 @@ func (t *Conn) identityError(m *Table, op Op) error {
 }
 
 func (t *Conn) delete(ctx context.Context, m *Table, d *decoding.Delete) error {
-	full := m.full
+	full := m.Full
 	switch {
 	case full && d.OldKind != 'O':
 		return &ChangeError{Kind: KindNoReplicaIdentity, Op: OpDelete, Relation: m.Name,

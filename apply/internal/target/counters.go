@@ -3,6 +3,7 @@ package target
 import (
 	"sync/atomic"
 
+	"github.com/pgreorder/pgreorder/apply/internal/detect"
 	"github.com/pgreorder/pgreorder/decoding"
 )
 
@@ -12,18 +13,12 @@ type Counters struct {
 	Inserts, InsertsViaCopy, Updates, Deletes, Truncates atomic.Int64
 	InitialCopyRows                                      atomic.Int64
 	Statements, RoundTrips                               atomic.Int64
-	Conflicts                                            [numConflictTypes]atomic.Int64
+	Conflicts                                            detect.ConflictCounts
 	AppliedLSN                                           atomic.Uint64
 
 	// Statements prepared on the target connections: the most one connection held at once,
 	// and how many times one was prepared.
 	PreparedMost, Prepares atomic.Int64
-}
-
-// TombstoneCounters are the counters of the tombstone store (update_deleted detection).
-type TombstoneCounters struct {
-	RetentionStops, TombstoneRows, TombstonesPurged atomic.Int64
-	RetentionActive                                 atomic.Bool
 }
 
 // preparedPeak records n statements prepared on one connection.

@@ -51,13 +51,14 @@ var allowed = map[string][]string{
 	// The subscriber: apply orchestrates; its conflict vocabulary is a public leaf over decoding
 	// only, and the COPY codec it shares with snapshot another; its scheduling (commit order,
 	// queues, dependencies) touches no server; its target side (the connections, the statements
-	// and batches they send, conflict detection) knows nothing of the stream's transactions
-	// (reorderbuffer) nor of apply.
+	// and batches they send) calls conflict detection, below it; neither knows the stream's
+	// transactions (reorderbuffer) nor apply.
 	"apply": {"apply/conflict", "changefeed", "snapshot", "replication", "reorderbuffer", "decoding", "spill",
-		"apply/internal/schedule", "apply/internal/target"},
+		"apply/internal/schedule", "apply/internal/target", "apply/internal/detect"},
 	"apply/conflict":          {"decoding"},
 	"apply/internal/schedule": {"decoding", "spill"},
-	"apply/internal/target":   {"apply/conflict", "replication", "decoding", "internal/copycodec"},
+	"apply/internal/target":   {"apply/conflict", "apply/internal/detect", "replication", "decoding", "internal/copycodec"},
+	"apply/internal/detect":   {"apply/conflict", "decoding"},
 	"internal/copycodec":      {"decoding"},
 	"internal/dirfile":        {},
 	// What the commands link besides the library.
@@ -210,7 +211,7 @@ func TestOnlyReplicationTalksToPostgres(t *testing.T) {
 	// its brokers.
 	connects := func(pkg, imp string) bool {
 		switch {
-		case pkg == "replication", pkg == "apply", pkg == "apply/internal/target", pkg == "snapshot", pkg == "changefeed",
+		case pkg == "replication", pkg == "apply", pkg == "apply/internal/target", pkg == "apply/internal/detect", pkg == "snapshot", pkg == "changefeed",
 			strings.HasPrefix(pkg, "internal/testing/"), strings.HasPrefix(pkg, "internal/tools/"), strings.HasPrefix(pkg, "examples/"):
 			return true
 		case pkg == "internal/kafkatest": // throwaway Kafka brokers for tests: free ports, never pgconn

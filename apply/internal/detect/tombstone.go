@@ -1,7 +1,8 @@
-package target
+package detect
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strconv"
@@ -23,6 +24,10 @@ const (
 	TombstoneTrigger = "pgreorder_tombstone"
 )
 
+// Exec runs one statement on the connection applying the transaction, inside it, and returns
+// its result.
+type Exec func(ctx context.Context, sql string, params [][]byte, oids []uint32, formats []int16) (*pgconn.Result, error)
+
 // Tombstones is the record of local deletions that update_deleted detection reads: a table of
 // (relid, key, deleted_at, xid) fed by an AFTER DELETE trigger on each target table the Applier
 // writes. The trigger is an ordinary one: it fires in local sessions, not in the Applier's (nor
@@ -35,7 +40,8 @@ const (
 type Tombstones struct {
 	table, fn string // quoted, qualified
 	retention time.Duration
-	opts      *Options // of the maintainer's connection
+	dial      func(ctx context.Context) (*pgconn.PgConn, error) // the maintainer's connection
+	now       func() time.Time
 	stats     *TombstoneCounters
 	log       *slog.Logger
 
@@ -49,38 +55,21 @@ type Tombstones struct {
 	done   chan struct{}
 }
 
-// TombstoneNames returns the quoted, qualified names of the tombstone table and of its trigger
-// function, and the table's own name, for the configured tombstone table (conflict.Config's,
-// or "") and progress table, and a connection that resolved its names.
-func TombstoneNames(tg *Conn, tombstoneTable, progressTable string) (table, fn, base string) {
-	var parts []string
-	if tombstoneTable != "" {
-		parts, _ = ParseQualified(tg.Table(tombstoneTable))
-	} else if p, _ := ParseQualified(progressTable); len(p) == 2 {
-		parts = []string{p[0], conflict.DefaultTombstoneTable}
-	} else {
-		parts, _ = ParseQualified(tg.Table(conflict.DefaultTombstoneTable))
-	}
-	base = parts[len(parts)-1]
-	table = QuoteQualified(parts)
-	parts[len(parts)-1] = base + "_record"
-	return table, QuoteQualified(parts), base
+// TombstoneStore says where the tombstone store is and how its maintainer connects.
+type TombstoneStore struct {
+	Table, Function   string // quoted, qualified
+	KeyIndex, AtIndex string // the names of the table's indexes, quoted, in the table's schema
+	Retention         time.Duration
+	// Dial opens the maintainer's connection, with the session settings of the applier's.
+	Dial func(ctx context.Context) (*pgconn.PgConn, error)
+	Now  func() time.Time
 }
 
-// NewTombstones creates the tombstone table and the trigger function (recording) through tg, for
-// the conflict configuration cc and the configured progress table; the maintainer connects with
-// tg's options.
-func NewTombstones(ctx context.Context, tg *Conn, cc *conflict.Config, progressTable string, stats *TombstoneCounters,
+// NewTombstoneStore creates the tombstone table and the trigger function (recording) on conn.
+func NewTombstoneStore(ctx context.Context, conn *pgconn.PgConn, st TombstoneStore, stats *TombstoneCounters,
 	log *slog.Logger) (*Tombstones, error) {
-	if cc.TombstoneTable != "" {
-		if _, err := ParseQualified(cc.TombstoneTable); err != nil {
-			return nil, configError("TombstoneTable: %v", err)
-		}
-	}
-	table, fn, base := TombstoneNames(tg, cc.TombstoneTable, progressTable)
-	tb := &Tombstones{table: table, fn: fn, retention: cc.Retention, opts: tg.opts,
+	tb := &Tombstones{table: st.Table, fn: st.Function, retention: st.Retention, dial: st.Dial, now: st.Now,
 		stats: stats, log: log, wanted: map[uint32]*Table{}, installed: map[uint32]bool{}, active: true}
-	idx := func(suffix string) string { return QuoteIdent(base + suffix) } // in the table's schema
 	// One statement at a time, through the extended protocol, which takes no more than one.
 	for _, sql := range []string{
 		"CREATE TABLE IF NOT EXISTS " + tb.table + " (relid pg_catalog.oid NOT NULL, key pg_catalog.text[] NOT NULL, " +
@@ -88,13 +77,13 @@ func NewTombstones(ctx context.Context, tg *Conn, cc *conflict.Config, progressT
 		// Only the Applier's role, which owns the table, reads and writes it; local sessions
 		// write it through the trigger function, which runs as that role.
 		"REVOKE ALL ON " + tb.table + " FROM PUBLIC",
-		"CREATE INDEX IF NOT EXISTS " + idx("_key") + " ON " + tb.table + " (relid, key)",
-		"CREATE INDEX IF NOT EXISTS " + idx("_at") + " ON " + tb.table + " (deleted_at)",
+		"CREATE INDEX IF NOT EXISTS " + st.KeyIndex + " ON " + tb.table + " (relid, key)",
+		"CREATE INDEX IF NOT EXISTS " + st.AtIndex + " ON " + tb.table + " (deleted_at)",
 		tb.function(true),
 		"REVOKE ALL ON FUNCTION " + tb.fn + "() FROM PUBLIC",
 		"SET pgreorder.applying = on",
 	} {
-		if _, err := tg.PG.ExecParams(ctx, sql, nil, nil, nil, nil).Close(); err != nil {
+		if _, err := conn.ExecParams(ctx, sql, nil, nil, nil, nil).Close(); err != nil {
 			return nil, fmt.Errorf("apply: setting up the tombstone table %s: %w", tb.table, err)
 		}
 	}
@@ -123,39 +112,39 @@ END`
 		"SET search_path = pg_catalog, pg_temp AS $pgr$" + body + "$pgr$"
 }
 
-// want asks for the trigger on m's target table.
-func (tb *Tombstones) want(m *Table) {
+// Want asks for the trigger on m's target table.
+func (tb *Tombstones) Want(m *Table) {
 	tb.mu.Lock()
 	defer tb.mu.Unlock()
-	if !tb.installed[m.oid] {
-		tb.wanted[m.oid] = m
+	if !tb.installed[m.OID] {
+		tb.wanted[m.OID] = m
 	}
 }
 
-// committed records the apply lag of a source transaction just committed.
-func (tb *Tombstones) committed(commitTime time.Time) {
+// Committed records the apply lag of a source transaction just committed.
+func (tb *Tombstones) Committed(commitTime time.Time) {
 	if !commitTime.IsZero() {
-		tb.lag.Store(int64(tb.opts.Now().Sub(commitTime)))
+		tb.lag.Store(int64(tb.now().Sub(commitTime)))
 	}
 }
 
-// lookup returns the latest tombstone of key in m's table, or nil.
-func (tb *Tombstones) lookup(ctx context.Context, t *Conn, m *Table, key [][]byte, formats []int16) (*conflict.LocalRow, error) {
+// Lookup returns the latest tombstone of key in m's table, or nil.
+func (tb *Tombstones) Lookup(ctx context.Context, exec Exec, m *Table, key [][]byte, formats []int16) (*conflict.LocalRow, error) {
 	var b strings.Builder
 	b.WriteString(`SELECT (pg_catalog.date_part('epoch', deleted_at) * 1000000)::int8, xid::text FROM ` + tb.table +
 		` WHERE relid = $1 AND key = ARRAY[`)
-	params := [][]byte{[]byte(strconv.FormatUint(uint64(m.oid), 10))}
+	params := [][]byte{[]byte(strconv.FormatUint(uint64(m.OID), 10))}
 	fmts := []int16{0}
 	oids := []uint32{26} // oid
-	for j, i := range m.key {
+	for j, i := range m.Key {
 		if j > 0 {
 			b.WriteString(", ")
 		}
 		fmt.Fprintf(&b, `pg_catalog.to_jsonb($%d) #>> '{}'`, j+2)
-		params, fmts, oids = append(params, key[j]), append(fmts, formats[j]), append(oids, m.cols[i].typeOID)
+		params, fmts, oids = append(params, key[j]), append(fmts, formats[j]), append(oids, m.Columns[i].TypeOID)
 	}
 	b.WriteString(`] ORDER BY deleted_at DESC LIMIT 1`)
-	res, err := t.exec(ctx, b.String(), params, oids, fmts)
+	res, err := exec(ctx, b.String(), params, oids, fmts)
 	if err != nil {
 		return nil, fmt.Errorf("apply: reading tombstones: %w", err)
 	}
@@ -211,11 +200,10 @@ func (tb *Tombstones) run(ctx context.Context) {
 }
 
 func (tb *Tombstones) connect(ctx context.Context) (*pgconn.PgConn, error) {
-	c, err := Dial(ctx, tb.opts, "pgreorder apply "+tb.opts.Slot+" tombstones")
+	conn, err := tb.dial(ctx)
 	if err != nil {
 		return nil, err
 	}
-	conn := c.PG
 	// Maintenance gives way to the tables' other users: a lock not granted soon is asked for
 	// again at the next tick.
 	if _, err := conn.ExecParams(ctx, "SELECT pg_catalog.set_config('lock_timeout', '1s', false), "+
@@ -244,8 +232,8 @@ func (tb *Tombstones) maintain(ctx context.Context, conn *pgconn.PgConn) error {
 			}
 		}
 		tb.mu.Lock()
-		delete(tb.wanted, m.oid)
-		tb.installed[m.oid] = true
+		delete(tb.wanted, m.OID)
+		tb.installed[m.OID] = true
 		tb.mu.Unlock()
 	}
 	lag := time.Duration(tb.lag.Load())
@@ -273,16 +261,16 @@ func (tb *Tombstones) maintain(ctx context.Context, conn *pgconn.PgConn) error {
 
 // install creates the trigger on m's table unless it is there.
 func (tb *Tombstones) install(ctx context.Context, conn *pgconn.PgConn, m *Table) error {
-	oid := strconv.FormatUint(uint64(m.oid), 10)
-	rows, err := Query(ctx, conn, "SELECT 1 FROM pg_catalog.pg_trigger WHERE tgrelid = $1::oid AND tgname = $2", oid, TombstoneTrigger)
+	oid := strconv.FormatUint(uint64(m.OID), 10)
+	rows, err := query(ctx, conn, "SELECT 1 FROM pg_catalog.pg_trigger WHERE tgrelid = $1::oid AND tgname = $2", oid, TombstoneTrigger)
 	if err != nil || len(rows) > 0 {
 		return err
 	}
 	// A trigger's arguments are literals, not parameters: the column names come from the
 	// source, quoted by quoteLiteral, in one statement the extended protocol sends.
 	args := []string{quoteLiteral(oid)}
-	for _, i := range m.key {
-		args = append(args, quoteLiteral(m.info.Rel.Columns[i].Name))
+	for _, i := range m.Key {
+		args = append(args, quoteLiteral(m.Columns[i].Source))
 	}
 	_, err = conn.ExecParams(ctx, "CREATE TRIGGER "+TombstoneTrigger+" AFTER DELETE ON "+m.Name+" FOR EACH ROW EXECUTE FUNCTION "+
 		tb.fn+"("+strings.Join(args, ", ")+")", nil, nil, nil, nil).Close()
@@ -303,7 +291,7 @@ func (tb *Tombstones) purge(ctx context.Context, conn *pgconn.PgConn) error {
 		return err
 	}
 	tb.stats.TombstonesPurged.Add(tag.RowsAffected())
-	rows, err := Query(ctx, conn, "SELECT count(*) FROM "+tb.table)
+	rows, err := query(ctx, conn, "SELECT count(*) FROM "+tb.table)
 	if err != nil {
 		return err
 	}
@@ -320,4 +308,25 @@ func quoteLiteral(s string) string {
 		return `E'` + strings.NewReplacer(`\`, `\\`, `'`, `''`).Replace(s) + `'`
 	}
 	return `'` + strings.ReplaceAll(s, `'`, `''`) + `'`
+}
+
+// TombstoneCounters are the counters of the tombstone store (update_deleted detection).
+type TombstoneCounters struct {
+	RetentionStops, TombstoneRows, TombstonesPurged atomic.Int64
+	RetentionActive                                 atomic.Bool
+}
+
+func isCode(err error, code string) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == code
+}
+
+// query runs sql with text parameters and returns the rows as text.
+func query(ctx context.Context, conn *pgconn.PgConn, sql string, args ...string) ([][][]byte, error) {
+	params := make([][]byte, len(args))
+	for i, a := range args {
+		params[i] = []byte(a)
+	}
+	res := conn.ExecParams(ctx, sql, params, nil, nil, nil).Read()
+	return res.Rows, res.Err
 }
