@@ -480,7 +480,7 @@ func (s *session) eachChange(t *reorderbuffer.Txn, f func(m decoding.Message, re
 			return err
 		}
 		m := c.Msg
-		rels, err := s.relations(t, m)
+		rels, err := s.relations(t.Xid, c)
 		if err != nil {
 			return err
 		}
@@ -494,36 +494,30 @@ func (s *session) eachChange(t *reorderbuffer.Txn, f func(m decoding.Message, re
 	return nil
 }
 
-// relations resolves the relations a change names: nil for a message that changes nothing on
-// the target (Relation, Type, logical messages).
-func (s *session) relations(t *reorderbuffer.Txn, m decoding.Message) ([]*target.Relation, error) {
-	var id uint32
-	switch m := m.(type) {
-	case *decoding.Insert:
-		id = m.RelationID
-	case *decoding.Update:
-		id = m.RelationID
-	case *decoding.Delete:
-		id = m.RelationID
+// relations resolves the relations a change of transaction xid names, as described at its
+// position: nil for a message that changes nothing on the target (Relation, Type, logical
+// messages).
+func (s *session) relations(xid uint32, c decoding.Change) ([]*target.Relation, error) {
+	switch m := c.Msg.(type) {
+	case *decoding.Insert, *decoding.Update, *decoding.Delete:
+		if c.Relation == nil {
+			return nil, fmt.Errorf("apply: transaction %d changes relation %d, which the stream never described", xid,
+				m.(decoding.RowChange).RelationOID())
+		}
+		s.relBuf[0] = s.reg.Intern(c.Relation, c.Schema)
+		return s.relBuf[:], nil
 	case *decoding.Truncate:
 		rels := make([]*target.Relation, len(m.RelationIDs))
 		for i, id := range m.RelationIDs {
-			r, ok := t.Relation(id)
+			r, ok := c.Schema.Relation(id)
 			if !ok {
-				return nil, fmt.Errorf("apply: transaction %d truncates relation %d, which the stream never described", t.Xid, id)
+				return nil, fmt.Errorf("apply: transaction %d truncates relation %d, which the stream never described", xid, id)
 			}
-			rels[i] = s.reg.Intern(r, t)
+			rels[i] = s.reg.Intern(r, c.Schema)
 		}
 		return rels, nil
-	default:
-		return nil, nil
 	}
-	r, ok := t.Relation(id)
-	if !ok {
-		return nil, fmt.Errorf("apply: transaction %d changes relation %d, which the stream never described", t.Xid, id)
-	}
-	s.relBuf[0] = s.reg.Intern(r, t)
-	return s.relBuf[:], nil
+	return nil, nil
 }
 
 // txnError turns a change's error into an *ApplyError naming the source transaction; other
