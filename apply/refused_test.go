@@ -1,11 +1,13 @@
 package apply
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/pgreorder/pgreorder/apply/internal/target"
 )
 
@@ -101,5 +103,25 @@ func TestTargetKinds(t *testing.T) {
 		if Op(o).String() != o.String() {
 			t.Errorf("Op %d: %q here, %q in the target package", int(o), Op(o), o)
 		}
+	}
+}
+
+// TestTargetConfigErrors: a target configuration the connections cannot be made with is
+// ErrInvalidConfig, from every way apply connects to the target.
+func TestTargetConfigErrors(t *testing.T) {
+	ctx := context.Background()
+	for name, o := range map[string]*target.Options{
+		"connection string": {ConnString: "host='unterminated"},
+		"TargetConfig":      {ConnConfig: &pgconn.Config{}}, // not made by pgconn.ParseConfig
+	} {
+		_, err := connectTarget(ctx, o, "test", &target.Counters{})
+		var ce *target.ConfigError
+		if !errors.Is(err, ErrInvalidConfig) || !errors.As(err, &ce) {
+			t.Errorf("%s: %v, want ErrInvalidConfig", name, err)
+		}
+	}
+	a := &Applier{cfg: Config{Target: "host='unterminated", Slot: "s"}}
+	if err := a.Uninstall(ctx, UninstallOptions{}); !errors.Is(err, ErrInvalidConfig) {
+		t.Errorf("Uninstall: %v, want ErrInvalidConfig", err)
 	}
 }

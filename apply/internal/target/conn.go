@@ -43,7 +43,7 @@ type Conn struct {
 	PG          *pgconn.PgConn
 	PID         uint32
 	name        string            // application_name
-	names       map[string]string // the configured table names, resolved (see table)
+	names       map[string]string // the configured table names, resolved (see Table)
 	ReplicaRole bool              // session_replication_role = replica took effect
 	opts        *Options
 	log         *slog.Logger
@@ -79,7 +79,7 @@ type Conn struct {
 	indexes        map[*Relation]*detect.Indexes // with conflict detection: the tables' unique indexes
 	progress       *stmt                         // the progress upsert (see PrepareProgress)
 
-	det    detect.Detector // conflict detection (see conflict_detect.go)
+	det    detect.Detector // conflict detection (see resolve.go and package detect)
 	Origin string          // the replication origin set up in the session, or ""
 
 	// The rows the open target transaction applied, added to the stats once it commits (a
@@ -126,8 +126,8 @@ type batchOp struct {
 	rel  *Table // the table, for I, U and D
 	name string // the tables, for T
 
-	// With conflict detection (see keep): the statement, its parameters argv[arg:arg+narg]
-	// (the identity's from keyAt on), and for an UPDATE the new row argv[row:row+nrow].
+	// With conflict detection (see detect.Detector.Keep): the statement, its parameters kept at
+	// (arg, narg) (the identity's from keyAt on), and for an UPDATE the new row at (row, nrow).
 	st        *stmt
 	arg, narg int32
 	keyAt     int32
