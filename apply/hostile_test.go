@@ -270,10 +270,19 @@ func TestIdleSessionTimeout(t *testing.T) {
 	cfg := e.config(t, Buffered)
 	execOn(t, e.src, `INSERT INTO kv VALUES (1, 1, 'a')`, `INSERT INTO marker VALUES (1)`)
 	r := start(t, cfg)
+	raw := e.dst
 	e.dst = dst
 	e.waitMarker(t, r, 1)
-	// The pause must outlast the timeout: there is no event to wait for.
-	time.Sleep(1500 * time.Millisecond)
+	// The pause outlasts the timeout: a session opened after the Applier's last statement is
+	// ended by the server for its idleness first.
+	ctx := testCtx(t)
+	canary, err := pgconn.Connect(ctx, raw)
+	must(t, err)
+	defer canary.Close(context.Background())
+	pid := fmt.Sprint(canary.PID())
+	eventually(t, "the server ended an idle session", func() bool {
+		return count(t, dst, `SELECT count(*) FROM pg_stat_activity WHERE pid = `+pid) == 0
+	})
 	execOn(t, e.src, `INSERT INTO kv VALUES (2, 2, 'b')`, `INSERT INTO marker VALUES (2)`)
 	e.waitMarker(t, r, 2)
 	if n := r.a.Stats().Sessions; n != 1 {
