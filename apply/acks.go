@@ -163,7 +163,7 @@ func (s *session) next(ctx context.Context) (*reorderbuffer.Txn, error) {
 	// An open transaction on the leader's connection (a committed transaction arriving in
 	// parts) is about to be followed by its next part: no flush before. An open group
 	// (Buffered) commits as soon as nothing more is ready.
-	unflushed := (len(a.list) > 0 && !s.leader.inTxn) || s.group.open()
+	unflushed := (len(a.list) > 0 && !s.leader.InTxn) || s.group.open()
 	if a.wake == nil || a.wake.Err() != nil {
 		a.wake, a.cancel = context.WithCancel(ctx)
 	}
@@ -210,7 +210,7 @@ func (s *session) wakeUp(ctx context.Context, err error) error {
 // transaction with nothing to apply or an idle advance may be ahead of the last progress row
 // written), with the flushing transaction of flushWAL on the leader's connection.
 func (s *session) flushNow(ctx context.Context) error {
-	if s.leader.inTxn {
+	if s.leader.InTxn {
 		return nil
 	}
 	done := s.order.Committed()
@@ -223,10 +223,10 @@ func (s *session) flushNow(ctx context.Context) error {
 		}
 	}
 	a.mu.Unlock()
-	if err := s.leader.flushWAL(ctx, s.flushSQL, s.key.args(pos)); err != nil {
+	if err := s.leader.FlushWAL(ctx, s.flushSQL, s.key.Args(pos)); err != nil {
 		return err
 	}
 	s.markFlushed(done, pos)
-	s.stats.applied(pos)
+	s.stats.Applied(pos)
 	return nil
 }

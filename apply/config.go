@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgreorder/pgreorder/apply/conflict"
+	"github.com/pgreorder/pgreorder/apply/internal/target"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 	"github.com/pgreorder/pgreorder/replication"
 )
@@ -251,7 +252,7 @@ func (c Config) validate() (Config, error) {
 	if c.ProgressTable == "" {
 		c.ProgressTable = DefaultProgressTable
 	}
-	if _, err := parseQualified(c.ProgressTable); err != nil {
+	if _, err := target.ParseQualified(c.ProgressTable); err != nil {
 		return bad("ProgressTable: %v", err)
 	}
 	if c.Logger == nil {
@@ -281,49 +282,10 @@ func (c *Config) queueMem() int64 {
 	return max(m/4, 256<<10)
 }
 
-// parseQualified splits "table" or "schema.table" (each part plain or double-quoted) into its
-// parts.
-func parseQualified(s string) ([]string, error) {
-	var parts []string
-	for len(s) > 0 {
-		var part string
-		if s[0] == '"' {
-			i := 1
-			for {
-				j := strings.IndexByte(s[i:], '"')
-				if j < 0 {
-					return nil, fmt.Errorf("unterminated quoted identifier in %q", s)
-				}
-				part += s[i : i+j]
-				i += j + 1
-				if i < len(s) && s[i] == '"' {
-					part += `"`
-					i++
-					continue
-				}
-				break
-			}
-			s = s[i:]
-		} else {
-			j := strings.IndexByte(s, '.')
-			if j < 0 {
-				j = len(s)
-			}
-			part, s = strings.ToLower(s[:j]), s[j:] // unquoted names fold to lower case
-		}
-		if part == "" {
-			return nil, fmt.Errorf("empty identifier")
-		}
-		parts = append(parts, part)
-		if len(s) > 0 {
-			if s[0] != '.' || len(s) == 1 {
-				return nil, fmt.Errorf("invalid name")
-			}
-			s = s[1:]
-		}
-	}
-	if len(parts) == 0 || len(parts) > 2 {
-		return nil, fmt.Errorf("want table or schema.table")
-	}
-	return parts, nil
+// targetOptions returns the options of the Applier's target connections.
+func (c *Config) targetOptions() *target.Options {
+	return &target.Options{ConnConfig: c.TargetConfig, ConnString: c.Target, BeforeConnect: c.TargetBeforeConnect,
+		Logger: c.Logger, Tables: []string{c.ProgressTable, c.Conflicts.LogTable, c.Conflicts.TombstoneTable,
+			conflict.DefaultTombstoneTable},
+		Slot: c.Slot, SynchronousCommit: c.SynchronousCommit, Binary: c.Binary, Now: c.now}
 }

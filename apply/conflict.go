@@ -3,14 +3,14 @@ package apply
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"slices"
 
 	"github.com/pgreorder/pgreorder/apply/conflict"
+	"github.com/pgreorder/pgreorder/apply/internal/detect"
+	"github.com/pgreorder/pgreorder/apply/internal/target"
 )
-
-// numConflictTypes is the number of conflict types, for arrays indexed by them.
-const numConflictTypes = int(conflict.MultipleUniqueConflicts) + 1
 
 // lastUpdateWins reports whether some conflict type is resolved by commit timestamps.
 func lastUpdateWins(c *conflict.Config) bool {
@@ -59,12 +59,12 @@ func validateConflicts(c conflict.Config) (conflict.Config, error) {
 		c.MaxLoggedValue = conflict.DefaultMaxLoggedValue
 	}
 	if c.LogTable != "" {
-		if _, err := parseQualified(c.LogTable); err != nil {
+		if _, err := target.ParseQualified(c.LogTable); err != nil {
 			return bad("LogTable: %v", err)
 		}
 	}
 	if c.TombstoneTable != "" {
-		if _, err := parseQualified(c.TombstoneTable); err != nil {
+		if _, err := target.ParseQualified(c.TombstoneTable); err != nil {
 			return bad("TombstoneTable: %v", err)
 		}
 	}
@@ -76,28 +76,12 @@ func validateConflicts(c conflict.Config) (conflict.Config, error) {
 // its Err is a *conflict.StopError.
 var ErrConflict = errors.New("apply: conflict")
 
-// conflictIdents and resolutionIdents are the Go names of the constants, for hints.
-var (
-	conflictIdents = [numConflictTypes]string{
-		conflict.InsertExists: "InsertExists", conflict.UpdateOriginDiffers: "UpdateOriginDiffers",
-		conflict.UpdateExists: "UpdateExists", conflict.UpdateMissing: "UpdateMissing",
-		conflict.DeleteOriginDiffers: "DeleteOriginDiffers", conflict.UpdateDeleted: "UpdateDeleted",
-		conflict.DeleteMissing: "DeleteMissing", conflict.MultipleUniqueConflicts: "MultipleUniqueConflicts",
+// conflictStopped counts and logs a conflict that stops Run (err is the transaction's final
+// error: a transaction retried alone after failing among others is counted once).
+func (s *session) conflictStopped(err error) {
+	var ce *conflict.StopError
+	if errors.As(err, &ce) {
+		s.stats.Conflicts[ce.Report.Type].Add(1)
+		detect.LogConflict(ce.Report, s.log, slog.LevelError)
 	}
-	resolutionIdents = map[conflict.Resolution]string{
-		conflict.Default: "Default", conflict.Error: "Error", conflict.Skip: "Skip",
-		conflict.ApplyRemote: "ApplyRemote", conflict.LastUpdateWins: "LastUpdateWins",
-	}
-)
-
-// newConflictError is the error of conflict c, which stops Run, with its hint in terms of Config.
-func newConflictError(c *conflict.Report) *conflict.StopError {
-	e := &conflict.StopError{Report: c}
-	rs := e.Resolutions()
-	h := "set Config.Conflicts.Resolutions[conflict." + conflictIdents[c.Type] + "] to conflict." + resolutionIdents[rs[0]]
-	if len(rs) > 1 {
-		h += " (or conflict." + resolutionIdents[rs[1]] + ")"
-	}
-	e.Hint = h + " to get past it"
-	return e
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgreorder/pgreorder/apply/conflict"
+	"github.com/pgreorder/pgreorder/apply/internal/detect"
 	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
 )
 
@@ -122,7 +123,7 @@ func waitTrigger(t *testing.T, dsn string) {
 	defer c.Close(context.Background())
 	for {
 		var n int
-		must(t, c.QueryRow(ctx, `SELECT count(*) FROM pg_trigger WHERE tgrelid = 'kv'::regclass AND tgname = $1`, tombstoneTrigger).Scan(&n))
+		must(t, c.QueryRow(ctx, `SELECT count(*) FROM pg_trigger WHERE tgrelid = 'kv'::regclass AND tgname = $1`, detect.TombstoneTrigger).Scan(&n))
 		if n > 0 {
 			return
 		}

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pgreorder/pgreorder/apply/internal/target"
 	"github.com/pgreorder/pgreorder/changefeed"
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/replication"
@@ -53,10 +54,10 @@ const copyStageTimeout = 30 * time.Second
 // copyTableName returns the quoted, qualified name of the copy table: the progress table's (as
 // quoted and qualified by target.table), with "_copy" appended to the table's part.
 func copyTableName(progress string) string {
-	parts, _ := parseQualified(progress)
+	parts, _ := target.ParseQualified(progress)
 	parts[len(parts)-1] += "_copy"
 	for i, p := range parts {
-		parts[i] = quoteIdent(p)
+		parts[i] = target.QuoteIdent(p)
 	}
 	return strings.Join(parts, ".")
 }
@@ -68,11 +69,11 @@ func copyTableName(progress string) string {
 // copyTarget). On failure what was copied is discarded once the slot is dropped; what could not
 // be discarded, the next session does.
 func (s *session) initialCopy(ctx context.Context, rcfg replication.Config) (*replication.Stream, decoding.LSN, error) {
-	ct := copyTableName(s.leader.table(s.cfg.ProgressTable))
+	ct := copyTableName(s.leader.Table(s.cfg.ProgressTable))
 	if err := s.createCopyTable(ctx, ct); err != nil {
 		return nil, 0, err
 	}
-	rows, err := query(ctx, s.leader.conn, "SELECT relation FROM "+ct+" WHERE slot = $1", s.cfg.Slot)
+	rows, err := target.Query(ctx, s.leader.PG, "SELECT relation FROM "+ct+" WHERE slot = $1", s.cfg.Slot)
 	if err != nil {
 		return nil, 0, fmt.Errorf("apply: reading the copy table %s: %w", ct, err)
 	}
@@ -104,8 +105,8 @@ func (s *session) initialCopy(ctx context.Context, rcfg replication.Config) (*re
 type copyTarget struct {
 	s    *session
 	ct   string
-	maps map[uint32]*relMap // by source table OID
-	tgs  []*target          // one per snapshot worker
+	maps map[uint32]*target.Table // by source table OID
+	tgs  []*target.Conn           // one per snapshot worker
 }
 
 // Begin empties whatever an earlier copy left and records this one, before the slot exists.
@@ -119,17 +120,17 @@ func (c *copyTarget) Plan(ctx context.Context, sess *snapshot.Session) (err erro
 	if c.maps, err = c.s.prepareCopy(ctx, c.ct, sess.Tables()); err != nil {
 		return err
 	}
-	c.tgs = make([]*target, sess.Workers())
+	c.tgs = make([]*target.Conn, sess.Workers())
 	_, fence := c.s.fenceKeys()
 	for i := range c.tgs {
-		tg, err := connectTarget(ctx, c.s.cfg.targetOptions(), "pgreorder apply "+c.s.cfg.Slot+" c"+strconv.Itoa(i+1), &c.s.stats.targetCounters)
+		tg, err := connectTarget(ctx, c.s.cfg.targetOptions(), "pgreorder apply "+c.s.cfg.Slot+" c"+strconv.Itoa(i+1), &c.s.stats.Counters)
 		if err != nil {
 			return err
 		}
-		tg.initialCopy = true
+		tg.InitialCopy = true
 		c.tgs[i] = tg
 		// As the workers: a later session waits for these connections to be gone.
-		if _, err := query(ctx, tg.conn, "SELECT pg_catalog.pg_advisory_lock_shared($1::bigint)", strconv.FormatInt(fence, 10)); err != nil {
+		if _, err := target.Query(ctx, tg.PG, "SELECT pg_catalog.pg_advisory_lock_shared($1::bigint)", strconv.FormatInt(fence, 10)); err != nil {
 			return fmt.Errorf("apply: locking the slot's progress on the target: %w", err)
 		}
 		if err := c.s.copyOriginSetup(ctx, tg, i+1); err != nil {
@@ -178,7 +179,7 @@ func (c *copyTarget) Discard(ctx context.Context, noSlot bool) {
 func (c *copyTarget) closeTargets(ctx context.Context) {
 	for _, tg := range c.tgs {
 		if tg != nil {
-			tg.close(context.WithoutCancel(ctx))
+			tg.Close(context.WithoutCancel(ctx))
 		}
 	}
 	c.tgs = nil
@@ -186,14 +187,14 @@ func (c *copyTarget) closeTargets(ctx context.Context) {
 
 // createCopyTable creates the copy table if it is missing.
 func (s *session) createCopyTable(ctx context.Context, ct string) error {
-	rows, err := query(ctx, s.leader.conn, "SELECT pg_catalog.to_regclass($1) IS NOT NULL", ct)
+	rows, err := target.Query(ctx, s.leader.PG, "SELECT pg_catalog.to_regclass($1) IS NOT NULL", ct)
 	if err != nil {
 		return fmt.Errorf("apply: looking for the copy table: %w", err)
 	}
 	if string(rows[0][0]) == "t" {
 		return nil
 	}
-	err = s.leader.conn.Exec(ctx, "CREATE TABLE "+ct+" (slot text NOT NULL, relation text NOT NULL, PRIMARY KEY (slot, relation))").Close()
+	err = s.leader.PG.Exec(ctx, "CREATE TABLE "+ct+" (slot text NOT NULL, relation text NOT NULL, PRIMARY KEY (slot, relation))").Close()
 	if err != nil && !isCode(err, "42P07") && !isCode(err, "23505") { // made meanwhile
 		return fmt.Errorf("apply: creating the copy table %s: %w", ct, err)
 	}
@@ -204,7 +205,7 @@ func (s *session) createCopyTable(ctx context.Context, ct string) error {
 // WAL flush (unless Config.SynchronousCommit leaves that to the role's setting). A failure rolls
 // it back.
 func (s *session) inTxn(ctx context.Context, sync bool, f func() error) error {
-	conn := s.leader.conn
+	conn := s.leader.PG
 	if err := conn.Exec(ctx, "BEGIN").Close(); err != nil {
 		return err
 	}
@@ -228,7 +229,7 @@ func (s *session) resetCopy(ctx context.Context, ct string, begin bool) error {
 	err := s.inTxn(ctx, begin, func() error {
 		// The tables as they are now: partitioned ones are truncated whole, others without
 		// their inheritance children; dropped ones are gone already.
-		rows, err := query(ctx, s.leader.conn, `SELECT r.relation, c.relkind = 'p'
+		rows, err := target.Query(ctx, s.leader.PG, `SELECT r.relation, c.relkind = 'p'
 FROM `+ct+` r JOIN pg_catalog.pg_class c ON c.oid = pg_catalog.to_regclass(r.relation)
 WHERE r.slot = $1 AND r.relation <> '' ORDER BY r.relation`, s.cfg.Slot)
 		if err != nil {
@@ -240,15 +241,15 @@ WHERE r.slot = $1 AND r.relation <> '' ORDER BY r.relation`, s.cfg.Slot)
 		}
 		if len(names) > 0 {
 			s.log.Info("emptying the tables of an unfinished initial copy", "tables", strings.Join(names, ", "))
-			if _, err := s.leader.conn.ExecParams(ctx, "TRUNCATE "+strings.Join(names, ", "), nil, nil, nil, nil).Close(); err != nil {
+			if _, err := s.leader.PG.ExecParams(ctx, "TRUNCATE "+strings.Join(names, ", "), nil, nil, nil, nil).Close(); err != nil {
 				return err
 			}
 		}
-		if _, err := query(ctx, s.leader.conn, "DELETE FROM "+ct+" WHERE slot = $1", s.cfg.Slot); err != nil {
+		if _, err := target.Query(ctx, s.leader.PG, "DELETE FROM "+ct+" WHERE slot = $1", s.cfg.Slot); err != nil {
 			return err
 		}
 		if begin {
-			_, err = query(ctx, s.leader.conn, "INSERT INTO "+ct+" (slot, relation) VALUES ($1, '')", s.cfg.Slot)
+			_, err = target.Query(ctx, s.leader.PG, "INSERT INTO "+ct+" (slot, relation) VALUES ($1, '')", s.cfg.Slot)
 		}
 		return err
 	})
@@ -269,17 +270,15 @@ func truncateTarget(name string, partitioned bool) string {
 // prepareCopy maps every table to copy to its target table, checks that the target tables are
 // empty (or, with Config.CopyTruncate, empties them), and records them in the copy table, in one
 // transaction. It returns the mappings by source table OID.
-func (s *session) prepareCopy(ctx context.Context, ct string, tables []*snapshot.Table) (map[uint32]*relMap, error) {
-	maps := make(map[uint32]*relMap, len(tables))
+func (s *session) prepareCopy(ctx context.Context, ct string, tables []*snapshot.Table) (map[uint32]*target.Table, error) {
+	maps := make(map[uint32]*target.Table, len(tables))
 	for _, t := range tables {
-		ri := s.reg.intern(t.Relation, t)
-		m, err := ri.mapping(ctx, s.leader.conn, s.leader.replicaRole, s.cfg.Binary)
+		ri := s.reg.Intern(t.Relation, t)
+		m, err := s.leader.Mapping(ctx, ri, target.OpCopy)
 		if err != nil {
-			var ce *changeError
+			var ce *target.ChangeError
 			if errors.As(err, &ce) {
-				c := *ce
-				c.op = OpCopy
-				err = &c
+				err = changeError{ce}
 			}
 			return nil, fmt.Errorf("apply: initial copy: %w", err)
 		}
@@ -289,13 +288,13 @@ func (s *session) prepareCopy(ctx context.Context, ct string, tables []*snapshot
 		var full, names []string
 		for _, t := range tables {
 			m := maps[t.OID]
-			name := truncateTarget(m.name, m.partitioned)
-			rows, err := query(ctx, s.leader.conn, "SELECT EXISTS (SELECT FROM "+name+")")
+			name := truncateTarget(m.Name, m.Partitioned)
+			rows, err := target.Query(ctx, s.leader.PG, "SELECT EXISTS (SELECT FROM "+name+")")
 			if err != nil {
-				return fmt.Errorf("apply: initial copy: reading %s: %w", m.name, err)
+				return fmt.Errorf("apply: initial copy: reading %s: %w", m.Name, err)
 			}
 			if string(rows[0][0]) == "t" {
-				full = append(full, m.name)
+				full = append(full, m.Name)
 				names = append(names, name)
 			}
 		}
@@ -304,7 +303,7 @@ func (s *session) prepareCopy(ctx context.Context, ct string, tables []*snapshot
 				return fmt.Errorf("%w: %s (empty it, or set CopyTruncate to let the copy truncate it)", ErrTargetNotEmpty, strings.Join(full, ", "))
 			}
 			s.log.Info("truncating target tables that hold rows before the initial copy", "tables", strings.Join(full, ", "))
-			if _, err := s.leader.conn.ExecParams(ctx, "TRUNCATE "+strings.Join(names, ", "), nil, nil, nil, nil).Close(); err != nil {
+			if _, err := s.leader.PG.ExecParams(ctx, "TRUNCATE "+strings.Join(names, ", "), nil, nil, nil, nil).Close(); err != nil {
 				return fmt.Errorf("apply: initial copy: truncating the target tables: %w", err)
 			}
 		}
@@ -317,11 +316,11 @@ func (s *session) prepareCopy(ctx context.Context, ct string, tables []*snapshot
 				if i > 0 {
 					b.WriteString(", ")
 				}
-				args = append(args, maps[t.OID].name)
+				args = append(args, maps[t.OID].Name)
 				b.WriteString("($1, $" + strconv.Itoa(len(args)) + ")")
 			}
 			b.WriteString(" ON CONFLICT DO NOTHING")
-			if _, err := query(ctx, s.leader.conn, b.String(), args...); err != nil {
+			if _, err := target.Query(ctx, s.leader.PG, b.String(), args...); err != nil {
 				return fmt.Errorf("apply: initial copy: recording the tables in %s: %w", ct, err)
 			}
 		}
@@ -336,14 +335,14 @@ func (s *session) prepareCopy(ctx context.Context, ct string, tables []*snapshot
 // copyChunk writes the rows of one chunk through tg's insert path (COPY, or INSERTs for short
 // runs) in one target transaction. On failure the transaction is left open: the copy fails as a
 // whole and its connections are closed.
-func (s *session) copyChunk(ctx context.Context, tg *target, m *relMap, c *snapshot.Chunk) error {
+func (s *session) copyChunk(ctx context.Context, tg *target.Conn, m *target.Table, c *snapshot.Chunk) error {
 	if m == nil {
 		return fmt.Errorf("apply: initial copy: no target mapping for %s", c.Table)
 	}
 	if err := s.cfg.hook(ctx, "copy-chunk", txnRef{}); err != nil {
 		return err
 	}
-	tg.begin(0, nil) // no source transaction
+	tg.Begin(0, nil) // no source transaction
 	for msg, err := range c.Changes() {
 		if err != nil {
 			return err
@@ -352,40 +351,26 @@ func (s *session) copyChunk(ctx context.Context, tg *target, m *relMap, c *snaps
 		if !ok {
 			return fmt.Errorf("apply: initial copy: %s yielded a %T", c, msg.Msg)
 		}
-		if err := tg.insert(ctx, m, ins.New); err != nil {
+		if err := tg.Insert(ctx, m, ins.New); err != nil {
 			return err
 		}
 	}
-	return tg.commitCopy(ctx)
-}
-
-// commitCopy sends the pending rows and commits, without a progress row.
-func (t *target) commitCopy(ctx context.Context) error {
-	if err := t.flushInserts(ctx); err != nil {
-		return err
-	}
-	t.control("COMMIT")
-	t.inTxn = false
-	if err := t.flushBatch(ctx); err != nil {
-		return err
-	}
-	t.countRows()
-	return nil
+	return tg.CommitCopy(ctx)
 }
 
 // finishCopy writes the progress row at the consistent point and deletes the copy's rows, in
 // one durable transaction: from then on the copy is complete and the stream resumes after it.
 func (s *session) finishCopy(ctx context.Context, ct string, cp decoding.LSN) error {
 	err := s.inTxn(ctx, true, func() error {
-		if _, err := query(ctx, s.leader.conn, s.progSQL, s.key.slot, cp.String(), s.key.system, strconv.Itoa(s.key.timeline)); err != nil {
+		if _, err := target.Query(ctx, s.leader.PG, s.progSQL, s.key.Slot, cp.String(), s.key.System, strconv.Itoa(s.key.Timeline)); err != nil {
 			return err
 		}
-		_, err := query(ctx, s.leader.conn, "DELETE FROM "+ct+" WHERE slot = $1", s.cfg.Slot)
+		_, err := target.Query(ctx, s.leader.PG, "DELETE FROM "+ct+" WHERE slot = $1", s.cfg.Slot)
 		return err
 	})
 	if err != nil {
 		return fmt.Errorf("apply: initial copy: writing the progress row: %w", err)
 	}
-	s.stats.applied(cp)
+	s.stats.Applied(cp)
 	return nil
 }

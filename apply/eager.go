@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgreorder/pgreorder/apply/internal/schedule"
+	"github.com/pgreorder/pgreorder/apply/internal/target"
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 )
@@ -67,7 +68,7 @@ type job struct {
 // worker is a goroutine with a target connection that applies one job at a time.
 type worker struct {
 	id    int
-	tg    *target
+	tg    *target.Conn
 	jobs  chan *job
 	state atomic.Int32
 	cur   atomic.Pointer[job]
@@ -85,14 +86,14 @@ func (s *session) startWorkers(ctx context.Context) error {
 		s.deps = schedule.NewTracker()
 	}
 	for i := range s.cfg.Workers {
-		tg, err := connectTarget(ctx, s.cfg.targetOptions(), "pgreorder apply "+s.cfg.Slot+" w"+strconv.Itoa(i+1), &s.stats.targetCounters)
+		tg, err := connectTarget(ctx, s.cfg.targetOptions(), "pgreorder apply "+s.cfg.Slot+" w"+strconv.Itoa(i+1), &s.stats.Counters)
 		if err != nil {
 			return err
 		}
 		w := &worker{id: i + 1, tg: tg, jobs: make(chan *job, 1)}
 		s.workers = append(s.workers, w)
 		_, key := s.fenceKeys()
-		if _, err := query(ctx, tg.conn, "SELECT pg_catalog.pg_advisory_lock_shared($1::bigint)", strconv.FormatInt(key, 10)); err != nil {
+		if _, err := target.Query(ctx, tg.PG, "SELECT pg_catalog.pg_advisory_lock_shared($1::bigint)", strconv.FormatInt(key, 10)); err != nil {
 			return fmt.Errorf("apply: locking the slot's progress on the target: %w", err)
 		}
 		if err := s.prepareProgress(ctx, tg); err != nil {
@@ -126,7 +127,7 @@ func (s *session) goRun(f func() error) {
 func (s *session) stopWorkers(ctx context.Context) {
 	s.wg.Wait()
 	for _, w := range s.workers {
-		w.tg.close(context.WithoutCancel(ctx))
+		w.tg.Close(context.WithoutCancel(ctx))
 	}
 	for _, j := range s.jobs {
 		if j.q != nil {
@@ -284,12 +285,12 @@ func (s *session) applyDirect(ctx context.Context, j *job, t *reorderbuffer.Txn)
 	s.leaderJob.Store(j)
 	tg := s.leader
 	var failed error // a change the target refused: no further change of t is applied
-	err := s.eachChange(t, func(m decoding.Message, rels []*relInfo) error {
+	err := s.eachChange(t, func(m decoding.Message, rels []*target.Relation) error {
 		if !j.begun {
-			tg.begin(j.xid, nil)
+			tg.Begin(j.xid, nil)
 			j.begun = true
 		}
-		failed = tg.change(ctx, m, rels)
+		failed = tg.Change(ctx, m, rels)
 		return failed
 	})
 	if failed != nil {
@@ -301,13 +302,13 @@ func (s *session) applyDirect(ctx context.Context, j *job, t *reorderbuffer.Txn)
 // directFailed handles an error of a direct job: a refused change is kept for the commit, any
 // other error ends the session.
 func (s *session) directFailed(ctx context.Context, j *job, err error) error {
-	var ce *changeError
+	var ce *target.ChangeError
 	if !errors.As(err, &ce) {
 		return s.conflict(j, err)
 	}
 	j.failed = err
 	j.begun = false
-	return s.leader.rollback(ctx)
+	return s.leader.Rollback(ctx)
 }
 
 // conflict turns an error that concurrency may have caused (a deadlock detected by the target, a
@@ -336,7 +337,7 @@ func (s *session) conflict(j *job, err error) error {
 // Next. A streamed transaction's changes get a savepoint before each subtransaction's first
 // change, and a wait for the transactions that committed before them.
 func (s *session) enqueue(ctx context.Context, j *job, t *reorderbuffer.Txn) error {
-	return s.eachChange(t, func(m decoding.Message, rels []*relInfo) error {
+	return s.eachChange(t, func(m decoding.Message, rels []*target.Relation) error {
 		if !j.streamed {
 			if err := s.depend(ctx, j, m, rels); err != nil {
 				return err
@@ -367,16 +368,16 @@ func (s *session) enqueue(ctx context.Context, j *job, t *reorderbuffer.Txn) err
 
 // depend queues, before a change of a committed transaction a worker applies (Parallel), a
 // wait for the earlier transactions in flight it depends on.
-func (s *session) depend(ctx context.Context, j *job, m decoding.Message, rels []*relInfo) error {
+func (s *session) depend(ctx context.Context, j *job, m decoding.Message, rels []*target.Relation) error {
 	// Triggers (foreign keys included) that fire on the target make the order of otherwise
 	// independent transactions visible: such tables are applied serially. A table the target
 	// cannot take fails when applied, alone.
-	rm, err := rels[0].mapping(ctx, s.leader.conn, s.leader.replicaRole, s.cfg.Binary)
-	var ce *changeError
+	rm, err := s.leader.Mapping(ctx, rels[0], target.OpNone)
+	var ce *target.ChangeError
 	if err != nil && !errors.As(err, &ce) {
 		return err
 	}
-	wait, serial := s.deps.Change(&j.Job, rels[0].rel, m, err != nil || rm.triggers)
+	wait, serial := s.deps.Change(&j.Job, rels[0].Rel, m, err != nil || rm.Triggers)
 	if serial {
 		s.stats.serialTxns.Add(1)
 	}
@@ -403,18 +404,18 @@ func changeXid(m decoding.Message) uint32 {
 }
 
 // encodeChange makes a schedule.RecChange record.
-func encodeChange(m decoding.Message, rels []*relInfo) ([]byte, error) {
+func encodeChange(m decoding.Message, rels []*target.Relation) ([]byte, error) {
 	rec := make([]byte, 0, 64)
 	rec = append(rec, schedule.RecChange)
 	rec = binary.BigEndian.AppendUint16(rec, uint16(len(rels)))
 	for _, r := range rels {
-		rec = binary.BigEndian.AppendUint32(rec, r.id)
+		rec = binary.BigEndian.AppendUint32(rec, r.ID)
 	}
 	return decoding.Append(rec, m, false, decoding.Options{})
 }
 
 // decodeChange reads a schedule.RecChange record. The message is valid until the parser's next use.
-func (s *session) decodeChange(p *decoding.Parser, rec []byte, rels []*relInfo) (decoding.Message, []*relInfo, error) {
+func (s *session) decodeChange(p *decoding.Parser, rec []byte, rels []*target.Relation) (decoding.Message, []*target.Relation, error) {
 	if len(rec) < 3 {
 		return nil, nil, errors.New("apply: short queue record")
 	}
@@ -425,7 +426,7 @@ func (s *session) decodeChange(p *decoding.Parser, rec []byte, rels []*relInfo) 
 	}
 	rels = rels[:0]
 	for i := range n {
-		rels = append(rels, s.reg.get(binary.BigEndian.Uint32(rec[4*i:])))
+		rels = append(rels, s.reg.Get(binary.BigEndian.Uint32(rec[4*i:])))
 	}
 	m, err := p.Parse(rec[4*n:], false)
 	return m, rels, err
@@ -461,7 +462,7 @@ func (s *session) abort(ctx context.Context, t *reorderbuffer.Txn) error {
 	case j.direct:
 		defer s.leaderJob.Store(nil)
 		if j.begun {
-			if err := s.leader.rollback(ctx); err != nil {
+			if err := s.leader.Rollback(ctx); err != nil {
 				return err
 			}
 		}
@@ -499,7 +500,7 @@ func (s *session) commitJob(ctx context.Context, j *job, t *reorderbuffer.Txn) e
 			return err
 		}
 		if err := s.commitOn(ctx, s.leader, j, j.begun, nil); err != nil {
-			var ce *changeError
+			var ce *target.ChangeError
 			if errors.As(err, &ce) { // applied alone, after every earlier transaction
 				return s.txnError(j.ref, err)
 			}
@@ -516,7 +517,7 @@ func (s *session) commitJob(ctx context.Context, j *job, t *reorderbuffer.Txn) e
 		s.leaderJob.Store(j)
 		defer s.leaderJob.Store(nil)
 		if err := s.runJob(ctx, s.leader, j, nil); err != nil {
-			var ce *changeError
+			var ce *target.ChangeError
 			if errors.As(err, &ce) { // applied alone, after every earlier transaction
 				return s.txnError(j.ref, err)
 			}
@@ -553,18 +554,18 @@ func (s *session) work(ctx context.Context, w *worker) error {
 // change the target refuses rolls the job back; if the job then commits, it is retried alone
 // (restartError): it ran alongside transactions that committed before it, which may have been the
 // cause.
-func (s *session) runJob(ctx context.Context, tg *target, j *job, w *worker) error {
+func (s *session) runJob(ctx context.Context, tg *target.Conn, j *job, w *worker) error {
 	return schedule.RunJob(ctx, j.q, &jobRun{s: s, tg: tg, j: j, w: w})
 }
 
 // jobRun applies a job's records on a target connection (schedule.JobTarget).
 type jobRun struct {
 	s    *session
-	tg   *target
+	tg   *target.Conn
 	j    *job
 	w    *worker // nil on the leader's connection
 	p    decoding.Parser
-	rels []*relInfo
+	rels []*target.Relation
 }
 
 func (r *jobRun) State(st int32) {
@@ -580,7 +581,7 @@ func (r *jobRun) Record(ctx context.Context) error {
 	return r.s.cfg.hook(ctx, "record", txnRef{Xid: r.j.xid, Streamed: r.j.streamed})
 }
 
-func (r *jobRun) Begin() { r.tg.begin(r.j.xid, nil) }
+func (r *jobRun) Begin() { r.tg.Begin(r.j.xid, nil) }
 
 func (r *jobRun) Change(ctx context.Context, rec []byte) error {
 	var m decoding.Message
@@ -589,17 +590,17 @@ func (r *jobRun) Change(ctx context.Context, rec []byte) error {
 	if err != nil {
 		return schedule.Fatal(err)
 	}
-	return r.tg.change(ctx, m, r.rels)
+	return r.tg.Change(ctx, m, r.rels)
 }
 
-func (r *jobRun) Savepoint(ctx context.Context, sub uint32) error { return r.tg.savepoint(ctx, sub) }
+func (r *jobRun) Savepoint(ctx context.Context, sub uint32) error { return r.tg.Savepoint(ctx, sub) }
 
 func (r *jobRun) RollbackTo(ctx context.Context, sub uint32) error {
 	r.s.stats.subAborts.Add(1)
-	return r.tg.rollbackTo(ctx, sub)
+	return r.tg.RollbackTo(ctx, sub)
 }
 
-func (r *jobRun) Flush(ctx context.Context) error { return r.tg.flushPending(ctx) }
+func (r *jobRun) Flush(ctx context.Context) error { return r.tg.FlushPending(ctx) }
 
 func (r *jobRun) Wait(ctx context.Context, seq uint64) error { return r.s.order.Wait(ctx, seq) }
 
@@ -610,7 +611,7 @@ func (r *jobRun) Failed(ctx context.Context, err error) (failed, fatal error) {
 func (r *jobRun) Abort(ctx context.Context, begun bool) error {
 	if begun {
 		r.s.stats.aborts.Add(1)
-		if err := r.tg.rollback(ctx); err != nil {
+		if err := r.tg.Rollback(ctx); err != nil {
 			return err
 		}
 	}
@@ -630,7 +631,7 @@ func (r *jobRun) Commit(ctx context.Context, begun bool, failed error) error {
 		return &restartError{xids: []uint32{r.j.xid}, reason: failed}
 	}
 	err := r.s.commitOn(ctx, r.tg, r.j, begun, r.w)
-	var ce *changeError
+	var ce *target.ChangeError
 	if errors.As(err, &ce) {
 		return &restartError{xids: []uint32{r.j.xid}, reason: err}
 	}
@@ -643,12 +644,12 @@ func (r *jobRun) Commit(ctx context.Context, begun bool, failed error) error {
 // jobFailed handles an error while applying a job's records: a change the target refused rolls
 // the job back and is returned as failed (the job then only waits for its end); any other error
 // ends the session.
-func (s *session) jobFailed(ctx context.Context, tg *target, j *job, err error) (failed, fatal error) {
-	var ce *changeError
+func (s *session) jobFailed(ctx context.Context, tg *target.Conn, j *job, err error) (failed, fatal error) {
+	var ce *target.ChangeError
 	if !errors.As(err, &ce) {
 		return nil, s.conflict(j, err)
 	}
-	if rerr := tg.rollback(ctx); rerr != nil {
+	if rerr := tg.Rollback(ctx); rerr != nil {
 		return nil, rerr
 	}
 	return err, nil
@@ -657,11 +658,11 @@ func (s *session) jobFailed(ctx context.Context, tg *target, j *job, err error) 
 // commitOn commits j on tg in its turn, with the progress row, and hands it over for
 // acknowledgement. begun says whether it has a target transaction (otherwise there was nothing
 // to apply).
-func (s *session) commitOn(ctx context.Context, tg *target, j *job, begun bool, w *worker) error {
+func (s *session) commitOn(ctx context.Context, tg *target.Conn, j *job, begun bool, w *worker) error {
 	seq := j.Seq.Load()
 	if begun && s.order.Committed() < seq-1 {
 		// Not its turn yet: send what is pending meanwhile, so that the commit is one round trip.
-		if err := tg.flushPending(ctx); err != nil {
+		if err := tg.FlushPending(ctx); err != nil {
 			return err
 		}
 	}
@@ -681,8 +682,8 @@ func (s *session) commitOn(ctx context.Context, tg *target, j *job, begun bool, 
 			return err
 		}
 		durable = s.syncCommit()
-		tg.source(j.xid, j.commit)
-		if err := tg.commit(ctx, s.progress, s.key, j.ref.EndLSN, durable); err != nil {
+		tg.Source(j.xid, sourceCommit(j.commit))
+		if err := tg.Commit(ctx, s.key, j.ref.EndLSN, durable); err != nil {
 			return err
 		}
 		progress = j.ref.EndLSN

@@ -14,8 +14,8 @@ import (
 )
 
 // TestEagerSpool runs three large transactions at once with one worker: one is applied by the
-// worker, slowly enough that its queue overflows the memory budget into spill files, and the
-// others are spooled and applied at their commit. Savepoints roll back in all of them.
+// worker, which starts on it only once its queue has overflowed the memory budget into spill
+// files, and the others are spooled and applied at their commit. Savepoints roll back in all of them.
 func TestEagerSpool(t *testing.T) {
 	for _, major := range testMajors {
 		t.Run(fmt.Sprintf("pg%d", major), func(t *testing.T) {
@@ -25,14 +25,24 @@ func TestEagerSpool(t *testing.T) {
 			cfg := e.config(t, Eager)
 			cfg.Workers = 1
 			cfg.WorkMem = 64 << 10 // queues: 256 KiB
-			var slowed atomic.Int64
+			// The worker's first record waits for the queue to spill (the Applier, once started).
+			var applier atomic.Pointer[Applier]
+			var waited atomic.Bool
 			cfg.hooks = &hooks{stage: func(ctx context.Context, stage string, x txnRef) error {
-				if stage == "record" && x.Streamed && slowed.Add(1) < 400 {
-					time.Sleep(2 * time.Millisecond)
+				if stage != "record" || !x.Streamed || !waited.CompareAndSwap(false, true) {
+					return nil
+				}
+				for a := applier.Load(); a == nil || a.Stats().QueueSpilled == 0; a = applier.Load() {
+					select {
+					case <-ctx.Done():
+						return ctx.Err()
+					case <-time.After(5 * time.Millisecond): // polling the counter
+					}
 				}
 				return nil
 			}}
 			r := start(t, cfg)
+			applier.Store(r.a)
 			conns := make([]*pgx.Conn, 3)
 			for i := range conns {
 				c, err := pgx.Connect(ctx, e.src)
@@ -125,20 +135,38 @@ func TestEagerDeadlock(t *testing.T) {
 // transaction.
 func waitWorkerWrote(t testing.TB, ctx context.Context, dsn string) {
 	t.Helper()
+	if err := workerWrote(ctx, dsn); err != nil {
+		t.Fatalf("no worker wrote: %v", err)
+	}
+}
+
+// workerWrote waits until a worker connection of the target has written in its open
+// transaction, or ctx ends.
+func workerWrote(ctx context.Context, dsn string) error {
+	return waitQuery(ctx, dsn, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+		AND application_name LIKE 'pgreorder apply % w%' AND backend_xid IS NOT NULL`)
+}
+
+// waitQuery waits until sql, a count, counts something on dsn, or ctx ends.
+func waitQuery(ctx context.Context, dsn, sql string) error {
 	conn, err := pgx.Connect(ctx, dsn)
-	must(t, err)
+	if err != nil {
+		return err
+	}
 	defer conn.Close(context.Background())
 	for {
 		var n int
-		must(t, conn.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
-			AND application_name LIKE 'pgreorder apply % w%' AND backend_xid IS NOT NULL`).Scan(&n))
+		if err := conn.QueryRow(ctx, sql).Scan(&n); err != nil {
+			return err
+		}
 		if n > 0 {
-			return
+			return nil
 		}
-		if ctx.Err() != nil {
-			t.Fatal("no worker wrote")
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(10 * time.Millisecond): // polling pg_stat_activity
 		}
-		time.Sleep(10 * time.Millisecond)
 	}
 }
 
@@ -159,9 +187,14 @@ func TestParallelDeadlock(t *testing.T) {
 			var earlier atomic.Uint32
 			var held atomic.Bool
 			cfg := e.config(t, Parallel)
+			// The earlier transaction's first change waits until the later one's worker has
+			// written into items (inserted u = 9): the earlier one, held back, has not written
+			// yet, and the marker's transaction writes another table.
 			cfg.hooks = &hooks{stage: func(ctx context.Context, stage string, x txnRef) error {
 				if stage == "record" && x.Xid == earlier.Load() && held.CompareAndSwap(false, true) {
-					time.Sleep(500 * time.Millisecond)
+					return waitQuery(ctx, e.dst, `SELECT count(*) FROM pg_catalog.pg_locks l JOIN pg_catalog.pg_stat_activity a
+						ON a.pid = l.pid WHERE l.relation = 'items'::regclass AND l.mode = 'RowExclusiveLock'
+						AND a.application_name LIKE 'pgreorder apply % w%'`)
 				}
 				return nil
 			}}

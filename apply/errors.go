@@ -11,6 +11,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgreorder/pgreorder/apply/internal/detect"
+	"github.com/pgreorder/pgreorder/apply/internal/target"
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 	"github.com/pgreorder/pgreorder/replication"
@@ -170,76 +172,58 @@ func (e *ApplyError) Unwrap() []error {
 	return errs
 }
 
-// changeError is an error of the target while applying one change, before the transaction's
-// commit LSN is known; the session turns it into an *ApplyError.
-type changeError struct {
-	kind     error
-	relation string
-	op       Op
-	err      error
-}
-
-func (e *changeError) Error() string {
-	s := e.op.String()
-	if e.relation != "" {
-		s += " " + e.relation
-	}
-	if e.kind != nil {
-		s += ": " + strings.TrimPrefix(e.kind.Error(), "apply: ")
-	}
-	if e.err != nil {
-		s += ": " + e.err.Error()
-	}
-	return s
-}
-
-func (e *changeError) Unwrap() []error {
-	var errs []error
-	if e.kind != nil {
-		errs = append(errs, e.kind)
-	}
-	if e.err != nil {
-		errs = append(errs, e.err)
-	}
-	return errs
-}
-
-// columnError names the target column of a value or a condition the target refused.
-type columnError struct {
-	column string // quoted
-	typ    string // the column's type on the target
-	err    error
-}
-
-func (e *columnError) Error() string {
-	s := "column " + e.column
-	if e.typ != "" {
-		s += " (" + e.typ + ")"
-	}
-	return s + ": " + e.err.Error()
-}
-
-func (e *columnError) Unwrap() error { return e.err }
-
-// kindOf classifies an error of the target by its SQLSTATE.
-func kindOf(err error) error {
+func isCode(err error, code string) bool {
 	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) {
-		return nil
-	}
-	switch c := pgErr.Code; {
-	case c == "42P01": // undefined_table
-		return ErrMissingTable
-	case c == "42703", c == "42804", c == "428C9": // undefined_column, datatype_mismatch, generated_always
-		return ErrSchemaMismatch
-	case c == "42501": // insufficient_privilege
-		return ErrPermission
-	case strings.HasPrefix(c, "23"):
-		return ErrConstraint
-	case strings.HasPrefix(c, "22"):
-		return ErrData
+	return errors.As(err, &pgErr) && pgErr.Code == code
+}
+
+// kinds are the sentinel errors of the target package's kinds of change errors.
+var kinds = [...]error{target.KindMissingTable: ErrMissingTable, target.KindSchemaMismatch: ErrSchemaMismatch,
+	target.KindNoReplicaIdentity: ErrNoReplicaIdentity, target.KindPermission: ErrPermission,
+	target.KindConstraint: ErrConstraint, target.KindData: ErrData, target.KindConflict: ErrConflict}
+
+// kindErr returns the sentinel error of k, or nil for target.KindNone.
+func kindErr(k target.Kind) error {
+	if k > 0 && int(k) < len(kinds) {
+		return kinds[k]
 	}
 	return nil
+}
+
+// changeError is a change the target refused (a *target.ChangeError) as users see it: wrapping
+// the sentinel error of its kind, for errors.Is, and the *target.ChangeError with its cause.
+type changeError struct{ *target.ChangeError }
+
+func (e changeError) Unwrap() []error {
+	if k := kindErr(e.Kind); k != nil {
+		return []error{k, e.ChangeError}
+	}
+	return []error{e.ChangeError}
+}
+
+// configErr wraps an error of the target's configuration (a *target.ConfigError) in
+// ErrInvalidConfig; other errors are returned as they are.
+func configErr(err error) error {
+	var ce *target.ConfigError
+	if errors.As(err, &ce) {
+		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	return err
+}
+
+// connectTarget opens a target connection set up to apply changes (target.Connect).
+func connectTarget(ctx context.Context, o *target.Options, name string, stats *target.Counters) (*target.Conn, error) {
+	tg, err := target.Connect(ctx, o, name, stats)
+	return tg, configErr(err)
+}
+
+// sourceCommit is what target connections take of a source transaction's commit (nil until it
+// arrived).
+func sourceCommit(t *reorderbuffer.Txn) *detect.SourceCommit {
+	if t == nil {
+		return nil
+	}
+	return &detect.SourceCommit{Time: t.CommitTime, Origin: t.Origin, End: t.EndLSN}
 }
 
 // retryable reports whether starting the session again can cure err: connection failures of
@@ -253,7 +237,7 @@ func retryable(err error) bool {
 	var (
 		restart  *restartError
 		apply    *ApplyError
-		change   *changeError
+		change   *target.ChangeError
 		input    *reorderbuffer.InputError
 		missing  *reorderbuffer.MissingError
 		option   *replication.OptionError

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgreorder/pgreorder/apply/internal/target"
 	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
 )
 
@@ -121,13 +122,13 @@ func TestStatementsBounded(t *testing.T) {
 	e.waitMarker(t, r, 1)
 	r.halt(t)
 	e.sameRows(t, "nulls")
-	if most := r.a.stats.preparedMost.Load(); most > 4 {
+	if most := r.a.stats.PreparedMost.Load(); most > 4 {
 		t.Errorf("%d statements prepared on one connection for one table's updates and deletes, want at most 4", most)
 	}
 
-	old := maxStatements
-	maxStatements = bound
-	t.Cleanup(func() { maxStatements = old })
+	old := target.MaxStatements
+	target.MaxStatements = bound
+	t.Cleanup(func() { target.MaxStatements = old })
 	r = start(t, e.config(t, Buffered))
 	for round := range 2 {
 		var stmts []string
@@ -145,7 +146,7 @@ func TestStatementsBounded(t *testing.T) {
 	for i := range tables {
 		e.sameRows(t, fmt.Sprintf("many%d", i))
 	}
-	most, prepares := r.a.stats.preparedMost.Load(), r.a.stats.prepares.Load()
+	most, prepares := r.a.stats.PreparedMost.Load(), r.a.stats.Prepares.Load()
 	t.Logf("%d statements prepared, at most %d on one connection", prepares, most)
 	if most > bound+1 {
 		t.Errorf("%d statements prepared on one connection at once, want at most %d", most, bound+1)

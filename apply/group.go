@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/pgreorder/pgreorder/apply/internal/target"
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 )
@@ -46,7 +47,7 @@ func (g *group) open() bool { return len(g.members) > 0 }
 
 // full says whether the group must commit before it takes another transaction, at time now.
 func (g *group) full(now time.Time) bool {
-	return len(g.members) >= groupMaxTxns || g.changes >= batchMaxOps || now.Sub(g.opened) >= groupMaxAge
+	return len(g.members) >= groupMaxTxns || g.changes >= target.BatchMaxOps || now.Sub(g.opened) >= groupMaxAge
 }
 
 func (g *group) xids() []uint32 {
@@ -69,7 +70,7 @@ func (s *session) applyGrouped(ctx context.Context, t *reorderbuffer.Txn) error 
 	// A group commits with the commit time of its last transaction, which becomes the commit
 	// timestamp of all its rows (with an origin): under last_update_wins a row must carry its
 	// own transaction's time, or two sides replicating to each other can decide differently.
-	alone := s.a.serial[t.Xid] || (s.det != nil && s.leader.origin != "" && lastUpdateWins(&s.cfg.Conflicts))
+	alone := s.a.serial[t.Xid] || (s.det != nil && s.leader.Origin != "" && lastUpdateWins(&s.cfg.Conflicts))
 	if g.open() && (alone || g.full(s.cfg.now())) {
 		if err := s.commitGroup(ctx); err != nil {
 			return err
@@ -84,15 +85,15 @@ func (s *session) applyGrouped(ctx context.Context, t *reorderbuffer.Txn) error 
 	tg := s.leader
 	// Conflicts name their own source transaction; the group commits with the last one's
 	// commit time as its origin timestamp.
-	tg.source(t.Xid, t)
-	err := s.eachChange(t, func(m decoding.Message, rels []*relInfo) error {
+	tg.Source(t.Xid, sourceCommit(t))
+	err := s.eachChange(t, func(m decoding.Message, rels []*target.Relation) error {
 		if !g.started {
-			tg.begin(t.Xid, t)
+			tg.Begin(t.Xid, sourceCommit(t))
 			g.started = true
 		}
 		g.changes++
 		member.changed = true
-		if err := tg.change(ctx, m, rels); err != nil {
+		if err := tg.Change(ctx, m, rels); err != nil {
 			return s.groupError(ref, err)
 		}
 		return nil
@@ -124,7 +125,7 @@ func (s *session) commitGroup(ctx context.Context) error {
 			}
 		}
 		durable = s.syncCommit()
-		if err := s.leader.commit(ctx, s.progress, s.key, last.EndLSN, durable); err != nil {
+		if err := s.leader.Commit(ctx, s.key, last.EndLSN, durable); err != nil {
 			return s.groupError(last, err)
 		}
 		progress = last.EndLSN
@@ -152,7 +153,7 @@ func (s *session) commitGroup(ctx context.Context) error {
 // transaction is rolled back with the connection, and its rows are not counted.
 func (s *session) abandonGroup() {
 	if s.group.started {
-		s.leader.dropRows()
+		s.leader.DropRows()
 		s.group.reset()
 	}
 }
@@ -163,7 +164,7 @@ func (s *session) abandonGroup() {
 // a time.
 func (s *session) groupError(x txnRef, err error) error {
 	g := &s.group
-	var ce *changeError
+	var ce *target.ChangeError
 	if !errors.As(err, &ce) || len(g.members) == 1 {
 		return s.txnError(x, err)
 	}

@@ -11,6 +11,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgreorder/pgreorder/apply/internal/detect"
+	"github.com/pgreorder/pgreorder/apply/internal/target"
 	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
 )
 
@@ -50,7 +52,7 @@ func hostileEnv(t *testing.T, srv *pgtest.Server, col string, slot bool) *env {
 	srcDB, dstDB := pgtest.NewDatabase(t, srv), pgtest.NewDatabase(t, srv)
 	e := &env{srv: srv, src: srv.ConnString(srcDB), dst: srv.ConnString(dstDB), repl: srv.ReplicationConnString(srcDB), slot: "hostile"}
 	schema := []string{
-		`CREATE TABLE kv (` + quoteIdent(col) + ` int PRIMARY KEY, u int, v text)`,
+		`CREATE TABLE kv (` + target.QuoteIdent(col) + ` int PRIMARY KEY, u int, v text)`,
 		`CREATE TABLE marker (id int PRIMARY KEY)`,
 	}
 	src := append(append([]string{}, schema...), `CREATE PUBLICATION pub FOR ALL TABLES`)
@@ -79,7 +81,7 @@ func TestTombstoneInjection(t *testing.T) {
 			r := start(t, cfg)
 			e.waitMarker(t, r, 1)
 			eventually(t, "the tombstone trigger on kv", func() bool {
-				return count(t, dst, `SELECT count(*) FROM pg_trigger WHERE tgrelid = 'kv'::regclass AND tgname = '`+tombstoneTrigger+`'`) > 0
+				return count(t, dst, `SELECT count(*) FROM pg_trigger WHERE tgrelid = 'kv'::regclass AND tgname = '`+detect.TombstoneTrigger+`'`) > 0
 			})
 			if n := count(t, dst, `SELECT count(*) FROM pg_class WHERE relname = 'victim'`); n != 1 {
 				t.Fatalf("table victim is gone from the target")
@@ -181,7 +183,7 @@ func TestPinnedTargetSettings(t *testing.T) {
 			e := hostileEnv(t, srv, "id", false)
 			want := map[string]string{}
 			var names, hostile []string
-			for _, p := range targetSettings {
+			for _, p := range target.Settings {
 				if p.Since > major {
 					continue
 				}
@@ -268,10 +270,19 @@ func TestIdleSessionTimeout(t *testing.T) {
 	cfg := e.config(t, Buffered)
 	execOn(t, e.src, `INSERT INTO kv VALUES (1, 1, 'a')`, `INSERT INTO marker VALUES (1)`)
 	r := start(t, cfg)
+	raw := e.dst
 	e.dst = dst
 	e.waitMarker(t, r, 1)
-	// The pause must outlast the timeout: there is no event to wait for.
-	time.Sleep(1500 * time.Millisecond)
+	// The pause outlasts the timeout: a session opened after the Applier's last statement is
+	// ended by the server for its idleness first.
+	ctx := testCtx(t)
+	canary, err := pgconn.Connect(ctx, raw)
+	must(t, err)
+	defer canary.Close(context.Background())
+	pid := fmt.Sprint(canary.PID())
+	eventually(t, "the server ended an idle session", func() bool {
+		return count(t, dst, `SELECT count(*) FROM pg_stat_activity WHERE pid = `+pid) == 0
+	})
 	execOn(t, e.src, `INSERT INTO kv VALUES (2, 2, 'b')`, `INSERT INTO marker VALUES (2)`)
 	e.waitMarker(t, r, 2)
 	if n := r.a.Stats().Sessions; n != 1 {
@@ -289,7 +300,6 @@ func TestSessionEndRetried(t *testing.T) {
 	db := pgtest.NewDatabase(t, srv)
 	dsn := srv.ConnString(db)
 	ctx := testCtx(t)
-	tg := &target{}
 	for _, c := range []struct{ name, dsn string }{{"tcp", srv.TCPConnString(db)}, {"unix", dsn}} {
 		conn, err := pgconn.Connect(ctx, c.dsn+" idle_session_timeout=100")
 		must(t, err)
@@ -303,7 +313,7 @@ func TestSessionEndRetried(t *testing.T) {
 			t.Fatalf("%s: a statement on an ended session succeeded", c.name)
 		}
 		t.Logf("%s: %v", c.name, err)
-		ae := &ApplyError{Op: OpInsert, Err: tg.statementError(batchOp{op: 'I'}, err)}
+		ae := &ApplyError{Op: OpInsert, Err: target.StatementError(target.OpInsert, err)}
 		if !retryable(ae) {
 			t.Errorf("%s: not retryable: %v", c.name, ae)
 		}
@@ -311,7 +321,7 @@ func TestSessionEndRetried(t *testing.T) {
 	// The same for every error the server sends as it ends a session.
 	for _, code := range []string{"57P05", "25P03", "25P04", "XX000"} {
 		fatal := &pgconn.PgError{Severity: "FATAL", Code: code, Message: "terminating connection"}
-		if err := (&ApplyError{Op: OpInsert, Err: tg.statementError(batchOp{op: 'I'}, fatal)}); !retryable(err) {
+		if err := (&ApplyError{Op: OpInsert, Err: target.StatementError(target.OpInsert, fatal)}); !retryable(err) {
 			t.Errorf("FATAL %s: not retryable", code)
 		}
 	}
@@ -321,7 +331,7 @@ func TestSessionEndRetried(t *testing.T) {
 	}
 	// Nor a change the server refused.
 	refused := &pgconn.PgError{Severity: "ERROR", Code: "23505", Message: "duplicate key"}
-	if err := (&ApplyError{Op: OpInsert, Err: tg.statementError(batchOp{op: 'I'}, refused)}); retryable(err) {
+	if err := (&ApplyError{Op: OpInsert, Err: target.StatementError(target.OpInsert, refused)}); retryable(err) {
 		t.Error("a unique violation is retryable")
 	}
 }
@@ -352,7 +362,7 @@ func TestUninstall(t *testing.T) {
 	r.halt(t)
 	left := func() map[string]int64 {
 		return map[string]int64{
-			"triggers": count(t, e.dst, `SELECT count(*) FROM pg_trigger WHERE tgname = '`+tombstoneTrigger+`'`),
+			"triggers": count(t, e.dst, `SELECT count(*) FROM pg_trigger WHERE tgname = '`+detect.TombstoneTrigger+`'`),
 			"functions": count(t, e.dst, `SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
 				WHERE n.nspname = 'My "Sch"' AND p.proname = 'pgreorder_tombstones_record'`),
 			"tables":  count(t, e.dst, `SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'My "Sch"'`),

@@ -27,7 +27,6 @@ type childConfig struct {
 	Mode                 Mode
 	Workers              int
 	WorkMem              int64
-	CommitDelay          time.Duration // sleep before each commit, so that transactions pile up on workers
 	// Copy makes the initial copy, in chunks of CopyChunkSize bytes. With Stall set, the calls
 	// of that hook stage after the first StallAfter write "stalled at STAGE" to stderr and wait
 	// until the child is killed.
@@ -54,9 +53,6 @@ func runChild() int {
 	cfg.Copy, cfg.CopyWorkers = c.Copy, 2
 	var stalls atomic.Int32
 	cfg.hooks = &hooks{copyChunkSize: c.CopyChunkSize, stage: func(ctx context.Context, stage string, x txnRef) error {
-		if stage == "before-commit" && c.CommitDelay > 0 {
-			time.Sleep(c.CommitDelay)
-		}
 		if stage == c.Stall && stalls.Add(1) > c.StallAfter {
 			fmt.Fprintln(os.Stderr, "stalled at", stage)
 			<-ctx.Done()
@@ -139,8 +135,12 @@ func waitWorkers(t *testing.T, ctx context.Context, dsn, src string, n int, ch *
 				}
 				sc.Close(context.Background())
 			}
-			ch.cmd.Process.Signal(syscall.SIGQUIT) // a goroutine dump in its stderr
-			time.Sleep(time.Second)
+			ch.cmd.Process.Signal(syscall.SIGQUIT) // a goroutine dump in its stderr, as it exits
+			select {
+			case err := <-ch.done:
+				ch.done <- err // for the cleanup
+			case <-time.After(10 * time.Second):
+			}
 			t.Fatalf("fewer than %d workers wrote", n)
 		case <-time.After(5 * time.Millisecond):
 		}
@@ -196,8 +196,10 @@ func TestKill(t *testing.T) {
 			e := newEnv(t, major)
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 			defer cancel()
+			// After 20 commits, the next one stalls until the kill: the transactions after it pile
+			// up, applied and uncommitted, on the other workers.
 			cc := childConfig{Source: e.repl, Target: e.dst, Slot: e.slot, Mode: Parallel, Workers: 4,
-				WorkMem: 256 << 10, CommitDelay: 20 * time.Millisecond}
+				WorkMem: 256 << 10, Stall: "before-commit", StallAfter: 20}
 			first := startChild(t, cc)
 			rng := seeded(t)
 			done := make(chan error, 1)
@@ -205,7 +207,7 @@ func TestKill(t *testing.T) {
 			waitWorkers(t, ctx, e.dst, e.src, 2, first)
 			first.kill(t)
 			must(t, <-done)
-			cc.CommitDelay = 0
+			cc.Stall = ""
 			startChild(t, cc)
 			must(t, pgtest.Exec(ctx, e.src, `INSERT INTO marker VALUES (1)`))
 			waitMarkerCtx(t, ctx, e.dst, 1)

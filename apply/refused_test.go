@@ -1,10 +1,14 @@
 package apply
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/pgreorder/pgreorder/apply/internal/target"
 )
 
 // TestRefusedChangeNames makes the target refuse changes: values its column types cannot read
@@ -79,20 +83,45 @@ func TestRefusedChangeNames(t *testing.T) {
 	}
 }
 
-// TestColumnAt: a position the server reports in a generated statement names a column only when
-// it points at the column's name or just after it.
-func TestColumnAt(t *testing.T) {
-	m := &relMap{cols: []colMap{{name: `"a"`}, {name: `"b"`}, {name: `"ab"`}}}
-	sql := `UPDATE "public"."t" SET "b" = $1 WHERE ("a" = $2 OR ("a" IS NULL AND $2 IS NULL)) AND ("ab" = $3)`
-	for _, c := range []struct {
-		at   string // the text the position points at, first occurrence
-		want int
-	}{
-		{`"b" = $1`, 1}, {`= $1`, 1}, {`$1`, 1}, {`= $2`, 0}, {`"ab"`, 2}, {`= $3`, 2}, {`WHERE`, -1}, {`UPDATE`, -1},
-	} {
-		pos := strings.Index(sql, c.at) + 1
-		if got := columnAt(m, sql, pos); got != c.want {
-			t.Errorf("position %d (%s): column %d, want %d", pos, c.at, got, c.want)
+// TestTargetKinds: every kind and statement of the target package's change errors has its
+// sentinel error and Op, described alike.
+func TestTargetKinds(t *testing.T) {
+	for k := target.KindMissingTable; k <= target.KindConflict; k++ {
+		e := kindErr(k)
+		if e == nil || strings.TrimPrefix(e.Error(), "apply: ") != k.String() {
+			t.Errorf("kind %d (%s): sentinel %v", int(k), k, e)
 		}
+		ce := &target.ChangeError{Kind: k, Op: target.OpUpdate, Relation: `"public"."t"`, Err: errors.New("cause")}
+		if err := error(changeError{ce}); !errors.Is(err, e) || !errors.As(err, new(*target.ChangeError)) {
+			t.Errorf("kind %s: %v is not its sentinel or has no *target.ChangeError", k, err)
+		}
+	}
+	if kindErr(target.KindNone) != nil {
+		t.Error("KindNone has a sentinel")
+	}
+	for o := target.OpNone; o <= target.OpCopy; o++ {
+		if Op(o).String() != o.String() {
+			t.Errorf("Op %d: %q here, %q in the target package", int(o), Op(o), o)
+		}
+	}
+}
+
+// TestTargetConfigErrors: a target configuration the connections cannot be made with is
+// ErrInvalidConfig, from every way apply connects to the target.
+func TestTargetConfigErrors(t *testing.T) {
+	ctx := context.Background()
+	for name, o := range map[string]*target.Options{
+		"connection string": {ConnString: "host='unterminated"},
+		"TargetConfig":      {ConnConfig: &pgconn.Config{}}, // not made by pgconn.ParseConfig
+	} {
+		_, err := connectTarget(ctx, o, "test", &target.Counters{})
+		var ce *target.ConfigError
+		if !errors.Is(err, ErrInvalidConfig) || !errors.As(err, &ce) {
+			t.Errorf("%s: %v, want ErrInvalidConfig", name, err)
+		}
+	}
+	a := &Applier{cfg: Config{Target: "host='unterminated", Slot: "s"}}
+	if err := a.Uninstall(ctx, UninstallOptions{}); !errors.Is(err, ErrInvalidConfig) {
+		t.Errorf("Uninstall: %v, want ErrInvalidConfig", err)
 	}
 }

@@ -12,7 +12,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/pgreorder/pgreorder/apply/internal/detect"
 	"github.com/pgreorder/pgreorder/apply/internal/schedule"
+	"github.com/pgreorder/pgreorder/apply/internal/target"
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 	"github.com/pgreorder/pgreorder/replication"
@@ -25,20 +27,19 @@ type session struct {
 	cfg    *Config
 	log    *slog.Logger
 	stats  *counters
-	reg    *registry
+	reg    *target.Registry
 	stream *replication.Stream
 
-	leader   *target
-	progress *stmt // the progress upsert, prepared on every target connection
+	leader   *target.Conn
 	progSQL  string
-	flushSQL string      // the flushing transaction's progress upsert (see flushWAL)
-	key      progressKey // the progress row's key and source system
+	flushSQL string             // the flushing transaction's progress upsert (see flushWAL)
+	key      target.ProgressKey // the progress row's key and source system
 
-	relBuf [1]*relInfo
+	relBuf [1]*target.Relation
 
-	det   *detection // conflict detection; nil when off
-	ours  []uint32   // the Applier's replication origins, when it has them
-	group group      // Buffered: the open target transaction
+	det   *detect.Detection // conflict detection; nil when off
+	ours  []uint32          // the Applier's replication origins, when it has them
+	group group             // Buffered: the open target transaction
 
 	// Eager and Parallel.
 	cancel    context.CancelCauseFunc // ends the session with the first error
@@ -57,20 +58,20 @@ type session struct {
 
 // session runs one session.
 func (a *Applier) session(parent context.Context) (err error) {
-	s := &session{a: a, cfg: &a.cfg, log: a.cfg.Logger, stats: &a.stats, reg: newRegistry()}
+	s := &session{a: a, cfg: &a.cfg, log: a.cfg.Logger, stats: &a.stats, reg: target.NewRegistry()}
 	ctx, cancel := context.WithCancelCause(parent)
 	s.cancel = cancel
 	defer cancel(nil)
-	s.leader, err = connectTarget(ctx, s.cfg.targetOptions(), "pgreorder apply "+s.cfg.Slot, &s.stats.targetCounters)
+	s.leader, err = connectTarget(ctx, s.cfg.targetOptions(), "pgreorder apply "+s.cfg.Slot, &s.stats.Counters)
 	if err != nil {
 		return err
 	}
-	defer s.leader.close(context.WithoutCancel(ctx))
+	defer s.leader.Close(context.WithoutCancel(ctx))
 	sys, slot, err := identifySource(ctx, s.cfg)
 	if err != nil {
 		return err
 	}
-	s.key = progressKey{slot: s.cfg.Slot, system: sys.ID, timeline: sys.Timeline}
+	s.key = target.ProgressKey{Slot: s.cfg.Slot, System: sys.ID, Timeline: sys.Timeline}
 	if err := s.fence(ctx); err != nil {
 		return err
 	}
@@ -96,10 +97,10 @@ func (a *Applier) session(parent context.Context) (err error) {
 	if err := s.setupConflicts(ctx); err != nil {
 		return err
 	}
-	if s.det != nil && s.det.tomb != nil {
-		defer s.det.tomb.start(ctx)()
+	if s.det != nil && s.det.Tomb != nil {
+		defer s.det.Tomb.Start(ctx)()
 	}
-	if !s.leader.replicaRole {
+	if !s.leader.ReplicaRole {
 		s.log.Info("the target role may not set session_replication_role: triggers and foreign keys fire for replicated changes")
 	}
 	rcfg := replication.Config{
@@ -130,9 +131,9 @@ func (a *Applier) session(parent context.Context) (err error) {
 		return err
 	}
 	s.acks.persisted = max(s.acks.persisted, resume)
-	if id := s.stream.System().ID; id != s.key.system {
+	if id := s.stream.System().ID; id != s.key.System {
 		s.stream.Close(ctx)
-		return fmt.Errorf("%w: the source was database system %s a moment ago and is now system %s", ErrSourceChanged, s.key.system, id)
+		return fmt.Errorf("%w: the source was database system %s a moment ago and is now system %s", ErrSourceChanged, s.key.System, id)
 	}
 	defer func() {
 		if cerr := s.stream.Close(context.WithoutCancel(ctx)); err == nil && cerr != nil {
@@ -180,7 +181,7 @@ func (s *session) fence(ctx context.Context) error {
 	if err := s.waitLock(ctx, workers); err != nil {
 		return err
 	}
-	if _, err := query(ctx, s.leader.conn, "SELECT pg_catalog.pg_advisory_unlock($1::bigint)", strconv.FormatInt(workers, 10)); err != nil {
+	if _, err := target.Query(ctx, s.leader.PG, "SELECT pg_catalog.pg_advisory_unlock($1::bigint)", strconv.FormatInt(workers, 10)); err != nil {
 		return fmt.Errorf("apply: locking the slot's progress on the target: %w", err)
 	}
 	return nil
@@ -194,7 +195,7 @@ func (s *session) waitLock(ctx context.Context, key int64) error {
 	var said string
 	delay := 20 * time.Millisecond
 	for {
-		rows, err := query(ctx, s.leader.conn, "SELECT pg_catalog.pg_try_advisory_lock($1::bigint)", strconv.FormatInt(key, 10))
+		rows, err := target.Query(ctx, s.leader.PG, "SELECT pg_catalog.pg_try_advisory_lock($1::bigint)", strconv.FormatInt(key, 10))
 		if err != nil {
 			return fmt.Errorf("apply: locking the slot's progress on the target: %w", err)
 		}
@@ -246,7 +247,7 @@ func (s *session) waitLock(ctx context.Context, key int64) error {
 // lockHolders returns the other connections that hold the advisory lock key in this database.
 func (s *session) lockHolders(ctx context.Context, key int64) ([]replication.Backend, error) {
 	cols := strings.Replace(replication.BackendColumns, "a.pid::text", "l.pid::text", 1)
-	rows, err := query(ctx, s.leader.conn, "SELECT "+cols+" FROM pg_catalog.pg_locks l "+
+	rows, err := target.Query(ctx, s.leader.PG, "SELECT "+cols+" FROM pg_catalog.pg_locks l "+
 		"LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid "+
 		"WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 AND l.classid = $1::oid AND l.objid = $2::oid "+
 		"AND l.database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = pg_catalog.current_database()) "+
@@ -274,7 +275,7 @@ func (s *session) lockHolders(ctx context.Context, key int64) ([]replication.Bac
 // a slot of the same name do not wait for these; they find the progress row naming this system
 // and stop (ErrSourceChanged).
 func (s *session) fenceKeys() (lead, workers int64) {
-	return fenceKeys(s.key.system, s.cfg.Slot)
+	return fenceKeys(s.key.System, s.cfg.Slot)
 }
 
 // fenceKeys returns the advisory lock keys of the sessions of slot of the source system.
@@ -286,19 +287,6 @@ func fenceKeys(system, slot string) (lead, workers int64) {
 	h.Reset()
 	h.Write([]byte("pgreorder apply workers\x00" + id))
 	return lead, int64(h.Sum64())
-}
-
-// progressKey is what identifies the stream in its progress row: the slot, and the source system
-// (System.ID and Timeline) whose positions the row holds.
-type progressKey struct {
-	slot     string
-	system   string
-	timeline int
-}
-
-// args returns the parameters of the progress upserts for position end.
-func (k progressKey) args(end decoding.LSN) [][]byte {
-	return [][]byte{[]byte(k.slot), end.AppendText(nil), []byte(k.system), strconv.AppendInt(nil, int64(k.timeline), 10)}
 }
 
 // identifySource connects to the source to learn which database system it is (IDENTIFY_SYSTEM
@@ -337,50 +325,44 @@ func (s *session) slotAhead(ctx context.Context, resume, confirmed decoding.LSN,
 		s.log.Warn("the slot is ahead of the target's progress row: continuing without the transactions in between, "+
 			"as AcceptSlotAhead allows", "slot", s.cfg.Slot, "end_lsn", resume, "confirmed_flush_lsn", confirmed)
 	}
-	if err := s.leader.flushWAL(ctx, s.flushSQL, s.key.args(confirmed)); err != nil {
+	if err := s.leader.FlushWAL(ctx, s.flushSQL, s.key.Args(confirmed)); err != nil {
 		return 0, err
 	}
 	s.acks.persisted = confirmed
-	s.stats.applied(confirmed)
+	s.stats.Applied(confirmed)
 	return confirmed, nil
 }
 
 // setupProgress creates the progress table if it is missing (and adds the source system's
 // columns to one made before they existed), checks that the slot's row, if any, belongs to the
 // source system, and returns the slot's position.
-func (s *session) setupProgress(ctx context.Context, tg *target) (_ decoding.LSN, legacy bool, err error) {
-	table := tg.table(s.cfg.ProgressTable)
-	// The upserts never write a row of another system (a row of another system found at the
-	// start stops the session; these guard against one made meanwhile).
-	ins := "INSERT INTO " + table + " AS p (slot, end_lsn, system_id, timeline) VALUES ($1, $2::pg_lsn, $3, $4::int) " +
-		"ON CONFLICT (slot) DO UPDATE SET end_lsn = "
-	s.progSQL = ins + "excluded.end_lsn WHERE p.system_id = excluded.system_id"
-	s.flushSQL = ins + "GREATEST(p.end_lsn, excluded.end_lsn) WHERE p.system_id = excluded.system_id " +
-		"RETURNING pg_catalog.pg_current_wal_insert_lsn()::text"
-	rows, err := query(ctx, tg.conn, "SELECT pg_catalog.to_regclass($1) IS NOT NULL", table)
+func (s *session) setupProgress(ctx context.Context, tg *target.Conn) (_ decoding.LSN, legacy bool, err error) {
+	table := tg.Table(s.cfg.ProgressTable)
+	s.progSQL, s.flushSQL = target.ProgressSQL(table)
+	rows, err := target.Query(ctx, tg.PG, "SELECT pg_catalog.to_regclass($1) IS NOT NULL", table)
 	if err != nil {
 		return 0, false, fmt.Errorf("apply: looking for the progress table: %w", err)
 	}
 	if string(rows[0][0]) != "t" {
-		err := tg.conn.Exec(ctx, "CREATE TABLE "+table+" (slot text PRIMARY KEY, end_lsn pg_lsn NOT NULL, system_id text, timeline int)").Close()
+		err := tg.PG.Exec(ctx, "CREATE TABLE "+table+" (slot text PRIMARY KEY, end_lsn pg_lsn NOT NULL, system_id text, timeline int)").Close()
 		if err != nil && !isCode(err, "42P07") { // duplicate_table: made meanwhile
 			return 0, false, fmt.Errorf("apply: creating the progress table %s: %w", table, err)
 		}
 	}
-	rows, err = query(ctx, tg.conn, `SELECT pg_catalog.count(*) FROM pg_catalog.pg_attribute
+	rows, err = target.Query(ctx, tg.PG, `SELECT pg_catalog.count(*) FROM pg_catalog.pg_attribute
 		WHERE attrelid = $1::regclass AND attname IN ('system_id', 'timeline') AND NOT attisdropped`, table)
 	if err != nil {
 		return 0, false, fmt.Errorf("apply: reading the progress table %s: %w", table, err)
 	}
 	if string(rows[0][0]) != "2" { // made by an older version: (slot, end_lsn)
-		err := tg.conn.Exec(ctx, "ALTER TABLE "+table+" ADD COLUMN IF NOT EXISTS system_id text, ADD COLUMN IF NOT EXISTS timeline int").Close()
+		err := tg.PG.Exec(ctx, "ALTER TABLE "+table+" ADD COLUMN IF NOT EXISTS system_id text, ADD COLUMN IF NOT EXISTS timeline int").Close()
 		if err != nil {
 			return 0, false, fmt.Errorf("apply: adding the source system's columns to the progress table %s (as its owner, run "+
 				"ALTER TABLE %s ADD COLUMN system_id text, ADD COLUMN timeline int): %w", table, table, err)
 		}
 		s.log.Info("progress table upgraded: it records the source system of each slot", "table", table)
 	}
-	rows, err = query(ctx, tg.conn, "SELECT end_lsn::text, system_id, timeline::text FROM "+table+" WHERE slot = $1", s.cfg.Slot)
+	rows, err = target.Query(ctx, tg.PG, "SELECT end_lsn::text, system_id, timeline::text FROM "+table+" WHERE slot = $1", s.cfg.Slot)
 	if err != nil {
 		return 0, false, fmt.Errorf("apply: reading the progress table %s: %w", table, err)
 	}
@@ -399,43 +381,39 @@ func (s *session) setupProgress(ctx context.Context, tg *target) (_ decoding.LSN
 	switch {
 	case sysID == nil:
 		// Written before the table recorded systems: it is taken to be this source's, once.
-		_, err := query(ctx, tg.conn, "UPDATE "+table+" SET system_id = $2, timeline = $3::int WHERE slot = $1 AND system_id IS NULL",
-			k.slot, k.system, strconv.Itoa(k.timeline))
+		_, err := target.Query(ctx, tg.PG, "UPDATE "+table+" SET system_id = $2, timeline = $3::int WHERE slot = $1 AND system_id IS NULL",
+			k.Slot, k.System, strconv.Itoa(k.Timeline))
 		if err != nil {
 			return 0, false, fmt.Errorf("apply: recording the source system in the progress table %s: %w", table, err)
 		}
-		s.log.Info("the slot's progress row records no source system: it now records this source's", "slot", k.slot,
-			"system_id", k.system, "timeline", k.timeline, "end_lsn", lsn)
+		s.log.Info("the slot's progress row records no source system: it now records this source's", "slot", k.Slot,
+			"system_id", k.System, "timeline", k.Timeline, "end_lsn", lsn)
 		lsn, _, err := s.setupProgress(ctx, tg) // read again: another session may have recorded one meanwhile
 		return lsn, true, err
-	case string(sysID) != k.system:
+	case string(sysID) != k.System:
 		return 0, false, fmt.Errorf("%w: the progress row of slot %q in %s holds positions of source system %s, but the source is "+
 			"system %s: positions of one system mean nothing on another. If the target is to follow the new source, copy it "+
 			"again from that source (delete the slot's progress row first); if two sources replicate into this target, "+
-			"give each its own slot name or progress table", ErrSourceChanged, k.slot, table, sysID, k.system)
-	case timeline > k.timeline:
+			"give each its own slot name or progress table", ErrSourceChanged, k.Slot, table, sysID, k.System)
+	case timeline > k.Timeline:
 		return 0, false, fmt.Errorf("%w: the progress row of slot %q in %s was written on timeline %d of source system %s, but the "+
 			"source is on timeline %d: it went back in time (restored from a backup?) and may not have what the target "+
-			"applied; copy the target again from it (delete the slot's progress row first)", ErrSourceChanged, k.slot, table,
-			timeline, k.system, k.timeline)
-	case timeline < k.timeline:
-		if _, err := query(ctx, tg.conn, "UPDATE "+table+" SET timeline = $2::int WHERE slot = $1", k.slot, strconv.Itoa(k.timeline)); err != nil {
+			"applied; copy the target again from it (delete the slot's progress row first)", ErrSourceChanged, k.Slot, table,
+			timeline, k.System, k.Timeline)
+	case timeline < k.Timeline:
+		if _, err := target.Query(ctx, tg.PG, "UPDATE "+table+" SET timeline = $2::int WHERE slot = $1", k.Slot, strconv.Itoa(k.Timeline)); err != nil {
 			return 0, false, fmt.Errorf("apply: recording the source's timeline in the progress table %s: %w", table, err)
 		}
-		s.log.Info("the source is on a new timeline (a promoted standby)", "slot", k.slot, "system_id", k.system,
-			"timeline", k.timeline, "was", timeline)
+		s.log.Info("the source is on a new timeline (a promoted standby)", "slot", k.Slot, "system_id", k.System,
+			"timeline", k.Timeline, "was", timeline)
 	}
-	s.stats.applied(lsn)
+	s.stats.Applied(lsn)
 	return lsn, false, nil
 }
 
 // prepareProgress prepares the progress upsert on tg.
-func (s *session) prepareProgress(ctx context.Context, tg *target) error {
-	if _, err := tg.conn.Prepare(ctx, "pgr_progress", s.progSQL, nil); err != nil {
-		return fmt.Errorf("apply: preparing the progress update: %w", err)
-	}
-	s.progress = &stmt{name: "pgr_progress", nparams: 4}
-	return nil
+func (s *session) prepareProgress(ctx context.Context, tg *target.Conn) error {
+	return tg.PrepareProgress(ctx, s.progSQL)
 }
 
 // runBuffered applies whole transactions, one at a time, on the leader's connection.
@@ -496,13 +474,13 @@ func (s *session) advanced(ctx context.Context, t *reorderbuffer.Txn) error {
 
 // eachChange calls f with each of t's changes that changes the target, and the relations it
 // names, in order; it stops at the first error, t's or f's. The message is valid only during f.
-func (s *session) eachChange(t *reorderbuffer.Txn, f func(m decoding.Message, rels []*relInfo) error) error {
+func (s *session) eachChange(t *reorderbuffer.Txn, f func(m decoding.Message, rels []*target.Relation) error) error {
 	for c, err := range t.Changes() {
 		if err != nil {
 			return err
 		}
 		m := c.Msg
-		rels, err := s.relations(t, m)
+		rels, err := s.relations(t.Xid, c)
 		if err != nil {
 			return err
 		}
@@ -516,46 +494,40 @@ func (s *session) eachChange(t *reorderbuffer.Txn, f func(m decoding.Message, re
 	return nil
 }
 
-// relations resolves the relations a change names: nil for a message that changes nothing on
-// the target (Relation, Type, logical messages).
-func (s *session) relations(t *reorderbuffer.Txn, m decoding.Message) ([]*relInfo, error) {
-	var id uint32
-	switch m := m.(type) {
-	case *decoding.Insert:
-		id = m.RelationID
-	case *decoding.Update:
-		id = m.RelationID
-	case *decoding.Delete:
-		id = m.RelationID
+// relations resolves the relations a change of transaction xid names, as described at its
+// position: nil for a message that changes nothing on the target (Relation, Type, logical
+// messages).
+func (s *session) relations(xid uint32, c decoding.Change) ([]*target.Relation, error) {
+	switch m := c.Msg.(type) {
+	case *decoding.Insert, *decoding.Update, *decoding.Delete:
+		if c.Relation == nil {
+			return nil, fmt.Errorf("apply: transaction %d changes relation %d, which the stream never described", xid,
+				m.(decoding.RowChange).RelationOID())
+		}
+		s.relBuf[0] = s.reg.Intern(c.Relation, c.Schema)
+		return s.relBuf[:], nil
 	case *decoding.Truncate:
-		rels := make([]*relInfo, len(m.RelationIDs))
+		rels := make([]*target.Relation, len(m.RelationIDs))
 		for i, id := range m.RelationIDs {
-			r, ok := t.Relation(id)
+			r, ok := c.Schema.Relation(id)
 			if !ok {
-				return nil, fmt.Errorf("apply: transaction %d truncates relation %d, which the stream never described", t.Xid, id)
+				return nil, fmt.Errorf("apply: transaction %d truncates relation %d, which the stream never described", xid, id)
 			}
-			rels[i] = s.reg.intern(r, t)
+			rels[i] = s.reg.Intern(r, c.Schema)
 		}
 		return rels, nil
-	default:
-		return nil, nil
 	}
-	r, ok := t.Relation(id)
-	if !ok {
-		return nil, fmt.Errorf("apply: transaction %d changes relation %d, which the stream never described", t.Xid, id)
-	}
-	s.relBuf[0] = s.reg.intern(r, t)
-	return s.relBuf[:], nil
+	return nil, nil
 }
 
 // txnError turns a change's error into an *ApplyError naming the source transaction; other
 // errors (connections, transient server errors) are returned as they are.
 func (s *session) txnError(x txnRef, err error) error {
-	var ce *changeError
+	var ce *target.ChangeError
 	if !errors.As(err, &ce) {
 		return err
 	}
 	s.conflictStopped(err)
-	return &ApplyError{Kind: ce.kind, Relation: ce.relation, Op: ce.op, Xid: x.Xid, CommitLSN: x.CommitLSN,
-		EndLSN: x.EndLSN, Err: ce.err}
+	return &ApplyError{Kind: kindErr(ce.Kind), Relation: ce.Relation, Op: Op(ce.Op), Xid: x.Xid, CommitLSN: x.CommitLSN,
+		EndLSN: x.EndLSN, Err: ce.Err}
 }

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/pgreorder/pgreorder/apply/conflict"
+	"github.com/pgreorder/pgreorder/apply/internal/detect"
+	"github.com/pgreorder/pgreorder/apply/internal/target"
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 	"github.com/pgreorder/pgreorder/replication"
@@ -71,82 +73,29 @@ type Stats struct {
 }
 
 type counters struct {
-	targetCounters
-	tombstoneCounters
+	target.Counters
+	detect.TombstoneCounters
 	txns, emptyTxns                                      atomic.Int64
 	subAborts, aborts, spooled, serialTxns, queueSpilled atomic.Int64
 	sessions, serialRetries, deadlocks                   atomic.Int64
 }
 
-// targetCounters are the counters the target connections add to: rows, statements, round
-// trips, conflicts and prepared statements.
-type targetCounters struct {
-	inserts, insertsViaCopy, updates, deletes, truncates atomic.Int64
-	initialCopyRows                                      atomic.Int64
-	statements, roundTrips                               atomic.Int64
-	conflicts                                            [numConflictTypes]atomic.Int64
-	appliedLSN                                           atomic.Uint64
-
-	// Statements prepared on the target connections: the most one connection held at once,
-	// and how many times one was prepared.
-	preparedMost, prepares atomic.Int64
-}
-
-// tombstoneCounters are the counters of the tombstone store (update_deleted detection).
-type tombstoneCounters struct {
-	retentionStops, tombstones, tombstonesPurged atomic.Int64
-	retentionActive                              atomic.Bool
-}
-
-// preparedPeak records n statements prepared on one connection.
-func (c *targetCounters) preparedPeak(n int64) {
-	for {
-		old := c.preparedMost.Load()
-		if n <= old || c.preparedMost.CompareAndSwap(old, n) {
-			return
-		}
-	}
-}
-
 func (c *counters) snapshot() Stats {
 	return Stats{
-		Txns: c.txns.Load(), EmptyTxns: c.emptyTxns.Load(), Inserts: c.inserts.Load(), InsertsViaCopy: c.insertsViaCopy.Load(),
-		Updates: c.updates.Load(), Deletes: c.deletes.Load(), Truncates: c.truncates.Load(),
-		Statements: c.statements.Load(), RoundTrips: c.roundTrips.Load(),
-		InsertExists: c.conflicts[conflict.InsertExists].Load(), UpdateOriginDiffers: c.conflicts[conflict.UpdateOriginDiffers].Load(),
-		UpdateExists: c.conflicts[conflict.UpdateExists].Load(), UpdateMissing: c.conflicts[conflict.UpdateMissing].Load(),
-		DeleteOriginDiffers: c.conflicts[conflict.DeleteOriginDiffers].Load(), UpdateDeleted: c.conflicts[conflict.UpdateDeleted].Load(),
-		DeleteMissing: c.conflicts[conflict.DeleteMissing].Load(), MultipleUniqueConflicts: c.conflicts[conflict.MultipleUniqueConflicts].Load(),
-		RetentionActive: c.retentionActive.Load(), RetentionStops: c.retentionStops.Load(),
-		Tombstones: c.tombstones.Load(), TombstonesPurged: c.tombstonesPurged.Load(),
+		Txns: c.txns.Load(), EmptyTxns: c.emptyTxns.Load(), Inserts: c.Inserts.Load(), InsertsViaCopy: c.InsertsViaCopy.Load(),
+		Updates: c.Updates.Load(), Deletes: c.Deletes.Load(), Truncates: c.Truncates.Load(),
+		Statements: c.Statements.Load(), RoundTrips: c.RoundTrips.Load(),
+		InsertExists: c.Conflicts[conflict.InsertExists].Load(), UpdateOriginDiffers: c.Conflicts[conflict.UpdateOriginDiffers].Load(),
+		UpdateExists: c.Conflicts[conflict.UpdateExists].Load(), UpdateMissing: c.Conflicts[conflict.UpdateMissing].Load(),
+		DeleteOriginDiffers: c.Conflicts[conflict.DeleteOriginDiffers].Load(), UpdateDeleted: c.Conflicts[conflict.UpdateDeleted].Load(),
+		DeleteMissing: c.Conflicts[conflict.DeleteMissing].Load(), MultipleUniqueConflicts: c.Conflicts[conflict.MultipleUniqueConflicts].Load(),
+		RetentionActive: c.RetentionActive.Load(), RetentionStops: c.RetentionStops.Load(),
+		Tombstones: c.TombstoneRows.Load(), TombstonesPurged: c.TombstonesPurged.Load(),
 		SubAborts: c.subAborts.Load(), Aborts: c.aborts.Load(), Spooled: c.spooled.Load(),
 		SerialTxns: c.serialTxns.Load(), QueueSpilled: c.queueSpilled.Load(),
-		InitialCopyRows: c.initialCopyRows.Load(),
+		InitialCopyRows: c.InitialCopyRows.Load(),
 		Sessions:        c.sessions.Load(), SerialRetries: c.serialRetries.Load(), Deadlocks: c.deadlocks.Load(),
-		AppliedLSN: decoding.LSN(c.appliedLSN.Load()),
-	}
-}
-
-// rowCounts are the counters of rows and statements applied in one target transaction, added
-// to the counters once it commits.
-type rowCounts struct{ inserts, insertsViaCopy, updates, deletes, truncates int64 }
-
-// count adds the rows of a target transaction that committed.
-func (c *targetCounters) count(r rowCounts) {
-	c.inserts.Add(r.inserts)
-	c.insertsViaCopy.Add(r.insertsViaCopy)
-	c.updates.Add(r.updates)
-	c.deletes.Add(r.deletes)
-	c.truncates.Add(r.truncates)
-}
-
-// applied records that a transaction ending at end committed on the target.
-func (c *targetCounters) applied(end decoding.LSN) {
-	for {
-		old := c.appliedLSN.Load()
-		if uint64(end) <= old || c.appliedLSN.CompareAndSwap(old, uint64(end)) {
-			return
-		}
+		AppliedLSN: decoding.LSN(c.AppliedLSN.Load()),
 	}
 }
 

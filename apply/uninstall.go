@@ -4,6 +4,9 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+
+	"github.com/pgreorder/pgreorder/apply/internal/detect"
+	"github.com/pgreorder/pgreorder/apply/internal/target"
 )
 
 // UninstallOptions says what Uninstall removes besides the tombstone store. The zero value
@@ -27,14 +30,14 @@ type UninstallOptions struct {
 // (pg_drop_replication_slot) when the Applier is retired.
 func (a *Applier) Uninstall(ctx context.Context, opts UninstallOptions) error {
 	cfg := &a.cfg
-	conn, names, err := dialTarget(ctx, cfg.targetOptions(), "pgreorder apply "+cfg.Slot+" uninstall")
+	tg, err := target.Dial(ctx, cfg.targetOptions(), "pgreorder apply "+cfg.Slot+" uninstall")
 	if err != nil {
-		return err
+		return configErr(err)
 	}
+	conn := tg.PG
 	defer conn.Close(context.WithoutCancel(ctx))
-	tg := &target{conn: conn, names: names}
 	exec := func(sql string, args ...string) error {
-		_, err := query(ctx, conn, sql, args...)
+		_, err := target.Query(ctx, conn, sql, args...)
 		return err
 	}
 	// A running Applier of the slot holds its lead lock, keyed by the source system: the system
@@ -52,7 +55,7 @@ func (a *Applier) Uninstall(ctx context.Context, opts UninstallOptions) error {
 		system = sys.ID
 	}
 	lead, _ := fenceKeys(system, cfg.Slot)
-	rows, err := query(ctx, conn, "SELECT pg_catalog.pg_try_advisory_lock($1::pg_catalog.int8)::pg_catalog.text", strconv.FormatInt(lead, 10))
+	rows, err := target.Query(ctx, conn, "SELECT pg_catalog.pg_try_advisory_lock($1::pg_catalog.int8)::pg_catalog.text", strconv.FormatInt(lead, 10))
 	if err != nil {
 		return fmt.Errorf("apply: uninstall: locking the slot's progress on the target: %w", err)
 	}
@@ -60,7 +63,7 @@ func (a *Applier) Uninstall(ctx context.Context, opts UninstallOptions) error {
 		return fmt.Errorf("%w: slot %q: stop it first", ErrSlotInUse, cfg.Slot)
 	}
 
-	table, fn, _ := tombstoneNames(tg, cfg.Conflicts.TombstoneTable, cfg.ProgressTable)
+	table, fn, _ := target.TombstoneNames(tg, cfg.Conflicts.TombstoneTable, cfg.ProgressTable)
 	if err := exec("BEGIN"); err != nil {
 		return fmt.Errorf("apply: uninstall: %w", err)
 	}
@@ -68,15 +71,15 @@ func (a *Applier) Uninstall(ctx context.Context, opts UninstallOptions) error {
 		conn.ExecParams(context.WithoutCancel(ctx), "ROLLBACK", nil, nil, nil, nil).Close()
 		return fmt.Errorf("apply: uninstall: %w", err)
 	}
-	rows, err = query(ctx, conn, `SELECT n.nspname, c.relname FROM pg_catalog.pg_trigger t
+	rows, err = target.Query(ctx, conn, `SELECT n.nspname, c.relname FROM pg_catalog.pg_trigger t
 		JOIN pg_catalog.pg_class c ON c.oid = t.tgrelid JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-		WHERE t.tgfoid = pg_catalog.to_regprocedure($1) AND t.tgname = $2`, fn+"()", tombstoneTrigger)
+		WHERE t.tgfoid = pg_catalog.to_regprocedure($1) AND t.tgname = $2`, fn+"()", detect.TombstoneTrigger)
 	if err != nil {
 		return rollback(fmt.Errorf("listing the tombstone triggers: %w", err))
 	}
 	for _, r := range rows {
-		rel := quoteIdent(string(r[0])) + "." + quoteIdent(string(r[1]))
-		if err := exec("DROP TRIGGER IF EXISTS " + quoteIdent(tombstoneTrigger) + " ON " + rel); err != nil {
+		rel := target.QuoteIdent(string(r[0])) + "." + target.QuoteIdent(string(r[1]))
+		if err := exec("DROP TRIGGER IF EXISTS " + target.QuoteIdent(detect.TombstoneTrigger) + " ON " + rel); err != nil {
 			return rollback(fmt.Errorf("dropping the tombstone trigger of %s: %w", rel, err))
 		}
 	}
@@ -87,9 +90,9 @@ func (a *Applier) Uninstall(ctx context.Context, opts UninstallOptions) error {
 		return rollback(fmt.Errorf("dropping the tombstone table %s: %w", table, err))
 	}
 	if opts.Progress {
-		progress := tg.table(cfg.ProgressTable)
+		progress := tg.Table(cfg.ProgressTable)
 		for _, t := range []string{progress, copyTableName(progress)} {
-			rows, err := query(ctx, conn, "SELECT (pg_catalog.to_regclass($1) IS NOT NULL)::pg_catalog.text", t)
+			rows, err := target.Query(ctx, conn, "SELECT (pg_catalog.to_regclass($1) IS NOT NULL)::pg_catalog.text", t)
 			if err != nil {
 				return rollback(err)
 			}
@@ -103,7 +106,7 @@ func (a *Applier) Uninstall(ctx context.Context, opts UninstallOptions) error {
 			if err := exec("DELETE FROM "+t+" WHERE slot = $1", cfg.Slot); err != nil {
 				return rollback(fmt.Errorf("deleting the slot's rows from %s: %w", t, err))
 			}
-			rows, err = query(ctx, conn, "SELECT (NOT EXISTS (SELECT FROM "+t+"))::pg_catalog.text")
+			rows, err = target.Query(ctx, conn, "SELECT (NOT EXISTS (SELECT FROM "+t+"))::pg_catalog.text")
 			if err != nil {
 				return rollback(err)
 			}
@@ -130,13 +133,13 @@ func (a *Applier) Uninstall(ctx context.Context, opts UninstallOptions) error {
 
 // progressSystem returns the source system named by the slot's progress row, or "" when there is
 // no such row (or no progress table).
-func progressSystem(ctx context.Context, tg *target, cfg *Config) (string, error) {
-	table := tg.table(cfg.ProgressTable)
-	rows, err := query(ctx, tg.conn, "SELECT (pg_catalog.to_regclass($1) IS NOT NULL)::pg_catalog.text", table)
+func progressSystem(ctx context.Context, tg *target.Conn, cfg *Config) (string, error) {
+	table := tg.Table(cfg.ProgressTable)
+	rows, err := target.Query(ctx, tg.PG, "SELECT (pg_catalog.to_regclass($1) IS NOT NULL)::pg_catalog.text", table)
 	if err != nil || string(rows[0][0]) != "true" {
 		return "", err
 	}
-	rows, err = query(ctx, tg.conn, `SELECT system_id FROM `+table+` WHERE slot OPERATOR(pg_catalog.=) $1`, cfg.Slot)
+	rows, err = target.Query(ctx, tg.PG, `SELECT system_id FROM `+table+` WHERE slot OPERATOR(pg_catalog.=) $1`, cfg.Slot)
 	if err != nil {
 		// A table made before it recorded the source system.
 		if isCode(err, "42703") {

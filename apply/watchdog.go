@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/pgreorder/pgreorder/apply/internal/schedule"
+	"github.com/pgreorder/pgreorder/apply/internal/target"
 )
 
 // watchInterval is how often the watchdog looks for lock waits between the session's own
@@ -28,11 +29,11 @@ func (s *session) watchdog(ctx context.Context) error {
 	if len(s.workers) == 0 {
 		return nil
 	}
-	conn, err := connectTarget(ctx, s.cfg.targetOptions(), "pgreorder apply "+s.cfg.Slot+" watchdog", &s.stats.targetCounters)
+	conn, err := connectTarget(ctx, s.cfg.targetOptions(), "pgreorder apply "+s.cfg.Slot+" watchdog", &s.stats.Counters)
 	if err != nil {
 		return err
 	}
-	defer conn.close(context.WithoutCancel(ctx))
+	defer conn.Close(context.WithoutCancel(ctx))
 	tick := time.NewTicker(watchInterval)
 	defer tick.Stop()
 	var watch schedule.LockWatch
@@ -45,12 +46,12 @@ func (s *session) watchdog(ctx context.Context) error {
 		jobs := map[uint32]*job{}
 		holders := map[uint32]schedule.Holder{}
 		if j := s.leaderJob.Load(); j != nil {
-			jobs[s.leader.pid], holders[s.leader.pid] = j, schedule.Holder{Rank: j.Rank()}
+			jobs[s.leader.PID], holders[s.leader.PID] = j, schedule.Holder{Rank: j.Rank()}
 		}
 		for _, w := range s.workers {
 			if j := w.cur.Load(); j != nil {
-				jobs[w.tg.pid] = j
-				holders[w.tg.pid] = schedule.Holder{Rank: j.Rank(), Worker: true, Waiting: w.state.Load() == wsWaiting}
+				jobs[w.tg.PID] = j
+				holders[w.tg.PID] = schedule.Holder{Rank: j.Rank(), Worker: true, Waiting: w.state.Load() == wsWaiting}
 			}
 		}
 		if len(holders) < 2 {
@@ -61,7 +62,7 @@ func (s *session) watchdog(ctx context.Context) error {
 		for pid := range holders {
 			pids = append(pids, strconv.FormatUint(uint64(pid), 10))
 		}
-		rows, err := query(ctx, conn.conn, `SELECT pid, pg_catalog.pg_blocking_pids(pid)::text FROM pg_catalog.pg_stat_activity
+		rows, err := target.Query(ctx, conn.PG, `SELECT pid, pg_catalog.pg_blocking_pids(pid)::text FROM pg_catalog.pg_stat_activity
 			WHERE pid = ANY ($1::int[]) AND wait_event_type = 'Lock'`, "{"+strings.Join(pids, ",")+"}")
 		if err != nil {
 			if ctx.Err() != nil {

@@ -367,8 +367,12 @@ func TestReadingAReleasedTransaction(t *testing.T) {
 				}
 				require.ErrorIs(t, last, reorderbuffer.ErrReleased, "%s inside the loop: iteration ended silently after %d", stop, n)
 				require.Equal(t, 5, n)
-				_, ok := x.Relation(1)
-				require.False(t, ok, "a released transaction resolves nothing")
+				var again []error
+				for _, err := range x.Changes() {
+					again = append(again, err)
+				}
+				require.Len(t, again, 1, "a released transaction yields nothing but ErrReleased")
+				require.ErrorIs(t, again[0], reorderbuffer.ErrReleased)
 			}
 		})
 	}

@@ -104,28 +104,3 @@ func (x *Txn) Changes() iter.Seq2[decoding.Change, error] {
 	}
 }
 
-// Relation returns the relation with the given OID as the stream described it at the current
-// point of reading the changes: the description the last yielded change refers to. It reports
-// false for a relation never described, and once the transaction is released.
-//
-// Deprecated: use the Change that Changes yields: its Relation, and Schema for a Truncate's
-// relations. Relation depends on where an iteration of Changes is.
-func (x *Txn) Relation(id uint32) (*decoding.Relation, bool) {
-	if x.released {
-		return nil, false
-	}
-	return x.view.relation(id)
-}
-
-// Type returns the data type with the given OID as described by the stream's Type messages at
-// the current point of reading the changes (only types that are not built in are described). It
-// reports false for a type never described, and once the transaction is released.
-//
-// Deprecated: use the Schema of the Change that Changes yields. Type depends on where an
-// iteration of Changes is.
-func (x *Txn) Type(oid uint32) (*decoding.DataType, bool) {
-	if x.released {
-		return nil, false
-	}
-	return x.view.dataType(oid)
-}

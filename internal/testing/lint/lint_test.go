@@ -50,11 +50,15 @@ var allowed = map[string][]string{
 	"snapshot": {"replication", "decoding", "internal/copycodec"},
 	// The subscriber: apply orchestrates; its conflict vocabulary is a public leaf over decoding
 	// only, and the COPY codec it shares with snapshot another; its scheduling (commit order,
-	// queues, dependencies) touches no server.
+	// queues, dependencies) touches no server; its target side (the connections, the statements
+	// and batches they send) calls conflict detection, below it; neither knows the stream's
+	// transactions (reorderbuffer) nor apply.
 	"apply": {"apply/conflict", "changefeed", "snapshot", "replication", "reorderbuffer", "decoding", "spill",
-		"internal/copycodec", "apply/internal/schedule"},
+		"apply/internal/schedule", "apply/internal/target", "apply/internal/detect"},
 	"apply/conflict":          {"decoding"},
 	"apply/internal/schedule": {"decoding", "spill"},
+	"apply/internal/target":   {"apply/conflict", "apply/internal/detect", "replication", "decoding", "internal/copycodec"},
+	"apply/internal/detect":   {"apply/conflict", "decoding"},
 	"internal/copycodec":      {"decoding"},
 	"internal/dirfile":        {},
 	// What the commands link besides the library.
@@ -199,14 +203,15 @@ func TestEveryPackageHasItsPlace(t *testing.T) {
 
 func TestOnlyReplicationTalksToPostgres(t *testing.T) {
 	// Who may open connections: replication (the walsender, and the ordinary connections it opens
-	// for snapshot and apply), apply and snapshot (ordinary connections to copy and apply),
+	// for snapshot and apply), apply (its target side included) and snapshot (ordinary
+	// connections to copy and apply),
 	// changefeed (its position table's database), internal/tools and internal/testing
 	// (throwaway servers for the commands and tests), examples (programs), and metrics, which
 	// listens for scrapes (net, never pgconn), as internal/testing/kafkatest picks free ports for
 	// its brokers.
 	connects := func(pkg, imp string) bool {
 		switch {
-		case pkg == "replication", pkg == "apply", pkg == "snapshot", pkg == "changefeed",
+		case pkg == "replication", pkg == "apply", pkg == "apply/internal/target", pkg == "apply/internal/detect", pkg == "snapshot", pkg == "changefeed",
 			strings.HasPrefix(pkg, "internal/testing/"), strings.HasPrefix(pkg, "internal/tools/"), strings.HasPrefix(pkg, "examples/"):
 			return true
 		case pkg == "internal/kafkatest": // throwaway Kafka brokers for tests: free ports, never pgconn

@@ -1,18 +1,20 @@
-package apply
+package detect
 
 import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"strconv"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/pgreorder/pgreorder/apply/conflict"
 )
 
-// logConflict writes the report to l: the message at level, with the detail and the report's fields.
-func logConflict(c *conflict.Report, l *slog.Logger, level slog.Level) {
+// LogConflict writes the report to l: the message at level, with the detail and the report's fields.
+func LogConflict(c *conflict.Report, l *slog.Logger, level slog.Level) {
 	attrs := []slog.Attr{
 		slog.String("conflict", c.Type.String()),
 		slog.String("relation", c.Relation),
@@ -126,4 +128,43 @@ func rowJSON(row []conflict.ColumnValue, max int) json.RawMessage {
 	}
 	b.WriteByte('}')
 	return b.Bytes()
+}
+
+// logColumns are the conflict log table's columns filled from a logRecord.
+const logColumns = "slot, conflict, relation, resolution, remote_xid, remote_final_lsn, remote_commit_ts, remote_origin, " +
+	"replica_identity, remote_tuple, local_conflicts, note"
+
+// SetupLogTable creates the conflict log table (quoted and qualified) if it is missing and
+// returns the statement that inserts a JSON array of logRecords into it.
+func SetupLogTable(ctx context.Context, conn *pgconn.PgConn, table string) (string, error) {
+	_, err := conn.ExecParams(ctx, "CREATE TABLE IF NOT EXISTS "+table+` (
+	id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+	logged_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
+	slot text NOT NULL,
+	conflict text NOT NULL,
+	relation text NOT NULL,
+	resolution text NOT NULL,
+	remote_xid bigint NOT NULL,
+	remote_final_lsn pg_lsn,
+	remote_commit_ts timestamptz,
+	remote_origin text,
+	replica_identity jsonb,
+	remote_tuple jsonb,
+	local_conflicts jsonb,
+	note text)`, nil, nil, nil, nil).Close()
+	if err != nil && !isCode(err, "42P07") {
+		return "", fmt.Errorf("apply: creating the conflict log table %s: %w", table, err)
+	}
+	return "INSERT INTO " + table + " (" + logColumns + ") SELECT " + logColumns +
+		" FROM pg_catalog.jsonb_populate_recordset(NULL::" + table + ", $1::jsonb)", nil
+}
+
+// LogRows returns the rows of reports for the log table's insert (SetupLogTable's), for slot;
+// values longer than max bytes are left out.
+func LogRows(reports []*conflict.Report, slot string, max int) ([]byte, error) {
+	recs := make([]logRecord, len(reports))
+	for i, c := range reports {
+		recs[i] = logRow(c, slot, max)
+	}
+	return json.Marshal(recs)
 }

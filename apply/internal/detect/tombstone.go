@@ -1,7 +1,8 @@
-package apply
+package detect
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strconv"
@@ -19,11 +20,15 @@ import (
 const (
 	// tombstonePurgeRows bounds the tombstones one purge removes.
 	tombstonePurgeRows = 10000
-	// tombstoneTrigger is the name of the trigger that records deletions.
-	tombstoneTrigger = "pgreorder_tombstone"
+	// TombstoneTrigger is the name of the trigger that records deletions.
+	TombstoneTrigger = "pgreorder_tombstone"
 )
 
-// tombstones is the record of local deletions that update_deleted detection reads: a table of
+// Exec runs one statement on the connection applying the transaction, inside it, and returns
+// its result.
+type Exec func(ctx context.Context, sql string, params [][]byte, oids []uint32, formats []int16) (*pgconn.Result, error)
+
+// Tombstones is the record of local deletions that update_deleted detection reads: a table of
 // (relid, key, deleted_at, xid) fed by an AFTER DELETE trigger on each target table the Applier
 // writes. The trigger is an ordinary one: it fires in local sessions, not in the Applier's (nor
 // in PostgreSQL's subscribers'), which run with session_replication_role = replica; a
@@ -32,15 +37,16 @@ const (
 // that no apply transaction waits for it), purges tombstones older than the retention, a
 // bounded number at a time, and stops and resumes recording as the apply lag crosses the
 // retention.
-type tombstones struct {
+type Tombstones struct {
 	table, fn string // quoted, qualified
 	retention time.Duration
-	opts      *targetOptions // of the maintainer's connection
-	stats     *tombstoneCounters
+	dial      func(ctx context.Context) (*pgconn.PgConn, error) // the maintainer's connection
+	now       func() time.Time
+	stats     *TombstoneCounters
 	log       *slog.Logger
 
 	mu        sync.Mutex
-	wanted    map[uint32]*relMap // target tables without trigger yet, by OID
+	wanted    map[uint32]*Table // target tables without trigger yet, by OID
 	installed map[uint32]bool
 
 	lag atomic.Int64 // the apply lag at the last commit, in nanoseconds
@@ -49,38 +55,21 @@ type tombstones struct {
 	done   chan struct{}
 }
 
-// tombstoneNames returns the quoted, qualified names of the tombstone table and of its trigger
-// function, and the table's own name, for the configured tombstone table (conflict.Config's,
-// or "") and progress table, and a connection that resolved its names.
-func tombstoneNames(tg *target, tombstoneTable, progressTable string) (table, fn, base string) {
-	var parts []string
-	if tombstoneTable != "" {
-		parts, _ = parseQualified(tg.table(tombstoneTable))
-	} else if p, _ := parseQualified(progressTable); len(p) == 2 {
-		parts = []string{p[0], conflict.DefaultTombstoneTable}
-	} else {
-		parts, _ = parseQualified(tg.table(conflict.DefaultTombstoneTable))
-	}
-	base = parts[len(parts)-1]
-	table = quoteQualified(parts)
-	parts[len(parts)-1] = base + "_record"
-	return table, quoteQualified(parts), base
+// TombstoneStore says where the tombstone store is and how its maintainer connects.
+type TombstoneStore struct {
+	Table, Function   string // quoted, qualified
+	KeyIndex, AtIndex string // the names of the table's indexes, quoted, in the table's schema
+	Retention         time.Duration
+	// Dial opens the maintainer's connection, with the session settings of the applier's.
+	Dial func(ctx context.Context) (*pgconn.PgConn, error)
+	Now  func() time.Time
 }
 
-// newTombstones creates the tombstone table and the trigger function (recording) through tg, for
-// the conflict configuration cc and the configured progress table; the maintainer connects with
-// tg's options.
-func newTombstones(ctx context.Context, tg *target, cc *conflict.Config, progressTable string, stats *tombstoneCounters,
-	log *slog.Logger) (*tombstones, error) {
-	if cc.TombstoneTable != "" {
-		if _, err := parseQualified(cc.TombstoneTable); err != nil {
-			return nil, fmt.Errorf("%w: TombstoneTable: %v", ErrInvalidConfig, err)
-		}
-	}
-	table, fn, base := tombstoneNames(tg, cc.TombstoneTable, progressTable)
-	tb := &tombstones{table: table, fn: fn, retention: cc.Retention, opts: tg.opts,
-		stats: stats, log: log, wanted: map[uint32]*relMap{}, installed: map[uint32]bool{}, active: true}
-	idx := func(suffix string) string { return quoteIdent(base + suffix) } // in the table's schema
+// NewTombstoneStore creates the tombstone table and the trigger function (recording) on conn.
+func NewTombstoneStore(ctx context.Context, conn *pgconn.PgConn, st TombstoneStore, stats *TombstoneCounters,
+	log *slog.Logger) (*Tombstones, error) {
+	tb := &Tombstones{table: st.Table, fn: st.Function, retention: st.Retention, dial: st.Dial, now: st.Now,
+		stats: stats, log: log, wanted: map[uint32]*Table{}, installed: map[uint32]bool{}, active: true}
 	// One statement at a time, through the extended protocol, which takes no more than one.
 	for _, sql := range []string{
 		"CREATE TABLE IF NOT EXISTS " + tb.table + " (relid pg_catalog.oid NOT NULL, key pg_catalog.text[] NOT NULL, " +
@@ -88,17 +77,17 @@ func newTombstones(ctx context.Context, tg *target, cc *conflict.Config, progres
 		// Only the Applier's role, which owns the table, reads and writes it; local sessions
 		// write it through the trigger function, which runs as that role.
 		"REVOKE ALL ON " + tb.table + " FROM PUBLIC",
-		"CREATE INDEX IF NOT EXISTS " + idx("_key") + " ON " + tb.table + " (relid, key)",
-		"CREATE INDEX IF NOT EXISTS " + idx("_at") + " ON " + tb.table + " (deleted_at)",
+		"CREATE INDEX IF NOT EXISTS " + st.KeyIndex + " ON " + tb.table + " (relid, key)",
+		"CREATE INDEX IF NOT EXISTS " + st.AtIndex + " ON " + tb.table + " (deleted_at)",
 		tb.function(true),
 		"REVOKE ALL ON FUNCTION " + tb.fn + "() FROM PUBLIC",
 		"SET pgreorder.applying = on",
 	} {
-		if _, err := tg.conn.ExecParams(ctx, sql, nil, nil, nil, nil).Close(); err != nil {
+		if _, err := conn.ExecParams(ctx, sql, nil, nil, nil, nil).Close(); err != nil {
 			return nil, fmt.Errorf("apply: setting up the tombstone table %s: %w", tb.table, err)
 		}
 	}
-	stats.retentionActive.Store(true)
+	stats.RetentionActive.Store(true)
 	return tb, nil
 }
 
@@ -106,7 +95,7 @@ func newTombstones(ctx context.Context, tg *target, cc *conflict.Config, progres
 // their role and search_path: it runs as its owner, the Applier's role (SECURITY DEFINER), the
 // only one that may write the tombstone table, with a search_path of its own, and names every
 // object with its schema.
-func (tb *tombstones) function(record bool) string {
+func (tb *Tombstones) function(record bool) string {
 	body := "BEGIN RETURN NULL; END"
 	if record {
 		body = `BEGIN
@@ -123,39 +112,39 @@ END`
 		"SET search_path = pg_catalog, pg_temp AS $pgr$" + body + "$pgr$"
 }
 
-// want asks for the trigger on m's target table.
-func (tb *tombstones) want(m *relMap) {
+// Want asks for the trigger on m's target table.
+func (tb *Tombstones) Want(m *Table) {
 	tb.mu.Lock()
 	defer tb.mu.Unlock()
-	if !tb.installed[m.oid] {
-		tb.wanted[m.oid] = m
+	if !tb.installed[m.OID] {
+		tb.wanted[m.OID] = m
 	}
 }
 
-// committed records the apply lag of a source transaction just committed.
-func (tb *tombstones) committed(commitTime time.Time) {
+// Committed records the apply lag of a source transaction just committed.
+func (tb *Tombstones) Committed(commitTime time.Time) {
 	if !commitTime.IsZero() {
-		tb.lag.Store(int64(tb.opts.now().Sub(commitTime)))
+		tb.lag.Store(int64(tb.now().Sub(commitTime)))
 	}
 }
 
-// lookup returns the latest tombstone of key in m's table, or nil.
-func (tb *tombstones) lookup(ctx context.Context, t *target, m *relMap, key [][]byte, formats []int16) (*conflict.LocalRow, error) {
+// Lookup returns the latest tombstone of key in m's table, or nil.
+func (tb *Tombstones) Lookup(ctx context.Context, exec Exec, m *Table, key [][]byte, formats []int16) (*conflict.LocalRow, error) {
 	var b strings.Builder
 	b.WriteString(`SELECT (pg_catalog.date_part('epoch', deleted_at) * 1000000)::int8, xid::text FROM ` + tb.table +
 		` WHERE relid = $1 AND key = ARRAY[`)
-	params := [][]byte{[]byte(strconv.FormatUint(uint64(m.oid), 10))}
+	params := [][]byte{[]byte(strconv.FormatUint(uint64(m.OID), 10))}
 	fmts := []int16{0}
 	oids := []uint32{26} // oid
-	for j, i := range m.key {
+	for j, i := range m.Key {
 		if j > 0 {
 			b.WriteString(", ")
 		}
 		fmt.Fprintf(&b, `pg_catalog.to_jsonb($%d) #>> '{}'`, j+2)
-		params, fmts, oids = append(params, key[j]), append(fmts, formats[j]), append(oids, m.cols[i].typeOID)
+		params, fmts, oids = append(params, key[j]), append(fmts, formats[j]), append(oids, m.Columns[i].TypeOID)
 	}
 	b.WriteString(`] ORDER BY deleted_at DESC LIMIT 1`)
-	res, err := t.exec(ctx, b.String(), params, oids, fmts)
+	res, err := exec(ctx, b.String(), params, oids, fmts)
 	if err != nil {
 		return nil, fmt.Errorf("apply: reading tombstones: %w", err)
 	}
@@ -167,8 +156,8 @@ func (tb *tombstones) lookup(ctx context.Context, t *target, m *relMap, key [][]
 	return &conflict.LocalRow{Xid: uint32(x), CommitTime: time.UnixMicro(us).UTC()}, nil
 }
 
-// start runs the maintainer until ctx is done; stop waits for it.
-func (tb *tombstones) start(ctx context.Context) (stop func()) {
+// Start runs the maintainer until ctx is done; stop waits for it.
+func (tb *Tombstones) Start(ctx context.Context) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	tb.done = make(chan struct{})
 	go func() {
@@ -181,7 +170,7 @@ func (tb *tombstones) start(ctx context.Context) (stop func()) {
 	}
 }
 
-func (tb *tombstones) run(ctx context.Context) {
+func (tb *Tombstones) run(ctx context.Context) {
 	tick := min(max(tb.retention/4, 50*time.Millisecond), time.Second)
 	var conn *pgconn.PgConn
 	defer func() {
@@ -210,8 +199,8 @@ func (tb *tombstones) run(ctx context.Context) {
 	}
 }
 
-func (tb *tombstones) connect(ctx context.Context) (*pgconn.PgConn, error) {
-	conn, _, err := dialTarget(ctx, tb.opts, "pgreorder apply "+tb.opts.slot+" tombstones")
+func (tb *Tombstones) connect(ctx context.Context) (*pgconn.PgConn, error) {
+	conn, err := tb.dial(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -226,9 +215,9 @@ func (tb *tombstones) connect(ctx context.Context) (*pgconn.PgConn, error) {
 }
 
 // maintain installs the triggers wanted, follows the lag, purges, and counts.
-func (tb *tombstones) maintain(ctx context.Context, conn *pgconn.PgConn) error {
+func (tb *Tombstones) maintain(ctx context.Context, conn *pgconn.PgConn) error {
 	tb.mu.Lock()
-	var todo []*relMap
+	var todo []*Table
 	for _, m := range tb.wanted {
 		todo = append(todo, m)
 	}
@@ -237,14 +226,14 @@ func (tb *tombstones) maintain(ctx context.Context, conn *pgconn.PgConn) error {
 		if err := tb.install(ctx, conn, m); err != nil {
 			if isCode(err, "42501") {
 				tb.log.Warn("the target role may not create the tombstone trigger: update_deleted is not detected for the table",
-					"relation", m.name, "err", err)
+					"relation", m.Name, "err", err)
 			} else {
 				return err // a lock timeout: next time
 			}
 		}
 		tb.mu.Lock()
-		delete(tb.wanted, m.oid)
-		tb.installed[m.oid] = true
+		delete(tb.wanted, m.OID)
+		tb.installed[m.OID] = true
 		tb.mu.Unlock()
 	}
 	lag := time.Duration(tb.lag.Load())
@@ -254,8 +243,8 @@ func (tb *tombstones) maintain(ctx context.Context, conn *pgconn.PgConn) error {
 			return err
 		}
 		tb.active = false
-		tb.stats.retentionActive.Store(false)
-		tb.stats.retentionStops.Add(1)
+		tb.stats.RetentionActive.Store(false)
+		tb.stats.RetentionStops.Add(1)
 		tb.log.Warn("apply lag exceeds the conflict retention: deletions are no longer recorded, update_deleted is reported as "+
 			"update_missing until the lag is back under it", "lag", lag, "retention", tb.retention)
 	case !tb.active && lag <= tb.retention:
@@ -263,7 +252,7 @@ func (tb *tombstones) maintain(ctx context.Context, conn *pgconn.PgConn) error {
 			return err
 		}
 		tb.active = true
-		tb.stats.retentionActive.Store(true)
+		tb.stats.RetentionActive.Store(true)
 		tb.log.Info("apply lag is back under the conflict retention: deletions are recorded again", "lag", lag,
 			"retention", tb.retention)
 	}
@@ -271,19 +260,19 @@ func (tb *tombstones) maintain(ctx context.Context, conn *pgconn.PgConn) error {
 }
 
 // install creates the trigger on m's table unless it is there.
-func (tb *tombstones) install(ctx context.Context, conn *pgconn.PgConn, m *relMap) error {
-	oid := strconv.FormatUint(uint64(m.oid), 10)
-	rows, err := query(ctx, conn, "SELECT 1 FROM pg_catalog.pg_trigger WHERE tgrelid = $1::oid AND tgname = $2", oid, tombstoneTrigger)
+func (tb *Tombstones) install(ctx context.Context, conn *pgconn.PgConn, m *Table) error {
+	oid := strconv.FormatUint(uint64(m.OID), 10)
+	rows, err := query(ctx, conn, "SELECT 1 FROM pg_catalog.pg_trigger WHERE tgrelid = $1::oid AND tgname = $2", oid, TombstoneTrigger)
 	if err != nil || len(rows) > 0 {
 		return err
 	}
 	// A trigger's arguments are literals, not parameters: the column names come from the
 	// source, quoted by quoteLiteral, in one statement the extended protocol sends.
 	args := []string{quoteLiteral(oid)}
-	for _, i := range m.key {
-		args = append(args, quoteLiteral(m.info.rel.Columns[i].Name))
+	for _, i := range m.Key {
+		args = append(args, quoteLiteral(m.Columns[i].Source))
 	}
-	_, err = conn.ExecParams(ctx, "CREATE TRIGGER "+tombstoneTrigger+" AFTER DELETE ON "+m.name+" FOR EACH ROW EXECUTE FUNCTION "+
+	_, err = conn.ExecParams(ctx, "CREATE TRIGGER "+TombstoneTrigger+" AFTER DELETE ON "+m.Name+" FOR EACH ROW EXECUTE FUNCTION "+
 		tb.fn+"("+strings.Join(args, ", ")+")", nil, nil, nil, nil).Close()
 	if isCode(err, "42710") { // made meanwhile
 		return nil
@@ -293,7 +282,7 @@ func (tb *tombstones) install(ctx context.Context, conn *pgconn.PgConn, m *relMa
 
 // purge removes tombstones older than the retention, at most tombstonePurgeRows, and counts
 // the rest.
-func (tb *tombstones) purge(ctx context.Context, conn *pgconn.PgConn) error {
+func (tb *Tombstones) purge(ctx context.Context, conn *pgconn.PgConn) error {
 	us := strconv.FormatInt(tb.retention.Microseconds(), 10)
 	tag, err := conn.ExecParams(ctx, "DELETE FROM "+tb.table+" WHERE ctid = ANY (ARRAY(SELECT ctid FROM "+tb.table+
 		" WHERE deleted_at < pg_catalog.clock_timestamp() - $1::int8 * interval '1 microsecond' LIMIT "+
@@ -301,13 +290,13 @@ func (tb *tombstones) purge(ctx context.Context, conn *pgconn.PgConn) error {
 	if err != nil {
 		return err
 	}
-	tb.stats.tombstonesPurged.Add(tag.RowsAffected())
+	tb.stats.TombstonesPurged.Add(tag.RowsAffected())
 	rows, err := query(ctx, conn, "SELECT count(*) FROM "+tb.table)
 	if err != nil {
 		return err
 	}
 	n, _ := strconv.ParseInt(string(rows[0][0]), 10, 64)
-	tb.stats.tombstones.Store(n)
+	tb.stats.TombstoneRows.Store(n)
 	return nil
 }
 
@@ -319,4 +308,25 @@ func quoteLiteral(s string) string {
 		return `E'` + strings.NewReplacer(`\`, `\\`, `'`, `''`).Replace(s) + `'`
 	}
 	return `'` + strings.ReplaceAll(s, `'`, `''`) + `'`
+}
+
+// TombstoneCounters are the counters of the tombstone store (update_deleted detection).
+type TombstoneCounters struct {
+	RetentionStops, TombstoneRows, TombstonesPurged atomic.Int64
+	RetentionActive                                 atomic.Bool
+}
+
+func isCode(err error, code string) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == code
+}
+
+// query runs sql with text parameters and returns the rows as text.
+func query(ctx context.Context, conn *pgconn.PgConn, sql string, args ...string) ([][][]byte, error) {
+	params := make([][]byte, len(args))
+	for i, a := range args {
+		params[i] = []byte(a)
+	}
+	res := conn.ExecParams(ctx, sql, params, nil, nil, nil).Read()
+	return res.Rows, res.Err
 }

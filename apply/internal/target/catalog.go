@@ -1,4 +1,4 @@
-package apply
+package target
 
 import (
 	"context"
@@ -9,64 +9,66 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgreorder/pgreorder/apply/internal/detect"
 	"github.com/pgreorder/pgreorder/decoding"
 )
 
-// relInfo is one description of a source relation, as a Relation message gave it, with the
-// names of the user-defined types its columns use. Equal descriptions share one relInfo (see
-// registry), so that what is derived from it (the target mapping, prepared statements) is made
+// Relation is one description of a source relation, as a Relation message gave it, with the
+// names of the user-defined types its columns use. Equal descriptions share one Relation (see
+// Registry), so that what is derived from it (the target mapping, prepared statements) is made
 // once per description, not once per transaction that describes the relation again.
-type relInfo struct {
-	id       uint32 // index in the registry
-	rel      *decoding.Relation
-	srcTypes []string // per column: "namespace.name" of a user-defined type the stream described, else ""
+type Relation struct {
+	ID       uint32             // index in the Registry (see Get)
+	Rel      *decoding.Relation // never modified
+	srcTypes []string           // per column: "namespace.name" of a user-defined type the stream described, else ""
 
 	mu  sync.Mutex
-	m   *relMap // the target mapping, once made
-	err error   // why the target table cannot take the relation's changes, once known
+	m   *Table // the target mapping, once made
+	err error  // why the target table cannot take the relation's changes, once known
 }
 
 // qualifiedSource is the source relation's quoted, qualified name.
-func (ri *relInfo) qualifiedSource() string {
-	ns := ri.rel.Namespace
+func (ri *Relation) qualifiedSource() string {
+	ns := ri.Rel.Namespace
 	if ns == "" {
 		ns = "pg_catalog"
 	}
-	return quoteIdent(ns) + "." + quoteIdent(ri.rel.Name)
+	return QuoteIdent(ns) + "." + QuoteIdent(ri.Rel.Name)
 }
 
-// registry gives relInfos to the leader (who resolves relations while reading transactions) and
+// Registry gives Relations to the leader (who resolves relations while reading transactions) and
 // to workers (who get their index in queued records). Lookups by index may come from any
 // goroutine; intern is the leader's.
-type registry struct {
+type Registry struct {
 	mu    sync.RWMutex
-	infos []*relInfo
+	infos []*Relation
 
 	// Leader only.
-	byPtr map[*decoding.Relation]*relInfo
-	byKey map[string]*relInfo
+	byPtr map[*decoding.Relation]*Relation
+	byKey map[string]*Relation
 	key   []byte
 }
 
-func newRegistry() *registry {
-	return &registry{byPtr: map[*decoding.Relation]*relInfo{}, byKey: map[string]*relInfo{}}
+func NewRegistry() *Registry {
+	return &Registry{byPtr: map[*decoding.Relation]*Relation{}, byKey: map[string]*Relation{}}
 }
 
-// get returns the relInfo with index id.
-func (r *registry) get(id uint32) *relInfo {
+// Get returns the Relation with index id.
+func (r *Registry) Get(id uint32) *Relation {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	return r.infos[id]
 }
 
-// typeResolver resolves the stream's descriptions of user-defined types (reorderbuffer.Txn).
+// typeResolver resolves the stream's descriptions of user-defined types: a change's
+// decoding.Schema, or a snapshot table.
 type typeResolver interface {
 	Type(oid uint32) (*decoding.DataType, bool)
 }
 
-// intern returns the relInfo for rel. Relation descriptions from the buffer are never modified,
-// so a pointer seen before maps to the same relInfo; a new pointer with an equal description too.
-func (r *registry) intern(rel *decoding.Relation, types typeResolver) *relInfo {
+// Intern returns the Relation for rel. Relation descriptions from the buffer are never modified,
+// so a pointer seen before maps to the same Relation; a new pointer with an equal description too.
+func (r *Registry) Intern(rel *decoding.Relation, types typeResolver) *Relation {
 	if ri := r.byPtr[rel]; ri != nil {
 		return ri
 	}
@@ -103,7 +105,7 @@ func (r *registry) intern(rel *decoding.Relation, types typeResolver) *relInfo {
 	ri := r.byKey[string(k)]
 	if ri == nil {
 		r.mu.Lock()
-		ri = &relInfo{id: uint32(len(r.infos)), rel: rel, srcTypes: srcTypes}
+		ri = &Relation{ID: uint32(len(r.infos)), Rel: rel, srcTypes: srcTypes}
 		r.infos = append(r.infos, ri)
 		r.mu.Unlock()
 		r.byKey[string(k)] = ri
@@ -119,18 +121,15 @@ func (r *registry) intern(rel *decoding.Relation, types typeResolver) *relInfo {
 // every server of a major version.
 const firstNormalOID = 16384
 
-// relMap is how a source relation's changes are written to its target table.
-type relMap struct {
-	info        *relInfo
-	name        string // quoted, qualified target table
-	oid         uint32
-	partitioned bool
-	cols        []colMap // per source column
-	key         []int    // source columns of the replica identity key
-	full        bool     // the source relation is REPLICA IDENTITY FULL
-	idErr       error    // why UPDATE and DELETE cannot identify rows, if they cannot
-	triggers    bool     // triggers that fire for the apply sessions' role (foreign keys included)
-	copyCols    string   // "(a, b, c)": the source columns, for INSERT and COPY
+// Table is how a source relation's changes are written to its target table.
+type Table struct {
+	detect.Table // Name is the target table's, quoted and qualified
+	info         *Relation
+	Partitioned  bool
+	cols         []colMap // per source column
+	idErr        error    // why UPDATE and DELETE cannot identify rows, if they cannot
+	Triggers     bool     // triggers that fire for the apply sessions' role (foreign keys included)
+	copyCols     string   // "(a, b, c)": the source columns, for INSERT and COPY
 }
 
 // colMap is the target column a source column is written to.
@@ -191,7 +190,7 @@ WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped`
 // mapping returns the target mapping of ri, reading the target's catalog through conn the first
 // time. An error that concerns the table (missing, other columns) is remembered: every change
 // of the relation fails the same way.
-func (ri *relInfo) mapping(ctx context.Context, conn *pgconn.PgConn, replicaRole, binary bool) (*relMap, error) {
+func (ri *Relation) mapping(ctx context.Context, conn *pgconn.PgConn, replicaRole, binary bool) (*Table, error) {
 	ri.mu.Lock()
 	defer ri.mu.Unlock()
 	if ri.m != nil || ri.err != nil {
@@ -199,7 +198,7 @@ func (ri *relInfo) mapping(ctx context.Context, conn *pgconn.PgConn, replicaRole
 	}
 	m, err := loadMapping(ctx, conn, ri, replicaRole, binary)
 	if err != nil {
-		if _, ok := err.(*changeError); ok {
+		if _, ok := err.(*ChangeError); ok {
 			ri.err = err
 		}
 		return nil, err
@@ -208,15 +207,15 @@ func (ri *relInfo) mapping(ctx context.Context, conn *pgconn.PgConn, replicaRole
 	return m, nil
 }
 
-func loadMapping(ctx context.Context, conn *pgconn.PgConn, ri *relInfo, replicaRole, binary bool) (*relMap, error) {
-	rel := ri.rel
+func loadMapping(ctx context.Context, conn *pgconn.PgConn, ri *Relation, replicaRole, binary bool) (*Table, error) {
+	rel := ri.Rel
 	ns := rel.Namespace
 	if ns == "" {
 		ns = "pg_catalog"
 	}
 	name := ri.qualifiedSource()
-	fail := func(kind error, format string, args ...any) error {
-		return &changeError{kind: kind, relation: name, err: fmt.Errorf(format, args...)}
+	fail := func(kind Kind, format string, args ...any) error {
+		return &ChangeError{Kind: kind, Relation: name, Err: fmt.Errorf(format, args...)}
 	}
 	// Triggers fire in session_replication_role "replica" when enabled REPLICA or ALWAYS, in
 	// "origin" when enabled ORIGIN (the default, and foreign keys' internal triggers) or ALWAYS.
@@ -224,20 +223,20 @@ func loadMapping(ctx context.Context, conn *pgconn.PgConn, ri *relInfo, replicaR
 	if replicaRole {
 		fire = "{R,A}"
 	}
-	rows, err := query(ctx, conn, relationQuery, ns, rel.Name, fire)
+	rows, err := Query(ctx, conn, relationQuery, ns, rel.Name, fire)
 	if err != nil {
 		return nil, err
 	}
 	if len(rows) == 0 {
-		return nil, fail(ErrMissingTable, "no such table on the target (tables are matched by schema and name)")
+		return nil, fail(KindMissingTable, "no such table on the target (tables are matched by schema and name)")
 	}
 	r := rows[0]
 	oid, _ := strconv.ParseUint(string(r[0]), 10, 32)
-	m := &relMap{info: ri, name: name, oid: uint32(oid), partitioned: string(r[1]) == "p",
-		full: rel.ReplicaIdentity == 'f', triggers: string(r[2]) != "0"}
+	m := &Table{Table: detect.Table{Name: name, OID: uint32(oid), Full: rel.ReplicaIdentity == 'f'}, info: ri,
+		Partitioned: string(r[1]) == "p", Triggers: string(r[2]) != "0"}
 	identity := string(r[3]) // attnums of the target's replica identity index or primary key, or ""
 
-	cols, err := query(ctx, conn, columnsQuery, string(r[0]))
+	cols, err := Query(ctx, conn, columnsQuery, string(r[0]))
 	if err != nil {
 		return nil, err
 	}
@@ -267,23 +266,25 @@ func loadMapping(ctx context.Context, conn *pgconn.PgConn, ri *relInfo, replicaR
 		byNum[string(c[0])] = string(c[1])
 	}
 	m.cols = make([]colMap, len(rel.Columns))
+	m.Columns = make([]detect.Column, len(rel.Columns))
 	var names []string
 	for i, sc := range rel.Columns {
 		tc, ok := byName[sc.Name]
 		switch {
 		case !ok:
-			return nil, fail(ErrSchemaMismatch, "the target table has no column %q", sc.Name)
+			return nil, fail(KindSchemaMismatch, "the target table has no column %q", sc.Name)
 		case tc.generated:
-			return nil, fail(ErrSchemaMismatch, "column %q is generated on the target", sc.Name)
+			return nil, fail(KindSchemaMismatch, "column %q is generated on the target", sc.Name)
 		case binary && !sameType(sc.TypeOID, ri.srcTypes[i], tc.typeOID, tc.qualified) &&
 			!sameType(sc.TypeOID, ri.srcTypes[i], tc.baseOID, tc.base):
-			return nil, fail(ErrSchemaMismatch, "column %q has type %s on the target and another type (OID %d) on the source: "+
+			return nil, fail(KindSchemaMismatch, "column %q has type %s on the target and another type (OID %d) on the source: "+
 				"binary values need the same type", sc.Name, tc.format, sc.TypeOID)
 		}
-		m.cols[i] = colMap{name: quoteIdent(sc.Name), typeOID: tc.typeOID, typ: tc.format, chars: tc.chars, textEq: !tc.hasEq}
+		m.cols[i] = colMap{name: QuoteIdent(sc.Name), typeOID: tc.typeOID, typ: tc.format, chars: tc.chars, textEq: !tc.hasEq}
+		m.Columns[i] = detect.Column{Source: sc.Name, Name: m.cols[i].name, TypeOID: tc.typeOID}
 		names = append(names, m.cols[i].name)
 		if sc.IsKey() {
-			m.key = append(m.key, i)
+			m.Key = append(m.Key, i)
 		}
 	}
 	m.copyCols = "(" + strings.Join(names, ", ") + ")"
@@ -291,21 +292,21 @@ func loadMapping(ctx context.Context, conn *pgconn.PgConn, ri *relInfo, replicaR
 	// UPDATE and DELETE find their row by the source's key, which the target must index uniquely
 	// (or by the whole old row, with REPLICA IDENTITY FULL).
 	switch {
-	case m.full:
-	case len(m.key) == 0:
-		m.idErr = fail(ErrNoReplicaIdentity, "the source relation has no replica identity key (replica identity %q) "+
+	case m.Full:
+	case len(m.Key) == 0:
+		m.idErr = fail(KindNoReplicaIdentity, "the source relation has no replica identity key (replica identity %q) "+
 			"and is not REPLICA IDENTITY FULL", string(rune(rel.ReplicaIdentity)))
 	case identity == "":
-		m.idErr = fail(ErrNoReplicaIdentity, "the target table has neither a primary key nor a replica identity index, "+
+		m.idErr = fail(KindNoReplicaIdentity, "the target table has neither a primary key nor a replica identity index, "+
 			"and the source relation is not REPLICA IDENTITY FULL")
 	default:
 		keys := map[string]bool{}
-		for _, i := range m.key {
+		for _, i := range m.Key {
 			keys[rel.Columns[i].Name] = true
 		}
 		for num := range strings.FieldsSeq(identity) {
 			if col := byNum[num]; !keys[col] {
-				m.idErr = fail(ErrNoReplicaIdentity, "column %q of the target's identity index is not part of the source's "+
+				m.idErr = fail(KindNoReplicaIdentity, "column %q of the target's identity index is not part of the source's "+
 					"replica identity key", col)
 				break
 			}
@@ -325,8 +326,8 @@ func sameType(srcOID uint32, srcName string, dstOID uint32, dstName string) bool
 	return srcName == "" || srcName == dstName
 }
 
-// query runs sql with text parameters and returns the rows as text.
-func query(ctx context.Context, conn *pgconn.PgConn, sql string, args ...string) ([][][]byte, error) {
+// Query runs sql with text parameters and returns the rows as text.
+func Query(ctx context.Context, conn *pgconn.PgConn, sql string, args ...string) ([][][]byte, error) {
 	params := make([][]byte, len(args))
 	for i, a := range args {
 		params[i] = []byte(a)
@@ -335,4 +336,51 @@ func query(ctx context.Context, conn *pgconn.PgConn, sql string, args ...string)
 	return res.Rows, res.Err
 }
 
-func quoteIdent(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
+func QuoteIdent(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
+
+// ParseQualified splits "table" or "schema.table" (each part plain or double-quoted) into its
+// parts.
+func ParseQualified(s string) ([]string, error) {
+	var parts []string
+	for len(s) > 0 {
+		var part string
+		if s[0] == '"' {
+			i := 1
+			for {
+				j := strings.IndexByte(s[i:], '"')
+				if j < 0 {
+					return nil, fmt.Errorf("unterminated quoted identifier in %q", s)
+				}
+				part += s[i : i+j]
+				i += j + 1
+				if i < len(s) && s[i] == '"' {
+					part += `"`
+					i++
+					continue
+				}
+				break
+			}
+			s = s[i:]
+		} else {
+			j := strings.IndexByte(s, '.')
+			if j < 0 {
+				j = len(s)
+			}
+			part, s = strings.ToLower(s[:j]), s[j:] // unquoted names fold to lower case
+		}
+		if part == "" {
+			return nil, fmt.Errorf("empty identifier")
+		}
+		parts = append(parts, part)
+		if len(s) > 0 {
+			if s[0] != '.' || len(s) == 1 {
+				return nil, fmt.Errorf("invalid name")
+			}
+			s = s[1:]
+		}
+	}
+	if len(parts) == 0 || len(parts) > 2 {
+		return nil, fmt.Errorf("want table or schema.table")
+	}
+	return parts, nil
+}

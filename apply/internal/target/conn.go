@@ -1,4 +1,4 @@
-package apply
+package target
 
 import (
 	"bytes"
@@ -16,9 +16,9 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgreorder/pgreorder/apply/conflict"
+	"github.com/pgreorder/pgreorder/apply/internal/detect"
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/internal/copycodec"
-	"github.com/pgreorder/pgreorder/reorderbuffer"
 	"github.com/pgreorder/pgreorder/replication"
 )
 
@@ -29,26 +29,26 @@ const (
 	copyMinRows = 4
 	// insertBufMax bounds the bytes of a run of inserts held before it is sent.
 	insertBufMax = 1 << 20
-	// batchMaxOps and batchMaxBytes bound a batch of statements before it is sent.
-	batchMaxOps   = 1000
+	// BatchMaxOps and batchMaxBytes bound a batch of statements before it is sent.
+	BatchMaxOps   = 1000
 	batchMaxBytes = 1 << 20
 )
 
-// target is one connection to the target database and the transaction it is applying. Changes
+// Conn is one connection to the target database and the transaction it is applying. Changes
 // are not sent one statement at a time: inserts into one table gather into a run that becomes a
 // COPY (or INSERTs when short), other statements gather into a batch sent in one round trip
 // with its results checked in order, and the commit goes in the last batch with the progress
-// row. A target is used by one goroutine.
-type target struct {
-	conn        *pgconn.PgConn
-	pid         uint32
+// row. A Conn is used by one goroutine.
+type Conn struct {
+	PG          *pgconn.PgConn
+	PID         uint32
 	name        string            // application_name
-	names       map[string]string // the configured table names, resolved (see table)
-	replicaRole bool              // session_replication_role = replica took effect
-	opts        *targetOptions
+	names       map[string]string // the configured table names, resolved (see Table)
+	ReplicaRole bool              // session_replication_role = replica took effect
+	opts        *Options
 	log         *slog.Logger
-	stats       *targetCounters
-	initialCopy bool // a connection of the initial copy: its rows count in InitialCopyRows
+	stats       *Counters
+	InitialCopy bool // a connection of the initial copy: its rows count in InitialCopyRows
 
 	// The statements prepared on the connection, by relation and shape, the most recently used
 	// at the front of lru; gen counts the batches sent (a statement used since the last one is
@@ -59,14 +59,14 @@ type target struct {
 	gen        uint64
 	deallocate []string
 
-	inTxn bool
+	InTxn bool
 	batch *pgconn.Batch
 	ops   []batchOp
 	bytes int // encoded bytes in batch (approximate)
 
 	// The run of inserts not yet sent: rows of ins, each field as in COPY binary (a 4-byte
 	// length, -1 for NULL, then the bytes).
-	ins       *relMap
+	ins       *Table
 	insBinary bool // the run's values are binary ('b'), else text
 	insBuf    []byte
 	insRows   int
@@ -75,10 +75,12 @@ type target struct {
 	formats   []int16
 	shape     []byte
 
-	pendingPrepare []prepare // statements to prepare before the next batch
+	pendingPrepare []prepare                     // statements to prepare before the next batch
+	indexes        map[*Relation]*detect.Indexes // with conflict detection: the tables' unique indexes
+	progress       *stmt                         // the progress upsert (see PrepareProgress)
 
-	det    detector // conflict detection (see conflict_detect.go)
-	origin string   // the replication origin set up in the session, or ""
+	det    detect.Detector // conflict detection (see resolve.go and package detect)
+	Origin string          // the replication origin set up in the session, or ""
 
 	// The rows the open target transaction applied, added to the stats once it commits (a
 	// transaction rolled back and applied again counts its rows once). They are counted as the
@@ -88,39 +90,13 @@ type target struct {
 	rowMarks []rowMark
 }
 
-// detector is a target's conflict detection: the session's settings (nil when detection is
-// off) and what it keeps of the transaction the target applies: the source transactions, the
-// conflicts met and their savepoint marks, and the statements' parameters to resolve them with.
-// The target calls it as it queues statements, as their results arrive and as it commits.
-type detector struct {
-	*detection
-	now func() time.Time // the clock of a commit not arrived yet (see remoteWins)
-
-	cinfo   map[*relInfo]*relConflict
-	remote  remoteTxn          // the source transaction being applied
-	reports []*conflict.Report // the transaction's conflicts, reported once it commits
-	srcs    []remoteTxn        // the source transactions applied in the target transaction
-	insSrcs []int32            // per row of the insert run: its source transaction, in srcs
-	opSrc   remoteTxn          // the source transaction of the change whose conflict is being resolved
-	marks   []reportMark       // per savepoint taken: the reports made before it
-	// resolved counts the conflicts resolved (statements looked up after they changed no row
-	// or violated a unique constraint), so that a savepoint taken before a resolution can be
-	// taken again after it.
-	resolved int
-	// The batch's statements' parameters, kept (with detection) to resolve their conflicts:
-	// argv[i] aliases arena (nil for NULL), argf[i] is its format (fmtUnchanged: not sent).
-	argv  [][]byte
-	argf  []int16
-	arena []byte
-}
-
-// maxStatements bounds the statements prepared on one target connection: past it, the least
+// MaxStatements bounds the statements prepared on one target connection: past it, the least
 // recently used are deallocated (and prepared again when needed). Each costs the server memory
 // for its plan, and a target connection may write many tables. A variable for tests.
-var maxStatements = 256
+var MaxStatements = 256
 
 type stmtKey struct {
-	ri    *relInfo
+	ri    *Relation
 	shape string
 }
 
@@ -146,12 +122,12 @@ type stmt struct {
 
 // batchOp describes one statement of a batch, to check its result.
 type batchOp struct {
-	op   byte    // 'I', 'U', 'D', 'T', or 0 for transaction control
-	rel  *relMap // the table, for I, U and D
-	name string  // the tables, for T
+	op   byte   // 'I', 'U', 'D', 'T', or 0 for transaction control
+	rel  *Table // the table, for I, U and D
+	name string // the tables, for T
 
-	// With conflict detection (see keep): the statement, its parameters argv[arg:arg+narg]
-	// (the identity's from keyAt on), and for an UPDATE the new row argv[row:row+nrow].
+	// With conflict detection (see detect.Detector.Keep): the statement, its parameters kept at
+	// (arg, narg) (the identity's from keyAt on), and for an UPDATE the new row at (row, nrow).
 	st        *stmt
 	arg, narg int32
 	keyAt     int32
@@ -177,13 +153,13 @@ type rowMark struct {
 	rows rowCounts
 }
 
-// targetSettings are the session settings apply pins on the target, whatever ALTER DATABASE,
+// Settings are the session settings apply pins on the target, whatever ALTER DATABASE,
 // ALTER ROLE, the server's configuration or the connection string say: they change how the SQL
 // and the values apply sends are read, or could end a session apply keeps open. search_path is
 // set once the configured table names that are not qualified have been resolved in the
 // user's own search_path (resolveNames). A setting with a Since the server refuses at startup is
 // set after connecting, if its version has it (replication.Setting).
-var targetSettings = [...]replication.Setting{
+var Settings = [...]replication.Setting{
 	// Values are sent and read back as UTF-8.
 	{Name: "client_encoding", Value: "UTF8"},
 	// Dates, times and intervals read back (conflict reports) in the stream's formats.
@@ -215,34 +191,28 @@ var targetSettings = [...]replication.Setting{
 	{Name: "default_transaction_read_only", Value: "off"},
 }
 
-// targetOptions are what a target connection takes of the Config.
-type targetOptions struct {
-	connConfig    *pgconn.Config // Config.TargetConfig
-	connString    string         // Config.Target, when connConfig is nil
-	beforeConnect func(ctx context.Context, cfg *pgconn.Config) error
-	logger        *slog.Logger
-	// tables are the configured table names resolved when a connection opens (see table).
-	tables            []string
-	slot              string
-	synchronousCommit bool
-	binary            bool
-	now               func() time.Time
-}
-
-// targetOptions returns the options of the Applier's target connections.
-func (c *Config) targetOptions() *targetOptions {
-	return &targetOptions{connConfig: c.TargetConfig, connString: c.Target, beforeConnect: c.TargetBeforeConnect,
-		logger: c.Logger, tables: []string{c.ProgressTable, c.Conflicts.LogTable, c.Conflicts.TombstoneTable,
-			conflict.DefaultTombstoneTable},
-		slot: c.Slot, synchronousCommit: c.SynchronousCommit, binary: c.Binary, now: c.now}
+// Options are what a target connection takes of the applier's configuration.
+type Options struct {
+	ConnConfig    *pgconn.Config // made by pgconn.ParseConfig; or nil, and ConnString
+	ConnString    string
+	BeforeConnect func(ctx context.Context, cfg *pgconn.Config) error
+	Logger        *slog.Logger
+	// Tables are the configured table names resolved when a connection opens (see Table).
+	Tables []string
+	Slot   string // the slot applied: it names the conflict log rows and the tombstone connection
+	// SynchronousCommit: commits wait for the target's WAL flush (else synchronous_commit is off
+	// on the connection, but for a commit asked to be synchronous).
+	SynchronousCommit bool
+	Binary            bool // values come in binary: the target's column types must be the source's
+	Now               func() time.Time
 }
 
 // targetConfig returns the target's connection configuration: Config.TargetConfig, or
 // Config.Target parsed.
-func targetConfig(o *targetOptions) (*pgconn.Config, error) {
-	pc, err := replication.ConnConfig(o.connConfig, o.connString)
+func targetConfig(o *Options) (*pgconn.Config, error) {
+	pc, err := replication.ConnConfig(o.ConnConfig, o.ConnString)
 	if err != nil {
-		return nil, fmt.Errorf("%w: Target: %w", ErrInvalidConfig, err)
+		return nil, configError("Target: %w", err)
 	}
 	return pc, nil
 }
@@ -251,7 +221,7 @@ func targetConfig(o *targetOptions) (*pgconn.Config, error) {
 // which a search_path of the connection string must not be replaced by before resolveNames.
 func startupSettings() []replication.Setting {
 	var s []replication.Setting
-	for _, p := range targetSettings {
+	for _, p := range Settings {
 		if p.Name != "search_path" {
 			s = append(s, p)
 		}
@@ -259,37 +229,38 @@ func startupSettings() []replication.Setting {
 	return s
 }
 
-// dialTarget opens a connection to the target, named name (its application_name), with the
+// Dial opens a connection to the target, named name (its application_name), with the
 // pinned settings. Before search_path is pinned, the configured table names that are not
-// qualified are resolved (resolveNames): the result is the connection and the names, each quoted
-// and qualified.
-func dialTarget(ctx context.Context, o *targetOptions, name string) (*pgconn.PgConn, map[string]string, error) {
+// qualified are resolved (resolveNames; see Table). The connection is not set up to apply
+// changes: Connect does that.
+func Dial(ctx context.Context, o *Options, name string) (*Conn, error) {
 	pc, err := targetConfig(o)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	conn, err := replication.ConnectSQL(ctx, replication.SQLConnConfig{Config: pc, BeforeConnect: o.beforeConnect,
-		ApplicationName: name, ForceApplicationName: true, Settings: startupSettings(), Logger: o.logger})
+	conn, err := replication.ConnectSQL(ctx, replication.SQLConnConfig{Config: pc, BeforeConnect: o.BeforeConnect,
+		ApplicationName: name, ForceApplicationName: true, Settings: startupSettings(), Logger: o.Logger})
 	if errors.Is(err, replication.ErrNotParsed) {
-		return nil, nil, fmt.Errorf("%w: TargetConfig must be made by pgconn.ParseConfig", ErrInvalidConfig)
+		return nil, configError("TargetConfig must be made by pgconn.ParseConfig")
 	}
 	if err != nil {
-		return nil, nil, fmt.Errorf("apply: connecting to the target: %w", err)
+		return nil, fmt.Errorf("apply: connecting to the target: %w", err)
 	}
-	names, err := resolveNames(ctx, conn, o.tables)
+	names, err := resolveNames(ctx, conn, o.Tables)
 	if err == nil {
 		err = pinSearchPath(ctx, conn)
 	}
 	if err != nil {
 		conn.Close(context.WithoutCancel(ctx))
-		return nil, nil, err
+		return nil, err
 	}
-	return conn, names, nil
+	return &Conn{PG: conn, PID: conn.PID(), name: name, names: names, opts: o, log: o.Logger.With("conn", name),
+		det: detect.Detector{Now: o.Now}}, nil
 }
 
 // pinSearchPath sets the pinned search_path.
 func pinSearchPath(ctx context.Context, conn *pgconn.PgConn) error {
-	for _, p := range targetSettings {
+	for _, p := range Settings {
 		if p.Name != "search_path" {
 			continue
 		}
@@ -314,13 +285,13 @@ func resolveNames(ctx context.Context, conn *pgconn.PgConn, tables []string) (ma
 		if _, done := names[n]; done || n == "" {
 			continue
 		}
-		parts, err := parseQualified(n)
+		parts, err := ParseQualified(n)
 		if err != nil {
-			return nil, fmt.Errorf("%w: table name %q: %v", ErrInvalidConfig, n, err)
+			return nil, configError("table name %q: %v", n, err)
 		}
-		names[n] = quoteQualified(parts)
+		names[n] = QuoteQualified(parts)
 		if len(parts) == 1 {
-			bare, keys = append(bare, quoteIdent(parts[0])), append(keys, n)
+			bare, keys = append(bare, QuoteIdent(parts[0])), append(keys, n)
 		}
 	}
 	if len(bare) == 0 {
@@ -332,7 +303,7 @@ func resolveNames(ctx context.Context, conn *pgconn.PgConn, tables []string) (ma
 		fmt.Fprintf(&sql, `, (SELECT n.nspname FROM pg_catalog.pg_class c, pg_catalog.pg_namespace n
 			WHERE c.oid OPERATOR(pg_catalog.=) pg_catalog.to_regclass($%d) AND n.oid OPERATOR(pg_catalog.=) c.relnamespace)`, i+1)
 	}
-	rows, err := query(ctx, conn, sql.String(), bare...)
+	rows, err := Query(ctx, conn, sql.String(), bare...)
 	if err != nil {
 		return nil, fmt.Errorf("apply: looking up the tables %s on the target: %w", strings.Join(bare, ", "), err)
 	}
@@ -342,41 +313,41 @@ func resolveNames(ctx context.Context, conn *pgconn.PgConn, tables []string) (ma
 			schema = rows[0][0]
 		}
 		if schema == nil {
-			return nil, fmt.Errorf("%w: table %s: the target's search_path names no schema that exists: qualify the table "+
-				"name with its schema", ErrInvalidConfig, bare[i])
+			return nil, configError("table %s: the target's search_path names no schema that exists: qualify the table "+
+				"name with its schema", bare[i])
 		}
-		names[n] = quoteIdent(string(schema)) + "." + bare[i]
+		names[n] = QuoteIdent(string(schema)) + "." + bare[i]
 	}
 	return names, nil
 }
 
-// quoteQualified quotes the parts of a name and joins them with dots.
-func quoteQualified(parts []string) string {
+// QuoteQualified quotes the parts of a name and joins them with dots.
+func QuoteQualified(parts []string) string {
 	out := make([]string, len(parts))
 	for i, p := range parts {
-		out[i] = quoteIdent(p)
+		out[i] = QuoteIdent(p)
 	}
 	return strings.Join(out, ".")
 }
 
-// connectTarget opens a connection to the target with the session settings apply relies on.
-func connectTarget(ctx context.Context, o *targetOptions, name string, stats *targetCounters) (*target, error) {
-	conn, names, err := dialTarget(ctx, o, name)
+// Connect opens a connection to the target with the session settings apply relies on.
+func Connect(ctx context.Context, o *Options, name string, stats *Counters) (*Conn, error) {
+	t, err := Dial(ctx, o, name)
 	if err != nil {
 		return nil, err
 	}
-	t := &target{conn: conn, pid: conn.PID(), name: name, names: names, opts: o, log: o.logger.With("conn", name),
-		stats: stats, det: detector{now: o.now}}
+	t.stats = stats
+	conn := t.PG
 	// As PostgreSQL's subscriber: replicated changes do not fire ordinary triggers or foreign
 	// key checks. Setting it takes a superuser (or, 15+, a role granted SET on it).
-	if !o.synchronousCommit {
+	if !o.SynchronousCommit {
 		if err := conn.Exec(ctx, "SET synchronous_commit = off").Close(); err != nil {
 			conn.Close(context.WithoutCancel(ctx))
 			return nil, fmt.Errorf("apply: setting up the target connection: %w", err)
 		}
 	}
 	if err := conn.Exec(ctx, "SET session_replication_role = replica").Close(); err == nil {
-		t.replicaRole = true
+		t.ReplicaRole = true
 	} else if !isCode(err, "42501") {
 		conn.Close(context.WithoutCancel(ctx))
 		return nil, fmt.Errorf("apply: setting up the target connection: %w", err)
@@ -384,15 +355,15 @@ func connectTarget(ctx context.Context, o *targetOptions, name string, stats *ta
 	return t, nil
 }
 
-// table returns a configured table name (Config.ProgressTable, conflict.Config.LogTable or
+// Table returns a configured table name (Config.ProgressTable, conflict.Config.LogTable or
 // TombstoneTable, or conflict.DefaultTombstoneTable) quoted and qualified, as resolved when the
 // connection was opened.
-func (t *target) table(name string) string {
+func (t *Conn) Table(name string) string {
 	if q, ok := t.names[name]; ok {
 		return q
 	}
-	parts, _ := parseQualified(name) // checked by Config.validate
-	return quoteQualified(parts)
+	parts, _ := ParseQualified(name) // checked by the caller (see ParseQualified)
+	return QuoteQualified(parts)
 }
 
 func isCode(err error, code string) bool {
@@ -400,86 +371,90 @@ func isCode(err error, code string) bool {
 	return errors.As(err, &pgErr) && pgErr.Code == code
 }
 
-// close closes the connection; an open transaction is rolled back by the server.
-func (t *target) close(ctx context.Context) {
-	if t != nil && !t.conn.IsClosed() {
-		t.conn.Close(ctx)
+// Close closes the connection; an open transaction is rolled back by the server.
+func (t *Conn) Close(ctx context.Context) {
+	if t != nil && !t.PG.IsClosed() {
+		t.PG.Close(ctx)
 	}
 }
 
-// begin starts a transaction applying source transaction xid (see source); BEGIN goes out
+// Begin starts a transaction applying source transaction xid (see Source); BEGIN goes out
 // with the first batch.
-func (t *target) begin(xid uint32, c *reorderbuffer.Txn) {
-	t.inTxn = true
-	t.control("BEGIN")
-	t.source(xid, c)
+func (t *Conn) Begin(xid uint32, c *detect.SourceCommit) {
+	t.InTxn = true
+	t.Control("BEGIN")
+	t.Source(xid, c)
 }
 
-// control appends a statement without parameters or result to check.
-func (t *target) control(sql string) {
+// Control appends a statement without parameters or result to check.
+func (t *Conn) Control(sql string) {
 	t.newBatch()
 	t.batch.ExecParams(sql, nil, nil, nil, nil)
 	t.ops = append(t.ops, batchOp{})
 	t.bytes += len(sql) + 32
 }
 
-func (t *target) newBatch() {
+func (t *Conn) newBatch() {
 	if t.batch == nil {
 		t.batch = &pgconn.Batch{}
 	}
 }
 
-// savepoint takes a savepoint before the first change of subtransaction sub.
-func (t *target) savepoint(ctx context.Context, sub uint32) error {
-	if err := t.flushInserts(ctx); err != nil {
+// Savepoint takes a savepoint before the first change of subtransaction sub.
+func (t *Conn) Savepoint(ctx context.Context, sub uint32) error {
+	if err := t.FlushInserts(ctx); err != nil {
 		return err
 	}
 	if err := t.settleChecks(ctx); err != nil {
 		return err
 	}
-	t.control("SAVEPOINT s" + strconv.FormatUint(uint64(sub), 10))
+	t.Control("SAVEPOINT s" + strconv.FormatUint(uint64(sub), 10))
 	t.ops[len(t.ops)-1].mark, t.ops[len(t.ops)-1].sub = markSave, sub
-	t.det.savepoint(sub)
+	t.det.Savepoint(sub)
 	return nil
 }
 
-// rollbackTo undoes everything since the savepoint of sub.
-func (t *target) rollbackTo(ctx context.Context, sub uint32) error {
+// RollbackTo undoes everything since the savepoint of sub.
+func (t *Conn) RollbackTo(ctx context.Context, sub uint32) error {
 	t.dropInserts() // not sent yet: nothing to undo on the server
 	if err := t.settleChecks(ctx); err != nil {
 		return err
 	}
-	t.control("ROLLBACK TO SAVEPOINT s" + strconv.FormatUint(uint64(sub), 10))
+	t.Control("ROLLBACK TO SAVEPOINT s" + strconv.FormatUint(uint64(sub), 10))
 	t.ops[len(t.ops)-1].mark, t.ops[len(t.ops)-1].sub = markRollback, sub
-	t.det.rollbackTo(sub)
+	t.det.RollbackTo(sub)
 	return t.maybeFlush(ctx)
 }
 
-// rollback ends the transaction without applying it. Statements not sent are dropped.
-func (t *target) rollback(ctx context.Context) error {
+// Rollback ends the transaction without applying it. Statements not sent are dropped.
+func (t *Conn) Rollback(ctx context.Context) error {
 	t.dropInserts()
 	t.batch, t.ops, t.bytes = nil, t.ops[:0], 0
-	t.det.rollback()
-	t.dropRows()
-	if !t.inTxn {
+	t.det.Rollback()
+	t.DropRows()
+	if !t.InTxn {
 		return nil
 	}
-	t.inTxn = false
-	return t.conn.Exec(ctx, "ROLLBACK").Close()
+	t.InTxn = false
+	return t.PG.Exec(ctx, "ROLLBACK").Close()
 }
 
-// flushPending sends every statement and insert not sent yet.
-func (t *target) flushPending(ctx context.Context) error {
-	if err := t.flushInserts(ctx); err != nil {
+// FlushPending sends every statement and insert not sent yet.
+func (t *Conn) FlushPending(ctx context.Context) error {
+	if err := t.FlushInserts(ctx); err != nil {
 		return err
 	}
-	return t.flushBatch(ctx)
+	return t.FlushBatch(ctx)
 }
 
-// commit sends what is pending, the progress row for end, and COMMIT, in one round trip when
+// Commit sends what is pending, the progress row for end, and COMMIT, in one round trip when
 // no COPY is pending. Without Config.SynchronousCommit, sync makes this commit wait for the WAL flush.
-func (t *target) commit(ctx context.Context, progress *stmt, key progressKey, end decoding.LSN, sync bool) error {
-	if err := t.flushInserts(ctx); err != nil {
+func (t *Conn) Commit(ctx context.Context, key ProgressKey, end decoding.LSN, sync bool) error {
+	progress := t.progress
+	if progress == nil {
+		return errors.New("apply: the progress statement is not prepared on the target connection")
+	}
+	if err := t.FlushInserts(ctx); err != nil {
 		return err
 	}
 	check := t.hasChecked()
@@ -488,51 +463,51 @@ func (t *target) commit(ctx context.Context, progress *stmt, key progressKey, en
 		if check {
 			t.commitCheck()
 		}
-		if t.origin != "" {
+		if t.Origin != "" {
 			t.originXact(end)
 		}
-		t.det.completeReports()
+		t.det.CompleteReports()
 		t.queueLogRows()
-		t.batch.ExecPrepared(progress.name, key.args(end), nil, nil)
+		t.batch.ExecPrepared(progress.name, key.Args(end), nil, nil)
 		t.ops = append(t.ops, batchOp{})
-		if sync && !t.opts.synchronousCommit {
-			t.control("SET LOCAL synchronous_commit = on")
+		if sync && !t.opts.SynchronousCommit {
+			t.Control("SET LOCAL synchronous_commit = on")
 		}
-		t.control("COMMIT")
-		t.inTxn = false
-		err := t.flushBatch(ctx)
+		t.Control("COMMIT")
+		t.InTxn = false
+		err := t.FlushBatch(ctx)
 		if err == errRecommit {
 			// A checked statement of the batch met a conflict: the commit was held back and the
 			// conflict resolved; commit now.
-			t.inTxn, check = true, false
+			t.InTxn, check = true, false
 			continue
 		}
 		if err == nil {
 			break
 		}
-		var ce *changeError
-		if errors.As(err, &ce) && ce.op == OpNone {
-			ce.op = OpCommit // a deferred constraint
+		var ce *ChangeError
+		if errors.As(err, &ce) && ce.Op == OpNone {
+			ce.Op = OpCommit // a deferred constraint
 		}
-		t.det.dropReports()
+		t.det.DropReports()
 		// The commit may not have been sent (a conflict held it back and its resolution
 		// failed): a rollback must end the transaction.
-		t.inTxn = true
+		t.InTxn = true
 		return err
 	}
-	t.det.committed(t.stats, t.log)
-	t.countRows()
-	t.stats.applied(end) // last: a reader that sees end sees the commit's conflicts counted
+	t.det.Committed(&t.stats.Conflicts, t.log)
+	t.CountRows()
+	t.stats.Applied(end) // last: a reader that sees end sees the commit's conflicts counted
 	return nil
 }
 
-// source names the source transaction the target applies, for conflict reports and the
+// Source names the source transaction the target applies, for conflict reports and the
 // origin's commit time: its xid, and once its commit arrived, c.
-func (t *target) source(xid uint32, c *reorderbuffer.Txn) {
-	t.det.source(xid, c)
+func (t *Conn) Source(xid uint32, c *detect.SourceCommit) {
+	t.det.Source(xid, c)
 }
 
-// flushWAL makes every commit that returned on the target before it durable, and writes the
+// FlushWAL makes every commit that returned on the target before it durable, and writes the
 // progress row at args' position (never moving it back), with one synchronous transaction.
 //
 // Why it is durable: PostgreSQL waits for the WAL flush at COMMIT (RecordTransactionCommit) only
@@ -545,15 +520,15 @@ func (t *target) source(xid uint32, c *reorderbuffer.Txn) {
 // stood after those commits; after COMMIT, pg_current_wal_flush_lsn() must be at or past it, and
 // is checked, so that a server that commits this transaction without flushing is found out
 // rather than trusted.
-func (t *target) flushWAL(ctx context.Context, sql string, args [][]byte) error {
-	t.stats.roundTrips.Add(1)
+func (t *Conn) FlushWAL(ctx context.Context, sql string, args [][]byte) error {
+	t.stats.RoundTrips.Add(1)
 	b := &pgconn.Batch{}
 	b.ExecParams("BEGIN", nil, nil, nil, nil)
 	b.ExecParams("SET LOCAL synchronous_commit = on", nil, nil, nil, nil)
 	b.ExecParams(sql, args, nil, nil, nil)
 	b.ExecParams("COMMIT", nil, nil, nil, nil)
 	b.ExecParams("SELECT pg_catalog.pg_current_wal_flush_lsn()::text", nil, nil, nil, nil)
-	res, err := t.conn.ExecBatch(ctx, b).ReadAll()
+	res, err := t.PG.ExecBatch(ctx, b).ReadAll()
 	if err != nil {
 		return fmt.Errorf("apply: flushing the target's WAL: %w", err)
 	}
@@ -575,24 +550,24 @@ func (t *target) flushWAL(ctx context.Context, sql string, args [][]byte) error 
 	return nil
 }
 
-// change applies one Insert, Update, Delete or Truncate; rels are the relations it names (one,
+// Change applies one Insert, Update, Delete or Truncate; rels are the relations it names (one,
 // or those of a Truncate).
-func (t *target) change(ctx context.Context, m decoding.Message, rels []*relInfo) error {
+func (t *Conn) Change(ctx context.Context, m decoding.Message, rels []*Relation) error {
 	switch m := m.(type) {
 	case *decoding.Insert:
-		rm, err := t.mapping(ctx, rels[0], OpInsert)
+		rm, err := t.Mapping(ctx, rels[0], OpInsert)
 		if err != nil {
 			return err
 		}
-		return t.insert(ctx, rm, m.New)
+		return t.Insert(ctx, rm, m.New)
 	case *decoding.Update:
-		rm, err := t.mapping(ctx, rels[0], OpUpdate)
+		rm, err := t.Mapping(ctx, rels[0], OpUpdate)
 		if err != nil {
 			return err
 		}
 		return t.update(ctx, rm, m)
 	case *decoding.Delete:
-		rm, err := t.mapping(ctx, rels[0], OpDelete)
+		rm, err := t.Mapping(ctx, rels[0], OpDelete)
 		if err != nil {
 			return err
 		}
@@ -603,13 +578,13 @@ func (t *target) change(ctx context.Context, m decoding.Message, rels []*relInfo
 	return nil
 }
 
-func (t *target) mapping(ctx context.Context, ri *relInfo, op Op) (*relMap, error) {
-	m, err := ri.mapping(ctx, t.conn, t.replicaRole, t.opts.binary)
+func (t *Conn) Mapping(ctx context.Context, ri *Relation, op Op) (*Table, error) {
+	m, err := ri.mapping(ctx, t.PG, t.ReplicaRole, t.opts.Binary)
 	if err != nil {
-		var ce *changeError
+		var ce *ChangeError
 		if errors.As(err, &ce) {
 			c := *ce
-			c.op = op
+			c.Op = op
 			return nil, &c
 		}
 		return nil, err
@@ -631,19 +606,19 @@ func rowClass(tup decoding.Tuple) (binary, mixed bool) {
 	return bin, text && bin
 }
 
-func (t *target) insert(ctx context.Context, m *relMap, tup decoding.Tuple) error {
+func (t *Conn) Insert(ctx context.Context, m *Table, tup decoding.Tuple) error {
 	if len(tup) != len(m.cols) {
-		return &changeError{op: OpInsert, relation: m.name, err: fmt.Errorf("row has %d columns, the relation %d", len(tup), len(m.cols))}
+		return &ChangeError{Op: OpInsert, Relation: m.Name, Err: fmt.Errorf("row has %d columns, the relation %d", len(tup), len(m.cols))}
 	}
 	bin, mixed := rowClass(tup)
 	if mixed {
-		if err := t.flushInserts(ctx); err != nil {
+		if err := t.FlushInserts(ctx); err != nil {
 			return err
 		}
 		return t.insertStatement(ctx, m, tup)
 	}
 	if t.insRows > 0 && (t.ins != m || (t.insBinary != bin && !allNull(tup))) {
-		if err := t.flushInserts(ctx); err != nil {
+		if err := t.FlushInserts(ctx); err != nil {
 			return err
 		}
 	}
@@ -659,11 +634,11 @@ func (t *target) insert(ctx context.Context, m *relMap, tup decoding.Tuple) erro
 		t.insBuf = append(t.insBuf, c.Data...)
 	}
 	t.insRows++
-	if t.det.on() {
-		t.det.insSrcs = append(t.det.insSrcs, int32(len(t.det.srcs)-1))
+	if t.det.On() {
+		t.det.InsSrcs = append(t.det.InsSrcs, int32(len(t.det.Srcs)-1))
 	}
 	if len(t.insBuf) >= insertBufMax {
-		return t.flushInserts(ctx)
+		return t.FlushInserts(ctx)
 	}
 	return nil
 }
@@ -692,9 +667,9 @@ func insRow(buf []byte, fields []copycodec.Field) []byte {
 	return buf
 }
 
-// flushInserts sends the pending run of inserts: through COPY when it is long enough (after the
+// FlushInserts sends the pending run of inserts: through COPY when it is long enough (after the
 // batch before it), else as INSERT statements in the batch.
-func (t *target) flushInserts(ctx context.Context) error {
+func (t *Conn) FlushInserts(ctx context.Context) error {
 	if t.insRows == 0 {
 		return nil
 	}
@@ -704,27 +679,27 @@ func (t *target) flushInserts(ctx context.Context) error {
 	}
 	m, n := t.ins, t.insRows
 	guard := false
-	if t.det.on() {
+	if t.det.On() {
 		rc, err := t.conflictInfo(ctx, m)
 		if err != nil {
 			return err
 		}
 		// A unique violation must not abort the transaction: the COPY goes after a savepoint,
 		// and on a violation the run is sent again as INSERT ... ON CONFLICT DO NOTHING.
-		guard = rc.onConflict
+		guard = rc.OnConflict
 	}
-	resolved := t.det.resolved
+	resolved := t.det.Resolved
 	if guard {
-		t.control("SAVEPOINT pgr_copy")
+		t.Control("SAVEPOINT pgr_copy")
 	}
-	if err := t.flushBatch(ctx); err != nil {
+	if err := t.FlushBatch(ctx); err != nil {
 		return err
 	}
-	if guard && t.det.resolved != resolved {
+	if guard && t.det.Resolved != resolved {
 		// The batch's conflicts were resolved after the savepoint (their statements ran before
 		// it): a rollback to it would undo the resolutions. Take it again after them.
-		t.stats.roundTrips.Add(1)
-		if err := t.conn.Exec(ctx, "RELEASE SAVEPOINT pgr_copy; SAVEPOINT pgr_copy").Close(); err != nil {
+		t.stats.RoundTrips.Add(1)
+		if err := t.PG.Exec(ctx, "RELEASE SAVEPOINT pgr_copy; SAVEPOINT pgr_copy").Close(); err != nil {
 			t.dropInserts()
 			return err
 		}
@@ -741,42 +716,42 @@ func (t *target) flushInserts(ctx context.Context) error {
 			buf = append(buf, start[:len(start)-len(rest)]...)
 		}
 		buf = append(buf, copycodec.BinaryTrailer...)
-		sql = "COPY " + m.name + " " + m.copyCols + " FROM STDIN (FORMAT binary)"
+		sql = "COPY " + m.Name + " " + m.copyCols + " FROM STDIN (FORMAT binary)"
 	} else {
 		for rest := t.insBuf; len(rest) > 0; {
 			rest = insRow(rest, fields)
 			buf = copycodec.AppendTextRow(buf, fields)
 		}
-		sql = "COPY " + m.name + " " + m.copyCols + " FROM STDIN"
+		sql = "COPY " + m.Name + " " + m.copyCols + " FROM STDIN"
 	}
 	t.copyBuf = buf
 	if cap(t.copyBuf) > 4*insertBufMax {
 		t.copyBuf = nil
 	}
-	t.stats.roundTrips.Add(1)
-	t.stats.statements.Add(1)
-	tag, err := t.conn.CopyFrom(ctx, bytes.NewReader(buf), sql)
+	t.stats.RoundTrips.Add(1)
+	t.stats.Statements.Add(1)
+	tag, err := t.PG.CopyFrom(ctx, bytes.NewReader(buf), sql)
 	if err != nil && guard && isViolation(err) {
-		t.stats.roundTrips.Add(1)
-		if err := t.conn.Exec(ctx, "ROLLBACK TO SAVEPOINT pgr_copy; RELEASE SAVEPOINT pgr_copy").Close(); err != nil {
+		t.stats.RoundTrips.Add(1)
+		if err := t.PG.Exec(ctx, "ROLLBACK TO SAVEPOINT pgr_copy; RELEASE SAVEPOINT pgr_copy").Close(); err != nil {
 			t.dropInserts()
 			return err
 		}
 		t.flushInsertsToBatch()
-		return t.flushBatch(ctx)
+		return t.FlushBatch(ctx)
 	}
 	t.dropInserts()
 	if err != nil {
 		return t.statementError(batchOp{op: 'I', rel: m}, err)
 	}
 	if guard {
-		t.control("RELEASE SAVEPOINT pgr_copy")
+		t.Control("RELEASE SAVEPOINT pgr_copy")
 	}
 	if tag.RowsAffected() != int64(n) {
-		return &changeError{op: OpInsert, relation: m.name, err: fmt.Errorf("COPY inserted %d rows, want %d", tag.RowsAffected(), n)}
+		return &ChangeError{Op: OpInsert, Relation: m.Name, Err: fmt.Errorf("COPY inserted %d rows, want %d", tag.RowsAffected(), n)}
 	}
-	if t.initialCopy {
-		t.stats.initialCopyRows.Add(int64(n))
+	if t.InitialCopy {
+		t.stats.InitialCopyRows.Add(int64(n))
 	} else {
 		t.rows.inserts += int64(n)
 		t.rows.insertsViaCopy += int64(n)
@@ -785,7 +760,7 @@ func (t *target) flushInserts(ctx context.Context) error {
 }
 
 // flushInsertsToBatch turns the pending run of inserts into INSERT statements in the batch.
-func (t *target) flushInsertsToBatch() {
+func (t *Conn) flushInsertsToBatch() {
 	if t.insRows == 0 {
 		return
 	}
@@ -813,15 +788,15 @@ func (t *target) flushInsertsToBatch() {
 		}
 		t.params = params
 		t.queue(st, params, formats, batchOp{op: 'I', rel: m})
-		if row < len(t.det.insSrcs) {
-			t.ops[len(t.ops)-1].src = t.det.insSrcs[row] // the run may span source transactions
+		if row < len(t.det.InsSrcs) {
+			t.ops[len(t.ops)-1].src = t.det.InsSrcs[row] // the run may span source transactions
 		}
 	}
 	t.dropInserts()
 }
 
-func (t *target) dropInserts() {
-	t.det.insSrcs = t.det.insSrcs[:0]
+func (t *Conn) dropInserts() {
+	t.det.InsSrcs = t.det.InsSrcs[:0]
 	t.ins, t.insRows = nil, 0
 	t.insBuf = t.insBuf[:0]
 	if cap(t.insBuf) > 4*insertBufMax {
@@ -830,7 +805,7 @@ func (t *target) dropInserts() {
 }
 
 // insertStatement queues one INSERT of tup, whose values may mix text and binary.
-func (t *target) insertStatement(ctx context.Context, m *relMap, tup decoding.Tuple) error {
+func (t *Conn) insertStatement(ctx context.Context, m *Table, tup decoding.Tuple) error {
 	params, formats := t.params[:0], t.formats[:0]
 	for _, c := range tup {
 		params, formats = appendParam(params, formats, c)
@@ -860,10 +835,10 @@ func nonNil(b []byte) []byte {
 	return b
 }
 
-func (t *target) insertStmt(m *relMap) *stmt {
+func (t *Conn) insertStmt(m *Table) *stmt {
 	return t.prepared(m, "I", func() (string, []uint32) {
 		var b []byte
-		b = append(b, "INSERT INTO "+m.name+" "+m.copyCols+" VALUES ("...)
+		b = append(b, "INSERT INTO "+m.Name+" "+m.copyCols+" VALUES ("...)
 		oids := make([]uint32, len(m.cols))
 		for i, c := range m.cols {
 			if i > 0 {
@@ -879,7 +854,7 @@ func (t *target) insertStmt(m *relMap) *stmt {
 
 // prepared returns the statement of the given shape for ri, preparing it (lazily, with the
 // next batch) the first time.
-func (t *target) prepared(m *relMap, shape string, build func() (string, []uint32)) *stmt {
+func (t *Conn) prepared(m *Table, shape string, build func() (string, []uint32)) *stmt {
 	ri := m.info
 	if e := t.stmts[stmtKey{ri, shape}]; e != nil {
 		s := e.Value.(*stmt)
@@ -891,7 +866,7 @@ func (t *target) prepared(m *relMap, shape string, build func() (string, []uint3
 	t.nextStmt++
 	s := &stmt{name: "pgr_" + strconv.Itoa(t.nextStmt), nparams: len(oids), key: stmtKey{ri, shape}, gen: t.gen,
 		cols: paramCols(m, shape)}
-	if t.det.on() {
+	if t.det.On() {
 		s.plain, s.oids = sql, oids
 		sql = t.checkedSQL(m, s, shape)
 	}
@@ -907,10 +882,10 @@ func (t *target) prepared(m *relMap, shape string, build func() (string, []uint3
 
 // paramCols returns, for a statement of the given shape, the source column each parameter
 // carries (see insertStmt, update and delete).
-func paramCols(m *relMap, shape string) []int {
+func paramCols(m *Table, shape string) []int {
 	var cols []int
 	where := func(w string) {
-		if m.full {
+		if m.Full {
 			for i := 0; i < len(w) && i < len(m.cols); i++ {
 				if w[i] == 1 {
 					cols = append(cols, i)
@@ -918,7 +893,7 @@ func paramCols(m *relMap, shape string) []int {
 			}
 			return
 		}
-		for j, i := range m.key {
+		for j, i := range m.Key {
 			if j < len(w) && w[j] == 1 {
 				cols = append(cols, i)
 			}
@@ -945,8 +920,8 @@ func paramCols(m *relMap, shape string) []int {
 
 // evict drops the least recently used statements past maxStatements, but none the batch being
 // built uses: their DEALLOCATE goes before the next statements are prepared.
-func (t *target) evict() {
-	for t.lru.Len() > maxStatements {
+func (t *Conn) evict() {
+	for t.lru.Len() > MaxStatements {
 		e := t.lru.Back()
 		s := e.Value.(*stmt)
 		if s.gen == t.gen {
@@ -971,16 +946,16 @@ type prepare struct {
 	s    *stmt
 	sql  string
 	oids []uint32
-	op   byte    // 'I', 'U' or 'D'
-	rel  *relMap // the table, for errors
+	op   byte   // 'I', 'U' or 'D'
+	rel  *Table // the table, for errors
 }
 
 // queue appends an execution of s to the batch.
-func (t *target) queue(s *stmt, params [][]byte, formats []int16, op batchOp) {
+func (t *Conn) queue(s *stmt, params [][]byte, formats []int16, op batchOp) {
 	op.st = s
-	if t.det.on() {
-		op.arg, op.narg = t.det.keep(params, formats)
-		op.src = int32(len(t.det.srcs) - 1)
+	if t.det.On() {
+		op.arg, op.narg = t.det.Keep(params, formats)
+		op.src = int32(len(t.det.Srcs) - 1)
 	}
 	t.newBatch()
 	if allZero(formats) {
@@ -1005,15 +980,15 @@ func allZero(f []int16) bool {
 
 // maybeFlush sends the batch once it is large, or once it uses more statements than the
 // connection may keep prepared (sent, they can be evicted).
-func (t *target) maybeFlush(ctx context.Context) error {
-	if len(t.ops) >= batchMaxOps || t.bytes >= batchMaxBytes || t.lru.Len() > maxStatements {
-		return t.flushBatch(ctx)
+func (t *Conn) maybeFlush(ctx context.Context) error {
+	if len(t.ops) >= BatchMaxOps || t.bytes >= batchMaxBytes || t.lru.Len() > MaxStatements {
+		return t.FlushBatch(ctx)
 	}
 	return nil
 }
 
-// flushBatch sends the batch (after preparing the statements it uses) and checks each result.
-func (t *target) flushBatch(ctx context.Context) error {
+// FlushBatch sends the batch (after preparing the statements it uses) and checks each result.
+func (t *Conn) FlushBatch(ctx context.Context) error {
 	if err := t.prepareStatements(ctx); err != nil {
 		return err
 	}
@@ -1024,9 +999,9 @@ func (t *target) flushBatch(ctx context.Context) error {
 	t.batch, t.ops, t.bytes = nil, t.ops[:0], 0
 	t.gen++ // the statements of the batch may be evicted once it is sent
 	t.evict()
-	t.stats.roundTrips.Add(1)
-	t.stats.statements.Add(int64(len(ops)))
-	mrr := t.conn.ExecBatch(ctx, b)
+	t.stats.RoundTrips.Add(1)
+	t.stats.Statements.Add(int64(len(ops)))
+	mrr := t.PG.ExecBatch(ctx, b)
 	i := 0
 	var first, failed error
 	var missed []int // ops that met no row or a conflict: resolved once the batch is done
@@ -1039,7 +1014,7 @@ func (t *target) flushBatch(ctx context.Context) error {
 		op := ops[i]
 		i++
 		affected := int64(-1)
-		if t.det.on() && op.st != nil {
+		if t.det.On() && op.st != nil {
 			// A checked statement returns the rows it changed (see checkedSQL).
 			for rr.NextRow() {
 				if v := rr.Values(); len(v) > 0 {
@@ -1055,7 +1030,7 @@ func (t *target) flushBatch(ctx context.Context) error {
 		if affected < 0 {
 			affected = tag.RowsAffected()
 		}
-		if t.det.on() && op.st != nil && affected == 0 {
+		if t.det.On() && op.st != nil && affected == 0 {
 			missed = append(missed, i-1)
 			continue
 		}
@@ -1075,7 +1050,7 @@ func (t *target) flushBatch(ctx context.Context) error {
 		}
 		first, failed = t.statementError(op, err), err
 	}
-	defer t.det.resetArgs()
+	defer t.det.ResetArgs()
 	if first != nil {
 		if i > 0 && ops[i-1].guarded && isViolation(failed) {
 			return t.updateExists(ctx, ops[i-1], first, ops, missed)
@@ -1094,7 +1069,7 @@ func (t *target) flushBatch(ctx context.Context) error {
 }
 
 // statementError describes the failure of a statement of a batch.
-func (t *target) statementError(op batchOp, err error) error {
+func (t *Conn) statementError(op batchOp, err error) error {
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) {
 		return err // the connection: retried as a whole
@@ -1103,18 +1078,18 @@ func (t *target) statementError(op batchOp, err error) error {
 	kind := kindOf(err)
 	switch {
 	case pgErr.Code == "08P01" && param > 0:
-		kind = ErrData // a binary value the column's type cannot read: trying again fails the same way
+		kind = KindData // a binary value the column's type cannot read: trying again fails the same way
 	case replication.TransientSQLState(pgErr.Code):
 		return err // a transient error: retried as a whole
 	}
-	ce := &changeError{kind: kind, op: opName(op.op), err: err}
+	ce := &ChangeError{Kind: kind, Op: opName(op.op), Err: err}
 	switch {
 	case op.rel != nil:
-		ce.relation = op.rel.name
+		ce.Relation = op.rel.Name
 	case op.name != "":
-		ce.relation = op.name
+		ce.Relation = op.name
 	case pgErr.TableName != "":
-		ce.relation = quoteIdent(pgErr.SchemaName) + "." + quoteIdent(pgErr.TableName)
+		ce.Relation = QuoteIdent(pgErr.SchemaName) + "." + QuoteIdent(pgErr.TableName)
 	}
 	if m := op.rel; m != nil {
 		col := -1
@@ -1125,13 +1100,13 @@ func (t *target) statementError(op batchOp, err error) error {
 			col = param - 1 // an INSERT of every column (see insertSQL)
 		case param == 0 && strings.HasPrefix(pgErr.Where, "COPY "):
 			col = copyColumn(m, pgErr.Where)
-		case param == 0 && pgErr.Code == "22001" && t.det.on() && op.st != nil && op.narg > 0:
+		case param == 0 && pgErr.Code == "22001" && t.det.On() && op.st != nil && op.narg > 0:
 			col = t.tooLong(m, op)
 		}
 		if col >= 0 && col < len(m.cols) {
 			var already *columnError
 			if !errors.As(err, &already) {
-				ce.err = &columnError{column: m.cols[col].name, typ: m.cols[col].typ, err: err}
+				ce.Err = &columnError{column: m.cols[col].name, typ: m.cols[col].typ, err: err}
 			}
 		}
 	}
@@ -1140,8 +1115,8 @@ func (t *target) statementError(op batchOp, err error) error {
 
 // tooLong returns the column of a character varying(n) or character(n) whose value in op's
 // kept parameters is longer than n, or -1 (the server names no column for such a value).
-func (t *target) tooLong(m *relMap, op batchOp) int {
-	params, _ := t.det.kept(op.arg, op.narg)
+func (t *Conn) tooLong(m *Table, op batchOp) int {
+	params, _ := t.det.Kept(op.arg, op.narg)
 	for k, v := range params {
 		if k >= len(op.st.cols) || v == nil {
 			continue
@@ -1176,12 +1151,12 @@ func paramOf(e *pgconn.PgError) int {
 
 // copyColumn returns the column a COPY's error context names ("COPY t, line 3, column v: ..."),
 // or -1.
-func copyColumn(m *relMap, where string) int {
+func copyColumn(m *Table, where string) int {
 	if !strings.HasPrefix(where, "COPY ") {
 		return -1
 	}
 	best, bestLen := -1, 0
-	for i, c := range m.info.rel.Columns {
+	for i, c := range m.info.Rel.Columns {
 		mark := ", column " + c.Name
 		j := strings.Index(where, mark)
 		if j < 0 || len(c.Name) <= bestLen {
@@ -1196,7 +1171,7 @@ func copyColumn(m *relMap, where string) int {
 
 // columnAt returns the column the character position pos (from 1, as the server reports it)
 // of sql points at: the column's name, or the operator or cast just after it; else -1.
-func columnAt(m *relMap, sql string, pos int) int {
+func columnAt(m *Table, sql string, pos int) int {
 	off := len(sql)
 	for i := range sql {
 		if pos--; pos == 0 {
@@ -1234,27 +1209,27 @@ func opName(op byte) Op {
 
 // checkResult counts a statement's rows, and the conflicts of an UPDATE or DELETE that found no
 // row: skipped, as PostgreSQL's subscriber does.
-func (t *target) checkResult(op batchOp, tag pgconn.CommandTag) {
+func (t *Conn) checkResult(op batchOp, tag pgconn.CommandTag) {
 	switch op.op {
 	case 'I':
-		if t.initialCopy {
-			t.stats.initialCopyRows.Add(1)
+		if t.InitialCopy {
+			t.stats.InitialCopyRows.Add(1)
 		} else {
 			t.rows.inserts++
 		}
 	case 'U':
 		if tag.RowsAffected() == 0 {
-			t.stats.conflicts[conflict.UpdateMissing].Add(1)
+			t.stats.Conflicts[conflict.UpdateMissing].Add(1)
 			t.log.Warn("conflict detected: the row to update does not exist on the target; skipped",
-				"relation", op.rel.name, "conflict", "update_missing")
+				"relation", op.rel.Name, "conflict", "update_missing")
 			return
 		}
 		t.rows.updates++
 	case 'D':
 		if tag.RowsAffected() == 0 {
-			t.stats.conflicts[conflict.DeleteMissing].Add(1)
+			t.stats.Conflicts[conflict.DeleteMissing].Add(1)
 			t.log.Warn("conflict detected: the row to delete does not exist on the target; skipped",
-				"relation", op.rel.name, "conflict", "delete_missing")
+				"relation", op.rel.Name, "conflict", "delete_missing")
 			return
 		}
 		t.rows.deletes++
@@ -1264,7 +1239,7 @@ func (t *target) checkResult(op batchOp, tag pgconn.CommandTag) {
 }
 
 // markRows keeps the row counts at a savepoint, or restores them at a rollback to it.
-func (t *target) markRows(op batchOp) {
+func (t *Conn) markRows(op batchOp) {
 	if op.mark == markSave {
 		t.rowMarks = append(t.rowMarks, rowMark{sub: op.sub, rows: t.rows})
 		return
@@ -1277,33 +1252,33 @@ func (t *target) markRows(op batchOp) {
 	}
 }
 
-// countRows adds the rows of the transaction that committed to the stats.
-func (t *target) countRows() {
+// CountRows adds the rows of the transaction that committed to the stats.
+func (t *Conn) CountRows() {
 	t.stats.count(t.rows)
-	t.dropRows()
+	t.DropRows()
 }
 
-// dropRows forgets the rows of a transaction that did not commit.
-func (t *target) dropRows() {
+// DropRows forgets the rows of a transaction that did not commit.
+func (t *Conn) DropRows() {
 	t.rows, t.rowMarks = rowCounts{}, t.rowMarks[:0]
 }
 
 // prepareStatements prepares the statements the batch is about to use.
-func (t *target) prepareStatements(ctx context.Context) error {
+func (t *Conn) prepareStatements(ctx context.Context) error {
 	if len(t.deallocate) > 0 && len(t.pendingPrepare) > 0 {
 		var b strings.Builder
 		for _, name := range t.deallocate {
 			b.WriteString("DEALLOCATE " + name + ";") // names of our making: pgr_N
 		}
-		t.stats.roundTrips.Add(1)
-		if err := t.conn.Exec(ctx, b.String()).Close(); err != nil {
+		t.stats.RoundTrips.Add(1)
+		if err := t.PG.Exec(ctx, b.String()).Close(); err != nil {
 			return err
 		}
 		t.deallocate = t.deallocate[:0]
 	}
 	for len(t.pendingPrepare) > 0 {
 		p := t.pendingPrepare[0]
-		if _, err := t.conn.Prepare(ctx, p.s.name, p.sql, p.oids); err != nil {
+		if _, err := t.PG.Prepare(ctx, p.s.name, p.sql, p.oids); err != nil {
 			// The statement is ours, not the user's: the error names the table and, when the
 			// server points into the statement, the column there.
 			t.log.Debug("preparing a statement failed", "sql", p.sql, "err", err)
@@ -1316,7 +1291,7 @@ func (t *target) prepareStatements(ctx context.Context) error {
 			return t.statementError(batchOp{op: p.op, rel: p.rel}, err)
 		}
 		p.s.ready = true
-		t.stats.prepares.Add(1)
+		t.stats.Prepares.Add(1)
 		t.stats.preparedPeak(int64(t.lru.Len()))
 		t.pendingPrepare = t.pendingPrepare[1:]
 	}
@@ -1330,7 +1305,7 @@ func (t *target) prepareStatements(ctx context.Context) error {
 //
 // A FULL identity's condition does not depend on which values are NULL (see whereSQL), so that
 // a relation has one statement per shape of its SET list, not one per pattern of NULLs.
-func (t *target) where(m *relMap, key decoding.Tuple, full bool, params [][]byte, formats []int16) ([][]byte, []int16, error) {
+func (t *Conn) where(m *Table, key decoding.Tuple, full bool, params [][]byte, formats []int16) ([][]byte, []int16, error) {
 	if full {
 		if len(key) != len(m.cols) {
 			return nil, nil, fmt.Errorf("the old row has %d columns, the relation %d", len(key), len(m.cols))
@@ -1345,7 +1320,7 @@ func (t *target) where(m *relMap, key decoding.Tuple, full bool, params [][]byte
 		}
 		return params, formats, nil
 	}
-	for _, i := range m.key {
+	for _, i := range m.Key {
 		if i >= len(key) {
 			return nil, nil, fmt.Errorf("the row has no value for key column %s", m.cols[i].name)
 		}
@@ -1371,7 +1346,7 @@ func (t *target) where(m *relMap, key decoding.Tuple, full bool, params [][]byte
 // generic plans too; IS NOT DISTINCT FROM would scan the table). A column whose type has no
 // default equality operator (json, xml, point, box, ...) compares its text output, with the
 // parameter of the column's type (so text and binary values alike) cast to text.
-func whereSQL(b []byte, m *relMap, shape []byte, full bool, n int, oids []uint32) ([]byte, []uint32) {
+func whereSQL(b []byte, m *Table, shape []byte, full bool, n int, oids []uint32) ([]byte, []uint32) {
 	first := true
 	cond := func(i int, s byte) {
 		if !first {
@@ -1401,7 +1376,7 @@ func whereSQL(b []byte, m *relMap, shape []byte, full bool, n int, oids []uint32
 			}
 		}
 	} else {
-		for j, i := range m.key {
+		for j, i := range m.Key {
 			cond(i, shape[j])
 		}
 	}
@@ -1413,33 +1388,33 @@ func whereSQL(b []byte, m *relMap, shape []byte, full bool, n int, oids []uint32
 
 // rowTarget wraps a FULL identity condition so that it names one row: the first that matches,
 // as PostgreSQL's subscriber does with identical rows.
-func rowTarget(m *relMap, cond []byte) []byte {
+func rowTarget(m *Table, cond []byte) []byte {
 	id := "ctid" // a TID scan
-	if m.partitioned {
+	if m.Partitioned {
 		id = "(tableoid, ctid)" // ctid alone repeats across partitions
 	}
-	b := []byte("WHERE " + id + " = (SELECT " + strings.Trim(id, "()") + " FROM " + m.name + " WHERE ")
+	b := []byte("WHERE " + id + " = (SELECT " + strings.Trim(id, "()") + " FROM " + m.Name + " WHERE ")
 	b = append(b, cond...)
 	return append(b, " LIMIT 1)"...)
 }
 
-func (t *target) update(ctx context.Context, m *relMap, u *decoding.Update) error {
-	key, full := u.New, m.full
+func (t *Conn) update(ctx context.Context, m *Table, u *decoding.Update) error {
+	key, full := u.New, m.Full
 	switch {
 	case full && u.OldKind == 'O':
 		key = u.Old
 	case full:
-		return &changeError{kind: ErrNoReplicaIdentity, op: OpUpdate, relation: m.name,
-			err: errors.New("REPLICA IDENTITY FULL without the old row")}
+		return &ChangeError{Kind: KindNoReplicaIdentity, Op: OpUpdate, Relation: m.Name,
+			Err: errors.New("REPLICA IDENTITY FULL without the old row")}
 	case m.idErr != nil:
 		return t.identityError(m, OpUpdate)
 	case u.OldKind == 'K' || u.OldKind == 'O':
 		key = u.Old
 	}
 	if len(u.New) != len(m.cols) {
-		return &changeError{op: OpUpdate, relation: m.name, err: fmt.Errorf("row has %d columns, the relation %d", len(u.New), len(m.cols))}
+		return &ChangeError{Op: OpUpdate, Relation: m.Name, Err: fmt.Errorf("row has %d columns, the relation %d", len(u.New), len(m.cols))}
 	}
-	if err := t.flushInserts(ctx); err != nil {
+	if err := t.FlushInserts(ctx); err != nil {
 		return err
 	}
 	t.shape = append(t.shape[:0], 'U')
@@ -1448,7 +1423,7 @@ func (t *target) update(ctx context.Context, m *relMap, u *decoding.Update) erro
 	for i, c := range u.New {
 		// A TOASTed value not sent is left as it is, and so is the key when it did not change
 		// (no old key was sent).
-		if c.Kind == decoding.ColumnUnchanged || (u.OldKind == 0 && m.info.rel.Columns[i].IsKey()) {
+		if c.Kind == decoding.ColumnUnchanged || (u.OldKind == 0 && m.info.Rel.Columns[i].IsKey()) {
 			t.shape = append(t.shape, 0)
 			continue
 		}
@@ -1462,12 +1437,12 @@ func (t *target) update(ctx context.Context, m *relMap, u *decoding.Update) erro
 	whereAt := len(t.shape)
 	params, formats, err := t.where(m, key, full, params, formats)
 	if err != nil {
-		return &changeError{kind: ErrNoReplicaIdentity, op: OpUpdate, relation: m.name, err: err}
+		return &ChangeError{Kind: KindNoReplicaIdentity, Op: OpUpdate, Relation: m.Name, Err: err}
 	}
 	t.params, t.formats = params, formats
 	shape := t.shape
 	st := t.prepared(m, string(shape), func() (string, []uint32) {
-		b := []byte("UPDATE " + m.name + " SET ")
+		b := []byte("UPDATE " + m.Name + " SET ")
 		var oids []uint32
 		n := 1
 		for i, s := range shape[1:whereAt] {
@@ -1492,44 +1467,44 @@ func (t *target) update(ctx context.Context, m *relMap, u *decoding.Update) erro
 		}
 		return string(b), oids
 	})
-	if !t.det.on() {
+	if !t.det.On() {
 		t.queue(st, params, formats, batchOp{op: 'U', rel: m})
 		return t.maybeFlush(ctx)
 	}
 	return t.queueUpdate(ctx, m, st, u, whereAt, full, params, formats, sets)
 }
 
-func (t *target) identityError(m *relMap, op Op) error {
-	var ce *changeError
+func (t *Conn) identityError(m *Table, op Op) error {
+	var ce *ChangeError
 	if errors.As(m.idErr, &ce) {
 		c := *ce
-		c.op = op
+		c.Op = op
 		return &c
 	}
 	return m.idErr
 }
 
-func (t *target) delete(ctx context.Context, m *relMap, d *decoding.Delete) error {
-	full := m.full
+func (t *Conn) delete(ctx context.Context, m *Table, d *decoding.Delete) error {
+	full := m.Full
 	switch {
 	case full && d.OldKind != 'O':
-		return &changeError{kind: ErrNoReplicaIdentity, op: OpDelete, relation: m.name,
-			err: errors.New("REPLICA IDENTITY FULL without the old row")}
+		return &ChangeError{Kind: KindNoReplicaIdentity, Op: OpDelete, Relation: m.Name,
+			Err: errors.New("REPLICA IDENTITY FULL without the old row")}
 	case !full && m.idErr != nil:
 		return t.identityError(m, OpDelete)
 	}
-	if err := t.flushInserts(ctx); err != nil {
+	if err := t.FlushInserts(ctx); err != nil {
 		return err
 	}
 	t.shape = append(t.shape[:0], 'D')
 	params, formats, err := t.where(m, d.Old, full, t.params[:0], t.formats[:0])
 	if err != nil {
-		return &changeError{kind: ErrNoReplicaIdentity, op: OpDelete, relation: m.name, err: err}
+		return &ChangeError{Kind: KindNoReplicaIdentity, Op: OpDelete, Relation: m.Name, Err: err}
 	}
 	t.params, t.formats = params, formats
 	shape := t.shape
 	st := t.prepared(m, string(shape), func() (string, []uint32) {
-		b := []byte("DELETE FROM " + m.name + " ")
+		b := []byte("DELETE FROM " + m.Name + " ")
 		cond, oids := whereSQL(nil, m, shape[1:], full, 1, nil)
 		if full {
 			b = append(b, rowTarget(m, cond)...)
@@ -1545,14 +1520,14 @@ func (t *target) delete(ctx context.Context, m *relMap, d *decoding.Delete) erro
 
 // truncate truncates the relations a TRUNCATE named, without CASCADE whatever the source used
 // (as PostgreSQL's subscriber does: the target may hold tables the source does not publish).
-func (t *target) truncate(ctx context.Context, m *decoding.Truncate, rels []*relInfo) error {
-	if err := t.flushInserts(ctx); err != nil {
+func (t *Conn) truncate(ctx context.Context, m *decoding.Truncate, rels []*Relation) error {
+	if err := t.FlushInserts(ctx); err != nil {
 		return err
 	}
 	b := []byte("TRUNCATE ")
 	var names []byte
 	for i, ri := range rels {
-		rm, err := t.mapping(ctx, ri, OpTruncate)
+		rm, err := t.Mapping(ctx, ri, OpTruncate)
 		if err != nil {
 			return err
 		}
@@ -1560,11 +1535,11 @@ func (t *target) truncate(ctx context.Context, m *decoding.Truncate, rels []*rel
 			b = append(b, ", "...)
 			names = append(names, ", "...)
 		}
-		if !rm.partitioned {
+		if !rm.Partitioned {
 			b = append(b, "ONLY "...) // partitions of a partitioned table go with it
 		}
-		b = append(b, rm.name...)
-		names = append(names, rm.name...)
+		b = append(b, rm.Name...)
+		names = append(names, rm.Name...)
 	}
 	if m.Options&decoding.TruncateRestartIdentity != 0 {
 		b = append(b, " RESTART IDENTITY"...)
@@ -1574,4 +1549,18 @@ func (t *target) truncate(ctx context.Context, m *decoding.Truncate, rels []*rel
 	t.ops = append(t.ops, batchOp{op: 'T', name: string(names)})
 	t.bytes += len(b)
 	return t.maybeFlush(ctx)
+}
+
+// CommitCopy sends the pending rows and commits, without a progress row.
+func (t *Conn) CommitCopy(ctx context.Context) error {
+	if err := t.FlushInserts(ctx); err != nil {
+		return err
+	}
+	t.Control("COMMIT")
+	t.InTxn = false
+	if err := t.FlushBatch(ctx); err != nil {
+		return err
+	}
+	t.CountRows()
+	return nil
 }

@@ -1,0 +1,487 @@
+package target
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgreorder/pgreorder/apply/conflict"
+	"github.com/pgreorder/pgreorder/apply/internal/detect"
+	"github.com/pgreorder/pgreorder/decoding"
+)
+
+// SetDetection turns conflict detection on for the connection's next transactions, with the
+// session's d (nil: off).
+func (t *Conn) SetDetection(d *detect.Detection) { t.det.Detection = d }
+
+// conflictInfo returns the unique indexes of m's target table, read the first time.
+func (t *Conn) conflictInfo(ctx context.Context, m *Table) (*detect.Indexes, error) {
+	if rc := t.indexes[m.info]; rc != nil {
+		return rc, nil
+	}
+	rows, err := Query(ctx, t.PG, detect.UniqueQuery, strconv.FormatUint(uint64(m.OID), 10))
+	if err != nil {
+		return nil, fmt.Errorf("apply: reading the unique indexes of %s: %w", m.Name, err)
+	}
+	rc := detect.ParseIndexes(rows, &m.Table)
+	if t.indexes == nil {
+		t.indexes = map[*Relation]*detect.Indexes{}
+	}
+	t.indexes[m.info] = rc
+	if t.det.Tomb != nil && !m.Full && len(m.Key) > 0 {
+		t.det.Tomb.Want(&m.Table)
+	}
+	return rc, nil
+}
+
+// checkedSQL is the statement s sends with detection: plain plus its check.
+func (t *Conn) checkedSQL(m *Table, s *stmt, shape string) string {
+	onConflict := false
+	switch shape[0] {
+	case 'I':
+		rc, err := t.conflictInfo(context.Background(), m)
+		onConflict = err == nil && rc.OnConflict
+	case 'U', 'D':
+		s.full = m.Full
+		if shape[0] == 'D' {
+			s.where = []byte(shape[1:])
+		}
+	}
+	return t.det.CheckedSQL(shape[0], s.plain, onConflict)
+}
+
+// hasChecked reports whether the batch holds checked statements.
+func (t *Conn) hasChecked() bool {
+	if !t.det.On() {
+		return false
+	}
+	for i := range t.ops {
+		if t.ops[i].st != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// commitCheck queues, before the commit, a check that fails when a checked statement of the
+// transaction changed no row, after a savepoint: the batch that commits holds its last
+// statements, whose conflicts must be resolved before the commit. The check failing skips the
+// commit and leaves the transaction as it was at the savepoint; see heldBack.
+func (t *Conn) commitCheck() {
+	t.Control("SAVEPOINT pgr_commit")
+	// Divides by zero when marked (not a constant: the planner would fold it and fail always).
+	t.Control("SELECT 1 / (pg_catalog.current_setting('pgreorder.missed', true) IS DISTINCT FROM 'on')::int")
+	t.ops[len(t.ops)-1].check = true
+	t.Control("RELEASE SAVEPOINT pgr_commit")
+}
+
+// errRecommit says that the commit was held back by its check: send it again.
+var errRecommit = errors.New("apply: commit held back by a conflict")
+
+// heldBack undoes the failed check and resolves the conflicts of the batch.
+func (t *Conn) heldBack(ctx context.Context, ops []batchOp, missed []int) error {
+	t.stats.RoundTrips.Add(1)
+	err := t.PG.Exec(ctx, "ROLLBACK TO SAVEPOINT pgr_commit; RELEASE SAVEPOINT pgr_commit; "+
+		"SELECT pg_catalog.set_config('pgreorder.missed', '', true)").Close()
+	if err != nil {
+		return err
+	}
+	for _, j := range missed {
+		if err := t.resolveMissed(ctx, ops[j]); err != nil {
+			return err
+		}
+	}
+	return errRecommit
+}
+
+// queueUpdate queues an UPDATE with detection: kept for resolution, and alone after a
+// savepoint when it may violate a unique constraint.
+func (t *Conn) queueUpdate(ctx context.Context, m *Table, st *stmt, u *decoding.Update, whereAt int, full bool,
+	params [][]byte, formats []int16, sets int) error {
+	if st.where == nil {
+		st.where, st.full = bytes.Clone(t.shape[whereAt:]), full
+		rc, err := t.conflictInfo(ctx, m)
+		if err != nil {
+			return err
+		}
+		for i, s := range t.shape[1:whereAt] {
+			if s != 0 && rc.InUnique[i] {
+				st.risky = true
+			}
+		}
+	}
+	op := batchOp{op: 'U', rel: m, keyAt: int32(sets), guarded: st.risky}
+	if st.risky {
+		// At the end of the batch, which is sent at once: a violation skips nothing after it.
+		t.Control("SAVEPOINT pgr_guard")
+	}
+	op.row, op.nrow = t.det.KeepTuple(u.New)
+	t.queue(st, params, formats, op)
+	if st.risky {
+		t.Control("RELEASE SAVEPOINT pgr_guard")
+		return t.FlushBatch(ctx)
+	}
+	return t.maybeFlush(ctx)
+}
+
+// settleChecks sends the batch when it holds checked statements, so that the conflicts they
+// meet are resolved before what comes next: a savepoint, a rollback to one, or the commit
+// (which must not go in the same round trip as statements whose conflicts may stop it). With
+// detection, a transaction whose last changes are not sent yet takes one round trip more.
+func (t *Conn) settleChecks(ctx context.Context) error {
+	if !t.det.On() {
+		return nil
+	}
+	for i := range t.ops {
+		if t.ops[i].st != nil {
+			return t.FlushBatch(ctx)
+		}
+	}
+	return nil
+}
+
+// isViolation reports whether err is a unique or exclusion constraint violation.
+func isViolation(err error) bool {
+	return isCode(err, "23505") || isCode(err, "23P01")
+}
+
+// exec runs one statement of conflict resolution and returns its rows as text.
+func (t *Conn) exec(ctx context.Context, sql string, params [][]byte, oids []uint32, formats []int16) (*pgconn.Result, error) {
+	t.stats.RoundTrips.Add(1)
+	t.stats.Statements.Add(1)
+	if allZero(formats) {
+		formats = nil
+	}
+	res := t.PG.ExecParams(ctx, sql, params, oids, formats, nil).Read()
+	return res, res.Err
+}
+
+// resolve decides what to do about c (see Detector.Resolve); a conflict resolved as an error
+// is a change the target refused, in statement op.
+func (t *Conn) resolve(c *conflict.Report, op Op) (bool, error) {
+	apply, stop := t.det.Resolve(c)
+	if stop != nil {
+		return false, &ChangeError{Kind: KindConflict, Op: op, Relation: c.Relation, Err: stop}
+	}
+	return apply, nil
+}
+
+// resolveMissed resolves a checked statement that affected no row.
+func (t *Conn) resolveMissed(ctx context.Context, op batchOp) error {
+	t.det.Resolved++
+	t.det.OpSrc = t.det.SrcOf(op.src)
+	switch op.op {
+	case 'I':
+		return t.insertConflict(ctx, op)
+	case 'U', 'D':
+		return t.rowMissed(ctx, op)
+	}
+	return nil
+}
+
+// uniqueLocals looks up, for each unique index of m, the local row holding the key of row;
+// skip names a row not to count (the one an UPDATE changes).
+func (t *Conn) uniqueLocals(ctx context.Context, m *Table, row [][]byte, formats []int16, skip *detect.LocalRow) ([]conflict.LocalRow, []detect.LocalRow, error) {
+	rc, err := t.conflictInfo(ctx, m)
+	if err != nil {
+		return nil, nil, err
+	}
+	var reps []conflict.LocalRow
+	var rows []detect.LocalRow
+	for _, ix := range rc.Unique {
+		var cond []byte
+		var params [][]byte
+		var fmts []int16
+		var oids []uint32
+		var key []conflict.ColumnValue
+		usable := true
+		for j, i := range ix.Cols {
+			if row[i] == nil || formats[i] == detect.FmtUnchanged {
+				usable = false // NULLs do not conflict; an unsent value cannot be compared
+				break
+			}
+			if j > 0 {
+				cond = append(cond, " AND "...)
+			}
+			cond = append(cond, m.cols[i].name+" = $"+strconv.Itoa(j+1)...)
+			params, fmts, oids = append(params, row[i]), append(fmts, formats[i]), append(oids, m.cols[i].typeOID)
+			key = append(key, conflict.ColumnValue{Name: m.info.Rel.Columns[i].Name, Value: detect.TextValue(row[i], formats[i])})
+		}
+		if !usable {
+			continue
+		}
+		res, err := t.exec(ctx, t.det.LocalQuery(&m.Table, cond), params, oids, fmts)
+		if err != nil {
+			return nil, nil, err
+		}
+		for _, r := range res.Rows {
+			l := t.det.ParseLocal(&m.Table, r)
+			if skip != nil && l.TableOID == skip.TableOID && l.CTID == skip.CTID {
+				continue
+			}
+			l.Index, l.Key = ix.Name, key
+			reps = append(reps, l.LocalRow)
+			rows = append(rows, l)
+		}
+	}
+	return reps, rows, nil
+}
+
+// deleteLocals deletes the local rows (once each).
+func (t *Conn) deleteLocals(ctx context.Context, m *Table, rows []detect.LocalRow) error {
+	seen := map[string]bool{}
+	for _, l := range rows {
+		k := l.TableOID + "/" + l.CTID
+		if seen[k] {
+			continue
+		}
+		seen[k] = true
+		_, err := t.exec(ctx, "DELETE FROM "+m.Name+" WHERE tableoid = $1::oid AND ctid = $2::tid",
+			[][]byte{[]byte(l.TableOID), []byte(l.CTID)}, nil, nil)
+		if err != nil {
+			return t.statementError(batchOp{op: 'D', rel: m}, err)
+		}
+	}
+	return nil
+}
+
+// insertConflict resolves an INSERT ... ON CONFLICT DO NOTHING that inserted nothing.
+func (t *Conn) insertConflict(ctx context.Context, op batchOp) error {
+	m := op.rel
+	row, formats := t.det.Kept(op.arg, op.narg)
+	// A local transaction may insert a conflicting row between the lookup and the INSERT (the
+	// target is written concurrently, which is why there are conflicts): the INSERT runs after a
+	// savepoint, and a unique violation rolls back to it and resolves again against the rows
+	// now there, a few times at most.
+	const attempts = 3
+	for attempt := 1; ; attempt++ {
+		reports := len(t.det.Reports)
+		reps, rows, err := t.uniqueLocals(ctx, m, row, formats, nil)
+		if err != nil {
+			return err
+		}
+		if len(reps) > 0 {
+			ct := conflict.InsertExists
+			if len(reps) > 1 {
+				ct = conflict.MultipleUniqueConflicts
+			}
+			c := t.det.NewConflict(ct, &m.Table)
+			c.Remote, c.Local = detect.RowOf(&m.Table, row, formats), reps
+			apply, err := t.resolve(c, OpInsert)
+			if err != nil || !apply {
+				return err
+			}
+			if err := t.deleteLocals(ctx, m, rows); err != nil {
+				return err
+			}
+		}
+		// With no conflicting row left (gone meanwhile, or an exclusion constraint), the plain
+		// INSERT says which.
+		if _, err := t.exec(ctx, "SAVEPOINT pgr_insert", nil, nil, nil); err != nil {
+			return err
+		}
+		_, err = t.exec(ctx, op.st.plain, row, op.st.oids, formats)
+		if err == nil {
+			t.rows.inserts++
+			_, err = t.exec(ctx, "RELEASE SAVEPOINT pgr_insert", nil, nil, nil)
+			return err
+		}
+		if !isCode(err, "23505") || attempt == attempts {
+			return t.statementError(op, err)
+		}
+		if _, err := t.exec(ctx, "ROLLBACK TO SAVEPOINT pgr_insert", nil, nil, nil); err != nil {
+			return err
+		}
+		clear(t.det.Reports[reports:]) // resolved again below
+		t.det.Reports = t.det.Reports[:reports]
+	}
+}
+
+// rowMissed resolves an UPDATE or DELETE that changed no row: its row was changed by another
+// origin, or is missing (or was deleted).
+func (t *Conn) rowMissed(ctx context.Context, op batchOp) error {
+	m, st := op.rel, op.st
+	params, formats := t.det.Kept(op.arg, op.narg)
+	key, keyFormats := params[op.keyAt:], formats[op.keyAt:]
+	var remote []conflict.ColumnValue
+	var newRow [][]byte
+	var newFormats []int16
+	if op.op == 'U' {
+		newRow, newFormats = t.det.Kept(op.row, op.nrow)
+		remote = detect.RowOf(&m.Table, newRow, newFormats)
+	}
+	opName := opName(op.op)
+	if t.det.OriginCheck() {
+		cond, oids := whereSQL(nil, m, st.where, st.full, 1, nil)
+		if st.full {
+			cond = append(cond, " LIMIT 1"...)
+		}
+		res, err := t.exec(ctx, t.det.LocalQuery(&m.Table, cond), key, oids, keyFormats)
+		if err != nil {
+			return err
+		}
+		if len(res.Rows) > 0 {
+			l := t.det.ParseLocal(&m.Table, res.Rows[0])
+			ct := conflict.UpdateOriginDiffers
+			if op.op == 'D' {
+				ct = conflict.DeleteOriginDiffers
+			}
+			c := t.det.NewConflict(ct, &m.Table)
+			c.Remote, c.Identity, c.IdentityFull, c.Local = remote, detect.IdentityOf(&m.Table, st.where, st.full, key, keyFormats), st.full, []conflict.LocalRow{l.LocalRow}
+			apply, err := t.resolve(c, opName)
+			if err != nil || !apply {
+				return err
+			}
+			if _, err := t.exec(ctx, st.plain, params, st.oids, formats); err != nil {
+				if op.guarded && isViolation(err) {
+					return t.statementError(op, err)
+				}
+				return t.statementError(op, err)
+			}
+			t.checkResult(batchOp{op: op.op}, pgconn.NewCommandTag("X 1"))
+			return nil
+		}
+	}
+	if op.op == 'D' {
+		c := t.det.NewConflict(conflict.DeleteMissing, &m.Table)
+		c.Identity, c.IdentityFull = detect.IdentityOf(&m.Table, st.where, st.full, key, keyFormats), st.full
+		_, err := t.resolve(c, opName)
+		if err == nil && c.Resolution == conflict.ApplyRemote {
+			c.Note = "no row to delete"
+		}
+		return err
+	}
+	ct := conflict.UpdateMissing
+	var deleted *conflict.LocalRow
+	if t.det.Tomb != nil && !st.full && len(m.Key) > 0 {
+		d, err := t.det.Tomb.Lookup(ctx, t.exec, &m.Table, key, keyFormats)
+		if err != nil {
+			return err
+		}
+		rt := t.det.OpSrc.CommitTime
+		if d != nil && (rt.IsZero() || d.CommitTime.After(rt)) {
+			ct, deleted = conflict.UpdateDeleted, d
+		}
+	}
+	c := t.det.NewConflict(ct, &m.Table)
+	c.Remote, c.Identity, c.IdentityFull = remote, detect.IdentityOf(&m.Table, st.where, st.full, key, keyFormats), st.full
+	if deleted != nil {
+		c.Local = []conflict.LocalRow{*deleted}
+	}
+	apply, err := t.resolve(c, opName)
+	if err != nil || !apply {
+		return err
+	}
+	// The source's change wins: insert its new row, when the source sent all of it.
+	if slices.Contains(newFormats, detect.FmtUnchanged) {
+		c.Note = "the source did not send every column (unchanged TOASTed values): not inserted"
+		return nil
+	}
+	ins := t.insertStmt(m)
+	if err := t.prepareStatements(ctx); err != nil {
+		return err
+	}
+	sql := ins.plain
+	if sql == "" {
+		sql = t.insertSQL(m)
+	}
+	if _, err := t.exec(ctx, sql, newRow, t.insertOIDs(m), newFormats); err != nil {
+		return t.statementError(batchOp{op: 'I', rel: m}, err)
+	}
+	t.rows.inserts++
+	return nil
+}
+
+// insertSQL is the plain INSERT of every source column of m.
+func (t *Conn) insertSQL(m *Table) string {
+	var b strings.Builder
+	b.WriteString("INSERT INTO " + m.Name + " " + m.copyCols + " VALUES (")
+	for i := range m.cols {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString("$" + strconv.Itoa(i+1))
+	}
+	b.WriteString(")")
+	return b.String()
+}
+
+func (t *Conn) insertOIDs(m *Table) []uint32 {
+	oids := make([]uint32, len(m.cols))
+	for i, c := range m.cols {
+		oids[i] = c.typeOID
+	}
+	return oids
+}
+
+// updateExists resolves a guarded UPDATE, the last statement of its batch, that violated a
+// unique constraint: the transaction is rolled back to the guard, the conflicts of the
+// statements before it (missed) resolved, and the conflicting local rows looked up.
+func (t *Conn) updateExists(ctx context.Context, op batchOp, cause error, ops []batchOp, missed []int) error {
+	t.stats.RoundTrips.Add(1)
+	if err := t.PG.Exec(ctx, "ROLLBACK TO SAVEPOINT pgr_guard; RELEASE SAVEPOINT pgr_guard").Close(); err != nil {
+		return err
+	}
+	for _, j := range missed {
+		if err := t.resolveMissed(ctx, ops[j]); err != nil {
+			return err
+		}
+	}
+	t.det.OpSrc = t.det.SrcOf(op.src)
+	m, st := op.rel, op.st
+	params, formats := t.det.Kept(op.arg, op.narg)
+	key, keyFormats := params[op.keyAt:], formats[op.keyAt:]
+	newRow, newFormats := t.det.Kept(op.row, op.nrow)
+	// The row being updated is not a conflict of its own update.
+	cond, oids := whereSQL(nil, m, st.where, st.full, 1, nil)
+	if st.full {
+		cond = append(cond, " LIMIT 1"...)
+	}
+	res, err := t.exec(ctx, t.det.LocalQuery(&m.Table, cond), key, oids, keyFormats)
+	if err != nil {
+		return err
+	}
+	var self *detect.LocalRow
+	if len(res.Rows) > 0 {
+		l := t.det.ParseLocal(&m.Table, res.Rows[0])
+		self = &l
+		// Values the source did not send are the local row's.
+		for i, f := range newFormats {
+			if f == detect.FmtUnchanged && l.Row[i].Value != nil {
+				newRow[i], newFormats[i] = []byte(*l.Row[i].Value), 0
+			}
+		}
+	}
+	reps, rows, err := t.uniqueLocals(ctx, m, newRow, newFormats, self)
+	if err != nil {
+		return err
+	}
+	if len(reps) == 0 {
+		return cause // an exclusion constraint, or not a conflict this can resolve
+	}
+	ct := conflict.UpdateExists
+	if len(reps) > 1 {
+		ct = conflict.MultipleUniqueConflicts
+	}
+	c := t.det.NewConflict(ct, &m.Table)
+	c.Remote, c.Identity, c.IdentityFull, c.Local = detect.RowOf(&m.Table, newRow, newFormats), detect.IdentityOf(&m.Table, st.where, st.full, key, keyFormats), st.full, reps
+	apply, err := t.resolve(c, OpUpdate)
+	if err != nil || !apply {
+		return err
+	}
+	if err := t.deleteLocals(ctx, m, rows); err != nil {
+		return err
+	}
+	tag, err := t.exec(ctx, st.plain, params, st.oids, formats)
+	if err != nil {
+		return t.statementError(op, err)
+	}
+	t.checkResult(batchOp{op: 'U', rel: m}, tag.CommandTag)
+	return nil
+}
