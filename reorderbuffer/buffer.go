@@ -584,6 +584,15 @@ func (b *Buffer) hold(t *xact, gid string, prepareLSN, endLSN decoding.LSN) erro
 		b.stats.RestartedTxns++
 		return b.free(t)
 	}
+	if endLSN <= b.skip && prepareLSN < b.prog.reported {
+		// Sent again after a restart, and already finished: the flush position never passes
+		// the PREPARE of a prepared transaction the consumer has not finished (the pin), so one
+		// that arrives below it was committed or rolled back, and handed out, before. Holding
+		// it would keep its parts open for a COMMIT PREPARED the server need not send again.
+		b.stats.SkippedTxns++
+		b.undo(t)
+		return b.free(t)
+	}
 	t.prepared = true
 	meta := t.metadata()
 	meta.gid, meta.prepareLSN = gid, prepareLSN
