@@ -103,4 +103,3 @@ func (x *Txn) Changes() iter.Seq2[decoding.Change, error] {
 		}
 	}
 }
-
