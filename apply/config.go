@@ -11,6 +11,7 @@ import (
 
 	"github.com/pgreorder/pgreorder/apply/conflict"
 	"github.com/pgreorder/pgreorder/apply/internal/target"
+	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 	"github.com/pgreorder/pgreorder/replication"
 )
@@ -204,6 +205,16 @@ type Config struct {
 	OriginFilter replication.OriginFilter
 	// Conflicts configures conflict detection, resolution and reporting.
 	Conflicts conflict.Config
+
+	// SkipLSN, when set, is the commit LSN of one source transaction not to apply, as ALTER
+	// SUBSCRIPTION ... SKIP (lsn = ...) does: the transaction that stopped Run with an error (an
+	// *ApplyError names its CommitLSN). It must be the next transaction to apply, or Run stops
+	// with ErrSkipLSN naming that one's commit LSN. The skipped transaction is logged (xid,
+	// relations, changes by kind), counted in Stats.Skipped, and recorded in the slot's progress
+	// row (columns skipped_lsn, skipped_xid and skipped_at, added to the progress table) by the
+	// target transaction that moves the row past it, so that a restart with the same SkipLSN
+	// neither skips again nor applies it. The session that skips applies as Buffered does.
+	SkipLSN decoding.LSN
 
 	hooks *hooks // tests only: fault injection
 }

@@ -156,6 +156,9 @@ func (e *ApplyError) Error() string {
 	if e.Err != nil {
 		b.WriteString(": " + e.Err.Error())
 	}
+	if e.CommitLSN != 0 && e.Op != OpCopy {
+		fmt.Fprintf(&b, " (to skip the whole transaction instead, losing its changes on the target: Config.SkipLSN = %s)", e.CommitLSN)
+	}
 	return b.String()
 }
 
@@ -257,7 +260,7 @@ func retryable(err error) bool {
 		errors.As(err, &inUse), errors.Is(err, replication.ErrSlotActive), // waited for up to SlotWait already
 		errors.Is(err, replication.ErrInvalidConfig), errors.Is(err, replication.ErrUnsupported),
 		errors.Is(err, reorderbuffer.ErrProtocol), errors.Is(err, reorderbuffer.ErrForeignTxn),
-		errors.Is(err, reorderbuffer.ErrNotCommit), errors.Is(err, ErrSourceChanged), errors.Is(err, ErrSlotAhead), errors.Is(err, replication.ErrSlotAhead),
+		errors.Is(err, reorderbuffer.ErrNotCommit), errors.Is(err, ErrSourceChanged), errors.Is(err, ErrSlotAhead), errors.Is(err, ErrSkipLSN), errors.Is(err, replication.ErrSlotAhead),
 		errors.Is(err, replication.ErrResumeAhead), errors.Is(err, replication.ErrSystemChanged):
 		return false
 	case copyFatal(err):

@@ -39,6 +39,7 @@ type session struct {
 	det   *target.Detection // conflict detection; nil when off
 	ours  []uint32          // the Applier's replication origins, when it has them
 	group group             // Buffered: the open target transaction
+	skip  skipState         // Config.SkipLSN
 
 	// Eager and Parallel.
 	cancel    context.CancelCauseFunc // ends the session with the first error
@@ -93,6 +94,10 @@ func (a *Applier) session(parent context.Context) (err error) {
 	if err := s.prepareProgress(ctx, s.leader); err != nil {
 		return err
 	}
+	if err := s.setupSkip(ctx, resume); err != nil {
+		return err
+	}
+	buffered := s.cfg.Mode == Buffered || s.skip.pending // the session that skips applies as Buffered
 	if err := s.setupConflicts(ctx); err != nil {
 		return err
 	}
@@ -116,7 +121,7 @@ func (a *Applier) session(parent context.Context) (err error) {
 			WorkMem:     s.cfg.WorkMem,
 			Dir:         s.cfg.SpillDir,
 			SkipThrough: resume,
-			Incremental: s.cfg.Mode != Buffered,
+			Incremental: !buffered,
 			// Idle advances are persisted in the progress row before the slot confirms them.
 			HandOutAdvances: true,
 		},
@@ -142,7 +147,7 @@ func (a *Applier) session(parent context.Context) (err error) {
 	s.a.streams.attach(s.stream)
 	defer s.a.streams.detach()
 	s.log.Info("applying", "slot", s.cfg.Slot, "mode", s.cfg.Mode, "resume_after", resume)
-	if s.cfg.Mode == Buffered {
+	if buffered {
 		return s.runBuffered(ctx)
 	}
 	err = s.startWorkers(ctx)
@@ -446,6 +451,12 @@ func (s *session) runBuffered(ctx context.Context) error {
 				return err
 			}
 			if err := s.advanced(ctx, t); err != nil {
+				return err
+			}
+			continue
+		}
+		if skipped, err := s.maybeSkip(ctx, t); skipped || err != nil {
+			if err != nil {
 				return err
 			}
 			continue

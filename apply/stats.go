@@ -67,6 +67,7 @@ type Stats struct {
 	Sessions      int64 // sessions started (the first, and one per retry)
 	SerialRetries int64 // transactions retried alone after failing or deadlocking in parallel
 	Deadlocks     int64 // lock waits between the Applier's own connections it broke
+	Skipped       int64 // source transactions skipped as Config.SkipLSN asked
 
 	AppliedLSN decoding.LSN // end LSN of the last transaction committed on the target
 }
@@ -77,6 +78,7 @@ type counters struct {
 	txns, emptyTxns                                      atomic.Int64
 	subAborts, aborts, spooled, serialTxns, queueSpilled atomic.Int64
 	sessions, serialRetries, deadlocks                   atomic.Int64
+	skipped                                              atomic.Int64
 }
 
 func (c *counters) snapshot() Stats {
@@ -94,6 +96,7 @@ func (c *counters) snapshot() Stats {
 		SerialTxns: c.serialTxns.Load(), QueueSpilled: c.queueSpilled.Load(),
 		InitialCopyRows: c.InitialCopyRows.Load(),
 		Sessions:        c.sessions.Load(), SerialRetries: c.serialRetries.Load(), Deadlocks: c.deadlocks.Load(),
+		Skipped:    c.skipped.Load(),
 		AppliedLSN: decoding.LSN(c.AppliedLSN.Load()),
 	}
 }

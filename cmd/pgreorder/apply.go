@@ -13,6 +13,7 @@ import (
 
 	"github.com/pgreorder/pgreorder/apply"
 	"github.com/pgreorder/pgreorder/apply/conflict"
+	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/metrics"
 	"github.com/pgreorder/pgreorder/replication"
 	"github.com/pgreorder/pgreorder/snapshot"
@@ -87,6 +88,9 @@ type applyFlags struct {
 	noDetection                                 bool
 	retention                                   time.Duration
 	uninstall                                   bool
+
+	// Migrations.
+	skipLSN string
 }
 
 func (f *applyFlags) register(fs *flag.FlagSet) {
@@ -139,6 +143,9 @@ func (f *applyFlags) register(fs *flag.FlagSet) {
 	durationVar(fs, &f.retention, "conflict-retention", 0, "detect update_deleted: record local deletions on the target "+
 		"and keep them this long (e.g. 5m; 0: off)")
 	fs.StringVar(&f.logTable, "conflict-log-table", "", "target table receiving one row per conflict (created if missing)")
+	fs.StringVar(&f.skipLSN, "skip-lsn", "", "skip the source transaction with this commit LSN, once, instead of applying it "+
+		"(as ALTER SUBSCRIPTION ... SKIP): give the LSN the error that stopped apply names; it must be the next transaction to apply. "+
+		"Its changes are lost on the target; the skip is logged and recorded in the progress row")
 	fs.BoolVar(&f.uninstall, "uninstall", false, "retire the applier instead of running it: remove from the target the slot's progress row, "+
 		"the -origin origins and the tombstone table, function and triggers of -conflict-retention, then exit (the applier must be stopped; "+
 		"the slot on the source is left: drop it there)")
@@ -197,6 +204,12 @@ func (f *applyFlags) config(fs *flag.FlagSet) (apply.Config, error) {
 	if err != nil {
 		return apply.Config{}, fmt.Errorf("-conflict: %w", err)
 	}
+	var skipLSN decoding.LSN
+	if f.skipLSN != "" {
+		if skipLSN, err = decoding.ParseLSN(f.skipLSN); err != nil || skipLSN == 0 {
+			return apply.Config{}, fmt.Errorf("-skip-lsn %q: want the commit LSN the error that stopped apply names, such as 0/1D48BB0", f.skipLSN)
+		}
+	}
 	level := slog.LevelInfo
 	if f.verbose {
 		level = slog.LevelDebug
@@ -228,7 +241,8 @@ func (f *applyFlags) config(fs *flag.FlagSet) (apply.Config, error) {
 			Retention:   f.retention,
 			LogTable:    f.logTable,
 		},
-		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
+		SkipLSN: skipLSN,
+		Logger:  slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
 	}, nil
 }
 
