@@ -35,6 +35,8 @@ type Applier struct {
 	serial map[uint32]bool
 
 	said sync.Map // what was said once (see once)
+
+	source sourceSQL // an ordinary connection to the source (schema changes, sequences)
 }
 
 // once runs f the first time key is given.
@@ -50,7 +52,11 @@ func New(cfg Config) (*Applier, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Applier{cfg: c, serial: map[uint32]bool{}}, nil
+	a := &Applier{cfg: c, serial: map[uint32]bool{}}
+	if c.SchemaChanges == SchemaAddColumns {
+		a.cfg.addColumn = a.addColumn
+	}
+	return a, nil
 }
 
 // Run replicates until ctx is done, then returns ctx's error (context.Canceled for a clean
@@ -72,6 +78,7 @@ func (a *Applier) Run(ctx context.Context) error {
 	a.running = true
 	a.mu.Unlock()
 	defer func() {
+		a.closeSource(context.WithoutCancel(ctx))
 		a.mu.Lock()
 		a.running = false
 		a.mu.Unlock()

@@ -215,6 +215,13 @@ type Config struct {
 	// target transaction that moves the row past it, so that a restart with the same SkipLSN
 	// neither skips again nor applies it. The session that skips applies as Buffered does.
 	SkipLSN decoding.LSN
+	// SchemaChanges says which changes of the source's schema are made on the target: none (the
+	// zero value, SchemaFixed), or SchemaAddColumns: a column the source adds is added to the
+	// target table (see SchemaAddColumns). Reading the column's type takes an ordinary
+	// connection to the source (Source, without replication).
+	SchemaChanges SchemaChanges
+
+	addColumn target.AddColumnFunc // set by New for SchemaAddColumns
 
 	hooks *hooks // tests only: fault injection
 }
@@ -243,6 +250,8 @@ func (c Config) validate() (Config, error) {
 		return bad("CopyWorkers %d (want 0 for the default, or 1 to %d)", c.CopyWorkers, MaxWorkers)
 	case c.WorkMem < 0 && c.WorkMem != reorderbuffer.SpillEverything:
 		return bad("WorkMem %d", c.WorkMem)
+	case c.SchemaChanges < SchemaFixed || c.SchemaChanges > SchemaAddColumns:
+		return bad("unknown SchemaChanges %d", int(c.SchemaChanges))
 	}
 	for _, p := range c.Publications {
 		if p == "" {
@@ -298,5 +307,5 @@ func (c *Config) targetOptions() *target.Options {
 	return &target.Options{ConnConfig: c.TargetConfig, ConnString: c.Target, BeforeConnect: c.TargetBeforeConnect,
 		Logger: c.Logger, Tables: []string{c.ProgressTable, c.Conflicts.LogTable, c.Conflicts.TombstoneTable,
 			conflict.DefaultTombstoneTable},
-		Slot: c.Slot, SynchronousCommit: c.SynchronousCommit, Binary: c.Binary, Now: c.now}
+		Slot: c.Slot, SynchronousCommit: c.SynchronousCommit, Binary: c.Binary, Now: c.now, AddColumn: c.addColumn}
 }

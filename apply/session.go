@@ -36,10 +36,11 @@ type session struct {
 
 	relBuf [1]*target.Relation
 
-	det   *target.Detection // conflict detection; nil when off
-	ours  []uint32          // the Applier's replication origins, when it has them
-	group group             // Buffered: the open target transaction
-	skip  skipState         // Config.SkipLSN
+	det    *target.Detection // conflict detection; nil when off
+	ours   []uint32          // the Applier's replication origins, when it has them
+	group  group             // Buffered: the open target transaction
+	skip   skipState         // Config.SkipLSN
+	schema schemaWatch       // the relations' descriptions, for columns the source dropped
 
 	// Eager and Parallel.
 	cancel    context.CancelCauseFunc // ends the session with the first error
@@ -523,6 +524,7 @@ func (s *session) relations(t *reorderbuffer.Txn, m decoding.Message) ([]*target
 				return nil, fmt.Errorf("apply: transaction %d truncates relation %d, which the stream never described", t.Xid, id)
 			}
 			rels[i] = s.reg.Intern(r, t)
+			s.noteRelation(rels[i])
 		}
 		return rels, nil
 	default:
@@ -533,6 +535,7 @@ func (s *session) relations(t *reorderbuffer.Txn, m decoding.Message) ([]*target
 		return nil, fmt.Errorf("apply: transaction %d changes relation %d, which the stream never described", t.Xid, id)
 	}
 	s.relBuf[0] = s.reg.Intern(r, t)
+	s.noteRelation(s.relBuf[0])
 	return s.relBuf[:], nil
 }
 

@@ -69,6 +69,11 @@ type Stats struct {
 	Deadlocks     int64 // lock waits between the Applier's own connections it broke
 	Skipped       int64 // source transactions skipped as Config.SkipLSN asked
 
+	// ColumnsAdded counts the columns added to target tables (Config.SchemaChanges);
+	// SourceColumnsGone the columns the stream showed gone from a source relation (dropped or
+	// renamed), which stay on the target.
+	ColumnsAdded, SourceColumnsGone int64
+
 	AppliedLSN decoding.LSN // end LSN of the last transaction committed on the target
 }
 
@@ -78,7 +83,7 @@ type counters struct {
 	txns, emptyTxns                                      atomic.Int64
 	subAborts, aborts, spooled, serialTxns, queueSpilled atomic.Int64
 	sessions, serialRetries, deadlocks                   atomic.Int64
-	skipped                                              atomic.Int64
+	skipped, columnsAdded, columnsGone                   atomic.Int64
 }
 
 func (c *counters) snapshot() Stats {
@@ -96,7 +101,7 @@ func (c *counters) snapshot() Stats {
 		SerialTxns: c.serialTxns.Load(), QueueSpilled: c.queueSpilled.Load(),
 		InitialCopyRows: c.InitialCopyRows.Load(),
 		Sessions:        c.sessions.Load(), SerialRetries: c.serialRetries.Load(), Deadlocks: c.deadlocks.Load(),
-		Skipped:    c.skipped.Load(),
+		Skipped: c.skipped.Load(), ColumnsAdded: c.columnsAdded.Load(), SourceColumnsGone: c.columnsGone.Load(),
 		AppliedLSN: decoding.LSN(c.AppliedLSN.Load()),
 	}
 }

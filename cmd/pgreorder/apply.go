@@ -90,7 +90,7 @@ type applyFlags struct {
 	uninstall                                   bool
 
 	// Migrations.
-	skipLSN string
+	skipLSN, schemaChanges string
 }
 
 func (f *applyFlags) register(fs *flag.FlagSet) {
@@ -146,6 +146,9 @@ func (f *applyFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.skipLSN, "skip-lsn", "", "skip the source transaction with this commit LSN, once, instead of applying it "+
 		"(as ALTER SUBSCRIPTION ... SKIP): give the LSN the error that stopped apply names; it must be the next transaction to apply. "+
 		"Its changes are lost on the target; the skip is logged and recorded in the progress row")
+	fs.StringVar(&f.schemaChanges, "schema-changes", "none", "none, or add-columns: a column the source adds to a published table "+
+		"is added to the target table (the source's type, nullable, no default) in the transaction of the first change that needs it; "+
+		"columns dropped or renamed on the source are reported and kept on the target. Without it such a column stops apply")
 	fs.BoolVar(&f.uninstall, "uninstall", false, "retire the applier instead of running it: remove from the target the slot's progress row, "+
 		"the -origin origins and the tombstone table, function and triggers of -conflict-retention, then exit (the applier must be stopped; "+
 		"the slot on the source is left: drop it there)")
@@ -210,6 +213,10 @@ func (f *applyFlags) config(fs *flag.FlagSet) (apply.Config, error) {
 			return apply.Config{}, fmt.Errorf("-skip-lsn %q: want the commit LSN the error that stopped apply names, such as 0/1D48BB0", f.skipLSN)
 		}
 	}
+	schemaChanges, err := apply.ParseSchemaChanges(f.schemaChanges)
+	if err != nil {
+		return apply.Config{}, fmt.Errorf("-schema-changes %q: valid values are none and add-columns", f.schemaChanges)
+	}
 	level := slog.LevelInfo
 	if f.verbose {
 		level = slog.LevelDebug
@@ -241,8 +248,9 @@ func (f *applyFlags) config(fs *flag.FlagSet) (apply.Config, error) {
 			Retention:   f.retention,
 			LogTable:    f.logTable,
 		},
-		SkipLSN: skipLSN,
-		Logger:  slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
+		SkipLSN:       skipLSN,
+		SchemaChanges: schemaChanges,
+		Logger:        slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
 	}, nil
 }
 
