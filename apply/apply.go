@@ -37,6 +37,9 @@ type Applier struct {
 	said sync.Map // what was said once (see once)
 
 	source sourceSQL // an ordinary connection to the source (schema changes, sequences)
+
+	streamedOnce sync.Once
+	streamed     chan struct{} // closed once a session streams (see markStreaming)
 }
 
 // once runs f the first time key is given.
@@ -52,7 +55,7 @@ func New(cfg Config) (*Applier, error) {
 	if err != nil {
 		return nil, err
 	}
-	a := &Applier{cfg: c, serial: map[uint32]bool{}}
+	a := &Applier{cfg: c, serial: map[uint32]bool{}, streamed: make(chan struct{})}
 	if c.SchemaChanges == SchemaAddColumns {
 		a.cfg.addColumn = a.addColumn
 	}
@@ -83,7 +86,11 @@ func (a *Applier) Run(ctx context.Context) error {
 		a.running = false
 		a.mu.Unlock()
 	}()
+	return a.runWith(ctx) // sequences.go: sequences and -until-caught-up around runSessions
+}
 
+// runSessions runs sessions until ctx is done or an error that retrying cannot cure.
+func (a *Applier) runSessions(ctx context.Context) error {
 	log := a.cfg.Logger
 	delay := minRetryDelay
 	for {

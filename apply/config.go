@@ -221,6 +221,17 @@ type Config struct {
 	// connection to the source (Source, without replication).
 	SchemaChanges SchemaChanges
 
+	// SyncSequences copies the values of the source's sequences owned by the published tables'
+	// columns (serial and identity columns) to the target's sequences of the same names, moving
+	// them only forward (see Applier.SyncSequences): once the first session streams (after the
+	// initial copy), every SyncSequencesInterval while Run runs, and once more when Run stops
+	// cleanly (ctx done, or caught up with UntilCaughtUp). A sequence missing on the target stops
+	// Run with ErrMissingSequence.
+	SyncSequences bool
+	// SyncSequencesInterval is the time between two synchronizations of SyncSequences; 0 means
+	// DefaultSyncSequencesInterval.
+	SyncSequencesInterval time.Duration
+
 	addColumn target.AddColumnFunc // set by New for SchemaAddColumns
 
 	hooks *hooks // tests only: fault injection
@@ -250,6 +261,8 @@ func (c Config) validate() (Config, error) {
 		return bad("CopyWorkers %d (want 0 for the default, or 1 to %d)", c.CopyWorkers, MaxWorkers)
 	case c.WorkMem < 0 && c.WorkMem != reorderbuffer.SpillEverything:
 		return bad("WorkMem %d", c.WorkMem)
+	case c.SyncSequencesInterval < 0:
+		return bad("SyncSequencesInterval %v", c.SyncSequencesInterval)
 	case c.SchemaChanges < SchemaFixed || c.SchemaChanges > SchemaAddColumns:
 		return bad("unknown SchemaChanges %d", int(c.SchemaChanges))
 	}

@@ -146,6 +146,7 @@ func (a *Applier) session(parent context.Context) (err error) {
 		}
 	}()
 	s.a.streams.attach(s.stream)
+	s.a.markStreaming()
 	defer s.a.streams.detach()
 	s.log.Info("applying", "slot", s.cfg.Slot, "mode", s.cfg.Mode, "resume_after", resume)
 	if buffered {

@@ -73,6 +73,7 @@ type Stats struct {
 	// SourceColumnsGone the columns the stream showed gone from a source relation (dropped or
 	// renamed), which stay on the target.
 	ColumnsAdded, SourceColumnsGone int64
+	SequenceSyncs                   int64 // sequence synchronizations done (Config.SyncSequences, Applier.SyncSequences)
 
 	AppliedLSN decoding.LSN // end LSN of the last transaction committed on the target
 }
@@ -83,7 +84,7 @@ type counters struct {
 	txns, emptyTxns                                      atomic.Int64
 	subAborts, aborts, spooled, serialTxns, queueSpilled atomic.Int64
 	sessions, serialRetries, deadlocks                   atomic.Int64
-	skipped, columnsAdded, columnsGone                   atomic.Int64
+	skipped, columnsAdded, columnsGone, sequenceSyncs    atomic.Int64
 }
 
 func (c *counters) snapshot() Stats {
@@ -102,7 +103,8 @@ func (c *counters) snapshot() Stats {
 		InitialCopyRows: c.InitialCopyRows.Load(),
 		Sessions:        c.sessions.Load(), SerialRetries: c.serialRetries.Load(), Deadlocks: c.deadlocks.Load(),
 		Skipped: c.skipped.Load(), ColumnsAdded: c.columnsAdded.Load(), SourceColumnsGone: c.columnsGone.Load(),
-		AppliedLSN: decoding.LSN(c.AppliedLSN.Load()),
+		SequenceSyncs: c.sequenceSyncs.Load(),
+		AppliedLSN:    decoding.LSN(c.AppliedLSN.Load()),
 	}
 }
 
