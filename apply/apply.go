@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/pgreorder/pgreorder/decoding"
@@ -37,6 +38,10 @@ type Applier struct {
 	said sync.Map // what was said once (see once)
 
 	source sourceSQL // an ordinary connection to the source (schema changes, sequences)
+
+	// Config.UntilCaughtUp: the source's WAL position at the start of the first session, and
+	// the position caught up to once reached (caughtup.go).
+	until, reached atomic.Uint64
 
 	streamedOnce sync.Once
 	streamed     chan struct{} // closed once a session streams (see markStreaming)
@@ -99,6 +104,9 @@ func (a *Applier) runSessions(ctx context.Context) error {
 		err := a.session(ctx)
 		if ctx.Err() != nil {
 			return ctx.Err()
+		}
+		if errors.Is(err, errCaughtUp) {
+			return nil
 		}
 		var re *restartError
 		if errors.As(err, &re) {

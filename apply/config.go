@@ -232,6 +232,11 @@ type Config struct {
 	// DefaultSyncSequencesInterval.
 	SyncSequencesInterval time.Duration
 
+	// UntilCaughtUp makes Run return nil once it has applied, and acknowledged to the source,
+	// everything up to the source's WAL position when Run started (its first session): the
+	// moment of a cut-over, once writes to the source have stopped (see Applier.CaughtUp).
+	UntilCaughtUp bool
+
 	addColumn target.AddColumnFunc // set by New for SchemaAddColumns
 
 	hooks *hooks // tests only: fault injection

@@ -73,6 +73,7 @@ func (a *Applier) session(parent context.Context) (err error) {
 		return err
 	}
 	s.key = target.ProgressKey{Slot: s.cfg.Slot, System: sys.ID, Timeline: sys.Timeline}
+	s.noteStart(sys.XLogPos)
 	if err := s.fence(ctx); err != nil {
 		return err
 	}
@@ -429,6 +430,9 @@ func (s *session) runBuffered(ctx context.Context) error {
 	for {
 		if err := s.ackCommitted(ctx); err != nil {
 			return err
+		}
+		if s.caughtUp() {
+			return errCaughtUp
 		}
 		t, err := s.next(ctx)
 		if err != nil {
