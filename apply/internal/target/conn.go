@@ -235,9 +235,10 @@ type Options struct {
 	// on the connection, but for a commit asked to be synchronous).
 	SynchronousCommit bool
 	Binary            bool // values come in binary: the target's column types must be the source's
+	Now               func() time.Time
+
 	// AddColumn, when set, adds a column the target table lacks (see schema.go).
 	AddColumn AddColumnFunc
-	Now               func() time.Time
 }
 
 // targetConfig returns the target's connection configuration: Config.TargetConfig, or
