@@ -90,7 +90,9 @@ type applyFlags struct {
 	uninstall                                   bool
 
 	// Migrations.
-	skipLSN, schemaChanges string
+	skipLSN, schemaChanges                          string
+	syncSequences, syncSequencesOnce, untilCaughtUp bool
+	syncSequencesInterval                           time.Duration
 }
 
 func (f *applyFlags) register(fs *flag.FlagSet) {
@@ -149,6 +151,15 @@ func (f *applyFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.schemaChanges, "schema-changes", "none", "none, or add-columns: a column the source adds to a published table "+
 		"is added to the target table (the source's type, nullable, no default) in the transaction of the first change that needs it; "+
 		"columns dropped or renamed on the source are reported and kept on the target. Without it such a column stops apply")
+	fs.BoolVar(&f.syncSequences, "sync-sequences", false, "copy the values of the source's sequences owned by the published tables' "+
+		"columns (serial, identity) to the target's sequences of the same names, forward only: when streaming starts, every "+
+		"-sync-sequences-interval, and when apply stops cleanly; a sequence missing on the target stops apply")
+	durationVar(fs, &f.syncSequencesInterval, "sync-sequences-interval", apply.DefaultSyncSequencesInterval,
+		"with -sync-sequences, the time between two synchronizations")
+	fs.BoolVar(&f.syncSequencesOnce, "sync-sequences-once", false, "synchronize the sequences once (as -sync-sequences does) and exit, "+
+		"without applying anything: the last step of a cut-over")
+	fs.BoolVar(&f.untilCaughtUp, "until-caught-up", false, "exit (status 0) once everything the source had written when apply "+
+		"started is applied on the target and acknowledged, printing \"caught up to LSN X\": stop writes to the source first (see docs/migrations.md)")
 	fs.BoolVar(&f.uninstall, "uninstall", false, "retire the applier instead of running it: remove from the target the slot's progress row, "+
 		"the -origin origins and the tombstone table, function and triggers of -conflict-retention, then exit (the applier must be stopped; "+
 		"the slot on the source is left: drop it there)")
@@ -213,6 +224,12 @@ func (f *applyFlags) config(fs *flag.FlagSet) (apply.Config, error) {
 			return apply.Config{}, fmt.Errorf("-skip-lsn %q: want the commit LSN the error that stopped apply names, such as 0/1D48BB0", f.skipLSN)
 		}
 	}
+	if f.syncSequencesInterval <= 0 {
+		return apply.Config{}, fmt.Errorf("-sync-sequences-interval %v: want an interval such as 10s", f.syncSequencesInterval)
+	}
+	if f.syncSequencesOnce && (f.untilCaughtUp || f.uninstall) {
+		return apply.Config{}, errors.New("-sync-sequences-once synchronizes the sequences and exits: it goes without -until-caught-up and -uninstall")
+	}
 	schemaChanges, err := apply.ParseSchemaChanges(f.schemaChanges)
 	if err != nil {
 		return apply.Config{}, fmt.Errorf("-schema-changes %q: valid values are none and add-columns", f.schemaChanges)
@@ -250,6 +267,8 @@ func (f *applyFlags) config(fs *flag.FlagSet) (apply.Config, error) {
 		},
 		SkipLSN:       skipLSN,
 		SchemaChanges: schemaChanges,
+		SyncSequences: f.syncSequences, SyncSequencesInterval: f.syncSequencesInterval,
+		UntilCaughtUp: f.untilCaughtUp,
 		Logger:        slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
 	}, nil
 }
@@ -276,6 +295,14 @@ func runApply(ctx context.Context, args []string) error {
 	if f.uninstall {
 		return a.Uninstall(ctx, apply.UninstallOptions{Progress: true, Origins: true})
 	}
+	if f.syncSequencesOnce {
+		moved, err := a.SyncSequences(ctx)
+		if err != nil {
+			return err
+		}
+		fmt.Printf("sequences synchronized: %d moved forward\n", moved)
+		return nil
+	}
 	log := cfg.Logger
 	stop, err := monitorApply(a, f, log)
 	if err != nil {
@@ -292,6 +319,9 @@ func runApply(ctx context.Context, args []string) error {
 	moved.Sessions, moved.RetentionActive = 0, false
 	if moved != (apply.Stats{}) {
 		logApplyStats(log, st)
+	}
+	if lsn, ok := a.CaughtUp(); ok && err == nil {
+		fmt.Printf("caught up to LSN %s\n", lsn)
 	}
 	if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
 		return nil // Ctrl-C or SIGTERM: a clean stop; what was in flight is rolled back and resumed next time
