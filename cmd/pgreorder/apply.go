@@ -57,6 +57,12 @@ copied into are truncated, and the copy starts over. A target table that holds r
 before anything is copied, unless -copy-truncate is given. Once the progress row exists, -copy
 does nothing: keep it on the command line of a service.
 
+Migrations (docs/migrations.md has the cut-over procedure): -schema-changes add-columns adds the
+columns the source adds to the target's tables; -skip-lsn LSN skips the one transaction the target
+refused (every error that stops apply on a change names its LSN); -sync-sequences copies the
+published tables' sequences forward to the target (-sync-sequences-once: once, then exit);
+-until-caught-up exits once everything the source had written when apply started is applied.
+
 Modes:
   buffered  whole transactions at their commit, one at a time (large ones held in memory up to
             -work-mem, then on disk)
