@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -184,4 +185,47 @@ func (s *session) noteRelation(ri *target.Relation) {
 				"NULL or its default", "table", target.QuoteIdent(ri.Rel.Namespace)+"."+target.QuoteIdent(ri.Rel.Name), "column", c.Name)
 		}
 	}
+}
+
+// columnTypesQuery lists a table's columns with their types, by the table's quoted, qualified
+// name ($1).
+const columnTypesQuery = `SELECT a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod) FROM pg_catalog.pg_attribute a
+WHERE a.attrelid = pg_catalog.to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped`
+
+// typeNote adds to a refused value's error (ErrData) the columns of its table whose types differ
+// between the source and the target (a type changed on one side): the error then names the
+// table, the column and both types. It reads both catalogs, on connections of its own (the
+// target's transaction has failed), within a few seconds; on any failure err is returned as it is.
+func (s *session) typeNote(table string, err error) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	src, serr := s.a.sourceQuery(ctx, columnTypesQuery, table)
+	if serr != nil {
+		return err
+	}
+	var c target.Counters
+	tg, terr := connectTarget(ctx, s.cfg.targetOptions(), "pgreorder apply "+s.cfg.Slot+" catalog", &c)
+	if terr != nil {
+		return err
+	}
+	defer tg.Close(ctx)
+	dst, terr := target.Query(ctx, tg.PG, columnTypesQuery, table)
+	if terr != nil {
+		return err
+	}
+	types := make(map[string]string, len(dst))
+	for _, r := range dst {
+		types[string(r[0])] = string(r[1])
+	}
+	var diff []string
+	for _, r := range src {
+		if t, ok := types[string(r[0])]; ok && t != string(r[1]) {
+			diff = append(diff, fmt.Sprintf("column %s is %s on the source and %s on the target", target.QuoteIdent(string(r[0])), r[1], t))
+		}
+	}
+	if len(diff) == 0 {
+		return err
+	}
+	return fmt.Errorf("%w (%s: change the target's column type, ALTER TABLE %s ALTER COLUMN ... TYPE, or skip the transaction)",
+		err, strings.Join(diff, "; "), table)
 }

@@ -130,3 +130,26 @@ func queryAll(t *testing.T, dsn, sql string, args ...any) []string {
 	must(t, err)
 	return out
 }
+
+// TestSchemaTypeChange changes a column's type on the source to one whose values the target's
+// column cannot take: the error names the table, the column and both types.
+func TestSchemaTypeChange(t *testing.T) {
+	for _, major := range testMajors {
+		t.Run(fmt.Sprintf("pg%d", major), func(t *testing.T) {
+			e := fullEnv(t, major, "schematype", []string{`CREATE TABLE s (id int PRIMARY KEY, c int)`})
+			execOn(t, e.src, `INSERT INTO s VALUES (1, 1)`, `ALTER TABLE s ALTER COLUMN c TYPE text`, `INSERT INTO s VALUES (2, 'two')`)
+			cfg := e.config(t, Buffered)
+			cfg.SchemaChanges = SchemaAddColumns
+			err := start(t, cfg).stopped(t)
+			if !errors.Is(err, ErrData) {
+				t.Fatalf("Run: %v, want ErrData", err)
+			}
+			t.Logf("%v", err)
+			for _, w := range []string{`"public"."s"`, `column "c" is text on the source and integer on the target`} {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("the error lacks %q", w)
+				}
+			}
+		})
+	}
+}

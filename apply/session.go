@@ -552,6 +552,10 @@ func (s *session) txnError(x txnRef, err error) error {
 		return err
 	}
 	s.conflictStopped(err)
+	cause := ce.Err
+	if ce.Kind == target.KindData && ce.Relation != "" {
+		cause = s.typeNote(ce.Relation, cause) // schema.go
+	}
 	return &ApplyError{Kind: kindErr(ce.Kind), Relation: ce.Relation, Op: Op(ce.Op), Xid: x.Xid, CommitLSN: x.CommitLSN,
-		EndLSN: x.EndLSN, Err: ce.Err}
+		EndLSN: x.EndLSN, Err: cause}
 }
