@@ -69,7 +69,7 @@ func New(cfg Config) (*Applier, error) {
 
 // Run replicates until ctx is done, then returns ctx's error (context.Canceled for a clean
 // stop), or until an error that retrying cannot cure (see the package documentation), which it
-// returns. Connection failures of either side, server restarts and deadlocks are retried: the
+// returns; with Config.UntilCaughtUp, it returns nil once caught up (see Applier.CaughtUp). Connection failures of either side, server restarts and deadlocks are retried: the
 // session starts again from the target's progress row, after a delay that grows up to 30s.
 //
 // Everything in flight when Run returns is rolled back on the target and not acknowledged to
