@@ -140,11 +140,28 @@ func (a *Applier) addColumn(ctx context.Context, tg *target.Conn, ri *target.Rel
 			"(as on the source) and start again", column, string(r[6]))
 	}
 	dstType := string(tr[0][0])
-	if err := tg.PG.Exec(ctx, "ALTER TABLE "+table+" ADD COLUMN "+target.QuoteIdent(column)+" "+dstType).Close(); err != nil {
+	// Another connection (a Parallel worker) may be adding the column in a transaction of its
+	// own: once the table's lock is taken, that one committed (or rolled back), and the catalog
+	// says whether the column is still missing.
+	refused := func(what string, err error) error {
 		if ce := target.StatementError(target.OpNone, err); ce != err {
-			return fail("adding column %q (%s) to the target table: %w", column, dstType, err)
+			return fail("%s column %q (%s) of the target table: %w", what, column, dstType, err)
 		}
 		return err
+	}
+	if err := tg.PG.Exec(ctx, "LOCK TABLE "+table+" IN ACCESS EXCLUSIVE MODE").Close(); err != nil {
+		return refused("locking the table to add", err)
+	}
+	have, err := target.Query(ctx, tg.PG, `SELECT FROM pg_catalog.pg_attribute WHERE attrelid = pg_catalog.to_regclass($1)
+		AND attname = $2 AND attnum > 0 AND NOT attisdropped`, table, column)
+	if err != nil {
+		return refused("looking for", err)
+	}
+	if len(have) > 0 {
+		return nil // added meanwhile
+	}
+	if err := tg.PG.Exec(ctx, "ALTER TABLE "+table+" ADD COLUMN "+target.QuoteIdent(column)+" "+dstType).Close(); err != nil {
+		return refused("adding", err)
 	}
 	a.stats.columnsAdded.Add(1)
 	a.cfg.Logger.Info("added a column the source added to the target table", "table", table, "column", column, "type", dstType,

@@ -32,7 +32,7 @@ var schemaTypes = []string{
 // arrive on the target with the source's type, and every row with its values.
 func TestSchemaAddColumns(t *testing.T) {
 	for _, major := range testMajors {
-		for _, mode := range []Mode{Buffered, Eager} {
+		for _, mode := range []Mode{Buffered, Eager, Parallel} {
 			t.Run(fmt.Sprintf("pg%d/%s", major, mode), func(t *testing.T) {
 				e := fullEnv(t, major, "schema", schemaTypes)
 				cfg := e.config(t, mode)

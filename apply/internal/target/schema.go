@@ -33,6 +33,12 @@ func (t *Conn) mapWithColumns(ctx context.Context, ri *Relation, m *Table, err e
 		if !t.InTxn {
 			return nil, err
 		}
+		// The error may be older than a commit of another connection that added the column:
+		// read the catalog again first.
+		ri.forget()
+		if m, err = ri.mapping(ctx, t.PG, t.ReplicaRole, t.opts.Binary); !errors.As(err, &mc) {
+			return m, err
+		}
 		if ferr := t.FlushPending(ctx); ferr != nil {
 			return nil, ferr
 		}
