@@ -126,5 +126,6 @@ func (s *session) maybeSkip(ctx context.Context, t *reorderbuffer.Txn) (bool, er
 	s.stats.skipped.Add(1)
 	s.stats.Applied(t.EndLSN)
 	s.committed(commitRef{seq: seq, txn: t, progress: t.EndLSN}, true)
-	return true, nil
+	ref := txnRef{Xid: t.Xid, Streamed: t.Streamed, CommitLSN: t.CommitLSN, EndLSN: t.EndLSN}
+	return true, s.cfg.hook(ctx, "after-commit", ref)
 }

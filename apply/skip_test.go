@@ -1,9 +1,11 @@
 package apply
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/pgreorder/pgreorder/decoding"
@@ -45,12 +47,21 @@ func TestSkipLSN(t *testing.T) {
 				t.Fatalf("%d rows on the target after the refusals, want 1", n)
 			}
 
+			// The session fails once the skip is recorded and before it is acknowledged: the next
+			// one neither skips again nor applies the transaction.
 			cfg.SkipLSN = bad
+			var failed atomic.Bool
+			cfg.hooks = &hooks{stage: func(ctx context.Context, stage string, x txnRef) error {
+				if stage == "after-commit" && x.CommitLSN == bad && failed.CompareAndSwap(false, true) {
+					return errors.New("injected failure after the skip")
+				}
+				return nil
+			}}
 			r := start(t, cfg)
 			execOn(t, e.src, `INSERT INTO marker VALUES (1)`)
 			e.waitMarker(t, r, 1)
-			if st := r.a.Stats(); st.Skipped != 1 {
-				t.Errorf("Stats.Skipped %d, want 1", st.Skipped)
+			if st := r.a.Stats(); st.Skipped != 1 || st.Sessions != 2 || !failed.Load() {
+				t.Errorf("Stats.Skipped %d in %d sessions (failure injected: %v), want 1 in 2", st.Skipped, st.Sessions, failed.Load())
 			}
 			r.halt(t)
 			if got := count(t, e.dst, `SELECT count(*) FROM s WHERE id IN (1, 4)`); got != 2 || count(t, e.dst, `SELECT count(*) FROM s`) != 2 {
@@ -62,6 +73,7 @@ func TestSkipLSN(t *testing.T) {
 			}
 
 			// Restarted with the same SkipLSN: nothing is skipped again.
+			cfg.hooks = nil
 			execOn(t, e.src, `INSERT INTO s VALUES (5, 5)`, `INSERT INTO marker VALUES (2)`)
 			r = start(t, cfg)
 			e.waitMarker(t, r, 2)
