@@ -153,3 +153,27 @@ func TestSchemaTypeChange(t *testing.T) {
 		})
 	}
 }
+
+// TestSchemaTargetColumnDropped drops a column on the target while the Applier runs, after it
+// read the table: the insert that needs the column (a COPY, a single INSERT, an UPDATE) stops
+// Run with an error that names the column and the fix, not the server's bare undefined_column.
+func TestSchemaTargetColumnDropped(t *testing.T) {
+	for _, mode := range []Mode{Buffered, Parallel} {
+		for i, stmt := range []string{`INSERT INTO s SELECT g, 'x' FROM generate_series(10, 20) g`, `INSERT INTO s VALUES (2, 'a')`,
+			`UPDATE s SET v = 'z' WHERE id = 1`} {
+			t.Run(fmt.Sprintf("%s/%d", mode, i), func(t *testing.T) {
+				e := fullEnv(t, testMajors[len(testMajors)-1], "dropped", schemaTypes)
+				r := start(t, e.config(t, mode))
+				execOn(t, e.src, `INSERT INTO s VALUES (1, 'a')`, `INSERT INTO marker VALUES (1)`)
+				e.waitMarker(t, r, 1)
+				execOn(t, e.dst, `ALTER TABLE s DROP COLUMN v`)
+				execOn(t, e.src, stmt, `INSERT INTO marker VALUES (2)`)
+				err := r.stopped(t)
+				if !errors.Is(err, ErrSchemaMismatch) || !strings.Contains(err.Error(), `no column "v"`) ||
+					!strings.Contains(err.Error(), "Config.SchemaChanges = SchemaAddColumns") {
+					t.Errorf("Run: %v, want an error naming the column and the fix", err)
+				}
+			})
+		}
+	}
+}

@@ -551,6 +551,11 @@ func (s *session) txnError(x txnRef, err error) error {
 	if !errors.As(err, &ce) {
 		return err
 	}
+	if ce.Kind == target.KindSchemaMismatch && isCode(err, "42703") && !s.a.serial[x.Xid] {
+		// undefined_column: the target table lost a column after the session read it; a new
+		// session reads the table again, and names the column (or adds it back).
+		return &restartError{xids: []uint32{x.Xid}, reason: err}
+	}
 	s.conflictStopped(err)
 	cause := ce.Err
 	if ce.Kind == target.KindData && ce.Relation != "" {
