@@ -37,8 +37,8 @@ var (
 
 	// ErrMissingTable: a published table does not exist on the target.
 	ErrMissingTable = errors.New("apply: target table does not exist")
-	// ErrSchemaMismatch: the target table lacks a source column, has it generated, or (with
-	// Binary) with another type.
+	// ErrSchemaMismatch: the target table lacks a source column (Config.SchemaChanges can add
+	// it), has it generated, or (with Binary) with another type.
 	ErrSchemaMismatch = errors.New("apply: target table does not match the source")
 	// ErrNoReplicaIdentity: an UPDATE or DELETE cannot identify its row: the source relation has
 	// no replica identity key and is not REPLICA IDENTITY FULL, or the target table has neither a
@@ -96,7 +96,7 @@ func (e *SlotInUseError) Unwrap() error { return ErrSlotInUse }
 // ApplyError reports a source transaction the target refused. Run stops with it (it is not
 // retried: restarting would fail the same way); nothing at or after the transaction was
 // acknowledged to the source, so once the cause is fixed a new Run resumes with that
-// transaction.
+// transaction, or, with Config.SkipLSN set to CommitLSN, skips it. Its message names that LSN.
 type ApplyError struct {
 	// Kind is one of ErrMissingTable, ErrSchemaMismatch, ErrNoReplicaIdentity, ErrPermission,
 	// ErrConstraint and ErrData, or nil for another error of the target.
