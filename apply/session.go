@@ -446,6 +446,12 @@ func (s *session) runBuffered(ctx context.Context) error {
 			}
 			continue
 		}
+		if skipped, err := s.maybeSkip(ctx, t); skipped || err != nil { // skip.go
+			if err != nil {
+				return err
+			}
+			continue
+		}
 		if t.NonTransactional {
 			if err := s.stream.Ack(t); err != nil {
 				return err
@@ -457,12 +463,6 @@ func (s *session) runBuffered(ctx context.Context) error {
 				return err
 			}
 			if err := s.advanced(ctx, t); err != nil {
-				return err
-			}
-			continue
-		}
-		if skipped, err := s.maybeSkip(ctx, t); skipped || err != nil {
-			if err != nil {
 				return err
 			}
 			continue

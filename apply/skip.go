@@ -75,11 +75,19 @@ func (s *session) setupSkip(ctx context.Context, resume decoding.LSN) error {
 // commit LSN is SkipLSN (every earlier transaction committed: Buffered's group is committed
 // first), and refuses any other. It says whether t was skipped.
 func (s *session) maybeSkip(ctx context.Context, t *reorderbuffer.Txn) (bool, error) {
-	if !s.skip.pending || t.NonTransactional || t.Part == reorderbuffer.Advance {
+	lsn := s.cfg.SkipLSN
+	if !s.skip.pending || t.NonTransactional {
+		return false, nil
+	}
+	if t.Part == reorderbuffer.Advance {
+		// Handed out only when no transaction is in flight: none commits at lsn.
+		if t.EndLSN > lsn {
+			return false, fmt.Errorf("%w: Config.SkipLSN %s: no source transaction to apply commits there (the source's WAL "+
+				"is at %s, with nothing to apply before it)", ErrSkipLSN, lsn, t.EndLSN)
+		}
 		return false, nil
 	}
 	s.skip.pending = false
-	lsn := s.cfg.SkipLSN
 	if t.CommitLSN != lsn {
 		return false, fmt.Errorf("%w: Config.SkipLSN %s, but the next transaction to apply is transaction %d with commit LSN %s: "+
 			"give that LSN to skip it, or none to apply it", ErrSkipLSN, lsn, t.Xid, t.CommitLSN)

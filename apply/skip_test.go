@@ -84,6 +84,14 @@ func TestSkipLSN(t *testing.T) {
 			if n := count(t, e.dst, `SELECT count(*) FROM s`); n != 3 {
 				t.Errorf("%d rows of s on the target, want 3", n)
 			}
+
+			// An LSN past the progress row where nothing commits: refused once the source's WAL
+			// moved past it with nothing to apply.
+			cfg.SkipLSN = e.progress(t) + 1
+			execOn(t, e.src, `CREATE TABLE unrelated (x int)`, `DROP TABLE unrelated`)
+			if err := start(t, cfg).stopped(t); !errors.Is(err, ErrSkipLSN) || !strings.Contains(err.Error(), "no source transaction to apply commits there") {
+				t.Errorf("Run with SkipLSN %s where nothing commits: %v, want ErrSkipLSN", cfg.SkipLSN, err)
+			}
 		})
 	}
 }
