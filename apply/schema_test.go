@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -175,5 +176,34 @@ func TestSchemaTargetColumnDropped(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestSchemaAddColumnRolledBack fails the session after the column was added and the change that
+// needed it applied, before the commit: both are rolled back, and the next session adds the
+// column again and applies the change once.
+func TestSchemaAddColumnRolledBack(t *testing.T) {
+	for _, major := range testMajors {
+		t.Run(fmt.Sprintf("pg%d", major), func(t *testing.T) {
+			e := fullEnv(t, major, "schemaroll", schemaTypes)
+			execOn(t, e.src, `ALTER TABLE s ADD COLUMN n numeric(10,2)`, `INSERT INTO s VALUES (1, 'a', 1.25)`, `INSERT INTO marker VALUES (1)`)
+			cfg := e.config(t, Buffered)
+			cfg.SchemaChanges = SchemaAddColumns
+			var failed atomic.Bool
+			cfg.hooks = &hooks{stage: func(ctx context.Context, stage string, x txnRef) error {
+				if stage == "before-commit" && failed.CompareAndSwap(false, true) {
+					return errors.New("injected failure before the commit")
+				}
+				return nil
+			}}
+			r := start(t, cfg)
+			e.waitMarker(t, r, 1)
+			st := r.a.Stats()
+			r.halt(t)
+			if !failed.Load() || st.Sessions != 2 || st.ColumnsAdded != 2 {
+				t.Errorf("failure injected %v, %d sessions, %d columns added; want true, 2, 2", failed.Load(), st.Sessions, st.ColumnsAdded)
+			}
+			e.sameRows(t, "s")
+		})
 	}
 }

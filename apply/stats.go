@@ -69,7 +69,8 @@ type Stats struct {
 	Deadlocks     int64 // lock waits between the Applier's own connections it broke
 	Skipped       int64 // source transactions skipped as Config.SkipLSN asked
 
-	// ColumnsAdded counts the columns added to target tables (Config.SchemaChanges);
+	// ColumnsAdded counts the columns added to target tables (Config.SchemaChanges; a column
+	// added in a target transaction that was rolled back and added again counts twice);
 	// SourceColumnsGone the columns the stream showed gone from a source relation (dropped or
 	// renamed), which stay on the target.
 	ColumnsAdded, SourceColumnsGone int64
