@@ -172,13 +172,18 @@ func (a *Applier) addColumn(ctx context.Context, tg *target.Conn, ri *target.Rel
 // schemaWatch follows the descriptions of each source relation in a session, to report the
 // columns the source dropped or renamed.
 type schemaWatch struct {
-	last map[uint32]*target.Relation // by source relation OID
+	last   map[uint32]*target.Relation // by source relation OID
+	recent *target.Relation            // the last one noted: most changes name the relation of the one before
 }
 
 // noteRelation compares ri with the previous description of its relation, and reports the
 // columns it no longer has: they stay on the target (and take NULL or their default in new rows).
 func (s *session) noteRelation(ri *target.Relation) {
 	w := &s.schema
+	if ri == w.recent {
+		return
+	}
+	w.recent = ri
 	id := ri.Rel.RelationID
 	prev := w.last[id]
 	if prev == ri {
