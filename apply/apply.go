@@ -69,8 +69,9 @@ func New(cfg Config) (*Applier, error) {
 
 // Run replicates until ctx is done, then returns ctx's error (context.Canceled for a clean
 // stop), or until an error that retrying cannot cure (see the package documentation), which it
-// returns; with Config.UntilCaughtUp, it returns nil once caught up (see Applier.CaughtUp). Connection failures of either side, server restarts and deadlocks are retried: the
-// session starts again from the target's progress row, after a delay that grows up to 30s.
+// returns; with Config.UntilCaughtUp, it returns nil once caught up (see Applier.CaughtUp).
+// Connection failures of either side, server restarts and deadlocks are retried: the session
+// starts again from the target's progress row, after a delay that grows up to 30s.
 //
 // Everything in flight when Run returns is rolled back on the target and not acknowledged to
 // the source; the next Run starts with it.
@@ -91,7 +92,7 @@ func (a *Applier) Run(ctx context.Context) error {
 		a.running = false
 		a.mu.Unlock()
 	}()
-	return a.runWith(ctx) // sequences.go: sequences and -until-caught-up around runSessions
+	return a.runWith(ctx) // sequences.go: Config.SyncSequences around runSessions
 }
 
 // runSessions runs sessions until ctx is done or an error that retrying cannot cure.
