@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/pgreorder/pgreorder/decoding"
@@ -35,6 +36,15 @@ type Applier struct {
 	serial map[uint32]bool
 
 	said sync.Map // what was said once (see once)
+
+	source sourceSQL // an ordinary connection to the source (schema changes, sequences)
+
+	// Config.UntilCaughtUp: the source's WAL position at the start of the first session, and
+	// the position caught up to once reached (caughtup.go).
+	until, reached atomic.Uint64
+
+	streamedOnce sync.Once
+	streamed     chan struct{} // closed once a session streams (see markStreaming)
 }
 
 // once runs f the first time key is given.
@@ -50,13 +60,18 @@ func New(cfg Config) (*Applier, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Applier{cfg: c, serial: map[uint32]bool{}}, nil
+	a := &Applier{cfg: c, serial: map[uint32]bool{}, streamed: make(chan struct{})}
+	if c.SchemaChanges == SchemaAddColumns {
+		a.cfg.addColumn = a.addColumn
+	}
+	return a, nil
 }
 
 // Run replicates until ctx is done, then returns ctx's error (context.Canceled for a clean
 // stop), or until an error that retrying cannot cure (see the package documentation), which it
-// returns. Connection failures of either side, server restarts and deadlocks are retried: the
-// session starts again from the target's progress row, after a delay that grows up to 30s.
+// returns; with Config.UntilCaughtUp, it returns nil once caught up (see Applier.CaughtUp).
+// Connection failures of either side, server restarts and deadlocks are retried: the session
+// starts again from the target's progress row, after a delay that grows up to 30s.
 //
 // Everything in flight when Run returns is rolled back on the target and not acknowledged to
 // the source; the next Run starts with it.
@@ -72,11 +87,16 @@ func (a *Applier) Run(ctx context.Context) error {
 	a.running = true
 	a.mu.Unlock()
 	defer func() {
+		a.closeSource(context.WithoutCancel(ctx))
 		a.mu.Lock()
 		a.running = false
 		a.mu.Unlock()
 	}()
+	return a.runWith(ctx) // sequences.go: Config.SyncSequences around runSessions
+}
 
+// runSessions runs sessions until ctx is done or an error that retrying cannot cure.
+func (a *Applier) runSessions(ctx context.Context) error {
 	log := a.cfg.Logger
 	delay := minRetryDelay
 	for {
@@ -85,6 +105,9 @@ func (a *Applier) Run(ctx context.Context) error {
 		err := a.session(ctx)
 		if ctx.Err() != nil {
 			return ctx.Err()
+		}
+		if errors.Is(err, errCaughtUp) {
+			return nil
 		}
 		var re *restartError
 		if errors.As(err, &re) {

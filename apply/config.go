@@ -11,6 +11,7 @@ import (
 
 	"github.com/pgreorder/pgreorder/apply/conflict"
 	"github.com/pgreorder/pgreorder/apply/internal/target"
+	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 	"github.com/pgreorder/pgreorder/replication"
 )
@@ -205,6 +206,39 @@ type Config struct {
 	// Conflicts configures conflict detection, resolution and reporting.
 	Conflicts conflict.Config
 
+	// SkipLSN, when set, is the commit LSN of one source transaction not to apply, as ALTER
+	// SUBSCRIPTION ... SKIP (lsn = ...) does: the transaction that stopped Run with an error (an
+	// *ApplyError names its CommitLSN). It must be the next transaction to apply, or Run stops
+	// with ErrSkipLSN naming that one's commit LSN. The skipped transaction is logged (xid,
+	// relations, changes by kind), counted in Stats.Skipped, and recorded in the slot's progress
+	// row (columns skipped_lsn, skipped_xid and skipped_at, added to the progress table) by the
+	// target transaction that moves the row past it, so that a restart with the same SkipLSN
+	// neither skips again nor applies it. The session that skips applies as Buffered does.
+	SkipLSN decoding.LSN
+	// SchemaChanges says which changes of the source's schema are made on the target: none (the
+	// zero value, SchemaFixed), or SchemaAddColumns: a column the source adds is added to the
+	// target table (see SchemaAddColumns). Reading the column's type takes an ordinary
+	// connection to the source (Source, without replication).
+	SchemaChanges SchemaChanges
+
+	// SyncSequences copies the values of the source's sequences owned by the published tables'
+	// columns (serial and identity columns) to the target's sequences of the same names, moving
+	// them only forward (see Applier.SyncSequences): once the first session streams (after the
+	// initial copy), every SyncSequencesInterval while Run runs, and once more when Run stops
+	// cleanly (ctx done, or caught up with UntilCaughtUp). A sequence missing on the target stops
+	// Run with ErrMissingSequence.
+	SyncSequences bool
+	// SyncSequencesInterval is the time between two synchronizations of SyncSequences; 0 means
+	// DefaultSyncSequencesInterval.
+	SyncSequencesInterval time.Duration
+
+	// UntilCaughtUp makes Run return nil once it has applied, and acknowledged to the source,
+	// everything up to the source's WAL position when Run started (its first session): the
+	// moment of a cut-over, once writes to the source have stopped (see Applier.CaughtUp).
+	UntilCaughtUp bool
+
+	addColumn target.AddColumnFunc // set by New for SchemaAddColumns
+
 	hooks *hooks // tests only: fault injection
 }
 
@@ -232,6 +266,10 @@ func (c Config) validate() (Config, error) {
 		return bad("CopyWorkers %d (want 0 for the default, or 1 to %d)", c.CopyWorkers, MaxWorkers)
 	case c.WorkMem < 0 && c.WorkMem != reorderbuffer.SpillEverything:
 		return bad("WorkMem %d", c.WorkMem)
+	case c.SyncSequencesInterval < 0:
+		return bad("SyncSequencesInterval %v", c.SyncSequencesInterval)
+	case c.SchemaChanges < SchemaFixed || c.SchemaChanges > SchemaAddColumns:
+		return bad("unknown SchemaChanges %d", int(c.SchemaChanges))
 	}
 	for _, p := range c.Publications {
 		if p == "" {
@@ -287,5 +325,5 @@ func (c *Config) targetOptions() *target.Options {
 	return &target.Options{ConnConfig: c.TargetConfig, ConnString: c.Target, BeforeConnect: c.TargetBeforeConnect,
 		Logger: c.Logger, Tables: []string{c.ProgressTable, c.Conflicts.LogTable, c.Conflicts.TombstoneTable,
 			conflict.DefaultTombstoneTable},
-		Slot: c.Slot, SynchronousCommit: c.SynchronousCommit, Binary: c.Binary, Now: c.now}
+		Slot: c.Slot, SynchronousCommit: c.SynchronousCommit, Binary: c.Binary, Now: c.now, AddColumn: c.addColumn}
 }

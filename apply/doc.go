@@ -207,8 +207,24 @@
 // pre-flight checks, *replication.CheckError: wal_level, a missing publication, a slot made by
 // another plugin, and so on); a progress row that does not fit the source (ErrSourceChanged,
 // ErrSlotAhead: see above); and corrupt or lost data reported by the reorder buffer. Nothing at or after a refused transaction is acknowledged,
-// so a new Run, once the cause is fixed, resumes with it. A change refused while applied
+// so a new Run, once the cause is fixed, resumes with it, or skips it with Config.SkipLSN set to
+// the commit LSN the error names. A change refused while applied
 // concurrently with earlier transactions (Eager, Parallel) is first retried alone.
+//
+// # Migrations
+//
+// Config.SchemaChanges = SchemaAddColumns adds to a target table a column the source added, with
+// the source catalog's type (format_type, typmod included; a user-defined type must exist on the
+// target by schema and name), nullable and without default, in the target transaction of the
+// first change that needs it; columns dropped or renamed on the source are logged, counted in
+// Stats.SourceColumnsGone and kept on the target. Without it, such a column stops Run with an
+// *ApplyError wrapping ErrSchemaMismatch that names the table, the column and the option.
+// Config.SkipLSN skips the one source transaction with that commit LSN, as ALTER SUBSCRIPTION ...
+// SKIP does, and records it in the progress row (see the field). Config.SyncSequences (and
+// Applier.SyncSequences) copies the values of the sequences owned by the published tables'
+// columns forward to the target; Config.UntilCaughtUp makes Run return nil once it has applied
+// and acknowledged everything up to the source's WAL position when it started. docs/migrations.md
+// in the repository describes a cut-over with them.
 //
 // # Layout
 //

@@ -150,6 +150,9 @@ func (s *session) runIncremental(ctx context.Context) error {
 		if err := s.ackCommitted(ctx); err != nil {
 			return err
 		}
+		if s.caughtUp() {
+			return errCaughtUp
+		}
 		t, err := s.next(ctx)
 		if err != nil {
 			if err = s.wakeUp(ctx, err); err != nil {

@@ -38,8 +38,8 @@ var (
 
 	// ErrMissingTable: a published table does not exist on the target.
 	ErrMissingTable = errors.New("apply: target table does not exist")
-	// ErrSchemaMismatch: the target table lacks a source column, has it generated, or (with
-	// Binary) with another type.
+	// ErrSchemaMismatch: the target table lacks a source column (Config.SchemaChanges can add
+	// it), has it generated, or (with Binary) with another type.
 	ErrSchemaMismatch = errors.New("apply: target table does not match the source")
 	// ErrNoReplicaIdentity: an UPDATE or DELETE cannot identify its row: the source relation has
 	// no replica identity key and is not REPLICA IDENTITY FULL, or the target table has neither a
@@ -97,7 +97,7 @@ func (e *SlotInUseError) Unwrap() error { return ErrSlotInUse }
 // ApplyError reports a source transaction the target refused. Run stops with it (it is not
 // retried: restarting would fail the same way); nothing at or after the transaction was
 // acknowledged to the source, so once the cause is fixed a new Run resumes with that
-// transaction.
+// transaction, or, with Config.SkipLSN set to CommitLSN, skips it. Its message names that LSN.
 type ApplyError struct {
 	// Kind is one of ErrMissingTable, ErrSchemaMismatch, ErrNoReplicaIdentity, ErrPermission,
 	// ErrConstraint and ErrData, or nil for another error of the target.
@@ -156,6 +156,9 @@ func (e *ApplyError) Error() string {
 	}
 	if e.Err != nil {
 		b.WriteString(": " + e.Err.Error())
+	}
+	if e.CommitLSN != 0 && e.Op != OpCopy {
+		fmt.Fprintf(&b, " (to skip the whole transaction instead, losing its changes on the target: Config.SkipLSN = %s)", e.CommitLSN)
 	}
 	return b.String()
 }
@@ -258,7 +261,7 @@ func retryable(err error) bool {
 		errors.As(err, &inUse), errors.Is(err, replication.ErrSlotActive), // waited for up to SlotWait already
 		errors.Is(err, replication.ErrInvalidConfig), errors.Is(err, replication.ErrUnsupported),
 		errors.Is(err, reorderbuffer.ErrProtocol), errors.Is(err, reorderbuffer.ErrForeignTxn),
-		errors.Is(err, reorderbuffer.ErrNotCommit), errors.Is(err, ErrSourceChanged), errors.Is(err, ErrSlotAhead), errors.Is(err, replication.ErrSlotAhead),
+		errors.Is(err, reorderbuffer.ErrNotCommit), errors.Is(err, ErrSourceChanged), errors.Is(err, ErrSlotAhead), errors.Is(err, ErrSkipLSN), errors.Is(err, replication.ErrSlotAhead),
 		errors.Is(err, replication.ErrResumeAhead), errors.Is(err, replication.ErrSystemChanged):
 		return false
 	case copyFatal(err):

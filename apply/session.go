@@ -37,9 +37,11 @@ type session struct {
 
 	relBuf [1]*target.Relation
 
-	det   *detect.Detection // conflict detection; nil when off
-	ours  []uint32          // the Applier's replication origins, when it has them
-	group group             // Buffered: the open target transaction
+	det    *detect.Detection // conflict detection; nil when off
+	ours   []uint32          // the Applier's replication origins, when it has them
+	group  group             // Buffered: the open target transaction
+	skip   skipState         // Config.SkipLSN
+	schema schemaWatch       // the relations' descriptions, for columns the source dropped
 
 	// Eager and Parallel.
 	cancel    context.CancelCauseFunc // ends the session with the first error
@@ -72,6 +74,7 @@ func (a *Applier) session(parent context.Context) (err error) {
 		return err
 	}
 	s.key = target.ProgressKey{Slot: s.cfg.Slot, System: sys.ID, Timeline: sys.Timeline}
+	s.noteStart(sys.XLogPos)
 	if err := s.fence(ctx); err != nil {
 		return err
 	}
@@ -94,6 +97,10 @@ func (a *Applier) session(parent context.Context) (err error) {
 	if err := s.prepareProgress(ctx, s.leader); err != nil {
 		return err
 	}
+	if err := s.setupSkip(ctx, resume); err != nil {
+		return err
+	}
+	buffered := s.cfg.Mode == Buffered || s.skip.pending // the session that skips applies as Buffered
 	if err := s.setupConflicts(ctx); err != nil {
 		return err
 	}
@@ -117,7 +124,7 @@ func (a *Applier) session(parent context.Context) (err error) {
 			WorkMem:     s.cfg.WorkMem,
 			Dir:         s.cfg.SpillDir,
 			SkipThrough: resume,
-			Incremental: s.cfg.Mode != Buffered,
+			Incremental: !buffered,
 			// Idle advances are persisted in the progress row before the slot confirms them.
 			HandOutAdvances: true,
 		},
@@ -141,9 +148,10 @@ func (a *Applier) session(parent context.Context) (err error) {
 		}
 	}()
 	s.a.streams.attach(s.stream)
+	s.a.markStreaming()
 	defer s.a.streams.detach()
 	s.log.Info("applying", "slot", s.cfg.Slot, "mode", s.cfg.Mode, "resume_after", resume)
-	if s.cfg.Mode == Buffered {
+	if buffered {
 		return s.runBuffered(ctx)
 	}
 	err = s.startWorkers(ctx)
@@ -424,6 +432,9 @@ func (s *session) runBuffered(ctx context.Context) error {
 		if err := s.ackCommitted(ctx); err != nil {
 			return err
 		}
+		if s.caughtUp() {
+			return errCaughtUp
+		}
 		t, err := s.next(ctx)
 		if err != nil {
 			if errors.Is(err, errIdle) && s.group.open() { // nothing more to read: commit
@@ -431,6 +442,12 @@ func (s *session) runBuffered(ctx context.Context) error {
 			} else {
 				err = s.wakeUp(ctx, err)
 			}
+			if err != nil {
+				return err
+			}
+			continue
+		}
+		if skipped, err := s.maybeSkip(ctx, t); skipped || err != nil { // skip.go
 			if err != nil {
 				return err
 			}
@@ -505,6 +522,7 @@ func (s *session) relations(xid uint32, c decoding.Change) ([]*target.Relation, 
 				m.(decoding.RowChange).RelationOID())
 		}
 		s.relBuf[0] = s.reg.Intern(c.Relation, c.Schema)
+		s.noteRelation(s.relBuf[0])
 		return s.relBuf[:], nil
 	case *decoding.Truncate:
 		rels := make([]*target.Relation, len(m.RelationIDs))
@@ -514,6 +532,7 @@ func (s *session) relations(xid uint32, c decoding.Change) ([]*target.Relation, 
 				return nil, fmt.Errorf("apply: transaction %d truncates relation %d, which the stream never described", xid, id)
 			}
 			rels[i] = s.reg.Intern(r, c.Schema)
+			s.noteRelation(rels[i])
 		}
 		return rels, nil
 	}
@@ -527,7 +546,16 @@ func (s *session) txnError(x txnRef, err error) error {
 	if !errors.As(err, &ce) {
 		return err
 	}
+	if ce.Kind == target.KindSchemaMismatch && isCode(err, "42703") && !s.a.serial[x.Xid] {
+		// undefined_column: the target table lost a column after the session read it; a new
+		// session reads the table again, and names the column (or adds it back).
+		return &restartError{xids: []uint32{x.Xid}, reason: err}
+	}
 	s.conflictStopped(err)
+	cause := ce.Err
+	if ce.Kind == target.KindData && ce.Relation != "" {
+		cause = s.typeNote(ce.Relation, cause) // schema.go
+	}
 	return &ApplyError{Kind: kindErr(ce.Kind), Relation: ce.Relation, Op: Op(ce.Op), Xid: x.Xid, CommitLSN: x.CommitLSN,
-		EndLSN: x.EndLSN, Err: ce.Err}
+		EndLSN: x.EndLSN, Err: cause}
 }

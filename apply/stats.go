@@ -68,6 +68,14 @@ type Stats struct {
 	Sessions      int64 // sessions started (the first, and one per retry)
 	SerialRetries int64 // transactions retried alone after failing or deadlocking in parallel
 	Deadlocks     int64 // lock waits between the Applier's own connections it broke
+	Skipped       int64 // source transactions skipped as Config.SkipLSN asked
+
+	// ColumnsAdded counts the columns added to target tables (Config.SchemaChanges; a column
+	// added in a target transaction that was rolled back and added again counts twice);
+	// SourceColumnsGone the columns the stream showed gone from a source relation (dropped or
+	// renamed), which stay on the target.
+	ColumnsAdded, SourceColumnsGone int64
+	SequenceSyncs                   int64 // sequence synchronizations done (Config.SyncSequences, Applier.SyncSequences)
 
 	AppliedLSN decoding.LSN // end LSN of the last transaction committed on the target
 }
@@ -78,6 +86,7 @@ type counters struct {
 	txns, emptyTxns                                      atomic.Int64
 	subAborts, aborts, spooled, serialTxns, queueSpilled atomic.Int64
 	sessions, serialRetries, deadlocks                   atomic.Int64
+	skipped, columnsAdded, columnsGone, sequenceSyncs    atomic.Int64
 }
 
 func (c *counters) snapshot() Stats {
@@ -95,7 +104,9 @@ func (c *counters) snapshot() Stats {
 		SerialTxns: c.serialTxns.Load(), QueueSpilled: c.queueSpilled.Load(),
 		InitialCopyRows: c.InitialCopyRows.Load(),
 		Sessions:        c.sessions.Load(), SerialRetries: c.serialRetries.Load(), Deadlocks: c.deadlocks.Load(),
-		AppliedLSN: decoding.LSN(c.AppliedLSN.Load()),
+		Skipped: c.skipped.Load(), ColumnsAdded: c.columnsAdded.Load(), SourceColumnsGone: c.columnsGone.Load(),
+		SequenceSyncs: c.sequenceSyncs.Load(),
+		AppliedLSN:    decoding.LSN(c.AppliedLSN.Load()),
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 
 	"github.com/pgreorder/pgreorder/apply"
 	"github.com/pgreorder/pgreorder/apply/conflict"
+	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/metrics"
 	"github.com/pgreorder/pgreorder/replication"
 	"github.com/pgreorder/pgreorder/snapshot"
@@ -56,6 +57,12 @@ copied into are truncated, and the copy starts over. A target table that holds r
 before anything is copied, unless -copy-truncate is given. Once the progress row exists, -copy
 does nothing: keep it on the command line of a service.
 
+Migrations (docs/migrations.md has the cut-over procedure): -schema-changes add-columns adds the
+columns the source adds to the target's tables; -skip-lsn LSN skips the one transaction the target
+refused (every error that stops apply on a change names its LSN); -sync-sequences copies the
+published tables' sequences forward to the target (-sync-sequences-once: once, then exit);
+-until-caught-up exits once everything the source had written when apply started is applied.
+
 Modes:
   buffered  whole transactions at their commit, one at a time (large ones held in memory up to
             -work-mem, then on disk)
@@ -87,6 +94,11 @@ type applyFlags struct {
 	noDetection                                 bool
 	retention                                   time.Duration
 	uninstall                                   bool
+
+	// Migrations.
+	skipLSN, schemaChanges                          string
+	syncSequences, syncSequencesOnce, untilCaughtUp bool
+	syncSequencesInterval                           time.Duration
 }
 
 func (f *applyFlags) register(fs *flag.FlagSet) {
@@ -139,6 +151,21 @@ func (f *applyFlags) register(fs *flag.FlagSet) {
 	durationVar(fs, &f.retention, "conflict-retention", 0, "detect update_deleted: record local deletions on the target "+
 		"and keep them this long (e.g. 5m; 0: off)")
 	fs.StringVar(&f.logTable, "conflict-log-table", "", "target table receiving one row per conflict (created if missing)")
+	fs.StringVar(&f.skipLSN, "skip-lsn", "", "skip the source transaction with this commit LSN, once, instead of applying it "+
+		"(as ALTER SUBSCRIPTION ... SKIP): give the LSN the error that stopped apply names; it must be the next transaction to apply. "+
+		"Its changes are lost on the target; the skip is logged and recorded in the progress row")
+	fs.StringVar(&f.schemaChanges, "schema-changes", "none", "none, or add-columns: a column the source adds to a published table "+
+		"is added to the target table (the source's type, nullable, no default) in the transaction of the first change that needs it; "+
+		"columns dropped or renamed on the source are reported and kept on the target. Without it such a column stops apply")
+	fs.BoolVar(&f.syncSequences, "sync-sequences", false, "copy the values of the source's sequences owned by the published tables' "+
+		"columns (serial, identity) to the target's sequences of the same names, forward only: when streaming starts, every "+
+		"-sync-sequences-interval, and when apply stops cleanly; a sequence missing on the target stops apply")
+	durationVar(fs, &f.syncSequencesInterval, "sync-sequences-interval", apply.DefaultSyncSequencesInterval,
+		"with -sync-sequences, the time between two synchronizations")
+	fs.BoolVar(&f.syncSequencesOnce, "sync-sequences-once", false, "synchronize the sequences once (as -sync-sequences does) and exit, "+
+		"without applying anything: the last step of a cut-over")
+	fs.BoolVar(&f.untilCaughtUp, "until-caught-up", false, "exit (status 0) once everything the source had written when apply "+
+		"started is applied on the target and acknowledged, printing \"caught up to LSN X\": stop writes to the source first (see docs/migrations.md)")
 	fs.BoolVar(&f.uninstall, "uninstall", false, "retire the applier instead of running it: remove from the target the slot's progress row, "+
 		"the -origin origins and the tombstone table, function and triggers of -conflict-retention, then exit (the applier must be stopped; "+
 		"the slot on the source is left: drop it there)")
@@ -197,6 +224,22 @@ func (f *applyFlags) config(fs *flag.FlagSet) (apply.Config, error) {
 	if err != nil {
 		return apply.Config{}, fmt.Errorf("-conflict: %w", err)
 	}
+	var skipLSN decoding.LSN
+	if f.skipLSN != "" {
+		if skipLSN, err = decoding.ParseLSN(f.skipLSN); err != nil || skipLSN == 0 {
+			return apply.Config{}, fmt.Errorf("-skip-lsn %q: want the commit LSN the error that stopped apply names, such as 0/1D48BB0", f.skipLSN)
+		}
+	}
+	if f.syncSequencesInterval <= 0 {
+		return apply.Config{}, fmt.Errorf("-sync-sequences-interval %v: want an interval such as 10s", f.syncSequencesInterval)
+	}
+	if f.syncSequencesOnce && (f.untilCaughtUp || f.uninstall) {
+		return apply.Config{}, errors.New("-sync-sequences-once synchronizes the sequences and exits: it goes without -until-caught-up and -uninstall")
+	}
+	schemaChanges, err := apply.ParseSchemaChanges(f.schemaChanges)
+	if err != nil {
+		return apply.Config{}, fmt.Errorf("-schema-changes %q: valid values are none and add-columns", f.schemaChanges)
+	}
 	level := slog.LevelInfo
 	if f.verbose {
 		level = slog.LevelDebug
@@ -228,7 +271,11 @@ func (f *applyFlags) config(fs *flag.FlagSet) (apply.Config, error) {
 			Retention:   f.retention,
 			LogTable:    f.logTable,
 		},
-		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
+		SkipLSN:       skipLSN,
+		SchemaChanges: schemaChanges,
+		SyncSequences: f.syncSequences, SyncSequencesInterval: f.syncSequencesInterval,
+		UntilCaughtUp: f.untilCaughtUp,
+		Logger:        slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
 	}, nil
 }
 
@@ -254,6 +301,14 @@ func runApply(ctx context.Context, args []string) error {
 	if f.uninstall {
 		return a.Uninstall(ctx, apply.UninstallOptions{Progress: true, Origins: true})
 	}
+	if f.syncSequencesOnce {
+		moved, err := a.SyncSequences(ctx)
+		if err != nil {
+			return err
+		}
+		fmt.Printf("sequences synchronized: %d moved forward\n", moved)
+		return nil
+	}
 	log := cfg.Logger
 	stop, err := monitorApply(a, f, log)
 	if err != nil {
@@ -271,6 +326,9 @@ func runApply(ctx context.Context, args []string) error {
 	if moved != (apply.Stats{}) {
 		logApplyStats(log, st)
 	}
+	if lsn, ok := a.CaughtUp(); ok && err == nil {
+		fmt.Printf("caught up to LSN %s\n", lsn)
+	}
 	if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
 		return nil // Ctrl-C or SIGTERM: a clean stop; what was in flight is rolled back and resumed next time
 	}
@@ -287,7 +345,8 @@ func logApplyStats(log *slog.Logger, st apply.Stats) {
 		"update_origin_differs", st.UpdateOriginDiffers, "update_exists", st.UpdateExists, "update_missing", st.UpdateMissing,
 		"delete_origin_differs", st.DeleteOriginDiffers, "update_deleted", st.UpdateDeleted, "delete_missing", st.DeleteMissing,
 		"multiple_unique_conflicts", st.MultipleUniqueConflicts, "tombstones", st.Tombstones, "sessions", st.Sessions, "serial_retries", st.SerialRetries,
-		"deadlocks", st.Deadlocks, "spooled", st.Spooled, "queue_spilled", st.QueueSpilled)
+		"deadlocks", st.Deadlocks, "spooled", st.Spooled, "queue_spilled", st.QueueSpilled, "skipped", st.Skipped,
+		"columns_added", st.ColumnsAdded, "source_columns_gone", st.SourceColumnsGone, "sequence_syncs", st.SequenceSyncs)
 }
 
 // monitorApply starts the metrics server (-metrics-addr) and the progress line (-progress) of

@@ -38,6 +38,8 @@ func TestApplyFlags(t *testing.T) {
 		{append(base, "-no-conflict-detection", "-conflict-log-table", "log"), "-conflict-log-table needs detection (-no-conflict-detection is given)"},
 		{append(base, "-copy", "-copy-workers", "-2"), "-copy-workers -2"},
 		{append(base, "-copy-truncate"), "-copy-truncate and -copy-workers go with -copy"},
+		{append(base, "-schema-changes", "all"), `-schema-changes "all": valid values are none and add-columns`},
+		{append(base, "-skip-lsn", "xyz"), `-skip-lsn "xyz": want the commit LSN the error that stopped apply names`},
 	} {
 		err := runApply(context.Background(), c.args)
 		require.Error(t, err, "%q", c.args)

@@ -55,6 +55,10 @@ var fieldRenames = map[string][]rename{
 		"Buffer.WorkMem", "-work-mem",
 	),
 	"apply": renames(
+		"Config.SkipLSN = ", "-skip-lsn ",
+		"Config.SkipLSN", "-skip-lsn",
+		"Config.SchemaChanges = SchemaAddColumns", "-schema-changes add-columns",
+		"Config.SyncSequences", "-sync-sequences",
 		"Conflicts.Retention", "-conflict-retention",
 		"Conflicts.LogTable", "-conflict-log-table",
 		"Off is set", "-no-conflict-detection is given",

@@ -272,7 +272,7 @@ func loadMapping(ctx context.Context, conn *pgconn.PgConn, ri *Relation, replica
 		tc, ok := byName[sc.Name]
 		switch {
 		case !ok:
-			return nil, fail(KindSchemaMismatch, "the target table has no column %q", sc.Name)
+			return nil, &ChangeError{Kind: KindSchemaMismatch, Relation: name, Err: &MissingColumnError{Table: name, Column: sc.Name}}
 		case tc.generated:
 			return nil, fail(KindSchemaMismatch, "column %q is generated on the target", sc.Name)
 		case binary && !sameType(sc.TypeOID, ri.srcTypes[i], tc.typeOID, tc.qualified) &&

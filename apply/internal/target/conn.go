@@ -205,6 +205,9 @@ type Options struct {
 	SynchronousCommit bool
 	Binary            bool // values come in binary: the target's column types must be the source's
 	Now               func() time.Time
+
+	// AddColumn, when set, adds a column the target table lacks (see schema.go).
+	AddColumn AddColumnFunc
 }
 
 // targetConfig returns the target's connection configuration: Config.TargetConfig, or
@@ -580,6 +583,9 @@ func (t *Conn) Change(ctx context.Context, m decoding.Message, rels []*Relation)
 
 func (t *Conn) Mapping(ctx context.Context, ri *Relation, op Op) (*Table, error) {
 	m, err := ri.mapping(ctx, t.PG, t.ReplicaRole, t.opts.Binary)
+	if err != nil && t.opts.AddColumn != nil {
+		m, err = t.mapWithColumns(ctx, ri, m, err) // schema.go
+	}
 	if err != nil {
 		var ce *ChangeError
 		if errors.As(err, &ce) {

@@ -1,0 +1,47 @@
+package apply
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/pgreorder/pgreorder/decoding"
+)
+
+// TestUntilCaughtUp lets Run with UntilCaughtUp return nil once the backlog the source had when
+// it started is applied and acknowledged: every row is on the target, the progress row and the
+// slot are at or past the position it reports. A second Run, with nothing new, returns too.
+func TestUntilCaughtUp(t *testing.T) {
+	for _, major := range testMajors {
+		for _, mode := range []Mode{Buffered, Parallel} {
+			t.Run(fmt.Sprintf("pg%d/%s", major, mode), func(t *testing.T) {
+				e := fullEnv(t, major, "caught", []string{`CREATE TABLE c (id int PRIMARY KEY, v int)`})
+				for i := range 30 {
+					execOn(t, e.src, fmt.Sprintf(`INSERT INTO c VALUES (%d, %d)`, i, i))
+				}
+				execOn(t, e.src, `UPDATE c SET v = v + 1`)
+				end := decoding.LSN(0)
+				must(t, end.UnmarshalText([]byte(queryAll(t, e.src, `SELECT pg_current_wal_lsn()::text`)[0])))
+				cfg := e.config(t, mode)
+				cfg.UntilCaughtUp = true
+				for run := range 2 {
+					began := time.Now()
+					r := start(t, cfg)
+					if err := r.stopped(t); err != nil {
+						t.Fatalf("run %d: Run: %v, want nil once caught up", run, err)
+					}
+					t.Logf("run %d: caught up in %v", run, time.Since(began).Round(time.Millisecond))
+					lsn, ok := r.a.CaughtUp()
+					if !ok || lsn < end {
+						t.Fatalf("run %d: CaughtUp %s %v, want at least %s", run, lsn, ok, end)
+					}
+					if p := e.progress(t); p < lsn {
+						t.Errorf("run %d: progress row at %s, short of %s", run, p, lsn)
+					}
+					eventually(t, "the slot to confirm the position caught up to", func() bool { return e.confirmed(t) >= lsn })
+				}
+				e.sameRows(t, "c")
+			})
+		}
+	}
+}

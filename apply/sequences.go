@@ -1,0 +1,190 @@
+package apply
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/pgreorder/pgreorder/apply/internal/target"
+	"github.com/pgreorder/pgreorder/replication"
+)
+
+// DefaultSyncSequencesInterval is Config.SyncSequencesInterval's default.
+const DefaultSyncSequencesInterval = 10 * time.Second
+
+// ErrMissingSequence is wrapped by the error of a sequence synchronization (Config.SyncSequences,
+// Applier.SyncSequences) when a sequence of the source has no sequence of the same schema and
+// name on the target.
+var ErrMissingSequence = errors.New("apply: a sequence of the source does not exist on the target")
+
+// ownedSequencesQuery lists the sequences owned by columns of the tables of the publications
+// ($1), serial and identity columns alike, with their last value (NULL before the first
+// nextval).
+const ownedSequencesQuery = `SELECT DISTINCT sn.nspname, s.relname, pg_catalog.pg_sequence_last_value(s.oid)::text
+FROM pg_catalog.pg_publication_tables pt
+	JOIN pg_catalog.pg_namespace tn ON tn.nspname = pt.schemaname
+	JOIN pg_catalog.pg_class tc ON tc.relnamespace = tn.oid AND tc.relname = pt.tablename
+	JOIN pg_catalog.pg_depend d ON d.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.refobjid = tc.oid
+		AND d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.deptype IN ('a', 'i')
+	JOIN pg_catalog.pg_class s ON s.oid = d.objid AND s.relkind = 'S'
+	JOIN pg_catalog.pg_namespace sn ON sn.oid = s.relnamespace
+WHERE pt.pubname = ANY ($1::text[])
+ORDER BY 1, 2`
+
+// SyncSequences copies, once, the values of the source's sequences owned by the published tables'
+// columns to the target's sequences of the same schema and name, which only move forward: a
+// target sequence already at or past the source's value is left as it is. A sequence the source
+// never used is left out. It returns the number of target sequences moved. It opens connections
+// of its own and may be called while Run runs (Config.SyncSequences makes Run call it).
+//
+// Sequences that only an ALL SEQUENCES publication (PostgreSQL 19) names, not owned by a
+// published table's column, are not synchronized.
+func (a *Applier) SyncSequences(ctx context.Context) (moved int, err error) {
+	if a == nil || a.serial == nil {
+		return 0, fmt.Errorf("%w: an Applier is made by New", ErrInvalidConfig)
+	}
+	pc, err := replication.ConnConfig(nil, a.cfg.Source)
+	if err != nil {
+		return 0, fmt.Errorf("%w: Source: %w", ErrInvalidConfig, err)
+	}
+	src, err := replication.ConnectSQL(ctx, replication.SQLConnConfig{Config: pc,
+		ApplicationName: "pgreorder apply " + a.cfg.Slot + " sequences", Logger: a.cfg.Logger})
+	if err != nil {
+		return 0, fmt.Errorf("apply: synchronizing sequences: connecting to the source: %w", err)
+	}
+	defer src.Close(context.WithoutCancel(ctx))
+	pubs := make([]string, len(a.cfg.Publications))
+	for i, p := range a.cfg.Publications {
+		pubs[i] = `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(p) + `"`
+	}
+	seqs, err := target.Query(ctx, src, ownedSequencesQuery, "{"+strings.Join(pubs, ",")+"}")
+	if err != nil {
+		return 0, fmt.Errorf("apply: synchronizing sequences: reading the source's sequences: %w", err)
+	}
+	var c target.Counters
+	tg, err := connectTarget(ctx, a.cfg.targetOptions(), "pgreorder apply "+a.cfg.Slot+" sequences", &c)
+	if err != nil {
+		return 0, err
+	}
+	defer tg.Close(context.WithoutCancel(ctx))
+	for _, s := range seqs {
+		if s[2] == nil {
+			continue // never used on the source
+		}
+		ns, name, value := string(s[0]), string(s[1]), string(s[2])
+		seq := target.QuoteIdent(ns) + "." + target.QuoteIdent(name)
+		rows, err := target.Query(ctx, tg.PG, `SELECT c.oid::text FROM pg_catalog.pg_class c
+			JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind = 'S'`, ns, name)
+		if err != nil {
+			return moved, fmt.Errorf("apply: synchronizing sequences: %w", err)
+		}
+		if len(rows) == 0 {
+			return moved, fmt.Errorf("%w: sequence %s (owned by a published table's column on the source) does not exist on the target: "+
+				"create it there, or stop synchronizing sequences (Config.SyncSequences)", ErrMissingSequence, seq)
+		}
+		oid := string(rows[0][0])
+		// Forward only: the target's next value must be below the source's next one.
+		rows, err = target.Query(ctx, tg.PG, `SELECT pg_catalog.setval($1::oid::pg_catalog.regclass, $2::bigint, true)
+			FROM `+seq+` cur, pg_catalog.pg_sequence ps WHERE ps.seqrelid = $1::oid AND CASE WHEN ps.seqincrement > 0
+			THEN cur.last_value < $2::bigint OR (NOT cur.is_called AND cur.last_value = $2::bigint)
+			ELSE cur.last_value > $2::bigint OR (NOT cur.is_called AND cur.last_value = $2::bigint) END`, oid, value)
+		if err != nil {
+			return moved, fmt.Errorf("apply: synchronizing sequence %s: %w", seq, err)
+		}
+		if len(rows) == 1 {
+			moved++
+			a.cfg.Logger.Debug("sequence synchronized", "sequence", seq, "value", value)
+		}
+	}
+	a.stats.sequenceSyncs.Add(1)
+	a.cfg.Logger.Info("sequences synchronized", "sequences", len(seqs), "moved", moved)
+	return moved, nil
+}
+
+// syncSequencesLoop synchronizes the sequences (Config.SyncSequences) once the first session
+// streams (after an initial copy), every SyncSequencesInterval after that, until ctx ends. A
+// missing target sequence ends Run, through stop; other failures are logged and retried at the
+// next interval.
+func (a *Applier) syncSequencesLoop(ctx context.Context, stop context.CancelCauseFunc) {
+	every := a.cfg.SyncSequencesInterval
+	if every == 0 {
+		every = DefaultSyncSequencesInterval
+	}
+	select {
+	case <-ctx.Done():
+		return
+	case <-a.streamed:
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		if _, err := a.SyncSequences(ctx); err != nil {
+			if errors.Is(err, ErrMissingSequence) || errors.Is(err, ErrInvalidConfig) {
+				stop(err)
+				return
+			}
+			if ctx.Err() != nil {
+				return
+			}
+			a.cfg.Logger.Warn("synchronizing sequences failed: trying again", "err", err, "after", every)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// streaming says whether a session has started streaming.
+func (a *Applier) streaming() bool {
+	select {
+	case <-a.streamed:
+		return true
+	default:
+		return false
+	}
+}
+
+// markStreaming records that a session streams.
+func (a *Applier) markStreaming() {
+	a.streamedOnce.Do(func() { close(a.streamed) })
+}
+
+// runWith runs the sessions (runSessions) with what goes around them: the sequence
+// synchronization of Config.SyncSequences, during the run and once more after a clean stop (ctx
+// done, or caught up with Config.UntilCaughtUp).
+func (a *Applier) runWith(parent context.Context) error {
+	ctx, stop := context.WithCancelCause(parent)
+	defer stop(nil)
+	var loop chan struct{}
+	if a.cfg.SyncSequences {
+		loop = make(chan struct{})
+		go func() {
+			defer close(loop)
+			a.syncSequencesLoop(ctx, stop)
+		}()
+	}
+	err := a.runSessions(ctx)
+	if cause := context.Cause(ctx); parent.Err() == nil && cause != nil && !errors.Is(cause, context.Canceled) {
+		err = cause // the sequence synchronization stopped the run
+	}
+	stop(nil)
+	if loop != nil {
+		<-loop
+	}
+	clean := err == nil || (parent.Err() != nil && errors.Is(err, parent.Err()))
+	if a.cfg.SyncSequences && clean && a.streaming() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(parent), time.Minute)
+		defer cancel()
+		if _, serr := a.SyncSequences(sctx); serr != nil {
+			a.cfg.Logger.Warn("synchronizing sequences at the stop failed", "err", serr)
+			if err == nil {
+				err = serr
+			}
+		}
+	}
+	return err
+}
