@@ -129,16 +129,9 @@ const (
 	OpCopy               // the initial copy's COPY
 )
 
-var opNames = [...]string{OpNone: "", OpInsert: "INSERT", OpUpdate: "UPDATE", OpDelete: "DELETE",
-	OpTruncate: "TRUNCATE", OpCommit: "COMMIT", OpCopy: "COPY"}
-
-// String returns the statement's SQL keyword, such as "INSERT" ("" for OpNone).
-func (o Op) String() string {
-	if o >= 0 && int(o) < len(opNames) {
-		return opNames[o]
-	}
-	return fmt.Sprintf("Op(%d)", int(o))
-}
+// String returns the statement's SQL keyword, such as "INSERT" ("" for OpNone). The constants
+// are the target connection's own, one for one (a test holds them so).
+func (o Op) String() string { return target.Op(o).String() }
 
 func (e *ApplyError) Error() string {
 	var b strings.Builder

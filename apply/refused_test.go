@@ -99,10 +99,15 @@ func TestTargetKinds(t *testing.T) {
 	if kindErr(target.KindNone) != nil {
 		t.Error("KindNone has a sentinel")
 	}
-	for o := target.OpNone; o <= target.OpCopy; o++ {
-		if Op(o).String() != o.String() {
-			t.Errorf("Op %d: %q here, %q in the target package", int(o), Op(o), o)
+	// Op is described by the target package's Op: the constants must be the same ones.
+	for o, want := range map[Op]target.Op{OpNone: target.OpNone, OpInsert: target.OpInsert, OpUpdate: target.OpUpdate,
+		OpDelete: target.OpDelete, OpTruncate: target.OpTruncate, OpCommit: target.OpCommit, OpCopy: target.OpCopy} {
+		if target.Op(o) != want {
+			t.Errorf("Op %d here is %d (%s) in the target package", int(o), int(want), want)
 		}
+	}
+	if Op(target.OpCopy+1).String() != "Op(7)" {
+		t.Errorf("an Op past the last: %q", Op(target.OpCopy+1))
 	}
 }
 
