@@ -83,6 +83,9 @@ func (s *session) applyGrouped(ctx context.Context, t *reorderbuffer.Txn) error 
 	g.members = append(g.members, groupMember{txn: t, ref: ref})
 	member := &g.members[len(g.members)-1]
 	tg := s.leader
+	// A group's changes are applied set-based (see target.Conn.Coalesce); a transaction applied
+	// alone is not, so that it goes as it would without grouping.
+	tg.Coalesce(!alone)
 	// Conflicts name their own source transaction; the group commits with the last one's
 	// commit time as its origin timestamp.
 	tg.Source(t.Xid, sourceCommit(t))

@@ -142,6 +142,10 @@ type colMap struct {
 	// textEq: the type has no default equality operator (json, xml, geometric types, composite
 	// types, domains and arrays of those): a FULL identity compares its text output instead.
 	textEq bool
+	// The array type of the column's type (0 for none: the type is itself an array) and its
+	// elements' delimiter in an array's text, for set statements (see coalesce.go).
+	arrayOID uint32
+	delim    byte
 }
 
 // target table catalog queries. They read pg_catalog only, schema-qualified, so no search_path
@@ -181,7 +185,8 @@ WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p')`
 	SELECT bt.oid::text || ' ' || bn.nspname || '.' || bt.typname FROM d
 		JOIN pg_catalog.pg_type bt ON bt.oid = d.oid JOIN pg_catalog.pg_namespace bn ON bn.oid = bt.typnamespace
 	ORDER BY d.n DESC LIMIT 1),
-	CASE WHEN a.atttypid IN (1042, 1043) AND a.atttypmod >= 4 THEN a.atttypmod - 4 ELSE 0 END
+	CASE WHEN a.atttypid IN (1042, 1043) AND a.atttypmod >= 4 THEN a.atttypmod - 4 ELSE 0 END,
+	t.typarray, t.typdelim
 FROM pg_catalog.pg_attribute a
 	JOIN pg_catalog.pg_type t ON t.oid = a.atttypid
 	JOIN pg_catalog.pg_namespace tn ON tn.oid = t.typnamespace
@@ -249,6 +254,8 @@ func loadMapping(ctx context.Context, conn *pgconn.PgConn, ri *Relation, replica
 		qualified string
 		hasEq     bool
 		chars     int
+		arrayOID  uint32
+		delim     byte
 		baseOID   uint32 // through domains
 		base      string // through domains, qualified
 	}
@@ -259,6 +266,9 @@ func loadMapping(ctx context.Context, conn *pgconn.PgConn, ri *Relation, replica
 		tc := targetCol{attnum: string(c[0]), typeOID: uint32(t), generated: string(c[3]) == "t",
 			format: string(c[4]), qualified: string(c[5]), hasEq: string(c[6]) == "t"}
 		tc.chars, _ = strconv.Atoi(string(c[8]))
+		if a, err := strconv.ParseUint(string(c[9]), 10, 32); err == nil && len(c[10]) == 1 {
+			tc.arrayOID, tc.delim = uint32(a), c[10][0]
+		}
 		if oid, name, ok := strings.Cut(string(c[7]), " "); ok {
 			b, _ := strconv.ParseUint(oid, 10, 32)
 			tc.baseOID, tc.base = uint32(b), name
@@ -280,7 +290,8 @@ func loadMapping(ctx context.Context, conn *pgconn.PgConn, ri *Relation, replica
 			return nil, fail(KindSchemaMismatch, "column %q has type %s on the target and another type (OID %d) on the source: "+
 				"binary values need the same type", sc.Name, tc.format, sc.TypeOID)
 		}
-		m.cols[i] = colMap{name: QuoteIdent(sc.Name), typeOID: tc.typeOID, typ: tc.format, chars: tc.chars, textEq: !tc.hasEq}
+		m.cols[i] = colMap{name: QuoteIdent(sc.Name), typeOID: tc.typeOID, typ: tc.format, chars: tc.chars, textEq: !tc.hasEq,
+			arrayOID: tc.arrayOID, delim: tc.delim}
 		names = append(names, m.cols[i].name)
 		if sc.IsKey() {
 			m.key = append(m.key, i)

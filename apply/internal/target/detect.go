@@ -79,6 +79,10 @@ type relConflict struct {
 	// indexes, none deferrable).
 	onConflict bool
 	inUnique   []bool // per source column: part of a unique index
+	// indexes counts the table's unique and exclusion indexes; keyIndex says that one of them
+	// is a plain unique index on exactly the replica identity key's columns (see coalesce.go).
+	indexes  int
+	keyIndex bool
 }
 
 type uniqueIndex struct {
@@ -106,7 +110,7 @@ func (t *Conn) conflictInfo(ctx context.Context, m *Table) (*relConflict, error)
 	for i, c := range m.info.Rel.Columns {
 		byName[c.Name] = i
 	}
-	rc := &relConflict{onConflict: len(rows) > 0, inUnique: make([]bool, len(m.cols))}
+	rc := &relConflict{onConflict: len(rows) > 0, inUnique: make([]bool, len(m.cols)), indexes: len(rows)}
 	for _, r := range rows {
 		if string(r[1]) != "t" {
 			rc.onConflict = false // deferrable: ON CONFLICT refuses it as an arbiter
@@ -126,16 +130,30 @@ func (t *Conn) conflictInfo(ctx context.Context, m *Table) (*relConflict, error)
 		}
 		if ix.cols != nil {
 			rc.unique = append(rc.unique, ix)
+			rc.keyIndex = rc.keyIndex || sameColumns(ix.cols, m.key)
 		}
 	}
 	if t.det.cinfo == nil {
 		t.det.cinfo = map[*Relation]*relConflict{}
 	}
 	t.det.cinfo[m.info] = rc
-	if t.det.Tomb != nil && !m.full && len(m.key) > 0 {
+	if t.det.on() && t.det.Tomb != nil && !m.full && len(m.key) > 0 {
 		t.det.Tomb.want(m)
 	}
 	return rc, nil
+}
+
+// sameColumns reports whether a and b hold the same columns, in any order.
+func sameColumns(a, b []int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for _, c := range a {
+		if !slices.Contains(b, c) {
+			return false
+		}
+	}
+	return true
 }
 
 // checkedSQL is the statement s sends with detection: plain plus its check.
