@@ -247,18 +247,18 @@ func (nt *netTable) add(op byte, tup, old decoding.Tuple, oldKind byte, src int3
 			return false // there is no row to change
 		}
 	}
+	final := tup // the row at the end
 	if op == 'U' && !textRow(tup, false) {
 		if !seen {
 			return false // unchanged values of a row not held
 		}
-		merged := make(decoding.Tuple, len(tup))
+		final = make(decoding.Tuple, len(tup))
 		for j, c := range tup {
 			if c.Kind == decoding.ColumnUnchanged {
 				c = r.row[j]
 			}
-			merged[j] = c
+			final[j] = c
 		}
-		tup = merged
 	}
 	h := held{op: op, oldKind: oldKind, src: src}
 	switch op {
@@ -294,6 +294,9 @@ func (nt *netTable) add(op byte, tup, old decoding.Tuple, oldKind byte, src int3
 		r.row = h.tup
 	case 'U':
 		r.row = h.tup
+		if &final[0] != &tup[0] {
+			r.row = cloneTuple(final)
+		}
 	case 'D':
 		r.row = nil
 	}
@@ -443,6 +446,7 @@ func (t *Conn) queueSets(ctx context.Context) error {
 func (t *Conn) replayFailed(ctx context.Context) error {
 	failed := t.failed
 	t.failed = nil
+	t.setFallbacks++
 	for _, nt := range failed {
 		if err := t.replay(ctx, nt.m, nt.log); err != nil {
 			return err

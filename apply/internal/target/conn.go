@@ -93,6 +93,8 @@ type Conn struct {
 	co          coalescer
 	failed      []*netTable
 	srcOverride int32
+	// Set statements that succeeded, and that failed and went again row by row (for tests).
+	setDone, setFallbacks int
 }
 
 // detector is a target's conflict detection: the session's settings (nil when detection is
@@ -1113,6 +1115,7 @@ func (t *Conn) FlushBatch(ctx context.Context) error {
 			if op.setEnd {
 				t.rows.add(t.co.rows)
 				t.co.rows, t.failed = rowCounts{}, t.failed[:0]
+				t.setDone++
 			}
 			continue
 		}
