@@ -261,3 +261,122 @@ func errKind(err error) string {
 	}
 	return err.Error()
 }
+
+// TestCoalesceFallbacks checks which tables' changes are held for set statements and which go
+// row by row, and that each ends as the source's rows: a table with a trigger that fires for
+// the session, one with a unique index besides the key, a REPLICA IDENTITY FULL table (inserts
+// held until an update), an update of the key, and an update with an unchanged TOASTed value
+// of a row not held.
+func TestCoalesceFallbacks(t *testing.T) {
+	pgtest.EachMajor(t, pgtest.Majors(t), func(t *testing.T, srv *Server) {
+		ctx := pgtest.Context(t, time.Minute)
+		dsn := srv.ConnString(pgtest.NewDatabase(t, srv))
+		pgtest.ExecAll(t, dsn,
+			"CREATE TABLE public.plain (k int PRIMARY KEY, v text)",
+			"CREATE TABLE public.trig (k int PRIMARY KEY, v text)",
+			"CREATE TABLE public.seen (n int)",
+			"CREATE FUNCTION public.count_row() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN INSERT INTO public.seen VALUES (1); RETURN NEW; END$$",
+			"CREATE TRIGGER t BEFORE INSERT OR UPDATE ON public.trig FOR EACH ROW EXECUTE FUNCTION public.count_row()",
+			"ALTER TABLE public.trig ENABLE ALWAYS TRIGGER t",
+			"CREATE TABLE public.uniq (k int PRIMARY KEY, v text UNIQUE)",
+			"CREATE TABLE public.full_t (a int, v text)",
+			"CREATE TABLE public.keyupd (k int PRIMARY KEY, v text)",
+			"CREATE TABLE public.toast (k int PRIMARY KEY, v text)",
+			"INSERT INTO public.toast VALUES (1, 'big')", "INSERT INTO public.keyupd VALUES (1, 'x')",
+			"CREATE TABLE public.progress (slot text PRIMARY KEY, end_lsn pg_lsn NOT NULL, system_id text, timeline int)")
+		var stats Counters
+		c, err := Connect(ctx, &Options{ConnString: dsn, Logger: slog.New(slog.DiscardHandler), Now: time.Now}, "fallbacks", &stats)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close(context.Background())
+		upsert, _ := ProgressSQL("public.progress")
+		if err := c.PrepareProgress(ctx, upsert); err != nil {
+			t.Fatal(err)
+		}
+		reg := NewRegistry()
+		rel := func(id uint32, name string, identity byte) *Relation {
+			keyFlag := uint8(1)
+			if identity == 'f' {
+				keyFlag = 0
+			}
+			return reg.Intern(&decoding.Relation{RelationID: id, Namespace: "public", Name: name, ReplicaIdentity: identity,
+				Columns: []decoding.RelationColumn{{Flags: keyFlag, Name: colName(name), TypeOID: 23}, {Name: "v", TypeOID: 25}}}, nil)
+		}
+		txt := func(s string) decoding.Column { return decoding.Column{Kind: decoding.ColumnText, Data: []byte(s)} }
+		null := decoding.Column{Kind: decoding.ColumnNull}
+		row := func(k, v string) decoding.Tuple { return decoding.Tuple{txt(k), txt(v)} }
+		rels := map[string]*Relation{"plain": rel(1, "plain", 'd'), "trig": rel(2, "trig", 'd'), "uniq": rel(3, "uniq", 'd'),
+			"full_t": rel(4, "full_t", 'f'), "keyupd": rel(5, "keyupd", 'd'), "toast": rel(6, "toast", 'd')}
+		apply := func(name string, m decoding.Message) {
+			t.Helper()
+			if err := c.Change(ctx, m, []*Relation{rels[name]}); err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+		}
+		c.Begin(1, nil)
+		c.Coalesce(true)
+		for _, name := range []string{"plain", "trig", "uniq", "full_t"} {
+			apply(name, &decoding.Insert{New: row("1", "a")})
+			apply(name, &decoding.Insert{New: row("2", "b")})
+		}
+		apply("plain", &decoding.Update{New: row("1", "a2")})
+		apply("plain", &decoding.Delete{OldKind: 'K', Old: decoding.Tuple{txt("2"), null}})
+		apply("trig", &decoding.Update{New: row("1", "a2")})
+		apply("uniq", &decoding.Update{New: row("1", "a2")})
+		apply("keyupd", &decoding.Update{New: row("1", "y")})
+		held := func(name string) bool {
+			t.Helper()
+			m, err := c.Mapping(ctx, rels[name], OpInsert)
+			if err != nil {
+				t.Fatal(err)
+			}
+			nt := c.co.tables[m]
+			return nt != nil && !nt.rowPath && len(nt.log) > 0
+		}
+		for name, want := range map[string]bool{"plain": true, "trig": false, "uniq": false, "full_t": true, "keyupd": true} {
+			if got := held(name); got != want {
+				t.Errorf("%s: held %v, want %v", name, got, want)
+			}
+		}
+		// An update of a FULL table, an update of the key, an unchanged value of a row not held.
+		apply("full_t", &decoding.Update{OldKind: 'O', Old: row("2", "b"), New: row("2", "b2")})
+		apply("keyupd", &decoding.Update{OldKind: 'K', Old: decoding.Tuple{txt("1"), null}, New: row("3", "z")})
+		apply("toast", &decoding.Update{New: decoding.Tuple{txt("1"), {Kind: decoding.ColumnUnchanged}}})
+		for _, name := range []string{"full_t", "keyupd", "toast"} {
+			if held(name) {
+				t.Errorf("%s: held after a change that goes row by row", name)
+			}
+		}
+		if err := c.Commit(ctx, ProgressKey{Slot: "s", System: "1", Timeline: 1}, 100, false); err != nil {
+			t.Fatal(err)
+		}
+		for q, want := range map[string]string{
+			"SELECT string_agg(k || '=' || v, ',' ORDER BY k) FROM public.plain":  "1=a2",
+			"SELECT string_agg(k || '=' || v, ',' ORDER BY k) FROM public.trig":   "1=a2,2=b",
+			"SELECT string_agg(k || '=' || v, ',' ORDER BY k) FROM public.uniq":   "1=a2,2=b",
+			"SELECT string_agg(a || '=' || v, ',' ORDER BY a) FROM public.full_t": "1=a,2=b2",
+			"SELECT string_agg(k || '=' || v, ',' ORDER BY k) FROM public.keyupd": "3=z",
+			"SELECT string_agg(k || '=' || v, ',' ORDER BY k) FROM public.toast":  "1=big",
+			"SELECT count(*)::text FROM public.seen":                              "3", // the trigger saw every row change
+		} {
+			rows, err := Query(ctx, c.PG, q)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := string(rows[0][0]); got != want {
+				t.Errorf("%s: %s, want %s", q, got, want)
+			}
+		}
+		if c.setDone != 1 || c.setFallbacks != 0 {
+			t.Errorf("set statements succeeded %d times, fell back %d times; want once and never", c.setDone, c.setFallbacks)
+		}
+	})
+}
+
+func colName(table string) string {
+	if table == "full_t" {
+		return "a"
+	}
+	return "k"
+}
