@@ -116,8 +116,10 @@
 // deferrable one; updates and deletes of tables without a key (REPLICA IDENTITY FULL: their
 // inserts are held while nothing else comes); updates of the key; binary values (Config.Binary);
 // updates with unchanged TOASTed values of a row the group did not insert or update whole;
-// columns whose type has no array type; a TRUNCATE, for the tables it names. A table with 256
-// inserts or more in a group has them sent through COPY instead.
+// columns whose type has no array type; a TRUNCATE, for the tables it names. A table into which
+// one source transaction inserts 32 rows or more in a row goes one statement each too, its
+// inserts through COPY (a round trip of its own, before the batch that commits); the inserts of
+// small transactions go in the batch that commits.
 //
 // Eager applies a large transaction the server streams while it is still running on the source,
 // as PostgreSQL 16's parallel apply does: on a worker connection of its own, a SAVEPOINT before

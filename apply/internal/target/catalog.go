@@ -130,6 +130,7 @@ type Table struct {
 	full        bool     // the source relation is REPLICA IDENTITY FULL
 	idErr       error    // why UPDATE and DELETE cannot identify rows, if they cannot
 	Triggers    bool     // triggers that fire for the apply sessions' role (foreign keys included)
+	rules       bool     // the table has rules
 	copyCols    string   // "(a, b, c)": the source columns, for INSERT and COPY
 }
 
@@ -151,7 +152,7 @@ type colMap struct {
 // target table catalog queries. They read pg_catalog only, schema-qualified, so no search_path
 // can redirect them.
 const (
-	relationQuery = `SELECT c.oid, c.relkind,
+	relationQuery = `SELECT c.oid, c.relkind, c.relhasrules,
 	(SELECT count(*) FROM pg_catalog.pg_trigger t WHERE t.tgrelid = c.oid AND t.tgenabled = ANY ($3::"char"[])),
 	(SELECT i.indkey::text FROM pg_catalog.pg_index i WHERE i.indrelid = c.oid AND i.indisvalid AND i.indisunique
 		AND CASE WHEN c.relreplident = 'i' THEN i.indisreplident ELSE i.indisprimary END LIMIT 1)
@@ -238,9 +239,9 @@ func loadMapping(ctx context.Context, conn *pgconn.PgConn, ri *Relation, replica
 	}
 	r := rows[0]
 	oid, _ := strconv.ParseUint(string(r[0]), 10, 32)
-	m := &Table{info: ri, Name: name, oid: uint32(oid), Partitioned: string(r[1]) == "p",
-		full: rel.ReplicaIdentity == 'f', Triggers: string(r[2]) != "0"}
-	identity := string(r[3]) // attnums of the target's replica identity index or primary key, or ""
+	m := &Table{info: ri, Name: name, oid: uint32(oid), Partitioned: string(r[1]) == "p", rules: string(r[2]) == "t",
+		full: rel.ReplicaIdentity == 'f', Triggers: string(r[3]) != "0"}
+	identity := string(r[4]) // attnums of the target's replica identity index or primary key, or ""
 
 	cols, err := Query(ctx, conn, columnsQuery, string(r[0]))
 	if err != nil {

@@ -43,7 +43,7 @@ import (
 //
 //   - tables with triggers that fire for the apply session (foreign keys included, unless the
 //     session runs with session_replication_role = replica): they would see other rows, in
-//     another order;
+//     another order; tables with rules, which rewrite each statement;
 //   - tables with a unique or exclusion index other than one on exactly the replica identity key
 //     (the intermediate rows the reduction skips could have conflicted on it), with a deferrable
 //     one, or with a key the target does not index uniquely;
@@ -54,11 +54,12 @@ import (
 //   - an update with unchanged TOASTed values not sent, unless the key's row is held whole
 //     (inserted or updated in full earlier in the transaction): the values are taken from it;
 //   - a truncate (of the tables it names), a savepoint or a rollback to one;
-//   - a table with at least setCopyMin inserts held: its changes go row by row at the commit,
-//     the inserts through COPY.
+//   - a table into which one source transaction inserted at least setCopyMin rows in a row:
+//     its changes go row by row at the commit, the inserts through COPY (a bulk load is what
+//     COPY is for; the inserts of many small transactions go in the batch that commits).
 const (
 	coalesceMaxBytes = 4 << 20
-	setCopyMin       = 256
+	setCopyMin       = 32
 )
 
 // coalescer holds the changes of the target transaction that go as set statements.
@@ -77,7 +78,10 @@ type netTable struct {
 	log     []held
 	keys    map[string]int // net row of each key, in rows
 	rows    []netRow
-	inserts int // inserts held
+	// The most inserts one source transaction made in a row (run: the current transaction's,
+	// xid), which decides whether they go through COPY (setCopyMin).
+	xid       uint32
+	run, most int
 }
 
 // held is one change as it arrived (its values copied), to send it again row by row.
@@ -111,7 +115,7 @@ func (t *Conn) curSrc() int32 {
 
 // setEligible says whether m's changes may be held.
 func (t *Conn) setEligible(ctx context.Context, m *Table) (keyed, ok bool, err error) {
-	if m.Triggers || len(m.cols) == 0 {
+	if m.Triggers || m.rules || len(m.cols) == 0 {
 		return false, false, nil
 	}
 	for _, c := range m.cols {
@@ -151,6 +155,15 @@ func (t *Conn) absorb(ctx context.Context, m *Table, op byte, tup, old decoding.
 	}
 	if !nt.add(op, tup, old, oldKind, t.curSrc()) {
 		return false, t.sendRowByRow(ctx, nt)
+	}
+	if op == 'I' {
+		if nt.run == 0 || nt.xid != t.det.remote.xid {
+			nt.xid, nt.run = t.det.remote.xid, 0
+		}
+		nt.run++
+		nt.most = max(nt.most, nt.run)
+	} else {
+		nt.run = 0
 	}
 	for _, col := range tup {
 		c.bytes += len(col.Data) + 8
@@ -201,7 +214,6 @@ func (nt *netTable) add(op byte, tup, old decoding.Tuple, oldKind byte, src int3
 			return false
 		}
 		tup = cloneTuple(tup)
-		nt.inserts++
 		nt.log = append(nt.log, held{op: op, tup: tup, src: src})
 		nt.rows = append(nt.rows, netRow{first: 'I', row: tup})
 		return true
@@ -271,9 +283,6 @@ func (nt *netTable) add(op byte, tup, old decoding.Tuple, oldKind byte, src int3
 		h.old = cloneTuple(old)
 	}
 	nt.log = append(nt.log, h)
-	if op == 'I' {
-		nt.inserts++
-	}
 	if !seen {
 		if nt.keys == nil {
 			nt.keys = map[string]int{}
@@ -403,7 +412,7 @@ func (t *Conn) flushSets(ctx context.Context) error {
 	return err
 }
 
-// queueSets queues the held changes: tables with setCopyMin inserts or more row by row
+// queueSets queues the held changes: tables with a run of setCopyMin inserts row by row
 // (their inserts go through COPY, sent now), then the set statements of the others after
 // SAVEPOINT pgr_set. The tables' state is cleared; what the set statements apply is kept in
 // failed until they succeed (see FlushBatch) or fail (replayFailed).
@@ -415,7 +424,7 @@ func (t *Conn) queueSets(ctx context.Context) error {
 	for _, nt := range order {
 		switch {
 		case len(nt.log) == 0:
-		case nt.inserts >= setCopyMin:
+		case nt.most >= setCopyMin:
 			if err := t.replay(ctx, nt.m, nt.log); err != nil {
 				return err
 			}
@@ -681,11 +690,15 @@ func columnArray(m *Table, rows []decoding.Tuple, c int) []byte {
 	return append(b, '}')
 }
 
-// queueSet queues one set statement of m.
+// queueSet queues one set statement of m. It is not prepared: parsed in the batch, after the
+// savepoint, whatever the server refuses in it (a rule, a type without the operators) is a
+// failed set statement, which falls back to row by row, not an error of the transaction. Once
+// per group and table, the parse costs little, and the plan sees the arrays' sizes.
 func (t *Conn) queueSet(m *Table, shape string, arrays [][]byte, sql func() string, oids []uint32) {
-	st := t.prepared(m, shape, func() (string, []uint32) { return sql(), oids })
 	t.newBatch()
-	t.batch.ExecPrepared(st.name, arrays, nil, nil)
+	text := sql()
+	t.batch.ExecParams(text, arrays, oids, nil, nil)
+	t.bytes += len(text)
 	op := shape[1]
 	if op == 'P' {
 		op = 'I' // the check of inserts undone
