@@ -154,9 +154,10 @@
 //
 // # Statements
 //
-// Runs of inserts into one table go through COPY FROM STDIN, in binary when the values are (with
-// Config.Binary: pgoutput's binary values are the types' send format, COPY binary's field
-// format), else in text, escaped; short runs become INSERTs. Updates and deletes are prepared
+// Changes that are not applied set-based (Eager, Parallel, and what Buffered sends one statement
+// each) go as follows. Runs of inserts into one table go through COPY FROM STDIN, in binary when
+// the values are (with Config.Binary: pgoutput's binary values are the types' send format, COPY
+// binary's field format), else in text, escaped; short runs become INSERTs. Updates and deletes are prepared
 // statements, one per table and set of columns, sent in batches whose results are checked in
 // order: a transaction of a few statements takes one round trip with its progress row and COMMIT.
 // A target connection keeps at most 256 statements prepared, deallocating the least recently
