@@ -247,7 +247,7 @@ func TestDetectionRoundTrips(t *testing.T) {
 		stmts = append(stmts, fmt.Sprintf(`BEGIN; UPDATE kv SET v = 'v%d' WHERE id = 1; DELETE FROM kv WHERE id = 2; INSERT INTO kv VALUES (2, 2, 'y'); COMMIT`, i))
 	}
 	execOn(t, e.src, append(stmts, `INSERT INTO marker VALUES (2)`)...)
-	// A second Applier finds them waiting: they are applied in groups (up to 64 transactions a
+	// A second Applier finds them waiting: they are applied in groups (up to 1024 transactions a
 	// round trip), and a check that took a round trip of its own would show as one per
 	// transaction. It counts from zero (its counters are updated just after a commit returns,
 	// when the marker may already be visible).

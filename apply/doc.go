@@ -87,14 +87,39 @@
 //
 // Buffered applies each transaction whole at its commit, in commit order; the reorder buffer holds
 // large transactions in memory up to Config.WorkMem and on disk beyond. Transactions the stream
-// has already delivered are applied together in one target transaction (up to 64 of them, or
-// 10ms's worth), which ends with the progress row of the last: a backlog of small transactions
-// then takes a round trip per group instead of one per transaction. The target sees a group's
-// transactions become visible at once; every state it shows is still one the source had at a
-// commit. A statement that fails inside a group restarts the session with the group's
-// transactions applied one at a time, so that the error names its own transaction. With a
-// replication origin and last_update_wins resolutions, transactions are not grouped: a group's
-// rows would all carry its last transaction's commit time.
+// has already delivered are applied together in one target transaction, which ends with the
+// progress row of the last: a backlog of small transactions then takes a round trip per group
+// instead of one per transaction. Groups size themselves: while the Applier is behind, the next
+// transaction is always ready and a group takes up to 1024 transactions (16384 changes, 50ms);
+// once it has caught up, a transaction commits alone within a millisecond of finding nothing more
+// to read. The target sees a group's transactions become visible at once; every state it shows
+// is still one the source had at a commit. A statement that fails inside a group restarts the
+// session with the group's transactions applied one at a time, so that the error names its own
+// transaction. With a replication origin and last_update_wins resolutions, transactions are not
+// grouped: a group's rows would all carry its last transaction's commit time.
+//
+// A group is applied set-based. Each table's changes are reduced to their net effect per replica
+// identity key (an insert then updates: the insert of the final row; updates: the last row; an
+// insert then a delete: nothing, after checking that the key is absent, as the insert would have;
+// a delete then an insert: both, in that order) and sent, in the batch that commits, as a few
+// statements per table: DELETE ... USING unnest(...), UPDATE ... FROM unnest(...) and INSERT ...
+// SELECT FROM unnest(...), one array parameter per column. Each asserts that it changed exactly
+// the rows it names. They go after a savepoint; when one fails (a missing row, a key that already
+// exists, a row another origin changed, a unique violation, a value the target refuses), the
+// group goes back to the savepoint and those changes are sent again one statement each, in
+// their order: conflicts are detected, resolved, counted and logged per change, and errors name
+// their change, exactly as without set-based apply, at the price of a round trip. Changes go one
+// statement each from the start (for the table, for the rest of the group) where set statements
+// could change what the target sees or what conflict detection reports: tables whose triggers
+// fire for the Applier (foreign keys included, unless it runs as session_replication_role =
+// replica); tables with a unique or exclusion index other than the replica identity key's, or a
+// deferrable one; updates and deletes of tables without a key (REPLICA IDENTITY FULL: their
+// inserts are held while nothing else comes); updates of the key; binary values (Config.Binary);
+// updates with unchanged TOASTed values of a row the group did not insert or update whole;
+// columns whose type has no array type; a TRUNCATE, for the tables it names. A table into which
+// one source transaction inserts 32 rows or more in a row goes one statement each too, its
+// inserts through COPY (a round trip of its own, before the batch that commits); the inserts of
+// small transactions go in the batch that commits.
 //
 // Eager applies a large transaction the server streams while it is still running on the source,
 // as PostgreSQL 16's parallel apply does: on a worker connection of its own, a SAVEPOINT before
@@ -121,7 +146,7 @@
 //
 // Choosing a mode: Buffered is the default and the fastest in most cases measured (BENCHMARKS.md
 // in the repository): whole transactions, COPY for inserts, and transactions already received
-// grouped per round trip. Eager pays off when the target has cores to spare while a large
+// grouped per round trip and applied set-based. Eager pays off when the target has cores to spare while a large
 // transaction is still running on the source. Parallel pays a second round trip per transaction
 // (its changes, then its COMMIT in turn) and groups nothing: on a backlog of small transactions
 // that touch the same rows it is slower than Buffered; it helps when the target's work per
@@ -129,9 +154,10 @@
 //
 // # Statements
 //
-// Runs of inserts into one table go through COPY FROM STDIN, in binary when the values are (with
-// Config.Binary: pgoutput's binary values are the types' send format, COPY binary's field
-// format), else in text, escaped; short runs become INSERTs. Updates and deletes are prepared
+// Changes that are not applied set-based (Eager, Parallel, and what Buffered sends one statement
+// each) go as follows. Runs of inserts into one table go through COPY FROM STDIN, in binary when
+// the values are (with Config.Binary: pgoutput's binary values are the types' send format, COPY
+// binary's field format), else in text, escaped; short runs become INSERTs. Updates and deletes are prepared
 // statements, one per table and set of columns, sent in batches whose results are checked in
 // order: a transaction of a few statements takes one round trip with its progress row and COMMIT.
 // A target connection keeps at most 256 statements prepared, deallocating the least recently

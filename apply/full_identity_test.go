@@ -129,7 +129,10 @@ func TestStatementsBounded(t *testing.T) {
 	old := target.MaxStatements
 	target.MaxStatements = bound
 	t.Cleanup(func() { target.MaxStatements = old })
-	r = start(t, e.config(t, Buffered))
+	// Binary values: the changes go one prepared statement each, not as set statements.
+	cfg := e.config(t, Buffered)
+	cfg.Binary = true
+	r = start(t, cfg)
 	for round := range 2 {
 		var stmts []string
 		for i := range tables {

@@ -14,9 +14,13 @@ import (
 // Grouping (Buffered). One target transaction per source transaction costs a round trip to the
 // target each: with a backlog of small transactions the applier waits on the network most of the
 // time. So transactions that the stream has already delivered are applied together, in one
-// target transaction that ends with the last one's progress row: up to groupMaxTxns of them,
-// for at most groupMaxAge, and never past a moment when the stream has nothing more to read
-// (idleProbe). The target sees them become visible at once, in the source's commit order; the
+// target transaction that ends with the last one's progress row: up to groupMaxTxns of them
+// and groupMaxChanges changes, for at most groupMaxAge, and never past a moment when the stream
+// has nothing more to read (idleProbe). Groups therefore size themselves: while the Applier is
+// behind, the stream always has the next transaction ready and groups grow to the limits (and the
+// set statements of a group, see target.Conn.Coalesce, cover more rows per statement); once it has
+// caught up, the stream runs dry after each transaction and a lone transaction commits within
+// idleProbe of its arrival. The target sees them become visible at once, in the source's commit order; the
 // progress row always names the last transaction of a committed group, so a crash or a failure
 // resumes after a whole group, and nothing is applied twice.
 //
@@ -25,8 +29,9 @@ import (
 // back and the session restarts with its transactions marked to be applied one at a time, so
 // that the error names its own transaction, as it does without grouping.
 const (
-	groupMaxTxns = 64
-	groupMaxAge  = 10 * time.Millisecond
+	groupMaxTxns    = 1024
+	groupMaxChanges = 16384
+	groupMaxAge     = 50 * time.Millisecond
 )
 
 // group is the open target transaction of Buffered and the source transactions applied in it.
@@ -47,7 +52,7 @@ func (g *group) open() bool { return len(g.members) > 0 }
 
 // full says whether the group must commit before it takes another transaction, at time now.
 func (g *group) full(now time.Time) bool {
-	return len(g.members) >= groupMaxTxns || g.changes >= target.BatchMaxOps || now.Sub(g.opened) >= groupMaxAge
+	return len(g.members) >= groupMaxTxns || g.changes >= groupMaxChanges || now.Sub(g.opened) >= groupMaxAge
 }
 
 func (g *group) xids() []uint32 {
@@ -83,6 +88,9 @@ func (s *session) applyGrouped(ctx context.Context, t *reorderbuffer.Txn) error 
 	g.members = append(g.members, groupMember{txn: t, ref: ref})
 	member := &g.members[len(g.members)-1]
 	tg := s.leader
+	// A group's changes are applied set-based (see target.Conn.Coalesce); a transaction applied
+	// alone is not, so that it goes as it would without grouping.
+	tg.Coalesce(!alone)
 	// Conflicts name their own source transaction; the group commits with the last one's
 	// commit time as its origin timestamp.
 	tg.Source(t.Xid, sourceCommit(t))

@@ -55,10 +55,10 @@ func TestGroupKill(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 			defer cancel()
 			must(t, concurrent(ctx, e.src, seeded(t), 4, 100))
-			// The fourth group, or a later one, stalls before its commit until the child is
-			// killed (the hook runs for each transaction of a group).
+			// A group after the first 192 transactions committed stalls before its commit until
+			// the child is killed (the hook runs for each transaction of a group).
 			cc := childConfig{Source: e.repl, Target: e.dst, Slot: e.slot, Mode: Buffered, WorkMem: 256 << 10,
-				Stall: "before-commit", StallAfter: 3 * groupMaxTxns}
+				Stall: "before-commit", StallAfter: 192}
 			first := startChild(t, cc)
 			for !strings.Contains(first.stderr.String(), "stalled at before-commit") {
 				select {

@@ -26,6 +26,11 @@ import (
 //	PGREORDER_BENCH_APPLY_SCALE  pgbench scale of the catch-up tables (10; 100)
 //	PGREORDER_BENCH_APPLY_TXNS   transactions per client in the catch-up backlog (250; 10000)
 //
+// PGREORDER_BENCH_APPLY_FSYNC=1 runs both servers with fsync and full_page_writes on
+// (pgtest's servers have them off). PGREORDER_BENCH_APPLY_BASELINE=PATH adds to the catch-up
+// the contender pgreorder-buffered-baseline: `PATH apply -mode buffered`, another build of
+// pgreorder (an earlier commit, say), measured in the same run as this one.
+//
 // PGREORDER_BENCH_APPLY_RUNS=N repeats each case N times (1 by default); the reported time is
 // the mean of the middle runs (the highest and lowest tenth left out, as PostgreSQL's authors
 // took the middle 8 of 10), and every run is logged. Prefer it to -benchtime Nx, with which
@@ -36,6 +41,8 @@ const (
 	envApplyScale = "PGREORDER_BENCH_APPLY_SCALE"
 	envApplyTxns  = "PGREORDER_BENCH_APPLY_TXNS"
 	envApplyRuns  = "PGREORDER_BENCH_APPLY_RUNS"
+	envApplyFsync = "PGREORDER_BENCH_APPLY_FSYNC"
+	envApplyBase  = "PGREORDER_BENCH_APPLY_BASELINE"
 )
 
 // tpcbClients is the number of concurrent sessions making the catch-up backlog.
@@ -65,6 +72,17 @@ var catchupContenders = []contender{
 	pgreorderApply{mode: "parallel", workers: 2},
 	pgreorderApply{mode: "parallel", workers: 4},
 	pgreorderApply{mode: "parallel", workers: 8},
+}
+
+// catchupSubscribers are catchupContenders, and with PGREORDER_BENCH_APPLY_BASELINE the
+// baseline build's buffered mode right after ours.
+func catchupSubscribers() []contender {
+	bin := os.Getenv(envApplyBase)
+	if bin == "" {
+		return catchupContenders
+	}
+	cs := slices.Clone(catchupContenders)
+	return slices.Insert(cs, 2, contender(pgreorderApply{mode: "buffered", binary: bin, label: "pgreorder-buffered-baseline"}))
 }
 
 // BenchmarkApplySync reproduces the measurement of PostgreSQL 16's parallel apply of streamed
@@ -278,7 +296,7 @@ func BenchmarkApplyCatchup(b *testing.B) {
 			defer p.close()
 			results := map[string]float64{}
 			b.Run(fmt.Sprintf("scale=%d/clients=%d/txns=%d", scale, tpcbClients, txns), func(b *testing.B) {
-				for _, c := range catchupContenders {
+				for _, c := range catchupSubscribers() {
 					b.Run("sub="+c.name(), func(b *testing.B) {
 						if err := c.supports(in.Major); err != nil {
 							b.Skip(err)

@@ -54,7 +54,8 @@ func newPair(tb testing.TB, in pgtest.Install, pubSettings map[string]string, se
 }
 
 // commonSettings are both servers' settings: room for big transactions without checkpoints in
-// the middle of a measurement. pgtest's defaults apply otherwise (fsync off: see BENCHMARKS.md).
+// the middle of a measurement. pgtest's defaults apply otherwise (fsync off, unless
+// PGREORDER_BENCH_APPLY_FSYNC=1: see durable and BENCHMARKS.md).
 func commonSettings() map[string]string {
 	return map[string]string{
 		"shared_buffers":                  "128MB",
@@ -64,6 +65,11 @@ func commonSettings() map[string]string {
 		"max_logical_replication_workers": "8",
 	}
 }
+
+// durable says whether both servers keep PostgreSQL's durability settings (fsync and
+// full_page_writes on: PGREORDER_BENCH_APPLY_FSYNC=1), so that the WAL flushes a subscriber
+// waits for cost what they cost on a real server.
+func durable() bool { return os.Getenv(envApplyFsync) == "1" }
 
 // get starts the servers and runs the setup on the first call, and fails tb if that failed.
 func (p *pair) get(tb testing.TB) *pair {
@@ -79,7 +85,7 @@ func (p *pair) get(tb testing.TB) *pair {
 		for k, v := range p.settings {
 			pubSettings[k] = v
 		}
-		if p.pub, p.err = pgtest.Start(ctx, p.install, pgtest.Options{Settings: pubSettings}); p.err != nil {
+		if p.pub, p.err = pgtest.Start(ctx, p.install, pgtest.Options{Settings: pubSettings, Durable: durable()}); p.err != nil {
 			return
 		}
 		subSettings := commonSettings()
@@ -87,7 +93,7 @@ func (p *pair) get(tb testing.TB) *pair {
 		// the last start of any, so that every run (a new subscription, or one enabled again
 		// after the backlog) would wait for it; 16+ count it per subscription, after failures.
 		subSettings["wal_retrieve_retry_interval"] = "100ms"
-		if p.sub, p.err = pgtest.Start(ctx, p.install, pgtest.Options{Settings: subSettings}); p.err != nil {
+		if p.sub, p.err = pgtest.Start(ctx, p.install, pgtest.Options{Settings: subSettings, Durable: durable()}); p.err != nil {
 			return
 		}
 		p.tb.Logf("publisher and subscriber: %v", p.install)
@@ -253,9 +259,14 @@ func dropNative(ctx context.Context, p *pair, slot string) error {
 type pgreorderApply struct {
 	mode    string // buffered, eager, parallel
 	workers int    // -workers, when > 0
+	binary  string // a pgreorder binary built elsewhere, or "" for this module's
+	label   string // the name, when not pgreorder-MODE[-WORKERS]
 }
 
 func (o pgreorderApply) name() string {
+	if o.label != "" {
+		return o.label
+	}
 	if o.workers > 0 {
 		return fmt.Sprintf("pgreorder-%s-%d", o.mode, o.workers)
 	}
@@ -266,6 +277,9 @@ func (o pgreorderApply) supports(int) error { return nil }
 
 func (o pgreorderApply) start(ctx context.Context, r *run) (applying, error) {
 	bin, err := r.p.pgreorderBinary()
+	if o.binary != "" {
+		bin, err = o.binary, nil
+	}
 	if err != nil {
 		return nil, err
 	}

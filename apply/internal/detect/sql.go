@@ -2,6 +2,7 @@ package detect
 
 import (
 	"encoding/hex"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -16,6 +17,10 @@ type Indexes struct {
 	// indexes, none deferrable).
 	OnConflict bool
 	InUnique   []bool // per source column: part of a unique index
+	// Count is the number of the table's unique and exclusion indexes; KeyIndex says that one of
+	// them is a plain unique index on exactly the replica identity key's columns.
+	Count    int
+	KeyIndex bool
 }
 
 type UniqueIndex struct {
@@ -152,7 +157,7 @@ func ParseIndexes(rows [][][]byte, m *Table) *Indexes {
 	for i, c := range m.Columns {
 		byName[c.Source] = i
 	}
-	rc := &Indexes{OnConflict: len(rows) > 0, InUnique: make([]bool, len(m.Columns))}
+	rc := &Indexes{OnConflict: len(rows) > 0, InUnique: make([]bool, len(m.Columns)), Count: len(rows)}
 	for _, r := range rows {
 		if string(r[1]) != "t" {
 			rc.OnConflict = false // deferrable: ON CONFLICT refuses it as an arbiter
@@ -172,9 +177,23 @@ func ParseIndexes(rows [][][]byte, m *Table) *Indexes {
 		}
 		if ix.Cols != nil {
 			rc.Unique = append(rc.Unique, ix)
+			rc.KeyIndex = rc.KeyIndex || sameColumns(ix.Cols, m.Key)
 		}
 	}
 	return rc
+}
+
+// sameColumns reports whether a and b hold the same columns, in any order.
+func sameColumns(a, b []int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for _, c := range a {
+		if !slices.Contains(b, c) {
+			return false
+		}
+	}
+	return true
 }
 
 // CheckedSQL is plain, an INSERT ('I'), UPDATE ('U') or DELETE ('D') statement, as sent with

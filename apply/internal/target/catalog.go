@@ -129,6 +129,7 @@ type Table struct {
 	cols         []colMap // per source column
 	idErr        error    // why UPDATE and DELETE cannot identify rows, if they cannot
 	Triggers     bool     // triggers that fire for the apply sessions' role (foreign keys included)
+	rules        bool     // the table has rules
 	copyCols     string   // "(a, b, c)": the source columns, for INSERT and COPY
 }
 
@@ -141,12 +142,16 @@ type colMap struct {
 	// textEq: the type has no default equality operator (json, xml, geometric types, composite
 	// types, domains and arrays of those): a FULL identity compares its text output instead.
 	textEq bool
+	// The array type of the column's type (0 for none: the type is itself an array) and its
+	// elements' delimiter in an array's text, for set statements (see coalesce.go).
+	arrayOID uint32
+	delim    byte
 }
 
 // target table catalog queries. They read pg_catalog only, schema-qualified, so no search_path
 // can redirect them.
 const (
-	relationQuery = `SELECT c.oid, c.relkind,
+	relationQuery = `SELECT c.oid, c.relkind, c.relhasrules,
 	(SELECT count(*) FROM pg_catalog.pg_trigger t WHERE t.tgrelid = c.oid AND t.tgenabled = ANY ($3::"char"[])),
 	(SELECT i.indkey::text FROM pg_catalog.pg_index i WHERE i.indrelid = c.oid AND i.indisvalid AND i.indisunique
 		AND CASE WHEN c.relreplident = 'i' THEN i.indisreplident ELSE i.indisprimary END LIMIT 1)
@@ -180,7 +185,8 @@ WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p')`
 	SELECT bt.oid::text || ' ' || bn.nspname || '.' || bt.typname FROM d
 		JOIN pg_catalog.pg_type bt ON bt.oid = d.oid JOIN pg_catalog.pg_namespace bn ON bn.oid = bt.typnamespace
 	ORDER BY d.n DESC LIMIT 1),
-	CASE WHEN a.atttypid IN (1042, 1043) AND a.atttypmod >= 4 THEN a.atttypmod - 4 ELSE 0 END
+	CASE WHEN a.atttypid IN (1042, 1043) AND a.atttypmod >= 4 THEN a.atttypmod - 4 ELSE 0 END,
+	t.typarray, t.typdelim
 FROM pg_catalog.pg_attribute a
 	JOIN pg_catalog.pg_type t ON t.oid = a.atttypid
 	JOIN pg_catalog.pg_namespace tn ON tn.oid = t.typnamespace
@@ -233,8 +239,8 @@ func loadMapping(ctx context.Context, conn *pgconn.PgConn, ri *Relation, replica
 	r := rows[0]
 	oid, _ := strconv.ParseUint(string(r[0]), 10, 32)
 	m := &Table{Table: detect.Table{Name: name, OID: uint32(oid), Full: rel.ReplicaIdentity == 'f'}, info: ri,
-		Partitioned: string(r[1]) == "p", Triggers: string(r[2]) != "0"}
-	identity := string(r[3]) // attnums of the target's replica identity index or primary key, or ""
+		Partitioned: string(r[1]) == "p", rules: string(r[2]) == "t", Triggers: string(r[3]) != "0"}
+	identity := string(r[4]) // attnums of the target's replica identity index or primary key, or ""
 
 	cols, err := Query(ctx, conn, columnsQuery, string(r[0]))
 	if err != nil {
@@ -248,6 +254,8 @@ func loadMapping(ctx context.Context, conn *pgconn.PgConn, ri *Relation, replica
 		qualified string
 		hasEq     bool
 		chars     int
+		arrayOID  uint32
+		delim     byte
 		baseOID   uint32 // through domains
 		base      string // through domains, qualified
 	}
@@ -258,6 +266,9 @@ func loadMapping(ctx context.Context, conn *pgconn.PgConn, ri *Relation, replica
 		tc := targetCol{attnum: string(c[0]), typeOID: uint32(t), generated: string(c[3]) == "t",
 			format: string(c[4]), qualified: string(c[5]), hasEq: string(c[6]) == "t"}
 		tc.chars, _ = strconv.Atoi(string(c[8]))
+		if a, err := strconv.ParseUint(string(c[9]), 10, 32); err == nil && len(c[10]) == 1 {
+			tc.arrayOID, tc.delim = uint32(a), c[10][0]
+		}
 		if oid, name, ok := strings.Cut(string(c[7]), " "); ok {
 			b, _ := strconv.ParseUint(oid, 10, 32)
 			tc.baseOID, tc.base = uint32(b), name
@@ -280,7 +291,8 @@ func loadMapping(ctx context.Context, conn *pgconn.PgConn, ri *Relation, replica
 			return nil, fail(KindSchemaMismatch, "column %q has type %s on the target and another type (OID %d) on the source: "+
 				"binary values need the same type", sc.Name, tc.format, sc.TypeOID)
 		}
-		m.cols[i] = colMap{name: QuoteIdent(sc.Name), typeOID: tc.typeOID, typ: tc.format, chars: tc.chars, textEq: !tc.hasEq}
+		m.cols[i] = colMap{name: QuoteIdent(sc.Name), typeOID: tc.typeOID, typ: tc.format, chars: tc.chars, textEq: !tc.hasEq,
+			arrayOID: tc.arrayOID, delim: tc.delim}
 		m.Columns[i] = detect.Column{Source: sc.Name, Name: m.cols[i].name, TypeOID: tc.typeOID}
 		names = append(names, m.cols[i].name)
 		if sc.IsKey() {

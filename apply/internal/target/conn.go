@@ -88,6 +88,15 @@ type Conn struct {
 	// result arrived, which a rollback to it restores.
 	rows     rowCounts
 	rowMarks []rowMark
+
+	// Set-based apply (see coalesce.go): whether changes are held, what is held, the tables whose
+	// set statements are in flight, and the source transaction of the change sent again.
+	coalesce    bool
+	co          coalescer
+	failed      []*netTable
+	srcOverride int32
+	// Set statements that succeeded, and that failed and went again row by row (for tests).
+	setDone, setFallbacks int
 }
 
 // MaxStatements bounds the statements prepared on one target connection: past it, the least
@@ -134,6 +143,8 @@ type batchOp struct {
 	row, nrow int32
 	guarded   bool  // sent after SAVEPOINT pgr_guard: a unique violation is an update_exists
 	check     bool  // the commit's check (see commitCheck)
+	set       bool  // a set statement, or the savepoint around them (see coalesce.go)
+	setEnd    bool  // the release of that savepoint: the set statements succeeded
 	src       int32 // the source transaction, in srcs
 
 	// For a SAVEPOINT (markSave) or ROLLBACK TO SAVEPOINT (markRollback) of subtransaction
@@ -258,7 +269,7 @@ func Dial(ctx context.Context, o *Options, name string) (*Conn, error) {
 		return nil, err
 	}
 	return &Conn{PG: conn, PID: conn.PID(), name: name, names: names, opts: o, log: o.Logger.With("conn", name),
-		det: detect.Detector{Now: o.Now}}, nil
+		det: detect.Detector{Now: o.Now}, srcOverride: -1}, nil
 }
 
 // pinSearchPath sets the pinned search_path.
@@ -405,6 +416,9 @@ func (t *Conn) newBatch() {
 
 // Savepoint takes a savepoint before the first change of subtransaction sub.
 func (t *Conn) Savepoint(ctx context.Context, sub uint32) error {
+	if err := t.unhold(ctx); err != nil {
+		return err
+	}
 	if err := t.FlushInserts(ctx); err != nil {
 		return err
 	}
@@ -419,6 +433,9 @@ func (t *Conn) Savepoint(ctx context.Context, sub uint32) error {
 
 // RollbackTo undoes everything since the savepoint of sub.
 func (t *Conn) RollbackTo(ctx context.Context, sub uint32) error {
+	if err := t.unhold(ctx); err != nil {
+		return err
+	}
 	t.dropInserts() // not sent yet: nothing to undo on the server
 	if err := t.settleChecks(ctx); err != nil {
 		return err
@@ -431,6 +448,7 @@ func (t *Conn) RollbackTo(ctx context.Context, sub uint32) error {
 
 // Rollback ends the transaction without applying it. Statements not sent are dropped.
 func (t *Conn) Rollback(ctx context.Context) error {
+	t.co, t.failed = coalescer{}, nil
 	t.dropInserts()
 	t.batch, t.ops, t.bytes = nil, t.ops[:0], 0
 	t.det.Rollback()
@@ -444,6 +462,9 @@ func (t *Conn) Rollback(ctx context.Context) error {
 
 // FlushPending sends every statement and insert not sent yet.
 func (t *Conn) FlushPending(ctx context.Context) error {
+	if err := t.flushSets(ctx); err != nil {
+		return err
+	}
 	if err := t.FlushInserts(ctx); err != nil {
 		return err
 	}
@@ -458,6 +479,9 @@ func (t *Conn) Commit(ctx context.Context, key ProgressKey, end decoding.LSN, sy
 		return errors.New("apply: the progress statement is not prepared on the target connection")
 	}
 	if err := t.FlushInserts(ctx); err != nil {
+		return err
+	}
+	if err := t.queueSets(ctx); err != nil {
 		return err
 	}
 	check := t.hasChecked()
@@ -479,6 +503,17 @@ func (t *Conn) Commit(ctx context.Context, key ProgressKey, end decoding.LSN, sy
 		t.Control("COMMIT")
 		t.InTxn = false
 		err := t.FlushBatch(ctx)
+		if err == errSetFailed {
+			// A set statement failed: its changes go again, row by row, and then the commit.
+			t.InTxn = true
+			if err = t.replayFailed(ctx); err == nil {
+				err = t.FlushInserts(ctx)
+			}
+			if err == nil {
+				check = t.hasChecked()
+				continue
+			}
+		}
 		if err == errRecommit {
 			// A checked statement of the batch met a conflict: the commit was held back and the
 			// conflict resolved; commit now.
@@ -562,17 +597,32 @@ func (t *Conn) Change(ctx context.Context, m decoding.Message, rels []*Relation)
 		if err != nil {
 			return err
 		}
+		if t.coalesce {
+			if held, err := t.absorb(ctx, rm, 'I', m.New, nil, 0); held || err != nil {
+				return err
+			}
+		}
 		return t.Insert(ctx, rm, m.New)
 	case *decoding.Update:
 		rm, err := t.Mapping(ctx, rels[0], OpUpdate)
 		if err != nil {
 			return err
 		}
+		if t.coalesce {
+			if held, err := t.absorb(ctx, rm, 'U', m.New, m.Old, m.OldKind); held || err != nil {
+				return err
+			}
+		}
 		return t.update(ctx, rm, m)
 	case *decoding.Delete:
 		rm, err := t.Mapping(ctx, rels[0], OpDelete)
 		if err != nil {
 			return err
+		}
+		if t.coalesce {
+			if held, err := t.absorb(ctx, rm, 'D', nil, m.Old, m.OldKind); held || err != nil {
+				return err
+			}
 		}
 		return t.delete(ctx, rm, m)
 	case *decoding.Truncate:
@@ -641,7 +691,7 @@ func (t *Conn) Insert(ctx context.Context, m *Table, tup decoding.Tuple) error {
 	}
 	t.insRows++
 	if t.det.On() {
-		t.det.InsSrcs = append(t.det.InsSrcs, int32(len(t.det.Srcs)-1))
+		t.det.InsSrcs = append(t.det.InsSrcs, t.curSrc())
 	}
 	if len(t.insBuf) >= insertBufMax {
 		return t.FlushInserts(ctx)
@@ -961,7 +1011,7 @@ func (t *Conn) queue(s *stmt, params [][]byte, formats []int16, op batchOp) {
 	op.st = s
 	if t.det.On() {
 		op.arg, op.narg = t.det.Keep(params, formats)
-		op.src = int32(len(t.det.Srcs) - 1)
+		op.src = t.curSrc()
 	}
 	t.newBatch()
 	if allZero(formats) {
@@ -1036,6 +1086,14 @@ func (t *Conn) FlushBatch(ctx context.Context) error {
 		if affected < 0 {
 			affected = tag.RowsAffected()
 		}
+		if op.set {
+			if op.setEnd {
+				t.rows.add(t.co.rows)
+				t.co.rows, t.failed = rowCounts{}, t.failed[:0]
+				t.setDone++
+			}
+			continue
+		}
 		if t.det.On() && op.st != nil && affected == 0 {
 			missed = append(missed, i-1)
 			continue
@@ -1058,6 +1116,9 @@ func (t *Conn) FlushBatch(ctx context.Context) error {
 	}
 	defer t.det.ResetArgs()
 	if first != nil {
+		if i > 0 && ops[i-1].set {
+			return t.setFailed(ctx, first, failed, ops, missed)
+		}
 		if i > 0 && ops[i-1].guarded && isViolation(failed) {
 			return t.updateExists(ctx, ops[i-1], first, ops, missed)
 		}
@@ -1537,6 +1598,9 @@ func (t *Conn) truncate(ctx context.Context, m *decoding.Truncate, rels []*Relat
 		if err != nil {
 			return err
 		}
+		if err := t.unholdTables(ctx, []*Table{rm}); err != nil {
+			return err
+		}
 		if i > 0 {
 			b = append(b, ", "...)
 			names = append(names, ", "...)
@@ -1546,6 +1610,9 @@ func (t *Conn) truncate(ctx context.Context, m *decoding.Truncate, rels []*Relat
 		}
 		b = append(b, rm.Name...)
 		names = append(names, rm.Name...)
+	}
+	if err := t.FlushInserts(ctx); err != nil { // inserts held before, sent again
+		return err
 	}
 	if m.Options&decoding.TruncateRestartIdentity != 0 {
 		b = append(b, " RESTART IDENTITY"...)

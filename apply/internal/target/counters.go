@@ -35,6 +35,14 @@ func (c *Counters) preparedPeak(n int64) {
 // to the counters once it commits.
 type rowCounts struct{ inserts, insertsViaCopy, updates, deletes, truncates int64 }
 
+func (r *rowCounts) add(o rowCounts) {
+	r.inserts += o.inserts
+	r.insertsViaCopy += o.insertsViaCopy
+	r.updates += o.updates
+	r.deletes += o.deletes
+	r.truncates += o.truncates
+}
+
 // count adds the rows of a target transaction that committed.
 func (c *Counters) count(r rowCounts) {
 	c.Inserts.Add(r.inserts)

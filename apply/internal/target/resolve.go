@@ -34,7 +34,7 @@ func (t *Conn) conflictInfo(ctx context.Context, m *Table) (*detect.Indexes, err
 		t.indexes = map[*Relation]*detect.Indexes{}
 	}
 	t.indexes[m.info] = rc
-	if t.det.Tomb != nil && !m.Full && len(m.Key) > 0 {
+	if t.det.On() && t.det.Tomb != nil && !m.Full && len(m.Key) > 0 {
 		t.det.Tomb.Want(&m.Table)
 	}
 	return rc, nil
