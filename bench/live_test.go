@@ -101,6 +101,11 @@ func BenchmarkLive(b *testing.B) {
 					b.ReportMetric(float64(r.lag.Microseconds())/1000, mode+"-commit-to-last-ms")
 					b.ReportMetric(float64(r.cpu.Microseconds())/1000, mode+"-cpu-ms")
 				}
+				if len(res["readonly-on"]) > 0 && len(res["pgreorder-on"]) > 0 {
+					on, pr := med("readonly-on"), med("pgreorder-on")
+					b.ReportMetric(100*(float64(pr.lag)/float64(on.lag)-1), "pgreorder-vs-readonly-on-%")
+					b.ReportMetric(float64(pr.cpu)/float64(on.cpu), "pgreorder/readonly-on-cpu-x")
+				}
 				return
 			}
 			off, on, pr := med("readonly-off"), med("readonly-on"), med("pgreorder-on")
