@@ -81,7 +81,11 @@ func (m *memlog) appendRecord2(c, head, body []byte) {
 	}
 	last := &m.chunks[len(m.chunks)-1]
 	b := binary.AppendUvarint(last.b, uint64(n))
-	b = append(b, head...)
+	if len(head) == 1 { // an in-stream change's type byte: no call to copy it
+		b = append(b, head[0])
+	} else {
+		b = append(b, head...)
+	}
 	last.b = append(b, body...)
 	m.size += int64(uvarintLen(uint64(n)) + n)
 }
