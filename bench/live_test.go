@@ -3,7 +3,10 @@ package bench
 import (
 	"context"
 	"fmt"
+	"os"
+	"runtime/pprof"
 	"slices"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -70,6 +73,9 @@ func BenchmarkLive(b *testing.B) {
 				b.Fatal(err)
 			}
 			modes := []string{"readonly-off", "readonly-on", "pgreorder-on"}
+			if m := os.Getenv("PGREORDER_BENCH_LIVE_MODES"); m != "" {
+				modes = strings.Split(m, ",") // e.g. readonly-on,pgreorder-on
+			}
 			res := map[string][]liveResult{}
 			for range b.N {
 				for r := range rounds {
@@ -89,6 +95,19 @@ func BenchmarkLive(b *testing.B) {
 				slices.SortFunc(rs, func(a, b liveResult) int { return int(a.lag - b.lag) })
 				return rs[len(rs)/2]
 			}
+			if len(modes) != 3 {
+				for _, mode := range modes {
+					r := med(mode)
+					b.ReportMetric(float64(r.lag.Microseconds())/1000, mode+"-commit-to-last-ms")
+					b.ReportMetric(float64(r.cpu.Microseconds())/1000, mode+"-cpu-ms")
+				}
+				if len(res["readonly-on"]) > 0 && len(res["pgreorder-on"]) > 0 {
+					on, pr := med("readonly-on"), med("pgreorder-on")
+					b.ReportMetric(100*(float64(pr.lag)/float64(on.lag)-1), "pgreorder-vs-readonly-on-%")
+					b.ReportMetric(float64(pr.cpu)/float64(on.cpu), "pgreorder/readonly-on-cpu-x")
+				}
+				return
+			}
 			off, on, pr := med("readonly-off"), med("readonly-on"), med("pgreorder-on")
 			for _, x := range []struct {
 				mode string
@@ -101,6 +120,7 @@ func BenchmarkLive(b *testing.B) {
 			}
 			b.ReportMetric(float64(off.lag)/float64(on.lag), "readonly-off/on-x")
 			b.ReportMetric(100*(float64(pr.lag)/float64(on.lag)-1), "pgreorder-vs-readonly-on-%")
+			b.ReportMetric(float64(pr.cpu)/float64(on.cpu), "pgreorder/readonly-on-cpu-x")
 		})
 	}
 }
@@ -131,12 +151,18 @@ func liveRun(ctx context.Context, b *testing.B, srv *pgtest.Server, mode string,
 	defer stop()
 	done := make(chan time.Time, 1)
 	errc := make(chan error, 1)
-	switch mode {
-	case "readonly-off", "readonly-on":
-		go func() { errc <- readOnly(rctx, srv, slot, mode == "readonly-on", rows, done) }()
-	case "pgreorder-on":
-		go func() { errc <- pgreorderReader(rctx, b, srv, slot, rows, done) }()
-	}
+	// The reader runs under the pprof label mode=<mode>, which its goroutines inherit: a CPU
+	// profile of the benchmark (-cpuprofile) separates the modes with -tagfocus.
+	go pprof.Do(rctx, pprof.Labels("mode", mode), func(rctx context.Context) {
+		switch mode {
+		case "readonly-off", "readonly-on":
+			errc <- readOnly(rctx, srv, slot, mode == "readonly-on", rows, done)
+		case "pgreorder-on":
+			errc <- pgreorderReader(rctx, b, srv, slot, rows, done)
+		default:
+			errc <- fmt.Errorf("unknown mode %q (modes: readonly-off, readonly-on, pgreorder-on)", mode)
+		}
+	})
 	// Wait until the walsender holds the slot, so that the insert is decoded live.
 	for {
 		active, err := querySingle(ctx, conn, fmt.Sprintf("SELECT active FROM pg_replication_slots WHERE slot_name = '%s'", slot))

@@ -35,6 +35,24 @@ func (d *Decoder) Reset() { d.st = state{} }
 // protocol state past it, without decoding it. It does not allocate on success and does not retain data. On error the state is
 // unchanged. See the package doc for the rules and for Header's Xid.
 func (d *Decoder) Accept(data []byte) (Header, error) {
+	if len(data) > 0 {
+		switch t := MessageType(data[0]); t {
+		case MsgInsert, MsgUpdate, MsgDelete:
+			// The bulk of a stream: a row change in a block or a transaction, valid, changes no
+			// state, and its header is what route would find (every protocol version has it).
+			// Anything else, the codec's path below reports.
+			switch {
+			case d.st.inBlock:
+				if validRow(data, true) {
+					return Header{Type: t, InStream: true, Xid: be.Uint32(data[1:])}, nil
+				}
+			case d.st.inTxn:
+				if validRow(data, false) {
+					return Header{Type: t, Xid: d.st.txnXid}, nil
+				}
+			}
+		}
+	}
 	var h Header
 	st := d.st
 	if err := d.route(data, &h, &st); err != nil {

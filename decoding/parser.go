@@ -16,6 +16,14 @@ type Parser struct {
 
 // Parse decodes one message; see the package function Parse for inStream and errors.
 func (p *Parser) Parse(data []byte, inStream bool) (Message, error) {
+	if len(data) > 0 {
+		switch MessageType(data[0]) {
+		case MsgInsert, MsgUpdate, MsgDelete: // every protocol version has them
+			if m, ok := p.parseRow(data, inStream); ok {
+				return m, nil
+			}
+		}
+	}
 	var c codec
 	if err := c.start(data, inStream, p.Options); err != nil {
 		return nil, err

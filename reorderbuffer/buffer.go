@@ -425,7 +425,7 @@ func (b *Buffer) record(h decoding.Header, data []byte, schema bool) error {
 	if desc != nil {
 		t.schema = append(t.schema, schemaEntry{msg: desc, pos: t.mem.end()})
 	}
-	t.mem.appendRecord(chunk, head, body)
+	t.mem.appendRecord2(chunk, head, body)
 	t.bytes += int64(len(data))
 	if desc == nil {
 		t.changes++

@@ -72,6 +72,24 @@ func (m *memlog) appendRecord(c []byte, parts ...[]byte) {
 	m.size += int64(uvarintLen(uint64(n)) + n)
 }
 
+// appendRecord2 is appendRecord of the two parts head and body, without the slice of parts.
+func (m *memlog) appendRecord2(c, head, body []byte) {
+	n := len(head) + len(body)
+	if c != nil {
+		m.chunks = append(m.chunks, chunk{b: c[:0], start: m.size})
+		m.capSum += int64(cap(c))
+	}
+	last := &m.chunks[len(m.chunks)-1]
+	b := binary.AppendUvarint(last.b, uint64(n))
+	if len(head) == 1 { // an in-stream change's type byte: no call to copy it
+		b = append(b, head[0])
+	} else {
+		b = append(b, head...)
+	}
+	last.b = append(b, body...)
+	m.size += int64(uvarintLen(uint64(n)) + n)
+}
+
 // truncate drops every record at or after pos, which must be a record boundary. Each chunk it
 // drops is offered to recycle; it returns the capacity of the chunks recycle did not keep.
 func (m *memlog) truncate(pos int64, recycle func([]byte) bool) (released int64) {

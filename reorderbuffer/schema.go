@@ -120,7 +120,25 @@ type view struct {
 	base   *schema // the schema before the transaction's own descriptions
 	shared *schema // the current-schema snapshot base is (or is layered on), shared until release
 	local  *schema // descriptions read from the transaction itself; nil until the first
+
+	// The relation rowRelation found last, and its id: row changes come in runs on one relation.
+	lastRel *decoding.Relation
+	lastID  uint32
 }
+
+// rowRelation is relation(id) for a row change, remembering the answer until the next
+// description read (read) or the next reading from the start (reset).
+func (v *view) rowRelation(id uint32) *decoding.Relation {
+	if v.lastRel != nil && v.lastID == id {
+		return v.lastRel
+	}
+	r, _ := v.relation(id)
+	v.lastRel, v.lastID = r, id
+	return r
+}
+
+// reset forgets what was read of the transaction, to read it from the start.
+func (v *view) reset() { v.local, v.lastRel = nil, nil }
 
 func (v *view) relation(id uint32) (*decoding.Relation, bool) {
 	if r, ok := v.local.relation(id); ok {
@@ -149,5 +167,6 @@ func (v *view) read(m decoding.Message) {
 			v.local = &schema{}
 		}
 		v.local.set(m)
+		v.lastRel = nil
 	}
 }

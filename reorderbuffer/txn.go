@@ -78,7 +78,7 @@ func (x *Txn) Changes() iter.Seq2[decoding.Change, error] {
 			return
 		}
 		p := &decoding.Parser{Options: x.opts}
-		x.view.local = nil // reading from the start
+		x.view.reset() // reading from the start
 		// In parts, a streamed transaction's records keep the writer's xid.
 		inStream := x.data.streamed && x.incremental
 		rs := newRecords(x.data, x.src, func() bool { return x.released })
@@ -96,8 +96,19 @@ func (x *Txn) Changes() iter.Seq2[decoding.Change, error] {
 				yield(decoding.Change{}, err)
 				return
 			}
-			x.view.read(m)
-			if !yield(decoding.Change{Msg: m, Relation: decoding.RelationOf(&x.view, m), Schema: &x.view}, nil) {
+			var rel *decoding.Relation
+			switch v := m.(type) { // the row changes' concrete types: no interface conversion
+			case *decoding.Insert:
+				rel = x.view.rowRelation(v.RelationID)
+			case *decoding.Update:
+				rel = x.view.rowRelation(v.RelationID)
+			case *decoding.Delete:
+				rel = x.view.rowRelation(v.RelationID)
+			default:
+				x.view.read(m)
+				rel = decoding.RelationOf(&x.view, m)
+			}
+			if !yield(decoding.Change{Msg: m, Relation: rel, Schema: &x.view}, nil) {
 				return
 			}
 		}

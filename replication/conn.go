@@ -221,10 +221,14 @@ func (c *Conn) StartStreaming(ctx context.Context) (_ *Stream, err error) {
 	if err := startReplication(ctx, sess.conn, c.cfg.Slot, c.neg.PluginArgs); err != nil {
 		return nil, err
 	}
+	w, err := newWire(ctx, sess.conn)
+	if err != nil {
+		return nil, err
+	}
 	c.log.Info("streaming", "slot", c.cfg.Slot, "start", sess.slot.ConfirmedFlush, "skip_through", bcfg.SkipThrough,
 		"proto_version", c.neg.ProtoVersion, "streaming", c.neg.Streaming, "options", strings.Join(c.neg.PluginArgs, ", "),
 		"status_interval", c.every)
-	return newStream(c, sess, buf), nil
+	return newStream(c, sess, w, buf), nil
 }
 
 // Close closes the connection (and ends an exported snapshot). It is safe to call twice, and
@@ -377,31 +381,34 @@ func (c *Config) connConfig(ctx context.Context, base *pgconn.Config, log *slog.
 	return pc, nil
 }
 
-// dial makes one connection attempt.
-func (c *Config) dial(ctx context.Context, base *pgconn.Config, log *slog.Logger) (conn *pgconn.PgConn, err error) {
+// dial makes one connection attempt. It returns the attempt's handlers of notices and errors
+// too: the stream calls them for what arrives while streaming, which pgconn does not see.
+func (c *Config) dial(ctx context.Context, base *pgconn.Config, log *slog.Logger) (conn *pgconn.PgConn, nh noticeHandlers, err error) {
 	pc, err := c.connConfig(ctx, base, log)
 	if err != nil {
-		return nil, err
+		return nil, nh, err
 	}
+	nh = noticeHandlers{onNotice: pc.OnNotice, onPgError: pc.OnPgError}
 	conn, err = connect(ctx, pc)
 	if errors.Is(err, ErrNotParsed) {
-		return nil, fmt.Errorf("%w: ConnConfig must be made by pgconn.ParseConfig", ErrInvalidConfig)
+		return nil, nh, fmt.Errorf("%w: ConnConfig must be made by pgconn.ParseConfig", ErrInvalidConfig)
 	}
 	if err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "53300" && strings.Contains(pgErr.Message, "max_wal_senders") {
-			return nil, &CheckError{Setting: "max_wal_senders", Err: ErrServerConfig, Cause: err,
+			return nil, nh, &CheckError{Setting: "max_wal_senders", Err: ErrServerConfig, Cause: err,
 				Problem: "the server has no walsender left for this connection",
 				Fix:     "raise max_wal_senders (needs a server restart) or stop other replication connections"}
 		}
-		return nil, fmt.Errorf("replication: connect: %w", err)
+		return nil, nh, fmt.Errorf("replication: connect: %w", err)
 	}
-	return conn, nil
+	return conn, nh, nil
 }
 
 // session is one replication connection after IDENTIFY_SYSTEM and the pre-flight checks.
 type session struct {
 	conn     *pgconn.PgConn
+	notice   noticeHandlers
 	major    int
 	sys      systemInfo
 	settings serverSettings
@@ -417,11 +424,11 @@ func (s *session) close(ctx context.Context) error {
 // openSession connects and checks that the server, the publications and the slot (if it
 // exists) can serve cfg. first is false on a reconnection: tables are logged only once.
 func openSession(ctx context.Context, cfg *Config, base *pgconn.Config, log *slog.Logger, first bool) (_ *session, err error) {
-	conn, err := cfg.dial(ctx, base, log)
+	conn, nh, err := cfg.dial(ctx, base, log)
 	if err != nil {
 		return nil, err
 	}
-	s := &session{conn: conn}
+	s := &session{conn: conn, notice: nh}
 	defer func() {
 		if err != nil {
 			s.close(ctx)

@@ -144,6 +144,13 @@
 // notice logger (calling the configured OnNotice too) and a context watcher that ends waits with
 // a deadline, never with a cancel request (which would reach the walsender).
 //
+// Once streaming, the stream reads the socket itself rather than through pgconn: as much as it
+// holds, up to 256 KiB, in one read into a buffer it reuses, messages handed to the reorder buffer
+// in place (which copies what it keeps, the only copy), and a read deadline set once per status
+// interval rather than a context watched for every message. Next's context, and Close, end a
+// waiting read by moving that deadline into the past. Notices and errors the server sends while
+// streaming still reach the connection's OnNotice and OnPgError.
+//
 // # Initial copy
 //
 // To copy the published tables and then stream exactly what follows, create the slot with an

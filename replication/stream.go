@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"net"
 	"sync"
 	"time"
 
@@ -69,6 +70,8 @@ type Stream struct {
 	connBusy bool
 
 	conn      *pgconn.PgConn // nil while disconnected
+	wire      *wire          // reads conn's messages; nil while disconnected
+	notice    noticeHandlers // conn's configured handlers of server notices and errors
 	temporary bool           // the slot is temporary: it died with the connection
 	sys       System         // IDENTIFY_SYSTEM of the current (or last) connection
 	slotPos   decoding.LSN   // the slot's confirmed position when the connection started
@@ -77,12 +80,12 @@ type Stream struct {
 	cause     error          // why the connection was lost, while reconnecting
 	attempt   int            // failed reconnection attempts in a row
 	slotSince time.Time      // since when reconnections met the slot in use (ErrSlotActive); zero otherwise
-	// The receive context, with the deadline of the next status update, made once per
-	// deadline rather than once per message (a timer each: a quarter of the receive loop's CPU).
-	recv       context.Context
-	recvCancel func()
-	recvFrom   context.Context // the caller's ctx it derives from
-	recvUntil  time.Time
+
+	// wakeMu guards wakeConn, the socket of the current connection (nil while disconnected):
+	// wake, called by whoever cancels a context Next waits with, or closes the stream,
+	// interrupts a waiting read through it.
+	wakeMu   sync.Mutex
+	wakeConn net.Conn
 
 	// Guarded by mu.
 	buf        *reorderbuffer.Buffer
@@ -93,7 +96,7 @@ type Stream struct {
 	closed     bool
 }
 
-func newStream(c *Conn, sess *session, buf *reorderbuffer.Buffer) *Stream {
+func newStream(c *Conn, sess *session, w *wire, buf *reorderbuffer.Buffer) *Stream {
 	s := &Stream{
 		cfg:       c.cfg,
 		base:      c.base,
@@ -102,6 +105,9 @@ func newStream(c *Conn, sess *session, buf *reorderbuffer.Buffer) *Stream {
 		every:     c.every,
 		tickDone:  make(chan struct{}),
 		conn:      sess.conn,
+		wire:      w,
+		wakeConn:  w.nc,
+		notice:    sess.notice,
 		temporary: sess.slot.Temporary,
 		sys:       sess.sys.export(),
 		slotPos:   sess.slot.ConfirmedFlush,
@@ -112,8 +118,36 @@ func newStream(c *Conn, sess *session, buf *reorderbuffer.Buffer) *Stream {
 	s.pos = Position{Start: s.slotPos, Flushed: s.slotPos, Acked: buf.AckedThrough()}
 	s.connFree.L = &s.mu
 	s.life, s.kill = context.WithCancel(context.Background())
+	context.AfterFunc(s.life, s.wake)
 	go s.keepalive()
 	return s
+}
+
+// wake interrupts a read waiting on the current connection: its deadline moves into the past.
+// The reader then finds out why (a context ended, the stream closed) or, if nothing did, sets
+// its deadline again.
+func (s *Stream) wake() {
+	s.wakeMu.Lock()
+	defer s.wakeMu.Unlock()
+	if s.wakeConn != nil {
+		s.wakeConn.SetReadDeadline(aLongTimeAgo)
+	}
+}
+
+// setWire makes w (nil: none) the connection's reader, for wake too.
+func (s *Stream) setWire(w *wire) {
+	s.wire = w
+	s.wakeMu.Lock()
+	s.wakeConn = nil
+	if w != nil {
+		s.wakeConn = w.nc
+	}
+	s.wakeMu.Unlock()
+}
+
+// connected reports whether the stream has a connection that no read found broken.
+func (s *Stream) connected() bool {
+	return s.conn != nil && !s.conn.IsClosed() && !s.wire.broken()
 }
 
 // Negotiated returns what was negotiated with the server.
@@ -192,6 +226,12 @@ func (s *Stream) Next(ctx context.Context) (*reorderbuffer.Txn, error) {
 	if s.err != nil {
 		return nil, s.err
 	}
+	if ctx.Done() != nil {
+		// One registration for the whole call, not one per message: ctx's end interrupts the
+		// read waiting then (and the read after it, if it came between two reads).
+		stop := context.AfterFunc(ctx, s.wake)
+		defer stop()
+	}
 	for {
 		s.mu.Lock()
 		t, ok := s.buf.Next()
@@ -219,24 +259,39 @@ func (s *Stream) Next(ctx context.Context) (*reorderbuffer.Txn, error) {
 				continue
 			}
 		}
-		msg, err := s.conn.ReceiveMessage(s.receiveContext(ctx))
+		var err error
+		if !s.wire.ready() {
+			// Wait for the next message until the next status update is due. The deadline is
+			// set before ctx is looked at: a ctx that ends after the look moves it (wake).
+			s.wire.setDeadline(s.last.Add(s.every))
+			switch {
+			case s.life.Err() != nil:
+				return nil, ErrClosed
+			case ctx.Err() != nil:
+				return nil, ctx.Err()
+			}
+			err = s.wire.fill()
+		}
 		if err != nil {
 			switch {
 			case s.life.Err() != nil:
 				return nil, ErrClosed
 			case ctx.Err() != nil:
-				if s.conn.IsClosed() { // the connection broke while ctx ended
+				if s.wire.broken() { // the connection broke while ctx ended
 					if err := s.lost(fmt.Errorf("replication: connection lost: %w", err)); err != nil {
 						return nil, err
 					}
 				}
 				return nil, ctx.Err()
-			case pgconn.Timeout(err):
-				continue // time for a status update
+			case isTimeout(err):
+				// Time for a status update, or a wake for a context that no longer matters
+				// (an earlier call's): the deadline is set again either way.
+				s.wire.deadline = time.Time{}
+				continue
 			}
 			err = fmt.Errorf("replication: receive: %w", err)
 		} else {
-			err = s.handle(msg)
+			err = s.handleBuffered()
 		}
 		if err != nil {
 			if err := s.lost(err); err != nil {
@@ -262,8 +317,7 @@ func (s *Stream) Ready() bool {
 	if s.life.Err() != nil || s.err != nil {
 		return false
 	}
-	ctx, cancel := context.WithTimeout(s.life, readyWait)
-	defer cancel()
+	until := time.Now().Add(readyWait)
 	for {
 		s.mu.Lock()
 		n := s.buf.Pending()
@@ -271,17 +325,28 @@ func (s *Stream) Ready() bool {
 		if n > 0 {
 			return true
 		}
-		if s.conn == nil || ctx.Err() != nil {
+		if s.conn == nil {
 			return false
 		}
-		msg, err := s.conn.ReceiveMessage(ctx)
+		var err error
+		if !s.wire.ready() {
+			if !time.Now().Before(until) {
+				return false
+			}
+			s.wire.setDeadline(until) // Close moves it (wake)
+			if s.life.Err() != nil {
+				return false
+			}
+			err = s.wire.fill()
+		}
 		if err != nil {
-			if s.life.Err() != nil || pgconn.Timeout(err) && !s.conn.IsClosed() {
+			if s.life.Err() != nil || isTimeout(err) {
+				s.wire.deadline = time.Time{} // Next sets its own
 				return false
 			}
 			err = fmt.Errorf("replication: receive: %w", err)
 		} else {
-			err = s.handle(msg)
+			err = s.handleBuffered()
 		}
 		if err != nil {
 			s.lost(err) // Next reconnects, or returns the sticky error
@@ -321,7 +386,7 @@ func (s *Stream) drop(cause error) {
 	if s.conn == nil {
 		return
 	}
-	s.stopReceiveContext()
+	s.setWire(nil)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	s.conn.Close(ctx)
 	cancel()
@@ -418,7 +483,12 @@ func (s *Stream) resume(ctx context.Context) (err error) {
 	if err := startReplication(ctx, sess.conn, s.cfg.Slot, s.neg.PluginArgs); err != nil {
 		return err
 	}
-	s.conn, s.slotPos, s.last = sess.conn, sess.slot.ConfirmedFlush, time.Now()
+	w, err := newWire(ctx, sess.conn)
+	if err != nil {
+		return err
+	}
+	s.conn, s.slotPos, s.last, s.notice = sess.conn, sess.slot.ConfirmedFlush, time.Now(), sess.notice
+	s.setWire(w)
 	s.mu.Lock()
 	s.sys = sess.sys.export()
 	s.reconnects++
@@ -435,26 +505,6 @@ func jitter(d time.Duration) time.Duration {
 	return d + time.Duration((rand.Float64()*0.4-0.2)*float64(d))
 }
 
-// receiveContext returns ctx with the deadline of the next status update, cancelled by Close.
-func (s *Stream) receiveContext(ctx context.Context) context.Context {
-	until := s.last.Add(s.every)
-	if s.recv == nil || s.recvFrom != ctx || !s.recvUntil.Equal(until) || s.recv.Err() != nil {
-		s.stopReceiveContext()
-		rctx, cancel := context.WithDeadline(ctx, until)
-		stop := context.AfterFunc(s.life, cancel)
-		s.recv, s.recvFrom, s.recvUntil = rctx, ctx, until
-		s.recvCancel = func() { stop(); cancel() }
-	}
-	return s.recv
-}
-
-func (s *Stream) stopReceiveContext() {
-	if s.recvCancel != nil {
-		s.recvCancel()
-	}
-	s.recv, s.recvCancel, s.recvFrom = nil, nil, nil
-}
-
 // Replication envelope messages (CopyData payloads).
 const (
 	msgXLogData      = 'w' // server: dataStart, walEnd, sendTime (int64 each), then one pgoutput message
@@ -462,27 +512,66 @@ const (
 	msgStandbyStatus = 'r' // client: write, flush, apply, sendTime (int64 each), replyRequested (byte)
 )
 
-// handle processes one backend message.
-func (s *Stream) handle(msg pgproto3.BackendMessage) error {
-	switch msg := msg.(type) {
-	case *pgproto3.CopyData:
-		if len(msg.Data) == 0 {
-			return &ProtocolError{Msg: "empty CopyData"}
+// handleBuffered handles the messages the wire holds in full, XLogData under one lock of mu for
+// a run of them, anything else on its own, until a transaction is complete: the rest waits in
+// the wire for the next call, as it would in the socket.
+func (s *Stream) handleBuffered() error {
+	locked := false
+	defer func() {
+		if locked {
+			s.mu.Unlock()
 		}
-		d := msg.Data
-		switch d[0] {
-		case msgXLogData:
-			if len(d) < 25 {
-				return &ProtocolError{Msg: fmt.Sprintf("XLogData of %d bytes", len(d))}
+	}()
+	for {
+		typ, body, ok, err := s.wire.frame()
+		if err != nil || !ok {
+			return err
+		}
+		if typ == 'd' && len(body) >= 25 && body[0] == msgXLogData {
+			start := decoding.LSN(binary.BigEndian.Uint64(body[1:]))
+			end := decoding.LSN(binary.BigEndian.Uint64(body[9:]))
+			if !locked {
+				s.mu.Lock()
+				locked = true
 			}
-			start := decoding.LSN(binary.BigEndian.Uint64(d[1:]))
-			end := decoding.LSN(binary.BigEndian.Uint64(d[9:]))
-			s.mu.Lock()
-			defer s.mu.Unlock()
 			s.pos.Received = max(s.pos.Received, start, end)
 			s.act.data()
-			// The payload aliases pgconn's read buffer; the buffer copies what it keeps.
-			return s.buf.Add(start, d[25:])
+			// The payload is in the wire's buffer until its next fill; the buffer copies what
+			// it keeps.
+			if err := s.buf.Add(start, body[25:]); err != nil {
+				return err
+			}
+			if s.buf.Pending() > 0 {
+				return nil
+			}
+			continue
+		}
+		if locked {
+			s.mu.Unlock()
+			locked = false
+		}
+		if err := s.handle(typ, body); err != nil {
+			return err
+		}
+		s.mu.Lock()
+		n := s.buf.Pending()
+		s.mu.Unlock()
+		if n > 0 {
+			return nil
+		}
+	}
+}
+
+// handle processes one backend message other than XLogData: its type and body.
+func (s *Stream) handle(typ byte, d []byte) error {
+	switch typ {
+	case 'd': // CopyData
+		if len(d) == 0 {
+			return &ProtocolError{Msg: "empty CopyData"}
+		}
+		switch d[0] {
+		case msgXLogData:
+			return &ProtocolError{Msg: fmt.Sprintf("XLogData of %d bytes", len(d))}
 		case msgKeepalive:
 			if len(d) < 18 {
 				return &ProtocolError{Msg: fmt.Sprintf("keepalive of %d bytes", len(d))}
@@ -502,17 +591,38 @@ func (s *Stream) handle(msg pgproto3.BackendMessage) error {
 			s.log.Debug("ignoring replication message", "type", string(d[0]))
 		}
 		return nil
-	case *pgproto3.CopyDone:
+	case 'c':
 		return fmt.Errorf("%w (CopyDone)", ErrServerEndedStream)
-	case *pgproto3.CommandComplete:
+	case 'C':
 		// A walsender that stops because the server shuts down ends the copy this way.
-		return fmt.Errorf("%w (CommandComplete %q)", ErrServerEndedStream, msg.CommandTag)
-	case *pgproto3.ErrorResponse:
-		return fmt.Errorf("replication: %w", pgconn.ErrorResponseToPgError(msg))
-	case *pgproto3.NoticeResponse, *pgproto3.ParameterStatus:
-		return nil // notices were logged by the OnNotice handler
+		var m pgproto3.CommandComplete
+		if err := m.Decode(d); err != nil {
+			return &ProtocolError{Msg: "CommandComplete", Err: err}
+		}
+		return fmt.Errorf("%w (CommandComplete %q)", ErrServerEndedStream, m.CommandTag)
+	case 'E':
+		var m pgproto3.ErrorResponse
+		if err := m.Decode(d); err != nil {
+			return &ProtocolError{Msg: "ErrorResponse", Err: err}
+		}
+		pgErr := pgconn.ErrorResponseToPgError(&m)
+		if s.notice.onPgError != nil {
+			s.notice.onPgError(s.conn, pgErr) // the stream ends either way
+		}
+		return fmt.Errorf("replication: %w", pgErr)
+	case 'N':
+		var m pgproto3.NoticeResponse
+		if err := m.Decode(d); err != nil {
+			return &ProtocolError{Msg: "NoticeResponse", Err: err}
+		}
+		if s.notice.onNotice != nil {
+			s.notice.onNotice(s.conn, (*pgconn.Notice)(pgconn.ErrorResponseToPgError((*pgproto3.ErrorResponse)(&m))))
+		}
+		return nil
+	case 'S':
+		return nil // ParameterStatus: nothing the stream uses changes while streaming
 	default:
-		return &ProtocolError{Msg: fmt.Sprintf("unexpected %T", msg)}
+		return &ProtocolError{Msg: fmt.Sprintf("unexpected message type %q while streaming", typ)}
 	}
 }
 
@@ -574,7 +684,7 @@ func (s *Stream) keepalive() {
 		}
 		s.takeConn() // waits while Next runs: Next sends its own updates
 		wait := s.every
-		if s.life.Err() == nil && s.err == nil && s.conn != nil && !s.conn.IsClosed() {
+		if s.life.Err() == nil && s.err == nil && s.connected() {
 			if since := time.Since(s.last); since < s.every {
 				wait = s.every - since
 			} else if err := s.sendStatus(false); err != nil {
@@ -679,14 +789,14 @@ func (s *Stream) Close(ctx context.Context) error {
 	s.mu.Unlock()
 	s.kill()
 	s.takeConn()
-	s.stopReceiveContext()
 	var errs []error
 	if s.conn != nil {
-		if s.err == nil && !s.conn.IsClosed() {
+		if s.err == nil && s.connected() {
 			if err := s.sendStatus(false); err != nil {
 				errs = append(errs, err)
 			}
 		}
+		s.setWire(nil)
 		if err := s.conn.Close(ctx); err != nil && !errors.Is(err, context.Canceled) {
 			errs = append(errs, err)
 		}
