@@ -46,6 +46,10 @@ var ErrNoSink = errors.New("metrics: no Kafka sink")
 //	pgreorder_kafka_committed_position_bytes gauge   the source LSN the last commit holds
 //	pgreorder_kafka_lag_bytes               gauge    WAL received from the source past it
 //
+// The lag is 0 while the stream is caught up (replication.Activity.CaughtUp: everything
+// received was handed out and acknowledged, so committed in Kafka), although the server's
+// keepalives carry the received position past the last committed transaction's end;
+// otherwise it is the stream's received position minus the committed one.
 // Register it beside the stream's Collector, or pass it to Handler.
 type KafkaCollector struct {
 	sink   KafkaSource
@@ -92,11 +96,11 @@ func (c *KafkaCollector) Collect(ch chan<- prometheus.Metric) {
 }
 
 // Lag returns the WAL the stream received past the sink's committed position (0 without a
-// stream, or before anything was received).
+// stream, while it is caught up, or before anything was received).
 func (c *KafkaCollector) Lag() int64 { return c.lagBytes(c.sink.KafkaStats()) }
 
 func (c *KafkaCollector) lagBytes(st KafkaStats) int64 {
-	if c.stream == nil {
+	if c.stream == nil || c.stream.Activity().CaughtUp {
 		return 0
 	}
 	recv := uint64(c.stream.Position().Received)
