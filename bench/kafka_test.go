@@ -31,7 +31,7 @@ import (
 // against the same PostgreSQL 18 server and the same single KRaft broker, taking turns, each
 // contender its own slot and topic prefix. Topics are created beforehand, alike for both
 // (one partition, message.timestamp.type=LogAppendTime). A consumer reading with
-// isolation.level=read_committed counts what each delivered. Three cases:
+// isolation.level=read_committed counts what each delivered. Four cases:
 //
 //   - bigtxn: one INSERT of ROWS rows in one transaction, into an empty published table (the
 //     contender already streaming): COMMIT returned → the last event readable; the contender's
@@ -44,14 +44,22 @@ import (
 //     tables: events delivered per second (4 per pgbench transaction, counted from the load's
 //     start to the last one readable), the end-to-end lag of each event (source.ts_ms, the
 //     commit time, to the record's log append time) at p50 and p99, the contender's CPU over
-//     the same span, and pgbench's own tps.
+//     the same span, and pgbench's own tps (the contender shares the machine with the load);
+//   - catchup: then the contender is stopped (SIGTERM), the same load runs again into its slot,
+//     and the contender is started again: the rate at which it delivers that backlog, from its
+//     first record to its last (its capacity, which the live load may not reach), and the time
+//     from its start to the last.
+//
+// With both contenders on the machine's 2 cores beside PostgreSQL, pgbench and the broker,
+// every figure includes the contention it causes; the machine's load average is logged before
+// and after.
 //
 // The Debezium side runs from jars bench/debezium/install fetches with Maven (into
 // /opt/pgreorder/debezium as root, ~/.cache/pgreorder/debezium otherwise; the benchmark runs it
 // when they are missing). It needs PGREORDER_BENCH_KAFKA=1, a JDK 17, Maven, pgbench, a Kafka
 // broker (internal/testing/kafkatest) and PostgreSQL 18 (the newest installed otherwise):
 //
-//	PGREORDER_BENCH_KAFKA=1 go test -run '^$' -bench KafkaDebezium -benchtime 1x -timeout 60m ./bench/
+//	PGREORDER_BENCH_KAFKA=1 go test -v -run '^$' -bench KafkaDebezium -benchtime 1x -timeout 60m ./bench/
 //
 // Sizes (PGREORDER_BENCH_FULL=1 selects the larger value of each):
 //
@@ -130,19 +138,21 @@ func BenchmarkKafkaDebezium(b *testing.B) {
 				b.Fatalf("bigtxn, %s: %v", c, err)
 			}
 			results["bigtxn/"+c] = append(results["bigtxn/"+c], res)
-			snap, load, err := kb.snapshotAndLoad(ctx, c)
+			snap, load, catch, err := kb.snapshotAndLoad(ctx, c)
 			if err != nil {
 				b.Fatalf("snapshot and pgbench, %s: %v", c, err)
 			}
 			results["snapshot/"+c] = append(results["snapshot/"+c], snap)
 			results["pgbench/"+c] = append(results["pgbench/"+c], load)
+			results["catchup/"+c] = append(results["catchup/"+c], catch)
 		}
 	}
-	for _, cs := range []string{"bigtxn", "snapshot", "pgbench"} {
+	for _, cs := range []string{"bigtxn", "snapshot", "pgbench", "catchup"} {
 		name := map[string]string{
 			"bigtxn":   fmt.Sprintf("case=bigtxn/rows=%s", rowsName(rows)),
 			"snapshot": fmt.Sprintf("case=snapshot/rows=%s", rowsName(100_000*scale)),
 			"pgbench":  fmt.Sprintf("case=pgbench/clients=%d/seconds=%d", clients, seconds),
+			"catchup":  fmt.Sprintf("case=catchup/clients=%d/seconds=%d", clients, seconds),
 		}[cs]
 		for _, c := range contenders {
 			rs := results[cs+"/"+c]
@@ -185,6 +195,10 @@ func reportKafka(b *testing.B, cs string, r kafkaResult) {
 		b.ReportMetric(float64(r.lagP99.Milliseconds()), "lag-p99-ms")
 		b.ReportMetric(r.tps, "pgbench-tps")
 		b.ReportMetric(float64(r.events), "events")
+	case "catchup":
+		b.ReportMetric(r.eventsPerS, "events/s")
+		b.ReportMetric(float64(r.last.Milliseconds()), "start-to-last-ms")
+		b.ReportMetric(float64(r.events), "events")
 	}
 	b.ReportMetric(0, "ns/op")
 }
@@ -221,6 +235,9 @@ type session struct {
 	tally              *tally
 	rest               int // Kafka Connect's REST port (Debezium)
 	lastCheck          time.Time
+	pub, dir           string
+	tables             []string
+	launches           int
 }
 
 // failed returns an error once the contender's process exited, or, for Debezium, once Kafka
@@ -292,20 +309,38 @@ func (kb *kafkaBench) start(ctx context.Context, kind, pub string, tables []stri
 	if err != nil {
 		return nil, err
 	}
-	host := fmt.Sprintf("host=127.0.0.1 port=%d user=postgres dbname=bench sslmode=disable", kb.srv.Port())
-	s.started = time.Now()
-	switch kind {
-	case "pgreorder":
-		s.proc, err = startProcess(kb.bin, []string{"kafka", "-dsn", host, "-slot", s.slot, "-publication", pub,
-			"-kafka-brokers", kb.kafka.Seeds(), "-kafka-topic-prefix", s.prefix, "-progress", "0"}, dir, filepath.Join(dir, "pgreorder.log"))
-	case "debezium":
-		s.proc, err = kb.startConnect(dir, s, pub, tables)
-	}
-	if err != nil {
+	s.pub, s.dir, s.tables = pub, dir, tables
+	if err := kb.launch(s); err != nil {
 		s.tally.close()
 		return nil, err
 	}
 	return s, nil
+}
+
+// launch starts the contender's process (again, after stopProcess: on the same slot, topics and
+// Kafka Connect offsets file, resuming where it stopped).
+func (kb *kafkaBench) launch(s *session) (err error) {
+	s.launches++
+	host := fmt.Sprintf("host=127.0.0.1 port=%d user=postgres dbname=bench sslmode=disable", kb.srv.Port())
+	s.started = time.Now()
+	s.rest = 0
+	switch s.kind {
+	case "pgreorder":
+		s.proc, err = startProcess(kb.bin, []string{"kafka", "-dsn", host, "-slot", s.slot, "-publication", s.pub,
+			"-kafka-brokers", kb.kafka.Seeds(), "-kafka-topic-prefix", s.prefix, "-progress", "0"}, s.dir, filepath.Join(s.dir, fmt.Sprintf("pgreorder-%d.log", s.launches)))
+	case "debezium":
+		s.proc, err = kb.startConnect(s.dir, s, s.pub, s.tables)
+	}
+	return err
+}
+
+// stopProcess stops the contender's process (SIGTERM, a clean stop).
+func (kb *kafkaBench) stopProcess(ctx context.Context, s *session) error {
+	err := s.proc.stop(ctx)
+	if err != nil && s.kind == "debezium" && s.proc.cmd.ProcessState != nil && s.proc.cmd.ProcessState.ExitCode() == 143 {
+		err = nil // the JVM's exit status after SIGTERM, once its shutdown hooks ran
+	}
+	return err
 }
 
 // startConnect writes the worker's and the connector's properties and starts Kafka Connect
@@ -357,15 +392,12 @@ snapshot.mode=initial
 		"-Djava.awt.headless=true", "-Dlog4j2.configurationFile=" + filepath.Join(dir, "log4j2.properties"),
 		"-cp", filepath.Join(kb.dbz, "connect", "*"), "org.apache.kafka.connect.cli.ConnectStandalone",
 		filepath.Join(dir, "worker.properties"), filepath.Join(dir, "connector.properties")}
-	return startProcess("java", args, dir, filepath.Join(dir, "connect.log"))
+	return startProcess("java", args, dir, filepath.Join(dir, fmt.Sprintf("connect-%d.log", s.launches)))
 }
 
 // stop stops the contender and its consumer and drops its slot.
 func (kb *kafkaBench) stop(ctx context.Context, s *session) error {
-	err := s.proc.stop(ctx)
-	if err != nil && s.kind == "debezium" && s.proc.cmd.ProcessState != nil && s.proc.cmd.ProcessState.ExitCode() == 143 {
-		err = nil // the JVM's exit status after SIGTERM, once its shutdown hooks ran
-	}
+	err := kb.stopProcess(ctx, s)
 	s.tally.close()
 	for range 500 {
 		n, qerr := querySingle(ctx, kb.srv.ConnString("bench"), fmt.Sprintf(
@@ -464,28 +496,28 @@ func (kb *kafkaBench) bigTxn(ctx context.Context, kind string) (kafkaResult, err
 	return r, kb.stop(ctx, s)
 }
 
-func (kb *kafkaBench) snapshotAndLoad(ctx context.Context, kind string) (snap, load kafkaResult, err error) {
+func (kb *kafkaBench) snapshotAndLoad(ctx context.Context, kind string) (snap, load, catch kafkaResult, err error) {
 	db := kb.srv.ConnString("bench")
 	if err := pgtest.Exec(ctx, db, tpcbReset...); err != nil {
-		return snap, load, err
+		return snap, load, catch, err
 	}
 	copied := 100_000*kb.scale + 10*kb.scale + kb.scale // accounts, tellers, branches; no history
 	s, err := kb.start(ctx, kind, "pub_tpcb", []string{"pgbench_branches", "pgbench_tellers", "pgbench_accounts", "pgbench_history"}, copied)
 	if err != nil {
-		return snap, load, err
+		return snap, load, catch, err
 	}
 	defer kb.stop(context.WithoutCancel(ctx), s)
 	last, err := kb.waitCount(ctx, s, copied, 20*time.Minute)
 	if err != nil {
-		return snap, load, err
+		return snap, load, catch, err
 	}
 	snap.last = last.Sub(s.started)
 	pid := kb.pid(s)
 	if snap.cpu, err = procCPU(pid); err != nil {
-		return snap, load, err
+		return snap, load, catch, err
 	}
 	if snap.rss, err = procHWM(pid); err != nil {
-		return snap, load, err
+		return snap, load, catch, err
 	}
 	s.tally.mu.Lock()
 	first := s.tally.first.Sub(s.started)
@@ -495,44 +527,79 @@ func (kb *kafkaBench) snapshotAndLoad(ctx context.Context, kind string) (snap, l
 
 	// The load, once the contender streams.
 	if err := kb.waitSlot(ctx, s); err != nil {
-		return snap, load, err
+		return snap, load, catch, err
 	}
 	cpu0 := snap.cpu
 	if cpu0, err = procCPU(pid); err != nil {
-		return snap, load, err
+		return snap, load, catch, err
 	}
 	t0 := time.Now()
 	out, err := kb.runPgbench(ctx)
 	if err != nil {
-		return snap, load, err
+		return snap, load, catch, err
 	}
 	if m := regexp.MustCompile(`tps = ([0-9.]+)`).FindStringSubmatch(out); m != nil {
 		load.tps, _ = strconv.ParseFloat(m[1], 64)
 	}
 	n, err := querySingle(ctx, db, "SELECT count(*) FROM pgbench_history")
 	if err != nil {
-		return snap, load, err
+		return snap, load, catch, err
 	}
 	txns, _ := strconv.ParseInt(n, 10, 64)
 	load.events = 4 * txns
 	last, err = kb.waitCount(ctx, s, copied+load.events, 20*time.Minute)
 	if err != nil {
-		return snap, load, err
+		return snap, load, catch, err
 	}
 	span := last.Sub(t0)
 	load.eventsPerS = float64(load.events) / span.Seconds()
 	cpu1, err := procCPU(pid)
 	if err != nil {
-		return snap, load, err
+		return snap, load, catch, err
 	}
 	load.cpu = cpu1 - cpu0
 	if load.rss, err = procHWM(pid); err != nil {
-		return snap, load, err
+		return snap, load, catch, err
 	}
 	load.lagP50, load.lagP99 = s.tally.lags()
 	kb.b.Logf("pgbench %s: %d transactions (%.0f tps), %d events in %v after the load's start: %.0f events/s, lag p50 %v p99 %v, CPU %v, peak RSS %d MB",
 		kind, txns, load.tps, load.events, span.Round(time.Millisecond), load.eventsPerS, load.lagP50, load.lagP99, load.cpu.Round(time.Millisecond), load.rss>>20)
-	return snap, load, kb.stop(ctx, s)
+
+	// Catch-up: the contender stopped, a backlog made by the same load, the contender started
+	// again on its slot; its rate from the first record of the backlog to the last.
+	if err := kb.stopProcess(ctx, s); err != nil {
+		return snap, load, catch, err
+	}
+	if _, err := kb.runPgbench(ctx); err != nil {
+		return snap, load, catch, err
+	}
+	if n, err = querySingle(ctx, db, "SELECT count(*) FROM pgbench_history"); err != nil {
+		return snap, load, catch, err
+	}
+	all, _ := strconv.ParseInt(n, 10, 64)
+	catch.events = 4 * (all - txns)
+	had, _ := s.tally.count()
+	s.tally.mark(had + 1)
+	if err := kb.launch(s); err != nil {
+		return snap, load, catch, err
+	}
+	last, err = kb.waitCount(ctx, s, copied+4*all, 20*time.Minute)
+	if err != nil {
+		return snap, load, catch, err
+	}
+	firstAt := s.tally.marked()
+	catch.eventsPerS = float64(catch.events) / last.Sub(firstAt).Seconds()
+	catch.last = last.Sub(s.started)
+	if catch.cpu, err = procCPU(kb.pid(s)); err != nil {
+		return snap, load, catch, err
+	}
+	if catch.rss, err = procHWM(kb.pid(s)); err != nil {
+		return snap, load, catch, err
+	}
+	kb.b.Logf("catch-up %s: %d events; start → first %v → last %v: %.0f events/s from first to last, CPU %v (from the start), peak RSS %d MB",
+		kind, catch.events, firstAt.Sub(s.started).Round(time.Millisecond), catch.last.Round(time.Millisecond), catch.eventsPerS,
+		catch.cpu.Round(time.Millisecond), catch.rss>>20)
+	return snap, load, catch, kb.stop(ctx, s)
 }
 
 // waitSlot waits until the contender's walsender streams from its slot.
@@ -576,7 +643,9 @@ type tally struct {
 	first  time.Time // when the first record was received
 	lastAt time.Time
 	err    error
-	from   int64   // records from this index on have their lag measured (-1: none)
+	from   int64 // records from this index on have their lag measured (-1: none)
+	markN  int64 // the record whose arrival is noted (mark), 1-based
+	markAt time.Time
 	lagMS  []int64 // log append time - source.ts_ms
 }
 
@@ -617,6 +686,9 @@ func consume(brokers, topics []string, parseFrom int64) (*tally, error) {
 					t.first = now
 				}
 				t.n++
+				if t.n == t.markN {
+					t.markAt = now
+				}
 			})
 			t.lastAt = now
 			t.mu.Unlock()
@@ -629,6 +701,19 @@ func (t *tally) count() (int64, time.Time) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.n, t.lastAt
+}
+
+// mark notes when the n-th record arrives (marked).
+func (t *tally) mark(n int64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.markN, t.markAt = n, time.Time{}
+}
+
+func (t *tally) marked() time.Time {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.markAt
 }
 
 func (t *tally) failed() error {
