@@ -28,7 +28,8 @@ import (
 // The crash test: a changefeed into Kafka runs in a process of its own (the test binary, run
 // again), which is killed with SIGKILL at random moments, several times, while a concurrent
 // workload runs on the server: big transactions that spill and stream, with a savepoint rolled
-// back in each, transactions rolled back, small ones. In the end a read_committed consumer must
+// back in each, transactions rolled back, small ones, and columns added and dropped (ALTER TABLE
+// in a transaction that also writes rows). In the end a read_committed consumer must
 // see the initial copy and every committed source transaction exactly once: each transaction's
 // events all there (as many as the transaction made changes), none of an aborted one, every
 // key's changes in commit order (replayed, they give the source table).
@@ -176,6 +177,19 @@ func workload(ctx context.Context, dsn string, seed uint64, d time.Duration, got
 			sqls = append(sqls, fmt.Sprintf(`DELETE FROM t WHERE id = %d`, a+1))
 		}
 		return txn(conn, true, sqls...)
+	})
+	alters := 0
+	session(4, func(conn *pgx.Conn, rng *rand.Rand) error { // schema changes amid the rows
+		pause(rng, 400, 1200)
+		alters++
+		a := span(1)
+		if alters%2 == 1 {
+			col := fmt.Sprintf("c%d", alters)
+			return txn(conn, true, fmt.Sprintf(`ALTER TABLE t ADD COLUMN %s int DEFAULT %d`, col, alters),
+				fmt.Sprintf(`INSERT INTO t (id, v, %s) VALUES (%d, 'altered', %d)`, col, a, alters))
+		}
+		return txn(conn, true, fmt.Sprintf(`ALTER TABLE t DROP COLUMN c%d`, alters-1),
+			fmt.Sprintf(`INSERT INTO t VALUES (%d, 'dropped')`, a), fmt.Sprintf(`UPDATE t SET v = 'after drop' WHERE id = %d`, a-1))
 	})
 	wg.Wait()
 	if len(errs) > 0 {

@@ -4,7 +4,8 @@
 //
 // Shared(t) gives the test binary's single-node broker (combined broker and controller, started
 // on first use, stopped by pgtest.Main, which the package's TestMain calls); Start(t, n) starts a
-// cluster of its own of n nodes, stopped at the end of the test. A Broker is killed (SIGKILL)
+// cluster of its own of n nodes, stopped at the end of the test; StartWith adds SASL and TLS
+// listeners and an authorizer (Options). A Broker is killed (SIGKILL)
 // and restarted on the same ports and data on demand. Without the jars or a java command these
 // skip the test with a message that says how to install them; with PGREORDER_REQUIRE_KAFKA=1
 // they fail it instead (CI sets it). As root, brokers run as the unprivileged user of
