@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -68,6 +69,9 @@ import (
 //	PGREORDER_BENCH_KAFKA_SECONDS  pgbench duration (10; 60)
 //	PGREORDER_BENCH_KAFKA_CLIENTS  pgbench clients (32; 32)
 //	PGREORDER_BENCH_KAFKA_ROUNDS   rounds, each contender once a case per round, in turn (1; 1)
+//
+// PGREORDER_BENCH_KAFKA_PERF=1 attaches `perf record` to each pgreorder process and logs the top
+// of its report when it stops (a diagnosis: perf's own work is on the machine too).
 func BenchmarkKafkaDebezium(b *testing.B) {
 	if os.Getenv("PGREORDER_BENCH_KAFKA") != "1" {
 		b.Skip("set PGREORDER_BENCH_KAFKA=1 to run the Debezium comparison (minutes)")
@@ -238,6 +242,8 @@ type session struct {
 	pub, dir           string
 	tables             []string
 	launches           int
+	perf               *exec.Cmd // perf record attached to pgreorder (PGREORDER_BENCH_KAFKA_PERF)
+	perfData           string
 }
 
 // failed returns an error once the contender's process exited, or, for Debezium, once Kafka
@@ -331,12 +337,54 @@ func (kb *kafkaBench) launch(s *session) (err error) {
 	case "debezium":
 		s.proc, err = kb.startConnect(s.dir, s, s.pub, s.tables)
 	}
+	if err == nil && s.kind == "pgreorder" && os.Getenv("PGREORDER_BENCH_KAFKA_PERF") == "1" {
+		s.perfData = filepath.Join(s.dir, fmt.Sprintf("perf-%d.data", s.launches))
+		s.perf = exec.Command("perf", "record", "-F", "499", "-g", "-o", s.perfData, "-p", strconv.Itoa(kb.pid(s)))
+		s.perf.Stdout, s.perf.Stderr = io.Discard, io.Discard
+		if err := s.perf.Start(); err != nil {
+			kb.b.Logf("perf record: %v", err)
+			s.perf = nil
+		}
+	}
 	return err
+}
+
+// perfReport stops perf record and logs the top of its report.
+func (kb *kafkaBench) perfReport(s *session) {
+	if s.perf == nil {
+		return
+	}
+	s.perf.Process.Signal(os.Interrupt)
+	s.perf.Wait()
+	s.perf = nil
+	out, err := exec.Command("perf", "report", "-i", s.perfData, "--stdio", "--no-children", "--sort", "symbol", "-g", "none", "--percent-limit", "1.5").Output()
+	if err != nil {
+		kb.b.Logf("perf report: %v", err)
+		return
+	}
+	var top []string
+	for line := range strings.Lines(string(out)) {
+		if t := strings.TrimSpace(line); t != "" && !strings.HasPrefix(t, "#") {
+			top = append(top, t)
+		}
+	}
+	kb.b.Logf("perf, pgreorder launch %d of slot %s:\n%s", s.launches, s.slot, strings.Join(top[:min(len(top), 25)], "\n"))
 }
 
 // stopProcess stops the contender's process (SIGTERM, a clean stop).
 func (kb *kafkaBench) stopProcess(ctx context.Context, s *session) error {
+	kb.perfReport(s)
+	wasRunning := s.proc.failed(ctx) == nil
 	err := s.proc.stop(ctx)
+	if s.kind == "pgreorder" && wasRunning {
+		if data, rerr := os.ReadFile(s.proc.logPath); rerr == nil {
+			for line := range strings.Lines(string(data)) {
+				if strings.Contains(line, "msg=stopped") {
+					kb.b.Logf("pgreorder %s: %s", s.slot, strings.TrimSpace(line))
+				}
+			}
+		}
+	}
 	if err != nil && s.kind == "debezium" && s.proc.cmd.ProcessState != nil && s.proc.cmd.ProcessState.ExitCode() == 143 {
 		err = nil // the JVM's exit status after SIGTERM, once its shutdown hooks ran
 	}
