@@ -68,8 +68,9 @@ func crashSinkConfig(brokers []string, prefix string, log *slog.Logger) kafkasin
 
 // committed is what the workload committed: each transaction's xid and number of changes.
 type committed struct {
-	mu   sync.Mutex
-	txns map[uint64]int
+	mu     sync.Mutex
+	txns   map[uint64]int
+	alters int // transactions with an ALTER TABLE
 }
 
 func (c *committed) add(xid uint64, n int) {
@@ -182,6 +183,9 @@ func workload(ctx context.Context, dsn string, seed uint64, d time.Duration, got
 	session(4, func(conn *pgx.Conn, rng *rand.Rand) error { // schema changes amid the rows
 		pause(rng, 400, 1200)
 		alters++
+		got.mu.Lock()
+		got.alters++
+		got.mu.Unlock()
 		a := span(1)
 		if alters%2 == 1 {
 			col := fmt.Sprintf("c%d", alters)
@@ -266,7 +270,9 @@ func TestCrash(t *testing.T) {
 				positions++
 			}
 		}
-		t.Logf("%d kills, %d committed transactions, %d Kafka transactions committed by the killed consumers", kills, len(got.txns), positions)
+		t.Logf("%d kills, %d committed transactions (%d with an ALTER TABLE), %d Kafka transactions committed by the killed consumers",
+			kills, len(got.txns), got.alters, positions)
+		require.Positive(t, got.alters)
 		require.Greater(t, positions, kills, "the killed consumers made progress")
 		checkExactlyOnce(t, ctx, c, dsn, prefix, got, 3000)
 	})
