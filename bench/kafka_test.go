@@ -644,9 +644,16 @@ func (kb *kafkaBench) snapshotAndLoad(ctx context.Context, kind string) (snap, l
 	if catch.rss, err = procHWM(kb.pid(s)); err != nil {
 		return snap, load, catch, err
 	}
-	kb.b.Logf("catch-up %s: %d events; start → first %v → last %v: %.0f events/s from first to last, CPU %v (from the start), peak RSS %d MB",
+	// The walsender's CPU (it decodes the backlog for the contender) since it started.
+	var walsender time.Duration
+	if v, err := querySingle(ctx, db, fmt.Sprintf("SELECT active_pid FROM pg_replication_slots WHERE slot_name = '%s'", s.slot)); err == nil {
+		if pid, err := strconv.Atoi(v); err == nil {
+			walsender, _ = procCPU(pid)
+		}
+	}
+	kb.b.Logf("catch-up %s: %d events; start → first %v → last %v: %.0f events/s from first to last, CPU %v (from the start; the walsender's %v), peak RSS %d MB",
 		kind, catch.events, firstAt.Sub(s.started).Round(time.Millisecond), catch.last.Round(time.Millisecond), catch.eventsPerS,
-		catch.cpu.Round(time.Millisecond), catch.rss>>20)
+		catch.cpu.Round(time.Millisecond), walsender.Round(time.Millisecond), catch.rss>>20)
 	return snap, load, catch, kb.stop(ctx, s)
 }
 
