@@ -354,7 +354,8 @@ replica.lag.time.max.ms=5000
 			return nil, err
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	// Three JVMs starting on a loaded two-core machine took over 90 seconds.
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	if err := c.WaitReady(ctx); err != nil {
 		return nil, err
@@ -382,7 +383,11 @@ func (c *Cluster) WaitReady(ctx context.Context) error {
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("brokers not ready (last: %v, %d brokers): %s", err, len(m.Brokers), c.Brokers[0].logTail())
+			var tails []string
+			for _, b := range c.Brokers {
+				tails = append(tails, fmt.Sprintf("broker %d: %s", b.ID, b.logTail()))
+			}
+			return fmt.Errorf("brokers not ready (last: %v, %d of %d brokers registered):\n%s", err, len(m.Brokers), len(c.Brokers), strings.Join(tails, "\n"))
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
