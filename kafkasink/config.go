@@ -80,6 +80,22 @@ const (
 	SASLScramSHA512
 )
 
+// String returns the mechanism's name as Kafka spells it (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512),
+// or "none".
+func (m SASLMechanism) String() string {
+	switch m {
+	case SASLNone:
+		return "none"
+	case SASLPlain:
+		return "PLAIN"
+	case SASLScramSHA256:
+		return "SCRAM-SHA-256"
+	case SASLScramSHA512:
+		return "SCRAM-SHA-512"
+	}
+	return fmt.Sprintf("SASLMechanism(%d)", int(m))
+}
+
 // ParseSASLMechanism returns the mechanism named s: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 ("" is
 // SASLNone), in any case.
 func ParseSASLMechanism(s string) (SASLMechanism, error) {

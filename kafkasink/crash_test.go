@@ -28,7 +28,8 @@ import (
 // The crash test: a changefeed into Kafka runs in a process of its own (the test binary, run
 // again), which is killed with SIGKILL at random moments, several times, while a concurrent
 // workload runs on the server: big transactions that spill and stream, with a savepoint rolled
-// back in each, transactions rolled back, small ones. In the end a read_committed consumer must
+// back in each, transactions rolled back, small ones, and columns added and dropped (ALTER TABLE
+// in a transaction that also writes rows). In the end a read_committed consumer must
 // see the initial copy and every committed source transaction exactly once: each transaction's
 // events all there (as many as the transaction made changes), none of an aborted one, every
 // key's changes in commit order (replayed, they give the source table).
@@ -67,8 +68,9 @@ func crashSinkConfig(brokers []string, prefix string, log *slog.Logger) kafkasin
 
 // committed is what the workload committed: each transaction's xid and number of changes.
 type committed struct {
-	mu   sync.Mutex
-	txns map[uint64]int
+	mu     sync.Mutex
+	txns   map[uint64]int
+	alters int // transactions with an ALTER TABLE
 }
 
 func (c *committed) add(xid uint64, n int) {
@@ -177,6 +179,22 @@ func workload(ctx context.Context, dsn string, seed uint64, d time.Duration, got
 		}
 		return txn(conn, true, sqls...)
 	})
+	alters := 0
+	session(4, func(conn *pgx.Conn, rng *rand.Rand) error { // schema changes amid the rows
+		pause(rng, 400, 1200)
+		alters++
+		got.mu.Lock()
+		got.alters++
+		got.mu.Unlock()
+		a := span(1)
+		if alters%2 == 1 {
+			col := fmt.Sprintf("c%d", alters)
+			return txn(conn, true, fmt.Sprintf(`ALTER TABLE t ADD COLUMN %s int DEFAULT %d`, col, alters),
+				fmt.Sprintf(`INSERT INTO t (id, v, %s) VALUES (%d, 'altered', %d)`, col, a, alters))
+		}
+		return txn(conn, true, fmt.Sprintf(`ALTER TABLE t DROP COLUMN c%d`, alters-1),
+			fmt.Sprintf(`INSERT INTO t VALUES (%d, 'dropped')`, a), fmt.Sprintf(`UPDATE t SET v = 'after drop' WHERE id = %d`, a-1))
+	})
 	wg.Wait()
 	if len(errs) > 0 {
 		return fmt.Errorf("workload: %v", errs)
@@ -252,7 +270,9 @@ func TestCrash(t *testing.T) {
 				positions++
 			}
 		}
-		t.Logf("%d kills, %d committed transactions, %d Kafka transactions committed by the killed consumers", kills, len(got.txns), positions)
+		t.Logf("%d kills, %d committed transactions (%d with an ALTER TABLE), %d Kafka transactions committed by the killed consumers",
+			kills, len(got.txns), got.alters, positions)
+		require.Positive(t, got.alters)
 		require.Greater(t, positions, kills, "the killed consumers made progress")
 		checkExactlyOnce(t, ctx, c, dsn, prefix, got, 3000)
 	})

@@ -62,6 +62,13 @@
 // MaxBufferedRecords of records the brokers have not acknowledged, and waits for room; a
 // transaction is never held whole.
 //
+// # Refusals
+//
+// A SASL password the brokers refuse, or a TLS certificate not trusted, is ErrAuthentication,
+// met when the Sink first connects (Load), before anything is produced; an operation the
+// brokers' ACLs deny is ErrAuthorization, whenever it is met: the open Kafka transaction is
+// aborted and nothing of it is acknowledged. Both name the user.
+//
 // # Topics
 //
 // A missing topic is created with Config.Partitions and Config.ReplicationFactor (the offsets

@@ -2,6 +2,8 @@ package kafkasink
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -32,6 +34,14 @@ var (
 	ErrRecordTooLarge = errors.New("kafkasink: record larger than the topic's max.message.bytes")
 	// ErrUnreachable: no broker answered.
 	ErrUnreachable = errors.New("kafkasink: cannot reach the Kafka brokers")
+	// ErrAuthentication: the brokers refused the SASL credentials (Config.SASL), or the TLS
+	// handshake failed (Config.TLS: the brokers' certificate is not trusted, or names another
+	// host). Nothing was produced.
+	ErrAuthentication = errors.New("kafkasink: authentication to the Kafka brokers failed")
+	// ErrAuthorization: the brokers' ACLs deny the sink's user an operation it needs (writing
+	// its transactional id, describing, creating, reading or writing a topic). What the open
+	// Kafka transaction held is aborted, and nothing of it is acknowledged to the source.
+	ErrAuthorization = errors.New("kafkasink: not authorized by the Kafka brokers")
 	// ErrClosed is returned after Close.
 	ErrClosed = errors.New("kafkasink: closed")
 )
@@ -212,6 +222,9 @@ func (s *Sink) reach(ctx context.Context) error {
 	if _, err := s.adm.BrokerMetadata(rctx); err != nil {
 		if ctx.Err() != nil {
 			return context.Cause(ctx)
+		}
+		if cerr := s.classify(err); cerr != nil {
+			return cerr
 		}
 		return fmt.Errorf("%w %v: %v", ErrUnreachable, s.cfg.Brokers, err)
 	}
@@ -435,16 +448,47 @@ func (u *unit) Rollback(ctx context.Context) error {
 	return u.s.abort(ctx)
 }
 
-// wrap makes a fencing error ErrFenced, with what to do.
+// wrap makes a fencing error ErrFenced, with what to do, and a refusal of the brokers
+// ErrAuthentication or ErrAuthorization.
 func (s *Sink) wrap(err error) error {
 	if err == nil {
 		return nil
+	}
+	if err := s.classify(err); err != nil {
+		return err
 	}
 	if errors.Is(err, kerr.ProducerFenced) || errors.Is(err, kerr.InvalidProducerEpoch) {
 		return fmt.Errorf("%w %q (another pgreorder for slot %q started; this one stops, and its uncommitted events are aborted): %v",
 			ErrFenced, s.txID, s.slot, err)
 	}
 	return err
+}
+
+// classify returns err marked ErrAuthentication or ErrAuthorization if it is the brokers' (or
+// the TLS handshake's) refusal, or nil.
+func (s *Sink) classify(err error) error {
+	if errors.Is(err, ErrAuthentication) || errors.Is(err, ErrAuthorization) {
+		return err
+	}
+	who := "without SASL"
+	if s.cfg.SASL.Mechanism != SASLNone {
+		who = fmt.Sprintf("as user %q (SASL %s)", s.cfg.SASL.User, s.cfg.SASL.Mechanism)
+	}
+	var verify *tls.CertificateVerificationError
+	var unknown x509.UnknownAuthorityError
+	var host x509.HostnameError
+	var invalid x509.CertificateInvalidError
+	var header tls.RecordHeaderError
+	switch {
+	case errors.Is(err, kerr.SaslAuthenticationFailed), errors.Is(err, kerr.UnsupportedSaslMechanism), errors.Is(err, kerr.IllegalSaslState):
+		return fmt.Errorf("%w %s: %w", ErrAuthentication, who, err)
+	case errors.As(err, &verify), errors.As(err, &unknown), errors.As(err, &host), errors.As(err, &invalid), errors.As(err, &header):
+		return fmt.Errorf("%w (TLS): %w", ErrAuthentication, err)
+	case errors.Is(err, kerr.TopicAuthorizationFailed), errors.Is(err, kerr.ClusterAuthorizationFailed),
+		errors.Is(err, kerr.TransactionalIDAuthorizationFailed), errors.Is(err, kerr.GroupAuthorizationFailed):
+		return fmt.Errorf("%w %s: %w", ErrAuthorization, who, err)
+	}
+	return nil
 }
 
 func (s *Sink) firstFailure() error {
@@ -662,7 +706,14 @@ func (s *Sink) ensureOffsetsTopic(ctx context.Context) error {
 	return nil
 }
 
-func (s *Sink) ensureTopic(ctx context.Context, topic string, partitions int32, rf int16, configs map[string]string) (int, error) {
+func (s *Sink) ensureTopic(ctx context.Context, topic string, partitions int32, rf int16, configs map[string]string) (_ int, err error) {
+	defer func() {
+		if err != nil {
+			if cerr := s.classify(err); cerr != nil {
+				err = cerr
+			}
+		}
+	}()
 	td, err := s.adm.ListTopics(ctx, topic)
 	if err != nil {
 		return 0, fmt.Errorf("kafkasink: looking up topic %s: %w", topic, err)

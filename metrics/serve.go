@@ -14,18 +14,18 @@ import (
 )
 
 // Handler returns an http.Handler that serves, in the Prometheus exposition formats, c's metrics
-// together with the Go runtime's (go_*) and the process's (process_*), from a registry of its
-// own. It serves whatever path it is mounted on.
-func Handler(c *Collector) (http.Handler, error) {
+// and those of more (such as a KafkaCollector) together with the Go runtime's (go_*) and the
+// process's (process_*), from a registry of its own. It serves whatever path it is mounted on.
+func Handler(c *Collector, more ...prometheus.Collector) (http.Handler, error) {
 	if c == nil {
 		return nil, ErrNoStream
 	}
 	reg := prometheus.NewRegistry()
-	for _, col := range []prometheus.Collector{
+	for _, col := range append([]prometheus.Collector{
 		c,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-	} {
+	}, more...) {
 		if err := reg.Register(col); err != nil {
 			return nil, err
 		}

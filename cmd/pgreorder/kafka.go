@@ -15,6 +15,7 @@ import (
 	"github.com/pgreorder/pgreorder/changefeed"
 	"github.com/pgreorder/pgreorder/format"
 	"github.com/pgreorder/pgreorder/kafkasink"
+	"github.com/pgreorder/pgreorder/metrics"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 	"github.com/pgreorder/pgreorder/replication"
 	"github.com/pgreorder/pgreorder/snapshot"
@@ -156,7 +157,15 @@ func runKafka(ctx context.Context, args []string) error {
 		sink.Close()
 		return err
 	}
-	stopMonitoring, err := monitor(feed, f.metricsAddr, f.progress, log)
+	kc, err := metrics.NewKafkaCollector(metrics.KafkaFunc(func() metrics.KafkaStats {
+		st := sink.Stats()
+		return metrics.KafkaStats{Events: st.Events, Bytes: st.Bytes, Transactions: st.Transactions, CommitTime: st.CommitTime, Committed: uint64(st.Position)}
+	}), feed, metrics.Options{})
+	if err != nil {
+		sink.Close()
+		return err
+	}
+	stopMonitoring, err := monitor(feed, f.metricsAddr, f.progress, log, kc)
 	if err != nil {
 		sink.Close()
 		return err
@@ -173,6 +182,7 @@ func runKafka(ctx context.Context, args []string) error {
 	st := sink.Stats()
 	log.Info("stopped", "committed_through", st.Position, "kafka_transactions", st.Transactions, "events", st.Events,
 		"bytes", st.Bytes, "commit_time", st.CommitTime)
+	err = f.refusalHint(err)
 	if errors.Is(err, kafkasink.ErrRecordTooLarge) {
 		err = fmt.Errorf("%w\n(raise it for the topic, e.g. kafka-configs.sh --alter --entity-type topics --add-config max.message.bytes=N, or with -kafka-topic-config before the topic is created)", err)
 	}
@@ -337,6 +347,36 @@ func (f *kafkaFlags) tlsConfig() (*tls.Config, error) {
 		c.Certificates = []tls.Certificate{cert}
 	}
 	return c, nil
+}
+
+// refusalHint adds to the brokers' refusals (and failed TLS handshakes) the flags that decide
+// them.
+func (f *kafkaFlags) refusalHint(err error) error {
+	var verify *tls.CertificateVerificationError
+	var unknown x509.UnknownAuthorityError
+	var host x509.HostnameError
+	switch {
+	case errors.Is(err, kafkasink.ErrAuthentication) && (errors.As(err, &verify) || errors.As(err, &unknown) || errors.As(err, &host)):
+		return fmt.Errorf("%w\n(the brokers' TLS certificate is not trusted: give the CA that signs it with -kafka-tls-ca, "+
+			"and name the brokers in -kafka-brokers as their certificate does)", err)
+	case errors.Is(err, kafkasink.ErrAuthentication) && f.saslMechanism != "":
+		return fmt.Errorf("%w\n(check -kafka-sasl-mechanism %s, -kafka-sasl-user %q and the password in $%s)", err, f.saslMechanism, f.saslUser, kafkaSASLPasswordEnv)
+	case errors.Is(err, kafkasink.ErrAuthentication):
+		return fmt.Errorf("%w\n(check -kafka-tls, -kafka-tls-ca, -kafka-tls-cert and -kafka-tls-key, and whether the brokers want SASL: -kafka-sasl-mechanism)", err)
+	case errors.Is(err, kafkasink.ErrAuthorization):
+		user := "ANONYMOUS"
+		if f.saslUser != "" {
+			user = f.saslUser
+		}
+		txID := f.txID
+		if txID == "" {
+			txID = "pgreorder-" + f.slot
+		}
+		return fmt.Errorf("%w\n(the brokers' ACLs deny user %q, of -kafka-sasl-user: it needs WRITE and DESCRIBE on transactional id %q, "+
+			"and READ, WRITE, DESCRIBE and DESCRIBE_CONFIGS on the topics %s.* (and CREATE, unless they exist and -kafka-create-topics=false); "+
+			"nothing of the failed transaction was acknowledged to PostgreSQL)", err, user, txID, f.prefix)
+	}
+	return err
 }
 
 // kafkaProgress prints, every interval in which something was committed, what reached Kafka:

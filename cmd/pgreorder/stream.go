@@ -13,6 +13,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/format"
 	"github.com/pgreorder/pgreorder/metrics"
@@ -227,7 +229,7 @@ func runStream(ctx context.Context, args []string) error {
 
 // monitor starts the metrics server (-metrics-addr) and the progress line (-progress), and
 // returns what stops both.
-func monitor(s metrics.Source, metricsAddr string, progress time.Duration, log *slog.Logger) (stop func(context.Context) error, err error) {
+func monitor(s metrics.Source, metricsAddr string, progress time.Duration, log *slog.Logger, more ...prometheus.Collector) (stop func(context.Context) error, err error) {
 	if metricsAddr == "" && progress <= 0 {
 		return func(context.Context) error { return nil }, nil
 	}
@@ -237,7 +239,7 @@ func monitor(s metrics.Source, metricsAddr string, progress time.Duration, log *
 	}
 	var srv *metrics.Server
 	if metricsAddr != "" {
-		h, err := metrics.Handler(c)
+		h, err := metrics.Handler(c, more...)
 		if err != nil {
 			return nil, err
 		}

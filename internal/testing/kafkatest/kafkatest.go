@@ -4,7 +4,8 @@
 //
 // Shared(t) gives the test binary's single-node broker (combined broker and controller, started
 // on first use, stopped by pgtest.Main, which the package's TestMain calls); Start(t, n) starts a
-// cluster of its own of n nodes, stopped at the end of the test. A Broker is killed (SIGKILL)
+// cluster of its own of n nodes, stopped at the end of the test; StartWith adds SASL and TLS
+// listeners and an authorizer (Options). A Broker is killed (SIGKILL)
 // and restarted on the same ports and data on demand. Without the jars or a java command these
 // skip the test with a message that says how to install them; with PGREORDER_REQUIRE_KAFKA=1
 // they fail it instead (CI sets it). As root, brokers run as the unprivileged user of
@@ -15,11 +16,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"os/exec"
 	"os/user"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -77,13 +81,32 @@ func Check(t testing.TB) {
 	}
 }
 
+// Options configures StartWith. The zero value starts what Start starts: a PLAINTEXT listener,
+// no authorizer.
+type Options struct {
+	// Users, when not empty, adds a SASL_PLAINTEXT listener (Broker.SASLPort, Cluster.SASLAddrs)
+	// taking PLAIN, SCRAM-SHA-256 and SCRAM-SHA-512, with these users and passwords (SCRAM
+	// credentials of both hashes, written when the storage is formatted). Names and passwords
+	// are letters, digits, '-' and '_'.
+	Users map[string]string
+	// TLS adds an SSL listener (Broker.TLSPort, Cluster.TLSAddrs) whose certificate, for
+	// 127.0.0.1 and localhost, a CA made for the cluster signs (Cluster.CAFile).
+	TLS bool
+	// SuperUsers, when not nil, turns on the StandardAuthorizer: these users (and the
+	// PLAINTEXT listener's User:ANONYMOUS, which the brokers and the tests' admin clients use)
+	// may do everything; every other user only what ACLs allow (none at first).
+	SuperUsers []string
+}
+
 // Broker is one node of a throwaway cluster: a broker and a KRaft controller in one process.
 type Broker struct {
-	ID   int
-	Port int // the client listener, on 127.0.0.1
-	dir  string
-	cred *syscall.Credential
-	c    *Cluster
+	ID       int
+	Port     int // the client listener, on 127.0.0.1
+	SASLPort int // the SASL_PLAINTEXT listener (Options.Users), or 0
+	TLSPort  int // the SSL listener (Options.TLS), or 0
+	dir      string
+	cred     *syscall.Credential
+	c        *Cluster
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -96,7 +119,27 @@ func (b *Broker) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.It
 // Cluster is a set of brokers started together.
 type Cluster struct {
 	Brokers []*Broker
-	dir     string
+	// CAFile is the PEM file of the CA that signs the SSL listeners' certificates (Options.TLS).
+	CAFile string
+	dir    string
+}
+
+// SASLAddrs returns every broker's SASL_PLAINTEXT address (Options.Users).
+func (c *Cluster) SASLAddrs() []string {
+	var a []string
+	for _, b := range c.Brokers {
+		a = append(a, net.JoinHostPort("127.0.0.1", strconv.Itoa(b.SASLPort)))
+	}
+	return a
+}
+
+// TLSAddrs returns every broker's SSL address (Options.TLS).
+func (c *Cluster) TLSAddrs() []string {
+	var a []string
+	for _, b := range c.Brokers {
+		a = append(a, net.JoinHostPort("127.0.0.1", strconv.Itoa(b.TLSPort)))
+	}
+	return a
 }
 
 // Addrs returns every broker's address, for kgo.SeedBrokers.
@@ -124,7 +167,7 @@ func Shared(t testing.TB) *Cluster {
 	t.Helper()
 	Check(t)
 	sharedOnce.Do(func() {
-		shared, sharedErr = start(1)
+		shared, sharedErr = start(1, Options{})
 		if sharedErr == nil {
 			pgtest.OnStop(func() { shared.Stop() })
 		}
@@ -138,8 +181,15 @@ func Shared(t testing.TB) *Cluster {
 // Start starts a cluster of n nodes for t alone, stopped at its end.
 func Start(t testing.TB, n int) *Cluster {
 	t.Helper()
+	return StartWith(t, n, Options{})
+}
+
+// StartWith starts a cluster of n nodes with the listeners and authorizer of opts, for t alone,
+// stopped at its end.
+func StartWith(t testing.TB, n int, opts Options) *Cluster {
+	t.Helper()
 	Check(t)
-	c, err := start(n)
+	c, err := start(n, opts)
 	if err != nil {
 		t.Fatalf("kafkatest: starting %d brokers: %v", n, err)
 	}
@@ -147,7 +197,14 @@ func Start(t testing.TB, n int) *Cluster {
 	return c
 }
 
-func start(n int) (_ *Cluster, err error) {
+var safeName = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
+
+func start(n int, opts Options) (_ *Cluster, err error) {
+	for u, p := range opts.Users {
+		if !safeName.MatchString(u) || !safeName.MatchString(p) {
+			return nil, fmt.Errorf("kafkatest: user %q or its password has characters other than letters, digits, '-' and '_'", u)
+		}
+	}
 	cred, err := brokerCredential()
 	if err != nil {
 		return nil, err
@@ -162,9 +219,21 @@ func start(n int) (_ *Cluster, err error) {
 			c.Stop()
 		}
 	}()
-	ports, err := freePorts(2 * n)
+	ports, err := freePorts(4 * n)
 	if err != nil {
 		return nil, err
+	}
+	var serverPEM []byte
+	if opts.TLS {
+		ca, server, err := newCA()
+		if err != nil {
+			return nil, err
+		}
+		c.CAFile = filepath.Join(dir, "ca.pem")
+		if err := os.WriteFile(c.CAFile, ca, 0o644); err != nil {
+			return nil, err
+		}
+		serverPEM = server
 	}
 	var voters []string
 	for i := range n {
@@ -176,13 +245,44 @@ func start(n int) (_ *Cluster, err error) {
 		if err := os.MkdirAll(b.dir, 0o700); err != nil {
 			return nil, err
 		}
+		listeners := []string{fmt.Sprintf("PLAINTEXT://127.0.0.1:%d", b.Port)}
+		var extra strings.Builder
+		if len(opts.Users) > 0 {
+			b.SASLPort = ports[2*n+2*i]
+			listeners = append(listeners, fmt.Sprintf("SASL_PLAINTEXT://127.0.0.1:%d", b.SASLPort))
+			extra.WriteString("sasl.enabled.mechanisms=PLAIN,SCRAM-SHA-256,SCRAM-SHA-512\n")
+			extra.WriteString("listener.name.sasl_plaintext.plain.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required")
+			for _, u := range slices.Sorted(maps.Keys(opts.Users)) {
+				fmt.Fprintf(&extra, ` user_%s="%s"`, u, opts.Users[u])
+			}
+			extra.WriteString(";\n")
+			for _, m := range []string{"scram-sha-256", "scram-sha-512"} {
+				fmt.Fprintf(&extra, "listener.name.sasl_plaintext.%s.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;\n", m)
+			}
+		}
+		if opts.TLS {
+			b.TLSPort = ports[2*n+2*i+1]
+			listeners = append(listeners, fmt.Sprintf("SSL://127.0.0.1:%d", b.TLSPort))
+			if err := os.WriteFile(filepath.Join(b.dir, "server.pem"), serverPEM, 0o600); err != nil {
+				return nil, err
+			}
+			fmt.Fprintf(&extra, "listener.name.ssl.ssl.keystore.type=PEM\nlistener.name.ssl.ssl.keystore.location=%s\n", filepath.Join(b.dir, "server.pem"))
+		}
+		if opts.SuperUsers != nil {
+			supers := []string{"User:ANONYMOUS"}
+			for _, u := range opts.SuperUsers {
+				supers = append(supers, "User:"+u)
+			}
+			fmt.Fprintf(&extra, "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer\nsuper.users=%s\nallow.everyone.if.no.acl.found=false\n",
+				strings.Join(supers, ";"))
+		}
 		props := fmt.Sprintf(`process.roles=broker,controller
 node.id=%d
 controller.quorum.voters=%s
-listeners=PLAINTEXT://127.0.0.1:%d,CONTROLLER://127.0.0.1:%d
-advertised.listeners=PLAINTEXT://127.0.0.1:%d
+listeners=%s,CONTROLLER://127.0.0.1:%d
+advertised.listeners=%s
 controller.listener.names=CONTROLLER
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT,SSL:SSL
 inter.broker.listener.name=PLAINTEXT
 log.dirs=%s
 auto.create.topics.enable=false
@@ -206,8 +306,8 @@ broker.heartbeat.interval.ms=300
 controller.quorum.election.timeout.ms=500
 controller.quorum.fetch.timeout.ms=1000
 replica.lag.time.max.ms=5000
-`, b.ID, strings.Join(voters, ","), b.Port, ports[2*i+1], b.Port, filepath.Join(b.dir, "data"),
-			rf, rf, min(rf, 2), min(rf, 2), rf)
+%s`, b.ID, strings.Join(voters, ","), strings.Join(listeners, ","), ports[2*i+1], strings.Join(listeners, ","), filepath.Join(b.dir, "data"),
+			rf, rf, min(rf, 2), min(rf, 2), rf, extra.String())
 		if err := os.WriteFile(filepath.Join(b.dir, "server.properties"), []byte(props), 0o600); err != nil {
 			return nil, err
 		}
@@ -226,9 +326,15 @@ replica.lag.time.max.ms=5000
 	// One cluster id for every node, formatted in parallel.
 	clusterID := "rZ1PJHBgQB2yQpsYNR5VJg" // a UUID in base64, as StorageTool random-uuid prints
 	errs := make(chan error, n)
+	format := []string{"format", "-t", clusterID}
+	for _, u := range slices.Sorted(maps.Keys(opts.Users)) {
+		for _, m := range []string{"SCRAM-SHA-256", "SCRAM-SHA-512"} {
+			format = append(format, "--add-scram", fmt.Sprintf("%s=[name=%s,password=%s]", m, u, opts.Users[u]))
+		}
+	}
 	for _, b := range c.Brokers {
 		go func() {
-			out, err := b.java("kafka.tools.StorageTool", "format", "-t", clusterID, "-c", filepath.Join(b.dir, "server.properties")).CombinedOutput()
+			out, err := b.java("kafka.tools.StorageTool", append(format, "-c", filepath.Join(b.dir, "server.properties"))...).CombinedOutput()
 			if err != nil {
 				err = fmt.Errorf("formatting broker %d: %v: %s", b.ID, err, tail(out))
 			}
@@ -248,7 +354,8 @@ replica.lag.time.max.ms=5000
 			return nil, err
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	// Three JVMs starting on a loaded two-core machine took over 90 seconds.
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	if err := c.WaitReady(ctx); err != nil {
 		return nil, err
@@ -276,7 +383,11 @@ func (c *Cluster) WaitReady(ctx context.Context) error {
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("brokers not ready (last: %v, %d brokers): %s", err, len(m.Brokers), c.Brokers[0].logTail())
+			var tails []string
+			for _, b := range c.Brokers {
+				tails = append(tails, fmt.Sprintf("broker %d: %s", b.ID, b.logTail()))
+			}
+			return fmt.Errorf("brokers not ready (last: %v, %d of %d brokers registered):\n%s", err, len(m.Brokers), len(c.Brokers), strings.Join(tails, "\n"))
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
