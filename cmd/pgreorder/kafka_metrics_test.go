@@ -1,10 +1,8 @@
 package main
 
 import (
-	"bufio"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -31,42 +29,8 @@ func TestKafkaMetrics(t *testing.T) {
 	pgtest.ExecAll(t, dsn, "CREATE TABLE t (id int PRIMARY KEY, v text)", "CREATE PUBLICATION p FOR TABLE t", "INSERT INTO t VALUES (0, 'copied')")
 	cmd := exec.CommandContext(ctx, bin, "kafka", "-dsn", dsn, "-slot", "km", "-publication", "p", "-status-interval", "100ms",
 		"-progress", "0", "-metrics-addr", "127.0.0.1:0", "-kafka-brokers", c.Seeds(), "-kafka-topic-prefix", "km")
-	stderr, err := cmd.StderrPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
+	wait := serveMetrics(ctx, t, cmd).wait
 	defer cmd.Process.Kill()
-	var log lineLog
-	urls := make(chan string, 1)
-	readDone := make(chan struct{})
-	go func() {
-		defer close(readDone)
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			log.add(sc.Text())
-			if m := metricsURL.FindStringSubmatch(sc.Text()); m != nil {
-				urls <- m[1]
-			}
-		}
-	}()
-	var url string
-	select {
-	case url = <-urls:
-	case <-readDone:
-		t.Fatalf("no metrics address logged:\n%s", strings.Join(log.all(), "\n"))
-	}
-	wait := func(what string, cond func(map[string]float64) bool) map[string]float64 {
-		t.Helper()
-		for {
-			v := scrape(ctx, t, url)
-			if cond(v) {
-				return v
-			}
-			if ctx.Err() != nil {
-				t.Fatalf("waiting for %s; last scrape: %v\nstderr:\n%s", what, v, strings.Join(log.all(), "\n"))
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-	}
 	wait("the copied row", func(v map[string]float64) bool { return v["pgreorder_kafka_produced_events_total"] == 1 })
 	conn, err := pgx.Connect(ctx, dsn)
 	require.NoError(t, err)

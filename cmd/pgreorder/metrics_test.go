@@ -74,6 +74,62 @@ func (l *lineLog) all() []string {
 
 var metricsURL = regexp.MustCompile(`url=(http://127\.0\.0\.1:\d+/metrics)`)
 
+// served is a command serving metrics: its address, its stderr lines, and a channel closed once
+// its stderr has been read to the end.
+type served struct {
+	url  string
+	log  *lineLog
+	done <-chan struct{}
+	ctx  context.Context
+	t    *testing.T
+}
+
+// serveMetrics starts cmd, which logs its metrics address on stderr. The caller kills cmd.
+func serveMetrics(ctx context.Context, t *testing.T, cmd *exec.Cmd) *served {
+	t.Helper()
+	stderr, err := cmd.StderrPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	log := &lineLog{}
+	urls := make(chan string, 1)
+	readDone := make(chan struct{})
+	go func() {
+		defer close(readDone)
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			log.add(sc.Text())
+			if m := metricsURL.FindStringSubmatch(sc.Text()); m != nil {
+				urls <- m[1]
+			}
+		}
+	}()
+	s := &served{log: log, done: readDone, ctx: ctx, t: t}
+	select {
+	case s.url = <-urls:
+	case <-readDone:
+		t.Fatalf("no metrics address logged:\n%s", strings.Join(log.all(), "\n"))
+	case <-ctx.Done():
+		t.Fatal("no metrics address logged")
+	}
+	return s
+}
+
+// wait polls the metrics until cond holds, failing the test with the last scrape and the
+// command's stderr once the context ends.
+func (s *served) wait(what string, cond func(map[string]float64) bool) map[string]float64 {
+	s.t.Helper()
+	for {
+		v := scrape(s.ctx, s.t, s.url)
+		if cond(v) {
+			return v
+		}
+		if s.ctx.Err() != nil {
+			s.t.Fatalf("waiting for %s; last scrape: %v\nstderr:\n%s", what, v, strings.Join(s.log.all(), "\n"))
+		}
+		time.Sleep(20 * time.Millisecond) // polling interval
+	}
+}
+
 // TestStreamMetrics runs `pgreorder stream -metrics-addr 127.0.0.1:0` against PostgreSQL 15 and
 // 18, scrapes /metrics over HTTP while a workload runs, and checks that the values move as they
 // must: changes counted equal rows inserted, spilled bytes with a small work memory, lag back to
@@ -98,45 +154,9 @@ func TestStreamMetrics(t *testing.T) {
 			cmd := exec.CommandContext(ctx, bin, "stream", "-dsn", dsn, "-slot", "met", "-publication", "p",
 				"-work-mem", "64kB", "-status-interval", "100ms", "-progress", "200ms", "-metrics-addr", "127.0.0.1:0",
 				"-o", filepath.Join(t.TempDir(), "out.jsonl"))
-			stderr, err := cmd.StderrPipe()
-			require.NoError(t, err)
-			require.NoError(t, cmd.Start())
+			sv := serveMetrics(ctx, t, cmd)
 			defer cmd.Process.Kill()
-			var log lineLog
-			urls := make(chan string, 1)
-			readDone := make(chan struct{})
-			go func() {
-				defer close(readDone)
-				sc := bufio.NewScanner(stderr)
-				for sc.Scan() {
-					log.add(sc.Text())
-					if m := metricsURL.FindStringSubmatch(sc.Text()); m != nil {
-						urls <- m[1]
-					}
-				}
-			}()
-			var url string
-			select {
-			case url = <-urls:
-			case <-readDone:
-				t.Fatalf("no metrics address logged:\n%s", strings.Join(log.all(), "\n"))
-			case <-ctx.Done():
-				t.Fatal("no metrics address logged")
-			}
-			// wait polls the metrics until cond holds.
-			wait := func(what string, cond func(map[string]float64) bool) map[string]float64 {
-				t.Helper()
-				for {
-					v := scrape(ctx, t, url)
-					if cond(v) {
-						return v
-					}
-					if ctx.Err() != nil {
-						t.Fatalf("waiting for %s; last scrape: %v\nstderr:\n%s", what, v, strings.Join(log.all(), "\n"))
-					}
-					time.Sleep(50 * time.Millisecond)
-				}
-			}
+			url, wait, log, readDone := sv.url, sv.wait, sv.log, sv.done
 			v := wait("caught up at the start", func(v map[string]float64) bool { return v["pgreorder_caught_up"] == 1 })
 			require.Zero(t, v["pgreorder_received_changes_total"])
 
@@ -309,42 +329,9 @@ func TestApplyMetrics(t *testing.T) {
 			cmd := exec.CommandContext(ctx, bin, "apply", "-source", src, "-target", dst, "-slot", "am",
 				"-publication", "p", "-create-slot", "-status-interval", "100ms", "-progress", "100ms",
 				"-metrics-addr", "127.0.0.1:0")
-			stderr, err := cmd.StderrPipe()
-			require.NoError(t, err)
-			require.NoError(t, cmd.Start())
+			sv := serveMetrics(ctx, t, cmd)
 			defer cmd.Process.Kill()
-			var log lineLog
-			urls := make(chan string, 1)
-			readDone := make(chan struct{})
-			go func() {
-				defer close(readDone)
-				sc := bufio.NewScanner(stderr)
-				for sc.Scan() {
-					log.add(sc.Text())
-					if m := metricsURL.FindStringSubmatch(sc.Text()); m != nil {
-						urls <- m[1]
-					}
-				}
-			}()
-			var url string
-			select {
-			case url = <-urls:
-			case <-readDone:
-				t.Fatalf("no metrics address logged:\n%s", strings.Join(log.all(), "\n"))
-			case <-ctx.Done():
-				t.Fatal("no metrics address logged")
-			}
-			wait := func(what string, cond func(map[string]float64) bool) map[string]float64 {
-				t.Helper()
-				for {
-					v := scrape(ctx, t, url)
-					if cond(v) {
-						return v
-					}
-					require.NoError(t, ctx.Err(), "waiting for %s; last scrape: %v\nstderr:\n%s", what, v, strings.Join(log.all(), "\n"))
-					time.Sleep(20 * time.Millisecond)
-				}
-			}
+			url, wait, log, readDone := sv.url, sv.wait, sv.log, sv.done
 			// waitLine waits for a progress line that match accepts.
 			waitLine := func(what string, match func(string) bool) string {
 				t.Helper()
