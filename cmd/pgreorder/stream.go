@@ -13,8 +13,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/format"
 	"github.com/pgreorder/pgreorder/metrics"
@@ -191,7 +189,7 @@ func runStream(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	stopMonitoring, err := monitor(s, f.metricsAddr, f.progress, log)
+	stopMonitoring, err := monitor(s, f.metricsAddr, f.progress, log, nil)
 	if err != nil {
 		closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
@@ -228,8 +226,9 @@ func runStream(ctx context.Context, args []string) error {
 }
 
 // monitor starts the metrics server (-metrics-addr) and the progress line (-progress), and
-// returns what stops both.
-func monitor(s metrics.Source, metricsAddr string, progress time.Duration, log *slog.Logger, more ...prometheus.Collector) (stop func(context.Context) error, err error) {
+// returns what stops both. kafka, when not nil, is served beside the stream's metrics.
+func monitor(s metrics.Source, metricsAddr string, progress time.Duration, log *slog.Logger,
+	kafka *metrics.KafkaCollector) (stop func(context.Context) error, err error) {
 	if metricsAddr == "" && progress <= 0 {
 		return func(context.Context) error { return nil }, nil
 	}
@@ -239,7 +238,10 @@ func monitor(s metrics.Source, metricsAddr string, progress time.Duration, log *
 	}
 	var srv *metrics.Server
 	if metricsAddr != "" {
-		h, err := metrics.Handler(c, more...)
+		h, err := metrics.Handler(c)
+		if kafka != nil {
+			h, err = metrics.Handler(c, kafka)
+		}
 		if err != nil {
 			return nil, err
 		}
