@@ -238,53 +238,130 @@ func TestSkipLSNKill(t *testing.T) {
 	}
 }
 
+// TestSkipLSNTargetCrash crashes the target (immediate stop) once the skip of SkipLSN's
+// transaction is recorded there and before it is acknowledged: the record survived, the Applier's
+// next session finds it, and the skipped transaction is neither applied nor skipped again (the
+// next one applies).
+func TestSkipLSNTargetCrash(t *testing.T) {
+	for _, major := range testMajors {
+		t.Run(fmt.Sprintf("pg%d", major), func(t *testing.T) {
+			e, dstSrv := crashEnv(t, major, "skipcrash", []string{`CREATE TABLE s (id int PRIMARY KEY, v int)`, `CREATE TABLE marker (id int PRIMARY KEY)`})
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			execOn(t, e.dst, `ALTER TABLE s ADD CONSTRAINT small CHECK (v < 100)`)
+			execOn(t, e.src, `INSERT INTO s VALUES (1, 1)`, `INSERT INTO s VALUES (2, 500), (3, 3)`, `INSERT INTO s VALUES (4, 4)`)
+			cfg := e.config(t, Buffered)
+			err := start(t, cfg).stopped(t)
+			var ae *ApplyError
+			if !errors.As(err, &ae) || !errors.Is(err, ErrConstraint) {
+				t.Fatalf("Run: %v, want an *ApplyError wrapping ErrConstraint", err)
+			}
+			bad := ae.CommitLSN
+
+			recorded, release := make(chan struct{}), make(chan struct{})
+			var once sync.Once
+			cfg.SkipLSN = bad
+			cfg.hooks = &hooks{stage: func(ctx context.Context, stage string, x txnRef) error {
+				if stage == "after-commit" && x.CommitLSN == bad {
+					once.Do(func() {
+						close(recorded)
+						select {
+						case <-release:
+						case <-ctx.Done():
+						}
+					})
+				}
+				return nil
+			}}
+			r := start(t, cfg)
+			select {
+			case <-recorded:
+			case err := <-r.done:
+				r.stop = nil
+				t.Fatalf("apply stopped: %v", err)
+			case <-ctx.Done():
+				t.Fatal("the skip was not recorded")
+			}
+			if c := e.confirmed(t); c > bad {
+				t.Fatalf("the slot confirmed %s, past the skipped transaction's commit %s, before the crash", c, bad)
+			}
+			dstSrv.Crash()
+			must(t, dstSrv.Restart(ctx))
+			close(release)
+			execOn(t, e.src, `INSERT INTO s VALUES (5, 5)`, `INSERT INTO marker VALUES (1)`)
+			e.waitMarker(t, r, 1)
+			st := r.a.Stats()
+			r.halt(t)
+			if st.Skipped != 1 || st.Sessions < 2 {
+				t.Errorf("Stats.Skipped %d in %d sessions, want 1 in 2 or more (the crash ends the first)", st.Skipped, st.Sessions)
+			}
+			if got := queryAll(t, e.dst, `SELECT id::text FROM s ORDER BY id`); strings.Join(got, ",") != "1,4,5" {
+				t.Errorf("rows of s on the target %q, want 1,4,5 (the skipped transaction's 2 and 3 absent)", got)
+			}
+			if n := count(t, e.dst, `SELECT count(*) FROM pgreorder_apply_progress WHERE skipped_lsn = $1::pg_lsn`, bad.String()); n != 1 {
+				t.Errorf("the skip's record did not survive the crash")
+			}
+		})
+	}
+}
+
 // TestSchemaAddColumnTargetCrash crashes the target (immediate stop) as soon as the transaction
 // that added a column the source added (and the rows that need it) is committed there, and
 // restarts it: the Applier goes on, the column is there once, with the source's type, and every
 // row is there once.
+//
+// With asynchronous commits (the default) the crash loses the transaction, which the source sends
+// again; with SynchronousCommit it is durable when the crash comes, acknowledged or not.
 func TestSchemaAddColumnTargetCrash(t *testing.T) {
 	for _, major := range testMajors {
-		t.Run(fmt.Sprintf("pg%d", major), func(t *testing.T) {
-			e, dstSrv := crashEnv(t, major, "schemacrash", []string{`CREATE TABLE s (id int PRIMARY KEY, v text)`,
-				`CREATE TABLE marker (id int PRIMARY KEY)`})
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			defer cancel()
-			cfg := e.config(t, Buffered)
-			cfg.SchemaChanges = SchemaAddColumns
-			r := start(t, cfg)
-			execOn(t, e.src, `INSERT INTO s VALUES (1, 'a')`, `INSERT INTO marker VALUES (1)`)
-			e.waitMarker(t, r, 1)
+		for _, syncCommit := range []bool{false, true} {
+			t.Run(fmt.Sprintf("pg%d/sync=%v", major, syncCommit), func(t *testing.T) { testSchemaAddColumnTargetCrash(t, major, syncCommit) })
+		}
+	}
+}
 
-			mon, err := pgx.Connect(ctx, e.dst)
-			must(t, err)
-			execOn(t, e.src, `BEGIN; ALTER TABLE s ADD COLUMN n numeric(10,2); INSERT INTO s SELECT g, 'b', g / 4.0 FROM generate_series(2, 200) g; COMMIT`)
-			for {
-				var n int
-				must(t, mon.QueryRow(ctx, `SELECT count(*) FROM pg_attribute WHERE attrelid = 's'::regclass AND attname = 'n'`).Scan(&n))
-				if n > 0 {
-					break
-				}
-				select {
-				case err := <-r.done:
-					r.stop = nil
-					t.Fatalf("apply stopped: %v", err)
-				default:
-				}
-			}
-			dstSrv.Crash()
-			mon.Close(context.Background())
-			must(t, dstSrv.Restart(ctx))
-			survived := count(t, e.dst, `SELECT count(*) FROM pg_attribute WHERE attrelid = 's'::regclass AND attname = 'n'`)
+func testSchemaAddColumnTargetCrash(t *testing.T, major int, syncCommit bool) {
+	e, dstSrv := crashEnv(t, major, "schemacrash", []string{`CREATE TABLE s (id int PRIMARY KEY, v text)`,
+		`CREATE TABLE marker (id int PRIMARY KEY)`})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cfg := e.config(t, Buffered)
+	cfg.SchemaChanges, cfg.SynchronousCommit = SchemaAddColumns, syncCommit
+	r := start(t, cfg)
+	execOn(t, e.src, `INSERT INTO s VALUES (1, 'a')`, `INSERT INTO marker VALUES (1)`)
+	e.waitMarker(t, r, 1)
 
-			execOn(t, e.src, `INSERT INTO s VALUES (300, 'c', 3.5)`, `UPDATE s SET n = n + 1 WHERE id = 2`, `INSERT INTO marker VALUES (2)`)
-			e.waitMarker(t, r, 2)
-			st := r.a.Stats()
-			r.halt(t)
-			t.Logf("the column survived the crash: %v; columns added %d, sessions %d", survived == 1, st.ColumnsAdded, st.Sessions)
-			if got, want := columnTypes(t, e.dst, "s"), columnTypes(t, e.src, "s"); got != want {
-				t.Errorf("target columns\n%s\nwant the source's\n%s", got, want)
-			}
-			e.sameRows(t, "s")
-		})
+	mon, err := pgx.Connect(ctx, e.dst)
+	must(t, err)
+	execOn(t, e.src, `BEGIN; ALTER TABLE s ADD COLUMN n numeric(10,2); INSERT INTO s SELECT g, 'b', g / 4.0 FROM generate_series(2, 200) g; COMMIT`)
+	for {
+		var n int
+		must(t, mon.QueryRow(ctx, `SELECT count(*) FROM pg_attribute WHERE attrelid = 's'::regclass AND attname = 'n'`).Scan(&n))
+		if n > 0 {
+			break
+		}
+		select {
+		case err := <-r.done:
+			r.stop = nil
+			t.Fatalf("apply stopped: %v", err)
+		default:
+		}
+	}
+	dstSrv.Crash()
+	mon.Close(context.Background())
+	must(t, dstSrv.Restart(ctx))
+	survived := count(t, e.dst, `SELECT count(*) FROM pg_attribute WHERE attrelid = 's'::regclass AND attname = 'n'`)
+
+	execOn(t, e.src, `INSERT INTO s VALUES (300, 'c', 3.5)`, `UPDATE s SET n = n + 1 WHERE id = 2`, `INSERT INTO marker VALUES (2)`)
+	e.waitMarker(t, r, 2)
+	st := r.a.Stats()
+	r.halt(t)
+	t.Logf("the column survived the crash: %v; columns added %d, sessions %d", survived == 1, st.ColumnsAdded, st.Sessions)
+	if got, want := columnTypes(t, e.dst, "s"), columnTypes(t, e.src, "s"); got != want {
+		t.Errorf("target columns\n%s\nwant the source's\n%s", got, want)
+	}
+	e.sameRows(t, "s")
+	if syncCommit && survived != 1 {
+		t.Errorf("the column committed synchronously did not survive the crash")
 	}
 }
