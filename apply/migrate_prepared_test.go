@@ -2,13 +2,16 @@ package apply
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
+	"github.com/pgreorder/pgreorder/replication"
 )
 
 // TestSchemaAddColumnPrepared adds columns on the source inside prepared transactions (PREPARE
@@ -180,5 +183,21 @@ func TestSchemaAddColumnStreamedOpen(t *testing.T) {
 			}
 			e.sameRows(t, "s")
 		})
+	}
+}
+
+// TestTwoPhaseSlot starts on a slot created with two-phase decoding, which the Applier does not
+// read: the error says to use a slot made without it, and names no option the Applier lacks.
+func TestTwoPhaseSlot(t *testing.T) {
+	e := fullEnv(t, testMajors[len(testMajors)-1], "plain", []string{`CREATE TABLE s (id int PRIMARY KEY)`})
+	execOn(t, e.src, `SELECT pg_create_logical_replication_slot('twophase', 'pgoutput', false, true)`)
+	cfg := e.config(t, Buffered)
+	cfg.Slot = "twophase"
+	err := start(t, cfg).stopped(t)
+	if !errors.Is(err, replication.ErrSlotMismatch) || !strings.Contains(err.Error(), "without two-phase decoding") ||
+		strings.Contains(err.Error(), "TwoPhase") {
+		t.Errorf("Run: %v, want ErrSlotMismatch saying to use a slot made without two-phase decoding", err)
+	} else {
+		t.Logf("%v", err)
 	}
 }
