@@ -161,7 +161,8 @@ type hooks struct {
 	// "after-commit" (committed, not yet acknowledged) and, in Eager and Parallel, "record"
 	// (before a job's queued record is applied; only Xid and Streamed are set); with Copy,
 	// "copy-chunk" (before a chunk is read; x is zero) and "copy-done" (every chunk committed,
-	// the progress row not written; EndLSN is the consistent point).
+	// the progress row not written; EndLSN is the consistent point); "sequence-set" (after a
+	// sequence's setval of SyncSequences; x is zero).
 	stage func(ctx context.Context, stage string, x txnRef) error
 	// copyChunkSize, if set, is the initial copy's snapshot.Config.ChunkSize.
 	copyChunkSize int64

@@ -15,6 +15,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
 )
 
@@ -34,6 +35,11 @@ type childConfig struct {
 	CopyChunkSize int64
 	Stall         string
 	StallAfter    int32
+	// Migration options.
+	SkipLSN               decoding.LSN
+	SchemaChanges         SchemaChanges
+	SyncSequences         bool
+	SyncSequencesInterval time.Duration
 }
 
 // runChild runs an applier until SIGTERM, or until it is killed.
@@ -51,6 +57,8 @@ func runChild() int {
 		Workers: c.Workers, WorkMem: c.WorkMem, StatusInterval: 100 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})).With("child", os.Getpid())}
 	cfg.Copy, cfg.CopyWorkers = c.Copy, 2
+	cfg.SkipLSN, cfg.SchemaChanges = c.SkipLSN, c.SchemaChanges
+	cfg.SyncSequences, cfg.SyncSequencesInterval = c.SyncSequences, c.SyncSequencesInterval
 	var stalls atomic.Int32
 	cfg.hooks = &hooks{copyChunkSize: c.CopyChunkSize, stage: func(ctx context.Context, stage string, x txnRef) error {
 		if stage == c.Stall && stalls.Add(1) > c.StallAfter {

@@ -23,9 +23,10 @@ const (
 	SchemaFixed SchemaChanges = iota
 	// SchemaAddColumns adds to the target table a column the source's relation has and the
 	// target's lacks, when the first change that needs it is applied, in that change's target
-	// transaction: with the type the source's catalog gives it (format_type of the column, typmod
-	// included, looked up on the target by schema and name: a user-defined type, enum or domain
-	// must exist there), nullable, without default. Columns the source drops or renames are
+	// transaction: with the type the stream's description of the relation gives it (type and
+	// typmod, as of the change; the type's schema and name read from the source's catalog of
+	// types, and looked up on the target by them: a user-defined type, enum or domain must exist
+	// there), nullable, without default. Columns the source drops or renames are
 	// reported and left on the target.
 	SchemaAddColumns
 )
@@ -92,16 +93,20 @@ func (a *Applier) closeSource(ctx context.Context) {
 	}
 }
 
-// sourceColumnQuery reads a column's type from the source's catalog: its format_type, the
-// type's schema and name (through which the target finds it) and its kind.
-const sourceColumnQuery = `SELECT pg_catalog.format_type(a.atttypid, a.atttypmod), a.atttypid::text, a.atttypmod::text,
-	n.nspname, t.typname, t.typtype::text, pg_catalog.format_type(a.atttypid, NULL)
-FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_type t ON t.oid = a.atttypid
-	JOIN pg_catalog.pg_namespace n ON n.oid = t.typnamespace
-WHERE a.attrelid = $1::oid AND a.attname = $2 AND a.attnum > 0 AND NOT a.attisdropped`
+// sourceTypeQuery reads a type from the source's catalog by its OID ($1), with a type modifier
+// ($2): its format_type, its schema and name (through which the target finds it), and its
+// format_type without the modifier.
+const sourceTypeQuery = `SELECT pg_catalog.format_type(t.oid, $2::int), n.nspname, t.typname, pg_catalog.format_type(t.oid, NULL)
+FROM pg_catalog.pg_type t JOIN pg_catalog.pg_namespace n ON n.oid = t.typnamespace WHERE t.oid = $1::oid`
 
 // addColumn adds column (as the source names it) of ri to the target table (quoted, qualified)
 // on tg, in its open transaction (target.Options.AddColumn).
+//
+// The column's type is the one the stream's relation description gives (type OID and modifier,
+// as of the change), named through the source's catalog of types. The source's catalog of columns
+// is not read: the transaction that added the column may not be visible there yet, as the source
+// sends a transaction once its commit is flushed and shows it to other sessions after that (much
+// later when its COMMIT waits for a synchronous standby, which may be this Applier).
 func (a *Applier) addColumn(ctx context.Context, tg *target.Conn, ri *target.Relation, table, column string) error {
 	fail := func(format string, args ...any) error {
 		return &target.ChangeError{Kind: target.KindSchemaMismatch, Relation: table, Err: fmt.Errorf(format, args...)}
@@ -113,31 +118,27 @@ func (a *Applier) addColumn(ctx context.Context, tg *target.Conn, ri *target.Rel
 			oid, mod = o, m
 		}
 	}
-	rows, err := a.sourceQuery(ctx, sourceColumnQuery, strconv.FormatUint(uint64(ri.Rel.RelationID), 10), column)
+	rows, err := a.sourceQuery(ctx, sourceTypeQuery, strconv.FormatUint(uint64(oid), 10), strconv.FormatInt(int64(mod), 10))
 	if err != nil {
 		return fmt.Errorf("apply: reading the type of column %q of %s on the source: %w", column, table, err)
 	}
 	if len(rows) != 1 {
-		return fail("column %q of the source relation is gone from the source's catalog (dropped or renamed since): "+
-			"add it to the target table by hand", column)
+		return fail("column %q has a type (OID %d) that is not in the source's catalog (created by the transaction that "+
+			"added the column, or dropped since): add the column to the target table by hand", column, oid)
 	}
 	r := rows[0]
 	srcType := string(r[0])
-	if string(r[1]) != strconv.FormatUint(uint64(oid), 10) || string(r[2]) != strconv.FormatInt(int64(mod), 10) {
-		return fail("column %q has type %s in the source's catalog, another type than when the change was made: "+
-			"add it to the target table by hand", column, srcType)
-	}
 	// The type as the target knows it, found by schema and name, with the source's typmod (the
 	// same meaning on every version); the target's format_type writes it as its SQL.
 	tr, err := target.Query(ctx, tg.PG, `SELECT pg_catalog.format_type(t.oid, $3::int) FROM pg_catalog.pg_type t
 		JOIN pg_catalog.pg_namespace n ON n.oid = t.typnamespace WHERE n.nspname = $1 AND t.typname = $2`,
-		string(r[3]), string(r[4]), string(r[2]))
+		string(r[1]), string(r[2]), strconv.FormatInt(int64(mod), 10))
 	if err != nil {
 		return target.StatementError(target.OpNone, err)
 	}
 	if len(tr) != 1 {
 		return fail("column %q has type %s on the source, which does not exist on the target: create the type there "+
-			"(as on the source) and start again", column, string(r[6]))
+			"(as on the source) and start again", column, string(r[3]))
 	}
 	dstType := string(tr[0][0])
 	// Another connection (a Parallel worker) may be adding the column in a transaction of its

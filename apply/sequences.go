@@ -36,7 +36,9 @@ ORDER BY 1, 2`
 // SyncSequences copies, once, the values of the source's sequences owned by the published tables'
 // columns to the target's sequences of the same schema and name, which only move forward: a
 // target sequence already at or past the source's value is left as it is. A sequence the source
-// never used is left out. It returns the number of target sequences moved. It opens connections
+// never used is left out. The values it set are durable on the target (flushed to its WAL) when
+// it returns: a crash of the target after it does not take them back. It returns the number of
+// target sequences moved. It opens connections
 // of its own and may be called while Run runs (Config.SyncSequences makes Run call it).
 //
 // Sequences that only an ALL SEQUENCES publication (PostgreSQL 19) names, not owned by a
@@ -69,6 +71,13 @@ func (a *Applier) SyncSequences(ctx context.Context) (moved int, err error) {
 		return 0, err
 	}
 	defer tg.Close(context.WithoutCancel(ctx))
+	// setval is not transactional, but its WAL is flushed only as its transaction's commit asks:
+	// a value set must survive a crash of the target once SyncSequences returned.
+	if !a.cfg.SynchronousCommit {
+		if err := tg.PG.Exec(ctx, "SET synchronous_commit = on").Close(); err != nil {
+			return 0, fmt.Errorf("apply: synchronizing sequences: %w", err)
+		}
+	}
 	for _, s := range seqs {
 		if s[2] == nil {
 			continue // never used on the source
@@ -96,6 +105,9 @@ func (a *Applier) SyncSequences(ctx context.Context) (moved int, err error) {
 		if len(rows) == 1 {
 			moved++
 			a.cfg.Logger.Debug("sequence synchronized", "sequence", seq, "value", value)
+		}
+		if err := a.cfg.hook(ctx, "sequence-set", txnRef{}); err != nil {
+			return moved, err
 		}
 	}
 	a.stats.sequenceSyncs.Add(1)

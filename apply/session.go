@@ -304,7 +304,7 @@ func identifySource(ctx context.Context, cfg *Config) (replication.System, *repl
 	conn, err := replication.Connect(ctx, replication.Config{ConnString: cfg.Source, Slot: cfg.Slot,
 		Publications: cfg.Publications, Binary: cfg.Binary, OriginFilter: cfg.OriginFilter})
 	if err != nil {
-		return replication.System{}, nil, err
+		return replication.System{}, nil, twoPhaseSlot(err, cfg.Slot)
 	}
 	defer conn.Close(ctx)
 	sys := conn.System()
@@ -312,6 +312,20 @@ func identifySource(ctx context.Context, cfg *Config) (replication.System, *repl
 		return sys, &slot, nil
 	}
 	return sys, nil, nil
+}
+
+// twoPhaseSlot rewrites the replication package's check of a slot made with two-phase decoding,
+// which names replication's option, for the Applier, which reads slots without it.
+func twoPhaseSlot(err error, slot string) error {
+	var ce *replication.CheckError
+	if !errors.As(err, &ce) || ce.Setting != "two_phase" {
+		return err
+	}
+	c := *ce
+	c.Problem = fmt.Sprintf("slot %q decodes prepared transactions at PREPARE (two_phase); apply reads slots without "+
+		"two-phase decoding (a prepared transaction is applied at its COMMIT PREPARED)", slot)
+	c.Fix = "use a slot created without two-phase decoding"
+	return &c
 }
 
 // slotAhead handles a slot whose confirmed position is ahead of the progress row: an error,

@@ -131,6 +131,10 @@ type Table struct {
 	Triggers     bool     // triggers that fire for the apply sessions' role (foreign keys included)
 	rules        bool     // the table has rules
 	copyCols     string   // "(a, b, c)": the source columns, for INSERT and COPY
+	// insertCols is copyCols for INSERT, with OVERRIDING SYSTEM VALUE when a column written is
+	// GENERATED ALWAYS AS IDENTITY on the target: the source's values are written, as
+	// PostgreSQL's subscriber writes them (COPY writes such columns as they are).
+	insertCols string
 }
 
 // colMap is the target column a source column is written to.
@@ -186,7 +190,7 @@ WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p')`
 		JOIN pg_catalog.pg_type bt ON bt.oid = d.oid JOIN pg_catalog.pg_namespace bn ON bn.oid = bt.typnamespace
 	ORDER BY d.n DESC LIMIT 1),
 	CASE WHEN a.atttypid IN (1042, 1043) AND a.atttypmod >= 4 THEN a.atttypmod - 4 ELSE 0 END,
-	t.typarray, t.typdelim
+	t.typarray, t.typdelim, a.attidentity = 'a'
 FROM pg_catalog.pg_attribute a
 	JOIN pg_catalog.pg_type t ON t.oid = a.atttypid
 	JOIN pg_catalog.pg_namespace tn ON tn.oid = t.typnamespace
@@ -250,6 +254,7 @@ func loadMapping(ctx context.Context, conn *pgconn.PgConn, ri *Relation, replica
 		attnum    string
 		typeOID   uint32
 		generated bool
+		always    bool // GENERATED ALWAYS AS IDENTITY
 		format    string
 		qualified string
 		hasEq     bool
@@ -264,7 +269,7 @@ func loadMapping(ctx context.Context, conn *pgconn.PgConn, ri *Relation, replica
 	for _, c := range cols {
 		t, _ := strconv.ParseUint(string(c[2]), 10, 32)
 		tc := targetCol{attnum: string(c[0]), typeOID: uint32(t), generated: string(c[3]) == "t",
-			format: string(c[4]), qualified: string(c[5]), hasEq: string(c[6]) == "t"}
+			format: string(c[4]), qualified: string(c[5]), hasEq: string(c[6]) == "t", always: string(c[11]) == "t"}
 		tc.chars, _ = strconv.Atoi(string(c[8]))
 		if a, err := strconv.ParseUint(string(c[9]), 10, 32); err == nil && len(c[10]) == 1 {
 			tc.arrayOID, tc.delim = uint32(a), c[10][0]
@@ -279,6 +284,7 @@ func loadMapping(ctx context.Context, conn *pgconn.PgConn, ri *Relation, replica
 	m.cols = make([]colMap, len(rel.Columns))
 	m.Columns = make([]detect.Column, len(rel.Columns))
 	var names []string
+	overriding := false
 	for i, sc := range rel.Columns {
 		tc, ok := byName[sc.Name]
 		switch {
@@ -295,11 +301,16 @@ func loadMapping(ctx context.Context, conn *pgconn.PgConn, ri *Relation, replica
 			arrayOID: tc.arrayOID, delim: tc.delim}
 		m.Columns[i] = detect.Column{Source: sc.Name, Name: m.cols[i].name, TypeOID: tc.typeOID}
 		names = append(names, m.cols[i].name)
+		overriding = overriding || tc.always
 		if sc.IsKey() {
 			m.Key = append(m.Key, i)
 		}
 	}
 	m.copyCols = "(" + strings.Join(names, ", ") + ")"
+	m.insertCols = m.copyCols
+	if overriding {
+		m.insertCols += " OVERRIDING SYSTEM VALUE"
+	}
 
 	// UPDATE and DELETE find their row by the source's key, which the target must index uniquely
 	// (or by the whole old row, with REPLICA IDENTITY FULL).

@@ -566,7 +566,7 @@ func (t *Conn) queueTableSets(nt *netTable, rows *rowCounts) {
 			oids[c] = m.cols[c].arrayOID
 		}
 		t.queueSet(m, "SI", arrays, func() string {
-			return asserted("INSERT INTO " + m.Name + " " + m.copyCols + " SELECT * FROM " +
+			return asserted("INSERT INTO " + m.Name + " " + m.insertCols + " SELECT * FROM " +
 				unnest(1, len(m.cols)) + " ON CONFLICT DO NOTHING")
 		}, oids)
 	}

@@ -52,7 +52,7 @@ func TestNames(t *testing.T) {
 
 func testTable() *Table {
 	m := &Table{Table: detect.Table{Name: `"public"."t"`, Key: []int{0}}, copyCols: `("id", "j", "v")`,
-		cols: []colMap{{name: `"id"`, typeOID: 23}, {name: `"j"`, typeOID: 114, textEq: true}, {name: `"v"`, typeOID: 25}}}
+		insertCols: `("id", "j", "v")`, cols: []colMap{{name: `"id"`, typeOID: 23}, {name: `"j"`, typeOID: 114, textEq: true}, {name: `"v"`, typeOID: 25}}}
 	return m
 }
 
@@ -86,6 +86,11 @@ func TestStatements(t *testing.T) {
 	if got := tg.insertSQL(m); got != `INSERT INTO "public"."t" ("id", "j", "v") VALUES ($1, $2, $3)` {
 		t.Errorf("insert %s", got)
 	}
+	m.insertCols = `("id", "j", "v") OVERRIDING SYSTEM VALUE` // a GENERATED ALWAYS AS IDENTITY column
+	if got := tg.insertSQL(m); got != `INSERT INTO "public"."t" ("id", "j", "v") OVERRIDING SYSTEM VALUE VALUES ($1, $2, $3)` {
+		t.Errorf("insert into an identity column %s", got)
+	}
+	m.insertCols = m.copyCols
 	// Parameters carry columns: an UPDATE's SET list, then its key.
 	if got := paramCols(m, "U\x00\x01\x01\x01"); !slices.Equal(got, []int{1, 2, 0}) {
 		t.Errorf("update parameters carry columns %v", got)

@@ -401,7 +401,7 @@ func (t *Conn) rowMissed(ctx context.Context, op batchOp) error {
 // insertSQL is the plain INSERT of every source column of m.
 func (t *Conn) insertSQL(m *Table) string {
 	var b strings.Builder
-	b.WriteString("INSERT INTO " + m.Name + " " + m.copyCols + " VALUES (")
+	b.WriteString("INSERT INTO " + m.Name + " " + m.insertCols + " VALUES (")
 	for i := range m.cols {
 		if i > 0 {
 			b.WriteString(", ")
