@@ -14,6 +14,7 @@ import (
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 	"github.com/pgreorder/pgreorder/replication"
+	"github.com/pgreorder/pgreorder/spill"
 )
 
 // Mode is how transactions are applied to the target.
@@ -139,6 +140,10 @@ type Config struct {
 	WorkMem int64
 	// SpillDir is where spill files go; "" means the system's temporary directory.
 	SpillDir string
+	// SpillCodec compresses spill files (the reorder buffer's, and in Eager and Parallel the
+	// workers' queues'), as reorderbuffer.Config.SpillCodec; nil (the default) does not. Package
+	// spillcodec has S2, LZ4 and zstd.
+	SpillCodec spill.Codec
 	// SynchronousCommit makes every target commit wait for its WAL flush (or for whatever the
 	// target role's synchronous_commit says), and acknowledges it to the source at once: the
 	// lowest latency per transaction. Without it (the default), target transactions commit with

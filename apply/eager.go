@@ -78,7 +78,7 @@ type worker struct {
 func (s *session) startWorkers(ctx context.Context) error {
 	s.order = schedule.NewOrder()
 	s.jobs = map[uint32]*job{}
-	s.store = schedule.NewSpillStore(s.cfg.SpillDir)
+	s.store = schedule.NewSpillStore(s.cfg.SpillDir, s.cfg.SpillCodec)
 	s.budget = schedule.NewBudget(s.cfg.queueMem())
 	s.share = max(s.cfg.queueMem()/int64(max(s.cfg.Workers, 1)), 64<<10)
 	s.free = make(chan *worker, s.cfg.Workers)

@@ -123,6 +123,7 @@ func (a *Applier) session(parent context.Context) (err error) {
 		Buffer: reorderbuffer.Config{
 			WorkMem:     s.cfg.WorkMem,
 			Dir:         s.cfg.SpillDir,
+			SpillCodec:  s.cfg.SpillCodec,
 			SkipThrough: resume,
 			Incremental: !buffered,
 			// Idle advances are persisted in the progress row before the slot confirms them.

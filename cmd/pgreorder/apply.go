@@ -80,14 +80,14 @@ flags:
 
 // applyFlags are the flags of `pgreorder apply`.
 type applyFlags struct {
-	source, target, slot, mode, workMem, dir, table string
-	publications                                    []string
-	createSlot, binary, syncCommit, verbose         bool
-	acceptSlotAhead                                 bool
-	copy, copyTruncate                              bool
-	workers, copyWorkers                            int
-	status, slotWait, progress                      time.Duration
-	metricsAddr                                     string
+	source, target, slot, mode, workMem, dir, table, compression string
+	publications                                                 []string
+	createSlot, binary, syncCommit, verbose                      bool
+	acceptSlotAhead                                              bool
+	copy, copyTruncate                                           bool
+	workers, copyWorkers                                         int
+	status, slotWait, progress                                   time.Duration
+	metricsAddr                                                  string
 
 	// Conflicts and origins.
 	origin, originFilter, resolutions, logTable string
@@ -123,6 +123,7 @@ func (f *applyFlags) register(fs *flag.FlagSet) {
 		apply.DefaultEagerWorkers, apply.DefaultParallelWorkers))
 	fs.StringVar(&f.workMem, "work-mem", "64MB", workMemHelp)
 	fs.StringVar(&f.dir, "spill-dir", "", "spill directory (default: the system temporary directory)")
+	fs.StringVar(&f.compression, "spill-compression", "none", spillCompressionHelp)
 	fs.BoolVar(&f.binary, "binary", false, "ask for binary column values (column types must match on both sides)")
 	fs.Var(syncCommitFlag{&f.syncCommit}, "synchronous-commit", "on or off: on waits for each target commit as the target's "+
 		"synchronous_commit says (on: its WAL flush; remote_apply and the other levels when set for the target role or in -target) "+
@@ -220,6 +221,10 @@ func (f *applyFlags) config(fs *flag.FlagSet) (apply.Config, error) {
 	if err != nil {
 		return apply.Config{}, err
 	}
+	codec, err := parseSpillCompression(f.compression)
+	if err != nil {
+		return apply.Config{}, err
+	}
 	res, err := conflict.ParseResolutions(f.resolutions, nil)
 	if err != nil {
 		return apply.Config{}, fmt.Errorf("-conflict: %w", err)
@@ -257,6 +262,7 @@ func (f *applyFlags) config(fs *flag.FlagSet) (apply.Config, error) {
 		Workers:           f.workers,
 		WorkMem:           workMem,
 		SpillDir:          f.dir,
+		SpillCodec:        codec,
 		Binary:            f.binary,
 		SynchronousCommit: f.syncCommit,
 		AcceptSlotAhead:   f.acceptSlotAhead,

@@ -40,6 +40,7 @@ func TestApplyFlags(t *testing.T) {
 		{append(base, "-copy-truncate"), "-copy-truncate and -copy-workers go with -copy"},
 		{append(base, "-schema-changes", "all"), `-schema-changes "all": valid values are none and add-columns`},
 		{append(base, "-skip-lsn", "xyz"), `-skip-lsn "xyz": want the commit LSN the error that stopped apply names`},
+		{append(base, "-spill-compression", "gzip"), `-spill-compression "gzip": want none (the default), s2, lz4 or zstd`},
 	} {
 		err := runApply(context.Background(), c.args)
 		require.Error(t, err, "%q", c.args)

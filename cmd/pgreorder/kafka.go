@@ -31,14 +31,14 @@ const kafkaSASLPasswordEnv = "PGREORDER_KAFKA_SASL_PASSWORD"
 
 // kafkaFlags are the flags of `pgreorder kafka`: stream's source flags, and Kafka's.
 type kafkaFlags struct {
-	dsn, slot, workMem, dir, streaming, originFilter string
-	publications                                     []string
-	messages, binary, twoPhase                       bool
-	proto, copyWorkers                               int
-	status, progress                                 time.Duration
-	metricsAddr                                      string
-	verbose                                          bool
-	sourceName, sourceDB                             string
+	dsn, slot, workMem, dir, streaming, originFilter, spillCompression string
+	publications                                                       []string
+	messages, binary, twoPhase                                         bool
+	proto, copyWorkers                                                 int
+	status, progress                                                   time.Duration
+	metricsAddr                                                        string
+	verbose                                                            bool
+	sourceName, sourceDB                                               string
 
 	brokers, prefix, offsetsTopic, txID, clientID  string
 	createTopics, tombstones                       bool
@@ -85,6 +85,7 @@ func runKafka(ctx context.Context, args []string) error {
 	})
 	fs.StringVar(&f.workMem, "work-mem", "64MB", workMemHelp)
 	fs.StringVar(&f.dir, "spill-dir", "", "spill directory (default: the system temporary directory)")
+	fs.StringVar(&f.spillCompression, "spill-compression", "none", spillCompressionHelp)
 	fs.StringVar(&f.streaming, "streaming", "", `pgoutput streaming: off, on or parallel (default: the best the server has)`)
 	fs.IntVar(&f.proto, "proto", 0, "pgoutput proto_version, 1-4 (default: the highest the server speaks)")
 	fs.BoolVar(&f.messages, "messages", true, "receive logical decoding messages (to topic PREFIX.message)")
@@ -229,6 +230,10 @@ func (f *kafkaFlags) config(fs *flag.FlagSet) (changefeed.Config, kafkasink.Conf
 	if err != nil {
 		return cfg, kcfg, err
 	}
+	codec, err := parseSpillCompression(f.spillCompression)
+	if err != nil {
+		return cfg, kcfg, err
+	}
 	cfg = changefeed.Config{
 		Replication: replication.Config{
 			ConnString:     f.dsn,
@@ -241,7 +246,7 @@ func (f *kafkaFlags) config(fs *flag.FlagSet) (changefeed.Config, kafkasink.Conf
 			TwoPhase:       f.twoPhase,
 			OriginFilter:   originFilter,
 			StatusInterval: f.status,
-			Buffer:         reorderbuffer.Config{WorkMem: workMem, Dir: f.dir},
+			Buffer:         reorderbuffer.Config{WorkMem: workMem, Dir: f.dir, SpillCodec: codec},
 		},
 		Copy: snapshot.Config{Workers: f.copyWorkers},
 	}

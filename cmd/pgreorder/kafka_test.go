@@ -33,6 +33,7 @@ func TestKafkaFlags(t *testing.T) {
 		{append(base, "-kafka-brokers", "b:9092", "-kafka-tls-cert", "c.pem"), "-kafka-tls-cert and -kafka-tls-key"},
 		{append(base, "-kafka-brokers", "b:9092", "-kafka-max-buffered", "lots"), "-kafka-max-buffered"},
 		{append(base, "-kafka-brokers", "b:9092", "-kafka-group", "0"), "-kafka-group 0: want 1 or more"},
+		{append(base, "-kafka-brokers", "b:9092", "-spill-compression", "gzip"), `-spill-compression "gzip"`},
 	} {
 		err := runKafka(context.Background(), tc.args)
 		require.Error(t, err, "%v", tc.args)

@@ -71,17 +71,21 @@ func (b *Budget) give(n int64) {
 // SpillStore is a spill.Store shared by the queues of a session, used under its lock (a Store
 // and its logs are not safe for concurrent use). It is opened on first use.
 type SpillStore struct {
-	mu  sync.Mutex
-	dir string
-	st  *spill.Store
+	mu    sync.Mutex
+	dir   string
+	codec spill.Codec
+	st    *spill.Store
 }
 
-// NewSpillStore returns a store of spill files in dir ("": the system's temporary directory).
-func NewSpillStore(dir string) *SpillStore { return &SpillStore{dir: dir} }
+// NewSpillStore returns a store of spill files in dir ("": the system's temporary directory),
+// compressed by codec (nil: not compressed).
+func NewSpillStore(dir string, codec spill.Codec) *SpillStore {
+	return &SpillStore{dir: dir, codec: codec}
+}
 
 func (s *SpillStore) create() (*spill.Log, error) {
 	if s.st == nil {
-		st, err := spill.Open(spill.Options{Dir: s.dir})
+		st, err := spill.Open(spill.Options{Dir: s.dir, Codec: s.codec})
 		if err != nil {
 			return nil, fmt.Errorf("apply: opening a spill store: %w", err)
 		}
