@@ -78,7 +78,7 @@ func (f *fakeJob) Abort(ctx context.Context, begun bool) error {
 func change(s string) []byte { return append([]byte{RecChange}, s...) }
 
 func newTestQueue(t *testing.T) *Queue {
-	st := NewSpillStore(t.TempDir())
+	st := NewSpillStore(t.TempDir(), nil)
 	t.Cleanup(func() { st.Close() })
 	return NewQueue(st, NewBudget(1<<20), 1<<20, new(atomic.Int64))
 }

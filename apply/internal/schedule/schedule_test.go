@@ -73,7 +73,7 @@ func TestOrder(t *testing.T) {
 // queue's share allow and through spill files beyond, with the budget given back; Close is safe
 // twice and makes Push and Pop fail.
 func TestQueue(t *testing.T) {
-	st := NewSpillStore(t.TempDir())
+	st := NewSpillStore(t.TempDir(), nil)
 	defer st.Close()
 	b := NewBudget(1000)
 	var spilled atomic.Int64
@@ -153,7 +153,7 @@ func TestQueue(t *testing.T) {
 
 // TestQueueCloseWakesPop: Close ends a Pop waiting for a record.
 func TestQueueCloseWakesPop(t *testing.T) {
-	q := NewQueue(NewSpillStore(t.TempDir()), NewBudget(100), 100, new(atomic.Int64))
+	q := NewQueue(NewSpillStore(t.TempDir(), nil), NewBudget(100), 100, new(atomic.Int64))
 	waiting := make(chan struct{})
 	done := make(chan error)
 	go func() {
