@@ -146,6 +146,7 @@ func (s *session) stopWorkers(ctx context.Context) {
 
 // runIncremental is the leader's loop in Eager and Parallel.
 func (s *session) runIncremental(ctx context.Context) error {
+	defer s.abandonGroup()
 	for {
 		if err := s.ackCommitted(ctx); err != nil {
 			return err
@@ -155,10 +156,24 @@ func (s *session) runIncremental(ctx context.Context) error {
 		}
 		t, err := s.next(ctx)
 		if err != nil {
-			if err = s.wakeUp(ctx, err); err != nil {
+			if errors.Is(err, errIdle) && s.group.open() { // nothing more to read: commit
+				err = s.endGroup(ctx)
+			} else {
+				err = s.wakeUp(ctx, err)
+			}
+			if err != nil {
 				return err
 			}
 			continue
+		}
+		if s.groupable(t) {
+			if err := s.runGrouped(ctx, t); err != nil {
+				return err
+			}
+			continue
+		}
+		if err := s.endGroup(ctx); err != nil {
+			return err
 		}
 		switch {
 		case t.NonTransactional:
@@ -180,6 +195,50 @@ func (s *session) runIncremental(ctx context.Context) error {
 			return err
 		}
 	}
+}
+
+// Runs (Eager). A committed transaction that arrives whole (one PartCommit, not streamed) while no
+// other transaction is in flight (none open on a worker, every earlier one committed) is applied
+// on the leader's connection in the open group, as Buffered applies it (applyGrouped): the
+// consecutive whole transactions the stream has already delivered form one run, applied
+// set-based in one target transaction that ends with the progress row of its last. Anything
+// else the stream hands out (a part of a streamed or large transaction, an abort, an idle
+// advance, a transaction to apply alone) commits the run first, so the sequence numbers the
+// run's transactions take at its commit are the next ones in commit order, and a streamed
+// transaction's changes come after the run's commit, which they may read.
+//
+// The run stays on the leader because handing it to a worker would cost a round trip of
+// handoff per run while gaining nothing when each run depends on the one before (rows every
+// transaction updates, as in pgbench): the leader's connection applies runs as fast as
+// Buffered does, and workers keep the streamed transactions, which they apply while the leader
+// reads on.
+
+// groupable says whether t joins the open run (or opens one).
+func (s *session) groupable(t *reorderbuffer.Txn) bool {
+	return s.cfg.Mode == Eager && !t.NonTransactional && t.Part == reorderbuffer.PartCommit && !t.Streamed &&
+		len(s.jobs) == 0 && !s.a.serial[t.Xid]
+}
+
+// runGrouped applies t in the open run, opening one, after every earlier transaction
+// committed, if there is none.
+func (s *session) runGrouped(ctx context.Context, t *reorderbuffer.Txn) error {
+	if !s.group.open() {
+		if err := s.order.Wait(ctx, s.order.Last()); err != nil {
+			return err
+		}
+	}
+	return s.applyGrouped(ctx, t)
+}
+
+// endGroup commits the open run, if any; the leader's connection then applies one statement
+// per change again.
+func (s *session) endGroup(ctx context.Context) error {
+	if !s.group.open() {
+		return nil
+	}
+	err := s.commitGroup(ctx)
+	s.leader.Coalesce(false)
+	return err
 }
 
 // part handles a part with changes (PartChanges or PartCommit).
