@@ -34,6 +34,7 @@ type childConfig struct {
 	CopyChunkSize int64
 	Stall         string
 	StallAfter    int32
+	RunTxns       int // Config.runTxns
 }
 
 // runChild runs an applier until SIGTERM, or until it is killed.
@@ -51,6 +52,7 @@ func runChild() int {
 		Workers: c.Workers, WorkMem: c.WorkMem, StatusInterval: 100 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})).With("child", os.Getpid())}
 	cfg.Copy, cfg.CopyWorkers = c.Copy, 2
+	cfg.runTxns = c.RunTxns
 	var stalls atomic.Int32
 	cfg.hooks = &hooks{copyChunkSize: c.CopyChunkSize, stage: func(ctx context.Context, stage string, x txnRef) error {
 		if stage == c.Stall && stalls.Add(1) > c.StallAfter {
@@ -192,27 +194,34 @@ func TestKill(t *testing.T) {
 			waitMarkerCtx(t, ctx, e.dst, 1)
 			e.compare(t)
 		})
-		t.Run(fmt.Sprintf("pg%d/parallel", major), func(t *testing.T) {
-			e := newEnv(t, major)
-			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-			defer cancel()
-			// After 20 commits, the next one stalls until the kill: the transactions after it pile
-			// up, applied and uncommitted, on the other workers.
-			cc := childConfig{Source: e.repl, Target: e.dst, Slot: e.slot, Mode: Parallel, Workers: 4,
-				WorkMem: 256 << 10, Stall: "before-commit", StallAfter: 20}
-			first := startChild(t, cc)
-			rng := seeded(t)
-			done := make(chan error, 1)
-			go func() { done <- concurrent(ctx, e.src, rng, 4, 100) }()
-			waitWorkers(t, ctx, e.dst, e.src, 2, first)
-			first.kill(t)
-			must(t, <-done)
-			cc.Stall = ""
-			startChild(t, cc)
-			must(t, pgtest.Exec(ctx, e.src, `INSERT INTO marker VALUES (1)`))
-			waitMarkerCtx(t, ctx, e.dst, 1)
-			e.compare(t)
-		})
+		// After 20 commits, the next one stalls until the kill. With runs of one transaction the
+		// transactions after it pile up, applied and uncommitted, on the other workers; with runs
+		// of any size the stalled one holds several transactions, applied and uncommitted.
+		for _, v := range []struct {
+			name    string
+			runTxns int
+			writers int
+		}{{"parallel", 1, 2}, {"parallel-runs", 0, 1}} {
+			t.Run(fmt.Sprintf("pg%d/%s", major, v.name), func(t *testing.T) {
+				e := newEnv(t, major)
+				ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+				defer cancel()
+				cc := childConfig{Source: e.repl, Target: e.dst, Slot: e.slot, Mode: Parallel, Workers: 4,
+					WorkMem: 256 << 10, Stall: "before-commit", StallAfter: 20, RunTxns: v.runTxns}
+				first := startChild(t, cc)
+				rng := seeded(t)
+				done := make(chan error, 1)
+				go func() { done <- concurrent(ctx, e.src, rng, 4, 100) }()
+				waitWorkers(t, ctx, e.dst, e.src, v.writers, first)
+				first.kill(t)
+				must(t, <-done)
+				cc.Stall = ""
+				startChild(t, cc)
+				must(t, pgtest.Exec(ctx, e.src, `INSERT INTO marker VALUES (1)`))
+				waitMarkerCtx(t, ctx, e.dst, 1)
+				e.compare(t)
+			})
+		}
 	}
 }
 
