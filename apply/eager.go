@@ -274,8 +274,9 @@ func (s *session) endGroup(ctx context.Context) error {
 // group (groupMaxTxns, groupMaxChanges, groupMaxAge), and ends when the stream has nothing more
 // to read or hands out anything else (a part of a streamed or large transaction, an abort, an
 // idle advance, a transaction to apply alone): the run's commit then comes before it in commit
-// order. Handing a run over costs the leader nothing per transaction; its worker sends what it
-// holds whenever the run's queue runs dry, and the rest with the commit.
+// order. Handing a run over costs the leader nothing per transaction; its worker sends the run's
+// changes, reduced to set statements, with its commit (or, sooner, while it waits for its turn
+// to commit), as Buffered sends a group's.
 
 // runnable says whether t joins the open run (or opens one).
 func (s *session) runnable(t *reorderbuffer.Txn) bool {
@@ -810,7 +811,12 @@ func (r *jobRun) RollbackTo(ctx context.Context, sub uint32) error {
 	return r.tg.RollbackTo(ctx, sub)
 }
 
-func (r *jobRun) Flush(ctx context.Context) error { return r.tg.FlushPending(ctx) }
+func (r *jobRun) Flush(ctx context.Context) error {
+	if r.j.isRun { // a run's changes go as one group (commitOn)
+		return nil
+	}
+	return r.tg.FlushPending(ctx)
+}
 
 func (r *jobRun) Wait(ctx context.Context, seq uint64) error { return r.s.order.Wait(ctx, seq) }
 
