@@ -245,6 +245,8 @@ type Config struct {
 	addColumn target.AddColumnFunc // set by New for SchemaAddColumns
 
 	hooks *hooks // tests only: fault injection
+	// runTxns, tests only: the most transactions a run of Parallel takes (0: groupMaxTxns).
+	runTxns int
 }
 
 // validate checks c and returns a copy with the defaults filled in.

@@ -128,11 +128,18 @@
 // order. Changes reach the worker through a queue that spills to disk past its memory share, so a
 // worker that cannot keep up never holds up the stream or the other transactions. With all
 // workers busy, a streamed transaction is queued the same way and applied at its commit. Other
-// transactions are applied one at a time as they arrive, after every earlier one committed.
+// transactions are applied as they arrive, after every earlier one committed: those that arrive
+// whole while no streamed transaction is open are grouped and applied set-based as in Buffered.
 //
-// Parallel is Eager plus committed transactions applied by several workers at once. A transaction
-// waits, before a change, for the commit of any earlier transaction in flight that touched the
-// same row (relation and replica identity key), so that each change sees what the source saw.
+// Parallel is Eager plus committed transactions applied by several workers at once. The whole
+// committed transactions the stream delivers one after another form runs (up to the limits of a
+// Buffered group); a worker applies a run as Buffered applies a group, set-based, in one target
+// transaction with the progress row of its last transaction. A run waits, before a change, for
+// the commit of any earlier run in flight that touched the same row (relation and replica
+// identity key), so that each change sees what the source saw; runs that touch different rows
+// are applied at once, and a run that depends on the one before is applied while the leader
+// fills the next. Streamed and large transactions are applied as in Eager, one at a time by a
+// worker, after the runs before them.
 // A transaction that changes a row of a table without a usable key (UPDATE or DELETE with
 // REPLICA IDENTITY FULL), truncates, or writes a table whose triggers fire on the target
 // (including foreign keys, unless the target role runs in session_replication_role = replica)
@@ -147,10 +154,10 @@
 // Choosing a mode: Buffered is the default and the fastest in most cases measured (BENCHMARKS.md
 // in the repository): whole transactions, COPY for inserts, and transactions already received
 // grouped per round trip and applied set-based. Eager pays off when the target has cores to spare while a large
-// transaction is still running on the source. Parallel pays a second round trip per transaction
-// (its changes, then its COMMIT in turn) and groups nothing: on a backlog of small transactions
-// that touch the same rows it is slower than Buffered; it helps when the target's work per
-// transaction dominates and transactions touch different rows.
+// transaction is still running on the source. Parallel applies runs as Buffered applies groups,
+// on several connections: it helps when the target's work dominates, runs touch different rows
+// and the target has cores to spare; on a backlog whose transactions all touch the same rows
+// its runs wait for each other and it goes about as fast as Buffered.
 //
 // # Statements
 //

@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -56,6 +58,15 @@ type job struct {
 	// Set by the leader before it queues schedule.RecCommit; read by the worker after.
 	ref    txnRef
 	commit *reorderbuffer.Txn
+
+	// A run (Parallel): consecutive whole committed transactions applied in one target
+	// transaction, set-based. The leader appends to members under mu; the worker reads the
+	// member a schedule.RecTxn names under mu, and all of them after schedule.RecCommit.
+	isRun   bool
+	mu      sync.Mutex
+	members []groupMember
+	opened  time.Time // leader only: when the run took its first transaction
+	changes int       // leader only: the changes queued
 
 	// Leader only.
 	begun   bool            // direct: the target transaction has begun
@@ -146,6 +157,7 @@ func (s *session) stopWorkers(ctx context.Context) {
 
 // runIncremental is the leader's loop in Eager and Parallel.
 func (s *session) runIncremental(ctx context.Context) error {
+	defer s.abandonGroup()
 	for {
 		if err := s.ackCommitted(ctx); err != nil {
 			return err
@@ -155,10 +167,35 @@ func (s *session) runIncremental(ctx context.Context) error {
 		}
 		t, err := s.next(ctx)
 		if err != nil {
-			if err = s.wakeUp(ctx, err); err != nil {
+			if errors.Is(err, errIdle) && s.group.open() { // nothing more to read: commit
+				err = s.endGroup(ctx)
+			} else if errors.Is(err, errIdle) && s.run != nil {
+				err = s.sealRun()
+			} else {
+				err = s.wakeUp(ctx, err)
+			}
+			if err != nil {
 				return err
 			}
 			continue
+		}
+		if s.groupable(t) {
+			if err := s.runGrouped(ctx, t); err != nil {
+				return err
+			}
+			continue
+		}
+		if err := s.endGroup(ctx); err != nil {
+			return err
+		}
+		if s.runnable(t) {
+			if err := s.addToRun(ctx, t); err != nil {
+				return err
+			}
+			continue
+		}
+		if err := s.sealRun(); err != nil {
+			return err
 		}
 		switch {
 		case t.NonTransactional:
@@ -180,6 +217,155 @@ func (s *session) runIncremental(ctx context.Context) error {
 			return err
 		}
 	}
+}
+
+// Runs (Eager). A committed transaction that arrives whole (one PartCommit, not streamed) while no
+// other transaction is in flight (none open on a worker, every earlier one committed) is applied
+// on the leader's connection in the open group, as Buffered applies it (applyGrouped): the
+// consecutive whole transactions the stream has already delivered form one run, applied
+// set-based in one target transaction that ends with the progress row of its last. Anything
+// else the stream hands out (a part of a streamed or large transaction, an abort, an idle
+// advance, a transaction to apply alone) commits the run first, so the sequence numbers the
+// run's transactions take at its commit are the next ones in commit order, and a streamed
+// transaction's changes come after the run's commit, which they may read.
+//
+// The run stays on the leader because handing it to a worker would cost a round trip of
+// handoff per run while gaining nothing when each run depends on the one before (rows every
+// transaction updates, as in pgbench): the leader's connection applies runs as fast as
+// Buffered does, and workers keep the streamed transactions, which they apply while the leader
+// reads on.
+
+// groupable says whether t joins the open run (or opens one).
+func (s *session) groupable(t *reorderbuffer.Txn) bool {
+	return s.cfg.Mode == Eager && !t.NonTransactional && t.Part == reorderbuffer.PartCommit && !t.Streamed &&
+		len(s.jobs) == 0 && !s.a.serial[t.Xid]
+}
+
+// runGrouped applies t in the open run, opening one, after every earlier transaction
+// committed, if there is none.
+func (s *session) runGrouped(ctx context.Context, t *reorderbuffer.Txn) error {
+	if !s.group.open() {
+		if err := s.order.Wait(ctx, s.order.Last()); err != nil {
+			return err
+		}
+	}
+	return s.applyGrouped(ctx, t)
+}
+
+// endGroup commits the open run, if any; the leader's connection then applies one statement
+// per change again.
+func (s *session) endGroup(ctx context.Context) error {
+	if !s.group.open() {
+		return nil
+	}
+	err := s.commitGroup(ctx)
+	s.leader.Coalesce(false)
+	return err
+}
+
+// Runs (Parallel). The whole committed transactions the stream delivers one after another
+// (one PartCommit each, not streamed) form runs: a worker applies a run as Buffered applies a
+// group (target.Conn.Coalesce: each table's net changes as set statements), in one target
+// transaction that ends with the progress row of its last transaction, committed in its turn.
+// A run is one job of the commit order and of the dependency tracker: its changes wait, as a
+// transaction's would, for the earlier runs in flight that touched the same rows, so runs that
+// touch different rows are applied at once, and a run that depends on the one before waits for
+// its commit while the leader fills the next. A run takes transactions up to the limits of a
+// group (groupMaxTxns, groupMaxChanges, groupMaxAge), and ends when the stream has nothing more
+// to read or hands out anything else (a part of a streamed or large transaction, an abort, an
+// idle advance, a transaction to apply alone): the run's commit then comes before it in commit
+// order. Handing a run over costs the leader nothing per transaction; its worker sends the run's
+// changes, reduced to set statements, with its commit (or, sooner, while it waits for its turn
+// to commit), as Buffered sends a group's.
+
+// runnable says whether t joins the open run (or opens one).
+func (s *session) runnable(t *reorderbuffer.Txn) bool {
+	return s.cfg.Mode == Parallel && !t.NonTransactional && t.Part == reorderbuffer.PartCommit && !t.Streamed &&
+		s.jobs[t.Xid] == nil && !s.a.serial[t.Xid] && !(s.det != nil && s.leader.Origin != "" && lastUpdateWins(&s.cfg.Conflicts))
+}
+
+// addToRun queues t in the open run, after sealing it if it is full, or in a new one.
+func (s *session) addToRun(ctx context.Context, t *reorderbuffer.Txn) error {
+	now := s.cfg.now()
+	maxTxns := groupMaxTxns
+	if s.cfg.runTxns > 0 {
+		maxTxns = s.cfg.runTxns
+	}
+	if j := s.run; j != nil && (len(j.members) >= maxTxns || j.changes >= groupMaxChanges || now.Sub(j.opened) >= groupMaxAge) {
+		if err := s.sealRun(); err != nil {
+			return err
+		}
+	}
+	if s.run == nil {
+		w, err := s.takeWorker(ctx)
+		if err != nil {
+			return err
+		}
+		if w == nil { // every worker holds a streamed transaction still open: the leader applies t
+			return s.part(ctx, t)
+		}
+		j := &job{xid: t.Xid, isRun: true, opened: now}
+		j.Seq.Store(s.order.Assign())
+		j.q = schedule.NewQueue(s.store, s.budget, s.share, &s.stats.queueSpilled)
+		w.cur.Store(j)
+		w.jobs <- j
+		s.run = j
+	}
+	j := s.run
+	j.mu.Lock()
+	j.members = append(j.members, groupMember{txn: t, ref: txnRef{Xid: t.Xid, CommitLSN: t.CommitLSN, EndLSN: t.EndLSN}})
+	i := len(j.members) - 1
+	j.mu.Unlock()
+	if err := j.q.Push(schedule.TxnRecord(uint32(i))); err != nil {
+		return err
+	}
+	changed := false
+	err := s.eachChange(t, func(m decoding.Message, rels []*target.Relation) error {
+		if err := s.depend(ctx, j, m, rels); err != nil {
+			return err
+		}
+		rec, err := encodeChange(m, rels)
+		if err != nil {
+			return err
+		}
+		changed = true
+		j.changes++
+		return j.q.Push(rec)
+	})
+	if changed {
+		j.mu.Lock()
+		j.members[i].changed = true
+		j.mu.Unlock()
+	}
+	return err
+}
+
+// sealRun queues the commit of the open run, if any.
+func (s *session) sealRun() error {
+	j := s.run
+	if j == nil {
+		return nil
+	}
+	s.run = nil
+	j.mu.Lock()
+	last := j.members[len(j.members)-1]
+	j.mu.Unlock()
+	j.ref, j.commit = last.ref, last.txn
+	return j.q.Push([]byte{schedule.RecCommit})
+}
+
+// xids returns the source transactions of j: its own, or a run's.
+func (j *job) xids() []uint32 {
+	if !j.isRun {
+		return []uint32{j.xid}
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	xs := make([]uint32, len(j.members))
+	for i, m := range j.members {
+		xs[i] = m.ref.Xid
+	}
+	return xs
 }
 
 // part handles a part with changes (PartChanges or PartCommit).
@@ -327,10 +513,10 @@ func (s *session) conflict(j *job, err error) error {
 	default:
 		return err
 	}
-	xids := []uint32{j.xid}
+	xids := j.xids()
 	for _, w := range s.workers {
 		if o := w.cur.Load(); o != nil && o != j {
-			xids = append(xids, o.xid)
+			xids = append(xids, o.xids()...)
 		}
 	}
 	return &restartError{xids: xids, reason: err}
@@ -558,6 +744,7 @@ func (s *session) work(ctx context.Context, w *worker) error {
 // (restartError): it ran alongside transactions that committed before it, which may have been the
 // cause.
 func (s *session) runJob(ctx context.Context, tg *target.Conn, j *job, w *worker) error {
+	tg.Coalesce(j.isRun)
 	return schedule.RunJob(ctx, j.q, &jobRun{s: s, tg: tg, j: j, w: w})
 }
 
@@ -569,6 +756,7 @@ type jobRun struct {
 	w    *worker // nil on the leader's connection
 	p    decoding.Parser
 	rels []*target.Relation
+	cur  *reorderbuffer.Txn // a run's transaction being applied
 }
 
 func (r *jobRun) State(st int32) {
@@ -584,7 +772,27 @@ func (r *jobRun) Record(ctx context.Context) error {
 	return r.s.cfg.hook(ctx, "record", txnRef{Xid: r.j.xid, Streamed: r.j.streamed})
 }
 
-func (r *jobRun) Begin() { r.tg.Begin(r.j.xid, nil) }
+func (r *jobRun) Begin() {
+	if r.cur != nil { // a run: its current transaction
+		r.tg.Begin(r.cur.Xid, sourceCommit(r.cur))
+		return
+	}
+	r.tg.Begin(r.j.xid, nil)
+}
+
+func (r *jobRun) Txn(ctx context.Context, i uint32) error {
+	r.j.mu.Lock()
+	if int(i) >= len(r.j.members) {
+		r.j.mu.Unlock()
+		return schedule.Fatal(fmt.Errorf("apply: run of transaction %d: no transaction %d", r.j.xid, i))
+	}
+	t := r.j.members[i].txn
+	r.j.mu.Unlock()
+	// Conflicts name their own source transaction.
+	r.cur = t
+	r.tg.Source(t.Xid, sourceCommit(t))
+	return nil
+}
 
 func (r *jobRun) Change(ctx context.Context, rec []byte) error {
 	var m decoding.Message
@@ -603,7 +811,12 @@ func (r *jobRun) RollbackTo(ctx context.Context, sub uint32) error {
 	return r.tg.RollbackTo(ctx, sub)
 }
 
-func (r *jobRun) Flush(ctx context.Context) error { return r.tg.FlushPending(ctx) }
+func (r *jobRun) Flush(ctx context.Context) error {
+	if r.j.isRun { // a run's changes go as one group (commitOn)
+		return nil
+	}
+	return r.tg.FlushPending(ctx)
+}
 
 func (r *jobRun) Wait(ctx context.Context, seq uint64) error { return r.s.order.Wait(ctx, seq) }
 
@@ -631,12 +844,12 @@ func (r *jobRun) Abort(ctx context.Context, begun bool) error {
 
 func (r *jobRun) Commit(ctx context.Context, begun bool, failed error) error {
 	if failed != nil {
-		return &restartError{xids: []uint32{r.j.xid}, reason: failed}
+		return &restartError{xids: r.j.xids(), reason: failed}
 	}
 	err := r.s.commitOn(ctx, r.tg, r.j, begun, r.w)
 	var ce *target.ChangeError
 	if errors.As(err, &ce) {
-		return &restartError{xids: []uint32{r.j.xid}, reason: err}
+		return &restartError{xids: r.j.xids(), reason: err}
 	}
 	if err != nil {
 		return r.s.conflict(r.j, err)
@@ -678,6 +891,9 @@ func (s *session) commitOn(ctx context.Context, tg *target.Conn, j *job, begun b
 	if w != nil {
 		w.state.Store(wsApplying)
 	}
+	if j.isRun {
+		return s.commitRun(ctx, tg, j, begun)
+	}
 	durable := s.cfg.SynchronousCommit
 	var progress decoding.LSN // the progress row written, if any
 	if begun {
@@ -699,5 +915,41 @@ func (s *session) commitOn(ctx context.Context, tg *target.Conn, j *job, begun b
 		return err
 	}
 	s.committed(commitRef{seq: seq, txn: j.commit, job: j, progress: progress}, durable)
+	return nil
+}
+
+// commitRun commits a run on tg, in its turn, with the progress row of its last transaction, and
+// hands its transactions over for acknowledgement, in order: the commit is that of each, and the
+// hooks are called for each.
+func (s *session) commitRun(ctx context.Context, tg *target.Conn, j *job, begun bool) error {
+	seq := j.Seq.Load()
+	durable := s.cfg.SynchronousCommit
+	var progress decoding.LSN // the progress row written, if any
+	if begun {
+		for _, m := range j.members {
+			if err := s.cfg.hook(ctx, "before-commit", m.ref); err != nil {
+				return err
+			}
+		}
+		durable = s.syncCommit()
+		tg.Source(j.commit.Xid, sourceCommit(j.commit))
+		if err := tg.Commit(ctx, s.key, j.ref.EndLSN, durable); err != nil {
+			return err
+		}
+		progress = j.ref.EndLSN
+	}
+	s.order.Finish(seq)
+	for _, m := range j.members {
+		s.stats.txns.Add(1)
+		if !m.changed || !begun {
+			s.stats.emptyTxns.Add(1)
+		}
+		s.committed(commitRef{seq: seq, txn: m.txn, job: j, progress: progress}, durable)
+	}
+	for _, m := range j.members {
+		if err := s.cfg.hook(ctx, "after-commit", m.ref); err != nil {
+			return err
+		}
+	}
 	return nil
 }

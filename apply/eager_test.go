@@ -179,7 +179,8 @@ func waitQuery(ctx context.Context, dsn, sql string) error {
 // through a unique index only the target has: the later one inserts u = 9 and waits for its turn
 // to commit; the earlier one, held back before its first change, then inserts u = 9 too (and
 // moves it to 10, so that in commit order both fit) and waits for the later one's lock. The
-// watchdog must break the cycle; the later transaction is retried alone.
+// watchdog must break the cycle; the later transaction is retried alone. Runs take one
+// transaction each, so that the two go to two workers.
 func TestParallelDeadlock(t *testing.T) {
 	for _, major := range testMajors {
 		t.Run(fmt.Sprintf("pg%d", major), func(t *testing.T) {
@@ -192,6 +193,7 @@ func TestParallelDeadlock(t *testing.T) {
 			var earlier atomic.Uint32
 			var held atomic.Bool
 			cfg := e.config(t, Parallel)
+			cfg.runTxns = 1
 			// The earlier transaction's first change waits until the later one's worker has
 			// written into items (inserted u = 9): the earlier one, held back, has not written
 			// yet, and the marker's transaction writes another table.

@@ -15,33 +15,39 @@ import (
 // target ends equal to the source.
 func TestGroup(t *testing.T) {
 	for _, major := range testMajors {
-		t.Run(fmt.Sprintf("pg%d", major), func(t *testing.T) {
-			e := newEnv(t, major)
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-			defer cancel()
-			// The backlog is made before the applier starts.
-			const clients, txns = 4, 100
-			must(t, concurrent(ctx, e.src, seeded(t), clients, txns))
-			must(t, pgtest.Exec(ctx, e.src, `INSERT INTO marker VALUES (1)`))
-			r := start(t, e.config(t, Buffered))
-			e.waitMarker(t, r, 1)
-			r.halt(t)
-			e.compare(t)
-			st := r.a.Stats()
-			t.Logf("stats %+v", st)
-			// An update or delete that finds no row on the source makes an empty transaction,
-			// which pgoutput does not send: most of them are sent.
-			if st.Txns < clients*txns/2 {
-				t.Fatalf("%d transactions applied, want at least %d", st.Txns, clients*txns/2)
-			}
-			// One round trip each would be st.Txns; grouped, far fewer.
-			if st.RoundTrips > st.Txns/4 {
-				t.Errorf("%d round trips for %d transactions: not grouped", st.RoundTrips, st.Txns)
-			}
-			if st.SerialRetries != 0 {
-				t.Errorf("%d serial retries", st.SerialRetries)
-			}
-		})
+		for _, mode := range []Mode{Buffered, Eager, Parallel} {
+			t.Run(fmt.Sprintf("pg%d/%v", major, mode), func(t *testing.T) { testGroup(t, major, mode) })
+		}
+	}
+}
+
+// testGroup is TestGroup in one mode: Eager groups the whole transactions on the leader's
+// connection, Parallel in runs on its workers.
+func testGroup(t *testing.T, major int, mode Mode) {
+	e := newEnv(t, major)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	// The backlog is made before the applier starts.
+	const clients, txns = 4, 100
+	must(t, concurrent(ctx, e.src, seeded(t), clients, txns))
+	must(t, pgtest.Exec(ctx, e.src, `INSERT INTO marker VALUES (1)`))
+	r := start(t, e.config(t, mode))
+	e.waitMarker(t, r, 1)
+	r.halt(t)
+	e.compare(t)
+	st := r.a.Stats()
+	t.Logf("stats %+v", st)
+	// An update or delete that finds no row on the source makes an empty transaction,
+	// which pgoutput does not send: most of them are sent.
+	if st.Txns < clients*txns/2 {
+		t.Fatalf("%d transactions applied, want at least %d", st.Txns, clients*txns/2)
+	}
+	// One round trip each would be st.Txns; grouped, far fewer.
+	if st.RoundTrips > st.Txns/4 {
+		t.Errorf("%d round trips for %d transactions: not grouped", st.RoundTrips, st.Txns)
+	}
+	if st.SerialRetries != 0 {
+		t.Errorf("%d serial retries", st.SerialRetries)
 	}
 }
 

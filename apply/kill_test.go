@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -35,6 +36,7 @@ type childConfig struct {
 	CopyChunkSize int64
 	Stall         string
 	StallAfter    int32
+	RunTxns       int // Config.runTxns
 	// Migration options.
 	SkipLSN               decoding.LSN
 	SchemaChanges         SchemaChanges
@@ -57,6 +59,7 @@ func runChild() int {
 		Workers: c.Workers, WorkMem: c.WorkMem, StatusInterval: 100 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})).With("child", os.Getpid())}
 	cfg.Copy, cfg.CopyWorkers = c.Copy, 2
+	cfg.runTxns = c.RunTxns
 	cfg.SkipLSN, cfg.SchemaChanges = c.SkipLSN, c.SchemaChanges
 	cfg.SyncSequences, cfg.SyncSequencesInterval = c.SyncSequences, c.SyncSequencesInterval
 	var stalls atomic.Int32
@@ -155,6 +158,20 @@ func waitWorkers(t *testing.T, ctx context.Context, dsn, src string, n int, ch *
 	}
 }
 
+// waitStalled waits until the child reports a stalled hook, or fails t.
+func waitStalled(t *testing.T, ctx context.Context, ch *child) {
+	t.Helper()
+	for !strings.Contains(ch.stderr.String(), "stalled at") {
+		select {
+		case err := <-ch.done:
+			t.Fatalf("the child stopped: %v\n%s", err, ch.stderr)
+		case <-ctx.Done():
+			t.Fatalf("the child did not stall: %v", ctx.Err())
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
 // TestKill kills the applier process (SIGKILL) while workers have transactions open on the target
 // (a streamed transaction applied eagerly, with savepoints; committed transactions applied in
 // parallel), starts it again, and checks that the target ends equal to the source with nothing
@@ -200,27 +217,38 @@ func TestKill(t *testing.T) {
 			waitMarkerCtx(t, ctx, e.dst, 1)
 			e.compare(t)
 		})
-		t.Run(fmt.Sprintf("pg%d/parallel", major), func(t *testing.T) {
-			e := newEnv(t, major)
-			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-			defer cancel()
-			// After 20 commits, the next one stalls until the kill: the transactions after it pile
-			// up, applied and uncommitted, on the other workers.
-			cc := childConfig{Source: e.repl, Target: e.dst, Slot: e.slot, Mode: Parallel, Workers: 4,
-				WorkMem: 256 << 10, Stall: "before-commit", StallAfter: 20}
-			first := startChild(t, cc)
-			rng := seeded(t)
-			done := make(chan error, 1)
-			go func() { done <- concurrent(ctx, e.src, rng, 4, 100) }()
-			waitWorkers(t, ctx, e.dst, e.src, 2, first)
-			first.kill(t)
-			must(t, <-done)
-			cc.Stall = ""
-			startChild(t, cc)
-			must(t, pgtest.Exec(ctx, e.src, `INSERT INTO marker VALUES (1)`))
-			waitMarkerCtx(t, ctx, e.dst, 1)
-			e.compare(t)
-		})
+		// After 20 commits, the next one stalls until the kill. With runs of one transaction the
+		// transactions after it pile up, applied and uncommitted, on the other workers; with runs
+		// of any size the process dies while a run of several transactions commits.
+		for _, v := range []struct {
+			name    string
+			runTxns int
+			writers int
+		}{{"parallel", 1, 2}, {"parallel-runs", 0, 0}} {
+			t.Run(fmt.Sprintf("pg%d/%s", major, v.name), func(t *testing.T) {
+				e := newEnv(t, major)
+				ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+				defer cancel()
+				cc := childConfig{Source: e.repl, Target: e.dst, Slot: e.slot, Mode: Parallel, Workers: 4,
+					WorkMem: 256 << 10, Stall: "before-commit", StallAfter: 20, RunTxns: v.runTxns}
+				first := startChild(t, cc)
+				rng := seeded(t)
+				done := make(chan error, 1)
+				go func() { done <- concurrent(ctx, e.src, rng, 4, 100) }()
+				if v.writers > 0 {
+					waitWorkers(t, ctx, e.dst, e.src, v.writers, first)
+				} else {
+					waitStalled(t, ctx, first)
+				}
+				first.kill(t)
+				must(t, <-done)
+				cc.Stall = ""
+				startChild(t, cc)
+				must(t, pgtest.Exec(ctx, e.src, `INSERT INTO marker VALUES (1)`))
+				waitMarkerCtx(t, ctx, e.dst, 1)
+				e.compare(t)
+			})
+		}
 	}
 }
 

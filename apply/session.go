@@ -56,6 +56,7 @@ type session struct {
 	acks      acks
 	leaderJob atomic.Pointer[job] // the job the leader's connection applies, for the watchdog
 	deps      *schedule.Tracker   // Parallel
+	run       *job                // Parallel: the run the leader is filling
 }
 
 // session runs one session.

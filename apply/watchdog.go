@@ -84,7 +84,7 @@ func (s *session) watchdog(ctx context.Context) error {
 			s.stats.deadlocks.Add(1)
 			s.log.Warn("lock wait on a later transaction: rolling it back to apply it alone",
 				"waiting_xid", waiter.xid, "holding_xid", blocker.xid)
-			return &restartError{xids: []uint32{blocker.xid},
+			return &restartError{xids: blocker.xids(),
 				reason: fmt.Errorf("transaction %d waited for a lock held by transaction %d, which commits after it", waiter.xid, blocker.xid)}
 		}
 	}

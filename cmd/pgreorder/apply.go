@@ -68,8 +68,9 @@ Modes:
             -work-mem, then on disk)
   eager     large (streamed) transactions applied while they run on the source, each on a worker
             connection of its own, with savepoints for their subtransactions; committed in order
-  parallel  eager, and committed transactions applied on -workers connections at once when they
-            touch different rows; committed in order
+  parallel  eager, and committed transactions applied on -workers connections, in runs applied
+            set-based like buffered's groups, at once when they touch different rows; committed
+            in order
 
 Passwords: a password in a connection string on the command line is visible to every local user
 (ps, /proc). Give it in the PGPASSWORD environment variable or in a password file (~/.pgpass, or

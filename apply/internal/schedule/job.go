@@ -15,7 +15,11 @@ const (
 	RecWait      = 'w' // u64 sequence number that must be committed first
 	RecCommit    = 'C' // the end: commit
 	RecAbort     = 'A' // the end: the transaction aborted on the source
+	RecTxn       = 't' // u32 index: the changes that follow are the index-th transaction of a run
 )
+
+// TxnRecord returns a RecTxn record for the i-th transaction of a run.
+func TxnRecord(i uint32) []byte { return binary.BigEndian.AppendUint32([]byte{RecTxn}, i) }
 
 // SavepointRecord returns a RecSavepoint record for subtransaction sub.
 func SavepointRecord(sub uint32) []byte {
@@ -46,6 +50,8 @@ type JobTarget interface {
 	Record(ctx context.Context) error
 	// Begin starts the target transaction (nothing is sent yet).
 	Begin()
+	// Txn starts the i-th transaction of a run (a job of several committed transactions).
+	Txn(ctx context.Context, i uint32) error
 	// Change applies a RecChange record.
 	Change(ctx context.Context, rec []byte) error
 	// Savepoint takes the savepoint of subtransaction sub, RollbackTo rolls back to it.
@@ -138,6 +144,11 @@ func RunJob(ctx context.Context, q *Queue, t JobTarget) error {
 			if begun {
 				err = t.RollbackTo(ctx, binary.BigEndian.Uint32(rec[1:]))
 			}
+		case RecTxn:
+			if len(rec) < 5 {
+				return errors.New("apply: short queue record")
+			}
+			err = t.Txn(ctx, binary.BigEndian.Uint32(rec[1:]))
 		case RecWait:
 			if len(rec) < 9 {
 				return errors.New("apply: short queue record")

@@ -30,6 +30,10 @@ func (f *fakeJob) call(format string, args ...any) {
 func (f *fakeJob) State(st int32)                   { f.states = append(f.states, st) }
 func (f *fakeJob) Record(ctx context.Context) error { return nil }
 func (f *fakeJob) Begin()                           { f.call("begin") }
+func (f *fakeJob) Txn(ctx context.Context, i uint32) error {
+	f.call("txn %d", i)
+	return nil
+}
 func (f *fakeJob) Change(ctx context.Context, rec []byte) error {
 	f.call("change %s", rec[1:])
 	switch string(rec[1:]) {
