@@ -121,36 +121,10 @@ func TestBrokerRestart(t *testing.T) {
 		kcfg := kafkasink.Config{Brokers: c.Addrs(), TopicPrefix: prefix, MaxBufferedRecords: 200, TransactionTimeout: time.Minute}
 		r := start(t, ctx, feedConfig(dsn), kcfg)
 		r.waitPast(t, ctx, 0)
-		before := r.sink.Stats()
-		last := commitLSN(t, ctx, dsn, "INSERT INTO t SELECT g, md5(g::text) FROM generate_series(100, 20099) g")
-		for r.sink.Stats().Events < before.Events+2000 {
-			select {
-			case err := <-r.done:
-				t.Fatalf("the feed stopped: %v", err)
-			case <-time.After(5 * time.Millisecond):
-			}
-		}
-		require.Equal(t, before.Transactions, r.sink.Stats().Transactions, "the transaction is still being produced")
-		c.Brokers[0].Kill()
-		require.NoError(t, c.Brokers[0].Restart(ctx))
-		// Run again while the sink stops (a supervisor's restart), until the transaction is in.
-		for attempt := 0; r.sink.Stats().Position <= last; {
-			select {
-			case err := <-r.done:
-				require.Less(t, confirmedFlush(t, ctx, dsn), last)
-				attempt++
-				require.Less(t, attempt, 5, "the sink does not recover: %v", err)
-				t.Logf("the sink stopped: %v; running it again", err)
-				r = start(t, ctx, feedConfig(dsn), kcfg)
-			case <-ctx.Done():
-				t.Fatal(ctx.Err())
-			case <-time.After(20 * time.Millisecond):
-			}
-		}
-		require.NoError(t, r.stop())
-		copied, streamed := rowEvents(t, ctx, c, dsn, prefix)
-		require.Equal(t, 10, copied)
-		require.Equal(t, 20000, streamed)
+		bigThroughFault(t, ctx, r, dsn, kcfg, c, prefix, func() {
+			c.Brokers[0].Kill()
+			require.NoError(t, c.Brokers[0].Restart(ctx))
+		})
 	})
 }
 
@@ -319,35 +293,10 @@ func TestLeaderLoss(t *testing.T) {
 	td, err := kadm.NewClient(cl).ListTopics(ctx, prefix+".public.t")
 	require.NoError(t, err)
 	leader := td[prefix+".public.t"].Partitions[0].Leader
-	before := r.sink.Stats()
-	last := commitLSN(t, ctx, dsn, "INSERT INTO t SELECT g, md5(g::text) FROM generate_series(100, 20099) g")
-	for r.sink.Stats().Events < before.Events+2000 {
-		select {
-		case err := <-r.done:
-			t.Fatalf("the feed stopped: %v", err)
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
-	require.Equal(t, before.Transactions, r.sink.Stats().Transactions, "the transaction is still being produced")
-	t.Logf("killing broker %d, the partition's leader", leader)
-	c.Brokers[leader-1].Kill()
-	for attempt := 0; r.sink.Stats().Position <= last; {
-		select {
-		case err := <-r.done:
-			require.Less(t, confirmedFlush(t, ctx, dsn), last)
-			attempt++
-			require.Less(t, attempt, 5, "the sink does not recover: %v", err)
-			t.Logf("the sink stopped: %v; running it again", err)
-			r = start(t, ctx, feedConfig(dsn), kcfg)
-		case <-ctx.Done():
-			t.Fatal(ctx.Err())
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
-	require.NoError(t, r.stop())
-	copied, streamed := rowEvents(t, ctx, c, dsn, prefix)
-	require.Equal(t, 10, copied)
-	require.Equal(t, 20000, streamed)
+	bigThroughFault(t, ctx, r, dsn, kcfg, c, prefix, func() {
+		t.Logf("killing broker %d, the partition's leader", leader)
+		c.Brokers[leader-1].Kill()
+	})
 }
 
 // TestOffsetsTopicOnePartition: an offsets topic of several partitions is refused, naming it,
@@ -388,4 +337,41 @@ func TestRecordBeyondBuffer(t *testing.T) {
 		require.Contains(t, err.Error(), want)
 	}
 	require.Empty(t, readCommitted(t, ctx, c, prefix+".public.t")[prefix+".public.t"])
+}
+
+// bigThroughFault commits a 20,000-row transaction into t (which holds 10 copied rows), runs
+// fault once the sink is producing it, runs the sink again (as a supervisor would) each time it
+// stops, without its having acknowledged the transaction, until the transaction is in, and
+// checks that every row reached Kafka once.
+func bigThroughFault(t *testing.T, ctx context.Context, r *running, dsn string, kcfg kafkasink.Config,
+	c *kafkatest.Cluster, prefix string, fault func()) {
+	t.Helper()
+	before := r.sink.Stats()
+	last := commitLSN(t, ctx, dsn, "INSERT INTO t SELECT g, md5(g::text) FROM generate_series(100, 20099) g")
+	for r.sink.Stats().Events < before.Events+2000 {
+		select {
+		case err := <-r.done:
+			t.Fatalf("the feed stopped: %v", err)
+		case <-time.After(5 * time.Millisecond): // polling the counter
+		}
+	}
+	require.Equal(t, before.Transactions, r.sink.Stats().Transactions, "the transaction is still being produced")
+	fault()
+	for attempt := 0; r.sink.Stats().Position <= last; {
+		select {
+		case err := <-r.done:
+			require.Less(t, confirmedFlush(t, ctx, dsn), last)
+			attempt++
+			require.Less(t, attempt, 5, "the sink does not recover: %v", err)
+			t.Logf("the sink stopped: %v; running it again", err)
+			r = start(t, ctx, feedConfig(dsn), kcfg)
+		case <-ctx.Done():
+			t.Fatal(ctx.Err())
+		case <-time.After(20 * time.Millisecond): // polling the position
+		}
+	}
+	require.NoError(t, r.stop())
+	copied, streamed := rowEvents(t, ctx, c, dsn, prefix)
+	require.Equal(t, 10, copied)
+	require.Equal(t, 20000, streamed)
 }

@@ -3,15 +3,13 @@ package metrics_test
 import (
 	"context"
 	"fmt"
-	"io"
 	"log/slog"
-	"net/http"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/pgreorder/pgreorder/internal/testing/scrape"
 
 	"github.com/pgreorder/pgreorder/apply"
 	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
@@ -20,32 +18,6 @@ import (
 
 // An Applier is a source of metrics, with its reorder buffer's statistics.
 var _ metrics.BufferSource = (*apply.Applier)(nil)
-
-// scrapeURL fetches url and returns the samples of the text exposition format by name and labels
-// as printed.
-func scrapeURL(ctx context.Context, t *testing.T, url string) map[string]float64 {
-	t.Helper()
-	req, err := http.NewRequestWithContext(ctx, "GET", url, nil)
-	require.NoError(t, err)
-	resp, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	require.Equal(t, http.StatusOK, resp.StatusCode)
-	body, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
-	out := map[string]float64{}
-	for line := range strings.Lines(string(body)) {
-		line = strings.TrimSpace(line)
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
-		i := strings.LastIndexByte(line, ' ')
-		v, err := strconv.ParseFloat(line[i+1:], 64)
-		require.NoError(t, err, line)
-		out[line[:i]] = v
-	}
-	return out
-}
 
 // TestApplierMetrics serves the metrics of an apply.Applier over HTTP and checks the lag: 0 once
 // caught up; in bytes and in seconds, the seconds growing, while a lock on the target holds the
@@ -93,7 +65,7 @@ func TestApplierMetrics(t *testing.T) {
 				txns     = `pgreorder_received_transactions_total{slot="am"}`
 			)
 			// Before Run, it answers: nothing yet.
-			v := scrapeURL(ctx, t, url)
+			v := scrape.Get(ctx, t, url)
 			require.Zero(t, v[lagBytes])
 			require.Zero(t, v[lagSecs])
 
@@ -110,7 +82,7 @@ func TestApplierMetrics(t *testing.T) {
 			wait := func(what string, cond func(map[string]float64) bool) map[string]float64 {
 				t.Helper()
 				for {
-					v := scrapeURL(ctx, t, url)
+					v := scrape.Get(ctx, t, url)
 					if cond(v) {
 						return v
 					}

@@ -5,14 +5,12 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -20,39 +18,14 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgreorder/pgreorder/internal/testing/scrape"
+
 	"github.com/pgreorder/pgreorder/apply"
 	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
 	"github.com/pgreorder/pgreorder/metrics"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 	"github.com/pgreorder/pgreorder/replication"
 )
-
-// scrape fetches url and returns every sample of the text exposition format by its name and
-// labels as printed (pgreorder_wal_position_bytes{position="received"}).
-func scrape(ctx context.Context, t *testing.T, url string) map[string]float64 {
-	t.Helper()
-	req, err := http.NewRequestWithContext(ctx, "GET", url, nil)
-	require.NoError(t, err)
-	resp, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	require.Equal(t, http.StatusOK, resp.StatusCode)
-	body, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
-	out := map[string]float64{}
-	for line := range strings.Lines(string(body)) {
-		line = strings.TrimSpace(line)
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
-		i := strings.LastIndexByte(line, ' ')
-		require.Positive(t, i, line)
-		v, err := strconv.ParseFloat(line[i+1:], 64)
-		require.NoError(t, err, line)
-		out[line[:i]] = v
-	}
-	return out
-}
 
 // lineLog collects the lines a process writes, safe for concurrent use.
 type lineLog struct {
@@ -119,7 +92,7 @@ func serveMetrics(ctx context.Context, t *testing.T, cmd *exec.Cmd) *served {
 func (s *served) wait(what string, cond func(map[string]float64) bool) map[string]float64 {
 	s.t.Helper()
 	for {
-		v := scrape(s.ctx, s.t, s.url)
+		v := scrape.Get(s.ctx, s.t, s.url)
 		if cond(v) {
 			return v
 		}

@@ -68,6 +68,7 @@ var allowed = map[string][]string{
 	"internal/testing/lint":      {},
 	"internal/testing/pgtest":    {"internal/tools/pgserver"},
 	"internal/testing/kafkatest": {"internal/testing/pgtest"},
+	"internal/testing/scrape":    {},
 	"spill/faultfs":              {"spill"},
 }
 
