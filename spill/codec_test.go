@@ -49,8 +49,8 @@ func (rle) Decompress(dst, src []byte) error {
 	return nil
 }
 
-// compressible returns a record of n bytes in runs, as rle compresses.
-func compressible(rng *rand.Rand, n int) []byte {
+// compressibleRecord returns a record of n bytes in runs, as rle compresses.
+func compressibleRecord(rng *rand.Rand, n int) []byte {
 	b := make([]byte, 0, n)
 	for len(b) < n {
 		b = append(b, bytes.Repeat([]byte{byte(rng.Uint32())}, min(n-len(b), 1+rng.IntN(40)))...)
@@ -71,75 +71,7 @@ func TestCompressedModel(t *testing.T) {
 		{Codec: rle{}},
 	} {
 		t.Run(fmt.Sprintf("buf=%d,fds=%d", cfg.BufferSize, cfg.MaxOpenFiles), func(t *testing.T) {
-			s := openStore(t, cfg)
-			type model struct {
-				l     *spill.Log
-				recs  [][]byte
-				marks []int
-				sizes []int64
-			}
-			var logs []*model
-			for range 3000 {
-				if len(logs) == 0 || rng.IntN(20) == 0 {
-					logs = append(logs, &model{l: create(t, s)})
-				}
-				m := logs[rng.IntN(len(logs))]
-				switch op := rng.IntN(100); {
-				case op < 70:
-					n := rng.IntN(100)
-					if rng.IntN(20) == 0 {
-						n = rng.IntN(1000)
-					}
-					if rng.IntN(4) == 0 {
-						m.marks = append(m.marks, len(m.recs))
-						m.sizes = append(m.sizes, m.l.Size())
-					}
-					rec := record(rng, n)
-					if rng.IntN(3) > 0 {
-						rec = compressible(rng, n)
-					}
-					if err := m.l.Append(rec); err != nil {
-						t.Fatal(err)
-					}
-					m.recs = append(m.recs, rec)
-				case op < 85:
-					if len(m.marks) == 0 {
-						continue
-					}
-					k := rng.IntN(len(m.marks))
-					if err := m.l.Truncate(m.sizes[k]); err != nil {
-						t.Fatal(err)
-					}
-					if m.l.Size() != m.sizes[k] {
-						t.Fatalf("Size after Truncate(%d) = %d", m.sizes[k], m.l.Size())
-					}
-					m.recs = m.recs[:m.marks[k]]
-					m.marks, m.sizes = m.marks[:k], m.sizes[:k]
-				case op < 97:
-					got, err := readAll(m.l)
-					if err != nil {
-						t.Fatal(err)
-					}
-					equalRecords(t, got, m.recs)
-				default:
-					if err := m.l.Remove(); err != nil {
-						t.Fatal(err)
-					}
-					for i := range logs {
-						if logs[i] == m {
-							logs = append(logs[:i], logs[i+1:]...)
-							break
-						}
-					}
-				}
-			}
-			for _, m := range logs {
-				got, err := readAll(m.l)
-				if err != nil {
-					t.Fatal(err)
-				}
-				equalRecords(t, got, m.recs)
-			}
+			runModel(t, openStore(t, cfg), rng, true)
 		})
 	}
 }

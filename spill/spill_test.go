@@ -144,73 +144,80 @@ func TestModel(t *testing.T) {
 		{},
 	} {
 		t.Run(fmt.Sprintf("buf=%d,fds=%d", cfg.BufferSize, cfg.MaxOpenFiles), func(t *testing.T) {
-			s := openStore(t, cfg)
-			type model struct {
-				l     *spill.Log
-				recs  [][]byte
-				marks []int // record counts at which Size was noted
-				sizes []int64
-			}
-			var logs []*model
-			for range 3000 {
-				if len(logs) == 0 || rng.IntN(20) == 0 {
-					logs = append(logs, &model{l: create(t, s)})
-				}
-				m := logs[rng.IntN(len(logs))]
-				switch op := rng.IntN(100); {
-				case op < 70:
-					n := rng.IntN(100)
-					if rng.IntN(20) == 0 {
-						n = rng.IntN(1000)
-					}
-					if rng.IntN(4) == 0 {
-						m.marks = append(m.marks, len(m.recs))
-						m.sizes = append(m.sizes, m.l.Size())
-					}
-					rec := record(rng, n)
-					if err := m.l.Append(rec); err != nil {
-						t.Fatal(err)
-					}
-					m.recs = append(m.recs, rec)
-				case op < 85:
-					if len(m.marks) == 0 {
-						continue
-					}
-					k := rng.IntN(len(m.marks))
-					if err := m.l.Truncate(m.sizes[k]); err != nil {
-						t.Fatal(err)
-					}
-					m.recs = m.recs[:m.marks[k]]
-					m.marks, m.sizes = m.marks[:k], m.sizes[:k]
-				case op < 97:
-					got, err := readAll(m.l)
-					if err != nil {
-						t.Fatal(err)
-					}
-					equalRecords(t, got, m.recs)
-				default:
-					if err := m.l.Remove(); err != nil {
-						t.Fatal(err)
-					}
-					if err := m.l.Append(nil); !errors.Is(err, spill.ErrClosed) {
-						t.Fatalf("Append after Remove: %v", err)
-					}
-					for i := range logs {
-						if logs[i] == m {
-							logs = append(logs[:i], logs[i+1:]...)
-							break
-						}
-					}
-				}
-			}
-			for _, m := range logs {
-				got, err := readAll(m.l)
-				if err != nil {
-					t.Fatal(err)
-				}
-				equalRecords(t, got, m.recs)
-			}
+			runModel(t, openStore(t, cfg), rng, false)
 		})
+	}
+}
+
+// runModel runs 3000 random operations on logs of s against an in-memory model: appends (when
+// compressible, two records in three made to compress well), truncations to any Size noted
+// before, reads, removals, in many logs sharing the write buffer.
+func runModel(t *testing.T, s *spill.Store, rng *rand.Rand, compressible bool) {
+	t.Helper()
+	type model struct {
+		l     *spill.Log
+		recs  [][]byte
+		marks []int // record counts at which Size was noted
+		sizes []int64
+	}
+	var logs []*model
+	for range 3000 {
+		if len(logs) == 0 || rng.IntN(20) == 0 {
+			logs = append(logs, &model{l: create(t, s)})
+		}
+		m := logs[rng.IntN(len(logs))]
+		switch op := rng.IntN(100); {
+		case op < 70:
+			n := rng.IntN(100)
+			if rng.IntN(20) == 0 {
+				n = rng.IntN(1000)
+			}
+			if rng.IntN(4) == 0 {
+				m.marks = append(m.marks, len(m.recs))
+				m.sizes = append(m.sizes, m.l.Size())
+			}
+			rec := record(rng, n)
+			if err := m.l.Append(rec); err != nil {
+				t.Fatal(err)
+			}
+			m.recs = append(m.recs, rec)
+		case op < 85:
+			if len(m.marks) == 0 {
+				continue
+			}
+			k := rng.IntN(len(m.marks))
+			if err := m.l.Truncate(m.sizes[k]); err != nil {
+				t.Fatal(err)
+			}
+			m.recs = m.recs[:m.marks[k]]
+			m.marks, m.sizes = m.marks[:k], m.sizes[:k]
+		case op < 97:
+			got, err := readAll(m.l)
+			if err != nil {
+				t.Fatal(err)
+			}
+			equalRecords(t, got, m.recs)
+		default:
+			if err := m.l.Remove(); err != nil {
+				t.Fatal(err)
+			}
+			if err := m.l.Append(nil); !errors.Is(err, spill.ErrClosed) {
+				t.Fatalf("Append after Remove: %v", err)
+			}
+			for i := range logs {
+				if logs[i] == m {
+					logs = append(logs[:i], logs[i+1:]...)
+					break
+				}
+			}
+		}
+	}
+	for _, m := range logs {
+		got, err := readAll(m.l)
+		if err != nil {
+			t.Fatal(err)
+		}
+		equalRecords(t, got, m.recs)
 	}
 }
 
