@@ -2,7 +2,6 @@ package replication_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -20,15 +19,7 @@ func waitCaughtUp(ctx context.Context, t *testing.T, s *replication.Stream) repl
 		if a := s.Activity(); a.CaughtUp {
 			return a
 		}
-		nctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
-		x, err := s.Next(nctx)
-		cancel()
-		if x != nil {
-			t.Fatalf("unexpected transaction %d", x.Xid)
-		}
-		if err != nil && !errors.Is(err, context.DeadlineExceeded) {
-			t.Fatal(err)
-		}
+		idle(ctx, t, s, 50*time.Millisecond)
 		if ctx.Err() != nil {
 			t.Fatalf("never caught up: %+v", s.Activity())
 		}

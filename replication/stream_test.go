@@ -95,15 +95,7 @@ func TestIdleSlotAdvances(t *testing.T) {
 		}
 		// Drive the stream until the slot has confirmed past the unrelated WAL.
 		for slotLSN(ctx, t, conn, false) < target {
-			nctx, ncancel := context.WithTimeout(ctx, 100*time.Millisecond)
-			x, err := s.Next(nctx)
-			ncancel()
-			if x != nil {
-				t.Fatalf("received transaction %d: nothing is published", x.Xid)
-			}
-			if err != nil && !errors.Is(err, context.DeadlineExceeded) {
-				t.Fatal(err)
-			}
+			idle(ctx, t, s, 100*time.Millisecond)
 			if ctx.Err() != nil {
 				t.Fatalf("confirmed_flush_lsn stayed at %s, below %s", slotLSN(ctx, t, conn, false), target)
 			}
@@ -341,4 +333,19 @@ func mustConnect(ctx context.Context, t *testing.T, connString string) *pgx.Conn
 	}
 	t.Cleanup(func() { conn.Close(context.Background()) })
 	return conn
+}
+
+// idle drives s for d (or until ctx ends) when nothing is published: a transaction or an error
+// other than the deadline fails the test.
+func idle(ctx context.Context, t *testing.T, s *replication.Stream, d time.Duration) {
+	t.Helper()
+	nctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	x, err := s.Next(nctx)
+	if x != nil {
+		t.Fatalf("unexpected transaction %d: nothing is published", x.Xid)
+	}
+	if err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatal(err)
+	}
 }
