@@ -377,24 +377,9 @@ func monitorApply(a *apply.Applier, f applyFlags, log *slog.Logger) (stop func(c
 		}
 		log.Info("serving metrics", "url", "http://"+srv.Addr()+"/metrics")
 	}
-	done := make(chan struct{})
-	finished := make(chan struct{})
-	if f.progress > 0 {
-		go func() {
-			defer close(finished)
-			printApplyProgress(done, os.Stderr, f.progress, func() (apply.Stats, metrics.Snapshot) { return a.Stats(), c.Snapshot() })
-		}()
-	} else {
-		close(finished)
-	}
-	return func(ctx context.Context) error {
-		close(done)
-		<-finished
-		if srv != nil {
-			return srv.Close(ctx)
-		}
-		return nil
-	}, nil
+	return monitoring(srv, f.progress, func(done <-chan struct{}) {
+		printApplyProgress(done, os.Stderr, f.progress, func() (apply.Stats, metrics.Snapshot) { return a.Stats(), c.Snapshot() })
+	}), nil
 }
 
 // printApplyProgress writes apply's progress line to w every interval until done is closed,

@@ -250,12 +250,20 @@ func monitor(s metrics.Source, metricsAddr string, progress time.Duration, log *
 		}
 		log.Info("serving metrics", "url", "http://"+srv.Addr()+"/metrics")
 	}
+	return monitoring(srv, progress, func(done <-chan struct{}) {
+		printProgress(done, os.Stderr, progress, c.Snapshot)
+	}), nil
+}
+
+// monitoring runs print (the progress line) in a goroutine of its own when progress is set, and
+// returns what stops it and then srv (the metrics server, if any).
+func monitoring(srv *metrics.Server, progress time.Duration, print func(done <-chan struct{})) func(context.Context) error {
 	done := make(chan struct{})
 	finished := make(chan struct{})
 	if progress > 0 {
 		go func() {
 			defer close(finished)
-			printProgress(done, os.Stderr, progress, c.Snapshot)
+			print(done)
 		}()
 	} else {
 		close(finished)
@@ -267,7 +275,7 @@ func monitor(s metrics.Source, metricsAddr string, progress time.Duration, log *
 			return srv.Close(ctx)
 		}
 		return nil
-	}, nil
+	}
 }
 
 // printProgress writes a progress line to w every interval until done is closed, when there is
