@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -290,7 +291,7 @@ func workload(ctx context.Context, dsn string, rng *rand.Rand, markerID int, bet
 			}
 		}
 		end := fmt.Sprintf(`RELEASE SAVEPOINT s%d`, i)
-		if rng.IntN(3) == 0 {
+		if rng.IntN(3) == 0 && i < chunks-1 { // the last chunk stays: the transaction is large whatever the seed
 			end = fmt.Sprintf(`ROLLBACK TO SAVEPOINT s%d`, i)
 		}
 		if err := ex(big, end); err != nil {
@@ -369,10 +370,17 @@ func must(t testing.TB, err error) {
 	}
 }
 
-// seeded returns a random source whose seed is logged.
+// seeded returns a random source whose seed is logged; PGREORDER_SEED replays one.
 func seeded(t testing.TB) *rand.Rand {
 	seed := rand.Uint64()
-	t.Logf("seed %d", seed)
+	if s := os.Getenv("PGREORDER_SEED"); s != "" {
+		v, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			t.Fatalf("PGREORDER_SEED: %v", err)
+		}
+		seed = v
+	}
+	t.Logf("seed %d (set PGREORDER_SEED to replay)", seed)
 	return rand.New(rand.NewPCG(seed, 0))
 }
 

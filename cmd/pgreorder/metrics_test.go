@@ -202,8 +202,8 @@ func TestStreamMetrics(t *testing.T) {
 			last := progress[len(progress)-1]
 
 			require.NoError(t, cmd.Process.Signal(os.Interrupt))
+			<-readDone // stderr read to its end before Wait, which closes the pipe
 			require.NoError(t, cmd.Wait(), "a clean stop:\n%s", strings.Join(log.all(), "\n"))
-			<-readDone
 			_, err = http.Get(url)
 			require.Error(t, err, "the metrics server stops with the command")
 			t.Logf("progress: %d lines, the last: %s", len(progress), last)
@@ -343,8 +343,8 @@ func TestApplyMetrics(t *testing.T) {
 			})
 
 			require.NoError(t, cmd.Process.Signal(os.Interrupt))
+			<-readDone // stderr read to its end before Wait, which closes the pipe
 			require.NoError(t, cmd.Wait(), "a clean stop:\n%s", strings.Join(log.all(), "\n"))
-			<-readDone
 			final := log.all()[len(log.all())-1]
 			for _, key := range []string{"msg=progress", " transactions=1 ", " inserts=100 ", " inserts_via_copy=", " initial_copy_rows=0 "} {
 				require.Contains(t, final, key, "the final progress line")
