@@ -74,9 +74,14 @@ func TestSchemaAddColumnPrepared(t *testing.T) {
 					t.Errorf("target columns\n%s\nwant the source's\n%s", got, want)
 				}
 				e.sameRows(t, "s")
-				// Eager adds the rolled back transaction's column too, as its changes arrive.
-				if want := map[Mode]int64{Buffered: 2, Eager: 3}[mode]; st.ColumnsAdded != want {
-					t.Errorf("Stats.ColumnsAdded %d, want %d", st.ColumnsAdded, want)
+				// Eager may add the rolled back transaction's column too, when its changes were
+				// applied before the rollback arrived (the add is rolled back with them, but counted).
+				lo, hi := int64(2), int64(2)
+				if mode == Eager {
+					hi = 3
+				}
+				if st.ColumnsAdded < lo || st.ColumnsAdded > hi {
+					t.Errorf("Stats.ColumnsAdded %d, want %d to %d", st.ColumnsAdded, lo, hi)
 				}
 			})
 		}
