@@ -63,6 +63,10 @@ func (f *fakeJob) Wait(ctx context.Context, seq uint64) error {
 	f.call("wait %d", seq)
 	return nil
 }
+func (f *fakeJob) WaitFor(ctx context.Context, seq uint64) error {
+	f.call("wait for %d", seq)
+	return nil
+}
 func (f *fakeJob) Failed(ctx context.Context, err error) (failed, fatal error) {
 	f.call("failed %v", err)
 	if errors.Is(err, errRefused) {
