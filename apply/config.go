@@ -57,6 +57,38 @@ func ParseMode(s string) (Mode, error) {
 	return 0, fmt.Errorf("%w: mode %q (want buffered, eager or parallel)", ErrInvalidConfig, s)
 }
 
+// CommitOrder is the order in which Parallel commits independent transactions on the target.
+type CommitOrder int
+
+const (
+	// CommitSource (the zero value) commits every transaction on the target in the source's
+	// commit order: the target never shows a transaction without every one that committed before
+	// it on the source.
+	CommitSource CommitOrder = iota
+	// CommitRelaxed lets Parallel commit a transaction as soon as the transactions it depends on
+	// committed, ahead of earlier independent ones (see Config.CommitOrder).
+	CommitRelaxed
+)
+
+var commitOrderNames = [...]string{CommitSource: "source", CommitRelaxed: "relaxed"}
+
+func (o CommitOrder) String() string {
+	if o >= 0 && int(o) < len(commitOrderNames) {
+		return commitOrderNames[o]
+	}
+	return fmt.Sprintf("CommitOrder(%d)", int(o))
+}
+
+// ParseCommitOrder parses "source" or "relaxed".
+func ParseCommitOrder(s string) (CommitOrder, error) {
+	for o, n := range commitOrderNames {
+		if strings.EqualFold(s, n) {
+			return CommitOrder(o), nil
+		}
+	}
+	return 0, fmt.Errorf("%w: commit order %q (want source or relaxed)", ErrInvalidConfig, s)
+}
+
 // Defaults of zero Config fields.
 const (
 	// DefaultProgressTable is the target table that records, per slot, the end LSN of the last
@@ -132,6 +164,21 @@ type Config struct {
 	// applied at once; default DefaultEagerWorkers) and Parallel (default DefaultParallelWorkers),
 	// at most MaxWorkers. Buffered uses one connection and ignores it.
 	Workers int
+	// CommitOrder is CommitSource (the zero value) or CommitRelaxed, which only Parallel takes
+	// (ErrInvalidConfig otherwise: Buffered applies on one connection, and Eager, which tracks
+	// no rows, has nothing it could commit out of order). With CommitRelaxed a transaction that
+	// Parallel's dependency tracker finds independent of the earlier ones still in flight commits
+	// as soon as its changes are applied, without waiting for its turn; one that depends on
+	// earlier ones (the same row, the same unique key value) commits after them, as do the
+	// transactions Parallel applies alone or in order (TRUNCATE, tables whose triggers fire,
+	// changes without a usable key, streamed and large transactions, those the leader applies).
+	// The target may then briefly show a transaction without an earlier, independent one. What
+	// is acknowledged to the source is still the prefix of the source's transactions that all
+	// committed on the target; transactions committed past it are recorded, in their own target
+	// transactions, in the ahead table (see the package documentation), and a session that starts
+	// after a crash skips them. Any mode reads that record, so a change of CommitOrder or Mode
+	// after a crash is safe.
+	CommitOrder CommitOrder
 	// WorkMem bounds the memory of transaction data, like PostgreSQL's logical_decoding_work_mem:
 	// the reorder buffer holds at most WorkMem (0 means reorderbuffer.DefaultWorkMem, 64 MiB;
 	// reorderbuffer.SpillEverything keeps nothing in memory), and, in Eager and Parallel, the
@@ -277,6 +324,10 @@ func (c Config) validate() (Config, error) {
 		return bad("SyncSequencesInterval %v", c.SyncSequencesInterval)
 	case c.SchemaChanges < SchemaFixed || c.SchemaChanges > SchemaAddColumns:
 		return bad("unknown SchemaChanges %d", int(c.SchemaChanges))
+	case c.CommitOrder < CommitSource || c.CommitOrder > CommitRelaxed:
+		return bad("unknown CommitOrder %d", int(c.CommitOrder))
+	case c.CommitOrder == CommitRelaxed && c.Mode != Parallel:
+		return bad("CommitOrder relaxed needs Mode parallel (Mode is %v: it commits in the source's order only)", c.Mode)
 	}
 	for _, p := range c.Publications {
 		if p == "" {
@@ -314,6 +365,9 @@ func (c Config) validate() (Config, error) {
 	}
 	return c, nil
 }
+
+// relaxed says whether Parallel's workers may commit ahead of the committed prefix.
+func (c *Config) relaxed() bool { return c.CommitOrder == CommitRelaxed && c.Mode == Parallel }
 
 // queueMem is the memory the queues of workers may hold in total.
 func (c *Config) queueMem() int64 {
