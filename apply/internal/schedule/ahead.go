@@ -1,6 +1,7 @@
 package schedule
 
 import (
+	"fmt"
 	"slices"
 
 	"github.com/pgreorder/pgreorder/decoding"
@@ -41,6 +42,26 @@ func (a *Ahead) Contains(end decoding.LSN) bool {
 
 // Spans returns the spans, in the order added. The slice is a's until the next Add or Prune.
 func (a *Ahead) Spans() []Span { return a.spans }
+
+// Flat returns the spans as pairs of end LSNs (first, last), one after the other.
+func (a *Ahead) Flat() []decoding.LSN {
+	out := make([]decoding.LSN, 0, 2*len(a.spans))
+	for _, sp := range a.spans {
+		out = append(out, sp.First, sp.Last)
+	}
+	return out
+}
+
+// AddFlat adds the spans of pairs, as Flat returns them; an odd last position is an error.
+func (a *Ahead) AddFlat(pairs []decoding.LSN) error {
+	if len(pairs)%2 != 0 {
+		return fmt.Errorf("apply: %d positions, not pairs of a span's first and last", len(pairs))
+	}
+	for i := 0; i < len(pairs); i += 2 {
+		a.Add(Span{First: pairs[i], Last: pairs[i+1]})
+	}
+	return nil
+}
 
 // Len returns the number of spans.
 func (a *Ahead) Len() int { return len(a.spans) }

@@ -107,6 +107,13 @@ func TestAhead(t *testing.T) {
 			t.Errorf("Contains(%d) = %v, want %v", end, !want, want)
 		}
 	}
+	var b Ahead
+	if err := b.AddFlat(a.Flat()); err != nil || len(b.Spans()) != 3 || b.Spans()[1] != (Span{First: 20, Last: 40}) {
+		t.Fatalf("AddFlat(Flat()) = %v, %v", b.Spans(), err)
+	}
+	if err := b.AddFlat([]decoding.LSN{1}); err == nil {
+		t.Fatal("AddFlat took an odd number of positions")
+	}
 	a.Prune(39) // the prefix is inside no span in practice; a span it does not pass stays whole
 	if a.Len() != 2 || a.Contains(10) || !a.Contains(20) {
 		t.Fatalf("after Prune(39): %v", a.Spans())

@@ -114,6 +114,8 @@ func TestRunJob(t *testing.T) {
 		{"refused then abort", [][]byte{change("x"), {RecAbort}},
 			[]string{"begin", "change x", "failed refused", "abort begun=false"}},
 		{"empty abort", [][]byte{{RecAbort}}, []string{"abort begun=false"}},
+		{"wait for one", [][]byte{AfterRecord(3), change("a"), AfterRecord(9), WaitRecord(4), {RecCommit}},
+			[]string{"wait for 3", "begin", "change a", "wait for 9", "wait 4", "commit begun=true failed=<nil>"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			q := newTestQueue(t)

@@ -7,7 +7,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/pgreorder/pgreorder/apply/internal/schedule"
 	"github.com/pgreorder/pgreorder/decoding"
 )
 
@@ -73,49 +72,41 @@ func AheadTableSQL(ahead string) string {
 }
 
 // AheadArgs returns the parameters of AheadSQL: worker's row of the stream key, at prefix, with
-// the spans (each span's first and last end LSN, one after the other, in one pg_lsn array).
-func AheadArgs(key ProgressKey, worker int, prefix decoding.LSN, spans []schedule.Span) [][]byte {
+// the spans of transactions committed past it: pairs of end LSNs (a span's first and last), one
+// after the other, in one pg_lsn array.
+func AheadArgs(key ProgressKey, worker int, prefix decoding.LSN, spans []decoding.LSN) [][]byte {
 	return [][]byte{[]byte(key.Slot), strconv.AppendInt(nil, int64(worker), 10), []byte(key.System),
-		prefix.AppendText(nil), AppendSpans(nil, spans)}
+		prefix.AppendText(nil), AppendLSNs(nil, spans)}
 }
 
-// AppendSpans appends spans as the text of a pg_lsn array: {first,last,first,last,...}.
-func AppendSpans(b []byte, spans []schedule.Span) []byte {
+// AppendLSNs appends lsns as the text of a pg_lsn array.
+func AppendLSNs(b []byte, lsns []decoding.LSN) []byte {
 	b = append(b, '{')
-	for i, sp := range spans {
+	for i, l := range lsns {
 		if i > 0 {
 			b = append(b, ',')
 		}
-		b = sp.First.AppendText(b)
-		b = append(b, ',')
-		b = sp.Last.AppendText(b)
+		b = l.AppendText(b)
 	}
 	return append(b, '}')
 }
 
-// ParseSpans reads the text of a pg_lsn array written by AppendSpans.
-func ParseSpans(s string) ([]schedule.Span, error) {
+// ParseLSNs reads the text of a pg_lsn array without NULLs, as AppendLSNs writes it.
+func ParseLSNs(s string) ([]decoding.LSN, error) {
 	s = strings.TrimSuffix(strings.TrimPrefix(s, "{"), "}")
 	if s == "" {
 		return nil, nil
 	}
 	f := strings.Split(s, ",")
-	if len(f)%2 != 0 {
-		return nil, fmt.Errorf("apply: an odd number of positions in the spans %q", s)
-	}
-	spans := make([]schedule.Span, 0, len(f)/2)
-	for i := 0; i < len(f); i += 2 {
-		first, err := decoding.ParseLSN(f[i])
+	lsns := make([]decoding.LSN, len(f))
+	for i, v := range f {
+		l, err := decoding.ParseLSN(v)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("apply: the pg_lsn array %q: %w", s, err)
 		}
-		last, err := decoding.ParseLSN(f[i+1])
-		if err != nil {
-			return nil, err
-		}
-		spans = append(spans, schedule.Span{First: first, Last: last})
+		lsns[i] = l
 	}
-	return spans, nil
+	return lsns, nil
 }
 
 // PrepareAhead prepares upsert (AheadSQL's) on the connection: CommitAhead writes the worker's row
