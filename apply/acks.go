@@ -177,7 +177,9 @@ func (s *session) next(ctx context.Context) (*reorderbuffer.Txn, error) {
 	// An open transaction on the leader's connection (a committed transaction arriving in
 	// parts) is about to be followed by its next part: no flush before. An open group
 	// (Buffered) commits as soon as nothing more is ready.
-	unflushed := (len(a.list) > 0 && !s.leader.InTxn) || s.group.open() || s.run != nil
+	// Commits past the committed prefix (relaxed commit order) wait for it to move, which a
+	// commit wakes the leader for: no flush for them.
+	unflushed := (len(a.list) > 0 && a.list[0].seq <= prefix && !s.leader.InTxn) || s.group.open() || s.run != nil
 	if a.wake == nil || a.wake.Err() != nil {
 		a.wake, a.cancel = context.WithCancel(ctx)
 	}

@@ -81,7 +81,7 @@ func (s *session) setupAhead(ctx context.Context, resume decoding.LSN) (decoding
 		return resume, nil
 	}
 	prefix := resume
-	var spans []schedule.Span
+	var folded schedule.Ahead
 	for _, r := range rows {
 		if string(r[2]) != s.key.System { // another source system's: the progress row names this one
 			continue
@@ -90,19 +90,17 @@ func (s *session) setupAhead(ctx context.Context, resume decoding.LSN) (decoding
 		if err != nil {
 			return 0, fmt.Errorf("apply: ahead table %s: %w", s.aheadTable, err)
 		}
-		sp, err := target.ParseSpans(string(r[1]))
+		pairs, err := target.ParseLSNs(string(r[1]))
+		if err == nil {
+			err = folded.AddFlat(pairs)
+		}
 		if err != nil {
 			return 0, fmt.Errorf("apply: ahead table %s: %w", s.aheadTable, err)
 		}
 		prefix = max(prefix, p)
-		spans = append(spans, sp...)
-	}
-	var folded schedule.Ahead
-	for _, sp := range spans {
-		folded.Add(sp)
 	}
 	folded.Prune(prefix)
-	if err := s.foldAhead(ctx, prefix, folded.Spans()); err != nil {
+	if err := s.foldAhead(ctx, prefix, folded.Flat()); err != nil {
 		return 0, err
 	}
 	s.applied = folded
@@ -115,7 +113,7 @@ func (s *session) setupAhead(ctx context.Context, resume decoding.LSN) (decoding
 
 // foldAhead replaces the slot's rows of the ahead table by one, worker 0's, with the spans past
 // prefix, and moves the progress row to prefix, in one synchronous target transaction.
-func (s *session) foldAhead(ctx context.Context, prefix decoding.LSN, spans []schedule.Span) error {
+func (s *session) foldAhead(ctx context.Context, prefix decoding.LSN, spans []decoding.LSN) error {
 	b := &pgconn.Batch{}
 	b.ExecParams("BEGIN", nil, nil, nil, nil)
 	b.ExecParams("SET LOCAL synchronous_commit = on", nil, nil, nil, nil)

@@ -34,7 +34,8 @@ const (
 	Eager
 	// Parallel is Eager plus parallel apply of non-streamed transactions on Workers connections:
 	// a transaction that touches a row (relation and replica identity key) an earlier transaction
-	// still in flight touched waits for that one to commit; commits stay in commit order.
+	// still in flight touched waits for that one to commit; commits stay in commit order, unless
+	// CommitOrder is CommitRelaxed.
 	Parallel
 )
 
@@ -212,7 +213,9 @@ type Config struct {
 	// naming the source system the position belongs to (added to a table made without them).
 	// "" means DefaultProgressTable; a schema-qualified name ("schema.table") is allowed. A name
 	// without a schema is resolved in the target role's search_path when a connection opens: the
-	// schema of an existing table of that name, or else the one CREATE TABLE would choose.
+	// schema of an existing table of that name, or else the one CREATE TABLE would choose. With
+	// CommitRelaxed, its companion table (the name with "_ahead") records what workers committed
+	// past the progress row's position (see the package documentation).
 	ProgressTable string
 	// AcceptSlotAhead lets Run continue when the slot's confirmed position is ahead of the
 	// target's progress row. Every position the slot confirms is in a durable progress row

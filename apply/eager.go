@@ -978,7 +978,7 @@ func (s *session) commitTarget(ctx context.Context, tg *target.Conn, w *worker, 
 	}
 	w.ahead.Prune(prefix)
 	w.ahead.Add(sp)
-	args := target.AheadArgs(s.key, w.id, prefix, w.ahead.Spans())
+	args := target.AheadArgs(s.key, w.id, prefix, w.ahead.Flat())
 	return before, prefix, tg.CommitAhead(ctx, args, sp.Last, durable)
 }
 
