@@ -3,6 +3,7 @@ package apply
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"time"
 
@@ -41,9 +42,15 @@ type commitRef struct {
 	txn      *reorderbuffer.Txn
 	job      *job         // nil in Buffered
 	progress decoding.LSN // the progress row its target transaction wrote; 0 for none
+	// before is the committed prefix (a sequence number) when its commit was sent: a durable
+	// commit makes those durable too, every earlier commit record being earlier in the WAL.
+	before  uint64
+	durable bool // its own commit is durable
 }
 
-// acks holds the commits made and not yet acknowledged, in commit order.
+// acks holds the commits made and not yet acknowledged, in the source's commit order (by sequence
+// number: with relaxed commit order they are made out of it). Only the committed prefix is
+// acknowledged: a transaction whose sequence number is past it waits for the earlier ones.
 type acks struct {
 	mu        sync.Mutex
 	list      []commitRef
@@ -86,10 +93,10 @@ func (s *session) syncCommit() bool {
 	return false
 }
 
-// ready says whether c may be acknowledged: its commit, and a progress row at or past its end,
-// are durable. Called with a.mu held.
-func (a *acks) ready(c commitRef) bool {
-	return c.seq <= a.flushed && c.txn.EndLSN <= a.persisted
+// ready says whether c may be acknowledged: it is in the committed prefix (prefix, the Order's),
+// and its commit, and a progress row at or past its end, are durable. Called with a.mu held.
+func (a *acks) ready(c commitRef, prefix uint64) bool {
+	return c.seq <= prefix && (c.durable || c.seq <= a.flushed) && c.txn.EndLSN <= a.persisted
 }
 
 // committed records a commit, in commit order; durable says that it, and so every commit before
@@ -99,11 +106,16 @@ func (s *session) committed(c commitRef, durable bool) {
 	a := &s.acks
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.list = append(a.list, c)
 	if durable {
-		a.flushed = max(a.flushed, c.seq)
+		c.durable = true
+		a.flushed = max(a.flushed, c.before)
 		a.persisted = max(a.persisted, c.progress)
 	}
+	i := len(a.list)
+	for i > 0 && a.list[i-1].seq > c.seq {
+		i--
+	}
+	a.list = slices.Insert(a.list, i, c)
 	// Wake the leader either way: durable, the commit is to be acknowledged; not durable, the
 	// leader may be waiting for the stream with no commit to flush when it went to wait, and the
 	// source may be waiting for this one (synchronous replication): nothing more would come.
@@ -124,10 +136,11 @@ func (s *session) markFlushed(seq uint64, pos decoding.LSN) {
 
 // ackCommitted acknowledges the durable commits and sends a status update.
 func (s *session) ackCommitted(ctx context.Context) error {
+	prefix := s.order.Committed()
 	a := &s.acks
 	a.mu.Lock()
 	n := 0
-	for n < len(a.list) && a.ready(a.list[n]) {
+	for n < len(a.list) && a.ready(a.list[n], prefix) {
 		n++
 	}
 	ready := a.list[:n:n]
@@ -154,16 +167,19 @@ func (s *session) ackCommitted(ctx context.Context) error {
 // durable (a worker's) makes it return errWoken; with commits waiting to be made durable, finding
 // nothing to read for idleProbe makes it return errIdle.
 func (s *session) next(ctx context.Context) (*reorderbuffer.Txn, error) {
+	prefix := s.order.Committed()
 	a := &s.acks
 	a.mu.Lock()
-	if len(a.list) > 0 && a.ready(a.list[0]) {
+	if len(a.list) > 0 && a.ready(a.list[0], prefix) {
 		a.mu.Unlock()
 		return nil, errWoken
 	}
 	// An open transaction on the leader's connection (a committed transaction arriving in
 	// parts) is about to be followed by its next part: no flush before. An open group
 	// (Buffered) commits as soon as nothing more is ready.
-	unflushed := (len(a.list) > 0 && !s.leader.InTxn) || s.group.open() || s.run != nil
+	// Commits past the committed prefix (relaxed commit order) wait for it to move, which a
+	// commit wakes the leader for: no flush for them.
+	unflushed := (len(a.list) > 0 && a.list[0].seq <= prefix && !s.leader.InTxn) || s.group.open() || s.run != nil
 	if a.wake == nil || a.wake.Err() != nil {
 		a.wake, a.cancel = context.WithCancel(ctx)
 	}
@@ -213,20 +229,31 @@ func (s *session) flushNow(ctx context.Context) error {
 	if s.leader.InTxn {
 		return nil
 	}
-	done := s.order.Committed()
-	a := &s.acks
-	a.mu.Lock()
-	pos := a.persisted
-	for _, c := range a.list {
-		if c.seq <= done {
-			pos = max(pos, c.txn.EndLSN)
-		}
-	}
-	a.mu.Unlock()
+	done, pos := s.prefix()
 	if err := s.leader.FlushWAL(ctx, s.flushSQL, s.key.Args(pos)); err != nil {
 		return err
 	}
 	s.markFlushed(done, pos)
 	s.stats.Applied(pos)
 	return nil
+}
+
+// prefix returns the committed prefix: its last sequence number, and the end of its last source
+// transaction (or idle advance) committed and recorded here, or acknowledged before. Every
+// transaction that ends at or before that position and was handed out is committed on the target,
+// its commit having returned. A commit recorded late (its Finish seen, not yet its commitRef)
+// only makes the position lower than it could be.
+func (s *session) prefix() (uint64, decoding.LSN) {
+	done := s.order.Committed()
+	a := &s.acks
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	pos := a.persisted
+	for _, c := range a.list {
+		if c.seq > done {
+			break
+		}
+		pos = max(pos, c.txn.EndLSN)
+	}
+	return done, pos
 }

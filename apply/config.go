@@ -34,7 +34,8 @@ const (
 	Eager
 	// Parallel is Eager plus parallel apply of non-streamed transactions on Workers connections:
 	// a transaction that touches a row (relation and replica identity key) an earlier transaction
-	// still in flight touched waits for that one to commit; commits stay in commit order.
+	// still in flight touched waits for that one to commit; commits stay in commit order, unless
+	// CommitOrder is CommitRelaxed.
 	Parallel
 )
 
@@ -55,6 +56,38 @@ func ParseMode(s string) (Mode, error) {
 		}
 	}
 	return 0, fmt.Errorf("%w: mode %q (want buffered, eager or parallel)", ErrInvalidConfig, s)
+}
+
+// CommitOrder is the order in which Parallel commits independent transactions on the target.
+type CommitOrder int
+
+const (
+	// CommitSource (the zero value) commits every transaction on the target in the source's
+	// commit order: the target never shows a transaction without every one that committed before
+	// it on the source.
+	CommitSource CommitOrder = iota
+	// CommitRelaxed lets Parallel commit a transaction as soon as the transactions it depends on
+	// committed, ahead of earlier independent ones (see Config.CommitOrder).
+	CommitRelaxed
+)
+
+var commitOrderNames = [...]string{CommitSource: "source", CommitRelaxed: "relaxed"}
+
+func (o CommitOrder) String() string {
+	if o >= 0 && int(o) < len(commitOrderNames) {
+		return commitOrderNames[o]
+	}
+	return fmt.Sprintf("CommitOrder(%d)", int(o))
+}
+
+// ParseCommitOrder parses "source" or "relaxed".
+func ParseCommitOrder(s string) (CommitOrder, error) {
+	for o, n := range commitOrderNames {
+		if strings.EqualFold(s, n) {
+			return CommitOrder(o), nil
+		}
+	}
+	return 0, fmt.Errorf("%w: commit order %q (want source or relaxed)", ErrInvalidConfig, s)
 }
 
 // Defaults of zero Config fields.
@@ -132,6 +165,21 @@ type Config struct {
 	// applied at once; default DefaultEagerWorkers) and Parallel (default DefaultParallelWorkers),
 	// at most MaxWorkers. Buffered uses one connection and ignores it.
 	Workers int
+	// CommitOrder is CommitSource (the zero value) or CommitRelaxed, which only Parallel takes
+	// (ErrInvalidConfig otherwise: Buffered applies on one connection, and Eager, which tracks
+	// no rows, has nothing it could commit out of order). With CommitRelaxed a transaction that
+	// Parallel's dependency tracker finds independent of the earlier ones still in flight commits
+	// as soon as its changes are applied, without waiting for its turn; one that depends on
+	// earlier ones (the same row, the same unique key value) commits after them, as do the
+	// transactions Parallel applies alone or in order (TRUNCATE, tables whose triggers fire,
+	// changes without a usable key, streamed and large transactions, those the leader applies).
+	// The target may then briefly show a transaction without an earlier, independent one. What
+	// is acknowledged to the source is still the prefix of the source's transactions that all
+	// committed on the target; transactions committed past it are recorded, in their own target
+	// transactions, in the ahead table (see the package documentation), and a session that starts
+	// after a crash skips them. Any mode reads that record, so a change of CommitOrder or Mode
+	// after a crash is safe.
+	CommitOrder CommitOrder
 	// WorkMem bounds the memory of transaction data, like PostgreSQL's logical_decoding_work_mem:
 	// the reorder buffer holds at most WorkMem (0 means reorderbuffer.DefaultWorkMem, 64 MiB;
 	// reorderbuffer.SpillEverything keeps nothing in memory), and, in Eager and Parallel, the
@@ -165,7 +213,9 @@ type Config struct {
 	// naming the source system the position belongs to (added to a table made without them).
 	// "" means DefaultProgressTable; a schema-qualified name ("schema.table") is allowed. A name
 	// without a schema is resolved in the target role's search_path when a connection opens: the
-	// schema of an existing table of that name, or else the one CREATE TABLE would choose.
+	// schema of an existing table of that name, or else the one CREATE TABLE would choose. With
+	// CommitRelaxed, its companion table (the name with "_ahead") records what workers committed
+	// past the progress row's position (see the package documentation).
 	ProgressTable string
 	// AcceptSlotAhead lets Run continue when the slot's confirmed position is ahead of the
 	// target's progress row. Every position the slot confirms is in a durable progress row
@@ -277,6 +327,10 @@ func (c Config) validate() (Config, error) {
 		return bad("SyncSequencesInterval %v", c.SyncSequencesInterval)
 	case c.SchemaChanges < SchemaFixed || c.SchemaChanges > SchemaAddColumns:
 		return bad("unknown SchemaChanges %d", int(c.SchemaChanges))
+	case c.CommitOrder < CommitSource || c.CommitOrder > CommitRelaxed:
+		return bad("unknown CommitOrder %d", int(c.CommitOrder))
+	case c.CommitOrder == CommitRelaxed && c.Mode != Parallel:
+		return bad("CommitOrder relaxed needs Mode parallel (Mode is %v: it commits in the source's order only)", c.Mode)
 	}
 	for _, p := range c.Publications {
 		if p == "" {
@@ -314,6 +368,9 @@ func (c Config) validate() (Config, error) {
 	}
 	return c, nil
 }
+
+// relaxed says whether Parallel's workers may commit ahead of the committed prefix.
+func (c *Config) relaxed() bool { return c.CommitOrder == CommitRelaxed && c.Mode == Parallel }
 
 // queueMem is the memory the queues of workers may hold in total.
 func (c *Config) queueMem() int64 {

@@ -79,9 +79,44 @@
 //
 // # Ordering
 //
-// In every mode the target commits in the source's commit order, so the progress row only moves
-// forward and every state of the target is one the source had at a commit. The acknowledged
-// position is the contiguous prefix of committed transactions.
+// By default, in every mode, the target commits in the source's commit order, so the progress
+// row only moves forward and every state of the target is one the source had at a commit. The
+// acknowledged position is the contiguous prefix of committed transactions.
+//
+// # Relaxed commit order
+//
+// Config.CommitOrder = CommitRelaxed (Parallel only; Buffered and Eager refuse it with
+// ErrInvalidConfig) lets a worker commit a transaction, or a run, as soon as its changes are
+// applied, without waiting for its turn, once every transaction it depends on committed: those
+// in flight that touched the same rows (relation and replica identity key), and every earlier
+// one for what Parallel applies in order (a change without a usable key, TRUNCATE, a table whose
+// triggers fire on the target, streamed and large transactions, those applied by the leader),
+// which also make every later transaction wait for them. The target may then briefly show a
+// transaction without an earlier, independent one: a state the source never had at a commit
+// (two rows updated by two transactions, the later one visible first). Transactions that share
+// a row still commit in the source's order. What is acknowledged to the source is still the
+// contiguous prefix of transactions committed, and durable, on the target: never a position
+// past a transaction the target does not have.
+//
+// A worker that commits records, in the same target transaction, its row of the ahead table
+// (the progress table's name with "_ahead", created next to it when a relaxed session starts:
+// slot, worker, system_id, end_lsn, spans): the prefix it knew when it sent the commit, and the
+// transactions it committed past that prefix, as spans of end LSNs (a run is one span), this one
+// included; each of its commits rewrites the row and drops the spans the prefix passed. The
+// progress row itself is written as before by the transactions that commit in order and when
+// the stream goes idle. A session, in any mode, reads the slot's rows when it starts: it resumes
+// from the highest of the progress row's position and of the rows' prefixes (every commit a
+// row's prefix counts returned before the row's commit was sent, so it is earlier in the WAL and
+// survived whatever crash the row survived), and it does not apply again the transactions the
+// stream hands out that end inside a span past that position; it counts them as applied with
+// nothing to apply. It then folds the rows into one, with the progress row moved forward, in one
+// target transaction. A SIGKILL of the Applier or a crash of the target at any moment thus
+// neither loses nor repeats a transaction, and a restart in another mode or commit order (a
+// session that skips with Config.SkipLSN runs as Buffered) honours the rows too. Rows of a slot
+// that has no progress row are deleted (the row was deleted to copy again); a relaxed session
+// writes the progress row first when the slot has none. Applier.Uninstall with Progress deletes
+// the slot's rows and drops the table once empty. Stats.CommittedAhead counts the commits made
+// ahead of an earlier transaction.
 //
 // # Modes
 //
@@ -144,7 +179,7 @@
 // REPLICA IDENTITY FULL), truncates, or writes a table whose triggers fire on the target
 // (including foreign keys, unless the target role runs in session_replication_role = replica)
 // is applied alone: after every earlier transaction, before every later one. Commits stay in
-// source order. What Parallel cannot see, constraints that exist only on the target (a unique
+// source order, unless Config.CommitOrder relaxes it (see Relaxed commit order). What Parallel cannot see, constraints that exist only on the target (a unique
 // index, say), may make two transactions wait for each other's locks; the target detects the
 // cycles it can see (deadlock_detected), and a watchdog detects the others (an earlier
 // transaction waiting for the lock of a later one, which waits for its turn to commit): the later
@@ -275,7 +310,7 @@
 //     configuration (Config.Conflicts is a conflict.Config; a conflict that stops Run carries a
 //     *conflict.StopError). It depends on nothing of apply.
 //   - apply/internal/schedule: what Eager and Parallel schedule transactions with, touching no
-//     server: the commit order, the per-transaction queues with their shared memory budget and
+//     server: the commit order (and the transactions committed ahead of its prefix), the per-transaction queues with their shared memory budget and
 //     spill files, the state machine a worker applies a queue's records with (RunJob, over the
 //     target it is given), Parallel's dependency tracker, and the watchdog's rule for lock waits
 //     between the Applier's own connections.

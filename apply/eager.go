@@ -74,6 +74,7 @@ type job struct {
 	subs    []uint32        // subtransactions with a savepoint, in order
 	seen    map[uint32]bool // subtransactions seen
 	waitFor uint64          // the highest sequence number a schedule.RecWait was queued for
+	after   map[uint64]bool // relaxed: the sequence numbers a schedule.RecAfter was queued for
 }
 
 // worker is a goroutine with a target connection that applies one job at a time.
@@ -83,6 +84,7 @@ type worker struct {
 	jobs  chan *job
 	state atomic.Int32
 	cur   atomic.Pointer[job]
+	ahead schedule.Ahead // relaxed commit order: what its row of the ahead table records
 }
 
 // startWorkers connects the workers and starts their goroutines and the watchdog's.
@@ -109,6 +111,11 @@ func (s *session) startWorkers(ctx context.Context) error {
 		}
 		if err := s.prepareProgress(ctx, tg); err != nil {
 			return err
+		}
+		if s.cfg.relaxed() {
+			if err := tg.PrepareAhead(ctx, target.AheadSQL(s.aheadTable)); err != nil {
+				return err
+			}
 		}
 		if err := s.attachConflicts(ctx, tg, i+1); err != nil {
 			return err
@@ -319,6 +326,9 @@ func (s *session) addToRun(ctx context.Context, t *reorderbuffer.Txn) error {
 	if err := j.q.Push(schedule.TxnRecord(uint32(i))); err != nil {
 		return err
 	}
+	if s.alreadyApplied(t) { // committed before the restart: an empty member
+		return nil
+	}
 	changed := false
 	err := s.eachChange(t, func(m decoding.Message, rels []*target.Relation) error {
 		if err := s.depend(ctx, j, m, rels); err != nil {
@@ -370,6 +380,9 @@ func (j *job) xids() []uint32 {
 
 // part handles a part with changes (PartChanges or PartCommit).
 func (s *session) part(ctx context.Context, t *reorderbuffer.Txn) error {
+	if s.alreadyApplied(t) {
+		return s.skipApplied(ctx, t)
+	}
 	j := s.jobs[t.Xid]
 	if j == nil {
 		var err error
@@ -566,13 +579,37 @@ func (s *session) depend(ctx context.Context, j *job, m decoding.Message, rels [
 	if err != nil && !errors.As(err, &ce) {
 		return err
 	}
-	wait, serial := s.deps.Change(&j.Job, rels[0].Rel, m, err != nil || rm.Triggers)
+	d, serial := s.deps.ChangeDeps(&j.Job, rels[0].Rel, m, err != nil || rm.Triggers)
 	if serial {
 		s.stats.serialTxns.Add(1)
 	}
-	if wait > j.waitFor && wait > s.order.Committed() {
-		j.waitFor = wait
-		return j.q.Push(schedule.WaitRecord(wait))
+	if !s.cfg.relaxed() {
+		// Commits in source order: waiting for the prefix up to the last dependency covers them all.
+		if wait := d.Max(); wait > j.waitFor && wait > s.order.Committed() {
+			j.waitFor = wait
+			return j.q.Push(schedule.WaitRecord(wait))
+		}
+		return nil
+	}
+	// Relaxed: a dependency may commit before transactions it does not depend on; each one is
+	// waited for on its own.
+	if d.Prefix > j.waitFor && d.Prefix > s.order.Committed() {
+		j.waitFor = d.Prefix
+		if err := j.q.Push(schedule.WaitRecord(d.Prefix)); err != nil {
+			return err
+		}
+	}
+	for _, dep := range d.Seqs[:d.N] {
+		if dep <= j.waitFor || j.after[dep] || s.order.Finished(dep) {
+			continue
+		}
+		if j.after == nil {
+			j.after = map[uint64]bool{}
+		}
+		j.after[dep] = true
+		if err := j.q.Push(schedule.AfterRecord(dep)); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -820,6 +857,8 @@ func (r *jobRun) Flush(ctx context.Context) error {
 
 func (r *jobRun) Wait(ctx context.Context, seq uint64) error { return r.s.order.Wait(ctx, seq) }
 
+func (r *jobRun) WaitFor(ctx context.Context, seq uint64) error { return r.s.order.WaitFor(ctx, seq) }
+
 func (r *jobRun) Failed(ctx context.Context, err error) (failed, fatal error) {
 	return r.s.jobFailed(ctx, r.tg, r.j, err)
 }
@@ -873,39 +912,45 @@ func (s *session) jobFailed(ctx context.Context, tg *target.Conn, j *job, err er
 
 // commitOn commits j on tg in its turn, with the progress row, and hands it over for
 // acknowledgement. begun says whether it has a target transaction (otherwise there was nothing
-// to apply).
+// to apply). With relaxed commit order, a committed transaction a worker applied (not a streamed
+// one) commits without waiting for its turn, writing the worker's row of the ahead table.
 func (s *session) commitOn(ctx context.Context, tg *target.Conn, j *job, begun bool, w *worker) error {
 	seq := j.Seq.Load()
-	if begun && s.order.Committed() < seq-1 {
-		// Not its turn yet: send what is pending meanwhile, so that the commit is one round trip.
-		if err := tg.FlushPending(ctx); err != nil {
+	relaxed := s.cfg.relaxed() && w != nil && !j.streamed
+	if !relaxed {
+		if begun && s.order.Committed() < seq-1 {
+			// Not its turn yet: send what is pending meanwhile, so that the commit is one round trip.
+			if err := tg.FlushPending(ctx); err != nil {
+				return err
+			}
+		}
+		if w != nil {
+			w.state.Store(wsWaiting)
+		}
+		if err := s.order.Wait(ctx, seq-1); err != nil {
 			return err
 		}
-	}
-	if w != nil {
-		w.state.Store(wsWaiting)
-	}
-	if err := s.order.Wait(ctx, seq-1); err != nil {
-		return err
-	}
-	if w != nil {
-		w.state.Store(wsApplying)
+		if w != nil {
+			w.state.Store(wsApplying)
+		}
 	}
 	if j.isRun {
-		return s.commitRun(ctx, tg, j, begun)
+		return s.commitRun(ctx, tg, j, begun, w, relaxed)
 	}
 	durable := s.cfg.SynchronousCommit
 	var progress decoding.LSN // the progress row written, if any
+	var before uint64
 	if begun {
 		if err := s.cfg.hook(ctx, "before-commit", j.ref); err != nil {
 			return err
 		}
 		durable = s.syncCommit()
 		tg.Source(j.xid, sourceCommit(j.commit))
-		if err := tg.Commit(ctx, s.key, j.ref.EndLSN, durable); err != nil {
+		var err error
+		before, progress, err = s.commitTarget(ctx, tg, w, relaxed, schedule.Span{First: j.ref.EndLSN, Last: j.ref.EndLSN}, durable)
+		if err != nil {
 			return err
 		}
-		progress = j.ref.EndLSN
 	} else {
 		s.stats.emptyTxns.Add(1)
 	}
@@ -914,17 +959,37 @@ func (s *session) commitOn(ctx context.Context, tg *target.Conn, j *job, begun b
 	if err := s.cfg.hook(ctx, "after-commit", j.ref); err != nil {
 		return err
 	}
-	s.committed(commitRef{seq: seq, txn: j.commit, job: j, progress: progress}, durable)
+	s.committed(commitRef{seq: seq, txn: j.commit, job: j, progress: progress, before: before}, durable)
 	return nil
 }
 
-// commitRun commits a run on tg, in its turn, with the progress row of its last transaction, and
-// hands its transactions over for acknowledgement, in order: the commit is that of each, and the
-// hooks are called for each.
-func (s *session) commitRun(ctx context.Context, tg *target.Conn, j *job, begun bool) error {
+// commitTarget commits the open target transaction of the transactions sp on tg, with the
+// progress row at sp.Last, or with relaxed, the worker's row of the ahead table: the prefix as it
+// is now, and sp with the worker's other spans past it. It returns the committed prefix (a
+// sequence number) before the commit was sent, and the position of the progress row written.
+func (s *session) commitTarget(ctx context.Context, tg *target.Conn, w *worker, relaxed bool, sp schedule.Span, durable bool) (before uint64, progress decoding.LSN, err error) {
+	if !relaxed {
+		before = s.order.Committed()
+		return before, sp.Last, tg.Commit(ctx, s.key, sp.Last, durable)
+	}
+	before, prefix := s.prefix()
+	if j := w.cur.Load(); j != nil && j.Seq.Load() > before+1 {
+		s.stats.committedAhead.Add(1)
+	}
+	w.ahead.Prune(prefix)
+	w.ahead.Add(sp)
+	args := target.AheadArgs(s.key, w.id, prefix, w.ahead.Flat())
+	return before, prefix, tg.CommitAhead(ctx, args, sp.Last, durable)
+}
+
+// commitRun commits a run on tg, in its turn (or, relaxed, at once), with the progress row of its
+// last transaction, and hands its transactions over for acknowledgement, in order: the commit is
+// that of each, and the hooks are called for each.
+func (s *session) commitRun(ctx context.Context, tg *target.Conn, j *job, begun bool, w *worker, relaxed bool) error {
 	seq := j.Seq.Load()
 	durable := s.cfg.SynchronousCommit
 	var progress decoding.LSN // the progress row written, if any
+	var before uint64
 	if begun {
 		for _, m := range j.members {
 			if err := s.cfg.hook(ctx, "before-commit", m.ref); err != nil {
@@ -933,10 +998,11 @@ func (s *session) commitRun(ctx context.Context, tg *target.Conn, j *job, begun 
 		}
 		durable = s.syncCommit()
 		tg.Source(j.commit.Xid, sourceCommit(j.commit))
-		if err := tg.Commit(ctx, s.key, j.ref.EndLSN, durable); err != nil {
+		sp := schedule.Span{First: j.members[0].ref.EndLSN, Last: j.ref.EndLSN}
+		var err error
+		if before, progress, err = s.commitTarget(ctx, tg, w, relaxed, sp, durable); err != nil {
 			return err
 		}
-		progress = j.ref.EndLSN
 	}
 	s.order.Finish(seq)
 	for _, m := range j.members {
@@ -944,7 +1010,7 @@ func (s *session) commitRun(ctx context.Context, tg *target.Conn, j *job, begun 
 		if !m.changed || !begun {
 			s.stats.emptyTxns.Add(1)
 		}
-		s.committed(commitRef{seq: seq, txn: m.txn, job: j, progress: progress}, durable)
+		s.committed(commitRef{seq: seq, txn: m.txn, job: j, progress: progress, before: before}, durable)
 	}
 	for _, m := range j.members {
 		if err := s.cfg.hook(ctx, "after-commit", m.ref); err != nil {

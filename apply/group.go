@@ -87,6 +87,9 @@ func (s *session) applyGrouped(ctx context.Context, t *reorderbuffer.Txn) error 
 	ref := txnRef{Xid: t.Xid, Streamed: t.Streamed, CommitLSN: t.CommitLSN, EndLSN: t.EndLSN}
 	g.members = append(g.members, groupMember{txn: t, ref: ref})
 	member := &g.members[len(g.members)-1]
+	if s.alreadyApplied(t) { // committed ahead of the prefix before a restart: nothing to apply
+		return nil
+	}
 	tg := s.leader
 	// A group's changes are applied set-based (see target.Conn.Coalesce); a transaction applied
 	// alone is not, so that it goes as it would without grouping.
@@ -126,6 +129,7 @@ func (s *session) commitGroup(ctx context.Context) error {
 	last := g.members[len(g.members)-1].ref
 	durable := s.cfg.SynchronousCommit
 	var progress decoding.LSN // the progress row written, if any
+	before := s.order.Committed()
 	if g.started {
 		for _, m := range g.members {
 			if err := s.cfg.hook(ctx, "before-commit", m.ref); err != nil {
@@ -145,7 +149,7 @@ func (s *session) commitGroup(ctx context.Context) error {
 		if !m.changed { // acknowledged without a target transaction of its own
 			s.stats.emptyTxns.Add(1)
 		}
-		s.committed(commitRef{seq: seq, txn: m.txn, progress: progress}, durable)
+		s.committed(commitRef{seq: seq, txn: m.txn, progress: progress, before: before}, durable)
 	}
 	var err error
 	for _, m := range g.members {

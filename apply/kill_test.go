@@ -36,6 +36,8 @@ type childConfig struct {
 	CopyChunkSize int64
 	Stall         string
 	StallAfter    int32
+	StallOnce     bool // only the call after the first StallAfter stalls
+	CommitOrder   CommitOrder
 	RunTxns       int // Config.runTxns
 	// Migration options.
 	SkipLSN               decoding.LSN
@@ -60,11 +62,15 @@ func runChild() int {
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})).With("child", os.Getpid())}
 	cfg.Copy, cfg.CopyWorkers = c.Copy, 2
 	cfg.runTxns = c.RunTxns
+	cfg.CommitOrder = c.CommitOrder
 	cfg.SkipLSN, cfg.SchemaChanges = c.SkipLSN, c.SchemaChanges
 	cfg.SyncSequences, cfg.SyncSequencesInterval = c.SyncSequences, c.SyncSequencesInterval
 	var stalls atomic.Int32
 	cfg.hooks = &hooks{copyChunkSize: c.CopyChunkSize, stage: func(ctx context.Context, stage string, x txnRef) error {
-		if stage == c.Stall && stalls.Add(1) > c.StallAfter {
+		if stage != c.Stall {
+			return nil
+		}
+		if n := stalls.Add(1); n > c.StallAfter && (!c.StallOnce || n == c.StallAfter+1) {
 			fmt.Fprintln(os.Stderr, "stalled at", stage)
 			<-ctx.Done()
 			return ctx.Err()

@@ -57,6 +57,11 @@ type session struct {
 	leaderJob atomic.Pointer[job] // the job the leader's connection applies, for the watchdog
 	deps      *schedule.Tracker   // Parallel
 	run       *job                // Parallel: the run the leader is filling
+
+	// Relaxed commit order (ahead.go).
+	aheadTable  string         // quoted and qualified
+	applied     schedule.Ahead // committed ahead of the prefix before the session started
+	hadProgress bool           // the slot had a progress row when the session started
 }
 
 // session runs one session.
@@ -81,6 +86,9 @@ func (a *Applier) session(parent context.Context) (err error) {
 	}
 	resume, legacy, err := s.setupProgress(ctx, s.leader)
 	if err != nil {
+		return err
+	}
+	if resume, err = s.setupAhead(ctx, resume); err != nil {
 		return err
 	}
 	if resume > sys.XLogPos {
@@ -149,6 +157,9 @@ func (a *Applier) session(parent context.Context) (err error) {
 			err = cerr
 		}
 	}()
+	if err := s.ensureProgress(ctx, resume); err != nil {
+		return err
+	}
 	s.a.streams.attach(s.stream)
 	s.a.markStreaming()
 	defer s.a.streams.detach()
@@ -463,11 +474,15 @@ func (s *session) runBuffered(ctx context.Context) error {
 			}
 			continue
 		}
-		if skipped, err := s.maybeSkip(ctx, t); skipped || err != nil { // skip.go
-			if err != nil {
-				return err
+		// A transaction committed ahead of the prefix before a restart is not the one SkipLSN
+		// names: it goes into the group, empty (applyGrouped).
+		if !s.alreadyApplied(t) {
+			if skipped, err := s.maybeSkip(ctx, t); skipped || err != nil { // skip.go
+				if err != nil {
+					return err
+				}
+				continue
 			}
-			continue
 		}
 		if t.NonTransactional {
 			if err := s.stream.Ack(t); err != nil {

@@ -122,6 +122,7 @@ func (s *session) maybeSkip(ctx context.Context, t *reorderbuffer.Txn) (bool, er
 			}
 		}
 	}
+	before := s.order.Committed()
 	args := append(s.key.Args(t.EndLSN), lsn.AppendText(nil), strconv.AppendUint(nil, uint64(t.Xid), 10))
 	if err := s.leader.FlushWAL(ctx, s.skip.sql, args); err != nil {
 		return false, fmt.Errorf("apply: recording the skip of transaction %d in the progress row: %w", t.Xid, err)
@@ -133,7 +134,7 @@ func (s *session) maybeSkip(ctx context.Context, t *reorderbuffer.Txn) (bool, er
 	s.order.Finish(seq)
 	s.stats.skipped.Add(1)
 	s.stats.Applied(t.EndLSN)
-	s.committed(commitRef{seq: seq, txn: t, progress: t.EndLSN}, true)
+	s.committed(commitRef{seq: seq, txn: t, progress: t.EndLSN, before: before}, true)
 	ref := txnRef{Xid: t.Xid, Streamed: t.Streamed, CommitLSN: t.CommitLSN, EndLSN: t.EndLSN}
 	return true, s.cfg.hook(ctx, "after-commit", ref)
 }

@@ -12,8 +12,9 @@ import (
 // UninstallOptions says what Uninstall removes besides the tombstone store. The zero value
 // removes the tombstone store only.
 type UninstallOptions struct {
-	// Progress deletes the slot's rows from the progress table (Config.ProgressTable) and from
-	// its copy table, and drops each of the two once no slot has a row in it. A later Run
+	// Progress deletes the slot's rows from the progress table (Config.ProgressTable), from
+	// its copy table and from its ahead table (relaxed commit order), and drops each of them once
+	// no slot has a row in it. A later Run
 	// starts from the slot's position on the source, or, with Config.Copy, copies again.
 	Progress bool
 	// Origins drops the Applier's replication origins on the target: Config.Origin and those of
@@ -91,7 +92,7 @@ func (a *Applier) Uninstall(ctx context.Context, opts UninstallOptions) error {
 	}
 	if opts.Progress {
 		progress := tg.Table(cfg.ProgressTable)
-		for _, t := range []string{progress, copyTableName(progress)} {
+		for _, t := range []string{progress, copyTableName(progress), aheadTableName(progress)} {
 			rows, err := target.Query(ctx, conn, "SELECT (pg_catalog.to_regclass($1) IS NOT NULL)::pg_catalog.text", t)
 			if err != nil {
 				return rollback(err)

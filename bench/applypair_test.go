@@ -259,6 +259,7 @@ func dropNative(ctx context.Context, p *pair, slot string) error {
 type pgreorderApply struct {
 	mode    string // buffered, eager, parallel
 	workers int    // -workers, when > 0
+	relaxed bool   // -commit-order relaxed
 	binary  string // a pgreorder binary built elsewhere, or "" for this module's
 	label   string // the name, when not pgreorder-MODE[-WORKERS]
 }
@@ -267,10 +268,14 @@ func (o pgreorderApply) name() string {
 	if o.label != "" {
 		return o.label
 	}
+	name := "pgreorder-" + o.mode
 	if o.workers > 0 {
-		return fmt.Sprintf("pgreorder-%s-%d", o.mode, o.workers)
+		name += fmt.Sprintf("-%d", o.workers)
 	}
-	return "pgreorder-" + o.mode
+	if o.relaxed {
+		name += "-relaxed"
+	}
+	return name
 }
 
 func (o pgreorderApply) supports(int) error { return nil }
@@ -293,6 +298,9 @@ func (o pgreorderApply) start(ctx context.Context, r *run) (applying, error) {
 	}
 	if o.workers > 0 {
 		args = append(args, "-workers", fmt.Sprint(o.workers))
+	}
+	if o.relaxed {
+		args = append(args, "-commit-order", "relaxed")
 	}
 	if r.first {
 		args = append(args, "-create-slot")

@@ -70,7 +70,14 @@ Modes:
             connection of its own, with savepoints for their subtransactions; committed in order
   parallel  eager, and committed transactions applied on -workers connections, in runs applied
             set-based like buffered's groups, at once when they touch different rows; committed
-            in order
+            in order, or with -commit-order relaxed, each as soon as the transactions it depends
+            on (same rows, same unique values) committed
+
+-commit-order relaxed (parallel only) lets the target briefly show a transaction without an
+earlier, independent one. What is acknowledged to the source stays the prefix of transactions
+all committed on the target; the workers record what they committed past it in the progress
+table's companion table (PROGRESS_TABLE_ahead), in the same target transaction, so that after a
+crash or a kill apply resumes from the prefix and skips exactly those transactions.
 
 Passwords: a password in a connection string on the command line is visible to every local user
 (ps, /proc). Give it in the PGPASSWORD environment variable or in a password file (~/.pgpass, or
@@ -82,6 +89,7 @@ flags:
 // applyFlags are the flags of `pgreorder apply`.
 type applyFlags struct {
 	source, target, slot, mode, workMem, dir, table, compression string
+	commitOrder                                                  string
 	publications                                                 []string
 	createSlot, binary, syncCommit, verbose                      bool
 	acceptSlotAhead                                              bool
@@ -120,6 +128,8 @@ func (f *applyFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.copyWorkers, "copy-workers", 0, fmt.Sprintf("with -copy, tables (or parts of tables) copied at once, each over a connection to the source and one to the target (default %d)",
 		snapshot.DefaultWorkers))
 	fs.StringVar(&f.mode, "mode", "buffered", "buffered, eager or parallel (see above)")
+	fs.StringVar(&f.commitOrder, "commit-order", "source", "source or relaxed: with -mode parallel, relaxed commits a transaction as soon as those it "+
+		"depends on committed, ahead of earlier independent ones (see above)")
 	fs.IntVar(&f.workers, "workers", 0, fmt.Sprintf("worker connections to the target (default %d for eager, %d for parallel)",
 		apply.DefaultEagerWorkers, apply.DefaultParallelWorkers))
 	fs.StringVar(&f.workMem, "work-mem", "64MB", workMemHelp)
@@ -205,6 +215,13 @@ func (f *applyFlags) config(fs *flag.FlagSet) (apply.Config, error) {
 	if err != nil {
 		return apply.Config{}, fmt.Errorf("-mode %q: valid values are buffered, eager and parallel", f.mode)
 	}
+	commitOrder, err := apply.ParseCommitOrder(f.commitOrder)
+	if err != nil {
+		return apply.Config{}, fmt.Errorf("-commit-order %q: valid values are source and relaxed", f.commitOrder)
+	}
+	if commitOrder == apply.CommitRelaxed && mode != apply.Parallel {
+		return apply.Config{}, fmt.Errorf("-commit-order relaxed goes with -mode parallel (-mode is %v, which commits in the source's order only)", mode)
+	}
 	originFilter, err := replication.ParseOriginFilter(f.originFilter)
 	if err != nil {
 		return apply.Config{}, fmt.Errorf("-origin-filter %q: valid values are any and none", f.originFilter)
@@ -260,6 +277,7 @@ func (f *applyFlags) config(fs *flag.FlagSet) (apply.Config, error) {
 		CopyTruncate:      f.copyTruncate,
 		CopyWorkers:       f.copyWorkers,
 		Mode:              mode,
+		CommitOrder:       commitOrder,
 		Workers:           f.workers,
 		WorkMem:           workMem,
 		SpillDir:          f.dir,

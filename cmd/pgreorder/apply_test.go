@@ -29,6 +29,9 @@ func TestApplyFlags(t *testing.T) {
 		{[]string{"-source", "x", "-slot", "s"}, "missing -target, -publication"},
 		{append(base, "-mode", "fast"), `-mode "fast": valid values are buffered, eager and parallel`},
 		{append(base, "-workers", "-1"), "-workers -1"},
+		{append(base, "-commit-order", "any"), `-commit-order "any": valid values are source and relaxed`},
+		{append(base, "-commit-order", "relaxed"), "-commit-order relaxed goes with -mode parallel (-mode is buffered"},
+		{append(base, "-mode", "eager", "-commit-order", "relaxed"), "-commit-order relaxed goes with -mode parallel (-mode is eager"},
 		{append(base, "-work-mem", "0"), `-work-mem "0"`},
 		{append(base, "extra"), "unexpected arguments: extra"},
 		{append(base, "-conflict", "insert_exists=win"), `-conflict: conflict: invalid resolution "win"`},
@@ -58,8 +61,12 @@ func TestApplyCommand(t *testing.T) {
 	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	for _, major := range streamMajors(t) {
-		for i, mode := range []string{"buffered", "eager", "parallel"} {
+		for i, mode := range []string{"buffered", "eager", "parallel", "parallel-relaxed"} {
 			t.Run(fmt.Sprintf("pg%d/%s", major, mode), func(t *testing.T) {
+				args := []string{"-mode", mode}
+				if m, ok := strings.CutSuffix(mode, "-relaxed"); ok {
+					args = []string{"-mode", m, "-commit-order", "relaxed"}
+				}
 				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 				defer cancel()
 				srv := pgtest.Shared(t, major)
@@ -69,8 +76,8 @@ func TestApplyCommand(t *testing.T) {
 				require.NoError(t, pgtest.Exec(ctx, src, table, `CREATE PUBLICATION p FOR TABLE s`))
 				require.NoError(t, pgtest.Exec(ctx, dst, table))
 				var stderr bytes.Buffer
-				cmd := exec.CommandContext(ctx, bin, "apply", "-source", src, "-target", dst, "-slot", "cli",
-					"-publication", "p", "-create-slot", "-mode", mode, "-workers", "2", "-work-mem", "64kB")
+				cmd := exec.CommandContext(ctx, bin, append([]string{"apply", "-source", src, "-target", dst, "-slot", "cli",
+					"-publication", "p", "-create-slot", "-workers", "2", "-work-mem", "64kB"}, args...)...)
 				cmd.Stderr = &stderr
 				require.NoError(t, cmd.Start())
 				waitSlotActive(t, ctx, src, "cli")

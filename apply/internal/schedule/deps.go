@@ -46,18 +46,55 @@ func NewTracker() *Tracker {
 
 // Change registers that j (whose sequence number is known) makes change m to the relation rel,
 // whose target table has triggers that fire if triggers is set. It returns the sequence number j
-// must wait for before applying m (0 for none), and whether j just became serial.
+// must wait for before applying m (0 for none), and whether j just became serial: in source commit
+// order, waiting for every number up to the highest of ChangeDeps' covers them all.
 func (tr *Tracker) Change(j *Job, rel *decoding.Relation, m decoding.Message, triggers bool) (wait uint64, serial bool) {
+	d, serial := tr.ChangeDeps(j, rel, m, triggers)
+	return d.Max(), serial
+}
+
+// Deps is what a change must wait for before it is applied: every transaction up to Prefix (0 for
+// none; a serial transaction waits for all those before it), and each transaction of Seqs[:N],
+// on its own (those in flight that touched the change's keys, and the last barrier). Each of
+// those waited, before its own changes, for what it depended on, so waiting for them is enough
+// even when transactions commit out of order.
+type Deps struct {
+	Prefix uint64
+	Seqs   [3]uint64
+	N      int
+}
+
+// Max returns the highest sequence number of d, 0 for none.
+func (d Deps) Max() uint64 {
+	m := d.Prefix
+	for _, s := range d.Seqs[:d.N] {
+		m = max(m, s)
+	}
+	return m
+}
+
+func (d *Deps) add(seq uint64) {
+	for _, s := range d.Seqs[:d.N] {
+		if s == seq {
+			return
+		}
+	}
+	d.Seqs[d.N] = seq
+	d.N++
+}
+
+// ChangeDeps is Change, returning each transaction the change depends on.
+func (tr *Tracker) ChangeDeps(j *Job, rel *decoding.Relation, m decoding.Message, triggers bool) (d Deps, serial bool) {
 	seq := j.Seq.Load()
 	if j.Serial {
-		return 0, false // already waits for everything before it
+		return d, false // already waits for everything before it
 	}
-	wait = tr.barrier
-	if wait >= seq {
-		wait = 0
+	serialize := func() (Deps, bool) { return Deps{Prefix: tr.serialize(j)}, true }
+	if b := tr.barrier; b != 0 && b < seq {
+		d.add(b)
 	}
 	if triggers {
-		return tr.serialize(j), true
+		return serialize()
 	}
 	var (
 		keys [2]uint64
@@ -71,33 +108,33 @@ func (tr *Tracker) Change(j *Job, rel *decoding.Relation, m decoding.Message, tr
 		} // else a table without a key: inserts conflict with nothing
 	case *decoding.Update:
 		if rel.ReplicaIdentity == 'f' {
-			return tr.serialize(j), true
+			return serialize()
 		}
 		if m.OldKind == 'K' || m.OldKind == 'O' {
 			if keys[0], ok = tr.key(rel, m.Old); !ok {
-				return tr.serialize(j), true
+				return serialize()
 			}
 			n = 1
 		}
 		if keys[n], ok = tr.key(rel, m.New); !ok {
-			return tr.serialize(j), true
+			return serialize()
 		}
 		n++
 	case *decoding.Delete:
 		if rel.ReplicaIdentity == 'f' {
-			return tr.serialize(j), true
+			return serialize()
 		}
 		if keys[0], ok = tr.key(rel, m.Old); !ok {
-			return tr.serialize(j), true
+			return serialize()
 		}
 		n = 1
 	default:
-		return tr.serialize(j), true
+		return serialize()
 	}
 	for _, k := range keys[:n] {
 		if o := tr.owners[k]; o != nil && o != j {
-			if s := o.Seq.Load(); s < seq && s > wait {
-				wait = s
+			if s := o.Seq.Load(); s < seq {
+				d.add(s)
 			}
 		}
 		if j.wide {
@@ -115,7 +152,7 @@ func (tr *Tracker) Change(j *Job, rel *decoding.Relation, m decoding.Message, tr
 			j.keys = append(j.keys, k)
 		}
 	}
-	return wait, false
+	return d, false
 }
 
 // serialize makes j serial: it waits for every earlier transaction, every later one for it.

@@ -12,7 +12,8 @@ const (
 	RecChange    = 'c' // a change, in the form the JobTarget reads
 	RecSavepoint = 's' // u32 subtransaction: a savepoint before its first change
 	RecRollback  = 'r' // u32 subtransaction: roll back to its savepoint
-	RecWait      = 'w' // u64 sequence number that must be committed first
+	RecWait      = 'w' // u64 sequence number that must be committed first, with every one before it
+	RecAfter     = 'a' // u64 sequence number of one transaction that must be committed first
 	RecCommit    = 'C' // the end: commit
 	RecAbort     = 'A' // the end: the transaction aborted on the source
 	RecTxn       = 't' // u32 index: the changes that follow are the index-th transaction of a run
@@ -33,6 +34,9 @@ func RollbackRecord(sub uint32) []byte {
 
 // WaitRecord returns a RecWait record for sequence number seq.
 func WaitRecord(seq uint64) []byte { return binary.BigEndian.AppendUint64([]byte{RecWait}, seq) }
+
+// AfterRecord returns a RecAfter record for sequence number seq.
+func AfterRecord(seq uint64) []byte { return binary.BigEndian.AppendUint64([]byte{RecAfter}, seq) }
 
 // Worker states, for the watchdog.
 const (
@@ -59,9 +63,11 @@ type JobTarget interface {
 	RollbackTo(ctx context.Context, sub uint32) error
 	// Flush sends what is pending: RunJob calls it before waiting for more records.
 	Flush(ctx context.Context) error
-	// Wait waits until sequence number seq committed.
+	// Wait waits until sequence number seq and every one before it committed.
 	Wait(ctx context.Context, seq uint64) error
-	// Failed handles an error of Change, Savepoint, RollbackTo, Flush or Wait: it returns
+	// WaitFor waits until sequence number seq committed, whether or not those before it did.
+	WaitFor(ctx context.Context, seq uint64) error
+	// Failed handles an error of Change, Savepoint, RollbackTo, Flush, Wait or WaitFor: it returns
 	// failed when the target refused a change (the target transaction is then rolled back and
 	// the job's later records up to its end are skipped), or an error that ends RunJob.
 	Failed(ctx context.Context, err error) (failed, fatal error)
@@ -155,6 +161,12 @@ func RunJob(ctx context.Context, q *Queue, t JobTarget) error {
 			}
 			t.State(WorkerWaiting)
 			err = t.Wait(ctx, binary.BigEndian.Uint64(rec[1:]))
+		case RecAfter:
+			if len(rec) < 9 {
+				return errors.New("apply: short queue record")
+			}
+			t.State(WorkerWaiting)
+			err = t.WaitFor(ctx, binary.BigEndian.Uint64(rec[1:]))
 		case RecAbort:
 			q.Close()
 			return t.Abort(ctx, begun)

@@ -63,6 +63,10 @@ func (f *fakeJob) Wait(ctx context.Context, seq uint64) error {
 	f.call("wait %d", seq)
 	return nil
 }
+func (f *fakeJob) WaitFor(ctx context.Context, seq uint64) error {
+	f.call("wait for %d", seq)
+	return nil
+}
 func (f *fakeJob) Failed(ctx context.Context, err error) (failed, fatal error) {
 	f.call("failed %v", err)
 	if errors.Is(err, errRefused) {
@@ -110,6 +114,8 @@ func TestRunJob(t *testing.T) {
 		{"refused then abort", [][]byte{change("x"), {RecAbort}},
 			[]string{"begin", "change x", "failed refused", "abort begun=false"}},
 		{"empty abort", [][]byte{{RecAbort}}, []string{"abort begun=false"}},
+		{"wait for one", [][]byte{AfterRecord(3), change("a"), AfterRecord(9), WaitRecord(4), {RecCommit}},
+			[]string{"wait for 3", "begin", "change a", "wait for 9", "wait 4", "commit begun=true failed=<nil>"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			q := newTestQueue(t)

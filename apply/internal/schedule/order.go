@@ -11,13 +11,17 @@ import (
 	"sync"
 )
 
-// Order hands out commit sequence numbers, in the source's commit order, and lets each
-// transaction commit on the target only after the one before it: the target commits in the
-// source's order whichever connection applies what, and the progress row only moves forward.
+// Order hands out commit sequence numbers, in the source's commit order, and tracks which of
+// them committed on the target. In source commit order each transaction commits only after the
+// one before it (Wait(seq-1), then Finish(seq)): the target commits in the source's order
+// whichever connection applies what, and the progress row only moves forward. A transaction may
+// also finish ahead of earlier ones (relaxed commit order, or one found already applied): Finish
+// records it, and Committed, the contiguous prefix, passes it once every earlier one finished.
 type Order struct {
 	mu       sync.Mutex
-	assigned uint64 // the last sequence number handed out
-	done     uint64 // the last one committed; every one before it is committed too
+	assigned uint64          // the last sequence number handed out
+	done     uint64          // the last one of the prefix: it and every one before it finished
+	ahead    map[uint64]bool // numbers past done+1 that finished, ahead of the prefix
 	changed  chan struct{}
 }
 
@@ -39,14 +43,15 @@ func (o *Order) Last() uint64 {
 	return o.assigned
 }
 
-// Committed returns the last sequence number committed.
+// Committed returns the last sequence number of the committed prefix: it and every one before it
+// committed.
 func (o *Order) Committed() uint64 {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	return o.done
 }
 
-// Wait waits until seq and every number before it are committed.
+// Wait waits until seq and every number before it committed.
 func (o *Order) Wait(ctx context.Context, seq uint64) error {
 	for {
 		o.mu.Lock()
@@ -63,14 +68,50 @@ func (o *Order) Wait(ctx context.Context, seq uint64) error {
 	}
 }
 
-// Finish records that seq committed (or turned out to have nothing to commit). The caller
-// waited for seq-1 first.
+// Finish records that seq committed (or turned out to have nothing to commit). In source commit
+// order the caller waited for seq-1 first; a number finished ahead of the prefix is remembered
+// until the prefix reaches it.
 func (o *Order) Finish(seq uint64) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if seq > o.done {
+	switch {
+	case seq <= o.done:
+	case seq == o.done+1:
 		o.done = seq
+		for o.ahead[o.done+1] {
+			delete(o.ahead, o.done+1)
+			o.done++
+		}
+	default:
+		if o.ahead == nil {
+			o.ahead = map[uint64]bool{}
+		}
+		o.ahead[seq] = true
 	}
 	close(o.changed)
 	o.changed = make(chan struct{})
+}
+
+// Finished says whether seq finished, in the prefix or ahead of it.
+func (o *Order) Finished(seq uint64) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return seq <= o.done || o.ahead[seq]
+}
+
+// WaitFor waits until seq finished, whether or not every number before it did.
+func (o *Order) WaitFor(ctx context.Context, seq uint64) error {
+	for {
+		o.mu.Lock()
+		done, ch := seq <= o.done || o.ahead[seq], o.changed
+		o.mu.Unlock()
+		if done {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		case <-ch:
+		}
+	}
 }

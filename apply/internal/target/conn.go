@@ -78,6 +78,7 @@ type Conn struct {
 	pendingPrepare []prepare                     // statements to prepare before the next batch
 	indexes        map[*Relation]*detect.Indexes // with conflict detection: the tables' unique indexes
 	progress       *stmt                         // the progress upsert (see PrepareProgress)
+	ahead          *stmt                         // the worker's row upsert of relaxed commit order (see PrepareAhead)
 
 	det    detect.Detector // conflict detection (see resolve.go and package detect)
 	Origin string          // the replication origin set up in the session, or ""
@@ -474,10 +475,15 @@ func (t *Conn) FlushPending(ctx context.Context) error {
 // Commit sends what is pending, the progress row for end, and COMMIT, in one round trip when
 // no COPY is pending. Without Config.SynchronousCommit, sync makes this commit wait for the WAL flush.
 func (t *Conn) Commit(ctx context.Context, key ProgressKey, end decoding.LSN, sync bool) error {
-	progress := t.progress
-	if progress == nil {
+	if t.progress == nil {
 		return errors.New("apply: the progress statement is not prepared on the target connection")
 	}
+	return t.commit(ctx, t.progress, key.Args(end), end, sync)
+}
+
+// commit is Commit, with the progress statement and its parameters given; end is the source
+// transaction's end LSN, for the origin and the stats.
+func (t *Conn) commit(ctx context.Context, progress *stmt, args [][]byte, end decoding.LSN, sync bool) error {
 	if err := t.FlushInserts(ctx); err != nil {
 		return err
 	}
@@ -495,7 +501,7 @@ func (t *Conn) Commit(ctx context.Context, key ProgressKey, end decoding.LSN, sy
 		}
 		t.det.CompleteReports()
 		t.queueLogRows()
-		t.batch.ExecPrepared(progress.name, key.Args(end), nil, nil)
+		t.batch.ExecPrepared(progress.name, args, nil, nil)
 		t.ops = append(t.ops, batchOp{})
 		if sync && !t.opts.SynchronousCommit {
 			t.Control("SET LOCAL synchronous_commit = on")

@@ -7,7 +7,8 @@
 //
 //   - Connect opens a Conn; Begin, Change, Savepoint, RollbackTo and Commit (or Rollback) apply
 //     one target transaction, whose commit writes the progress row (ProgressKey, PrepareProgress)
-//     in the same round trip. Changes are not sent one by one: inserts into one table gather
+//     in the same round trip, or with relaxed commit order the worker's row of the ahead table
+//     (CommitAhead, PrepareAhead, AheadSQL). Changes are not sent one by one: inserts into one table gather
 //     into a run sent through COPY (or as INSERTs when short), other statements into a batch of
 //     prepared statements sent in one round trip and checked in order. A Conn is used by one
 //     goroutine.

@@ -2,8 +2,10 @@ package target
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 
 	"github.com/pgreorder/pgreorder/decoding"
 )
@@ -42,4 +44,86 @@ func (t *Conn) PrepareProgress(ctx context.Context, upsert string) error {
 	}
 	t.progress = &stmt{name: "pgr_progress", nparams: 4}
 	return nil
+}
+
+// Relaxed commit order. A worker that commits transactions ahead of the committed prefix records
+// them, in the same target transaction, in its row of the ahead table (the progress table's name
+// with "_ahead"): (slot, worker) -> the prefix it knew when it sent its commit (every source
+// transaction ending at or before end_lsn was committed on the target then) and the spans of
+// transactions it committed past that prefix, this one's included. Its row is rewritten by each
+// of its commits, which drop the spans the prefix has passed. After a crash the prefix is the
+// highest of the slot's progress row and of these rows; the transactions to skip are the spans
+// past it. Every commit a row's prefix counts returned before the row's transaction was sent, so
+// its commit record is earlier in the WAL: if the row survived a crash, so did they.
+
+// AheadSQL returns the upsert of a worker's row of the ahead table (quoted and qualified), with
+// parameters AheadArgs'.
+func AheadSQL(ahead string) string {
+	return "INSERT INTO " + ahead + " AS a (slot, worker, system_id, end_lsn, spans) " +
+		"VALUES ($1, $2::int, $3, $4::pg_lsn, $5::pg_lsn[]) ON CONFLICT (slot, worker) DO UPDATE SET " +
+		"system_id = excluded.system_id, end_lsn = excluded.end_lsn, spans = excluded.spans"
+}
+
+// AheadTableSQL returns the statement that creates the ahead table (quoted and qualified) if
+// it is missing.
+func AheadTableSQL(ahead string) string {
+	return "CREATE TABLE IF NOT EXISTS " + ahead + " (slot text NOT NULL, worker int NOT NULL, system_id text NOT NULL, " +
+		"end_lsn pg_lsn NOT NULL, spans pg_lsn[] NOT NULL, PRIMARY KEY (slot, worker))"
+}
+
+// AheadArgs returns the parameters of AheadSQL: worker's row of the stream key, at prefix, with
+// the spans of transactions committed past it: pairs of end LSNs (a span's first and last), one
+// after the other, in one pg_lsn array.
+func AheadArgs(key ProgressKey, worker int, prefix decoding.LSN, spans []decoding.LSN) [][]byte {
+	return [][]byte{[]byte(key.Slot), strconv.AppendInt(nil, int64(worker), 10), []byte(key.System),
+		prefix.AppendText(nil), AppendLSNs(nil, spans)}
+}
+
+// AppendLSNs appends lsns as the text of a pg_lsn array.
+func AppendLSNs(b []byte, lsns []decoding.LSN) []byte {
+	b = append(b, '{')
+	for i, l := range lsns {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = l.AppendText(b)
+	}
+	return append(b, '}')
+}
+
+// ParseLSNs reads the text of a pg_lsn array without NULLs, as AppendLSNs writes it.
+func ParseLSNs(s string) ([]decoding.LSN, error) {
+	s = strings.TrimSuffix(strings.TrimPrefix(s, "{"), "}")
+	if s == "" {
+		return nil, nil
+	}
+	f := strings.Split(s, ",")
+	lsns := make([]decoding.LSN, len(f))
+	for i, v := range f {
+		l, err := decoding.ParseLSN(v)
+		if err != nil {
+			return nil, fmt.Errorf("apply: the pg_lsn array %q: %w", s, err)
+		}
+		lsns[i] = l
+	}
+	return lsns, nil
+}
+
+// PrepareAhead prepares upsert (AheadSQL's) on the connection: CommitAhead writes the worker's row
+// with it.
+func (t *Conn) PrepareAhead(ctx context.Context, upsert string) error {
+	if _, err := t.PG.Prepare(ctx, "pgr_ahead", upsert, nil); err != nil {
+		return fmt.Errorf("apply: preparing the ahead row update: %w", err)
+	}
+	t.ahead = &stmt{name: "pgr_ahead", nparams: 5}
+	return nil
+}
+
+// CommitAhead is Commit, writing the worker's row of the ahead table (args, AheadArgs') instead of
+// the progress row; end is the source transaction's end LSN.
+func (t *Conn) CommitAhead(ctx context.Context, args [][]byte, end decoding.LSN, sync bool) error {
+	if t.ahead == nil {
+		return errors.New("apply: the ahead row statement is not prepared on the target connection")
+	}
+	return t.commit(ctx, t.ahead, args, end, sync)
 }
