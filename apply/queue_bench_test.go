@@ -33,7 +33,7 @@ func BenchmarkQueueChange(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	c := decoding.Change{Msg: m, Relation: rel}
+	c := decoding.Change{Msg: m, Relation: rel, Raw: raw, InStream: true}
 	s := &session{reg: target.NewRegistry()}
 	rels := []*target.Relation{s.reg.Intern(rel, noTypes{})}
 	var spilled atomic.Int64
@@ -43,7 +43,7 @@ func BenchmarkQueueChange(b *testing.B) {
 	var wrels []*target.Relation
 	b.ReportAllocs()
 	for b.Loop() {
-		rec, err := encodeChange(c.Msg, rels)
+		rec, err := encodeChange(c, rels)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -60,7 +60,7 @@ func BenchmarkQueueChange(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N), "ns/change")
 	b.ReportMetric(float64(testing.AllocsPerRun(100, func() {
-		rec, _ := encodeChange(c.Msg, rels)
+		rec, _ := encodeChange(c, rels)
 		_ = q.Push(rec)
 		rec, _, _ = q.TryPop()
 		_, wrels, _ = s.decodeChange(&wp, rec, wrels)

@@ -508,11 +508,16 @@ func (s *session) advanced(ctx context.Context, t *reorderbuffer.Txn) error {
 // eachChange calls f with each of t's changes that changes the target, and the relations it
 // names, in order; it stops at the first error, t's or f's. The message is valid only during f.
 func (s *session) eachChange(t *reorderbuffer.Txn, f func(m decoding.Message, rels []*target.Relation) error) error {
+	return s.eachRecord(t, func(c decoding.Change, rels []*target.Relation) error { return f(c.Msg, rels) })
+}
+
+// eachRecord is eachChange with the whole decoding.Change (its Raw record too), valid until f
+// returns.
+func (s *session) eachRecord(t *reorderbuffer.Txn, f func(c decoding.Change, rels []*target.Relation) error) error {
 	for c, err := range t.Changes() {
 		if err != nil {
 			return err
 		}
-		m := c.Msg
 		rels, err := s.relations(t.Xid, c)
 		if err != nil {
 			return err
@@ -520,7 +525,7 @@ func (s *session) eachChange(t *reorderbuffer.Txn, f func(m decoding.Message, re
 		if rels == nil {
 			continue
 		}
-		if err := f(m, rels); err != nil {
+		if err := f(c, rels); err != nil {
 			return err
 		}
 	}
