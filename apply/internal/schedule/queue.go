@@ -215,11 +215,13 @@ func (q *Queue) TryPop() (rec []byte, ok bool, err error) {
 				q.mem -= int64(len(rec))
 				q.budget.give(int64(len(rec)))
 				if s.head == len(s.mem) {
-					q.segs = q.segs[1:]
+					q.drop(s)
 				}
 				return rec, true, nil
 			}
-			q.segs = q.segs[1:]
+			if q.drop(s) {
+				return nil, false, nil
+			}
 			continue
 		}
 		q.st.mu.Lock()
@@ -249,6 +251,21 @@ func (q *Queue) TryPop() (rec []byte, ok bool, err error) {
 		return rec, true, nil
 	}
 }
+
+// drop removes the read memory segment s, the first. The last segment, if small, is kept
+// empty for the next records instead (reused: true), so that a queue its worker keeps up with
+// allocates nothing per record but the record.
+func (q *Queue) drop(s *segment) (reused bool) {
+	if len(q.segs) == 1 && cap(s.mem) <= maxReused {
+		s.mem, s.head = s.mem[:0], 0
+		return true
+	}
+	q.segs = q.segs[1:]
+	return false
+}
+
+// maxReused is the most records an emptied memory segment may have room for to be reused.
+const maxReused = 1024
 
 // Close drops what the queue holds, giving back its memory and removing its spill logs. It is
 // safe to call twice.
