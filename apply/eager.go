@@ -91,6 +91,7 @@ func (s *session) startWorkers(ctx context.Context) error {
 	s.jobs = map[uint32]*job{}
 	s.store = schedule.NewSpillStore(s.cfg.SpillDir, s.cfg.SpillCodec)
 	s.budget = schedule.NewBudget(s.cfg.queueMem())
+	s.budget.TrackPeak(&s.stats.queuePeak)
 	s.share = max(s.cfg.queueMem()/int64(max(s.cfg.Workers, 1)), 64<<10)
 	s.free = make(chan *worker, s.cfg.Workers)
 	if s.cfg.Mode == Parallel {

@@ -122,7 +122,7 @@ func (a *Applier) session(parent context.Context) (err error) {
 		Reconnect:      replication.ReconnectPolicy{SlotWait: s.cfg.SlotWait},
 		Logger:         s.log,
 		Buffer: reorderbuffer.Config{
-			WorkMem:     s.cfg.WorkMem,
+			WorkMem:     s.cfg.bufferMem(!buffered),
 			Dir:         s.cfg.SpillDir,
 			SpillCodec:  s.cfg.SpillCodec,
 			SkipThrough: resume,

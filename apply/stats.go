@@ -60,6 +60,9 @@ type Stats struct {
 	Spooled      int64 // streamed transactions spooled for lack of a free worker (Eager, Parallel)
 	SerialTxns   int64 // transactions Parallel applied alone (no usable key, TRUNCATE, triggers)
 	QueueSpilled int64 // bytes of queued changes written to spill files (Eager, Parallel)
+	// QueuePeakBytes is the most bytes of queued changes the workers' queues held in memory at
+	// once, in any session (Eager, Parallel); with the reorder buffer's at most Config.WorkMem.
+	QueuePeakBytes int64
 
 	// InitialCopyRows counts the rows the initial copy (Config.Copy) wrote into the target's
 	// tables. A copy that failed and started over counts its rows again.
@@ -83,10 +86,10 @@ type Stats struct {
 type counters struct {
 	target.Counters
 	detect.TombstoneCounters
-	txns, emptyTxns                                      atomic.Int64
-	subAborts, aborts, spooled, serialTxns, queueSpilled atomic.Int64
-	sessions, serialRetries, deadlocks                   atomic.Int64
-	skipped, columnsAdded, columnsGone, sequenceSyncs    atomic.Int64
+	txns, emptyTxns                                                 atomic.Int64
+	subAborts, aborts, spooled, serialTxns, queueSpilled, queuePeak atomic.Int64
+	sessions, serialRetries, deadlocks                              atomic.Int64
+	skipped, columnsAdded, columnsGone, sequenceSyncs               atomic.Int64
 }
 
 func (c *counters) snapshot() Stats {
@@ -101,7 +104,7 @@ func (c *counters) snapshot() Stats {
 		RetentionActive: c.RetentionActive.Load(), RetentionStops: c.RetentionStops.Load(),
 		Tombstones: c.TombstoneRows.Load(), TombstonesPurged: c.TombstonesPurged.Load(),
 		SubAborts: c.subAborts.Load(), Aborts: c.aborts.Load(), Spooled: c.spooled.Load(),
-		SerialTxns: c.serialTxns.Load(), QueueSpilled: c.queueSpilled.Load(),
+		SerialTxns: c.serialTxns.Load(), QueueSpilled: c.queueSpilled.Load(), QueuePeakBytes: c.queuePeak.Load(),
 		InitialCopyRows: c.InitialCopyRows.Load(),
 		Sessions:        c.sessions.Load(), SerialRetries: c.serialRetries.Load(), Deadlocks: c.deadlocks.Load(),
 		Skipped: c.skipped.Load(), ColumnsAdded: c.columnsAdded.Load(), SourceColumnsGone: c.columnsGone.Load(),

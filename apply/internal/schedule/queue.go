@@ -47,10 +47,14 @@ type Budget struct {
 	mu    sync.Mutex
 	used  int64
 	limit int64
+	peak  *atomic.Int64
 }
 
 // NewBudget returns a budget of limit bytes.
 func NewBudget(limit int64) *Budget { return &Budget{limit: limit} }
+
+// TrackPeak makes the budget raise peak to the most bytes it has held at once.
+func (b *Budget) TrackPeak(peak *atomic.Int64) { b.peak = peak }
 
 func (b *Budget) take(n int64) bool {
 	b.mu.Lock()
@@ -59,6 +63,9 @@ func (b *Budget) take(n int64) bool {
 		return false
 	}
 	b.used += n
+	if b.peak != nil && b.used > b.peak.Load() {
+		b.peak.Store(b.used) // under mu: the only writer of a session's peak
+	}
 	return true
 }
 
