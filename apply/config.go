@@ -349,6 +349,18 @@ func (c *Config) bufferMem(incremental bool) int64 {
 	return m
 }
 
+// spillFiles returns the spill files the reorder buffer and, in Eager and Parallel
+// (incremental), the workers' queues may keep open: one spill store's default budget, shared
+// (a quarter for the queues) rather than taken twice.
+func spillFiles(incremental bool) (buffer, queues int) {
+	n := spill.DefaultOpenFiles()
+	if !incremental {
+		return n, 0
+	}
+	queues = max(n/4, 1)
+	return max(n-queues, 1), queues
+}
+
 // targetOptions returns the options of the Applier's target connections.
 func (c *Config) targetOptions() *target.Options {
 	return &target.Options{ConnConfig: c.TargetConfig, ConnString: c.Target, BeforeConnect: c.TargetBeforeConnect,

@@ -90,6 +90,8 @@ func (s *session) startWorkers(ctx context.Context) error {
 	s.order = schedule.NewOrder()
 	s.jobs = map[uint32]*job{}
 	s.store = schedule.NewSpillStore(s.cfg.SpillDir, s.cfg.SpillCodec)
+	_, files := spillFiles(true)
+	s.store.SetMaxOpenFiles(files)
 	s.budget = schedule.NewBudget(s.cfg.queueMem())
 	s.budget.TrackPeak(&s.stats.queuePeak)
 	s.share = max(s.cfg.queueMem()/int64(max(s.cfg.Workers, 1)), 64<<10)

@@ -13,6 +13,7 @@ import (
 	"github.com/pgreorder/pgreorder/apply/conflict"
 	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
+	"github.com/pgreorder/pgreorder/spill"
 	"github.com/pgreorder/pgreorder/spillcodec"
 )
 
@@ -330,5 +331,17 @@ func TestWorkMemSplit(t *testing.T) {
 		if q < 0 || q+bm != total {
 			t.Errorf("WorkMem %d: queues %d + buffer %d, want %d", w, q, bm, total)
 		}
+	}
+}
+
+// TestSpillFilesSplit checks that the reorder buffer's and the queues' spill stores share one
+// store's descriptor budget.
+func TestSpillFilesSplit(t *testing.T) {
+	n := spill.DefaultOpenFiles()
+	if b, q := spillFiles(false); b != n || q != 0 {
+		t.Errorf("Buffered: buffer %d files, queues %d, want %d and 0", b, q, n)
+	}
+	if b, q := spillFiles(true); b+q != n || b < 1 || q < 1 {
+		t.Errorf("Eager: buffer %d files + queues %d, want %d, each at least 1", b, q, n)
 	}
 }

@@ -111,6 +111,7 @@ func (a *Applier) session(parent context.Context) (err error) {
 	if !s.leader.ReplicaRole {
 		s.log.Info("the target role may not set session_replication_role: triggers and foreign keys fire for replicated changes")
 	}
+	bufferFiles, _ := spillFiles(!buffered)
 	rcfg := replication.Config{
 		ConnString:     s.cfg.Source,
 		Slot:           s.cfg.Slot,
@@ -122,11 +123,12 @@ func (a *Applier) session(parent context.Context) (err error) {
 		Reconnect:      replication.ReconnectPolicy{SlotWait: s.cfg.SlotWait},
 		Logger:         s.log,
 		Buffer: reorderbuffer.Config{
-			WorkMem:     s.cfg.bufferMem(!buffered),
-			Dir:         s.cfg.SpillDir,
-			SpillCodec:  s.cfg.SpillCodec,
-			SkipThrough: resume,
-			Incremental: !buffered,
+			WorkMem:      s.cfg.bufferMem(!buffered),
+			MaxOpenFiles: bufferFiles,
+			Dir:          s.cfg.SpillDir,
+			SpillCodec:   s.cfg.SpillCodec,
+			SkipThrough:  resume,
+			Incremental:  !buffered,
 			// Idle advances are persisted in the progress row before the slot confirms them.
 			HandOutAdvances: true,
 		},

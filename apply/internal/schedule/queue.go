@@ -78,10 +78,11 @@ func (b *Budget) give(n int64) {
 // SpillStore is a spill.Store shared by the queues of a session, used under its lock (a Store
 // and its logs are not safe for concurrent use). It is opened on first use.
 type SpillStore struct {
-	mu    sync.Mutex
-	dir   string
-	codec spill.Codec
-	st    *spill.Store
+	mu       sync.Mutex
+	dir      string
+	codec    spill.Codec
+	maxFiles int
+	st       *spill.Store
 }
 
 // NewSpillStore returns a store of spill files in dir ("": the system's temporary directory),
@@ -90,9 +91,13 @@ func NewSpillStore(dir string, codec spill.Codec) *SpillStore {
 	return &SpillStore{dir: dir, codec: codec}
 }
 
+// SetMaxOpenFiles sets the store's spill.Options.MaxOpenFiles (0, the default: spill's own), before
+// its first use.
+func (s *SpillStore) SetMaxOpenFiles(n int) { s.maxFiles = n }
+
 func (s *SpillStore) create() (*spill.Log, error) {
 	if s.st == nil {
-		st, err := spill.Open(spill.Options{Dir: s.dir, Codec: s.codec})
+		st, err := spill.Open(spill.Options{Dir: s.dir, Codec: s.codec, MaxOpenFiles: s.maxFiles})
 		if err != nil {
 			return nil, fmt.Errorf("apply: opening a spill store: %w", err)
 		}
