@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math"
 	"strings"
 	"time"
 
@@ -181,10 +182,11 @@ type Config struct {
 	// after a crash is safe.
 	CommitOrder CommitOrder
 	// WorkMem bounds the memory of transaction data, like PostgreSQL's logical_decoding_work_mem:
-	// the reorder buffer holds at most WorkMem (0 means reorderbuffer.DefaultWorkMem, 64 MiB;
-	// reorderbuffer.SpillEverything keeps nothing in memory), and, in Eager and Parallel, the
-	// changes queued for workers that have not applied them yet take at most a quarter of it
-	// more (at least 256 KiB), the rest waiting in spill files.
+	// 0 means reorderbuffer.DefaultWorkMem (64 MiB), reorderbuffer.SpillEverything keeps nothing
+	// in memory. In Buffered the reorder buffer holds at most WorkMem. In Eager and Parallel
+	// WorkMem is split: the changes queued for workers that have not applied them yet take at
+	// most a quarter of it, the reorder buffer the other three quarters, so that the two together
+	// stay within WorkMem; what does not fit waits in spill files.
 	WorkMem int64
 	// SpillDir is where spill files go; "" means the system's temporary directory.
 	SpillDir string
@@ -372,16 +374,48 @@ func (c Config) validate() (Config, error) {
 // relaxed says whether Parallel's workers may commit ahead of the committed prefix.
 func (c *Config) relaxed() bool { return c.CommitOrder == CommitRelaxed && c.Mode == Parallel }
 
-// queueMem is the memory the queues of workers may hold in total.
-func (c *Config) queueMem() int64 {
-	m := c.WorkMem
+// workMem is WorkMem in bytes: the default for 0, none for SpillEverything.
+func (c *Config) workMem() int64 {
 	switch {
-	case m == 0:
-		m = reorderbuffer.DefaultWorkMem
-	case m < 0:
-		m = 0
+	case c.WorkMem == 0:
+		return reorderbuffer.DefaultWorkMem
+	case c.WorkMem < 0:
+		return 0
 	}
-	return max(m/4, 256<<10)
+	return c.WorkMem
+}
+
+// queueMem is the memory the queues of workers may hold in total: a quarter of WorkMem.
+func (c *Config) queueMem() int64 {
+	if m := c.workMem(); m != math.MaxInt64 {
+		return m / 4
+	}
+	return math.MaxInt64 // unlimited
+}
+
+// bufferMem is the reorder buffer's Config.WorkMem: all of WorkMem when transactions are
+// applied whole (incremental false), and otherwise what the workers' queues leave of it.
+func (c *Config) bufferMem(incremental bool) int64 {
+	m := c.workMem()
+	if !incremental || m == math.MaxInt64 {
+		return c.WorkMem
+	}
+	if m -= c.queueMem(); m <= 0 {
+		return reorderbuffer.SpillEverything
+	}
+	return m
+}
+
+// spillFiles returns the spill files the reorder buffer and, in Eager and Parallel
+// (incremental), the workers' queues may keep open: one spill store's default budget, shared
+// (a quarter for the queues) rather than taken twice.
+func spillFiles(incremental bool) (buffer, queues int) {
+	n := spill.DefaultOpenFiles()
+	if !incremental {
+		return n, 0
+	}
+	queues = max(n/4, 1)
+	return max(n-queues, 1), queues
 }
 
 // targetOptions returns the options of the Applier's target connections.

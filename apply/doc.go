@@ -161,7 +161,9 @@
 // each subtransaction's first change, ROLLBACK TO SAVEPOINT when the subtransaction aborts (the
 // later savepoints go with it), ROLLBACK when the transaction aborts, COMMIT at its commit, in
 // order. Changes reach the worker through a queue that spills to disk past its memory share, so a
-// worker that cannot keep up never holds up the stream or the other transactions. With all
+// worker that cannot keep up never holds up the stream or the other transactions. The queues hold
+// the reorder buffer's own records of the changes, copied once, and share Config.WorkMem with
+// the reorder buffer: a quarter for the queues, the rest for the buffer. With all
 // workers busy, a streamed transaction is queued the same way and applied at its commit. Other
 // transactions are applied as they arrive, after every earlier one committed: those that arrive
 // whole while no streamed transaction is open are grouped and applied set-based as in Buffered.

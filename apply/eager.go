@@ -35,8 +35,8 @@ import (
 // progress row, in the same target transaction. The acknowledgement to the source follows the
 // commit; the leader sends them (a worker's commits wake it up when it waits for the stream).
 
-// A job's queue holds schedule's records; a schedule.RecChange is a u16 relation count, the
-// u32 registry ids, and the pgoutput message (not in-stream).
+// A job's queue holds schedule's records; a schedule.RecChange is the reorder buffer's record of
+// the change (the pgoutput message) behind the registry ids of its relations (encodeChange).
 
 // Worker states, for the watchdog.
 const (
@@ -92,7 +92,10 @@ func (s *session) startWorkers(ctx context.Context) error {
 	s.order = schedule.NewOrder()
 	s.jobs = map[uint32]*job{}
 	s.store = schedule.NewSpillStore(s.cfg.SpillDir, s.cfg.SpillCodec)
+	_, files := spillFiles(true)
+	s.store.SetMaxOpenFiles(files)
 	s.budget = schedule.NewBudget(s.cfg.queueMem())
+	s.budget.TrackPeak(&s.stats.queuePeak)
 	s.share = max(s.cfg.queueMem()/int64(max(s.cfg.Workers, 1)), 64<<10)
 	s.free = make(chan *worker, s.cfg.Workers)
 	if s.cfg.Mode == Parallel {
@@ -330,11 +333,11 @@ func (s *session) addToRun(ctx context.Context, t *reorderbuffer.Txn) error {
 		return nil
 	}
 	changed := false
-	err := s.eachChange(t, func(m decoding.Message, rels []*target.Relation) error {
-		if err := s.depend(ctx, j, m, rels); err != nil {
+	err := s.eachRecord(t, func(c decoding.Change, rels []*target.Relation) error {
+		if err := s.depend(ctx, j, c.Msg, rels); err != nil {
 			return err
 		}
-		rec, err := encodeChange(m, rels)
+		rec, err := encodeChange(c, rels)
 		if err != nil {
 			return err
 		}
@@ -539,7 +542,8 @@ func (s *session) conflict(j *job, err error) error {
 // Next. A streamed transaction's changes get a savepoint before each subtransaction's first
 // change, and a wait for the transactions that committed before them.
 func (s *session) enqueue(ctx context.Context, j *job, t *reorderbuffer.Txn) error {
-	return s.eachChange(t, func(m decoding.Message, rels []*target.Relation) error {
+	return s.eachRecord(t, func(c decoding.Change, rels []*target.Relation) error {
+		m := c.Msg
 		if !j.streamed {
 			if err := s.depend(ctx, j, m, rels); err != nil {
 				return err
@@ -560,7 +564,7 @@ func (s *session) enqueue(ctx context.Context, j *job, t *reorderbuffer.Txn) err
 				}
 			}
 		}
-		rec, err := encodeChange(m, rels)
+		rec, err := encodeChange(c, rels)
 		if err != nil {
 			return err
 		}
@@ -629,24 +633,44 @@ func changeXid(m decoding.Message) uint32 {
 	return 0
 }
 
-// encodeChange makes a schedule.RecChange record.
-func encodeChange(m decoding.Message, rels []*target.Relation) ([]byte, error) {
-	rec := make([]byte, 0, 64)
-	rec = append(rec, schedule.RecChange)
-	rec = binary.BigEndian.AppendUint16(rec, uint16(len(rels)))
-	for _, r := range rels {
-		rec = binary.BigEndian.AppendUint32(rec, r.ID)
+// encodeChange makes a schedule.RecChange record of c: the one copy of the change the queue
+// holds. It is the reorder buffer's record (c.Raw, the pgoutput message) behind a header: a flag
+// byte (recInStream: the message is in the in-stream form), a u16 relation count and the u32
+// registry ids. A change without a record (its producer keeps none) is encoded from c.Msg.
+func encodeChange(c decoding.Change, rels []*target.Relation) ([]byte, error) {
+	head := 4 + 4*len(rels)
+	var rec []byte
+	if c.Raw != nil {
+		rec = make([]byte, head, head+len(c.Raw))
+	} else {
+		rec = make([]byte, head, head+64)
 	}
-	return decoding.Append(rec, m, false, decoding.Options{})
+	rec[0] = schedule.RecChange
+	if c.Raw != nil && c.InStream {
+		rec[1] = recInStream
+	}
+	binary.BigEndian.PutUint16(rec[2:], uint16(len(rels)))
+	for i, r := range rels {
+		binary.BigEndian.PutUint32(rec[4+4*i:], r.ID)
+	}
+	if c.Raw != nil {
+		return append(rec, c.Raw...), nil
+	}
+	return decoding.Append(rec, c.Msg, false, decoding.Options{})
 }
 
-// decodeChange reads a schedule.RecChange record. The message is valid until the parser's next use.
+// recInStream flags a schedule.RecChange record whose message is in the in-stream form.
+const recInStream = 1
+
+// decodeChange reads a schedule.RecChange record. The message is valid until the parser's next
+// use, and aliases rec.
 func (s *session) decodeChange(p *decoding.Parser, rec []byte, rels []*target.Relation) (decoding.Message, []*target.Relation, error) {
-	if len(rec) < 3 {
+	if len(rec) < 4 {
 		return nil, nil, errors.New("apply: short queue record")
 	}
-	n := int(binary.BigEndian.Uint16(rec[1:]))
-	rec = rec[3:]
+	inStream := rec[1]&recInStream != 0
+	n := int(binary.BigEndian.Uint16(rec[2:]))
+	rec = rec[4:]
 	if len(rec) < 4*n {
 		return nil, nil, errors.New("apply: short queue record")
 	}
@@ -654,7 +678,7 @@ func (s *session) decodeChange(p *decoding.Parser, rec []byte, rels []*target.Re
 	for i := range n {
 		rels = append(rels, s.reg.Get(binary.BigEndian.Uint32(rec[4*i:])))
 	}
-	m, err := p.Parse(rec[4*n:], false)
+	m, err := p.Parse(rec[4*n:], inStream)
 	return m, rels, err
 }
 

@@ -3,6 +3,7 @@ package apply
 import (
 	"context"
 	"fmt"
+	"math"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -11,6 +12,8 @@ import (
 
 	"github.com/pgreorder/pgreorder/apply/conflict"
 	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
+	"github.com/pgreorder/pgreorder/reorderbuffer"
+	"github.com/pgreorder/pgreorder/spill"
 	"github.com/pgreorder/pgreorder/spillcodec"
 )
 
@@ -25,7 +28,7 @@ func TestEagerSpool(t *testing.T) {
 			defer cancel()
 			cfg := e.config(t, Eager)
 			cfg.Workers = 1
-			cfg.WorkMem = 64 << 10 // queues: 256 KiB
+			cfg.WorkMem = 64 << 10 // queues: 16 KiB, the reorder buffer 48 KiB
 			if major == testMajors[len(testMajors)-1] {
 				// The buffer's and the queues' spill files compressed, on one of the versions.
 				cfg.SpillCodec = spillcodec.S2()
@@ -88,6 +91,11 @@ func TestEagerSpool(t *testing.T) {
 			t.Logf("stats %+v", st)
 			if st.Spooled == 0 || st.QueueSpilled == 0 || st.SubAborts == 0 {
 				t.Errorf("spooled %d, queue bytes spilled %d, subtransactions rolled back %d: want all > 0", st.Spooled, st.QueueSpilled, st.SubAborts)
+			}
+			// The queues and the reorder buffer share WorkMem.
+			if peak := r.a.BufferStats().PeakMemoryBytes; st.QueuePeakBytes == 0 || peak+st.QueuePeakBytes > cfg.WorkMem {
+				t.Errorf("peak memory: queues %d bytes, reorder buffer %d: want queues > 0 and the sum <= WorkMem %d",
+					st.QueuePeakBytes, peak, cfg.WorkMem)
 			}
 			// The rows of the subtransactions rolled back are not counted.
 			if rows := count(t, e.dst, `SELECT (SELECT count(*) FROM big) + (SELECT count(*) FROM events) + (SELECT count(*) FROM marker)`); st.Inserts != int64(rows) {
@@ -297,5 +305,43 @@ func TestEagerSavepointFirst(t *testing.T) {
 				t.Errorf("row 4 is %q: the source transaction committed after the local row, want its row", v)
 			}
 		})
+	}
+}
+
+// TestWorkMemSplit checks that in Eager and Parallel the workers' queues and the reorder buffer
+// share Config.WorkMem, and that Buffered gives it all to the buffer.
+func TestWorkMemSplit(t *testing.T) {
+	for _, w := range []int64{0, 1, 3, 4, 64 << 10, 1<<20 + 3, reorderbuffer.SpillEverything, math.MaxInt64} {
+		c := Config{WorkMem: w}
+		q, b := c.queueMem(), c.bufferMem(true)
+		if got := c.bufferMem(false); got != w {
+			t.Errorf("WorkMem %d: Buffered's buffer gets %d, want all of it", w, got)
+		}
+		if b == 0 || b < reorderbuffer.SpillEverything {
+			t.Errorf("WorkMem %d: buffer WorkMem %d is not a valid reorderbuffer.Config.WorkMem", w, b)
+		}
+		total := c.workMem()
+		bm := max(b, 0) // SpillEverything: none
+		if total == math.MaxInt64 {
+			if q != math.MaxInt64 || b != math.MaxInt64 {
+				t.Errorf("unlimited WorkMem: queues %d, buffer %d, want both unlimited", q, b)
+			}
+			continue
+		}
+		if q < 0 || q+bm != total {
+			t.Errorf("WorkMem %d: queues %d + buffer %d, want %d", w, q, bm, total)
+		}
+	}
+}
+
+// TestSpillFilesSplit checks that the reorder buffer's and the queues' spill stores share one
+// store's descriptor budget.
+func TestSpillFilesSplit(t *testing.T) {
+	n := spill.DefaultOpenFiles()
+	if b, q := spillFiles(false); b != n || q != 0 {
+		t.Errorf("Buffered: buffer %d files, queues %d, want %d and 0", b, q, n)
+	}
+	if b, q := spillFiles(true); b+q != n || b < 1 || q < 1 {
+		t.Errorf("Eager: buffer %d files + queues %d, want %d, each at least 1", b, q, n)
 	}
 }

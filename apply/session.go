@@ -119,6 +119,7 @@ func (a *Applier) session(parent context.Context) (err error) {
 	if !s.leader.ReplicaRole {
 		s.log.Info("the target role may not set session_replication_role: triggers and foreign keys fire for replicated changes")
 	}
+	bufferFiles, _ := spillFiles(!buffered)
 	rcfg := replication.Config{
 		ConnString:     s.cfg.Source,
 		Slot:           s.cfg.Slot,
@@ -130,11 +131,12 @@ func (a *Applier) session(parent context.Context) (err error) {
 		Reconnect:      replication.ReconnectPolicy{SlotWait: s.cfg.SlotWait},
 		Logger:         s.log,
 		Buffer: reorderbuffer.Config{
-			WorkMem:     s.cfg.WorkMem,
-			Dir:         s.cfg.SpillDir,
-			SpillCodec:  s.cfg.SpillCodec,
-			SkipThrough: resume,
-			Incremental: !buffered,
+			WorkMem:      s.cfg.bufferMem(!buffered),
+			MaxOpenFiles: bufferFiles,
+			Dir:          s.cfg.SpillDir,
+			SpillCodec:   s.cfg.SpillCodec,
+			SkipThrough:  resume,
+			Incremental:  !buffered,
 			// Idle advances are persisted in the progress row before the slot confirms them.
 			HandOutAdvances: true,
 		},
@@ -523,11 +525,16 @@ func (s *session) advanced(ctx context.Context, t *reorderbuffer.Txn) error {
 // eachChange calls f with each of t's changes that changes the target, and the relations it
 // names, in order; it stops at the first error, t's or f's. The message is valid only during f.
 func (s *session) eachChange(t *reorderbuffer.Txn, f func(m decoding.Message, rels []*target.Relation) error) error {
+	return s.eachRecord(t, func(c decoding.Change, rels []*target.Relation) error { return f(c.Msg, rels) })
+}
+
+// eachRecord is eachChange with the whole decoding.Change (its Raw record too), valid until f
+// returns.
+func (s *session) eachRecord(t *reorderbuffer.Txn, f func(c decoding.Change, rels []*target.Relation) error) error {
 	for c, err := range t.Changes() {
 		if err != nil {
 			return err
 		}
-		m := c.Msg
 		rels, err := s.relations(t.Xid, c)
 		if err != nil {
 			return err
@@ -535,7 +542,7 @@ func (s *session) eachChange(t *reorderbuffer.Txn, f func(m decoding.Message, re
 		if rels == nil {
 			continue
 		}
-		if err := f(m, rels); err != nil {
+		if err := f(c, rels); err != nil {
 			return err
 		}
 	}

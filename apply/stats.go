@@ -55,14 +55,17 @@ type Stats struct {
 	Tombstones       int64 // tombstones in the tombstone table at the last purge
 	TombstonesPurged int64 // tombstones removed by purges
 
-	SubAborts  int64 // subtransactions rolled back to their savepoint on the target (Eager, Parallel)
-	Aborts     int64 // streamed transactions rolled back on the target (Eager, Parallel)
-	Spooled    int64 // streamed transactions spooled for lack of a free worker (Eager, Parallel)
-	SerialTxns int64 // transactions Parallel applied alone (no usable key, TRUNCATE, triggers)
+	SubAborts    int64 // subtransactions rolled back to their savepoint on the target (Eager, Parallel)
+	Aborts       int64 // streamed transactions rolled back on the target (Eager, Parallel)
+	Spooled      int64 // streamed transactions spooled for lack of a free worker (Eager, Parallel)
+	SerialTxns   int64 // transactions Parallel applied alone (no usable key, TRUNCATE, triggers)
+	QueueSpilled int64 // bytes of queued changes written to spill files (Eager, Parallel)
+	// QueuePeakBytes is the most bytes of queued changes the workers' queues held in memory at
+	// once, in any session (Eager, Parallel); with the reorder buffer's at most Config.WorkMem.
+	QueuePeakBytes int64
 	// CommittedAhead counts the target commits (of a transaction, or a run of them) made ahead of
 	// an earlier source transaction not yet committed (Config.CommitOrder CommitRelaxed).
 	CommittedAhead int64
-	QueueSpilled   int64 // bytes of queued changes written to spill files (Eager, Parallel)
 
 	// InitialCopyRows counts the rows the initial copy (Config.Copy) wrote into the target's
 	// tables. A copy that failed and started over counts its rows again.
@@ -86,11 +89,11 @@ type Stats struct {
 type counters struct {
 	target.Counters
 	detect.TombstoneCounters
-	txns, emptyTxns                                      atomic.Int64
-	subAborts, aborts, spooled, serialTxns, queueSpilled atomic.Int64
-	committedAhead                                       atomic.Int64
-	sessions, serialRetries, deadlocks                   atomic.Int64
-	skipped, columnsAdded, columnsGone, sequenceSyncs    atomic.Int64
+	txns, emptyTxns                                                 atomic.Int64
+	subAborts, aborts, spooled, serialTxns, queueSpilled, queuePeak atomic.Int64
+	committedAhead                                                  atomic.Int64
+	sessions, serialRetries, deadlocks                              atomic.Int64
+	skipped, columnsAdded, columnsGone, sequenceSyncs               atomic.Int64
 }
 
 func (c *counters) snapshot() Stats {
@@ -105,7 +108,8 @@ func (c *counters) snapshot() Stats {
 		RetentionActive: c.RetentionActive.Load(), RetentionStops: c.RetentionStops.Load(),
 		Tombstones: c.TombstoneRows.Load(), TombstonesPurged: c.TombstonesPurged.Load(),
 		SubAborts: c.subAborts.Load(), Aborts: c.aborts.Load(), Spooled: c.spooled.Load(),
-		SerialTxns: c.serialTxns.Load(), QueueSpilled: c.queueSpilled.Load(), CommittedAhead: c.committedAhead.Load(),
+		SerialTxns: c.serialTxns.Load(), QueueSpilled: c.queueSpilled.Load(), QueuePeakBytes: c.queuePeak.Load(),
+		CommittedAhead:  c.committedAhead.Load(),
 		InitialCopyRows: c.InitialCopyRows.Load(),
 		Sessions:        c.sessions.Load(), SerialRetries: c.serialRetries.Load(), Deadlocks: c.deadlocks.Load(),
 		Skipped: c.skipped.Load(), ColumnsAdded: c.columnsAdded.Load(), SourceColumnsGone: c.columnsGone.Load(),

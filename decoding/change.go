@@ -21,6 +21,12 @@ type Change struct {
 	// not built in) as described at the change's position. Like Msg, it is valid only until the
 	// iteration that yielded the change moves on; the descriptions it returns may be kept.
 	Schema Schema
+	// Raw is the pgoutput message Msg was parsed from, when the producer keeps one (the reorder
+	// buffer does; nil otherwise): parsing Raw with InStream gives Msg again. Like Msg, it belongs to
+	// the producer and is valid only until the iteration moves on; copy it to keep it.
+	Raw []byte
+	// InStream says whether Raw is in the in-stream form (the writer's xid after the type byte).
+	InStream bool
 }
 
 // RelationOf returns the relation an Insert, Update or Delete changes, or m itself if it is a

@@ -64,8 +64,10 @@ type Txn struct {
 // The iteration touches nothing of the Buffer: it may run on another goroutine while the Buffer
 // is used, until the Next or Close that releases the transaction.
 //
-// A yielded message, every byte slice and tuple in it, and Change.Schema are only valid until
-// the next iteration step: the buffer reuses the memory for the next message. Call the message's
+// A yielded message, every byte slice and tuple in it, Change.Schema and Change.Raw (the record
+// the message was parsed from: the server's message, in the in-stream form for a streamed
+// transaction handed out in parts, without the writer's xid for one handed out whole) are only valid until the next iteration step: the buffer reuses the
+// memory for the next message. Call the message's
 // Clone method to keep one longer. Change.Relation, and the descriptions Change.Schema returns,
 // stay valid for good.
 //
@@ -108,7 +110,7 @@ func (x *Txn) Changes() iter.Seq2[decoding.Change, error] {
 				x.view.read(m)
 				rel = decoding.RelationOf(&x.view, m)
 			}
-			if !yield(decoding.Change{Msg: m, Relation: rel, Schema: &x.view}, nil) {
+			if !yield(decoding.Change{Msg: m, Relation: rel, Schema: &x.view, Raw: rec, InStream: inStream}, nil) {
 				return
 			}
 		}

@@ -490,6 +490,10 @@ func (s *Store) writeFull(f File, p []byte, off int64) error {
 	return err
 }
 
+// DefaultOpenFiles returns the descriptor budget a store takes for Options.MaxOpenFiles 0 (see
+// DefaultMaxOpenFiles), for a program with several stores to share it among them.
+func DefaultOpenFiles() int { return defaultMaxOpenFiles() }
+
 // defaultMaxOpenFiles is the descriptor budget for Options.MaxOpenFiles 0.
 func defaultMaxOpenFiles() int {
 	n := DefaultMaxOpenFiles

@@ -47,10 +47,14 @@ type Budget struct {
 	mu    sync.Mutex
 	used  int64
 	limit int64
+	peak  *atomic.Int64
 }
 
 // NewBudget returns a budget of limit bytes.
 func NewBudget(limit int64) *Budget { return &Budget{limit: limit} }
+
+// TrackPeak makes the budget raise peak to the most bytes it has held at once.
+func (b *Budget) TrackPeak(peak *atomic.Int64) { b.peak = peak }
 
 func (b *Budget) take(n int64) bool {
 	b.mu.Lock()
@@ -59,6 +63,9 @@ func (b *Budget) take(n int64) bool {
 		return false
 	}
 	b.used += n
+	if b.peak != nil && b.used > b.peak.Load() {
+		b.peak.Store(b.used) // under mu: the only writer of a session's peak
+	}
 	return true
 }
 
@@ -71,10 +78,11 @@ func (b *Budget) give(n int64) {
 // SpillStore is a spill.Store shared by the queues of a session, used under its lock (a Store
 // and its logs are not safe for concurrent use). It is opened on first use.
 type SpillStore struct {
-	mu    sync.Mutex
-	dir   string
-	codec spill.Codec
-	st    *spill.Store
+	mu       sync.Mutex
+	dir      string
+	codec    spill.Codec
+	maxFiles int
+	st       *spill.Store
 }
 
 // NewSpillStore returns a store of spill files in dir ("": the system's temporary directory),
@@ -83,9 +91,13 @@ func NewSpillStore(dir string, codec spill.Codec) *SpillStore {
 	return &SpillStore{dir: dir, codec: codec}
 }
 
+// SetMaxOpenFiles sets the store's spill.Options.MaxOpenFiles (0, the default: spill's own), before
+// its first use.
+func (s *SpillStore) SetMaxOpenFiles(n int) { s.maxFiles = n }
+
 func (s *SpillStore) create() (*spill.Log, error) {
 	if s.st == nil {
-		st, err := spill.Open(spill.Options{Dir: s.dir, Codec: s.codec})
+		st, err := spill.Open(spill.Options{Dir: s.dir, Codec: s.codec, MaxOpenFiles: s.maxFiles})
 		if err != nil {
 			return nil, fmt.Errorf("apply: opening a spill store: %w", err)
 		}
@@ -215,11 +227,13 @@ func (q *Queue) TryPop() (rec []byte, ok bool, err error) {
 				q.mem -= int64(len(rec))
 				q.budget.give(int64(len(rec)))
 				if s.head == len(s.mem) {
-					q.segs = q.segs[1:]
+					q.drop(s)
 				}
 				return rec, true, nil
 			}
-			q.segs = q.segs[1:]
+			if q.drop(s) {
+				return nil, false, nil
+			}
 			continue
 		}
 		q.st.mu.Lock()
@@ -249,6 +263,21 @@ func (q *Queue) TryPop() (rec []byte, ok bool, err error) {
 		return rec, true, nil
 	}
 }
+
+// drop removes the read memory segment s, the first. The last segment, if small, is kept
+// empty for the next records instead (reused: true), so that a queue its worker keeps up with
+// allocates nothing per record but the record.
+func (q *Queue) drop(s *segment) (reused bool) {
+	if len(q.segs) == 1 && cap(s.mem) <= maxReused {
+		s.mem, s.head = s.mem[:0], 0
+		return true
+	}
+	q.segs = q.segs[1:]
+	return false
+}
+
+// maxReused is the most records an emptied memory segment may have room for to be reused.
+const maxReused = 1024
 
 // Close drops what the queue holds, giving back its memory and removing its spill logs. It is
 // safe to call twice.
