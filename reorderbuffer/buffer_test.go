@@ -346,7 +346,12 @@ func TestManyOpenTransactions(t *testing.T) {
 	// in memory, the spill store's buffers and the bookkeeping.
 	heap := int64(after.HeapAlloc) - int64(before.HeapAlloc) - st.MemoryBytes - 2*spill.DefaultBufferSize
 	t.Logf("heap per open transaction %d bytes, accounted %d", heap/int64(n), st.OverheadBytes/int64(n))
-	require.InEpsilon(t, heap, st.OverheadBytes, 0.25, "overhead accounted (%d) against the heap (%d)", st.OverheadBytes, heap)
+	if !testing.Short() {
+		// With 2,000 transactions the heap's growth is dominated by what does not scale with
+		// them (map buckets grown in powers of two, the spill store's files), so the comparison
+		// is made at the full size only.
+		require.InEpsilon(t, heap, st.OverheadBytes, 0.25, "overhead accounted (%d) against the heap (%d)", st.OverheadBytes, heap)
+	}
 	require.Positive(t, st.SpillTxns)
 	for x := range n {
 		feed(t, b, streamCommit(t, uint32(1000+x), decoding.LSN(0x10000+16*x)))
