@@ -146,6 +146,8 @@ type colMap struct {
 	// textEq: the type has no default equality operator (json, xml, geometric types, composite
 	// types, domains and arrays of those): a FULL identity compares its text output instead.
 	textEq bool
+	// notNull: the target column is NOT NULL, so a FULL identity compares it with "=" alone.
+	notNull bool
 	// The array type of the column's type (0 for none: the type is itself an array) and its
 	// elements' delimiter in an array's text, for set statements (see coalesce.go).
 	arrayOID uint32
@@ -190,7 +192,7 @@ WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p')`
 		JOIN pg_catalog.pg_type bt ON bt.oid = d.oid JOIN pg_catalog.pg_namespace bn ON bn.oid = bt.typnamespace
 	ORDER BY d.n DESC LIMIT 1),
 	CASE WHEN a.atttypid IN (1042, 1043) AND a.atttypmod >= 4 THEN a.atttypmod - 4 ELSE 0 END,
-	t.typarray, t.typdelim, a.attidentity = 'a'
+	t.typarray, t.typdelim, a.attidentity = 'a', a.attnotnull
 FROM pg_catalog.pg_attribute a
 	JOIN pg_catalog.pg_type t ON t.oid = a.atttypid
 	JOIN pg_catalog.pg_namespace tn ON tn.oid = t.typnamespace
@@ -258,6 +260,7 @@ func loadMapping(ctx context.Context, conn *pgconn.PgConn, ri *Relation, replica
 		format    string
 		qualified string
 		hasEq     bool
+		notNull   bool
 		chars     int
 		arrayOID  uint32
 		delim     byte
@@ -269,7 +272,8 @@ func loadMapping(ctx context.Context, conn *pgconn.PgConn, ri *Relation, replica
 	for _, c := range cols {
 		t, _ := strconv.ParseUint(string(c[2]), 10, 32)
 		tc := targetCol{attnum: string(c[0]), typeOID: uint32(t), generated: string(c[3]) == "t",
-			format: string(c[4]), qualified: string(c[5]), hasEq: string(c[6]) == "t", always: string(c[11]) == "t"}
+			format: string(c[4]), qualified: string(c[5]), hasEq: string(c[6]) == "t", always: string(c[11]) == "t",
+			notNull: string(c[12]) == "t"}
 		tc.chars, _ = strconv.Atoi(string(c[8]))
 		if a, err := strconv.ParseUint(string(c[9]), 10, 32); err == nil && len(c[10]) == 1 {
 			tc.arrayOID, tc.delim = uint32(a), c[10][0]
@@ -297,7 +301,7 @@ func loadMapping(ctx context.Context, conn *pgconn.PgConn, ri *Relation, replica
 			return nil, fail(KindSchemaMismatch, "column %q has type %s on the target and another type (OID %d) on the source: "+
 				"binary values need the same type", sc.Name, tc.format, sc.TypeOID)
 		}
-		m.cols[i] = colMap{name: QuoteIdent(sc.Name), typeOID: tc.typeOID, typ: tc.format, chars: tc.chars, textEq: !tc.hasEq,
+		m.cols[i] = colMap{name: QuoteIdent(sc.Name), typeOID: tc.typeOID, typ: tc.format, chars: tc.chars, textEq: !tc.hasEq, notNull: tc.notNull,
 			arrayOID: tc.arrayOID, delim: tc.delim}
 		m.Columns[i] = detect.Column{Source: sc.Name, Name: m.cols[i].name, TypeOID: tc.typeOID}
 		names = append(names, m.cols[i].name)

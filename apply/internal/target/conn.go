@@ -1423,7 +1423,11 @@ func (t *Conn) where(m *Table, key decoding.Tuple, full bool, params [][]byte, f
 // planner can still use an index of any column (a BitmapOr of "c = $n" and "c IS NULL", in
 // generic plans too; IS NOT DISTINCT FROM would scan the table). A column whose type has no
 // default equality operator (json, xml, point, box, ...) compares its text output, with the
-// parameter of the column's type (so text and binary values alike) cast to text.
+// parameter of the column's type (so text and binary values alike) cast to text. A column that is
+// NOT NULL on the target is compared with "=" alone: no row of it can match a NULL, and the
+// condition stays one the planner gives the same plan for whatever the values, so that the
+// prepared statement's generic plan is a plain index scan (with the OR, each execution was
+// planned again: the custom plan, with the parameter's IS NULL folded away, costs less).
 func whereSQL(b []byte, m *Table, shape []byte, full bool, n int, oids []uint32) ([]byte, []uint32) {
 	first := true
 	cond := func(i int, s byte) {
@@ -1437,8 +1441,12 @@ func whereSQL(b []byte, m *Table, shape []byte, full bool, n int, oids []uint32)
 		case s == 2:
 			b = append(b, c.name+" IS NULL"...)
 			return
+		case full && c.textEq && c.notNull:
+			b = append(b, c.name+"::text = "+p+"::text"...)
 		case full && c.textEq:
 			b = append(b, "("+c.name+"::text = "+p+"::text OR ("+c.name+" IS NULL AND "+p+" IS NULL))"...)
+		case full && c.notNull:
+			b = append(b, c.name+" = "+p...)
 		case full:
 			b = append(b, "("+c.name+" = "+p+" OR ("+c.name+" IS NULL AND "+p+" IS NULL))"...)
 		default:

@@ -74,6 +74,14 @@ func TestStatements(t *testing.T) {
 	if string(cond) != want || !slices.Equal(oids, []uint32{23, 114, 25}) {
 		t.Errorf("full condition\n got %s %v\nwant %s", cond, oids, want)
 	}
+	// Columns NOT NULL on the target are compared with "=" alone.
+	m.cols[0].notNull, m.cols[1].notNull = true, true
+	cond, _ = whereSQL(nil, m, []byte{1, 1, 1}, true, 1, nil)
+	want = `"id" = $1 AND "j"::text = $2::text AND ("v" = $3 OR ("v" IS NULL AND $3 IS NULL))`
+	if string(cond) != want {
+		t.Errorf("full condition, NOT NULL columns\n got %s\nwant %s", cond, want)
+	}
+	m.cols[0].notNull, m.cols[1].notNull = false, false
 	if got := string(rowTarget(m, []byte("c"))); got != `WHERE ctid = (SELECT ctid FROM "public"."t" WHERE c LIMIT 1)` {
 		t.Errorf("row target %s", got)
 	}
