@@ -71,7 +71,7 @@ func TestApplyHarness(t *testing.T) {
 			defer p.close()
 			p.get(t)
 			load := tpcbLoad{scale: 1, clients: tpcbClients, txns: 20, seed: seed}
-			res, err := catchupOnce(p, native{streaming: "off"}, load)
+			res, err := catchupOnce(p, native{streaming: "off"}, load, "")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -93,7 +93,7 @@ func TestApplyHarness(t *testing.T) {
 				"ALTER TABLE pgbench_history ENABLE REPLICA TRIGGER drop_odd"); err != nil {
 				t.Fatal(err)
 			}
-			_, err = catchupOnce(p, native{streaming: "off"}, load)
+			_, err = catchupOnce(p, native{streaming: "off"}, load, "")
 			if err == nil || !strings.Contains(err.Error(), "differ from the publisher's") {
 				t.Errorf("a subscriber losing rows: got %v, want the tables to differ", err)
 			}
