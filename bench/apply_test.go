@@ -38,10 +38,11 @@ import (
 // pgreorder (an earlier commit, say), measured in the same run as this one.
 //
 // PGREORDER_BENCH_APPLY_RUNS=N repeats each case N times (1 by default): in ApplySync as N
-// rounds of every subscriber in turn, reporting the median; in ApplyCatchup N runs of each
-// subscriber, reporting the mean of the middle runs (the highest and lowest tenth left out, as PostgreSQL's authors
-// took the middle 8 of 10), and every run is logged. Prefer it to -benchtime Nx, with which
-// the testing package makes one more run first, to choose N, and throws its figure away.
+// rounds of every subscriber in turn, reporting the median; in ApplyCatchup as N runs of each
+// subscriber, reporting the mean of the middle runs (the highest and lowest tenth left out, as
+// PostgreSQL's authors took the middle 8 of 10). Every run is logged. Prefer it to
+// -benchtime Nx, with which the testing package makes one more run first, to choose N, and
+// throws its figure away.
 const (
 	envApply      = "PGREORDER_BENCH_APPLY"
 	envApplyRows  = "PGREORDER_BENCH_APPLY_ROWS"
@@ -66,8 +67,8 @@ var syncContenders = []contender{
 	pgreorderApply{mode: "buffered"},
 }
 
-// syncRatios are reported on the line of num, when den ran before it in the same case:
-// num's time / den's time.
+// syncRatios are reported on the line of num, when den ran in the same case: num's median
+// time / den's.
 var syncRatios = []struct{ num, den, unit string }{
 	{"native-parallel", "native-on", "parallel/on"}, // PostgreSQL's own before/after
 	{"pgreorder-eager", "native-parallel", "eager/native-parallel"},
@@ -157,13 +158,15 @@ func BenchmarkApplySync(b *testing.B) {
 							}
 						}
 						times := map[string]float64{}
+						for name, rs := range runs {
+							times[name] = medianOf(syncMillis(rs))
+						}
 						for _, c := range syncContenders {
 							b.Run("sub="+c.name(), func(b *testing.B) {
 								if err := c.supports(in.Major); err != nil {
 									b.Skip(err)
 								}
 								ms := reportSync(b, runs[c.name()])
-								times[c.name()] = ms
 								for _, r := range syncRatios {
 									if r.num == c.name() && times[r.den] > 0 {
 										b.ReportMetric(ms/times[r.den], r.unit)
@@ -221,11 +224,7 @@ func syncRunOnce(p *pair, c contender, rows int64, workMem string, pct int) (syn
 // reportSync reports a contender's runs of one case: the median SQL time (sql-ms) and the last
 // run's slot statistics; it returns the median.
 func reportSync(b *testing.B, runs []syncRun) float64 {
-	var ms []float64
-	for _, r := range runs {
-		ms = append(ms, float64(r.d.Microseconds())/1000)
-	}
-	t := medianOf(ms)
+	t := medianOf(syncMillis(runs))
 	b.ReportMetric(0, "ns/op") // setup included: meaningless
 	b.ReportMetric(t, "sql-ms")
 	if len(runs) > 0 {
@@ -235,6 +234,15 @@ func reportSync(b *testing.B, runs []syncRun) float64 {
 		b.ReportMetric(float64(st.streamCount), "pub-streams")
 	}
 	return t
+}
+
+// syncMillis are the runs' SQL times in milliseconds.
+func syncMillis(runs []syncRun) []float64 {
+	ms := make([]float64, len(runs))
+	for i, r := range runs {
+		ms[i] = float64(r.d.Microseconds()) / 1000
+	}
+	return ms
 }
 
 // medianOf is the middle value of xs (the mean of the two middle ones for an even count), 0 for
