@@ -14,7 +14,8 @@ import (
 	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
 )
 
-// The catch-up's limit: PostgreSQL's own pg_recvlogical reading the backlog from a pgoutput
+// The catch-up's limit: PostgreSQL's own pg_recvlogical (the installation's, else another's)
+// reading the backlog from a pgoutput
 // slot into /dev/null, applying nothing. A subscriber's catch-up cannot be shorter than the time
 // the publisher takes to decode and send the backlog, which this measures.
 
@@ -29,12 +30,31 @@ func (recvLogical) supports(int) error { return nil }
 // on the subscriber nor compare the tables.
 func (recvLogical) readsOnly() {}
 
-func (recvLogical) binary(p *pair) (string, error) {
-	bin := filepath.Join(p.install.BinDir, "pg_recvlogical")
-	if _, err := os.Stat(bin); err != nil {
-		return "", fmt.Errorf("limit: no pg_recvlogical in %s: %w", p.install.BinDir, err)
+// binary returns the pair's installation's pg_recvlogical, or when that installation has none
+// (a server-only package), the one of the newest other installation: the replication protocol
+// and the plugin options are the server's, whichever client sends them.
+func (recvLogical) binary(p *pair) (bin, libDir string, err error) {
+	bin = filepath.Join(p.install.BinDir, "pg_recvlogical")
+	if _, err = os.Stat(bin); err == nil {
+		return bin, p.install.LibDir, nil
 	}
-	return bin, nil
+	installs := pgtest.FindInstalls()
+	for i := len(installs) - 1; i >= 0; i-- {
+		other := filepath.Join(installs[i].BinDir, "pg_recvlogical")
+		if _, serr := os.Stat(other); serr == nil {
+			return other, installs[i].LibDir, nil
+		}
+	}
+	return "", "", fmt.Errorf("limit: no pg_recvlogical in %s nor in another installation: %w", p.install.BinDir, err)
+}
+
+// probe skips the limit when no pg_recvlogical is installed, and logs the one it uses.
+func (l recvLogical) probe(p *pair) error {
+	bin, _, err := l.binary(p)
+	if err == nil && filepath.Dir(bin) != p.install.BinDir {
+		p.tb.Logf("limit: %s has no pg_recvlogical; using %s", p.install.BinDir, bin)
+	}
+	return err
 }
 
 // pgoutputOptions are the plugin options of the limit, those of PostgreSQL's subscriber of the
@@ -48,7 +68,7 @@ func pgoutputOptions(major int) []string {
 }
 
 func (l recvLogical) start(ctx context.Context, r *run) (applying, error) {
-	bin, err := l.binary(r.p)
+	bin, libDir, err := l.binary(r.p)
 	if err != nil {
 		return nil, err
 	}
@@ -65,8 +85,8 @@ func (l recvLogical) start(ctx context.Context, r *run) (applying, error) {
 	}
 	logPath := filepath.Join(r.p.tmp, fmt.Sprintf("%s-limit.log", r.slot))
 	var env []string
-	if r.p.install.LibDir != "" {
-		env = []string{"LD_LIBRARY_PATH=" + r.p.install.LibDir}
+	if libDir != "" {
+		env = []string{"LD_LIBRARY_PATH=" + libDir}
 	}
 	pr, err := startProcess(bin, args, r.p.tmp, logPath, env)
 	if err != nil {
