@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -26,15 +28,21 @@ import (
 //	PGREORDER_BENCH_APPLY_SCALE  pgbench scale of the catch-up tables (10; 100)
 //	PGREORDER_BENCH_APPLY_TXNS   transactions per client in the catch-up backlog (250; 10000)
 //
-// PGREORDER_BENCH_APPLY_FSYNC=1 runs both servers with fsync and full_page_writes on
-// (pgtest's servers have them off). PGREORDER_BENCH_APPLY_BASELINE=PATH adds to the catch-up
+// Both servers run with PostgreSQL's durability settings, fsync and full_page_writes on (pgtest's
+// servers have them off); PGREORDER_BENCH_APPLY_FSYNC=0 turns them off, for quicker runs while
+// developing and for comparisons with figures measured so. Subscribers keep the settings
+// PostgreSQL's subscription uses: their commits with synchronous_commit off, acknowledged once
+// flushed. PGREORDER_BENCH_APPLY_CPUPROFILE=DIR writes the CPU profile of each pgreorder
+// catch-up (-cpuprofile) into DIR. PGREORDER_BENCH_APPLY_BASELINE=PATH adds to the catch-up
 // the contender pgreorder-buffered-baseline: `PATH apply -mode buffered`, another build of
 // pgreorder (an earlier commit, say), measured in the same run as this one.
 //
-// PGREORDER_BENCH_APPLY_RUNS=N repeats each case N times (1 by default); the reported time is
-// the mean of the middle runs (the highest and lowest tenth left out, as PostgreSQL's authors
-// took the middle 8 of 10), and every run is logged. Prefer it to -benchtime Nx, with which
-// the testing package makes one more run first, to choose N, and throws its figure away.
+// PGREORDER_BENCH_APPLY_RUNS=N repeats each case N times (1 by default): in ApplySync as N
+// rounds of every subscriber in turn, reporting the median; in ApplyCatchup as N runs of each
+// subscriber, reporting the mean of the middle runs (the highest and lowest tenth left out, as
+// PostgreSQL's authors took the middle 8 of 10). Every run is logged. Prefer it to
+// -benchtime Nx, with which the testing package makes one more run first, to choose N, and
+// throws its figure away.
 const (
 	envApply      = "PGREORDER_BENCH_APPLY"
 	envApplyRows  = "PGREORDER_BENCH_APPLY_ROWS"
@@ -43,6 +51,9 @@ const (
 	envApplyRuns  = "PGREORDER_BENCH_APPLY_RUNS"
 	envApplyFsync = "PGREORDER_BENCH_APPLY_FSYNC"
 	envApplyBase  = "PGREORDER_BENCH_APPLY_BASELINE"
+
+	envApplyProfile  = "PGREORDER_BENCH_APPLY_CPUPROFILE"
+	envApplyRollback = "PGREORDER_BENCH_APPLY_ROLLBACK"
 )
 
 // tpcbClients is the number of concurrent sessions making the catch-up backlog.
@@ -50,30 +61,39 @@ const tpcbClients = 32
 
 // syncContenders are the subscribers of BenchmarkApplySync, in the order they run in each case.
 var syncContenders = []contender{
-	native{streaming: "off"},
-	native{streaming: "on"},
 	native{streaming: "parallel"},
-	pgreorderApply{mode: "buffered"},
+	native{streaming: "on"},
 	pgreorderApply{mode: "eager"},
+	pgreorderApply{mode: "buffered"},
 }
 
-// syncRatios are reported on the line of num, when den ran before it in the same case:
-// num's time / den's time.
+// syncRatios are reported on the line of num, when den ran in the same case: num's median
+// time / den's.
 var syncRatios = []struct{ num, den, unit string }{
 	{"native-parallel", "native-on", "parallel/on"}, // PostgreSQL's own before/after
 	{"pgreorder-eager", "native-parallel", "eager/native-parallel"},
 	{"pgreorder-eager", "pgreorder-buffered", "eager/buffered"},
 }
 
-// catchupContenders are the subscribers of BenchmarkApplyCatchup.
+// catchupContenders are the subscribers of BenchmarkApplyCatchup: the limit first and the
+// native worker second, the two our times are compared with.
 var catchupContenders = []contender{
-	native{streaming: "off", label: "native"}, // one apply worker
+	recvLogical{},
+	native{streaming: "best", label: nativeName}, // parallel on 16+, on before; one apply worker (no transaction of the backlog streams)
 	pgreorderApply{mode: "buffered"},
-	pgreorderApply{mode: "parallel", workers: 2},
+	pgreorderApply{mode: "eager"},
 	pgreorderApply{mode: "parallel", workers: 4},
-	pgreorderApply{mode: "parallel", workers: 4, relaxed: true},
-	pgreorderApply{mode: "parallel", workers: 8},
+	pgreorderApply{mode: "parallel", workers: 4, extra: []string{"-commit-order", "relaxed"}, label: "pgreorder-parallel-4-relaxed"},
 }
+
+// limitName and nativeName are the contenders the catch-up's ratios divide by.
+const limitName, nativeName = "limit", "native"
+
+// prober is a contender that can tell, before a run, that the pair cannot run it.
+type prober interface{ probe(p *pair) error }
+
+// readsOnlyContender applies nothing (the limit).
+type readsOnlyContender interface{ readsOnly() }
 
 // catchupSubscribers are catchupContenders, and with PGREORDER_BENCH_APPLY_BASELINE the
 // baseline build's buffered mode right after ours.
@@ -83,42 +103,70 @@ func catchupSubscribers() []contender {
 		return catchupContenders
 	}
 	cs := slices.Clone(catchupContenders)
-	return slices.Insert(cs, 2, contender(pgreorderApply{mode: "buffered", binary: bin, label: "pgreorder-buffered-baseline"}))
+	return slices.Insert(cs, 3, contender(pgreorderApply{mode: "buffered", binary: bin, label: "pgreorder-buffered-baseline"}))
 }
 
 // BenchmarkApplySync reproduces the measurement of PostgreSQL 16's parallel apply of streamed
 // transactions: under synchronous logical replication (the publisher's
 // synchronous_standby_names names the subscriber, so COMMIT returns once the subscriber
 // reported a flush position at or past it), the publisher's SQL time of one transaction
-// inserting N rows into test(c int), of which the last 0, 10, 20, 30 or 50% are rolled back
-// to a savepoint, at the publisher's logical_decoding_work_mem 64kB, 256kB and 64MB.
+// inserting N rows into test(c int) (with PGREORDER_BENCH_APPLY_ROLLBACK=1 also the cases
+// where the last 10, 20, 30 or 50% are rolled back to a savepoint), at the publisher's
+// logical_decoding_work_mem 64kB, 256kB and 64MB.
 //
-// Subscribers: a subscription with streaming = off (the publisher spills and sends at commit),
-// on (the subscriber spools to a file and applies at commit) and parallel (16+: applied by a
-// parallel worker as it arrives), and `pgreorder apply -mode buffered` and `-mode eager` with
-// -work-mem equal to the publisher's setting. Each run starts from empty tables and a new
-// slot, connects the subscriber, waits until it is the synchronous standby, and times the
-// transaction from BEGIN to the return of COMMIT; then checks the subscriber holds exactly
-// the rows kept. Metrics: sql-ms (publisher SQL time), the slot's pub-spill-bytes,
-// pub-stream-bytes and pub-streams (pg_stat_replication_slots), and the syncRatios.
+// Subscribers: a subscription with streaming = parallel (16+: applied by a parallel worker as
+// it arrives) and on (the subscriber spools to a file and applies at commit), and `pgreorder
+// apply -mode eager` and `-mode buffered` with -work-mem equal to the publisher's setting. Each
+// run starts from empty tables and a new slot, connects the subscriber, waits until it is the
+// synchronous standby, and times the transaction from BEGIN to the return of COMMIT; then
+// checks the subscriber holds exactly the rows kept. A case makes PGREORDER_BENCH_APPLY_RUNS
+// rounds, each running every subscriber once in turn, and reports each one's median. Metrics:
+// sql-ms (publisher SQL time), the slot's pub-spill-bytes, pub-stream-bytes and pub-streams
+// (pg_stat_replication_slots, last round), and the syncRatios. Every subscriber of a case runs
+// whichever of them -bench selects: the rounds alternate between all of them.
 func BenchmarkApplySync(b *testing.B) {
 	requireApply(b)
 	rows := envSize(b, envApplyRows, 5_000_000, 100_000)
+	rounds := int(envSize(b, envApplyRuns, 1, 1))
+	pcts := []int{0}
+	if os.Getenv(envApplyRollback) == "1" {
+		pcts = []int{0, 10, 20, 30, 50}
+	}
 	for _, in := range applyInstalls(b) {
 		b.Run(fmt.Sprintf("pg=%d", in.Major), func(b *testing.B) {
 			p := newPair(b, in, syncSettings(), setupSync)
 			defer p.close()
 			for _, wm := range workMems {
-				for _, pct := range []int{0, 10, 20, 30, 50} {
-					times := map[string]float64{}
+				for _, pct := range pcts {
 					b.Run(fmt.Sprintf("rows=%s/workmem=%s/rollback=%d%%", rowsName(rows), wm.name, pct), func(b *testing.B) {
+						p := p.get(b)
+						// Rounds: every contender once per round, in turn, so that a slow spell of the
+						// machine falls on all of them.
+						runs := map[string][]syncRun{}
+						for round := range rounds {
+							for _, c := range syncContenders {
+								if c.supports(in.Major) != nil {
+									continue
+								}
+								r, err := syncRunOnce(p, c, rows, wm.name, pct)
+								if err != nil {
+									b.Fatalf("%s: %v", c.name(), err)
+								}
+								b.Logf("round %d, %s: %v, publisher spilled %d B, streamed %d B in %d blocks", round+1, c.name(),
+									r.d.Round(time.Millisecond), r.st.spillBytes, r.st.streamBytes, r.st.streamCount)
+								runs[c.name()] = append(runs[c.name()], r)
+							}
+						}
+						times := map[string]float64{}
+						for name, rs := range runs {
+							times[name] = medianOf(syncMillis(rs))
+						}
 						for _, c := range syncContenders {
 							b.Run("sub="+c.name(), func(b *testing.B) {
 								if err := c.supports(in.Major); err != nil {
 									b.Skip(err)
 								}
-								ms := benchSync(b, p.get(b), c, rows, wm.name, pct)
-								times[c.name()] = ms
+								ms := reportSync(b, runs[c.name()])
 								for _, r := range syncRatios {
 									if r.num == c.name() && times[r.den] > 0 {
 										b.ReportMetric(ms/times[r.den], r.unit)
@@ -159,28 +207,56 @@ func syncSQL(rows, kept int64) string {
 		"INSERT INTO test SELECT generate_series(%d, %d); ROLLBACK TO SAVEPOINT s1; COMMIT", kept, kept+1, rows)
 }
 
-// benchSync runs one case b.N times and reports its metrics; it returns the reported time.
-func benchSync(b *testing.B, p *pair, c contender, rows int64, workMem string, pct int) float64 {
+// syncRun is one run of the synchronous benchmark: the publisher's SQL time and the slot's
+// statistics.
+type syncRun struct {
+	d  time.Duration
+	st slotStats
+}
+
+// syncRunOnce makes one run of a case with contender c.
+func syncRunOnce(p *pair, c contender, rows int64, workMem string, pct int) (syncRun, error) {
 	kept := rows * int64(100-pct) / 100
-	sql := syncSQL(rows, kept)
-	var ms []float64
-	var st slotStats
-	for i := range b.N * int(envSize(b, envApplyRuns, 1, 1)) {
-		d, s, err := syncOnce(p, c, workMem, sql, kept)
-		if err != nil {
-			b.Fatalf("%s: %v", c.name(), err)
-		}
-		b.Logf("run %d: %v, publisher spilled %d B, streamed %d B in %d blocks", i+1, d.Round(time.Millisecond), s.spillBytes, s.streamBytes, s.streamCount)
-		ms = append(ms, float64(d.Microseconds())/1000)
-		st = s
-	}
-	t := middleMean(ms)
+	d, st, err := syncOnce(p, c, workMem, syncSQL(rows, kept), kept)
+	return syncRun{d, st}, err
+}
+
+// reportSync reports a contender's runs of one case: the median SQL time (sql-ms) and the last
+// run's slot statistics; it returns the median.
+func reportSync(b *testing.B, runs []syncRun) float64 {
+	t := medianOf(syncMillis(runs))
 	b.ReportMetric(0, "ns/op") // setup included: meaningless
 	b.ReportMetric(t, "sql-ms")
-	b.ReportMetric(float64(st.spillBytes), "pub-spill-bytes")
-	b.ReportMetric(float64(st.streamBytes), "pub-stream-bytes")
-	b.ReportMetric(float64(st.streamCount), "pub-streams")
+	if len(runs) > 0 {
+		st := runs[len(runs)-1].st
+		b.ReportMetric(float64(st.spillBytes), "pub-spill-bytes")
+		b.ReportMetric(float64(st.streamBytes), "pub-stream-bytes")
+		b.ReportMetric(float64(st.streamCount), "pub-streams")
+	}
 	return t
+}
+
+// syncMillis are the runs' SQL times in milliseconds.
+func syncMillis(runs []syncRun) []float64 {
+	ms := make([]float64, len(runs))
+	for i, r := range runs {
+		ms[i] = float64(r.d.Microseconds()) / 1000
+	}
+	return ms
+}
+
+// medianOf is the middle value of xs (the mean of the two middle ones for an even count), 0 for
+// none.
+func medianOf(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
 // syncOnce makes one run: reset, start the contender, time the transaction, check, stop.
@@ -275,42 +351,72 @@ func execWatching(ctx context.Context, conn *pgconn.PgConn, sql string, a applyi
 
 // BenchmarkApplyCatchup reproduces the measurement of the proposed parallel apply of
 // independent transactions: the time a subscriber takes to catch up with a backlog of
-// pgbench TPC-B-like transactions made by 32 concurrent clients while it was stopped.
+// transactions made by 32 concurrent clients while it was stopped, for three workloads
+// (catchupLoads: pgbench's, with hot rows; spread, without; identity-full, a table replicated
+// by its whole old row).
 //
-// Each run resets the pgbench tables on both servers, starts the contender (creating its slot)
-// and stops it once connected, makes the backlog (txns per client, then one marker
-// transaction), starts the contender again and polls every 20ms until the slot's
-// confirmed_flush_lsn passes the marker's change (catchup-s; the subscriber has applied and
-// acknowledged the whole backlog) and until the marker row is visible on the subscriber
-// (visible-s); then checks that both servers hold the same balances and history. Subscribers:
-// PostgreSQL's single apply worker, `pgreorder apply -mode buffered` and `-mode parallel` with
-// 2, 4 and 8 workers, and 4 with -commit-order relaxed. Metrics: catchup-s, visible-s, apply-txn/s (backlog transactions /
-// catchup-s), the backlog's backlog-s, backlog-txn/s and backlog-wal-MB, and on our lines
-// speedup-vs-native (the native catch-up time of the same case / ours).
+// Each run resets the tables on both servers, starts the contender (creating its slot) and
+// stops it once connected, makes the backlog (txns per client, then one marker transaction),
+// starts the contender again and polls every 20ms until the slot's confirmed_flush_lsn passes
+// the marker's change (catchup-s; the subscriber has applied and acknowledged the whole
+// backlog) and until the marker row is visible on the subscriber (visible-s); then checks that
+// both servers hold the same rows. Subscribers: the limit (pg_recvlogical reading the backlog
+// into /dev/null, applying nothing), PostgreSQL's apply worker, and `pgreorder apply -mode
+// buffered`, `-mode eager`, `-mode parallel -workers 4`, and the same with `-commit-order
+// relaxed` (skipped when the binary has no such flag).
+//
+// Metrics: catchup-s, visible-s, apply-txn/s (backlog transactions / catchup-s), x-limit and
+// x-native (catchup-s / the limit's, / the native worker's, of the same case), cpu-ms/txn (CPU
+// time of the subscriber server, all its processes, and of the applier process, from the start
+// to the catch-up, per backlog transaction; target-cpu-ms/txn and applier-cpu-ms/txn are its
+// two parts) and cpu-x-native, speedup-vs-native (native / ours), and the backlog's backlog-s,
+// backlog-txn/s and backlog-wal-MB. With PGREORDER_BENCH_APPLY_CPUPROFILE=DIR, each pgreorder
+// catch-up writes its applier's CPU profile to DIR/pgNN-LOAD-SUB.pprof.
 func BenchmarkApplyCatchup(b *testing.B) {
 	requireApply(b)
 	scale := int(envSize(b, envApplyScale, 100, 10))
 	txns := int(envSize(b, envApplyTxns, 10_000, 250))
 	for _, in := range applyInstalls(b) {
 		b.Run(fmt.Sprintf("pg=%d", in.Major), func(b *testing.B) {
-			p := newPair(b, in, map[string]string{"logical_decoding_work_mem": "64MB"}, setupTPCB(scale))
-			defer p.close()
-			results := map[string]float64{}
-			b.Run(fmt.Sprintf("scale=%d/clients=%d/txns=%d", scale, tpcbClients, txns), func(b *testing.B) {
-				for _, c := range catchupSubscribers() {
-					b.Run("sub="+c.name(), func(b *testing.B) {
-						if err := c.supports(in.Major); err != nil {
-							b.Skip(err)
-						}
-						load := tpcbLoad{scale: scale, clients: tpcbClients, txns: txns, seed: seed}
-						s := benchCatchup(b, p.get(b), c, load)
-						results[c.name()] = s
-						if nat := results[catchupContenders[0].name()]; c != catchupContenders[0] && nat > 0 {
-							b.ReportMetric(nat/s, "speedup-vs-native")
-						}
-					})
-				}
-			})
+			for _, load := range catchupLoads(scale, tpcbClients, txns) {
+				clients, txns := load.size()
+				b.Run(fmt.Sprintf("%s/clients=%d/txns=%d", load.name(), clients, txns), func(b *testing.B) {
+					p := newPair(b, in, map[string]string{"logical_decoding_work_mem": "64MB"}, load.setup)
+					defer p.close()
+					results := map[string]catchupFigures{}
+					for _, c := range catchupSubscribers() {
+						b.Run("sub="+c.name(), func(b *testing.B) {
+							if err := c.supports(in.Major); err != nil {
+								b.Skip(err)
+							}
+							p := p.get(b)
+							if pr, ok := c.(prober); ok {
+								if err := pr.probe(p); err != nil {
+									b.Skip(err)
+								}
+							}
+							profile := ""
+							if dir := os.Getenv(envApplyProfile); dir != "" {
+								if _, ok := c.(pgreorderApply); ok {
+									profile = filepath.Join(dir, fmt.Sprintf("pg%d-%s-%s.pprof", in.Major, strings.TrimPrefix(load.name(), "load="), c.name()))
+								}
+							}
+							f := benchCatchup(b, p, c, load, profile)
+							results[c.name()] = f
+							if lim := results[limitName]; c.name() != limitName && lim.catchup > 0 {
+								b.ReportMetric(f.catchup/lim.catchup, "x-limit")
+							}
+							if nat := results[nativeName]; c.name() != nativeName && nat.catchup > 0 {
+								b.ReportMetric(f.catchup/nat.catchup, "x-native")
+								b.ReportMetric(nat.catchup/f.catchup, "speedup-vs-native")
+								if nat.cpu > 0 {
+									b.ReportMetric(f.cpu/nat.cpu, "cpu-x-native")
+								}
+							}
+						})
+					}
+				})
+			}
 		})
 	}
 }
@@ -318,49 +424,75 @@ func BenchmarkApplyCatchup(b *testing.B) {
 // catchupResult is one catch-up run.
 type catchupResult struct {
 	catchup, visible, backlog time.Duration
+	targetCPU, applierCPU     time.Duration // from the start to the catch-up
 	walBytes                  int64
 	stats                     slotStats
 }
 
-func benchCatchup(b *testing.B, p *pair, c contender, load tpcbLoad) float64 {
-	var catchup, visible, backlog, walMB []float64
+// catchupFigures are a contender's reported catch-up time (s) and CPU per transaction (ms).
+type catchupFigures struct{ catchup, cpu float64 }
+
+func benchCatchup(b *testing.B, p *pair, c contender, load catchupLoad, profile string) catchupFigures {
+	var catchup, visible, backlog, walMB, targetCPU, applierCPU []float64
 	for i := range b.N * int(envSize(b, envApplyRuns, 1, 1)) {
-		load.seed = seed + uint64(i)
-		res, err := catchupOnce(p, c, load)
+		load = load.withSeed(seed + uint64(i))
+		prof := profile
+		if i > 0 {
+			prof = "" // the first run's
+		}
+		res, err := catchupOnce(p, c, load, prof)
 		if err != nil {
 			b.Fatalf("%s: %v", c.name(), err)
 		}
-		b.Logf("run %d (seed %d): backlog %v (%.1f MB of WAL), caught up in %v, marker visible after %v",
-			i+1, load.seed, res.backlog.Round(time.Millisecond), float64(res.walBytes)/1e6, res.catchup.Round(time.Millisecond), res.visible.Round(time.Millisecond))
+		b.Logf("run %d (seed %d): backlog %v (%.1f MB of WAL), caught up in %v, marker visible after %v, CPU target %v applier %v",
+			i+1, seed+uint64(i), res.backlog.Round(time.Millisecond), float64(res.walBytes)/1e6, res.catchup.Round(time.Millisecond),
+			res.visible.Round(time.Millisecond), res.targetCPU, res.applierCPU)
 		catchup = append(catchup, res.catchup.Seconds())
 		visible = append(visible, res.visible.Seconds())
 		backlog = append(backlog, res.backlog.Seconds())
 		walMB = append(walMB, float64(res.walBytes)/1e6)
+		targetCPU = append(targetCPU, res.targetCPU.Seconds())
+		applierCPU = append(applierCPU, res.applierCPU.Seconds())
 	}
-	n := float64(load.clients*load.txns + 1)
+	if profile != "" {
+		b.Logf("applier CPU profile: %s", profile)
+	}
+	clients, txns := load.size()
+	n := float64(clients*txns + 1)
 	t := middleMean(catchup)
+	tc, ac := middleMean(targetCPU)*1000/n, middleMean(applierCPU)*1000/n
 	b.ReportMetric(0, "ns/op") // setup and backlog included: meaningless
 	b.ReportMetric(t, "catchup-s")
-	b.ReportMetric(middleMean(visible), "visible-s")
+	if _, ok := c.(readsOnlyContender); !ok {
+		b.ReportMetric(middleMean(visible), "visible-s")
+	}
 	b.ReportMetric(n/t, "apply-txn/s")
+	b.ReportMetric(tc+ac, "cpu-ms/txn")
+	b.ReportMetric(tc, "target-cpu-ms/txn")
+	b.ReportMetric(ac, "applier-cpu-ms/txn")
 	b.ReportMetric(middleMean(backlog), "backlog-s")
 	b.ReportMetric(n/middleMean(backlog), "backlog-txn/s")
 	b.ReportMetric(middleMean(walMB), "backlog-wal-MB")
-	return t
+	return catchupFigures{catchup: t, cpu: tc + ac}
 }
 
-func catchupOnce(p *pair, c contender, load tpcbLoad) (res catchupResult, err error) {
-	n := time.Duration(load.clients * load.txns)
+// cpuTimer is a started contender whose own process's CPU time can be read.
+type cpuTimer interface{ cpu() (time.Duration, error) }
+
+func catchupOnce(p *pair, c contender, load catchupLoad, profile string) (res catchupResult, err error) {
+	clients, txns := load.size()
+	n := time.Duration(clients * txns)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute+n*10*time.Millisecond)
 	defer cancel()
+	_, readsOnly := c.(readsOnlyContender)
 	pubAdmin, sub := p.pubAdmin(benchDB), p.sub.ConnString(benchDB)
 	if err := dropLeftovers(ctx, p); err != nil {
 		return res, err
 	}
-	if err := pgtest.Exec(ctx, pubAdmin, tpcbReset...); err != nil {
+	if err := pgtest.Exec(ctx, pubAdmin, load.reset()...); err != nil {
 		return res, err
 	}
-	if err := pgtest.Exec(ctx, sub, tpcbReset...); err != nil {
+	if err := pgtest.Exec(ctx, sub, load.reset()...); err != nil {
 		return res, err
 	}
 	r := p.newRun("64MB")
@@ -395,11 +527,13 @@ func catchupOnce(p *pair, c contender, load tpcbLoad) (res catchupResult, err er
 	if err != nil {
 		return res, err
 	}
-	wal, err := queryRow(ctx, pubAdmin, fmt.Sprintf("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '%s')::bigint", walStart[0]))
+	wal, err := queryRow(ctx, pubAdmin, fmt.Sprintf("SELECT pg_current_wal_lsn(), pg_wal_lsn_diff(pg_current_wal_lsn(), '%s')::bigint", walStart[0]))
 	if err != nil {
 		return res, err
 	}
-	res.walBytes, _ = strconv.ParseInt(wal[0], 10, 64)
+	r.endpos = wal[0]
+	res.walBytes, _ = strconv.ParseInt(wal[1], 10, 64)
+	r.cpuProfile = profile
 
 	pubConn, err := pgconn.Connect(ctx, pubAdmin)
 	if err != nil {
@@ -413,6 +547,10 @@ func catchupOnce(p *pair, c contender, load tpcbLoad) (res catchupResult, err er
 	defer subConn.Close(context.Background())
 	flushedSQL := fmt.Sprintf("SELECT confirmed_flush_lsn >= '%s' FROM pg_replication_slots WHERE slot_name = %s", target, quoteLiteral(r.slot))
 
+	cpu0, err := serverCPU(p.subPostmaster)
+	if err != nil {
+		return res, fmt.Errorf("the subscriber's CPU time: %w", err)
+	}
 	t0 := time.Now()
 	a, err = c.start(ctx, r)
 	if err != nil {
@@ -424,6 +562,9 @@ func catchupOnce(p *pair, c contender, load tpcbLoad) (res catchupResult, err er
 			a.stop(context.WithoutCancel(ctx))
 		}
 	}()
+	if readsOnly {
+		res.visible = -1 // nothing to see
+	}
 	for res.catchup == 0 || res.visible == 0 {
 		if res.catchup == 0 {
 			v, err := connRow(ctx, pubConn, flushedSQL)
@@ -432,6 +573,16 @@ func catchupOnce(p *pair, c contender, load tpcbLoad) (res catchupResult, err er
 			}
 			if len(v) == 1 && v[0] == "t" {
 				res.catchup = time.Since(t0)
+				cpu1, err := serverCPU(p.subPostmaster)
+				if err != nil {
+					return res, fmt.Errorf("the subscriber's CPU time: %w", err)
+				}
+				res.targetCPU = cpu1 - cpu0
+				if ct, ok := a.(cpuTimer); ok {
+					if res.applierCPU, err = ct.cpu(); err != nil {
+						return res, fmt.Errorf("the applier's CPU time: %w", err)
+					}
+				}
 			}
 		}
 		if res.visible == 0 {
@@ -449,23 +600,33 @@ func catchupOnce(p *pair, c contender, load tpcbLoad) (res catchupResult, err er
 		if err := a.failed(ctx); err != nil {
 			return res, err
 		}
+		if d, ok := a.(interface{ done() bool }); ok && d.done() && res.catchup == 0 {
+			// Exited at its end position: it has sent its last position.
+			if v, err := connRow(ctx, pubConn, flushedSQL); err != nil || len(v) != 1 || v[0] != "t" {
+				return res, fmt.Errorf("%s stopped at %s, but the slot's confirmed flush position did not pass %s (%v)", c.name(), r.endpos, target, err)
+			}
+			continue
+		}
 		select {
 		case <-ctx.Done():
 			return res, fmt.Errorf("not caught up after %v: %w", time.Since(t0).Round(time.Second), ctx.Err())
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
-
-	want, err := connRow(ctx, pubConn, tpcbFingerprint)
-	if err != nil {
-		return res, err
-	}
-	got, err := connRow(ctx, subConn, tpcbFingerprint)
-	if err != nil {
-		return res, err
-	}
-	if !slices.Equal(got, want) {
-		return res, fmt.Errorf("caught up, but the subscriber's tables differ from the publisher's:\n got %q\nwant %q", got, want)
+	if readsOnly {
+		res.visible = 0
+	} else {
+		want, err := connRow(ctx, pubConn, load.fingerprint())
+		if err != nil {
+			return res, err
+		}
+		got, err := connRow(ctx, subConn, load.fingerprint())
+		if err != nil {
+			return res, err
+		}
+		if !slices.Equal(got, want) {
+			return res, fmt.Errorf("caught up, but the subscriber's tables differ from the publisher's:\n got %q\nwant %q", got, want)
+		}
 	}
 	stopped = true
 	if err := a.stop(ctx); err != nil {

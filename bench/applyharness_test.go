@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -71,7 +72,7 @@ func TestApplyHarness(t *testing.T) {
 			defer p.close()
 			p.get(t)
 			load := tpcbLoad{scale: 1, clients: tpcbClients, txns: 20, seed: seed}
-			res, err := catchupOnce(p, native{streaming: "off"}, load)
+			res, err := catchupOnce(p, native{streaming: "off"}, load, "")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -93,7 +94,7 @@ func TestApplyHarness(t *testing.T) {
 				"ALTER TABLE pgbench_history ENABLE REPLICA TRIGGER drop_odd"); err != nil {
 				t.Fatal(err)
 			}
-			_, err = catchupOnce(p, native{streaming: "off"}, load)
+			_, err = catchupOnce(p, native{streaming: "off"}, load, "")
 			if err == nil || !strings.Contains(err.Error(), "differ from the publisher's") {
 				t.Errorf("a subscriber losing rows: got %v, want the tables to differ", err)
 			}
@@ -115,5 +116,39 @@ func TestMiddleMean(t *testing.T) {
 		if got := middleMean(c.in); got != c.want {
 			t.Errorf("middleMean(%v) = %v, want %v", c.in, got, c.want)
 		}
+	}
+}
+
+func TestMedianOf(t *testing.T) {
+	for _, c := range []struct {
+		in   []float64
+		want float64
+	}{
+		{nil, 0},
+		{[]float64{3}, 3},
+		{[]float64{9, 1, 5}, 5},
+		{[]float64{4, 1, 3, 2}, 2.5},
+	} {
+		if got := medianOf(c.in); got != c.want {
+			t.Errorf("medianOf(%v) = %v, want %v", c.in, got, c.want)
+		}
+	}
+}
+
+// TestProcTimes reads this process's /proc entry (its parent is the one the OS reports) and sums
+// a process's CPU time with its children's, and fails on a process that does not exist.
+func TestProcTimes(t *testing.T) {
+	ppid, self, _, err := procTimes(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ppid != os.Getppid() || self < 0 {
+		t.Errorf("procTimes(self) = ppid %d, cpu %v; want ppid %d", ppid, self, os.Getppid())
+	}
+	if _, err := serverCPU(os.Getpid()); err != nil {
+		t.Errorf("serverCPU(self): %v", err)
+	}
+	if _, _, _, err := procTimes(-1); err == nil {
+		t.Error("procTimes(-1): no error")
 	}
 }

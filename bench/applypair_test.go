@@ -47,6 +47,8 @@ type pair struct {
 	buildErr  error
 
 	runs int // runs made: names each run's slot
+
+	subPostmaster int // the subscriber's postmaster PID: its CPU time is the target's
 }
 
 func newPair(tb testing.TB, in pgtest.Install, pubSettings map[string]string, setup func(context.Context, *pair) error) *pair {
@@ -54,8 +56,8 @@ func newPair(tb testing.TB, in pgtest.Install, pubSettings map[string]string, se
 }
 
 // commonSettings are both servers' settings: room for big transactions without checkpoints in
-// the middle of a measurement. pgtest's defaults apply otherwise (fsync off, unless
-// PGREORDER_BENCH_APPLY_FSYNC=1: see durable and BENCHMARKS.md).
+// the middle of a measurement. pgtest's defaults apply otherwise, with PostgreSQL's durability
+// (fsync, full_page_writes) unless PGREORDER_BENCH_APPLY_FSYNC=0: see durable and BENCHMARKS.md.
 func commonSettings() map[string]string {
 	return map[string]string{
 		"shared_buffers":                  "128MB",
@@ -67,9 +69,10 @@ func commonSettings() map[string]string {
 }
 
 // durable says whether both servers keep PostgreSQL's durability settings (fsync and
-// full_page_writes on: PGREORDER_BENCH_APPLY_FSYNC=1), so that the WAL flushes a subscriber
-// waits for cost what they cost on a real server.
-func durable() bool { return os.Getenv(envApplyFsync) == "1" }
+// full_page_writes on), so that the WAL flushes a subscriber waits for cost what they cost on a
+// real server: always, unless PGREORDER_BENCH_APPLY_FSYNC=0 (quicker runs while developing,
+// and comparisons with figures measured without them).
+func durable() bool { return os.Getenv(envApplyFsync) != "0" }
 
 // get starts the servers and runs the setup on the first call, and fails tb if that failed.
 func (p *pair) get(tb testing.TB) *pair {
@@ -103,7 +106,10 @@ func (p *pair) get(tb testing.TB) *pair {
 		if p.err = pgtest.Exec(ctx, p.sub.ConnString("postgres"), "CREATE DATABASE "+benchDB); p.err != nil {
 			return
 		}
-		p.err = p.setup(ctx, p)
+		if p.err = p.setup(ctx, p); p.err != nil {
+			return
+		}
+		p.subPostmaster, p.err = postmasterPID(ctx, p.sub.ConnString(benchDB))
 	})
 	if p.err != nil {
 		tb.Fatalf("server pair: %v", p.err)
@@ -145,6 +151,9 @@ type run struct {
 	slot    string
 	workMem string // the applier's memory limit, for ours (-work-mem)
 	first   bool   // the next start is the first: it creates the slot
+
+	endpos     string // the backlog's end LSN, once made: where the limit stops
+	cpuProfile string // when set, our applier's next start writes its CPU profile there
 }
 
 func (p *pair) newRun(workMem string) *run {
@@ -179,7 +188,7 @@ type applying interface {
 
 // native is a subscription named appName with the given streaming mode.
 type native struct {
-	streaming string // off, on, parallel
+	streaming string // off, on, parallel, or best: parallel on 16 and later, on before
 	label     string // the name, when not native-STREAMING
 }
 
@@ -200,8 +209,15 @@ func (n native) supports(major int) error {
 func (n native) start(ctx context.Context, r *run) (applying, error) {
 	var sql string
 	if r.first {
+		streaming := n.streaming
+		if streaming == "best" {
+			streaming = "on"
+			if r.p.major() >= 16 {
+				streaming = "parallel"
+			}
+		}
 		sql = fmt.Sprintf("CREATE SUBSCRIPTION %s CONNECTION %s PUBLICATION pub WITH (slot_name = %s, copy_data = false, streaming = %s)",
-			appName, quoteLiteral(r.p.pub.ConnString(benchDB)), quoteLiteral(r.slot), n.streaming)
+			appName, quoteLiteral(r.p.pub.ConnString(benchDB)), quoteLiteral(r.slot), streaming)
 	} else {
 		sql = "ALTER SUBSCRIPTION " + appName + " ENABLE"
 	}
@@ -257,11 +273,11 @@ func dropNative(ctx context.Context, p *pair, slot string) error {
 // Our applier: `pgreorder apply`, built from this module once per benchmark run.
 
 type pgreorderApply struct {
-	mode    string // buffered, eager, parallel
-	workers int    // -workers, when > 0
-	relaxed bool   // -commit-order relaxed
-	binary  string // a pgreorder binary built elsewhere, or "" for this module's
-	label   string // the name, when not pgreorder-MODE[-WORKERS]
+	mode    string   // buffered, eager, parallel
+	workers int      // -workers, when > 0
+	extra   []string // more flags; the contender is skipped when the binary refuses the first
+	binary  string   // a pgreorder binary built elsewhere, or "" for this module's
+	label   string   // the name, when not pgreorder-MODE[-WORKERS]
 }
 
 func (o pgreorderApply) name() string {
@@ -271,9 +287,6 @@ func (o pgreorderApply) name() string {
 	name := "pgreorder-" + o.mode
 	if o.workers > 0 {
 		name += fmt.Sprintf("-%d", o.workers)
-	}
-	if o.relaxed {
-		name += "-relaxed"
 	}
 	return name
 }
@@ -299,19 +312,35 @@ func (o pgreorderApply) start(ctx context.Context, r *run) (applying, error) {
 	if o.workers > 0 {
 		args = append(args, "-workers", fmt.Sprint(o.workers))
 	}
-	if o.relaxed {
-		args = append(args, "-commit-order", "relaxed")
-	}
+	args = append(args, o.extra...)
 	if r.first {
 		args = append(args, "-create-slot")
+	} else if r.cpuProfile != "" {
+		args = append(args, "-cpuprofile", r.cpuProfile)
 	}
 	logPath := filepath.Join(r.p.tmp, fmt.Sprintf("%s-%s.log", r.slot, o.name()))
-	pr, err := startProcess(bin, args, r.p.tmp, logPath)
+	pr, err := startProcess(bin, args, r.p.tmp, logPath, nil)
 	if err != nil {
 		return nil, err
 	}
 	r.first = false
 	return pr, nil
+}
+
+// probe returns why the binary cannot run the contender (a flag of extra it does not know), or
+// nil.
+func (o pgreorderApply) probe(p *pair) error {
+	if len(o.extra) == 0 {
+		return nil
+	}
+	bin, err := p.pgreorderBinary()
+	if o.binary != "" {
+		bin, err = o.binary, nil
+	}
+	if err != nil {
+		return err
+	}
+	return probeFlag(bin, o.extra[0], o.extra[1:]...)
 }
 
 func (o pgreorderApply) drop(ctx context.Context, r *run) error { return dropSlot(ctx, r.p, r.slot) }

@@ -43,9 +43,14 @@ type process struct {
 	exited  chan struct{} // closed once waited for
 	err     error         // Wait's result, set before exited is closed
 	stopped bool          // stop sent the signal: exiting is expected
+
+	name       string         // in messages: "pgreorder apply" unless set
+	stopSignal syscall.Signal // what stop sends: SIGTERM unless set
 }
 
-func startProcess(bin string, args []string, dir, logPath string) (*process, error) {
+// startProcess starts bin with args in dir, its output into logPath, env added to this process's
+// environment.
+func startProcess(bin string, args []string, dir, logPath string, env []string) (*process, error) {
 	log, err := os.Create(logPath)
 	if err != nil {
 		return nil, err
@@ -53,6 +58,9 @@ func startProcess(bin string, args []string, dir, logPath string) (*process, err
 	defer log.Close() // the child holds its own descriptor
 	cmd := exec.Command(bin, args...)
 	cmd.Dir = dir
+	if len(env) > 0 {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	cmd.Stdout, cmd.Stderr = log, log
 	// Killed if this process dies (a benchmark timeout), as pgtest does with its servers.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -75,7 +83,7 @@ func (p *process) failed(context.Context) error {
 		if p.err != nil {
 			status = p.err.Error()
 		}
-		return fmt.Errorf("pgreorder apply exited (%s):\n%s", status, p.tail())
+		return fmt.Errorf("%s exited (%s):\n%s", p.label(), status, p.tail())
 	default:
 		return nil
 	}
@@ -90,7 +98,11 @@ func (p *process) stop(ctx context.Context) error {
 	default:
 	}
 	p.stopped = true
-	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil && !errors.Is(err, os.ErrProcessDone) {
+	sig := p.stopSignal
+	if sig == 0 {
+		sig = syscall.SIGTERM
+	}
+	if err := p.cmd.Process.Signal(sig); err != nil && !errors.Is(err, os.ErrProcessDone) {
 		return err
 	}
 	select {
@@ -98,10 +110,10 @@ func (p *process) stop(ctx context.Context) error {
 	case <-time.After(time.Minute):
 		p.cmd.Process.Kill()
 		<-p.exited
-		return fmt.Errorf("pgreorder apply did not exit within a minute of SIGTERM; killed:\n%s", p.tail())
+		return fmt.Errorf("%s did not exit within a minute of %v; killed:\n%s", p.label(), sig, p.tail())
 	}
 	if p.err != nil {
-		return fmt.Errorf("pgreorder apply, stopped with SIGTERM: %v:\n%s", p.err, p.tail())
+		return fmt.Errorf("%s, stopped with %v: %v:\n%s", p.label(), sig, p.err, p.tail())
 	}
 	return nil
 }
@@ -120,4 +132,11 @@ func (p *process) tail() string {
 		return "(no output)"
 	}
 	return string(data)
+}
+
+func (p *process) label() string {
+	if p.name != "" {
+		return p.name
+	}
+	return "pgreorder apply"
 }

@@ -333,7 +333,7 @@ func (kb *kafkaBench) launch(s *session) (err error) {
 	switch s.kind {
 	case "pgreorder":
 		s.proc, err = startProcess(kb.bin, []string{"kafka", "-dsn", host, "-slot", s.slot, "-publication", s.pub,
-			"-kafka-brokers", kb.kafka.Seeds(), "-kafka-topic-prefix", s.prefix, "-progress", "0"}, s.dir, filepath.Join(s.dir, fmt.Sprintf("pgreorder-%d.log", s.launches)))
+			"-kafka-brokers", kb.kafka.Seeds(), "-kafka-topic-prefix", s.prefix, "-progress", "0"}, s.dir, filepath.Join(s.dir, fmt.Sprintf("pgreorder-%d.log", s.launches)), nil)
 	case "debezium":
 		s.proc, err = kb.startConnect(s.dir, s, s.pub, s.tables)
 	}
@@ -440,7 +440,7 @@ snapshot.mode=initial
 		"-Djava.awt.headless=true", "-Dlog4j2.configurationFile=" + filepath.Join(dir, "log4j2.properties"),
 		"-cp", filepath.Join(kb.dbz, "connect", "*"), "org.apache.kafka.connect.cli.ConnectStandalone",
 		filepath.Join(dir, "worker.properties"), filepath.Join(dir, "connector.properties")}
-	return startProcess("java", args, dir, filepath.Join(dir, fmt.Sprintf("connect-%d.log", s.launches)))
+	return startProcess("java", args, dir, filepath.Join(dir, fmt.Sprintf("connect-%d.log", s.launches)), nil)
 }
 
 // stop stops the contender and its consumer and drops its slot.

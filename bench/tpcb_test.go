@@ -86,11 +86,27 @@ type tpcbLoad struct {
 	seed                 uint64
 }
 
+func (l tpcbLoad) name() string        { return fmt.Sprintf("load=pgbench-s%d", l.scale) }
+func (l tpcbLoad) size() (int, int)    { return l.clients, l.txns }
+func (l tpcbLoad) reset() []string     { return tpcbReset }
+func (l tpcbLoad) fingerprint() string { return tpcbFingerprint }
+func (l tpcbLoad) setup(ctx context.Context, p *pair) error {
+	return setupTPCB(l.scale)(ctx, p)
+}
+func (l tpcbLoad) withSeed(seed uint64) catchupLoad { l.seed = seed; return l }
+
 // run makes the backlog and returns how long it took.
 func (l tpcbLoad) run(ctx context.Context, connString string) (time.Duration, error) {
+	return runClients(ctx, connString, l.clients, l.txns, l.seed, l.txn)
+}
+
+// runClients runs clients concurrent sessions of txns transactions each against connString,
+// each transaction written by txn as one query string; client i draws its values from a
+// generator seeded with (seed, i). It returns how long they took.
+func runClients(ctx context.Context, connString string, clients, txns int, seed uint64, txn func(*strings.Builder, *rand.Rand)) (time.Duration, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	conns := make([]*pgconn.PgConn, l.clients)
+	conns := make([]*pgconn.PgConn, clients)
 	defer func() {
 		for _, c := range conns {
 			if c != nil {
@@ -106,15 +122,15 @@ func (l tpcbLoad) run(ctx context.Context, connString string) (time.Duration, er
 		conns[i] = c
 	}
 	var wg sync.WaitGroup
-	errs := make(chan error, l.clients)
+	errs := make(chan error, clients)
 	t0 := time.Now()
 	for i, c := range conns {
 		wg.Go(func() {
-			rng := rand.New(rand.NewPCG(l.seed, uint64(i)))
+			rng := rand.New(rand.NewPCG(seed, uint64(i)))
 			var sql strings.Builder
-			for range l.txns {
+			for range txns {
 				sql.Reset()
-				l.txn(&sql, rng)
+				txn(&sql, rng)
 				if _, err := c.Exec(ctx, sql.String()).ReadAll(); err != nil {
 					errs <- fmt.Errorf("client %d: %w", i, err)
 					cancel()

@@ -286,8 +286,8 @@ func subColor(sub string) string {
 
 // Columns of the apply tables, in order.
 var (
-	syncSubs    = []string{"native-off", "native-on", "native-parallel", "pgreorder-buffered", "pgreorder-eager"}
-	catchupSubs = []string{"native", "pgreorder-buffered", "pgreorder-parallel-2", "pgreorder-parallel-4", "pgreorder-parallel-8"}
+	syncSubs    = []string{"native-parallel", "native-on", "pgreorder-eager", "pgreorder-buffered"}
+	catchupSubs = []string{"limit", "native", "pgreorder-buffered", "pgreorder-eager", "pgreorder-parallel-4", "pgreorder-parallel-4-relaxed"}
 )
 
 // applyTables prints the live apply results, one row per case, the subscribers side by side.
@@ -328,7 +328,7 @@ func applyTables(w io.Writer, all []result) {
 		return strconv.FormatFloat(a/b, 'f', 2, 64)
 	}
 	if rows := collect("ApplySync"); len(rows) > 0 {
-		fmt.Fprintf(w, "\nApplySync (publisher SQL time, ms):\n\n|case|%s|parallel/on|eager/native-parallel|eager/buffered|\n", strings.Join(syncSubs, "|"))
+		fmt.Fprintf(w, "\nApplySync (publisher SQL time, ms, median of the rounds):\n\n|case|%s|parallel/on|eager/native-parallel|eager/buffered|\n", strings.Join(syncSubs, "|"))
 		fmt.Fprintf(w, "|---|%s|---|---|---|\n", strings.Repeat("---|", len(syncSubs)-1)+"---")
 		for _, rw := range rows {
 			fmt.Fprintf(w, "| %s |", rw.name)
@@ -344,7 +344,7 @@ func applyTables(w io.Writer, all []result) {
 		}
 	}
 	if rows := collect("ApplyCatchup"); len(rows) > 0 {
-		fmt.Fprintf(w, "\nApplyCatchup (s until the confirmed flush passed the backlog; in brackets: until its last row was visible; × native):\n\n|case|%s|\n", strings.Join(catchupSubs, "|"))
+		fmt.Fprintf(w, "\nApplyCatchup (s until the confirmed flush passed the backlog; × limit, × native: the time over the limit's, over the native worker's):\n\n|case|%s|\n", strings.Join(catchupSubs, "|"))
 		fmt.Fprintf(w, "|---|%s|\n", strings.Repeat("---|", len(catchupSubs)-1)+"---")
 		for _, rw := range rows {
 			fmt.Fprintf(w, "| %s |", rw.name)
@@ -355,11 +355,39 @@ func applyTables(w io.Writer, all []result) {
 					continue
 				}
 				cell := strconv.FormatFloat(v, 'f', 2, 64)
-				if vis, ok := get(rw, sub, "visible-s"); ok {
-					cell += " (" + strconv.FormatFloat(vis, 'f', 2, 64) + ")"
+				var rs []string
+				if sub != "limit" {
+					if r := ratio(rw, "catchup-s", sub, "limit"); r != "—" {
+						rs = append(rs, r+"× limit")
+					}
 				}
-				if sub != catchupSubs[0] {
-					if r := ratio(rw, "catchup-s", catchupSubs[0], sub); r != "—" {
+				if sub != "limit" && sub != "native" {
+					if r := ratio(rw, "catchup-s", sub, "native"); r != "—" {
+						rs = append(rs, r+"× native")
+					}
+				}
+				if len(rs) > 0 {
+					cell += " (" + strings.Join(rs, ", ") + ")"
+				}
+				fmt.Fprintf(w, " %s |", cell)
+			}
+			fmt.Fprintln(w)
+		}
+		fmt.Fprintf(w, "\nApplyCatchup CPU per source transaction (ms: the subscriber server's, all its processes, + the applier process's; × native):\n\n|case|%s|\n", strings.Join(catchupSubs, "|"))
+		fmt.Fprintf(w, "|---|%s|\n", strings.Repeat("---|", len(catchupSubs)-1)+"---")
+		for _, rw := range rows {
+			fmt.Fprintf(w, "| %s |", rw.name)
+			for _, sub := range catchupSubs {
+				v, ok := get(rw, sub, "cpu-ms/txn")
+				if !ok {
+					fmt.Fprint(w, " — |")
+					continue
+				}
+				t, _ := get(rw, sub, "target-cpu-ms/txn")
+				a, _ := get(rw, sub, "applier-cpu-ms/txn")
+				cell := fmt.Sprintf("%.3f (%.3f + %.3f)", v, t, a)
+				if sub != "limit" && sub != "native" {
+					if r := ratio(rw, "cpu-ms/txn", sub, "native"); r != "—" {
 						cell += ", " + r + "×"
 					}
 				}

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"runtime/pprof"
 	"strings"
 	"time"
 
@@ -63,6 +64,9 @@ refused (every error that stops apply on a change names its LSN); -sync-sequence
 published tables' sequences forward to the target (-sync-sequences-once: once, then exit);
 -until-caught-up exits once everything the source had written when apply started is applied.
 
+Profiling: -cpuprofile FILE writes a CPU profile of the process from start to exit, for
+go tool pprof (e.g. go tool pprof -top FILE).
+
 Modes:
   buffered  whole transactions at their commit, one at a time (large ones held in memory up to
             -work-mem, then on disk)
@@ -97,6 +101,7 @@ type applyFlags struct {
 	workers, copyWorkers                                         int
 	status, slotWait, progress                                   time.Duration
 	metricsAddr                                                  string
+	cpuProfile                                                   string
 
 	// Conflicts and origins.
 	origin, originFilter, resolutions, logTable string
@@ -148,6 +153,7 @@ func (f *applyFlags) register(fs *flag.FlagSet) {
 		"(on the target: another apply of the slot, or the connections left by one that died; on the source: another walsender "+
 		"streaming from it) before stopping with an error naming it (0: do not wait; -1: no limit)")
 	durationVar(fs, &f.progress, "progress", 5*time.Second, "interval of the progress line on stderr (0: none)")
+	fs.StringVar(&f.cpuProfile, "cpuprofile", "", "write a CPU profile (runtime/pprof, for go tool pprof) of the whole run to FILE, ended when apply exits")
 	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus metrics on host:port at /metrics (port 0: any free port, logged)")
 	fs.BoolVar(&f.verbose, "v", false, "debug logging")
 	fs.StringVar(&f.origin, "origin", "", "replication origin marking the target transactions "+
@@ -319,6 +325,17 @@ func runApply(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	if f.cpuProfile != "" {
+		stopProfile, err := startCPUProfile(f.cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			if perr := stopProfile(); perr != nil {
+				cfg.Logger.Warn("writing the CPU profile", "file", f.cpuProfile, "err", perr)
+			}
+		}()
+	}
 	a, err := apply.New(cfg)
 	if err != nil {
 		return err
@@ -451,4 +468,21 @@ func applyProgressLine(st apply.Stats, snap metrics.Snapshot) string {
 	b.WriteString(" | ")
 	b.WriteString(snap.String())
 	return b.String()
+}
+
+// startCPUProfile starts runtime/pprof's CPU profile into a new file at path and returns what
+// stops it and closes the file.
+func startCPUProfile(path string) (stop func() error, err error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("-cpuprofile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("-cpuprofile: %w", err)
+	}
+	return func() error {
+		pprof.StopCPUProfile()
+		return f.Close()
+	}, nil
 }

@@ -2,9 +2,12 @@ package main
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
 	"flag"
 	"fmt"
+	"io"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -286,4 +289,30 @@ func TestApplyAcceptSlotAhead(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, accept, cfg.AcceptSlotAhead)
 	}
+}
+
+// TestApplyCPUProfile: -cpuprofile writes a CPU profile that go tool pprof reads (gzipped
+// protobuf naming the cpu sample type) even when apply stops at once, here on a context
+// already canceled, before connecting anywhere.
+func TestApplyCPUProfile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "cpu.pprof")
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	err := runApply(ctx, []string{"-cpuprofile", path,
+		"-source", "host=/nonexistent dbname=src", "-target", "host=/nonexistent dbname=dst",
+		"-slot", "s", "-publication", "p"})
+	require.NoError(t, err)
+	f, err := os.Open(path)
+	require.NoError(t, err)
+	defer f.Close()
+	zr, err := gzip.NewReader(f)
+	require.NoError(t, err, "a profile is gzipped")
+	data, err := io.ReadAll(zr)
+	require.NoError(t, err)
+	require.Contains(t, string(data), "nanoseconds", "the profile's sample unit")
+	require.Contains(t, string(data), "cpu")
+
+	err = runApply(ctx, []string{"-cpuprofile", filepath.Join(t.TempDir(), "no", "such", "dir"),
+		"-source", "host=/nonexistent", "-target", "host=/nonexistent", "-slot", "s", "-publication", "p"})
+	require.ErrorContains(t, err, "-cpuprofile")
 }
