@@ -65,41 +65,43 @@ func putBlockHeader(h []byte, stored []byte, raw int) {
 	binary.LittleEndian.PutUint32(h[:4], crc)
 }
 
-// blockHeader is a block's header as read from a file.
+// blockHeader is a block's header as read from a file, with the CRC of its lengths.
 type blockHeader struct {
-	crc         uint32
-	stored, raw int64
+	crc, lensCRC uint32
+	stored, raw  int64
 }
 
-// readBlockHeader reads the header of the block at file offset foff, which must lie below
-// fileEnd. The lengths are checked against the file and limit (the most raw bytes the block may
-// hold).
-func readBlockHeader(f File, path string, foff, fileEnd, limit int64) (blockHeader, error) {
-	var h [blockHeaderSize]byte
+// readBlockHeader reads the header of l's block at file offset foff, which must lie below
+// fileEnd, into h (blockHeaderSize bytes: memory of the caller's, so that reading a block
+// allocates nothing). The lengths are checked against the file and limit (the most raw bytes
+// the block may hold).
+func readBlockHeader(f File, l *Log, h []byte, foff, fileEnd, limit int64) (blockHeader, error) {
+	h = h[:blockHeaderSize]
 	if fileEnd-foff < blockHeaderSize {
-		return blockHeader{}, &CorruptError{Log: path, Offset: foff, Err: io.ErrUnexpectedEOF}
+		return blockHeader{}, &CorruptError{Log: l.Path(), Offset: foff, Err: io.ErrUnexpectedEOF}
 	}
-	n, err := f.ReadAt(h[:], foff)
+	n, err := f.ReadAt(h, foff)
 	if n < len(h) {
 		if err == nil || errors.Is(err, io.EOF) {
-			return blockHeader{}, &CorruptError{Log: path, Offset: foff + int64(n), Err: io.ErrUnexpectedEOF}
+			return blockHeader{}, &CorruptError{Log: l.Path(), Offset: foff + int64(n), Err: io.ErrUnexpectedEOF}
 		}
-		return blockHeader{}, ioError("read", path, err)
+		return blockHeader{}, ioError("read", l.Path(), err)
 	}
 	bh := blockHeader{
-		crc:    binary.LittleEndian.Uint32(h[:4]),
-		stored: int64(binary.LittleEndian.Uint32(h[4:])),
-		raw:    int64(binary.LittleEndian.Uint32(h[8:])),
+		crc:     binary.LittleEndian.Uint32(h[:4]),
+		lensCRC: crc32.Checksum(h[4:], castagnoli),
+		stored:  int64(binary.LittleEndian.Uint32(h[4:])),
+		raw:     int64(binary.LittleEndian.Uint32(h[8:])),
 	}
 	if bh.stored > bh.raw || bh.raw > limit || bh.raw < 1 || bh.stored > fileEnd-foff-blockHeaderSize {
-		return blockHeader{}, &CorruptError{Log: path, Offset: foff, Err: errBlockLength}
+		return blockHeader{}, &CorruptError{Log: l.Path(), Offset: foff, Err: errBlockLength}
 	}
 	return bh, nil
 }
 
-// readBlock reads the block at foff, whose header is bh, checks its CRC and returns its raw
+// readBlock reads l's block at foff, whose header is bh, checks its CRC and returns its raw
 // bytes in *raw (grown as needed), using *stored for the compressed bytes.
-func readBlock(f File, path string, codec Codec, foff int64, bh blockHeader, raw, stored *[]byte) error {
+func readBlock(f File, l *Log, codec Codec, foff int64, bh blockHeader, raw, stored *[]byte) error {
 	if int64(cap(*raw)) < bh.raw {
 		*raw = make([]byte, bh.raw)
 	}
@@ -114,22 +116,19 @@ func readBlock(f File, path string, codec Codec, foff int64, bh blockHeader, raw
 	n, err := f.ReadAt(dst, foff+blockHeaderSize)
 	if n < len(dst) {
 		if err == nil || errors.Is(err, io.EOF) {
-			return &CorruptError{Log: path, Offset: foff + blockHeaderSize + int64(n), Err: io.ErrUnexpectedEOF}
+			return &CorruptError{Log: l.Path(), Offset: foff + blockHeaderSize + int64(n), Err: io.ErrUnexpectedEOF}
 		}
-		return ioError("read", path, err)
+		return ioError("read", l.Path(), err)
 	}
-	var lens [8]byte
-	binary.LittleEndian.PutUint32(lens[:4], uint32(bh.stored))
-	binary.LittleEndian.PutUint32(lens[4:], uint32(bh.raw))
-	if crc32.Update(crc32.Checksum(lens[:], castagnoli), castagnoli, dst) != bh.crc {
-		return &CorruptError{Log: path, Offset: foff, Err: errChecksum}
+	if crc32.Update(bh.lensCRC, castagnoli, dst) != bh.crc {
+		return &CorruptError{Log: l.Path(), Offset: foff, Err: errChecksum}
 	}
 	if bh.stored < bh.raw {
 		if codec == nil {
-			return &CorruptError{Log: path, Offset: foff, Err: errDecompress}
+			return &CorruptError{Log: l.Path(), Offset: foff, Err: errDecompress}
 		}
 		if err := codec.Decompress(*raw, dst); err != nil {
-			return &CorruptError{Log: path, Offset: foff, Err: fmt.Errorf("%w: %v", errDecompress, err)}
+			return &CorruptError{Log: l.Path(), Offset: foff, Err: fmt.Errorf("%w: %v", errDecompress, err)}
 		}
 	}
 	return nil
@@ -248,16 +247,17 @@ func (l *Log) truncateBlocks(f File, off int64) error {
 		prevF, prevL int64 // the block before it (prevF 0: none)
 		bh           blockHeader
 		err          error
+		h            [blockHeaderSize]byte
 	)
 	if l.lastFile != 0 && off > l.lastLogical {
 		foff, lstart = l.lastFile, l.lastLogical
-		if bh, err = readBlockHeader(f, l.Path(), foff, l.fileEnd, limit); err != nil {
+		if bh, err = readBlockHeader(f, l, h[:], foff, l.fileEnd, limit); err != nil {
 			return l.stick(err)
 		}
 	} else {
 		foff = headerSize
 		for {
-			if bh, err = readBlockHeader(f, l.Path(), foff, l.fileEnd, limit); err != nil {
+			if bh, err = readBlockHeader(f, l, h[:], foff, l.fileEnd, limit); err != nil {
 				return l.stick(err)
 			}
 			if lstart+bh.raw > off {
@@ -277,7 +277,7 @@ func (l *Log) truncateBlocks(f File, off int64) error {
 		raw := s.spare
 		s.spare = nil
 		stored := s.cmem
-		if err := readBlock(f, l.Path(), s.codec, foff, bh, &raw, &stored); err != nil {
+		if err := readBlock(f, l, s.codec, foff, bh, &raw, &stored); err != nil {
 			return l.stick(err)
 		}
 		if cap(stored) > cap(s.cmem) {

@@ -29,6 +29,7 @@ type Reader struct {
 	bfoff      int64
 	foff, fend int64
 	stored     []byte // with a codec, a block's stored (compressed) bytes
+	hdr        [blockHeaderSize]byte
 }
 
 // Next returns the next record, or io.EOF after the last one. The slice is valid until the next
@@ -125,7 +126,7 @@ func (r *Reader) nextInBlock() ([]byte, error) {
 		if err != nil {
 			return nil, err
 		}
-		bh, err := readBlockHeader(f, r.l.Path(), r.foff, r.fend, r.end-r.off)
+		bh, err := readBlockHeader(f, r.l, r.hdr[:], r.foff, r.fend, r.end-r.off)
 		if err != nil {
 			return nil, err
 		}
@@ -133,7 +134,7 @@ func (r *Reader) nextInBlock() ([]byte, error) {
 		if bh.raw > int64(len(r.buf)) {
 			dst = &r.big
 		}
-		if err := readBlock(f, r.l.Path(), r.codec, r.foff, bh, dst, &r.stored); err != nil {
+		if err := readBlock(f, r.l, r.codec, r.foff, bh, dst, &r.stored); err != nil {
 			return nil, err
 		}
 		if dst == &r.buf {
