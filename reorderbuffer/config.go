@@ -37,8 +37,8 @@ type Config struct {
 
 	// SpillCodec compresses spill files, one block of records (up to 256 KiB) at a time; nil
 	// writes them uncompressed. The core has no compressor of its own: package spillcodec has
-	// them (spillcodec.Default, S2, leaves a quarter to a fifth of the bytes on the benchmark
-	// workloads, for about 10% more time per change when everything spills). Stats.SpillBytes
+	// them (spillcodec.Default, S2, leaves about a quarter of the bytes on the benchmark
+	// workloads, for 6-12% more CPU time per change when everything spills). Stats.SpillBytes
 	// counts the records written, Stats.SpillWrittenBytes what reached the files.
 	SpillCodec spill.Codec
 

@@ -106,31 +106,25 @@ func (t *xact) noteSub(sub uint32) {
 // chunks to recycle. It returns the bytes written and the capacity of the chunks not recycled.
 func (t *xact) spillTo(recycle func([]byte) bool) (written, released int64, err error) {
 	before := t.log.Size()
-	var subs []memSub
+	// The log frames records as memlog does (a uvarint length, then the bytes), so each chunk
+	// goes to the log whole, and the record at memlog position pos lands at before+pos.
 	if t.subs != nil {
-		subs = t.subs.mem
-	}
-	j, k := 0, 0
-	for k < len(t.schema) && t.schema[k].spilled {
-		k++
-	}
-	t.mem.all(func(pos int64, rec []byte) bool {
-		for j < len(subs) && subs[j].pos == pos {
-			t.subs.addSpilled(subs[j].xid, t.log.Size())
-			j++
+		for _, m := range t.subs.mem {
+			t.subs.addSpilled(m.xid, before+m.pos)
 		}
-		for k < len(t.schema) && t.schema[k].pos == pos {
-			t.schema[k].pos, t.schema[k].spilled = t.log.Size(), true
-			k++
-		}
-		err = t.log.Append(rec)
-		return err == nil
-	})
-	if err != nil {
-		return 0, 0, err
 	}
-	if j != len(subs) || k != len(t.schema) {
-		return 0, 0, errorf("internal error: %d subtransaction and %d schema positions not at a record", len(subs)-j, len(t.schema)-k)
+	for k := range t.schema {
+		if !t.schema[k].spilled {
+			t.schema[k].pos, t.schema[k].spilled = before+t.schema[k].pos, true
+		}
+	}
+	for _, c := range t.mem.chunks {
+		if err = t.log.AppendFramed(c.b); err != nil {
+			return 0, 0, err
+		}
+	}
+	if t.log.Size() != before+t.mem.end() {
+		return 0, 0, errorf("internal error: the spill log grew by %d for %d record bytes", t.log.Size()-before, t.mem.end())
 	}
 	if t.subs != nil {
 		t.subs.mem, t.subs.memMin, t.subs.memMax = t.subs.mem[:0], t.subs.memMin[:0], t.subs.memMax[:0]

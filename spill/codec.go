@@ -21,14 +21,34 @@ type Codec interface {
 	Decompress(dst, src []byte) error
 }
 
-// Format version 2, used with a Codec (see the package documentation): the file header, then
-// blocks, each a block header and its stored bytes. The stored bytes are the block's records
-// compressed, or as they are when that is not shorter (stored length = raw length).
+// The file format (see the package documentation): the file header, then blocks, each a block
+// header and its stored bytes. The stored bytes are the block's records compressed, or as they
+// are (stored length = raw length) without a codec or when compressing does not shorten them.
+// Inside a block, each record is its length as a uvarint, then its bytes.
 const (
-	formatVersionBlocks uint32 = 2
-	blockHeaderSize            = 12 // CRC-32C, stored length, raw length
-	recHeaderSize              = 4  // a record's length inside a block
+	blockHeaderSize = 12 // CRC-32C, stored length, raw length
+	maxRecHeader    = binary.MaxVarintLen32
 )
+
+// frameSize returns the raw bytes a record of n bytes takes in a block: its uvarint length and
+// itself.
+func frameSize(n int) int {
+	k := 1
+	for x := uint(n); x >= 0x80; x >>= 7 {
+		k++
+	}
+	return k + n
+}
+
+// recordAt returns the length of the uvarint before the record at raw[at:] and the record's end,
+// or ok false if the record does not lie within raw.
+func recordAt(raw []byte, at int) (k, end int, ok bool) {
+	n, k := binary.Uvarint(raw[at:])
+	if k <= 0 || n > uint64(len(raw)-at-k) {
+		return 0, 0, false
+	}
+	return k, at + k + int(n), true
+}
 
 var (
 	errBlockLength = errors.New("block length beyond end of log")
@@ -45,41 +65,43 @@ func putBlockHeader(h []byte, stored []byte, raw int) {
 	binary.LittleEndian.PutUint32(h[:4], crc)
 }
 
-// blockHeader is a block's header as read from a file.
+// blockHeader is a block's header as read from a file, with the CRC of its lengths.
 type blockHeader struct {
-	crc         uint32
-	stored, raw int64
+	crc, lensCRC uint32
+	stored, raw  int64
 }
 
-// readBlockHeader reads the header of the block at file offset foff, which must lie below
-// fileEnd. The lengths are checked against the file and limit (the most raw bytes the block may
-// hold).
-func readBlockHeader(f File, path string, foff, fileEnd, limit int64) (blockHeader, error) {
-	var h [blockHeaderSize]byte
+// readBlockHeader reads the header of l's block at file offset foff, which must lie below
+// fileEnd, into h (blockHeaderSize bytes: memory of the caller's, so that reading a block
+// allocates nothing). The lengths are checked against the file and limit (the most raw bytes
+// the block may hold).
+func readBlockHeader(f File, l *Log, h []byte, foff, fileEnd, limit int64) (blockHeader, error) {
+	h = h[:blockHeaderSize]
 	if fileEnd-foff < blockHeaderSize {
-		return blockHeader{}, &CorruptError{Log: path, Offset: foff, Err: io.ErrUnexpectedEOF}
+		return blockHeader{}, &CorruptError{Log: l.Path(), Offset: foff, Err: io.ErrUnexpectedEOF}
 	}
-	n, err := f.ReadAt(h[:], foff)
+	n, err := f.ReadAt(h, foff)
 	if n < len(h) {
 		if err == nil || errors.Is(err, io.EOF) {
-			return blockHeader{}, &CorruptError{Log: path, Offset: foff + int64(n), Err: io.ErrUnexpectedEOF}
+			return blockHeader{}, &CorruptError{Log: l.Path(), Offset: foff + int64(n), Err: io.ErrUnexpectedEOF}
 		}
-		return blockHeader{}, ioError("read", path, err)
+		return blockHeader{}, ioError("read", l.Path(), err)
 	}
 	bh := blockHeader{
-		crc:    binary.LittleEndian.Uint32(h[:4]),
-		stored: int64(binary.LittleEndian.Uint32(h[4:])),
-		raw:    int64(binary.LittleEndian.Uint32(h[8:])),
+		crc:     binary.LittleEndian.Uint32(h[:4]),
+		lensCRC: crc32.Checksum(h[4:], castagnoli),
+		stored:  int64(binary.LittleEndian.Uint32(h[4:])),
+		raw:     int64(binary.LittleEndian.Uint32(h[8:])),
 	}
-	if bh.stored > bh.raw || bh.raw > limit || bh.raw < recHeaderSize || bh.stored > fileEnd-foff-blockHeaderSize {
-		return blockHeader{}, &CorruptError{Log: path, Offset: foff, Err: errBlockLength}
+	if bh.stored > bh.raw || bh.raw > limit || bh.raw < 1 || bh.stored > fileEnd-foff-blockHeaderSize {
+		return blockHeader{}, &CorruptError{Log: l.Path(), Offset: foff, Err: errBlockLength}
 	}
 	return bh, nil
 }
 
-// readBlock reads the block at foff, whose header is bh, checks its CRC and returns its raw
+// readBlock reads l's block at foff, whose header is bh, checks its CRC and returns its raw
 // bytes in *raw (grown as needed), using *stored for the compressed bytes.
-func readBlock(f File, path string, codec Codec, foff int64, bh blockHeader, raw, stored *[]byte) error {
+func readBlock(f File, l *Log, codec Codec, foff int64, bh blockHeader, raw, stored *[]byte) error {
 	if int64(cap(*raw)) < bh.raw {
 		*raw = make([]byte, bh.raw)
 	}
@@ -94,19 +116,19 @@ func readBlock(f File, path string, codec Codec, foff int64, bh blockHeader, raw
 	n, err := f.ReadAt(dst, foff+blockHeaderSize)
 	if n < len(dst) {
 		if err == nil || errors.Is(err, io.EOF) {
-			return &CorruptError{Log: path, Offset: foff + blockHeaderSize + int64(n), Err: io.ErrUnexpectedEOF}
+			return &CorruptError{Log: l.Path(), Offset: foff + blockHeaderSize + int64(n), Err: io.ErrUnexpectedEOF}
 		}
-		return ioError("read", path, err)
+		return ioError("read", l.Path(), err)
 	}
-	var lens [8]byte
-	binary.LittleEndian.PutUint32(lens[:4], uint32(bh.stored))
-	binary.LittleEndian.PutUint32(lens[4:], uint32(bh.raw))
-	if crc32.Update(crc32.Checksum(lens[:], castagnoli), castagnoli, dst) != bh.crc {
-		return &CorruptError{Log: path, Offset: foff, Err: errChecksum}
+	if crc32.Update(bh.lensCRC, castagnoli, dst) != bh.crc {
+		return &CorruptError{Log: l.Path(), Offset: foff, Err: errChecksum}
 	}
 	if bh.stored < bh.raw {
+		if codec == nil {
+			return &CorruptError{Log: l.Path(), Offset: foff, Err: errDecompress}
+		}
 		if err := codec.Decompress(*raw, dst); err != nil {
-			return &CorruptError{Log: path, Offset: foff, Err: fmt.Errorf("%w: %v", errDecompress, err)}
+			return &CorruptError{Log: l.Path(), Offset: foff, Err: fmt.Errorf("%w: %v", errDecompress, err)}
 		}
 	}
 	return nil
@@ -116,7 +138,7 @@ func readBlock(f File, path string, codec Codec, foff int64, bh blockHeader, raw
 // a length and the bytes, and one too large for it is written through as a block of its own.
 func (l *Log) appendBlocks(rec []byte) error {
 	s := l.s
-	frame := recHeaderSize + len(rec)
+	frame := frameSize(len(rec))
 	if len(s.wbuf)+frame > cap(s.wbuf) {
 		if err := l.flush(); err != nil {
 			return err
@@ -124,10 +146,7 @@ func (l *Log) appendBlocks(rec []byte) error {
 		s.owner = l
 	}
 	if frame <= cap(s.wbuf) {
-		n := len(s.wbuf)
-		s.wbuf = s.wbuf[:n+frame]
-		binary.LittleEndian.PutUint32(s.wbuf[n:], uint32(len(rec)))
-		copy(s.wbuf[n+recHeaderSize:], rec)
+		s.wbuf = append(binary.AppendUvarint(s.wbuf, uint64(len(rec))), rec...)
 		return nil
 	}
 	// A block of its own, stored as it is: headers built in the (empty) buffer's memory.
@@ -135,8 +154,7 @@ func (l *Log) appendBlocks(rec []byte) error {
 	if err != nil {
 		return err
 	}
-	hdr := s.wmem[:s.front+recHeaderSize]
-	binary.LittleEndian.PutUint32(hdr[s.front:], uint32(len(rec)))
+	hdr := binary.AppendUvarint(s.wmem[:s.front], uint64(len(rec)))
 	bh := hdr[headerSize:s.front]
 	binary.LittleEndian.PutUint32(bh[4:], uint32(frame))
 	binary.LittleEndian.PutUint32(bh[8:], uint32(frame))
@@ -154,7 +172,7 @@ func (l *Log) appendBlocks(rec []byte) error {
 		return l.fail("write", err)
 	}
 	l.headed = true
-	if err := s.writeFull(f, rec, start+blockHeaderSize+recHeaderSize); err != nil {
+	if err := s.writeFull(f, rec, start+blockHeaderSize+int64(frame-len(rec))); err != nil {
 		return l.fail("write", err)
 	}
 	if err := l.maybeSync(f); err != nil {
@@ -180,12 +198,14 @@ func (l *Log) flushBlock(f File) error {
 	s := l.s
 	raw := s.wbuf
 	block, stored := s.wmem[:s.front+len(raw)], raw // as they are, in the room before wbuf
-	if s.cmem == nil {
-		s.cmem = make([]byte, s.front, s.front+s.bufSize)
-	}
-	if out, err := s.codec.Compress(s.cmem[:s.front], raw); err == nil && len(out)-s.front < len(raw) {
-		s.cmem = out[:0]
-		block, stored = out, out[s.front:]
+	if s.codec != nil {
+		if s.cmem == nil {
+			s.cmem = make([]byte, s.front, s.front+s.bufSize)
+		}
+		if out, err := s.codec.Compress(s.cmem[:s.front], raw); err == nil && len(out)-s.front < len(raw) {
+			s.cmem = out[:0]
+			block, stored = out, out[s.front:]
+		}
 	}
 	putBlockHeader(block[headerSize:s.front], stored, len(raw))
 	start := l.blockStart()
@@ -221,22 +241,23 @@ func (l *Log) truncateBlocks(f File, off int64) error {
 		s.wbuf = s.wbuf[:0]
 		s.owner = nil
 	}
-	limit := int64(MaxRecordSize + recHeaderSize)
+	limit := int64(MaxRecordSize + maxRecHeader)
 	var (
 		foff, lstart int64 // the block holding off
 		prevF, prevL int64 // the block before it (prevF 0: none)
 		bh           blockHeader
 		err          error
+		h            [blockHeaderSize]byte
 	)
 	if l.lastFile != 0 && off > l.lastLogical {
 		foff, lstart = l.lastFile, l.lastLogical
-		if bh, err = readBlockHeader(f, l.Path(), foff, l.fileEnd, limit); err != nil {
+		if bh, err = readBlockHeader(f, l, h[:], foff, l.fileEnd, limit); err != nil {
 			return l.stick(err)
 		}
 	} else {
 		foff = headerSize
 		for {
-			if bh, err = readBlockHeader(f, l.Path(), foff, l.fileEnd, limit); err != nil {
+			if bh, err = readBlockHeader(f, l, h[:], foff, l.fileEnd, limit); err != nil {
 				return l.stick(err)
 			}
 			if lstart+bh.raw > off {
@@ -256,7 +277,7 @@ func (l *Log) truncateBlocks(f File, off int64) error {
 		raw := s.spare
 		s.spare = nil
 		stored := s.cmem
-		if err := readBlock(f, l.Path(), s.codec, foff, bh, &raw, &stored); err != nil {
+		if err := readBlock(f, l, s.codec, foff, bh, &raw, &stored); err != nil {
 			return l.stick(err)
 		}
 		if cap(stored) > cap(s.cmem) {
@@ -269,10 +290,11 @@ func (l *Log) truncateBlocks(f File, off int64) error {
 		}()
 		at := 0
 		for int64(at) < off-lstart {
-			if len(raw)-at < recHeaderSize {
+			_, end, ok := recordAt(raw, at)
+			if !ok {
 				return l.stick(&CorruptError{Log: l.Path(), Offset: foff, Err: errRecInBlock})
 			}
-			at += recHeaderSize + int(binary.LittleEndian.Uint32(raw[at:]))
+			at = end
 		}
 		if int64(at) != off-lstart {
 			return fmt.Errorf("%w: %d is inside a record", ErrInvalidOffset, off)
@@ -286,9 +308,11 @@ func (l *Log) truncateBlocks(f File, off int64) error {
 	l.lastFile, l.lastLogical = prevF, prevL
 	if keep != nil {
 		block, stored := keep, keep
-		if out, err := s.codec.Compress(s.cmem[:0], keep); err == nil && len(out) < len(keep) {
-			block, stored = out, out
-			s.cmem = out[:0]
+		if s.codec != nil {
+			if out, err := s.codec.Compress(s.cmem[:0], keep); err == nil && len(out) < len(keep) {
+				block, stored = out, out
+				s.cmem = out[:0]
+			}
 		}
 		var h [blockHeaderSize]byte
 		putBlockHeader(h[:], stored, len(keep))

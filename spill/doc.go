@@ -12,13 +12,14 @@
 //     foreign files). Two live stores may share a directory, and so may hostile users: see
 //     "Sharing the directory".
 //   - [Log.Append] copies the record into a write buffer shared by all logs of the store, or writes
-//     it straight through when it does not fit. [Log.Size] is the logical end of the log including
+//     it straight through when it does not fit; [Log.AppendFramed] copies many records, already
+//     framed, at once. [Log.Size] is the logical end of the log including
 //     buffered bytes; it is always a record boundary, and [Log.Truncate] accepts any value Size
 //     returned earlier for that log (as long as the log has not been truncated below it since).
 //   - [Log.NewReader] flushes the log and returns a [Reader] over the records [0, Size()). Reading
 //     uses one fixed buffer of [Options].BufferSize plus, for records larger than it, one buffer of
-//     the largest record; with [Options].Codec, also the compressed bytes of one block. The slice returned by [Reader.Next] is valid until the next call to Next
-//     or Close.
+//     the largest record; with [Options].Codec, also the compressed bytes of one block. The slice
+//     returned by [Reader.Next] is valid until the next call to Next or Close.
 //   - Files are opened lazily and at most [Options].MaxOpenFiles stay open (by default a quarter of
 //     the soft RLIMIT_NOFILE, at most [DefaultMaxOpenFiles]). The least recently used is closed
 //     when the budget is reached, and when opening a file fails with EMFILE or ENFILE, so any
@@ -45,36 +46,10 @@
 // detail that may change from one build to the next. All integers are little-endian.
 //
 //	file:    +--------------+-------------------+---------+---------+-----
-//	         | magic (4B)   | format version 4B | record  | record  | ...
-//	         | "PGRS"       | uint32 = 1        |         |         |
+//	         | magic (4B)   | format version 4B | block   | block   | ...
+//	         | "PGRS"       | uint32 = 3        |         |         |
 //	         +--------------+-------------------+---------+---------+-----
 //	         '----------- header: 8 bytes ------'
-//
-//	record:  +--------------+-------------------+---------------------------+
-//	         | CRC-32C (4B) | length (4B)       | payload (length bytes)    |
-//	         | uint32       | uint32            |                           |
-//	         +--------------+-------------------+---------------------------+
-//	         '-- frame header: 8 bytes ---------'
-//	                        '------------- covered by the CRC --------------'
-//
-// The CRC-32C (Castagnoli) covers the 4 length bytes and the payload, so a torn or overwritten
-// length is detected as well as a damaged payload. Offsets given to and returned by
-// [Log.Size] and [Log.Truncate] are logical: they count record bytes only, so an empty log has
-// Size 0 and the record at logical offset o starts at file offset 8+o.
-// [CorruptError].Offset is a file offset, for use with a hex dump.
-//
-// # Compression
-//
-// With [Options].Codec set, a store writes format version 2: each flush of the write buffer
-// becomes one block, compressed by the codec (or stored as it is when that is not shorter), and
-// a record larger than the buffer is a block of its own, stored as it is. The codec is an
-// interface because this package imports only the standard library: package spillcodec has
-// LZ4, S2 and zstd. What the store wrote, after compression, is [Store.WrittenBytes].
-//
-//	file:    +--------------+-------------------+---------+---------+-----
-//	         | magic (4B)   | format version 4B | block   | block   | ...
-//	         | "PGRS"       | uint32 = 2        |         |         |
-//	         +--------------+-------------------+---------+---------+-----
 //
 //	block:   +--------------+-------------------+------------------+------------------------+
 //	         | CRC-32C (4B) | stored length 4B  | raw length (4B)  | stored bytes           |
@@ -82,28 +57,45 @@
 //	         +--------------+-------------------+------------------+------------------------+
 //	                        '------------------- covered by the CRC ---------------------'
 //
-//	raw:     +-------------+---------+-------------+---------+-----
-//	         | length (4B) | payload | length (4B) | payload | ...
-//	         +-------------+---------+-------------+---------+-----
+//	raw:     +----------------+---------+----------------+---------+-----
+//	         | length uvarint | payload | length uvarint | payload | ...
+//	         +----------------+---------+----------------+---------+-----
 //
-// The stored bytes are the raw bytes compressed, or the raw bytes themselves when the stored
-// length equals the raw length. One CRC-32C covers a block (its lengths and what is stored), so
-// the records inside carry only their length. A damaged block (CRC, lengths, or stored bytes that
-// do not decompress to the raw length) gives a [*CorruptError] at the block's file offset, and
-// none of its records is returned. Logical offsets ([Log.Size], [Log.Truncate]) count raw bytes:
-// a record takes 4 bytes plus its payload, and an empty log has Size 0.
+// Each flush of the write buffer becomes one block, and a record larger than the buffer is a
+// block of its own. The stored bytes are the raw bytes as they are (stored length = raw length),
+// or, with [Options].Codec, compressed when that makes them shorter. A record's length is an
+// unsigned varint (encoding/binary's AppendUvarint: 1 byte below 128, 2 below 16384), the framing
+// of [Log.AppendFramed], which lets a caller that keeps its records framed that way (the reorder
+// buffer does) hand over many at once, written with one copy into the write buffer.
 //
-// Truncation keeps working inside a compressed block. [Log.Truncate] to an offset at the start of
-// a block cuts the file there. To an offset inside a block, it reads that block, checks its CRC,
-// decompresses it, cuts the file at the block's start and writes the records before the offset
-// again, as a new block (compressed again) in its place; an offset that is not a record
-// boundary is refused with [ErrInvalidOffset], without effect. The block is found from the last
-// block's position, which the log keeps, or else by reading the block headers from the start of
-// the file (a cut into an earlier block is a rare event: a subtransaction that rolled back after
-// more than a buffer of later records was spilled). A damaged block met there, or an I/O error
-// while writing the new block (ENOSPC), sticks to the log like any other, so a torn block is never
-// read. Compression changes nothing about descriptors: the files, their budget and their
-// names are the same.
+// One CRC-32C (Castagnoli) covers a block: its lengths and what is stored, so a torn or
+// overwritten length is detected as well as damaged bytes, and the records inside carry only
+// their length. It is computed once per block on write and checked once per block on read,
+// before any of the block's records is returned. A damaged block (CRC, lengths, stored bytes that
+// do not decompress to the raw length, or records that do not end at the block's end) gives a
+// [*CorruptError] at the block's file offset, and none of its records is returned.
+// [CorruptError].Offset is a file offset, for use with a hex dump.
+//
+// Offsets given to and returned by [Log.Size] and [Log.Truncate] are logical: they count raw
+// bytes (a record takes its uvarint length plus its payload), so an empty log has Size 0.
+// Truncation works at any record boundary, inside a block too. [Log.Truncate] to an offset still
+// in the write buffer just shortens the buffer; to the start of a written block it cuts the file
+// there. To an offset inside a written block, it reads that block, checks its CRC, decompresses
+// it, cuts the file at the block's start and writes the records before the offset again, as a new
+// block (compressed again) in its place; an offset that is not a record boundary is refused with
+// [ErrInvalidOffset], without effect. The block is found from the last block's position, which
+// the log keeps, or else by reading the block headers from the start of the file (a cut into an
+// earlier block is a rare event: a subtransaction that rolled back after more than a buffer of
+// later records was spilled). A damaged block met there, or an I/O error while writing the new
+// block (ENOSPC), sticks to the log like any other, so a torn block is never read.
+//
+// # Compression
+//
+// The codec is an interface because this package imports only the standard library: package
+// spillcodec has LZ4, S2 and zstd. Compression changes nothing else: the blocks, their CRC,
+// truncation, the files, their descriptor budget and their names are the same with and without
+// it. What the store wrote, after compression, is [Store.WrittenBytes]. A reader of a log with a
+// codec holds, besides its read buffer, the compressed bytes of one block.
 //
 // # File names
 //

@@ -13,9 +13,12 @@ var (
 	// ErrRecordTooLarge is returned by Append for a record longer than MaxRecordSize.
 	// It does not poison the log.
 	ErrRecordTooLarge = errors.New("spill: record too large")
-	// ErrInvalidOffset is returned by Truncate for an offset outside [0, Size()].
-	// It does not poison the log.
+	// ErrInvalidOffset is returned by Truncate for an offset outside [0, Size()], or inside a
+	// record of a written block. It does not poison the log.
 	ErrInvalidOffset = errors.New("spill: invalid truncate offset")
+	// ErrInvalidRecords is returned by AppendFramed for bytes that are not a sequence of framed
+	// records. It does not poison the log.
+	ErrInvalidRecords = errors.New("spill: invalid framed records")
 	// ErrLocked is returned by Dir.Lock when another holder has the lock.
 	ErrLocked = errors.New("spill: locked")
 )
@@ -23,7 +26,6 @@ var (
 // Details carried in CorruptError.Err.
 var (
 	errChecksum   = errors.New("checksum mismatch")
-	errLength     = errors.New("record length beyond end of log")
 	errBadMagic   = errors.New("bad file magic")
 	errBadVersion = errors.New("unsupported format version")
 )

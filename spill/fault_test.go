@@ -75,10 +75,10 @@ func TestFaults(t *testing.T) {
 			wantErr: io.ErrShortWrite, sticky: true,
 		},
 		{
-			name: "write-through of a large record torn after its frame header",
+			name: "write-through of a large record torn after its block header",
 			opts: spill.Options{BufferSize: 64},
 			rule: func(v **spill.Log) faultfs.Rule {
-				// writes: file header + frame header, payload
+				// writes: file header + block header, payload
 				return faultfs.Rule{Op: faultfs.OpWrite, Match: isLog(v), Skip: 1, Err: syscall.ENOSPC, Partial: true}
 			},
 			act: func(t *testing.T, s *spill.Store, l *spill.Log) error {

@@ -25,10 +25,10 @@ type Log struct {
 	prev, next *Log  // LRU links while f != nil
 	lprev      *Log  // the store's list of live logs
 	lnext      *Log  //
-	flushed    int64 // logical bytes in the file (file size - headerSize without a codec)
+	flushed    int64 // logical bytes in the file: the raw bytes of its blocks
 
-	// With a codec: the file's size, and the file offset and logical offset of its last block
-	// (lastFile 0: no block).
+	// The file's size, and the file offset and logical offset of its last block (lastFile 0: no
+	// block).
 	fileEnd, lastFile, lastLogical int64
 
 	err     error // sticky I/O error
@@ -93,68 +93,84 @@ func (l *Log) Append(rec []byte) error {
 	if len(rec) > MaxRecordSize {
 		return fmt.Errorf("%w: %d bytes", ErrRecordTooLarge, len(rec))
 	}
+	if err := l.own(); err != nil {
+		return err
+	}
+	return l.appendBlocks(rec)
+}
+
+// AppendFramed adds the records of framed, which holds them as the log frames them: each
+// record's length as an unsigned varint (encoding/binary's AppendUvarint), then its bytes. It is
+// Append of each record in turn, with the same errors, but copies framed into the write buffer
+// at once when it fits there. Size grows by len(framed), so the log offset of a record of framed
+// is the Size before the call plus the record's offset in framed: each is a record boundary that
+// Truncate accepts. A framing that does not end at len(framed) is refused with ErrInvalidRecords,
+// without effect, when framed is copied at once; a record of it larger than MaxRecordSize with
+// ErrRecordTooLarge.
+func (l *Log) AppendFramed(framed []byte) error {
+	if err := l.check(); err != nil {
+		return err
+	}
+	if err := l.own(); err != nil {
+		return err
+	}
 	s := l.s
-	if s.owner != l {
-		if o := s.owner; o != nil {
-			// o's error sticks to o; this call reports it too, having done nothing to l.
-			if err := o.flush(); err != nil {
-				return otherLogError(o, err)
-			}
-		}
-		s.owner = l
-		if s.wbuf == nil {
-			s.wmem = make([]byte, s.front+s.bufSize)
-			s.wbuf = s.wmem[s.front:s.front]
-		}
-	}
-	if s.codec != nil {
-		return l.appendBlocks(rec)
-	}
-	frame := frameHeaderSize + len(rec)
-	if len(s.wbuf)+frame > cap(s.wbuf) {
+	if len(s.wbuf)+len(framed) > cap(s.wbuf) && len(framed) <= cap(s.wbuf) {
 		if err := l.flush(); err != nil {
 			return err
 		}
 		s.owner = l
 	}
-	if frame <= cap(s.wbuf) {
-		n := len(s.wbuf)
-		s.wbuf = s.wbuf[:n+frame]
-		b := s.wbuf[n:]
-		binary.LittleEndian.PutUint32(b[4:frameHeaderSize], uint32(len(rec)))
-		copy(b[frameHeaderSize:], rec)
-		binary.LittleEndian.PutUint32(b[:4], crc32.Checksum(b[4:], castagnoli))
+	if len(s.wbuf)+len(framed) <= cap(s.wbuf) {
+		if !framedEnds(framed) {
+			return ErrInvalidRecords
+		}
+		s.wbuf = append(s.wbuf, framed...)
 		return nil
 	}
-	// Larger than the buffer (which is empty now): write it through, with the frame header (and
-	// the file header, for a new file) built in the buffer's memory.
-	f, err := s.file(l)
-	if err != nil {
-		return err
+	// Larger than the buffer: record by record, so that blocks hold whole records.
+	for len(framed) > 0 {
+		n, k := binary.Uvarint(framed)
+		if k <= 0 || n > uint64(len(framed)-k) {
+			return ErrInvalidRecords
+		}
+		if err := l.Append(framed[k : k+int(n)]); err != nil {
+			return err
+		}
+		framed = framed[k+int(n):]
 	}
-	hdr := s.wmem[:headerSize+frameHeaderSize]
-	s.putHeader(hdr)
-	fh := hdr[headerSize:]
-	binary.LittleEndian.PutUint32(fh[4:], uint32(len(rec)))
-	crc := crc32.Update(crc32.Checksum(fh[4:], castagnoli), castagnoli, rec)
-	binary.LittleEndian.PutUint32(fh[:4], crc)
-	off := headerSize + l.flushed
-	if !l.headed {
-		off = 0
-	} else {
-		hdr = fh
+	return nil
+}
+
+// framedEnds reports whether the records of framed end exactly at its end.
+func framedEnds(framed []byte) bool {
+	for i := 0; i < len(framed); {
+		n, k := binary.Uvarint(framed[i:])
+		if k <= 0 || n > uint64(len(framed)-i-k) {
+			return false
+		}
+		i += k + int(n)
 	}
-	if err := s.writeFull(f, hdr, off); err != nil {
-		return l.fail("write", err)
+	return true
+}
+
+// own makes l the owner of the store's write buffer, writing the previous owner's records.
+func (l *Log) own() error {
+	s := l.s
+	if s.owner == l {
+		return nil
 	}
-	l.headed = true
-	if err := s.writeFull(f, rec, headerSize+l.flushed+frameHeaderSize); err != nil {
-		return l.fail("write", err)
+	if o := s.owner; o != nil {
+		// o's error sticks to o; the call reports it too, having done nothing to l.
+		if err := o.flush(); err != nil {
+			return otherLogError(o, err)
+		}
 	}
-	if err := l.maybeSync(f); err != nil {
-		return err
+	s.owner = l
+	if s.wbuf == nil {
+		s.wmem = make([]byte, s.front+s.bufSize)
+		s.wbuf = s.wmem[s.front:s.front]
 	}
-	l.flushed += int64(frame)
 	return nil
 }
 
@@ -172,26 +188,7 @@ func (l *Log) flush() error {
 	if err != nil {
 		return err
 	}
-	if s.codec != nil {
-		return l.flushBlock(f)
-	}
-	data, off := s.wbuf, headerSize+l.flushed
-	if !l.headed {
-		// The header goes out with the first bytes, in the room kept before wbuf.
-		data, off = s.wmem[:headerSize+len(s.wbuf)], 0
-		s.putHeader(data)
-	}
-	if err := s.writeFull(f, data, off); err != nil {
-		return l.fail("write", err)
-	}
-	l.headed = true
-	if err := l.maybeSync(f); err != nil {
-		return err
-	}
-	l.flushed += int64(len(s.wbuf))
-	s.wbuf = s.wbuf[:0]
-	s.owner = nil
-	return nil
+	return l.flushBlock(f)
 }
 
 func (l *Log) maybeSync(f File) error {
@@ -205,8 +202,10 @@ func (l *Log) maybeSync(f File) error {
 }
 
 // Truncate cuts the log back to off, which must be a value Size returned earlier for this log
-// (and not beyond the current Size). Records appended after that point are gone. An offset that is
-// not a record boundary is not detected here; reading would report the damage as a *CorruptError.
+// (and not beyond the current Size). Records appended after that point are gone. An offset inside
+// a written block that is not a record boundary is refused with ErrInvalidOffset, without effect;
+// one among the records still in the write buffer is not detected, and reading would report the
+// damage as a *CorruptError.
 func (l *Log) Truncate(off int64) error {
 	if err := l.check(); err != nil {
 		return err
@@ -226,21 +225,7 @@ func (l *Log) Truncate(off int64) error {
 	if err != nil {
 		return err // l is as it was, unless the error is l's own (and sticks)
 	}
-	if s.codec != nil {
-		return l.truncateBlocks(f, off)
-	}
-	if s.owner == l { // every buffered byte lies beyond off
-		s.wbuf = s.wbuf[:0]
-		s.owner = nil
-	}
-	if err := f.Truncate(headerSize + off); err != nil {
-		return l.fail("truncate", err)
-	}
-	if err := l.maybeSync(f); err != nil {
-		return err
-	}
-	l.flushed = off
-	return nil
+	return l.truncateBlocks(f, off)
 }
 
 // NewReader flushes the log and returns a reader of its records [0, Size()). A flush error is

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
-	"hash/crc32"
 	"io"
 )
 
@@ -13,9 +12,8 @@ import (
 type Reader struct {
 	l      *Log
 	end    int64  // logical end of the records to read
-	off    int64  // logical offset of buf[i]
-	buf    []byte // buf[i:j] are the file bytes at logical offsets [off, off+j-i)
-	i, j   int
+	off    int64  // logical offset of the next record
+	buf    []byte // the read buffer, which holds a block's raw bytes
 	big    []byte // holds a record larger than buf
 	header bool   // file header checked
 	err    error  // sticky until Rewind
@@ -23,14 +21,15 @@ type Reader struct {
 	f      File   // own: the log's file
 	fixed  error  // own: an error from OpenReader, returned for good
 
-	// With a codec: the current block's raw bytes blk (in buf or big), the next record at
+	// The current block's raw bytes blk (in buf or big), the next record at
 	// blk[bi:], the block at file offset bfoff, the next one at foff, the file's size fend.
 	codec      Codec
 	blk        []byte
 	bi         int
 	bfoff      int64
 	foff, fend int64
-	stored     []byte // a block's stored (compressed) bytes
+	stored     []byte // with a codec, a block's stored (compressed) bytes
+	hdr        [blockHeaderSize]byte
 }
 
 // Next returns the next record, or io.EOF after the last one. The slice is valid until the next
@@ -73,101 +72,10 @@ func (r *Reader) next() ([]byte, error) {
 			r.buf = make([]byte, l.s.bufSize)
 		}
 	}
-	if r.codec != nil {
-		if r.stored == nil && !r.own {
-			r.stored, l.s.cspare = l.s.cspare, nil
-		}
-		return r.nextInBlock()
+	if r.codec != nil && r.stored == nil && !r.own {
+		r.stored, l.s.cspare = l.s.cspare, nil
 	}
-	if r.end-r.off < frameHeaderSize {
-		return nil, r.corrupt(io.ErrUnexpectedEOF)
-	}
-	if err := r.fill(frameHeaderSize); err != nil {
-		return nil, err
-	}
-	hdr := r.buf[r.i : r.i+frameHeaderSize]
-	want := binary.LittleEndian.Uint32(hdr)
-	n := int64(binary.LittleEndian.Uint32(hdr[4:]))
-	if n > MaxRecordSize || n > r.end-r.off-frameHeaderSize {
-		return nil, r.corrupt(errLength)
-	}
-	frame := frameHeaderSize + int(n)
-	var (
-		rec []byte
-		crc uint32
-	)
-	if frame <= len(r.buf) {
-		if err := r.fill(frame); err != nil {
-			return nil, err
-		}
-		crc = crc32.Checksum(r.buf[r.i+4:r.i+frame], castagnoli)
-		rec = r.buf[r.i+frameHeaderSize : r.i+frame]
-	} else {
-		crc = crc32.Checksum(hdr[4:], castagnoli)
-		if cap(r.big) < int(n) {
-			r.big = make([]byte, n)
-		}
-		rec = r.big[:n]
-		have := copy(rec, r.buf[r.i+frameHeaderSize:r.j])
-		if err := r.readAt(rec[have:], r.off+frameHeaderSize+int64(have)); err != nil {
-			return nil, err
-		}
-		crc = crc32.Update(crc, castagnoli, rec)
-		r.j = r.i + frame // as if the whole frame were buffered; consumed below
-	}
-	if crc != want {
-		return nil, r.corrupt(errChecksum)
-	}
-	r.i += frame
-	r.off += int64(frame)
-	if r.i == r.j {
-		r.i, r.j = 0, 0
-	}
-	return rec, nil
-}
-
-// fill makes at least n bytes available at buf[i:]; n <= len(buf) and off+n <= end.
-func (r *Reader) fill(n int) error {
-	if r.j-r.i >= n {
-		return nil
-	}
-	if r.i > 0 {
-		r.j = copy(r.buf, r.buf[r.i:r.j])
-		r.i = 0
-	}
-	avail := int(min(int64(len(r.buf)-r.j), r.end-r.off-int64(r.j)))
-	got, err := r.read(r.buf[r.j:r.j+avail], r.off+int64(r.j))
-	r.j += got
-	if err != nil && (r.j-r.i < n || !errors.Is(err, ErrCorrupt)) {
-		return err // a short file is reported only when the missing bytes are needed
-	}
-	return nil
-}
-
-// readAt fills p from logical offset off.
-func (r *Reader) readAt(p []byte, off int64) error {
-	_, err := r.read(p, off)
-	return err
-}
-
-// read reads p from logical offset off. If it cannot fill p it returns how much it read and a
-// *CorruptError (the file is shorter than the log) or the read error.
-func (r *Reader) read(p []byte, off int64) (int, error) {
-	if len(p) == 0 {
-		return 0, nil
-	}
-	f, err := r.file()
-	if err != nil {
-		return 0, err
-	}
-	n, err := f.ReadAt(p, headerSize+off)
-	if n == len(p) {
-		return n, nil
-	}
-	if err == nil || errors.Is(err, io.EOF) {
-		return n, &CorruptError{Log: r.l.Path(), Offset: headerSize + off + int64(n), Err: io.ErrUnexpectedEOF}
-	}
-	return n, ioError("read", r.l.Path(), err)
+	return r.nextInBlock()
 }
 
 // file returns the log's file: the reader's own, or the store's.
@@ -200,21 +108,17 @@ func (r *Reader) checkHeader() error {
 	return nil
 }
 
-func (r *Reader) corrupt(err error) error {
-	return &CorruptError{Log: r.l.Path(), Offset: headerSize + r.off, Err: err}
-}
-
 // Rewind makes the reader start again from the first record, also after an error (which the
 // reader then meets again if it is in the data). It does nothing once the reader is closed.
 func (r *Reader) Rewind() {
 	if r.err == ErrClosed {
 		return
 	}
-	r.err, r.off, r.i, r.j = nil, 0, 0, 0
+	r.err, r.off = nil, 0
 	r.blk, r.bi, r.foff = nil, 0, headerSize
 }
 
-// nextInBlock is next with a codec: the next record of the current block, reading the next
+// nextInBlock returns the next record of the current block, reading the next
 // block when it is used up.
 func (r *Reader) nextInBlock() ([]byte, error) {
 	if r.bi == len(r.blk) {
@@ -222,7 +126,7 @@ func (r *Reader) nextInBlock() ([]byte, error) {
 		if err != nil {
 			return nil, err
 		}
-		bh, err := readBlockHeader(f, r.l.Path(), r.foff, r.fend, r.end-r.off)
+		bh, err := readBlockHeader(f, r.l, r.hdr[:], r.foff, r.fend, r.end-r.off)
 		if err != nil {
 			return nil, err
 		}
@@ -230,7 +134,7 @@ func (r *Reader) nextInBlock() ([]byte, error) {
 		if bh.raw > int64(len(r.buf)) {
 			dst = &r.big
 		}
-		if err := readBlock(f, r.l.Path(), r.codec, r.foff, bh, dst, &r.stored); err != nil {
+		if err := readBlock(f, r.l, r.codec, r.foff, bh, dst, &r.stored); err != nil {
 			return nil, err
 		}
 		if dst == &r.buf {
@@ -242,14 +146,14 @@ func (r *Reader) nextInBlock() ([]byte, error) {
 		r.bi, r.bfoff = 0, r.foff
 		r.foff += blockHeaderSize + bh.stored
 	}
-	rest := r.blk[r.bi:]
-	if len(rest) < recHeaderSize || int64(binary.LittleEndian.Uint32(rest)) > int64(len(rest)-recHeaderSize) {
+	at := r.bi
+	k, end, ok := recordAt(r.blk, at)
+	if !ok {
 		return nil, &CorruptError{Log: r.l.Path(), Offset: r.bfoff, Err: errRecInBlock}
 	}
-	n := recHeaderSize + int(binary.LittleEndian.Uint32(rest))
-	r.bi += n
-	r.off += int64(n)
-	return rest[recHeaderSize:n:n], nil
+	r.bi = end
+	r.off += int64(end - at)
+	return r.blk[at+k : end : end], nil
 }
 
 // Close releases the reader's buffers (and, for a reader of OpenReader, hands the log's file

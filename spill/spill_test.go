@@ -87,8 +87,8 @@ func TestRoundTrip(t *testing.T) {
 		{"empty log", nil},
 		{"one empty record", []int{0}},
 		{"small records", []int{1, 2, 3, 63, 64, 65}},
-		{"exactly buffer", []int{buf - spill.FrameHeaderSize, buf - spill.FrameHeaderSize}},
-		{"one over buffer", []int{buf - spill.FrameHeaderSize + 1, 1}},
+		{"exactly buffer", []int{buf - 2, buf - 2}},
+		{"one over buffer", []int{buf - 1, 1}},
 		{"large between small", []int{10, 3 * buf, 10, 5 * buf, 0, 7 * buf}},
 		{"many small", func() []int {
 			s := make([]int, 1000)
@@ -114,7 +114,7 @@ func TestRoundTrip(t *testing.T) {
 				if err := l.Append(rec); err != nil {
 					t.Fatal(err)
 				}
-				size += int64(spill.FrameHeaderSize + n)
+				size += int64(spill.FrameSize(n))
 				if l.Size() != size {
 					t.Fatalf("Size %d, want %d", l.Size(), size)
 				}
@@ -301,11 +301,11 @@ func TestRecordTooLarge(t *testing.T) {
 
 func TestCorrupt(t *testing.T) {
 	recs := [][]byte{[]byte("first record"), []byte("second"), bytes.Repeat([]byte("x"), 300)}
-	// file offsets of the records
-	off := []int64{spill.HeaderSize}
-	for _, r := range recs {
-		off = append(off, off[len(off)-1]+spill.FrameHeaderSize+int64(len(r)))
-	}
+	// With a 128-byte buffer the first two records are one block, the third a block of its own:
+	// the file offsets of the blocks, and of the file's end.
+	blk0 := int64(spill.HeaderSize)
+	blk1 := blk0 + spill.BlockHeaderSize + int64(spill.FrameSize(len(recs[0]))+spill.FrameSize(len(recs[1])))
+	end := blk1 + spill.BlockHeaderSize + int64(spill.FrameSize(len(recs[2])))
 	tests := []struct {
 		name       string
 		damage     func(b []byte) []byte
@@ -313,12 +313,12 @@ func TestCorrupt(t *testing.T) {
 		wantOffset int64
 		wantErr    error // matched with errors.Is, besides ErrCorrupt
 	}{
-		{"payload bit flip", func(b []byte) []byte { b[off[1]+spill.FrameHeaderSize+2] ^= 1; return b }, 1, off[1], nil},
-		{"crc bit flip", func(b []byte) []byte { b[off[2]+1] ^= 0x80; return b }, 2, off[2], nil},
-		{"length grown", func(b []byte) []byte { b[off[0]+4]++; return b }, 0, off[0], nil},
-		{"length beyond end", func(b []byte) []byte { b[off[2]+7] = 0x7f; return b }, 2, off[2], nil},
-		{"torn last record", func(b []byte) []byte { return b[:len(b)-10] }, 2, off[3] - 10, io.ErrUnexpectedEOF},
-		{"torn frame header", func(b []byte) []byte { return b[:off[2]+3] }, 2, off[2] + 3, io.ErrUnexpectedEOF},
+		{"payload bit flip", func(b []byte) []byte { b[blk0+spill.BlockHeaderSize+15] ^= 1; return b }, 0, blk0, nil},
+		{"crc bit flip", func(b []byte) []byte { b[blk1+1] ^= 0x80; return b }, 2, blk1, nil},
+		{"stored length grown", func(b []byte) []byte { b[blk0+4]++; return b }, 0, blk0, nil},
+		{"raw length beyond end", func(b []byte) []byte { b[blk1+11] = 0x7f; return b }, 2, blk1, nil},
+		{"torn last record", func(b []byte) []byte { return b[:len(b)-10] }, 2, end - 10, io.ErrUnexpectedEOF},
+		{"torn block header", func(b []byte) []byte { return b[:blk1+3] }, 2, blk1 + 3, io.ErrUnexpectedEOF},
 		{"bad magic", func(b []byte) []byte { b[0] = 'X'; return b }, 0, 0, nil},
 		{"bad version", func(b []byte) []byte { b[4] = 9; return b }, 0, 4, nil},
 		{"file header torn", func(b []byte) []byte { return b[:5] }, 0, 5, io.ErrUnexpectedEOF},

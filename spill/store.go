@@ -19,10 +19,9 @@ import (
 // writes them, so the format is not part of the API and changes need no migration; the magic and
 // version only make a file that is not what the store wrote fail loudly.
 const (
-	magic                  = "PGRS" // opens every log file
-	formatVersion   uint32 = 1      // follows magic, little-endian
-	headerSize             = 8      // magic + formatVersion
-	frameHeaderSize        = 8      // a record's CRC-32C + length prefix
+	magic                = "PGRS" // opens every log file
+	formatVersion uint32 = 3      // follows magic, little-endian
+	headerSize           = 8      // magic + formatVersion
 )
 
 // MaxRecordSize is the largest record Append accepts: 1 GiB - 1 bytes, PostgreSQL's MaxAllocSize,
@@ -85,8 +84,8 @@ type Store struct {
 	maxOpen int
 	bufSize int
 	sync    bool
-	codec   Codec  // nil: format version 1
-	front   int    // bytes kept in front of wbuf in wmem: file header (and block header)
+	codec   Codec  // nil: blocks stored as they are
+	front   int    // bytes kept in front of wbuf in wmem: file header and block header
 	cmem    []byte // with a codec: a flush's block, compressed, after front bytes
 	written int64  // bytes written to log files
 
@@ -98,7 +97,7 @@ type Store struct {
 	nOpen      int
 
 	wbuf  []byte // shared write buffer; holds bytes of owner only
-	wmem  []byte // wbuf's memory: headerSize bytes in front of wbuf for a file header
+	wmem  []byte // wbuf's memory: front bytes in front of wbuf for the headers
 	owner *Log
 
 	spare  []byte // a read buffer returned by a closed Reader, for the next one
@@ -117,7 +116,7 @@ func Open(opts Options) (*Store, error) {
 		bufSize: opts.BufferSize,
 		sync:    opts.Sync,
 		codec:   opts.Codec,
-		front:   headerSize,
+		front:   headerSize + blockHeaderSize,
 	}
 	if s.fs == nil {
 		s.fs = OSFS()
@@ -129,9 +128,6 @@ func Open(opts Options) (*Store, error) {
 		s.bufSize = DefaultBufferSize
 	}
 	s.bufSize = max(s.bufSize, 64)
-	if s.codec != nil {
-		s.front = headerSize + blockHeaderSize
-	}
 	path := opts.Dir
 	if path == "" {
 		path = os.TempDir()
@@ -468,12 +464,7 @@ func (s *Store) putHeader(b []byte) {
 }
 
 // version is the format version of the store's files.
-func (s *Store) version() uint32 {
-	if s.codec != nil {
-		return formatVersionBlocks
-	}
-	return formatVersion
-}
+func (s *Store) version() uint32 { return formatVersion }
 
 // WrittenBytes returns the bytes written to the store's files so far: file and block headers
 // included, after compression with Options.Codec, and counting again what a Truncate rewrote.
