@@ -3,7 +3,6 @@ package apply
 import (
 	"context"
 	"fmt"
-	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -28,23 +27,12 @@ import (
 // anything before a progress row exists, a relaxed session writes one at the stream's start
 // position when there is none.
 
-// aheadTableName returns the quoted, qualified name of the ahead table: the progress table's (as
-// quoted and qualified by target.table), with "_ahead" appended to the table's part.
-func aheadTableName(progress string) string {
-	parts, _ := target.ParseQualified(progress)
-	parts[len(parts)-1] += "_ahead"
-	for i, p := range parts {
-		parts[i] = target.QuoteIdent(p)
-	}
-	return strings.Join(parts, ".")
-}
-
 // setupAhead creates the ahead table in relaxed mode, reads what it records of the slot, folds it,
 // and returns the position to resume from (resume, the progress row's, or past it).
 func (s *session) setupAhead(ctx context.Context, resume decoding.LSN) (decoding.LSN, error) {
 	tg := s.leader
 	progress := tg.Table(s.cfg.ProgressTable)
-	s.aheadTable = aheadTableName(progress)
+	s.aheadTable = companionTable(progress, "_ahead")
 	rows, err := target.Query(ctx, tg.PG, "SELECT pg_catalog.count(*) FROM "+progress+" WHERE slot = $1", s.cfg.Slot)
 	if err != nil {
 		return 0, fmt.Errorf("apply: reading the progress table %s: %w", progress, err)

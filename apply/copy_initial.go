@@ -51,11 +51,12 @@ func copyFatal(err error) bool {
 // copyStageTimeout bounds the clean-up of the target after a failed copy.
 const copyStageTimeout = 30 * time.Second
 
-// copyTableName returns the quoted, qualified name of the copy table: the progress table's (as
-// quoted and qualified by target.table), with "_copy" appended to the table's part.
-func copyTableName(progress string) string {
+// companionTable returns the quoted, qualified name of a table that lives beside the progress
+// table: the progress table's name (as quoted and qualified by target.table) with suffix
+// appended to the table's part ("_copy" for the initial copy's, "_ahead" for relaxed commits').
+func companionTable(progress, suffix string) string {
 	parts, _ := target.ParseQualified(progress)
-	parts[len(parts)-1] += "_copy"
+	parts[len(parts)-1] += suffix
 	for i, p := range parts {
 		parts[i] = target.QuoteIdent(p)
 	}
@@ -69,7 +70,7 @@ func copyTableName(progress string) string {
 // copyTarget). On failure what was copied is discarded once the slot is dropped; what could not
 // be discarded, the next session does.
 func (s *session) initialCopy(ctx context.Context, rcfg replication.Config) (*replication.Stream, decoding.LSN, error) {
-	ct := copyTableName(s.leader.Table(s.cfg.ProgressTable))
+	ct := companionTable(s.leader.Table(s.cfg.ProgressTable), "_copy")
 	if err := s.createCopyTable(ctx, ct); err != nil {
 		return nil, 0, err
 	}

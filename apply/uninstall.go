@@ -92,7 +92,7 @@ func (a *Applier) Uninstall(ctx context.Context, opts UninstallOptions) error {
 	}
 	if opts.Progress {
 		progress := tg.Table(cfg.ProgressTable)
-		for _, t := range []string{progress, copyTableName(progress), aheadTableName(progress)} {
+		for _, t := range []string{progress, companionTable(progress, "_copy"), companionTable(progress, "_ahead")} {
 			rows, err := target.Query(ctx, conn, "SELECT (pg_catalog.to_regclass($1) IS NOT NULL)::pg_catalog.text", t)
 			if err != nil {
 				return rollback(err)
