@@ -119,9 +119,23 @@ func (s *session) committed(c commitRef, durable bool) {
 	// Wake the leader either way: durable, the commit is to be acknowledged; not durable, the
 	// leader may be waiting for the stream with no commit to flush when it went to wait, and the
 	// source may be waiting for this one (synchronous replication): nothing more would come.
+	a.wakeLocked()
+}
+
+// wakeLocked makes the leader's wait for the stream, if any, return errWoken. Called with a.mu
+// held.
+func (a *acks) wakeLocked() {
 	if a.waiting && a.cancel != nil {
 		a.cancel()
 	}
+}
+
+// finished wakes the leader after a worker finished a sequence number with nothing to commit:
+// an open run may be waiting for it to be sealed (see runStartable).
+func (s *session) finished() {
+	s.acks.mu.Lock()
+	s.acks.wakeLocked()
+	s.acks.mu.Unlock()
 }
 
 // markFlushed records that every commit up to seq is durable, and a progress row at pos.
@@ -179,7 +193,10 @@ func (s *session) next(ctx context.Context) (*reorderbuffer.Txn, error) {
 	// (Buffered) commits as soon as nothing more is ready.
 	// Commits past the committed prefix (relaxed commit order) wait for it to move, which a
 	// commit wakes the leader for: no flush for them.
-	unflushed := (len(a.list) > 0 && a.list[0].seq <= prefix && !s.leader.InTxn) || s.group.open() || s.run != nil
+	// An open run (Parallel) is sealed once nothing more is ready, if it could commit at once;
+	// otherwise the commit before it wakes the leader. The order is read under a.mu, which
+	// committed takes after Finish: a commit either is seen here or wakes the wait below.
+	unflushed := (len(a.list) > 0 && a.list[0].seq <= prefix && !s.leader.InTxn) || s.group.open() || (s.run != nil && s.runStartable())
 	if a.wake == nil || a.wake.Err() != nil {
 		a.wake, a.cancel = context.WithCancel(ctx)
 	}

@@ -170,7 +170,8 @@
 //
 // Parallel is Eager plus committed transactions applied by several workers at once. The whole
 // committed transactions the stream delivers one after another form runs (up to the limits of a
-// Buffered group); a worker applies a run as Buffered applies a group, set-based, in one target
+// Buffered group; the stream running dry ends a run only once every earlier one committed, so
+// that while the Applier is behind runs grow as Buffered's groups do); a worker applies a run as Buffered applies a group, set-based, in one target
 // transaction with the progress row of its last transaction. A run waits, before a change, for
 // the commit of any earlier run in flight that touched the same row (relation and replica
 // identity key), so that each change sees what the source saw; runs that touch different rows

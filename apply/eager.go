@@ -179,7 +179,7 @@ func (s *session) runIncremental(ctx context.Context) error {
 		if err != nil {
 			if errors.Is(err, errIdle) && s.group.open() { // nothing more to read: commit
 				err = s.endGroup(ctx)
-			} else if errors.Is(err, errIdle) && s.run != nil {
+			} else if errors.Is(err, errIdle) && s.run != nil && s.runStartable() {
 				err = s.sealRun()
 			} else {
 				err = s.wakeUp(ctx, err)
@@ -282,9 +282,9 @@ func (s *session) endGroup(ctx context.Context) error {
 // touch different rows are applied at once, and a run that depends on the one before waits for
 // its commit while the leader fills the next. A run takes transactions up to the limits of a
 // group (groupMaxTxns, groupMaxChanges, groupMaxAge), and ends when the stream has nothing more
-// to read or hands out anything else (a part of a streamed or large transaction, an abort, an
-// idle advance, a transaction to apply alone): the run's commit then comes before it in commit
-// order. Handing a run over costs the leader nothing per transaction; its worker sends the run's
+// to read and nothing earlier it would wait for is in flight (runStartable), or when it hands
+// out anything else (a part of a streamed or large transaction, an abort, an idle advance, a
+// transaction to apply alone): the run's commit then comes before it in commit order. Handing a run over costs the leader nothing per transaction; its worker sends the run's
 // changes, reduced to set statements, with its commit (or, sooner, while it waits for its turn
 // to commit), as Buffered sends a group's.
 
@@ -297,11 +297,7 @@ func (s *session) runnable(t *reorderbuffer.Txn) bool {
 // addToRun queues t in the open run, after sealing it if it is full, or in a new one.
 func (s *session) addToRun(ctx context.Context, t *reorderbuffer.Txn) error {
 	now := s.cfg.now()
-	maxTxns := groupMaxTxns
-	if s.cfg.runTxns > 0 {
-		maxTxns = s.cfg.runTxns
-	}
-	if j := s.run; j != nil && (len(j.members) >= maxTxns || j.changes >= groupMaxChanges || now.Sub(j.opened) >= groupMaxAge) {
+	if j := s.run; j != nil && (s.runFull() || now.Sub(j.opened) >= groupMaxAge) {
 		if err := s.sealRun(); err != nil {
 			return err
 		}
@@ -351,6 +347,46 @@ func (s *session) addToRun(ctx context.Context, t *reorderbuffer.Txn) error {
 		j.mu.Unlock()
 	}
 	return err
+}
+
+// runStartable says whether the open run, sealed now, could commit at once: every transaction
+// before it committed (relaxed: every one it waits for), or it is full. The stream running dry
+// seals a run only then. While an earlier run it would wait for is still in flight, the open
+// one keeps taking the transactions that arrive instead: sealed, it would only wait, and
+// a backlog the source delivers in bursts would otherwise be cut into many small runs, each a
+// commit of its own, where Buffered's groups grow during each commit's round trip. The earlier
+// commit wakes the leader (session.committed), which then seals the run once nothing more
+// is ready; every earlier transaction has all its records queued, so none of them waits for
+// the leader.
+func (s *session) runStartable() bool {
+	j := s.run
+	if j == nil || s.runFull() {
+		return true
+	}
+	done := s.order.Committed()
+	if !s.cfg.relaxed() {
+		return done >= j.Seq.Load()-1
+	}
+	// Relaxed: it commits as soon as what it waits for did.
+	if j.waitFor > done {
+		return false
+	}
+	for dep := range j.after {
+		if dep > done && !s.order.Finished(dep) {
+			return false
+		}
+	}
+	return true
+}
+
+// runFull says whether the open run took as many transactions or changes as a run may.
+func (s *session) runFull() bool {
+	maxTxns := groupMaxTxns
+	if s.cfg.runTxns > 0 {
+		maxTxns = s.cfg.runTxns
+	}
+	j := s.run
+	return len(j.members) >= maxTxns || j.changes >= groupMaxChanges
 }
 
 // sealRun queues the commit of the open run, if any.
@@ -901,6 +937,7 @@ func (r *jobRun) Abort(ctx context.Context, begun bool) error {
 			return err
 		}
 		r.s.order.Finish(seq)
+		r.s.finished()
 	}
 	return nil
 }
