@@ -38,7 +38,7 @@ func (recvLogical) binary(p *pair) (bin, libDir string, err error) {
 	if _, err = os.Stat(bin); err == nil {
 		return bin, p.install.LibDir, nil
 	}
-	installs := pgtest.FindInstalls()
+	installs := pgtest.AllInstalls() // PGREORDER_PG_VERSIONS may leave out the one that has it
 	for i := len(installs) - 1; i >= 0; i-- {
 		other := filepath.Join(installs[i].BinDir, "pg_recvlogical")
 		if _, serr := os.Stat(other); serr == nil {

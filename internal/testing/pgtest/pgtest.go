@@ -61,6 +61,9 @@ var (
 // FindInstalls is pgserver.FindInstalls.
 func FindInstalls() []Install { return pgserver.FindInstalls() }
 
+// AllInstalls is pgserver.AllInstalls: every installation, whatever PGREORDER_PG_VERSIONS says.
+func AllInstalls() []Install { return pgserver.AllInstalls() }
+
 // DefaultPGDirs is pgserver.DefaultPGDirs.
 func DefaultPGDirs() []string { return pgserver.DefaultPGDirs() }
 

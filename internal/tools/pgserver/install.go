@@ -94,6 +94,22 @@ func moduleRoot() string {
 // same major, the first found wins (Debian first). PGREORDER_PG_VERSIONS="15,18" restricts the
 // result to those majors. It never fails: unusable candidates are left out.
 func FindInstalls() []Install {
+	found := AllInstalls()
+	if want := wantedMajors(); want != nil {
+		kept := found[:0]
+		for _, in := range found {
+			if want[in.Major] {
+				kept = append(kept, in)
+			}
+		}
+		found = kept
+	}
+	return found
+}
+
+// AllInstalls is FindInstalls without PGREORDER_PG_VERSIONS's restriction: every installation
+// found, for a client program that a server-only installation lacks.
+func AllInstalls() []Install {
 	var found []Install
 	seen := map[int]bool{}
 	add := func(in Install) {
@@ -114,15 +130,6 @@ func FindInstalls() []Install {
 		for _, in := range findNPM(d) {
 			add(in)
 		}
-	}
-	if want := wantedMajors(); want != nil {
-		kept := found[:0]
-		for _, in := range found {
-			if want[in.Major] {
-				kept = append(kept, in)
-			}
-		}
-		found = kept
 	}
 	sort.Slice(found, func(i, j int) bool { return found[i].Major < found[j].Major })
 	return found
