@@ -369,8 +369,9 @@ func execWatching(ctx context.Context, conn *pgconn.PgConn, sql string, a applyi
 // x-native (catchup-s / the limit's, / the native worker's, of the same case), cpu-ms/txn (CPU
 // time of the subscriber server, all its processes, and of the applier process, from the start
 // to the catch-up, per backlog transaction; target-cpu-ms/txn and applier-cpu-ms/txn are its
-// two parts) and cpu-x-native, speedup-vs-native (native / ours), and the backlog's backlog-s,
-// backlog-txn/s and backlog-wal-MB. With PGREORDER_BENCH_APPLY_CPUPROFILE=DIR, each pgreorder
+// two parts) and cpu-x-native, speedup-vs-native (native / ours), applier-rss-MB (the peak
+// resident set of the subscriber's own process, ours and the limit's, from its start to the
+// catch-up: VmHWM), and the backlog's backlog-s, backlog-txn/s and backlog-wal-MB. With PGREORDER_BENCH_APPLY_CPUPROFILE=DIR, each pgreorder
 // catch-up writes its applier's CPU profile to DIR/pgNN-LOAD-SUB.pprof.
 func BenchmarkApplyCatchup(b *testing.B) {
 	requireApply(b)
@@ -425,6 +426,7 @@ func BenchmarkApplyCatchup(b *testing.B) {
 type catchupResult struct {
 	catchup, visible, backlog time.Duration
 	targetCPU, applierCPU     time.Duration // from the start to the catch-up
+	applierRSS                int64         // the applier's peak resident set, bytes (0: not a process of ours)
 	walBytes                  int64
 	stats                     slotStats
 }
@@ -434,6 +436,7 @@ type catchupFigures struct{ catchup, cpu float64 }
 
 func benchCatchup(b *testing.B, p *pair, c contender, load catchupLoad, profile string) catchupFigures {
 	var catchup, visible, backlog, walMB, targetCPU, applierCPU []float64
+	var rss int64
 	for i := range b.N * int(envSize(b, envApplyRuns, 1, 1)) {
 		load = load.withSeed(seed + uint64(i))
 		prof := profile
@@ -453,6 +456,7 @@ func benchCatchup(b *testing.B, p *pair, c contender, load catchupLoad, profile 
 		walMB = append(walMB, float64(res.walBytes)/1e6)
 		targetCPU = append(targetCPU, res.targetCPU.Seconds())
 		applierCPU = append(applierCPU, res.applierCPU.Seconds())
+		rss = max(rss, res.applierRSS)
 	}
 	if profile != "" {
 		b.Logf("applier CPU profile: %s", profile)
@@ -470,6 +474,9 @@ func benchCatchup(b *testing.B, p *pair, c contender, load catchupLoad, profile 
 	b.ReportMetric(tc+ac, "cpu-ms/txn")
 	b.ReportMetric(tc, "target-cpu-ms/txn")
 	b.ReportMetric(ac, "applier-cpu-ms/txn")
+	if rss > 0 {
+		b.ReportMetric(float64(rss)/(1<<20), "applier-rss-MB")
+	}
 	b.ReportMetric(middleMean(backlog), "backlog-s")
 	b.ReportMetric(n/middleMean(backlog), "backlog-txn/s")
 	b.ReportMetric(middleMean(walMB), "backlog-wal-MB")
@@ -478,6 +485,9 @@ func benchCatchup(b *testing.B, p *pair, c contender, load catchupLoad, profile 
 
 // cpuTimer is a started contender whose own process's CPU time can be read.
 type cpuTimer interface{ cpu() (time.Duration, error) }
+
+// rssReader is a started contender whose own process's peak resident set can be read.
+type rssReader interface{ peakRSS() (int64, error) }
 
 func catchupOnce(p *pair, c contender, load catchupLoad, profile string) (res catchupResult, err error) {
 	clients, txns := load.size()
@@ -581,6 +591,11 @@ func catchupOnce(p *pair, c contender, load catchupLoad, profile string) (res ca
 				if ct, ok := a.(cpuTimer); ok {
 					if res.applierCPU, err = ct.cpu(); err != nil {
 						return res, fmt.Errorf("the applier's CPU time: %w", err)
+					}
+				}
+				if rr, ok := a.(rssReader); ok {
+					if res.applierRSS, err = rr.peakRSS(); err != nil {
+						return res, fmt.Errorf("the applier's peak RSS: %w", err)
 					}
 				}
 			}

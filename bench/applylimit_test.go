@@ -247,6 +247,22 @@ func (p *process) cpu() (time.Duration, error) {
 	return self, err
 }
 
+// peakRSS returns the process's peak resident set size so far (VmHWM), in bytes; after it
+// exited, its rusage's maximum.
+func (p *process) peakRSS() (int64, error) {
+	n, err := procHWM(p.cmd.Process.Pid)
+	if err != nil {
+		select {
+		case <-p.exited:
+			if ru, ok := p.cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
+				return ru.Maxrss << 10, nil // kB on Linux
+			}
+		default:
+		}
+	}
+	return n, err
+}
+
 // probeFlag returns an error when bin's apply command does not know flag.
 func probeFlag(bin, flag string, args ...string) error {
 	out, _ := exec.Command(bin, append([]string{"apply", flag}, append(args, "-h")...)...).CombinedOutput()

@@ -395,6 +395,19 @@ func applyTables(w io.Writer, all []result) {
 			}
 			fmt.Fprintln(w)
 		}
+		fmt.Fprintf(w, "\nApplyCatchup peak RSS of the subscriber's own process (MB; the native worker runs inside the server):\n\n|case|%s|\n", strings.Join(catchupSubs, "|"))
+		fmt.Fprintf(w, "|---|%s|\n", strings.Repeat("---|", len(catchupSubs)-1)+"---")
+		for _, rw := range rows {
+			fmt.Fprintf(w, "| %s |", rw.name)
+			for _, sub := range catchupSubs {
+				if v, ok := get(rw, sub, "applier-rss-MB"); ok {
+					fmt.Fprintf(w, " %.0f |", v)
+				} else {
+					fmt.Fprint(w, " — |")
+				}
+			}
+			fmt.Fprintln(w)
+		}
 	}
 }
 
