@@ -158,3 +158,52 @@ func TestStatementsBounded(t *testing.T) {
 		t.Errorf("%d statements prepared: evicted statements were not prepared again", prepares)
 	}
 }
+
+// TestFullIdentityKeyed replicates REPLICA IDENTITY FULL tables whose target has a unique index
+// on NOT NULL columns, which Buffered and Parallel apply as set statements (their updates and
+// deletes name the row by the key's index and the whole old row): rows updated several times in
+// a transaction, deleted and inserted again, NULLs matching NULLs, a column without equality
+// operator (json), a two-column key. A transaction of many updates takes a few statements, not
+// one per row; the rows are the source's.
+func TestFullIdentityKeyed(t *testing.T) {
+	schema := []string{
+		`CREATE TABLE fk (id int NOT NULL, doc json, v text, n int NOT NULL)`,
+		`CREATE UNIQUE INDEX fk_id ON fk (id)`,
+		`ALTER TABLE fk REPLICA IDENTITY FULL`,
+		`CREATE TABLE fk2 (a int NOT NULL, b text NOT NULL, v text, PRIMARY KEY (a, b))`,
+		`ALTER TABLE fk2 REPLICA IDENTITY FULL`,
+		`CREATE TABLE marker (id int PRIMARY KEY)`,
+	}
+	for _, major := range testMajors {
+		for _, mode := range []Mode{Buffered, Parallel} {
+			t.Run(fmt.Sprintf("pg%d/%s", major, mode), func(t *testing.T) {
+				e := fullEnv(t, major, "fullkeyed", schema)
+				execOn(t, e.src,
+					`INSERT INTO fk SELECT i, CASE WHEN i % 3 = 0 THEN NULL ELSE json_build_object('i', i) END,
+						CASE WHEN i % 4 = 0 THEN NULL ELSE 'v' || i END, i FROM generate_series(1, 400) i`,
+					`INSERT INTO fk2 SELECT i % 20, 'b' || (i / 20), CASE WHEN i % 5 = 0 THEN NULL ELSE 'x' END FROM generate_series(0, 199) i`)
+				r := start(t, e.config(t, mode))
+				execOn(t, e.src, `INSERT INTO marker VALUES (1)`)
+				e.waitMarker(t, r, 1)
+				before := r.a.stats.Statements.Load()
+				execOn(t, e.src, `UPDATE fk SET n = n + 1000 WHERE id <= 300`, `INSERT INTO marker VALUES (2)`)
+				e.waitMarker(t, r, 2)
+				if n := r.a.stats.Statements.Load() - before; n >= 100 {
+					t.Errorf("300 updates of a FULL table with a unique key took %d statements: not set-based", n)
+				}
+				execOn(t, e.src,
+					`BEGIN; UPDATE fk SET v = 'twice' WHERE id % 7 = 0; UPDATE fk SET doc = '{"again": true}', v = NULL WHERE id % 7 = 0; COMMIT`,
+					`BEGIN; DELETE FROM fk WHERE id % 11 = 0; INSERT INTO fk SELECT i, NULL, 'back', -i FROM generate_series(11, 400, 11) i; COMMIT`,
+					`BEGIN; UPDATE fk SET doc = NULL WHERE id % 5 = 1; DELETE FROM fk WHERE id % 13 = 0; UPDATE fk SET n = 0 WHERE id % 17 = 0; COMMIT`,
+					`BEGIN; INSERT INTO fk VALUES (1000, '[1]', NULL, 1); UPDATE fk SET v = 'new' WHERE id = 1000; DELETE FROM fk WHERE id = 1000; COMMIT`,
+					`UPDATE fk2 SET v = coalesce(v, 'was null') || '!' WHERE a % 3 = 0`,
+					`BEGIN; DELETE FROM fk2 WHERE a = 1; INSERT INTO fk2 VALUES (1, 'b0', NULL); UPDATE fk2 SET v = 'y' WHERE v IS NULL; COMMIT`,
+					`INSERT INTO marker VALUES (3)`)
+				e.waitMarker(t, r, 3)
+				r.halt(t)
+				e.sameRows(t, "fk")
+				e.sameRows(t, "fk2")
+			})
+		}
+	}
+}

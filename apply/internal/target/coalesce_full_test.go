@@ -1,11 +1,15 @@
 package target
 
 import (
+	"context"
+	"log/slog"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/pgreorder/pgreorder/apply/internal/detect"
 	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
 )
 
 // fullTable is a REPLICA IDENTITY FULL table (id int NOT NULL, j json, v text, n int NOT NULL)
@@ -119,4 +123,97 @@ func TestFullHeld(t *testing.T) {
 		nt.rows[1].first != 'U' || !sameTuple(nt.rows[1].key, row("3", "b", "1")) || !sameTuple(nt.rows[1].row, row("3", "c", "2")) {
 		t.Errorf("net rows %+v", nt.rows)
 	}
+}
+
+// TestCoalesceFullFallbacks: the changes of REPLICA IDENTITY FULL tables are held for set
+// statements when the target's unique index identifies a row for sure (a primary key, a unique
+// index on NOT NULL columns), and go row by row otherwise (a unique column that may be NULL,
+// two unique indexes, a partial one, a deferrable one; without a unique index, inserts are held
+// until an update or delete): each table ends as the source's rows.
+func TestCoalesceFullFallbacks(t *testing.T) {
+	tables := []struct {
+		name, ddl string
+		held      bool // updates and deletes held
+	}{
+		{"f_pk", "(id int PRIMARY KEY, v text)", true},
+		{"f_unique", "(id int NOT NULL UNIQUE, v text)", true},
+		{"f_nullable", "(id int UNIQUE, v text)", false},
+		{"f_two", "(id int NOT NULL UNIQUE, v text UNIQUE)", false},
+		{"f_partial", "(id int NOT NULL, v text)", false},
+		{"f_deferrable", "(id int NOT NULL UNIQUE DEFERRABLE, v text)", false},
+		{"f_none", "(id int NOT NULL, v text)", false},
+	}
+	pgtest.EachMajor(t, pgtest.Majors(t), func(t *testing.T, srv *Server) {
+		ctx := pgtest.Context(t, time.Minute)
+		dsn := srv.ConnString(pgtest.NewDatabase(t, srv))
+		ddl := []string{"CREATE UNIQUE INDEX ON public.f_partial (id) WHERE id > 0",
+			"CREATE TABLE public.progress (slot text PRIMARY KEY, end_lsn pg_lsn NOT NULL, system_id text, timeline int)"}
+		for _, tb := range tables {
+			ddl = append([]string{"CREATE TABLE public." + tb.name + " " + tb.ddl}, ddl...)
+		}
+		pgtest.ExecAll(t, dsn, ddl...)
+		c, err := Connect(ctx, &Options{ConnString: dsn, Logger: slog.New(slog.DiscardHandler), Now: time.Now}, "full", &Counters{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close(context.Background())
+		upsert, _ := ProgressSQL("public.progress")
+		if err := c.PrepareProgress(ctx, upsert); err != nil {
+			t.Fatal(err)
+		}
+		reg := NewRegistry()
+		txt := func(s string) decoding.Column { return decoding.Column{Kind: decoding.ColumnText, Data: []byte(s)} }
+		row := func(id, v string) decoding.Tuple { return decoding.Tuple{txt(id), txt(v)} }
+		type step struct {
+			m    decoding.Message
+			held bool // for a table whose updates and deletes are held
+		}
+		steps := []step{
+			{&decoding.Insert{New: row("1", "a")}, true},
+			{&decoding.Insert{New: row("2", "b")}, true},
+			{&decoding.Insert{New: row("3", "c")}, true},
+			{&decoding.Update{OldKind: 'O', Old: row("1", "a"), New: row("1", "a2")}, true},
+			{&decoding.Delete{OldKind: 'O', Old: row("2", "b")}, true},
+			{&decoding.Update{OldKind: 'O', Old: row("1", "a2"), New: row("1", "a3")}, true},
+		}
+		c.Begin(1, nil)
+		c.Coalesce(true)
+		for i, tb := range tables {
+			rel := reg.Intern(&decoding.Relation{RelationID: uint32(i + 1), Namespace: "public", Name: tb.name, ReplicaIdentity: 'f',
+				Columns: []decoding.RelationColumn{{Flags: 1, Name: "id", TypeOID: 23}, {Flags: 1, Name: "v", TypeOID: 25}}}, nil)
+			m, err := c.Mapping(ctx, rel, OpInsert)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for j, s := range steps {
+				if err := c.Change(ctx, s.m, []*Relation{rel}); err != nil {
+					t.Fatalf("%s: change %d: %v", tb.name, j, err)
+				}
+				nt := c.co.tables[m]
+				held := nt != nil && !nt.rowPath && len(nt.log) > 0
+				want := tb.held && s.held
+				if tb.name == "f_none" {
+					want = j < 3 // inserts, until an update
+				}
+				if held != want {
+					t.Errorf("%s: change %d: held %v, want %v", tb.name, j, held, want)
+				}
+			}
+		}
+		if err := c.Commit(ctx, ProgressKey{Slot: "s", System: "1", Timeline: 1}, 100, false); err != nil {
+			t.Fatal(err)
+		}
+		for _, tb := range tables {
+			rows, err := Query(ctx, c.PG, "SELECT string_agg(id || '=' || v, ',' ORDER BY id) FROM public."+tb.name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := string(rows[0][0]); got != "1=a3,3=c" {
+				t.Errorf("%s: %s, want 1=a3,3=c", tb.name, got)
+			}
+		}
+		if c.setDone != 1 || c.setFallbacks != 0 {
+			t.Errorf("set statements succeeded %d times, fell back %d times; want once and never", c.setDone, c.setFallbacks)
+		}
+	})
 }
