@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgreorder/pgreorder/apply/conflict"
 	"github.com/pgreorder/pgreorder/apply/internal/target"
 	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
 )
@@ -205,5 +206,65 @@ func TestFullIdentityKeyed(t *testing.T) {
 				e.sameRows(t, "fk2")
 			})
 		}
+	}
+}
+
+// TestFullIdentityKeyedConflicts: with conflict detection, an update or delete of a FULL table
+// applied set-based whose target row differs from the old row in a column besides the key, or
+// is gone, is a conflict reported as row by row reports it (update_missing, delete_missing,
+// skipped: the local row stays); the other changes of the transaction apply.
+func TestFullIdentityKeyedConflicts(t *testing.T) {
+	schema := []string{
+		`CREATE TABLE fkc (id int NOT NULL, v text, n int NOT NULL)`,
+		`CREATE UNIQUE INDEX fkc_id ON fkc (id)`,
+		`ALTER TABLE fkc REPLICA IDENTITY FULL`,
+		`CREATE TABLE marker (id int PRIMARY KEY)`,
+	}
+	major := testMajors[len(testMajors)-1]
+	for _, mode := range []Mode{Buffered, Parallel} {
+		t.Run(fmt.Sprintf("pg%d/%s", major, mode), func(t *testing.T) {
+			e := fullEnv(t, major, "fullconflicts", schema)
+			var log pgtest.LockedBuffer
+			cfg := e.conflictConfig(t, &log, nil)
+			cfg.Mode = mode
+			dropOrigins(t, e.dst, cfg.Origin)
+			t.Cleanup(func() {
+				if t.Failed() {
+					t.Log(log.String())
+				}
+			})
+			execOn(t, e.src, `INSERT INTO fkc SELECT i, 'v' || i, i FROM generate_series(1, 10) i`, `INSERT INTO marker VALUES (1)`)
+			r := start(t, cfg)
+			e.waitMarker(t, r, 1)
+			r.halt(t)
+			// Rows whose key is there, one column besides it differing: the set statements would
+			// change as many rows as they name if they matched the key alone.
+			execOn(t, e.dst, `UPDATE fkc SET v = 'local' WHERE id IN (3, 7)`)
+			execOn(t, e.src, `BEGIN; UPDATE fkc SET n = n + 100 WHERE id IN (2, 3, 4); DELETE FROM fkc WHERE id IN (6, 7); COMMIT`,
+				`INSERT INTO marker VALUES (2)`)
+			r = start(t, cfg)
+			e.waitMarker(t, r, 2)
+			r.halt(t)
+			// A row gone.
+			execOn(t, e.dst, `DELETE FROM fkc WHERE id = 5`)
+			execOn(t, e.src, `BEGIN; DELETE FROM fkc WHERE id = 5; UPDATE fkc SET n = -n WHERE id = 8; COMMIT`, `INSERT INTO marker VALUES (3)`)
+			r2 := start(t, cfg)
+			e.waitMarker(t, r2, 3)
+			r2.halt(t)
+			ctx := testCtx(t)
+			c, err := pgx.Connect(ctx, e.dst)
+			must(t, err)
+			defer c.Close(context.Background())
+			var got string
+			must(t, c.QueryRow(ctx, `SELECT string_agg(id || ':' || v || ':' || n, ' ' ORDER BY id) FROM fkc`).Scan(&got))
+			if want := "1:v1:1 2:v2:102 3:local:3 4:v4:104 7:local:7 8:v8:-8 9:v9:9 10:v10:10"; got != want {
+				t.Errorf("target rows %s, want %s", got, want)
+			}
+			for ct, want := range map[conflict.Type]int64{conflict.UpdateMissing: 1, conflict.DeleteMissing: 2} {
+				if n := r.a.stats.Conflicts[ct].Load() + r2.a.stats.Conflicts[ct].Load(); n != want {
+					t.Errorf("%v: %d conflicts, want %d", ct, n, want)
+				}
+			}
+		})
 	}
 }
