@@ -148,8 +148,12 @@
 // could change what the target sees or what conflict detection reports: tables whose triggers
 // fire for the Applier (foreign keys included, unless it runs as session_replication_role =
 // replica); tables with a unique or exclusion index other than the replica identity key's, or a
-// deferrable one; updates and deletes of tables without a key (REPLICA IDENTITY FULL: their
-// inserts are held while nothing else comes); updates of the key; binary values (Config.Binary);
+// deferrable one; updates and deletes of tables without a key (REPLICA IDENTITY FULL, unless
+// the target table's only unique or exclusion index is a primary key or a unique index of plain
+// columns, NOT NULL on the target, neither partial nor deferrable: that is then the key, and a
+// set statement names each row by it and by every column of the old row, compared as below;
+// without a unique index their inserts are held while nothing else comes); updates of the key
+// (for FULL tables, of that index's columns); binary values (Config.Binary);
 // updates with unchanged TOASTed values of a row the group did not insert or update whole;
 // columns whose type has no array type; a TRUNCATE, for the tables it names. A table into which
 // one source transaction inserts 32 rows or more in a row goes one statement each too, its

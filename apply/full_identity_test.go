@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgreorder/pgreorder/apply/conflict"
 	"github.com/pgreorder/pgreorder/apply/internal/target"
 	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
 )
@@ -156,5 +157,114 @@ func TestStatementsBounded(t *testing.T) {
 	}
 	if prepares < 2*3*tables {
 		t.Errorf("%d statements prepared: evicted statements were not prepared again", prepares)
+	}
+}
+
+// TestFullIdentityKeyed replicates REPLICA IDENTITY FULL tables whose target has a unique index
+// on NOT NULL columns, which Buffered and Parallel apply as set statements (their updates and
+// deletes name the row by the key's index and the whole old row): rows updated several times in
+// a transaction, deleted and inserted again, NULLs matching NULLs, a column without equality
+// operator (json), a two-column key. A transaction of many updates takes a few statements, not
+// one per row; the rows are the source's.
+func TestFullIdentityKeyed(t *testing.T) {
+	schema := []string{
+		`CREATE TABLE fk (id int NOT NULL, doc json, v text, n int NOT NULL)`,
+		`CREATE UNIQUE INDEX fk_id ON fk (id)`,
+		`ALTER TABLE fk REPLICA IDENTITY FULL`,
+		`CREATE TABLE fk2 (a int NOT NULL, b text NOT NULL, v text, PRIMARY KEY (a, b))`,
+		`ALTER TABLE fk2 REPLICA IDENTITY FULL`,
+		`CREATE TABLE marker (id int PRIMARY KEY)`,
+	}
+	for _, major := range testMajors {
+		for _, mode := range []Mode{Buffered, Parallel} {
+			t.Run(fmt.Sprintf("pg%d/%s", major, mode), func(t *testing.T) {
+				e := fullEnv(t, major, "fullkeyed", schema)
+				execOn(t, e.src,
+					`INSERT INTO fk SELECT i, CASE WHEN i % 3 = 0 THEN NULL ELSE json_build_object('i', i) END,
+						CASE WHEN i % 4 = 0 THEN NULL ELSE 'v' || i END, i FROM generate_series(1, 400) i`,
+					`INSERT INTO fk2 SELECT i % 20, 'b' || (i / 20), CASE WHEN i % 5 = 0 THEN NULL ELSE 'x' END FROM generate_series(0, 199) i`)
+				r := start(t, e.config(t, mode))
+				execOn(t, e.src, `INSERT INTO marker VALUES (1)`)
+				e.waitMarker(t, r, 1)
+				before := r.a.stats.Statements.Load()
+				execOn(t, e.src, `UPDATE fk SET n = n + 1000 WHERE id <= 300`, `INSERT INTO marker VALUES (2)`)
+				e.waitMarker(t, r, 2)
+				if n := r.a.stats.Statements.Load() - before; n >= 100 {
+					t.Errorf("300 updates of a FULL table with a unique key took %d statements: not set-based", n)
+				}
+				execOn(t, e.src,
+					`BEGIN; UPDATE fk SET v = 'twice' WHERE id % 7 = 0; UPDATE fk SET doc = '{"again": true}', v = NULL WHERE id % 7 = 0; COMMIT`,
+					`BEGIN; DELETE FROM fk WHERE id % 11 = 0; INSERT INTO fk SELECT i, NULL, 'back', -i FROM generate_series(11, 400, 11) i; COMMIT`,
+					`BEGIN; UPDATE fk SET doc = NULL WHERE id % 5 = 1; DELETE FROM fk WHERE id % 13 = 0; UPDATE fk SET n = 0 WHERE id % 17 = 0; COMMIT`,
+					`BEGIN; INSERT INTO fk VALUES (1000, '[1]', NULL, 1); UPDATE fk SET v = 'new' WHERE id = 1000; DELETE FROM fk WHERE id = 1000; COMMIT`,
+					`UPDATE fk2 SET v = coalesce(v, 'was null') || '!' WHERE a % 3 = 0`,
+					`BEGIN; DELETE FROM fk2 WHERE a = 1; INSERT INTO fk2 VALUES (1, 'b0', NULL); UPDATE fk2 SET v = 'y' WHERE v IS NULL; COMMIT`,
+					`INSERT INTO marker VALUES (3)`)
+				e.waitMarker(t, r, 3)
+				r.halt(t)
+				e.sameRows(t, "fk")
+				e.sameRows(t, "fk2")
+			})
+		}
+	}
+}
+
+// TestFullIdentityKeyedConflicts: with conflict detection, an update or delete of a FULL table
+// applied set-based whose target row differs from the old row in a column besides the key, or
+// is gone, is a conflict reported as row by row reports it (update_missing, delete_missing,
+// skipped: the local row stays); the other changes of the transaction apply.
+func TestFullIdentityKeyedConflicts(t *testing.T) {
+	schema := []string{
+		`CREATE TABLE fkc (id int NOT NULL, v text, n int NOT NULL)`,
+		`CREATE UNIQUE INDEX fkc_id ON fkc (id)`,
+		`ALTER TABLE fkc REPLICA IDENTITY FULL`,
+		`CREATE TABLE marker (id int PRIMARY KEY)`,
+	}
+	major := testMajors[len(testMajors)-1]
+	for _, mode := range []Mode{Buffered, Parallel} {
+		t.Run(fmt.Sprintf("pg%d/%s", major, mode), func(t *testing.T) {
+			e := fullEnv(t, major, "fullconflicts", schema)
+			var log pgtest.LockedBuffer
+			cfg := e.conflictConfig(t, &log, nil)
+			cfg.Mode = mode
+			dropOrigins(t, e.dst, cfg.Origin)
+			t.Cleanup(func() {
+				if t.Failed() {
+					t.Log(log.String())
+				}
+			})
+			execOn(t, e.src, `INSERT INTO fkc SELECT i, 'v' || i, i FROM generate_series(1, 10) i`, `INSERT INTO marker VALUES (1)`)
+			r := start(t, cfg)
+			e.waitMarker(t, r, 1)
+			r.halt(t)
+			// Rows whose key is there, one column besides it differing: the set statements would
+			// change as many rows as they name if they matched the key alone.
+			execOn(t, e.dst, `UPDATE fkc SET v = 'local' WHERE id IN (3, 7)`)
+			execOn(t, e.src, `BEGIN; UPDATE fkc SET n = n + 100 WHERE id IN (2, 3, 4); DELETE FROM fkc WHERE id IN (6, 7); COMMIT`,
+				`INSERT INTO marker VALUES (2)`)
+			r = start(t, cfg)
+			e.waitMarker(t, r, 2)
+			r.halt(t)
+			// A row gone.
+			execOn(t, e.dst, `DELETE FROM fkc WHERE id = 5`)
+			execOn(t, e.src, `BEGIN; DELETE FROM fkc WHERE id = 5; UPDATE fkc SET n = -n WHERE id = 8; COMMIT`, `INSERT INTO marker VALUES (3)`)
+			r2 := start(t, cfg)
+			e.waitMarker(t, r2, 3)
+			r2.halt(t)
+			ctx := testCtx(t)
+			c, err := pgx.Connect(ctx, e.dst)
+			must(t, err)
+			defer c.Close(context.Background())
+			var got string
+			must(t, c.QueryRow(ctx, `SELECT string_agg(id || ':' || v || ':' || n, ' ' ORDER BY id) FROM fkc`).Scan(&got))
+			if want := "1:v1:1 2:v2:102 3:local:3 4:v4:104 7:local:7 8:v8:-8 9:v9:9 10:v10:10"; got != want {
+				t.Errorf("target rows %s, want %s", got, want)
+			}
+			for ct, want := range map[conflict.Type]int64{conflict.UpdateMissing: 1, conflict.DeleteMissing: 2} {
+				if n := r.a.stats.Conflicts[ct].Load() + r2.a.stats.Conflicts[ct].Load(); n != want {
+					t.Errorf("%v: %d conflicts, want %d", ct, n, want)
+				}
+			}
+		})
 	}
 }

@@ -3,11 +3,13 @@ package target
 import (
 	"context"
 	"errors"
+	"slices"
 	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgreorder/pgreorder/apply/internal/detect"
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/replication"
 )
@@ -15,7 +17,11 @@ import (
 // Coalescing: set-based apply of a target transaction (Conn.Coalesce; package apply turns it on
 // for the groups of Buffered). Instead of one statement per change, the changes of each table are
 // held, reduced to their net effect per replica identity key, and sent at the commit (or when
-// they grow past coalesceMaxBytes) as a few set statements per table, in the batch that commits:
+// they grow past coalesceMaxBytes) as a few set statements per table, in the batch that commits.
+// A REPLICA IDENTITY FULL table is keyed so too when its target table has a unique index that
+// identifies a row for sure (see fullKey: the only unique or exclusion index, of plain columns,
+// NOT NULL on the target, not partial, not deferrable); its updates and deletes name their row
+// by the whole old row of the key's first change, as row by row:
 //
 //   - per key, the changes collapse into what the target must see at the end: an insert then
 //     updates become the insert of the final row; updates, the last row; an insert then a
@@ -25,6 +31,14 @@ import (
 //     unnest($1, ...), inserts as one INSERT ... SELECT FROM unnest($1, ...), each value array
 //     a parameter of the column's array type; keys inserted and deleted again are checked to be
 //     absent (the insert would have found them);
+//   - for a FULL table, the DELETE and the UPDATE join on every column of the old row, compared
+//     as whereSQL compares them ("=" for a column NOT NULL on the target, else IS NOT DISTINCT
+//     FROM; text output for a type without equality), the key's columns among them, so the plan
+//     finds the row through the key's index and the row must still equal the old row; the
+//     UPDATE writes every column, as row by row. A later change of the key must name the row
+//     held (its old row equal to it, as sent), else the table goes row by row. Such a table
+//     stays out of the tombstone store (update_deleted is detected by replica identity key
+//     only): its fallback reports update_missing, as row by row does;
 //   - each set statement asserts that it changed exactly the rows it names (an UPDATE or DELETE
 //     whose row is missing or, with origin checks, was last changed by another origin; an
 //     INSERT whose key exists, which ON CONFLICT DO NOTHING skips), and fails otherwise;
@@ -47,12 +61,15 @@ import (
 //   - tables with a unique or exclusion index other than one on exactly the replica identity key
 //     (the intermediate rows the reduction skips could have conflicted on it), with a deferrable
 //     one, or with a key the target does not index uniquely;
-//   - tables without a replica identity key (REPLICA IDENTITY FULL, or none): their inserts
-//     are held when the table has no unique index at all, and an update or delete sends them;
+//   - tables without a replica identity key (REPLICA IDENTITY FULL, or none), unless FULL with
+//     a target key as above (not when its unique column may be NULL, when it has another unique
+//     or exclusion index, or none): their inserts are held when the table has no unique index
+//     at all, and an update or delete sends them;
 //   - an update of the key, and a change whose key or values are not all text or NULL (binary
 //     values: Config.Binary) or whose column types have no array type;
 //   - an update with unchanged TOASTed values not sent, unless the key's row is held whole
-//     (inserted or updated in full earlier in the transaction): the values are taken from it;
+//     (inserted or updated in full earlier in the transaction): the values are taken from it
+//     (FULL tables alike: their old row is whole, their new row may lack such values);
 //   - a truncate (of the tables it names), a savepoint or a rollback to one;
 //   - a table into which one source transaction inserted at least setCopyMin rows in a row:
 //     its changes go row by row at the commit, the inserts through COPY (a bulk load is what
@@ -74,10 +91,14 @@ type coalescer struct {
 type netTable struct {
 	m       *Table
 	rowPath bool // its changes go row by row
-	keyed   bool // identified by the replica identity key, else insert-only
-	log     []held
-	keys    map[string]int // net row of each key, in rows
-	rows    []netRow
+	keyed   bool // identified by a key (key), else insert-only
+	// key: the columns that identify a row, the replica identity key's, or for a REPLICA
+	// IDENTITY FULL table (full) those of the target's unique index (see fullKey).
+	key  []int
+	full bool
+	log  []held
+	keys map[string]int // net row of each key, in rows
+	rows []netRow
 	// The most inserts one source transaction made in a row (run: the current transaction's,
 	// xid), which decides whether they go through COPY (setCopyMin).
 	xid       uint32
@@ -98,7 +119,10 @@ type netRow struct {
 	first byte           // the kind of its first change
 	del   bool           // the row it had before the first change is deleted, then one inserted
 	row   decoding.Tuple // the row at the end; nil when there is none
-	key   decoding.Tuple // a tuple holding the key's values (its first change's)
+	// key: a tuple holding the key's values (its first change's); for a FULL table whose first
+	// change is an update or a delete, that change's old row, whole, which the target's row must
+	// equal.
+	key decoding.Tuple
 }
 
 // Coalesce turns set-based apply on or off for the changes that follow (see coalesce.go).
@@ -113,24 +137,47 @@ func (t *Conn) curSrc() int32 {
 	return int32(len(t.det.Srcs) - 1)
 }
 
-// setEligible says whether m's changes may be held.
-func (t *Conn) setEligible(ctx context.Context, m *Table) (keyed, ok bool, err error) {
+// setEligible says whether m's changes may be held, and by which key (nil: inserts only).
+func (t *Conn) setEligible(ctx context.Context, m *Table) (key []int, ok bool, err error) {
 	if m.Triggers || m.rules || len(m.cols) == 0 {
-		return false, false, nil
+		return nil, false, nil
 	}
 	for _, c := range m.cols {
 		if c.arrayOID == 0 || c.delim == 0 {
-			return false, false, nil
+			return nil, false, nil
 		}
 	}
 	rc, err := t.conflictInfo(ctx, m)
 	if err != nil {
-		return false, false, err
+		return nil, false, err
 	}
-	if !m.Full && m.idErr == nil && len(m.Key) > 0 {
-		return true, rc.Count == 1 && rc.KeyIndex && rc.OnConflict, nil
+	switch {
+	case m.Full:
+		if k := fullKey(m, rc); k != nil {
+			return k, true, nil
+		}
+	case m.idErr == nil && len(m.Key) > 0:
+		return m.Key, rc.Count == 1 && rc.KeyIndex && rc.OnConflict, nil
 	}
-	return false, rc.Count == 0, nil
+	return nil, rc.Count == 0, nil
+}
+
+// fullKey returns the columns of the target's unique index that identify the rows of m, a
+// REPLICA IDENTITY FULL table, for sure, or nil: the table's only unique or exclusion index, a
+// plain one (columns, no expression, no predicate, not deferrable) of source columns, each NOT
+// NULL on the target and of a type with an equality operator. At most one row can then equal
+// a FULL old row, and it holds the old row's key.
+func fullKey(m *Table, rc *detect.Indexes) []int {
+	if rc.Count != 1 || !rc.OnConflict || len(rc.Unique) != 1 {
+		return nil
+	}
+	cols := rc.Unique[0].Cols
+	for _, c := range cols {
+		if !m.cols[c].notNull || m.cols[c].textEq {
+			return nil
+		}
+	}
+	return cols
 }
 
 // absorb holds a change of m when it can; false means the caller applies it row by row (the
@@ -139,14 +186,14 @@ func (t *Conn) absorb(ctx context.Context, m *Table, op byte, tup, old decoding.
 	c := &t.co
 	nt := c.tables[m]
 	if nt == nil {
-		keyed, ok, err := t.setEligible(ctx, m)
+		key, ok, err := t.setEligible(ctx, m)
 		if err != nil {
 			return false, err
 		}
 		if c.tables == nil {
 			c.tables = map[*Table]*netTable{}
 		}
-		nt = &netTable{m: m, rowPath: !ok, keyed: keyed}
+		nt = &netTable{m: m, rowPath: !ok, keyed: key != nil, key: key, full: m.Full && key != nil}
 		c.tables[m] = nt
 		c.order = append(c.order, nt)
 	}
@@ -195,7 +242,7 @@ func textRow(tup decoding.Tuple, unchanged bool) bool {
 // NULL or not text.
 func (nt *netTable) keyOf(tup decoding.Tuple) (string, bool) {
 	var b []byte
-	for _, i := range nt.m.Key {
+	for _, i := range nt.key {
 		if i >= len(tup) || tup[i].Kind != decoding.ColumnText {
 			return "", false
 		}
@@ -231,12 +278,19 @@ func (nt *netTable) add(op byte, tup, old decoding.Tuple, oldKind byte, src int3
 			return false
 		}
 		key, ok = nt.keyOf(tup)
+		if nt.full && !wholeRow(m, old, oldKind) {
+			return false
+		}
 		if ok && (oldKind == 'K' || oldKind == 'O') {
 			k, okOld := nt.keyOf(old)
 			ok = okOld && k == key // else an update of the key
 		}
 	case 'D':
-		if oldKind != 'K' {
+		if nt.full {
+			if !wholeRow(m, old, oldKind) {
+				return false
+			}
+		} else if oldKind != 'K' {
 			return false
 		}
 		key, ok = nt.keyOf(old)
@@ -257,6 +311,9 @@ func (nt *netTable) add(op byte, tup, old decoding.Tuple, oldKind byte, src int3
 	case 'U', 'D':
 		if seen && r.row == nil {
 			return false // there is no row to change
+		}
+		if seen && nt.full && !sameTuple(old, r.row) {
+			return false // not the row held: row by row finds no row, or another
 		}
 	}
 	final := tup // the row at the end
@@ -290,7 +347,7 @@ func (nt *netTable) add(op byte, tup, old decoding.Tuple, oldKind byte, src int3
 		i = len(nt.rows)
 		nt.keys[key] = i
 		r = netRow{first: op, key: h.tup}
-		if op == 'D' {
+		if op == 'D' || (nt.full && op == 'U') {
 			r.key = h.old
 		}
 		nt.rows = append(nt.rows, r)
@@ -310,6 +367,25 @@ func (nt *netTable) add(op byte, tup, old decoding.Tuple, oldKind byte, src int3
 		r.row = nil
 	}
 	nt.rows[i] = r
+	return true
+}
+
+// wholeRow reports whether old is a FULL old row a set statement can match: sent (kind 'O'),
+// every column, text or NULL.
+func wholeRow(m *Table, old decoding.Tuple, oldKind byte) bool {
+	return oldKind == 'O' && len(old) == len(m.cols) && textRow(old, false)
+}
+
+// sameTuple reports whether a and b hold the same values, as sent.
+func sameTuple(a, b decoding.Tuple) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i].Kind != b[i].Kind || string(a[i].Data) != string(b[i].Data) {
+			return false
+		}
+	}
 	return true
 }
 
@@ -503,7 +579,7 @@ func (t *Conn) queueTableSets(nt *netTable, rows *rowCounts) {
 			rows.deletes++
 		}
 	}
-	var probe, delKeys, upd, ins []decoding.Tuple
+	var probe, delKeys, updOld, upd, ins []decoding.Tuple
 	for i := range nt.rows {
 		r := &nt.rows[i]
 		if !nt.keyed {
@@ -514,7 +590,7 @@ func (t *Conn) queueTableSets(nt *netTable, rows *rowCounts) {
 		case r.first == 'I' && r.row == nil:
 			probe = append(probe, r.key)
 		case r.first == 'U' && !r.del && r.row != nil:
-			upd = append(upd, r.row)
+			updOld, upd = append(updOld, r.key), append(upd, r.row)
 		}
 		if r.first != 'I' && (r.row == nil || r.del) {
 			delKeys = append(delKeys, r.key)
@@ -523,53 +599,86 @@ func (t *Conn) queueTableSets(nt *netTable, rows *rowCounts) {
 			ins = append(ins, r.row)
 		}
 	}
+	nk := len(nt.key)
 	if len(probe) > 0 {
-		t.queueSet(m, "SP", t.keyArrays(m, probe), func() string {
-			return "SELECT 1 / (NOT EXISTS (SELECT FROM " + m.Name + " AS pgr_t, " + unnest(1, len(m.Key)) + " AS v(" + aliases(1, len(m.Key)) + ") WHERE " + t.keyMatch(m) + "))::int"
-		}, keyOIDs(m))
+		t.queueSet(m, "SP", keyArrays(m, nt.key, probe), func() string {
+			return "SELECT 1 / (NOT EXISTS (SELECT FROM " + m.Name + " AS pgr_t, " + unnest(1, nk) + " AS v(" + aliases(1, nk) + ") WHERE " + keyMatch(m, nt.key) + "))::int"
+		}, keyOIDs(m, nt.key))
+	}
+	// A keyed table's rows are named by the key; a FULL table's by the whole old row.
+	named := func(rows []decoding.Tuple) ([][]byte, []uint32) {
+		if nt.full {
+			return allArrays(m, rows), allOIDs(m)
+		}
+		return keyArrays(m, nt.key, rows), keyOIDs(m, nt.key)
 	}
 	if len(delKeys) > 0 {
-		t.queueSet(m, "SD", t.keyArrays(m, delKeys), func() string {
-			return asserted("DELETE FROM " + m.Name + " AS pgr_t USING " + unnest(1, len(m.Key)) + " AS v(" + aliases(1, len(m.Key)) + ") WHERE " + t.keyMatch(m) + t.originMatch())
-		}, keyOIDs(m))
+		arrays, oids := named(delKeys)
+		t.queueSet(m, "SD", arrays, func() string { return setDeleteSQL(m, nt.key, nt.full, t.originMatch()) }, oids)
 	}
-	if len(upd) > 0 {
-		others := nonKey(m)
-		if len(others) > 0 {
-			arrays := t.keyArrays(m, upd)
-			oids := keyOIDs(m)
-			for _, c := range others {
-				arrays = append(arrays, columnArray(m, upd, c))
-				oids = append(oids, m.cols[c].arrayOID)
-			}
-			t.queueSet(m, "SU", arrays, func() string {
-				var b strings.Builder
-				b.WriteString("UPDATE " + m.Name + " AS pgr_t SET ")
-				for j, c := range others {
-					if j > 0 {
-						b.WriteString(", ")
-					}
-					b.WriteString(m.cols[c].name + " = v.pgr_" + strconv.Itoa(len(m.Key)+j+1))
-				}
-				n := len(m.Key) + len(others)
-				b.WriteString(" FROM " + unnest(1, n) + " AS v(" + aliases(1, n) + ") WHERE " +
-					t.keyMatch(m) + t.originMatch())
-				return asserted(b.String())
-			}, oids)
+	if set := setColumns(m, nt.key, nt.full); len(upd) > 0 && len(set) > 0 { // a table of only the key has nothing to write
+		old := upd
+		if nt.full {
+			old = updOld
 		}
+		arrays, oids := named(old)
+		for _, c := range set {
+			arrays = append(arrays, columnArray(m, upd, c))
+			oids = append(oids, m.cols[c].arrayOID)
+		}
+		t.queueSet(m, "SU", arrays, func() string { return setUpdateSQL(m, nt.key, nt.full, t.originMatch()) }, oids)
 	}
+
 	if len(ins) > 0 {
-		arrays := make([][]byte, len(m.cols))
-		oids := make([]uint32, len(m.cols))
-		for c := range m.cols {
-			arrays[c] = columnArray(m, ins, c)
-			oids[c] = m.cols[c].arrayOID
-		}
-		t.queueSet(m, "SI", arrays, func() string {
+		t.queueSet(m, "SI", allArrays(m, ins), func() string {
 			return asserted("INSERT INTO " + m.Name + " " + m.insertCols + " SELECT * FROM " +
 				unnest(1, len(m.cols)) + " ON CONFLICT DO NOTHING")
-		}, oids)
+		}, allOIDs(m))
 	}
+}
+
+// setDeleteSQL is the set statement that deletes rows of m named by the key columns key (with
+// full, by every column of the old row) in the arrays from $1 on; origin is originMatch's.
+func setDeleteSQL(m *Table, key []int, full bool, origin string) string {
+	n, match := len(key), keyMatch(m, key)
+	if full {
+		n, match = len(m.cols), fullMatch(m)
+	}
+	return asserted("DELETE FROM " + m.Name + " AS pgr_t USING " + unnest(1, n) + " AS v(" + aliases(1, n) + ") WHERE " + match + origin)
+}
+
+// setColumns returns the columns an update's set statement writes: those not in key, whose
+// values stay, or with full every column, as row by row.
+func setColumns(m *Table, key []int, full bool) []int {
+	if !full {
+		return nonKey(m, key)
+	}
+	set := make([]int, len(m.cols))
+	for c := range set {
+		set[c] = c
+	}
+	return set
+}
+
+// setUpdateSQL is the set statement that updates rows of m: named as setDeleteSQL names them,
+// then the arrays of the new values of the columns setColumns returns.
+func setUpdateSQL(m *Table, key []int, full bool, origin string) string {
+	from, match := len(key), keyMatch(m, key)
+	if full {
+		from, match = len(m.cols), fullMatch(m)
+	}
+	set := setColumns(m, key, full)
+	var b strings.Builder
+	b.WriteString("UPDATE " + m.Name + " AS pgr_t SET ")
+	for j, c := range set {
+		if j > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(m.cols[c].name + " = v.pgr_" + strconv.Itoa(from+j+1))
+	}
+	n := from + len(set)
+	b.WriteString(" FROM " + unnest(1, n) + " AS v(" + aliases(1, n) + ") WHERE " + match + origin)
+	return asserted(b.String())
 }
 
 // asserted wraps a set statement so that it fails unless it changed one row per element of
@@ -593,13 +702,36 @@ func (t *Conn) originMatch() string {
 }
 
 // keyMatch matches the target's rows to the key columns of v, the first of its columns.
-func (t *Conn) keyMatch(m *Table) string {
+func keyMatch(m *Table, key []int) string {
 	var b strings.Builder
-	for j, c := range m.Key {
+	for j, c := range key {
 		if j > 0 {
 			b.WriteString(" AND ")
 		}
 		b.WriteString("pgr_t." + m.cols[c].name + " = v.pgr_" + strconv.Itoa(j+1))
+	}
+	return b.String()
+}
+
+// fullMatch matches the target's rows to a FULL old row, every column of m in v's first columns,
+// as whereSQL compares them: with "=" a column NOT NULL on the target, else with IS NOT DISTINCT
+// FROM (NULL matches NULL), the text output of a type without equality operator. The key's
+// columns, NOT NULL and compared with "=", are what the plan joins on, through their index.
+func fullMatch(m *Table) string {
+	var b strings.Builder
+	for i, c := range m.cols {
+		if i > 0 {
+			b.WriteString(" AND ")
+		}
+		l, r := "pgr_t."+c.name, "v.pgr_"+strconv.Itoa(i+1)
+		if c.textEq {
+			l, r = l+"::text", r+"::text"
+		}
+		op := " IS NOT DISTINCT FROM "
+		if c.notNull {
+			op = " = "
+		}
+		b.WriteString(l + op + r)
 	}
 	return b.String()
 }
@@ -628,22 +760,28 @@ func aliases(from, n int) string {
 	return b.String()
 }
 
-func keyOIDs(m *Table) []uint32 {
-	oids := make([]uint32, len(m.Key))
-	for j, c := range m.Key {
+func keyOIDs(m *Table, key []int) []uint32 {
+	oids := make([]uint32, len(key))
+	for j, c := range key {
 		oids[j] = m.cols[c].arrayOID
 	}
 	return oids
 }
 
-func nonKey(m *Table) []int {
+// allOIDs returns the array types of every column of m.
+func allOIDs(m *Table) []uint32 {
+	oids := make([]uint32, len(m.cols))
+	for c := range m.cols {
+		oids[c] = m.cols[c].arrayOID
+	}
+	return oids
+}
+
+// nonKey returns the columns of m not in key.
+func nonKey(m *Table, key []int) []int {
 	var out []int
 	for i := range m.cols {
-		isKey := false
-		for _, k := range m.Key {
-			isKey = isKey || k == i
-		}
-		if !isKey {
+		if !slices.Contains(key, i) {
 			out = append(out, i)
 		}
 	}
@@ -651,10 +789,19 @@ func nonKey(m *Table) []int {
 }
 
 // keyArrays returns the arrays of the key columns of rows.
-func (t *Conn) keyArrays(m *Table, rows []decoding.Tuple) [][]byte {
-	out := make([][]byte, len(m.Key))
-	for j, c := range m.Key {
+func keyArrays(m *Table, key []int, rows []decoding.Tuple) [][]byte {
+	out := make([][]byte, len(key))
+	for j, c := range key {
 		out[j] = columnArray(m, rows, c)
+	}
+	return out
+}
+
+// allArrays returns the arrays of every column of rows.
+func allArrays(m *Table, rows []decoding.Tuple) [][]byte {
+	out := make([][]byte, len(m.cols))
+	for c := range m.cols {
+		out[c] = columnArray(m, rows, c)
 	}
 	return out
 }

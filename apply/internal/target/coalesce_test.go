@@ -27,7 +27,10 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 // target, and rows the source never had), so that updates, deletes and inserts conflict. The two
 // tables must end identical, with the same conflicts counted and the same errors, with
 // conflict detection off and on. Updates with unchanged TOASTed values and updates of the key
-// are among the changes (they go row by row).
+// are among the changes (they go row by row). The table is keyed by its primary key, or is
+// REPLICA IDENTITY FULL with a unique index on a NOT NULL column on the target (full), whose
+// target rows also differ from the source's in the other columns, so that an update or delete
+// finds no row equal to its old row although its key is there.
 func TestCoalesceModel(t *testing.T) {
 	seed := uint64(time.Now().UnixNano())
 	if s := strings.TrimSpace(pgtestSeed()); s != "" {
@@ -36,11 +39,13 @@ func TestCoalesceModel(t *testing.T) {
 	t.Logf("seed %d (PGREORDER_TEST_SEED=%d repeats it)", seed, seed)
 	pgtest.EachMajor(t, pgtest.Majors(t), func(t *testing.T, srv *Server) {
 		dsn := srv.ConnString(pgtest.NewDatabase(t, srv))
-		for _, detecting := range []bool{false, true} {
-			t.Run(fmt.Sprintf("detecting=%v", detecting), func(t *testing.T) {
-				rng := rand.New(rand.NewPCG(seed, uint64(srv.Major())))
-				runCoalesceModel(t, dsn, rng, detecting)
-			})
+		for _, full := range []bool{false, true} {
+			for _, detecting := range []bool{false, true} {
+				t.Run(fmt.Sprintf("full=%v/detecting=%v", full, detecting), func(t *testing.T) {
+					rng := rand.New(rand.NewPCG(seed, uint64(srv.Major())))
+					runCoalesceModel(t, dsn, rng, full, detecting)
+				})
+			}
 		}
 	})
 }
@@ -49,17 +54,24 @@ type Server = pgtest.Server
 
 func pgtestSeed() string { return os.Getenv("PGREORDER_TEST_SEED") }
 
-// modelRow is a row of the model table t(k int PRIMARY KEY, v text, n int).
+// modelRow is a row of the model table t(k int PRIMARY KEY, v text, n int), or with full
+// t(k int NOT NULL UNIQUE, v text, n int), REPLICA IDENTITY FULL on the source.
 type modelRow struct {
 	v *string
 	n int
 }
 
-func runCoalesceModel(t *testing.T, dsn string, rng *rand.Rand, detecting bool) {
+func runCoalesceModel(t *testing.T, dsn string, rng *rand.Rand, full, detecting bool) {
 	ctx := pgtest.Context(t, 3*time.Minute)
-	schemas := []string{"set_" + strconv.FormatBool(detecting), "row_" + strconv.FormatBool(detecting)}
+	name := strconv.FormatBool(detecting)
+	table, identity, keyFlag := "t (k int PRIMARY KEY, v text, n int)", byte('d'), uint8(0)
+	if full {
+		name += "_full"
+		table, identity, keyFlag = "t (k int NOT NULL UNIQUE, v text, n int)", 'f', 1 // every column "key", as pgoutput sends FULL
+	}
+	schemas := []string{"set_" + name, "row_" + name}
 	for _, s := range schemas {
-		pgtest.ExecAll(t, dsn, "CREATE SCHEMA "+s, "CREATE TABLE "+s+".t (k int PRIMARY KEY, v text, n int)",
+		pgtest.ExecAll(t, dsn, "CREATE SCHEMA "+s, "CREATE TABLE "+s+"."+table,
 			"CREATE TABLE "+s+".progress (slot text PRIMARY KEY, end_lsn pg_lsn NOT NULL, system_id text, timeline int)")
 	}
 	var stats [2]Counters
@@ -81,8 +93,9 @@ func runCoalesceModel(t *testing.T, dsn string, rng *rand.Rand, detecting bool) 
 				conflict.InsertExists: conflict.Skip}}, Log: slog.New(slog.DiscardHandler)})
 		}
 		conns[i] = c
-		rels[i] = NewRegistry().Intern(&decoding.Relation{RelationID: 1, Namespace: s, Name: "t", ReplicaIdentity: 'd',
-			Columns: []decoding.RelationColumn{{Flags: 1, Name: "k", TypeOID: 23}, {Name: "v", TypeOID: 25}, {Name: "n", TypeOID: 23}}}, nil)
+		rels[i] = NewRegistry().Intern(&decoding.Relation{RelationID: 1, Namespace: s, Name: "t", ReplicaIdentity: identity,
+			Columns: []decoding.RelationColumn{{Flags: 1, Name: "k", TypeOID: 23}, {Flags: keyFlag, Name: "v", TypeOID: 25},
+				{Flags: keyFlag, Name: "n", TypeOID: 23}}}, nil)
 	}
 	values := []string{"a", "", `q"uote`, `back\slash`, "com,ma", "{brace}", "NULL", " spaced ", "ü"}
 	val := func() *string {
@@ -100,9 +113,14 @@ func runCoalesceModel(t *testing.T, dsn string, rng *rand.Rand, detecting bool) 
 		}
 		return tup
 	}
-	keyTuple := func(k int) decoding.Tuple {
-		return decoding.Tuple{text(strconv.Itoa(k)), {Kind: decoding.ColumnNull}, {Kind: decoding.ColumnNull}}
+	// old is what an update or delete of k, whose row on the source is r, names it by.
+	old := func(k int, r modelRow) (byte, decoding.Tuple) {
+		if full {
+			return 'O', tuple(k, r)
+		}
+		return 'K', decoding.Tuple{text(strconv.Itoa(k)), {Kind: decoding.ColumnNull}, {Kind: decoding.ColumnNull}}
 	}
+	heldChanges := 0 // rounds in which updates or deletes were held for set statements
 	const keys = 6
 	const rounds = 40
 	src := map[int]modelRow{} // what the source has
@@ -120,6 +138,15 @@ func runCoalesceModel(t *testing.T, dsn string, rng *rand.Rand, detecting bool) 
 			switch {
 			case ok && rng.IntN(5) == 0:
 				continue // deleted on the target
+			case ok && full && rng.IntN(4) == 0:
+				// Another row of the key on the target: a FULL old row does not match it.
+				if rng.IntN(2) == 0 {
+					r.n += 1000
+				} else if r.v == nil {
+					r.v = &values[0]
+				} else {
+					r.v = nil
+				}
 			case !ok && rng.IntN(8) == 0:
 				r = modelRow{v: val(), n: -k} // a row only the target has
 			case !ok:
@@ -153,7 +180,8 @@ func runCoalesceModel(t *testing.T, dsn string, rng *rand.Rand, detecting bool) 
 					m = &decoding.Insert{RelationID: 1, New: tuple(k, r)}
 				case rng.IntN(4) == 0:
 					delete(src, k)
-					m = &decoding.Delete{RelationID: 1, OldKind: 'K', Old: keyTuple(k)}
+					kind, o := old(k, r)
+					m = &decoding.Delete{RelationID: 1, OldKind: kind, Old: o}
 				case rng.IntN(8) == 0:
 					// An update of the key, to a key the source does not have.
 					nk := 1 + rng.IntN(keys)
@@ -161,10 +189,16 @@ func runCoalesceModel(t *testing.T, dsn string, rng *rand.Rand, detecting bool) 
 						continue
 					}
 					delete(src, k)
+					kind, o := old(k, r)
 					r.n = rng.IntN(100)
 					src[nk] = r
-					m = &decoding.Update{RelationID: 1, OldKind: 'K', Old: keyTuple(k), New: tuple(nk, r)}
+					m = &decoding.Update{RelationID: 1, OldKind: kind, Old: o, New: tuple(nk, r)}
 				default:
+					var kind byte
+					var o decoding.Tuple
+					if full {
+						kind, o = old(k, r)
+					}
 					r.n = rng.IntN(100)
 					newTup := tuple(k, r)
 					if rng.IntN(4) == 0 {
@@ -174,7 +208,7 @@ func runCoalesceModel(t *testing.T, dsn string, rng *rand.Rand, detecting bool) 
 						newTup = tuple(k, r)
 					}
 					src[k] = r
-					m = &decoding.Update{RelationID: 1, New: newTup}
+					m = &decoding.Update{RelationID: 1, OldKind: kind, Old: o, New: newTup}
 				}
 				changes = append(changes, change{xid, m})
 			}
@@ -194,6 +228,11 @@ func runCoalesceModel(t *testing.T, dsn string, rng *rand.Rand, detecting bool) 
 				c.Coalesce(i == 0)
 				if errs[i] = c.Change(ctx, ch.m, rels[i:i+1]); errs[i] != nil {
 					break
+				}
+			}
+			if errs[i] == nil && i == 0 && len(c.co.order) > 0 {
+				if nt := c.co.order[0]; !nt.rowPath && slices.ContainsFunc(nt.log, func(h held) bool { return h.op != 'I' }) {
+					heldChanges++
 				}
 			}
 			if errs[i] == nil {
@@ -247,9 +286,10 @@ func runCoalesceModel(t *testing.T, dsn string, rng *rand.Rand, detecting bool) 
 	for ct := range stats[1].Conflicts {
 		total += stats[1].Conflicts[ct].Load()
 	}
-	t.Logf("statements: %d set-based, %d row by row; %d conflicts; set statements succeeded in %d groups, fell back in %d",
-		stats[0].Statements.Load(), stats[1].Statements.Load(), total, conns[0].setDone, conns[0].setFallbacks)
-	if conns[0].setDone == 0 || conns[0].setFallbacks == 0 || total == 0 {
+	t.Logf("statements: %d set-based, %d row by row; %d conflicts; set statements succeeded in %d groups, fell back in %d; "+
+		"updates or deletes held in %d of %d rounds", stats[0].Statements.Load(), stats[1].Statements.Load(), total,
+		conns[0].setDone, conns[0].setFallbacks, heldChanges, rounds)
+	if conns[0].setDone == 0 || conns[0].setFallbacks == 0 || total == 0 || heldChanges == 0 {
 		t.Error("the model does not exercise both the set statements and their fallback")
 	}
 }
