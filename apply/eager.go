@@ -619,7 +619,13 @@ func (s *session) depend(ctx context.Context, j *job, m decoding.Message, rels [
 	if err != nil && !errors.As(err, &ce) {
 		return err
 	}
-	d, serial := s.deps.ChangeDeps(&j.Job, rels[0].Rel, m, err != nil || rm.Triggers)
+	var key []int // a FULL table's target key, which identifies its rows as well as a replica identity key
+	if err == nil {
+		if key, err = s.leader.FullKey(ctx, rm); err != nil {
+			return err
+		}
+	}
+	d, serial := s.deps.ChangeDeps(&j.Job, rels[0].Rel, key, m, rm == nil || rm.Triggers)
 	if serial {
 		s.stats.serialTxns.Add(1)
 	}

@@ -204,6 +204,11 @@ func TestFullIdentityKeyed(t *testing.T) {
 				r.halt(t)
 				e.sameRows(t, "fk")
 				e.sameRows(t, "fk2")
+				// Parallel keys the dependencies of a FULL table with such a key by it: nothing
+				// is serialized.
+				if n := r.a.stats.serialTxns.Load(); n != 0 {
+					t.Errorf("%d transactions of FULL tables with a target key were serialized", n)
+				}
 			})
 		}
 	}

@@ -26,8 +26,10 @@ const maxJobKeys = 16384
 // Tracker finds what a transaction applied in Parallel must wait for, as the proposed parallel
 // apply of PostgreSQL does: it remembers, for each row key (relation and replica identity key
 // values, hashed) the last transaction in flight that touched it. A change to a key an earlier
-// transaction still in flight touched waits for that transaction's commit. A change without a
-// usable key (UPDATE or DELETE of a REPLICA IDENTITY FULL or keyless relation), a TRUNCATE, or a
+// transaction still in flight touched waits for that transaction's commit. A REPLICA IDENTITY
+// FULL relation is keyed by the columns of a target unique index that identify its rows for
+// sure, when the caller names one (ChangeDeps' key). A change without a usable key (UPDATE or
+// DELETE of a keyless relation or of a FULL one without such an index), a TRUNCATE, or a
 // Change to a table whose triggers (foreign keys included) fire on the target makes its
 // transaction serial: it waits for every earlier transaction, and every later one waits for it.
 //
@@ -49,7 +51,7 @@ func NewTracker() *Tracker {
 // must wait for before applying m (0 for none), and whether j just became serial: in source commit
 // order, waiting for every number up to the highest of ChangeDeps' covers them all.
 func (tr *Tracker) Change(j *Job, rel *decoding.Relation, m decoding.Message, triggers bool) (wait uint64, serial bool) {
-	d, serial := tr.ChangeDeps(j, rel, m, triggers)
+	d, serial := tr.ChangeDeps(j, rel, nil, m, triggers)
 	return d.Max(), serial
 }
 
@@ -83,8 +85,13 @@ func (d *Deps) add(seq uint64) {
 	d.N++
 }
 
-// ChangeDeps is Change, returning each transaction the change depends on.
-func (tr *Tracker) ChangeDeps(j *Job, rel *decoding.Relation, m decoding.Message, triggers bool) (d Deps, serial bool) {
+// ChangeDeps is Change, returning each transaction the change depends on. key names the columns
+// (indexes into rel.Columns) that identify a row of a REPLICA IDENTITY FULL relation for sure,
+// those of a unique index of the target table whose columns are all NOT NULL (nil: none, and
+// the relation's updates and deletes make their transaction serial); it is ignored for other
+// relations, which are keyed by their replica identity key. A relation is keyed the same way by
+// every call.
+func (tr *Tracker) ChangeDeps(j *Job, rel *decoding.Relation, key []int, m decoding.Message, triggers bool) (d Deps, serial bool) {
 	seq := j.Seq.Load()
 	if j.Serial {
 		return d, false // already waits for everything before it
@@ -101,30 +108,34 @@ func (tr *Tracker) ChangeDeps(j *Job, rel *decoding.Relation, m decoding.Message
 		n    int
 		ok   bool
 	)
+	full := rel.ReplicaIdentity == 'f'
+	if !full {
+		key = nil
+	}
 	switch m := m.(type) {
 	case *decoding.Insert:
-		if keys[0], ok = tr.key(rel, m.New); ok {
+		if keys[0], ok = tr.key(rel, key, m.New); ok {
 			n = 1
 		} // else a table without a key: inserts conflict with nothing
 	case *decoding.Update:
-		if rel.ReplicaIdentity == 'f' {
+		if full && key == nil {
 			return serialize()
 		}
 		if m.OldKind == 'K' || m.OldKind == 'O' {
-			if keys[0], ok = tr.key(rel, m.Old); !ok {
+			if keys[0], ok = tr.key(rel, key, m.Old); !ok {
 				return serialize()
 			}
 			n = 1
 		}
-		if keys[n], ok = tr.key(rel, m.New); !ok {
+		if keys[n], ok = tr.key(rel, key, m.New); !ok {
 			return serialize()
 		}
 		n++
 	case *decoding.Delete:
-		if rel.ReplicaIdentity == 'f' {
+		if full && key == nil {
 			return serialize()
 		}
-		if keys[0], ok = tr.key(rel, m.Old); !ok {
+		if keys[0], ok = tr.key(rel, key, m.Old); !ok {
 			return serialize()
 		}
 		n = 1
@@ -178,26 +189,37 @@ func (tr *Tracker) Release(j *Job) {
 	j.keys = nil
 }
 
-// key hashes the relation and its replica identity key columns in tup; ok is false when the
-// relation has no key, is REPLICA IDENTITY FULL (every column is flagged), or a key value was
-// not sent (an unchanged TOASTed value).
-func (tr *Tracker) key(rel *decoding.Relation, tup decoding.Tuple) (uint64, bool) {
-	if rel.ReplicaIdentity == 'f' {
+// key hashes the relation and its key columns in tup: cols, else the replica identity key's;
+// ok is false when the relation has no key, is REPLICA IDENTITY FULL (every column is flagged)
+// without cols, or a key value was not sent (an unchanged TOASTed value).
+func (tr *Tracker) key(rel *decoding.Relation, cols []int, tup decoding.Tuple) (uint64, bool) {
+	if rel.ReplicaIdentity == 'f' && cols == nil {
 		return 0, false
 	}
 	b := binary.BigEndian.AppendUint32(tr.buf[:0], rel.RelationID)
 	keyed := false
-	for i, c := range rel.Columns {
-		if !c.IsKey() {
-			continue
-		}
+	add := func(i int) bool {
 		if i >= len(tup) || tup[i].Kind == decoding.ColumnUnchanged {
-			return 0, false
+			return false
 		}
 		keyed = true
 		b = append(b, tup[i].Kind)
 		b = binary.BigEndian.AppendUint32(b, uint32(len(tup[i].Data)))
 		b = append(b, tup[i].Data...)
+		return true
+	}
+	if cols != nil {
+		for _, i := range cols {
+			if !add(i) {
+				return 0, false
+			}
+		}
+	} else {
+		for i, c := range rel.Columns {
+			if c.IsKey() && !add(i) {
+				return 0, false
+			}
+		}
 	}
 	tr.buf = b
 	if !keyed {

@@ -50,6 +50,7 @@ func TestTracker(t *testing.T) {
 		rel      *decoding.Relation
 		m        decoding.Message
 		triggers bool
+		key      []int // ChangeDeps' key: a FULL relation's target key
 		wait     uint64
 		serial   bool
 	}
@@ -64,6 +65,12 @@ func TestTracker(t *testing.T) {
 	}
 	del := func(r *decoding.Relation, vals ...string) decoding.Message {
 		return &decoding.Delete{RelationID: r.RelationID, OldKind: 'K', Old: tup(vals...)}
+	}
+	fullUpd := func(oldK, oldV, newK, newV string) decoding.Message {
+		return &decoding.Update{RelationID: relFull.RelationID, OldKind: 'O', Old: tup(oldK, oldV), New: tup(newK, newV)}
+	}
+	fullDel := func(k, v string) decoding.Message {
+		return &decoding.Delete{RelationID: relFull.RelationID, OldKind: 'O', Old: tup(k, v)}
 	}
 	cases := []struct {
 		name     string
@@ -116,6 +123,28 @@ func TestTracker(t *testing.T) {
 			{seq: 2, rel: relFull, m: &decoding.Update{RelationID: 3, OldKind: 'O', Old: tup("1", "a"), New: tup("1", "b")}, wait: 1, serial: true},
 			{seq: 3, rel: relKeyed, m: ins(relKeyed, "7", "x"), wait: 2},
 		}},
+		{name: "FULL identity keyed by the target's key: other rows are independent", steps: []step{
+			{seq: 1, rel: relFull, key: []int{0}, m: fullUpd("1", "a", "1", "b")},
+			{seq: 2, rel: relFull, key: []int{0}, m: fullUpd("2", "a", "2", "b")},
+			{seq: 3, rel: relFull, key: []int{0}, m: fullDel("3", "c")},
+			{seq: 4, rel: relKeyed, m: ins(relKeyed, "1", "x")},
+		}},
+		{name: "FULL identity keyed by the target's key: the same row waits", steps: []step{
+			{seq: 1, rel: relFull, key: []int{0}, m: fullUpd("1", "a", "1", "b")},
+			{seq: 2, rel: relFull, key: []int{0}, m: fullDel("1", "b"), wait: 1},
+			{seq: 3, rel: relFull, key: []int{0}, m: ins(relFull, "1", "c"), wait: 2},
+			{seq: 4, rel: relFull, key: []int{0}, m: fullUpd("1", "c", "2", "c"), wait: 3},
+			{seq: 5, rel: relFull, key: []int{0}, m: ins(relFull, "2", "d"), wait: 4},
+		}},
+		{name: "FULL identity keyed by two columns", steps: []step{
+			{seq: 1, rel: relFull, key: []int{0, 1}, m: fullUpd("1", "a", "1", "a")},
+			{seq: 2, rel: relFull, key: []int{0, 1}, m: fullDel("1", "b")},
+			{seq: 3, rel: relFull, key: []int{0, 1}, m: fullDel("1", "a"), wait: 1},
+		}},
+		{name: "a key is ignored for a relation with a replica identity key", steps: []step{
+			{seq: 1, rel: relKeyed, key: []int{1}, m: ins(relKeyed, "1", "a")},
+			{seq: 2, rel: relKeyed, key: []int{1}, m: ins(relKeyed, "2", "a")},
+		}},
 		{name: "TRUNCATE is serial", steps: []step{
 			{seq: 1, rel: relKeyed, m: ins(relKeyed, "1", "a")},
 			{seq: 2, rel: relKeyed, m: &decoding.Truncate{RelationIDs: []uint32{1}}, wait: 1, serial: true},
@@ -150,7 +179,8 @@ func TestTracker(t *testing.T) {
 					j = jobSeq(s.seq)
 					jobs[s.seq] = j
 				}
-				wait, serial := tr.Change(j, s.rel, s.m, s.triggers)
+				d, serial := tr.ChangeDeps(j, s.rel, s.key, s.m, s.triggers)
+				wait := d.Max()
 				if wait != s.wait || serial != s.serial {
 					t.Errorf("step %d (transaction %d): wait %d serial %v, want wait %d serial %v", i, s.seq, wait, serial, s.wait, s.serial)
 				}

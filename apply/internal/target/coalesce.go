@@ -162,6 +162,20 @@ func (t *Conn) setEligible(ctx context.Context, m *Table) (key []int, ok bool, e
 	return nil, rc.Count == 0, nil
 }
 
+// FullKey returns, for a REPLICA IDENTITY FULL table, the columns of its target's unique index
+// that identify its rows for sure (as set statements key them, see fullKey), or nil: for any
+// other table, or one without such an index.
+func (t *Conn) FullKey(ctx context.Context, m *Table) ([]int, error) {
+	if !m.Full {
+		return nil, nil
+	}
+	rc, err := t.conflictInfo(ctx, m)
+	if err != nil {
+		return nil, err
+	}
+	return fullKey(m, rc), nil
+}
+
 // fullKey returns the columns of the target's unique index that identify the rows of m, a
 // REPLICA IDENTITY FULL table, for sure, or nil: the table's only unique or exclusion index, a
 // plain one (columns, no expression, no predicate, not deferrable) of source columns, each NOT
