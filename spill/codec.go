@@ -13,8 +13,9 @@ import (
 // goroutines at once (a Reader of Log.OpenReader decompresses on its own goroutine).
 type Codec interface {
 	// Compress appends the compressed form of src to dst and returns the extended slice, like
-	// append (it may grow dst). Compressed bytes that are not shorter than src, or an error,
-	// make the store write the block as it is.
+	// append (it may grow dst). Compressed bytes that save less than an eighth of src, or an
+	// error, make the store write the block as it is; blocks of fewer than 128 bytes are written
+	// as they are without a call.
 	Compress(dst, src []byte) ([]byte, error)
 	// Decompress fills dst, which has exactly the uncompressed length of the block, from src.
 	// It returns an error if src does not decompress to exactly len(dst) bytes.
@@ -23,11 +24,15 @@ type Codec interface {
 
 // The file format (see the package documentation): the file header, then blocks, each a block
 // header and its stored bytes. The stored bytes are the block's records compressed, or as they
-// are (stored length = raw length) without a codec or when compressing does not shorten them.
+// are (stored length = raw length: what marks a block stored raw) without a codec, for a block
+// below minCompress bytes, or when compressing does not save an eighth of them.
 // Inside a block, each record is its length as a uvarint, then its bytes.
 const (
 	blockHeaderSize = 12 // CRC-32C, stored length, raw length
 	maxRecHeader    = binary.MaxVarintLen32
+
+	// minCompress is the fewest raw bytes of a block the codec is tried on.
+	minCompress = 128
 )
 
 // frameSize returns the raw bytes a record of n bytes takes in a block: its uvarint length and
@@ -109,7 +114,13 @@ func readBlock(f File, l *Log, codec Codec, foff int64, bh blockHeader, raw, sto
 	dst := *raw
 	if bh.stored < bh.raw {
 		if int64(cap(*stored)) < bh.stored {
-			*stored = make([]byte, bh.stored)
+			// Room for the stored bytes of any block the write buffer makes (shorter than
+			// its raw bytes), so that the buffer grows once.
+			c := bh.stored
+			if bh.raw <= int64(l.s.bufSize) {
+				c = int64(l.s.bufSize)
+			}
+			*stored = make([]byte, bh.stored, c)
 		}
 		dst = (*stored)[:bh.stored]
 	}
@@ -184,6 +195,28 @@ func (l *Log) appendBlocks(rec []byte) error {
 	return nil
 }
 
+// compress appends the compressed form of raw, a block's records, to dst with the store's codec,
+// and reports whether the block is to be stored so: not when it is shorter than minCompress
+// bytes (too small to be worth the codec's call), nor when compressing fails or saves less than
+// an eighth of it (reading it back would cost a decompression for little). Otherwise the block
+// is stored as it is, which its header says by a stored length equal to its raw length. The
+// slice returned is dst's memory, grown by the codec if it needed more, with or without the
+// compressed bytes: the caller keeps it for the next block, so that an incompressible block
+// does not cost an allocation each time.
+func (s *Store) compress(dst, raw []byte) ([]byte, bool) {
+	if len(raw) < minCompress {
+		return dst, false
+	}
+	out, err := s.codec.Compress(dst, raw)
+	if err != nil || len(out) < len(dst) || len(out)-len(dst) > len(raw)-len(raw)/8 {
+		if cap(out) >= cap(dst) && len(out) >= len(dst) {
+			return out[:len(dst)], false
+		}
+		return dst, false
+	}
+	return out, true
+}
+
 // blockStart returns the file offset of l's next block.
 func (l *Log) blockStart() int64 {
 	if !l.headed {
@@ -192,8 +225,8 @@ func (l *Log) blockStart() int64 {
 	return l.fileEnd
 }
 
-// flushBlock writes l's buffered records (there are some) as one block, compressed if that
-// makes it shorter, and releases the buffer.
+// flushBlock writes l's buffered records (there are some) as one block, compressed if the
+// store's compress says so, and releases the buffer.
 func (l *Log) flushBlock(f File) error {
 	s := l.s
 	raw := s.wbuf
@@ -202,8 +235,9 @@ func (l *Log) flushBlock(f File) error {
 		if s.cmem == nil {
 			s.cmem = make([]byte, s.front, s.front+s.bufSize)
 		}
-		if out, err := s.codec.Compress(s.cmem[:s.front], raw); err == nil && len(out)-s.front < len(raw) {
-			s.cmem = out[:0]
+		out, ok := s.compress(s.cmem[:s.front], raw)
+		s.cmem = out[:0]
+		if ok {
 			block, stored = out, out[s.front:]
 		}
 	}
@@ -309,9 +343,10 @@ func (l *Log) truncateBlocks(f File, off int64) error {
 	if keep != nil {
 		block, stored := keep, keep
 		if s.codec != nil {
-			if out, err := s.codec.Compress(s.cmem[:0], keep); err == nil && len(out) < len(keep) {
+			out, ok := s.compress(s.cmem[:0], keep)
+			s.cmem = out[:0]
+			if ok {
 				block, stored = out, out
-				s.cmem = out[:0]
 			}
 		}
 		var h [blockHeaderSize]byte

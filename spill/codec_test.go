@@ -291,3 +291,137 @@ func TestCompressedLargeRecord(t *testing.T) {
 	}
 	equalRecords(t, got, [][]byte{small})
 }
+
+// padded is rle with its output padded with zeros to size(len(src)) bytes (when longer than
+// rle's), so that a test chooses how much a block's compression saves; it counts its calls.
+type padded struct {
+	size                   func(n int) int
+	compresses, decompress *int
+}
+
+func (c padded) Compress(dst, src []byte) ([]byte, error) {
+	*c.compresses++
+	n := len(dst)
+	dst, _ = rle{}.Compress(dst, src)
+	for len(dst)-n < c.size(len(src)) {
+		dst = append(dst, 0)
+	}
+	return dst, nil
+}
+
+func (c padded) Decompress(dst, src []byte) error {
+	*c.decompress++
+	// The runs up to len(dst), then only padding.
+	n, i := 0, 0
+	for ; n < len(dst) && i+1 < len(src); i += 2 {
+		n += int(src[i])
+	}
+	if n != len(dst) || bytes.ContainsFunc(src[i:], func(r rune) bool { return r != 0 }) {
+		return errors.New("padded: wrong length")
+	}
+	return rle{}.Decompress(dst, src[:i])
+}
+
+// TestRawBlocks checks when a store with a codec stores a block as it is (stored length = raw
+// length): when it is below 128 bytes (the codec is not called), or when compressing it saves
+// less than an eighth; such a block is read back without the codec, and its damage detected.
+func TestRawBlocks(t *testing.T) {
+
+	for _, tc := range []struct {
+		name      string
+		recs, rec int
+		size      func(n int) int // the codec's output for n bytes
+		raw       bool            // the block is stored as it is
+		calls     int             // Compress calls
+	}{
+		{"saves an eighth", 10, 98, func(n int) int { return n - n/8 }, false, 1},
+		{"saves less than an eighth", 10, 98, func(n int) int { return n - n/8 + 1 }, true, 1},
+		{"grows", 10, 98, func(n int) int { return n + 10 }, true, 1},
+		{"127 bytes", 1, 126, func(int) int { return 0 }, true, 0},
+		{"128 bytes", 1, 126 + 1, func(int) int { return 0 }, false, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var compresses, decompresses int
+			s := openStore(t, spill.Options{Codec: padded{tc.size, &compresses, &decompresses}})
+			l := create(t, s)
+			var recs [][]byte
+			for i := range tc.recs {
+				recs = append(recs, rec(i, tc.rec))
+				if err := l.Append(recs[i]); err != nil {
+					t.Fatal(err)
+				}
+			}
+			raw := l.Size()
+			got, err := readAll(l) // flushes the one block
+			if err != nil {
+				t.Fatal(err)
+			}
+			equalRecords(t, got, recs)
+			if compresses != tc.calls {
+				t.Fatalf("Compress called %d times, want %d", compresses, tc.calls)
+			}
+			fi, err := os.Stat(l.Path())
+			if err != nil {
+				t.Fatal(err)
+			}
+			stored := fi.Size() - spill.HeaderSize - spill.BlockHeaderSize
+			if tc.raw {
+				if stored != raw || decompresses != 0 {
+					t.Fatalf("%d bytes stored for %d raw, %d decompressions; want the block as it is", stored, raw, decompresses)
+				}
+			} else if stored >= raw || decompresses != 1 {
+				t.Fatalf("%d bytes stored for %d raw, %d decompressions; want it compressed", stored, raw, decompresses)
+			}
+			if !tc.raw {
+				return
+			}
+			// A damaged byte of the raw block: detected, and none of its records returned.
+			b, err := os.ReadFile(l.Path())
+			if err != nil {
+				t.Fatal(err)
+			}
+			b[len(b)-int(raw)/2] ^= 0x10
+			if err := os.WriteFile(l.Path(), b, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			got, err = readAll(l)
+			if !errors.Is(err, spill.ErrCorrupt) || len(got) != 0 {
+				t.Fatalf("damaged raw block: %d records, %v; want a CorruptError and none", len(got), err)
+			}
+		})
+	}
+
+}
+
+// TestRawBlockTruncate cuts inside a block stored as it is, with a codec that does not shrink
+// it: the records before the cut are written again, read back, and appending goes on.
+func TestRawBlockTruncate(t *testing.T) {
+	var compresses, decompresses int
+	s := openStore(t, spill.Options{BufferSize: 4096, Codec: padded{func(n int) int { return n }, &compresses, &decompresses}})
+	l := create(t, s)
+	var sizes []int64
+	var recs [][]byte
+	for i := range 100 {
+		sizes = append(sizes, l.Size())
+		recs = append(recs, rec(i, 1+i*7%200))
+		if err := l.Append(recs[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, k := range []int{90, 57, 33, 2} {
+		if err := l.Truncate(sizes[k]); err != nil {
+			t.Fatal(err)
+		}
+		got, err := readAll(l)
+		if err != nil {
+			t.Fatal(err)
+		}
+		equalRecords(t, got, recs[:k])
+	}
+	if compresses == 0 || decompresses != 0 {
+		t.Fatalf("%d compressions, %d decompressions: want blocks tried and all stored as they are", compresses, decompresses)
+	}
+	if w, _ := os.Stat(l.Path()); w.Size() != spill.HeaderSize+spill.BlockHeaderSize+sizes[2] {
+		t.Fatalf("file of %d bytes for %d of records in one block", w.Size(), sizes[2])
+	}
+}

@@ -62,8 +62,13 @@
 //	         +----------------+---------+----------------+---------+-----
 //
 // Each flush of the write buffer becomes one block, and a record larger than the buffer is a
-// block of its own. The stored bytes are the raw bytes as they are (stored length = raw length),
-// or, with [Options].Codec, compressed when that makes them shorter. A record's length is an
+// block of its own. The stored bytes are the raw bytes as they are, or, with [Options].Codec,
+// compressed. A stored length equal to the raw length is the flag of a block stored as it is
+// (a compressed block is always shorter), covered by the CRC like the rest of the header, so it
+// takes no byte of its own and needed no new format version. With a codec a block is stored as
+// it is when it has fewer than 128 raw bytes (the codec is not tried on so few), or when
+// compressing fails or saves less than an eighth of its bytes (not worth a decompression on
+// reading). A record's length is an
 // unsigned varint (encoding/binary's AppendUvarint: 1 byte below 128, 2 below 16384), the framing
 // of [Log.AppendFramed], which lets a caller that keeps its records framed that way (the reorder
 // buffer does) hand over many at once, written with one copy into the write buffer.
@@ -92,7 +97,8 @@
 // # Compression
 //
 // The codec is an interface because this package imports only the standard library: package
-// spillcodec has LZ4, S2 and zstd. Compression changes nothing else: the blocks, their CRC,
+// spillcodec has LZ4, S2 and zstd. A block that does not compress well enough is stored as it
+// is (see "File format"). Compression changes nothing else: the blocks, their CRC,
 // truncation, the files, their descriptor budget and their names are the same with and without
 // it. What the store wrote, after compression, is [Store.WrittenBytes]. A reader of a log with a
 // codec holds, besides its read buffer, the compressed bytes of one block.
