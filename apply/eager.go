@@ -67,9 +67,11 @@ type job struct {
 	members []groupMember
 	opened  time.Time // leader only: when the run took its first transaction
 	changes int       // leader only: the changes queued
-	// Leader only: whether the run before it in commit order was a run too (see chain), and
-	// 1 + the index of the member that first queued a wait for it (0: none did).
+	// Leader only (see chain): whether the run before it in commit order was a run too, 1 + the
+	// index of its first member with a change, and of the member that first queued a wait for
+	// the run before it (0: none).
 	afterRun bool
+	firstAt  int
 	chainAt  int
 
 	// Leader only.
@@ -262,7 +264,8 @@ func (s *session) groupable(t *reorderbuffer.Txn) bool {
 // runGrouped applies t in the open run, opening one, after every earlier transaction
 // committed, if there is none.
 func (s *session) runGrouped(ctx context.Context, t *reorderbuffer.Txn) error {
-	if s.group.open() && s.cfg.runTxns > 0 && len(s.group.members) >= s.cfg.runTxns {
+	// Parallel's groups take no more transactions than its runs (Config.runTxns, tests only).
+	if s.cfg.Mode == Parallel && s.group.open() && s.cfg.runTxns > 0 && len(s.group.members) >= s.cfg.runTxns {
 		if err := s.commitGroup(ctx); err != nil {
 			return err
 		}
@@ -306,10 +309,12 @@ func (s *session) endGroup(ctx context.Context) error {
 // runs one after another and handing them over (queueing each change, waking the worker, which
 // parses it again) is all that parallel apply adds. The leader therefore watches the runs it
 // seals: a run is chained when the run before it in commit order was one too, still in flight,
-// and the run queued a wait for it within its first 1/chainShare transactions (what the
+// and the run's first transaction with changes already queued a wait for it (what the
 // dependency tracker said as the leader queued the changes: a wait is queued only for a run
-// not yet committed). After chainRuns chained runs in a row the leader applies whole
-// transactions itself, as Eager does (groupable): as Buffered groups, set-based, on its own
+// not yet committed). A run that meets a hot row only here and there is not: its worker goes
+// through what comes before the wait while the run before it commits. After chainRuns chained
+// runs in a row the leader applies whole transactions itself, as Eager does (groupable): as
+// Buffered groups, set-based, on its own
 // connection, each group in one target transaction with the progress row of its last, after
 // every earlier transaction committed and before anything later is handed out, so in source
 // order whatever the commit order. Streamed transactions still go to workers meanwhile, and a
@@ -320,7 +325,6 @@ func (s *session) endGroup(ctx context.Context) error {
 const (
 	chainRuns  = 3
 	chainProbe = 16
-	chainShare = 32
 )
 
 // chain is what the leader learned of its recent runs (see Chained runs).
@@ -345,7 +349,7 @@ func (c *chain) sealed(j *job) {
 	if !j.afterRun { // it could wait for no run: it shows nothing
 		return
 	}
-	if j.chainAt == 0 || (j.chainAt-1)*chainShare >= len(j.members) {
+	if j.chainAt == 0 || j.chainAt != j.firstAt {
 		c.streak, c.lead = 0, false
 		return
 	}
@@ -687,6 +691,9 @@ func (s *session) enqueue(ctx context.Context, j *job, t *reorderbuffer.Txn) err
 // wait for the earlier transactions in flight it depends on. A run notes the first of its
 // members that waits for the run before it (see chain).
 func (s *session) depend(ctx context.Context, j *job, m decoding.Message, rels []*target.Relation) error {
+	if j.isRun && j.firstAt == 0 {
+		j.firstAt = len(j.members)
+	}
 	err := s.dependOn(ctx, j, m, rels)
 	if j.isRun && j.chainAt == 0 && j.afterRun {
 		if prev := j.Seq.Load() - 1; j.waitFor >= prev || j.after[prev] {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"strconv"
 	"testing"
 	"time"
 
@@ -36,37 +37,7 @@ func testParallelChained(t *testing.T, major int, order CommitOrder, chained boo
 	defer cancel()
 	must(t, pgtest.Exec(ctx, e.src, `INSERT INTO items SELECT g, 0, '' FROM generate_series(1, 3) g`))
 	// The backlog is made before the applier starts: the leader is behind, its runs full.
-	rng := seeded(t)
-	const clients, txns = 3, 200
-	errs := make(chan error, clients)
-	for c := range clients {
-		seed := rng.Uint64()
-		go func() {
-			errs <- func() error {
-				r := rand.New(rand.NewPCG(seed, 5))
-				conn, err := pgx.Connect(ctx, e.src)
-				if err != nil {
-					return err
-				}
-				defer conn.Close(context.Background())
-				for i := range txns {
-					if chained {
-						_, err = conn.Exec(ctx, `UPDATE items SET qty = qty + 1, note = note || $1 WHERE id = $2`,
-							fmt.Sprintf(",%d.%d", c, i), 1+r.IntN(3))
-					} else {
-						_, err = conn.Exec(ctx, `INSERT INTO items VALUES ($1, $2, '')`, 10+c*txns+i, r.IntN(100))
-					}
-					if err != nil {
-						return err
-					}
-				}
-				return nil
-			}()
-		}()
-	}
-	for range clients {
-		must(t, <-errs)
-	}
+	must(t, chainLoad(ctx, e.src, seeded(t), chained))
 	must(t, pgtest.Exec(ctx, e.src, `INSERT INTO marker VALUES (1)`))
 	cfg := e.config(t, Parallel)
 	cfg.CommitOrder, cfg.Workers, cfg.runTxns = order, 4, 8
@@ -87,5 +58,83 @@ func testParallelChained(t *testing.T, major int, order CommitOrder, chained boo
 	}
 	if st.RunsOnLeader <= st.RunsOnWorkers {
 		t.Fatalf("chained runs: %d on the leader, %d on the workers; want most on the leader", st.RunsOnLeader, st.RunsOnWorkers)
+	}
+}
+
+// chainLoad runs, from three clients at once, 200 transactions each: chained, each appends to
+// one of three rows of items (ids 1 to 3, which must exist) and inserts a row into the keyless
+// events table, which shows a transaction applied twice; otherwise each inserts an item of its
+// own.
+func chainLoad(ctx context.Context, dsn string, rng *rand.Rand, chained bool) error {
+	const clients, txns = 3, 200
+	errs := make(chan error, clients)
+	for c := range clients {
+		seed := rng.Uint64()
+		go func() {
+			errs <- func() error {
+				r := rand.New(rand.NewPCG(seed, 5))
+				conn, err := pgx.Connect(ctx, dsn)
+				if err != nil {
+					return err
+				}
+				defer conn.Close(context.Background())
+				for i := range txns {
+					if !chained {
+						if _, err := conn.Exec(ctx, `INSERT INTO items VALUES ($1, $2, '')`, 10+c*txns+i, r.IntN(100)); err != nil {
+							return err
+						}
+						continue
+					}
+					err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+						if _, err := tx.Exec(ctx, `UPDATE items SET qty = qty + 1, note = note || $1 WHERE id = $2`,
+							fmt.Sprintf(",%d.%d", c, i), 1+r.IntN(3)); err != nil {
+							return err
+						}
+						_, err := tx.Exec(ctx, `INSERT INTO events VALUES ($1, $2)`, strconv.Itoa(c), i)
+						return err
+					})
+					if err != nil {
+						return err
+					}
+				}
+				return nil
+			}()
+		}()
+	}
+	var first error
+	for range clients {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// TestKillChained kills the applier process (SIGKILL), in Parallel with either commit order,
+// while the leader commits a group of chained transactions (see TestParallelChained), and
+// starts it again: the target must end equal to the source, nothing applied twice or lost.
+func TestKillChained(t *testing.T) {
+	for _, major := range testMajors {
+		for _, order := range []CommitOrder{CommitSource, CommitRelaxed} {
+			t.Run(fmt.Sprintf("pg%d/%v", major, order), func(t *testing.T) {
+				e := newEnv(t, major)
+				ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+				defer cancel()
+				must(t, pgtest.Exec(ctx, e.src, `INSERT INTO items SELECT g, 0, '' FROM generate_series(1, 3) g`))
+				must(t, chainLoad(ctx, e.src, seeded(t), true))
+				// Three runs of 8 on the workers, then groups of 8 on the leader: the 201st
+				// commit (hooks count each transaction of a run or group) is a group's.
+				cc := childConfig{Source: e.repl, Target: e.dst, Slot: e.slot, Mode: Parallel, Workers: 4,
+					WorkMem: 256 << 10, Stall: "before-commit", StallAfter: 200, RunTxns: 8, CommitOrder: order}
+				first := startChild(t, cc)
+				waitStalled(t, ctx, first)
+				first.kill(t)
+				cc.Stall = ""
+				startChild(t, cc)
+				must(t, pgtest.Exec(ctx, e.src, `INSERT INTO marker VALUES (1)`))
+				waitMarkerCtx(t, ctx, e.dst, 1)
+				e.compare(t)
+			})
+		}
 	}
 }
