@@ -69,7 +69,7 @@ type job struct {
 	changes int       // leader only: the changes queued
 	// Leader only (see chain): whether the run before it in commit order was a run too, 1 + the
 	// index of its first member with a change, and of the member that first queued a wait for
-	// the run before it (0: none).
+	// the run before it (0: none; -1: it became serial first).
 	afterRun bool
 	firstAt  int
 	chainAt  int
@@ -312,12 +312,14 @@ func (s *session) endGroup(ctx context.Context) error {
 // and the run's first transaction with changes already queued a wait for it (what the
 // dependency tracker said as the leader queued the changes: a wait is queued only for a run
 // not yet committed). A run that meets a hot row only here and there is not: its worker goes
-// through what comes before the wait while the run before it commits. After chainRuns chained
-// runs in a row the leader applies whole transactions itself, as Eager does (groupable): as
-// Buffered groups, set-based, on its own
-// connection, each group in one target transaction with the progress row of its last, after
-// every earlier transaction committed and before anything later is handed out, so in source
-// order whatever the commit order. Streamed transactions still go to workers meanwhile, and a
+// through what comes before the wait while the run before it commits. Nor is a run that waits
+// because it became serial (a change without a usable key, TRUNCATE, triggers) before any such
+// wait: its changes go one statement each, work on the target that gains from the leader
+// reading on meanwhile (REPLICA IDENTITY FULL tables apply faster in runs). After chainRuns
+// chained runs in a row the leader applies whole transactions itself, as Eager does
+// (groupable): as Buffered groups, set-based, on its own connection, each group in one target
+// transaction with the progress row of its last, after every earlier transaction committed and
+// before anything later is handed out, so in source order whatever the commit order. Streamed transactions still go to workers meanwhile, and a
 // transaction that cannot join a run does not join a group either. After chainProbe groups it
 // hands runs to the workers again: the first one follows a group, which it cannot wait for, and
 // shows nothing; the next one says whether the runs are still chained. A run that is not hands
@@ -349,7 +351,7 @@ func (c *chain) sealed(j *job) {
 	if !j.afterRun { // it could wait for no run: it shows nothing
 		return
 	}
-	if j.chainAt == 0 || j.chainAt != j.firstAt {
+	if j.chainAt <= 0 || j.chainAt != j.firstAt {
 		c.streak, c.lead = 0, false
 		return
 	}
@@ -696,7 +698,9 @@ func (s *session) depend(ctx context.Context, j *job, m decoding.Message, rels [
 	}
 	err := s.dependOn(ctx, j, m, rels)
 	if j.isRun && j.chainAt == 0 && j.afterRun {
-		if prev := j.Seq.Load() - 1; j.waitFor >= prev || j.after[prev] {
+		if prev := j.Seq.Load() - 1; j.Serial {
+			j.chainAt = -1 // it waits to be applied alone: not counted (see chain)
+		} else if j.waitFor >= prev || j.after[prev] {
 			j.chainAt = len(j.members)
 		}
 	}

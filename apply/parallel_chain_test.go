@@ -19,25 +19,28 @@ import (
 // so each run waits for the run before it: after a few runs on the workers the leader applies
 // most of them itself, as groups. Independent: every transaction inserts a row of its own, so
 // no run waits for another: they all go to the workers. The target must end equal to the
-// source either way.
+// source either way. Serial: every transaction updates one of three rows of a REPLICA IDENTITY
+// FULL table, so each run waits for the one before to be applied alone: those are not counted
+// as chained, and go to the workers too.
 func TestParallelChained(t *testing.T) {
 	for _, major := range testMajors {
 		for _, order := range []CommitOrder{CommitSource, CommitRelaxed} {
-			for _, chained := range []bool{true, false} {
-				name := fmt.Sprintf("pg%d/%v/chained=%v", major, order, chained)
-				t.Run(name, func(t *testing.T) { testParallelChained(t, major, order, chained) })
+			for _, load := range []string{"chained", "independent", "serial"} {
+				name := fmt.Sprintf("pg%d/%v/%s", major, order, load)
+				t.Run(name, func(t *testing.T) { testParallelChained(t, major, order, load) })
 			}
 		}
 	}
 }
 
-func testParallelChained(t *testing.T, major int, order CommitOrder, chained bool) {
+func testParallelChained(t *testing.T, major int, order CommitOrder, load string) {
 	e := newEnv(t, major)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	must(t, pgtest.Exec(ctx, e.src, `INSERT INTO items SELECT g, 0, '' FROM generate_series(1, 3) g`))
+	must(t, pgtest.Exec(ctx, e.src, `INSERT INTO items SELECT g, 0, '' FROM generate_series(1, 3) g`,
+		`INSERT INTO dup SELECT g, '' FROM generate_series(1, 3) g`))
 	// The backlog is made before the applier starts: the leader is behind, its runs full.
-	must(t, chainLoad(ctx, e.src, seeded(t), chained))
+	must(t, chainLoad(ctx, e.src, seeded(t), load))
 	must(t, pgtest.Exec(ctx, e.src, `INSERT INTO marker VALUES (1)`))
 	cfg := e.config(t, Parallel)
 	cfg.CommitOrder, cfg.Workers, cfg.runTxns = order, 4, 8
@@ -50,9 +53,9 @@ func testParallelChained(t *testing.T, major int, order CommitOrder, chained boo
 	if st.SerialRetries != 0 {
 		t.Errorf("%d serial retries", st.SerialRetries)
 	}
-	if !chained {
+	if load != "chained" {
 		if st.RunsOnLeader != 0 || st.RunsOnWorkers == 0 {
-			t.Fatalf("independent runs: %d on the leader, %d on the workers; want all on the workers", st.RunsOnLeader, st.RunsOnWorkers)
+			t.Fatalf("%s runs: %d on the leader, %d on the workers; want all on the workers", load, st.RunsOnLeader, st.RunsOnWorkers)
 		}
 		return
 	}
@@ -63,9 +66,9 @@ func testParallelChained(t *testing.T, major int, order CommitOrder, chained boo
 
 // chainLoad runs, from three clients at once, 200 transactions each: chained, each appends to
 // one of three rows of items (ids 1 to 3, which must exist) and inserts a row into the keyless
-// events table, which shows a transaction applied twice; otherwise each inserts an item of its
-// own.
-func chainLoad(ctx context.Context, dsn string, rng *rand.Rand, chained bool) error {
+// events table, which shows a transaction applied twice; independent, each inserts an item of
+// its own; serial, each appends to one of three rows of dup (k 1 to 3, which must exist).
+func chainLoad(ctx context.Context, dsn string, rng *rand.Rand, load string) error {
 	const clients, txns = 3, 200
 	errs := make(chan error, clients)
 	for c := range clients {
@@ -79,8 +82,14 @@ func chainLoad(ctx context.Context, dsn string, rng *rand.Rand, chained bool) er
 				}
 				defer conn.Close(context.Background())
 				for i := range txns {
-					if !chained {
+					switch load {
+					case "independent":
 						if _, err := conn.Exec(ctx, `INSERT INTO items VALUES ($1, $2, '')`, 10+c*txns+i, r.IntN(100)); err != nil {
+							return err
+						}
+						continue
+					case "serial":
+						if _, err := conn.Exec(ctx, `UPDATE dup SET v = v || $1 WHERE k = $2`, fmt.Sprintf(",%d.%d", c, i), 1+r.IntN(3)); err != nil {
 							return err
 						}
 						continue
@@ -121,7 +130,7 @@ func TestKillChained(t *testing.T) {
 				ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 				defer cancel()
 				must(t, pgtest.Exec(ctx, e.src, `INSERT INTO items SELECT g, 0, '' FROM generate_series(1, 3) g`))
-				must(t, chainLoad(ctx, e.src, seeded(t), true))
+				must(t, chainLoad(ctx, e.src, seeded(t), "chained"))
 				// Three runs of 8 on the workers, then groups of 8 on the leader: the 201st
 				// commit (hooks count each transaction of a run or group) is a group's.
 				cc := childConfig{Source: e.repl, Target: e.dst, Slot: e.slot, Mode: Parallel, Workers: 4,
