@@ -180,8 +180,14 @@
 // the commit of any earlier run in flight that touched the same row (relation and replica
 // identity key), so that each change sees what the source saw; runs that touch different rows
 // are applied at once, and a run that depends on the one before is applied while the leader
-// fills the next. Streamed and large transactions are applied as in Eager, one at a time by a
-// worker, after the runs before them.
+// fills the next. When runs are chained (several in a row each waited, from its first few
+// transactions, for the run before it: rows every transaction updates), handing them to workers
+// only adds work, and the leader applies the whole transactions itself, as Eager does: Buffered
+// groups on its own connection, each committed after every earlier transaction, in source order
+// in either commit order; every 16 groups it hands runs to the workers again to see whether
+// they still wait for each other. Stats.RunsOnLeader and RunsOnWorkers count the two. Streamed
+// and large transactions are applied as in Eager, one at a time by a worker, after the runs
+// before them.
 // A transaction that changes a row of a table without a usable key (UPDATE or DELETE with
 // REPLICA IDENTITY FULL), truncates, or writes a table whose triggers fire on the target
 // (including foreign keys, unless the target role runs in session_replication_role = replica)
@@ -199,7 +205,7 @@
 // transaction is still running on the source. Parallel applies runs as Buffered applies groups,
 // on several connections: it helps when the target's work dominates, runs touch different rows
 // and the target has cores to spare; on a backlog whose transactions all touch the same rows
-// its runs wait for each other and it goes about as fast as Buffered.
+// its runs wait for each other, and it applies them as Buffered does.
 //
 // # Statements
 //

@@ -67,6 +67,12 @@ type job struct {
 	members []groupMember
 	opened  time.Time // leader only: when the run took its first transaction
 	changes int       // leader only: the changes queued
+	// Leader only (see chain): whether the run before it in commit order was a run too, 1 + the
+	// index of its first member with a change, and of the member that first queued a wait for
+	// the run before it (0: none; -1: it became serial first).
+	afterRun bool
+	firstAt  int
+	chainAt  int
 
 	// Leader only.
 	begun   bool            // direct: the target transaction has begun
@@ -245,8 +251,12 @@ func (s *session) runIncremental(ctx context.Context) error {
 // Buffered does, and workers keep the streamed transactions, which they apply while the leader
 // reads on.
 
-// groupable says whether t joins the open run (or opens one).
+// groupable says whether t joins the open run (or opens one): in Eager, and in Parallel while
+// its runs are chained (see chain).
 func (s *session) groupable(t *reorderbuffer.Txn) bool {
+	if s.cfg.Mode == Parallel {
+		return s.chain.leads() && s.run == nil && len(s.jobs) == 0 && s.runnable(t)
+	}
 	return s.cfg.Mode == Eager && !t.NonTransactional && t.Part == reorderbuffer.PartCommit && !t.Streamed &&
 		len(s.jobs) == 0 && !s.a.serial[t.Xid]
 }
@@ -254,6 +264,12 @@ func (s *session) groupable(t *reorderbuffer.Txn) bool {
 // runGrouped applies t in the open run, opening one, after every earlier transaction
 // committed, if there is none.
 func (s *session) runGrouped(ctx context.Context, t *reorderbuffer.Txn) error {
+	// Parallel's groups take no more transactions than its runs (Config.runTxns, tests only).
+	if s.cfg.Mode == Parallel && s.group.open() && s.cfg.runTxns > 0 && len(s.group.members) >= s.cfg.runTxns {
+		if err := s.commitGroup(ctx); err != nil {
+			return err
+		}
+	}
 	if !s.group.open() {
 		if err := s.order.Wait(ctx, s.order.Last()); err != nil {
 			return err
@@ -288,6 +304,66 @@ func (s *session) endGroup(ctx context.Context) error {
 // changes, reduced to set statements, with its commit (or, sooner, while it waits for its turn
 // to commit), as Buffered sends a group's.
 
+// Chained runs (Parallel). When each run waits, before it applies anything, for the commit of
+// the run just before it (rows every transaction updates, as in pgbench), the workers apply the
+// runs one after another and handing them over (queueing each change, waking the worker, which
+// parses it again) is all that parallel apply adds. The leader therefore watches the runs it
+// seals: a run is chained when the run before it in commit order was one too, still in flight,
+// and the run's first transaction with changes already queued a wait for it (what the
+// dependency tracker said as the leader queued the changes: a wait is queued only for a run
+// not yet committed). A run that meets a hot row only here and there is not: its worker goes
+// through what comes before the wait while the run before it commits. Nor is a run that waits
+// because it became serial (a change without a usable key, TRUNCATE, triggers) before any such
+// wait: its changes go one statement each, work on the target that gains from the leader
+// reading on meanwhile (REPLICA IDENTITY FULL tables apply faster in runs). After chainRuns
+// chained runs in a row the leader applies whole transactions itself, as Eager does
+// (groupable): as Buffered groups, set-based, on its own connection, each group in one target
+// transaction with the progress row of its last, after every earlier transaction committed and
+// before anything later is handed out, so in source order whatever the commit order. Streamed transactions still go to workers meanwhile, and a
+// transaction that cannot join a run does not join a group either. After chainProbe groups it
+// hands runs to the workers again: the first one follows a group, which it cannot wait for, and
+// shows nothing; the next one says whether the runs are still chained. A run that is not hands
+// the following ones to workers until chainRuns chained runs come in a row again.
+const (
+	chainRuns  = 3
+	chainProbe = 16
+)
+
+// chain is what the leader learned of its recent runs (see Chained runs).
+type chain struct {
+	streak  int    // chained runs in a row
+	lead    bool   // whole transactions go into groups on the leader
+	groups  int    // groups the leader committed since it took over, or since the last probe
+	lastRun uint64 // the sequence number of the last run opened
+}
+
+// leads says whether the leader applies whole transactions itself now.
+func (c *chain) leads() bool { return c.lead && c.groups < chainProbe }
+
+// opened notes a run that took sequence number seq.
+func (c *chain) opened(j *job, seq uint64) {
+	j.afterRun = c.lastRun != 0 && c.lastRun == seq-1
+	c.lastRun = seq
+}
+
+// sealed learns from a run about to be sealed.
+func (c *chain) sealed(j *job) {
+	if !j.afterRun { // it could wait for no run: it shows nothing
+		return
+	}
+	if j.chainAt <= 0 || j.chainAt != j.firstAt {
+		c.streak, c.lead = 0, false
+		return
+	}
+	c.streak++
+	if c.streak >= chainRuns {
+		c.lead, c.groups = true, 0
+	}
+}
+
+// groupCommitted notes a group the leader committed.
+func (c *chain) groupCommitted() { c.groups++ }
+
 // runnable says whether t joins the open run (or opens one).
 func (s *session) runnable(t *reorderbuffer.Txn) bool {
 	return s.cfg.Mode == Parallel && !t.NonTransactional && t.Part == reorderbuffer.PartCommit && !t.Streamed &&
@@ -301,6 +377,9 @@ func (s *session) addToRun(ctx context.Context, t *reorderbuffer.Txn) error {
 		if err := s.sealRun(); err != nil {
 			return err
 		}
+		if s.groupable(t) { // the runs are chained: the leader takes over
+			return s.runGrouped(ctx, t)
+		}
 	}
 	if s.run == nil {
 		w, err := s.takeWorker(ctx)
@@ -312,6 +391,7 @@ func (s *session) addToRun(ctx context.Context, t *reorderbuffer.Txn) error {
 		}
 		j := &job{xid: t.Xid, isRun: true, opened: now}
 		j.Seq.Store(s.order.Assign())
+		s.chain.opened(j, j.Seq.Load())
 		j.q = schedule.NewQueue(s.store, s.budget, s.share, &s.stats.queueSpilled)
 		w.cur.Store(j)
 		w.jobs <- j
@@ -396,6 +476,7 @@ func (s *session) sealRun() error {
 		return nil
 	}
 	s.run = nil
+	s.chain.sealed(j)
 	j.mu.Lock()
 	last := j.members[len(j.members)-1]
 	j.mu.Unlock()
@@ -609,8 +690,25 @@ func (s *session) enqueue(ctx context.Context, j *job, t *reorderbuffer.Txn) err
 }
 
 // depend queues, before a change of a committed transaction a worker applies (Parallel), a
-// wait for the earlier transactions in flight it depends on.
+// wait for the earlier transactions in flight it depends on. A run notes the first of its
+// members that waits for the run before it (see chain).
 func (s *session) depend(ctx context.Context, j *job, m decoding.Message, rels []*target.Relation) error {
+	if j.isRun && j.firstAt == 0 {
+		j.firstAt = len(j.members)
+	}
+	err := s.dependOn(ctx, j, m, rels)
+	if j.isRun && j.chainAt == 0 && j.afterRun {
+		if prev := j.Seq.Load() - 1; j.Serial {
+			j.chainAt = -1 // it waits to be applied alone: not counted (see chain)
+		} else if j.waitFor >= prev || j.after[prev] {
+			j.chainAt = len(j.members)
+		}
+	}
+	return err
+}
+
+// dependOn is depend's wait.
+func (s *session) dependOn(ctx context.Context, j *job, m decoding.Message, rels []*target.Relation) error {
 	// Triggers (foreign keys included) that fire on the target make the order of otherwise
 	// independent transactions visible: such tables are applied serially. A table the target
 	// cannot take fails when applied, alone.
@@ -1072,6 +1170,9 @@ func (s *session) commitRun(ctx context.Context, tg *target.Conn, j *job, begun 
 		}
 	}
 	s.order.Finish(seq)
+	if begun {
+		s.stats.runsOnWorkers.Add(1)
+	}
 	for _, m := range j.members {
 		s.stats.txns.Add(1)
 		if !m.changed || !begun {

@@ -151,6 +151,12 @@ func (s *session) commitGroup(ctx context.Context) error {
 		}
 		s.committed(commitRef{seq: seq, txn: m.txn, progress: progress, before: before}, durable)
 	}
+	if s.deps != nil { // Parallel, while its runs are chained
+		if g.started {
+			s.stats.runsOnLeader.Add(1)
+		}
+		s.chain.groupCommitted()
+	}
 	var err error
 	for _, m := range g.members {
 		if err = s.cfg.hook(ctx, "after-commit", m.ref); err != nil {

@@ -57,6 +57,7 @@ type session struct {
 	leaderJob atomic.Pointer[job] // the job the leader's connection applies, for the watchdog
 	deps      *schedule.Tracker   // Parallel
 	run       *job                // Parallel: the run the leader is filling
+	chain     chain               // Parallel: whether its runs are chained
 
 	// Relaxed commit order (ahead.go).
 	aheadTable  string         // quoted and qualified

@@ -66,6 +66,10 @@ type Stats struct {
 	// CommittedAhead counts the target commits (of a transaction, or a run of them) made ahead of
 	// an earlier source transaction not yet committed (Config.CommitOrder CommitRelaxed).
 	CommittedAhead int64
+	// RunsOnLeader and RunsOnWorkers count the target transactions of whole source transactions
+	// Parallel committed as groups on the leader's connection (while its runs were chained: each
+	// waited for the one before) and as runs on its workers.
+	RunsOnLeader, RunsOnWorkers int64
 
 	// InitialCopyRows counts the rows the initial copy (Config.Copy) wrote into the target's
 	// tables. A copy that failed and started over counts its rows again.
@@ -91,7 +95,7 @@ type counters struct {
 	detect.TombstoneCounters
 	txns, emptyTxns                                                 atomic.Int64
 	subAborts, aborts, spooled, serialTxns, queueSpilled, queuePeak atomic.Int64
-	committedAhead                                                  atomic.Int64
+	committedAhead, runsOnLeader, runsOnWorkers                     atomic.Int64
 	sessions, serialRetries, deadlocks                              atomic.Int64
 	skipped, columnsAdded, columnsGone, sequenceSyncs               atomic.Int64
 }
@@ -109,7 +113,7 @@ func (c *counters) snapshot() Stats {
 		Tombstones: c.TombstoneRows.Load(), TombstonesPurged: c.TombstonesPurged.Load(),
 		SubAborts: c.subAborts.Load(), Aborts: c.aborts.Load(), Spooled: c.spooled.Load(),
 		SerialTxns: c.serialTxns.Load(), QueueSpilled: c.queueSpilled.Load(), QueuePeakBytes: c.queuePeak.Load(),
-		CommittedAhead:  c.committedAhead.Load(),
+		CommittedAhead: c.committedAhead.Load(), RunsOnLeader: c.runsOnLeader.Load(), RunsOnWorkers: c.runsOnWorkers.Load(),
 		InitialCopyRows: c.InitialCopyRows.Load(),
 		Sessions:        c.sessions.Load(), SerialRetries: c.serialRetries.Load(), Deadlocks: c.deadlocks.Load(),
 		Skipped: c.skipped.Load(), ColumnsAdded: c.columnsAdded.Load(), SourceColumnsGone: c.columnsGone.Load(),
