@@ -188,8 +188,10 @@
 // they still wait for each other. Stats.RunsOnLeader and RunsOnWorkers count the two. Streamed
 // and large transactions are applied as in Eager, one at a time by a worker, after the runs
 // before them.
-// A transaction that changes a row of a table without a usable key (UPDATE or DELETE with
-// REPLICA IDENTITY FULL), truncates, or writes a table whose triggers fire on the target
+// A REPLICA IDENTITY FULL table whose target has a unique key that identifies a row for sure
+// (as set statements need it, see Coalescing) is tracked by that key. A transaction that
+// changes a row of a table without a usable key (UPDATE or DELETE of another REPLICA IDENTITY
+// FULL table), truncates, or writes a table whose triggers fire on the target
 // (including foreign keys, unless the target role runs in session_replication_role = replica)
 // is applied alone: after every earlier transaction, before every later one. Commits stay in
 // source order, unless Config.CommitOrder relaxes it (see Relaxed commit order). What Parallel cannot see, constraints that exist only on the target (a unique
