@@ -189,7 +189,7 @@
 // and large transactions are applied as in Eager, one at a time by a worker, after the runs
 // before them.
 // A REPLICA IDENTITY FULL table whose target has a unique key that identifies a row for sure
-// (as set statements need it, see Coalescing) is tracked by that key. A transaction that
+// (as set statements need it, see Statements) is tracked by that key. A transaction that
 // changes a row of a table without a usable key (UPDATE or DELETE of another REPLICA IDENTITY
 // FULL table), truncates, or writes a table whose triggers fire on the target
 // (including foreign keys, unless the target role runs in session_replication_role = replica)
