@@ -252,12 +252,13 @@ func (p *process) cpu() (time.Duration, error) {
 func (p *process) peakRSS() (int64, error) {
 	n, err := procHWM(p.cmd.Process.Pid)
 	if err != nil {
+		// Exiting (a zombie has no VmHWM) or exited: its rusage, once waited for.
 		select {
 		case <-p.exited:
 			if ru, ok := p.cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
 				return ru.Maxrss << 10, nil // kB on Linux
 			}
-		default:
+		case <-time.After(5 * time.Second):
 		}
 	}
 	return n, err
