@@ -473,13 +473,7 @@ func concurrent(ctx context.Context, dsn string, rng *rand.Rand, clients, txns i
 			}()
 		}()
 	}
-	var first error
-	for range clients {
-		if err := <-errs; err != nil && first == nil {
-			first = err
-		}
-	}
-	return first
+	return firstError(errs, clients)
 }
 
 // waitReplies waits until the source has received n more status updates from the walsender
@@ -546,4 +540,15 @@ func testCtx(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	t.Cleanup(cancel)
 	return ctx
+}
+
+// firstError waits for n results from errs and returns the first error among them.
+func firstError(errs <-chan error, n int) error {
+	var first error
+	for range n {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
 }

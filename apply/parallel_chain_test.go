@@ -110,13 +110,7 @@ func chainLoad(ctx context.Context, dsn string, rng *rand.Rand, load string) err
 			}()
 		}()
 	}
-	var first error
-	for range clients {
-		if err := <-errs; err != nil && first == nil {
-			first = err
-		}
-	}
-	return first
+	return firstError(errs, clients)
 }
 
 // TestKillChained kills the applier process (SIGKILL), in Parallel with either commit order,

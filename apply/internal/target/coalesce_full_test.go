@@ -1,8 +1,6 @@
 package target
 
 import (
-	"context"
-	"log/slog"
 	"slices"
 	"testing"
 	"time"
@@ -152,15 +150,7 @@ func TestCoalesceFullFallbacks(t *testing.T) {
 			ddl = append([]string{"CREATE TABLE public." + tb.name + " " + tb.ddl}, ddl...)
 		}
 		pgtest.ExecAll(t, dsn, ddl...)
-		c, err := Connect(ctx, &Options{ConnString: dsn, Logger: slog.New(slog.DiscardHandler), Now: time.Now}, "full", &Counters{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close(context.Background())
-		upsert, _ := ProgressSQL("public.progress")
-		if err := c.PrepareProgress(ctx, upsert); err != nil {
-			t.Fatal(err)
-		}
+		c := testConn(ctx, t, dsn, "full", "public.progress", &Counters{})
 		reg := NewRegistry()
 		txt := func(s string) decoding.Column { return decoding.Column{Kind: decoding.ColumnText, Data: []byte(s)} }
 		row := func(id, v string) decoding.Tuple { return decoding.Tuple{txt(id), txt(v)} }

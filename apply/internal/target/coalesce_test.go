@@ -78,16 +78,7 @@ func runCoalesceModel(t *testing.T, dsn string, rng *rand.Rand, full, detecting 
 	conns := make([]*Conn, 2)
 	rels := make([]*Relation, 2)
 	for i, s := range schemas {
-		o := &Options{ConnString: dsn, Logger: slog.New(slog.DiscardHandler), Now: time.Now}
-		c, err := Connect(ctx, o, "model", &stats[i])
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close(context.Background()) })
-		upsert, _ := ProgressSQL(s + ".progress")
-		if err := c.PrepareProgress(ctx, upsert); err != nil {
-			t.Fatal(err)
-		}
+		c := testConn(ctx, t, dsn, "model", s+".progress", &stats[i])
 		if detecting {
 			c.SetDetection(&detect.Detection{Config: &conflict.Config{Resolutions: map[conflict.Type]conflict.Resolution{
 				conflict.InsertExists: conflict.Skip}}, Log: slog.New(slog.DiscardHandler)})
@@ -326,15 +317,7 @@ func TestCoalesceFallbacks(t *testing.T) {
 			"INSERT INTO public.toast VALUES (1, 'big')", "INSERT INTO public.keyupd VALUES (1, 'x')",
 			"CREATE TABLE public.progress (slot text PRIMARY KEY, end_lsn pg_lsn NOT NULL, system_id text, timeline int)")
 		var stats Counters
-		c, err := Connect(ctx, &Options{ConnString: dsn, Logger: slog.New(slog.DiscardHandler), Now: time.Now}, "fallbacks", &stats)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close(context.Background())
-		upsert, _ := ProgressSQL("public.progress")
-		if err := c.PrepareProgress(ctx, upsert); err != nil {
-			t.Fatal(err)
-		}
+		c := testConn(ctx, t, dsn, "fallbacks", "public.progress", &stats)
 		reg := NewRegistry()
 		rel := func(id uint32, name string, identity byte) *Relation {
 			keyFlag := uint8(1)
@@ -420,4 +403,20 @@ func colName(table string) string {
 		return "a"
 	}
 	return "k"
+}
+
+// testConn connects to dsn as application name for the test's duration, with progress (a
+// qualified progress table) prepared.
+func testConn(ctx context.Context, t *testing.T, dsn, name, progress string, stats *Counters) *Conn {
+	t.Helper()
+	c, err := Connect(ctx, &Options{ConnString: dsn, Logger: slog.New(slog.DiscardHandler), Now: time.Now}, name, stats)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close(context.Background()) })
+	upsert, _ := ProgressSQL(progress)
+	if err := c.PrepareProgress(ctx, upsert); err != nil {
+		t.Fatal(err)
+	}
+	return c
 }
