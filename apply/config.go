@@ -297,7 +297,8 @@ type Config struct {
 	addColumn target.AddColumnFunc // set by New for SchemaAddColumns
 
 	hooks *hooks // tests only: fault injection
-	// runTxns, tests only: the most transactions a run of Parallel takes (0: groupMaxTxns).
+	// runTxns, tests only: the most transactions a run of Parallel, or a group its leader applies
+	// (chained runs), takes (0: groupMaxTxns).
 	runTxns int
 }
 
