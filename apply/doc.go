@@ -174,39 +174,39 @@
 //
 // Parallel is Eager plus committed transactions applied by several workers at once. The whole
 // committed transactions the stream delivers one after another form runs (up to the limits of a
-// Buffered group; the stream running dry ends a run only once every earlier one committed, so
-// that while the Applier is behind runs grow as Buffered's groups do); a worker applies a run as Buffered applies a group, set-based, in one target
-// transaction with the progress row of its last transaction. A run waits, before a change, for
-// the commit of any earlier run in flight that touched the same row (relation and replica
-// identity key), so that each change sees what the source saw; runs that touch different rows
-// are applied at once, and a run that depends on the one before is applied while the leader
-// fills the next. When runs are chained (several in a row each waited, from its first few
-// transactions, for the run before it: rows every transaction updates), handing them to workers
-// only adds work, and the leader applies the whole transactions itself, as Eager does: Buffered
-// groups on its own connection, each committed after every earlier transaction, in source order
-// in either commit order; every 16 groups it hands runs to the workers again to see whether
-// they still wait for each other. Stats.RunsOnLeader and RunsOnWorkers count the two. Streamed
-// and large transactions are applied as in Eager, one at a time by a worker, after the runs
-// before them.
-// A REPLICA IDENTITY FULL table whose target has a unique key that identifies a row for sure
-// (as set statements need it, see Statements) is tracked by that key. A transaction that
-// changes a row of a table without a usable key (UPDATE or DELETE of another REPLICA IDENTITY
-// FULL table), truncates, or writes a table whose triggers fire on the target
-// (including foreign keys, unless the target role runs in session_replication_role = replica)
-// is applied alone: after every earlier transaction, before every later one. Commits stay in
-// source order, unless Config.CommitOrder relaxes it (see Relaxed commit order). What Parallel cannot see, constraints that exist only on the target (a unique
-// index, say), may make two transactions wait for each other's locks; the target detects the
-// cycles it can see (deadlock_detected), and a watchdog detects the others (an earlier
-// transaction waiting for the lock of a later one, which waits for its turn to commit): the later
-// transaction is rolled back, the session restarts from the progress row, and that transaction is
-// applied alone. The same holds for a streamed transaction in Eager.
+// Buffered group; the stream running dry ends a run only once every earlier one committed, so that
+// while the Applier is behind runs grow as Buffered's groups do); a worker applies a run as
+// Buffered applies a group, set-based, in one target transaction with the progress row of its last
+// transaction. A run waits, before a change, for the commit of any earlier run in flight that
+// touched the same row (relation and replica identity key), so that each change sees what the
+// source saw; runs that touch different rows are applied at once, and a run that depends on the one
+// before is applied while the leader fills the next. When runs are chained (several in a row each
+// waited, from its first few transactions, for the run before it: rows every transaction updates),
+// handing them to workers only adds work, and the leader applies the whole transactions itself, as
+// Eager does: Buffered groups on its own connection, each committed after every earlier
+// transaction, in source order in either commit order; every 16 groups it hands runs to the workers
+// again to see whether they still wait for each other. Stats.RunsOnLeader and RunsOnWorkers count
+// the two. Streamed and large transactions are applied as in Eager, one at a time by a worker,
+// after the runs before them. A REPLICA IDENTITY FULL table whose target has a unique key that
+// identifies a row for sure (as set statements need it, see Statements) is tracked by that key. A
+// transaction that changes a row of a table without a usable key (UPDATE or DELETE of another
+// REPLICA IDENTITY FULL table), truncates, or writes a table whose triggers fire on the target
+// (including foreign keys, unless the target role runs in session_replication_role = replica) is
+// applied alone: after every earlier transaction, before every later one. Commits stay in source
+// order, unless Config.CommitOrder relaxes it (see Relaxed commit order). What Parallel cannot see,
+// constraints that exist only on the target (a unique index, say), may make two transactions wait
+// for each other's locks; the target detects the cycles it can see (deadlock_detected), and a
+// watchdog detects the others (an earlier transaction waiting for the lock of a later one, which
+// waits for its turn to commit): the later transaction is rolled back, the session restarts from
+// the progress row, and that transaction is applied alone. The same holds for a streamed
+// transaction in Eager.
 //
-// Choosing a mode: Buffered is the default and the fastest in most cases measured (BENCHMARKS.md
-// in the repository): whole transactions, COPY for inserts, and transactions already received
-// grouped per round trip and applied set-based. Eager pays off when the target has cores to spare while a large
-// transaction is still running on the source. Parallel applies runs as Buffered applies groups,
-// on several connections: it helps when the target's work dominates, runs touch different rows
-// and the target has cores to spare; on a backlog whose transactions all touch the same rows
+// Choosing a mode: Buffered is the default and the fastest in most cases measured (BENCHMARKS.md in
+// the repository): whole transactions, COPY for inserts, and transactions already received grouped
+// per round trip and applied set-based. Eager pays off when the target has cores to spare while a
+// large transaction is still running on the source. Parallel applies runs as Buffered applies
+// groups, on several connections: it helps when the target's work dominates, runs touch different
+// rows and the target has cores to spare; on a backlog whose transactions all touch the same rows
 // its runs wait for each other, and it applies them as Buffered does.
 //
 // # Statements
@@ -214,42 +214,43 @@
 // Changes that are not applied set-based (Eager, Parallel, and what Buffered sends one statement
 // each) go as follows. Runs of inserts into one table go through COPY FROM STDIN, in binary when
 // the values are (with Config.Binary: pgoutput's binary values are the types' send format, COPY
-// binary's field format), else in text, escaped; short runs become INSERTs. Updates and deletes are prepared
-// statements, one per table and set of columns, sent in batches whose results are checked in
-// order: a transaction of a few statements takes one round trip with its progress row and COMMIT.
-// A target connection keeps at most 256 statements prepared, deallocating the least recently
-// used (a statement needed again is prepared again, one round trip).
-// Parameters carry the target columns' types, so the target converts text values with the types'
-// input functions, as it converts the publisher's output. A target column GENERATED ALWAYS AS
-// IDENTITY takes the source's values, as in PostgreSQL's subscriber (INSERT ... OVERRIDING
-// SYSTEM VALUE; COPY writes them as they are); no UPDATE may write one, so an update that writes
-// it (the key changed, or the column is not the replica identity key) stops Run with an error
-// saying to make the column GENERATED BY DEFAULT on the target. Unchanged TOASTed values are left untouched. An UPDATE or DELETE finds its row by the replica identity key, or, with REPLICA
-// IDENTITY FULL, by every column of the old row, NULL matching NULL, and changes one row even
-// when several are identical, as PostgreSQL's subscriber does. Each column is compared as
-// "(c = $n OR (c IS NULL AND $n IS NULL))": one statement serves every pattern of NULLs, and the
-// planner can use an index of any column (a bitmap of "c = $n" and "c IS NULL"; PostgreSQL's
-// subscriber, 16 and later, uses one index whose first column is a plain column, else scans).
-// A column whose type has no default equality operator (json, xml, point, box, composite types,
-// domains and arrays of those, as the target's catalog says) is compared by its text output, in
-// binary mode too. TRUNCATE never cascades to tables the source did not truncate.
+// binary's field format), else in text, escaped; short runs become INSERTs. Updates and deletes are
+// prepared statements, one per table and set of columns, sent in batches whose results are checked
+// in order: a transaction of a few statements takes one round trip with its progress row and
+// COMMIT. A target connection keeps at most 256 statements prepared, deallocating the least
+// recently used (a statement needed again is prepared again, one round trip). Parameters carry the
+// target columns' types, so the target converts text values with the types' input functions, as it
+// converts the publisher's output. A target column GENERATED ALWAYS AS IDENTITY takes the source's
+// values, as in PostgreSQL's subscriber (INSERT ... OVERRIDING SYSTEM VALUE; COPY writes them as
+// they are); no UPDATE may write one, so an update that writes it (the key changed, or the column
+// is not the replica identity key) stops Run with an error saying to make the column GENERATED BY
+// DEFAULT on the target. Unchanged TOASTed values are left untouched. An UPDATE or DELETE finds its
+// row by the replica identity key, or, with REPLICA IDENTITY FULL, by every column of the old row,
+// NULL matching NULL, and changes one row even when several are identical, as PostgreSQL's
+// subscriber does. Each column is compared as "(c = $n OR (c IS NULL AND $n IS NULL))": one
+// statement serves every pattern of NULLs, and the planner can use an index of any column (a bitmap
+// of "c = $n" and "c IS NULL"; PostgreSQL's subscriber, 16 and later, uses one index whose first
+// column is a plain column, else scans). A column whose type has no default equality operator
+// (json, xml, point, box, composite types, domains and arrays of those, as the target's catalog
+// says) is compared by its text output, in binary mode too. TRUNCATE never cascades to tables the
+// source did not truncate.
 //
 // # Conflicts
 //
 // A change that does not fit the target's rows is a conflict, detected and named as PostgreSQL's
 // subscriber does (insert_exists, update_exists, multiple_unique_conflicts, update_missing,
-// update_deleted, delete_missing, update_origin_differs, delete_origin_differs; see
-// conflict.Type), resolved as conflict.Config says (by default as PostgreSQL: the *_exists ones stop
-// Run with an *ApplyError wrapping ErrConflict, missing rows are skipped, rows another origin
-// changed are overwritten; or skip, apply_remote, last_update_wins), logged in
-// PostgreSQL's words, counted in Stats, and optionally recorded in a conflict log table. The
-// checks cost no round trip when nothing conflicts: rows are looked up only for statements that
-// met a conflict. Config.Origin marks the applied transactions with a replication origin, which
-// lets the target tell the Applier's rows from others' (with track_commit_timestamp) and lets a
-// reverse replication leave them out (Config.OriginFilter replication.OriginFilterNone): two databases can replicate
-// into each other. conflict.Config.Retention turns on update_deleted detection, from a bounded
-// record of the target's local deletions rather than retained dead tuples; Applier.Uninstall
-// removes that record (and, as asked, the slot's progress and the origins) from the target.
+// update_deleted, delete_missing, update_origin_differs, delete_origin_differs; see conflict.Type),
+// resolved as conflict.Config says (by default as PostgreSQL: the *_exists ones stop Run with an
+// *ApplyError wrapping ErrConflict, missing rows are skipped, rows another origin changed are
+// overwritten; or skip, apply_remote, last_update_wins), logged in PostgreSQL's words, counted in
+// Stats, and optionally recorded in a conflict log table. The checks cost no round trip when
+// nothing conflicts: rows are looked up only for statements that met a conflict. Config.Origin
+// marks the applied transactions with a replication origin, which lets the target tell the
+// Applier's rows from others' (with track_commit_timestamp) and lets a reverse replication leave
+// them out (Config.OriginFilter replication.OriginFilterNone): two databases can replicate into
+// each other. conflict.Config.Retention turns on update_deleted detection, from a bounded record of
+// the target's local deletions rather than retained dead tuples; Applier.Uninstall removes that
+// record (and, as asked, the slot's progress and the origins) from the target.
 //
 // # Monitoring
 //
@@ -280,22 +281,22 @@
 // Run retries, from the progress row and with a growing delay, whatever starting again can cure:
 // lost connections to either server (including a session the server ended: FATAL, 57P05), server
 // shutdowns and restarts, deadlocks, serialization failures, resource shortages. A slot that
-// another session holds (the walsender or target connections of one that died, which end when
-// the server notices; or a second Applier of the slot, which does not) is waited for up to
-// Config.SlotWait, naming the holder at once, and then stops Run with a *SlotInUseError (target)
-// or *replication.SlotActiveError (source). It stops with an
-// error for what it cannot cure: an *ApplyError for a change the target refuses when applied
-// alone, in order (ErrMissingTable, ErrSchemaMismatch, ErrNoReplicaIdentity, ErrPermission,
-// ErrConstraint, ErrData), naming the table, the column when the target says which value it
-// refused, the source transaction and its commit LSN (never the statements the Applier
-// generates); a conflict resolved as an error also names the resolutions that get past it; bad
-// configuration (ErrInvalidConfig, the replication package's option errors, and its failed
-// pre-flight checks, *replication.CheckError: wal_level, a missing publication, a slot made by
-// another plugin, and so on); a progress row that does not fit the source (ErrSourceChanged,
-// ErrSlotAhead: see above); and corrupt or lost data reported by the reorder buffer. Nothing at or after a refused transaction is acknowledged,
-// so a new Run, once the cause is fixed, resumes with it, or skips it with Config.SkipLSN set to
-// the commit LSN the error names. A change refused while applied
-// concurrently with earlier transactions (Eager, Parallel) is first retried alone.
+// another session holds (the walsender or target connections of one that died, which end when the
+// server notices; or a second Applier of the slot, which does not) is waited for up to
+// Config.SlotWait, naming the holder at once, and then stops Run with a *SlotInUseError (target) or
+// *replication.SlotActiveError (source). It stops with an error for what it cannot cure: an
+// *ApplyError for a change the target refuses when applied alone, in order (ErrMissingTable,
+// ErrSchemaMismatch, ErrNoReplicaIdentity, ErrPermission, ErrConstraint, ErrData), naming the
+// table, the column when the target says which value it refused, the source transaction and its
+// commit LSN (never the statements the Applier generates); a conflict resolved as an error also
+// names the resolutions that get past it; bad configuration (ErrInvalidConfig, the replication
+// package's option errors, and its failed pre-flight checks, *replication.CheckError: wal_level, a
+// missing publication, a slot made by another plugin, and so on); a progress row that does not fit
+// the source (ErrSourceChanged, ErrSlotAhead: see above); and corrupt or lost data reported by the
+// reorder buffer. Nothing at or after a refused transaction is acknowledged, so a new Run, once the
+// cause is fixed, resumes with it, or skips it with Config.SkipLSN set to the commit LSN the error
+// names. A change refused while applied concurrently with earlier transactions (Eager, Parallel) is
+// first retried alone.
 //
 // # Migrations
 //

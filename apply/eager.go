@@ -289,20 +289,20 @@ func (s *session) endGroup(ctx context.Context) error {
 	return err
 }
 
-// Runs (Parallel). The whole committed transactions the stream delivers one after another
-// (one PartCommit each, not streamed) form runs: a worker applies a run as Buffered applies a
-// group (target.Conn.Coalesce: each table's net changes as set statements), in one target
-// transaction that ends with the progress row of its last transaction, committed in its turn.
-// A run is one job of the commit order and of the dependency tracker: its changes wait, as a
-// transaction's would, for the earlier runs in flight that touched the same rows, so runs that
-// touch different rows are applied at once, and a run that depends on the one before waits for
-// its commit while the leader fills the next. A run takes transactions up to the limits of a
-// group (groupMaxTxns, groupMaxChanges, groupMaxAge), and ends when the stream has nothing more
-// to read and nothing earlier it would wait for is in flight (runStartable), or when it hands
-// out anything else (a part of a streamed or large transaction, an abort, an idle advance, a
-// transaction to apply alone): the run's commit then comes before it in commit order. Handing a run over costs the leader nothing per transaction; its worker sends the run's
-// changes, reduced to set statements, with its commit (or, sooner, while it waits for its turn
-// to commit), as Buffered sends a group's.
+// Runs (Parallel). The whole committed transactions the stream delivers one after another (one
+// PartCommit each, not streamed) form runs: a worker applies a run as Buffered applies a group
+// (target.Conn.Coalesce: each table's net changes as set statements), in one target transaction
+// that ends with the progress row of its last transaction, committed in its turn. A run is one job
+// of the commit order and of the dependency tracker: its changes wait, as a transaction's would,
+// for the earlier runs in flight that touched the same rows, so runs that touch different rows are
+// applied at once, and a run that depends on the one before waits for its commit while the leader
+// fills the next. A run takes transactions up to the limits of a group (groupMaxTxns,
+// groupMaxChanges, groupMaxAge), and ends when the stream has nothing more to read and nothing
+// earlier it would wait for is in flight (runStartable), or when it hands out anything else (a part
+// of a streamed or large transaction, an abort, an idle advance, a transaction to apply alone): the
+// run's commit then comes before it in commit order. Handing a run over costs the leader nothing
+// per transaction; its worker sends the run's changes, reduced to set statements, with its commit
+// (or, sooner, while it waits for its turn to commit), as Buffered sends a group's.
 
 // Chained runs (Parallel). When each run waits, before it applies anything, for the commit of
 // the run just before it (rows every transaction updates, as in pgbench), the workers apply the
@@ -315,12 +315,13 @@ func (s *session) endGroup(ctx context.Context) error {
 // through what comes before the wait while the run before it commits. Nor is a run that waits
 // because it became serial (a change without a usable key, TRUNCATE, triggers) before any such
 // wait: its changes go one statement each, work on the target that gains from the leader
-// reading on meanwhile (REPLICA IDENTITY FULL tables apply faster in runs). After chainRuns
+// reading on meanwhile. After chainRuns
 // chained runs in a row the leader applies whole transactions itself, as Eager does
 // (groupable): as Buffered groups, set-based, on its own connection, each group in one target
 // transaction with the progress row of its last, after every earlier transaction committed and
-// before anything later is handed out, so in source order whatever the commit order. Streamed transactions still go to workers meanwhile, and a
-// transaction that cannot join a run does not join a group either. After chainProbe groups it
+// before anything later is handed out, so in source order whatever the commit order. Streamed
+// transactions still go to workers meanwhile, and a transaction that cannot join a run does not
+// join a group either. After chainProbe groups it
 // hands runs to the workers again: the first one follows a group, which it cannot wait for, and
 // shows nothing; the next one says whether the runs are still chained. A run that is not hands
 // the following ones to workers until chainRuns chained runs come in a row again.
