@@ -229,6 +229,9 @@ func (t *Conn) absorb(ctx context.Context, m *Table, op byte, tup, old decoding.
 	for _, col := range tup {
 		c.bytes += len(col.Data) + 8
 	}
+	for _, col := range old { // held too: a key, or a FULL table's whole old row
+		c.bytes += len(col.Data) + 8
+	}
 	if c.bytes >= coalesceMaxBytes {
 		return true, t.flushSets(ctx)
 	}
