@@ -115,7 +115,7 @@ func TestFencing(t *testing.T) {
 func TestBrokerRestart(t *testing.T) {
 	c := kafkatest.Start(t, 1)
 	eachMajor(t, func(t *testing.T, srv *pgtest.Server) {
-		ctx := pgtest.Context(t, 2*time.Minute)
+		ctx := pgtest.Context(t, 4*time.Minute)
 		dsn := setupTable(t, srv, 10)
 		prefix := newPrefix(t)
 		kcfg := kafkasink.Config{Brokers: c.Addrs(), TopicPrefix: prefix, MaxBufferedRecords: 200, TransactionTimeout: time.Minute}
@@ -280,7 +280,7 @@ func TestCopyRetried(t *testing.T) {
 func TestLeaderLoss(t *testing.T) {
 	c := kafkatest.Start(t, 3)
 	srv := pgtest.Shared(t, pgtest.Majors(t)[len(pgtest.Majors(t))-1])
-	ctx := pgtest.Context(t, 2*time.Minute)
+	ctx := pgtest.Context(t, 4*time.Minute)
 	dsn := setupTable(t, srv, 10)
 	prefix := newPrefix(t)
 	kcfg := kafkasink.Config{Brokers: c.Addrs(), TopicPrefix: prefix, Partitions: 1, ReplicationFactor: 3,

@@ -16,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/pgreorder/pgreorder/changefeed"
 	"github.com/pgreorder/pgreorder/decoding"
@@ -215,11 +216,14 @@ func (s *Sink) Load(ctx context.Context, slot string) (changefeed.Position, bool
 	return s.readPosition(ctx)
 }
 
-// reach checks that a broker answers, within Config.ConnectTimeout.
+// reach checks that a broker answers, within Config.ConnectTimeout. It sends a metadata request
+// of its own: kadm's BrokerMetadata answers from the client's list of brokers once it has one.
 func (s *Sink) reach(ctx context.Context) error {
 	rctx, cancel := context.WithTimeout(ctx, s.cfg.ConnectTimeout)
 	defer cancel()
-	if _, err := s.adm.BrokerMetadata(rctx); err != nil {
+	req := kmsg.NewPtrMetadataRequest()
+	req.Topics = []kmsg.MetadataRequestTopic{} // brokers only
+	if _, err := req.RequestWith(rctx, s.ac); err != nil {
 		if ctx.Err() != nil {
 			return context.Cause(ctx)
 		}

@@ -31,8 +31,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
 )
@@ -363,17 +363,40 @@ replica.lag.time.max.ms=5000
 	return c, nil
 }
 
-// WaitReady waits until every broker is up and registered with the controller.
+// WaitReady waits until every broker answers and lists every broker, unfenced, in its metadata.
+//
+// Each broker is asked directly, each time: a broker killed a moment ago stays in the others'
+// metadata until its session times out, and kadm's BrokerMetadata answers from the client's list
+// of brokers once it has one (a client that first saw some of them keeps that list for minutes).
 func (c *Cluster) WaitReady(ctx context.Context) error {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(c.Addrs()...))
-	if err != nil {
-		return err
+	var seeds []*kgo.Broker
+	for _, b := range c.Brokers {
+		cl, err := kgo.NewClient(kgo.SeedBrokers(b.Addr()))
+		if err != nil {
+			return err
+		}
+		defer cl.Close()
+		seeds = append(seeds, cl.SeedBrokers()[0])
 	}
-	defer cl.Close()
-	adm := kadm.NewClient(cl)
+	var lastErr error
+	listed := make([]int, len(c.Brokers))
 	for {
-		m, err := adm.BrokerMetadata(ctx)
-		if err == nil && len(m.Brokers) == len(c.Brokers) && m.Controller >= 0 {
+		ready := true
+		for i, sb := range seeds {
+			req := kmsg.NewPtrMetadataRequest()
+			req.Topics = []kmsg.MetadataRequestTopic{} // brokers only
+			rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			resp, err := sb.Request(rctx, req)
+			cancel()
+			if err != nil {
+				lastErr, listed[i], ready = err, 0, false
+				continue
+			}
+			m := resp.(*kmsg.MetadataResponse)
+			listed[i] = len(m.Brokers)
+			ready = ready && len(m.Brokers) == len(c.Brokers) && m.ControllerID >= 0
+		}
+		if ready {
 			return nil
 		}
 		for _, b := range c.Brokers {
@@ -387,7 +410,7 @@ func (c *Cluster) WaitReady(ctx context.Context) error {
 			for _, b := range c.Brokers {
 				tails = append(tails, fmt.Sprintf("broker %d: %s", b.ID, b.logTail()))
 			}
-			return fmt.Errorf("brokers not ready (last: %v, %d of %d brokers registered):\n%s", err, len(m.Brokers), len(c.Brokers), strings.Join(tails, "\n"))
+			return fmt.Errorf("brokers not ready (last error: %v; brokers each lists: %v of %d):\n%s", lastErr, listed, len(c.Brokers), strings.Join(tails, "\n"))
 		case <-time.After(100 * time.Millisecond):
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/pgreorder/pgreorder/internal/testing/kafkatest"
 	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
@@ -38,4 +39,26 @@ func TestKillRestart(t *testing.T) {
 	o, ok := ends.Lookup("kafkatest.kill", 0)
 	require.True(t, ok)
 	require.EqualValues(t, 1, o.Offset)
+}
+
+// TestRestartInCluster: Restart of a node of a three-node cluster returns once that node answers
+// and every node lists all three, although the others list the killed node until its session
+// times out.
+func TestRestartInCluster(t *testing.T) {
+	c := kafkatest.Start(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	b := c.Brokers[2]
+	b.Kill()
+	require.NoError(t, b.Restart(ctx))
+	cl, err := kgo.NewClient(kgo.SeedBrokers(b.Addr()))
+	require.NoError(t, err)
+	defer cl.Close()
+	req := kmsg.NewPtrMetadataRequest()
+	req.Topics = []kmsg.MetadataRequestTopic{}
+	rctx, rcancel := context.WithTimeout(ctx, 5*time.Second)
+	defer rcancel()
+	resp, err := cl.SeedBrokers()[0].Request(rctx, req)
+	require.NoError(t, err, "the restarted node does not answer")
+	require.Len(t, resp.(*kmsg.MetadataResponse).Brokers, 3)
 }
