@@ -73,6 +73,7 @@ type job struct {
 	afterRun bool
 	firstAt  int
 	chainAt  int
+	probe    bool // leader only: opened as a probe (see chain)
 
 	// Leader only.
 	begun   bool            // direct: the target transaction has begun
@@ -315,19 +316,25 @@ func (s *session) endGroup(ctx context.Context) error {
 // through what comes before the wait while the run before it commits. Nor is a run that waits
 // because it became serial (a change without a usable key, TRUNCATE, triggers) before any such
 // wait: its changes go one statement each, work on the target that gains from the leader
-// reading on meanwhile. After chainRuns
-// chained runs in a row the leader applies whole transactions itself, as Eager does
+// reading on meanwhile. After chainRuns chained runs in a row the leader applies whole transactions itself, as Eager does
 // (groupable): as Buffered groups, set-based, on its own connection, each group in one target
 // transaction with the progress row of its last, after every earlier transaction committed and
 // before anything later is handed out, so in source order whatever the commit order. Streamed
 // transactions still go to workers meanwhile, and a transaction that cannot join a run does not
-// join a group either. After chainProbe groups it
-// hands runs to the workers again: the first one follows a group, which it cannot wait for, and
-// shows nothing; the next one says whether the runs are still chained. A run that is not hands
-// the following ones to workers until chainRuns chained runs come in a row again.
+// join a group either. After chainProbe groups it hands runs to the workers again, a probe:
+// the first one follows a group, which it cannot wait for, and shows nothing; the next one says
+// whether the runs are still chained. A probe's runs take at most chainProbeTxns transactions
+// each, so that a probe costs the leader, which waits for their commits before it takes over
+// again, two small commits rather than two full runs. A probe that finds the runs still chained
+// doubles the number of groups before the next one, up to chainProbeMax: runs chained for long
+// cost fewer and fewer probes. A run that is not chained hands the following ones (of full size)
+// to workers until chainRuns chained runs come in a row again, and the next time the leader takes
+// over it probes after chainProbe groups again.
 const (
-	chainRuns  = 3
-	chainProbe = 16
+	chainRuns      = 3
+	chainProbe     = 16
+	chainProbeMax  = 256
+	chainProbeTxns = 32
 )
 
 // chain is what the leader learned of its recent runs (see Chained runs).
@@ -335,15 +342,28 @@ type chain struct {
 	streak  int    // chained runs in a row
 	lead    bool   // whole transactions go into groups on the leader
 	groups  int    // groups the leader committed since it took over, or since the last probe
+	every   int    // groups between probes now (0: chainProbe)
 	lastRun uint64 // the sequence number of the last run opened
 }
 
+// interval returns the number of groups the leader commits before its next probe.
+func (c *chain) interval() int {
+	if c.every == 0 {
+		return chainProbe
+	}
+	return c.every
+}
+
 // leads says whether the leader applies whole transactions itself now.
-func (c *chain) leads() bool { return c.lead && c.groups < chainProbe }
+func (c *chain) leads() bool { return c.lead && c.groups < c.interval() }
+
+// probing says whether the runs handed to the workers now are a probe.
+func (c *chain) probing() bool { return c.lead && c.groups >= c.interval() }
 
 // opened notes a run that took sequence number seq.
 func (c *chain) opened(j *job, seq uint64) {
 	j.afterRun = c.lastRun != 0 && c.lastRun == seq-1
+	j.probe = c.probing()
 	c.lastRun = seq
 }
 
@@ -353,13 +373,17 @@ func (c *chain) sealed(j *job) {
 		return
 	}
 	if j.chainAt <= 0 || j.chainAt != j.firstAt {
-		c.streak, c.lead = 0, false
+		c.streak, c.lead, c.every = 0, false, 0
 		return
 	}
 	c.streak++
-	if c.streak >= chainRuns {
-		c.lead, c.groups = true, 0
+	if c.streak < chainRuns {
+		return
 	}
+	if j.probe { // still chained: the next probe comes later
+		c.every = min(2*c.interval(), chainProbeMax)
+	}
+	c.lead, c.groups = true, 0
 }
 
 // groupCommitted notes a group the leader committed.
@@ -467,6 +491,9 @@ func (s *session) runFull() bool {
 		maxTxns = s.cfg.runTxns
 	}
 	j := s.run
+	if j.probe {
+		maxTxns = min(maxTxns, chainProbeTxns)
+	}
 	return len(j.members) >= maxTxns || j.changes >= groupMaxChanges
 }
 
