@@ -74,6 +74,7 @@ type job struct {
 	firstAt  int
 	chainAt  int
 	probe    bool // leader only: opened as a probe (see chain)
+	unwoken  int  // leader only: records appended to a run's queue since its worker was woken (see runWake)
 
 	// Leader only.
 	begun   bool            // direct: the target transaction has begun
@@ -427,9 +428,10 @@ func (s *session) addToRun(ctx context.Context, t *reorderbuffer.Txn) error {
 	j.members = append(j.members, groupMember{txn: t, ref: txnRef{Xid: t.Xid, CommitLSN: t.CommitLSN, EndLSN: t.EndLSN}})
 	i := len(j.members) - 1
 	j.mu.Unlock()
-	if err := j.q.Push(schedule.TxnRecord(uint32(i))); err != nil {
+	if err := j.q.Append(schedule.TxnRecord(uint32(i))); err != nil {
 		return err
 	}
+	j.unwoken++
 	if s.alreadyApplied(t) { // committed before the restart: an empty member
 		return nil
 	}
@@ -444,15 +446,27 @@ func (s *session) addToRun(ctx context.Context, t *reorderbuffer.Txn) error {
 		}
 		changed = true
 		j.changes++
-		return j.q.Push(rec)
+		j.unwoken++
+		return j.q.Append(rec)
 	})
 	if changed {
 		j.mu.Lock()
 		j.members[i].changed = true
 		j.mu.Unlock()
 	}
+	if j.unwoken >= runWake {
+		j.unwoken = 0
+		j.q.Wake()
+	}
 	return err
 }
+
+// runWake is how many records the leader appends to a run's queue before it wakes the run's
+// worker, at the end of a transaction; the run's commit wakes it too. The worker absorbs a run's
+// changes into set statements (target.Conn.Coalesce) and sends them at the commit, or when it
+// waits: woken for every record, it would take a goroutine wake-up per change, on the cores
+// the leader and the servers need, for no earlier statement.
+const runWake = 64
 
 // runStartable says whether the open run, sealed now, could commit at once: every transaction
 // before it committed (relaxed: every one it waits for), or it is full. The stream running dry
