@@ -326,7 +326,9 @@ func (s *session) endGroup(ctx context.Context) error {
 // the first one follows a group, which it cannot wait for, and shows nothing; the next one says
 // whether the runs are still chained. A probe's runs take at most chainProbeTxns transactions
 // each, so that a probe costs the leader, which waits for their commits before it takes over
-// again, two small commits rather than two full runs. A probe that finds the runs still chained
+// again, two small commits rather than two full runs; so does a run found chained by its first
+// transaction, so that the chainRuns in a row that hand the runs to the leader cost little more
+// than the first of them, which follows a run of full size. A probe that finds the runs still chained
 // doubles the number of groups before the next one, up to chainProbeMax: runs chained for long
 // cost fewer and fewer probes. A run that is not chained hands the following ones (of full size)
 // to workers until chainRuns chained runs come in a row again, and the next time the leader takes
@@ -373,7 +375,7 @@ func (c *chain) sealed(j *job) {
 	if !j.afterRun { // it could wait for no run: it shows nothing
 		return
 	}
-	if j.chainAt <= 0 || j.chainAt != j.firstAt {
+	if !j.chained() {
 		c.streak, c.lead, c.every = 0, false, 0
 		return
 	}
@@ -386,6 +388,10 @@ func (c *chain) sealed(j *job) {
 	}
 	c.lead, c.groups = true, 0
 }
+
+// chained says whether the run j, sealed now, is chained (see chain): its first transaction
+// with changes waited for the run before it.
+func (j *job) chained() bool { return j.afterRun && j.chainAt > 0 && j.chainAt == j.firstAt }
 
 // groupCommitted notes a group the leader committed.
 func (c *chain) groupCommitted() { c.groups++ }
@@ -505,7 +511,7 @@ func (s *session) runFull() bool {
 		maxTxns = s.cfg.runTxns
 	}
 	j := s.run
-	if j.probe {
+	if j.probe || j.chained() { // small while it only tells whether the runs are chained
 		maxTxns = min(maxTxns, chainProbeTxns)
 	}
 	return len(j.members) >= maxTxns || j.changes >= groupMaxChanges

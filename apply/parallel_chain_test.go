@@ -90,7 +90,7 @@ func probesAfter(groups int) int {
 // that are always chained: after chainRuns runs the leader takes over, and the number of groups
 // between probes doubles with each probe up to chainProbeMax; a probe's runs are small. A run
 // that is not chained hands the runs back to the workers, and the next probes start again after
-// chainProbe groups.
+// chainProbe groups. A run found chained by its first transaction is small too.
 func TestChainProbes(t *testing.T) {
 	var c chain
 	var seq uint64
@@ -164,6 +164,18 @@ func TestChainProbes(t *testing.T) {
 	step(true) // the probe's first run
 	if g := groups[len(groups)-1]; g != chainProbe {
 		t.Fatalf("after an independent probe, the next probe after %d groups, want %d", g, chainProbe)
+	}
+	// A run whose first transaction waited for the run before it is small; one that does not is
+	// not, even if a later transaction of it waits.
+	for _, tc := range []struct {
+		afterRun         bool
+		firstAt, chainAt int
+		small            bool
+	}{{true, 1, 1, true}, {true, 2, 2, true}, {true, 1, 2, false}, {true, 1, 0, false}, {true, 1, -1, false}, {false, 1, 1, false}} {
+		j := &job{isRun: true, afterRun: tc.afterRun, firstAt: tc.firstAt, chainAt: tc.chainAt, members: make([]groupMember, chainProbeTxns)}
+		if full := (&session{cfg: &Config{}, run: j}).runFull(); full != tc.small {
+			t.Errorf("run %+v of %d transactions: full %v, want %v", tc, chainProbeTxns, full, tc.small)
+		}
 	}
 }
 
