@@ -306,33 +306,32 @@ func (s *session) endGroup(ctx context.Context) error {
 // per transaction; its worker sends the run's changes, reduced to set statements, with its commit
 // (or, sooner, while it waits for its turn to commit), as Buffered sends a group's.
 
-// Chained runs (Parallel). When each run waits, before it applies anything, for the commit of
-// the run just before it (rows every transaction updates, as in pgbench), the workers apply the
-// runs one after another and handing them over (queueing each change, waking the worker, which
-// parses it again) is all that parallel apply adds. The leader therefore watches the runs it
-// seals: a run is chained when the run before it in commit order was one too, still in flight,
-// and the run's first transaction with changes already queued a wait for it (what the
-// dependency tracker said as the leader queued the changes: a wait is queued only for a run
-// not yet committed). A run that meets a hot row only here and there is not: its worker goes
-// through what comes before the wait while the run before it commits. Nor is a run that waits
-// because it became serial (a change without a usable key, TRUNCATE, triggers) before any such
-// wait: its changes go one statement each, work on the target that gains from the leader
-// reading on meanwhile. After chainRuns chained runs in a row the leader applies whole transactions itself, as Eager does
-// (groupable): as Buffered groups, set-based, on its own connection, each group in one target
-// transaction with the progress row of its last, after every earlier transaction committed and
-// before anything later is handed out, so in source order whatever the commit order. Streamed
-// transactions still go to workers meanwhile, and a transaction that cannot join a run does not
-// join a group either. After chainProbe groups it hands runs to the workers again, a probe:
-// the first one follows a group, which it cannot wait for, and shows nothing; the next one says
-// whether the runs are still chained. A probe's runs take at most chainProbeTxns transactions
-// each, so that a probe costs the leader, which waits for their commits before it takes over
-// again, two small commits rather than two full runs; so does a run found chained by its first
-// transaction, so that the chainRuns in a row that hand the runs to the leader cost little more
-// than the first of them, which follows a run of full size. A probe that finds the runs still chained
-// doubles the number of groups before the next one, up to chainProbeMax: runs chained for long
-// cost fewer and fewer probes. A run that is not chained hands the following ones (of full size)
-// to workers until chainRuns chained runs come in a row again, and the next time the leader takes
-// over it probes after chainProbe groups again.
+// Chained runs (Parallel). When each run waits, before it applies anything, for the commit of the
+// run just before it (rows every transaction updates, as in pgbench), the workers apply the runs
+// one after another and handing them over (queueing each change, waking the worker, which parses it
+// again) is all that parallel apply adds. The leader therefore watches the runs it seals: a run is
+// chained when the run before it in commit order was one too, still in flight, and the run's first
+// transaction with changes already queued a wait for it (what the dependency tracker said as the
+// leader queued the changes: a wait is queued only for a run not yet committed). A run that meets a
+// hot row only here and there is not: its worker goes through what comes before the wait while the
+// run before it commits. Nor is a run that waits because it became serial (a change without a
+// usable key, TRUNCATE, triggers) before any such wait: its changes go one statement each, work on
+// the target that gains from the leader reading on meanwhile. After chainRuns chained runs in a row
+// the leader applies whole transactions itself, as Eager does (groupable): as Buffered groups,
+// set-based, on its own connection, each group in one target transaction with the progress row of
+// its last, after every earlier transaction committed and before anything later is handed out, so
+// in source order whatever the commit order. Streamed transactions still go to workers meanwhile,
+// and a transaction that cannot join a run does not join a group either. After chainProbe groups it
+// hands runs to the workers again, a probe: the first one follows a group, which it cannot wait
+// for, and shows nothing; the next one says whether the runs are still chained. A probe's runs take
+// at most chainProbeTxns transactions each, so that a probe costs the leader, which waits for their
+// commits before it takes over again, two small commits rather than two full runs. A run found
+// chained by its first transaction takes no more either: the chainRuns chained runs that hand the
+// runs to the leader are small too. A probe that finds the runs still chained doubles the number of
+// groups before the next one, up to chainProbeMax: runs chained for long cost fewer and fewer
+// probes. A run that is not chained hands the following ones (of full size) to workers until
+// chainRuns chained runs come in a row again, and the next time the leader takes over it probes
+// after chainProbe groups again.
 const (
 	chainRuns      = 3
 	chainProbe     = 16
