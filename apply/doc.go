@@ -184,9 +184,10 @@
 // waited, from its first few transactions, for the run before it: rows every transaction updates),
 // handing them to workers only adds work, and the leader applies the whole transactions itself, as
 // Eager does: Buffered groups on its own connection, each committed after every earlier
-// transaction, in source order in either commit order; every 16 groups it hands runs to the workers
-// again to see whether they still wait for each other. Stats.RunsOnLeader and RunsOnWorkers count
-// the two. Streamed and large transactions are applied as in Eager, one at a time by a worker,
+// transaction, in source order in either commit order; after 16 groups it hands two small runs to
+// the workers again to see whether they still wait for each other, and each time they still do it
+// waits twice as many groups before the next look (up to 256). Stats.RunsOnLeader and
+// RunsOnWorkers count the two. Streamed and large transactions are applied as in Eager, one at a time by a worker,
 // after the runs before them. A REPLICA IDENTITY FULL table whose target has a unique key that
 // identifies a row for sure (as set statements need it, see Statements) is tracked by that key. A
 // transaction that changes a row of a table without a usable key (UPDATE or DELETE of another

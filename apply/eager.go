@@ -73,6 +73,8 @@ type job struct {
 	afterRun bool
 	firstAt  int
 	chainAt  int
+	probe    bool // leader only: opened as a probe (see chain)
+	unwoken  int  // leader only: records appended to a run's queue since its worker was woken (see runWake)
 
 	// Leader only.
 	begun   bool            // direct: the target transaction has begun
@@ -304,30 +306,37 @@ func (s *session) endGroup(ctx context.Context) error {
 // per transaction; its worker sends the run's changes, reduced to set statements, with its commit
 // (or, sooner, while it waits for its turn to commit), as Buffered sends a group's.
 
-// Chained runs (Parallel). When each run waits, before it applies anything, for the commit of
-// the run just before it (rows every transaction updates, as in pgbench), the workers apply the
-// runs one after another and handing them over (queueing each change, waking the worker, which
-// parses it again) is all that parallel apply adds. The leader therefore watches the runs it
-// seals: a run is chained when the run before it in commit order was one too, still in flight,
-// and the run's first transaction with changes already queued a wait for it (what the
-// dependency tracker said as the leader queued the changes: a wait is queued only for a run
-// not yet committed). A run that meets a hot row only here and there is not: its worker goes
-// through what comes before the wait while the run before it commits. Nor is a run that waits
-// because it became serial (a change without a usable key, TRUNCATE, triggers) before any such
-// wait: its changes go one statement each, work on the target that gains from the leader
-// reading on meanwhile. After chainRuns
-// chained runs in a row the leader applies whole transactions itself, as Eager does
-// (groupable): as Buffered groups, set-based, on its own connection, each group in one target
-// transaction with the progress row of its last, after every earlier transaction committed and
-// before anything later is handed out, so in source order whatever the commit order. Streamed
-// transactions still go to workers meanwhile, and a transaction that cannot join a run does not
-// join a group either. After chainProbe groups it
-// hands runs to the workers again: the first one follows a group, which it cannot wait for, and
-// shows nothing; the next one says whether the runs are still chained. A run that is not hands
-// the following ones to workers until chainRuns chained runs come in a row again.
+// Chained runs (Parallel). When each run waits, before it applies anything, for the commit of the
+// run just before it (rows every transaction updates, as in pgbench), the workers apply the runs
+// one after another and handing them over (queueing each change, waking the worker, which parses it
+// again) is all that parallel apply adds. The leader therefore watches the runs it seals: a run is
+// chained when the run before it in commit order was one too, still in flight, and the run's first
+// transaction with changes already queued a wait for it (what the dependency tracker said as the
+// leader queued the changes: a wait is queued only for a run not yet committed). A run that meets a
+// hot row only here and there is not: its worker goes through what comes before the wait while the
+// run before it commits. Nor is a run that waits because it became serial (a change without a
+// usable key, TRUNCATE, triggers) before any such wait: its changes go one statement each, work on
+// the target that gains from the leader reading on meanwhile. After chainRuns chained runs in a row
+// the leader applies whole transactions itself, as Eager does (groupable): as Buffered groups,
+// set-based, on its own connection, each group in one target transaction with the progress row of
+// its last, after every earlier transaction committed and before anything later is handed out, so
+// in source order whatever the commit order. Streamed transactions still go to workers meanwhile,
+// and a transaction that cannot join a run does not join a group either. After chainProbe groups it
+// hands runs to the workers again, a probe: the first one follows a group, which it cannot wait
+// for, and shows nothing; the next one says whether the runs are still chained. A probe's runs take
+// at most chainProbeTxns transactions each, so that a probe costs the leader, which waits for their
+// commits before it takes over again, two small commits rather than two full runs. A run found
+// chained by its first transaction takes no more either: the chainRuns chained runs that hand the
+// runs to the leader are small too. A probe that finds the runs still chained doubles the number of
+// groups before the next one, up to chainProbeMax: runs chained for long cost fewer and fewer
+// probes. A run that is not chained hands the following ones (of full size) to workers until
+// chainRuns chained runs come in a row again, and the next time the leader takes over it probes
+// after chainProbe groups again.
 const (
-	chainRuns  = 3
-	chainProbe = 16
+	chainRuns      = 3
+	chainProbe     = 16
+	chainProbeMax  = 256
+	chainProbeTxns = 32
 )
 
 // chain is what the leader learned of its recent runs (see Chained runs).
@@ -335,15 +344,28 @@ type chain struct {
 	streak  int    // chained runs in a row
 	lead    bool   // whole transactions go into groups on the leader
 	groups  int    // groups the leader committed since it took over, or since the last probe
+	every   int    // groups between probes now (0: chainProbe)
 	lastRun uint64 // the sequence number of the last run opened
 }
 
+// interval returns the number of groups the leader commits before its next probe.
+func (c *chain) interval() int {
+	if c.every == 0 {
+		return chainProbe
+	}
+	return c.every
+}
+
 // leads says whether the leader applies whole transactions itself now.
-func (c *chain) leads() bool { return c.lead && c.groups < chainProbe }
+func (c *chain) leads() bool { return c.lead && c.groups < c.interval() }
+
+// probing says whether the runs handed to the workers now are a probe.
+func (c *chain) probing() bool { return c.lead && c.groups >= c.interval() }
 
 // opened notes a run that took sequence number seq.
 func (c *chain) opened(j *job, seq uint64) {
 	j.afterRun = c.lastRun != 0 && c.lastRun == seq-1
+	j.probe = c.probing()
 	c.lastRun = seq
 }
 
@@ -352,15 +374,23 @@ func (c *chain) sealed(j *job) {
 	if !j.afterRun { // it could wait for no run: it shows nothing
 		return
 	}
-	if j.chainAt <= 0 || j.chainAt != j.firstAt {
-		c.streak, c.lead = 0, false
+	if !j.chained() {
+		c.streak, c.lead, c.every = 0, false, 0
 		return
 	}
 	c.streak++
-	if c.streak >= chainRuns {
-		c.lead, c.groups = true, 0
+	if c.streak < chainRuns {
+		return
 	}
+	if j.probe { // still chained: the next probe comes later
+		c.every = min(2*c.interval(), chainProbeMax)
+	}
+	c.lead, c.groups = true, 0
 }
+
+// chained says whether the run j, sealed now, is chained (see chain): its first transaction
+// with changes waited for the run before it.
+func (j *job) chained() bool { return j.afterRun && j.chainAt > 0 && j.chainAt == j.firstAt }
 
 // groupCommitted notes a group the leader committed.
 func (c *chain) groupCommitted() { c.groups++ }
@@ -403,9 +433,10 @@ func (s *session) addToRun(ctx context.Context, t *reorderbuffer.Txn) error {
 	j.members = append(j.members, groupMember{txn: t, ref: txnRef{Xid: t.Xid, CommitLSN: t.CommitLSN, EndLSN: t.EndLSN}})
 	i := len(j.members) - 1
 	j.mu.Unlock()
-	if err := j.q.Push(schedule.TxnRecord(uint32(i))); err != nil {
+	if err := j.q.Append(schedule.TxnRecord(uint32(i))); err != nil {
 		return err
 	}
+	j.unwoken++
 	if s.alreadyApplied(t) { // committed before the restart: an empty member
 		return nil
 	}
@@ -420,15 +451,27 @@ func (s *session) addToRun(ctx context.Context, t *reorderbuffer.Txn) error {
 		}
 		changed = true
 		j.changes++
-		return j.q.Push(rec)
+		j.unwoken++
+		return j.q.Append(rec)
 	})
 	if changed {
 		j.mu.Lock()
 		j.members[i].changed = true
 		j.mu.Unlock()
 	}
+	if j.unwoken >= runWake {
+		j.unwoken = 0
+		j.q.Wake()
+	}
 	return err
 }
+
+// runWake is how many records the leader appends to a run's queue before it wakes the run's
+// worker, at the end of a transaction; the run's commit wakes it too. The worker absorbs a run's
+// changes into set statements (target.Conn.Coalesce) and sends them at the commit, or when it
+// waits: woken for every record, it would take a goroutine wake-up per change, on the cores
+// the leader and the servers need, for no earlier statement.
+const runWake = 64
 
 // runStartable says whether the open run, sealed now, could commit at once: every transaction
 // before it committed (relaxed: every one it waits for), or it is full. The stream running dry
@@ -467,6 +510,9 @@ func (s *session) runFull() bool {
 		maxTxns = s.cfg.runTxns
 	}
 	j := s.run
+	if j.probe || j.chained() { // small while it only tells whether the runs are chained
+		maxTxns = min(maxTxns, chainProbeTxns)
+	}
 	return len(j.members) >= maxTxns || j.changes >= groupMaxChanges
 }
 

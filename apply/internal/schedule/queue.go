@@ -127,8 +127,17 @@ func NewQueue(st *SpillStore, b *Budget, share int64, spilled *atomic.Int64) *Qu
 // ErrQueueClosed is returned by push and pop after close.
 var ErrQueueClosed = errors.New("apply: queue closed")
 
-// Push appends rec, which the queue takes ownership of.
-func (q *Queue) Push(rec []byte) error {
+// Push appends rec, which the queue takes ownership of, and wakes a Pop waiting for it.
+func (q *Queue) Push(rec []byte) error { return q.push(rec, true) }
+
+// Append is Push without waking a waiting Pop: the record waits for the next Push or Wake. A
+// producer that appends many small records at once wakes its consumer once for them.
+func (q *Queue) Append(rec []byte) error { return q.push(rec, false) }
+
+// Wake wakes a Pop waiting for the records appended so far.
+func (q *Queue) Wake() { q.signal() }
+
+func (q *Queue) push(rec []byte, wake bool) error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.closed {
@@ -152,7 +161,9 @@ func (q *Queue) Push(rec []byte) error {
 			}
 			tail.mem = append(tail.mem, rec)
 			q.mem += n
-			q.signal()
+			if wake {
+				q.signal()
+			}
 			return nil
 		}
 		q.st.mu.Lock()
@@ -173,7 +184,9 @@ func (q *Queue) Push(rec []byte) error {
 		return q.err
 	}
 	q.spilled.Add(n)
-	q.signal()
+	if wake {
+		q.signal()
+	}
 	return nil
 }
 

@@ -168,3 +168,37 @@ func TestQueueCloseWakesPop(t *testing.T) {
 		t.Fatalf("Pop: %v", err)
 	}
 }
+
+// TestQueueAppend: Append queues a record, in memory or spilled, without a wake-up for a
+// waiting Pop; Wake and Push leave one; the records pop in order.
+func TestQueueAppend(t *testing.T) {
+	st := NewSpillStore(t.TempDir(), nil)
+	defer st.Close()
+	q := NewQueue(st, NewBudget(1000), 100, new(atomic.Int64))
+	for i, rec := range [][]byte{[]byte("first"), make([]byte, 200)} { // the second one spills
+		if err := q.Append(rec); err != nil {
+			t.Fatal(err)
+		}
+		if len(q.wake) != 0 {
+			t.Fatalf("a wake-up pending after Append of record %d", i)
+		}
+	}
+	q.Wake()
+	if len(q.wake) != 1 {
+		t.Fatal("no wake-up pending after Wake")
+	}
+	rec, err := q.Pop(context.Background(), nil)
+	if err != nil || string(rec) != "first" {
+		t.Fatalf("Pop: %q, %v; want the first record", rec, err)
+	}
+	if rec, err = q.Pop(context.Background(), nil); err != nil || len(rec) != 200 {
+		t.Fatalf("Pop: %d bytes, %v; want the spilled record", len(rec), err)
+	}
+	<-q.wake
+	if err := q.Push([]byte("third")); err != nil {
+		t.Fatal(err)
+	}
+	if len(q.wake) != 1 {
+		t.Fatal("no wake-up pending after Push")
+	}
+}
