@@ -79,6 +79,10 @@ func New(cfg Config) (*Buffer, error) {
 // Committed transactions that become ready are handed out by Next. After an error every later
 // call returns an error wrapping ErrFailed.
 func (b *Buffer) Add(lsn decoding.LSN, data []byte) error {
+	if b.err == nil && !b.done && b.addRow(data) {
+		b.prog.receive(lsn)
+		return nil
+	}
 	if err := b.usable(); err != nil {
 		return err
 	}
@@ -370,6 +374,50 @@ func (b *Buffer) settle(t *xact) error {
 	t.replace(nil)
 	b.stats.RestartedTxns++
 	return b.drop(old)
+}
+
+// addRow is add of a row change (Insert, Update, Delete), the bulk of a stream, when the
+// decoder accepts it and its record fits in the last chunk of the transaction receiving changes:
+// what record does then, without the rest of add and record. It reports false, having changed
+// nothing, for anything else, which add takes (a row change the decoder accepted, accepted again
+// there: it changes no decoder state).
+func (b *Buffer) addRow(data []byte) bool {
+	t := b.cur
+	if t == nil || len(data) == 0 {
+		return false
+	}
+	switch decoding.MessageType(data[0]) {
+	case decoding.MsgInsert, decoding.MsgUpdate, decoding.MsgDelete:
+	default:
+		return false
+	}
+	h, err := b.dec.Accept(data)
+	if err != nil {
+		return false
+	}
+	head, body := data, []byte(nil)
+	if h.InStream && !b.cfg.Incremental { // as in record; Accept checked the leading xid is there
+		head, body = data[:1], data[5:]
+	}
+	if t.mem.chunkFor(len(head)+len(body), b.pool.chunkMax) > 0 {
+		return false
+	}
+	if h.InStream {
+		b.stats.StreamBytes += int64(len(data))
+		if h.Xid != t.xid {
+			t.noteSub(h.Xid)
+		}
+	}
+	t.mem.appendRecord2(nil, head, body)
+	t.bytes += int64(len(data))
+	t.changes++
+	if t.inc != nil {
+		t.inc.partBytes += int64(len(data))
+		if b.partable(t) && t.inc.partBytes >= b.partMax {
+			b.cut(t)
+		}
+	}
+	return true
 }
 
 // record appends a change (or schema message) to the transaction receiving changes.

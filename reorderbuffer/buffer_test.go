@@ -1,11 +1,13 @@
 package reorderbuffer_test
 
 import (
+	"fmt"
 	"io/fs"
 	"math"
 	"os"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -422,4 +424,39 @@ func TestCloseRemovesEverything(t *testing.T) {
 	_, ok := b.Next()
 	require.False(t, ok)
 	require.ErrorIs(t, b.Restart(), reorderbuffer.ErrClosed)
+}
+
+// TestPartCutAtPartSize: in parts, a transaction's changes are handed out as soon as the bytes
+// it received since its last part reach the part size (an eighth of the work mem, at least 64kB:
+// 128kB at 1MB), on the change that reaches it, whichever path recorded the change.
+func TestPartCutAtPartSize(t *testing.T) {
+	const partSize = 128 << 10
+	for _, streamed := range []bool{false, true} {
+		t.Run(fmt.Sprintf("streamed=%v", streamed), func(t *testing.T) {
+			b := newBuffer(t, reorderbuffer.Config{Incremental: true, WorkMem: 1 << 20})
+			xid := uint32(7)
+			var msgs [][]byte
+			if streamed {
+				msgs = [][]byte{enc(t, &decoding.StreamStart{Xid: xid, FirstSegment: true}, false), enc(t, relation(1, xid), true)}
+			} else {
+				msgs = [][]byte{enc(t, &decoding.Begin{FinalLSN: 0x9000, CommitTime: epoch, Xid: xid}, false), enc(t, relation(1, 0), false)}
+			}
+			feed(t, b, msgs...)
+			received := int64(len(msgs[1]))
+			ins := enc(t, insert(1, xid, strings.Repeat("v", 100)), streamed)
+			for i := 0; ; i++ {
+				require.NoError(t, b.Add(decoding.LSN(0x200+i), ins))
+				received += int64(len(ins))
+				x, ok := b.Next()
+				if received < partSize {
+					require.False(t, ok, "a part after %d bytes, before the part size", received)
+					continue
+				}
+				require.True(t, ok, "no part after %d bytes", received)
+				require.Equal(t, reorderbuffer.PartChanges, x.Part)
+				require.Len(t, values(t, x), i+1)
+				return
+			}
+		})
+	}
 }

@@ -80,12 +80,22 @@ func (m *memlog) appendRecord2(c, head, body []byte) {
 		m.capSum += int64(cap(c))
 	}
 	last := &m.chunks[len(m.chunks)-1]
-	b := binary.AppendUvarint(last.b, uint64(n))
-	if len(head) == 1 { // an in-stream change's type byte: no call to copy it
-		b = append(b, head[0])
-	} else {
-		b = append(b, head...)
+	b := last.b
+	if i := len(b); n < 0x80 && cap(b)-i > n { // the record fits (chunkFor said so): write it in place
+		b = b[:i+1+n]
+		b[i] = byte(n)
+		if len(head) == 1 { // an in-stream change's type byte: no call to copy it
+			b[i+1] = head[0]
+		} else {
+			copy(b[i+1:], head)
+		}
+		copy(b[i+1+len(head):], body)
+		last.b = b
+		m.size += int64(1 + n)
+		return
 	}
+	b = binary.AppendUvarint(b, uint64(n))
+	b = append(b, head...)
 	last.b = append(b, body...)
 	m.size += int64(uvarintLen(uint64(n)) + n)
 }

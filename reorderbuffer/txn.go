@@ -83,16 +83,15 @@ func (x *Txn) Changes() iter.Seq2[decoding.Change, error] {
 		x.view.reset() // reading from the start
 		// In parts, a streamed transaction's records keep the writer's xid.
 		inStream := x.data.streamed && x.incremental
-		rs := newRecords(x.data, x.src, func() bool { return x.released })
+		rs := newRecords(x.data, x.src, &x.released)
 		defer rs.close()
 		for {
 			rec, err := rs.next()
-			if errors.Is(err, io.EOF) {
-				return
-			}
 			var m decoding.Message
 			if err == nil {
 				m, err = p.Parse(rec, inStream)
+			} else if errors.Is(err, io.EOF) {
+				return
 			}
 			if err != nil {
 				yield(decoding.Change{}, err)

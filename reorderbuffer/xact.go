@@ -194,15 +194,15 @@ func (t *xact) free(recycle func([]byte) bool) (released int64, err error) {
 // the handed-out transaction's own reader (src), which it rewinds and leaves open.
 type records struct {
 	t        *xact
-	released func() bool
+	released *bool
 	r        *spill.Reader
 	inMem    bool
 	chunk    int // memory: next record at t.mem.chunks[chunk][off:]
 	off      int
 }
 
-func newRecords(t *xact, src *spill.Reader, released func() bool) *records {
-	rs := &records{t: t, released: released}
+func newRecords(t *xact, src *spill.Reader, released *bool) records {
+	rs := records{t: t, released: released}
 	if src != nil {
 		src.Rewind()
 		rs.r = src
@@ -214,10 +214,22 @@ func newRecords(t *xact, src *spill.Reader, released func() bool) *records {
 
 // next returns the next record, valid until the next call, or io.EOF after the last one.
 func (rs *records) next() ([]byte, error) {
-	if rs.released() {
+	if *rs.released {
 		return nil, ErrReleased
 	}
-	if !rs.inMem {
+	if rs.inMem {
+		// Most records: one with a length of one byte, in the chunk in hand.
+		if rs.chunk < len(rs.t.mem.chunks) {
+			c, off := rs.t.mem.chunks[rs.chunk].b, rs.off
+			if off < len(c) {
+				if n := int(c[off]); n < 0x80 && n < len(c)-off {
+					end := off + 1 + n
+					rs.off = end
+					return c[off+1 : end : end], nil
+				}
+			}
+		}
+	} else {
 		rec, err := rs.r.Next()
 		if err == nil {
 			return rec, nil

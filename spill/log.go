@@ -59,6 +59,9 @@ func (l *Log) check() error {
 	return l.err
 }
 
+// usable reports whether check returns nil.
+func (l *Log) usable() bool { return !l.removed && !l.s.closed && l.err == nil }
+
 // fail makes err sticky on l, unless l already has an error, and returns l's error. It drops l's
 // buffered bytes: none of them may ever become readable.
 func (l *Log) fail(op string, err error) error {
@@ -144,14 +147,19 @@ func (l *Log) AppendFramed(framed []byte) error {
 
 // framedEnds reports whether the records of framed end exactly at its end.
 func framedEnds(framed []byte) bool {
-	for i := 0; i < len(framed); {
+	i := 0
+	for i < len(framed) {
+		if n := int(framed[i]); n < 0x80 { // a length of one byte: most records
+			i += 1 + n
+			continue
+		}
 		n, k := binary.Uvarint(framed[i:])
 		if k <= 0 || n > uint64(len(framed)-i-k) {
 			return false
 		}
 		i += k + int(n)
 	}
-	return true
+	return i == len(framed)
 }
 
 // own makes l the owner of the store's write buffer, writing the previous owner's records.

@@ -602,3 +602,35 @@ func TestZeroOptions(t *testing.T) {
 		t.Fatalf("store dir still there: %v", err)
 	}
 }
+
+// TestReaderStopsMidBlock: a reader whose log is removed, or whose store is closed, while the
+// block it reads still holds records, returns ErrClosed for the rest instead of those records.
+func TestReaderStopsMidBlock(t *testing.T) {
+	for _, end := range []string{"remove", "close"} {
+		t.Run(end, func(t *testing.T) {
+			s := openStore(t, spill.Options{})
+			l := create(t, s)
+			for range 3 {
+				if err := l.Append([]byte("abc")); err != nil {
+					t.Fatal(err)
+				}
+			}
+			r := l.NewReader()
+			if rec, err := r.Next(); err != nil || string(rec) != "abc" {
+				t.Fatalf("first Next: %q, %v", rec, err)
+			}
+			var err error
+			if end == "remove" {
+				err = l.Remove()
+			} else {
+				err = s.Close()
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rec, err := r.Next(); !errors.Is(err, spill.ErrClosed) {
+				t.Errorf("Next after %s: %q, %v; want ErrClosed", end, rec, err)
+			}
+		})
+	}
+}
