@@ -218,6 +218,19 @@ func (s *Stream) Reconnects() int {
 // cancelled ctx stops Next with ctx's error and leaves the stream usable. After Close, Next
 // returns ErrClosed.
 func (s *Stream) Next(ctx context.Context) (*reorderbuffer.Txn, error) {
+	return s.next(ctx, time.Time{})
+}
+
+// NextBefore is Next that waits for a transaction to complete until the time until at most:
+// past it, it returns context.DeadlineExceeded, as Next does with a context whose deadline
+// passed, without the timer and the wake-up such a context costs on every call. A zero until
+// waits as Next does.
+func (s *Stream) NextBefore(ctx context.Context, until time.Time) (*reorderbuffer.Txn, error) {
+	return s.next(ctx, until)
+}
+
+// next is Next, waiting until until when it is not zero.
+func (s *Stream) next(ctx context.Context, until time.Time) (*reorderbuffer.Txn, error) {
 	s.takeConn()
 	defer s.giveConn()
 	if s.life.Err() != nil {
@@ -243,7 +256,7 @@ func (s *Stream) Next(ctx context.Context) (*reorderbuffer.Txn, error) {
 			return t, nil
 		}
 		if s.conn == nil {
-			if err := s.reconnect(ctx); err != nil {
+			if err := s.reconnectBefore(ctx, until); err != nil {
 				return nil, err
 			}
 			continue
@@ -261,9 +274,19 @@ func (s *Stream) Next(ctx context.Context) (*reorderbuffer.Txn, error) {
 		}
 		var err error
 		if !s.wire.ready() {
-			// Wait for the next message until the next status update is due. The deadline is
-			// set before ctx is looked at: a ctx that ends after the look moves it (wake).
-			s.wire.setDeadline(s.last.Add(s.every))
+			// Wait for the next message until the next status update is due (or until). The
+			// deadline is set before ctx is looked at: a ctx that ends after the look moves it
+			// (wake).
+			deadline := s.last.Add(s.every)
+			if !until.IsZero() {
+				if !time.Now().Before(until) {
+					return nil, context.DeadlineExceeded
+				}
+				if until.Before(deadline) {
+					deadline = until
+				}
+			}
+			s.wire.setDeadline(deadline)
 			switch {
 			case s.life.Err() != nil:
 				return nil, ErrClosed
@@ -299,6 +322,16 @@ func (s *Stream) Next(ctx context.Context) (*reorderbuffer.Txn, error) {
 			}
 		}
 	}
+}
+
+// reconnectBefore is reconnect, given up at until when it is not zero.
+func (s *Stream) reconnectBefore(ctx context.Context, until time.Time) error {
+	if until.IsZero() {
+		return s.reconnect(ctx)
+	}
+	rctx, cancel := context.WithDeadline(ctx, until)
+	defer cancel()
+	return s.reconnect(rctx)
 }
 
 // readyWait is how long Ready reads messages that are already on their way.
