@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unsafe"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -85,7 +86,18 @@ type coalescer struct {
 	order  []*netTable // in the order of their first change
 	bytes  int
 	rows   rowCounts // the changes the set statements in flight apply, counted once they succeed
+	// sizes are the changes each table held when its set statements were last queued: its
+	// next netTable starts with room for as many (at most sizeHintMax), instead of growing
+	// its slices and map change by change. Kept across target transactions.
+	sizes map[*Table]int
 }
+
+// sizeHintMax bounds the room a netTable starts with; sizeHintTables bounds the tables whose
+// sizes are kept (past it they are forgotten, all at once).
+const (
+	sizeHintMax    = 2048
+	sizeHintTables = 1024
+)
 
 // netTable is what one table's held changes come to.
 type netTable struct {
@@ -211,6 +223,12 @@ func (t *Conn) absorb(ctx context.Context, m *Table, op byte, tup, old decoding.
 			c.tables = map[*Table]*netTable{}
 		}
 		nt = &netTable{m: m, rowPath: !ok, keyed: key != nil, key: key, full: m.Full && key != nil}
+		if n := c.sizes[m]; n > 0 && ok {
+			nt.log, nt.rows = make([]held, 0, n), make([]netRow, 0, n)
+			if nt.keyed {
+				nt.keys = make(map[string]int, n)
+			}
+		}
 		c.tables[m] = nt
 		c.order = append(c.order, nt)
 	}
@@ -364,7 +382,7 @@ func (nt *netTable) add(op byte, tup, old decoding.Tuple, oldKind byte, src int3
 			nt.keys = map[string]int{}
 		}
 		i = len(nt.rows)
-		nt.keys[string(nt.kbuf)] = i
+		nt.keys[nt.arena.str(nt.kbuf)] = i
 		r = netRow{first: op, key: h.tup}
 		if op == 'D' || (nt.full && op == 'U') {
 			r.key = h.old
@@ -423,6 +441,25 @@ const (
 	arenaMinData, arenaMaxData = 256, 8 << 10
 )
 
+// str returns a string of b's bytes, copied into the arena: its memory is never written again,
+// which is what a string needs (unsafe.String).
+func (a *arena) str(b []byte) string {
+	if len(b) == 0 {
+		return ""
+	}
+	a.reserve(len(b))
+	d := len(a.data)
+	a.data = append(a.data, b...)
+	return unsafe.String(&a.data[d], len(b))
+}
+
+// reserve makes room for n more bytes in the current data block, taking a new one if needed.
+func (a *arena) reserve(n int) {
+	if a.data == nil || n > cap(a.data)-len(a.data) { // never nil: an empty value is not NULL
+		a.data = make([]byte, 0, max(n, min(2*cap(a.data), arenaMaxData), arenaMinData))
+	}
+}
+
 // clone returns a copy of tup, its values' bytes included, which nothing else refers to.
 func (a *arena) clone(tup decoding.Tuple) decoding.Tuple {
 	n := 0
@@ -432,9 +469,7 @@ func (a *arena) clone(tup decoding.Tuple) decoding.Tuple {
 	if a.cols == nil || len(tup) > cap(a.cols)-len(a.cols) { // never nil: a tuple held is not the absent row
 		a.cols = make([]decoding.Column, 0, max(len(tup), min(2*cap(a.cols), arenaMaxCols), arenaMinCols))
 	}
-	if a.data == nil || n > cap(a.data)-len(a.data) { // never nil: an empty value is not NULL
-		a.data = make([]byte, 0, max(n, min(2*cap(a.data), arenaMaxData), arenaMinData))
-	}
+	a.reserve(n)
 	s := len(a.cols)
 	a.cols = a.cols[:s+len(tup)]
 	out := a.cols[s : s+len(tup) : s+len(tup)]
@@ -482,7 +517,7 @@ func (t *Conn) replay(ctx context.Context, m *Table, log []held) error {
 // tables' state.
 func (t *Conn) unhold(ctx context.Context) error {
 	order := t.co.order
-	t.co = coalescer{rows: t.co.rows}
+	t.co = coalescer{rows: t.co.rows, sizes: t.co.sizes}
 	for _, nt := range order {
 		if err := t.replay(ctx, nt.m, nt.log); err != nil {
 			return err
@@ -536,7 +571,8 @@ func (t *Conn) flushSets(ctx context.Context) error {
 // failed until they succeed (see FlushBatch) or fail (replayFailed).
 func (t *Conn) queueSets(ctx context.Context) error {
 	order := t.co.order
-	t.co = coalescer{}
+	t.co = coalescer{sizes: t.co.sizes}
+	t.co.noteSizes(order)
 	t.failed = t.failed[:0]
 	var sets []*netTable
 	for _, nt := range order {
@@ -567,6 +603,22 @@ func (t *Conn) queueSets(ctx context.Context) error {
 	t.ops[len(t.ops)-1].set, t.ops[len(t.ops)-1].setEnd = true, true
 	t.co.rows = rows
 	return nil
+}
+
+// noteSizes records the changes each table of order held (see coalescer.sizes).
+func (c *coalescer) noteSizes(order []*netTable) {
+	if len(c.sizes) > sizeHintTables {
+		clear(c.sizes)
+	}
+	for _, nt := range order {
+		if nt.rowPath {
+			continue
+		}
+		if c.sizes == nil {
+			c.sizes = map[*Table]int{}
+		}
+		c.sizes[nt.m] = min(len(nt.log), sizeHintMax)
+	}
 }
 
 // replayFailed sends the changes of the set statements that failed row by row.
