@@ -86,6 +86,11 @@ type Stream struct {
 	// interrupts a waiting read through it.
 	wakeMu   sync.Mutex
 	wakeConn net.Conn
+	// wakeDone is the Done channel of the context whose end calls wake (a context.AfterFunc,
+	// which wakeStop removes): Next registers its context once and keeps the registration for
+	// the calls that follow with the same one. The connection's goroutine's, like conn.
+	wakeDone <-chan struct{}
+	wakeStop func() bool
 
 	// Guarded by mu.
 	buf        *reorderbuffer.Buffer
@@ -239,11 +244,15 @@ func (s *Stream) next(ctx context.Context, until time.Time) (*reorderbuffer.Txn,
 	if s.err != nil {
 		return nil, s.err
 	}
-	if ctx.Done() != nil {
-		// One registration for the whole call, not one per message: ctx's end interrupts the
-		// read waiting then (and the read after it, if it came between two reads).
-		stop := context.AfterFunc(ctx, s.wake)
-		defer stop()
+	if done := ctx.Done(); done != nil && done != s.wakeDone {
+		// One registration for this call and the next ones with the same context, not one per
+		// message or per call: ctx's end interrupts the read waiting then (and the read after
+		// it, if it came between two reads). Should it end between two calls, the next read's
+		// deadline has passed: it is set again (see isTimeout below).
+		if s.wakeStop != nil {
+			s.wakeStop()
+		}
+		s.wakeDone, s.wakeStop = done, context.AfterFunc(ctx, s.wake)
 	}
 	for {
 		s.mu.Lock()
@@ -822,6 +831,10 @@ func (s *Stream) Close(ctx context.Context) error {
 	s.mu.Unlock()
 	s.kill()
 	s.takeConn()
+	if s.wakeStop != nil {
+		s.wakeStop()
+		s.wakeDone, s.wakeStop = nil, nil
+	}
 	var errs []error
 	if s.conn != nil {
 		if s.err == nil && s.connected() {

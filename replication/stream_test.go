@@ -246,13 +246,19 @@ func TestNextBefore(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer s.Close(ctx)
-		until := time.Now().Add(100 * time.Millisecond) // past several status updates
-		if x, err := s.NextBefore(ctx, until); x != nil || !errors.Is(err, context.DeadlineExceeded) {
-			t.Fatalf("NextBefore with nothing published = %v, %v; want a deadline", x, err)
+		// Two calls with one context, which then ends between calls: the next call, with
+		// another context, is not disturbed by it.
+		cctx, ccancel := context.WithCancel(ctx)
+		for range 2 {
+			until := time.Now().Add(100 * time.Millisecond) // past several status updates
+			if x, err := s.NextBefore(cctx, until); x != nil || !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("NextBefore with nothing published = %v, %v; want a deadline", x, err)
+			}
+			if now := time.Now(); now.Before(until) {
+				t.Fatalf("NextBefore returned %s before its time", until.Sub(now))
+			}
 		}
-		if now := time.Now(); now.Before(until) {
-			t.Fatalf("NextBefore returned %s before its time", until.Sub(now))
-		}
+		ccancel()
 		if err := pgtest.Exec(ctx, srv.ConnString(db), `INSERT INTO pub_t VALUES (1)`); err != nil {
 			t.Fatal(err)
 		}
