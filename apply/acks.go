@@ -203,13 +203,11 @@ func (s *session) next(ctx context.Context) (*reorderbuffer.Txn, error) {
 	wake := a.wake
 	a.waiting = true
 	a.mu.Unlock()
-	nctx := wake
+	var until time.Time // no limit
 	if unflushed {
-		var cancel context.CancelFunc
-		nctx, cancel = context.WithTimeout(wake, idleProbe)
-		defer cancel()
+		until = time.Now().Add(idleProbe)
 	}
-	t, err := s.stream.Next(nctx)
+	t, err := s.stream.NextBefore(wake, until)
 	a.mu.Lock()
 	a.waiting = false
 	a.mu.Unlock()
@@ -217,7 +215,7 @@ func (s *session) next(ctx context.Context) (*reorderbuffer.Txn, error) {
 		switch {
 		case wake.Err() != nil:
 			return nil, errWoken
-		case nctx.Err() != nil:
+		case unflushed && !time.Now().Before(until):
 			return nil, errIdle
 		}
 		// The stream keeps the cancellation of an earlier wait as its error when the

@@ -28,11 +28,12 @@ func (s *session) caughtUp() bool {
 	}
 	a := &s.acks
 	a.mu.Lock()
-	done := len(a.list) == 0 && a.persisted >= until
+	persisted := a.persisted
+	done := len(a.list) == 0 && persisted >= until
 	a.mu.Unlock()
 	if done && s.a.reached.Load() == 0 {
 		s.a.reached.Store(uint64(until))
-		s.log.Info("caught up", "lsn", until, "applied_lsn", a.persisted)
+		s.log.Info("caught up", "lsn", until, "applied_lsn", persisted)
 	}
 	return done
 }

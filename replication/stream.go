@@ -86,6 +86,11 @@ type Stream struct {
 	// interrupts a waiting read through it.
 	wakeMu   sync.Mutex
 	wakeConn net.Conn
+	// wakeDone is the Done channel of the context whose end calls wake (a context.AfterFunc,
+	// which wakeStop removes): Next registers its context once and keeps the registration for
+	// the calls that follow with the same one. The connection's goroutine's, like conn.
+	wakeDone <-chan struct{}
+	wakeStop func() bool
 
 	// Guarded by mu.
 	buf        *reorderbuffer.Buffer
@@ -218,6 +223,19 @@ func (s *Stream) Reconnects() int {
 // cancelled ctx stops Next with ctx's error and leaves the stream usable. After Close, Next
 // returns ErrClosed.
 func (s *Stream) Next(ctx context.Context) (*reorderbuffer.Txn, error) {
+	return s.next(ctx, time.Time{})
+}
+
+// NextBefore is Next that waits for a transaction to complete until the time until at most:
+// past it, it returns context.DeadlineExceeded, as Next does with a context whose deadline
+// passed, without the timer and the wake-up such a context costs on every call. A zero until
+// waits as Next does.
+func (s *Stream) NextBefore(ctx context.Context, until time.Time) (*reorderbuffer.Txn, error) {
+	return s.next(ctx, until)
+}
+
+// next is Next, waiting until until when it is not zero.
+func (s *Stream) next(ctx context.Context, until time.Time) (*reorderbuffer.Txn, error) {
 	s.takeConn()
 	defer s.giveConn()
 	if s.life.Err() != nil {
@@ -226,11 +244,15 @@ func (s *Stream) Next(ctx context.Context) (*reorderbuffer.Txn, error) {
 	if s.err != nil {
 		return nil, s.err
 	}
-	if ctx.Done() != nil {
-		// One registration for the whole call, not one per message: ctx's end interrupts the
-		// read waiting then (and the read after it, if it came between two reads).
-		stop := context.AfterFunc(ctx, s.wake)
-		defer stop()
+	if done := ctx.Done(); done != nil && done != s.wakeDone {
+		// One registration for this call and the next ones with the same context, not one per
+		// message or per call: ctx's end interrupts the read waiting then (and the read after
+		// it, if it came between two reads). Should it end between two calls, the next read's
+		// deadline has passed: it is set again (see isTimeout below).
+		if s.wakeStop != nil {
+			s.wakeStop()
+		}
+		s.wakeDone, s.wakeStop = done, context.AfterFunc(ctx, s.wake)
 	}
 	for {
 		s.mu.Lock()
@@ -243,7 +265,7 @@ func (s *Stream) Next(ctx context.Context) (*reorderbuffer.Txn, error) {
 			return t, nil
 		}
 		if s.conn == nil {
-			if err := s.reconnect(ctx); err != nil {
+			if err := s.reconnectBefore(ctx, until); err != nil {
 				return nil, err
 			}
 			continue
@@ -261,9 +283,19 @@ func (s *Stream) Next(ctx context.Context) (*reorderbuffer.Txn, error) {
 		}
 		var err error
 		if !s.wire.ready() {
-			// Wait for the next message until the next status update is due. The deadline is
-			// set before ctx is looked at: a ctx that ends after the look moves it (wake).
-			s.wire.setDeadline(s.last.Add(s.every))
+			// Wait for the next message until the next status update is due (or until). The
+			// deadline is set before ctx is looked at: a ctx that ends after the look moves it
+			// (wake).
+			deadline := s.last.Add(s.every)
+			if !until.IsZero() {
+				if !time.Now().Before(until) {
+					return nil, context.DeadlineExceeded
+				}
+				if until.Before(deadline) {
+					deadline = until
+				}
+			}
+			s.wire.setDeadline(deadline)
 			switch {
 			case s.life.Err() != nil:
 				return nil, ErrClosed
@@ -299,6 +331,16 @@ func (s *Stream) Next(ctx context.Context) (*reorderbuffer.Txn, error) {
 			}
 		}
 	}
+}
+
+// reconnectBefore is reconnect, given up at until when it is not zero.
+func (s *Stream) reconnectBefore(ctx context.Context, until time.Time) error {
+	if until.IsZero() {
+		return s.reconnect(ctx)
+	}
+	rctx, cancel := context.WithDeadline(ctx, until)
+	defer cancel()
+	return s.reconnect(rctx)
 }
 
 // readyWait is how long Ready reads messages that are already on their way.
@@ -789,6 +831,10 @@ func (s *Stream) Close(ctx context.Context) error {
 	s.mu.Unlock()
 	s.kill()
 	s.takeConn()
+	if s.wakeStop != nil {
+		s.wakeStop()
+		s.wakeDone, s.wakeStop = nil, nil
+	}
 	var errs []error
 	if s.conn != nil {
 		if s.err == nil && s.connected() {

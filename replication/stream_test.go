@@ -233,6 +233,54 @@ func TestCancel(t *testing.T) {
 	})
 }
 
+// TestNextBefore: NextBefore returns context.DeadlineExceeded once its time passed with no
+// transaction complete, not before, and leaves the stream usable; a transaction that arrives in
+// time is returned.
+func TestNextBefore(t *testing.T) {
+	forMajors(t, func(t *testing.T, srv *pgtest.Server, db string) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		s, err := replication.Start(ctx, replication.Config{ConnString: srv.ReplicationConnString(db), Slot: "s",
+			Publications: []string{"pub"}, CreateSlot: true, TemporarySlot: true, StatusInterval: 20 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close(ctx)
+		// Two calls with one context, which then ends between calls: the next call, with
+		// another context, is not disturbed by it.
+		cctx, ccancel := context.WithCancel(ctx)
+		for range 2 {
+			until := time.Now().Add(100 * time.Millisecond) // past several status updates
+			if x, err := s.NextBefore(cctx, until); x != nil || !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("NextBefore with nothing published = %v, %v; want a deadline", x, err)
+			}
+			if now := time.Now(); now.Before(until) {
+				t.Fatalf("NextBefore returned %s before its time", until.Sub(now))
+			}
+		}
+		ccancel()
+		if err := pgtest.Exec(ctx, srv.ConnString(db), `INSERT INTO pub_t VALUES (1)`); err != nil {
+			t.Fatal(err)
+		}
+		x, err := s.NextBefore(ctx, time.Now().Add(30*time.Second))
+		if err != nil {
+			t.Fatalf("NextBefore after one that timed out: %v", err)
+		}
+		n := 0
+		for c, err := range x.Changes() {
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, ok := c.Msg.(*decoding.Insert); ok {
+				n++
+			}
+		}
+		if n != 1 {
+			t.Fatalf("%d inserts, want 1", n)
+		}
+	})
+}
+
 func startRetry(ctx context.Context, t *testing.T, cfg replication.Config) *replication.Stream {
 	t.Helper()
 	for {

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unsafe"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -85,7 +86,18 @@ type coalescer struct {
 	order  []*netTable // in the order of their first change
 	bytes  int
 	rows   rowCounts // the changes the set statements in flight apply, counted once they succeed
+	// sizes are the changes each table held when its set statements were last queued: its
+	// next netTable starts with room for as many (at most sizeHintMax), instead of growing
+	// its slices and map change by change. Kept across target transactions.
+	sizes map[*Table]int
 }
+
+// sizeHintMax bounds the room a netTable starts with; sizeHintTables bounds the tables whose
+// sizes are kept (past it they are forgotten, all at once).
+const (
+	sizeHintMax    = 2048
+	sizeHintTables = 1024
+)
 
 // netTable is what one table's held changes come to.
 type netTable struct {
@@ -103,6 +115,9 @@ type netTable struct {
 	// xid), which decides whether they go through COPY (setCopyMin).
 	xid       uint32
 	run, most int
+	// arena holds the copies of the changes' values; kbuf and obuf build keys.
+	arena      arena
+	kbuf, obuf []byte
 }
 
 // held is one change as it arrived (its values copied), to send it again row by row.
@@ -208,6 +223,12 @@ func (t *Conn) absorb(ctx context.Context, m *Table, op byte, tup, old decoding.
 			c.tables = map[*Table]*netTable{}
 		}
 		nt = &netTable{m: m, rowPath: !ok, keyed: key != nil, key: key, full: m.Full && key != nil}
+		if n := c.sizes[m]; n > 0 && ok {
+			nt.log, nt.rows = make([]held, 0, n), make([]netRow, 0, n)
+			if nt.keyed {
+				nt.keys = make(map[string]int, n)
+			}
+		}
 		c.tables[m] = nt
 		c.order = append(c.order, nt)
 	}
@@ -255,19 +276,18 @@ func textRow(tup decoding.Tuple, unchanged bool) bool {
 	return true
 }
 
-// keyOf returns the key of tup (text values of the key columns), or false when one is missing,
-// NULL or not text.
-func (nt *netTable) keyOf(tup decoding.Tuple) (string, bool) {
-	var b []byte
+// appendKey appends the key of tup (text values of the key columns) to b, or returns false when
+// one is missing, NULL or not text.
+func (nt *netTable) appendKey(b []byte, tup decoding.Tuple) ([]byte, bool) {
 	for _, i := range nt.key {
 		if i >= len(tup) || tup[i].Kind != decoding.ColumnText {
-			return "", false
+			return b, false
 		}
 		b = strconv.AppendInt(b, int64(len(tup[i].Data)), 10)
 		b = append(b, ':')
 		b = append(b, tup[i].Data...)
 	}
-	return string(b), true
+	return b, true
 }
 
 // add holds a change, or returns false, changing nothing, when it cannot be held.
@@ -277,30 +297,30 @@ func (nt *netTable) add(op byte, tup, old decoding.Tuple, oldKind byte, src int3
 		if op != 'I' || len(tup) != len(m.cols) || !textRow(tup, false) {
 			return false
 		}
-		tup = cloneTuple(tup)
+		tup = nt.arena.clone(tup)
 		nt.log = append(nt.log, held{op: op, tup: tup, src: src})
 		nt.rows = append(nt.rows, netRow{first: 'I', row: tup})
 		return true
 	}
-	var key string
 	var ok bool
 	switch op {
 	case 'I':
 		if len(tup) != len(m.cols) || !textRow(tup, false) {
 			return false
 		}
-		key, ok = nt.keyOf(tup)
+		nt.kbuf, ok = nt.appendKey(nt.kbuf[:0], tup)
 	case 'U':
 		if len(tup) != len(m.cols) || !textRow(tup, true) {
 			return false
 		}
-		key, ok = nt.keyOf(tup)
+		nt.kbuf, ok = nt.appendKey(nt.kbuf[:0], tup)
 		if nt.full && !wholeRow(m, old, oldKind) {
 			return false
 		}
 		if ok && (oldKind == 'K' || oldKind == 'O') {
-			k, okOld := nt.keyOf(old)
-			ok = okOld && k == key // else an update of the key
+			var okOld bool
+			nt.obuf, okOld = nt.appendKey(nt.obuf[:0], old)
+			ok = okOld && string(nt.obuf) == string(nt.kbuf) // else an update of the key
 		}
 	case 'D':
 		if nt.full {
@@ -310,12 +330,12 @@ func (nt *netTable) add(op byte, tup, old decoding.Tuple, oldKind byte, src int3
 		} else if oldKind != 'K' {
 			return false
 		}
-		key, ok = nt.keyOf(old)
+		nt.kbuf, ok = nt.appendKey(nt.kbuf[:0], old)
 	}
 	if !ok {
 		return false
 	}
-	i, seen := nt.keys[key]
+	i, seen := nt.keys[string(nt.kbuf)]
 	var r netRow
 	if seen {
 		r = nt.rows[i]
@@ -349,12 +369,12 @@ func (nt *netTable) add(op byte, tup, old decoding.Tuple, oldKind byte, src int3
 	h := held{op: op, oldKind: oldKind, src: src}
 	switch op {
 	case 'I', 'U':
-		h.tup = cloneTuple(tup)
+		h.tup = nt.arena.clone(tup)
 		if op == 'U' && (oldKind == 'K' || oldKind == 'O') {
-			h.old = cloneTuple(old)
+			h.old = nt.arena.clone(old)
 		}
 	case 'D':
-		h.old = cloneTuple(old)
+		h.old = nt.arena.clone(old)
 	}
 	nt.log = append(nt.log, h)
 	if !seen {
@@ -362,7 +382,7 @@ func (nt *netTable) add(op byte, tup, old decoding.Tuple, oldKind byte, src int3
 			nt.keys = map[string]int{}
 		}
 		i = len(nt.rows)
-		nt.keys[key] = i
+		nt.keys[nt.arena.str(nt.kbuf)] = i
 		r = netRow{first: op, key: h.tup}
 		if op == 'D' || (nt.full && op == 'U') {
 			r.key = h.old
@@ -378,7 +398,7 @@ func (nt *netTable) add(op byte, tup, old decoding.Tuple, oldKind byte, src int3
 	case 'U':
 		r.row = h.tup
 		if &final[0] != &tup[0] {
-			r.row = cloneTuple(final)
+			r.row = nt.arena.clone(final)
 		}
 	case 'D':
 		r.row = nil
@@ -406,19 +426,59 @@ func sameTuple(a, b decoding.Tuple) bool {
 	return true
 }
 
-func cloneTuple(tup decoding.Tuple) decoding.Tuple {
+// arena hands out copies of tuples from larger blocks of memory, so that holding a change costs
+// no allocation of its own. Memory handed out is never written again: a block is dropped (left
+// to the collector, with the tuples that point into it) once full, never reused.
+type arena struct {
+	cols []decoding.Column
+	data []byte
+}
+
+// Block sizes of an arena: the first blocks are small (a table with few changes in a group
+// holds little), later ones up to the maximum.
+const (
+	arenaMinCols, arenaMaxCols = 16, 256
+	arenaMinData, arenaMaxData = 256, 8 << 10
+)
+
+// str returns a string of b's bytes, copied into the arena: its memory is never written again,
+// which is what a string needs (unsafe.String).
+func (a *arena) str(b []byte) string {
+	if len(b) == 0 {
+		return ""
+	}
+	a.reserve(len(b))
+	d := len(a.data)
+	a.data = append(a.data, b...)
+	return unsafe.String(&a.data[d], len(b))
+}
+
+// reserve makes room for n more bytes in the current data block, taking a new one if needed.
+func (a *arena) reserve(n int) {
+	if a.data == nil || n > cap(a.data)-len(a.data) { // never nil: an empty value is not NULL
+		a.data = make([]byte, 0, max(n, min(2*cap(a.data), arenaMaxData), arenaMinData))
+	}
+}
+
+// clone returns a copy of tup, its values' bytes included, which nothing else refers to.
+func (a *arena) clone(tup decoding.Tuple) decoding.Tuple {
 	n := 0
 	for _, c := range tup {
 		n += len(c.Data)
 	}
-	buf := make([]byte, 0, n)
-	out := make(decoding.Tuple, len(tup))
+	if a.cols == nil || len(tup) > cap(a.cols)-len(a.cols) { // never nil: a tuple held is not the absent row
+		a.cols = make([]decoding.Column, 0, max(len(tup), min(2*cap(a.cols), arenaMaxCols), arenaMinCols))
+	}
+	a.reserve(n)
+	s := len(a.cols)
+	a.cols = a.cols[:s+len(tup)]
+	out := a.cols[s : s+len(tup) : s+len(tup)]
 	for i, c := range tup {
-		out[i].Kind = c.Kind
+		out[i] = decoding.Column{Kind: c.Kind}
 		if c.Data != nil {
-			s := len(buf)
-			buf = append(buf, c.Data...)
-			out[i].Data = buf[s:len(buf):len(buf)]
+			d := len(a.data)
+			a.data = append(a.data, c.Data...)
+			out[i].Data = a.data[d:len(a.data):len(a.data)]
 		}
 	}
 	return out
@@ -457,7 +517,7 @@ func (t *Conn) replay(ctx context.Context, m *Table, log []held) error {
 // tables' state.
 func (t *Conn) unhold(ctx context.Context) error {
 	order := t.co.order
-	t.co = coalescer{rows: t.co.rows}
+	t.co = coalescer{rows: t.co.rows, sizes: t.co.sizes}
 	for _, nt := range order {
 		if err := t.replay(ctx, nt.m, nt.log); err != nil {
 			return err
@@ -511,7 +571,8 @@ func (t *Conn) flushSets(ctx context.Context) error {
 // failed until they succeed (see FlushBatch) or fail (replayFailed).
 func (t *Conn) queueSets(ctx context.Context) error {
 	order := t.co.order
-	t.co = coalescer{}
+	t.co = coalescer{sizes: t.co.sizes}
+	t.co.noteSizes(order)
 	t.failed = t.failed[:0]
 	var sets []*netTable
 	for _, nt := range order {
@@ -542,6 +603,22 @@ func (t *Conn) queueSets(ctx context.Context) error {
 	t.ops[len(t.ops)-1].set, t.ops[len(t.ops)-1].setEnd = true, true
 	t.co.rows = rows
 	return nil
+}
+
+// noteSizes records the changes each table of order held (see coalescer.sizes).
+func (c *coalescer) noteSizes(order []*netTable) {
+	if len(c.sizes) > sizeHintTables {
+		clear(c.sizes)
+	}
+	for _, nt := range order {
+		if nt.rowPath {
+			continue
+		}
+		if c.sizes == nil {
+			c.sizes = map[*Table]int{}
+		}
+		c.sizes[nt.m] = min(len(nt.log), sizeHintMax)
+	}
 }
 
 // replayFailed sends the changes of the set statements that failed row by row.

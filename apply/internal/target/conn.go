@@ -449,7 +449,7 @@ func (t *Conn) RollbackTo(ctx context.Context, sub uint32) error {
 
 // Rollback ends the transaction without applying it. Statements not sent are dropped.
 func (t *Conn) Rollback(ctx context.Context) error {
-	t.co, t.failed = coalescer{}, nil
+	t.co, t.failed = coalescer{sizes: t.co.sizes}, nil
 	t.dropInserts()
 	t.batch, t.ops, t.bytes = nil, t.ops[:0], 0
 	t.det.Rollback()
