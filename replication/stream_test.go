@@ -218,16 +218,7 @@ func TestCancel(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Next after a cancelled one: %v", err)
 		}
-		n := 0
-		for c, err := range x.Changes() {
-			if err != nil {
-				t.Fatal(err)
-			}
-			if _, ok := c.Msg.(*decoding.Insert); ok {
-				n++
-			}
-		}
-		if n != 1 {
+		if n := inserts(t, x); n != 1 {
 			t.Fatalf("%d inserts, want 1", n)
 		}
 	})
@@ -266,19 +257,25 @@ func TestNextBefore(t *testing.T) {
 		if err != nil {
 			t.Fatalf("NextBefore after one that timed out: %v", err)
 		}
-		n := 0
-		for c, err := range x.Changes() {
-			if err != nil {
-				t.Fatal(err)
-			}
-			if _, ok := c.Msg.(*decoding.Insert); ok {
-				n++
-			}
-		}
-		if n != 1 {
+		if n := inserts(t, x); n != 1 {
 			t.Fatalf("%d inserts, want 1", n)
 		}
 	})
+}
+
+// inserts counts the inserts of x.
+func inserts(t *testing.T, x *reorderbuffer.Txn) int {
+	t.Helper()
+	n := 0
+	for c, err := range x.Changes() {
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := c.Msg.(*decoding.Insert); ok {
+			n++
+		}
+	}
+	return n
 }
 
 func startRetry(ctx context.Context, t *testing.T, cfg replication.Config) *replication.Stream {
