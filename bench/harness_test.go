@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pglogrepl"
 
 	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/internal/testing/cputime"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 )
 
@@ -232,7 +233,7 @@ func measure(b *testing.B, wl *Workload, im impl, budget int64) {
 	var last outcome
 	m.start()
 	b.ResetTimer()
-	cpu0 := cpuTime()
+	cpu0 := cputime.Process()
 	for range b.N {
 		out, err := im.run(b, wl, &m)
 		if err != nil {
@@ -244,7 +245,7 @@ func measure(b *testing.B, wl *Workload, im impl, budget int64) {
 		last = out
 	}
 	b.StopTimer()
-	cpu := cpuTime() - cpu0
+	cpu := cputime.Process() - cpu0
 	mallocs, bytes := m.stop()
 	changes := float64(b.N) * float64(wl.Changes)
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/changes, "ns/change")

@@ -7,7 +7,6 @@ import (
 	"runtime/pprof"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -16,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/internal/testing/cputime"
 	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 	"github.com/pgreorder/pgreorder/replication"
@@ -178,7 +178,7 @@ func liveRun(ctx context.Context, b *testing.B, srv *pgtest.Server, mode string,
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
-	cpu0 := cpuTime()
+	cpu0 := cputime.Process()
 	if err := pgtest.Exec(ctx, conn, fmt.Sprintf("INSERT INTO test SELECT generate_series(1, %d)", rows)); err != nil {
 		return lr, err
 	}
@@ -186,7 +186,7 @@ func liveRun(ctx context.Context, b *testing.B, srv *pgtest.Server, mode string,
 	select {
 	case last := <-done:
 		lr.lag = last.Sub(committed)
-		lr.cpu = cpuTime() - cpu0
+		lr.cpu = cputime.Process() - cpu0
 	case err := <-errc:
 		return lr, fmt.Errorf("reader: %v", err)
 	case <-ctx.Done():
@@ -316,15 +316,6 @@ func pgreorderReader(ctx context.Context, b *testing.B, srv *pgtest.Server, slot
 		}
 		st.Ack(t)
 	}
-}
-
-// cpuTime returns the user and system CPU time this process used so far.
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // querySingle returns the single value of a one-row, one-column query as text.

@@ -6,6 +6,7 @@ import (
 
 	"github.com/pgreorder/pgreorder/bench"
 	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/internal/testing/cputime"
 )
 
 // BenchmarkHotPath is the buffer's own cost per change of a bulk insert, the generator's left
@@ -37,7 +38,7 @@ func hotPath(b *testing.B, workMem int64) {
 	}
 	b.ReportAllocs()
 	b.ResetTimer()
-	cpu0 := cpuTime()
+	cpu0 := cputime.Process()
 	for range b.N {
 		buf, err := New(Config{WorkMem: limit, Dir: b.TempDir(), Decoding: bench.Options})
 		if err != nil {
@@ -61,7 +62,7 @@ func hotPath(b *testing.B, workMem int64) {
 		}
 		buf.Close()
 	}
-	cpu := cpuTime() - cpu0
+	cpu := cputime.Process() - cpu0
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(wl.Changes), "ns/change")
 	// The process's CPU time (every thread, the collector's too): steadier than the elapsed
 	// time on a machine shared with other work.

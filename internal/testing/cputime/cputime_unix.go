@@ -1,14 +1,13 @@
 //go:build unix
 
-package reorderbuffer
+package cputime
 
 import (
 	"syscall"
 	"time"
 )
 
-// cpuTime returns the user and system CPU time this process used so far (every thread).
-func cpuTime() time.Duration {
+func process() time.Duration {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
 		return 0
