@@ -395,28 +395,14 @@ func (b *Buffer) addRow(data []byte) bool {
 	if err != nil {
 		return false
 	}
-	head, body := data, []byte(nil)
-	if h.InStream && !b.cfg.Incremental { // as in record; Accept checked the leading xid is there
-		head, body = data[:1], data[5:]
-	}
-	if t.mem.chunkFor(len(head)+len(body), b.pool.chunkMax) > 0 {
+	head, body, err := b.split(h, data)
+	if err != nil || t.mem.chunkFor(len(head)+len(body), b.pool.chunkMax) > 0 {
 		return false
 	}
 	if h.InStream {
 		b.stats.StreamBytes += int64(len(data))
-		if h.Xid != t.xid {
-			t.noteSub(h.Xid)
-		}
 	}
-	t.mem.appendRecord2(nil, head, body)
-	t.bytes += int64(len(data))
-	t.changes++
-	if t.inc != nil {
-		t.inc.partBytes += int64(len(data))
-		if b.partable(t) && t.inc.partBytes >= b.partMax {
-			b.cut(t)
-		}
-	}
+	b.put(t, h, data, head, body, nil, nil) // no new chunk: it cannot fail
 	return true
 }
 
@@ -449,15 +435,9 @@ func (b *Buffer) record(h decoding.Header, data []byte, schema bool) error {
 		}
 		desc = m
 	}
-	// The in-stream record keeps the type byte and the body: the writer's xid is only needed
-	// for the subtransaction list below. Handed out in parts, a streamed transaction's changes
-	// keep it: the consumer undoes a subtransaction's changes itself.
-	head, body := data, []byte(nil)
-	if h.InStream && !b.cfg.Incremental {
-		if len(data) < 5 {
-			return fmt.Errorf("%w: short in-stream message", ErrProtocol)
-		}
-		head, body = data[:1], data[5:]
+	head, body, err := b.split(h, data)
+	if err != nil {
+		return err
 	}
 	// Get the record's chunk, if it needs one, before anything else: making room may spill t.
 	var chunk []byte
@@ -467,6 +447,29 @@ func (b *Buffer) record(h decoding.Header, data []byte, schema bool) error {
 			return err
 		}
 	}
+	return b.put(t, h, data, head, body, chunk, desc)
+}
+
+// split returns the record of a change or schema message: for an in-stream message of a
+// transaction handed out whole, its type byte (head) and its body past the writer's xid, which
+// only the subtransaction list needs; else the message itself (head). Handed out in parts, a
+// streamed transaction's changes keep the xid: the consumer undoes a subtransaction's changes
+// itself.
+func (b *Buffer) split(h decoding.Header, data []byte) (head, body []byte, err error) {
+	if !h.InStream || b.cfg.Incremental {
+		return data, nil, nil
+	}
+	if len(data) < 5 {
+		return nil, nil, fmt.Errorf("%w: short in-stream message", ErrProtocol)
+	}
+	return data[:1], data[5:], nil
+}
+
+// put appends the record head+body of message data to t, the transaction receiving changes,
+// into chunk when the record needed a new one (taken by getChunk), else into t's last chunk;
+// desc is the description a schema message carries, nil for a change. Only with a new chunk can
+// it fail (making room).
+func (b *Buffer) put(t *xact, h decoding.Header, data, head, body, chunk []byte, desc decoding.Message) error {
 	if sub := h.Xid; h.InStream && sub != t.xid {
 		t.noteSub(sub)
 	}
