@@ -69,6 +69,7 @@ var allowed = map[string][]string{
 	"internal/testing/pgtest":    {"internal/tools/pgserver"},
 	"internal/testing/kafkatest": {"internal/testing/pgtest"},
 	"internal/testing/scrape":    {},
+	"internal/testing/cputime":   {},
 	"spill/faultfs":              {"spill"},
 }
 
