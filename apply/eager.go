@@ -369,23 +369,26 @@ func (c *chain) opened(j *job, seq uint64) {
 	c.lastRun = seq
 }
 
-// sealed learns from a run about to be sealed.
-func (c *chain) sealed(j *job) {
+// sealed learns from a run about to be sealed. It reports whether the leader, which applied
+// whole transactions itself, hands them to the workers again (the run was not chained).
+func (c *chain) sealed(j *job) (handback bool) {
 	if !j.afterRun { // it could wait for no run: it shows nothing
-		return
+		return false
 	}
 	if !j.chained() {
+		handback = c.lead
 		c.streak, c.lead, c.every = 0, false, 0
-		return
+		return handback
 	}
 	c.streak++
 	if c.streak < chainRuns {
-		return
+		return false
 	}
 	if j.probe { // still chained: the next probe comes later
 		c.every = min(2*c.interval(), chainProbeMax)
 	}
 	c.lead, c.groups = true, 0
+	return false
 }
 
 // chained says whether the run j, sealed now, is chained (see chain): its first transaction
@@ -523,7 +526,9 @@ func (s *session) sealRun() error {
 		return nil
 	}
 	s.run = nil
-	s.chain.sealed(j)
+	if s.chain.sealed(j) {
+		s.stats.handbacks.Add(1)
+	}
 	j.mu.Lock()
 	last := j.members[len(j.members)-1]
 	j.mu.Unlock()

@@ -24,7 +24,7 @@ import (
 // as chained, and go to the workers too. Hot: a longer backlog where every transaction appends to
 // the same row, so every run is chained: the probes back off (chainProbe, doubled by each probe up
 // to chainProbeMax), and the workers get no more runs than those before the leader took over and
-// two per probe.
+// two per probe (times one plus the probes that found a run not chained, which start it over).
 func TestParallelChained(t *testing.T) {
 	for _, major := range testMajors {
 		for _, order := range []CommitOrder{CommitSource, CommitRelaxed} {
@@ -66,11 +66,17 @@ func testParallelChained(t *testing.T, major int, order CommitOrder, load string
 		t.Fatalf("chained runs: %d on the leader, %d on the workers; want most on the leader", st.RunsOnLeader, st.RunsOnWorkers)
 	}
 	if load == "hot" {
-		// One more probe than the groups allow may be under way when the backlog ends.
-		if most := int64(chainRuns + 1 + 2*(probesAfter(int(st.RunsOnLeader))+1)); st.RunsOnWorkers > most {
-			t.Fatalf("hot runs: %d on the workers after %d groups on the leader; want at most %d (probes backing off)",
-				st.RunsOnWorkers, st.RunsOnLeader, most)
+		// One more probe than the groups allow may be under way when the backlog ends. A probe
+		// whose second run found the first already committed (its worker was done before the
+		// leader queued the next change: it depends on the machine's timing) saw no wait and
+		// handed the runs back: each such hand-back starts the sequence over.
+		handbacks := r.a.stats.handbacks.Load()
+		once := chainRuns + 1 + 2*(probesAfter(int(st.RunsOnLeader))+1)
+		if most := (handbacks + 1) * int64(once); st.RunsOnWorkers > most {
+			t.Fatalf("hot runs: %d on the workers after %d groups on the leader, %d hand-backs; want at most %d (probes backing off)",
+				st.RunsOnWorkers, st.RunsOnLeader, handbacks, most)
 		}
+		t.Logf("hot runs: %d hand-backs to the workers", handbacks)
 	}
 }
 

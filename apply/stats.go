@@ -96,6 +96,7 @@ type counters struct {
 	txns, emptyTxns                                                 atomic.Int64
 	subAborts, aborts, spooled, serialTxns, queueSpilled, queuePeak atomic.Int64
 	committedAhead, runsOnLeader, runsOnWorkers                     atomic.Int64
+	handbacks                                                       atomic.Int64 // the leader gave chained runs back to the workers (tests)
 	sessions, serialRetries, deadlocks                              atomic.Int64
 	skipped, columnsAdded, columnsGone, sequenceSyncs               atomic.Int64
 }
