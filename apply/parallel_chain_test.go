@@ -101,7 +101,7 @@ func TestChainProbes(t *testing.T) {
 	var c chain
 	var seq uint64
 	var runs, groups []int // at each run handed out: the groups committed since the one before
-	since := 0
+	since, handbacks := 0, 0
 	step := func(chained bool) {
 		if c.leads() {
 			seq += 8 // a group's transactions take sequence numbers too
@@ -123,7 +123,9 @@ func TestChainProbes(t *testing.T) {
 			}
 			j.members = j.members[:0]
 		}
-		c.sealed(j)
+		if c.sealed(j) {
+			handbacks++
+		}
 		runs = append(runs, len(runs))
 		groups = append(groups, since)
 		since = 0
@@ -159,6 +161,9 @@ func TestChainProbes(t *testing.T) {
 	step(false)
 	if c.lead || c.streak != 0 {
 		t.Fatalf("after an independent probe: lead %v, streak %d", c.lead, c.streak)
+	}
+	if handbacks != 1 {
+		t.Fatalf("%d hand-backs reported, want 1: the independent probe's", handbacks)
 	}
 	for !c.leads() {
 		step(true)
