@@ -189,9 +189,14 @@
 // waits twice as many groups before the next look (up to 256). Stats.RunsOnLeader and
 // RunsOnWorkers count the two. Streamed and large transactions are applied as in Eager, one at a time by a worker,
 // after the runs before them. A REPLICA IDENTITY FULL table whose target has a unique key that
-// identifies a row for sure (as set statements need it, see Statements) is tracked by that key. A
-// transaction that changes a row of a table without a usable key (UPDATE or DELETE of another
-// REPLICA IDENTITY FULL table), truncates, or writes a table whose triggers fire on the target
+// identifies a row for sure (as set statements need it, see Statements) is tracked by that key.
+// Keys are the same row when the target's unique index finds them equal, not only when they were
+// sent the same: numeric 1.0 and 1.00, real -0 and 0, character(n) with and without trailing
+// spaces are compared in a canonical form. A key whose equality cannot be told from the values (a
+// text column with a nondeterministic collation on the target, interval, jsonb, arrays other than
+// of integers, text, uuid, dates and timestamps, types of extensions and enums) makes its
+// transaction serial, as below. A transaction that changes a row of a table without a usable key
+// (UPDATE or DELETE of another REPLICA IDENTITY FULL table), truncates, or writes a table whose triggers fire on the target
 // (including foreign keys, unless the target role runs in session_replication_role = replica) is
 // applied alone: after every earlier transaction, before every later one. Commits stay in source
 // order, unless Config.CommitOrder relaxes it (see Relaxed commit order). What Parallel cannot see,

@@ -759,6 +759,34 @@ func (s *session) depend(ctx context.Context, j *job, m decoding.Message, rels [
 	return err
 }
 
+// keyFormsOf returns how the target table m compares the values of each source column, for the
+// tracker: whether equal values may be sent differently (numeric 1.0 and 1.00). Kept per table;
+// nil for none.
+func (s *session) keyFormsOf(m *target.Table) []schedule.KeyForm {
+	if m == nil {
+		return nil
+	}
+	if f, ok := s.keyForms[m]; ok {
+		return f
+	}
+	if s.keyForms == nil || len(s.keyForms) >= maxKeyForms {
+		s.keyForms = map[*target.Table][]schedule.KeyForm{} // tables of older schemas go with the rest
+	}
+	var forms []schedule.KeyForm
+	for i := 0; ; i++ {
+		oid, nondet, ok := m.Equality(i)
+		if !ok {
+			break
+		}
+		forms = append(forms, schedule.KeyFormOf(oid, nondet))
+	}
+	s.keyForms[m] = forms
+	return forms
+}
+
+// maxKeyForms bounds the tables keyFormsOf keeps.
+const maxKeyForms = 4096
+
 // dependOn is depend's wait.
 func (s *session) dependOn(ctx context.Context, j *job, m decoding.Message, rels []*target.Relation) error {
 	// Triggers (foreign keys included) that fire on the target make the order of otherwise
@@ -775,7 +803,7 @@ func (s *session) dependOn(ctx context.Context, j *job, m decoding.Message, rels
 			return err
 		}
 	}
-	d, serial := s.deps.ChangeDeps(&j.Job, rels[0].Rel, key, m, rm == nil || rm.Triggers)
+	d, serial := s.deps.ChangeDeps(&j.Job, rels[0].Rel, key, s.keyFormsOf(rm), m, rm == nil || rm.Triggers)
 	if serial {
 		s.stats.serialTxns.Add(1)
 	}

@@ -54,10 +54,11 @@ type session struct {
 	budget    *schedule.Budget
 	share     int64 // the memory one queue may hold
 	acks      acks
-	leaderJob atomic.Pointer[job] // the job the leader's connection applies, for the watchdog
-	deps      *schedule.Tracker   // Parallel
-	run       *job                // Parallel: the run the leader is filling
-	chain     chain               // Parallel: whether its runs are chained
+	leaderJob atomic.Pointer[job]                  // the job the leader's connection applies, for the watchdog
+	deps      *schedule.Tracker                    // Parallel
+	keyForms  map[*target.Table][]schedule.KeyForm // Parallel: how each target table compares the source's columns (keyFormsOf)
+	run       *job                                 // Parallel: the run the leader is filling
+	chain     chain                                // Parallel: whether its runs are chained
 
 	// Relaxed commit order (ahead.go).
 	aheadTable  string         // quoted and qualified

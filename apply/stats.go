@@ -58,7 +58,7 @@ type Stats struct {
 	SubAborts    int64 // subtransactions rolled back to their savepoint on the target (Eager, Parallel)
 	Aborts       int64 // streamed transactions rolled back on the target (Eager, Parallel)
 	Spooled      int64 // streamed transactions spooled for lack of a free worker (Eager, Parallel)
-	SerialTxns   int64 // transactions Parallel applied alone (no usable key, TRUNCATE, triggers)
+	SerialTxns   int64 // transactions Parallel applied alone (no usable key, a key whose equality the values do not tell, TRUNCATE, triggers)
 	QueueSpilled int64 // bytes of queued changes written to spill files (Eager, Parallel)
 	// QueuePeakBytes is the most bytes of queued changes the workers' queues held in memory at
 	// once, in any session (Eager, Parallel); with the reorder buffer's at most Config.WorkMem.

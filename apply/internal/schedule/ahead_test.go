@@ -138,7 +138,7 @@ func TestTrackerDeps(t *testing.T) {
 	j1, j2, j3, j4, j5, j6 := jobSeq(1), jobSeq(2), jobSeq(3), jobSeq(4), jobSeq(5), jobSeq(6)
 	check := func(j *Job, m decoding.Message, rel *decoding.Relation, prefix uint64, seqs ...uint64) {
 		t.Helper()
-		d, _ := tr.ChangeDeps(j, rel, nil, m, false)
+		d, _ := tr.ChangeDeps(j, rel, nil, nil, m, false)
 		got := d.Seqs[:d.N]
 		if d.Prefix != prefix || len(got) != len(seqs) {
 			t.Fatalf("job %d: deps %+v, want prefix %d and %v", j.Seq.Load(), d, prefix, seqs)

@@ -1,6 +1,7 @@
 package schedule
 
 import (
+	"bytes"
 	"encoding/binary"
 	"hash/maphash"
 	"sync/atomic"
@@ -33,6 +34,13 @@ const maxJobKeys = 16384
 // Change to a table whose triggers (foreign keys included) fire on the target makes its
 // transaction serial: it waits for every earlier transaction, and every later one waits for it.
 //
+// Two changes touch the same row when the target's unique index finds their keys equal, which
+// is not always when their values were sent the same: numeric 1.0 equals 1.00, float -0 equals
+// 0, character(n) ignores trailing spaces, a nondeterministic collation may ignore case. Each
+// key column's KeyForm says how its values are compared; the tracker hashes a canonical form of
+// each value (see KeyForm), and a change whose key has a column of KeyOpaque makes its
+// transaction serial, an insert too.
+//
 // Hash collisions only add waits. The tracker is the leader's: not safe for concurrent use.
 type Tracker struct {
 	seed    maphash.Seed
@@ -46,12 +54,85 @@ func NewTracker() *Tracker {
 	return &Tracker{seed: maphash.MakeSeed(), owners: map[uint64]*Job{}}
 }
 
+// KeyForm is how the target compares the values of one key column, and so what the tracker
+// hashes of them: a value sent as text is made canonical for its form first. Values sent in
+// binary are hashed as sent for KeyExact only; for the other forms they make the change opaque.
+type KeyForm uint8
+
+const (
+	// KeyExact: equal values are sent the same, in text and in binary (integers, uuid, text
+	// with a deterministic collation, timestamps...). The zero value.
+	KeyExact KeyForm = iota
+	// KeyNumeric: numeric, whose trailing zeros after the decimal point do not change the
+	// value (1.0 = 1.00 = 1): they are dropped, and the point with them.
+	KeyNumeric
+	// KeyFloat: real and double precision, whose -0 equals 0.
+	KeyFloat
+	// KeyPadded: character(n), whose trailing spaces do not count: they are dropped.
+	KeyPadded
+	// KeyOpaque: an equality the tracker cannot reproduce from the values (a nondeterministic
+	// collation, interval, jsonb, arrays and ranges of the forms above, types of extensions):
+	// the change makes its transaction serial.
+	KeyOpaque
+)
+
+// KeyFormOf returns the form of a target column of type oid (through domains: the base type's
+// OID) whose collation is deterministic unless nondeterministic is set. Built-in types whose
+// equal values have one text form are KeyExact; numeric, real, double precision and character(n)
+// have their forms; every other type, and a text type with a nondeterministic collation, is
+// KeyOpaque.
+func KeyFormOf(oid uint32, nondeterministic bool) KeyForm {
+	switch oid {
+	case 25, 1043, 19, 1009, 1015, 1003: // text, varchar, name and their arrays
+		if nondeterministic {
+			return KeyOpaque
+		}
+		return KeyExact
+	case 1042: // character(n)
+		if nondeterministic {
+			return KeyOpaque
+		}
+		return KeyPadded
+	case 1700:
+		return KeyNumeric
+	case 700, 701:
+		return KeyFloat
+	case 16, 17, 18, 20, 21, 23, 26, // bool, bytea, "char", bigint, smallint, integer, oid
+		2950, 1082, 1083, 1114, 1184, 1266, // uuid, date, time, timestamp, timestamptz, timetz
+		869, 650, 829, 774, 1560, 1562, 790, // inet, cidr, macaddr, macaddr8, bit, varbit, money
+		1000, 1001, 1005, 1007, 1016, 1028, 2951, 1182, 1115, 1185: // arrays of bool, bytea, smallint, integer, bigint, oid, uuid, date, timestamp, timestamptz
+		return KeyExact
+	}
+	return KeyOpaque
+}
+
+// canonical appends to b the canonical form of v, a key value of form f sent as text.
+func canonical(b []byte, f KeyForm, v []byte) []byte {
+	switch f {
+	case KeyNumeric:
+		if bytes.IndexByte(v, '.') >= 0 {
+			v = bytes.TrimRight(v, "0")
+			v = bytes.TrimSuffix(v, []byte("."))
+		}
+		if string(v) == "-0" {
+			v = v[1:]
+		}
+	case KeyFloat:
+		if string(v) == "-0" {
+			v = v[1:]
+		}
+	case KeyPadded:
+		v = bytes.TrimRight(v, " ")
+	}
+	return append(b, v...)
+}
+
 // Change registers that j (whose sequence number is known) makes change m to the relation rel,
 // whose target table has triggers that fire if triggers is set. It returns the sequence number j
 // must wait for before applying m (0 for none), and whether j just became serial: in source commit
 // order, waiting for every number up to the highest of ChangeDeps' covers them all.
 func (tr *Tracker) Change(j *Job, rel *decoding.Relation, m decoding.Message, triggers bool) (wait uint64, serial bool) {
-	d, serial := tr.ChangeDeps(j, rel, nil, m, triggers)
+	d, serial := tr.ChangeDeps(j, rel, nil, nil, m, triggers)
 	return d.Max(), serial
 }
 
@@ -89,9 +170,10 @@ func (d *Deps) add(seq uint64) {
 // (indexes into rel.Columns) that identify a row of a REPLICA IDENTITY FULL relation for sure,
 // those of a unique index of the target table whose columns are all NOT NULL (nil: none, and
 // the relation's updates and deletes make their transaction serial); it is ignored for other
-// relations, which are keyed by their replica identity key. A relation is keyed the same way by
-// every call.
-func (tr *Tracker) ChangeDeps(j *Job, rel *decoding.Relation, key []int, m decoding.Message, triggers bool) (d Deps, serial bool) {
+// relations, which are keyed by their replica identity key. forms are the KeyForms of rel's
+// columns, by index (nil, or shorter than rel.Columns: KeyExact). A relation is keyed the same
+// way by every call.
+func (tr *Tracker) ChangeDeps(j *Job, rel *decoding.Relation, key []int, forms []KeyForm, m decoding.Message, triggers bool) (d Deps, serial bool) {
 	seq := j.Seq.Load()
 	if j.Serial {
 		return d, false // already waits for everything before it
@@ -114,20 +196,23 @@ func (tr *Tracker) ChangeDeps(j *Job, rel *decoding.Relation, key []int, m decod
 	}
 	switch m := m.(type) {
 	case *decoding.Insert:
-		if keys[0], ok = tr.key(rel, key, m.New); ok {
+		var opaque bool
+		if keys[0], ok, opaque = tr.key(rel, key, forms, m.New); ok {
 			n = 1
+		} else if opaque {
+			return serialize()
 		} // else a table without a key: inserts conflict with nothing
 	case *decoding.Update:
 		if full && key == nil {
 			return serialize()
 		}
 		if m.OldKind == 'K' || m.OldKind == 'O' {
-			if keys[0], ok = tr.key(rel, key, m.Old); !ok {
+			if keys[0], ok, _ = tr.key(rel, key, forms, m.Old); !ok {
 				return serialize()
 			}
 			n = 1
 		}
-		if keys[n], ok = tr.key(rel, key, m.New); !ok {
+		if keys[n], ok, _ = tr.key(rel, key, forms, m.New); !ok {
 			return serialize()
 		}
 		n++
@@ -135,7 +220,7 @@ func (tr *Tracker) ChangeDeps(j *Job, rel *decoding.Relation, key []int, m decod
 		if full && key == nil {
 			return serialize()
 		}
-		if keys[0], ok = tr.key(rel, key, m.Old); !ok {
+		if keys[0], ok, _ = tr.key(rel, key, forms, m.Old); !ok {
 			return serialize()
 		}
 		n = 1
@@ -189,12 +274,13 @@ func (tr *Tracker) Release(j *Job) {
 	j.keys = nil
 }
 
-// key hashes the relation and its key columns in tup: cols, else the replica identity key's;
-// ok is false when the relation has no key, is REPLICA IDENTITY FULL (every column is flagged)
-// without cols, or a key value was not sent (an unchanged TOASTed value).
-func (tr *Tracker) key(rel *decoding.Relation, cols []int, tup decoding.Tuple) (uint64, bool) {
+// key hashes the relation and its key columns in tup (cols, else the replica identity key's),
+// each value in its canonical form (forms). ok is false when the relation has no key, is
+// REPLICA IDENTITY FULL (every column is flagged) without cols, or a key value was not sent (an
+// unchanged TOASTed value); opaque says that a key column's equality cannot be reproduced.
+func (tr *Tracker) key(rel *decoding.Relation, cols []int, forms []KeyForm, tup decoding.Tuple) (k uint64, ok, opaque bool) {
 	if rel.ReplicaIdentity == 'f' && cols == nil {
-		return 0, false
+		return 0, false, false
 	}
 	b := binary.BigEndian.AppendUint32(tr.buf[:0], rel.RelationID)
 	keyed := false
@@ -202,28 +288,43 @@ func (tr *Tracker) key(rel *decoding.Relation, cols []int, tup decoding.Tuple) (
 		if i >= len(tup) || tup[i].Kind == decoding.ColumnUnchanged {
 			return false
 		}
+		f := KeyExact
+		if i < len(forms) {
+			f = forms[i]
+		}
+		c := tup[i]
+		if f == KeyOpaque || f != KeyExact && c.Kind == decoding.ColumnBinary {
+			opaque = true
+			return false
+		}
 		keyed = true
-		b = append(b, tup[i].Kind)
-		b = binary.BigEndian.AppendUint32(b, uint32(len(tup[i].Data)))
-		b = append(b, tup[i].Data...)
+		b = append(b, c.Kind)
+		at := len(b)
+		b = append(b, 0, 0, 0, 0)
+		if c.Kind == decoding.ColumnText {
+			b = canonical(b, f, c.Data)
+		} else {
+			b = append(b, c.Data...)
+		}
+		binary.BigEndian.PutUint32(b[at:], uint32(len(b)-at-4))
 		return true
 	}
 	if cols != nil {
 		for _, i := range cols {
 			if !add(i) {
-				return 0, false
+				return 0, false, opaque
 			}
 		}
 	} else {
 		for i, c := range rel.Columns {
 			if c.IsKey() && !add(i) {
-				return 0, false
+				return 0, false, opaque
 			}
 		}
 	}
 	tr.buf = b
 	if !keyed {
-		return 0, false
+		return 0, false, false
 	}
-	return maphash.Bytes(tr.seed, b), true
+	return maphash.Bytes(tr.seed, b), true, false
 }

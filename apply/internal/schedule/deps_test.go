@@ -50,7 +50,8 @@ func TestTracker(t *testing.T) {
 		rel      *decoding.Relation
 		m        decoding.Message
 		triggers bool
-		key      []int // ChangeDeps' key: a FULL relation's target key
+		key      []int     // ChangeDeps' key: a FULL relation's target key
+		forms    []KeyForm // ChangeDeps' forms
 		wait     uint64
 		serial   bool
 	}
@@ -72,6 +73,7 @@ func TestTracker(t *testing.T) {
 	fullDel := func(k, v string) decoding.Message {
 		return &decoding.Delete{RelationID: relFull.RelationID, OldKind: 'O', Old: tup(k, v)}
 	}
+	numeric := []KeyForm{KeyNumeric}
 	cases := []struct {
 		name     string
 		steps    []step
@@ -159,6 +161,46 @@ func TestTracker(t *testing.T) {
 			{seq: 1, rel: relKeyed, m: upd(relKeyed, "TOAST", "a"), serial: true},
 			{seq: 2, rel: relKeyed, m: ins(relKeyed, "3", "a"), wait: 1},
 		}},
+		{name: "numeric keys equal but sent differently are the same row", steps: []step{
+			{seq: 1, rel: relKeyed, forms: numeric, m: del(relKeyed, "1.0", "NULL")},
+			{seq: 2, rel: relKeyed, forms: numeric, m: ins(relKeyed, "1.00", "a"), wait: 1},
+			{seq: 3, rel: relKeyed, forms: numeric, m: ins(relKeyed, "1", "a"), wait: 2},
+			{seq: 4, rel: relKeyed, forms: numeric, m: ins(relKeyed, "10", "a")},
+			{seq: 5, rel: relKeyed, forms: numeric, m: ins(relKeyed, "10.000", "a"), wait: 4},
+			{seq: 6, rel: relKeyed, forms: numeric, m: ins(relKeyed, "100", "a")},
+			{seq: 7, rel: relKeyed, forms: numeric, m: ins(relKeyed, "-0.0", "a")},
+			{seq: 8, rel: relKeyed, forms: numeric, m: ins(relKeyed, "0", "a"), wait: 7},
+		}},
+		{name: "without the numeric form, 1.0 and 1.00 are other rows", steps: []step{
+			{seq: 1, rel: relKeyed, m: del(relKeyed, "1.0", "NULL")},
+			{seq: 2, rel: relKeyed, m: ins(relKeyed, "1.00", "a")},
+		}},
+		{name: "float -0 is 0", steps: []step{
+			{seq: 1, rel: relKeyed, forms: []KeyForm{KeyFloat}, m: ins(relKeyed, "-0", "a")},
+			{seq: 2, rel: relKeyed, forms: []KeyForm{KeyFloat}, m: del(relKeyed, "0", "NULL"), wait: 1},
+			{seq: 3, rel: relKeyed, forms: []KeyForm{KeyFloat}, m: ins(relKeyed, "-0.5", "a")},
+		}},
+		{name: "character(n) ignores trailing spaces", steps: []step{
+			{seq: 1, rel: relKeyed, forms: []KeyForm{KeyPadded}, m: ins(relKeyed, "ab  ", "a")},
+			{seq: 2, rel: relKeyed, forms: []KeyForm{KeyPadded}, m: del(relKeyed, "ab", "NULL"), wait: 1},
+			{seq: 3, rel: relKeyed, forms: []KeyForm{KeyPadded}, m: ins(relKeyed, " ab", "a")},
+		}},
+		{name: "an opaque key makes inserts, updates and deletes serial", steps: []step{
+			{seq: 1, rel: relKeyed, forms: []KeyForm{KeyOpaque}, m: ins(relKeyed, "a", "x"), serial: true},
+			{seq: 2, rel: relKeyed, forms: []KeyForm{KeyOpaque}, m: upd(relKeyed, "b", "x"), wait: 1, serial: true},
+			{seq: 3, rel: relKeyed, forms: []KeyForm{KeyOpaque}, m: del(relKeyed, "c", "NULL"), wait: 2, serial: true},
+			{seq: 4, rel: relKeyed, forms: []KeyForm{KeyExact, KeyOpaque}, m: ins(relKeyed, "4", "x"), wait: 3}, // not a key column
+		}},
+		{name: "a binary value of a form other than exact is opaque", steps: []step{
+			{seq: 1, rel: relKeyed, forms: numeric, m: &decoding.Insert{RelationID: 1,
+				New: decoding.Tuple{{Kind: decoding.ColumnBinary, Data: []byte{0, 1}}, {Kind: decoding.ColumnNull}}}, serial: true},
+			{seq: 2, rel: relKeyed, m: &decoding.Insert{RelationID: 1,
+				New: decoding.Tuple{{Kind: decoding.ColumnBinary, Data: []byte{0, 2}}, {Kind: decoding.ColumnNull}}}, wait: 1},
+		}},
+		{name: "a FULL relation's target key is canonical too", steps: []step{
+			{seq: 1, rel: relFull, key: []int{0}, forms: numeric, m: fullDel("2.50", "a")},
+			{seq: 2, rel: relFull, key: []int{0}, forms: numeric, m: ins(relFull, "2.5", "b"), wait: 1},
+		}},
 		{name: "NULL and empty keys differ", steps: []step{
 			{seq: 1, rel: relPair, m: ins(relPair, "1", "NULL", "x")},
 			{seq: 2, rel: relPair, m: ins(relPair, "1", "", "x")},
@@ -179,13 +221,46 @@ func TestTracker(t *testing.T) {
 					j = jobSeq(s.seq)
 					jobs[s.seq] = j
 				}
-				d, serial := tr.ChangeDeps(j, s.rel, s.key, s.m, s.triggers)
+				d, serial := tr.ChangeDeps(j, s.rel, s.key, s.forms, s.m, s.triggers)
 				wait := d.Max()
 				if wait != s.wait || serial != s.serial {
 					t.Errorf("step %d (transaction %d): wait %d serial %v, want wait %d serial %v", i, s.seq, wait, serial, s.wait, s.serial)
 				}
 			}
 		})
+	}
+}
+
+// TestKeyForms: the forms of target column types, and the canonical text of each form.
+func TestKeyForms(t *testing.T) {
+	for _, c := range []struct {
+		oid              uint32
+		nondeterministic bool
+		want             KeyForm
+	}{
+		{23, false, KeyExact}, {20, false, KeyExact}, {2950, false, KeyExact}, {1184, false, KeyExact},
+		{25, false, KeyExact}, {25, true, KeyOpaque}, {1043, true, KeyOpaque}, {1042, false, KeyPadded},
+		{1042, true, KeyOpaque}, {1700, false, KeyNumeric}, {701, false, KeyFloat}, {700, false, KeyFloat},
+		{1186, false, KeyOpaque}, {3802, false, KeyOpaque}, {1231, false, KeyOpaque}, {16385, false, KeyOpaque},
+	} {
+		if got := KeyFormOf(c.oid, c.nondeterministic); got != c.want {
+			t.Errorf("KeyFormOf(%d, %v) = %d, want %d", c.oid, c.nondeterministic, got, c.want)
+		}
+	}
+	for _, c := range []struct {
+		form     KeyForm
+		in, want string
+	}{
+		{KeyNumeric, "1.0", "1"}, {KeyNumeric, "1.500", "1.5"}, {KeyNumeric, "100", "100"},
+		{KeyNumeric, "100.000", "100"}, {KeyNumeric, "-0.00", "0"}, {KeyNumeric, "0", "0"},
+		{KeyNumeric, "-12.340", "-12.34"}, {KeyNumeric, "NaN", "NaN"}, {KeyNumeric, "Infinity", "Infinity"},
+		{KeyFloat, "-0", "0"}, {KeyFloat, "-0.25", "-0.25"}, {KeyFloat, "1e+100", "1e+100"},
+		{KeyPadded, "ab  ", "ab"}, {KeyPadded, " ab", " ab"}, {KeyPadded, "   ", ""},
+		{KeyExact, "1.0 ", "1.0 "},
+	} {
+		if got := string(canonical(nil, c.form, []byte(c.in))); got != c.want {
+			t.Errorf("canonical(%d, %q) = %q, want %q", c.form, c.in, got, c.want)
+		}
 	}
 }
 

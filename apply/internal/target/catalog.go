@@ -117,6 +117,22 @@ func (r *Registry) Intern(rel *decoding.Relation, types typeResolver) *Relation 
 	return ri
 }
 
+// Equality says how the target compares the values of source column i (an index into the
+// relation's columns): by the equality of the type baseOID (the column's type, through domains)
+// and, for text types, of a collation that is nondeterministic when nondet is set (values that
+// differ may be equal). ok is false when i is not a column.
+func (m *Table) Equality(i int) (baseOID uint32, nondet, ok bool) {
+	if i < 0 || i >= len(m.cols) {
+		return 0, false, false
+	}
+	c := m.cols[i]
+	b := c.baseOID
+	if b == 0 {
+		b = c.typeOID
+	}
+	return b, c.nondet, true
+}
+
 // firstNormalOID is PostgreSQL's FirstNormalObjectId: OIDs below it are built in, the same on
 // every server of a major version.
 const firstNormalOID = 16384
@@ -148,6 +164,10 @@ type colMap struct {
 	textEq bool
 	// notNull: the target column is NOT NULL, so a FULL identity compares it with "=" alone.
 	notNull bool
+	// baseOID is the column's type through domains; nondet says its collation is
+	// nondeterministic (Table.Equality).
+	baseOID uint32
+	nondet  bool
 	// The array type of the column's type (0 for none: the type is itself an array) and its
 	// elements' delimiter in an array's text, for set statements (see coalesce.go).
 	arrayOID uint32
@@ -167,8 +187,10 @@ WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p')`
 	// columnsQuery also says, per column, whether its type has a default equality operator
 	// usable as "=" (a default btree or hash operator class of the type or of a type it is
 	// implicitly binary coercible to, through domains and array elements; enums and ranges have
-	// one; composite types count as without), and the type's base type through
-	// domains (the stream describes a domain by its base type's name).
+	// one; composite types count as without), the type's base type through domains (the stream
+	// describes a domain by its base type's name), and whether the column's collation is
+	// nondeterministic (PostgreSQL 12+: read through to_jsonb, which older servers lack the
+	// column for).
 	columnsQuery = `SELECT a.attnum, a.attname, a.atttypid, a.attgenerated <> '',
 	pg_catalog.format_type(a.atttypid, a.atttypmod), tn.nspname || '.' || t.typname,
 	(WITH RECURSIVE e(oid, n) AS (
@@ -192,7 +214,9 @@ WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p')`
 		JOIN pg_catalog.pg_type bt ON bt.oid = d.oid JOIN pg_catalog.pg_namespace bn ON bn.oid = bt.typnamespace
 	ORDER BY d.n DESC LIMIT 1),
 	CASE WHEN a.atttypid IN (1042, 1043) AND a.atttypmod >= 4 THEN a.atttypmod - 4 ELSE 0 END,
-	t.typarray, t.typdelim, a.attidentity = 'a', a.attnotnull
+	t.typarray, t.typdelim, a.attidentity = 'a', a.attnotnull,
+	COALESCE((SELECT pg_catalog.to_jsonb(co) ->> 'collisdeterministic' = 'false'
+		FROM pg_catalog.pg_collation co WHERE co.oid = a.attcollation), false)
 FROM pg_catalog.pg_attribute a
 	JOIN pg_catalog.pg_type t ON t.oid = a.atttypid
 	JOIN pg_catalog.pg_namespace tn ON tn.oid = t.typnamespace
@@ -261,6 +285,7 @@ func loadMapping(ctx context.Context, conn *pgconn.PgConn, ri *Relation, replica
 		qualified string
 		hasEq     bool
 		notNull   bool
+		nondet    bool // a nondeterministic collation
 		chars     int
 		arrayOID  uint32
 		delim     byte
@@ -273,7 +298,7 @@ func loadMapping(ctx context.Context, conn *pgconn.PgConn, ri *Relation, replica
 		t, _ := strconv.ParseUint(string(c[2]), 10, 32)
 		tc := targetCol{attnum: string(c[0]), typeOID: uint32(t), generated: string(c[3]) == "t",
 			format: string(c[4]), qualified: string(c[5]), hasEq: string(c[6]) == "t", always: string(c[11]) == "t",
-			notNull: string(c[12]) == "t"}
+			notNull: string(c[12]) == "t", nondet: string(c[13]) == "t"}
 		tc.chars, _ = strconv.Atoi(string(c[8]))
 		if a, err := strconv.ParseUint(string(c[9]), 10, 32); err == nil && len(c[10]) == 1 {
 			tc.arrayOID, tc.delim = uint32(a), c[10][0]
@@ -302,7 +327,7 @@ func loadMapping(ctx context.Context, conn *pgconn.PgConn, ri *Relation, replica
 				"binary values need the same type", sc.Name, tc.format, sc.TypeOID)
 		}
 		m.cols[i] = colMap{name: QuoteIdent(sc.Name), typeOID: tc.typeOID, typ: tc.format, chars: tc.chars, textEq: !tc.hasEq, notNull: tc.notNull,
-			arrayOID: tc.arrayOID, delim: tc.delim}
+			arrayOID: tc.arrayOID, delim: tc.delim, baseOID: tc.baseOID, nondet: tc.nondet}
 		m.Columns[i] = detect.Column{Source: sc.Name, Name: m.cols[i].name, TypeOID: tc.typeOID}
 		names = append(names, m.cols[i].name)
 		overriding = overriding || tc.always
