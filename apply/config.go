@@ -171,7 +171,7 @@ type Config struct {
 	// no rows, has nothing it could commit out of order). With CommitRelaxed a transaction that
 	// Parallel's dependency tracker finds independent of the earlier ones still in flight commits
 	// as soon as its changes are applied, without waiting for its turn; one that depends on
-	// earlier ones (the same row, the same unique key value) commits after them, as do the
+	// earlier ones (the same row) commits after them, as do the
 	// transactions Parallel applies alone or in order (TRUNCATE, tables whose triggers fire,
 	// changes without a usable key, streamed and large transactions, those the leader applies).
 	// The target may then briefly show a transaction without an earlier, independent one. What

@@ -115,6 +115,7 @@ func (s *session) startWorkers(ctx context.Context) error {
 			return err
 		}
 		w := &worker{id: i + 1, tg: tg, jobs: make(chan *job, 1)}
+		tg.SetSettle(func(ctx context.Context) (bool, error) { return s.settle(ctx, w) })
 		s.workers = append(s.workers, w)
 		_, key := s.fenceKeys()
 		if _, err := target.Query(ctx, tg.PG, "SELECT pg_catalog.pg_advisory_lock_shared($1::bigint)", strconv.FormatInt(key, 10)); err != nil {
@@ -1000,6 +1001,36 @@ func (s *session) commitJob(ctx context.Context, j *job, t *reorderbuffer.Txn) e
 		}
 		return j.q.Push([]byte{schedule.RecCommit})
 	}
+}
+
+// settle is what w's connection calls before it resolves a conflict of a unique index (see
+// target.Conn.SetSettle): the conflicting row may belong to a transaction before w's in commit
+// order that is still in flight and deletes it, or moves it off the value, which the dependency
+// tracker cannot see (a DELETE or UPDATE sends the replica identity key, not the other unique
+// columns of the old row). The job waits, as it waits for its turn, holding its locks (the
+// watchdog breaks the waits that would never end), until every transaction before it committed:
+// those with a lower sequence number, or every one numbered so far while its commit has not
+// arrived (those that commit later on the source were not there when it made its change).
+// Then the target's rows say whether the source had the conflict.
+func (s *session) settle(ctx context.Context, w *worker) (bool, error) {
+	j := w.cur.Load()
+	if j == nil {
+		return false, nil
+	}
+	upto := s.order.Last()
+	if seq := j.Seq.Load(); seq != 0 {
+		upto = seq - 1
+	}
+	if s.order.Committed() >= upto {
+		return false, nil
+	}
+	if err := s.cfg.hook(ctx, "conflict-settle", txnRef{Xid: j.xid, Streamed: j.streamed}); err != nil {
+		return false, err
+	}
+	prev := w.state.Swap(wsWaiting)
+	defer w.state.Store(prev)
+	s.stats.conflictWaits.Add(1)
+	return true, s.order.Wait(ctx, upto)
 }
 
 // work is a worker's loop.

@@ -70,6 +70,11 @@ type Stats struct {
 	// Parallel committed as groups on the leader's connection (while its runs were chained: each
 	// waited for the one before) and as runs on its workers.
 	RunsOnLeader, RunsOnWorkers int64
+	// ConflictWaits counts the conflicts of a unique index (insert_exists, update_exists,
+	// multiple_unique_conflicts) a worker met before every earlier source transaction had
+	// committed (Eager, Parallel): the worker waited for them and looked again, and only what was
+	// still there was counted and resolved as a conflict.
+	ConflictWaits int64
 
 	// InitialCopyRows counts the rows the initial copy (Config.Copy) wrote into the target's
 	// tables. A copy that failed and started over counts its rows again.
@@ -95,7 +100,7 @@ type counters struct {
 	detect.TombstoneCounters
 	txns, emptyTxns                                                 atomic.Int64
 	subAborts, aborts, spooled, serialTxns, queueSpilled, queuePeak atomic.Int64
-	committedAhead, runsOnLeader, runsOnWorkers                     atomic.Int64
+	committedAhead, runsOnLeader, runsOnWorkers, conflictWaits      atomic.Int64
 	handbacks                                                       atomic.Int64 // the leader gave chained runs back to the workers (tests)
 	sessions, serialRetries, deadlocks                              atomic.Int64
 	skipped, columnsAdded, columnsGone, sequenceSyncs               atomic.Int64
@@ -115,6 +120,7 @@ func (c *counters) snapshot() Stats {
 		SubAborts: c.subAborts.Load(), Aborts: c.aborts.Load(), Spooled: c.spooled.Load(),
 		SerialTxns: c.serialTxns.Load(), QueueSpilled: c.queueSpilled.Load(), QueuePeakBytes: c.queuePeak.Load(),
 		CommittedAhead: c.committedAhead.Load(), RunsOnLeader: c.runsOnLeader.Load(), RunsOnWorkers: c.runsOnWorkers.Load(),
+		ConflictWaits:   c.conflictWaits.Load(),
 		InitialCopyRows: c.InitialCopyRows.Load(),
 		Sessions:        c.sessions.Load(), SerialRetries: c.serialRetries.Load(), Deadlocks: c.deadlocks.Load(),
 		Skipped: c.skipped.Load(), ColumnsAdded: c.columnsAdded.Load(), SourceColumnsGone: c.columnsGone.Load(),

@@ -208,17 +208,23 @@ func (d *Detection) CheckedSQL(kind byte, plain string, onConflict bool) string 
 			return Counted(plain + " ON CONFLICT DO NOTHING")
 		}
 	case 'U', 'D':
-		if d.OriginCheck() {
-			ids := make([]string, len(d.Ours))
-			for i, id := range d.Ours {
-				ids[i] = "'" + strconv.FormatUint(uint64(id), 10) + "'"
-			}
-			// A row last changed by a transaction without commit timestamp (frozen, older than
-			// the tracking, or this one) counts as the Applier's.
-			return Counted(plain + " AND COALESCE((pg_catalog.pg_xact_commit_timestamp_origin(xmin)).roident, " +
-				ids[0] + ") IN (" + strings.Join(ids, ", ") + ")")
-		}
-		return Counted(plain)
+		return Counted(d.OriginChecked(kind, plain))
 	}
 	return plain
+}
+
+// OriginChecked is the UPDATE or DELETE plain which, when the origins of rows are checked
+// (OriginCheck), only changes a row one of the applier's origins changed last; plain otherwise.
+func (d *Detection) OriginChecked(kind byte, plain string) string {
+	if (kind != 'U' && kind != 'D') || !d.OriginCheck() {
+		return plain
+	}
+	ids := make([]string, len(d.Ours))
+	for i, id := range d.Ours {
+		ids[i] = "'" + strconv.FormatUint(uint64(id), 10) + "'"
+	}
+	// A row last changed by a transaction without commit timestamp (frozen, older than the
+	// tracking, or this one) counts as the Applier's.
+	return plain + " AND COALESCE((pg_catalog.pg_xact_commit_timestamp_origin(xmin)).roident, " +
+		ids[0] + ") IN (" + strings.Join(ids, ", ") + ")"
 }

@@ -651,10 +651,8 @@ func (t *Conn) setFailed(ctx context.Context, first, failed error, ops []batchOp
 		return err
 	}
 	t.log.Debug("a set statement failed: its changes are sent again one by one", "err", failed)
-	for _, j := range missed {
-		if err := t.resolveMissed(ctx, ops[j]); err != nil {
-			return err
-		}
+	if err := t.resolveAll(ctx, ops, missed); err != nil {
+		return err
 	}
 	return errSetFailed
 }

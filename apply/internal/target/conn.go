@@ -75,10 +75,12 @@ type Conn struct {
 	formats   []int16
 	shape     []byte
 
-	pendingPrepare []prepare                     // statements to prepare before the next batch
-	indexes        map[*Relation]*detect.Indexes // with conflict detection: the tables' unique indexes
-	progress       *stmt                         // the progress upsert (see PrepareProgress)
-	ahead          *stmt                         // the worker's row upsert of relaxed commit order (see PrepareAhead)
+	pendingPrepare []prepare                           // statements to prepare before the next batch
+	indexes        map[*Relation]*detect.Indexes       // with conflict detection: the tables' unique indexes
+	settle         func(context.Context) (bool, error) // see SetSettle
+	wrote          bool                                // a resolution of the batch's conflicts wrote a row (see resolveAll)
+	progress       *stmt                               // the progress upsert (see PrepareProgress)
+	ahead          *stmt                               // the worker's row upsert of relaxed commit order (see PrepareAhead)
 
 	det    detect.Detector // conflict detection (see resolve.go and package detect)
 	Origin string          // the replication origin set up in the session, or ""
@@ -1133,10 +1135,8 @@ func (t *Conn) FlushBatch(ctx context.Context) error {
 		}
 		return first
 	}
-	for _, j := range missed {
-		if err := t.resolveMissed(ctx, ops[j]); err != nil {
-			return err
-		}
+	if err := t.resolveAll(ctx, ops, missed); err != nil {
+		return err
 	}
 	return nil
 }

@@ -44,6 +44,9 @@
 //   - An update that sets a column of a unique index goes after a savepoint, at the end of its
 //     batch; a unique violation rolls back to it and is update_exists (or
 //     multiple_unique_conflicts).
+//   - On a connection that may apply a transaction before earlier ones committed (SetSettle), a
+//     row found by a unique index is a conflict only if it is still there once they did: the
+//     settle function waits for them, and the row is looked up (and the statement sent) again.
 //   - Checked statements return the rows they changed and mark the transaction when none; the
 //     batch that commits checks the mark after a savepoint, before its COMMIT, so that a
 //     conflict holds the commit back (see commitCheck) and nothing else costs a round trip.

@@ -20,6 +20,24 @@ import (
 // session's d (nil: off).
 func (t *Conn) SetDetection(d *detect.Detection) { t.det.Detection = d }
 
+// SetSettle makes the connection call settle before it resolves a conflict of a unique index
+// (insert_exists, update_exists, multiple_unique_conflicts), on connections whose transaction
+// may be applied while transactions before it in the source's commit order have not committed
+// (the workers of Eager and Parallel): settle waits for those and says whether it had to. A row
+// another transaction still in flight is about to delete, or to move off the value, is not a
+// conflict the source had, and only the committed rows tell: after a wait the rows are looked up
+// again (and the statement sent again), and only what is still there is a conflict. nil (the
+// default): conflicts are resolved as met.
+func (t *Conn) SetSettle(settle func(context.Context) (bool, error)) { t.settle = settle }
+
+// settled calls the settle function, if any (see SetSettle).
+func (t *Conn) settled(ctx context.Context) (bool, error) {
+	if t.settle == nil {
+		return false, nil
+	}
+	return t.settle(ctx)
+}
+
 // conflictInfo returns the unique indexes of m's target table, read the first time.
 func (t *Conn) conflictInfo(ctx context.Context, m *Table) (*detect.Indexes, error) {
 	if rc := t.indexes[m.info]; rc != nil {
@@ -92,10 +110,8 @@ func (t *Conn) heldBack(ctx context.Context, ops []batchOp, missed []int) error 
 	if err != nil {
 		return err
 	}
-	for _, j := range missed {
-		if err := t.resolveMissed(ctx, ops[j]); err != nil {
-			return err
-		}
+	if err := t.resolveAll(ctx, ops, missed); err != nil {
+		return err
 	}
 	return errRecommit
 }
@@ -170,6 +186,21 @@ func (t *Conn) resolve(c *conflict.Report, op Op) (bool, error) {
 		return false, &ChangeError{Kind: KindConflict, Op: op, Relation: c.Relation, Err: stop}
 	}
 	return apply, nil
+}
+
+// resolveAll resolves, in their order, the checked statements of a batch that affected no row
+// (missed). The batch ran every statement before any resolution: an UPDATE or DELETE may have
+// missed a row that a resolution before it then writes (an insert that goes through after all,
+// the source's row inserted over a local one). Once a resolution wrote a row, each later one
+// sends its statement again first (see rowMissed), as applying the changes one by one would.
+func (t *Conn) resolveAll(ctx context.Context, ops []batchOp, missed []int) error {
+	t.wrote = false
+	for _, j := range missed {
+		if err := t.resolveMissed(ctx, ops[j]); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // resolveMissed resolves a checked statement that affected no row.
@@ -260,6 +291,7 @@ func (t *Conn) insertConflict(ctx context.Context, op batchOp) error {
 	// savepoint, and a unique violation rolls back to it and resolves again against the rows
 	// now there, a few times at most.
 	const attempts = 3
+	settled := false
 	for attempt := 1; ; attempt++ {
 		reports := len(t.det.Reports)
 		reps, rows, err := t.uniqueLocals(ctx, m, row, formats, nil)
@@ -267,6 +299,15 @@ func (t *Conn) insertConflict(ctx context.Context, op batchOp) error {
 			return err
 		}
 		if len(reps) > 0 {
+			if !settled {
+				settled = true
+				if waited, err := t.settled(ctx); err != nil {
+					return err
+				} else if waited {
+					attempt--
+					continue // the rows may have gone with the transactions waited for
+				}
+			}
 			ct := conflict.InsertExists
 			if len(reps) > 1 {
 				ct = conflict.MultipleUniqueConflicts
@@ -289,6 +330,7 @@ func (t *Conn) insertConflict(ctx context.Context, op batchOp) error {
 		_, err = t.exec(ctx, op.st.plain, row, op.st.oids, formats)
 		if err == nil {
 			t.rows.inserts++
+			t.wrote = true
 			_, err = t.exec(ctx, "RELEASE SAVEPOINT pgr_insert", nil, nil, nil)
 			return err
 		}
@@ -317,6 +359,18 @@ func (t *Conn) rowMissed(ctx context.Context, op batchOp) error {
 		remote = detect.RowOf(&m.Table, newRow, newFormats)
 	}
 	opName := opName(op.op)
+	if t.wrote {
+		// A resolution before it in the batch wrote a row, which it may be about: again first.
+		// (A row this transaction wrote counts as the Applier's for the origin check.)
+		res, err := t.exec(ctx, t.det.OriginChecked(op.op, st.plain), params, st.oids, formats)
+		if err != nil {
+			return t.statementError(op, err)
+		}
+		if res.CommandTag.RowsAffected() > 0 {
+			t.checkResult(batchOp{op: op.op, rel: m}, res.CommandTag)
+			return nil
+		}
+	}
 	if t.det.OriginCheck() {
 		cond, oids := whereSQL(nil, m, st.where, st.full, 1, nil)
 		if st.full {
@@ -345,6 +399,7 @@ func (t *Conn) rowMissed(ctx context.Context, op batchOp) error {
 				return t.statementError(op, err)
 			}
 			t.checkResult(batchOp{op: op.op}, pgconn.NewCommandTag("X 1"))
+			t.wrote = true
 			return nil
 		}
 	}
@@ -395,6 +450,7 @@ func (t *Conn) rowMissed(ctx context.Context, op batchOp) error {
 		return t.statementError(batchOp{op: 'I', rel: m}, err)
 	}
 	t.rows.inserts++
+	t.wrote = true
 	return nil
 }
 
@@ -420,6 +476,33 @@ func (t *Conn) insertOIDs(m *Table) []uint32 {
 	return oids
 }
 
+// updateAgain sends the guarded UPDATE op again, after a savepoint: done when it went through.
+// A unique violation rolls back to the savepoint and is not done; a row that is gone now is
+// resolved as the statement's other conflicts are.
+func (t *Conn) updateAgain(ctx context.Context, op batchOp) (bool, error) {
+	params, formats := t.det.Kept(op.arg, op.narg)
+	if _, err := t.exec(ctx, "SAVEPOINT pgr_guard", nil, nil, nil); err != nil {
+		return false, err
+	}
+	res, err := t.exec(ctx, op.st.plain, params, op.st.oids, formats)
+	if err != nil {
+		if !isViolation(err) {
+			return false, t.statementError(op, err)
+		}
+		_, err := t.exec(ctx, "ROLLBACK TO SAVEPOINT pgr_guard", nil, nil, nil)
+		return false, err
+	}
+	if _, err := t.exec(ctx, "RELEASE SAVEPOINT pgr_guard", nil, nil, nil); err != nil {
+		return false, err
+	}
+	if res.CommandTag.RowsAffected() == 0 {
+		return true, t.resolveMissed(ctx, op)
+	}
+	t.checkResult(batchOp{op: 'U', rel: op.rel}, res.CommandTag)
+	t.wrote = true
+	return true, nil
+}
+
 // updateExists resolves a guarded UPDATE, the last statement of its batch, that violated a
 // unique constraint: the transaction is rolled back to the guard, the conflicts of the
 // statements before it (missed) resolved, and the conflicting local rows looked up.
@@ -428,10 +511,8 @@ func (t *Conn) updateExists(ctx context.Context, op batchOp, cause error, ops []
 	if err := t.PG.Exec(ctx, "ROLLBACK TO SAVEPOINT pgr_guard; RELEASE SAVEPOINT pgr_guard").Close(); err != nil {
 		return err
 	}
-	for _, j := range missed {
-		if err := t.resolveMissed(ctx, ops[j]); err != nil {
-			return err
-		}
+	if err := t.resolveAll(ctx, ops, missed); err != nil {
+		return err
 	}
 	t.det.OpSrc = t.det.SrcOf(op.src)
 	m, st := op.rel, op.st
@@ -462,6 +543,22 @@ func (t *Conn) updateExists(ctx context.Context, op batchOp, cause error, ops []
 	if err != nil {
 		return err
 	}
+	if len(reps) > 0 {
+		waited, err := t.settled(ctx)
+		if err != nil {
+			return err
+		}
+		if waited {
+			// The rows may have gone with the transactions waited for: the UPDATE again, and
+			// only a violation now is a conflict.
+			if done, err := t.updateAgain(ctx, op); done || err != nil {
+				return err
+			}
+			if reps, rows, err = t.uniqueLocals(ctx, m, newRow, newFormats, self); err != nil {
+				return err
+			}
+		}
+	}
 	if len(reps) == 0 {
 		return cause // an exclusion constraint, or not a conflict this can resolve
 	}
@@ -483,5 +580,6 @@ func (t *Conn) updateExists(ctx context.Context, op batchOp, cause error, ops []
 		return t.statementError(op, err)
 	}
 	t.checkResult(batchOp{op: 'U', rel: m}, tag.CommandTag)
+	t.wrote = true
 	return nil
 }
