@@ -34,6 +34,10 @@ type Applier struct {
 	// serial holds source transactions to apply alone when they come again: they failed, or
 	// had to be rolled back, while applied concurrently with others. Run's goroutine only.
 	serial map[uint32]bool
+	// stepwise holds the serial transactions to apply also one statement at a time: a conflict's
+	// resolution had to come before statements its batch had already sent
+	// (target.ErrOutOfOrder).
+	stepwise map[uint32]bool
 
 	said sync.Map // what was said once (see once)
 
@@ -60,7 +64,7 @@ func New(cfg Config) (*Applier, error) {
 	if err != nil {
 		return nil, err
 	}
-	a := &Applier{cfg: c, serial: map[uint32]bool{}, streamed: make(chan struct{})}
+	a := &Applier{cfg: c, serial: map[uint32]bool{}, stepwise: map[uint32]bool{}, streamed: make(chan struct{})}
 	if c.SchemaChanges == SchemaAddColumns {
 		a.cfg.addColumn = a.addColumn
 	}
@@ -113,6 +117,9 @@ func (a *Applier) runSessions(ctx context.Context) error {
 		if errors.As(err, &re) {
 			for _, x := range re.xids {
 				a.serial[x] = true
+				if re.stepwise {
+					a.stepwise[x] = true
+				}
 			}
 			a.stats.serialRetries.Add(int64(len(re.xids)))
 			log.Info("retrying serially", "xids", re.xids, "reason", re.reason)

@@ -300,6 +300,9 @@ type Config struct {
 	// runTxns, tests only: the most transactions a run of Parallel, or a group its leader applies
 	// (chained runs), takes (0: groupMaxTxns).
 	runTxns int
+	// stepwise, tests only: every transaction is applied one statement at a time
+	// (target.Conn.Stepwise), the order in which conflicts are resolved that batches must match.
+	stepwise bool
 }
 
 // validate checks c and returns a copy with the defaults filled in.

@@ -202,11 +202,11 @@
 // order, unless Config.CommitOrder relaxes it (see Relaxed commit order). Unique keys other than
 // the replica identity key are not tracked: a DELETE or an UPDATE sends the row's replica identity
 // key, not the old values of its other columns, so nothing tells that a transaction frees a value
-// a later one takes. A worker that meets a row of a unique index (insert_exists, update_exists,
-// multiple_unique_conflicts) before every earlier transaction committed waits for them, holding
-// its locks, and looks again: the row may have gone, or moved off the value, with one of them, in
-// which case the change goes through as on the source; only a row still there is a conflict,
-// resolved as configured (Stats.ConflictWaits counts the waits). What Parallel cannot see,
+// a later one takes (nor does it see the rows a conflict's resolution deletes). A worker that
+// meets a conflict before every earlier transaction committed waits for them, holding its locks,
+// and looks again: the row may have gone, or moved off the value, with one of them (or come), in
+// which case the change goes through as on the source; only a conflict still there is resolved
+// as configured (Stats.ConflictWaits counts the waits). What Parallel cannot see,
 // constraints that exist only on the target (a unique index, say), may make two transactions wait
 // for each other's locks; the target detects the cycles it can see (deadlock_detected), and a
 // watchdog detects the others (an earlier transaction waiting for the lock of a later one, which

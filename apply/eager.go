@@ -662,6 +662,7 @@ func (s *session) applyDirect(ctx context.Context, j *job, t *reorderbuffer.Txn)
 	var failed error // a change the target refused: no further change of t is applied
 	err := s.eachChange(t, func(m decoding.Message, rels []*target.Relation) error {
 		if !j.begun {
+			tg.Stepwise(s.stepwise(j.xid))
 			tg.Begin(j.xid, nil)
 			j.begun = true
 		}
@@ -926,6 +927,7 @@ func (s *session) abort(ctx context.Context, t *reorderbuffer.Txn) error {
 	}
 	delete(s.jobs, t.Xid)
 	delete(s.a.serial, t.Xid)
+	delete(s.a.stepwise, t.Xid)
 	if s.deps != nil {
 		s.deps.Release(&j.Job)
 	}
@@ -956,6 +958,7 @@ func (s *session) abort(ctx context.Context, t *reorderbuffer.Txn) error {
 func (s *session) commitJob(ctx context.Context, j *job, t *reorderbuffer.Txn) error {
 	delete(s.jobs, j.xid)
 	delete(s.a.serial, j.xid)
+	delete(s.a.stepwise, j.xid)
 	j.ref = txnRef{Xid: t.Xid, Streamed: t.Streamed, CommitLSN: t.CommitLSN, EndLSN: t.EndLSN}
 	j.commit = t
 	if j.Seq.Load() == 0 {
@@ -1057,6 +1060,9 @@ func (s *session) work(ctx context.Context, w *worker) error {
 // cause.
 func (s *session) runJob(ctx context.Context, tg *target.Conn, j *job, w *worker) error {
 	tg.Coalesce(j.isRun)
+	// A transaction to apply one statement at a time is serial: the leader's (w nil), which
+	// alone reads Applier.stepwise.
+	tg.Stepwise(s.cfg.stepwise || (w == nil && s.a.stepwise[j.xid]))
 	return schedule.RunJob(ctx, j.q, &jobRun{s: s, tg: tg, j: j, w: w})
 }
 

@@ -293,8 +293,9 @@ func connectionLost(err error) bool {
 // transactions serially: they failed, or had to be rolled back, while applied concurrently with
 // others, which may have been the cause.
 type restartError struct {
-	xids   []uint32
-	reason error
+	xids     []uint32
+	reason   error
+	stepwise bool // and one statement at a time (see Applier.stepwise)
 }
 
 func (e *restartError) Error() string {

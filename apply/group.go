@@ -94,6 +94,7 @@ func (s *session) applyGrouped(ctx context.Context, t *reorderbuffer.Txn) error 
 	// A group's changes are applied set-based (see target.Conn.Coalesce); a transaction applied
 	// alone is not, so that it goes as it would without grouping.
 	tg.Coalesce(!alone)
+	tg.Stepwise(s.stepwise(t.Xid))
 	// Conflicts name their own source transaction; the group commits with the last one's
 	// commit time as its origin timestamp.
 	tg.Source(t.Xid, sourceCommit(t))

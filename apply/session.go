@@ -579,12 +579,20 @@ func (s *session) relations(xid uint32, c decoding.Change) ([]*target.Relation, 
 	return nil, nil
 }
 
+// stepwise reports whether x is applied one statement at a time (see Applier.stepwise).
+func (s *session) stepwise(x uint32) bool { return s.cfg.stepwise || s.a.stepwise[x] }
+
 // txnError turns a change's error into an *ApplyError naming the source transaction; other
 // errors (connections, transient server errors) are returned as they are.
 func (s *session) txnError(x txnRef, err error) error {
 	var ce *target.ChangeError
 	if !errors.As(err, &ce) {
 		return err
+	}
+	if errors.Is(err, target.ErrOutOfOrder) && !s.a.stepwise[x.Xid] {
+		// A conflict's resolution had to come before statements its batch sent: applied again
+		// one statement at a time.
+		return &restartError{xids: []uint32{x.Xid}, reason: err, stepwise: true}
 	}
 	if ce.Kind == target.KindSchemaMismatch && isCode(err, "42703") && !s.a.serial[x.Xid] {
 		// undefined_column: the target table lost a column after the session read it; a new

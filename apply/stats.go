@@ -80,8 +80,11 @@ type Stats struct {
 	// tables. A copy that failed and started over counts its rows again.
 	InitialCopyRows int64
 
-	Sessions      int64 // sessions started (the first, and one per retry)
-	SerialRetries int64 // transactions retried alone after failing or deadlocking in parallel
+	Sessions int64 // sessions started (the first, and one per retry)
+	// SerialRetries counts the transactions retried alone after failing or deadlocking in
+	// parallel, and those retried one statement at a time because a conflict's resolution had to
+	// come before statements its batch had sent.
+	SerialRetries int64
 	Deadlocks     int64 // lock waits between the Applier's own connections it broke
 	Skipped       int64 // source transactions skipped as Config.SkipLSN asked
 

@@ -144,6 +144,12 @@ type netRow struct {
 // Changes already held are sent at the commit either way.
 func (t *Conn) Coalesce(on bool) { t.coalesce = on }
 
+// Stepwise turns on or off applying the changes that follow one statement at a time, each
+// resolved before the next is sent (and none set-based): as a batch cannot when a conflict's
+// resolution must write before statements that follow it (ErrOutOfOrder). It costs a round
+// trip per change.
+func (t *Conn) Stepwise(on bool) { t.stepwise = on }
+
 // curSrc is the source transaction of the change being queued, in detector.srcs.
 func (t *Conn) curSrc() int32 {
 	if t.srcOverride >= 0 {

@@ -79,6 +79,8 @@ type Conn struct {
 	indexes        map[*Relation]*detect.Indexes       // with conflict detection: the tables' unique indexes
 	settle         func(context.Context) (bool, error) // see SetSettle
 	wrote          bool                                // a resolution of the batch's conflicts wrote a row (see resolveAll)
+	later          bool                                // a later statement of the batch changed the table of the one resolved (see resolveAll)
+	stepwise       bool                                // see Stepwise
 	progress       *stmt                               // the progress upsert (see PrepareProgress)
 	ahead          *stmt                               // the worker's row upsert of relaxed commit order (see PrepareAhead)
 
@@ -605,7 +607,7 @@ func (t *Conn) Change(ctx context.Context, m decoding.Message, rels []*Relation)
 		if err != nil {
 			return err
 		}
-		if t.coalesce {
+		if t.coalesce && !t.stepwise {
 			if held, err := t.absorb(ctx, rm, 'I', m.New, nil, 0); held || err != nil {
 				return err
 			}
@@ -616,7 +618,7 @@ func (t *Conn) Change(ctx context.Context, m decoding.Message, rels []*Relation)
 		if err != nil {
 			return err
 		}
-		if t.coalesce {
+		if t.coalesce && !t.stepwise {
 			if held, err := t.absorb(ctx, rm, 'U', m.New, m.Old, m.OldKind); held || err != nil {
 				return err
 			}
@@ -627,7 +629,7 @@ func (t *Conn) Change(ctx context.Context, m decoding.Message, rels []*Relation)
 		if err != nil {
 			return err
 		}
-		if t.coalesce {
+		if t.coalesce && !t.stepwise {
 			if held, err := t.absorb(ctx, rm, 'D', nil, m.Old, m.OldKind); held || err != nil {
 				return err
 			}
@@ -701,7 +703,7 @@ func (t *Conn) Insert(ctx context.Context, m *Table, tup decoding.Tuple) error {
 	if t.det.On() {
 		t.det.InsSrcs = append(t.det.InsSrcs, t.curSrc())
 	}
-	if len(t.insBuf) >= insertBufMax {
+	if len(t.insBuf) >= insertBufMax || t.stepwise {
 		return t.FlushInserts(ctx)
 	}
 	return nil
@@ -1045,7 +1047,7 @@ func allZero(f []int16) bool {
 // maybeFlush sends the batch once it is large, or once it uses more statements than the
 // connection may keep prepared (sent, they can be evicted).
 func (t *Conn) maybeFlush(ctx context.Context) error {
-	if len(t.ops) >= BatchMaxOps || t.bytes >= batchMaxBytes || t.lru.Len() > MaxStatements {
+	if len(t.ops) >= BatchMaxOps || t.bytes >= batchMaxBytes || t.lru.Len() > MaxStatements || t.stepwise {
 		return t.FlushBatch(ctx)
 	}
 	return nil
@@ -1125,13 +1127,13 @@ func (t *Conn) FlushBatch(ctx context.Context) error {
 	defer t.det.ResetArgs()
 	if first != nil {
 		if i > 0 && ops[i-1].set {
-			return t.setFailed(ctx, first, failed, ops, missed)
+			return t.setFailed(ctx, first, failed, ops[:i-1], missed)
 		}
 		if i > 0 && ops[i-1].guarded && isViolation(failed) {
-			return t.updateExists(ctx, ops[i-1], first, ops, missed)
+			return t.updateExists(ctx, ops[i-1], first, ops[:i-1], missed)
 		}
 		if i > 0 && ops[i-1].check {
-			return t.heldBack(ctx, ops, missed)
+			return t.heldBack(ctx, ops[:i-1], missed)
 		}
 		return first
 	}

@@ -45,8 +45,12 @@
 //     batch; a unique violation rolls back to it and is update_exists (or
 //     multiple_unique_conflicts).
 //   - On a connection that may apply a transaction before earlier ones committed (SetSettle), a
-//     row found by a unique index is a conflict only if it is still there once they did: the
-//     settle function waits for them, and the row is looked up (and the statement sent) again.
+//     conflict is one only if it is still there once they did: the settle function waits for
+//     them, and the row is looked up (and the statement sent) again.
+//   - A batch's conflicts are resolved in order after the batch ran, as if one at a time; a
+//     resolution that must write, or decide its conflict, after later statements of the batch
+//     changed its table returns ErrOutOfOrder, and package apply applies the transaction again
+//     with Stepwise on (one statement per batch).
 //   - Checked statements return the rows they changed and mark the transaction when none; the
 //     batch that commits checks the mark after a savepoint, before its COMMIT, so that a
 //     conflict holds the commit back (see commitCheck) and nothing else costs a round trip.

@@ -20,8 +20,8 @@ import (
 // session's d (nil: off).
 func (t *Conn) SetDetection(d *detect.Detection) { t.det.Detection = d }
 
-// SetSettle makes the connection call settle before it resolves a conflict of a unique index
-// (insert_exists, update_exists, multiple_unique_conflicts), on connections whose transaction
+// SetSettle makes the connection call settle before it resolves a conflict (of a unique index,
+// and a missing row or one another origin changed), on connections whose transaction
 // may be applied while transactions before it in the source's commit order have not committed
 // (the workers of Eager and Parallel): settle waits for those and says whether it had to. A row
 // another transaction still in flight is about to delete, or to move off the value, is not a
@@ -193,14 +193,59 @@ func (t *Conn) resolve(c *conflict.Report, op Op) (bool, error) {
 // missed a row that a resolution before it then writes (an insert that goes through after all,
 // the source's row inserted over a local one). Once a resolution wrote a row, each later one
 // sends its statement again first (see rowMissed), as applying the changes one by one would.
+//
+// A resolution that writes after statements that followed it in the batch took effect on the
+// same table cannot be put in its place: those statements ran against the rows as they stood
+// before it (an UPDATE met the local row an apply_remote insert then replaces, a DELETE removed
+// the conflicting row, so the insert goes through). Then the resolution returns ErrOutOfOrder,
+// and the transaction is applied again one statement at a time (Stepwise). ops are the
+// statements of the batch that ran (a failed statement and those after it are not among them).
 func (t *Conn) resolveAll(ctx context.Context, ops []batchOp, missed []int) error {
 	t.wrote = false
-	for _, j := range missed {
+	defer func() { t.later = false }()
+	for n, j := range missed {
+		t.later = laterRan(ops, missed[n+1:], j)
 		if err := t.resolveMissed(ctx, ops[j]); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// laterRan reports whether a statement after ops[j], on its table, took effect: one not in
+// missed (the later statements that affected no row, in order).
+func laterRan(ops []batchOp, missed []int, j int) bool {
+	m := ops[j].rel
+	for k := j + 1; k < len(ops); k++ {
+		if len(missed) > 0 && missed[0] == k {
+			missed = missed[1:]
+			continue
+		}
+		if ops[k].rel == m && ops[k].op != 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// ErrOutOfOrder is the error (in a *ChangeError) of a conflict resolution that would write
+// after later statements of its batch changed the same table (see resolveAll). Package apply
+// applies the transaction again with Stepwise on; with it on, the error cannot occur.
+var ErrOutOfOrder = errors.New("apply: a conflict's resolution writes rows after later statements of its batch changed the table")
+
+// outOfOrder is ErrOutOfOrder for op.
+func outOfOrder(op batchOp) error {
+	return &ChangeError{Kind: KindConflict, Op: opName(op.op), Relation: op.rel.Name, Err: ErrOutOfOrder}
+}
+
+// lateError is the error of a resolution's write that failed: ErrOutOfOrder for a unique
+// violation when later statements of the batch changed the table (one of them may hold the
+// key, which would have been the one to conflict had the changes gone one at a time).
+func (t *Conn) lateError(op batchOp, err error) error {
+	if t.later && isViolation(err) {
+		return outOfOrder(op)
+	}
+	return t.statementError(op, err)
 }
 
 // resolveMissed resolves a checked statement that affected no row.
@@ -214,6 +259,26 @@ func (t *Conn) resolveMissed(ctx context.Context, op batchOp) error {
 		return t.rowMissed(ctx, op)
 	}
 	return nil
+}
+
+// allLocal reports whether every row was last changed by a local transaction that committed
+// with a timestamp: rows the origin check keeps statements off (a row without a commit
+// timestamp, such as one this transaction wrote, counts as the Applier's).
+func allLocal(rows []conflict.LocalRow) bool {
+	for _, r := range rows {
+		if r.Origin != "" || r.CommitTime.IsZero() {
+			return false
+		}
+	}
+	return true
+}
+
+// skipsInserts reports whether an INSERT's unique conflicts are skipped whichever they are:
+// then the rows a batch's later statements changed do not change what is done (the report
+// names the local rows as they stand when it is resolved).
+func (t *Conn) skipsInserts() bool {
+	c := t.det.Config
+	return c.Resolution(conflict.InsertExists) == conflict.Skip && c.Resolution(conflict.MultipleUniqueConflicts) == conflict.Skip
 }
 
 // uniqueLocals looks up, for each unique index of m, the local row holding the key of row;
@@ -284,8 +349,14 @@ func (t *Conn) deleteLocals(ctx context.Context, m *Table, rows []detect.LocalRo
 
 // insertConflict resolves an INSERT ... ON CONFLICT DO NOTHING that inserted nothing.
 func (t *Conn) insertConflict(ctx context.Context, op batchOp) error {
-	m := op.rel
 	row, formats := t.det.Kept(op.arg, op.narg)
+	return t.insertResolved(ctx, op, row, formats, op.st.plain, op.st.oids)
+}
+
+// insertResolved inserts row into op's table with the plain INSERT sql, resolving the unique
+// conflicts it meets as insert_exists or multiple_unique_conflicts.
+func (t *Conn) insertResolved(ctx context.Context, op batchOp, row [][]byte, formats []int16, sql string, oids []uint32) error {
+	m := op.rel
 	// A local transaction may insert a conflicting row between the lookup and the INSERT (the
 	// target is written concurrently, which is why there are conflicts): the INSERT runs after a
 	// savepoint, and a unique violation rolls back to it and resolves again against the rows
@@ -297,6 +368,12 @@ func (t *Conn) insertConflict(ctx context.Context, op batchOp) error {
 		reps, rows, err := t.uniqueLocals(ctx, m, row, formats, nil)
 		if err != nil {
 			return err
+		}
+		if t.later && !(t.det.OriginCheck() && len(reps) > 0 && allLocal(reps)) && !t.skipsInserts() {
+			// Later statements of the batch may have changed the rows found (or deleted the one
+			// the statement met): which conflict it was, and so its resolution, is not known.
+			// (The origin check keeps them off rows last changed locally.)
+			return outOfOrder(op)
 		}
 		if len(reps) > 0 {
 			if !settled {
@@ -321,13 +398,15 @@ func (t *Conn) insertConflict(ctx context.Context, op batchOp) error {
 			if err := t.deleteLocals(ctx, m, rows); err != nil {
 				return err
 			}
+		} else if t.later {
+			return outOfOrder(op) // a later statement may have deleted the conflicting row
 		}
 		// With no conflicting row left (gone meanwhile, or an exclusion constraint), the plain
 		// INSERT says which.
 		if _, err := t.exec(ctx, "SAVEPOINT pgr_insert", nil, nil, nil); err != nil {
 			return err
 		}
-		_, err = t.exec(ctx, op.st.plain, row, op.st.oids, formats)
+		_, err = t.exec(ctx, sql, row, oids, formats)
 		if err == nil {
 			t.rows.inserts++
 			t.wrote = true
@@ -335,7 +414,7 @@ func (t *Conn) insertConflict(ctx context.Context, op batchOp) error {
 			return err
 		}
 		if !isCode(err, "23505") || attempt == attempts {
-			return t.statementError(op, err)
+			return t.lateError(op, err)
 		}
 		if _, err := t.exec(ctx, "ROLLBACK TO SAVEPOINT pgr_insert", nil, nil, nil); err != nil {
 			return err
@@ -359,15 +438,24 @@ func (t *Conn) rowMissed(ctx context.Context, op batchOp) error {
 		remote = detect.RowOf(&m.Table, newRow, newFormats)
 	}
 	opName := opName(op.op)
-	if t.wrote {
-		// A resolution before it in the batch wrote a row, which it may be about: again first.
-		// (A row this transaction wrote counts as the Applier's for the origin check.)
-		res, err := t.exec(ctx, t.det.OriginChecked(op.op, st.plain), params, st.oids, formats)
-		if err != nil {
-			return t.statementError(op, err)
+	// The statement may have run before transactions ahead of it in commit order committed (on
+	// a worker): a row they write, or delete resolving a conflict of a key they do not track.
+	waited, err := t.settled(ctx)
+	if err != nil {
+		return err
+	}
+	if t.wrote || waited {
+		// A resolution before it in the batch wrote a row, which it may be about, or earlier
+		// transactions committed meanwhile: again first. (A row this transaction wrote counts
+		// as the Applier's for the origin check.)
+		n, err := t.sendAgain(ctx, op, t.det.OriginChecked(op.op, st.plain))
+		if err != nil || n < 0 {
+			return err
 		}
-		if res.CommandTag.RowsAffected() > 0 {
-			t.checkResult(batchOp{op: op.op, rel: m}, res.CommandTag)
+		if n > 0 {
+			if t.later {
+				return outOfOrder(op) // the row may be one a later statement wrote
+			}
 			return nil
 		}
 	}
@@ -382,6 +470,11 @@ func (t *Conn) rowMissed(ctx context.Context, op batchOp) error {
 		}
 		if len(res.Rows) > 0 {
 			l := t.det.ParseLocal(&m.Table, res.Rows[0])
+			if t.later && l.Origin == "" && l.CommitTime.IsZero() {
+				// Written by this transaction (which the statement would have changed): by a
+				// later statement of the batch, the row missing when this one ran.
+				return outOfOrder(op)
+			}
 			ct := conflict.UpdateOriginDiffers
 			if op.op == 'D' {
 				ct = conflict.DeleteOriginDiffers
@@ -392,15 +485,11 @@ func (t *Conn) rowMissed(ctx context.Context, op batchOp) error {
 			if err != nil || !apply {
 				return err
 			}
-			if _, err := t.exec(ctx, st.plain, params, st.oids, formats); err != nil {
-				if op.guarded && isViolation(err) {
-					return t.statementError(op, err)
-				}
-				return t.statementError(op, err)
+			if n, err := t.sendAgain(ctx, op, st.plain); err != nil || n != 0 {
+				return err
 			}
-			t.checkResult(batchOp{op: op.op}, pgconn.NewCommandTag("X 1"))
-			t.wrote = true
-			return nil
+			// The row went meanwhile (a local transaction deleted it).
+			return t.rowMissed(ctx, op)
 		}
 	}
 	if op.op == 'D' {
@@ -446,12 +535,8 @@ func (t *Conn) rowMissed(ctx context.Context, op batchOp) error {
 	if sql == "" {
 		sql = t.insertSQL(m)
 	}
-	if _, err := t.exec(ctx, sql, newRow, t.insertOIDs(m), newFormats); err != nil {
-		return t.statementError(batchOp{op: 'I', rel: m}, err)
-	}
-	t.rows.inserts++
-	t.wrote = true
-	return nil
+	// The new row may meet unique conflicts of its own: resolved as an INSERT's.
+	return t.insertResolved(ctx, batchOp{op: 'I', rel: m}, newRow, newFormats, sql, t.insertOIDs(m))
 }
 
 // insertSQL is the plain INSERT of every source column of m.
@@ -474,6 +559,42 @@ func (t *Conn) insertOIDs(m *Table) []uint32 {
 		oids[i] = c.typeOID
 	}
 	return oids
+}
+
+// sendAgain sends the UPDATE or DELETE op again with sql, its parameters, and returns the rows it
+// changed (counted), or -1 when it was an UPDATE that violated a unique constraint and that
+// conflict was resolved instead. An UPDATE that may violate one runs after a savepoint.
+func (t *Conn) sendAgain(ctx context.Context, op batchOp, sql string) (int64, error) {
+	params, formats := t.det.Kept(op.arg, op.narg)
+	if op.guarded {
+		if _, err := t.exec(ctx, "SAVEPOINT pgr_guard", nil, nil, nil); err != nil {
+			return 0, err
+		}
+	}
+	res, err := t.exec(ctx, sql, params, op.st.oids, formats)
+	if err != nil {
+		if !op.guarded || !isViolation(err) {
+			return 0, t.lateError(op, err)
+		}
+		if _, err := t.exec(ctx, "ROLLBACK TO SAVEPOINT pgr_guard", nil, nil, nil); err != nil {
+			return 0, err
+		}
+		if t.later {
+			return 0, outOfOrder(op) // a later statement may hold the key
+		}
+		return -1, t.updateConflict(ctx, op, t.statementError(op, err))
+	}
+	if op.guarded {
+		if _, err := t.exec(ctx, "RELEASE SAVEPOINT pgr_guard", nil, nil, nil); err != nil {
+			return 0, err
+		}
+	}
+	n := res.CommandTag.RowsAffected()
+	if n > 0 {
+		t.checkResult(batchOp{op: op.op, rel: op.rel}, res.CommandTag)
+		t.wrote = true
+	}
+	return n, nil
 }
 
 // updateAgain sends the guarded UPDATE op again, after a savepoint: done when it went through.
@@ -514,6 +635,20 @@ func (t *Conn) updateExists(ctx context.Context, op batchOp, cause error, ops []
 	if err := t.resolveAll(ctx, ops, missed); err != nil {
 		return err
 	}
+	if t.wrote {
+		// A resolution of a statement before it wrote, or deleted, a row: the one in the way,
+		// perhaps. The UPDATE again, and only a violation now is a conflict.
+		if done, err := t.updateAgain(ctx, op); done || err != nil {
+			return err
+		}
+	}
+	return t.updateConflict(ctx, op, cause)
+}
+
+// updateConflict resolves the unique conflicts of the guarded UPDATE op, which failed with
+// cause (a unique violation) and was rolled back: the conflicting local rows are looked up, and
+// the resolution decides.
+func (t *Conn) updateConflict(ctx context.Context, op batchOp, cause error) error {
 	t.det.OpSrc = t.det.SrcOf(op.src)
 	m, st := op.rel, op.st
 	params, formats := t.det.Kept(op.arg, op.narg)
