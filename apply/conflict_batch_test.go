@@ -22,20 +22,30 @@ import (
 // on its own and resolves its conflicts before the next is sent, as PostgreSQL's subscriber
 // does: both targets must end with the same rows and count the same conflicts.
 func TestConflictsInBatch(t *testing.T) {
-	srv := conflictServer(t, testMajors[len(testMajors)-1])
 	rng := seeded(t)
+	oldest, newest := testMajors[0], testMajors[len(testMajors)-1]
+	servers := map[int]*pgtest.Server{oldest: conflictServer(t, oldest), newest: conflictServer(t, newest)}
 	for _, v := range []struct {
-		name   string
+		major  int
 		origin bool // with a replication origin, updates and deletes check the row's origin
 		mode   Mode
 	}{
-		{"origin/buffered", true, Buffered},
-		{"no-origin/buffered", false, Buffered},
-		{"origin/parallel", true, Parallel},
-		{"no-origin/eager", false, Eager},
+		{newest, true, Buffered},
+		{newest, false, Buffered},
+		{newest, true, Parallel},
+		{newest, false, Parallel},
+		{newest, true, Eager},
+		{newest, false, Eager},
+		{oldest, true, Buffered},
+		{oldest, true, Parallel},
 	} {
-		t.Run(v.name, func(t *testing.T) {
-			runConflictsInBatch(t, srv, rand.New(rand.NewPCG(rng.Uint64(), 0)), v.origin, v.mode)
+		name := fmt.Sprintf("pg%d/origin/%s", v.major, v.mode)
+		if !v.origin {
+			name = fmt.Sprintf("pg%d/no-origin/%s", v.major, v.mode)
+		}
+		seed := rng.Uint64()
+		t.Run(name, func(t *testing.T) {
+			runConflictsInBatch(t, servers[v.major], rand.New(rand.NewPCG(seed, 0)), v.origin, v.mode)
 		})
 	}
 }
