@@ -55,11 +55,21 @@ func runConflictsInBatch(t *testing.T, srv *pgtest.Server, rng *rand.Rand, origi
 	model := *e
 	model.dst, model.slot = srv.ConnString(pgtest.NewDatabase(t, srv)), "conflicts_model"
 	execOn(t, model.dst, conflictSchema...)
+	const pad = `CREATE TABLE pad (id int PRIMARY KEY, v text)`
+	execOn(t, e.src, pad)
+	execOn(t, e.dst, pad)
+	execOn(t, model.dst, pad)
 	execOn(t, e.src, `SELECT pg_create_logical_replication_slot('conflicts_model', 'pgoutput')`)
 
+	// last_update_wins only with an origin: without one the rows the Applier wrote carry the
+	// time they were applied, which a retry changes, not their source transaction's.
+	choices := []conflict.Resolution{conflict.Skip, conflict.ApplyRemote, conflict.LastUpdateWins}
+	if !origin {
+		choices = choices[:2]
+	}
 	res := map[conflict.Type]conflict.Resolution{}
 	for _, ct := range conflict.Types() {
-		res[ct] = []conflict.Resolution{conflict.Skip, conflict.ApplyRemote, conflict.LastUpdateWins}[rng.IntN(3)]
+		res[ct] = choices[rng.IntN(len(choices))]
 	}
 	t.Logf("resolutions %v", res)
 	var log, modelLog pgtest.LockedBuffer
@@ -71,8 +81,10 @@ func runConflictsInBatch(t *testing.T, srv *pgtest.Server, rng *rand.Rand, origi
 	} else {
 		cfg.Origin, mcfg.Origin = "", ""
 	}
+	var trace strings.Builder // the workload, for a failure
 	t.Cleanup(func() {
 		if t.Failed() {
+			t.Log("workload:\n" + trace.String())
 			t.Log("batched:\n" + log.String())
 			t.Log("model:\n" + modelLog.String())
 		}
@@ -101,24 +113,46 @@ func runConflictsInBatch(t *testing.T, srv *pgtest.Server, rng *rand.Rand, origi
 			sql, args := randomChange(rng, keys, val, fmt.Sprintf("l%d.%d", round, i))
 			_, err1 := dst.Exec(ctx, sql, args...)
 			_, err2 := mdst.Exec(ctx, sql, args...)
+			fmt.Fprintf(&trace, "local %s %v: %v\n", sql, args, err1)
 			if (err1 == nil) != (err2 == nil) || (err1 != nil && !isViolationErr(err1)) {
 				t.Fatalf("local %s %v: %v, %v", sql, args, err1, err2)
 			}
 		}
 		// Source transactions of a few changes each; a change that violates a constraint on the
 		// source is rolled back to its savepoint.
-		for x := range 6 + rng.IntN(6) {
+		// The last one is larger than the Appliers' work memory: streamed, applied as it comes by
+		// Eager's and Parallel's workers, spooled once it is to be applied alone.
+		txns := 6 + rng.IntN(6)
+		for x := range txns {
 			tx, err := src.Begin(ctx)
 			must(t, err)
-			for i := range 1 + rng.IntN(6) {
+			streamed := x == txns-1
+			var xid string
+			must(t, tx.QueryRow(ctx, `SELECT pg_current_xact_id()::text`).Scan(&xid))
+			fmt.Fprintf(&trace, "source transaction %s (r%d.%d, streamed %v)\n", xid, round, x, streamed)
+			if streamed {
+				_, err := tx.Exec(ctx, `INSERT INTO pad SELECT $1 * 1000 + g, repeat('p', 400) FROM generate_series(1, 900) g`, round)
+				must(t, err)
+			}
+			n := 1 + rng.IntN(6)
+			if streamed {
+				n = 6 + rng.IntN(10)
+			}
+			for i := range n {
 				sql, args := randomChange(rng, keys, val, fmt.Sprintf("r%d.%d.%d", round, x, i))
 				_, err := tx.Exec(ctx, "SAVEPOINT c")
 				must(t, err)
-				if _, err := tx.Exec(ctx, sql, args...); err != nil {
+				_, err = tx.Exec(ctx, sql, args...)
+				fmt.Fprintf(&trace, "  %s %v: %v\n", sql, args, err)
+				if err != nil {
 					if !isViolationErr(err) {
 						t.Fatalf("source %s %v: %v", sql, args, err)
 					}
 					_, err = tx.Exec(ctx, "ROLLBACK TO SAVEPOINT c")
+					must(t, err)
+				}
+				if streamed {
+					_, err := tx.Exec(ctx, `INSERT INTO pad SELECT $1 * 1000 + 950 + $2, repeat('p', 400)`, round, i)
 					must(t, err)
 				}
 			}
@@ -150,6 +184,9 @@ func runConflictsInBatch(t *testing.T, srv *pgtest.Server, rng *rand.Rand, origi
 			t.Errorf("%s conflicts: %d batched, %d in the model", ct, st.Conflicts(ct), mst.Conflicts(ct))
 		}
 		counts = append(counts, fmt.Sprintf("%s %d", ct, mst.Conflicts(ct)))
+	}
+	if n, m := count(t, e.dst, `SELECT count(*) FROM pad`), count(t, model.dst, `SELECT count(*) FROM pad`); n != m {
+		t.Errorf("%d rows in pad, %d in the model's", n, m)
 	}
 	t.Logf("conflicts: %s; serial retries %d", strings.Join(counts, ", "), st.SerialRetries)
 }

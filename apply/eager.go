@@ -54,6 +54,7 @@ type job struct {
 	q        *schedule.Queue // nil for a direct job
 	direct   bool            // applied on the leader's connection as its parts arrive
 	spooled  bool            // applied on the leader's connection at its commit
+	stepwise bool            // applied one statement at a time (Applier.stepwise, read when the job begins)
 
 	// Set by the leader before it queues schedule.RecCommit; read by the worker after.
 	ref    txnRef
@@ -424,7 +425,7 @@ func (s *session) addToRun(ctx context.Context, t *reorderbuffer.Txn) error {
 		if w == nil { // every worker holds a streamed transaction still open: the leader applies t
 			return s.part(ctx, t)
 		}
-		j := &job{xid: t.Xid, isRun: true, opened: now}
+		j := &job{xid: t.Xid, isRun: true, opened: now, stepwise: s.cfg.stepwise}
 		j.Seq.Store(s.order.Assign())
 		s.chain.opened(j, j.Seq.Load())
 		j.q = schedule.NewQueue(s.store, s.budget, s.share, &s.stats.queueSpilled)
@@ -582,7 +583,7 @@ func (s *session) part(ctx context.Context, t *reorderbuffer.Txn) error {
 
 // newJob decides who applies a transaction whose first part arrived.
 func (s *session) newJob(ctx context.Context, t *reorderbuffer.Txn) (*job, error) {
-	j := &job{xid: t.Xid, streamed: t.Streamed}
+	j := &job{xid: t.Xid, streamed: t.Streamed, stepwise: s.stepwise(t.Xid)}
 	if !t.Streamed {
 		// Committed on the source already: it is next in commit order.
 		j.Seq.Store(s.order.Assign())
@@ -662,7 +663,7 @@ func (s *session) applyDirect(ctx context.Context, j *job, t *reorderbuffer.Txn)
 	var failed error // a change the target refused: no further change of t is applied
 	err := s.eachChange(t, func(m decoding.Message, rels []*target.Relation) error {
 		if !j.begun {
-			tg.Stepwise(s.stepwise(j.xid))
+			tg.Stepwise(j.stepwise)
 			tg.Begin(j.xid, nil)
 			j.begun = true
 		}
@@ -1060,9 +1061,7 @@ func (s *session) work(ctx context.Context, w *worker) error {
 // cause.
 func (s *session) runJob(ctx context.Context, tg *target.Conn, j *job, w *worker) error {
 	tg.Coalesce(j.isRun)
-	// A transaction to apply one statement at a time is serial: the leader's (w nil), which
-	// alone reads Applier.stepwise.
-	tg.Stepwise(s.cfg.stepwise || (w == nil && s.a.stepwise[j.xid]))
+	tg.Stepwise(j.stepwise)
 	return schedule.RunJob(ctx, j.q, &jobRun{s: s, tg: tg, j: j, w: w})
 }
 

@@ -362,7 +362,12 @@ func (t *Conn) insertResolved(ctx context.Context, op batchOp, row [][]byte, for
 	// savepoint, and a unique violation rolls back to it and resolves again against the rows
 	// now there, a few times at most.
 	const attempts = 3
-	settled := false
+	// The rows in the way may go with transactions before it that have not committed (on a
+	// worker): wait for them before anything is looked up (a wait after the lookup would leave
+	// it stale).
+	if _, err := t.settled(ctx); err != nil {
+		return err
+	}
 	for attempt := 1; ; attempt++ {
 		reports := len(t.det.Reports)
 		reps, rows, err := t.uniqueLocals(ctx, m, row, formats, nil)
@@ -376,15 +381,6 @@ func (t *Conn) insertResolved(ctx context.Context, op batchOp, row [][]byte, for
 			return outOfOrder(op)
 		}
 		if len(reps) > 0 {
-			if !settled {
-				settled = true
-				if waited, err := t.settled(ctx); err != nil {
-					return err
-				} else if waited {
-					attempt--
-					continue // the rows may have gone with the transactions waited for
-				}
-			}
 			ct := conflict.InsertExists
 			if len(reps) > 1 {
 				ct = conflict.MultipleUniqueConflicts
@@ -650,6 +646,18 @@ func (t *Conn) updateExists(ctx context.Context, op batchOp, cause error, ops []
 // the resolution decides.
 func (t *Conn) updateConflict(ctx context.Context, op batchOp, cause error) error {
 	t.det.OpSrc = t.det.SrcOf(op.src)
+	// The rows in the way may go with transactions before it that have not committed (on a
+	// worker): wait for them before anything is looked up, and after a wait the UPDATE again;
+	// only a violation now is a conflict. (A wait after the lookup would leave it stale.)
+	waited, err := t.settled(ctx)
+	if err != nil {
+		return err
+	}
+	if waited {
+		if done, err := t.updateAgain(ctx, op); done || err != nil {
+			return err
+		}
+	}
 	m, st := op.rel, op.st
 	params, formats := t.det.Kept(op.arg, op.narg)
 	key, keyFormats := params[op.keyAt:], formats[op.keyAt:]
@@ -677,22 +685,6 @@ func (t *Conn) updateConflict(ctx context.Context, op batchOp, cause error) erro
 	reps, rows, err := t.uniqueLocals(ctx, m, newRow, newFormats, self)
 	if err != nil {
 		return err
-	}
-	if len(reps) > 0 {
-		waited, err := t.settled(ctx)
-		if err != nil {
-			return err
-		}
-		if waited {
-			// The rows may have gone with the transactions waited for: the UPDATE again, and
-			// only a violation now is a conflict.
-			if done, err := t.updateAgain(ctx, op); done || err != nil {
-				return err
-			}
-			if reps, rows, err = t.uniqueLocals(ctx, m, newRow, newFormats, self); err != nil {
-				return err
-			}
-		}
 	}
 	if len(reps) == 0 {
 		return cause // an exclusion constraint, or not a conflict this can resolve
