@@ -112,6 +112,7 @@ func runCoalesceModel(t *testing.T, dsn string, rng *rand.Rand, full, detecting 
 		return 'K', decoding.Tuple{text(strconv.Itoa(k)), {Kind: decoding.ColumnNull}, {Kind: decoding.ColumnNull}}
 	}
 	heldChanges := 0 // rounds in which updates or deletes were held for set statements
+	stepwise := 0    // transactions applied again one statement at a time (ErrOutOfOrder)
 	const keys = 6
 	const rounds = 40
 	src := map[int]modelRow{} // what the source has
@@ -207,6 +208,7 @@ func runCoalesceModel(t *testing.T, dsn string, rng *rand.Rand, full, detecting 
 		lsn += 100
 		var errs [2]error
 		for i, c := range conns {
+		again:
 			var last uint32
 			for j, ch := range changes {
 				if j == 0 {
@@ -233,7 +235,14 @@ func runCoalesceModel(t *testing.T, dsn string, rng *rand.Rand, full, detecting 
 				if err := c.Rollback(ctx); err != nil {
 					t.Fatalf("round %d: rollback: %v", round, err)
 				}
+				if errors.Is(errs[i], ErrOutOfOrder) && !c.stepwise {
+					// As package apply does: the transaction again, one statement at a time.
+					stepwise++
+					c.Stepwise(true)
+					goto again
+				}
 			}
+			c.Stepwise(false)
 		}
 		if (errs[0] == nil) != (errs[1] == nil) || (errs[0] != nil && errKind(errs[0]) != errKind(errs[1])) {
 			t.Fatalf("round %d: set-based: %v; row by row: %v", round, errs[0], errs[1])
@@ -278,8 +287,9 @@ func runCoalesceModel(t *testing.T, dsn string, rng *rand.Rand, full, detecting 
 		total += stats[1].Conflicts[ct].Load()
 	}
 	t.Logf("statements: %d set-based, %d row by row; %d conflicts; set statements succeeded in %d groups, fell back in %d; "+
-		"updates or deletes held in %d of %d rounds", stats[0].Statements.Load(), stats[1].Statements.Load(), total,
-		conns[0].setDone, conns[0].setFallbacks, heldChanges, rounds)
+		"updates or deletes held in %d of %d rounds; %d transactions applied again one statement at a time",
+		stats[0].Statements.Load(), stats[1].Statements.Load(), total, conns[0].setDone, conns[0].setFallbacks, heldChanges,
+		rounds, stepwise)
 	if conns[0].setDone == 0 || conns[0].setFallbacks == 0 || total == 0 || heldChanges == 0 {
 		t.Error("the model does not exercise both the set statements and their fallback")
 	}
