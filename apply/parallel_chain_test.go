@@ -49,6 +49,7 @@ func testParallelChained(t *testing.T, major int, order CommitOrder, load string
 	cfg.CommitOrder, cfg.Workers, cfg.runTxns = order, 4, 8
 	r := start(t, cfg)
 	e.waitMarker(t, r, 1)
+	e.waitSame(t)
 	r.halt(t)
 	e.compare(t)
 	st := r.a.Stats()

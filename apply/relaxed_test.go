@@ -216,6 +216,7 @@ func TestRelaxedDependent(t *testing.T) {
 			}
 			must(t, pgtest.Exec(ctx, e.src, `INSERT INTO marker VALUES (1)`))
 			e.waitMarker(t, r, 1)
+			e.waitSame(t)
 			r.halt(t)
 			e.compare(t)
 			st := r.a.Stats()
@@ -305,6 +306,7 @@ func TestRelaxedHeld(t *testing.T) {
 			must(t, independent(ctx, e.src, "r", 100))
 			must(t, pgtest.Exec(ctx, e.src, `INSERT INTO marker VALUES (1)`))
 			e.waitMarker(t, r, 1)
+			e.waitSame(t)
 			r.halt(t)
 			e.compare(t)
 			if n := commits.Load(); n < 50 {

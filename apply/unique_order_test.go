@@ -73,14 +73,19 @@ func testParallelUniqueOrder(t *testing.T, major int, order CommitOrder, res con
 	}}
 	r := start(t, cfg)
 	e.waitMarker(t, r, 1)
+	// With relaxed order the marker may commit ahead of the rows.
+	eventually(t, "the rows on the target", func() bool { return count(t, e.dst, `SELECT count(*) FROM uq`) == 2 })
 
 	lock, err := pgx.Connect(ctx, e.dst)
 	must(t, err)
 	defer lock.Close(context.Background())
 	tx, err := lock.Begin(ctx)
 	must(t, err)
-	_, err = tx.Exec(ctx, `SELECT * FROM uq WHERE id = 1 FOR UPDATE`)
+	tag, err := tx.Exec(ctx, `SELECT * FROM uq WHERE id = 1 FOR UPDATE`)
 	must(t, err)
+	if tag.RowsAffected() != 1 {
+		t.Fatalf("locked %d rows of id 1 on the target, want 1", tag.RowsAffected())
+	}
 	execOn(t, e.src, first)
 	eventually(t, "the first transaction waiting for the row's lock on the target", func() bool {
 		return count(t, e.dst, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`) > 0

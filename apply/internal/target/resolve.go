@@ -561,33 +561,20 @@ func (t *Conn) insertOIDs(m *Table) []uint32 {
 // changed (counted), or -1 when it was an UPDATE that violated a unique constraint and that
 // conflict was resolved instead. An UPDATE that may violate one runs after a savepoint.
 func (t *Conn) sendAgain(ctx context.Context, op batchOp, sql string) (int64, error) {
-	params, formats := t.det.Kept(op.arg, op.narg)
-	if op.guarded {
-		if _, err := t.exec(ctx, "SAVEPOINT pgr_guard", nil, nil, nil); err != nil {
-			return 0, err
-		}
+	tag, failed, err := t.sendGuarded(ctx, op, sql, op.guarded)
+	switch {
+	case err != nil:
+		return 0, err
+	case failed != nil && (!op.guarded || !isViolation(failed)):
+		return 0, t.lateError(op, failed)
+	case failed != nil && t.later:
+		return 0, outOfOrder(op) // a later statement may hold the key
+	case failed != nil:
+		return -1, t.updateConflict(ctx, op, t.statementError(op, failed))
 	}
-	res, err := t.exec(ctx, sql, params, op.st.oids, formats)
-	if err != nil {
-		if !op.guarded || !isViolation(err) {
-			return 0, t.lateError(op, err)
-		}
-		if _, err := t.exec(ctx, "ROLLBACK TO SAVEPOINT pgr_guard", nil, nil, nil); err != nil {
-			return 0, err
-		}
-		if t.later {
-			return 0, outOfOrder(op) // a later statement may hold the key
-		}
-		return -1, t.updateConflict(ctx, op, t.statementError(op, err))
-	}
-	if op.guarded {
-		if _, err := t.exec(ctx, "RELEASE SAVEPOINT pgr_guard", nil, nil, nil); err != nil {
-			return 0, err
-		}
-	}
-	n := res.CommandTag.RowsAffected()
+	n := tag.RowsAffected()
 	if n > 0 {
-		t.checkResult(batchOp{op: op.op, rel: op.rel}, res.CommandTag)
+		t.checkResult(batchOp{op: op.op, rel: op.rel}, tag)
 		t.wrote = true
 	}
 	return n, nil
@@ -597,27 +584,44 @@ func (t *Conn) sendAgain(ctx context.Context, op batchOp, sql string) (int64, er
 // A unique violation rolls back to the savepoint and is not done; a row that is gone now is
 // resolved as the statement's other conflicts are.
 func (t *Conn) updateAgain(ctx context.Context, op batchOp) (bool, error) {
-	params, formats := t.det.Kept(op.arg, op.narg)
-	if _, err := t.exec(ctx, "SAVEPOINT pgr_guard", nil, nil, nil); err != nil {
+	tag, failed, err := t.sendGuarded(ctx, op, op.st.plain, true)
+	switch {
+	case err != nil:
 		return false, err
-	}
-	res, err := t.exec(ctx, op.st.plain, params, op.st.oids, formats)
-	if err != nil {
-		if !isViolation(err) {
-			return false, t.statementError(op, err)
-		}
-		_, err := t.exec(ctx, "ROLLBACK TO SAVEPOINT pgr_guard", nil, nil, nil)
-		return false, err
-	}
-	if _, err := t.exec(ctx, "RELEASE SAVEPOINT pgr_guard", nil, nil, nil); err != nil {
-		return false, err
-	}
-	if res.CommandTag.RowsAffected() == 0 {
+	case failed != nil && isViolation(failed):
+		return false, nil
+	case failed != nil:
+		return false, t.statementError(op, failed)
+	case tag.RowsAffected() == 0:
 		return true, t.resolveMissed(ctx, op)
 	}
-	t.checkResult(batchOp{op: 'U', rel: op.rel}, res.CommandTag)
+	t.checkResult(batchOp{op: 'U', rel: op.rel}, tag)
 	t.wrote = true
 	return true, nil
+}
+
+// sendGuarded sends op's statement sql with op's parameters, after a savepoint when guard is
+// set. The statement's own error is returned as failed, for the caller to name; a unique
+// violation after the savepoint has been rolled back to it by then. err is any other failure
+// (of the savepoint's commands), and the transaction is then unusable.
+func (t *Conn) sendGuarded(ctx context.Context, op batchOp, sql string, guard bool) (tag pgconn.CommandTag, failed, err error) {
+	params, formats := t.det.Kept(op.arg, op.narg)
+	if guard {
+		if _, err := t.exec(ctx, "SAVEPOINT pgr_guard", nil, nil, nil); err != nil {
+			return tag, nil, err
+		}
+	}
+	res, failed := t.exec(ctx, sql, params, op.st.oids, formats)
+	switch {
+	case failed != nil && guard && isViolation(failed):
+		_, err = t.exec(ctx, "ROLLBACK TO SAVEPOINT pgr_guard", nil, nil, nil)
+		return tag, failed, err
+	case failed != nil:
+		return tag, failed, nil
+	case guard:
+		_, err = t.exec(ctx, "RELEASE SAVEPOINT pgr_guard", nil, nil, nil)
+	}
+	return res.CommandTag, nil, err
 }
 
 // updateExists resolves a guarded UPDATE, the last statement of its batch, that violated a
