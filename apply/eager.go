@@ -425,7 +425,7 @@ func (s *session) addToRun(ctx context.Context, t *reorderbuffer.Txn) error {
 		if w == nil { // every worker holds a streamed transaction still open: the leader applies t
 			return s.part(ctx, t)
 		}
-		j := &job{xid: t.Xid, isRun: true, opened: now, stepwise: s.cfg.stepwise}
+		j := &job{xid: t.Xid, isRun: true, opened: now, stepwise: s.stepwise(t.Xid)}
 		j.Seq.Store(s.order.Assign())
 		s.chain.opened(j, j.Seq.Load())
 		j.q = schedule.NewQueue(s.store, s.budget, s.share, &s.stats.queueSpilled)
