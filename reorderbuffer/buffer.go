@@ -26,8 +26,13 @@ type Buffer struct {
 	cur   *xact             // receiving changes: inside a stream block, or between Begin and Commit
 	pool  pool
 
-	queue  []*Txn // committed (or parts), not yet handed out by Next, in commit order
-	lent   *Txn   // handed out by the last Next; released by the next Next or Close
+	queue []*Txn // committed (or parts), not yet handed out by Next, in commit order
+	qmem  []*Txn // queue's first backing array, kept while small: reused once queue empties
+	lent  *Txn   // handed out by the last Next; released by the next Next or Close
+	// read parses the changes of the lent transaction, which borrows it (only one is lent at
+	// a time, and it must be read before the next Next): a Parser's messages and column
+	// buffers are then allocated once, not once per transaction.
+	read   *decoding.Parser
 	schema *schema
 	seen   schema // the last description of each relation and type received, for sharing copies
 	prog   progress
@@ -57,9 +62,11 @@ func New(cfg Config) (*Buffer, error) {
 		schema:  &schema{},
 		prog:    newProgress(cfg.SkipThrough, cfg.HandOutAdvances),
 		partMax: partSize(cfg.limit()),
+		qmem:    make([]*Txn, 0, 8),
 		evict: heap.New(func(x, y *xact) bool { return x.mem.bytes() > y.mem.bytes() },
 			func(t *xact) *heap.Node[*xact] { return &t.node }),
 	}
+	b.queue = b.qmem
 	dir := cfg.Dir
 	if dir == "" {
 		dir = os.TempDir()
@@ -834,7 +841,10 @@ func (b *Buffer) Next() (*Txn, bool) {
 	b.queue[0] = nil
 	b.queue = b.queue[1:]
 	if len(b.queue) == 0 {
-		b.queue = b.queue[:0:0] // let the backing array go
+		// Start again at the front of the first backing array (a larger one the queue grew
+		// into goes), cleared of the transactions the queue may have taken with it.
+		clear(b.qmem[:cap(b.qmem)])
+		b.queue = b.qmem[:0]
 	}
 	x.data.lent = true
 	if x.data.node.InHeap() {
@@ -846,6 +856,10 @@ func (b *Buffer) Next() (*Txn, bool) {
 		x.src = l.OpenReader()
 	}
 	x.opts, x.incremental = b.cfg.Decoding, b.cfg.Incremental
+	if b.read == nil {
+		b.read = &decoding.Parser{Options: b.cfg.Decoding}
+	}
+	x.parser = b.read
 	b.lent = x
 	return x, true
 }
@@ -865,6 +879,7 @@ func (b *Buffer) release(x *Txn) error {
 		return nil
 	}
 	x.released = true
+	x.parser = nil
 	if x.src != nil {
 		x.src.Close()
 		x.src = nil

@@ -60,8 +60,7 @@ func (m *memlog) appendRecord(c []byte, parts ...[]byte) {
 		n += len(p)
 	}
 	if c != nil {
-		m.chunks = append(m.chunks, chunk{b: c[:0], start: m.size})
-		m.capSum += int64(cap(c))
+		m.addChunk(c)
 	}
 	last := len(m.chunks) - 1
 	c = binary.AppendUvarint(m.chunks[last].b, uint64(n))
@@ -72,12 +71,22 @@ func (m *memlog) appendRecord(c []byte, parts ...[]byte) {
 	m.size += int64(uvarintLen(uint64(n)) + n)
 }
 
+// addChunk makes c, an empty slice, the last chunk. The list of chunks starts with room for
+// two: the first chunk is small, so most small transactions take a second one, and the list is
+// allocated once.
+func (m *memlog) addChunk(c []byte) {
+	if m.chunks == nil {
+		m.chunks = make([]chunk, 0, 2)
+	}
+	m.chunks = append(m.chunks, chunk{b: c[:0], start: m.size})
+	m.capSum += int64(cap(c))
+}
+
 // appendRecord2 is appendRecord of the two parts head and body, without the slice of parts.
 func (m *memlog) appendRecord2(c, head, body []byte) {
 	n := len(head) + len(body)
 	if c != nil {
-		m.chunks = append(m.chunks, chunk{b: c[:0], start: m.size})
-		m.capSum += int64(cap(c))
+		m.addChunk(c)
 	}
 	last := &m.chunks[len(m.chunks)-1]
 	b := last.b

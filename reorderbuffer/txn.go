@@ -17,8 +17,9 @@ import (
 // Its exported fields are plain values and stay valid for good. Its changes, and the relations
 // and types they refer to, can be read until the transaction is released by the next call to
 // Buffer.Next or by Buffer.Close. A Txn owns what reading them needs (its records, its spill
-// log's reader, the schema it resolves against), so it may be read on another goroutine while
-// the Buffer goes on being used.
+// log's reader, the schema it resolves against, and until then the parser the Buffer lends to
+// the one transaction handed out), so it may be read on another goroutine while the Buffer goes
+// on being used.
 type Txn struct {
 	Xid        uint32       // top-level transaction id; 0 for a non-transactional message
 	CommitLSN  decoding.LSN // LSN of the commit record (COMMIT PREPARED's for a two-phase transaction)
@@ -44,8 +45,9 @@ type Txn struct {
 	b           *Buffer // for Ack only: reading the changes never touches the Buffer
 	opts        decoding.Options
 	incremental bool
-	data        *xact         // nil once released
-	src         *spill.Reader // the spill log's reader, opened by Next (nil if not spilled)
+	data        *xact            // nil once released
+	src         *spill.Reader    // the spill log's reader, opened by Next (nil if not spilled)
+	parser      *decoding.Parser // the Buffer's, lent by Next with the transaction
 	view        view
 	seq         uint64 // in the buffer's acknowledgement queue
 	pinned      bool   // a committed prepared transaction pins the flush position at its PREPARE until acknowledged
@@ -79,7 +81,10 @@ func (x *Txn) Changes() iter.Seq2[decoding.Change, error] {
 			yield(decoding.Change{}, ErrReleased)
 			return
 		}
-		p := &decoding.Parser{Options: x.opts}
+		p := x.parser
+		if p == nil {
+			p = &decoding.Parser{Options: x.opts}
+		}
 		x.view.reset() // reading from the start
 		// In parts, a streamed transaction's records keep the writer's xid.
 		inStream := x.data.streamed && x.incremental
