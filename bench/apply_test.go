@@ -52,8 +52,11 @@ const (
 	envApplyFsync = "PGREORDER_BENCH_APPLY_FSYNC"
 	envApplyBase  = "PGREORDER_BENCH_APPLY_BASELINE"
 
-	envApplyProfile  = "PGREORDER_BENCH_APPLY_CPUPROFILE"
-	envApplyRollback = "PGREORDER_BENCH_APPLY_ROLLBACK"
+	envApplyProfile = "PGREORDER_BENCH_APPLY_CPUPROFILE"
+	// envApplyMemProfile, set with envApplyProfile, adds each applier's allocations profile
+	// (-memprofile, which builds older than it lack: so not by default).
+	envApplyMemProfile = "PGREORDER_BENCH_APPLY_MEMPROFILE"
+	envApplyRollback   = "PGREORDER_BENCH_APPLY_ROLLBACK"
 )
 
 // tpcbClients is the number of concurrent sessions making the catch-up backlog.
@@ -372,7 +375,8 @@ func execWatching(ctx context.Context, conn *pgconn.PgConn, sql string, a applyi
 // two parts) and cpu-x-native, speedup-vs-native (native / ours), applier-rss-MB (the peak
 // resident set of the subscriber's own process, ours and the limit's, from its start to the
 // catch-up: VmHWM), and the backlog's backlog-s, backlog-txn/s and backlog-wal-MB. With PGREORDER_BENCH_APPLY_CPUPROFILE=DIR, each pgreorder
-// catch-up writes its applier's CPU profile to DIR/pgNN-LOAD-SUB.pprof.
+// catch-up writes its applier's CPU profile to DIR/pgNN-LOAD-SUB.pprof, and with
+// PGREORDER_BENCH_APPLY_MEMPROFILE=1 its allocations profile to DIR/pgNN-LOAD-SUB.allocs.pprof.
 func BenchmarkApplyCatchup(b *testing.B) {
 	requireApply(b)
 	scale := int(envSize(b, envApplyScale, 100, 10))

@@ -317,6 +317,9 @@ func (o pgreorderApply) start(ctx context.Context, r *run) (applying, error) {
 		args = append(args, "-create-slot")
 	} else if r.cpuProfile != "" {
 		args = append(args, "-cpuprofile", r.cpuProfile)
+		if os.Getenv(envApplyMemProfile) != "" {
+			args = append(args, "-memprofile", strings.TrimSuffix(r.cpuProfile, ".pprof")+".allocs.pprof")
+		}
 	}
 	logPath := filepath.Join(r.p.tmp, fmt.Sprintf("%s-%s.log", r.slot, o.name()))
 	pr, err := startProcess(bin, args, r.p.tmp, logPath, nil)

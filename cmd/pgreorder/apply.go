@@ -64,8 +64,9 @@ refused (every error that stops apply on a change names its LSN); -sync-sequence
 published tables' sequences forward to the target (-sync-sequences-once: once, then exit);
 -until-caught-up exits once everything the source had written when apply started is applied.
 
-Profiling: -cpuprofile FILE writes a CPU profile of the process from start to exit, for
-go tool pprof (e.g. go tool pprof -top FILE).
+Profiling: -cpuprofile FILE writes a CPU profile of the process from start to exit, and
+-memprofile FILE the allocations it made (sampled, as runtime/pprof's allocs profile) when it
+exits, for go tool pprof (e.g. go tool pprof -top FILE; -sample_index=alloc_space for bytes).
 
 Modes:
   buffered  whole transactions at their commit, one at a time (large ones held in memory up to
@@ -102,6 +103,7 @@ type applyFlags struct {
 	status, slotWait, progress                                   time.Duration
 	metricsAddr                                                  string
 	cpuProfile                                                   string
+	memProfile                                                   string
 
 	// Conflicts and origins.
 	origin, originFilter, resolutions, logTable string
@@ -154,6 +156,7 @@ func (f *applyFlags) register(fs *flag.FlagSet) {
 		"streaming from it) before stopping with an error naming it (0: do not wait; -1: no limit)")
 	durationVar(fs, &f.progress, "progress", 5*time.Second, "interval of the progress line on stderr (0: none)")
 	fs.StringVar(&f.cpuProfile, "cpuprofile", "", "write a CPU profile (runtime/pprof, for go tool pprof) of the whole run to FILE, ended when apply exits")
+	fs.StringVar(&f.memProfile, "memprofile", "", "write the allocations of the whole run (runtime/pprof's allocs profile, for go tool pprof) to FILE when apply exits")
 	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus metrics on host:port at /metrics (port 0: any free port, logged)")
 	fs.BoolVar(&f.verbose, "v", false, "debug logging")
 	fs.StringVar(&f.origin, "origin", "", "replication origin marking the target transactions "+
@@ -333,6 +336,22 @@ func runApply(ctx context.Context, args []string) error {
 		defer func() {
 			if perr := stopProfile(); perr != nil {
 				cfg.Logger.Warn("writing the CPU profile", "file", f.cpuProfile, "err", perr)
+			}
+		}()
+	}
+	if f.memProfile != "" {
+		// Created now, so that a path that cannot be written is an error before apply starts.
+		mf, err := os.Create(f.memProfile)
+		if err != nil {
+			return fmt.Errorf("-memprofile: %w", err)
+		}
+		defer func() {
+			err := pprof.Lookup("allocs").WriteTo(mf, 0)
+			if cerr := mf.Close(); err == nil {
+				err = cerr
+			}
+			if err != nil {
+				cfg.Logger.Warn("writing the allocation profile", "file", f.memProfile, "err", err)
 			}
 		}()
 	}

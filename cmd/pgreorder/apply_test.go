@@ -316,3 +316,27 @@ func TestApplyCPUProfile(t *testing.T) {
 		"-source", "host=/nonexistent", "-target", "host=/nonexistent", "-slot", "s", "-publication", "p"})
 	require.ErrorContains(t, err, "-cpuprofile")
 }
+
+// TestApplyMemProfile: -memprofile writes the allocations profile when apply exits, here on a
+// context already canceled, and a path that cannot be created is an error naming the flag.
+func TestApplyMemProfile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "mem.pprof")
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	err := runApply(ctx, []string{"-memprofile", path,
+		"-source", "host=/nonexistent dbname=src", "-target", "host=/nonexistent dbname=dst",
+		"-slot", "s", "-publication", "p"})
+	require.NoError(t, err)
+	f, err := os.Open(path)
+	require.NoError(t, err)
+	defer f.Close()
+	zr, err := gzip.NewReader(f)
+	require.NoError(t, err, "a profile is gzipped")
+	data, err := io.ReadAll(zr)
+	require.NoError(t, err)
+	require.Contains(t, string(data), "alloc_space", "the profile's sample types")
+
+	err = runApply(ctx, []string{"-memprofile", filepath.Join(t.TempDir(), "no", "such", "dir"),
+		"-source", "host=/nonexistent", "-target", "host=/nonexistent", "-slot", "s", "-publication", "p"})
+	require.ErrorContains(t, err, "-memprofile")
+}
