@@ -7,9 +7,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"syscall"
 	"testing"
@@ -339,4 +341,50 @@ func TestApplyMemProfile(t *testing.T) {
 	err = runApply(ctx, []string{"-memprofile", filepath.Join(t.TempDir(), "no", "such", "dir"),
 		"-source", "host=/nonexistent", "-target", "host=/nonexistent", "-slot", "s", "-publication", "p"})
 	require.ErrorContains(t, err, "-memprofile")
+}
+
+// TestTuneGC: apply's collector settings (GOGC=400 within work mem + 64MB) apply unless the
+// environment sets GOGC or GOMEMLIMIT. The test restores Go's settings as it found them.
+func TestTuneGC(t *testing.T) {
+	gc := debug.SetGCPercent(100)
+	limit := debug.SetMemoryLimit(math.MaxInt64)
+	t.Cleanup(func() {
+		debug.SetGCPercent(gc)
+		debug.SetMemoryLimit(limit)
+	})
+	for _, env := range []string{"GOGC", "GOMEMLIMIT"} {
+		t.Run("with "+env, func(t *testing.T) {
+			t.Setenv(env, "100")
+			tuneGC(8 << 20)()
+			require.Equal(t, 100, debug.SetGCPercent(100), "GOGC left as it was")
+			require.Equal(t, int64(math.MaxInt64), debug.SetMemoryLimit(math.MaxInt64), "no limit set")
+		})
+	}
+	t.Run("neither", func(t *testing.T) {
+		t.Setenv("GOGC", "")
+		t.Setenv("GOMEMLIMIT", "")
+		stop := tuneGC(8 << 20)
+		defer stop()
+		require.Equal(t, 400, debug.SetGCPercent(100))
+		require.Equal(t, int64(8<<20+applyHeapRoom), debug.SetMemoryLimit(math.MaxInt64))
+	})
+}
+
+// TestCollectorLimit: the limit is the work mem plus the room, until twice the live heap is
+// more.
+func TestCollectorLimit(t *testing.T) {
+	for _, c := range []struct {
+		workMem int64
+		live    uint64
+		want    int64
+	}{
+		{64 << 20, 0, 128 << 20},
+		{64 << 20, 10 << 20, 128 << 20},
+		{64 << 20, 64 << 20, 128 << 20},
+		{64 << 20, 100 << 20, 200 << 20},
+		{64 << 10, 1 << 30, 2 << 30},
+		{64 << 20, math.MaxUint64, math.MaxInt64 - 1},
+	} {
+		require.Equal(t, c.want, collectorLimit(c.workMem, c.live), "work mem %d, live %d", c.workMem, c.live)
+	}
 }

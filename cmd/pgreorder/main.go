@@ -82,7 +82,10 @@ func version() string {
 	return out + " " + runtime.Version()
 }
 
-func main() { os.Exit(run(os.Args[1:])) }
+func main() {
+	tuneCollector = true // not in tests, which run commands in their own process
+	os.Exit(run(os.Args[1:]))
+}
 
 // run runs the command line args and returns the exit status: 0, 1 for an error, 2 for a
 // command line that cannot be run.
