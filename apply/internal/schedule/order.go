@@ -22,11 +22,19 @@ type Order struct {
 	assigned uint64          // the last sequence number handed out
 	done     uint64          // the last one of the prefix: it and every one before it finished
 	ahead    map[uint64]bool // numbers past done+1 that finished, ahead of the prefix
-	changed  chan struct{}
+	changed  chan struct{}   // closed by the next Finish; made by a waiter (nil: none waits)
 }
 
 // NewOrder returns an Order that has handed out nothing.
-func NewOrder() *Order { return &Order{changed: make(chan struct{})} }
+func NewOrder() *Order { return &Order{} }
+
+// waitChan returns the channel the next Finish closes. The caller holds mu.
+func (o *Order) waitChan() chan struct{} {
+	if o.changed == nil {
+		o.changed = make(chan struct{})
+	}
+	return o.changed
+}
 
 // Assign returns the next sequence number.
 func (o *Order) Assign() uint64 {
@@ -55,11 +63,12 @@ func (o *Order) Committed() uint64 {
 func (o *Order) Wait(ctx context.Context, seq uint64) error {
 	for {
 		o.mu.Lock()
-		done, ch := o.done, o.changed
-		o.mu.Unlock()
-		if done >= seq {
+		if o.done >= seq {
+			o.mu.Unlock()
 			return nil
 		}
+		ch := o.waitChan()
+		o.mu.Unlock()
 		select {
 		case <-ctx.Done():
 			return context.Cause(ctx)
@@ -88,8 +97,10 @@ func (o *Order) Finish(seq uint64) {
 		}
 		o.ahead[seq] = true
 	}
-	close(o.changed)
-	o.changed = make(chan struct{})
+	if o.changed != nil { // someone waits
+		close(o.changed)
+		o.changed = nil
+	}
 }
 
 // Finished says whether seq finished, in the prefix or ahead of it.
@@ -103,11 +114,12 @@ func (o *Order) Finished(seq uint64) bool {
 func (o *Order) WaitFor(ctx context.Context, seq uint64) error {
 	for {
 		o.mu.Lock()
-		done, ch := seq <= o.done || o.ahead[seq], o.changed
-		o.mu.Unlock()
-		if done {
+		if seq <= o.done || o.ahead[seq] {
+			o.mu.Unlock()
 			return nil
 		}
+		ch := o.waitChan()
+		o.mu.Unlock()
 		select {
 		case <-ctx.Done():
 			return context.Cause(ctx)
