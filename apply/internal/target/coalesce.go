@@ -90,6 +90,57 @@ type coalescer struct {
 	// next netTable starts with room for as many (at most sizeHintMax), instead of growing
 	// its slices and map change by change. Kept across target transactions.
 	sizes map[*Table]int
+	// spare holds, per table, the emptied containers of a netTable whose set statements
+	// succeeded (recycle), for the table's next one. Kept across target transactions.
+	spare map[*Table]*netTable
+}
+
+// next returns the coalescer that follows c once its tables are queued or dropped: nothing
+// held, what is kept across target transactions kept.
+func (c *coalescer) next() coalescer { return coalescer{sizes: c.sizes, spare: c.spare} }
+
+// newNetTable returns the netTable that holds m's changes by key (nil: inserts only), or with
+// !ok sends them row by row: with the containers of m's last one (spare), or room for as many
+// changes as it held (sizes).
+func (c *coalescer) newNetTable(m *Table, key []int, ok bool) *netTable {
+	nt := &netTable{m: m, rowPath: !ok, keyed: key != nil, key: key, full: m.Full && key != nil}
+	if !ok {
+		return nt
+	}
+	if sp := c.spare[m]; sp != nil {
+		delete(c.spare, m)
+		nt.log, nt.rows, nt.kbuf, nt.obuf = sp.log, sp.rows, sp.kbuf, sp.obuf
+		if nt.keyed {
+			nt.keys = sp.keys
+		}
+	} else if n := c.sizes[m]; n > 0 {
+		nt.log, nt.rows = make([]held, 0, n), make([]netRow, 0, n)
+		if nt.keyed {
+			nt.keys = make(map[string]int, n)
+		}
+	}
+	return nt
+}
+
+// recycle keeps the log, rows, keys and key buffers of nt, whose set statements succeeded and
+// which nothing refers to any more, emptied for the table's next netTable: none larger than
+// sizeHintMax changes, for at most sizeHintTables tables. The tuples they referred to stay in
+// the arena blocks they were copied into, which are never reused.
+func (c *coalescer) recycle(nt *netTable) {
+	if nt.rowPath || cap(nt.log) > sizeHintMax || cap(nt.rows) > sizeHintMax || len(nt.keys) > sizeHintMax {
+		return
+	}
+	if c.spare == nil {
+		c.spare = map[*Table]*netTable{}
+	}
+	if len(c.spare) >= sizeHintTables {
+		clear(c.spare)
+	}
+	clear(nt.log)
+	clear(nt.rows)
+	clear(nt.keys)
+	c.spare[nt.m] = &netTable{log: nt.log[:0], rows: nt.rows[:0], keys: nt.keys, kbuf: nt.kbuf[:0], obuf: nt.obuf[:0]}
+	nt.log, nt.rows, nt.keys, nt.kbuf, nt.obuf = nil, nil, nil, nil, nil
 }
 
 // sizeHintMax bounds the room a netTable starts with; sizeHintTables bounds the tables whose
@@ -228,13 +279,7 @@ func (t *Conn) absorb(ctx context.Context, m *Table, op byte, tup, old decoding.
 		if c.tables == nil {
 			c.tables = map[*Table]*netTable{}
 		}
-		nt = &netTable{m: m, rowPath: !ok, keyed: key != nil, key: key, full: m.Full && key != nil}
-		if n := c.sizes[m]; n > 0 && ok {
-			nt.log, nt.rows = make([]held, 0, n), make([]netRow, 0, n)
-			if nt.keyed {
-				nt.keys = make(map[string]int, n)
-			}
-		}
+		nt = c.newNetTable(m, key, ok)
 		c.tables[m] = nt
 		c.order = append(c.order, nt)
 	}
@@ -523,7 +568,9 @@ func (t *Conn) replay(ctx context.Context, m *Table, log []held) error {
 // tables' state.
 func (t *Conn) unhold(ctx context.Context) error {
 	order := t.co.order
-	t.co = coalescer{rows: t.co.rows, sizes: t.co.sizes}
+	rows := t.co.rows
+	t.co = t.co.next()
+	t.co.rows = rows
 	for _, nt := range order {
 		if err := t.replay(ctx, nt.m, nt.log); err != nil {
 			return err
@@ -577,7 +624,7 @@ func (t *Conn) flushSets(ctx context.Context) error {
 // failed until they succeed (see FlushBatch) or fail (replayFailed).
 func (t *Conn) queueSets(ctx context.Context) error {
 	order := t.co.order
-	t.co = coalescer{sizes: t.co.sizes}
+	t.co = t.co.next()
 	t.co.noteSizes(order)
 	t.failed = t.failed[:0]
 	var sets []*netTable

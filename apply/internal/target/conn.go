@@ -453,7 +453,7 @@ func (t *Conn) RollbackTo(ctx context.Context, sub uint32) error {
 
 // Rollback ends the transaction without applying it. Statements not sent are dropped.
 func (t *Conn) Rollback(ctx context.Context) error {
-	t.co, t.failed = coalescer{sizes: t.co.sizes}, nil
+	t.co, t.failed = t.co.next(), nil
 	t.dropInserts()
 	t.batch, t.ops, t.bytes = nil, t.ops[:0], 0
 	t.det.Rollback()
@@ -1099,6 +1099,10 @@ func (t *Conn) FlushBatch(ctx context.Context) error {
 		if op.set {
 			if op.setEnd {
 				t.rows.add(t.co.rows)
+				for _, nt := range t.failed {
+					t.co.recycle(nt)
+				}
+				clear(t.failed)
 				t.co.rows, t.failed = rowCounts{}, t.failed[:0]
 				t.setDone++
 			}
