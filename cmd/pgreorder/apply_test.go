@@ -293,54 +293,42 @@ func TestApplyAcceptSlotAhead(t *testing.T) {
 	}
 }
 
-// TestApplyCPUProfile: -cpuprofile writes a CPU profile that go tool pprof reads (gzipped
-// protobuf naming the cpu sample type) even when apply stops at once, here on a context
-// already canceled, before connecting anywhere.
-func TestApplyCPUProfile(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "cpu.pprof")
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	err := runApply(ctx, []string{"-cpuprofile", path,
-		"-source", "host=/nonexistent dbname=src", "-target", "host=/nonexistent dbname=dst",
-		"-slot", "s", "-publication", "p"})
-	require.NoError(t, err)
-	f, err := os.Open(path)
-	require.NoError(t, err)
-	defer f.Close()
-	zr, err := gzip.NewReader(f)
-	require.NoError(t, err, "a profile is gzipped")
-	data, err := io.ReadAll(zr)
-	require.NoError(t, err)
-	require.Contains(t, string(data), "nanoseconds", "the profile's sample unit")
-	require.Contains(t, string(data), "cpu")
+// TestApplyProfiles: -cpuprofile writes a CPU profile and -memprofile the allocations profile
+// that go tool pprof reads (gzipped protobuf naming the sample types) even when apply stops at
+// once, here on a context already canceled, before connecting anywhere; a path that cannot be
+// created is an error naming the flag.
+func TestApplyProfiles(t *testing.T) {
+	for _, c := range []struct {
+		flag  string
+		holds []string // in the decompressed profile
+	}{
+		{"-cpuprofile", []string{"nanoseconds", "cpu"}},
+		{"-memprofile", []string{"alloc_space"}},
+	} {
+		t.Run(c.flag, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "p.pprof")
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel()
+			err := runApply(ctx, []string{c.flag, path,
+				"-source", "host=/nonexistent dbname=src", "-target", "host=/nonexistent dbname=dst",
+				"-slot", "s", "-publication", "p"})
+			require.NoError(t, err)
+			f, err := os.Open(path)
+			require.NoError(t, err)
+			defer f.Close()
+			zr, err := gzip.NewReader(f)
+			require.NoError(t, err, "a profile is gzipped")
+			data, err := io.ReadAll(zr)
+			require.NoError(t, err)
+			for _, h := range c.holds {
+				require.Contains(t, string(data), h)
+			}
 
-	err = runApply(ctx, []string{"-cpuprofile", filepath.Join(t.TempDir(), "no", "such", "dir"),
-		"-source", "host=/nonexistent", "-target", "host=/nonexistent", "-slot", "s", "-publication", "p"})
-	require.ErrorContains(t, err, "-cpuprofile")
-}
-
-// TestApplyMemProfile: -memprofile writes the allocations profile when apply exits, here on a
-// context already canceled, and a path that cannot be created is an error naming the flag.
-func TestApplyMemProfile(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "mem.pprof")
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	err := runApply(ctx, []string{"-memprofile", path,
-		"-source", "host=/nonexistent dbname=src", "-target", "host=/nonexistent dbname=dst",
-		"-slot", "s", "-publication", "p"})
-	require.NoError(t, err)
-	f, err := os.Open(path)
-	require.NoError(t, err)
-	defer f.Close()
-	zr, err := gzip.NewReader(f)
-	require.NoError(t, err, "a profile is gzipped")
-	data, err := io.ReadAll(zr)
-	require.NoError(t, err)
-	require.Contains(t, string(data), "alloc_space", "the profile's sample types")
-
-	err = runApply(ctx, []string{"-memprofile", filepath.Join(t.TempDir(), "no", "such", "dir"),
-		"-source", "host=/nonexistent", "-target", "host=/nonexistent", "-slot", "s", "-publication", "p"})
-	require.ErrorContains(t, err, "-memprofile")
+			err = runApply(ctx, []string{c.flag, filepath.Join(t.TempDir(), "no", "such", "dir"),
+				"-source", "host=/nonexistent", "-target", "host=/nonexistent", "-slot", "s", "-publication", "p"})
+			require.ErrorContains(t, err, c.flag)
+		})
+	}
 }
 
 // TestTuneGC: apply's collector settings (GOGC=400 within work mem + 64MB) apply unless the
