@@ -118,6 +118,9 @@ func testParallelUniqueOrder(t *testing.T, major int, order CommitOrder, res con
 	eventually(t, "every source transaction acknowledged", func() bool {
 		return r.a.Stats().CommittedAhead == 0 || count(t, e.dst, `SELECT count(*) FROM events`) == 20
 	})
+	// The events may all be there while a later transaction of uq, which waited for the first
+	// one, has yet to commit: the halt would roll it back. Wait for the rows themselves.
+	e.waitSame(t, "uq", "events")
 	r.halt(t)
 	e.sameRows(t, "uq")
 	e.sameRows(t, "events")
