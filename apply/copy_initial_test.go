@@ -213,6 +213,19 @@ func TestCopyKill(t *testing.T) {
 				must(t, pgtest.Exec(ctx, e.src, `INSERT INTO events VALUES ('between', 1)`, `UPDATE big SET payload = 'between' WHERE id % 7 = 0`))
 				cc.Stall = ""
 				second := startChild(t, cc)
+				// The copy commits its chunks one by one: wait until it committed whole, before
+				// the workload, whose marker could otherwise be copied (and seen) ahead of rows
+				// other chunks have yet to commit.
+				for !strings.Contains(second.stderr.String(), "initial copy committed") {
+					select {
+					case err := <-second.done:
+						second.done <- err // for the cleanup
+						t.Fatalf("the second child stopped: %v\n%s", err, second.stderr)
+					case <-ctx.Done():
+						t.Fatalf("the second child did not finish the copy:\n%s", second.stderr)
+					case <-time.After(20 * time.Millisecond):
+					}
+				}
 				must(t, workload(ctx, e.src, rng, 2, nil))
 				for count(t, e.dst, `SELECT count(*) FROM marker WHERE id = 2`) == 0 {
 					select {
