@@ -378,8 +378,10 @@ func (c Config) validate() (Config, error) {
 // relaxed says whether Parallel's workers may commit ahead of the committed prefix.
 func (c *Config) relaxed() bool { return c.CommitOrder == CommitRelaxed && c.Mode == Parallel }
 
-// workMem is WorkMem in bytes: the default for 0, none for SpillEverything.
-func (c *Config) workMem() int64 {
+// WorkMemBytes is WorkMem in bytes, as the Applier holds memory to it:
+// reorderbuffer.DefaultWorkMem for 0, 0 for reorderbuffer.SpillEverything, and math.MaxInt64
+// for no limit.
+func (c *Config) WorkMemBytes() int64 {
 	switch {
 	case c.WorkMem == 0:
 		return reorderbuffer.DefaultWorkMem
@@ -391,7 +393,7 @@ func (c *Config) workMem() int64 {
 
 // queueMem is the memory the queues of workers may hold in total: a quarter of WorkMem.
 func (c *Config) queueMem() int64 {
-	if m := c.workMem(); m != math.MaxInt64 {
+	if m := c.WorkMemBytes(); m != math.MaxInt64 {
 		return m / 4
 	}
 	return math.MaxInt64 // unlimited
@@ -400,7 +402,7 @@ func (c *Config) queueMem() int64 {
 // bufferMem is the reorder buffer's Config.WorkMem: all of WorkMem when transactions are
 // applied whole (incremental false), and otherwise what the workers' queues leave of it.
 func (c *Config) bufferMem(incremental bool) int64 {
-	m := c.workMem()
+	m := c.WorkMemBytes()
 	if !incremental || m == math.MaxInt64 {
 		return c.WorkMem
 	}

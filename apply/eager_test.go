@@ -320,7 +320,7 @@ func TestWorkMemSplit(t *testing.T) {
 		if b == 0 || b < reorderbuffer.SpillEverything {
 			t.Errorf("WorkMem %d: buffer WorkMem %d is not a valid reorderbuffer.Config.WorkMem", w, b)
 		}
-		total := c.workMem()
+		total := c.WorkMemBytes()
 		bm := max(b, 0) // SpillEverything: none
 		if total == math.MaxInt64 {
 			if q != math.MaxInt64 || b != math.MaxInt64 {

@@ -69,7 +69,8 @@ published tables' sequences forward to the target (-sync-sequences-once: once, t
 
 Memory: apply's Go heap is collected when it has grown to 5 times what the last collection
 left (GOGC=400), within a soft limit of -work-mem plus 64MB (or twice the live heap, if more);
-setting GOGC or GOMEMLIMIT in the environment replaces both.
+setting GOGC or GOMEMLIMIT in the environment replaces both, and -work-mem unlimited keeps Go's
+defaults.
 
 Profiling: -cpuprofile FILE writes a CPU profile of the process from start to exit, and
 -memprofile FILE the allocations it made (sampled, as runtime/pprof's allocs profile) when it
@@ -336,7 +337,7 @@ func runApply(ctx context.Context, args []string) error {
 		return err
 	}
 	if tuneCollector {
-		defer tuneGC(cfg.WorkMem)()
+		defer tuneGC(cfg.WorkMemBytes())()
 	}
 	if f.cpuProfile != "" {
 		stopProfile, err := startCPUProfile(f.cpuProfile)
@@ -499,25 +500,27 @@ func applyProgressLine(st apply.Stats, snap metrics.Snapshot) string {
 	return b.String()
 }
 
-// tuneCollector says whether apply sets the garbage collector up for itself (tuneGC): in the
-// command, not in tests that run it in their own process.
+// tuneCollector says whether apply sets the garbage collector up for itself (tuneGC). Only main
+// sets it: tests call runApply inside the test binary, whose collector settings are its own.
 var tuneCollector bool
 
 // applyHeapRoom is the memory beyond the work mem that apply's heap may take before the
 // collector works harder to stay under it: the bound its memory is measured against.
 const applyHeapRoom = 64 << 20
 
-// tuneGC sets Go's collector up for apply, unless GOGC or GOMEMLIMIT is set (then they decide),
-// until the function it returns is called (which waits for its goroutine to stop): a collection once the heap has grown to 5 times what the last one left
-// (GOGC=400, where 100 is Go's default), within a soft limit of the work mem plus applyHeapRoom.
-// Applying allocates a few kB per transaction that live only until its group commits, while
-// what stays live is small beside the work mem: collecting less often saves about a tenth of
-// apply's CPU in catch-up, and the limit keeps the process's memory under the same bound as
-// before. Should the live heap outgrow half the limit (many open transactions, a large
-// catalog), the limit follows it, checked every second, so that the collector never runs more
-// often than with Go's default.
+// tuneGC sets Go's collector up for apply, with work mem workMem in bytes, until the function
+// it returns is called (which waits for its goroutine to stop). It does nothing if GOGC or
+// GOMEMLIMIT is set (then they decide) or the work mem has no limit (then nothing bounds the
+// heap, and Go's default stays). Otherwise a collection comes once the heap has grown to 5
+// times what the last one left (GOGC=400, where 100 is Go's default), within a soft limit of
+// the work mem plus applyHeapRoom. Applying allocates a few kB per transaction that live only
+// until its group commits, while what stays live is small beside the work mem: collecting less
+// often saves about a tenth of apply's CPU in catch-up, and the limit keeps the process's
+// memory under the bound it is measured against. Should the live heap outgrow half the limit
+// (many open transactions, a large catalog), the limit follows it, checked every second, so
+// that the collector never runs more often than with Go's default.
 func tuneGC(workMem int64) (stop func()) {
-	if os.Getenv("GOGC") != "" || os.Getenv("GOMEMLIMIT") != "" {
+	if os.Getenv("GOGC") != "" || os.Getenv("GOMEMLIMIT") != "" || workMem > math.MaxInt64-applyHeapRoom {
 		return func() {}
 	}
 	debug.SetMemoryLimit(collectorLimit(workMem, 0))
@@ -546,8 +549,9 @@ func tuneGC(workMem int64) (stop func()) {
 	}
 }
 
-// collectorLimit is apply's soft memory limit with live bytes of heap live after the last
-// collection: the work mem plus applyHeapRoom, or twice the live heap if that is more.
+// collectorLimit is apply's soft memory limit for a work mem of workMem bytes (at most
+// math.MaxInt64 - applyHeapRoom) with live bytes of heap live after the last collection: the
+// work mem plus applyHeapRoom, or twice the live heap if that is more.
 func collectorLimit(workMem int64, live uint64) int64 {
 	return max(workMem+applyHeapRoom, int64(min(live, math.MaxInt64/2))*2)
 }

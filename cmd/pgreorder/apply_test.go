@@ -332,7 +332,7 @@ func TestApplyProfiles(t *testing.T) {
 }
 
 // TestTuneGC: apply's collector settings (GOGC=400 within work mem + 64MB) apply unless the
-// environment sets GOGC or GOMEMLIMIT. The test restores Go's settings as it found them.
+// environment sets GOGC or GOMEMLIMIT, or the work mem has no limit. The test restores Go's settings as it found them.
 func TestTuneGC(t *testing.T) {
 	gc := debug.SetGCPercent(100)
 	limit := debug.SetMemoryLimit(math.MaxInt64)
@@ -348,6 +348,13 @@ func TestTuneGC(t *testing.T) {
 			require.Equal(t, int64(math.MaxInt64), debug.SetMemoryLimit(math.MaxInt64), "no limit set")
 		})
 	}
+	t.Run("unlimited work mem", func(t *testing.T) {
+		t.Setenv("GOGC", "")
+		t.Setenv("GOMEMLIMIT", "")
+		tuneGC(math.MaxInt64)()
+		require.Equal(t, 100, debug.SetGCPercent(100), "GOGC left as it was")
+		require.Equal(t, int64(math.MaxInt64), debug.SetMemoryLimit(math.MaxInt64), "no limit set")
+	})
 	t.Run("neither", func(t *testing.T) {
 		t.Setenv("GOGC", "")
 		t.Setenv("GOMEMLIMIT", "")
