@@ -166,7 +166,9 @@ func Run(ctx context.Context, cfg Config) error {
 type hooks struct {
 	// stage is called with "before-commit" (the changes are on the target, COMMIT not yet sent),
 	// "after-commit" (committed, not yet acknowledged) and, in Eager and Parallel, "record"
-	// (before a job's queued record is applied; only Xid and Streamed are set); with Copy,
+	// (before a job's queued record is applied; only Xid and Streamed are set), "conflict"
+	// (a worker's connection is about to look up the local rows of a conflict) and
+	// "conflict-settle" (it waits for the transactions before its own first); with Copy,
 	// "copy-chunk" (before a chunk is read; x is zero) and "copy-done" (every chunk committed,
 	// the progress row not written; EndLSN is the consistent point); "sequence-set" (after a
 	// sequence's setval of SyncSequences; x is zero).

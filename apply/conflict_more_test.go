@@ -183,15 +183,22 @@ func TestBidirectional(t *testing.T) {
 }
 
 // TestLastUpdateWinsConverges runs random writers on both sides of a bidirectional pair, on
-// the same keys, with last_update_wins: both sides end with the same rows.
+// the same keys, with last_update_wins: both sides end with the same rows, in every mode.
 func TestLastUpdateWinsConverges(t *testing.T) {
 	srv := conflictServer(t, testMajors[len(testMajors)-1])
+	for _, mode := range []Mode{Buffered, Eager, Parallel} {
+		t.Run(mode.String(), func(t *testing.T) { testLastUpdateWinsConverges(t, srv, mode) })
+	}
+}
+
+func testLastUpdateWinsConverges(t *testing.T, srv *pgtest.Server, mode Mode) {
 	var log pgtest.LockedBuffer
 	lww := map[conflict.Type]conflict.Resolution{}
 	for _, ct := range conflict.Types() {
 		lww[ct] = conflict.LastUpdateWins
 	}
 	be := newBiEnv(t, srv, &log, conflictSchema, lww)
+	be.atob.Mode, be.btoa.Mode = mode, mode
 	ra, rb := start(t, be.atob), start(t, be.btoa)
 	rng := seeded(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -264,5 +271,126 @@ func TestDetectionRoundTrips(t *testing.T) {
 		if n := after.Conflicts(ct); n != 0 {
 			t.Errorf("%d %s conflicts", n, ct)
 		}
+	}
+}
+
+// TestLastUpdateWinsLocalRace has a local transaction on the target change the row of a
+// conflict after the Applier found the conflict and before it looked the row up: the Applier
+// waits for it, and last_update_wins compares the source's change with the row that transaction
+// leaves, not with the one before it. (Looked up unlocked, the older row would lose to the
+// source's change, whose UPDATE or DELETE would then wait for the local transaction and undo its
+// newer change.) When the local transaction rolls back instead, the source's change wins.
+func TestLastUpdateWinsLocalRace(t *testing.T) {
+	seed := `INSERT INTO kv VALUES (1, 10, 'a'), (2, 20, 'b')`
+	cases := []struct {
+		name           string
+		ct             conflict.Type
+		local1, local2 string // on the target: before the source's change, and in the race
+		remote         string
+		rollback       bool
+		want           string
+	}{
+		{"update_origin_differs", conflict.UpdateOriginDiffers, `UPDATE kv SET v = 'local1' WHERE id = 2`, `UPDATE kv SET v = 'local2' WHERE id = 2`,
+			`UPDATE kv SET v = 'remote' WHERE id = 2`, false, "1,10,a 2,20,local2"},
+		{"update_origin_differs/rollback", conflict.UpdateOriginDiffers, `UPDATE kv SET v = 'local1' WHERE id = 2`, `UPDATE kv SET v = 'local2' WHERE id = 2`,
+			`UPDATE kv SET v = 'remote' WHERE id = 2`, true, "1,10,a 2,20,remote"},
+		{"delete_origin_differs", conflict.DeleteOriginDiffers, `UPDATE kv SET v = 'local1' WHERE id = 2`, `UPDATE kv SET v = 'local2' WHERE id = 2`,
+			`DELETE FROM kv WHERE id = 2`, false, "1,10,a 2,20,local2"},
+		{"delete_origin_differs/rollback", conflict.DeleteOriginDiffers, `UPDATE kv SET v = 'local1' WHERE id = 2`, `UPDATE kv SET v = 'local2' WHERE id = 2`,
+			`DELETE FROM kv WHERE id = 2`, true, "1,10,a"},
+		{"insert_exists", conflict.InsertExists, `INSERT INTO kv VALUES (3, 30, 'local1')`, `UPDATE kv SET v = 'local2' WHERE id = 3`,
+			`INSERT INTO kv VALUES (3, 31, 'remote')`, false, "1,10,a 2,20,b 3,30,local2"},
+		{"insert_exists/rollback", conflict.InsertExists, `INSERT INTO kv VALUES (3, 30, 'local1')`, `UPDATE kv SET v = 'local2' WHERE id = 3`,
+			`INSERT INTO kv VALUES (3, 31, 'remote')`, true, "1,10,a 2,20,b 3,31,remote"},
+	}
+	for _, major := range testMajors {
+		t.Run(fmt.Sprintf("pg%d", major), func(t *testing.T) {
+			srv := conflictServer(t, major)
+			for _, c := range cases {
+				t.Run(c.name, func(t *testing.T) {
+					e := conflictEnv(t, srv)
+					var log pgtest.LockedBuffer
+					cfg := e.conflictConfig(t, &log, map[conflict.Type]conflict.Resolution{c.ct: conflict.LastUpdateWins})
+					cfg.Mode, cfg.Workers, cfg.runTxns = Parallel, 2, 1 // the workers' connections call the "conflict" hook
+					dropOrigins(t, e.dst, cfg.Origin)
+					t.Cleanup(func() {
+						if t.Failed() {
+							t.Log(log.String())
+						}
+					})
+					ctx := testCtx(t)
+					lock, err := pgx.Connect(ctx, e.dst)
+					must(t, err)
+					defer lock.Close(context.Background())
+					watch, err := pgx.Connect(ctx, e.dst) // the goroutine's, while lock's transaction is open
+					must(t, err)
+					defer watch.Close(context.Background())
+					var armed atomic.Bool
+					raced := make(chan error, 1)
+					cfg.hooks = &hooks{stage: func(hctx context.Context, stage string, x txnRef) error {
+						if stage != "conflict" || !armed.CompareAndSwap(true, false) {
+							return nil
+						}
+						// The local transaction takes the row, and ends once the Applier waits for it.
+						tx, err := lock.Begin(hctx)
+						if err == nil {
+							_, err = tx.Exec(hctx, c.local2)
+						}
+						if err != nil {
+							return err
+						}
+						go func() {
+							raced <- func() error {
+								for {
+									var n int
+									err := watch.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+										WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n)
+									if err != nil {
+										return err
+									}
+									if n > 0 {
+										break
+									}
+									select {
+									case <-ctx.Done():
+										return fmt.Errorf("the Applier never waited for the local transaction: %w", ctx.Err())
+									case <-time.After(10 * time.Millisecond):
+									}
+								}
+								if c.rollback {
+									return tx.Rollback(ctx)
+								}
+								return tx.Commit(ctx)
+							}()
+						}()
+						return nil
+					}}
+					execOn(t, e.src, seed, `INSERT INTO marker VALUES (1)`)
+					r := start(t, cfg)
+					e.waitMarker(t, r, 1)
+					execOn(t, e.dst, c.local1)
+					time.Sleep(5 * time.Millisecond) // commit timestamps apart
+					armed.Store(true)
+					execOn(t, e.src, c.remote, `INSERT INTO marker VALUES (2)`)
+					select {
+					case err := <-raced:
+						must(t, err)
+					case err := <-r.done:
+						r.stop = nil
+						t.Fatalf("apply stopped: %v", err)
+					case <-ctx.Done():
+						t.Fatal("the Applier met no conflict")
+					}
+					e.waitMarker(t, r, 2)
+					if got := rowsOf(t, e.dst); got != c.want {
+						t.Errorf("target has %q, want %q", got, c.want)
+					}
+					e.settled(t, r)
+					if n := r.a.Stats().Conflicts(c.ct); n != 1 {
+						t.Errorf("%d %s conflicts, want 1", n, c.ct)
+					}
+				})
+			}
+		})
 	}
 }

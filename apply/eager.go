@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgreorder/pgreorder/apply/internal/detect"
 	"github.com/pgreorder/pgreorder/apply/internal/schedule"
 	"github.com/pgreorder/pgreorder/apply/internal/target"
 	"github.com/pgreorder/pgreorder/decoding"
@@ -59,6 +60,10 @@ type job struct {
 	// Set by the leader before it queues schedule.RecCommit; read by the worker after.
 	ref    txnRef
 	commit *reorderbuffer.Txn
+	// known is the commit of a transaction that arrived with it (a whole committed one), set
+	// before the job is handed out: what its conflicts are resolved with from the start
+	// (last_update_wins compares commit times). nil until the commit arrives otherwise.
+	known *detect.SourceCommit
 
 	// A run (Parallel): consecutive whole committed transactions applied in one target
 	// transaction, set-based. The leader appends to members under mu; the worker reads the
@@ -584,6 +589,9 @@ func (s *session) part(ctx context.Context, t *reorderbuffer.Txn) error {
 // newJob decides who applies a transaction whose first part arrived.
 func (s *session) newJob(ctx context.Context, t *reorderbuffer.Txn) (*job, error) {
 	j := &job{xid: t.Xid, streamed: t.Streamed, stepwise: s.stepwise(t.Xid)}
+	if t.Part == reorderbuffer.PartCommit {
+		j.known = sourceCommit(t)
+	}
 	if !t.Streamed {
 		// Committed on the source already: it is next in commit order.
 		j.Seq.Store(s.order.Assign())
@@ -664,7 +672,7 @@ func (s *session) applyDirect(ctx context.Context, j *job, t *reorderbuffer.Txn)
 	err := s.eachChange(t, func(m decoding.Message, rels []*target.Relation) error {
 		if !j.begun {
 			tg.Stepwise(j.stepwise)
-			tg.Begin(j.xid, nil)
+			tg.Begin(j.xid, j.known)
 			j.begun = true
 		}
 		failed = tg.Change(ctx, m, rels)
@@ -1021,6 +1029,9 @@ func (s *session) settle(ctx context.Context, w *worker) (bool, error) {
 	if j == nil {
 		return false, nil
 	}
+	if err := s.cfg.hook(ctx, "conflict", txnRef{Xid: j.xid, Streamed: j.streamed}); err != nil {
+		return false, err
+	}
 	upto := s.order.Last()
 	if seq := j.Seq.Load(); seq != 0 {
 		upto = seq - 1
@@ -1094,7 +1105,7 @@ func (r *jobRun) Begin() {
 		r.tg.Begin(r.cur.Xid, sourceCommit(r.cur))
 		return
 	}
-	r.tg.Begin(r.j.xid, nil)
+	r.tg.Begin(r.j.xid, r.j.known)
 }
 
 func (r *jobRun) Txn(ctx context.Context, i uint32) error {

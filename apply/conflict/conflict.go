@@ -109,7 +109,9 @@ const (
 	// local rows' (for update_deleted: than the deletion's), and keeps the local rows otherwise;
 	// equal timestamps are decided by the rows' text, the greater winning, so that two nodes
 	// replicating to each other pick the same version. A source transaction applied before its
-	// commit arrived counts as committing now. Needs track_commit_timestamp on the target
+	// commit arrived (streamed, in Eager or Parallel) counts as committing now. The local rows
+	// are looked up FOR UPDATE (which needs UPDATE privilege), so that a local transaction
+	// changing one meanwhile is waited for and judged. Needs track_commit_timestamp on the target
 	// (without it the source's change wins), and apply.Config.Origin on both sides so that the
 	// commit timestamps of replicated rows are their source's. Its reports say ApplyRemote or
 	// Skip, with the Winner.

@@ -42,6 +42,37 @@ func TestCheckedSQL(t *testing.T) {
 	}
 }
 
+// TestLocalQuery: the lookup of a conflict's local rows, with commit timestamps or without, and
+// locked when last_update_wins decides one of the conflict types it looks for (Locks).
+func TestLocalQuery(t *testing.T) {
+	m := &Table{Name: `"public"."t"`, Columns: []Column{{Name: `"id"`, Source: "id"}, {Name: `"v"`, Source: "v"}}}
+	lww := &conflict.Config{Resolutions: map[conflict.Type]conflict.Resolution{conflict.UpdateOriginDiffers: conflict.LastUpdateWins}}
+	ts := &Detection{TrackTS: true, Config: lww}
+	noTS := &Detection{Config: &conflict.Config{}}
+	const inner = `SELECT xmin AS pgr_xmin, tableoid AS pgr_tableoid, ctid AS pgr_ctid, "id", "v" FROM "public"."t" WHERE "id" = $1`
+	const commitTS = `, (pg_catalog.date_part('epoch', ts."timestamp") * 1000000)::int8, o.roname`
+	const joins = ` LEFT JOIN LATERAL pg_catalog.pg_xact_commit_timestamp_origin(r.pgr_xmin) ts ON true` +
+		` LEFT JOIN pg_catalog.pg_replication_origin o ON o.roident = ts.roident`
+	for _, c := range []struct {
+		name string
+		d    *Detection
+		lock bool
+		want string
+	}{
+		{"no commit timestamps", noTS, false, `SELECT r.* FROM (` + inner + `) r`},
+		{"commit timestamps", ts, false, `SELECT r.*` + commitTS + ` FROM (` + inner + `) r` + joins},
+		{"locked", ts, true, `SELECT r.*` + commitTS + ` FROM (` + inner + ` FOR UPDATE) r` + joins},
+	} {
+		if got := c.d.LocalQuery(m, []byte(`"id" = $1`), c.lock); got != c.want {
+			t.Errorf("%s:\n got %s\nwant %s", c.name, got, c.want)
+		}
+	}
+	if !ts.Locks(conflict.DeleteOriginDiffers, conflict.UpdateOriginDiffers) || ts.Locks(conflict.DeleteOriginDiffers) ||
+		noTS.Locks(conflict.Types()...) {
+		t.Error("Locks: want true only for a type resolved by last_update_wins")
+	}
+}
+
 func detector(res map[conflict.Type]conflict.Resolution, now time.Time) *Detector {
 	return &Detector{Detection: &Detection{Config: &conflict.Config{Resolutions: res}}, Now: func() time.Time { return now }}
 }

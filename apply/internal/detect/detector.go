@@ -28,6 +28,21 @@ func (d *Detector) On() bool { return d.Detection != nil }
 // OriginCheck reports whether updates and deletes check the origin of the row they change.
 func (d *Detection) OriginCheck() bool { return d.TrackTS && len(d.Ours) > 0 }
 
+// Locks reports whether the local rows of a conflict of one of types are looked up locked:
+// when one is resolved by last_update_wins, whose decision rests on the rows' commit times and
+// must still hold when the source's change is written. A row looked up unlocked could be changed
+// by a local transaction between the lookup and that write, which would then undo the newer
+// local change (the UPDATE or DELETE waits for that transaction's lock and then goes on with
+// the new version). Locking costs UPDATE privilege on the table, which writing needs anyway.
+func (d *Detection) Locks(types ...conflict.Type) bool {
+	for _, ct := range types {
+		if d.Config.Resolution(ct) == conflict.LastUpdateWins {
+			return true
+		}
+	}
+	return false
+}
+
 // Remote is the source transaction a target applies, as conflict reports name it.
 type Remote struct {
 	Xid        uint32

@@ -19,7 +19,9 @@
 //     skip it (the report kept for Committed), or stop with a *conflict.StopError whose hint
 //     names the setting that gets past it. Last-update-wins compares commit timestamps, a
 //     source transaction whose commit has not arrived counting as committing now, equal times
-//     decided by the rows' text so that two nodes replicating to each other agree.
+//     decided by the rows' text so that two nodes replicating to each other agree; its local
+//     rows are looked up locked (Detection.Locks), so that the decision still holds when the
+//     source's change is written.
 //   - Tombstones records local deletions through a trigger the maintainer installs, on its own
 //     connection, and stops recording while the apply lag exceeds the retention.
 //

@@ -45,8 +45,10 @@ func Counted(sql string) string {
 
 // LocalQuery selects the rows of m that cond (with parameters from $1) names, with what a
 // report says of them: xmin, tableoid, ctid, the source columns, and with commit timestamps
-// the commit time (microseconds since the epoch) and origin name.
-func (d *Detection) LocalQuery(m *Table, cond []byte) string {
+// the commit time (microseconds since the epoch) and origin name. With lock the rows are locked
+// FOR UPDATE (see Detection.Locks): a local transaction changing one meanwhile is waited for,
+// and its version is the one returned and kept until the target transaction ends.
+func (d *Detection) LocalQuery(m *Table, cond []byte, lock bool) string {
 	var b strings.Builder
 	b.WriteString("SELECT r.*")
 	if d.TrackTS {
@@ -58,6 +60,9 @@ func (d *Detection) LocalQuery(m *Table, cond []byte) string {
 	}
 	b.WriteString(" FROM " + m.Name + " WHERE ")
 	b.Write(cond)
+	if lock {
+		b.WriteString(" FOR UPDATE")
+	}
 	b.WriteString(") r")
 	if d.TrackTS {
 		b.WriteString(" LEFT JOIN LATERAL pg_catalog.pg_xact_commit_timestamp_origin(r.pgr_xmin) ts ON true" +

@@ -290,6 +290,7 @@ func (t *Conn) uniqueLocals(ctx context.Context, m *Table, row [][]byte, formats
 	}
 	var reps []conflict.LocalRow
 	var rows []detect.LocalRow
+	lock := t.det.Locks(conflict.InsertExists, conflict.UpdateExists, conflict.MultipleUniqueConflicts)
 	for _, ix := range rc.Unique {
 		var cond []byte
 		var params [][]byte
@@ -312,7 +313,7 @@ func (t *Conn) uniqueLocals(ctx context.Context, m *Table, row [][]byte, formats
 		if !usable {
 			continue
 		}
-		res, err := t.exec(ctx, t.det.LocalQuery(&m.Table, cond), params, oids, fmts)
+		res, err := t.exec(ctx, t.det.LocalQuery(&m.Table, cond, lock), params, oids, fmts)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -460,7 +461,11 @@ func (t *Conn) rowMissed(ctx context.Context, op batchOp) error {
 		if st.full {
 			cond = append(cond, " LIMIT 1"...)
 		}
-		res, err := t.exec(ctx, t.det.LocalQuery(&m.Table, cond), key, oids, keyFormats)
+		ct := conflict.UpdateOriginDiffers
+		if op.op == 'D' {
+			ct = conflict.DeleteOriginDiffers
+		}
+		res, err := t.exec(ctx, t.det.LocalQuery(&m.Table, cond, t.det.Locks(ct)), key, oids, keyFormats)
 		if err != nil {
 			return err
 		}
@@ -470,10 +475,6 @@ func (t *Conn) rowMissed(ctx context.Context, op batchOp) error {
 				// Written by this transaction (which the statement would have changed): by a
 				// later statement of the batch, the row missing when this one ran.
 				return outOfOrder(op)
-			}
-			ct := conflict.UpdateOriginDiffers
-			if op.op == 'D' {
-				ct = conflict.DeleteOriginDiffers
 			}
 			c := t.det.NewConflict(ct, &m.Table)
 			c.Remote, c.Identity, c.IdentityFull, c.Local = remote, detect.IdentityOf(&m.Table, st.where, st.full, key, keyFormats), st.full, []conflict.LocalRow{l.LocalRow}
@@ -671,7 +672,7 @@ func (t *Conn) updateConflict(ctx context.Context, op batchOp, cause error) erro
 	if st.full {
 		cond = append(cond, " LIMIT 1"...)
 	}
-	res, err := t.exec(ctx, t.det.LocalQuery(&m.Table, cond), key, oids, keyFormats)
+	res, err := t.exec(ctx, t.det.LocalQuery(&m.Table, cond, t.det.Locks(conflict.UpdateExists, conflict.MultipleUniqueConflicts)), key, oids, keyFormats)
 	if err != nil {
 		return err
 	}
