@@ -93,3 +93,71 @@ func TestConflictStreamedSubtransactions(t *testing.T) {
 		})
 	}
 }
+
+// TestLastUpdateWinsSpooled: a streamed transaction spooled for lack of a free worker is applied
+// by the leader at its commit, and last_update_wins judges it by that commit's time: a local
+// change committed after it on the source, but before it was applied, wins.
+func TestLastUpdateWinsSpooled(t *testing.T) {
+	srv := conflictServer(t, testMajors[len(testMajors)-1])
+	schema := []string{
+		`CREATE TABLE t (id int PRIMARY KEY, v text)`,
+		`CREATE TABLE big (id int PRIMARY KEY, v text)`,
+		`CREATE TABLE marker (id int PRIMARY KEY)`,
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	srcDB, dstDB := pgtest.NewDatabase(t, srv), pgtest.NewDatabase(t, srv)
+	e := &env{srv: srv, src: srv.ConnString(srcDB), dst: srv.ConnString(dstDB), repl: srv.ReplicationConnString(srcDB), slot: "spooled_lww"}
+	must(t, pgtest.Exec(ctx, e.src, append(append([]string{}, schema...), `CREATE PUBLICATION pub FOR ALL TABLES`,
+		`SELECT pg_create_logical_replication_slot('spooled_lww', 'pgoutput')`)...))
+	must(t, pgtest.Exec(ctx, e.dst, schema...))
+	var log pgtest.LockedBuffer
+	cfg := e.conflictConfig(t, &log, map[conflict.Type]conflict.Resolution{conflict.UpdateOriginDiffers: conflict.LastUpdateWins})
+	cfg.Mode, cfg.Workers = Eager, 1
+	dropOrigins(t, e.dst, cfg.Origin)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Log(log.String())
+		}
+	})
+	execOn(t, e.src, `INSERT INTO t VALUES (1, 'orig')`, `INSERT INTO marker VALUES (1)`)
+	r := start(t, cfg)
+	e.waitMarker(t, r, 1)
+	r.halt(t)
+
+	// While the Applier is stopped: a streamed transaction left open (it takes the one worker
+	// when the Applier reads it), a streamed one that updates the row and commits, then a local
+	// update of the row on the target, committed after that one.
+	open, err := pgx.Connect(ctx, e.src)
+	must(t, err)
+	defer open.Close(context.Background())
+	bigRows := func(lo int) string {
+		return fmt.Sprintf(`INSERT INTO big SELECT g, repeat('p', 200) FROM generate_series(%d, %d) g`, lo, lo+999)
+	}
+	for _, q := range []string{`BEGIN`, bigRows(1)} { // more than logical_decoding_work_mem: streamed
+		_, err := open.Exec(ctx, q)
+		must(t, err)
+	}
+	// (The savepoint makes the Applier resolve the update's conflict before the commit, as it
+	// does before each subtransaction.)
+	execOn(t, e.src, `BEGIN; UPDATE t SET v = 'remote' WHERE id = 1; SAVEPOINT s; `+bigRows(1001)+`; RELEASE SAVEPOINT s; COMMIT`)
+	time.Sleep(5 * time.Millisecond) // commit timestamps apart
+	execOn(t, e.dst, `UPDATE t SET v = 'local' WHERE id = 1`)
+	_, err = open.Exec(ctx, `COMMIT`)
+	must(t, err)
+	execOn(t, e.src, `INSERT INTO marker VALUES (2)`)
+
+	r = start(t, cfg)
+	e.waitMarker(t, r, 2)
+	e.settled(t, r)
+	st := r.a.Stats()
+	if st.Spooled == 0 {
+		t.Fatalf("no transaction spooled (%+v): the test did not take the path it is about", st)
+	}
+	if got := tableRows(t, e.dst, "t"); got != "1,local" {
+		t.Errorf("t on the target: %q, want the local row, committed after the source's", got)
+	}
+	if st.UpdateOriginDiffers != 1 {
+		t.Errorf("%d update_origin_differs conflicts, want 1", st.UpdateOriginDiffers)
+	}
+}

@@ -61,8 +61,9 @@ type job struct {
 	ref    txnRef
 	commit *reorderbuffer.Txn
 	// known is the commit of a transaction that arrived with it (a whole committed one), set
-	// before the job is handed out: what its conflicts are resolved with from the start
-	// (last_update_wins compares commit times). nil until the commit arrives otherwise.
+	// before the job is handed out, or of a spooled one, set before the leader applies it: what
+	// its conflicts are resolved with from the start (last_update_wins compares commit times).
+	// nil for a job applied before its commit arrived.
 	known *detect.SourceCommit
 
 	// A run (Parallel): consecutive whole committed transactions applied in one target
@@ -991,6 +992,7 @@ func (s *session) commitJob(ctx context.Context, j *job, t *reorderbuffer.Txn) e
 		}
 		return s.ackCommitted(ctx)
 	case j.spooled:
+		j.known = sourceCommit(t) // applied from here on, on this goroutine
 		if err := j.q.Push([]byte{schedule.RecCommit}); err != nil {
 			return err
 		}

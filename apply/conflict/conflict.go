@@ -109,7 +109,7 @@ const (
 	// local rows' (for update_deleted: than the deletion's), and keeps the local rows otherwise;
 	// equal timestamps are decided by the rows' text, the greater winning, so that two nodes
 	// replicating to each other pick the same version. A source transaction applied before its
-	// commit arrived (streamed, in Eager or Parallel) counts as committing now. The local rows
+	// commit arrived (in Eager or Parallel, applied as its parts arrive) counts as committing now. The local rows
 	// are looked up FOR UPDATE (which needs UPDATE privilege), so that a local transaction
 	// changing one meanwhile is waited for and judged. Needs track_commit_timestamp on the target
 	// (without it the source's change wins), and apply.Config.Origin on both sides so that the
