@@ -175,6 +175,9 @@ type hooks struct {
 	stage func(ctx context.Context, stage string, x txnRef) error
 	// copyChunkSize, if set, is the initial copy's snapshot.Config.ChunkSize.
 	copyChunkSize int64
+	// workersOnly keeps Parallel's leader from applying whole transactions itself when their
+	// runs are chained (see chain): every one goes to a worker.
+	workersOnly bool
 	// now, if set, is the clock of the apply lag (tombstones' retention), of the group's age
 	// (Buffered) and of the commit time of a transaction whose commit has not arrived yet.
 	now func() time.Time

@@ -265,7 +265,7 @@ func (s *session) runIncremental(ctx context.Context) error {
 // its runs are chained (see chain).
 func (s *session) groupable(t *reorderbuffer.Txn) bool {
 	if s.cfg.Mode == Parallel {
-		return s.chain.leads() && s.run == nil && len(s.jobs) == 0 && s.runnable(t)
+		return !(s.cfg.hooks != nil && s.cfg.hooks.workersOnly) && s.chain.leads() && s.run == nil && len(s.jobs) == 0 && s.runnable(t)
 	}
 	return s.cfg.Mode == Eager && !t.NonTransactional && t.Part == reorderbuffer.PartCommit && !t.Streamed &&
 		len(s.jobs) == 0 && !s.a.serial[t.Xid]

@@ -38,7 +38,8 @@ type childConfig struct {
 	StallAfter    int32
 	StallOnce     bool // only the call after the first StallAfter stalls
 	CommitOrder   CommitOrder
-	RunTxns       int // Config.runTxns
+	RunTxns       int  // Config.runTxns
+	WorkersOnly   bool // hooks.workersOnly
 	// Migration options.
 	SkipLSN               decoding.LSN
 	SchemaChanges         SchemaChanges
@@ -66,7 +67,7 @@ func runChild() int {
 	cfg.SkipLSN, cfg.SchemaChanges = c.SkipLSN, c.SchemaChanges
 	cfg.SyncSequences, cfg.SyncSequencesInterval = c.SyncSequences, c.SyncSequencesInterval
 	var stalls atomic.Int32
-	cfg.hooks = &hooks{copyChunkSize: c.CopyChunkSize, stage: func(ctx context.Context, stage string, x txnRef) error {
+	cfg.hooks = &hooks{copyChunkSize: c.CopyChunkSize, workersOnly: c.WorkersOnly, stage: func(ctx context.Context, stage string, x txnRef) error {
 		if stage != c.Stall {
 			return nil
 		}
@@ -223,9 +224,10 @@ func TestKill(t *testing.T) {
 			waitMarkerCtx(t, ctx, e.dst, 1)
 			e.compare(t)
 		})
-		// After 20 commits, the next one stalls until the kill. With runs of one transaction the
-		// transactions after it pile up, applied and uncommitted, on the other workers; with runs
-		// of any size the process dies while a run of several transactions commits.
+		// After 20 commits, the next one stalls until the kill. With runs of one transaction, all
+		// on workers, the transactions after it pile up, applied and uncommitted, on the other
+		// workers (a leader that took chained runs over would stall its own group instead); with
+		// runs of any size the process dies while a run of several transactions commits.
 		for _, v := range []struct {
 			name    string
 			runTxns int
@@ -236,7 +238,7 @@ func TestKill(t *testing.T) {
 				ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 				defer cancel()
 				cc := childConfig{Source: e.repl, Target: e.dst, Slot: e.slot, Mode: Parallel, Workers: 4,
-					WorkMem: 256 << 10, Stall: "before-commit", StallAfter: 20, RunTxns: v.runTxns}
+					WorkMem: 256 << 10, Stall: "before-commit", StallAfter: 20, RunTxns: v.runTxns, WorkersOnly: v.writers > 0}
 				first := startChild(t, cc)
 				rng := seeded(t)
 				done := make(chan error, 1)
