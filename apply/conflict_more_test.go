@@ -309,15 +309,8 @@ func TestLastUpdateWinsLocalRace(t *testing.T) {
 			for _, c := range cases {
 				t.Run(c.name, func(t *testing.T) {
 					e := conflictEnv(t, srv)
-					var log pgtest.LockedBuffer
-					cfg := e.conflictConfig(t, &log, map[conflict.Type]conflict.Resolution{c.ct: conflict.LastUpdateWins})
+					cfg, _ := e.loggedConfig(t, map[conflict.Type]conflict.Resolution{c.ct: conflict.LastUpdateWins})
 					cfg.Mode, cfg.Workers, cfg.runTxns = Parallel, 2, 1 // the workers' connections call the "conflict" hook
-					dropOrigins(t, e.dst, cfg.Origin)
-					t.Cleanup(func() {
-						if t.Failed() {
-							t.Log(log.String())
-						}
-					})
 					ctx := testCtx(t)
 					lock, err := pgx.Connect(ctx, e.dst)
 					must(t, err)

@@ -46,13 +46,7 @@ func TestResolutionSurvivesLaterCopy(t *testing.T) {
 	for _, k := range kinds {
 		for _, res := range []conflict.Resolution{conflict.ApplyRemote, conflict.Skip, conflict.LastUpdateWins} {
 			t.Run(k.ct.String()+"/"+res.String(), func(t *testing.T) {
-				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-				defer cancel()
-				srcDB, dstDB := pgtest.NewDatabase(t, srv), pgtest.NewDatabase(t, srv)
-				e := &env{srv: srv, src: srv.ConnString(srcDB), dst: srv.ConnString(dstDB), repl: srv.ReplicationConnString(srcDB), slot: "later_copy"}
-				must(t, pgtest.Exec(ctx, e.src, append(append([]string{}, schema...), `CREATE PUBLICATION pub FOR ALL TABLES`,
-					`SELECT pg_create_logical_replication_slot('later_copy', 'pgoutput')`)...))
-				must(t, pgtest.Exec(ctx, e.dst, schema...))
+				e := serverEnv(t, srv, "later_copy", schema)
 				var log pgtest.LockedBuffer
 				resolutions := map[conflict.Type]conflict.Resolution{k.ct: res}
 				uRes := res

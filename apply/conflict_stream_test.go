@@ -9,8 +9,15 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgreorder/pgreorder/apply/conflict"
-	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
 )
+
+// streamSchema is the streamed conflict tests': t for the conflicts, big for the rows that make a
+// transaction streamed, marker.
+var streamSchema = []string{
+	`CREATE TABLE t (id int PRIMARY KEY, v text)`,
+	`CREATE TABLE big (id int PRIMARY KEY, v text)`,
+	`CREATE TABLE marker (id int PRIMARY KEY)`,
+}
 
 // TestConflictStreamedSubtransactions: in Eager and Parallel, a streamed transaction is applied
 // as it arrives, subtransactions as savepoints. A conflict resolved in a subtransaction the
@@ -19,30 +26,14 @@ import (
 // when the transaction commits.
 func TestConflictStreamedSubtransactions(t *testing.T) {
 	srv := conflictServer(t, testMajors[len(testMajors)-1])
-	schema := []string{
-		`CREATE TABLE t (id int PRIMARY KEY, v text)`,
-		`CREATE TABLE big (id int PRIMARY KEY, v text)`,
-		`CREATE TABLE marker (id int PRIMARY KEY)`,
-	}
 	for _, mode := range []Mode{Eager, Parallel} {
 		t.Run(mode.String(), func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
-			srcDB, dstDB := pgtest.NewDatabase(t, srv), pgtest.NewDatabase(t, srv)
-			e := &env{srv: srv, src: srv.ConnString(srcDB), dst: srv.ConnString(dstDB), repl: srv.ReplicationConnString(srcDB), slot: "streamed_sub"}
-			must(t, pgtest.Exec(ctx, e.src, append(append([]string{}, schema...), `CREATE PUBLICATION pub FOR ALL TABLES`,
-				`SELECT pg_create_logical_replication_slot('streamed_sub', 'pgoutput')`)...))
-			must(t, pgtest.Exec(ctx, e.dst, schema...))
-			var log pgtest.LockedBuffer
-			cfg := e.conflictConfig(t, &log, map[conflict.Type]conflict.Resolution{conflict.InsertExists: conflict.ApplyRemote})
+			e := serverEnv(t, srv, "streamed_sub", streamSchema)
+			cfg, _ := e.loggedConfig(t, map[conflict.Type]conflict.Resolution{conflict.InsertExists: conflict.ApplyRemote})
 			cfg.Mode = mode
 			cfg.Conflicts.LogTable = "conflict_log"
-			dropOrigins(t, e.dst, cfg.Origin)
-			t.Cleanup(func() {
-				if t.Failed() {
-					t.Log(log.String())
-				}
-			})
 			execOn(t, e.src, `INSERT INTO t VALUES (20, 'orig')`, `INSERT INTO marker VALUES (1)`)
 			r := start(t, cfg)
 			e.waitMarker(t, r, 1)
@@ -99,27 +90,11 @@ func TestConflictStreamedSubtransactions(t *testing.T) {
 // change committed after it on the source, but before it was applied, wins.
 func TestLastUpdateWinsSpooled(t *testing.T) {
 	srv := conflictServer(t, testMajors[len(testMajors)-1])
-	schema := []string{
-		`CREATE TABLE t (id int PRIMARY KEY, v text)`,
-		`CREATE TABLE big (id int PRIMARY KEY, v text)`,
-		`CREATE TABLE marker (id int PRIMARY KEY)`,
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	srcDB, dstDB := pgtest.NewDatabase(t, srv), pgtest.NewDatabase(t, srv)
-	e := &env{srv: srv, src: srv.ConnString(srcDB), dst: srv.ConnString(dstDB), repl: srv.ReplicationConnString(srcDB), slot: "spooled_lww"}
-	must(t, pgtest.Exec(ctx, e.src, append(append([]string{}, schema...), `CREATE PUBLICATION pub FOR ALL TABLES`,
-		`SELECT pg_create_logical_replication_slot('spooled_lww', 'pgoutput')`)...))
-	must(t, pgtest.Exec(ctx, e.dst, schema...))
-	var log pgtest.LockedBuffer
-	cfg := e.conflictConfig(t, &log, map[conflict.Type]conflict.Resolution{conflict.UpdateOriginDiffers: conflict.LastUpdateWins})
+	e := serverEnv(t, srv, "spooled_lww", streamSchema)
+	cfg, _ := e.loggedConfig(t, map[conflict.Type]conflict.Resolution{conflict.UpdateOriginDiffers: conflict.LastUpdateWins})
 	cfg.Mode, cfg.Workers = Eager, 1
-	dropOrigins(t, e.dst, cfg.Origin)
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Log(log.String())
-		}
-	})
 	execOn(t, e.src, `INSERT INTO t VALUES (1, 'orig')`, `INSERT INTO marker VALUES (1)`)
 	r := start(t, cfg)
 	e.waitMarker(t, r, 1)

@@ -49,14 +49,7 @@ var conflictSchema = []string{
 // conflictEnv is a source and a target database of srv with the conflict schema.
 func conflictEnv(t *testing.T, srv *pgtest.Server) *env {
 	t.Helper()
-	ctx := testCtx(t)
-	srcDB, dstDB := pgtest.NewDatabase(t, srv), pgtest.NewDatabase(t, srv)
-	e := &env{srv: srv, src: srv.ConnString(srcDB), dst: srv.ConnString(dstDB), repl: srv.ReplicationConnString(srcDB), slot: "conflicts"}
-	must(t, pgtest.Exec(ctx, e.src, append(append([]string{}, conflictSchema...),
-		`CREATE PUBLICATION pub FOR ALL TABLES`,
-		`SELECT pg_create_logical_replication_slot('conflicts', 'pgoutput')`)...))
-	must(t, pgtest.Exec(ctx, e.dst, conflictSchema...))
-	return e
+	return serverEnv(t, srv, "conflicts", conflictSchema)
 }
 
 // conflictConfig is a Buffered Applier with an origin, logging into log.
@@ -67,6 +60,20 @@ func (e *env) conflictConfig(t *testing.T, log *pgtest.LockedBuffer, res map[con
 	cfg.Origin = strings.Fields(cfg.Origin)[0]
 	cfg.Conflicts.Resolutions = res
 	return cfg
+}
+
+// loggedConfig is conflictConfig with a log of its own, printed if t fails, and its origins
+// dropped at the end of t.
+func (e *env) loggedConfig(t *testing.T, res map[conflict.Type]conflict.Resolution) (Config, *pgtest.LockedBuffer) {
+	log := &pgtest.LockedBuffer{}
+	cfg := e.conflictConfig(t, log, res)
+	dropOrigins(t, e.dst, cfg.Origin)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Log(log.String())
+		}
+	})
+	return cfg, log
 }
 
 // dropOrigins drops, at the end of the test (after its Appliers stopped), the replication

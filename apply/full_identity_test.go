@@ -17,7 +17,12 @@ import (
 // slot; the source publishes every table.
 func fullEnv(t *testing.T, major int, slot string, schema []string) *env {
 	t.Helper()
-	srv := pgtest.Shared(t, major)
+	return serverEnv(t, pgtest.Shared(t, major), slot, schema)
+}
+
+// serverEnv is fullEnv on srv.
+func serverEnv(t *testing.T, srv *pgtest.Server, slot string, schema []string) *env {
+	t.Helper()
 	ctx := testCtx(t)
 	srcDB, dstDB := pgtest.NewDatabase(t, srv), pgtest.NewDatabase(t, srv)
 	e := &env{srv: srv, src: srv.ConnString(srcDB), dst: srv.ConnString(dstDB), repl: srv.ReplicationConnString(srcDB), slot: slot}
