@@ -278,3 +278,70 @@ func TestFullIdentityKeyedConflicts(t *testing.T) {
 		})
 	}
 }
+
+// TestFullIdentityTargetKey replicates REPLICA IDENTITY FULL tables whose target has a primary
+// key (fpk) or a replica identity index (fri), as PostgreSQL's subscriber does: an update or a
+// delete finds its row by that key alone, so a row changed on the target in another column is
+// still the row. With an origin, that is update_origin_differs and delete_origin_differs,
+// reported by the key ("replica identity (id)=(3)") and resolved as by default: the source's
+// change applies and the target ends with the source's rows. Without one, the changes apply
+// as they come. In every mode; Parallel tracks the tables by that key (nothing serialized).
+func TestFullIdentityTargetKey(t *testing.T) {
+	schema := []string{
+		`CREATE TABLE fpk (id int NOT NULL, v text, n int NOT NULL)`,
+		`CREATE UNIQUE INDEX fpk_id ON fpk (id)`,
+		`ALTER TABLE fpk REPLICA IDENTITY FULL`,
+		`CREATE TABLE fri (id int NOT NULL, v text, n int NOT NULL)`,
+		`CREATE UNIQUE INDEX fri_id ON fri (id)`,
+		`ALTER TABLE fri REPLICA IDENTITY FULL`,
+		`CREATE TABLE marker (id int PRIMARY KEY)`,
+	}
+	for _, major := range testMajors {
+		srv := conflictServer(t, major)
+		for _, mode := range []Mode{Buffered, Eager, Parallel} {
+			for _, origin := range []bool{true, false} {
+				t.Run(fmt.Sprintf("pg%d/%s/origin=%v", major, mode, origin), func(t *testing.T) {
+					e := serverEnv(t, srv, "fulltargetkey", schema)
+					execOn(t, e.dst, `ALTER TABLE fpk ADD PRIMARY KEY USING INDEX fpk_id`,
+						`ALTER TABLE fri REPLICA IDENTITY USING INDEX fri_id`)
+					cfg, log := e.loggedConfig(t, nil)
+					if !origin {
+						cfg.Origin = ""
+					}
+					cfg.Mode = mode
+					execOn(t, e.src, `INSERT INTO fpk SELECT i, 'v' || i, i FROM generate_series(1, 10) i`,
+						`INSERT INTO fri SELECT i, 'v' || i, i FROM generate_series(1, 10) i`, `INSERT INTO marker VALUES (1)`)
+					r := start(t, cfg)
+					e.waitMarker(t, r, 1)
+					r.halt(t)
+					execOn(t, e.dst, `UPDATE fpk SET v = 'local' WHERE id IN (3, 7)`, `UPDATE fri SET v = 'local' WHERE id IN (3, 7)`)
+					execOn(t, e.src,
+						`BEGIN; UPDATE fpk SET n = n + 100 WHERE id IN (2, 3, 4); DELETE FROM fpk WHERE id IN (6, 7);
+							UPDATE fri SET n = n + 100 WHERE id IN (2, 3, 4); DELETE FROM fri WHERE id IN (6, 7); COMMIT`,
+						`BEGIN; UPDATE fpk SET v = 'again' WHERE id = 3; UPDATE fri SET v = 'again' WHERE id = 3; COMMIT`,
+						`INSERT INTO marker VALUES (2)`)
+					r = start(t, cfg)
+					e.waitMarker(t, r, 2)
+					r.halt(t)
+					e.sameRows(t, "fpk")
+					e.sameRows(t, "fri")
+					want := map[conflict.Type]int64{conflict.UpdateOriginDiffers: 0, conflict.DeleteOriginDiffers: 0, conflict.UpdateMissing: 0, conflict.DeleteMissing: 0}
+					if origin {
+						want[conflict.UpdateOriginDiffers], want[conflict.DeleteOriginDiffers] = 2, 2
+						if s := log.String(); !strings.Contains(s, "replica identity (id)=(3)") {
+							t.Errorf("no conflict reported by the target's key, replica identity (id)=(3)")
+						}
+					}
+					for ct, n := range want {
+						if got := r.a.stats.Conflicts[ct].Load(); got != n {
+							t.Errorf("%v: %d conflicts, want %d", ct, got, n)
+						}
+					}
+					if n := r.a.stats.serialTxns.Load(); n != 0 {
+						t.Errorf("%d transactions of FULL tables with a target key were serialized", n)
+					}
+				})
+			}
+		}
+	}
+}

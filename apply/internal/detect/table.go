@@ -6,7 +6,10 @@ type Table struct {
 	OID     uint32   // the target table's
 	Columns []Column // per source column
 	Key     []int    // source columns of the replica identity key
-	Full    bool     // the source relation is REPLICA IDENTITY FULL
+	// Full: rows are found by the whole old row. The source relation is REPLICA IDENTITY FULL
+	// and the target table has no primary key or replica identity index made of source columns
+	// (with one, Key holds its columns and Full is false).
+	Full bool
 }
 
 // Column is a source column and the target column it is written to.

@@ -3,6 +3,7 @@ package target
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -144,9 +145,13 @@ type Table struct {
 	Partitioned  bool
 	cols         []colMap // per source column
 	idErr        error    // why UPDATE and DELETE cannot identify rows, if they cannot
-	Triggers     bool     // triggers that fire for the apply sessions' role (foreign keys included)
-	rules        bool     // the table has rules
-	copyCols     string   // "(a, b, c)": the source columns, for INSERT and COPY
+	// fullSource: the source relation is REPLICA IDENTITY FULL, so its updates and deletes carry
+	// the whole old row. Its rows are found by the target's replica identity index or primary key
+	// (Key) when the target has one made of source columns, else by the whole old row (Full).
+	fullSource bool
+	Triggers   bool   // triggers that fire for the apply sessions' role (foreign keys included)
+	rules      bool   // the table has rules
+	copyCols   string // "(a, b, c)": the source columns, for INSERT and COPY
 	// insertCols is copyCols for INSERT, with OVERRIDING SYSTEM VALUE when a column written is
 	// GENERATED ALWAYS AS IDENTITY on the target: the source's values are written, as
 	// PostgreSQL's subscriber writes them (COPY writes such columns as they are).
@@ -341,10 +346,17 @@ func loadMapping(ctx context.Context, conn *pgconn.PgConn, ri *Relation, replica
 		m.insertCols += " OVERRIDING SYSTEM VALUE"
 	}
 
-	// UPDATE and DELETE find their row by the source's key, which the target must index uniquely
-	// (or by the whole old row, with REPLICA IDENTITY FULL).
+	// UPDATE and DELETE find their row by the source's key, which the target must index uniquely.
+	// A REPLICA IDENTITY FULL relation sends the whole old row. Its row is found as PostgreSQL's
+	// subscriber finds it: by the target's replica identity index or primary key when the target
+	// has one whose columns the source sends (nothing else of the old row is compared: a row
+	// changed on the target in another column is still the row), else by the whole old row.
+	m.fullSource = m.Full
 	switch {
 	case m.Full:
+		if key := identityKey(identity, byNum, rel); key != nil {
+			m.Key, m.Full = key, false
+		}
 	case len(m.Key) == 0:
 		m.idErr = fail(KindNoReplicaIdentity, "the source relation has no replica identity key (replica identity %q) "+
 			"and is not REPLICA IDENTITY FULL", string(rune(rel.ReplicaIdentity)))
@@ -365,6 +377,23 @@ func loadMapping(ctx context.Context, conn *pgconn.PgConn, ri *Relation, replica
 		}
 	}
 	return m, nil
+}
+
+// identityKey returns the source columns, in source order, of the target's replica identity
+// index or primary key (identity: its attnums, byNum: target column names by attnum), or nil
+// when there is none or one of its columns is not a source column of rel.
+func identityKey(identity string, byNum map[string]string, rel *decoding.Relation) []int {
+	var key []int
+	for num := range strings.FieldsSeq(identity) {
+		name, ok := byNum[num]
+		i := slices.IndexFunc(rel.Columns, func(c decoding.RelationColumn) bool { return c.Name == name })
+		if !ok || i < 0 {
+			return nil
+		}
+		key = append(key, i)
+	}
+	slices.Sort(key)
+	return key
 }
 
 // sameType reports whether a source column's type is the target column's: the same OID for a

@@ -19,10 +19,13 @@ import (
 // for the groups of Buffered). Instead of one statement per change, the changes of each table are
 // held, reduced to their net effect per replica identity key, and sent at the commit (or when
 // they grow past coalesceMaxBytes) as a few set statements per table, in the batch that commits.
-// A REPLICA IDENTITY FULL table is keyed so too when its target table has a unique index that
-// identifies a row for sure (see fullKey: the only unique or exclusion index, of plain columns,
-// NOT NULL on the target, not partial, not deferrable); its updates and deletes name their row
-// by the whole old row of the key's first change, as row by row:
+// A REPLICA IDENTITY FULL table whose target has a primary key or a replica identity index of
+// source columns is keyed by it (Table.Key), as any keyed table: its rows are found by that key
+// alone, as PostgreSQL's subscriber finds them. Without one, it is keyed so too when its target
+// table has a unique index that identifies a row for sure (see fullKey: the only unique or
+// exclusion index, of plain columns, NOT NULL on the target, not partial, not deferrable); its
+// updates and deletes name their row by the whole old row of the key's first change, as row by
+// row:
 //
 //   - per key, the changes collapse into what the target must see at the end: an insert then
 //     updates become the insert of the final row; updates, the last row; an insert then a
@@ -234,12 +237,16 @@ func (t *Conn) setEligible(ctx context.Context, m *Table) (key []int, ok bool, e
 	return nil, rc.Count == 0, nil
 }
 
-// FullKey returns, for a REPLICA IDENTITY FULL table, the columns of its target's unique index
-// that identify its rows for sure (as set statements key them, see fullKey), or nil: for any
-// other table, or one without such an index.
+// FullKey returns, for a REPLICA IDENTITY FULL table, the columns of its target's key: its
+// primary key or replica identity index, by which its rows are found (Table.Key), else a unique
+// index that identifies its rows for sure (as set statements key them, see fullKey); or nil: for
+// any other table, or one without such an index.
 func (t *Conn) FullKey(ctx context.Context, m *Table) ([]int, error) {
-	if !m.Full {
+	switch {
+	case !m.fullSource:
 		return nil, nil
+	case !m.Full:
+		return m.Key, nil // the target's replica identity index or primary key
 	}
 	rc, err := t.conflictInfo(ctx, m)
 	if err != nil {
@@ -378,7 +385,7 @@ func (nt *netTable) add(op byte, tup, old decoding.Tuple, oldKind byte, src int3
 			if !wholeRow(m, old, oldKind) {
 				return false
 			}
-		} else if oldKind != 'K' {
+		} else if oldKind != 'K' && oldKind != 'O' {
 			return false
 		}
 		nt.kbuf, ok = nt.appendKey(nt.kbuf[:0], old)

@@ -1493,11 +1493,11 @@ func rowTarget(m *Table, cond []byte) []byte {
 func (t *Conn) update(ctx context.Context, m *Table, u *decoding.Update) error {
 	key, full := u.New, m.Full
 	switch {
-	case full && u.OldKind == 'O':
-		key = u.Old
-	case full:
+	case m.fullSource && u.OldKind != 'O':
 		return &ChangeError{Kind: KindNoReplicaIdentity, Op: OpUpdate, Relation: m.Name,
 			Err: errors.New("REPLICA IDENTITY FULL without the old row")}
+	case full:
+		key = u.Old
 	case m.idErr != nil:
 		return t.identityError(m, OpUpdate)
 	case u.OldKind == 'K' || u.OldKind == 'O':
@@ -1579,7 +1579,7 @@ func (t *Conn) identityError(m *Table, op Op) error {
 func (t *Conn) delete(ctx context.Context, m *Table, d *decoding.Delete) error {
 	full := m.Full
 	switch {
-	case full && d.OldKind != 'O':
+	case m.fullSource && d.OldKind != 'O':
 		return &ChangeError{Kind: KindNoReplicaIdentity, Op: OpDelete, Relation: m.Name,
 			Err: errors.New("REPLICA IDENTITY FULL without the old row")}
 	case !full && m.idErr != nil:
