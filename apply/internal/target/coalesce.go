@@ -654,16 +654,40 @@ func (t *Conn) queueSets(ctx context.Context) error {
 	}
 	t.Control("SAVEPOINT pgr_set")
 	t.ops[len(t.ops)-1].set = true
+	for _, sql := range setPlanOn {
+		t.Control(sql)
+		t.ops[len(t.ops)-1].set = true
+	}
 	var rows rowCounts
 	for _, nt := range sets {
 		t.failed = append(t.failed, nt)
 		t.queueTableSets(nt, &rows)
+	}
+	for _, sql := range setPlanOff {
+		t.Control(sql)
+		t.ops[len(t.ops)-1].set = true
 	}
 	t.Control("RELEASE SAVEPOINT pgr_set")
 	t.ops[len(t.ops)-1].set, t.ops[len(t.ops)-1].setEnd = true, true
 	t.co.rows = rows
 	return nil
 }
+
+// setPlanOn and setPlanOff surround the set statements of a target transaction: between them
+// the planner joins a set statement's value arrays to its table by a nested loop, one probe of
+// the key's index per row, as PostgreSQL's subscriber finds each row, and never by a hash or
+// merge join, which reads the whole table (or its whole index). For a group of a few thousand
+// rows of a table of a hundred thousand, held in shared buffers, the planner's costs (a random
+// page read per probe) favour the whole-table joins, which took two to three times as long as
+// the probes. The settings are local to the transaction, and setPlanOff sets them back to the
+// session's own (RESET: apply's sessions never SET them), so that statements after the set
+// statements, and the triggers they fire, plan as the target's configuration says. A failed set
+// statement rolls back to the savepoint, which undoes setPlanOn.
+var (
+	setPlanOn = []string{"SELECT pg_catalog.set_config('enable_hashjoin', 'off', true), " +
+		"pg_catalog.set_config('enable_mergejoin', 'off', true)"}
+	setPlanOff = []string{"RESET enable_hashjoin", "RESET enable_mergejoin"}
+)
 
 // noteSizes records the changes each table of order held (see coalescer.sizes).
 func (c *coalescer) noteSizes(order []*netTable) {
