@@ -139,7 +139,11 @@
 // a delete then an insert: both, in that order) and sent, in the batch that commits, as a few
 // statements per table: DELETE ... USING unnest(...), UPDATE ... FROM unnest(...) and INSERT ...
 // SELECT FROM unnest(...), one array parameter per column. Each asserts that it changed exactly
-// the rows it names. They go after a savepoint; when one fails (a missing row, a key that already
+// the rows it names. They find their rows through the key's index, one probe per row, as
+// PostgreSQL's subscriber does: hash and merge joins are off while they run (with PostgreSQL's
+// default costs the planner reads the whole table for a group of a few thousand rows, which
+// took two to three times as long on a table held in memory), and the session's own settings
+// are back for what follows them. They go after a savepoint; when one fails (a missing row, a key that already
 // exists, a row another origin changed, a unique violation, a value the target refuses), the
 // group goes back to the savepoint and those changes are sent again one statement each, in
 // their order: conflicts are detected, resolved, counted and logged per change, and errors name

@@ -430,3 +430,77 @@ func testConn(ctx context.Context, t *testing.T, dsn, name, progress string, sta
 	}
 	return c
 }
+
+// TestSetStatementsProbe: the set statements of a large group find their rows through the
+// key's index, one probe per row, even where the planner's costs would read the whole table (a
+// random_page_cost that makes each probe look a hundred times a sequential page). The tables'
+// statistics must show no sequential scan and about as many index tuples read as rows changed.
+// After the commit, the session plans as the target's configuration says again (a database
+// default kept, the others as they were).
+func TestSetStatementsProbe(t *testing.T) {
+	pgtest.EachMajor(t, pgtest.Majors(t), func(t *testing.T, srv *Server) {
+		ctx := pgtest.Context(t, time.Minute)
+		db := pgtest.NewDatabase(t, srv)
+		dsn := srv.ConnString(db)
+		pgtest.ExecAll(t, dsn,
+			"CREATE TABLE public.big (k int PRIMARY KEY, v text)",
+			"INSERT INTO public.big SELECT i, 'v' || i FROM generate_series(1, 20000) i",
+			"ANALYZE public.big",
+			"ALTER DATABASE "+QuoteIdent(db)+" SET random_page_cost = 400",
+			"ALTER DATABASE "+QuoteIdent(db)+" SET enable_mergejoin = off",
+			"CREATE TABLE public.progress (slot text PRIMARY KEY, end_lsn pg_lsn NOT NULL, system_id text, timeline int)")
+		var stats Counters
+		c := testConn(ctx, t, dsn, "probe", "public.progress", &stats)
+		rel := NewRegistry().Intern(&decoding.Relation{RelationID: 1, Namespace: "public", Name: "big", ReplicaIdentity: 'd',
+			Columns: []decoding.RelationColumn{{Flags: 1, Name: "k", TypeOID: 23}, {Name: "v", TypeOID: 25}}}, nil)
+		txt := func(s string) decoding.Column { return decoding.Column{Kind: decoding.ColumnText, Data: []byte(s)} }
+		scans := func() (seq, tup int64) {
+			t.Helper()
+			if _, err := Query(ctx, c.PG, "SELECT pg_catalog.pg_stat_force_next_flush()"); err != nil {
+				t.Fatal(err)
+			}
+			rows, err := Query(ctx, c.PG, "SELECT seq_scan, idx_tup_fetch FROM pg_catalog.pg_stat_user_tables WHERE relname = 'big'")
+			if err != nil {
+				t.Fatal(err)
+			}
+			seq, _ = strconv.ParseInt(string(rows[0][0]), 10, 64)
+			tup, _ = strconv.ParseInt(string(rows[0][1]), 10, 64)
+			return seq, tup
+		}
+		seq0, tup0 := scans()
+		c.Begin(1, nil)
+		c.Coalesce(true)
+		const updates, deletes = 1500, 500
+		for i := range updates + deletes {
+			k := strconv.Itoa(1 + i*9)
+			var m decoding.Message = &decoding.Update{New: decoding.Tuple{txt(k), txt("new")}}
+			if i >= updates {
+				m = &decoding.Delete{OldKind: 'K', Old: decoding.Tuple{txt(k), {Kind: decoding.ColumnNull}}}
+			}
+			if err := c.Change(ctx, m, []*Relation{rel}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := c.Commit(ctx, ProgressKey{Slot: "s", System: "1", Timeline: 1}, 100, false); err != nil {
+			t.Fatal(err)
+		}
+		if c.setDone != 1 || c.setFallbacks != 0 {
+			t.Fatalf("set statements succeeded %d times, fell back %d times; want once and never", c.setDone, c.setFallbacks)
+		}
+		seq1, tup1 := scans()
+		if seq1 != seq0 {
+			t.Errorf("the set statements scanned the table %d times", seq1-seq0)
+		}
+		if n := tup1 - tup0; n > 2*(updates+deletes) {
+			t.Errorf("the set statements fetched %d rows through the index for %d changes: a whole-index join", n, updates+deletes)
+		}
+		rows, err := Query(ctx, c.PG, "SELECT pg_catalog.current_setting('enable_hashjoin') || ',' || pg_catalog.current_setting('enable_mergejoin') || ',' || "+
+			"(SELECT count(*) FROM public.big WHERE v = 'new') || ',' || (SELECT count(*) FROM public.big)")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, want := string(rows[0][0]), fmt.Sprintf("on,off,%d,%d", updates, 20000-deletes); got != want {
+			t.Errorf("after the commit: %s, want %s (enable_hashjoin, enable_mergejoin, rows updated, rows)", got, want)
+		}
+	})
+}
