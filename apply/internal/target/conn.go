@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -1512,10 +1513,15 @@ func (t *Conn) update(ctx context.Context, m *Table, u *decoding.Update) error {
 	t.shape = append(t.shape[:0], 'U')
 	params, formats := t.params[:0], t.formats[:0]
 	sets := 0
+	// A FULL table found by the target's key: the key's columns whose values the old row holds
+	// are not written, as a key that did not change is not (a GENERATED ALWAYS key column can
+	// take no UPDATE).
+	keyKept := m.fullSource && !m.Full && len(u.Old) == len(u.New)
 	for i, c := range u.New {
 		// A TOASTed value not sent is left as it is, and so is the key when it did not change
 		// (no old key was sent).
-		if c.Kind == decoding.ColumnUnchanged || (u.OldKind == 0 && m.info.Rel.Columns[i].IsKey()) {
+		if c.Kind == decoding.ColumnUnchanged || (u.OldKind == 0 && m.info.Rel.Columns[i].IsKey()) ||
+			(keyKept && slices.Contains(m.Key, i) && u.Old[i].Kind == c.Kind && bytes.Equal(u.Old[i].Data, c.Data)) {
 			t.shape = append(t.shape, 0)
 			continue
 		}
