@@ -675,18 +675,21 @@ func (t *Conn) queueSets(ctx context.Context) error {
 
 // setPlanOn and setPlanOff surround the set statements of a target transaction: between them
 // the planner joins a set statement's value arrays to its table by a nested loop, one probe of
-// the key's index per row, as PostgreSQL's subscriber finds each row, and never by a hash or
-// merge join, which reads the whole table (or its whole index). For a group of a few thousand
-// rows of a table of a hundred thousand, held in shared buffers, the planner's costs (a random
-// page read per probe) favour the whole-table joins, which took two to three times as long as
-// the probes. The settings are local to the transaction, and setPlanOff sets them back to the
-// session's own (RESET: apply's sessions never SET them), so that statements after the set
-// statements, and the triggers they fire, plan as the target's configuration says. A failed set
-// statement rolls back to the savepoint, which undoes setPlanOn.
+// the key's index per row, as PostgreSQL's subscriber finds each row, and neither by a hash or
+// merge join, which reads the whole table (or its whole index), nor by a scan of the whole table
+// joined to the arrays row by row. For a group of a few thousand rows of a table of a hundred
+// thousand, held in shared buffers, the planner's costs (a random page read per probe) favour
+// the whole-table joins, which took two to three times as long as the probes; with a higher
+// random_page_cost it scans the table and compares each of its rows with every row of the group.
+// Every table applied so has a unique index on the columns the statements join on. The settings
+// are local to the transaction, and setPlanOff sets them back to the session's own (RESET:
+// apply's sessions never SET them), so that statements after the set statements, and the
+// triggers they fire, plan as the target's configuration says. A failed set statement rolls back
+// to the savepoint, which undoes setPlanOn.
 var (
 	setPlanOn = []string{"SELECT pg_catalog.set_config('enable_hashjoin', 'off', true), " +
-		"pg_catalog.set_config('enable_mergejoin', 'off', true)"}
-	setPlanOff = []string{"RESET enable_hashjoin", "RESET enable_mergejoin"}
+		"pg_catalog.set_config('enable_mergejoin', 'off', true), pg_catalog.set_config('enable_seqscan', 'off', true)"}
+	setPlanOff = []string{"RESET enable_hashjoin", "RESET enable_mergejoin", "RESET enable_seqscan"}
 )
 
 // noteSizes records the changes each table of order held (see coalescer.sizes).
