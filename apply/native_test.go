@@ -21,8 +21,8 @@ import (
 // conflicts of each type. The tables: keyed by a primary key; REPLICA IDENTITY FULL whose target
 // has a primary key (found by it: a row changed in another column is still the row); FULL whose
 // target has only a unique index, and FULL without an index (found by the whole old row: a row
-// changed in another column is missing). Every mode; the conflicts are resolved as PostgreSQL
-// resolves them (Config's default).
+// changed in another column is missing). Updates of the key among the changes. Every mode; the
+// conflicts are resolved as PostgreSQL resolves them (Config's default).
 func TestConflictsMatchNative(t *testing.T) {
 	tables := []string{"kd", "fpk", "fu", "fn"}
 	schema := []string{
@@ -40,8 +40,9 @@ func TestConflictsMatchNative(t *testing.T) {
 	targetOnly := []string{`ALTER TABLE fpk ADD PRIMARY KEY USING INDEX fpk_id`}
 	var local, remote []string
 	for _, tb := range tables {
-		local = append(local, `UPDATE `+tb+` SET v = 'local' WHERE id IN (3, 7)`, `DELETE FROM `+tb+` WHERE id IN (5, 9)`)
-		remote = append(remote, `BEGIN; UPDATE `+tb+` SET n = n + 100 WHERE id IN (2, 3, 4, 5); DELETE FROM `+tb+` WHERE id IN (6, 7, 9); COMMIT`)
+		local = append(local, `UPDATE `+tb+` SET v = 'local' WHERE id IN (3, 7, 10)`, `DELETE FROM `+tb+` WHERE id IN (5, 9)`)
+		remote = append(remote, `BEGIN; UPDATE `+tb+` SET n = n + 100 WHERE id IN (2, 3, 4, 5); DELETE FROM `+tb+` WHERE id IN (6, 7, 9); COMMIT`,
+			`UPDATE `+tb+` SET id = id + 100 WHERE id IN (8, 10)`) // the key changes, of a row as it was and of one changed
 	}
 	for _, major := range testMajors {
 		srv := conflictServer(t, major)
