@@ -122,7 +122,10 @@ func (r *running) stopped(t *testing.T) error {
 }
 
 // waitTrigger waits until the tombstone trigger is on kv.
-func waitTrigger(t *testing.T, dsn string) {
+func waitTrigger(t *testing.T, dsn string) { waitTriggerOn(t, dsn, "kv") }
+
+// waitTriggerOn waits until the tombstone trigger is on table.
+func waitTriggerOn(t *testing.T, dsn, table string) {
 	t.Helper()
 	ctx := testCtx(t)
 	c, err := pgx.Connect(ctx, dsn)
@@ -130,13 +133,13 @@ func waitTrigger(t *testing.T, dsn string) {
 	defer c.Close(context.Background())
 	for {
 		var n int
-		must(t, c.QueryRow(ctx, `SELECT count(*) FROM pg_trigger WHERE tgrelid = 'kv'::regclass AND tgname = $1`, detect.TombstoneTrigger).Scan(&n))
+		must(t, c.QueryRow(ctx, `SELECT count(*) FROM pg_trigger WHERE tgrelid = $1::regclass AND tgname = $2`, table, detect.TombstoneTrigger).Scan(&n))
 		if n > 0 {
 			return
 		}
 		select {
 		case <-ctx.Done():
-			t.Fatal("no tombstone trigger on kv")
+			t.Fatalf("no tombstone trigger on %s", table)
 		case <-time.After(20 * time.Millisecond):
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -352,5 +353,48 @@ func TestFullIdentityTargetKey(t *testing.T) {
 				})
 			}
 		}
+	}
+}
+
+// TestFullIdentityTargetKeyUpdateDeleted: a REPLICA IDENTITY FULL table found by its target's
+// primary key gets tombstones as any keyed table: a row deleted on the target after the source
+// updated it is update_deleted (skipped, by default), in every mode.
+func TestFullIdentityTargetKeyUpdateDeleted(t *testing.T) {
+	schema := []string{
+		`CREATE TABLE fpk (id int NOT NULL, v text, n int NOT NULL)`,
+		`CREATE UNIQUE INDEX fpk_id ON fpk (id)`,
+		`ALTER TABLE fpk REPLICA IDENTITY FULL`,
+		`CREATE TABLE marker (id int PRIMARY KEY)`,
+	}
+	srv := conflictServer(t, testMajors[len(testMajors)-1])
+	for _, mode := range []Mode{Buffered, Eager, Parallel} {
+		t.Run(mode.String(), func(t *testing.T) {
+			e := serverEnv(t, srv, "fullupdel", schema)
+			execOn(t, e.dst, `ALTER TABLE fpk ADD PRIMARY KEY USING INDEX fpk_id`)
+			cfg, log := e.loggedConfig(t, nil)
+			cfg.Mode = mode
+			cfg.Conflicts.Retention = time.Minute
+			execOn(t, e.src, `INSERT INTO fpk SELECT i, 'v' || i, i FROM generate_series(1, 4) i`, `INSERT INTO marker VALUES (1)`)
+			r := start(t, cfg)
+			e.waitMarker(t, r, 1)
+			waitTriggerOn(t, e.dst, "fpk")
+			r.halt(t)
+			execOn(t, e.src, `UPDATE fpk SET n = 20 WHERE id = 2`)
+			time.Sleep(5 * time.Millisecond) // commit timestamps apart
+			execOn(t, e.dst, `DELETE FROM fpk WHERE id = 2`)
+			execOn(t, e.src, `INSERT INTO marker VALUES (2)`)
+			r = start(t, cfg)
+			e.waitMarker(t, r, 2)
+			r.halt(t)
+			if got := tableText(t, e.dst, "fpk"); got != "(1,v1,1) | (3,v3,3) | (4,v4,4)" {
+				t.Errorf("target rows %s", got)
+			}
+			if n := r.a.stats.Conflicts[conflict.UpdateDeleted].Load(); n != 1 {
+				t.Errorf("update_deleted: %d conflicts, want 1", n)
+			}
+			if !strings.Contains(log.String(), "replica identity (id)=(2)") {
+				t.Errorf("no update_deleted reported by the target's key, replica identity (id)=(2)")
+			}
+		})
 	}
 }
