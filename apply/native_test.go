@@ -130,23 +130,15 @@ func TestConflictsMatchNative(t *testing.T) {
 // waitNative waits until PostgreSQL's subscriber into dsn applied marker id.
 func waitNative(t *testing.T, dsn string, id int) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	ctx := testCtx(t)
 	c, err := pgx.Connect(ctx, dsn)
 	must(t, err)
 	defer c.Close(context.Background())
-	for {
+	eventually(t, fmt.Sprintf("PostgreSQL's subscriber to apply marker %d", id), func() bool {
 		var n int
 		must(t, c.QueryRow(ctx, `SELECT count(*) FROM marker WHERE id = $1`, id).Scan(&n))
-		if n > 0 {
-			return
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("PostgreSQL's subscriber did not apply marker %d within a minute", id)
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
+		return n > 0
+	})
 }
 
 // tableText returns the rows of table on dsn as text, sorted.
