@@ -114,13 +114,7 @@ func TestResolutionSurvivesLaterCopy(t *testing.T) {
 // tableRows returns a two-column table's rows as "id,v" strings, in id order.
 func tableRows(t *testing.T, dsn, table string) string {
 	t.Helper()
-	ctx := testCtx(t)
-	c, err := pgx.Connect(ctx, dsn)
-	must(t, err)
-	defer c.Close(context.Background())
-	var s string
-	must(t, c.QueryRow(ctx, `SELECT coalesce(string_agg(id || ',' || coalesce(v, '-'), ' ' ORDER BY id), '') FROM `+table).Scan(&s))
-	return s
+	return queryString(t, dsn, `SELECT coalesce(string_agg(id || ',' || coalesce(v, '-'), ' ' ORDER BY id), '') FROM `+table)
 }
 
 // logRows returns the conflict log table's rows as relation:conflict:resolution, sorted.

@@ -99,13 +99,7 @@ func dropOrigins(t *testing.T, dsn, origin string) {
 // rowsOf returns kv's rows as "id,u,v" strings, in id order.
 func rowsOf(t *testing.T, dsn string) string {
 	t.Helper()
-	ctx := testCtx(t)
-	c, err := pgx.Connect(ctx, dsn)
-	must(t, err)
-	defer c.Close(context.Background())
-	var s string
-	must(t, c.QueryRow(ctx, `SELECT coalesce(string_agg(concat_ws(',', id, coalesce(u::text, '-'), coalesce(v, '-')), ' ' ORDER BY id), '') FROM kv`).Scan(&s))
-	return s
+	return queryString(t, dsn, `SELECT coalesce(string_agg(concat_ws(',', id, coalesce(u::text, '-'), coalesce(v, '-')), ' ' ORDER BY id), '') FROM kv`)
 }
 
 // stopped waits for an Applier to stop by itself and returns its error.

@@ -36,16 +36,7 @@ func serverEnv(t *testing.T, srv *pgtest.Server, slot string, schema []string) *
 // sameRows fails t unless table has the same rows (as text, with duplicates) on both sides.
 func (e *env) sameRows(t *testing.T, table string) {
 	t.Helper()
-	ctx := testCtx(t)
-	q := `SELECT coalesce(string_agg(r::text, ' | ' ORDER BY r::text), '') FROM ` + table + ` r`
-	var got, want string
-	for dsn, out := range map[string]*string{e.src: &want, e.dst: &got} {
-		c, err := pgx.Connect(ctx, dsn)
-		must(t, err)
-		must(t, c.QueryRow(ctx, q).Scan(out))
-		c.Close(context.Background())
-	}
-	if got != want {
+	if got, want := tableText(t, e.dst, table), tableText(t, e.src, table); got != want {
 		t.Errorf("%s on the target:\n%s\nwant (the source's)\n%s", table, got, want)
 	}
 }

@@ -567,6 +567,24 @@ func execOn(t testing.TB, dsn string, stmts ...string) {
 	must(t, pgtest.Exec(ctx, dsn, stmts...))
 }
 
+// queryString returns the one text value sql yields on dsn.
+func queryString(t testing.TB, dsn, sql string) string {
+	t.Helper()
+	ctx := testCtx(t)
+	c, err := pgx.Connect(ctx, dsn)
+	must(t, err)
+	defer c.Close(context.Background())
+	var s string
+	must(t, c.QueryRow(ctx, sql).Scan(&s))
+	return s
+}
+
+// tableText returns the rows of table on dsn as text, sorted (duplicates kept).
+func tableText(t testing.TB, dsn, table string) string {
+	t.Helper()
+	return queryString(t, dsn, `SELECT coalesce(string_agg(r::text, ' | ' ORDER BY r::text), '') FROM `+table+` r`)
+}
+
 // count returns the result of a count query.
 func count(t testing.TB, dsn, sql string, args ...any) int64 {
 	t.Helper()

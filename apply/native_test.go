@@ -21,11 +21,16 @@ import (
 // conflicts of each type. The tables: keyed by a primary key; REPLICA IDENTITY FULL whose target
 // has a primary key (found by it: a row changed in another column is still the row); FULL whose
 // target has only a unique index, and FULL without an index (found by the whole old row: a row
-// changed in another column is missing). Updates of the key among the changes. Every mode; the
+// changed in another column is missing); and tables whose every column is in the key (FULL with
+// such a target primary key, and keyed), updated to the values they have. Updates of the key among the changes. Every mode; the
 // conflicts are resolved as PostgreSQL resolves them (Config's default).
 func TestConflictsMatchNative(t *testing.T) {
-	tables := []string{"kd", "fpk", "fu", "fn"}
+	tables := []string{"kd", "fpk", "fu", "fn", "fko", "kko"}
 	schema := []string{
+		`CREATE TABLE kko (id int NOT NULL, n int NOT NULL, PRIMARY KEY (id, n))`, // keyed, every column in the key
+		`CREATE TABLE fko (id int NOT NULL, n int NOT NULL)`,                      // FULL, every column in the target's key
+		`CREATE UNIQUE INDEX fko_id ON fko (id, n)`,
+		`ALTER TABLE fko REPLICA IDENTITY FULL`,
 		`CREATE TABLE kd (id int PRIMARY KEY, v text, n int NOT NULL)`,
 		`CREATE TABLE fpk (id int NOT NULL, v text, n int NOT NULL)`,
 		`CREATE UNIQUE INDEX fpk_id ON fpk (id)`,
@@ -37,9 +42,15 @@ func TestConflictsMatchNative(t *testing.T) {
 		`ALTER TABLE fn REPLICA IDENTITY FULL`,
 		`CREATE TABLE marker (id int PRIMARY KEY)`,
 	}
-	targetOnly := []string{`ALTER TABLE fpk ADD PRIMARY KEY USING INDEX fpk_id`}
+	targetOnly := []string{`ALTER TABLE fpk ADD PRIMARY KEY USING INDEX fpk_id`, `ALTER TABLE fko ADD PRIMARY KEY USING INDEX fko_id`}
+	// fko: rows changed on the target in no column (there are none besides the key), deleted, and
+	// updated by the source to the same values (an update that writes nothing new).
 	var local, remote []string
-	for _, tb := range tables {
+	for _, tb := range []string{"fko", "kko"} {
+		local = append(local, `DELETE FROM `+tb+` WHERE id IN (5, 9)`)
+		remote = append(remote, `BEGIN; UPDATE `+tb+` SET n = n WHERE id IN (2, 5); UPDATE `+tb+` SET n = n + 100 WHERE id = 4; DELETE FROM `+tb+` WHERE id IN (6, 9); COMMIT`)
+	}
+	for _, tb := range tables[:4] {
 		local = append(local, `UPDATE `+tb+` SET v = 'local' WHERE id IN (3, 7, 10)`, `DELETE FROM `+tb+` WHERE id IN (5, 9)`)
 		remote = append(remote, `BEGIN; UPDATE `+tb+` SET n = n + 100 WHERE id IN (2, 3, 4, 5); DELETE FROM `+tb+` WHERE id IN (6, 7, 9); COMMIT`,
 			`UPDATE `+tb+` SET id = id + 100 WHERE id IN (8, 10)`) // the key changes, of a row as it was and of one changed
@@ -66,8 +77,8 @@ func TestConflictsMatchNative(t *testing.T) {
 				})
 				cfg, _ := e.loggedConfig(t, nil)
 				cfg.Mode = mode
-				var rows []string
-				for _, tb := range tables {
+				rows := []string{`INSERT INTO fko SELECT i, i FROM generate_series(1, 10) i`, `INSERT INTO kko SELECT i, i FROM generate_series(1, 10) i`}
+				for _, tb := range tables[:4] {
 					rows = append(rows, `INSERT INTO `+tb+` SELECT i, 'v' || i, i FROM generate_series(1, 10) i`)
 				}
 				execOn(t, e.src, append(rows, `INSERT INTO marker VALUES (1)`)...)
@@ -84,6 +95,17 @@ func TestConflictsMatchNative(t *testing.T) {
 				r.halt(t)
 				waitNative(t, nat, 2)
 
+				// A round whose only conflict is such an update of a row the target lost (no
+				// other change falls back to row by row with it).
+				for _, dsn := range []string{e.dst, nat} {
+					execOn(t, dsn, `DELETE FROM fko WHERE id = 3`, `DELETE FROM kko WHERE id = 3`)
+				}
+				execOn(t, e.src, `BEGIN; UPDATE fko SET n = n WHERE id = 3; UPDATE kko SET n = n WHERE id = 3; INSERT INTO marker VALUES (3); COMMIT`)
+				r2 := start(t, cfg)
+				e.waitMarker(t, r2, 3)
+				r2.halt(t)
+				waitNative(t, nat, 3)
+
 				for _, tb := range tables {
 					if ours, theirs := tableText(t, e.dst, tb), tableText(t, nat, tb); ours != theirs {
 						t.Errorf("%s: the Applier's target\n%s\nPostgreSQL's subscriber's\n%s", tb, ours, theirs)
@@ -95,7 +117,7 @@ func TestConflictsMatchNative(t *testing.T) {
 				types := []conflict.Type{conflict.UpdateOriginDiffers, conflict.UpdateMissing, conflict.DeleteOriginDiffers, conflict.DeleteMissing}
 				ours := make([]int64, len(types))
 				for i, ct := range types {
-					ours[i] = r.a.stats.Conflicts[ct].Load()
+					ours[i] = r.a.stats.Conflicts[ct].Load() + r2.a.stats.Conflicts[ct].Load()
 				}
 				// The subscriber's worker reports its counts after a transaction, at most once a
 				// second: wait until they are ours, giving it a transaction (a marker) every half
@@ -139,18 +161,6 @@ func waitNative(t *testing.T, dsn string, id int) {
 		must(t, c.QueryRow(ctx, `SELECT count(*) FROM marker WHERE id = $1`, id).Scan(&n))
 		return n > 0
 	})
-}
-
-// tableText returns the rows of table on dsn as text, sorted.
-func tableText(t *testing.T, dsn, table string) string {
-	t.Helper()
-	ctx := testCtx(t)
-	c, err := pgx.Connect(ctx, dsn)
-	must(t, err)
-	defer c.Close(context.Background())
-	var s string
-	must(t, c.QueryRow(ctx, `SELECT coalesce(string_agg(r::text, ' | ' ORDER BY r::text), '') FROM `+table+` r`).Scan(&s))
-	return s
 }
 
 // nativeConflicts returns the conflicts of each type PostgreSQL's subscriber oracle_sub counted

@@ -69,8 +69,9 @@ import (
 //     a target key as above (not when its unique column may be NULL, when it has another unique
 //     or exclusion index, or none): their inserts are held when the table has no unique index
 //     at all, and an update or delete sends them;
-//   - an update of the key, and a change whose key or values are not all text or NULL (binary
-//     values: Config.Binary) or whose column types have no array type;
+//   - an update of the key, or of a table whose every column is in the key (a set UPDATE would
+//     write nothing, and so check nothing); a change whose key or values are not all text or
+//     NULL (binary values: Config.Binary) or whose column types have no array type;
 //   - an update with unchanged TOASTed values not sent, unless the key's row is held whole
 //     (inserted or updated in full earlier in the transaction): the values are taken from it
 //     (FULL tables alike: their old row is whole, their new row may lack such values);
@@ -370,6 +371,9 @@ func (nt *netTable) add(op byte, tup, old decoding.Tuple, oldKind byte, src int3
 	case 'U':
 		if len(tup) != len(m.cols) || !textRow(tup, true) {
 			return false
+		}
+		if !nt.full && len(nt.key) == len(m.cols) {
+			return false // a table of only the key: a set UPDATE would write nothing, nor find its row
 		}
 		nt.kbuf, ok = nt.appendKey(nt.kbuf[:0], tup)
 		if nt.full && !wholeRow(m, old, oldKind) {

@@ -1513,15 +1513,21 @@ func (t *Conn) update(ctx context.Context, m *Table, u *decoding.Update) error {
 	t.shape = append(t.shape[:0], 'U')
 	params, formats := t.params[:0], t.formats[:0]
 	sets := 0
-	// A FULL table found by the target's key: the key's columns whose values the old row holds
-	// are not written, as a key that did not change is not (a GENERATED ALWAYS key column can
-	// take no UPDATE).
+	// The key's columns are not written when they keep their values: no old key was sent, or
+	// (a FULL table found by the target's key) the old row holds the same values; a GENERATED
+	// ALWAYS key column can take no UPDATE. Unless nothing else would be written: the statement
+	// must still find (or miss) its row, as the source's update did.
 	keyKept := m.fullSource && !m.Full && len(u.Old) == len(u.New)
+	keySame := func(i int, c decoding.Column) bool {
+		if u.OldKind == 0 {
+			return m.info.Rel.Columns[i].IsKey()
+		}
+		return keyKept && slices.Contains(m.Key, i) && u.Old[i].Kind == c.Kind && bytes.Equal(u.Old[i].Data, c.Data)
+	}
+	others := !allKeySame(u.New, keySame)
 	for i, c := range u.New {
-		// A TOASTed value not sent is left as it is, and so is the key when it did not change
-		// (no old key was sent).
-		if c.Kind == decoding.ColumnUnchanged || (u.OldKind == 0 && m.info.Rel.Columns[i].IsKey()) ||
-			(keyKept && slices.Contains(m.Key, i) && u.Old[i].Kind == c.Kind && bytes.Equal(u.Old[i].Data, c.Data)) {
+		// A TOASTed value not sent is left as it is.
+		if c.Kind == decoding.ColumnUnchanged || (others && keySame(i, c)) {
 			t.shape = append(t.shape, 0)
 			continue
 		}
@@ -1570,6 +1576,17 @@ func (t *Conn) update(ctx context.Context, m *Table, u *decoding.Update) error {
 		return t.maybeFlush(ctx)
 	}
 	return t.queueUpdate(ctx, m, st, u, whereAt, full, params, formats, sets)
+}
+
+// allKeySame reports whether every value of row sent (not an unchanged TOASTed one) is a key
+// value that keeps its value (keySame).
+func allKeySame(row decoding.Tuple, keySame func(int, decoding.Column) bool) bool {
+	for i, c := range row {
+		if c.Kind != decoding.ColumnUnchanged && !keySame(i, c) {
+			return false
+		}
+	}
+	return true
 }
 
 func (t *Conn) identityError(m *Table, op Op) error {
