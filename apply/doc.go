@@ -158,7 +158,8 @@
 // NOT NULL on the target, neither partial nor deferrable: that is then the key, and a set
 // statement names each row by it and by every column of the old row, compared as below;
 // without a unique index their inserts are held while nothing else comes); updates of the key
-// (for FULL tables, of that index's columns); binary values (Config.Binary);
+// (for FULL tables, of that index's columns), and updates of a table whose every column is in
+// the key (a set statement would write nothing, and so could not tell a missing row); binary values (Config.Binary);
 // updates with unchanged TOASTed values of a row the group did not insert or update whole;
 // columns whose type has no array type; a TRUNCATE, for the tables it names. A table into which
 // one source transaction inserts 32 rows or more in a row goes one statement each too, its
