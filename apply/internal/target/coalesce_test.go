@@ -449,8 +449,8 @@ func testConn(ctx context.Context, t *testing.T, dsn, name, progress string, sta
 
 // TestSetStatementsProbe: the set statements of a large group find their rows through the
 // key's index, one probe per row, even where the planner's costs would read the whole table (a
-// random_page_cost that makes each probe look a hundred times a sequential page). The tables'
-// statistics must show no sequential scan and about as many index tuples read as rows changed.
+// random_page_cost that makes each probe look a hundred times a sequential page). The table's
+// statistics must show as many index fetches as rows changed, give or take.
 // After the commit, the session plans as the target's configuration says again (a database
 // default kept, the others as they were).
 func TestSetStatementsProbe(t *testing.T) {
@@ -483,7 +483,7 @@ func TestSetStatementsProbe(t *testing.T) {
 			tup, _ = strconv.ParseInt(string(rows[0][1]), 10, 64)
 			return seq, tup
 		}
-		seq0, tup0 := scans()
+		_, tup0 := scans()
 		c.Begin(1, nil)
 		c.Coalesce(true)
 		const updates, deletes = 1500, 500
@@ -503,12 +503,12 @@ func TestSetStatementsProbe(t *testing.T) {
 		if c.setDone != 1 || c.setFallbacks != 0 {
 			t.Fatalf("set statements succeeded %d times, fell back %d times; want once and never", c.setDone, c.setFallbacks)
 		}
-		seq1, tup1 := scans()
-		if seq1 != seq0 {
-			t.Errorf("the set statements scanned the table %d times", seq1-seq0)
-		}
-		if n := tup1 - tup0; n > 2*(updates+deletes) {
-			t.Errorf("the set statements fetched %d rows through the index for %d changes: a whole-index join", n, updates+deletes)
+		// Index fetches, counted by this session's own backend: one per change when the rows
+		// are probed, none for a hash join or a scan, the whole index for a merge join. (Its
+		// sequential scans are not compared: another backend's may arrive late.)
+		_, tup1 := scans()
+		if n := tup1 - tup0; n < updates+deletes || n > 2*(updates+deletes) {
+			t.Errorf("the set statements fetched %d rows through the index for %d changes: not one probe per change", n, updates+deletes)
 		}
 		rows, err := Query(ctx, c.PG, "SELECT pg_catalog.current_setting('enable_hashjoin') || ',' || pg_catalog.current_setting('enable_mergejoin') || ',' || "+
 			"(SELECT count(*) FROM public.big WHERE v = 'new') || ',' || (SELECT count(*) FROM public.big)")
