@@ -2,6 +2,7 @@ package apply
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"sync/atomic"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgreorder/pgreorder/apply/conflict"
 	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
@@ -183,6 +185,41 @@ func waitQuery(ctx context.Context, dsn, sql string) error {
 	}
 }
 
+// waitUniqueHeld waits until another transaction's uncommitted row holds qty in the target's
+// unique index on items: a probe inserting that value then waits for it, and its lock_timeout
+// ends the wait. A probe that inserts instead is rolled back, as every probe is.
+func waitUniqueHeld(ctx context.Context, dsn string, qty int) error {
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	for {
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, `SET LOCAL lock_timeout = '50ms'`)
+		if err == nil {
+			_, err = tx.Exec(ctx, `INSERT INTO items VALUES (-1, $1, 'probe')`, qty)
+		}
+		if rerr := tx.Rollback(ctx); rerr != nil && !errors.Is(rerr, pgx.ErrTxClosed) {
+			return rerr
+		}
+		if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "55P03" {
+			return nil // lock_not_available: the row is there, uncommitted
+		}
+		if err != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(10 * time.Millisecond): // the row is not written yet
+		}
+	}
+}
+
 // TestParallelDeadlock makes two committed transactions applied at once by two workers deadlock
 // through a unique index only the target has: the later one inserts u = 9 and waits for its turn
 // to commit; the earlier one, held back before its first change, then inserts u = 9 too (and
@@ -203,13 +240,11 @@ func TestParallelDeadlock(t *testing.T) {
 			cfg := e.config(t, Parallel)
 			cfg.runTxns = 1
 			// The earlier transaction's first change waits until the later one's worker has
-			// written into items (inserted u = 9): the earlier one, held back, has not written
-			// yet, and the marker's transaction writes another table.
+			// inserted u = 9 (not only prepared its statement): the earlier one, held back, has
+			// not written yet, and the marker's transaction writes another table.
 			cfg.hooks = &hooks{stage: func(ctx context.Context, stage string, x txnRef) error {
 				if stage == "record" && x.Xid == earlier.Load() && held.CompareAndSwap(false, true) {
-					return waitQuery(ctx, e.dst, `SELECT count(*) FROM pg_catalog.pg_locks l JOIN pg_catalog.pg_stat_activity a
-						ON a.pid = l.pid WHERE l.relation = 'items'::regclass AND l.mode = 'RowExclusiveLock'
-						AND a.application_name LIKE 'pgreorder apply % w%'`)
+					return waitUniqueHeld(ctx, e.dst, 9)
 				}
 				return nil
 			}}
