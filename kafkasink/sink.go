@@ -88,10 +88,15 @@ type Sink struct {
 	txCancel context.CancelFunc
 	closed   bool
 
-	// failMu guards failed apart from mu: promises set it while mu's holder waits for them
-	// (AbortBufferedRecords, EndTransaction).
+	// failMu guards failed and txn apart from mu: promises set failed while mu's holder waits
+	// for them (AbortBufferedRecords, EndTransaction). txn numbers the transactions begun: a
+	// record's promise can come after its transaction ended and the next began (a record that
+	// failed before it was buffered is not waited for by AbortBufferedRecords), and its error is
+	// not the new transaction's. txn is written with mu held too, so that produce reads it with
+	// txCtx.
 	failMu sync.Mutex
-	failed error // the first produce error of the open transaction
+	failed error  // the first produce error of the open transaction
+	txn    uint64 // the open (or last) transaction's number
 
 	topicMu sync.Mutex
 	topics  map[string]int // topics known to exist: their max.message.bytes
@@ -334,7 +339,7 @@ func (s *Sink) Begin(ctx context.Context, worker int) (changefeed.Unit, error) {
 			return nil, s.wrap(err)
 		}
 		s.inTxn = true
-		s.setFailed(nil)
+		s.newTxn()
 		s.txCtx, s.txCancel = context.WithCancel(s.recCtx)
 	}
 	return &unit{s: s, worker: worker}, nil
@@ -355,7 +360,7 @@ func (s *Sink) restart(ctx context.Context) error {
 		return s.wrap(err)
 	}
 	s.inTxn = true
-	s.setFailed(nil)
+	s.newTxn()
 	s.txCtx, s.txCancel = context.WithCancel(s.recCtx)
 	return nil
 }
@@ -501,16 +506,19 @@ func (s *Sink) firstFailure() error {
 	return s.failed
 }
 
-func (s *Sink) setFailed(err error) {
+// newTxn numbers a transaction that begins, with no failure yet. s.mu is held.
+func (s *Sink) newTxn() {
 	s.failMu.Lock()
-	s.failed = err
+	s.txn++
+	s.failed = nil
 	s.failMu.Unlock()
 }
 
-// fail records the first produce error of the open transaction.
-func (s *Sink) fail(err error) {
+// fail records the first produce error of transaction txn while it is the open one; a late
+// promise of an earlier transaction's record is ignored (that transaction was aborted or failed).
+func (s *Sink) fail(txn uint64, err error) {
 	s.failMu.Lock()
-	if s.failed == nil {
+	if s.failed == nil && txn == s.txn {
 		s.failed = s.wrap(err)
 	}
 	s.failMu.Unlock()
@@ -537,7 +545,7 @@ func (s *Sink) produce(ctx context.Context, r *kgo.Record, table string, key []b
 			"and the brokers' message.max.bytes and replica.fetch.max.bytes)", ErrRecordTooLarge, what, keyText(key), size+recordOverhead, r.Topic, max)
 	}
 	s.mu.Lock()
-	txCtx := s.txCtx
+	txCtx, txn := s.txCtx, s.txn
 	s.mu.Unlock()
 	if err := s.firstFailure(); err != nil {
 		return err
@@ -553,7 +561,7 @@ func (s *Sink) produce(ctx context.Context, r *kgo.Record, table string, key []b
 			if errors.Is(err, kerr.MessageTooLarge) || errors.Is(err, kerr.RecordListTooLarge) {
 				err = fmt.Errorf("%w: topic %s, key %s: %d bytes: %v", ErrRecordTooLarge, r.Topic, keyText(r.Key), len(r.Key)+len(r.Value), err)
 			}
-			s.fail(err)
+			s.fail(txn, err)
 		}
 	})
 	return nil
