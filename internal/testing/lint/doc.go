@@ -5,5 +5,6 @@
 // snapshot, apply, changefeed and the server
 // helpers talk to pgconn, and only replication speaks the walsender's commands; only metrics
 // imports the Prometheus client, and nothing below it depends on it; the core has no goroutines
-// and no clock; and spill reaches files below its directory only through directory handles.
+// and no clock; spill reaches files below its directory only through directory handles; and
+// every package a user can import has a package doc comment and a runnable Example.
 package lint

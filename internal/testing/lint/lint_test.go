@@ -421,3 +421,39 @@ func TestPrometheusViolations(t *testing.T) {
 		require.Len(t, prometheusViolations(pkgs), tt.want, "%s imports %v, deps %v", tt.pkg, tt.imports, tt.deps)
 	}
 }
+
+// TestPublicPackagesHaveDocAndExample: every library package a user can import (not under an
+// internal directory) states its contract in a package doc comment and has a runnable Example.
+func TestPublicPackagesHaveDocAndExample(t *testing.T) {
+	pkgs := slices.Sorted(maps.Keys(allowed))
+	pkgs = append(pkgs, slices.Sorted(maps.Keys(core))...)
+	for _, pkg := range pkgs {
+		if strings.HasPrefix(pkg, "internal/") || strings.Contains(pkg, "/internal/") {
+			continue
+		}
+		files, err := filepath.Glob(filepath.Join(root, filepath.FromSlash(pkg), "*.go"))
+		require.NoError(t, err)
+		require.NotEmpty(t, files, "package %s", pkg)
+		var doc, example bool
+		fset := token.NewFileSet()
+		for _, name := range files {
+			f, err := parser.ParseFile(fset, name, nil, parser.ParseComments)
+			require.NoError(t, err)
+			if !strings.HasSuffix(name, "_test.go") {
+				doc = doc || (f.Doc != nil && strings.TrimSpace(f.Doc.Text()) != "")
+				continue
+			}
+			for _, d := range f.Decls {
+				if fd, ok := d.(*ast.FuncDecl); ok && fd.Recv == nil && strings.HasPrefix(fd.Name.Name, "Example") {
+					example = true
+				}
+			}
+		}
+		if !doc {
+			t.Errorf("package %s has no package doc comment stating its contract", pkg)
+		}
+		if !example {
+			t.Errorf("package %s has no Example test", pkg)
+		}
+	}
+}
