@@ -8,7 +8,6 @@ import (
 	"math/rand/v2"
 	"os"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -451,11 +450,6 @@ func (k *terminator) kill(ctx context.Context, cond string) (int, error) {
 	err := k.conn.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
 		WHERE datname = current_database() AND pid <> pg_backend_pid() AND `+cond).Scan(&n)
 	return n, err
-}
-
-// walsender is the pg_stat_activity condition of the slot's walsender.
-func walsender(slot string) string {
-	return `pid IN (SELECT active_pid FROM pg_replication_slots WHERE slot_name = '` + strings.ReplaceAll(slot, "'", "''") + `')`
 }
 
 // concurrent runs small transactions from several clients at once on few hot rows: transfers

@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"syscall"
 	"time"
 )
@@ -25,7 +24,7 @@ func buildPgreorder(dir string) (string, error) {
 	}
 	goBin, err := exec.LookPath("go")
 	if err != nil {
-		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
+		return "", fmt.Errorf("building pgreorder: %v (the go command must be on PATH)", err)
 	}
 	bin := filepath.Join(dir, "pgreorder")
 	cmd := exec.Command(goBin, "build", "-o", bin, "./cmd/pgreorder")

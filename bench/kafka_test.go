@@ -577,8 +577,8 @@ func (kb *kafkaBench) snapshotAndLoad(ctx context.Context, kind string) (snap, l
 	if err := kb.waitSlot(ctx, s); err != nil {
 		return snap, load, catch, err
 	}
-	cpu0 := snap.cpu
-	if cpu0, err = procCPU(pid); err != nil {
+	cpu0, err := procCPU(pid)
+	if err != nil {
 		return snap, load, catch, err
 	}
 	t0 := time.Now()

@@ -50,13 +50,6 @@ func (e *encoder) uint(v uint64) { e.buf = strconv.AppendUint(e.buf, v, 10) }
 
 func (e *encoder) bool(v bool) { e.buf = strconv.AppendBool(e.buf, v) }
 
-// key writes "k": for a key known to need no escaping.
-func (e *encoder) key(k string) {
-	e.buf = append(e.buf, '"')
-	e.buf = append(e.buf, k...)
-	e.buf = append(e.buf, '"', ':')
-}
-
 // name writes a name (of a schema, table, column, message prefix...) as a JSON string, escaped
 // as EscapeName does.
 func (e *encoder) name(s string) {

@@ -155,23 +155,6 @@ func (m *memlog) reset(recycle func([]byte) bool) (released int64) {
 	return released
 }
 
-// all calls yield for every record in order with its position, until yield returns false. The slice
-// passed to yield aliases the memlog and is valid until the memlog is next modified.
-func (m *memlog) all(yield func(pos int64, rec []byte) bool) bool {
-	for _, ch := range m.chunks {
-		c, off := ch.b, 0
-		for off < len(c) {
-			l, k := binary.Uvarint(c[off:])
-			start := off + k
-			if !yield(ch.start+int64(off), c[start:start+int(l):start+int(l)]) {
-				return false
-			}
-			off = start + int(l)
-		}
-	}
-	return true
-}
-
 // at returns the record at chunk index *idx, byte offset *off, and moves them past it; ok is
 // false after the last record. Start with both at 0. The slice aliases the memlog and is valid
 // until the memlog is next modified. Unlike all, a caller may stop and resume at will, and a

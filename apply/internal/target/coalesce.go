@@ -603,16 +603,6 @@ func (t *Conn) unholdTables(ctx context.Context, ms []*Table) error {
 	return nil
 }
 
-// holding reports whether changes are held.
-func (t *Conn) holding() bool {
-	for _, nt := range t.co.order {
-		if len(nt.log) > 0 {
-			return true
-		}
-	}
-	return false
-}
-
 // errSetFailed says that a set statement failed and the transaction was rolled back to the
 // savepoint before them: their changes are to be sent row by row (replayFailed).
 var errSetFailed = errors.New("apply: a set statement failed")
