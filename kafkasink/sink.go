@@ -515,7 +515,11 @@ func (s *Sink) newTxn() {
 }
 
 // fail records the first produce error of transaction txn while it is the open one; a late
-// promise of an earlier transaction's record is ignored (that transaction was aborted or failed).
+// promise of an earlier transaction's record is ignored. That drops no failure a commit needs:
+// a record that was buffered has its promise run before Commit's Flush returns, and one fails
+// before it is buffered only when its transaction is ending without a commit (not in a
+// transaction any more, or its context cancelled by abort or interrupt; the size limits are
+// checked before Produce).
 func (s *Sink) fail(txn uint64, err error) {
 	s.failMu.Lock()
 	if s.failed == nil && txn == s.txn {
