@@ -1,13 +1,10 @@
 package apply
 
 import (
-	"context"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/pgreorder/pgreorder/apply/conflict"
 	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
@@ -120,12 +117,6 @@ func tableRows(t *testing.T, dsn, table string) string {
 // logRows returns the conflict log table's rows as relation:conflict:resolution, sorted.
 func logRows(t *testing.T, dsn string) string {
 	t.Helper()
-	ctx := testCtx(t)
-	c, err := pgx.Connect(ctx, dsn)
-	must(t, err)
-	defer c.Close(context.Background())
-	var s string
-	must(t, c.QueryRow(ctx, `SELECT coalesce(string_agg(relation || ':' || conflict || ':' || resolution, ' '
-		ORDER BY relation, conflict), '') FROM conflict_log`).Scan(&s))
-	return s
+	return queryString(t, dsn, `SELECT coalesce(string_agg(relation || ':' || conflict || ':' || resolution, ' '
+		ORDER BY relation, conflict), '') FROM conflict_log`)
 }

@@ -561,16 +561,22 @@ func execOn(t testing.TB, dsn string, stmts ...string) {
 	must(t, pgtest.Exec(ctx, dsn, stmts...))
 }
 
-// queryString returns the one text value sql yields on dsn.
-func queryString(t testing.TB, dsn, sql string) string {
+// queryOne returns the one value sql yields on dsn, scanned into a T.
+func queryOne[T any](t testing.TB, dsn, sql string, args ...any) T {
 	t.Helper()
 	ctx := testCtx(t)
 	c, err := pgx.Connect(ctx, dsn)
 	must(t, err)
 	defer c.Close(context.Background())
-	var s string
-	must(t, c.QueryRow(ctx, sql).Scan(&s))
-	return s
+	var v T
+	must(t, c.QueryRow(ctx, sql, args...).Scan(&v))
+	return v
+}
+
+// queryString returns the one text value sql yields on dsn.
+func queryString(t testing.TB, dsn, sql string) string {
+	t.Helper()
+	return queryOne[string](t, dsn, sql)
 }
 
 // tableText returns the rows of table on dsn as text, sorted (duplicates kept).
@@ -582,13 +588,7 @@ func tableText(t testing.TB, dsn, table string) string {
 // count returns the result of a count query.
 func count(t testing.TB, dsn, sql string, args ...any) int64 {
 	t.Helper()
-	ctx := testCtx(t)
-	conn, err := pgx.Connect(ctx, dsn)
-	must(t, err)
-	defer conn.Close(context.Background())
-	var n int64
-	must(t, conn.QueryRow(ctx, sql, args...).Scan(&n))
-	return n
+	return queryOne[int64](t, dsn, sql, args...)
 }
 
 // testCtx is a context for a helper's or a test's few statements: it ends after a minute, or
