@@ -503,8 +503,8 @@ func (b *Broker) logTail() string {
 
 func tail(b []byte) string {
 	s := strings.TrimSpace(string(b))
-	if len(s) > 2000 {
-		s = "..." + s[len(s)-2000:]
+	if len(s) > 6000 {
+		s = "..." + s[len(s)-6000:]
 	}
 	return s
 }
