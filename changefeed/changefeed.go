@@ -15,6 +15,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgreorder/pgreorder/catalog"
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 	"github.com/pgreorder/pgreorder/replication"
@@ -123,6 +124,21 @@ func (b *Batch) SetState(p []byte) error {
 	return nil
 }
 
+// Catalog returns a reader of the source's catalog (the tables' keys, NOT NULL columns,
+// defaults, enum labels: what Debezium-style events need beyond the stream), on the stream's
+// connection settings. The Feed makes it on first use, shares it between batches, and closes it
+// when Run returns.
+func (b *Batch) Catalog() (*catalog.Reader, error) { return b.f.catalog() }
+
+// ConsistentPoint returns, for a Snapshot batch, the LSN of the snapshot the rows were read in
+// (the slot's consistent point), and 0 for the others.
+func (b *Batch) ConsistentPoint() decoding.LSN {
+	if b.Chunk == nil {
+		return 0
+	}
+	return b.Chunk.ConsistentPoint()
+}
+
 // Handler handles one batch. A Snapshot batch must read every row. The position is stored (and
 // the source acknowledged) only after the handler returned nil: an error stops Run, which returns
 // it, and the batch is handled again by a later run (a chunk as part of a new copy).
@@ -142,6 +158,40 @@ type Feed struct {
 	state   []byte
 	sysID   string
 	running bool
+	cat     *catalog.Reader
+}
+
+// catalog returns the Feed's catalog reader, made on first use.
+func (f *Feed) catalog() (*catalog.Reader, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.cat != nil {
+		return f.cat, nil
+	}
+	rc := f.cfg.Replication
+	cat, err := catalog.New(catalog.Config{ConnString: rc.ConnString, ConnConfig: rc.ConnConfig, BeforeConnect: rc.BeforeConnect, Logger: f.log})
+	if err != nil {
+		return nil, fmt.Errorf("changefeed: %w", err)
+	}
+	f.cat = cat
+	return cat, nil
+}
+
+// checkTables hands the published tables to a store that vets them (TableChecker).
+func (f *Feed) checkTables(ctx context.Context) error {
+	tc, ok := f.store.(TableChecker)
+	if !ok {
+		return nil
+	}
+	cat, err := f.catalog()
+	if err != nil {
+		return err
+	}
+	tables, err := cat.Published(ctx, f.cfg.Replication.Publications)
+	if err != nil {
+		return fmt.Errorf("changefeed: listing the published tables: %w", err)
+	}
+	return tc.CheckTables(ctx, tables)
 }
 
 // New returns a Feed that runs the consumer cfg describes over store, handing batches to h.
@@ -205,6 +255,12 @@ func (f *Feed) Run(ctx context.Context) (err error) {
 		if cerr := f.store.Close(); err == nil {
 			err = cerr
 		}
+		f.mu.Lock()
+		cat := f.cat
+		f.mu.Unlock()
+		if cat != nil {
+			cat.Close()
+		}
 	}()
 	slot := f.cfg.Replication.Slot
 	pos, ok, err := f.store.Load(ctx, slot)
@@ -213,6 +269,11 @@ func (f *Feed) Run(ctx context.Context) (err error) {
 	}
 	if ok && pos.Slot != slot {
 		return fmt.Errorf("%w: it holds the position of slot %q, not %q", ErrStore, pos.Slot, slot)
+	}
+	// Before a slot is made, and before a stream resumes: what the store refuses stops the run
+	// with nothing done.
+	if err := f.checkTables(ctx); err != nil {
+		return err
 	}
 	var stream *replication.Stream
 	if ok && pos.CopyDone {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/pgreorder/pgreorder/catalog"
 	"github.com/pgreorder/pgreorder/decoding"
 )
 
@@ -90,6 +91,15 @@ type Grouping struct {
 type Grouper interface {
 	// Grouping returns the bounds of a group; Run asks once, before it streams.
 	Grouping() Grouping
+}
+
+// TableChecker is implemented by a Store that must vet the tables a changefeed publishes before
+// it handles anything of them: the Kafka sink checks that their topic names do not collide. Run
+// calls CheckTables after Load, with the tables the publications hold (pg_publication_tables),
+// before it creates a slot and before it resumes a stream; an error stops Run with nothing done.
+// Tables added to a publication later are the store's to check when their changes arrive.
+type TableChecker interface {
+	CheckTables(ctx context.Context, tables []catalog.TableName) error
 }
 
 var (

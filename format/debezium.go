@@ -19,6 +19,21 @@ const Connector = "pgreorder"
 // Unavailable stands for an unchanged TOASTed value in Debezium events, as in Debezium.
 const Unavailable = "__debezium_unavailable_value"
 
+// Debezium's record headers of a primary-key change: the delete of the old key names the new
+// key, the create of the new key names the old one (each the key's JSON, without a schema).
+const (
+	HeaderNewKey = "__debezium.newkey"
+	HeaderOldKey = "__debezium.oldkey"
+)
+
+// What an old tuple holds (Update.OldKind, Delete.OldKind): the replica identity's columns,
+// or the whole old row; and a new row.
+const (
+	tupleKey = 'K'
+	tupleOld = 'O'
+	tupleNew = 'N'
+)
+
 // OIDs pgtype has no constant for.
 const (
 	charOID = 18 // "char"
@@ -32,6 +47,8 @@ type dbzTxn struct {
 	xid        uint32
 	commitLSN  uint64
 	commitTime time.Time
+	origin     string
+	originLSN  uint64
 	nonTx      bool // a non-transactional message: no txId
 	snapshot   bool // copied rows: op "r", snapshot "true", no transaction block
 
@@ -43,12 +60,150 @@ func (x *dbzTxn) Relation(id uint32) (*decoding.Relation, bool) { return x.schem
 func (x *dbzTxn) Type(oid uint32) (*decoding.DataType, bool)    { return x.schema.Type(oid) }
 
 func txnSource(x *reorderbuffer.Txn) *dbzTxn {
-	return &dbzTxn{Source: x, xid: x.Xid, commitLSN: uint64(x.CommitLSN), commitTime: x.CommitTime, nonTx: x.NonTransactional}
+	return &dbzTxn{Source: x, xid: x.Xid, commitLSN: uint64(x.CommitLSN), commitTime: x.CommitTime, nonTx: x.NonTransactional,
+		origin: x.Origin, originLSN: uint64(x.OriginLSN)}
+}
+
+// dbzTable is what the events of one relation need, worked out once per relation description.
+type dbzTable struct {
+	rel     *decoding.Relation
+	types   []*dbzType
+	key     []int    // the event key's columns; nil: no key (a null Kafka key)
+	notNull []bool   // per column
+	defs    [][]byte // per column: the default's JSON, nil for none
+	base    string   // the Connect schema names' prefix
+
+	keySchema, envelope []byte // built on first use
+}
+
+// maxTables bounds the relation descriptions a Writer keeps worked out.
+const maxTables = 1024
+
+// table returns what the events of relation r need, resolving types against x.
+func (w *Writer) table(x *dbzTxn, r *decoding.Relation) (*dbzTable, error) {
+	if t, ok := w.tables[r]; ok {
+		return t, nil
+	}
+	if err := w.checkColumns(r); err != nil {
+		return nil, err
+	}
+	var info *Table
+	if w.cfg.Tables != nil && w.ctx != nil {
+		var err error
+		if info, err = w.cfg.Tables.Table(w.ctx, r); err != nil {
+			return nil, fmt.Errorf("format: looking up table %s.%s: %w", r.Namespace, r.Name, err)
+		}
+	}
+	t := &dbzTable{rel: r, types: make([]*dbzType, len(r.Columns)), notNull: make([]bool, len(r.Columns)),
+		defs: make([][]byte, len(r.Columns)), base: w.schemaBase(r)}
+	nulls := make(decoding.Tuple, len(r.Columns))
+	for i := range nulls {
+		nulls[i].Kind = decoding.ColumnNull
+	}
+	row, err := w.vals.Row(x, r, nulls)
+	if err != nil {
+		return nil, err
+	}
+	for c := range row.Columns() {
+		var ci *TableColumn
+		if info != nil {
+			if v, ok := info.Columns[c.Name]; ok {
+				ci = &v
+			}
+		}
+		t.types[c.Index] = w.columnType(c, ci)
+		if ci != nil {
+			t.notNull[c.Index] = ci.NotNull
+			t.defs[c.Index] = w.defaultJSON(t.types[c.Index], *ci)
+		}
+	}
+	if info != nil {
+		for _, name := range info.Key {
+			i := columnIndex(r, name)
+			if i < 0 {
+				t.key = nil // the key's column is not published: no key
+				break
+			}
+			t.key = append(t.key, i)
+		}
+	} else {
+		for i, c := range r.Columns {
+			if c.IsKey() {
+				t.key = append(t.key, i)
+				t.notNull[i] = true
+			}
+		}
+	}
+	if w.tables == nil || len(w.tables) >= maxTables {
+		w.tables = map[*decoding.Relation]*dbzTable{}
+	}
+	w.tables[r] = t
+	return t, nil
+}
+
+// schemaBase returns the prefix of r's Connect schema names.
+func (w *Writer) schemaBase(r *decoding.Relation) string {
+	if w.cfg.SchemaName != nil {
+		return w.cfg.SchemaName(r)
+	}
+	return TopicName(w.cfg.Server, namespace(r), r.Name)
+}
+
+// TopicName returns Debezium's topic name for a table: PREFIX.SCHEMA.TABLE, each character Kafka
+// does not take in a topic name (anything but ASCII letters, digits, '.', '_' and '-') replaced
+// by '_'. It is not injective: see package kafkasink for how collisions are refused.
+func TopicName(prefix, schema, table string) string {
+	b := make([]byte, 0, len(prefix)+len(schema)+len(table)+2)
+	b = append(b, prefix...)
+	for _, part := range [...]string{schema, table} {
+		b = append(b, '.')
+		for _, r := range part {
+			if r < 0x80 && TopicChar(byte(r)) {
+				b = append(b, byte(r))
+			} else {
+				b = append(b, '_')
+			}
+		}
+	}
+	return string(b)
+}
+
+// TopicChar reports whether Kafka takes c in a topic name: ASCII letters, digits, '.', '_', '-'.
+func TopicChar(c byte) bool {
+	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-'
+}
+
+// keyChanged reports whether an update changes the event key: a key column whose old value the
+// server sent (the whole old row, or the replica identity's columns) differs from the new one.
+// A new value not sent (an unchanged TOASTed value) is the old one.
+func (t *dbzTable) keyChanged(m *decoding.Update) bool {
+	if m.OldKind == 0 || t.key == nil {
+		return false
+	}
+	for _, i := range t.key {
+		if i >= len(m.Old) || i >= len(m.New) {
+			return false
+		}
+		if m.OldKind == tupleKey && !t.rel.Columns[i].IsKey() {
+			continue // not sent: cannot tell
+		}
+		o, n := m.Old[i], m.New[i]
+		if n.Kind == decoding.ColumnUnchanged {
+			continue
+		}
+		if o.Kind != n.Kind && !(o.Kind == decoding.ColumnText || o.Kind == decoding.ColumnBinary) {
+			return true
+		}
+		if (o.Kind == decoding.ColumnNull) != (n.Kind == decoding.ColumnNull) || string(o.Data) != string(n.Data) {
+			return true
+		}
+	}
+	return false
 }
 
 // debezium writes x as Debezium events, one line per change, and returns the number of events.
 func (w *Writer) debezium(x *dbzTxn) (int64, error) {
-	now := w.now().UnixMilli()
+	now := w.now()
 	if w.order == nil {
 		w.order = map[uint32]int64{}
 	}
@@ -63,52 +218,78 @@ func (w *Writer) debezium(x *dbzTxn) (int64, error) {
 		case *decoding.Relation, *decoding.DataType:
 			continue
 		case *decoding.Insert:
-			r, err := w.relation(c.Relation, m.RelationID, m.New)
-			if err == nil {
-				op := byte('c')
-				if x.snapshot {
-					op = 'r'
-				}
-				err = w.dbzEvent(x, r, op, nil, m.New, now, n+1)
-			}
+			t, err := w.rowTable(x, c.Relation, m.RelationID, m.New)
 			if err != nil {
+				return n, err
+			}
+			op := byte('c')
+			if x.snapshot {
+				op = 'r'
+			}
+			if err := w.dbzEvent(x, t, op, change{after: m.New}, now, n+1); err != nil {
 				return n, err
 			}
 		case *decoding.Update:
-			r, err := w.relation(c.Relation, m.RelationID, m.Old, m.New)
-			if err == nil {
-				var before decoding.Tuple
-				if m.OldKind != 0 {
-					before = m.Old
-				}
-				err = w.dbzEvent(x, r, 'u', before, m.New, now, n+1)
-			}
+			t, err := w.rowTable(x, c.Relation, m.RelationID, m.Old, m.New)
 			if err != nil {
+				return n, err
+			}
+			ch := change{after: m.New}
+			if m.OldKind != 0 {
+				ch.before, ch.oldKind = m.Old, m.OldKind
+			}
+			if w.event == nil || !t.keyChanged(m) {
+				if err := w.dbzEvent(x, t, 'u', ch, now, n+1); err != nil {
+					return n, err
+				}
+				break
+			}
+			// A new key: a delete of the old one and a create of the new, as Debezium, so that a
+			// table or compacted topic built by key keeps no row under the old key.
+			oldKey, err := w.keyJSON(x, t, m.Old, nil)
+			if err != nil {
+				return n, err
+			}
+			newKey, err := w.keyJSON(x, t, m.New, m.Old)
+			if err != nil {
+				return n, err
+			}
+			d := change{before: m.Old, oldKind: m.OldKind, header: Header{Key: HeaderNewKey, Value: newKey}}
+			if err := w.dbzEvent(x, t, 'd', d, now, n+1); err != nil {
+				return n, err
+			}
+			n++
+			cr := change{after: m.New, old: m.Old, header: Header{Key: HeaderOldKey, Value: oldKey}}
+			if err := w.dbzEvent(x, t, 'c', cr, now, n+1); err != nil {
 				return n, err
 			}
 		case *decoding.Delete:
-			r, err := w.relation(c.Relation, m.RelationID, m.Old)
-			if err == nil {
-				err = w.dbzEvent(x, r, 'd', m.Old, nil, now, n+1)
-			}
+			t, err := w.rowTable(x, c.Relation, m.RelationID, m.Old)
 			if err != nil {
 				return n, err
 			}
+			if err := w.dbzEvent(x, t, 'd', change{before: m.Old, oldKind: m.OldKind}, now, n+1); err != nil {
+				return n, err
+			}
 		case *decoding.Truncate:
-			rels := make([]*decoding.Relation, len(m.RelationIDs))
+			tables := make([]*dbzTable, len(m.RelationIDs))
 			for i, id := range m.RelationIDs {
 				r, ok := c.Schema.Relation(id)
 				if !ok {
 					return n, fmt.Errorf("%w: relation %d", ErrUnknownRelation, id)
 				}
-				rels[i] = r
+				t, err := w.table(x, r)
+				if err != nil {
+					return n, err
+				}
+				tables[i] = t
 			}
-			for i, r := range rels { // one event per table, as Debezium
-				if err := w.dbzEvent(x, r, 't', nil, nil, now, n+int64(i)+1); err != nil {
+			for i, t := range tables { // one event per table, as Debezium
+				if err := w.dbzEvent(x, t, 't', change{}, now, n+int64(i)+1); err != nil {
 					return n, err
 				}
 			}
-			n += int64(len(rels)) - 1
+			n += int64(len(tables)) - 1
 		case *decoding.LogicalMessage:
 			if err := w.dbzMessage(x, m, now, n+1); err != nil {
 				return n, err
@@ -122,86 +303,149 @@ func (w *Writer) debezium(x *dbzTxn) (int64, error) {
 	return n, nil
 }
 
-// dbzEvent writes one change event; before and after are nil when the event has none.
-func (w *Writer) dbzEvent(x *dbzTxn, r *decoding.Relation, op byte, before, after decoding.Tuple, now, total int64) error {
+// rowTable returns the table of a row change, checking the tuples' shape.
+func (w *Writer) rowTable(x *dbzTxn, r *decoding.Relation, id uint32, tuples ...decoding.Tuple) (*dbzTable, error) {
+	r, err := w.relation(r, id, tuples...)
+	if err != nil {
+		return nil, err
+	}
+	return w.table(x, r)
+}
+
+// change is what one row event holds.
+type change struct {
+	before  decoding.Tuple // the old row or key, nil for none
+	oldKind byte           // tupleKey or TupleOld: what before holds
+	after   decoding.Tuple // the new row, nil for none
+	old     decoding.Tuple // for the key of a create after a key change: values the new row did not send
+	header  Header         // a key change's header, Key "" for none
+}
+
+// dbzEvent writes one row or truncate event of table t.
+func (w *Writer) dbzEvent(x *dbzTxn, t *dbzTable, op byte, ch change, now time.Time, total int64) error {
 	e := &w.enc
+	schemas := w.event != nil && w.cfg.ValueSchema
+	if schemas {
+		e.raw(`{"schema":`)
+		e.buf = append(e.buf, w.envelope(t)...)
+		e.raw(`,"payload":`)
+	}
 	e.raw(`{"before":`)
-	if err := w.dbzRow(x, r, before, op == 'd'); err != nil {
+	if err := w.dbzRow(x, t, ch.before, ch.oldKind); err != nil {
 		return err
 	}
 	e.raw(`,"after":`)
-	if err := w.dbzRow(x, r, after, op == 'c' || op == 'u' || op == 'r'); err != nil {
+	if err := w.dbzRow(x, t, ch.after, tupleNew); err != nil {
 		return err
 	}
 	e.raw(`,"source":`)
-	w.dbzSource(x, r, now)
-	e.raw(`,"op":"`)
-	e.byte(op)
-	e.raw(`","ts_ms":`)
-	e.int(now)
-	w.order[r.RelationID]++
+	w.dbzSource(x, t.rel, now)
+	w.order[t.rel.RelationID]++
 	if x.snapshot {
 		e.raw(`,"transaction":null`)
 	} else {
-		w.dbzTransaction(x, total, w.order[r.RelationID])
+		w.dbzTransaction(x, total, w.order[t.rel.RelationID])
 	}
-	e.raw("}\n")
-	if w.event != nil {
-		key := after
-		if op == 'd' {
-			key = before
+	e.raw(`,"op":"`)
+	e.byte(op)
+	e.raw(`",`)
+	appendTimes(e, now)
+	e.byte('}')
+	if schemas {
+		e.byte('}')
+	}
+	e.byte('\n')
+	if w.event == nil {
+		return nil
+	}
+	var key decoding.Tuple
+	var alt decoding.Tuple
+	switch op {
+	case 'd':
+		key = ch.before
+	case 't':
+	default:
+		key, alt = ch.after, ch.old
+		if alt == nil {
+			alt = ch.before
 		}
-		return w.emitEvent(x, r, op, key, nil)
 	}
-	return nil
+	return w.emitEvent(x, t, op, key, alt, ch.header, nil)
+}
+
+// appendTimes writes "ts_ms":…,"ts_us":…,"ts_ns":… of t.
+func appendTimes(e *encoder, t time.Time) {
+	us := t.UnixMicro()
+	e.raw(`"ts_ms":`)
+	e.int(t.UnixMilli())
+	e.raw(`,"ts_us":`)
+	e.int(us)
+	e.raw(`,"ts_ns":`)
+	e.int(us * 1000)
 }
 
 // dbzMessage writes a logical decoding message event (op "m"), as Debezium does.
-func (w *Writer) dbzMessage(x *dbzTxn, m *decoding.LogicalMessage, now, total int64) error {
+func (w *Writer) dbzMessage(x *dbzTxn, m *decoding.LogicalMessage, now time.Time, total int64) error {
 	e := &w.enc
+	schemas := w.event != nil && w.cfg.ValueSchema
+	if schemas {
+		e.raw(`{"schema":` + messageSchema + `,"payload":`)
+	}
 	e.raw(`{"op":"m","ts_ms":`)
-	e.int(now)
+	e.int(now.UnixMilli())
 	e.raw(`,"source":`)
 	w.dbzSource(x, nil, now)
+	if m.Transactional() {
+		w.dbzTransaction(x, total, 1) // each message is a data collection of its own
+	} else {
+		e.raw(`,"transaction":null`)
+	}
 	e.raw(`,"message":{"prefix":`)
 	e.name(m.Prefix)
 	e.raw(`,"content":`)
 	e.base64(m.Content)
 	e.byte('}')
-	if m.Transactional() {
-		w.dbzTransaction(x, total, 0)
-	} else {
-		e.raw(`,"transaction":null`)
+	e.byte('}')
+	if schemas {
+		e.byte('}')
 	}
-	e.raw("}\n")
+	e.byte('\n')
 	if w.event != nil {
-		return w.emitEvent(x, nil, 'm', nil, m)
+		return w.emitEvent(x, nil, 'm', nil, nil, Header{}, m)
 	}
 	return nil
 }
 
-func (w *Writer) dbzSource(x *dbzTxn, r *decoding.Relation, now int64) {
+func (w *Writer) dbzSource(x *dbzTxn, r *decoding.Relation, now time.Time) {
 	e := &w.enc
-	e.byte('{')
-	if w.cfg.Version != "" {
-		e.raw(`"version":`)
-		e.name(w.cfg.Version)
-		e.byte(',')
-	}
-	e.raw(`"connector":"` + Connector + `","name":`)
+	e.raw(`{"version":`)
+	e.name(w.cfg.Version)
+	e.raw(`,"connector":"` + Connector + `","name":`)
 	e.name(w.cfg.Server)
 	ts := now
 	if !x.commitTime.IsZero() {
-		ts = x.commitTime.UnixMilli()
+		ts = x.commitTime
 	}
 	e.raw(`,"ts_ms":`)
-	e.int(ts)
+	e.int(ts.UnixMilli())
 	if x.snapshot {
 		e.raw(`,"snapshot":"true","db":`)
 	} else {
 		e.raw(`,"snapshot":"false","db":`)
 	}
 	e.name(w.cfg.Database)
+	e.raw(`,"sequence":`)
+	if x.snapshot && x.commitLSN != 0 {
+		e.raw(`"[null,\"`)
+		e.uint(x.commitLSN)
+		e.raw(`\"]"`)
+	} else {
+		e.raw("null")
+	}
+	e.raw(`,"ts_us":`)
+	e.int(ts.UnixMicro())
+	e.raw(`,"ts_ns":`)
+	e.int(ts.UnixMicro() * 1000)
 	e.raw(`,"schema":`)
 	if r != nil {
 		e.name(namespace(r))
@@ -217,12 +461,24 @@ func (w *Writer) dbzSource(x *dbzTxn, r *decoding.Relation, now int64) {
 		e.uint(uint64(x.xid))
 	}
 	e.raw(`,"lsn":`)
-	if x.snapshot {
+	if x.commitLSN == 0 {
 		e.raw("null")
 	} else {
 		e.uint(x.commitLSN)
 	}
-	e.raw(`,"xmin":null}`)
+	e.raw(`,"xmin":null,"origin":`)
+	if x.origin == "" {
+		e.raw(`null,"origin_lsn":null}`)
+		return
+	}
+	e.name(x.origin)
+	e.raw(`,"origin_lsn":`)
+	if x.originLSN == 0 {
+		e.raw("null}")
+	} else {
+		e.uint(x.originLSN)
+		e.byte('}')
+	}
 }
 
 // dbzTransaction writes the transaction block: Debezium's id "xid:lsn", the event's position in
@@ -240,14 +496,18 @@ func (w *Writer) dbzTransaction(x *dbzTxn, total, table int64) {
 	e.byte('}')
 }
 
-// dbzRow writes a row as a JSON object of typed values, or null when the event has none.
-func (w *Writer) dbzRow(x *dbzTxn, r *decoding.Relation, t decoding.Tuple, present bool) error {
+// dbzRow writes a row as a JSON object of typed values, or null for a nil tuple. kind says what
+// the tuple holds: a key (TupleKey: only the replica identity's columns were sent) or a whole
+// row. A column the server did not send is null, or, where the table's NOT NULL columns are
+// known (Config.Tables), what Debezium writes for a value it lacks: the column's default, else
+// the type's zero value.
+func (w *Writer) dbzRow(x *dbzTxn, t *dbzTable, tuple decoding.Tuple, kind byte) error {
 	e := &w.enc
-	if !present {
+	if tuple == nil {
 		e.raw("null")
 		return nil
 	}
-	row, err := w.vals.Row(x, r, t)
+	row, err := w.vals.Row(x, t.rel, tuple)
 	if err != nil {
 		return err
 	}
@@ -258,7 +518,15 @@ func (w *Writer) dbzRow(x *dbzTxn, r *decoding.Relation, t decoding.Tuple, prese
 		}
 		e.name(c.Name)
 		e.byte(':')
-		if err := w.dbzValue(c); err != nil {
+		if kind == tupleKey && c.Null() && !t.rel.Columns[c.Index].IsKey() && t.notNull[c.Index] {
+			if d := t.defs[c.Index]; d != nil {
+				e.buf = append(e.buf, d...)
+			} else {
+				e.raw(t.types[c.Index].zero())
+			}
+			continue
+		}
+		if err := w.dbzValue(t.types[c.Index], c); err != nil {
 			return err
 		}
 		e.maybeFlush()
@@ -267,20 +535,23 @@ func (w *Writer) dbzRow(x *dbzTxn, r *decoding.Relation, t decoding.Tuple, prese
 	return nil
 }
 
-// dbzValue writes one column value with the mapping of the package documentation.
-func (w *Writer) dbzValue(c pgvalue.Column) error {
+// dbzValue writes one column value as t maps it.
+func (w *Writer) dbzValue(t *dbzType, c pgvalue.Column) error {
 	e := &w.enc
 	switch {
 	case c.Null():
 		e.raw("null")
 		return nil
 	case c.Unchanged():
-		e.raw(`"` + Unavailable + `"`)
+		if t.kind == kBytes {
+			e.base64([]byte(Unavailable))
+		} else {
+			e.raw(`"` + Unavailable + `"`)
+		}
 		return nil
 	}
 	text := c.Format() == pgtype.TextFormatCode
-	t, known := c.Type()
-	if !known {
+	if _, known := c.Type(); !known {
 		if text {
 			e.bytes(c.Data, invalidReplace)
 		} else {
@@ -288,12 +559,26 @@ func (w *Writer) dbzValue(c pgvalue.Column) error {
 		}
 		return nil
 	}
-	switch t.OID {
-	case pgtype.TextOID, pgtype.VarcharOID, pgtype.BPCharOID, pgtype.NameOID, charOID, xmlOID, pgtype.JSONOID:
-		// Strings, and json as a string (as Debezium): their send functions send the text too.
+	switch t.kind {
+	case kString, kXML, kEnum:
+		// Their send functions send the text too.
 		e.bytes(c.Data, invalidReplace)
 		return nil
-	case pgtype.NumericOID:
+	case kJSON:
+		switch {
+		case text || t.oid == pgtype.JSONOID:
+			e.bytes(c.Data, invalidReplace)
+			return nil
+		case len(c.Data) > 0 && c.Data[0] == 1: // jsonb_send: version 1, then the text
+			e.bytes(c.Data[1:], invalidReplace)
+			return nil
+		}
+	case kUUID:
+		if text {
+			e.bytes(c.Data, invalidReplace)
+			return nil
+		}
+	case kDecimalString:
 		if text {
 			e.bytes(c.Data, invalidReplace)
 			return nil
@@ -306,26 +591,85 @@ func (w *Writer) dbzValue(c pgvalue.Column) error {
 		}
 		e.buf = b
 		return nil
-	case pgtype.UUIDOID:
-		if text {
-			e.bytes(c.Data, invalidReplace)
-			return nil
-		}
-	case pgtype.JSONBOID:
-		switch {
-		case text:
-			e.bytes(c.Data, invalidReplace)
-			return nil
-		case len(c.Data) > 0 && c.Data[0] == 1: // jsonb_send: version 1, then the text
-			e.bytes(c.Data[1:], invalidReplace)
-			return nil
-		}
 	}
 	v, err := c.Value()
 	if err != nil {
 		return err
 	}
-	return w.dbzGo(t.OID, v)
+	return w.value(t, v)
+}
+
+// keyJSON returns the event key of a row as JSON without a schema ({"id":1}), nil for a table
+// without key. A key column the row did not send (an unchanged TOASTed value) is taken from alt.
+func (w *Writer) keyJSON(x *dbzTxn, t *dbzTable, tuple, alt decoding.Tuple) ([]byte, error) {
+	if t.key == nil || tuple == nil {
+		return nil, nil
+	}
+	return w.into(nil, func() error { return w.keyObject(x, t, tuple, alt) })
+}
+
+// keyObject writes the key object of a row.
+func (w *Writer) keyObject(x *dbzTxn, t *dbzTable, tuple, alt decoding.Tuple) error {
+	e := &w.enc
+	row, err := w.vals.Row(x, t.rel, tuple)
+	if err != nil {
+		return err
+	}
+	var altRow pgvalue.Row
+	if alt != nil {
+		if altRow, err = w.vals.Row(x, t.rel, alt); err != nil {
+			return err
+		}
+	}
+	e.byte('{')
+	for n, i := range t.key {
+		if n > 0 {
+			e.byte(',')
+		}
+		e.name(t.rel.Columns[i].Name)
+		e.byte(':')
+		var c pgvalue.Column
+		if i < row.Len() {
+			c = row.Column(i)
+		}
+		if (c.Unchanged() || i >= row.Len()) && alt != nil && i < altRow.Len() {
+			c = altRow.Column(i)
+		}
+		if i >= row.Len() && c.Name == "" {
+			e.raw("null")
+			continue
+		}
+		if err := w.dbzValue(t.types[i], c); err != nil {
+			return err
+		}
+	}
+	e.byte('}')
+	return nil
+}
+
+// into runs f with the encoder writing at the end of b instead of to the output, and returns b
+// with what f wrote.
+func (w *Writer) into(b []byte, f func() error) ([]byte, error) {
+	saved := w.enc
+	var spill eventSink
+	w.enc = encoder{buf: b, w: &spill}
+	err := f()
+	out := w.enc.buf
+	if len(spill.b) > 0 {
+		out = append(spill.b, out...)
+	}
+	w.enc = saved
+	return out, err
+}
+
+// columnIndex returns the index of r's column name, -1 if it has none.
+func columnIndex(r *decoding.Relation, name string) int {
+	for i, c := range r.Columns {
+		if c.Name == name {
+			return i
+		}
+	}
+	return -1
 }
 
 // dbzGo writes a decoded value of type oid.

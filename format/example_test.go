@@ -69,7 +69,7 @@ func Example_debezium() {
 		b.Ack(x)
 	}
 	// Output:
-	// {"before":null,"after":{"id":1,"born":7441,"note":null},"source":{"connector":"pgreorder","name":"inventory","ts_ms":1795953600000,"snapshot":"false","db":"app","schema":"public","table":"person","txId":750,"lsn":23803728,"xmin":null},"op":"c","ts_ms":1795953601000,"transaction":{"id":"750:23803728","total_order":1,"data_collection_order":1}}
+	// {"before":null,"after":{"id":1,"born":7441,"note":null},"source":{"version":"","connector":"pgreorder","name":"inventory","ts_ms":1795953600000,"snapshot":"false","db":"app","sequence":null,"ts_us":1795953600000000,"ts_ns":1795953600000000000,"schema":"public","table":"person","txId":750,"lsn":23803728,"xmin":null,"origin":null,"origin_lsn":null},"transaction":{"id":"750:23803728","total_order":1,"data_collection_order":1},"op":"c","ts_ms":1795953601000,"ts_us":1795953601000000,"ts_ns":1795953601000000000}
 }
 
 // ExampleOpenFile writes to a durable, resumable file: when WriteTxn returns, the transaction

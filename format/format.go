@@ -1,6 +1,7 @@
 package format
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -88,8 +89,28 @@ type Config struct {
 
 	// Debezium: the source block of every event.
 	Server   string // source.name, the logical name of the source server; "" means "pgreorder"
-	Database string // source.db; omitted when ""
-	Version  string // source.version; omitted when ""
+	Database string // source.db, the source database's name
+	Version  string // source.version, the producer's version
+
+	// Debezium: how numeric and interval values are written (Debezium's decimal.handling.mode and
+	// interval.handling.mode); the zero values are Debezium's defaults.
+	Decimal  DecimalHandling
+	Interval IntervalHandling
+
+	// Tables tells Events what pgoutput does not send of a table: its primary key, NOT NULL
+	// columns, defaults and enum labels (package catalog reads them from the source). With it,
+	// event keys are the primary key's columns whatever the replica identity, as Debezium's;
+	// without it, the replica identity's columns (all of them for REPLICA IDENTITY FULL). A
+	// Writer does not use it.
+	Tables Tables
+	// KeySchema and ValueSchema make Events write the key and the value with Kafka Connect's
+	// schema, {"schema":…,"payload":…}, as Kafka's JsonConverter with schemas.enable=true (what a
+	// Kafka Connect sink needs). A Writer does not use them.
+	KeySchema, ValueSchema bool
+	// SchemaName returns the prefix of the Connect schema names of a relation's events (PREFIX.Key,
+	// PREFIX.Value, PREFIX.Envelope): Debezium uses the table's topic name. nil means
+	// TopicName(Server, schema, table).
+	SchemaName func(*decoding.Relation) string
 
 	// Now gives the ts_ms of Debezium events (when the event was written); nil means time.Now.
 	Now func() time.Time
@@ -119,10 +140,13 @@ type Writer struct {
 	vals    *pgvalue.Decoder
 	now     func() time.Time
 	checked map[*decoding.Relation]error
-	order   map[uint32]int64 // Debezium: events per table in the transaction
+	tables  map[*decoding.Relation]*dbzTable // Debezium: what each relation's events need
+	ctx     context.Context                  // Events: the context of the call, for Tables
+	order   map[uint32]int64                 // Debezium: events per table in the transaction
 	changes int64
 	event   func(Event) error // Events: called with each Debezium event once encoded
 	ebuf    eventSink
+	hdr     [1]Header
 	kindErr error
 	closed  bool
 }

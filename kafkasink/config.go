@@ -2,7 +2,6 @@ package kafkasink
 
 import (
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -13,6 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/sasl/plain"
 	"github.com/twmb/franz-go/pkg/sasl/scram"
 
+	"github.com/pgreorder/pgreorder/catalog"
 	"github.com/pgreorder/pgreorder/changefeed"
 	"github.com/pgreorder/pgreorder/format"
 )
@@ -40,6 +40,41 @@ const (
 	// RequireTopics refuses to write to a missing topic: the sink stops with ErrTopicMissing.
 	RequireTopics
 )
+
+// RecordFormat is how a record's key or value is written.
+type RecordFormat int
+
+const (
+	// FormatJSON is the JSON of the event alone, as Kafka's JsonConverter writes it with
+	// schemas.enable=false (the default).
+	FormatJSON RecordFormat = iota
+	// FormatJSONSchema is {"schema":…,"payload":…}: the event with its Kafka Connect schema, as
+	// Debezium's records through JsonConverter with schemas.enable=true, which Kafka Connect sinks
+	// need.
+	FormatJSONSchema
+)
+
+// String returns the format's name: json or json-schema.
+func (f RecordFormat) String() string {
+	switch f {
+	case FormatJSON:
+		return "json"
+	case FormatJSONSchema:
+		return "json-schema"
+	}
+	return fmt.Sprintf("RecordFormat(%d)", int(f))
+}
+
+// ParseRecordFormat returns the format named s: json or json-schema ("" is FormatJSON).
+func ParseRecordFormat(s string) (RecordFormat, error) {
+	switch s {
+	case "", "json":
+		return FormatJSON, nil
+	case "json-schema":
+		return FormatJSONSchema, nil
+	}
+	return 0, fmt.Errorf("%w: record format %q (valid: json, json-schema)", ErrInvalidConfig, s)
+}
 
 // Compression is the producer's batch compression.
 type Compression int
@@ -140,12 +175,22 @@ type Config struct {
 	// TopicConfigs are the topic configurations of the table topics the sink creates
 	// (retention.ms, max.message.bytes, ...).
 	TopicConfigs map[string]string
+	// TopicMap names the topic of some tables, instead of PREFIX.SCHEMA.TABLE: for two tables
+	// whose topic names would collide, or to route a table elsewhere (as Debezium's routing
+	// transform is used for).
+	TopicMap map[catalog.TableName]string
 	// Tombstones adds, after each delete event, a record with the key and no value, as
-	// Debezium's tombstones.on.delete does, so that log compaction can drop the key.
+	// Debezium's tombstones.on.delete does, so that log compaction can drop the key. A table
+	// without key gets no tombstones.
 	Tombstones bool
+	// KeyFormat and ValueFormat say whether keys and values carry their Kafka Connect schema.
+	KeyFormat, ValueFormat RecordFormat
 
-	// Format gives the events' source block (Server, Database, Version), the value decoder
-	// (Values) and the clock (Now); its Kind, StageBytes and TempDir do not apply.
+	// Format gives the events' source block (Server, Database, Version), the value mapping
+	// (Decimal, Interval, Values) and the clock (Now); its Kind, StageBytes and TempDir do not
+	// apply, and the Sink sets KeySchema, ValueSchema and SchemaName. Its Tables, if nil, is the
+	// changefeed's catalog reader (changefeed.Batch.Catalog), and its Database, if "", the name of
+	// the database that reader reads.
 	Format format.Config
 
 	// TLS, when not nil, connects to the brokers with TLS.
@@ -202,6 +247,14 @@ func (c *Config) withDefaults() (Config, error) {
 	}
 	if cfg.OffsetsTopic == "" {
 		cfg.OffsetsTopic = cfg.TopicPrefix + ".offsets"
+	}
+	for tn, topic := range cfg.TopicMap {
+		if err := validTopic(topic); err != nil {
+			return cfg, fmt.Errorf("%w: TopicMap[%s]: %v", ErrInvalidConfig, tn, err)
+		}
+	}
+	if cfg.KeyFormat != FormatJSON && cfg.KeyFormat != FormatJSONSchema || cfg.ValueFormat != FormatJSON && cfg.ValueFormat != FormatJSONSchema {
+		return cfg, fmt.Errorf("%w: KeyFormat %v, ValueFormat %v", ErrInvalidConfig, cfg.KeyFormat, cfg.ValueFormat)
 	}
 	if err := validTopic(cfg.OffsetsTopic); err != nil {
 		return cfg, fmt.Errorf("%w: OffsetsTopic: %v", ErrInvalidConfig, err)
@@ -284,51 +337,4 @@ func (c Compression) codec() (kgo.CompressionCodec, bool) {
 		return kgo.ZstdCompression(), true
 	}
 	return kgo.CompressionCodec{}, false
-}
-
-// ValidTopicName reports a name Kafka would refuse as a topic: empty, longer than 249
-// characters, "." or "..", or holding a character other than ASCII letters, digits, '.', '_'
-// and '-'.
-func ValidTopicName(name string) error { return validTopic(name) }
-
-func validTopic(name string) error {
-	switch {
-	case name == "":
-		return errors.New("empty topic name")
-	case len(name) > 249:
-		return fmt.Errorf("topic name of %d characters, Kafka takes at most 249", len(name))
-	case name == "." || name == "..":
-		return fmt.Errorf("topic name %q", name)
-	}
-	for _, r := range name {
-		if !topicChar(r) {
-			return fmt.Errorf("topic name %q: only ASCII letters, digits, '.', '_' and '-'", name)
-		}
-	}
-	return nil
-}
-
-func topicChar(r rune) bool {
-	return r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '_' || r == '-'
-}
-
-// topicName returns PREFIX.SCHEMA.TABLE, with characters Kafka does not take in a topic name
-// replaced by '_', as Debezium does.
-func topicName(prefix, schema, table string) string {
-	var b strings.Builder
-	b.WriteString(prefix)
-	b.WriteByte('.')
-	clean := func(s string) {
-		for _, r := range s {
-			if topicChar(r) {
-				b.WriteRune(r)
-			} else {
-				b.WriteByte('_')
-			}
-		}
-	}
-	clean(schema)
-	b.WriteByte('.')
-	clean(table)
-	return b.String()
 }

@@ -375,3 +375,26 @@ func bigThroughFault(t *testing.T, ctx context.Context, r *running, dsn string, 
 	require.Equal(t, 10, copied)
 	require.Equal(t, 20000, streamed)
 }
+
+// TestOffsetsTopicCompacted: an offsets topic that someone made with cleanup.policy=delete (which
+// would drop the position once retention passes, and leave a slot no run can resume) is refused
+// before a slot exists, with the fix.
+func TestOffsetsTopicCompacted(t *testing.T) {
+	c := kafkatest.Shared(t)
+	srv := pgtest.Shared(t, pgtest.Majors(t)[len(pgtest.Majors(t))-1])
+	ctx := pgtest.Context(t, time.Minute)
+	dsn := setupTable(t, srv, 1)
+	prefix := newPrefix(t)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.Addrs()...))
+	require.NoError(t, err)
+	defer cl.Close()
+	del := "delete"
+	_, err = kadm.NewClient(cl).CreateTopic(ctx, 1, 1, map[string]*string{"cleanup.policy": &del}, prefix+".offsets")
+	require.NoError(t, err)
+	sink, err := kafkasink.Open(kafkasink.Config{Brokers: c.Addrs(), TopicPrefix: prefix})
+	require.NoError(t, err)
+	err = changefeed.Run(ctx, feedConfig(dsn), sink, sink.Handle)
+	require.ErrorIs(t, err, kafkasink.ErrInvalidConfig)
+	require.ErrorContains(t, err, prefix+".offsets has cleanup.policy=delete; it needs cleanup.policy=compact")
+	require.False(t, slotExists(t, ctx, dsn))
+}

@@ -18,6 +18,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/pgreorder/pgreorder/catalog"
 	"github.com/pgreorder/pgreorder/changefeed"
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/format"
@@ -100,6 +101,10 @@ type Sink struct {
 
 	topicMu sync.Mutex
 	topics  map[string]int // topics known to exist: their max.message.bytes
+	names   *topics        // the tables' topics
+
+	dbOnce sync.Once // Format.Database read from the catalog
+	dbErr  error
 
 	evMu   sync.Mutex
 	events map[int]*format.Events // by worker
@@ -124,7 +129,8 @@ func Open(cfg Config) (*Sink, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidConfig, err)
 	}
-	s := &Sink{cfg: c, log: c.Logger, ac: ac, adm: kadm.NewClient(ac), topics: map[string]int{}, events: map[int]*format.Events{}}
+	s := &Sink{cfg: c, log: c.Logger, ac: ac, adm: kadm.NewClient(ac), topics: map[string]int{}, events: map[int]*format.Events{},
+		names: newTopics(c.TopicPrefix, c.TopicMap, c.OffsetsTopic, c.TopicPrefix+".message")}
 	s.recCtx, s.recCancel = context.WithCancel(context.Background())
 	return s, nil
 }
@@ -616,10 +622,18 @@ func (s *Sink) Handle(ctx context.Context, b *changefeed.Batch) error {
 		// Nothing to cut back: what an earlier run did not commit was aborted by Load.
 		return nil
 	case changefeed.Snapshot:
-		_, err := s.encoder(b.Worker).Rows(b, func(e format.Event) error { return s.event(ctx, e) })
+		enc, err := s.encoder(ctx, b, b.Worker)
+		if err != nil {
+			return err
+		}
+		_, err = enc.Rows(ctx, b, func(e format.Event) error { return s.event(ctx, e) })
 		return err
 	case changefeed.Transaction:
-		_, err := s.encoder(changefeed.StreamWorker).Txn(b.Txn, func(e format.Event) error { return s.event(ctx, e) })
+		enc, err := s.encoder(ctx, b, changefeed.StreamWorker)
+		if err != nil {
+			return err
+		}
+		_, err = enc.Txn(ctx, b.Txn, func(e format.Event) error { return s.event(ctx, e) })
 		return err
 	}
 	return fmt.Errorf("kafkasink: unexpected batch %v", b.Kind)
@@ -638,45 +652,78 @@ func (s *Sink) interrupt() {
 	s.mu.Unlock()
 }
 
-func (s *Sink) encoder(worker int) *format.Events {
+// encoder returns the event encoder of a worker, made on first use with the batch's catalog
+// where Config.Format has no Tables.
+func (s *Sink) encoder(ctx context.Context, b *changefeed.Batch, worker int) (*format.Events, error) {
 	s.evMu.Lock()
-	defer s.evMu.Unlock()
 	e, ok := s.events[worker]
-	if !ok {
-		e = format.NewEvents(s.cfg.Format)
-		s.events[worker] = e
+	s.evMu.Unlock()
+	if ok {
+		return e, nil
 	}
-	return e
+	fc := s.cfg.Format
+	if fc.Tables == nil || fc.Database == "" {
+		cat, err := b.Catalog()
+		if err != nil {
+			return nil, err
+		}
+		if fc.Tables == nil {
+			fc.Tables = cat
+		}
+		if fc.Database == "" {
+			s.dbOnce.Do(func() { s.cfg.Format.Database, s.dbErr = cat.Database(ctx) })
+			if s.dbErr != nil {
+				return nil, fmt.Errorf("kafkasink: reading the source database's name: %w", s.dbErr)
+			}
+			fc.Database = s.cfg.Format.Database
+		}
+	}
+	fc.KeySchema = s.cfg.KeyFormat == FormatJSONSchema
+	fc.ValueSchema = s.cfg.ValueFormat == FormatJSONSchema
+	fc.SchemaName = func(r *decoding.Relation) string { return s.names.name(tableOf(r)) }
+	e = format.NewEvents(fc)
+	s.evMu.Lock()
+	s.events[worker] = e
+	s.evMu.Unlock()
+	return e, nil
 }
 
 // event produces one event (and its tombstone).
 func (s *Sink) event(ctx context.Context, e format.Event) error {
 	var topic, table string
+	var tn catalog.TableName
 	if e.Relation != nil {
-		topic = topicName(s.cfg.TopicPrefix, e.Relation.Namespace, e.Relation.Name)
-		table = e.Relation.Namespace + "." + e.Relation.Name
-		if e.Relation.Namespace == "" {
-			topic = topicName(s.cfg.TopicPrefix, "pg_catalog", e.Relation.Name)
-			table = e.Relation.Name
+		tn = tableOf(e.Relation)
+		table = tn.String()
+		var err error
+		if topic, err = s.names.use(tn); err != nil {
+			return err
 		}
 	} else {
 		topic = s.cfg.TopicPrefix + ".message"
-	}
-	if err := validTopic(topic); err != nil {
-		return fmt.Errorf("kafkasink: table %s: %v (choose a shorter topic prefix)", table, err)
+		if err := validTopic(topic); err != nil {
+			return fmt.Errorf("%w: the message topic: %v (choose a shorter topic prefix)", ErrInvalidConfig, err)
+		}
 	}
 	var key []byte
 	if e.Key != nil {
 		key = append([]byte(nil), e.Key...)
 	}
-	r := &kgo.Record{Topic: topic, Key: key, Value: append([]byte(nil), e.Value...)}
+	var headers []kgo.RecordHeader
+	for _, h := range e.Headers {
+		headers = append(headers, kgo.RecordHeader{Key: h.Key, Value: append([]byte(nil), h.Value...)})
+	}
+	r := &kgo.Record{Topic: topic, Key: key, Value: append([]byte(nil), e.Value...), Headers: headers}
 	if err := s.produce(ctx, r, table, key); err != nil {
+		if e.Relation != nil {
+			err = collisionRefused(err, tn, topic)
+		}
 		return err
 	}
 	s.events64.Add(1)
 	s.bytes64.Add(int64(len(r.Key) + len(r.Value)))
 	if e.Op == 'd' && s.cfg.Tombstones && key != nil {
-		if err := s.produce(ctx, &kgo.Record{Topic: topic, Key: key}, table, key); err != nil {
+		if err := s.produce(ctx, &kgo.Record{Topic: topic, Key: key, Headers: headers}, table, key); err != nil {
 			return err
 		}
 		s.events64.Add(1)
@@ -704,7 +751,7 @@ func (s *Sink) topic(ctx context.Context, topic string) (int, error) {
 }
 
 func (s *Sink) ensureOffsetsTopic(ctx context.Context) error {
-	m, err := s.ensureTopic(ctx, s.cfg.OffsetsTopic, 1, s.cfg.ReplicationFactor, map[string]string{"cleanup.policy": "compact"})
+	m, conf, err := s.ensureTopicConfig(ctx, s.cfg.OffsetsTopic, 1, s.cfg.ReplicationFactor, map[string]string{"cleanup.policy": "compact"})
 	if err != nil {
 		return err
 	}
@@ -716,13 +763,26 @@ func (s *Sink) ensureOffsetsTopic(ctx context.Context) error {
 	if n := len(td[s.cfg.OffsetsTopic].Partitions); n != 1 {
 		return fmt.Errorf("%w: the offsets topic %s has %d partitions; it needs exactly one (and cleanup.policy=compact)", ErrInvalidConfig, s.cfg.OffsetsTopic, n)
 	}
+	// A delete policy drops the position once retention passes: the next run would find none and
+	// refuse the slot. Only compaction keeps the last record of every key for good.
+	if p := conf["cleanup.policy"]; p != "compact" {
+		return fmt.Errorf("%w: the offsets topic %s has cleanup.policy=%s; it needs cleanup.policy=compact, or the position is lost "+
+			"once retention passes (kafka-configs.sh --alter --entity-type topics --entity-name %s --add-config cleanup.policy=compact, "+
+			"or name another topic with -kafka-offsets-topic)", ErrInvalidConfig, s.cfg.OffsetsTopic, p, s.cfg.OffsetsTopic)
+	}
 	s.topicMu.Lock()
 	s.topics[s.cfg.OffsetsTopic] = m
 	s.topicMu.Unlock()
 	return nil
 }
 
-func (s *Sink) ensureTopic(ctx context.Context, topic string, partitions int32, rf int16, configs map[string]string) (_ int, err error) {
+func (s *Sink) ensureTopic(ctx context.Context, topic string, partitions int32, rf int16, configs map[string]string) (int, error) {
+	m, _, err := s.ensureTopicConfig(ctx, topic, partitions, rf, configs)
+	return m, err
+}
+
+// ensureTopicConfig is ensureTopic, also returning the topic's configuration.
+func (s *Sink) ensureTopicConfig(ctx context.Context, topic string, partitions int32, rf int16, configs map[string]string) (_ int, _ map[string]string, err error) {
 	defer func() {
 		if err != nil {
 			if cerr := s.classify(err); cerr != nil {
@@ -732,11 +792,11 @@ func (s *Sink) ensureTopic(ctx context.Context, topic string, partitions int32, 
 	}()
 	td, err := s.adm.ListTopics(ctx, topic)
 	if err != nil {
-		return 0, fmt.Errorf("kafkasink: looking up topic %s: %w", topic, err)
+		return 0, nil, fmt.Errorf("kafkasink: looking up topic %s: %w", topic, err)
 	}
 	if !td.Has(topic) || errors.Is(td[topic].Err, kerr.UnknownTopicOrPartition) {
 		if s.cfg.Topics == RequireTopics {
-			return 0, fmt.Errorf("%w: %s (create it, or let pgreorder create topics)", ErrTopicMissing, topic)
+			return 0, nil, fmt.Errorf("%w: %s (create it, or let pgreorder create topics)", ErrTopicMissing, topic)
 		}
 		if partitions == 0 {
 			partitions = -1
@@ -750,34 +810,38 @@ func (s *Sink) ensureTopic(ctx context.Context, topic string, partitions int32, 
 		}
 		_, err := s.adm.CreateTopic(ctx, partitions, rf, cfgs, topic)
 		if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
-			return 0, fmt.Errorf("kafkasink: creating topic %s: %w", topic, err)
+			return 0, nil, fmt.Errorf("kafkasink: creating topic %s: %w", topic, err)
 		}
 		s.log.Info("created topic", "topic", topic, "partitions", partitions, "replication_factor", rf)
 		if err := s.waitLeaders(ctx, topic); err != nil {
-			return 0, err
+			return 0, nil, err
 		}
 		s.log.Debug("topic has leaders", "topic", topic)
 	} else if err := td[topic].Err; err != nil {
-		return 0, fmt.Errorf("kafkasink: topic %s: %w", topic, err)
+		return 0, nil, fmt.Errorf("kafkasink: topic %s: %w", topic, err)
 	}
 	rc, err := s.adm.DescribeTopicConfigs(ctx, topic)
 	if err != nil {
-		return 0, fmt.Errorf("kafkasink: reading the configuration of topic %s: %w", topic, err)
+		return 0, nil, fmt.Errorf("kafkasink: reading the configuration of topic %s: %w", topic, err)
 	}
 	c, err := rc.On(topic, nil)
 	if err != nil {
-		return 0, fmt.Errorf("kafkasink: reading the configuration of topic %s: %w", topic, err)
+		return 0, nil, fmt.Errorf("kafkasink: reading the configuration of topic %s: %w", topic, err)
 	}
 	s.log.Debug("topic configuration read", "topic", topic)
 	max := 1048588 // Kafka's default message.max.bytes
+	got := map[string]string{}
 	for _, kv := range c.Configs {
+		if kv.Value != nil {
+			got[kv.Key] = *kv.Value
+		}
 		if kv.Key == "max.message.bytes" && kv.Value != nil {
 			if n, err := strconv.Atoi(*kv.Value); err == nil {
 				max = n
 			}
 		}
 	}
-	return max, nil
+	return max, got, nil
 }
 
 // waitLeaders waits until every partition of a new topic has a leader.

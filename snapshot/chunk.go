@@ -59,6 +59,10 @@ type Chunk struct {
 	ins      decoding.Insert
 }
 
+// ConsistentPoint returns the LSN of the snapshot the chunk is read in: the slot's consistent
+// point.
+func (c *Chunk) ConsistentPoint() decoding.LSN { return c.s.snap.ConsistentPoint }
+
 // Relation returns the table's relation for its OID, and false for any other id.
 func (c *Chunk) Relation(id uint32) (*decoding.Relation, bool) {
 	if id != c.Table.OID {

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pgreorder/pgreorder/catalog"
 	"github.com/pgreorder/pgreorder/changefeed"
 	"github.com/pgreorder/pgreorder/format"
 	"github.com/pgreorder/pgreorder/kafkasink"
@@ -39,6 +40,9 @@ type kafkaFlags struct {
 	metricsAddr                                                        string
 	verbose                                                            bool
 	sourceName, sourceDB                                               string
+	values                                                             valueFlags
+	keyFormat, valueFormat                                             string
+	topicMap                                                           map[catalog.TableName]string
 
 	brokers, prefix, offsetsTopic, txID, clientID  string
 	createTopics, tombstones                       bool
@@ -72,7 +76,7 @@ flags:
 
 func runKafka(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("kafka", flag.ContinueOnError)
-	f := kafkaFlags{topicConfigs: map[string]string{}}
+	f := kafkaFlags{topicConfigs: map[string]string{}, topicMap: map[catalog.TableName]string{}}
 	fs.StringVar(&f.dsn, "dsn", "", "connection string of the source database (replication=database is added)")
 	fs.StringVar(&f.slot, "slot", "", "logical replication slot (pgoutput), created by the first run")
 	fs.Func("publication", "publication to stream (repeatable, or comma-separated)", func(s string) error {
@@ -99,7 +103,8 @@ func runKafka(ctx context.Context, args []string) error {
 	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus metrics on host:port at /metrics (port 0: any free port, logged)")
 	fs.BoolVar(&f.verbose, "v", false, "debug logging")
 	fs.StringVar(&f.sourceName, "source-name", "pgreorder", "source.name of the events, the logical name of the source server")
-	fs.StringVar(&f.sourceDB, "source-db", "", "source.db of the events, the source database's name")
+	fs.StringVar(&f.sourceDB, "source-db", "", "source.db of the events (default: the name of the database -dsn connects to)")
+	f.values.register(fs, "")
 
 	fs.StringVar(&f.brokers, "kafka-brokers", "", "Kafka seed brokers, host:port, comma-separated")
 	fs.StringVar(&f.prefix, "kafka-topic-prefix", kafkasink.DefaultTopicPrefix, "topic names: PREFIX.SCHEMA.TABLE, PREFIX.message, PREFIX.offsets")
@@ -117,6 +122,19 @@ func runKafka(ctx context.Context, args []string) error {
 		return nil
 	})
 	fs.BoolVar(&f.tombstones, "kafka-tombstones", false, "follow each delete with a tombstone (the key, no value), for log compaction")
+	fs.Func("kafka-topic-map", "SCHEMA.TABLE=TOPIC: the topic of a table instead of PREFIX.SCHEMA.TABLE, such as for two tables whose "+
+		`topic names collide (repeatable; quote a name that holds a '.' as SQL does: "my.schema".t=topic)`, func(s string) error {
+		tn, topic, err := parseTopicMap(s)
+		if err != nil {
+			return err
+		}
+		f.topicMap[tn] = topic
+		return nil
+	})
+	fs.StringVar(&f.keyFormat, "kafka-key-format", "json", "record keys: json, or json-schema (with the Kafka Connect schema, "+
+		"as JsonConverter with schemas.enable=true)")
+	fs.StringVar(&f.valueFormat, "kafka-value-format", "json", "record values: json, or json-schema (with the Kafka Connect schema, "+
+		"which Kafka Connect sinks need)")
 	fs.StringVar(&f.clientID, "kafka-client-id", "pgreorder", "Kafka client.id")
 	fs.StringVar(&f.compression, "kafka-compression", "", "batch compression: none, gzip, snappy, lz4 or zstd (default: snappy)")
 	fs.StringVar(&f.maxBytes, "kafka-max-buffered", "64MB", "most record bytes waiting for the brokers; a big transaction waits for room")
@@ -295,6 +313,18 @@ func (f *kafkaFlags) config(fs *flag.FlagSet) (changefeed.Config, kafkasink.Conf
 	if !f.createTopics {
 		topics = kafkasink.RequireTopics
 	}
+	keyFormat, err := kafkasink.ParseRecordFormat(f.keyFormat)
+	if err != nil {
+		return cfg, kcfg, fmt.Errorf("-kafka-key-format %q: valid values are json and json-schema", f.keyFormat)
+	}
+	valueFormat, err := kafkasink.ParseRecordFormat(f.valueFormat)
+	if err != nil {
+		return cfg, kcfg, fmt.Errorf("-kafka-value-format %q: valid values are json and json-schema", f.valueFormat)
+	}
+	fcfg := format.Config{Server: f.sourceName, Database: f.sourceDB, Version: shortVersion()}
+	if err := f.values.apply(&fcfg); err != nil {
+		return cfg, kcfg, err
+	}
 	kcfg = kafkasink.Config{
 		Brokers:            brokers,
 		TopicPrefix:        f.prefix,
@@ -305,7 +335,10 @@ func (f *kafkaFlags) config(fs *flag.FlagSet) (changefeed.Config, kafkasink.Conf
 		ReplicationFactor:  int16(f.replicationFactor),
 		TopicConfigs:       f.topicConfigs,
 		Tombstones:         f.tombstones,
-		Format:             format.Config{Server: f.sourceName, Database: f.sourceDB},
+		TopicMap:           f.topicMap,
+		KeyFormat:          keyFormat,
+		ValueFormat:        valueFormat,
+		Format:             fcfg,
 		TLS:                tlsCfg,
 		SASL:               kafkasink.SASL{Mechanism: mech, User: f.saslUser, Password: os.Getenv(kafkaSASLPasswordEnv)},
 		ClientID:           f.clientID,
@@ -323,6 +356,60 @@ func (f *kafkaFlags) config(fs *flag.FlagSet) (changefeed.Config, kafkasink.Conf
 		}
 	}
 	return cfg, kcfg, nil
+}
+
+// parseTopicMap reads SCHEMA.TABLE=TOPIC, each name as SQL writes it: bare (folded to lower
+// case, as PostgreSQL folds it) or double-quoted (as it is, "" for a quote).
+func parseTopicMap(s string) (catalog.TableName, string, error) {
+	bad := func(why string) (catalog.TableName, string, error) {
+		return catalog.TableName{}, "", fmt.Errorf("%q: %s; want SCHEMA.TABLE=TOPIC, such as sales.order_items=sales-order-items", s, why)
+	}
+	var names []string
+	rest := s
+	for len(names) < 2 {
+		var name string
+		if strings.HasPrefix(rest, `"`) {
+			var b strings.Builder
+			i := 1
+			for ; i < len(rest); i++ {
+				if rest[i] == '"' {
+					if i+1 < len(rest) && rest[i+1] == '"' {
+						b.WriteByte('"')
+						i++
+						continue
+					}
+					break
+				}
+				b.WriteByte(rest[i])
+			}
+			if i >= len(rest) {
+				return bad("an unterminated quoted name")
+			}
+			name, rest = b.String(), rest[i+1:]
+		} else {
+			end := strings.IndexAny(rest, ".=")
+			if end < 0 {
+				return bad("no '='")
+			}
+			name, rest = strings.ToLower(rest[:end]), rest[end:]
+		}
+		if name == "" {
+			return bad("an empty name")
+		}
+		names = append(names, name)
+		sep := byte('=')
+		if len(names) == 1 {
+			sep = '.'
+		}
+		if rest == "" || rest[0] != sep {
+			return bad(fmt.Sprintf("expected '%c' after %q", sep, name))
+		}
+		rest = rest[1:]
+	}
+	if err := kafkasink.ValidTopicName(rest); err != nil {
+		return bad(err.Error())
+	}
+	return catalog.TableName{Schema: names[0], Name: names[1]}, rest, nil
 }
 
 func (f *kafkaFlags) tlsConfig() (*tls.Config, error) {

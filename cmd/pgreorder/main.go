@@ -54,6 +54,18 @@ func usage(w io.Writer) {
 // prints instead of what the build information says.
 var buildVersion string
 
+// shortVersion is the module version alone (a tag, a pseudo-version, "(devel)"), for the
+// events' source.version.
+func shortVersion() string {
+	if buildVersion != "" {
+		return buildVersion
+	}
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		return bi.Main.Version
+	}
+	return ""
+}
+
 // version describes the build: the module version (a tag, or a pseudo-version; "(devel)" for a
 // build from a work tree), the commit and the Go version.
 func version() string {

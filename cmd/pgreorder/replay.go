@@ -67,6 +67,7 @@ func parseProto(v int) error {
 // outputFlags are the flags that choose the output format, shared by replay and stream.
 type outputFlags struct {
 	format, server, database string
+	values                   valueFlags
 }
 
 func (o *outputFlags) register(fs *flag.FlagSet) {
@@ -74,6 +75,7 @@ func (o *outputFlags) register(fs *flag.FlagSet) {
 		"debezium (one Debezium-style change event per change, typed values); see docs/formats.md")
 	fs.StringVar(&o.server, "source-name", "pgreorder", "debezium format: source.name, the logical name of the source server")
 	fs.StringVar(&o.database, "source-db", "", "debezium format: source.db, the source database's name")
+	o.values.register(fs, "debezium format: ")
 }
 
 func (o *outputFlags) config() (format.Config, error) {
@@ -81,7 +83,35 @@ func (o *outputFlags) config() (format.Config, error) {
 	if err != nil {
 		return format.Config{}, fmt.Errorf("-format: %w", err)
 	}
-	return format.Config{Kind: kind, Server: o.server, Database: o.database}, nil
+	cfg := format.Config{Kind: kind, Server: o.server, Database: o.database, Version: shortVersion()}
+	if err := o.values.apply(&cfg); err != nil {
+		return format.Config{}, err
+	}
+	return cfg, nil
+}
+
+// valueFlags choose how Debezium events write numeric and interval values.
+type valueFlags struct {
+	decimal, interval string
+}
+
+func (v *valueFlags) register(fs *flag.FlagSet, prefix string) {
+	fs.StringVar(&v.decimal, "decimal-handling", "precise", prefix+"numeric values: precise (Kafka Connect's Decimal, as Debezium), "+
+		"string (PostgreSQL's text) or double")
+	fs.StringVar(&v.interval, "interval-handling", "numeric", prefix+"interval values: numeric (microseconds, as Debezium) or string (ISO 8601)")
+}
+
+func (v *valueFlags) apply(cfg *format.Config) error {
+	d, err := format.ParseDecimalHandling(v.decimal)
+	if err != nil {
+		return fmt.Errorf("-decimal-handling %q: valid values are precise, string and double", v.decimal)
+	}
+	i, err := format.ParseIntervalHandling(v.interval)
+	if err != nil {
+		return fmt.Errorf("-interval-handling %q: valid values are numeric and string", v.interval)
+	}
+	cfg.Decimal, cfg.Interval = d, i
+	return nil
 }
 
 func runReplay(ctx context.Context, args []string) error {

@@ -41,12 +41,14 @@ var allowed = map[string][]string{
 	"spillcodec":  {"spill"},
 	// The consumer entry point: over the toolkit, below apply (which uses its copy), never
 	// importing it.
-	"changefeed": {"replication", "snapshot", "pgvalue", "format", "reorderbuffer", "decoding"},
+	"changefeed": {"catalog", "replication", "snapshot", "pgvalue", "format", "reorderbuffer", "decoding"},
 	// The Kafka output: a changefeed store and handler over the format's events.
-	"kafkasink": {"changefeed", "decoding", "format"},
+	"kafkasink": {"catalog", "changefeed", "decoding", "format"},
 	// The toolkit.
-	"pgvalue":  {"decoding"},
-	"format":   {"pgvalue", "reorderbuffer", "decoding", "internal/dirfile"},
+	"pgvalue": {"decoding"},
+	"format":  {"pgvalue", "reorderbuffer", "decoding", "internal/dirfile"},
+	// What the events need of the source's catalog, read for format.
+	"catalog":  {"format", "replication", "decoding"},
 	"snapshot": {"replication", "decoding", "internal/copycodec"},
 	// The subscriber: apply orchestrates; its conflict vocabulary is a public leaf over decoding
 	// only, and the COPY codec it shares with snapshot another; its scheduling (commit order,
@@ -206,14 +208,14 @@ func TestEveryPackageHasItsPlace(t *testing.T) {
 func TestOnlyReplicationTalksToPostgres(t *testing.T) {
 	// Who may open connections: replication (the walsender, and the ordinary connections it opens
 	// for snapshot and apply), apply (its target side included) and snapshot (ordinary
-	// connections to copy and apply),
+	// connections to copy and apply), catalog (the source's catalog, for the events),
 	// changefeed (its position table's database), internal/tools and internal/testing
 	// (throwaway servers for the commands and tests), examples (programs), and metrics, which
 	// listens for scrapes (net, never pgconn), as internal/testing/kafkatest picks free ports for
 	// its brokers.
 	connects := func(pkg, imp string) bool {
 		switch {
-		case pkg == "replication", pkg == "apply", pkg == "apply/internal/target", pkg == "apply/internal/detect", pkg == "snapshot", pkg == "changefeed",
+		case pkg == "replication", pkg == "apply", pkg == "apply/internal/target", pkg == "apply/internal/detect", pkg == "snapshot", pkg == "catalog", pkg == "changefeed",
 			strings.HasPrefix(pkg, "internal/testing/"), strings.HasPrefix(pkg, "internal/tools/"), strings.HasPrefix(pkg, "examples/"):
 			return true
 		case pkg == "internal/kafkatest": // throwaway Kafka brokers for tests: free ports, never pgconn
