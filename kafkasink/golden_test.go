@@ -413,6 +413,23 @@ func runGolden(t *testing.T, ctx context.Context, c *kafkatest.Cluster, srv *pgt
 		return out
 	}
 	schemas.records, plain.records = keep(schemas.prefix), keep(plain.prefix)
+	// What the masks hide: source.db is the database's name, read from the connection; copied
+	// rows carry the snapshot's LSN.
+	for _, r := range plain.records {
+		var ev struct {
+			Op     string `json:"op"`
+			Source struct {
+				DB  string  `json:"db"`
+				LSN *uint64 `json:"lsn"`
+			} `json:"source"`
+		}
+		if r.Value == nil || string(r.Value) == "null" || strings.HasSuffix(r.Topic, ".message") {
+			continue
+		}
+		require.NoError(t, json.Unmarshal(r.Value, &ev))
+		require.Equal(t, db, ev.Source.DB, "source.db of %s", r.Value)
+		require.NotNil(t, ev.Source.LSN, "source.lsn of %s", r.Value)
+	}
 	return schemas, plain
 }
 
