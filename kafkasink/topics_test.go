@@ -126,4 +126,3 @@ func TestTopicCollisionExisting(t *testing.T) {
 	require.Equal(t, prefix+"_public.t", ce.OtherTopic)
 	require.False(t, slotExists(t, ctx, dsn))
 }
-
