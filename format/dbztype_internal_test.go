@@ -80,6 +80,8 @@ func TestDefaultLiteral(t *testing.T) {
 		{TableColumn{Default: "'\\x01'::bytea", TypeName: "bytea"}, "", false},
 		{TableColumn{Default: "'ok'::mood", TypeName: "mood", EnumLabels: []string{"ok"}}, "ok", true},
 		{TableColumn{Default: "'ok'::other", TypeName: "mood", EnumLabels: []string{"ok"}}, "", false},
+		{TableColumn{Default: "'ok'::public.mood", TypeName: "mood", EnumLabels: []string{"ok"}}, "ok", true},
+		{TableColumn{Default: `'ok'::"my schema".mood`, TypeName: "mood", EnumLabels: []string{"ok"}}, "ok", true},
 		{TableColumn{TypeName: "text"}, "", false},
 	} {
 		got, ok := defaultLiteral(c.col)

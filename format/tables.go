@@ -36,7 +36,8 @@ type TableColumn struct {
 	// NotNull is the column's NOT NULL constraint.
 	NotNull bool
 	// Default is the column's default expression as pg_get_expr prints it ("'x'::text",
-	// "nextval('t_id_seq'::regclass)"), "" for none.
+	// "nextval('public.t_id_seq'::regclass)": package catalog reads it with an empty search_path,
+	// so names outside pg_catalog are schema-qualified), "" for none.
 	Default string
 	// TypeName is the name of the column's type in pg_type (typname: "int4", "varchar", "mood").
 	TypeName string
