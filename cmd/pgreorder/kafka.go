@@ -58,8 +58,11 @@ type kafkaFlags struct {
 const kafkaUsage = `usage: pgreorder kafka -dsn DSN -slot NAME -publication NAME -kafka-brokers HOST:PORT,... [flags]
 
 Copies the published tables, then streams every committed transaction from the copy's consistent
-point, into Kafka: one topic per table (PREFIX.SCHEMA.TABLE), one record per change with the
-Debezium-style event of -format debezium as value and the replica identity columns as key.
+point, into Kafka, as Debezium's PostgreSQL connector writes it: one topic per table
+(PREFIX.SCHEMA.TABLE, or -kafka-topic-map), one record per change with the change event as value
+and the primary key's columns as key (else a unique index's of NOT NULL columns; no key for a
+table with neither); a change of key is a delete of the old key and a create of the new one.
+Tables whose topic names collide in Kafka are refused before anything starts.
 
 Exactly once for consumers that read committed (isolation.level=read_committed): every source
 transaction is one Kafka transaction, which also writes the source position to a compacted

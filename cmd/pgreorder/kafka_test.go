@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgreorder/pgreorder/catalog"
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/internal/testing/kafkatest"
 	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
@@ -34,10 +35,41 @@ func TestKafkaFlags(t *testing.T) {
 		{append(base, "-kafka-brokers", "b:9092", "-kafka-max-buffered", "lots"), "-kafka-max-buffered"},
 		{append(base, "-kafka-brokers", "b:9092", "-kafka-group", "0"), "-kafka-group 0: want 1 or more"},
 		{append(base, "-kafka-brokers", "b:9092", "-spill-compression", "gzip"), `-spill-compression "gzip"`},
+		{append(base, "-kafka-brokers", "b:9092", "-kafka-topic-map", "sales.items"), `want SCHEMA.TABLE=TOPIC`},
+		{append(base, "-kafka-brokers", "b:9092", "-kafka-topic-map", "sales.items=a b"), `-kafka-topic-map`},
+		{append(base, "-kafka-brokers", "b:9092", "-kafka-value-format", "avro"), `-kafka-value-format "avro": valid values are json and json-schema`},
+		{append(base, "-kafka-brokers", "b:9092", "-kafka-key-format", "xml"), `-kafka-key-format "xml"`},
+		{append(base, "-kafka-brokers", "b:9092", "-decimal-handling", "float"), `-decimal-handling "float": valid values are precise, string and double`},
+		{append(base, "-kafka-brokers", "b:9092", "-interval-handling", "iso"), `-interval-handling "iso"`},
 	} {
 		err := runKafka(context.Background(), tc.args)
 		require.Error(t, err, "%v", tc.args)
 		require.Contains(t, err.Error(), tc.want, "%v", tc.args)
+	}
+}
+
+// TestParseTopicMap: -kafka-topic-map takes names as SQL writes them: bare ones folded to lower
+// case, quoted ones as they are (a '.' inside quotes is part of the name).
+func TestParseTopicMap(t *testing.T) {
+	for _, tc := range []struct {
+		in    string
+		table catalog.TableName
+		topic string
+	}{
+		{"sales.order_items=sales-order-items", catalog.TableName{Schema: "sales", Name: "order_items"}, "sales-order-items"},
+		{"Sales.Items=t", catalog.TableName{Schema: "sales", Name: "items"}, "t"},
+		{`"x.a".b=x_a.b`, catalog.TableName{Schema: "x.a", Name: "b"}, "x_a.b"},
+		{`x."a.b"=t.1`, catalog.TableName{Schema: "x", Name: "a.b"}, "t.1"},
+		{`"Odd ""q"""."Mixed Case"=odd`, catalog.TableName{Schema: `Odd "q"`, Name: "Mixed Case"}, "odd"},
+	} {
+		table, topic, err := parseTopicMap(tc.in)
+		require.NoError(t, err, tc.in)
+		require.Equal(t, tc.table, table, tc.in)
+		require.Equal(t, tc.topic, topic, tc.in)
+	}
+	for _, bad := range []string{"items=t", `"x.a=t`, "s.t=", "s.t=a/b", ".t=x", `s.""=x`, "s.t"} {
+		_, _, err := parseTopicMap(bad)
+		require.Error(t, err, bad)
 	}
 }
 
