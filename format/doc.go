@@ -27,53 +27,81 @@
 //
 // # debezium: one line per change
 //
-// A Debezium-style change event per row change, per truncated table and per logical message, so
-// that tools written for Debezium's PostgreSQL connector (with the JSON converter, schemas off)
-// can read it, and so that a large transaction is many short lines:
+// A Debezium change event per row change, per truncated table and per logical message, field for
+// field what Debezium's PostgreSQL connector writes (with the JSON converter, schemas off), so
+// that tools written for Debezium can read it, and so that a large transaction is many short
+// lines:
 //
-//	{"before":ROW|null,"after":ROW|null,"source":SOURCE,"op":"c|u|d|t","ts_ms":N,"transaction":TX}
-//	{"op":"m","ts_ms":N,"source":SOURCE,"message":{"prefix":"…","content":"base64"},"transaction":TX|null}
+//	{"before":ROW|null,"after":ROW|null,"source":SOURCE,"transaction":TX,"op":"c|u|d|t|r","ts_ms":N,"ts_us":N,"ts_ns":N}
+//	{"op":"m","ts_ms":N,"source":SOURCE,"transaction":TX|null,"message":{"prefix":"…","content":"base64"}}
 //
 // SOURCE is {"version":…,"connector":"pgreorder","name":…,"ts_ms":N,"snapshot":"false","db":…,
-// "schema":…,"table":…,"txId":N,"lsn":N,"xmin":null}: version (omitted unless configured), name and db
-// come from Config; ts_ms is the commit time in milliseconds; lsn is the transaction's commit LSN
-// as a number (Debezium gives each change's own LSN, which pgoutput does not send); txId is null
-// for a non-transactional message. The top-level ts_ms is when the event was written.
-// TX is {"id":"XID:LSN","total_order":N,"data_collection_order":N}: the event's position in its
-// transaction and among the transaction's events for its table, from 1.
+// "sequence":null,"ts_us":N,"ts_ns":N,"schema":…,"table":…,"txId":N,"lsn":N,"xmin":null,"origin":…,
+// "origin_lsn":…}: version, name and db come from Config; ts_* is the commit time; lsn is the
+// transaction's commit LSN as a number (Debezium gives each change's own LSN, which the reorder
+// buffer does not keep; sequence, which Debezium builds from it, is null); txId is null for a
+// non-transactional message; origin and origin_lsn name the replication origin the transaction
+// came from, null when the server sent none. Rows of an initial copy (Events.Rows) are "r" events
+// with snapshot "true", no txId, the snapshot's LSN, and no transaction block. The top-level
+// ts_* is when the event was written. TX is {"id":"XID:LSN","total_order":N,
+// "data_collection_order":N}: the event's position in its transaction and among the
+// transaction's events for its table, from 1.
 //
-// before is the old key (or the whole old row with REPLICA IDENTITY FULL) of an update, when the
-// server sent it, and of a delete; after is the new row of an insert or update. Values are typed
-// with package pgvalue, mostly as Debezium's defaults give them, and otherwise as strings:
+// before is the old row the server sent: the whole old row with REPLICA IDENTITY FULL, the old
+// key when an update changed it (other columns null), nothing otherwise; after is the new row of
+// an insert or update. In these lines an update that changes the key is one "u" event whose before
+// holds the old key; Events, which hands out keyed records, writes it as Debezium does instead: a
+// "d" of the old key and a "c" of the new, linked by the headers HeaderNewKey and HeaderOldKey.
+//
+// Values are typed as Debezium's defaults type them (decimal.handling.mode precise,
+// time.precision.mode adaptive, interval.handling.mode numeric; Config.Decimal and
+// Config.Interval choose Debezium's other modes):
 //
 //	bool                          true, false
-//	int2, int4, int8, oid, xid    a number
+//	int2, int4, int8, oid         a number
 //	float4, float8                a number (shortest form that reads back the same float);
 //	                              "NaN", "Infinity", "-Infinity" as strings
-//	numeric                       a string, PostgreSQL's text ("12.50", "NaN"), as Debezium with
-//	                              decimal.handling.mode=string
+//	numeric(p,s)                  base64 of the unscaled value's two's complement bytes
+//	                              (org.apache.kafka.connect.data.Decimal); NaN, ±Infinity: null
+//	numeric                       {"scale":S,"value":BYTES}, trailing fraction zeros dropped
+//	                              (io.debezium.data.VariableScaleDecimal)
 //	text, varchar, char, name,
 //	enums, xml                    a string
 //	bytea                         base64 string
 //	date                          days since 1970-01-01 (io.debezium.time.Date)
-//	timestamp                     microseconds since 1970-01-01 (io.debezium.time.MicroTimestamp)
-//	timestamptz                   ISO 8601 string in UTC, "2024-02-29T10:34:56.789012Z"
-//	                              (io.debezium.time.ZonedTimestamp)
-//	date, timestamp(tz) ±infinity "infinity", "-infinity"
-//	time                          microseconds since midnight (io.debezium.time.MicroTime)
-//	interval                      ISO 8601 duration string, "P1Y2M3DT4H5M6.789S"
-//	                              (Debezium with interval.handling.mode=string)
+//	time(0..3), time(4..6)        milliseconds, microseconds since midnight
+//	                              (io.debezium.time.Time, MicroTime)
+//	timestamp(0..3), (4..6)       milliseconds, microseconds since 1970-01-01
+//	                              (io.debezium.time.Timestamp, MicroTimestamp)
+//	timestamptz                   ISO 8601 string in UTC with the column's precision in digits,
+//	                              "2024-02-29T10:34:56.789012Z" (io.debezium.time.ZonedTimestamp)
+//	±infinity                     Debezium's values: date -2147472692 and -2147472691;
+//	                              timestamp 9223372036825200000 and -9223372036832400000 (in
+//	                              milliseconds, divided by 1000); timestamptz "infinity", "-infinity"
+//	interval                      microseconds, months of 365.25/12 days
+//	                              (io.debezium.time.MicroDuration)
 //	uuid                          a string
 //	json, jsonb                   a string holding the JSON text (io.debezium.data.Json)
 //	arrays                        a JSON array of the elements, mapped the same way
 //	                              (multidimensional arrays flattened, as pgtype decodes them)
-//	unchanged TOASTed value       "__debezium_unavailable_value", as Debezium
+//	unchanged TOASTed value       "__debezium_unavailable_value", as Debezium (base64 for bytea)
 //	other types pgtype knows      a string, PostgreSQL's text for the value
 //	types nobody resolves         text format: a string; binary format: base64
 //
 // Domains decode as their base type. Register enums and other custom types in the Map of
 // Config.Values: an enum in the binary format is otherwise base64. Invalid UTF-8 in string values
 // becomes U+FFFD.
+//
+// # Events: keyed records and Connect schemas
+//
+// Events hands out each event with the key and headers of a Kafka record of it. With
+// Config.Tables (package catalog), the key is the table's primary key (else a unique index of
+// NOT NULL columns; a table with neither has none), whatever the replica identity, as Debezium's;
+// the columns of a before that the server did not send (a delete's, under the default replica
+// identity) are, as Debezium fills them, null when nullable, else the column's default, else the
+// type's zero value. Config.KeySchema and ValueSchema add the Kafka Connect schema, as Kafka's
+// JsonConverter writes it with schemas.enable=true: {"schema":…,"payload":…}, with Debezium's
+// field types, optional flags, literal defaults and logical names.
 //
 // # Names
 //

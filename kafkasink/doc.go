@@ -10,14 +10,32 @@
 //
 // # Records
 //
-// Each row change is one record on topic PREFIX.SCHEMA.TABLE (Config.TopicPrefix; characters a
-// topic name cannot hold become '_'), whose value is the change event of the debezium format of
-// package format (docs/formats.md) and whose key is the row's replica identity columns as a JSON
-// object of typed values ({"id":1}): the new row's for an insert or update, the old row's for a
-// delete, so that Kafka's default partitioner keeps every change of a key in one partition, in
-// commit order. A TRUNCATE is one event per table with a null key; a logical decoding message is
-// an "m" event on PREFIX.message with key {"prefix":"…"}; rows of the initial copy are "r" events
-// (source.snapshot "true"). With Config.Tombstones, a delete is followed by a tombstone.
+// The records are those Debezium's PostgreSQL connector writes for the same changes (its tests
+// compare them with Debezium's own, field for field, and through Kafka Connect). Each row change
+// is one record on topic PREFIX.SCHEMA.TABLE (Config.TopicPrefix; characters a topic name cannot
+// hold become '_'; Config.TopicMap names other topics), whose value is the change event of the
+// debezium format of package format (docs/formats.md) and whose key is the row's primary key
+// columns as a JSON object of typed values ({"id":1}), whatever the replica identity; without a
+// primary key, a unique index's of NOT NULL columns; for a table with neither, a null key. The
+// key of a create or update is the new row's, of a delete the old row's, so that Kafka's default
+// partitioner keeps every change of a key in one partition, in commit order. A change of key is a
+// delete of the old key (its header format.HeaderNewKey names the new key) and a create of the new
+// one (format.HeaderOldKey). A TRUNCATE is one event per table with a null key; a logical
+// decoding message is an "m" event on PREFIX.message with key {"prefix":"…"}; rows of the initial
+// copy are "r" events (source.snapshot "true", source.lsn the snapshot's). With Config.Tombstones,
+// a delete is followed by a tombstone (the key and its headers, no value) where the table has a
+// key. KeyFormat and ValueFormat FormatJSONSchema add the Kafka Connect schema to keys and values.
+//
+// Keys, NOT NULL columns (which Connect schemas mark required), defaults and enum labels come
+// from the source's catalog: Config.Format.Tables, or, when it is nil, the changefeed's reader
+// (changefeed.Batch.Catalog).
+//
+// Topic names that Kafka would take for one ('.' and '_' are the same character to it) or that
+// are one (x."a.b" and "x.a".b) are refused with a *TopicCollisionError naming both tables: the
+// Sink is a changefeed.TableChecker, so the published tables are checked before a slot is made
+// (and before a stream resumes), against each other and against the topics the brokers hold;
+// a table added to a publication later is checked at its first change, before anything of that
+// transaction is visible.
 //
 // # Exactly once
 //
@@ -73,6 +91,8 @@
 //
 // A missing topic is created with Config.Partitions and Config.ReplicationFactor (the offsets
 // topic with one partition, compacted), or, with RequireTopics, refused (ErrTopicMissing). An
+// offsets topic with more than one partition, or not compacted (its records would be deleted
+// after retention, and with them the position), is refused with ErrInvalidConfig. An
 // event larger than its topic's max.message.bytes stops the sink with ErrRecordTooLarge, naming
 // the table, the key and the size: an event is never dropped.
 package kafkasink
