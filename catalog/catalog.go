@@ -106,6 +106,15 @@ func (r *Reader) Close() error {
 // query runs sql with text parameters and returns the rows' text values (nil for NULL). r.mu is
 // held.
 func (r *Reader) query(ctx context.Context, sql string, params ...string) ([][][]byte, error) {
+	rows, err := r.queryOnce(ctx, sql, params...)
+	if err != nil && r.conn != nil && r.conn.IsClosed() && ctx.Err() == nil {
+		// The connection was lost (a server restart, an idle timeout): once more, on a new one.
+		rows, err = r.queryOnce(ctx, sql, params...)
+	}
+	return rows, err
+}
+
+func (r *Reader) queryOnce(ctx context.Context, sql string, params ...string) ([][][]byte, error) {
 	if r.closed {
 		return nil, ErrClosed
 	}
