@@ -302,6 +302,16 @@ func TestLeaderLoss(t *testing.T) {
 // TestOffsetsTopicOnePartition: an offsets topic of several partitions is refused, naming it,
 // before the slot is made.
 func TestOffsetsTopicOnePartition(t *testing.T) {
+	err := refusedBeforeSlot(t, func(prefix string) (string, int32, map[string]*string) { return prefix + ".offsets", 2, nil })
+	require.ErrorIs(t, err, kafkasink.ErrInvalidConfig)
+	require.ErrorContains(t, err, ".offsets has 2 partitions")
+}
+
+// refusedBeforeSlot makes the topic topic(prefix) names (with its partitions and configuration),
+// runs a changefeed of one table into a sink of prefix, and returns the error it stopped with,
+// having checked that no slot was left.
+func refusedBeforeSlot(t *testing.T, topic func(prefix string) (string, int32, map[string]*string)) error {
+	t.Helper()
 	c := kafkatest.Shared(t)
 	srv := pgtest.Shared(t, pgtest.Majors(t)[len(pgtest.Majors(t))-1])
 	ctx := pgtest.Context(t, time.Minute)
@@ -310,14 +320,15 @@ func TestOffsetsTopicOnePartition(t *testing.T) {
 	cl, err := kgo.NewClient(kgo.SeedBrokers(c.Addrs()...))
 	require.NoError(t, err)
 	defer cl.Close()
-	_, err = kadm.NewClient(cl).CreateTopic(ctx, 2, 1, nil, prefix+".offsets")
+	name, partitions, configs := topic(prefix)
+	_, err = kadm.NewClient(cl).CreateTopic(ctx, partitions, 1, configs, name)
 	require.NoError(t, err)
 	sink, err := kafkasink.Open(kafkasink.Config{Brokers: c.Addrs(), TopicPrefix: prefix})
 	require.NoError(t, err)
 	err = changefeed.Run(ctx, feedConfig(dsn), sink, sink.Handle)
-	require.ErrorIs(t, err, kafkasink.ErrInvalidConfig)
-	require.Contains(t, err.Error(), prefix+".offsets has 2 partitions")
-	require.False(t, slotExists(t, ctx, dsn))
+	require.Error(t, err)
+	require.False(t, slotExists(t, ctx, dsn), "a slot was left behind")
+	return err
 }
 
 // TestRecordBeyondBuffer: an event larger than the producer's buffer stops the sink with an error
@@ -380,21 +391,10 @@ func bigThroughFault(t *testing.T, ctx context.Context, r *running, dsn string, 
 // would drop the position once retention passes, and leave a slot no run can resume) is refused
 // before a slot exists, with the fix.
 func TestOffsetsTopicCompacted(t *testing.T) {
-	c := kafkatest.Shared(t)
-	srv := pgtest.Shared(t, pgtest.Majors(t)[len(pgtest.Majors(t))-1])
-	ctx := pgtest.Context(t, time.Minute)
-	dsn := setupTable(t, srv, 1)
-	prefix := newPrefix(t)
-	cl, err := kgo.NewClient(kgo.SeedBrokers(c.Addrs()...))
-	require.NoError(t, err)
-	defer cl.Close()
 	del := "delete"
-	_, err = kadm.NewClient(cl).CreateTopic(ctx, 1, 1, map[string]*string{"cleanup.policy": &del}, prefix+".offsets")
-	require.NoError(t, err)
-	sink, err := kafkasink.Open(kafkasink.Config{Brokers: c.Addrs(), TopicPrefix: prefix})
-	require.NoError(t, err)
-	err = changefeed.Run(ctx, feedConfig(dsn), sink, sink.Handle)
+	err := refusedBeforeSlot(t, func(prefix string) (string, int32, map[string]*string) {
+		return prefix + ".offsets", 1, map[string]*string{"cleanup.policy": &del}
+	})
 	require.ErrorIs(t, err, kafkasink.ErrInvalidConfig)
-	require.ErrorContains(t, err, prefix+".offsets has cleanup.policy=delete; it needs cleanup.policy=compact")
-	require.False(t, slotExists(t, ctx, dsn))
+	require.ErrorContains(t, err, ".offsets has cleanup.policy=delete; it needs cleanup.policy=compact")
 }

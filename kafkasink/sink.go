@@ -103,7 +103,8 @@ type Sink struct {
 	topics  map[string]int // topics known to exist: their max.message.bytes
 	names   *topics        // the tables' topics
 
-	dbOnce sync.Once // Format.Database read from the catalog
+	dbOnce sync.Once // the source database's name read from the catalog, where Format has none
+	db     string
 	dbErr  error
 
 	evMu   sync.Mutex
@@ -671,11 +672,12 @@ func (s *Sink) encoder(ctx context.Context, b *changefeed.Batch, worker int) (*f
 			fc.Tables = cat
 		}
 		if fc.Database == "" {
-			s.dbOnce.Do(func() { s.cfg.Format.Database, s.dbErr = cat.Database(ctx) })
+			// Copy workers make their encoders at once: one reads the name, all wait for it.
+			s.dbOnce.Do(func() { s.db, s.dbErr = cat.Database(ctx) })
 			if s.dbErr != nil {
 				return nil, fmt.Errorf("kafkasink: reading the source database's name: %w", s.dbErr)
 			}
-			fc.Database = s.cfg.Format.Database
+			fc.Database = s.db
 		}
 	}
 	fc.KeySchema = s.cfg.KeyFormat == FormatJSONSchema

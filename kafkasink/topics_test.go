@@ -1,13 +1,10 @@
 package kafkasink_test
 
 import (
-	"errors"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
-	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/pgreorder/pgreorder/catalog"
 	"github.com/pgreorder/pgreorder/changefeed"
@@ -108,21 +105,12 @@ func TestTopicCollisionMidStream(t *testing.T) {
 // TestTopicCollisionExisting: a table whose topic collides with a topic the brokers already hold
 // (made by someone else) is refused before a slot exists.
 func TestTopicCollisionExisting(t *testing.T) {
-	c := kafkatest.Shared(t)
-	srv := pgtest.Shared(t, pgtest.Majors(t)[len(pgtest.Majors(t))-1])
-	ctx := pgtest.Context(t, time.Minute)
-	dsn := setupTable(t, srv, 1)
-	prefix := newPrefix(t)
-	cl, err := kgo.NewClient(kgo.SeedBrokers(c.Addrs()...))
-	require.NoError(t, err)
-	defer cl.Close()
-	_, err = kadm.NewClient(cl).CreateTopic(ctx, 1, 1, nil, prefix+"_public.t")
-	require.NoError(t, err)
-	sink, err := kafkasink.Open(kafkasink.Config{Brokers: c.Addrs(), TopicPrefix: prefix})
-	require.NoError(t, err)
-	err = changefeed.Run(ctx, feedConfig(dsn), sink, sink.Handle)
+	var existing string
+	err := refusedBeforeSlot(t, func(prefix string) (string, int32, map[string]*string) {
+		existing = prefix + "_public.t"
+		return existing, 1, nil
+	})
 	var ce *kafkasink.TopicCollisionError
-	require.True(t, errors.As(err, &ce), "%v", err)
-	require.Equal(t, prefix+"_public.t", ce.OtherTopic)
-	require.False(t, slotExists(t, ctx, dsn))
+	require.ErrorAs(t, err, &ce)
+	require.Equal(t, existing, ce.OtherTopic)
 }
