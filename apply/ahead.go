@@ -9,6 +9,7 @@ import (
 	"github.com/pgreorder/pgreorder/apply/internal/schedule"
 	"github.com/pgreorder/pgreorder/apply/internal/target"
 	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/internal/pgsession"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 )
 
@@ -47,7 +48,7 @@ func (s *session) setupAhead(ctx context.Context, resume decoding.LSN) (decoding
 			return resume, nil
 		}
 		err := tg.PG.Exec(ctx, target.AheadTableSQL(s.aheadTable)).Close()
-		if err != nil && !isCode(err, "42P07") && !isCode(err, "23505") { // made meanwhile
+		if err != nil && !pgsession.IsCode(err, "42P07") && !pgsession.IsCode(err, "23505") { // made meanwhile
 			return 0, fmt.Errorf("apply: creating the ahead table %s (relaxed commit order; as the progress table's owner, run %s): %w",
 				s.aheadTable, target.AheadTableSQL(s.aheadTable), err)
 		}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/pgreorder/pgreorder/apply/internal/detect"
 	"github.com/pgreorder/pgreorder/apply/internal/target"
+	"github.com/pgreorder/pgreorder/internal/pgsession"
 )
 
 // setupConflicts prepares conflict detection and replication origins for a session, on the
@@ -28,7 +29,7 @@ func (s *session) setupConflicts(ctx context.Context) error {
 		for _, n := range names {
 			rows, err := target.Query(ctx, tg.PG, `SELECT coalesce(pg_catalog.pg_replication_origin_oid($1),
 				pg_catalog.pg_replication_origin_create($1))`, n)
-			if isCode(err, "42501") {
+			if pgsession.IsCode(err, "42501") {
 				s.a.once("origin", func() {
 					s.log.Warn("the target role may not use replication origins: transactions are committed without origin "+
 						"(no loop protection, no *_origin_differs detection)", "err", err)

@@ -11,6 +11,7 @@ import (
 	"github.com/pgreorder/pgreorder/apply/internal/target"
 	"github.com/pgreorder/pgreorder/changefeed"
 	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/internal/pgsession"
 	"github.com/pgreorder/pgreorder/replication"
 	"github.com/pgreorder/pgreorder/snapshot"
 )
@@ -57,10 +58,7 @@ const copyStageTimeout = 30 * time.Second
 func companionTable(progress, suffix string) string {
 	parts, _ := target.ParseQualified(progress)
 	parts[len(parts)-1] += suffix
-	for i, p := range parts {
-		parts[i] = target.QuoteIdent(p)
-	}
-	return strings.Join(parts, ".")
+	return pgsession.QuoteQualified(parts...)
 }
 
 // initialCopy copies the published tables into the target and returns the stream from the
@@ -196,7 +194,7 @@ func (s *session) createCopyTable(ctx context.Context, ct string) error {
 		return nil
 	}
 	err = s.leader.PG.Exec(ctx, "CREATE TABLE "+ct+" (slot text NOT NULL, relation text NOT NULL, PRIMARY KEY (slot, relation))").Close()
-	if err != nil && !isCode(err, "42P07") && !isCode(err, "23505") { // made meanwhile
+	if err != nil && !pgsession.IsCode(err, "42P07") && !pgsession.IsCode(err, "23505") { // made meanwhile
 		return fmt.Errorf("apply: creating the copy table %s: %w", ct, err)
 	}
 	return nil

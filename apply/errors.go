@@ -14,6 +14,7 @@ import (
 	"github.com/pgreorder/pgreorder/apply/internal/detect"
 	"github.com/pgreorder/pgreorder/apply/internal/target"
 	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/internal/pgsession"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 	"github.com/pgreorder/pgreorder/replication"
 )
@@ -168,11 +169,6 @@ func (e *ApplyError) Unwrap() []error {
 	return errs
 }
 
-func isCode(err error, code string) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == code
-}
-
 // kinds are the sentinel errors of the target package's kinds of change errors.
 var kinds = [...]error{target.KindMissingTable: ErrMissingTable, target.KindSchemaMismatch: ErrSchemaMismatch,
 	target.KindNoReplicaIdentity: ErrNoReplicaIdentity, target.KindPermission: ErrPermission,
@@ -262,7 +258,7 @@ func retryable(err error) bool {
 	case errors.Is(err, replication.ErrServerEndedStream):
 		return true
 	case errors.As(err, &pgErr):
-		return replication.TransientSQLState(pgErr.Code) || connectionLost(err)
+		return pgsession.TransientSQLState(pgErr.Code) || connectionLost(err)
 	}
 	// Not an error of a server: the network, a closed connection, a spill file.
 	return true

@@ -13,6 +13,7 @@ import (
 
 	"github.com/pgreorder/pgreorder/apply/internal/detect"
 	"github.com/pgreorder/pgreorder/apply/internal/target"
+	"github.com/pgreorder/pgreorder/internal/pgsession"
 	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
 )
 
@@ -52,7 +53,7 @@ func hostileEnv(t *testing.T, srv *pgtest.Server, col string, slot bool) *env {
 	srcDB, dstDB := pgtest.NewDatabase(t, srv), pgtest.NewDatabase(t, srv)
 	e := &env{srv: srv, src: srv.ConnString(srcDB), dst: srv.ConnString(dstDB), repl: srv.ReplicationConnString(srcDB), slot: "hostile"}
 	schema := []string{
-		`CREATE TABLE kv (` + target.QuoteIdent(col) + ` int PRIMARY KEY, u int, v text)`,
+		`CREATE TABLE kv (` + pgsession.QuoteIdent(col) + ` int PRIMARY KEY, u int, v text)`,
 		`CREATE TABLE marker (id int PRIMARY KEY)`,
 	}
 	src := append(append([]string{}, schema...), `CREATE PUBLICATION pub FOR ALL TABLES`)
@@ -183,7 +184,7 @@ func TestPinnedTargetSettings(t *testing.T) {
 			e := hostileEnv(t, srv, "id", false)
 			want := map[string]string{}
 			var names, hostile []string
-			for _, p := range target.Settings {
+			for _, p := range pgsession.Settings(pgsession.Target) {
 				if p.Since > major {
 					continue
 				}

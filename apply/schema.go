@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgreorder/pgreorder/apply/internal/target"
-	"github.com/pgreorder/pgreorder/replication"
+	"github.com/pgreorder/pgreorder/internal/pgsession"
 )
 
 // SchemaChanges says which changes of the source's schema the Applier makes on the target.
@@ -64,12 +64,12 @@ func (a *Applier) sourceQuery(ctx context.Context, sql string, args ...string) (
 	src.mu.Lock()
 	defer src.mu.Unlock()
 	if src.conn == nil || src.conn.IsClosed() {
-		pc, err := replication.ConnConfig(nil, a.cfg.Source)
+		pc, err := pgsession.ParseConnString(a.cfg.Source)
 		if err != nil {
 			return nil, fmt.Errorf("%w: Source: %w", ErrInvalidConfig, err)
 		}
-		conn, err := replication.ConnectSQL(ctx, replication.SQLConnConfig{Config: pc, ApplicationName: "pgreorder apply " + a.cfg.Slot,
-			Logger: a.cfg.Logger})
+		conn, err := pgsession.Connect(ctx, pgsession.Options{Kind: pgsession.Source, Config: pc,
+			ApplicationName: "pgreorder apply " + a.cfg.Slot, Logger: a.cfg.Logger})
 		if err != nil {
 			return nil, fmt.Errorf("apply: connecting to the source: %w", err)
 		}
@@ -161,7 +161,7 @@ func (a *Applier) addColumn(ctx context.Context, tg *target.Conn, ri *target.Rel
 	if len(have) > 0 {
 		return nil // added meanwhile
 	}
-	if err := tg.PG.Exec(ctx, "ALTER TABLE "+table+" ADD COLUMN "+target.QuoteIdent(column)+" "+dstType).Close(); err != nil {
+	if err := tg.PG.Exec(ctx, "ALTER TABLE "+table+" ADD COLUMN "+pgsession.QuoteIdent(column)+" "+dstType).Close(); err != nil {
 		return refused("adding", err)
 	}
 	a.stats.columnsAdded.Add(1)
@@ -205,7 +205,7 @@ func (s *session) noteRelation(ri *target.Relation) {
 		if !have[c.Name] {
 			s.stats.columnsGone.Add(1)
 			s.log.Warn("a column is gone from the source relation (dropped or renamed): it stays on the target, and new rows leave it "+
-				"NULL or its default", "table", target.QuoteIdent(ri.Rel.Namespace)+"."+target.QuoteIdent(ri.Rel.Name), "column", c.Name)
+				"NULL or its default", "table", pgsession.QuoteQualified(ri.Rel.Namespace, ri.Rel.Name), "column", c.Name)
 		}
 	}
 }
@@ -243,7 +243,7 @@ func (s *session) typeNote(table string, err error) error {
 	var diff []string
 	for _, r := range src {
 		if t, ok := types[string(r[0])]; ok && t != string(r[1]) {
-			diff = append(diff, fmt.Sprintf("column %s is %s on the source and %s on the target", target.QuoteIdent(string(r[0])), r[1], t))
+			diff = append(diff, fmt.Sprintf("column %s is %s on the source and %s on the target", pgsession.QuoteIdent(string(r[0])), r[1], t))
 		}
 	}
 	if len(diff) == 0 {

@@ -4,11 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/pgreorder/pgreorder/apply/internal/target"
-	"github.com/pgreorder/pgreorder/replication"
+	"github.com/pgreorder/pgreorder/internal/pgsession"
 )
 
 // DefaultSyncSequencesInterval is Config.SyncSequencesInterval's default.
@@ -47,21 +46,17 @@ func (a *Applier) SyncSequences(ctx context.Context) (moved int, err error) {
 	if a == nil || a.serial == nil {
 		return 0, fmt.Errorf("%w: an Applier is made by New", ErrInvalidConfig)
 	}
-	pc, err := replication.ConnConfig(nil, a.cfg.Source)
+	pc, err := pgsession.ParseConnString(a.cfg.Source)
 	if err != nil {
 		return 0, fmt.Errorf("%w: Source: %w", ErrInvalidConfig, err)
 	}
-	src, err := replication.ConnectSQL(ctx, replication.SQLConnConfig{Config: pc,
+	src, err := pgsession.Connect(ctx, pgsession.Options{Kind: pgsession.Source, Config: pc,
 		ApplicationName: "pgreorder apply " + a.cfg.Slot + " sequences", Logger: a.cfg.Logger})
 	if err != nil {
 		return 0, fmt.Errorf("apply: synchronizing sequences: connecting to the source: %w", err)
 	}
 	defer src.Close(context.WithoutCancel(ctx))
-	pubs := make([]string, len(a.cfg.Publications))
-	for i, p := range a.cfg.Publications {
-		pubs[i] = `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(p) + `"`
-	}
-	seqs, err := target.Query(ctx, src, ownedSequencesQuery, "{"+strings.Join(pubs, ",")+"}")
+	seqs, err := target.Query(ctx, src, ownedSequencesQuery, pgsession.QuoteTextArray(a.cfg.Publications))
 	if err != nil {
 		return 0, fmt.Errorf("apply: synchronizing sequences: reading the source's sequences: %w", err)
 	}
@@ -83,7 +78,7 @@ func (a *Applier) SyncSequences(ctx context.Context) (moved int, err error) {
 			continue // never used on the source
 		}
 		ns, name, value := string(s[0]), string(s[1]), string(s[2])
-		seq := target.QuoteIdent(ns) + "." + target.QuoteIdent(name)
+		seq := pgsession.QuoteQualified(ns, name)
 		rows, err := target.Query(ctx, tg.PG, `SELECT c.oid::text FROM pg_catalog.pg_class c
 			JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind = 'S'`, ns, name)
 		if err != nil {

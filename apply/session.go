@@ -16,6 +16,7 @@ import (
 	"github.com/pgreorder/pgreorder/apply/internal/schedule"
 	"github.com/pgreorder/pgreorder/apply/internal/target"
 	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/internal/pgsession"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 	"github.com/pgreorder/pgreorder/replication"
 )
@@ -271,7 +272,7 @@ func (s *session) waitLock(ctx context.Context, key int64) error {
 
 // lockHolders returns the other connections that hold the advisory lock key in this database.
 func (s *session) lockHolders(ctx context.Context, key int64) ([]replication.Backend, error) {
-	cols := strings.Replace(replication.BackendColumns, "a.pid::text", "l.pid::text", 1)
+	cols := strings.Replace(pgsession.BackendColumns, "a.pid::text", "l.pid::text", 1)
 	rows, err := target.Query(ctx, s.leader.PG, "SELECT "+cols+" FROM pg_catalog.pg_locks l "+
 		"LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid "+
 		"WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 AND l.classid = $1::oid AND l.objid = $2::oid "+
@@ -287,7 +288,7 @@ func (s *session) lockHolders(ctx context.Context, key int64) ([]replication.Bac
 		for i, v := range r {
 			row[i] = string(v)
 		}
-		if b, ok := replication.ScanBackend(row); ok {
+		if b, ok := pgsession.ScanBackend(row); ok {
 			out = append(out, b)
 		}
 	}
@@ -384,7 +385,7 @@ func (s *session) setupProgress(ctx context.Context, tg *target.Conn) (_ decodin
 	}
 	if string(rows[0][0]) != "t" {
 		err := tg.PG.Exec(ctx, "CREATE TABLE "+table+" (slot text PRIMARY KEY, end_lsn pg_lsn NOT NULL, system_id text, timeline int)").Close()
-		if err != nil && !isCode(err, "42P07") { // duplicate_table: made meanwhile
+		if err != nil && !pgsession.IsCode(err, "42P07") { // duplicate_table: made meanwhile
 			return 0, false, fmt.Errorf("apply: creating the progress table %s: %w", table, err)
 		}
 	}
@@ -594,7 +595,7 @@ func (s *session) txnError(x txnRef, err error) error {
 		// one statement at a time.
 		return &restartError{xids: []uint32{x.Xid}, reason: err, stepwise: true}
 	}
-	if ce.Kind == target.KindSchemaMismatch && isCode(err, "42703") && !s.a.serial[x.Xid] {
+	if ce.Kind == target.KindSchemaMismatch && pgsession.IsCode(err, "42703") && !s.a.serial[x.Xid] {
 		// undefined_column: the target table lost a column after the session read it; a new
 		// session reads the table again, and names the column (or adds it back).
 		return &restartError{xids: []uint32{x.Xid}, reason: err}

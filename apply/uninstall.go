@@ -7,6 +7,7 @@ import (
 
 	"github.com/pgreorder/pgreorder/apply/internal/detect"
 	"github.com/pgreorder/pgreorder/apply/internal/target"
+	"github.com/pgreorder/pgreorder/internal/pgsession"
 )
 
 // UninstallOptions says what Uninstall removes besides the tombstone store. The zero value
@@ -79,8 +80,8 @@ func (a *Applier) Uninstall(ctx context.Context, opts UninstallOptions) error {
 		return rollback(fmt.Errorf("listing the tombstone triggers: %w", err))
 	}
 	for _, r := range rows {
-		rel := target.QuoteIdent(string(r[0])) + "." + target.QuoteIdent(string(r[1]))
-		if err := exec("DROP TRIGGER IF EXISTS " + target.QuoteIdent(detect.TombstoneTrigger) + " ON " + rel); err != nil {
+		rel := pgsession.QuoteQualified(string(r[0]), string(r[1]))
+		if err := exec("DROP TRIGGER IF EXISTS " + pgsession.QuoteIdent(detect.TombstoneTrigger) + " ON " + rel); err != nil {
 			return rollback(fmt.Errorf("dropping the tombstone trigger of %s: %w", rel, err))
 		}
 	}
@@ -143,7 +144,7 @@ func progressSystem(ctx context.Context, tg *target.Conn, cfg *Config) (string, 
 	rows, err = target.Query(ctx, tg.PG, `SELECT system_id FROM `+table+` WHERE slot OPERATOR(pg_catalog.=) $1`, cfg.Slot)
 	if err != nil {
 		// A table made before it recorded the source system.
-		if isCode(err, "42703") {
+		if pgsession.IsCode(err, "42703") {
 			return "", nil
 		}
 		return "", fmt.Errorf("reading the progress table %s: %w", table, err)

@@ -28,7 +28,7 @@ import (
 
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/format"
-	"github.com/pgreorder/pgreorder/replication"
+	"github.com/pgreorder/pgreorder/internal/pgsession"
 )
 
 // ErrInvalidConfig is wrapped by the errors of a Config that cannot work.
@@ -76,7 +76,7 @@ func New(cfg Config) (*Reader, error) {
 	case cfg.ConnString == "" && cfg.ConnConfig == nil:
 		return nil, fmt.Errorf("%w: no ConnString or ConnConfig", ErrInvalidConfig)
 	}
-	base, err := replication.ConnConfig(cfg.ConnConfig, cfg.ConnString)
+	base, err := pgsession.ConnConfig(cfg.ConnConfig, cfg.ConnString)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
@@ -119,9 +119,9 @@ func (r *Reader) queryOnce(ctx context.Context, sql string, params ...string) ([
 		return nil, ErrClosed
 	}
 	if r.conn == nil || r.conn.IsClosed() {
-		conn, err := replication.ConnectSQL(ctx, replication.SQLConnConfig{Config: r.base, BeforeConnect: r.cfg.BeforeConnect,
-			ApplicationName: "pgreorder-catalog", Logger: r.cfg.Logger})
-		if errors.Is(err, replication.ErrNotParsed) {
+		conn, err := pgsession.Connect(ctx, pgsession.Options{Kind: pgsession.Source, Config: r.base,
+			BeforeConnect: r.cfg.BeforeConnect, ApplicationName: "pgreorder-catalog", Logger: r.cfg.Logger})
+		if errors.Is(err, pgsession.ErrNotParsed) {
 			return nil, fmt.Errorf("%w: ConnConfig must be made by pgconn.ParseConfig", ErrInvalidConfig)
 		}
 		if err != nil {
@@ -158,19 +158,8 @@ type TableName struct {
 
 // String returns schema.name, each part double-quoted where it needs it to read back as one
 // name.
-func (t TableName) String() string { return displayIdent(t.Schema) + "." + displayIdent(t.Name) }
-
-func displayIdent(s string) string {
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if !(c >= 'a' && c <= 'z' || c == '_' || i > 0 && c >= '0' && c <= '9') {
-			return `"` + strings.ReplaceAll(s, `"`, `""`) + `"`
-		}
-	}
-	if s == "" {
-		return `""`
-	}
-	return s
+func (t TableName) String() string {
+	return pgsession.DisplayIdent(t.Schema) + "." + pgsession.DisplayIdent(t.Name)
 }
 
 // Published returns the tables the publications hold as the stream publishes them
@@ -180,7 +169,7 @@ func (r *Reader) Published(ctx context.Context, publications []string) ([]TableN
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	rows, err := r.query(ctx, `SELECT DISTINCT schemaname::text, tablename::text FROM pg_catalog.pg_publication_tables
-		WHERE pubname = ANY($1::text[]) ORDER BY 1, 2`, textArray(publications))
+		WHERE pubname = ANY($1::text[]) ORDER BY 1, 2`, pgsession.QuoteTextArray(publications))
 	if err != nil {
 		return nil, err
 	}
@@ -189,22 +178,6 @@ func (r *Reader) Published(ctx context.Context, publications []string) ([]TableN
 		out[i] = TableName{Schema: string(row[0]), Name: string(row[1])}
 	}
 	return out, nil
-}
-
-// textArray returns the text form of a text[] holding ss.
-func textArray(ss []string) string {
-	var b strings.Builder
-	b.WriteByte('{')
-	for i, s := range ss {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteByte('"')
-		b.WriteString(strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(s))
-		b.WriteByte('"')
-	}
-	b.WriteByte('}')
-	return b.String()
 }
 
 // shape describes a relation for the cache: a table is read again when it changes.

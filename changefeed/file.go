@@ -2,26 +2,28 @@ package changefeed
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"hash/crc32"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 
 	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/vfs"
 )
 
-// FileStore keeps the position in a small file, replaced atomically on every commit: written
-// to a temporary file next to it (its name plus ".tmp", mode 0600, created exclusively, never
-// through a symbolic link), fsynced, renamed over the file, and the directory fsynced. The file
-// carries a checksum: a torn or altered file is an error (ErrStore), never a position. A
-// symbolic link at the file's path is refused.
+// FileStore keeps the position in a small file, replaced atomically on every commit with
+// vfs.WriteFile: written to a temporary file next to it (its name plus ".tmp", mode 0600, created
+// exclusively, never through a symbolic link), fsynced, renamed over the file, and the directory
+// fsynced. The file carries a checksum: a torn or altered file is an error (ErrStore), never a
+// position. A symbolic link at the file's path is refused, and so is a file that belongs to
+// another user or has other hard links. A commit that fails leaves the previous position or, if
+// only making the rename durable failed, the new one; Load reads whichever it is.
 //
 // A FileStore cannot commit the handler's writes together with the position: the handler makes
 // its output durable before it returns, and records with Batch.SetState what it needs to cut
@@ -30,48 +32,63 @@ import (
 // (at least once).
 type FileStore struct {
 	path string
-	dir  *os.File
+	dir  vfs.Dir
+	name string // the file's name in dir
 
 	mu     sync.Mutex
 	closed bool
+}
+
+// FileConfig describes a FileStore beyond its path. The zero value is the operating system's
+// files.
+type FileConfig struct {
+	// FS is the file system the store works through; nil means the operating system's
+	// (vfs.OS). Tests inject faults with package vfs/faultfs.
+	FS vfs.FS
 }
 
 const fileHeader = "pgreorder changefeed position v1"
 
 // OpenFile opens the position file at path (it need not exist; its directory must, and must be
 // writable: OpenFile checks). Only one FileStore may commit to a path at a time; others may Load
-// it meanwhile.
-func OpenFile(path string) (*FileStore, error) {
-	dir, err := os.Open(filepath.Dir(path))
+// it meanwhile. It is OpenFileStore with the zero FileConfig.
+func OpenFile(path string) (*FileStore, error) { return OpenFileStore(path, FileConfig{}) }
+
+// OpenFileStore opens the position file at path, as OpenFile does, through cfg.FS.
+func OpenFileStore(path string, cfg FileConfig) (*FileStore, error) {
+	fsys := cfg.FS
+	if fsys == nil {
+		fsys = vfs.OS()
+	}
+	dir, err := fsys.OpenDir(filepath.Dir(path))
 	if err != nil {
 		return nil, fmt.Errorf("changefeed: position file %s: %w", path, err)
 	}
-	s := &FileStore{path: path, dir: dir}
-	if st, err := os.Lstat(path); err == nil && !st.Mode().IsRegular() {
+	s := &FileStore{path: path, dir: dir, name: filepath.Base(path)}
+	if st, err := dir.Lstat(s.name); err == nil && !st.Mode.IsRegular() {
 		dir.Close()
 		return nil, fmt.Errorf("%w: %s is not a regular file (a symbolic link is never followed)", ErrStore, path)
 	}
 	// A probe of its own: the temporary file may be a running writer's (another process
 	// reading the position), not to be touched.
-	probe, err := os.CreateTemp(filepath.Dir(path), ".changefeed-probe-*")
-	if err == nil {
-		probe.Close()
-		err = os.Remove(probe.Name())
-	}
-	if err != nil {
+	if err := probe(dir); err != nil {
 		dir.Close()
 		return nil, fmt.Errorf("changefeed: position file %s: its directory is not writable: %w", path, err)
 	}
 	return s, nil
 }
 
-// createTemp creates the temporary file, exclusively, after removing one a crash left.
-func (s *FileStore) createTemp() (*os.File, error) {
-	tmp := s.path + ".tmp"
-	if err := os.Remove(tmp); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return nil, err
+// probe creates a file under a new name in dir and removes it again.
+func probe(dir vfs.Dir) error {
+	var rnd [8]byte
+	rand.Read(rnd[:]) // never fails
+	name := ".changefeed-probe-" + hex.EncodeToString(rnd[:])
+	f, err := dir.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
 	}
-	return os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o600)
+	f.Close()
+	return dir.Remove(name)
 }
 
 // Load reads the position.
@@ -81,19 +98,15 @@ func (s *FileStore) Load(_ context.Context, slot string) (Position, bool, error)
 	if s.closed {
 		return Position{}, false, ErrClosed
 	}
-	f, err := os.OpenFile(s.path, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
-	if errors.Is(err, fs.ErrNotExist) {
+	b, err := vfs.ReadFile(s.dir, s.name, 4*MaxState)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
 		return Position{}, false, nil
-	}
-	if err != nil {
-		if errors.Is(err, syscall.ELOOP) {
-			return Position{}, false, fmt.Errorf("%w: %s is a symbolic link, which is never followed", ErrStore, s.path)
-		}
-		return Position{}, false, fmt.Errorf("changefeed: position file: %w", err)
-	}
-	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, 4*MaxState))
-	if err != nil {
+	case errors.Is(err, vfs.ErrSymlink):
+		return Position{}, false, fmt.Errorf("%w: %s is a symbolic link, which is never followed", ErrStore, s.path)
+	case errors.Is(err, vfs.ErrNotRegular), errors.Is(err, vfs.ErrNotPrivate):
+		return Position{}, false, fmt.Errorf("%w: %w", ErrStore, err)
+	case err != nil:
 		return Position{}, false, fmt.Errorf("changefeed: position file: %w", err)
 	}
 	p, err := parsePosition(b)
@@ -186,24 +199,7 @@ func (s *FileStore) write(p Position) error {
 	if s.closed {
 		return ErrClosed
 	}
-	f, err := s.createTemp()
-	if err != nil {
-		return fmt.Errorf("changefeed: position file: %w", err)
-	}
-	_, err = f.Write(formatPosition(p))
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(f.Name(), s.path)
-	}
-	if err == nil {
-		err = s.dir.Sync()
-	}
-	if err != nil {
+	if err := vfs.WriteFile(s.dir, s.name, formatPosition(p), 0o600); err != nil {
 		return fmt.Errorf("changefeed: writing the position file %s: %w", s.path, err)
 	}
 	return nil

@@ -5,12 +5,16 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgreorder/pgreorder/changefeed"
+	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/replication"
+	"github.com/pgreorder/pgreorder/vfs"
+	"github.com/pgreorder/pgreorder/vfs/faultfs"
 )
 
 func save(t *testing.T, s changefeed.Store, p changefeed.Position) error {
@@ -232,4 +236,157 @@ func TestConfigErrors(t *testing.T) {
 	} {
 		require.ErrorIs(t, f(), changefeed.ErrInvalidConfig, name)
 	}
+}
+
+// openFaulty opens a FileStore on a new path through a new faultfs.FS and stores samplePos.
+func openFaulty(t *testing.T) (string, *faultfs.FS, *changefeed.FileStore) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "pos")
+	ffs := faultfs.New(vfs.OS())
+	s, err := changefeed.OpenFileStore(path, changefeed.FileConfig{FS: ffs})
+	require.NoError(t, err)
+	t.Cleanup(func() { s.Close() })
+	require.NoError(t, save(t, s, samplePos))
+	return path, ffs, s
+}
+
+// TestFileStoreFaults: a commit that meets ENOSPC writing the temporary file, EIO on its fsync, a
+// rename that fails or EIO on the directory's fsync returns that error (so that Run acknowledges
+// nothing), and the position read back, by the store and by a new one (a restart), is the
+// previous one or, once the rename was made, the new one; the temporary file does not stay, and
+// the next commit works.
+func TestFileStoreFaults(t *testing.T) {
+	ctx := context.Background()
+	isTmp := func(p string) bool { return filepath.Base(p) == "pos"+vfs.TempSuffix }
+	for _, tc := range []struct {
+		name    string
+		rule    func(dir string) faultfs.Rule
+		renamed bool // the new position is in place all the same
+	}{
+		{"disk full", func(string) faultfs.Rule {
+			return faultfs.Rule{Op: faultfs.OpWrite, Match: isTmp, Err: syscall.ENOSPC, Partial: true}
+		}, false},
+		{"cannot create", func(string) faultfs.Rule {
+			return faultfs.Rule{Op: faultfs.OpOpen, Match: isTmp, Err: syscall.ENOSPC}
+		}, false},
+		{"fsync", func(string) faultfs.Rule {
+			return faultfs.Rule{Op: faultfs.OpSync, Match: isTmp, Err: syscall.EIO}
+		}, false},
+		{"rename", func(string) faultfs.Rule {
+			return faultfs.Rule{Op: faultfs.OpRename, Match: isTmp, Err: syscall.EIO}
+		}, false},
+		{"directory fsync", func(dir string) faultfs.Rule {
+			return faultfs.Rule{Op: faultfs.OpSync, Match: func(p string) bool { return p == dir }, Err: syscall.EIO}
+		}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path, ffs, s := openFaulty(t)
+			rule := tc.rule(filepath.Dir(path))
+			ffs.Add(rule)
+			next := samplePos
+			next.EndLSN++
+			err := save(t, s, next)
+			require.ErrorIs(t, err, rule.Err)
+			require.ErrorContains(t, err, path)
+			require.Equal(t, 1, ffs.Fired())
+			ffs.Reset()
+
+			want := samplePos
+			if tc.renamed {
+				want = next
+			}
+			got, ok, err := s.Load(ctx, "s")
+			require.NoError(t, err)
+			require.True(t, ok)
+			require.Equal(t, want, got)
+			restarted := mustOpen(t, path)
+			defer restarted.Close()
+			got, _, err = restarted.Load(ctx, "s")
+			require.NoError(t, err)
+			require.Equal(t, want, got)
+			_, err = os.Lstat(path + vfs.TempSuffix)
+			require.ErrorIs(t, err, os.ErrNotExist)
+
+			next.EndLSN++
+			require.NoError(t, save(t, restarted, next))
+			got, _, err = s.Load(ctx, "s")
+			require.NoError(t, err)
+			require.Equal(t, next, got)
+		})
+	}
+}
+
+// TestFileStoreCrash: the process dies at each step of a commit in turn (every operation from
+// there on fails, nothing more reaches the disk), a crash between the temporary file's write and
+// its rename among them. A new store on the path loads the previous position or the new one,
+// never an error; after a commit that returned nil, the new one.
+func TestFileStoreCrash(t *testing.T) {
+	ctx := context.Background()
+	next := samplePos
+	next.EndLSN += 0x100
+	next.State = []byte("a longer state than the previous one")
+	_, ffs, s := openFaulty(t)
+	ops := 0
+	ffs.Add(faultfs.Rule{Op: faultfs.OpAny, Match: func(string) bool { ops++; return false }})
+	require.NoError(t, save(t, s, next))
+	require.GreaterOrEqual(t, ops, 7, "remove, create, write, sync, close, rename, sync the directory")
+
+	outcomes := map[decoding.LSN]int{}
+	for crash := range ops + 1 {
+		path, ffs, s := openFaulty(t)
+		ffs.Add(faultfs.Rule{Op: faultfs.OpAny, Skip: crash, Err: syscall.EIO})
+		err := save(t, s, next)
+		require.Equal(t, crash == ops, err == nil, "crash after %d of %d operations: %v", crash, ops, err)
+		s.Close()
+
+		restarted := mustOpen(t, path)
+		got, ok, lerr := restarted.Load(ctx, "s")
+		require.NoError(t, lerr, "crash after %d operations", crash)
+		require.True(t, ok)
+		if got.EndLSN == samplePos.EndLSN {
+			require.Equal(t, samplePos, got)
+			require.Error(t, err, "crash after %d operations", crash)
+		} else {
+			require.Equal(t, next, got, "crash after %d operations", crash)
+		}
+		outcomes[got.EndLSN]++
+		require.NoError(t, save(t, restarted, samplePos), "after the restart")
+		require.NoError(t, restarted.Close())
+	}
+	require.Equal(t, map[decoding.LSN]int{samplePos.EndLSN: ops - 1, next.EndLSN: 2}, outcomes,
+		"the new position is there once the rename was made, before the directory's fsync")
+}
+
+// TestFileStoreNotPrivate: a position file with a second name (a hard link somebody else may
+// read it through), or one that belongs to another user, is an error, never a position; nor is
+// anything but a regular file.
+func TestFileStoreNotPrivate(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	path := filepath.Join(dir, "pos")
+	s := mustOpen(t, path)
+	defer s.Close()
+	require.NoError(t, save(t, s, samplePos))
+	require.NoError(t, os.Link(path, filepath.Join(dir, "other")))
+	_, _, err := s.Load(ctx, "s")
+	require.ErrorIs(t, err, changefeed.ErrStore)
+	require.ErrorContains(t, err, "hard links")
+	require.NoError(t, os.Remove(filepath.Join(dir, "other")))
+	_, _, err = s.Load(ctx, "s")
+	require.NoError(t, err)
+
+	if os.Geteuid() == 0 {
+		require.NoError(t, os.Chown(path, 65534, 65534))
+		_, _, err = s.Load(ctx, "s")
+		require.ErrorIs(t, err, changefeed.ErrStore)
+		require.ErrorContains(t, err, "belongs to user id 65534")
+		require.NoError(t, os.Chown(path, 0, 0))
+	}
+
+	require.NoError(t, os.Remove(path))
+	require.NoError(t, syscall.Mkfifo(path, 0o600))
+	_, _, err = s.Load(ctx, "s") // never waits for a writer
+	require.ErrorIs(t, err, changefeed.ErrStore)
+	_, err = changefeed.OpenFile(path)
+	require.ErrorIs(t, err, changefeed.ErrStore)
 }

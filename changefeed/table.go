@@ -5,11 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"strings"
 	"sync"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgreorder/pgreorder/internal/pgsession"
 )
 
 // DefaultTable is the table a TableStore keeps positions in when TableConfig.Table is empty.
@@ -22,6 +22,15 @@ type TableConfig struct {
 	ConnString string
 	// ConnConfig is a configuration made by pgx.ParseConfig; it is copied for each connection.
 	ConnConfig *pgx.ConnConfig
+
+	// Whatever the configuration says, the connections are made with the session settings with
+	// which the stream's values read (DateStyle ISO, IntervalStyle postgres, extra_float_digits
+	// 3, client_encoding UTF8), standard_conforming_strings on, and no statement, lock,
+	// idle-in-transaction, idle-session or transaction timeout, which would end the stream's
+	// connection, that holds the slot's lock for its whole life, or a unit the handler takes its
+	// time over; application_name is "pgreorder-changefeed" unless the configuration sets one.
+	// The search_path is the configuration's: the handler's SQL names its tables as it wants.
+
 	// Schema and Table name the position table (created if missing): "public" and DefaultTable
 	// when empty. They are quoted: give them as they are in the catalog.
 	Schema, Table string
@@ -58,7 +67,7 @@ func OpenTableStore(ctx context.Context, cfg TableConfig) (*TableStore, error) {
 		return nil, fmt.Errorf("%w: TableConfig: set ConnString or ConnConfig, not both", ErrInvalidConfig)
 	case pc == nil:
 		var err error
-		if pc, err = pgx.ParseConfig(cfg.ConnString); err != nil {
+		if pc, err = pgsession.ParsePgxConnString(cfg.ConnString); err != nil {
 			return nil, fmt.Errorf("%w: TableConfig.ConnString: %w", ErrInvalidConfig, err)
 		}
 	}
@@ -69,25 +78,18 @@ func OpenTableStore(ctx context.Context, cfg TableConfig) (*TableStore, error) {
 	if table == "" {
 		table = DefaultTable
 	}
-	s := &TableStore{cfg: pc, table: quoteIdent(schema) + "." + quoteIdent(table), conns: map[int]*pgx.Conn{}}
+	s := &TableStore{cfg: pc, table: pgsession.QuoteQualified(schema, table), conns: map[int]*pgx.Conn{}}
 	conn, err := s.conn(ctx, StreamWorker)
 	if err != nil {
 		return nil, err
 	}
 	_, err = conn.Exec(ctx, "CREATE TABLE IF NOT EXISTS "+s.table+
 		" (slot text PRIMARY KEY, system_id text NOT NULL, copy_done boolean NOT NULL, end_lsn pg_lsn NOT NULL, state bytea)")
-	if err != nil && !isCode(err, "23505") && !isCode(err, "42P07") { // made meanwhile
+	if err != nil && !pgsession.IsCode(err, "23505") && !pgsession.IsCode(err, "42P07") { // made meanwhile
 		s.Close()
 		return nil, fmt.Errorf("changefeed: creating the position table %s: %w", s.table, err)
 	}
 	return s, nil
-}
-
-func quoteIdent(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
-
-func isCode(err error, code string) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == code
 }
 
 // conn returns the worker's connection, connecting if it has none (or a broken one).
@@ -100,7 +102,10 @@ func (s *TableStore) conn(ctx context.Context, worker int) (*pgx.Conn, error) {
 	if c := s.conns[worker]; c != nil && !c.IsClosed() {
 		return c, nil
 	}
-	c, err := pgx.ConnectConfig(ctx, s.cfg.Copy())
+	c, err := pgsession.ConnectPgx(ctx, s.cfg, pgsession.Options{Kind: pgsession.Store, ApplicationName: "pgreorder-changefeed"})
+	if errors.Is(err, pgsession.ErrNotParsed) {
+		return nil, fmt.Errorf("%w: TableConfig.ConnConfig must be made by pgx.ParseConfig", ErrInvalidConfig)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("changefeed: connecting to the position table's database: %w", err)
 	}

@@ -99,3 +99,51 @@ func TestTableStore(t *testing.T) {
 		require.Equal(t, next, got)
 	})
 }
+
+// TestTableStoreSession: the store's connections pin their session settings whatever the
+// database says. A database that ends idle sessions after a second does not end the stream's
+// connection (which holds the slot's lock), and one whose lock_timeout is 10ms does not stop a
+// second store from waiting in Load; values read as the stream's; the handler's search_path is
+// the database's own. A connection string that does not parse is an error without its password,
+// and a configuration pgx.ParseConfig did not make is an error, not a panic.
+func TestTableStoreSession(t *testing.T) {
+	ctx := context.Background()
+	_, err := changefeed.OpenTableStore(ctx, changefeed.TableConfig{ConnString: "host=/tmp password=Secret9x port=abc"})
+	require.ErrorIs(t, err, changefeed.ErrInvalidConfig)
+	require.NotContains(t, err.Error(), "Secret9x")
+	_, err = changefeed.OpenTableStore(ctx, changefeed.TableConfig{ConnConfig: &pgx.ConnConfig{}})
+	require.ErrorIs(t, err, changefeed.ErrInvalidConfig)
+
+	eachMajor(t, func(t *testing.T, srv *pgtest.Server) {
+		ctx := pgtest.Context(t, time.Minute)
+		db := pgtest.NewDatabase(t, srv)
+		dsn := srv.ConnString(db)
+		pgtest.ExecAll(t, dsn, `CREATE SCHEMA app`, `CREATE TABLE app.out (id int PRIMARY KEY)`,
+			`ALTER DATABASE `+db+` SET search_path = app, public`, `ALTER DATABASE `+db+` SET idle_session_timeout = '1s'`,
+			`ALTER DATABASE `+db+` SET lock_timeout = '10ms'`, `ALTER DATABASE `+db+` SET DateStyle = 'SQL, DMY'`)
+		s, err := changefeed.OpenTableStore(ctx, changefeed.TableConfig{ConnString: dsn})
+		require.NoError(t, err)
+		defer s.Close()
+		_, _, err = s.Load(ctx, "s")
+		require.NoError(t, err)
+		time.Sleep(1500 * time.Millisecond) // idle for longer than idle_session_timeout
+		u, err := s.Begin(ctx, changefeed.StreamWorker)
+		require.NoError(t, err)
+		tx := changefeed.Tx(&changefeed.Batch{Unit: u})
+		_, err = tx.Exec(ctx, "INSERT INTO out VALUES (1)") // app.out, in the database's search_path
+		require.NoError(t, err)
+		var date, path, app string
+		require.NoError(t, tx.QueryRow(ctx, "SELECT '2024-03-04'::date::text, current_setting('search_path'), "+
+			"current_setting('application_name')").Scan(&date, &path, &app))
+		require.Equal(t, []string{"2024-03-04", "app, public", "pgreorder-changefeed"}, []string{date, path, app})
+		require.NoError(t, u.Commit(ctx, &samplePos))
+
+		s2, err := changefeed.OpenTableStore(ctx, changefeed.TableConfig{ConnString: dsn})
+		require.NoError(t, err)
+		defer s2.Close()
+		short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		_, _, err = s2.Load(short, "s")
+		cancel()
+		require.ErrorIs(t, err, context.DeadlineExceeded, "waits for the first store, past lock_timeout")
+	})
+}

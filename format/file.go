@@ -12,8 +12,8 @@ import (
 	"strings"
 
 	"github.com/pgreorder/pgreorder/decoding"
-	"github.com/pgreorder/pgreorder/internal/dirfile"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
+	"github.com/pgreorder/pgreorder/vfs"
 )
 
 // PositionSuffix is appended to a File's path to name its position file.
@@ -26,8 +26,11 @@ var ErrPosition = errors.New("format: output file and position file disagree")
 
 // File is a durable, resumable output file. WriteTxn writes a transaction, fsyncs the file, and
 // records in a small position file next to it (the path plus PositionSuffix) the file's length and
-// the transaction's end LSN, replacing it atomically (write, fsync, rename, fsync the directory).
-// When WriteTxn returns, the transaction is durable: acknowledge it then.
+// the transaction's end LSN, replacing it atomically (vfs.WriteFile: write, fsync, rename, fsync
+// the directory). When WriteTxn returns, the transaction is durable: acknowledge it then. When it
+// fails, the position file holds the previous position or, if only making the rename durable
+// failed, the new one; either agrees with the output, and the next OpenFile cuts the output back
+// to it.
 //
 // OpenFile reads the position file and cuts the output back to the length it records. That
 // removes a torn last line (the process died while writing) and a transaction written but not yet
@@ -39,13 +42,15 @@ var ErrPosition = errors.New("format: output file and position file disagree")
 // link under either name is refused, never followed (the position file's temporary name is removed
 // and created anew, exclusively), and an existing file that belongs to another user or has other
 // hard links is refused, so that OpenFile is safe in a directory other users may write to.
-// The files are created with Config.FileMode (0600 by default, less the umask).
+// The files are created with Config.FileMode (0600 by default, less the umask), through
+// Config.FS (the operating system's by default).
 //
 // A File is not safe for concurrent use, and only one process may write a given path.
 type File struct {
 	w      *Writer
-	f      *os.File
-	dir    *dirfile.Dir
+	f      vfs.File
+	fw     *io.OffsetWriter // writes f at the end of what bw flushed
+	dir    vfs.Dir
 	name   string // the output's name in dir
 	mode   fs.FileMode
 	bw     *bufio.Writer
@@ -67,7 +72,11 @@ func OpenFile(path string, cfg Config) (*File, error) {
 	if mode == 0 {
 		mode = DefaultFileMode
 	}
-	dir, err := dirfile.Open(filepath.Dir(path))
+	fsys := cfg.FS
+	if fsys == nil {
+		fsys = vfs.OS()
+	}
+	dir, err := fsys.OpenDir(filepath.Dir(path))
 	if err != nil {
 		return nil, err
 	}
@@ -76,23 +85,11 @@ func OpenFile(path string, cfg Config) (*File, error) {
 		out.Close()
 		return nil, err
 	}
-	out.bw = bufio.NewWriterSize(out.f, flushAt)
+	out.fw = io.NewOffsetWriter(out.f, 0)
+	out.fw.Seek(out.off, io.SeekStart) // cannot fail: off is not negative
+	out.bw = bufio.NewWriterSize(out.fw, flushAt)
 	out.w = newWriter(&fileSink{out}, cfg)
 	return out, nil
-}
-
-// open opens the file name in the directory with flag (os.O_CREATE creates it with the File's
-// mode) and checks that it is this user's own.
-func (o *File) open(name string, flag int) (*os.File, error) {
-	f, err := o.dir.OpenFile(name, flag, o.mode)
-	if err != nil {
-		return nil, err
-	}
-	if err := dirfile.CheckPrivate(f); err != nil {
-		f.Close()
-		return nil, err
-	}
-	return f, nil
 }
 
 // recover reads the position file, opens the output and cuts it back to the position.
@@ -102,7 +99,7 @@ func (o *File) recover() error {
 		return err
 	}
 	noPosition := err != nil
-	if o.f, err = o.open(o.name, os.O_RDWR|os.O_CREATE); err != nil {
+	if o.f, err = vfs.OpenPrivate(o.dir, o.name, os.O_RDWR|os.O_CREATE, o.mode); err != nil {
 		return err
 	}
 	st, err := o.f.Stat()
@@ -110,7 +107,7 @@ func (o *File) recover() error {
 		return err
 	}
 	switch {
-	case noPosition && st.Size() == 0:
+	case noPosition && st.Size == 0:
 		// A new output: record its empty state first, so that data without a position file
 		// always means someone else's file.
 		if err := o.writePosition(0, 0); err != nil {
@@ -118,20 +115,17 @@ func (o *File) recover() error {
 		}
 	case noPosition:
 		return fmt.Errorf("%w: %s has %d bytes but no %s: it was not written by this program (or its position was lost); "+
-			"move it away or remove it", ErrPosition, o.path, st.Size(), o.name+PositionSuffix)
-	case st.Size() < off:
-		return fmt.Errorf("%w: %s has %d bytes, its position file records %d", ErrPosition, o.path, st.Size(), off)
+			"move it away or remove it", ErrPosition, o.path, st.Size, o.name+PositionSuffix)
+	case st.Size < off:
+		return fmt.Errorf("%w: %s has %d bytes, its position file records %d", ErrPosition, o.path, st.Size, off)
 	}
-	if st.Size() > off {
+	if st.Size > off {
 		if err := o.f.Truncate(off); err != nil {
 			return err
 		}
 		if err := o.f.Sync(); err != nil {
 			return err
 		}
-	}
-	if _, err := o.f.Seek(off, io.SeekStart); err != nil {
-		return err
 	}
 	o.off, o.resume = off, lsn
 	return nil
@@ -146,12 +140,7 @@ const maxPosition = 4 << 10
 // readPosition reads the position file; its error wraps fs.ErrNotExist when there is none.
 func (o *File) readPosition() (int64, decoding.LSN, error) {
 	path := o.path + PositionSuffix
-	f, err := o.open(o.name+PositionSuffix, os.O_RDONLY)
-	if err != nil {
-		return 0, 0, err
-	}
-	b, err := io.ReadAll(io.LimitReader(f, maxPosition))
-	f.Close()
+	b, err := vfs.ReadFile(o.dir, o.name+PositionSuffix, maxPosition)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -175,33 +164,12 @@ func (o *File) readPosition() (int64, decoding.LSN, error) {
 	return off, lsn, nil
 }
 
-// writePosition replaces the position file atomically and durably: it writes a temporary file,
-// created exclusively (whatever had its name before is removed, a link itself), syncs it,
-// renames it over the position file and syncs the directory.
+// writePosition replaces the position file atomically and durably (vfs.WriteFile: a temporary
+// file, created exclusively after whatever had its name before is removed, a link itself; synced,
+// renamed over the position file, and the directory synced).
 func (o *File) writePosition(off int64, lsn decoding.LSN) error {
-	pos := o.name + PositionSuffix
-	tmp := pos + ".tmp"
-	if err := o.dir.Remove(tmp); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return err
-	}
-	f, err := o.dir.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, o.mode)
-	if err != nil {
-		return err
-	}
-	_, err = fmt.Fprintf(f, "%s\noffset %d\nend_lsn %s\n", positionHeader, off, lsn)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = o.dir.Rename(tmp, pos)
-	}
-	if err == nil {
-		err = o.dir.Sync()
-	}
-	return err
+	b := fmt.Appendf(nil, "%s\noffset %d\nend_lsn %s\n", positionHeader, off, lsn)
+	return vfs.WriteFile(o.dir, o.name+PositionSuffix, b, o.mode)
 }
 
 // Resume returns the end LSN of the last transaction in the file (0 for a new file): pass it as
@@ -252,7 +220,7 @@ func (s *fileSink) commit(x *reorderbuffer.Txn) error {
 	}
 	var end int64
 	if err == nil {
-		end, err = o.f.Seek(0, io.SeekCurrent)
+		end, err = o.fw.Seek(0, io.SeekCurrent)
 	}
 	if err != nil {
 		return errors.Join(err, s.abort())
@@ -270,11 +238,11 @@ func (s *fileSink) commit(x *reorderbuffer.Txn) error {
 
 func (s *fileSink) abort() error {
 	o := s.o
-	o.bw.Reset(o.f)
+	o.bw.Reset(o.fw)
 	if err := o.f.Truncate(o.off); err != nil {
 		return err
 	}
-	_, err := o.f.Seek(o.off, io.SeekStart)
+	_, err := o.fw.Seek(o.off, io.SeekStart)
 	return err
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/pgvalue"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
+	"github.com/pgreorder/pgreorder/vfs"
 )
 
 // Kind names an output format.
@@ -86,6 +87,10 @@ type Config struct {
 	// FileMode is the permission of the files OpenFile creates (the output and its position
 	// file), less the umask; 0 means DefaultFileMode. A Writer does not use it.
 	FileMode fs.FileMode
+
+	// FS is the file system OpenFile works through; nil means the operating system's (vfs.OS).
+	// Tests inject faults with package vfs/faultfs. A Writer does not use it.
+	FS vfs.FS
 
 	// Debezium: the source block of every event.
 	Server   string // source.name, the logical name of the source server; "" means "pgreorder"

@@ -14,7 +14,8 @@ import (
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 	"github.com/pgreorder/pgreorder/spill"
-	"github.com/pgreorder/pgreorder/spill/faultfs"
+	"github.com/pgreorder/pgreorder/vfs"
+	"github.com/pgreorder/pgreorder/vfs/faultfs"
 	"github.com/stretchr/testify/require"
 )
 
@@ -283,7 +284,7 @@ func TestSpillFaults(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
-			ffs := faultfs.New(spill.OSFS())
+			ffs := faultfs.New(vfs.OS())
 			ffs.Add(tc.rule)
 			b, err := reorderbuffer.New(reorderbuffer.Config{WorkMem: reorderbuffer.SpillEverything, Dir: dir, FS: ffs})
 			require.NoError(t, err)

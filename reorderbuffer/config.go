@@ -8,6 +8,7 @@ import (
 
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/spill"
+	"github.com/pgreorder/pgreorder/vfs"
 )
 
 // DefaultWorkMem is the memory limit used when Config.WorkMem is 0: PostgreSQL's default for
@@ -32,8 +33,9 @@ type Config struct {
 	// Close removes it.
 	Dir string
 
-	// FS is the filesystem for spill files; nil means the operating system's.
-	FS spill.FS
+	// FS is the file system for spill files; nil means the operating system's (vfs.OS). Tests
+	// inject faults with package vfs/faultfs.
+	FS vfs.FS
 
 	// SpillCodec compresses spill files, one block of records (up to 256 KiB) at a time; nil
 	// writes them uncompressed. A block below 128 bytes, or one that compressing would shrink

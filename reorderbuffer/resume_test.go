@@ -12,7 +12,8 @@ import (
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 	"github.com/pgreorder/pgreorder/spill"
-	"github.com/pgreorder/pgreorder/spill/faultfs"
+	"github.com/pgreorder/pgreorder/vfs"
+	"github.com/pgreorder/pgreorder/vfs/faultfs"
 )
 
 // Tests of what a consumer goes through beyond an uninterrupted stream: resuming with a skip
@@ -493,7 +494,7 @@ func TestSpillErrorOfAnotherTransactionSurfacesAtOnce(t *testing.T) {
 	// A's spilled records wait in the spill store's shared write buffer; spilling B flushes
 	// them, and that write fails (disk full). The Add that spilled B must return the error, and
 	// A must never be handed out with a hole.
-	ffs := faultfs.New(spill.OSFS())
+	ffs := faultfs.New(vfs.OS())
 	b := newBuffer(t, reorderbuffer.Config{WorkMem: reorderbuffer.SpillEverything, FS: ffs})
 	feed(t, b, streamTxn(t, 10, true, "a1", "a2")...)
 	ffs.Add(faultfs.Rule{Op: faultfs.OpWrite, Match: func(p string) bool { return strings.HasSuffix(p, "log-1.spill") },

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/internal/pgsession"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 )
 
@@ -348,11 +349,11 @@ func (c *Config) Negotiate(serverMajor int) (Negotiated, error) {
 
 	pubs := make([]string, len(c.Publications))
 	for i, p := range c.Publications {
-		pubs[i] = quoteIdent(p)
+		pubs[i] = pgsession.QuoteIdent(p)
 	}
 	n.PluginArgs = append(n.PluginArgs,
 		"proto_version '"+strconv.Itoa(n.ProtoVersion)+"'",
-		"publication_names "+quoteLiteral(strings.Join(pubs, ",")),
+		"publication_names "+pgsession.QuoteCommandLiteral(strings.Join(pubs, ",")),
 	)
 	if n.ProtoVersion >= 2 {
 		// Sent explicitly even when off, so the choice never depends on a server default.
@@ -397,12 +398,6 @@ func (n Negotiated) decodingOptions() decoding.Options {
 	}
 	return decoding.Options{ProtoVersion: n.ProtoVersion, AbortInfo: ai}
 }
-
-// quoteIdent quotes a publication name the way SplitIdentifierString expects it.
-func quoteIdent(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
-
-// quoteLiteral quotes s as a replication-command string literal.
-func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
 // parseMajor extracts the major version from a server_version parameter such as "15.8 (Debian …)"
 // or "18beta1".

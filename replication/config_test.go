@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/internal/pgsession"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 	"github.com/pgreorder/pgreorder/spill"
 )
@@ -180,30 +181,18 @@ func TestRetryable(t *testing.T) {
 	}
 }
 
-// TestTransientSQLState is the table of transient SQLSTATEs, which Retryable and apply's retry
-// decision share.
-func TestTransientSQLState(t *testing.T) {
-	for code, want := range map[string]bool{
-		"08000": true, "08003": true, "08006": true, "08001": true, "08004": true, "08P01": true,
-		"53000": true, "53100": true, "53200": true, "53300": true, "53400": true,
-		"57P01": true, "57P02": true, "57P03": true, "57P05": true, "57014": true,
-		"57000": false, "57P04": false, // operator_intervention in general, database_dropped
-		"25P03": true, "25P04": true, "25P02": false, "25001": false,
-		"40001": true, "40P01": true, "40000": false, "40002": false, "40003": false,
-		"55P03": true, "55006": true, "55000": false, "55P02": false,
-		"58000": true, "58030": true, "58P01": false, "58P02": false,
-		"42704": false, "42P01": false, "28P01": false, "3D000": false, "23505": false, "22P02": false,
-		"XX000": false, "XX001": false, "": false,
-	} {
-		if got := TransientSQLState(code); got != want {
-			t.Errorf("TransientSQLState(%q) = %v, want %v", code, got, want)
-		}
+// TestTransient: Transient and Retryable follow pgsession's table of transient SQLSTATEs, which
+// apply's retry decision shares.
+func TestTransient(t *testing.T) {
+	for _, code := range []string{"08006", "08P01", "53300", "57P01", "57P04", "25P04", "40P01", "55006", "55000",
+		"58030", "58P01", "42704", "23505", "XX000"} {
+		want := pgsession.TransientSQLState(code)
 		err := fmt.Errorf("x: %w", &pgconn.PgError{Code: code})
 		if got := Transient(err); got != want {
 			t.Errorf("Transient(%v) = %v, want %v", code, got, want)
 		}
-		if code != "" && Retryable(err) != want {
-			t.Errorf("Retryable disagrees with TransientSQLState on %q", code)
+		if Retryable(err) != want {
+			t.Errorf("Retryable disagrees with pgsession.TransientSQLState on %q", code)
 		}
 	}
 	for _, err := range []error{nil, io.EOF, errors.New("x"), &net.OpError{Op: "dial", Err: errors.New("refused")}} {

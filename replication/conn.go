@@ -12,9 +12,9 @@ import (
 	"github.com/pgreorder/pgreorder/decoding"
 
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgproto3"
 
+	"github.com/pgreorder/pgreorder/internal/pgsession"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 )
 
@@ -358,25 +358,27 @@ func (c *Config) baseConnConfig() (*pgconn.Config, error) {
 	case c.ConnConfig == nil && c.ConnString == "":
 		return nil, fmt.Errorf("%w: no ConnString or ConnConfig", ErrInvalidConfig)
 	}
-	pc, err := ConnConfig(c.ConnConfig, c.ConnString)
+	pc, err := pgsession.ConnConfig(c.ConnConfig, c.ConnString)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	return pc, nil
 }
 
-// connConfig returns the configuration of one connection attempt: a copy of base, passed to
-// BeforeConnect, with the pinned parameters, the notice logger and a context watcher that never
-// sends cancel requests (a deadline ends every wait for the next message; a cancel request would
-// hit the walsender).
+// sessionOptions describes the replication connection to pgsession, which opens it.
+func (c *Config) sessionOptions(base *pgconn.Config, log *slog.Logger) pgsession.Options {
+	return pgsession.Options{Kind: pgsession.Replication, Config: base, BeforeConnect: c.BeforeConnect,
+		ApplicationName: "pgreorder", Logger: log}
+}
+
+// connConfig returns the configuration of one connection attempt (pgsession.Prepare): a copy of
+// base, passed to BeforeConnect, with replication=database, the pinned parameters, the notice
+// logger and a context watcher that never sends cancel requests (a deadline ends every wait for
+// the next message; a cancel request would hit the walsender).
 func (c *Config) connConfig(ctx context.Context, base *pgconn.Config, log *slog.Logger) (*pgconn.Config, error) {
-	pc, err := attempt(ctx, base, c.BeforeConnect, replicationSettings(), "pgreorder", false, log)
+	pc, err := pgsession.Prepare(ctx, c.sessionOptions(base, log))
 	if err != nil {
 		return nil, fmt.Errorf("replication: %w", err)
-	}
-	pc.RuntimeParams["replication"] = "database"
-	pc.BuildContextWatcherHandler = func(conn *pgconn.PgConn) ctxwatch.Handler {
-		return &pgconn.DeadlineContextWatcherHandler{Conn: conn.Conn()}
 	}
 	return pc, nil
 }
@@ -389,8 +391,8 @@ func (c *Config) dial(ctx context.Context, base *pgconn.Config, log *slog.Logger
 		return nil, nh, err
 	}
 	nh = noticeHandlers{onNotice: pc.OnNotice, onPgError: pc.OnPgError}
-	conn, err = connect(ctx, pc)
-	if errors.Is(err, ErrNotParsed) {
+	conn, err = pgsession.Open(ctx, pc, c.sessionOptions(base, log))
+	if errors.Is(err, pgsession.ErrNotParsed) {
 		return nil, nh, fmt.Errorf("%w: ConnConfig must be made by pgconn.ParseConfig", ErrInvalidConfig)
 	}
 	if err != nil {
@@ -538,7 +540,7 @@ func readSettings(ctx context.Context, conn *pgconn.PgConn) (serverSettings, err
 func checkPublications(ctx context.Context, conn *pgconn.PgConn, major int, pubs []string, db string, log *slog.Logger, logTables bool) error {
 	lits := make([]string, len(pubs))
 	for i, p := range pubs {
-		lits[i] = sqlLiteral(p)
+		lits[i] = pgsession.QuoteLiteral(p)
 	}
 	in := strings.Join(lits, ", ")
 	res, err := query(ctx, conn, "SELECT pubname, puballtables::text FROM pg_catalog.pg_publication WHERE pubname IN ("+in+")")
@@ -619,7 +621,7 @@ func readSlot(ctx context.Context, conn *pgconn.PgConn, major int, cfg *Config, 
 	}
 	res, err := query(ctx, conn, "SELECT slot_type, coalesce(plugin, ''), coalesce(database::text, ''), "+
 		"coalesce(confirmed_flush_lsn::text, '0/0'), temporary::text, "+twoPhase+", "+walStatus+
-		" FROM pg_catalog.pg_replication_slots WHERE slot_name = "+sqlLiteral(cfg.Slot))
+		" FROM pg_catalog.pg_replication_slots WHERE slot_name = "+pgsession.QuoteLiteral(cfg.Slot))
 	if err != nil {
 		return nil, fmt.Errorf("replication: reading slot %q: %w", cfg.Slot, err)
 	}
@@ -758,10 +760,10 @@ func slotActive(ctx context.Context, conn *pgconn.PgConn, slot string, cause err
 			break
 		}
 	}
-	rows, err := query(ctx, conn, "SELECT "+BackendColumns+" FROM pg_catalog.pg_replication_slots s "+
-		"JOIN pg_catalog.pg_stat_activity a ON a.pid = s.active_pid WHERE s.slot_name = "+sqlLiteral(slot))
+	rows, err := query(ctx, conn, "SELECT "+pgsession.BackendColumns+" FROM pg_catalog.pg_replication_slots s "+
+		"JOIN pg_catalog.pg_stat_activity a ON a.pid = s.active_pid WHERE s.slot_name = "+pgsession.QuoteLiteral(slot))
 	if err == nil && len(rows) == 1 {
-		e.Holder, _ = ScanBackend(rows[0])
+		e.Holder, _ = pgsession.ScanBackend(rows[0])
 	}
 	return e
 }
@@ -795,12 +797,4 @@ func queryRow(ctx context.Context, conn *pgconn.PgConn, sql string, n int) ([]st
 		return nil, &ProtocolError{Msg: fmt.Sprintf("expected one row of %d columns, got %d rows", n, len(rows))}
 	}
 	return rows[0], nil
-}
-
-// sqlLiteral quotes s as an SQL string literal, whatever standard_conforming_strings says.
-func sqlLiteral(s string) string {
-	if strings.Contains(s, `\`) {
-		return `E'` + strings.NewReplacer(`\`, `\\`, `'`, `''`).Replace(s) + `'`
-	}
-	return `'` + strings.ReplaceAll(s, `'`, `''`) + `'`
 }

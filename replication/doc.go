@@ -1,5 +1,5 @@
 // Package replication runs a logical replication connection (pgoutput) and feeds the reorder
-// buffer. It is the only package of pgreorder that talks to the network.
+// buffer. It is the only package of pgreorder that speaks the replication protocol.
 //
 // Start connects with replication=database, runs IDENTIFY_SYSTEM and the pre-flight checks,
 // creates the slot when asked (temporary or permanent, with two-phase decoding), and sends

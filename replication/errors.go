@@ -5,13 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"slices"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgreorder/pgreorder/internal/pgsession"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 	"github.com/pgreorder/pgreorder/spill"
 )
@@ -118,12 +116,11 @@ func (e *ProtocolError) Error() string {
 func (e *ProtocolError) Unwrap() error { return e.Err }
 
 // Retryable reports whether err is worth another connection attempt: the connection was lost or
-// refused, the server ended the stream, the server reported a transient error (see
-// TransientSQLState), a spill file could not be written (a full disk), or the slot is in use.
-// Configuration errors, failed pre-flight checks, protocol errors, data loss reported by the
-// reorder buffer, server errors of other SQLSTATEs and cancellation are not. Next applies it
-// when Config.Reconnect is on; with reconnection off, a consumer can apply it to the errors Next
-// returns.
+// refused, the server ended the stream, the server reported a transient error (see Transient),
+// a spill file could not be written (a full disk), or the slot is in use. Configuration errors,
+// failed pre-flight checks, protocol errors, data loss reported by the reorder buffer, server
+// errors of other SQLSTATEs and cancellation are not. Next applies it when Config.Reconnect is
+// on; with reconnection off, a consumer can apply it to the errors Next returns.
 func Retryable(err error) bool {
 	if err == nil {
 		return false
@@ -151,115 +148,27 @@ func Retryable(err error) bool {
 		errors.Is(err, reorderbuffer.ErrNotCommit), errors.Is(err, reorderbuffer.ErrReleased):
 		return false
 	case errors.As(err, &pgErr):
-		return TransientSQLState(pgErr.Code)
+		return pgsession.TransientSQLState(pgErr.Code)
 	}
 	// Network errors, EOF, timeouts of a connection attempt, errors of Config.BeforeConnect.
 	return true
 }
 
 // Transient reports whether err is, or wraps, an error reported by a server (*pgconn.PgError)
-// whose SQLSTATE is transient (TransientSQLState): the same statement or connection can succeed
-// when tried again. Like pgconn.SafeToRetry, it answers for one error and knows nothing of what
-// the caller was doing; errors that are not the server's are not transient here.
+// whose SQLSTATE is transient: it can go away by itself, so that the same statement or
+// connection can succeed when tried again. Those are lost or refused connections, shutdowns and
+// restarts of the server, resource shortages, timeouts, cancellation, deadlocks, serialization
+// failures, lock timeouts, I/O errors of the server, and an object (a slot) in use by another
+// session. Like pgconn.SafeToRetry, it answers for one error and knows nothing of what the
+// caller was doing; errors that are not the server's are not transient here.
 func Transient(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && TransientSQLState(pgErr.Code)
-}
-
-// transientClasses are the SQLSTATE classes whose every code is transient.
-var transientClasses = [...]string{
-	"08", // connection_exception: the connection failed or was refused
-	"53", // insufficient_resources: too many connections, out of memory, disk full
-}
-
-// transientCodes are the other transient SQLSTATEs. Left out on purpose: 57P04
-// database_dropped, and 58P01 undefined_file, which is how a walsender reports WAL that was
-// already removed (trying again cannot bring it back).
-var transientCodes = [...]string{
-	"57P01", // admin_shutdown: the server is shutting down, or the backend was terminated
-	"57P02", // crash_shutdown
-	"57P03", // cannot_connect_now: the server is starting up or in recovery
-	"57P05", // idle_session_timeout
-	"57014", // query_canceled
-	"25P03", // idle_in_transaction_session_timeout
-	"25P04", // transaction_timeout
-	"40001", // serialization_failure
-	"40P01", // deadlock_detected
-	"55P03", // lock_not_available
-	"55006", // object_in_use: a slot still active for a previous connection
-	"58000", // system_error
-	"58030", // io_error
-}
-
-// TransientSQLState reports whether a server error with SQLSTATE code can go away by itself, so
-// that trying again is worthwhile: lost or refused connections, shutdowns and restarts of the
-// server, resource shortages, timeouts, cancellation, deadlocks, serialization failures, lock
-// timeouts, I/O errors of the server, and an object (a slot) in use by another session.
-func TransientSQLState(code string) bool {
-	for _, c := range transientClasses {
-		if strings.HasPrefix(code, c) {
-			return true
-		}
-	}
-	return slices.Contains(transientCodes[:], code)
+	return pgsession.TransientSQLState(pgsession.Code(err))
 }
 
 // Backend describes a server process, as pg_stat_activity shows it: who holds a slot. Fields
 // the server did not show (a role without pg_read_all_stats sees only its own sessions' client
-// details) are empty.
-type Backend struct {
-	PID             int
-	ApplicationName string
-	User            string
-	ClientAddr      string // the client's IP address; "" for a Unix socket
-	ClientHostname  string // with log_hostname
-	BackendStart    string // when it connected, as the server prints timestamps
-	State           string // active, idle, idle in transaction, ...
-}
-
-func (b Backend) String() string {
-	s := fmt.Sprintf("pid %d", b.PID)
-	if b.ApplicationName != "" {
-		s += fmt.Sprintf(", application_name %q", b.ApplicationName)
-	}
-	if b.User != "" {
-		s += ", user " + b.User
-	}
-	switch {
-	case b.ClientAddr != "" && b.ClientHostname != "":
-		s += ", client " + b.ClientAddr + " (" + b.ClientHostname + ")"
-	case b.ClientAddr != "":
-		s += ", client " + b.ClientAddr
-	case b.PID != 0 && b.BackendStart != "":
-		s += ", local client"
-	}
-	if b.BackendStart != "" {
-		s += ", connected " + b.BackendStart
-	}
-	if b.State != "" {
-		s += ", " + b.State
-	}
-	return s
-}
-
-// BackendColumns is the select list that ScanBackend reads, over pg_stat_activity as a: the pid,
-// application_name, user, client address and host name, backend start and state, as text.
-const BackendColumns = "a.pid::text, coalesce(a.application_name, ''), coalesce(a.usename::text, ''), " +
-	"coalesce(host(a.client_addr), ''), coalesce(a.client_hostname, ''), " +
-	"coalesce(date_trunc('second', a.backend_start)::text, ''), coalesce(a.state, '')"
-
-// ScanBackend reads a row of BackendColumns.
-func ScanBackend(row []string) (Backend, bool) {
-	if len(row) != 7 {
-		return Backend{}, false
-	}
-	pid, err := strconv.Atoi(row[0])
-	if err != nil {
-		return Backend{}, false
-	}
-	return Backend{PID: pid, ApplicationName: row[1], User: row[2], ClientAddr: row[3], ClientHostname: row[4],
-		BackendStart: row[5], State: row[6]}, true
-}
+// details) are empty. Its String method prints what is known of it.
+type Backend = pgsession.Backend
 
 // SlotActiveError reports a slot that another connection streams from. It wraps ErrSlotActive
 // and the server's error. Start and reconnections wait for such a slot up to
@@ -281,7 +190,7 @@ func (e *SlotActiveError) Error() string {
 	}
 	end := fmt.Sprintf("SELECT pg_terminate_backend(%d)", e.Holder.PID)
 	if e.Holder.PID == 0 {
-		end = "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = " + sqlLiteral(e.Slot)
+		end = "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = " + pgsession.QuoteLiteral(e.Slot)
 	}
 	msg += ": stop the other consumer or use another slot; if the other consumer is gone and its walsender lingers, " +
 		"end it with " + end + " on the source"

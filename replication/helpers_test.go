@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/internal/pgsession"
 	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 	"github.com/pgreorder/pgreorder/replication"
@@ -112,7 +113,7 @@ func slotState(t *testing.T, connString, slot string, waitInactive bool) (decodi
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		v := queryValue(t, connString, `SELECT confirmed_flush_lsn::text || ' ' || coalesce(active_pid, 0)
-			FROM pg_replication_slots WHERE slot_name = `+quote(slot)+` AND database = current_database()`)
+			FROM pg_replication_slots WHERE slot_name = `+pgsession.QuoteLiteral(slot)+` AND database = current_database()`)
 		if v == "" {
 			t.Fatalf("slot %s does not exist", slot)
 		}
@@ -131,8 +132,6 @@ func slotState(t *testing.T, connString, slot string, waitInactive bool) (decodi
 		time.Sleep(20 * time.Millisecond)
 	}
 }
-
-func quote(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
 // ids returns the first column of every Insert of t, as text.
 func ids(t *testing.T, x *reorderbuffer.Txn) []string {

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/internal/pgsession"
 )
 
 // Table is one published table as the copy sees it in the snapshot.
@@ -51,10 +52,12 @@ type Table struct {
 func (t *Table) Rows() int64 { return t.rows.Load() }
 
 // String returns the schema-qualified name, with the parts quoted only when they need it.
-func (t *Table) String() string { return displayIdent(t.Schema) + "." + displayIdent(t.Name) }
+func (t *Table) String() string {
+	return pgsession.DisplayIdent(t.Schema) + "." + pgsession.DisplayIdent(t.Name)
+}
 
 // sqlName returns the schema-qualified name, quoted for SQL.
-func (t *Table) sqlName() string { return quoteIdent(t.Schema) + "." + quoteIdent(t.Name) }
+func (t *Table) sqlName() string { return pgsession.QuoteQualified(t.Schema, t.Name) }
 
 // Type returns the description of a type the table's columns use, as the stream's Type message
 // gives it (for types that are not built in), and false for other types.
@@ -109,7 +112,7 @@ func listPublished(ctx context.Context, conn *pgconn.PgConn, major int, pubs []s
 		}
 		p := out[oid]
 		if p == nil {
-			p = &published{oid: oid, name: displayIdent(*row[4]) + "." + displayIdent(*row[5])}
+			p = &published{oid: oid, name: pgsession.DisplayIdent(*row[4]) + "." + pgsession.DisplayIdent(*row[5])}
 			out[oid] = p
 		}
 		p.pubs = append(p.pubs, *row[1])
@@ -260,7 +263,7 @@ func describe(ctx context.Context, conn *pgconn.PgConn, major int, pub map[uint3
 			t := byOID[root]
 			size, _ := strconv.ParseInt(*l[4], 10, 64)
 			t.Size += size
-			t.sources = append(t.sources, source{sqlName: quoteIdent(*l[1]) + "." + quoteIdent(*l[2]), only: true,
+			t.sources = append(t.sources, source{sqlName: pgsession.QuoteQualified(*l[1], *l[2]), only: true,
 				ranges: major >= 14 && *l[3] == "r", pages: (size + blockSize - 1) / blockSize})
 		}
 	}
@@ -318,7 +321,7 @@ func describeColumns(ctx context.Context, conn *pgconn.PgConn, major int, in str
 		}
 		t.Relation.Columns = append(t.Relation.Columns, decoding.RelationColumn{Flags: flags, Name: name,
 			TypeOID: typ, TypeMod: int32(mod)})
-		expr, kind := quoteIdent(name), decoding.ColumnText
+		expr, kind := pgsession.QuoteIdent(name), decoding.ColumnText
 		if binary {
 			if *c[6] == "t" {
 				kind = decoding.ColumnBinary
@@ -433,34 +436,10 @@ func parseOID(s *string) (uint32, error) {
 	return uint32(v), nil
 }
 
-// quoteIdent quotes an identifier for SQL.
-func quoteIdent(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
-
-// displayIdent quotes an identifier for messages only when it is not a plain lower-case name.
-func displayIdent(s string) string {
-	plain := s != "" && (s[0] < '0' || s[0] > '9')
-	for i := 0; i < len(s) && plain; i++ {
-		c := s[i]
-		plain = c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_'
-	}
-	if plain {
-		return s
-	}
-	return quoteIdent(s)
-}
-
-// literal quotes s as an SQL string literal, whatever standard_conforming_strings says.
-func literal(s string) string {
-	if strings.Contains(s, `\`) {
-		return `E'` + strings.NewReplacer(`\`, `\\`, `'`, `''`).Replace(s) + `'`
-	}
-	return `'` + strings.ReplaceAll(s, `'`, `''`) + `'`
-}
-
 func literals(ss []string) string {
 	out := make([]string, len(ss))
 	for i, s := range ss {
-		out[i] = literal(s)
+		out[i] = pgsession.QuoteLiteral(s)
 	}
 	return strings.Join(out, ", ")
 }

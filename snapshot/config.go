@@ -8,7 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/pgreorder/pgreorder/replication"
+	"github.com/pgreorder/pgreorder/internal/pgsession"
 )
 
 // DefaultWorkers is the number of connections that copy in parallel when Config.Workers is 0.
@@ -108,7 +108,7 @@ func (c *Config) logger() *slog.Logger {
 }
 
 func (c *Config) baseConnConfig() (*pgconn.Config, error) {
-	pc, err := replication.ConnConfig(c.ConnConfig, c.ConnString)
+	pc, err := pgsession.ConnConfig(c.ConnConfig, c.ConnString)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
@@ -117,21 +117,15 @@ func (c *Config) baseConnConfig() (*pgconn.Config, error) {
 
 // connect opens one normal connection with the pinned settings.
 func (c *Config) connect(ctx context.Context, base *pgconn.Config, log *slog.Logger) (*pgconn.PgConn, error) {
-	// The values must read exactly as the stream's: the default settings of ConnectSQL are
-	// those of a replication connection.
-	conn, err := replication.ConnectSQL(ctx, replication.SQLConnConfig{Config: base, BeforeConnect: c.BeforeConnect,
+	// The values must read exactly as the stream's: a Source connection pins the settings of a
+	// replication connection.
+	conn, err := pgsession.Connect(ctx, pgsession.Options{Kind: pgsession.Source, Config: base, BeforeConnect: c.BeforeConnect,
 		ApplicationName: "pgreorder-copy", Logger: log})
-	if errors.Is(err, replication.ErrNotParsed) {
+	if errors.Is(err, pgsession.ErrNotParsed) {
 		return nil, fmt.Errorf("%w: ConnConfig must be made by pgconn.ParseConfig", ErrInvalidConfig)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("snapshot: connect: %w", err)
 	}
 	return conn, nil
-}
-
-// isCode reports whether err is a server error with the given SQLSTATE.
-func isCode(err error, code string) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == code
 }

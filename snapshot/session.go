@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/internal/pgsession"
 	"github.com/pgreorder/pgreorder/replication"
 )
 
@@ -220,12 +221,12 @@ func lockMore(ctx context.Context, conn *pgconn.PgConn, lock string) error {
 
 // begin starts the transaction in the snapshot. The exported snapshot must still exist.
 func begin(ctx context.Context, conn *pgconn.PgConn, name string) error {
-	_, err := conn.Exec(ctx, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET TRANSACTION SNAPSHOT "+literal(name)+
+	_, err := conn.Exec(ctx, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET TRANSACTION SNAPSHOT "+pgsession.QuoteLiteral(name)+
 		"; SET LOCAL idle_in_transaction_session_timeout = 0").ReadAll()
 	switch {
 	case err == nil:
 		return nil
-	case isCode(err, "22023") || isCode(err, "42704"):
+	case pgsession.IsCode(err, "22023") || pgsession.IsCode(err, "42704"):
 		// "invalid snapshot identifier" (invalid_parameter_value) before PostgreSQL 18,
 		// "snapshot ... does not exist" (undefined_object) since.
 		return fmt.Errorf("%w: snapshot %q: %w", ErrSnapshotNotExported, name, err)

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+
+	"github.com/pgreorder/pgreorder/vfs"
 )
 
 // Codec compresses the blocks of records a Store writes (Options.Codec). Package spill holds no
@@ -80,7 +82,7 @@ type blockHeader struct {
 // fileEnd, into h (blockHeaderSize bytes: memory of the caller's, so that reading a block
 // allocates nothing). The lengths are checked against the file and limit (the most raw bytes
 // the block may hold).
-func readBlockHeader(f File, l *Log, h []byte, foff, fileEnd, limit int64) (blockHeader, error) {
+func readBlockHeader(f vfs.File, l *Log, h []byte, foff, fileEnd, limit int64) (blockHeader, error) {
 	h = h[:blockHeaderSize]
 	if fileEnd-foff < blockHeaderSize {
 		return blockHeader{}, &CorruptError{Log: l.Path(), Offset: foff, Err: io.ErrUnexpectedEOF}
@@ -106,7 +108,7 @@ func readBlockHeader(f File, l *Log, h []byte, foff, fileEnd, limit int64) (bloc
 
 // readBlock reads l's block at foff, whose header is bh, checks its CRC and returns its raw
 // bytes in *raw (grown as needed), using *stored for the compressed bytes.
-func readBlock(f File, l *Log, codec Codec, foff int64, bh blockHeader, raw, stored *[]byte) error {
+func readBlock(f vfs.File, l *Log, codec Codec, foff int64, bh blockHeader, raw, stored *[]byte) error {
 	if int64(cap(*raw)) < bh.raw {
 		*raw = make([]byte, bh.raw)
 	}
@@ -227,7 +229,7 @@ func (l *Log) blockStart() int64 {
 
 // flushBlock writes l's buffered records (there are some) as one block, compressed if the
 // store's compress says so, and releases the buffer.
-func (l *Log) flushBlock(f File) error {
+func (l *Log) flushBlock(f vfs.File) error {
 	s := l.s
 	raw := s.wbuf
 	block, stored := s.wmem[:s.front+len(raw)], raw // as they are, in the room before wbuf
@@ -269,7 +271,7 @@ func (l *Log) flushBlock(f File) error {
 // block, or inside one: then the block's records before off are written again, as a new block
 // in its place (compressed again). The block is found from the last one's position, or by
 // reading the block headers from the start of the file.
-func (l *Log) truncateBlocks(f File, off int64) error {
+func (l *Log) truncateBlocks(f vfs.File, off int64) error {
 	s := l.s
 	if s.owner == l { // every buffered byte lies beyond off
 		s.wbuf = s.wbuf[:0]

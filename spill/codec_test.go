@@ -12,7 +12,8 @@ import (
 	"time"
 
 	"github.com/pgreorder/pgreorder/spill"
-	"github.com/pgreorder/pgreorder/spill/faultfs"
+	"github.com/pgreorder/pgreorder/vfs"
+	"github.com/pgreorder/pgreorder/vfs/faultfs"
 )
 
 // rle is a run-length codec for the tests (package spill has no compressor of its own): each
@@ -223,7 +224,7 @@ func TestCompressedTruncateCorruptBlock(t *testing.T) {
 func TestCompressedTruncateENOSPC(t *testing.T) {
 	// The disk fills up while the start of the cut block is written again: the error sticks,
 	// and no record of the torn block is ever returned.
-	ffs := faultfs.New(spill.OSFS())
+	ffs := faultfs.New(vfs.OS())
 	l, sizes, _ := compressedLog(t, spill.Options{FS: ffs})
 	ffs.Add(faultfs.Rule{Op: faultfs.OpWrite, Match: func(p string) bool { return p == l.Path() }, Err: syscall.ENOSPC, Partial: true})
 	if err := l.Truncate(sizes[12]); !errors.Is(err, syscall.ENOSPC) {
@@ -238,7 +239,7 @@ func TestCompressedTruncateENOSPC(t *testing.T) {
 }
 
 func TestCompressedENOSPCOnFlush(t *testing.T) {
-	ffs := faultfs.New(spill.OSFS())
+	ffs := faultfs.New(vfs.OS())
 	s := openStore(t, spill.Options{FS: ffs, BufferSize: 256, Codec: rle{}})
 	l := create(t, s)
 	ffs.Add(faultfs.Rule{Op: faultfs.OpWrite, Match: func(p string) bool { return p == l.Path() }, Skip: 2, Err: syscall.ENOSPC, Partial: true})

@@ -140,8 +140,10 @@
 // still empty: a denial of service, never access to the store's files. The logs are protected by
 // their directory's permissions, not encrypted: root and the same user can read them.
 //
-// On Linux all of this works on directory descriptors. Elsewhere [OSFS] uses os.Root, which keeps
-// every name inside its directory but follows a symbolic link that stays inside it: there, a
+// A store reaches its files through [Options].FS, a file system of package
+// [github.com/pgreorder/pgreorder/vfs] (the operating system's by default). On Linux all of this
+// works on directory descriptors. Elsewhere vfs.OS uses os.Root, which keeps every name inside
+// its directory but follows a symbolic link that stays inside it: there, a
 // co-tenant who replaces a name in the instant between a check and an open can make a store open
 // another entry of the same directory, which the ownership checks still refuse unless it is the
 // user's own.

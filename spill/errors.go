@@ -3,6 +3,8 @@ package spill
 import (
 	"errors"
 	"fmt"
+
+	"github.com/pgreorder/pgreorder/vfs"
 )
 
 var (
@@ -19,8 +21,11 @@ var (
 	// ErrInvalidRecords is returned by AppendFramed for bytes that are not a sequence of framed
 	// records. It does not poison the log.
 	ErrInvalidRecords = errors.New("spill: invalid framed records")
-	// ErrLocked is returned by Dir.Lock when another holder has the lock.
-	ErrLocked = errors.New("spill: locked")
+	// ErrLocked is vfs.ErrLocked, matched by the error of vfs.Dir.Lock when another holder has
+	// the lock.
+	//
+	// Deprecated: use vfs.ErrLocked.
+	ErrLocked = vfs.ErrLocked
 )
 
 // Details carried in CorruptError.Err.

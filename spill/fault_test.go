@@ -10,7 +10,8 @@ import (
 	"testing"
 
 	"github.com/pgreorder/pgreorder/spill"
-	"github.com/pgreorder/pgreorder/spill/faultfs"
+	"github.com/pgreorder/pgreorder/vfs"
+	"github.com/pgreorder/pgreorder/vfs/faultfs"
 )
 
 // TestFaults injects one kind of disk trouble per case and checks that it surfaces from the call
@@ -199,7 +200,7 @@ func TestFaults(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			ffs := faultfs.New(spill.OSFS())
+			ffs := faultfs.New(vfs.OS())
 			tt.opts.FS = ffs
 			s := openStore(t, tt.opts)
 			bystander := create(t, s)
@@ -269,7 +270,7 @@ func TestFaults(t *testing.T) {
 // returns only records whose Append (and flush) succeeded.
 func TestFaultNeverYieldsTornRecord(t *testing.T) {
 	for skip := range 12 {
-		ffs := faultfs.New(spill.OSFS())
+		ffs := faultfs.New(vfs.OS())
 		s := openStore(t, spill.Options{FS: ffs, BufferSize: 100})
 		l := create(t, s)
 		ffs.Add(faultfs.Rule{Op: faultfs.OpWrite, Skip: skip, Err: syscall.ENOSPC, Partial: true})
@@ -315,7 +316,7 @@ func appendN(l *spill.Log, n, size int) error {
 func TestFlushErrorOfAnotherLog(t *testing.T) {
 	for _, size := range []int{10, 5000} { // buffered, written through
 		t.Run(fmt.Sprintf("record=%d", size), func(t *testing.T) {
-			ffs := faultfs.New(spill.OSFS())
+			ffs := faultfs.New(vfs.OS())
 			s := openStore(t, spill.Options{FS: ffs, BufferSize: 4096})
 			a, b := create(t, s), create(t, s)
 			if err := b.Append(rec(0, 10)); err != nil {
@@ -361,7 +362,7 @@ func TestFlushErrorOfAnotherLog(t *testing.T) {
 // TestTruncateMeetsOtherLogError: a Truncate that must close another log's file to open its own,
 // and fails doing so, leaves its log exactly as it was, buffered records included.
 func TestTruncateMeetsOtherLogError(t *testing.T) {
-	ffs := faultfs.New(spill.OSFS())
+	ffs := faultfs.New(vfs.OS())
 	s := openStore(t, spill.Options{FS: ffs, BufferSize: 4096, MaxOpenFiles: 1})
 	l, other := create(t, s), create(t, s)
 	var want [][]byte
@@ -421,7 +422,7 @@ func TestOutOfDescriptors(t *testing.T) {
 		{"EMFILE for good", syscall.EMFILE, 0, 3, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ffs := faultfs.New(spill.OSFS())
+			ffs := faultfs.New(vfs.OS())
 			s := openStore(t, spill.Options{FS: ffs, BufferSize: 64, MaxOpenFiles: 100})
 			var others []*spill.Log
 			for i := range tc.others {

@@ -8,6 +8,8 @@ import (
 	"io/fs"
 	"path/filepath"
 	"strconv"
+
+	"github.com/pgreorder/pgreorder/vfs"
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
@@ -21,11 +23,11 @@ type Log struct {
 	s   *Store
 	seq uint64 // the file is log-<seq>.spill in the store's directory
 
-	f          File  // nil while closed by the descriptor budget (or not yet created)
-	prev, next *Log  // LRU links while f != nil
-	lprev      *Log  // the store's list of live logs
-	lnext      *Log  //
-	flushed    int64 // logical bytes in the file: the raw bytes of its blocks
+	f          vfs.File // nil while closed by the descriptor budget (or not yet created)
+	prev, next *Log     // LRU links while f != nil
+	lprev      *Log     // the store's list of live logs
+	lnext      *Log     //
+	flushed    int64    // logical bytes in the file: the raw bytes of its blocks
 
 	// The file's size, and the file offset and logical offset of its last block (lastFile 0: no
 	// block).
@@ -199,7 +201,7 @@ func (l *Log) flush() error {
 	return l.flushBlock(f)
 }
 
-func (l *Log) maybeSync(f File) error {
+func (l *Log) maybeSync(f vfs.File) error {
 	if !l.s.sync {
 		return nil
 	}

@@ -8,9 +8,11 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+
+	"github.com/pgreorder/pgreorder/vfs"
 )
 
-// memFS is an in-memory FS for tests that must not touch the disk (fuzzing). Directories are
+// memFS is an in-memory vfs.FS for tests that must not touch the disk (fuzzing). Directories are
 // named by path; a handle keeps the node it opened.
 type memFS struct {
 	mu    sync.Mutex
@@ -33,16 +35,29 @@ func (m *memFS) newNode(dir bool) *memNode {
 	return &memNode{ino: m.ino, dir: dir, nlink: 1}
 }
 
-func (m *memFS) OpenDir(path string) (Dir, error) {
+// MkdirAll makes path a directory (its parents are not nodes of their own).
+func (m *memFS) MkdirAll(path string, _ fs.FileMode) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	path = filepath.Clean(path)
 	n := m.nodes[path]
 	if n == nil {
-		n = m.newNode(true)
-		m.nodes[path] = n
+		m.nodes[path] = m.newNode(true)
+	} else if !n.dir {
+		return &fs.PathError{Op: "mkdir", Path: path, Err: fs.ErrExist}
 	}
-	if !n.dir {
+	return nil
+}
+
+func (m *memFS) OpenDir(path string) (vfs.Dir, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	path = filepath.Clean(path)
+	n := m.nodes[path]
+	switch {
+	case n == nil:
+		return nil, &fs.PathError{Op: "open", Path: path, Err: fs.ErrNotExist}
+	case !n.dir:
 		return nil, &fs.PathError{Op: "open", Path: path, Err: fs.ErrInvalid}
 	}
 	return &memDir{m: m, path: path, n: n}, nil
@@ -66,13 +81,13 @@ type memDir struct {
 // lookup returns name's path and node (nil if none); the caller holds m.mu.
 func (d *memDir) lookup(name string) (string, *memNode, error) {
 	p := filepath.Join(d.path, name)
-	if !validName(name) {
+	if !vfs.ValidName(name) {
 		return p, nil, &fs.PathError{Op: "open", Path: p, Err: fs.ErrInvalid}
 	}
 	return p, d.m.nodes[p], nil
 }
 
-func (d *memDir) OpenFile(name string, flag int, _ fs.FileMode) (File, error) {
+func (d *memDir) OpenFile(name string, flag int, _ fs.FileMode) (vfs.File, error) {
 	d.m.mu.Lock()
 	defer d.m.mu.Unlock()
 	p, n, err := d.lookup(name)
@@ -89,10 +104,10 @@ func (d *memDir) OpenFile(name string, flag int, _ fs.FileMode) (File, error) {
 	case n.dir:
 		return nil, &fs.PathError{Op: "open", Path: p, Err: fs.ErrInvalid}
 	}
-	return &memFile{m: d.m, n: n}, nil
+	return &memFile{m: d.m, n: n, path: p}, nil
 }
 
-func (d *memDir) Lock(name string, create bool) (LockFile, error) {
+func (d *memDir) Lock(name string, create bool) (vfs.LockFile, error) {
 	flag := os.O_RDWR
 	if create {
 		flag |= os.O_CREATE | os.O_EXCL
@@ -105,7 +120,7 @@ func (d *memDir) Lock(name string, create bool) (LockFile, error) {
 	d.m.mu.Lock()
 	defer d.m.mu.Unlock()
 	if n.locked {
-		return nil, fmt.Errorf("%w: %s", ErrLocked, filepath.Join(d.path, name))
+		return nil, fmt.Errorf("%w: %s", vfs.ErrLocked, filepath.Join(d.path, name))
 	}
 	n.locked = true
 	return &memLock{m: d.m, n: n}, nil
@@ -125,7 +140,7 @@ func (d *memDir) Mkdir(name string, _ fs.FileMode) error {
 	return nil
 }
 
-func (d *memDir) OpenDir(name string) (Dir, error) {
+func (d *memDir) OpenDir(name string) (vfs.Dir, error) {
 	d.m.mu.Lock()
 	defer d.m.mu.Unlock()
 	p, n, err := d.lookup(name)
@@ -203,23 +218,45 @@ func (d *memDir) ReadDir() ([]string, error) {
 	return names, nil
 }
 
-func (d *memDir) Stat() (Info, error) {
+func (d *memDir) Lstat(name string) (vfs.Info, error) {
 	d.m.mu.Lock()
 	defer d.m.mu.Unlock()
-	return Info{Mode: fs.ModeDir | 0o700, UID: os.Geteuid(), Nlink: d.n.nlink, Ino: d.n.ino}, nil
+	p, n, err := d.lookup(name)
+	switch {
+	case err != nil:
+		return vfs.Info{}, err
+	case n == nil:
+		return vfs.Info{}, &fs.PathError{Op: "lstat", Path: p, Err: fs.ErrNotExist}
+	}
+	return n.info(), nil
 }
 
+func (d *memDir) Stat() (vfs.Info, error) {
+	d.m.mu.Lock()
+	defer d.m.mu.Unlock()
+	return d.n.info(), nil
+}
+
+func (d *memDir) Sync() error  { return nil }
 func (d *memDir) Close() error { return nil }
+
+// info describes n; the caller holds the FS's lock.
+func (n *memNode) info() vfs.Info {
+	if n.dir {
+		return vfs.Info{Mode: fs.ModeDir | 0o700, UID: os.Geteuid(), Nlink: n.nlink, Ino: n.ino}
+	}
+	return vfs.Info{Mode: 0o600, UID: os.Geteuid(), Nlink: n.nlink, Ino: n.ino, Size: int64(len(n.data))}
+}
 
 type memLock struct {
 	m *memFS
 	n *memNode
 }
 
-func (l *memLock) Stat() (Info, error) {
+func (l *memLock) Stat() (vfs.Info, error) {
 	l.m.mu.Lock()
 	defer l.m.mu.Unlock()
-	return Info{Mode: 0o600, UID: os.Geteuid(), Nlink: l.n.nlink, Ino: l.n.ino}, nil
+	return l.n.info(), nil
 }
 
 func (l *memLock) Close() error {
@@ -230,8 +267,9 @@ func (l *memLock) Close() error {
 }
 
 type memFile struct {
-	m *memFS
-	n *memNode
+	m    *memFS
+	n    *memNode
+	path string
 }
 
 func (f *memFile) ReadAt(p []byte, off int64) (int, error) {
@@ -268,5 +306,12 @@ func (f *memFile) Truncate(size int64) error {
 	return nil
 }
 
+func (f *memFile) Stat() (vfs.Info, error) {
+	f.m.mu.Lock()
+	defer f.m.mu.Unlock()
+	return f.n.info(), nil
+}
+
+func (f *memFile) Name() string { return f.path }
 func (f *memFile) Sync() error  { return nil }
 func (f *memFile) Close() error { return nil }

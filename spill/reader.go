@@ -5,21 +5,23 @@ import (
 	"encoding/binary"
 	"errors"
 	"io"
+
+	"github.com/pgreorder/pgreorder/vfs"
 )
 
 // Reader streams a log's records in order. Memory: one buffer of Options.BufferSize, plus one
 // buffer as large as the largest record that does not fit in it.
 type Reader struct {
 	l      *Log
-	end    int64  // logical end of the records to read
-	off    int64  // logical offset of the next record
-	buf    []byte // the read buffer, which holds a block's raw bytes
-	big    []byte // holds a record larger than buf
-	header bool   // file header checked
-	err    error  // sticky until Rewind
-	own    bool   // made by OpenReader: reads f, never the store
-	f      File   // own: the log's file
-	fixed  error  // own: an error from OpenReader, returned for good
+	end    int64    // logical end of the records to read
+	off    int64    // logical offset of the next record
+	buf    []byte   // the read buffer, which holds a block's raw bytes
+	big    []byte   // holds a record larger than buf
+	header bool     // file header checked
+	err    error    // sticky until Rewind
+	own    bool     // made by OpenReader: reads f, never the store
+	f      vfs.File // own: the log's file
+	fixed  error    // own: an error from OpenReader, returned for good
 
 	// The current block's raw bytes blk (in buf or big), the next record at
 	// blk[bi:], the block at file offset bfoff, the next one at foff, the file's size fend.
@@ -89,7 +91,7 @@ func (r *Reader) next() ([]byte, error) {
 }
 
 // file returns the log's file: the reader's own, or the store's.
-func (r *Reader) file() (File, error) {
+func (r *Reader) file() (vfs.File, error) {
 	if r.own {
 		return r.f, nil
 	}

@@ -13,6 +13,8 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+
+	"github.com/pgreorder/pgreorder/vfs"
 )
 
 // The file format (see the package documentation). Spill files never outlive the process that
@@ -53,8 +55,9 @@ type Options struct {
 	// (mode 0700) if missing. Symbolic links in Dir are followed; nothing below it is. Dir may be
 	// shared with other users (see the package documentation).
 	Dir string
-	// FS is the file system; nil means OSFS().
-	FS FS
+	// FS is the file system; nil means vfs.OS(). (A test's may inject faults: package
+	// vfs/faultfs.)
+	FS vfs.FS
 	// MaxOpenFiles bounds the log files kept open at once; 0 means a default derived from
 	// RLIMIT_NOFILE (see DefaultMaxOpenFiles). Whatever the budget, a store that runs out of
 	// descriptors (EMFILE, ENFILE) closes its least recently used files and tries again; it fails
@@ -74,13 +77,13 @@ type Options struct {
 
 // Store is a set of logs in a private directory. It is not safe for concurrent use.
 type Store struct {
-	fs      FS
-	parent  Dir      // Options.Dir
-	dir     Dir      // the store's private directory, in parent
-	name    string   // dir's name in parent
-	path    string   // dir's path, for messages
-	id      Info     // dir as made, to recognise it by name at Close
-	lock    LockFile // on dir/lock; nil where the platform has no locks
+	fs      vfs.FS
+	parent  vfs.Dir      // Options.Dir
+	dir     vfs.Dir      // the store's private directory, in parent
+	name    string       // dir's name in parent
+	path    string       // dir's path, for messages
+	id      vfs.Info     // dir as made, to recognise it by name at Close
+	lock    vfs.LockFile // on dir/lock; nil where the platform has no locks
 	maxOpen int
 	bufSize int
 	sync    bool
@@ -119,7 +122,7 @@ func Open(opts Options) (*Store, error) {
 		front:   headerSize + blockHeaderSize,
 	}
 	if s.fs == nil {
-		s.fs = OSFS()
+		s.fs = vfs.OS()
 	}
 	if s.maxOpen <= 0 {
 		s.maxOpen = defaultMaxOpenFiles()
@@ -131,6 +134,9 @@ func Open(opts Options) (*Store, error) {
 	path := opts.Dir
 	if path == "" {
 		path = os.TempDir()
+	}
+	if err := s.fs.MkdirAll(path, 0o700); err != nil {
+		return nil, fmt.Errorf("spill: open: %w", err)
 	}
 	parent, err := s.fs.OpenDir(path)
 	if err != nil {
@@ -155,7 +161,7 @@ func Open(opts Options) (*Store, error) {
 // opens is the one it made, and takes the lock in it. The lock file is made and locked under
 // another name and then renamed into place: a cleanup, which opens only lockName, never finds the
 // lock of a live store unlocked.
-func (s *Store) create(parent Dir, path string) error {
+func (s *Store) create(parent vfs.Dir, path string) error {
 	var rnd [8]byte
 	if _, err := rand.Read(rnd[:]); err != nil {
 		return err
@@ -199,7 +205,7 @@ func (s *Store) create(parent Dir, path string) error {
 
 // private reports whether info describes a directory of this user's that nobody else may enter,
 // as the store's own directory must be.
-func private(info Info) bool {
+func private(info vfs.Info) bool {
 	if info.UID < 0 {
 		return info.Mode.IsDir() // the platform has no owners
 	}
@@ -250,7 +256,7 @@ func isDigits(s string) bool {
 // lock nobody holds; from it only logs and the lock file are removed, and then the directory if
 // that left it empty. Nothing is followed: a symbolic link, a FIFO, a file, or another user's
 // directory with a store's name is left alone.
-func removeStale(parent Dir, own string) {
+func removeStale(parent vfs.Dir, own string) {
 	names, err := parent.ReadDir()
 	if err != nil {
 		return
@@ -263,7 +269,7 @@ func removeStale(parent Dir, own string) {
 	}
 }
 
-func removeIfStale(parent Dir, name string, euid int) {
+func removeIfStale(parent vfs.Dir, name string, euid int) {
 	dir, err := parent.OpenDir(name) // fails unless a directory, and for other users' private ones
 	if err != nil {
 		return
@@ -297,7 +303,7 @@ func removeIfStale(parent Dir, name string, euid int) {
 }
 
 // ownedBy reports whether info's owner is the user euid.
-func ownedBy(info Info, euid int) bool { return info.UID >= 0 && info.UID == euid }
+func ownedBy(info vfs.Info, euid int) bool { return info.UID >= 0 && info.UID == euid }
 
 // Create makes a new, empty log. No file is created until the log's first bytes are flushed.
 func (s *Store) Create() (*Log, error) {
@@ -393,7 +399,7 @@ func (s *Store) removeDir() error {
 // used. The caller checks l.err first.
 // An error opening l's file is made sticky on l; an error closing another log's file sticks to that
 // log and is returned as a *LogError, leaving l as it was.
-func (s *Store) file(l *Log) (File, error) {
+func (s *Store) file(l *Log) (vfs.File, error) {
 	if l.f != nil {
 		if l.lent { // out of the LRU while a reader of OpenReader holds it
 			return l.f, nil
@@ -472,7 +478,7 @@ func (s *Store) WrittenBytes() int64 { return s.written }
 
 // writeFull writes p at off, turning a short write without error into io.ErrShortWrite, and
 // counts what it wrote.
-func (s *Store) writeFull(f File, p []byte, off int64) error {
+func (s *Store) writeFull(f vfs.File, p []byte, off int64) error {
 	n, err := f.WriteAt(p, off)
 	s.written += int64(max(n, 0))
 	if err == nil && n < len(p) {

@@ -6,6 +6,7 @@ import (
 	"regexp"
 	"strings"
 
+	"github.com/pgreorder/pgreorder/internal/pgsession"
 	"github.com/pgreorder/pgreorder/replication"
 )
 
@@ -121,7 +122,7 @@ func explain(command string, err error) string {
 			msg = strings.Replace(msg, ce.Error(), s, 1)
 		}
 	}
-	msg = replication.TidyConnectError(msg, err)
+	msg = pgsession.TidyConnectError(msg, err)
 	for _, rs := range [][]rename{fieldRenames[command], commonRenames} {
 		for _, r := range rs {
 			msg = r.re.ReplaceAllLiteralString(msg, r.flag)

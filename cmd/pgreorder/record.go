@@ -9,9 +9,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pgreorder/pgreorder/internal/pgsession"
 	"github.com/pgreorder/pgreorder/internal/tools/capture"
 	"github.com/pgreorder/pgreorder/internal/tools/pgserver"
-	"github.com/pgreorder/pgreorder/replication"
 )
 
 func init() {
@@ -84,7 +84,7 @@ func runRecord(ctx context.Context, args []string) error {
 	}
 	caps, err := pgserver.Record(ctx, dsn, w, opts)
 	if err != nil {
-		return replication.RedactConnError(err, dsn)
+		return pgsession.RedactConnError(err, dsn)
 	}
 	if err := os.MkdirAll(f.out, 0o755); err != nil {
 		return err

@@ -263,13 +263,4 @@ func TestLogRows(t *testing.T) {
 	}
 }
 
-// TestQuoteLiteral: trigger arguments read the same whatever standard_conforming_strings says.
-func TestQuoteLiteral(t *testing.T) {
-	for in, want := range map[string]string{`a`: `'a'`, `it's`: `'it''s'`, `a\b`: `E'a\\b'`, `x\'y`: `E'x\\''y'`} {
-		if got := quoteLiteral(in); got != want {
-			t.Errorf("quoteLiteral(%q) = %s, want %s", in, got, want)
-		}
-	}
-}
-
 func discard() *slog.Logger { return slog.New(slog.DiscardHandler) }

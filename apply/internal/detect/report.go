@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/pgreorder/pgreorder/apply/conflict"
+	"github.com/pgreorder/pgreorder/internal/pgsession"
 )
 
 // LogConflict writes the report to l: the message at level, with the detail and the report's fields.
@@ -152,7 +153,7 @@ func SetupLogTable(ctx context.Context, conn *pgconn.PgConn, table string) (stri
 	remote_tuple jsonb,
 	local_conflicts jsonb,
 	note text)`, nil, nil, nil, nil).Close()
-	if err != nil && !isCode(err, "42P07") {
+	if err != nil && !pgsession.IsCode(err, "42P07") {
 		return "", fmt.Errorf("apply: creating the conflict log table %s: %w", table, err)
 	}
 	return "INSERT INTO " + table + " (" + logColumns + ") SELECT " + logColumns +

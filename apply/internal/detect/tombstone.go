@@ -2,7 +2,6 @@ package detect
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"strconv"
@@ -14,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgreorder/pgreorder/apply/conflict"
+	"github.com/pgreorder/pgreorder/internal/pgsession"
 )
 
 // Tuning of the tombstone store.
@@ -224,7 +224,7 @@ func (tb *Tombstones) maintain(ctx context.Context, conn *pgconn.PgConn) error {
 	tb.mu.Unlock()
 	for _, m := range todo {
 		if err := tb.install(ctx, conn, m); err != nil {
-			if isCode(err, "42501") {
+			if pgsession.IsCode(err, "42501") {
 				tb.log.Warn("the target role may not create the tombstone trigger: update_deleted is not detected for the table",
 					"relation", m.Name, "err", err)
 			} else {
@@ -267,14 +267,14 @@ func (tb *Tombstones) install(ctx context.Context, conn *pgconn.PgConn, m *Table
 		return err
 	}
 	// A trigger's arguments are literals, not parameters: the column names come from the
-	// source, quoted by quoteLiteral, in one statement the extended protocol sends.
-	args := []string{quoteLiteral(oid)}
+	// source, quoted by pgsession.QuoteLiteral, in one statement the extended protocol sends.
+	args := []string{pgsession.QuoteLiteral(oid)}
 	for _, i := range m.Key {
-		args = append(args, quoteLiteral(m.Columns[i].Source))
+		args = append(args, pgsession.QuoteLiteral(m.Columns[i].Source))
 	}
 	_, err = conn.ExecParams(ctx, "CREATE TRIGGER "+TombstoneTrigger+" AFTER DELETE ON "+m.Name+" FOR EACH ROW EXECUTE FUNCTION "+
 		tb.fn+"("+strings.Join(args, ", ")+")", nil, nil, nil, nil).Close()
-	if isCode(err, "42710") { // made meanwhile
+	if pgsession.IsCode(err, "42710") { // made meanwhile
 		return nil
 	}
 	return err
@@ -300,25 +300,10 @@ func (tb *Tombstones) purge(ctx context.Context, conn *pgconn.PgConn) error {
 	return nil
 }
 
-// quoteLiteral quotes s as a string literal, read the same whatever standard_conforming_strings
-// says (apply pins it on): with a backslash, as an escape string (E'...') with backslashes
-// doubled.
-func quoteLiteral(s string) string {
-	if strings.Contains(s, `\`) {
-		return `E'` + strings.NewReplacer(`\`, `\\`, `'`, `''`).Replace(s) + `'`
-	}
-	return `'` + strings.ReplaceAll(s, `'`, `''`) + `'`
-}
-
 // TombstoneCounters are the counters of the tombstone store (update_deleted detection).
 type TombstoneCounters struct {
 	RetentionStops, TombstoneRows, TombstonesPurged atomic.Int64
 	RetentionActive                                 atomic.Bool
-}
-
-func isCode(err error, code string) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == code
 }
 
 // query runs sql with text parameters and returns the rows as text.

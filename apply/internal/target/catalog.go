@@ -12,6 +12,7 @@ import (
 
 	"github.com/pgreorder/pgreorder/apply/internal/detect"
 	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/internal/pgsession"
 )
 
 // Relation is one description of a source relation, as a Relation message gave it, with the
@@ -34,7 +35,7 @@ func (ri *Relation) qualifiedSource() string {
 	if ns == "" {
 		ns = "pg_catalog"
 	}
-	return QuoteIdent(ns) + "." + QuoteIdent(ri.Rel.Name)
+	return pgsession.QuoteQualified(ns, ri.Rel.Name)
 }
 
 // Registry gives Relations to the leader (who resolves relations while reading transactions) and
@@ -331,7 +332,7 @@ func loadMapping(ctx context.Context, conn *pgconn.PgConn, ri *Relation, replica
 			return nil, fail(KindSchemaMismatch, "column %q has type %s on the target and another type (OID %d) on the source: "+
 				"binary values need the same type", sc.Name, tc.format, sc.TypeOID)
 		}
-		m.cols[i] = colMap{name: QuoteIdent(sc.Name), typeOID: tc.typeOID, typ: tc.format, chars: tc.chars, textEq: !tc.hasEq, notNull: tc.notNull,
+		m.cols[i] = colMap{name: pgsession.QuoteIdent(sc.Name), typeOID: tc.typeOID, typ: tc.format, chars: tc.chars, textEq: !tc.hasEq, notNull: tc.notNull,
 			arrayOID: tc.arrayOID, delim: tc.delim, baseOID: tc.baseOID, nondet: tc.nondet}
 		m.Columns[i] = detect.Column{Source: sc.Name, Name: m.cols[i].name, TypeOID: tc.typeOID}
 		names = append(names, m.cols[i].name)
@@ -416,8 +417,6 @@ func Query(ctx context.Context, conn *pgconn.PgConn, sql string, args ...string)
 	res := conn.ExecParams(ctx, sql, params, nil, nil, nil).Read()
 	return res.Rows, res.Err
 }
-
-func QuoteIdent(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
 
 // ParseQualified splits "table" or "schema.table" (each part plain or double-quoted) into its
 // parts.

@@ -12,7 +12,7 @@ import (
 
 	"github.com/pgreorder/pgreorder/apply/internal/detect"
 	"github.com/pgreorder/pgreorder/decoding"
-	"github.com/pgreorder/pgreorder/replication"
+	"github.com/pgreorder/pgreorder/internal/pgsession"
 )
 
 // Coalescing: set-based apply of a target transaction (Conn.Coalesce; package apply turns it on
@@ -721,7 +721,7 @@ func (t *Conn) replayFailed(ctx context.Context) error {
 // connection broke (there is nothing to roll back to then).
 func (t *Conn) setFailed(ctx context.Context, first, failed error, ops []batchOp, missed []int) error {
 	var pgErr *pgconn.PgError
-	if !errors.As(failed, &pgErr) || replication.TransientSQLState(pgErr.Code) {
+	if !errors.As(failed, &pgErr) || pgsession.TransientSQLState(pgErr.Code) {
 		return first
 	}
 	t.co.rows = rowCounts{}

@@ -16,6 +16,7 @@ import (
 	"github.com/pgreorder/pgreorder/apply/conflict"
 	"github.com/pgreorder/pgreorder/apply/internal/detect"
 	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/internal/pgsession"
 	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
 )
 
@@ -462,8 +463,8 @@ func TestSetStatementsProbe(t *testing.T) {
 			"CREATE TABLE public.big (k int PRIMARY KEY, v text)",
 			"INSERT INTO public.big SELECT i, 'v' || i FROM generate_series(1, 20000) i",
 			"ANALYZE public.big",
-			"ALTER DATABASE "+QuoteIdent(db)+" SET random_page_cost = 400",
-			"ALTER DATABASE "+QuoteIdent(db)+" SET enable_mergejoin = off",
+			"ALTER DATABASE "+pgsession.QuoteIdent(db)+" SET random_page_cost = 400",
+			"ALTER DATABASE "+pgsession.QuoteIdent(db)+" SET enable_mergejoin = off",
 			"CREATE TABLE public.progress (slot text PRIMARY KEY, end_lsn pg_lsn NOT NULL, system_id text, timeline int)")
 		var stats Counters
 		c := testConn(ctx, t, dsn, "probe", "public.progress", &stats)

@@ -20,7 +20,7 @@ import (
 	"github.com/pgreorder/pgreorder/apply/internal/detect"
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/internal/copycodec"
-	"github.com/pgreorder/pgreorder/replication"
+	"github.com/pgreorder/pgreorder/internal/pgsession"
 )
 
 // Tuning of the statements sent to the target.
@@ -170,44 +170,6 @@ type rowMark struct {
 	rows rowCounts
 }
 
-// Settings are the session settings apply pins on the target, whatever ALTER DATABASE,
-// ALTER ROLE, the server's configuration or the connection string say: they change how the SQL
-// and the values apply sends are read, or could end a session apply keeps open. search_path is
-// set once the configured table names that are not qualified have been resolved in the
-// user's own search_path (resolveNames). A setting with a Since the server refuses at startup is
-// set after connecting, if its version has it (replication.Setting).
-var Settings = [...]replication.Setting{
-	// Values are sent and read back as UTF-8.
-	{Name: "client_encoding", Value: "UTF8"},
-	// Dates, times and intervals read back (conflict reports) in the stream's formats.
-	{Name: "datestyle", Value: "ISO"},
-	{Name: "intervalstyle", Value: "postgres"},
-	// Floats read back exactly, bytea in hex, as the stream has them.
-	{Name: "extra_float_digits", Value: "3"},
-	{Name: "bytea_output", Value: "hex"},
-	// Backslashes in '...' literals are ordinary characters: the one quoting apply relies on.
-	{Name: "standard_conforming_strings", Value: "on"},
-	// NULL in the text of an array value is a null element, as the source meant it.
-	{Name: "array_nulls", Value: "on"},
-	// xml values are documents or fragments, as the source accepted them.
-	{Name: "xmloption", Value: "content"},
-	// Only the system catalog and then temporary objects are found without a schema: no
-	// function or operator of another schema stands in for a built-in one. Every table apply
-	// names is qualified.
-	{Name: "search_path", Value: "pg_catalog, pg_temp"},
-	// A worker waits idle in its transaction for its turn to commit or for the next part of a
-	// streamed transaction, and a connection waits idle for the next change: no server-side
-	// timeout may end a statement, a transaction or a session.
-	{Name: "statement_timeout", Value: "0"},
-	{Name: "lock_timeout", Value: "0"},
-	{Name: "idle_in_transaction_session_timeout", Value: "0"},
-	{Name: "idle_session_timeout", Value: "0"},
-	{Name: "transaction_timeout", Value: "0", Since: 17},
-	// The isolation apply's ordering assumes, in transactions that write.
-	{Name: "default_transaction_isolation", Value: "read committed"},
-	{Name: "default_transaction_read_only", Value: "off"},
-}
-
 // Options are what a target connection takes of the applier's configuration.
 type Options struct {
 	ConnConfig    *pgconn.Config // made by pgconn.ParseConfig; or nil, and ConnString
@@ -230,67 +192,42 @@ type Options struct {
 // targetConfig returns the target's connection configuration: Config.TargetConfig, or
 // Config.Target parsed.
 func targetConfig(o *Options) (*pgconn.Config, error) {
-	pc, err := replication.ConnConfig(o.ConnConfig, o.ConnString)
+	pc, err := pgsession.ConnConfig(o.ConnConfig, o.ConnString)
 	if err != nil {
 		return nil, configError("Target: %w", err)
 	}
 	return pc, nil
 }
 
-// startupSettings are the target settings that go in the startup packet: all but search_path,
-// which a search_path of the connection string must not be replaced by before resolveNames.
-func startupSettings() []replication.Setting {
-	var s []replication.Setting
-	for _, p := range Settings {
-		if p.Name != "search_path" {
-			s = append(s, p)
-		}
-	}
-	return s
-}
-
-// Dial opens a connection to the target, named name (its application_name), with the
-// pinned settings. Before search_path is pinned, the configured table names that are not
-// qualified are resolved (resolveNames; see Table). The connection is not set up to apply
-// changes: Connect does that.
+// Dial opens a connection to the target, named name (its application_name), with the settings
+// pinned on a pgsession.Target connection, whatever ALTER DATABASE, ALTER ROLE, the server's
+// configuration or the connection string say: they change how the SQL and the values apply
+// sends are read, or could end a session apply keeps open. Before search_path is pinned, the
+// configured table names that are not qualified are resolved in the user's own search_path
+// (resolveNames; see Table). The connection is not set up to apply changes: Connect does that.
 func Dial(ctx context.Context, o *Options, name string) (*Conn, error) {
 	pc, err := targetConfig(o)
 	if err != nil {
 		return nil, err
 	}
-	conn, err := replication.ConnectSQL(ctx, replication.SQLConnConfig{Config: pc, BeforeConnect: o.BeforeConnect,
-		ApplicationName: name, ForceApplicationName: true, Settings: startupSettings(), Logger: o.Logger})
-	if errors.Is(err, replication.ErrNotParsed) {
+	var names map[string]string
+	var resolveErr error
+	conn, err := pgsession.Connect(ctx, pgsession.Options{Kind: pgsession.Target, Config: pc, BeforeConnect: o.BeforeConnect,
+		ApplicationName: name, ForceApplicationName: true, Logger: o.Logger,
+		BeforeSearchPath: func(ctx context.Context, conn *pgconn.PgConn) error {
+			names, resolveErr = resolveNames(ctx, conn, o.Tables)
+			return resolveErr
+		}})
+	switch {
+	case resolveErr != nil:
+		return nil, resolveErr
+	case errors.Is(err, pgsession.ErrNotParsed):
 		return nil, configError("TargetConfig must be made by pgconn.ParseConfig")
-	}
-	if err != nil {
+	case err != nil:
 		return nil, fmt.Errorf("apply: connecting to the target: %w", err)
-	}
-	names, err := resolveNames(ctx, conn, o.Tables)
-	if err == nil {
-		err = pinSearchPath(ctx, conn)
-	}
-	if err != nil {
-		conn.Close(context.WithoutCancel(ctx))
-		return nil, err
 	}
 	return &Conn{PG: conn, PID: conn.PID(), name: name, names: names, opts: o, log: o.Logger.With("conn", name),
 		det: detect.Detector{Now: o.Now}, srcOverride: -1}, nil
-}
-
-// pinSearchPath sets the pinned search_path.
-func pinSearchPath(ctx context.Context, conn *pgconn.PgConn) error {
-	for _, p := range Settings {
-		if p.Name != "search_path" {
-			continue
-		}
-		_, err := conn.ExecParams(ctx, "SELECT pg_catalog.set_config('search_path', $1, false)", [][]byte{[]byte(p.Value)},
-			nil, nil, nil).Close()
-		if err != nil {
-			return fmt.Errorf("apply: setting up the target connection: %w", err)
-		}
-	}
-	return nil
 }
 
 // resolveNames qualifies the configured table names that have no schema, as the server would
@@ -309,9 +246,9 @@ func resolveNames(ctx context.Context, conn *pgconn.PgConn, tables []string) (ma
 		if err != nil {
 			return nil, configError("table name %q: %v", n, err)
 		}
-		names[n] = QuoteQualified(parts)
+		names[n] = pgsession.QuoteQualified(parts...)
 		if len(parts) == 1 {
-			bare, keys = append(bare, QuoteIdent(parts[0])), append(keys, n)
+			bare, keys = append(bare, pgsession.QuoteIdent(parts[0])), append(keys, n)
 		}
 	}
 	if len(bare) == 0 {
@@ -336,18 +273,9 @@ func resolveNames(ctx context.Context, conn *pgconn.PgConn, tables []string) (ma
 			return nil, configError("table %s: the target's search_path names no schema that exists: qualify the table "+
 				"name with its schema", bare[i])
 		}
-		names[n] = QuoteIdent(string(schema)) + "." + bare[i]
+		names[n] = pgsession.QuoteIdent(string(schema)) + "." + bare[i]
 	}
 	return names, nil
-}
-
-// QuoteQualified quotes the parts of a name and joins them with dots.
-func QuoteQualified(parts []string) string {
-	out := make([]string, len(parts))
-	for i, p := range parts {
-		out[i] = QuoteIdent(p)
-	}
-	return strings.Join(out, ".")
 }
 
 // Connect opens a connection to the target with the session settings apply relies on.
@@ -368,7 +296,7 @@ func Connect(ctx context.Context, o *Options, name string, stats *Counters) (*Co
 	}
 	if err := conn.Exec(ctx, "SET session_replication_role = replica").Close(); err == nil {
 		t.ReplicaRole = true
-	} else if !isCode(err, "42501") {
+	} else if !pgsession.IsCode(err, "42501") {
 		conn.Close(context.WithoutCancel(ctx))
 		return nil, fmt.Errorf("apply: setting up the target connection: %w", err)
 	}
@@ -383,12 +311,7 @@ func (t *Conn) Table(name string) string {
 		return q
 	}
 	parts, _ := ParseQualified(name) // checked by the caller (see ParseQualified)
-	return QuoteQualified(parts)
-}
-
-func isCode(err error, code string) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == code
+	return pgsession.QuoteQualified(parts...)
 }
 
 // Close closes the connection; an open transaction is rolled back by the server.
@@ -1159,7 +1082,7 @@ func (t *Conn) statementError(op batchOp, err error) error {
 	switch {
 	case pgErr.Code == "08P01" && param > 0:
 		kind = KindData // a binary value the column's type cannot read: trying again fails the same way
-	case replication.TransientSQLState(pgErr.Code):
+	case pgsession.TransientSQLState(pgErr.Code):
 		return err // a transient error: retried as a whole
 	}
 	ce := &ChangeError{Kind: kind, Op: opName(op.op), Err: err}
@@ -1169,7 +1092,7 @@ func (t *Conn) statementError(op batchOp, err error) error {
 	case op.name != "":
 		ce.Relation = op.name
 	case pgErr.TableName != "":
-		ce.Relation = QuoteIdent(pgErr.SchemaName) + "." + QuoteIdent(pgErr.TableName)
+		ce.Relation = pgsession.QuoteQualified(pgErr.SchemaName, pgErr.TableName)
 	}
 	if pgErr.Code == "428C9" && ce.Op == OpUpdate { // generated_always
 		ce.Err = fmt.Errorf("%w (no UPDATE may write a column that is GENERATED ALWAYS AS IDENTITY on the target, and this one "+

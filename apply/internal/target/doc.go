@@ -16,10 +16,10 @@
 //     connections) are mapped to the target's tables once, from the target's catalog (Table).
 //   - A change the target refuses is a *ChangeError, with a Kind and the statement (Op); the
 //     caller names the source transaction. Any other error (the connection, a transient SQLSTATE:
-//     replication.TransientSQLState) leaves the transaction to be retried as a whole.
+//     pgsession.TransientSQLState) leaves the transaction to be retried as a whole.
 //   - A configuration the connections cannot be made with is a *ConfigError, which the caller
 //     wraps in its own sentinel.
-//   - Every name that came over the wire or from the configuration is quoted by QuoteIdent; every
+//   - Every name that came over the wire or from the configuration is quoted by pgsession.QuoteIdent; every
 //     value is a parameter; no statement holds more than one command built from such names.
 //   - Conflict detection (SetDetection with the session's detect.Detection; package detect keeps
 //     the state, makes the decisions and the reports) is paid for only where a statement

@@ -14,6 +14,7 @@ import (
 	"github.com/pgreorder/pgreorder/apply/conflict"
 	"github.com/pgreorder/pgreorder/apply/internal/detect"
 	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/internal/pgsession"
 )
 
 // SetDetection turns conflict detection on for the connection's next transactions, with the
@@ -164,7 +165,7 @@ func (t *Conn) settleChecks(ctx context.Context) error {
 
 // isViolation reports whether err is a unique or exclusion constraint violation.
 func isViolation(err error) bool {
-	return isCode(err, "23505") || isCode(err, "23P01")
+	return pgsession.IsCode(err, "23505") || pgsession.IsCode(err, "23P01")
 }
 
 // exec runs one statement of conflict resolution and returns its rows as text.
@@ -410,7 +411,7 @@ func (t *Conn) insertResolved(ctx context.Context, op batchOp, row [][]byte, for
 			_, err = t.exec(ctx, "RELEASE SAVEPOINT pgr_insert", nil, nil, nil)
 			return err
 		}
-		if !isCode(err, "23505") || attempt == attempts {
+		if !pgsession.IsCode(err, "23505") || attempt == attempts {
 			return t.lateError(op, err)
 		}
 		if _, err := t.exec(ctx, "ROLLBACK TO SAVEPOINT pgr_insert", nil, nil, nil); err != nil {

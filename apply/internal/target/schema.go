@@ -3,6 +3,8 @@ package target
 import (
 	"context"
 	"errors"
+
+	"github.com/pgreorder/pgreorder/internal/pgsession"
 )
 
 // MissingColumnError is the cause of a ChangeError when the target table lacks a column of the
@@ -13,7 +15,7 @@ type MissingColumnError struct {
 }
 
 func (e *MissingColumnError) Error() string {
-	return "the target table has no column " + QuoteIdent(e.Column) + ": add it to " + e.Table +
+	return "the target table has no column " + pgsession.QuoteIdent(e.Column) + ": add it to " + e.Table +
 		" on the target, or let apply add the columns the source adds (Config.SchemaChanges = SchemaAddColumns)"
 }
 

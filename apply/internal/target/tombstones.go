@@ -7,6 +7,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/pgreorder/pgreorder/apply/conflict"
 	"github.com/pgreorder/pgreorder/apply/internal/detect"
+	"github.com/pgreorder/pgreorder/internal/pgsession"
 )
 
 // NewTombstones creates the tombstone store through tg, for the conflict configuration cc and
@@ -20,8 +21,8 @@ func NewTombstones(ctx context.Context, tg *Conn, cc *conflict.Config, progressT
 	}
 	table, fn, base := TombstoneNames(tg, cc.TombstoneTable, progressTable)
 	o := tg.opts
-	return detect.NewTombstoneStore(ctx, tg.PG, detect.TombstoneStore{Table: table, Function: fn, KeyIndex: QuoteIdent(base + "_key"),
-		AtIndex: QuoteIdent(base + "_at"), Retention: cc.Retention, Now: o.Now,
+	return detect.NewTombstoneStore(ctx, tg.PG, detect.TombstoneStore{Table: table, Function: fn, KeyIndex: pgsession.QuoteIdent(base + "_key"),
+		AtIndex: pgsession.QuoteIdent(base + "_at"), Retention: cc.Retention, Now: o.Now,
 		Dial: func(ctx context.Context) (*pgconn.PgConn, error) {
 			c, err := Dial(ctx, o, "pgreorder apply "+o.Slot+" tombstones")
 			if err != nil {
@@ -44,7 +45,7 @@ func TombstoneNames(tg *Conn, tombstoneTable, progressTable string) (table, fn, 
 		parts, _ = ParseQualified(tg.Table(conflict.DefaultTombstoneTable))
 	}
 	base = parts[len(parts)-1]
-	table = QuoteQualified(parts)
+	table = pgsession.QuoteQualified(parts...)
 	parts[len(parts)-1] = base + "_record"
-	return table, QuoteQualified(parts), base
+	return table, pgsession.QuoteQualified(parts...), base
 }

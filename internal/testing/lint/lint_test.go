@@ -27,8 +27,9 @@ var root = filepath.Join("..", "..", "..")
 var core = map[string][]string{
 	"heap":          {},
 	"decoding":      {},
-	"spill":         {},
-	"reorderbuffer": {"heap", "decoding", "spill"},
+	"vfs":           {},
+	"spill":         {"vfs"},
+	"reorderbuffer": {"heap", "decoding", "spill", "vfs"},
 }
 
 // allowed lists, for every other library package, the packages of this module it may import
@@ -36,43 +37,47 @@ var core = map[string][]string{
 // programs (examples/...) and benchmarks (bench/...) is here or in core: a new package has to
 // take its place in the layering.
 var allowed = map[string][]string{
-	"replication": {"reorderbuffer", "decoding", "spill", "heap"},
-	"metrics":     {"replication", "reorderbuffer", "decoding"},
-	"spillcodec":  {"spill"},
+	// PostgreSQL sessions: connecting (ordinary and walsender connections), the pinned session
+	// settings, redaction, backends, SQLSTATE classes, quoting. Under every package that talks
+	// to a server; it imports nothing of the module.
+	"internal/pgsession": {},
+	"replication":        {"internal/pgsession", "reorderbuffer", "decoding", "spill", "heap"},
+	"metrics":            {"replication", "reorderbuffer", "decoding"},
+	"spillcodec":         {"spill"},
 	// The consumer entry point: over the toolkit, below apply (which uses its copy), never
 	// importing it.
-	"changefeed": {"catalog", "replication", "snapshot", "pgvalue", "format", "reorderbuffer", "decoding"},
+	"changefeed": {"catalog", "replication", "snapshot", "pgvalue", "format", "reorderbuffer", "decoding",
+		"internal/pgsession", "vfs"},
 	// The Kafka output: a changefeed store and handler over the format's events.
 	"kafkasink": {"catalog", "changefeed", "decoding", "format"},
 	// The toolkit.
 	"pgvalue": {"decoding"},
-	"format":  {"pgvalue", "reorderbuffer", "decoding", "internal/dirfile"},
+	"format":  {"pgvalue", "reorderbuffer", "decoding", "vfs"},
 	// What the events need of the source's catalog, read for format.
-	"catalog":  {"format", "replication", "decoding"},
-	"snapshot": {"replication", "decoding", "internal/copycodec"},
+	"catalog":  {"format", "decoding", "internal/pgsession"},
+	"snapshot": {"replication", "decoding", "internal/copycodec", "internal/pgsession"},
 	// The subscriber: apply orchestrates; its conflict vocabulary is a public leaf over decoding
 	// only, and the COPY codec it shares with snapshot another; its scheduling (commit order,
 	// queues, dependencies) touches no server; its target side (the connections, the statements
 	// and batches they send) calls conflict detection, below it; neither knows the stream's
 	// transactions (reorderbuffer) nor apply.
 	"apply": {"apply/conflict", "changefeed", "snapshot", "replication", "reorderbuffer", "decoding", "spill",
-		"apply/internal/schedule", "apply/internal/target", "apply/internal/detect"},
+		"apply/internal/schedule", "apply/internal/target", "apply/internal/detect", "internal/pgsession"},
 	"apply/conflict":          {"decoding"},
 	"apply/internal/schedule": {"decoding", "spill"},
-	"apply/internal/target":   {"apply/conflict", "apply/internal/detect", "replication", "decoding", "internal/copycodec"},
-	"apply/internal/detect":   {"apply/conflict", "decoding"},
+	"apply/internal/target":   {"apply/conflict", "apply/internal/detect", "decoding", "internal/copycodec", "internal/pgsession"},
+	"apply/internal/detect":   {"apply/conflict", "decoding", "internal/pgsession"},
 	"internal/copycodec":      {"decoding"},
-	"internal/dirfile":        {},
 	// What the commands link besides the library.
 	"internal/tools/capture":  {"decoding"},
-	"internal/tools/pgserver": {"decoding", "internal/tools/capture"},
+	"internal/tools/pgserver": {"decoding", "internal/tools/capture", "internal/pgsession"},
 	// Test machinery.
 	"internal/testing/lint":      {},
-	"internal/testing/pgtest":    {"internal/tools/pgserver"},
+	"internal/testing/pgtest":    {"internal/tools/pgserver", "internal/pgsession"},
 	"internal/testing/kafkatest": {"internal/testing/pgtest"},
 	"internal/testing/scrape":    {},
 	"internal/testing/cputime":   {},
-	"spill/faultfs":              {"spill"},
+	"vfs/faultfs":                {"vfs"},
 }
 
 // unrestricted reports whether a package of the module is above the layering: a command, a
@@ -205,38 +210,179 @@ func TestEveryPackageHasItsPlace(t *testing.T) {
 	}
 }
 
-func TestOnlyReplicationTalksToPostgres(t *testing.T) {
-	// Who may open connections: replication (the walsender, and the ordinary connections it opens
-	// for snapshot and apply), apply (its target side included) and snapshot (ordinary
-	// connections to copy and apply), catalog (the source's catalog, for the events),
-	// changefeed (its position table's database), internal/tools and internal/testing
-	// (throwaway servers for the commands and tests), examples (programs), and metrics, which
-	// listens for scrapes (net, never pgconn), as internal/testing/kafkatest picks free ports for
-	// its brokers.
-	connects := func(pkg, imp string) bool {
-		switch {
-		case pkg == "replication", pkg == "apply", pkg == "apply/internal/target", pkg == "apply/internal/detect", pkg == "snapshot", pkg == "catalog", pkg == "changefeed",
-			strings.HasPrefix(pkg, "internal/testing/"), strings.HasPrefix(pkg, "internal/tools/"), strings.HasPrefix(pkg, "examples/"):
-			return true
-		case pkg == "internal/kafkatest": // throwaway Kafka brokers for tests: free ports, never pgconn
-			return imp == "net"
-		case pkg == "metrics":
-			return imp == "net"
-		}
-		return false
+// pgx is the module path of the PostgreSQL driver.
+const pgx = "github.com/jackc/pgx/v5"
+
+// serverPackage reports whether an import path is a package of the driver that talks to a
+// server (its connections, configuration, protocol, pools), not one that only encodes values
+// (pgtype).
+func serverPackage(imp string) bool {
+	if imp == pgx {
+		return true
 	}
-	for path, info := range list(t) {
+	for _, p := range []string{pgx + "/pgconn", pgx + "/pgproto3", pgx + "/pgxpool", pgx + "/stdlib"} {
+		if imp == p || strings.HasPrefix(imp, p+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+// connectors are the functions that open a connection to a server, by package.
+var connectors = map[string][]string{
+	pgx + "/pgconn":  {"Connect", "ConnectConfig", "ConnectWithOptions"},
+	pgx:              {"Connect", "ConnectConfig", "ConnectWithOptions"},
+	pgx + "/pgxpool": {"New", "NewWithConfig"},
+	pgx + "/stdlib":  {"OpenDB", "OpenDBFromPool", "RegisterConnConfig"},
+}
+
+// talks lists the library packages, besides internal/pgsession, that may import the driver's
+// server packages or net, and what for; none of them opens a connection.
+var talks = map[string]string{
+	"replication":           "the walsender protocol on the connection pgsession opens, read from the socket itself (net)",
+	"snapshot":              "statements on the connections pgsession opens, and a *pgconn.Config in its Config",
+	"catalog":               "statements on the connection pgsession opens, and a *pgconn.Config in its Config",
+	"changefeed":            "the TableStore's pgx configuration and transactions, and errors of lost connections (net)",
+	"apply":                 "*pgconn.Config in its Config, and errors of lost connections (net)",
+	"apply/internal/target": "statements, batches and COPY on the connections pgsession opens",
+	"apply/internal/detect": "statements on the target connections",
+}
+
+// mayOpen reports whether a package of the module may open connections itself: pgsession, for
+// the library; the tools and test machinery (throwaway servers and brokers); and the programs
+// above the layering (commands, examples, benchmarks).
+func mayOpen(pkg string) bool {
+	return pkg == "internal/pgsession" || strings.HasPrefix(pkg, "internal/tools/") ||
+		strings.HasPrefix(pkg, "internal/testing/") || unrestricted(pkg)
+}
+
+// serverImportViolations returns what is wrong with the imports of package pkg: a server package
+// of the driver where pkg neither may open connections nor is in talks, net where it is in
+// neither and is not metrics (which listens for scrapes), pglogrepl anywhere.
+func serverImportViolations(pkg string, imports []string) []string {
+	_, talking := talks[pkg]
+	var bad []string
+	for _, imp := range imports {
+		switch {
+		case strings.HasPrefix(imp, "github.com/jackc/pglogrepl"):
+			bad = append(bad, fmt.Sprintf("%s imports pglogrepl: only tests use it, as an independent decoder", pkg))
+		case mayOpen(pkg) || talking:
+		case serverPackage(imp):
+			bad = append(bad, fmt.Sprintf("%s imports %s: it may not talk to a server", pkg, imp))
+		case imp == "net" && pkg != "metrics":
+			bad = append(bad, fmt.Sprintf("%s imports net: it may not talk to the network", pkg))
+		}
+	}
+	return bad
+}
+
+// connectCalls returns the calls of f (and the function values it takes) that open a connection
+// to a server, as "pkg.Func".
+func connectCalls(f *ast.File) []string {
+	local := map[string]string{} // the file's name of a package -> its path
+	for _, imp := range f.Imports {
+		path := strings.Trim(imp.Path.Value, `"`)
+		if _, ok := connectors[path]; !ok {
+			continue
+		}
+		name := filepath.Base(path)
+		if path == pgx {
+			name = "pgx"
+		}
+		if imp.Name != nil {
+			name = imp.Name.Name
+		}
+		local[name] = path
+	}
+	var found []string
+	ast.Inspect(f, func(n ast.Node) bool {
+		sel, ok := n.(*ast.SelectorExpr)
+		if !ok {
+			return true
+		}
+		if id, ok := sel.X.(*ast.Ident); ok && slices.Contains(connectors[local[id.Name]], sel.Sel.Name) {
+			found = append(found, id.Name+"."+sel.Sel.Name)
+		}
+		return true
+	})
+	return found
+}
+
+// TestOnlyPgsessionConnectsToPostgres: the library opens its connections to PostgreSQL in one
+// place, internal/pgsession, which pins the session settings, prepares every attempt the same
+// way and keeps passwords out of errors. The packages that still need the driver's types (a
+// *pgconn.Config in a configuration, statements on a connection pgsession opened, the walsender
+// protocol) are listed in talks, with what for; nothing else imports the driver's server
+// packages or net (but metrics, which listens for scrapes), and nothing but pgsession, the tools
+// and test machinery and the programs calls a function that connects.
+func TestOnlyPgsessionConnectsToPostgres(t *testing.T) {
+	pkgs := list(t)
+	require.Contains(t, pkgs, mod+"internal/pgsession")
+	for path, info := range pkgs {
 		pkg, isOwn := strings.CutPrefix(path, mod)
 		if !isOwn {
 			continue
 		}
-		for _, imp := range info.imports {
-			if strings.HasPrefix(imp, "github.com/jackc/pgx/v5/pgconn") || imp == "net" {
-				require.True(t, connects(pkg, imp), "%s imports %s: it may not talk to a server", pkg, imp)
-			}
-			require.False(t, strings.HasPrefix(imp, "github.com/jackc/pglogrepl"),
-				"%s imports pglogrepl: only tests use it, as an independent decoder", pkg)
+		for _, v := range serverImportViolations(pkg, info.imports) {
+			t.Error(v)
 		}
+	}
+	for talker := range talks {
+		require.Contains(t, pkgs, mod+talker, "talks names a package that does not exist")
+	}
+	out, err := exec.Command("go", "list", "-f", `{{.ImportPath}}|{{.Dir}}|{{join .GoFiles " "}}`, mod+"...").Output()
+	require.NoError(t, err)
+	checked := 0
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		f := strings.Split(line, "|")
+		require.Len(t, f, 3, line)
+		pkg := strings.TrimPrefix(strings.TrimPrefix(f[0], strings.TrimSuffix(mod, "/")), "/")
+		if mayOpen(pkg) {
+			continue
+		}
+		for _, name := range strings.Fields(f[2]) {
+			file, err := parser.ParseFile(token.NewFileSet(), filepath.Join(f[1], name), nil, 0)
+			require.NoError(t, err)
+			checked++
+			for _, c := range connectCalls(file) {
+				t.Errorf("%s/%s calls %s: only internal/pgsession opens connections", pkg, name, c)
+			}
+		}
+	}
+	require.Positive(t, checked)
+}
+
+// TestConnectViolations checks that the checks above fail where they must.
+func TestConnectViolations(t *testing.T) {
+	for _, tt := range []struct {
+		pkg     string
+		imports []string
+		want    int
+	}{
+		{"internal/pgsession", []string{pgx, pgx + "/pgconn", pgx + "/pgconn/ctxwatch"}, 0},
+		{"replication", []string{pgx + "/pgconn", pgx + "/pgproto3", "net"}, 0},
+		{"metrics", []string{"net"}, 0},
+		{"format", []string{pgx + "/pgtype"}, 0},
+		{"internal/testing/kafkatest", []string{"net"}, 0},
+		{"cmd/pgreorder", []string{pgx}, 0},
+		{"format", []string{pgx + "/pgconn"}, 1},
+		{"reorderbuffer", []string{pgx + "/pgxpool", "net"}, 2},
+		{"metrics", []string{pgx}, 1},
+		{"decoding", []string{"github.com/jackc/pglogrepl"}, 1},
+		{"internal/tools/pgserver", []string{"github.com/jackc/pglogrepl"}, 1},
+	} {
+		require.Len(t, serverImportViolations(tt.pkg, tt.imports), tt.want, "%s imports %v", tt.pkg, tt.imports)
+	}
+	for src, want := range map[string][]string{
+		`package p; import "github.com/jackc/pgx/v5/pgconn"; var _, _ = pgconn.Connect, pgconn.ConnectError{}`: {"pgconn.Connect"},
+		`package p; import pg "github.com/jackc/pgx/v5"; func f() { pg.ConnectConfig(nil, nil) }`:              {"pg.ConnectConfig"},
+		`package p; import "github.com/jackc/pgx/v5/pgxpool"; var _ = pgxpool.NewWithConfig`:                   {"pgxpool.NewWithConfig"},
+		`package p; import "github.com/jackc/pgx/v5/pgconn"; var _ = pgconn.ParseConfig`:                       nil,
+		`package p; type x struct{ Connect int }; var pgconn x; var _ = pgconn.Connect`:                        nil,
+	} {
+		file, err := parser.ParseFile(token.NewFileSet(), "p.go", src, 0)
+		require.NoError(t, err)
+		require.Equal(t, want, connectCalls(file), src)
 	}
 }
 

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgreorder/pgreorder/internal/pgsession"
 )
 
 var (
@@ -189,11 +191,11 @@ func NewDatabase(t testing.TB, s *Server) string {
 // DropDatabase drops dbname's replication slots (terminating the processes using them) and
 // then the database, also with sessions still connected to it.
 func DropDatabase(ctx context.Context, s *Server, dbname string) error {
-	lit := quoteLiteral(dbname)
+	lit := pgsession.QuoteLiteral(dbname)
 	err := Exec(ctx, s.ConnString("postgres"),
 		"SELECT pg_terminate_backend(active_pid, 10000) FROM pg_replication_slots WHERE database = "+lit+" AND active_pid IS NOT NULL",
 		"SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = "+lit,
-		"DROP DATABASE IF EXISTS "+quoteIdent(dbname)+" WITH (FORCE)")
+		"DROP DATABASE IF EXISTS "+pgsession.QuoteIdent(dbname)+" WITH (FORCE)")
 	if err != nil {
 		return fmt.Errorf("dropping database %s: %w", dbname, err)
 	}
@@ -223,7 +225,3 @@ func MustExec(t testing.TB, conn *pgconn.PgConn, sql string) []*pgconn.Result {
 	}
 	return res
 }
-
-func quoteIdent(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
-
-func quoteLiteral(s string) string { return `'` + strings.ReplaceAll(s, `'`, `''`) + `'` }

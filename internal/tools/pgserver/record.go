@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/internal/pgsession"
 	"github.com/pgreorder/pgreorder/internal/tools/capture"
 )
 
@@ -113,11 +114,11 @@ func Record(ctx context.Context, connString string, w *Workload, opts RecordOpti
 		return nil, err
 	}
 	pub := name + "_pub"
-	if _, err := ctl.Exec(ctx, "CREATE PUBLICATION "+quoteIdent(pub)+" FOR ALL TABLES").ReadAll(); err != nil {
+	if _, err := ctl.Exec(ctx, "CREATE PUBLICATION "+pgsession.QuoteIdent(pub)+" FOR ALL TABLES").ReadAll(); err != nil {
 		return nil, fmt.Errorf("pgserver: record: %w", err)
 	}
 	defer func() {
-		if _, derr := ctl.Exec(context.Background(), "DROP PUBLICATION IF EXISTS "+quoteIdent(pub)).ReadAll(); derr != nil && err == nil {
+		if _, derr := ctl.Exec(context.Background(), "DROP PUBLICATION IF EXISTS "+pgsession.QuoteIdent(pub)).ReadAll(); derr != nil && err == nil {
 			err = fmt.Errorf("pgserver: record: %w", derr)
 		}
 	}()
@@ -128,7 +129,7 @@ func Record(ctx context.Context, connString string, w *Workload, opts RecordOpti
 	var made []string
 	defer func() {
 		for _, slot := range made {
-			q := "SELECT pg_catalog.pg_drop_replication_slot(" + quoteLiteral(slot) + ")"
+			q := "SELECT pg_catalog.pg_drop_replication_slot(" + pgsession.QuoteLiteral(slot) + ")"
 			if _, derr := ctl.Exec(context.Background(), q).ReadAll(); derr != nil && err == nil {
 				err = fmt.Errorf("pgserver: record: dropping slot %s: %w", slot, derr)
 			}
@@ -136,7 +137,7 @@ func Record(ctx context.Context, connString string, w *Workload, opts RecordOpti
 	}()
 	for i, v := range variants {
 		slots[i] = name + "_" + strings.ReplaceAll(v.Name, "-", "_")
-		q := fmt.Sprintf("SELECT pg_create_logical_replication_slot(%s, 'pgoutput', true, %t)", quoteLiteral(slots[i]), v.TwoPhase)
+		q := fmt.Sprintf("SELECT pg_create_logical_replication_slot(%s, 'pgoutput', true, %t)", pgsession.QuoteLiteral(slots[i]), v.TwoPhase)
 		if _, err := ctl.Exec(ctx, q).ReadAll(); err != nil {
 			return nil, fmt.Errorf("pgserver: record: creating slot %s: %w", slots[i], err)
 		}
@@ -155,7 +156,7 @@ func Record(ctx context.Context, connString string, w *Workload, opts RecordOpti
 	for i, v := range variants {
 		var set []string
 		if v.Streamed() {
-			set = append(set, "SET logical_decoding_work_mem = "+quoteLiteral(workMem))
+			set = append(set, "SET logical_decoding_work_mem = "+pgsession.QuoteLiteral(workMem))
 			if opts.Immediate {
 				set = append(set, "SET debug_logical_replication_streaming = immediate")
 			}
@@ -179,9 +180,9 @@ func Record(ctx context.Context, connString string, w *Workload, opts RecordOpti
 		}
 		args := make([]string, len(peekOpts))
 		for j, o := range peekOpts {
-			args[j] = quoteLiteral(o)
+			args[j] = pgsession.QuoteLiteral(o)
 		}
-		peek := fmt.Sprintf("pg_logical_slot_peek_binary_changes(%s, NULL, NULL, %s)", quoteLiteral(slots[i]), strings.Join(args, ", "))
+		peek := fmt.Sprintf("pg_logical_slot_peek_binary_changes(%s, NULL, NULL, %s)", pgsession.QuoteLiteral(slots[i]), strings.Join(args, ", "))
 		recs, err := peekRecords(ctx, ctl, "SELECT lsn::text, xid::text, data FROM "+peek)
 		if err != nil {
 			return nil, fmt.Errorf("pgserver: record: %s: %w", v.Name, err)
@@ -194,7 +195,7 @@ func Record(ctx context.Context, connString string, w *Workload, opts RecordOpti
 		fmt.Fprintf(&h, "pgreorder record: %s capture\n", v.Name)
 		fmt.Fprintf(&h, "server: %s\n", info[1])
 		fmt.Fprintf(&h, "slot: temporary pgoutput slot, two_phase %t, created back to back with the slots of %d other variant(s) in database %s\n", v.TwoPhase, len(variants)-1, info[2])
-		fmt.Fprintf(&h, "read: SELECT lsn, xid, data FROM %s\n", strings.Replace(peek, quoteLiteral(slots[i]), "slot", 1))
+		fmt.Fprintf(&h, "read: SELECT lsn, xid, data FROM %s\n", strings.Replace(peek, pgsession.QuoteLiteral(slots[i]), "slot", 1))
 		fmt.Fprintf(&h, "session: logical_decoding_work_mem = %s", eff[0])
 		if v.Streamed() && opts.Immediate {
 			h.WriteString(", debug_logical_replication_streaming = immediate")

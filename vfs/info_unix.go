@@ -1,6 +1,6 @@
-//go:build unix && (!linux || spill_osroot)
+//go:build unix && (!linux || vfs_osroot)
 
-package spill
+package vfs
 
 import (
 	"io/fs"
@@ -8,7 +8,7 @@ import (
 )
 
 func infoOf(fi fs.FileInfo) Info {
-	info := Info{Mode: fi.Mode(), UID: -1, Nlink: 1}
+	info := Info{Mode: fi.Mode(), UID: -1, Nlink: 1, Size: fi.Size()}
 	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
 		info.UID = int(st.Uid)
 		info.Nlink = uint64(st.Nlink)

@@ -1,14 +1,13 @@
 //go:build !linux && !darwin && !dragonfly && !freebsd && !illumos && !netbsd && !openbsd
 
-package spill
+package vfs
 
 import (
 	"errors"
 	"os"
 )
 
-// haveFlock is false: the platform has no lock a Store can use, so a store is never taken for
-// stale, and stale stores are not removed.
+// haveFlock is false: the platform has no lock, and Dir.Lock fails with errors.ErrUnsupported.
 const haveFlock = false
 
 func flock(*os.File) error { return errors.ErrUnsupported }

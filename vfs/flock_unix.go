@@ -1,6 +1,6 @@
-//go:build (linux && spill_osroot) || darwin || dragonfly || freebsd || illumos || netbsd || openbsd
+//go:build (linux && vfs_osroot) || darwin || dragonfly || freebsd || illumos || netbsd || openbsd
 
-package spill
+package vfs
 
 import (
 	"fmt"

@@ -1,6 +1,6 @@
-//go:build linux && !spill_osroot
+//go:build linux && !vfs_osroot
 
-package spill
+package vfs
 
 import (
 	"fmt"
@@ -12,15 +12,15 @@ import (
 	"unsafe"
 )
 
-// osFS works on directory descriptors with openat(2), mkdirat(2), unlinkat(2) and fstat(2):
-// every name is resolved in its directory without following a symbolic link (O_NOFOLLOW; mkdirat
-// and unlinkat never follow one), and what a Store checks is the descriptor it opened.
+// osFS works on directory descriptors with openat(2), mkdirat(2), unlinkat(2), renameat(2) and
+// fstat(2): every name is resolved in its directory without following a symbolic link
+// (O_NOFOLLOW; mkdirat, unlinkat and renameat never follow one), and what a caller checks is the
+// descriptor it opened.
 type osFS struct{}
 
+func (osFS) MkdirAll(path string, perm fs.FileMode) error { return os.MkdirAll(path, perm) }
+
 func (osFS) OpenDir(path string) (Dir, error) {
-	if err := os.MkdirAll(path, 0o700); err != nil {
-		return nil, err
-	}
 	fd, err := retry(func() (int, error) {
 		return syscall.Open(path, syscall.O_RDONLY|syscall.O_DIRECTORY|syscall.O_CLOEXEC, 0)
 	})
@@ -35,26 +35,84 @@ type osDir struct {
 	path string // for messages only
 }
 
-// openat opens name in d with O_NOFOLLOW and O_CLOEXEC added to flag.
+// openat opens name in d with O_NOFOLLOW and O_CLOEXEC added to flag. Its error wraps
+// ErrSymlink if name is a symbolic link.
 func (d *osDir) openat(name string, flag int, perm uint32) (int, error) {
-	if !validName(name) {
+	if !ValidName(name) {
 		return -1, &fs.PathError{Op: "openat", Path: d.join(name), Err: fs.ErrInvalid}
 	}
 	fd, err := retry(func() (int, error) {
 		return syscall.Openat(d.fd, name, flag|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, perm)
 	})
 	if err != nil {
+		// O_NOFOLLOW fails with ELOOP on a link; with O_CREAT the kernel may refuse one earlier
+		// (EACCES, protected_symlinks and its relatives): say which it was. The open failed either
+		// way; the name is looked at again for the message only.
+		switch {
+		case err == syscall.ELOOP || (err == syscall.EACCES || err == syscall.EPERM) && d.isSymlink(name):
+			err = ErrSymlink
+		case err == syscall.ENXIO: // a FIFO without a reader, a socket, a device without its driver
+			err = ErrNotRegular
+		}
 		return -1, &fs.PathError{Op: "openat", Path: d.join(name), Err: err}
 	}
 	return fd, nil
 }
 
+// isSymlink reports whether name is a symbolic link, for messages.
+func (d *osDir) isSymlink(name string) bool {
+	info, err := d.Lstat(name)
+	return err == nil && info.Mode&fs.ModeSymlink != 0
+}
+
+// oPath is O_PATH, which package syscall does not export everywhere; it has this value on every
+// architecture Go supports.
+const oPath = 0x200000
+
+func (d *osDir) Lstat(name string) (Info, error) {
+	if !ValidName(name) {
+		return Info{}, &fs.PathError{Op: "lstat", Path: d.join(name), Err: fs.ErrInvalid}
+	}
+	// An O_PATH descriptor of the name itself (O_NOFOLLOW: of a link, not of its target), which
+	// opens nothing and so cannot block on a FIFO: fstatat(2) has no portable number in package
+	// syscall.
+	fd, err := retry(func() (int, error) {
+		return syscall.Openat(d.fd, name, oPath|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0)
+	})
+	if err != nil {
+		return Info{}, &fs.PathError{Op: "lstat", Path: d.join(name), Err: err}
+	}
+	defer syscall.Close(fd)
+	return fstat(fd, d.join(name))
+}
+
 func (d *osDir) join(name string) string { return filepath.Join(d.path, name) }
 
 func (d *osDir) OpenFile(name string, flag int, perm fs.FileMode) (File, error) {
+	// Opening a FIFO for reading or writing alone waits for the other end: O_NONBLOCK, taken off
+	// again below. (For reading and writing it does not wait, and O_RDWR, the spill logs' hot path,
+	// needs no second system call.)
+	nonblock := flag&(syscall.O_RDONLY|syscall.O_WRONLY|syscall.O_RDWR) != syscall.O_RDWR
+	if nonblock {
+		flag |= syscall.O_NONBLOCK
+	}
 	fd, err := d.openat(name, flag, uint32(perm.Perm()))
 	if err != nil {
 		return nil, err
+	}
+	var st syscall.Stat_t
+	if err := statFD(fd, &st); err != nil || st.Mode&syscall.S_IFMT != syscall.S_IFREG {
+		syscall.Close(fd)
+		if err == nil {
+			err = ErrNotRegular
+		}
+		return nil, &fs.PathError{Op: "open", Path: d.join(name), Err: err}
+	}
+	if nonblock {
+		if err := syscall.SetNonblock(fd, false); err != nil {
+			syscall.Close(fd)
+			return nil, &fs.PathError{Op: "fcntl", Path: d.join(name), Err: err}
+		}
 	}
 	return &rawFile{fd: fd, dir: d, name: name}, nil
 }
@@ -81,7 +139,7 @@ func (d *osDir) Lock(name string, create bool) (LockFile, error) {
 }
 
 func (d *osDir) Mkdir(name string, perm fs.FileMode) error {
-	if !validName(name) {
+	if !ValidName(name) {
 		return &fs.PathError{Op: "mkdirat", Path: d.join(name), Err: fs.ErrInvalid}
 	}
 	_, err := retry(func() (int, error) { return 0, syscall.Mkdirat(d.fd, name, uint32(perm.Perm())) })
@@ -107,7 +165,7 @@ func (d *osDir) RemoveDir(name string) error { return d.unlinkat("rmdirat", name
 const atRemoveDir = 0x200
 
 func (d *osDir) unlinkat(op, name string, flags int) error {
-	if !validName(name) {
+	if !ValidName(name) {
 		return &fs.PathError{Op: op, Path: d.join(name), Err: fs.ErrInvalid}
 	}
 	p, err := syscall.BytePtrFromString(name)
@@ -128,7 +186,7 @@ func (d *osDir) unlinkat(op, name string, flags int) error {
 }
 
 func (d *osDir) Rename(oldname, newname string) error {
-	if !validName(oldname) || !validName(newname) {
+	if !ValidName(oldname) || !ValidName(newname) {
 		return &os.LinkError{Op: "renameat", Old: d.join(oldname), New: d.join(newname), Err: fs.ErrInvalid}
 	}
 	_, err := retry(func() (int, error) { return 0, syscall.Renameat(d.fd, oldname, d.fd, newname) })
@@ -153,6 +211,13 @@ func (d *osDir) ReadDir() ([]string, error) {
 
 func (d *osDir) Stat() (Info, error) { return fstat(d.fd, d.path) }
 
+func (d *osDir) Sync() error {
+	if _, err := retry(func() (int, error) { return 0, syscall.Fsync(d.fd) }); err != nil {
+		return &fs.PathError{Op: "sync", Path: d.path, Err: err}
+	}
+	return nil
+}
+
 func (d *osDir) Close() error { return closeFD(&d.fd, d.path) }
 
 type lockFile struct {
@@ -163,9 +228,15 @@ type lockFile struct {
 func (l *lockFile) Stat() (Info, error) { return fstat(l.fd, l.name) }
 func (l *lockFile) Close() error        { return closeFD(&l.fd, l.name) } // releases the flock
 
+// statFD fstats fd, again after EINTR.
+func statFD(fd int, st *syscall.Stat_t) error {
+	_, err := retry(func() (int, error) { return 0, syscall.Fstat(fd, st) })
+	return err
+}
+
 func fstat(fd int, name string) (Info, error) {
 	var st syscall.Stat_t
-	if _, err := retry(func() (int, error) { return 0, syscall.Fstat(fd, &st) }); err != nil {
+	if err := statFD(fd, &st); err != nil {
 		return Info{}, &fs.PathError{Op: "fstat", Path: name, Err: err}
 	}
 	return Info{
@@ -174,6 +245,7 @@ func fstat(fd int, name string) (Info, error) {
 		Nlink: uint64(st.Nlink),
 		Dev:   uint64(st.Dev),
 		Ino:   uint64(st.Ino),
+		Size:  st.Size,
 	}, nil
 }
 
@@ -232,7 +304,7 @@ func closeFD(fd *int, name string) error {
 	return nil
 }
 
-// rawFile is a log file worked with plain system calls. An *os.File would register every file
+// rawFile is a file worked with plain system calls. An *os.File would register every file
 // with the runtime poller and set its flags with fcntl, which costs more than the I/O of a small
 // log and buys nothing for regular files.
 type rawFile struct {
@@ -244,36 +316,39 @@ type rawFile struct {
 // path returns the file's path, for errors (built only then: opening files is a hot path).
 func (f *rawFile) path() string { return f.dir.join(f.name) }
 
-func (f *rawFile) ReadAt(p []byte, off int64) (int, error) {
-	n := 0
-	for n < len(p) {
-		m, err := syscall.Pread(f.fd, p[n:], off+int64(n))
-		if err == syscall.EINTR {
-			continue
-		}
-		if err != nil {
-			return n, &fs.PathError{Op: "read", Path: f.path(), Err: err}
-		}
-		if m == 0 {
-			return n, io.EOF
-		}
-		n += m
+func (f *rawFile) Name() string { return f.path() }
+
+func (f *rawFile) Stat() (Info, error) {
+	if f.fd < 0 {
+		return Info{}, &fs.PathError{Op: "fstat", Path: f.path(), Err: os.ErrClosed}
 	}
-	return n, nil
+	return fstat(f.fd, f.path())
+}
+
+func (f *rawFile) ReadAt(p []byte, off int64) (int, error) {
+	return f.transfer("read", p, off, syscall.Pread)
 }
 
 func (f *rawFile) WriteAt(p []byte, off int64) (int, error) {
+	return f.transfer("write", p, off, syscall.Pwrite)
+}
+
+// transfer calls pio (pread or pwrite) until all of p is transferred, again after EINTR. A call
+// that transfers nothing ends a read with io.EOF (as io.ReaderAt wants it: not wrapped) and a
+// write with io.ErrShortWrite.
+func (f *rawFile) transfer(op string, p []byte, off int64, pio func(int, []byte, int64) (int, error)) (int, error) {
 	n := 0
 	for n < len(p) {
-		m, err := syscall.Pwrite(f.fd, p[n:], off+int64(n))
-		if err == syscall.EINTR {
+		m, err := pio(f.fd, p[n:], off+int64(n))
+		switch {
+		case err == syscall.EINTR:
 			continue
-		}
-		if err != nil {
-			return n, &fs.PathError{Op: "write", Path: f.path(), Err: err}
-		}
-		if m == 0 {
-			return n, &fs.PathError{Op: "write", Path: f.path(), Err: io.ErrShortWrite}
+		case err != nil:
+			return n, &fs.PathError{Op: op, Path: f.path(), Err: err}
+		case m == 0 && op == "read":
+			return n, io.EOF
+		case m == 0:
+			return n, &fs.PathError{Op: op, Path: f.path(), Err: io.ErrShortWrite}
 		}
 		n += m
 	}

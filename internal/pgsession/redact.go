@@ -1,4 +1,4 @@
-package replication
+package pgsession
 
 import (
 	"errors"
@@ -162,24 +162,6 @@ func redactURL(dsn string) (string, []string) {
 		}
 	}
 	return b.String(), secrets
-}
-
-// ParseConnString is pgconn.ParseConfig with its error made safe to print: see RedactConnError.
-func ParseConnString(dsn string) (*pgconn.Config, error) {
-	pc, err := pgconn.ParseConfig(dsn)
-	if err != nil {
-		return nil, RedactConnError(err, dsn)
-	}
-	return pc, nil
-}
-
-// ConnConfig returns the connection configuration given either way: cfg when not nil, else
-// connString parsed (ParseConnString).
-func ConnConfig(cfg *pgconn.Config, connString string) (*pgconn.Config, error) {
-	if cfg != nil {
-		return cfg, nil
-	}
-	return ParseConnString(connString)
 }
 
 // RedactConnError returns err, an error about the connection string dsn, with every password of dsn

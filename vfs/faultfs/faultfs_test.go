@@ -10,13 +10,13 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/pgreorder/pgreorder/spill"
-	"github.com/pgreorder/pgreorder/spill/faultfs"
+	"github.com/pgreorder/pgreorder/vfs"
+	"github.com/pgreorder/pgreorder/vfs/faultfs"
 )
 
 // setup returns a directory holding the file "f" (10 bytes) and the directory "sub", opened
 // through ffs, and its path.
-func setup(t *testing.T, ffs *faultfs.FS) (spill.Dir, string) {
+func setup(t *testing.T, ffs *faultfs.FS) (vfs.Dir, string) {
 	t.Helper()
 	path := t.TempDir()
 	if err := os.WriteFile(filepath.Join(path, "f"), []byte("0123456789"), 0o600); err != nil {
@@ -33,11 +33,11 @@ func setup(t *testing.T, ffs *faultfs.FS) (spill.Dir, string) {
 	return d, path
 }
 
-func openF(d spill.Dir) (spill.File, error) { return d.OpenFile("f", os.O_RDWR, 0) }
+func openF(d vfs.Dir) (vfs.File, error) { return d.OpenFile("f", os.O_RDWR, 0) }
 
 // withFile runs op on the file "f" of d.
-func withFile(op func(spill.File) error) func(spill.Dir) error {
-	return func(d spill.Dir) error {
+func withFile(op func(vfs.File) error) func(vfs.Dir) error {
+	return func(d vfs.Dir) error {
 		f, err := openF(d)
 		if err != nil {
 			return err
@@ -54,41 +54,41 @@ func TestEachOp(t *testing.T) {
 	ops := []struct {
 		op    faultfs.Op
 		name  string // relative to the directory; "" for the directory itself
-		do    func(d spill.Dir) error
+		do    func(d vfs.Dir) error
 		needs []faultfs.Op // other operations do performs
 	}{
-		{faultfs.OpOpen, "f", func(d spill.Dir) error { _, err := openF(d); return err }, nil},
-		{faultfs.OpMkdir, "m", func(d spill.Dir) error { return d.Mkdir("m", 0o700) }, nil},
-		{faultfs.OpRemove, "f", func(d spill.Dir) error { return d.Remove("f") }, nil},
-		{faultfs.OpRemove, "sub", func(d spill.Dir) error { return d.RemoveDir("sub") }, nil},
-		{faultfs.OpReadDir, "", func(d spill.Dir) error { _, err := d.ReadDir(); return err }, nil},
-		{faultfs.OpLock, "f", func(d spill.Dir) error {
+		{faultfs.OpOpen, "f", func(d vfs.Dir) error { _, err := openF(d); return err }, nil},
+		{faultfs.OpMkdir, "m", func(d vfs.Dir) error { return d.Mkdir("m", 0o700) }, nil},
+		{faultfs.OpRemove, "f", func(d vfs.Dir) error { return d.Remove("f") }, nil},
+		{faultfs.OpRemove, "sub", func(d vfs.Dir) error { return d.RemoveDir("sub") }, nil},
+		{faultfs.OpReadDir, "", func(d vfs.Dir) error { _, err := d.ReadDir(); return err }, nil},
+		{faultfs.OpLock, "f", func(d vfs.Dir) error {
 			l, err := d.Lock("f", false)
 			if err == nil {
 				l.Close()
 			}
 			return err
 		}, nil},
-		{faultfs.OpRead, "f", withFile(func(f spill.File) error { _, err := f.ReadAt(make([]byte, 4), 0); return err }), []faultfs.Op{open, cl}},
-		{faultfs.OpWrite, "f", withFile(func(f spill.File) error { _, err := f.WriteAt([]byte("ab"), 0); return err }), []faultfs.Op{open, cl}},
-		{faultfs.OpTruncate, "f", withFile(func(f spill.File) error { return f.Truncate(3) }), []faultfs.Op{open, cl}},
-		{faultfs.OpSync, "f", withFile(func(f spill.File) error { return f.Sync() }), []faultfs.Op{open, cl}},
-		{faultfs.OpClose, "f", func(d spill.Dir) error {
+		{faultfs.OpRead, "f", withFile(func(f vfs.File) error { _, err := f.ReadAt(make([]byte, 4), 0); return err }), []faultfs.Op{open, cl}},
+		{faultfs.OpWrite, "f", withFile(func(f vfs.File) error { _, err := f.WriteAt([]byte("ab"), 0); return err }), []faultfs.Op{open, cl}},
+		{faultfs.OpTruncate, "f", withFile(func(f vfs.File) error { return f.Truncate(3) }), []faultfs.Op{open, cl}},
+		{faultfs.OpSync, "f", withFile(func(f vfs.File) error { return f.Sync() }), []faultfs.Op{open, cl}},
+		{faultfs.OpClose, "f", func(d vfs.Dir) error {
 			f, err := openF(d)
 			if err != nil {
 				return err
 			}
 			return f.Close()
 		}, []faultfs.Op{open}},
-		{faultfs.OpOpenDir, "sub", func(d spill.Dir) error {
+		{faultfs.OpOpenDir, "sub", func(d vfs.Dir) error {
 			sub, err := d.OpenDir("sub")
 			if err == nil {
 				sub.Close()
 			}
 			return err
 		}, nil},
-		{faultfs.OpStat, "", func(d spill.Dir) error { _, err := d.Stat(); return err }, nil},
-		{faultfs.OpStat, "f", func(d spill.Dir) error {
+		{faultfs.OpStat, "", func(d vfs.Dir) error { _, err := d.Stat(); return err }, nil},
+		{faultfs.OpStat, "f", func(d vfs.Dir) error {
 			l, err := d.Lock("f", false)
 			if err != nil {
 				return err
@@ -97,11 +97,14 @@ func TestEachOp(t *testing.T) {
 			_, err = l.Stat()
 			return err
 		}, []faultfs.Op{lock}},
-		{faultfs.OpRename, "f", func(d spill.Dir) error { return d.Rename("f", "g") }, nil},
+		{faultfs.OpRename, "f", func(d vfs.Dir) error { return d.Rename("f", "g") }, nil},
+		{faultfs.OpStat, "f", func(d vfs.Dir) error { _, err := d.Lstat("f"); return err }, nil},
+		{faultfs.OpStat, "f", withFile(func(f vfs.File) error { _, err := f.Stat(); return err }), []faultfs.Op{open, cl}},
+		{faultfs.OpSync, "", func(d vfs.Dir) error { return d.Sync() }, nil},
 	}
 	for _, tc := range ops {
 		t.Run(tc.op.String()+"/"+tc.name, func(t *testing.T) {
-			ffs := faultfs.New(spill.OSFS())
+			ffs := faultfs.New(vfs.OS())
 			d, path := setup(t, ffs)
 			var matched []string
 			ffs.Add(faultfs.Rule{Op: tc.op, Match: func(p string) bool { matched = append(matched, p); return true }})
@@ -147,7 +150,7 @@ func TestRuleOrder(t *testing.T) {
 		{"other ops do not count", []faultfs.Rule{{Op: faultfs.OpMkdir, Err: errA}}, []string{"a"}, []error{nil}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ffs := faultfs.New(spill.OSFS())
+			ffs := faultfs.New(vfs.OS())
 			d, _ := setup(t, ffs)
 			for _, r := range tc.rules {
 				ffs.Add(r)
@@ -185,7 +188,7 @@ func TestPartial(t *testing.T) {
 		{"read short, no error", faultfs.OpRead, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ffs := faultfs.New(spill.OSFS())
+			ffs := faultfs.New(vfs.OS())
 			d, path := setup(t, ffs)
 			f, err := openF(d)
 			if err != nil {
@@ -222,7 +225,7 @@ func TestPartial(t *testing.T) {
 
 // TestCloseClosesAnyway: a failed Close still closes the file.
 func TestCloseClosesAnyway(t *testing.T) {
-	ffs := faultfs.New(spill.OSFS())
+	ffs := faultfs.New(vfs.OS())
 	d, _ := setup(t, ffs)
 	f, err := openF(d)
 	if err != nil {
@@ -234,5 +237,69 @@ func TestCloseClosesAnyway(t *testing.T) {
 	}
 	if _, err := f.ReadAt(make([]byte, 1), 0); err == nil || err == io.EOF {
 		t.Fatalf("ReadAt after the failed Close: %v, want an error", err)
+	}
+}
+
+// TestMkdirAll: FS.MkdirAll goes through OpMkdir rules with its path, and creates nothing when one
+// fires.
+func TestMkdirAll(t *testing.T) {
+	ffs := faultfs.New(vfs.OS())
+	path := filepath.Join(t.TempDir(), "a", "b")
+	var matched []string
+	ffs.Add(faultfs.Rule{Op: faultfs.OpMkdir, Count: 1, Match: func(p string) bool { matched = append(matched, p); return true }})
+	if err := ffs.MkdirAll(path, 0o700); !errors.Is(err, faultfs.ErrInjected) {
+		t.Fatalf("MkdirAll with a rule for it: %v", err)
+	}
+	if _, err := os.Stat(filepath.Dir(path)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("created after all: %v", err)
+	}
+	if len(matched) != 1 || matched[0] != path {
+		t.Errorf("Match saw %q, want [%s]", matched, path)
+	}
+	if err := ffs.MkdirAll(path, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Stat(path); err != nil || !fi.IsDir() {
+		t.Fatalf("after the rule ended: %v, %v", fi, err)
+	}
+}
+
+// TestCrash: a rule for OpAny that lets n operations through fails every later one, of every
+// kind, without passing it on: what is on disk is what the first n did.
+func TestCrash(t *testing.T) {
+	ffs := faultfs.New(vfs.OS())
+	d, path := setup(t, ffs)
+	seen := 0
+	ffs.Add(faultfs.Rule{Op: faultfs.OpAny, Match: func(string) bool { seen++; return false }})
+	ffs.Add(faultfs.Rule{Op: faultfs.OpAny, Skip: 2, Err: syscall.EIO})
+	f, err := d.OpenFile("g", os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600) // 1
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte("written"), 0); err != nil { // 2
+		t.Fatal(err)
+	}
+	if err := f.Sync(); err != syscall.EIO {
+		t.Fatalf("Sync after the crash: %v", err)
+	}
+	if err := d.Rename("g", "f"); err != syscall.EIO {
+		t.Fatalf("Rename after the crash: %v", err)
+	}
+	if _, err := d.ReadDir(); err != syscall.EIO {
+		t.Fatalf("ReadDir after the crash: %v", err)
+	}
+	if err := f.Close(); err != syscall.EIO {
+		t.Fatalf("Close after the crash: %v", err)
+	}
+	if seen != 6 || ffs.Fired() != 4 {
+		t.Errorf("%d operations seen, %d fired; want 6, 4", seen, ffs.Fired())
+	}
+	for name, want := range map[string]string{"f": "0123456789", "g": "written"} {
+		if b, err := os.ReadFile(filepath.Join(path, name)); err != nil || string(b) != want {
+			t.Errorf("%s holds %q, %v; want %q", name, b, err, want)
+		}
+	}
+	if faultfs.OpAny.String() != "any" || faultfs.OpRename.String() != "rename" || faultfs.Op(99).String() != "op?" {
+		t.Error("Op.String")
 	}
 }

@@ -1,0 +1,63 @@
+package pgsession
+
+import (
+	"errors"
+	"slices"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// transientClasses are the SQLSTATE classes whose every code is transient.
+var transientClasses = [...]string{
+	"08", // connection_exception: the connection failed or was refused
+	"53", // insufficient_resources: too many connections, out of memory, disk full
+}
+
+// transientCodes are the other transient SQLSTATEs. Left out on purpose: 57P04
+// database_dropped, and 58P01 undefined_file, which is how a walsender reports WAL that was
+// already removed (trying again cannot bring it back).
+var transientCodes = [...]string{
+	"57P01", // admin_shutdown: the server is shutting down, or the backend was terminated
+	"57P02", // crash_shutdown
+	"57P03", // cannot_connect_now: the server is starting up or in recovery
+	"57P05", // idle_session_timeout
+	"57014", // query_canceled
+	"25P03", // idle_in_transaction_session_timeout
+	"25P04", // transaction_timeout
+	"40001", // serialization_failure
+	"40P01", // deadlock_detected
+	"55P03", // lock_not_available
+	"55006", // object_in_use: a slot still active for a previous connection
+	"58000", // system_error
+	"58030", // io_error
+}
+
+// TransientSQLState reports whether a server error with SQLSTATE code can go away by itself, so
+// that trying again is worthwhile: lost or refused connections, shutdowns and restarts of the
+// server, resource shortages, timeouts, cancellation, deadlocks, serialization failures, lock
+// timeouts, I/O errors of the server, and an object (a slot) in use by another session.
+func TransientSQLState(code string) bool {
+	for _, c := range transientClasses {
+		if strings.HasPrefix(code, c) {
+			return true
+		}
+	}
+	return slices.Contains(transientCodes[:], code)
+}
+
+// Code returns the SQLSTATE of the server error (*pgconn.PgError) err is or wraps, "" if it
+// holds none.
+func Code(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code
+	}
+	return ""
+}
+
+// IsCode reports whether err is, or wraps, a server error with SQLSTATE code.
+func IsCode(err error, code string) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == code
+}
