@@ -70,6 +70,19 @@ import (
 //	PGREORDER_BENCH_KAFKA_CLIENTS  pgbench clients (32; 32)
 //	PGREORDER_BENCH_KAFKA_ROUNDS   rounds, each contender once a case per round, in turn (1; 1)
 //
+// Selection, to iterate on one case (a full run sets none of them):
+//
+//	PGREORDER_BENCH_KAFKA_CASES        cases to run, comma-separated (bigtxn,snapshot,pgbench,catchup);
+//	                                   pgbench and catchup run the snapshot first (it makes
+//	                                   the contender stream the pgbench tables) and report it
+//	PGREORDER_BENCH_KAFKA_CONTENDERS   contenders, comma-separated (pgreorder,debezium)
+//	PGREORDER_BENCH_KAFKA_ARGS         more arguments for pgreorder kafka, space-separated
+//
+// The pgbench case measures two lags per event: from its commit (source.ts_ms) to its log append
+// time (the broker wrote it), and from its commit to its receipt by the read_committed consumer
+// (it became readable: for pgreorder after its Kafka transaction committed; the consumer's fetch
+// returns within 50ms of that).
+//
 // PGREORDER_BENCH_KAFKA_PERF=1 attaches `perf record` to each pgreorder process and logs the top
 // of its report when it stops (a diagnosis: perf's own work is on the machine too).
 func BenchmarkKafkaDebezium(b *testing.B) {
@@ -81,6 +94,8 @@ func BenchmarkKafkaDebezium(b *testing.B) {
 	seconds := envSize(b, "PGREORDER_BENCH_KAFKA_SECONDS", 60, 10)
 	clients := envSize(b, "PGREORDER_BENCH_KAFKA_CLIENTS", 32, 32)
 	rounds := envSize(b, "PGREORDER_BENCH_KAFKA_ROUNDS", 1, 1)
+	cases := envList(b, "PGREORDER_BENCH_KAFKA_CASES", []string{"bigtxn", "snapshot", "pgbench", "catchup"})
+	contenders := envList(b, "PGREORDER_BENCH_KAFKA_CONTENDERS", []string{"pgreorder", "debezium"})
 	pgbench, err := findPgbench()
 	if err != nil {
 		b.Skip(err)
@@ -131,27 +146,44 @@ func BenchmarkKafkaDebezium(b *testing.B) {
 		b.Fatal(err)
 	}
 	kb := &kafkaBench{b: b, srv: srv, kafka: kafka, bin: bin, dbz: dbz, dir: dir, pgbench: pgbench,
-		rows: rows, scale: scale, seconds: seconds, clients: clients}
-	contenders := []string{"pgreorder", "debezium"}
+		rows: rows, scale: scale, seconds: seconds, clients: clients, args: strings.Fields(os.Getenv("PGREORDER_BENCH_KAFKA_ARGS"))}
+	live, catchup := slices.Contains(cases, "pgbench"), slices.Contains(cases, "catchup")
+	if live || catchup {
+		if !slices.Contains(cases, "snapshot") {
+			cases = append(cases, "snapshot")
+		}
+	}
 	results := map[string][]kafkaResult{}
 	for r := range rounds {
 		for i := range contenders {
 			c := contenders[(i+int(r))%len(contenders)]
-			res, err := kb.bigTxn(ctx, c)
-			if err != nil {
-				b.Fatalf("bigtxn, %s: %v", c, err)
+			if slices.Contains(cases, "bigtxn") {
+				res, err := kb.bigTxn(ctx, c)
+				if err != nil {
+					b.Fatalf("bigtxn, %s: %v", c, err)
+				}
+				results["bigtxn/"+c] = append(results["bigtxn/"+c], res)
 			}
-			results["bigtxn/"+c] = append(results["bigtxn/"+c], res)
-			snap, load, catch, err := kb.snapshotAndLoad(ctx, c)
+			if !slices.Contains(cases, "snapshot") {
+				continue
+			}
+			snap, load, catch, err := kb.snapshotAndLoad(ctx, c, live, catchup)
 			if err != nil {
 				b.Fatalf("snapshot and pgbench, %s: %v", c, err)
 			}
 			results["snapshot/"+c] = append(results["snapshot/"+c], snap)
-			results["pgbench/"+c] = append(results["pgbench/"+c], load)
-			results["catchup/"+c] = append(results["catchup/"+c], catch)
+			if live {
+				results["pgbench/"+c] = append(results["pgbench/"+c], load)
+			}
+			if catchup {
+				results["catchup/"+c] = append(results["catchup/"+c], catch)
+			}
 		}
 	}
 	for _, cs := range []string{"bigtxn", "snapshot", "pgbench", "catchup"} {
+		if !slices.Contains(cases, cs) {
+			continue
+		}
 		name := map[string]string{
 			"bigtxn":   fmt.Sprintf("case=bigtxn/rows=%s", rowsName(rows)),
 			"snapshot": fmt.Sprintf("case=snapshot/rows=%s", rowsName(100_000*scale)),
@@ -178,8 +210,10 @@ type kafkaResult struct {
 	rss        int64 // VmHWM, bytes
 	spill      int64 // bigtxn: spill_bytes of the slot
 	eventsPerS float64
-	lagP50     time.Duration
+	lagP50     time.Duration // commit → log append time
 	lagP99     time.Duration
+	visP50     time.Duration // commit → received by the read_committed consumer
+	visP99     time.Duration
 	tps        float64
 	events     int64
 }
@@ -197,12 +231,20 @@ func reportKafka(b *testing.B, cs string, r kafkaResult) {
 		b.ReportMetric(r.eventsPerS, "events/s")
 		b.ReportMetric(float64(r.lagP50.Milliseconds()), "lag-p50-ms")
 		b.ReportMetric(float64(r.lagP99.Milliseconds()), "lag-p99-ms")
+		b.ReportMetric(float64(r.visP50.Milliseconds()), "visible-p50-ms")
+		b.ReportMetric(float64(r.visP99.Milliseconds()), "visible-p99-ms")
+		if r.events > 0 {
+			b.ReportMetric(float64(r.cpu.Microseconds())/float64(r.events), "cpu-ms/1000-events")
+		}
 		b.ReportMetric(r.tps, "pgbench-tps")
 		b.ReportMetric(float64(r.events), "events")
 	case "catchup":
 		b.ReportMetric(r.eventsPerS, "events/s")
 		b.ReportMetric(float64(r.last.Milliseconds()), "start-to-last-ms")
 		b.ReportMetric(float64(r.events), "events")
+		if r.events > 0 {
+			b.ReportMetric(float64(r.cpu.Microseconds())/float64(r.events), "cpu-ms/1000-events")
+		}
 	}
 	b.ReportMetric(0, "ns/op")
 }
@@ -228,6 +270,7 @@ type kafkaBench struct {
 	kafka                         *kafkatest.Cluster
 	bin, dbz, dir, pgbench        string
 	rows, scale, seconds, clients int64
+	args                          []string // more arguments for pgreorder (PGREORDER_BENCH_KAFKA_ARGS)
 	runs                          int
 }
 
@@ -332,8 +375,9 @@ func (kb *kafkaBench) launch(s *session) (err error) {
 	s.rest = 0
 	switch s.kind {
 	case "pgreorder":
-		s.proc, err = startProcess(kb.bin, []string{"kafka", "-dsn", host, "-slot", s.slot, "-publication", s.pub,
-			"-kafka-brokers", kb.kafka.Seeds(), "-kafka-topic-prefix", s.prefix, "-progress", "0"}, s.dir, filepath.Join(s.dir, fmt.Sprintf("pgreorder-%d.log", s.launches)), nil)
+		args := append([]string{"kafka", "-dsn", host, "-slot", s.slot, "-publication", s.pub,
+			"-kafka-brokers", kb.kafka.Seeds(), "-kafka-topic-prefix", s.prefix, "-progress", "0"}, kb.args...)
+		s.proc, err = startProcess(kb.bin, args, s.dir, filepath.Join(s.dir, fmt.Sprintf("pgreorder-%d.log", s.launches)), nil)
 	case "debezium":
 		s.proc, err = kb.startConnect(s.dir, s, s.pub, s.tables)
 	}
@@ -544,7 +588,9 @@ func (kb *kafkaBench) bigTxn(ctx context.Context, kind string) (kafkaResult, err
 	return r, kb.stop(ctx, s)
 }
 
-func (kb *kafkaBench) snapshotAndLoad(ctx context.Context, kind string) (snap, load, catch kafkaResult, err error) {
+// snapshotAndLoad runs the snapshot case, then the pgbench case if live, then the catchup case if
+// catchup.
+func (kb *kafkaBench) snapshotAndLoad(ctx context.Context, kind string, live, catchup bool) (snap, load, catch kafkaResult, err error) {
 	db := kb.srv.ConnString("bench")
 	if err := pgtest.Exec(ctx, db, tpcbReset...); err != nil {
 		return snap, load, catch, err
@@ -577,72 +623,104 @@ func (kb *kafkaBench) snapshotAndLoad(ctx context.Context, kind string) (snap, l
 	if err := kb.waitSlot(ctx, s); err != nil {
 		return snap, load, catch, err
 	}
-	cpu0, err := procCPU(pid)
+	var txns int64
+	if live {
+		if load, txns, err = kb.live(ctx, s, copied); err != nil {
+			return snap, load, catch, err
+		}
+	}
+	if !catchup {
+		return snap, load, catch, kb.stop(ctx, s)
+	}
+	catch, err = kb.catchUp(ctx, s, copied, txns)
 	if err != nil {
 		return snap, load, catch, err
+	}
+	return snap, load, catch, kb.stop(ctx, s)
+}
+
+// live runs the pgbench case on s, which streams the tables after copying copied rows, and
+// returns its result and the transactions pgbench made.
+func (kb *kafkaBench) live(ctx context.Context, s *session, copied int64) (load kafkaResult, txns int64, err error) {
+	db := kb.srv.ConnString("bench")
+	kind, pid := s.kind, kb.pid(s)
+	cpu0, err := procCPU(pid)
+	if err != nil {
+		return load, 0, err
 	}
 	t0 := time.Now()
 	out, err := kb.runPgbench(ctx)
 	if err != nil {
-		return snap, load, catch, err
+		return load, txns, err
 	}
 	if m := regexp.MustCompile(`tps = ([0-9.]+)`).FindStringSubmatch(out); m != nil {
 		load.tps, _ = strconv.ParseFloat(m[1], 64)
 	}
 	n, err := querySingle(ctx, db, "SELECT count(*) FROM pgbench_history")
 	if err != nil {
-		return snap, load, catch, err
+		return load, txns, err
 	}
-	txns, _ := strconv.ParseInt(n, 10, 64)
+	txns, _ = strconv.ParseInt(n, 10, 64)
 	load.events = 4 * txns
-	last, err = kb.waitCount(ctx, s, copied+load.events, 20*time.Minute)
+	last, err := kb.waitCount(ctx, s, copied+load.events, 20*time.Minute)
 	if err != nil {
-		return snap, load, catch, err
+		return load, txns, err
 	}
 	span := last.Sub(t0)
 	load.eventsPerS = float64(load.events) / span.Seconds()
 	cpu1, err := procCPU(pid)
 	if err != nil {
-		return snap, load, catch, err
+		return load, txns, err
 	}
 	load.cpu = cpu1 - cpu0
 	if load.rss, err = procHWM(pid); err != nil {
-		return snap, load, catch, err
+		return load, txns, err
 	}
-	load.lagP50, load.lagP99 = s.tally.lags()
-	kb.b.Logf("pgbench %s: %d transactions (%.0f tps), %d events in %v after the load's start: %.0f events/s, lag p50 %v p99 %v, CPU %v, peak RSS %d MB",
-		kind, txns, load.tps, load.events, span.Round(time.Millisecond), load.eventsPerS, load.lagP50, load.lagP99, load.cpu.Round(time.Millisecond), load.rss>>20)
+	load.lagP50, load.lagP99, load.visP50, load.visP99 = s.tally.lags()
+	kb.b.Logf("pgbench %s: %d transactions (%.0f tps), %d events in %v after the load's start: %.0f events/s, lag p50 %v p99 %v "+
+		"(commit → log append time), visible p50 %v p99 %v (commit → read_committed consumer), CPU %v (%.1f ms per 1,000 events), peak RSS %d MB",
+		kind, txns, load.tps, load.events, span.Round(time.Millisecond), load.eventsPerS, load.lagP50, load.lagP99, load.visP50, load.visP99,
+		load.cpu.Round(time.Millisecond), float64(load.cpu.Microseconds())/float64(max(load.events, 1)), load.rss>>20)
+	return load, txns, nil
+}
+
+// catchUp runs the catchup case on s, whose consumer has counted copied rows and the events of
+// txns pgbench transactions.
+func (kb *kafkaBench) catchUp(ctx context.Context, s *session, copied, txns int64) (catch kafkaResult, err error) {
+	db := kb.srv.ConnString("bench")
+	kind := s.kind
 
 	// Catch-up: the contender stopped, a backlog made by the same load, the contender started
 	// again on its slot; its rate from the first record of the backlog to the last.
 	if err := kb.stopProcess(ctx, s); err != nil {
-		return snap, load, catch, err
+		return catch, err
 	}
 	if _, err := kb.runPgbench(ctx); err != nil {
-		return snap, load, catch, err
+		return catch, err
 	}
-	if n, err = querySingle(ctx, db, "SELECT count(*) FROM pgbench_history"); err != nil {
-		return snap, load, catch, err
+	n, err := querySingle(ctx, db, "SELECT count(*) FROM pgbench_history")
+	if err != nil {
+		return catch, err
 	}
 	all, _ := strconv.ParseInt(n, 10, 64)
 	catch.events = 4 * (all - txns)
 	had, _ := s.tally.count()
 	s.tally.mark(had + 1)
 	if err := kb.launch(s); err != nil {
-		return snap, load, catch, err
+		return catch, err
 	}
-	last, err = kb.waitCount(ctx, s, copied+4*all, 20*time.Minute)
+	last, err := kb.waitCount(ctx, s, copied+4*all, 20*time.Minute)
 	if err != nil {
-		return snap, load, catch, err
+		return catch, err
 	}
 	firstAt := s.tally.marked()
 	catch.eventsPerS = float64(catch.events) / last.Sub(firstAt).Seconds()
 	catch.last = last.Sub(s.started)
 	if catch.cpu, err = procCPU(kb.pid(s)); err != nil {
-		return snap, load, catch, err
+		return catch, err
 	}
 	if catch.rss, err = procHWM(kb.pid(s)); err != nil {
-		return snap, load, catch, err
+		return catch, err
 	}
 	// The walsender's CPU (it decodes the backlog for the contender) since it started.
 	var walsender time.Duration
@@ -654,7 +732,7 @@ func (kb *kafkaBench) snapshotAndLoad(ctx context.Context, kind string) (snap, l
 	kb.b.Logf("catch-up %s: %d events; start → first %v → last %v: %.0f events/s from first to last, CPU %v (from the start; the walsender's %v), peak RSS %d MB",
 		kind, catch.events, firstAt.Sub(s.started).Round(time.Millisecond), catch.last.Round(time.Millisecond), catch.eventsPerS,
 		catch.cpu.Round(time.Millisecond), walsender.Round(time.Millisecond), catch.rss>>20)
-	return snap, load, catch, kb.stop(ctx, s)
+	return catch, nil
 }
 
 // waitSlot waits until the contender's walsender streams from its slot.
@@ -702,6 +780,7 @@ type tally struct {
 	markN  int64 // the record whose arrival is noted (mark), 1-based
 	markAt time.Time
 	lagMS  []int64 // log append time - source.ts_ms
+	visMS  []int64 // receipt (readable to read_committed) - source.ts_ms
 }
 
 func consume(brokers, topics []string, parseFrom int64) (*tally, error) {
@@ -735,6 +814,7 @@ func consume(brokers, topics []string, parseFrom int64) (*tally, error) {
 				if t.from >= 0 && t.n >= t.from {
 					if ts, ok := sourceTsMs(r.Value); ok {
 						t.lagMS = append(t.lagMS, r.Timestamp.UnixMilli()-ts)
+						t.visMS = append(t.visMS, now.UnixMilli()-ts)
 					}
 				}
 				if t.n == 0 {
@@ -777,13 +857,21 @@ func (t *tally) failed() error {
 	return t.err
 }
 
-func (t *tally) lags() (p50, p99 time.Duration) {
+// lags returns the percentiles of the lags measured: to the log append time, and to receipt.
+func (t *tally) lags() (p50, p99, visP50, visP99 time.Duration) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if len(t.lagMS) == 0 {
+	p50, p99 = percentiles(t.lagMS)
+	visP50, visP99 = percentiles(t.visMS)
+	return p50, p99, visP50, visP99
+}
+
+// percentiles returns the 50th and 99th percentiles of ms, milliseconds.
+func percentiles(ms []int64) (p50, p99 time.Duration) {
+	if len(ms) == 0 {
 		return 0, 0
 	}
-	l := slices.Clone(t.lagMS)
+	l := slices.Clone(ms)
 	slices.Sort(l)
 	at := func(q float64) time.Duration { return time.Duration(l[int(q*float64(len(l)-1))]) * time.Millisecond }
 	return at(0.50), at(0.99)
@@ -811,6 +899,27 @@ func sourceTsMs(v []byte) (int64, bool) {
 	}
 	n, err := strconv.ParseInt(string(rest[:k]), 10, 64)
 	return n, err == nil
+}
+
+// envList returns the comma-separated values of environment variable name, each one of valid,
+// or valid when it is not set.
+func envList(b testing.TB, name string, valid []string) []string {
+	b.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		return valid
+	}
+	var l []string
+	for x := range strings.SplitSeq(v, ",") {
+		if x = strings.TrimSpace(x); x == "" {
+			continue
+		}
+		if !slices.Contains(valid, x) {
+			b.Fatalf("%s=%q: %q is not one of %s", name, v, x, strings.Join(valid, ","))
+		}
+		l = append(l, x)
+	}
+	return l
 }
 
 // procCPU returns the user and system CPU time of process pid (its threads included).

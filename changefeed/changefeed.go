@@ -400,6 +400,7 @@ func (f *Feed) follow(ctx context.Context, s *replication.Stream) (err error) {
 		txns  []*reorderbuffer.Txn // its transactions, handled, to acknowledge once it commits
 		from  decoding.LSN         // the end before its first transaction
 		since time.Time            // when its first transaction was handled
+		cost  time.Duration        // how long a unit's commit takes: a moving average, 0 before the first
 	)
 	defer func() {
 		if u != nil {
@@ -408,10 +409,11 @@ func (f *Feed) follow(ctx context.Context, s *replication.Stream) (err error) {
 	}()
 	commit := func() error {
 		pos := f.position(true, txns[len(txns)-1].EndLSN)
-		err := u.Commit(ctx, &pos)
-		if err != nil {
+		start := time.Now()
+		if err := u.Commit(ctx, &pos); err != nil {
 			return err
 		}
+		cost = commitCost(cost, time.Since(start))
 		u = nil
 		for i, t := range txns {
 			txns[i] = nil
@@ -462,7 +464,7 @@ func (f *Feed) follow(ctx context.Context, s *replication.Stream) (err error) {
 		last = txn.EndLSN
 		if len(txns) < g.MaxTransactions &&
 			(g.MaxBytes <= 0 || int64(last-from) < g.MaxBytes) &&
-			(g.MaxDelay <= 0 || time.Since(since) < g.MaxDelay) &&
+			g.open(time.Since(since), cost) &&
 			s.Ready() {
 			continue // the next transaction is there: it joins the unit
 		}
@@ -470,6 +472,25 @@ func (f *Feed) follow(ctx context.Context, s *replication.Stream) (err error) {
 			return err
 		}
 	}
+}
+
+// open reports whether a unit open for d may take another transaction, when a commit takes cost
+// (0 before the first): within MaxDelay, and, with CommitMultiple, within that multiple of cost
+// but at least MinDelay.
+func (g Grouping) open(d, cost time.Duration) bool {
+	if g.MaxDelay > 0 && d >= g.MaxDelay {
+		return false
+	}
+	return g.CommitMultiple <= 0 || d < g.MinDelay || float64(d) < g.CommitMultiple*float64(cost)
+}
+
+// commitCost returns the moving average of the commits' durations, avg before the last one,
+// which took d (avg is 0 before the first).
+func commitCost(avg, d time.Duration) time.Duration {
+	if avg == 0 {
+		return d
+	}
+	return avg + (d-avg)/4
 }
 
 // handle runs the handler on b in a unit of the store and commits it, with the position end

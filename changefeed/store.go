@@ -79,6 +79,16 @@ type Grouping struct {
 	// handled; 0 is no bound. (A unit never waits for a transaction that is not there yet: see
 	// Grouper.)
 	MaxDelay time.Duration
+	// CommitMultiple, when positive, bounds that time further, to CommitMultiple times how long
+	// the store's commits take (a moving average of the last ones, which Run measures), but never
+	// below MinDelay. A unit whose next transaction is always there (a steady load, a backlog)
+	// then stays open about that many commits' time, not up to MaxDelay: its first transaction
+	// waits about as long as a few commits, and commits take about 1/(CommitMultiple+1) of the
+	// time. Slower commits make longer units, up to MaxDelay.
+	CommitMultiple float64
+	// MinDelay is the least of that bound, and the bound of the units that come before a commit
+	// was measured.
+	MinDelay time.Duration
 }
 
 // Grouper is implemented by a Store whose units may cover several consecutive streamed

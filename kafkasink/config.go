@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"fmt"
 	"log/slog"
+	"math"
 	"strings"
 	"time"
 
@@ -24,10 +25,15 @@ const (
 	DefaultMaxBufferedRecords = 100_000
 	DefaultTransactionTimeout = 5 * time.Minute
 
-	// Defaults of Config.Group.
-	DefaultGroupTransactions = 1000
-	DefaultGroupBytes        = 16 << 20
-	DefaultGroupDelay        = 500 * time.Millisecond
+	// Defaults of Config.Group. A group stays open (while the next source transaction is
+	// there) at most DefaultGroupCommitMultiple times the recent duration of a Kafka commit, at
+	// least DefaultGroupMinDelay, and at most DefaultGroupDelay: about 40ms when a commit takes
+	// 10ms. The count and the WAL it spans bound it too.
+	DefaultGroupTransactions   = 10_000
+	DefaultGroupBytes          = 16 << 20
+	DefaultGroupDelay          = 250 * time.Millisecond
+	DefaultGroupCommitMultiple = 4
+	DefaultGroupMinDelay       = 10 * time.Millisecond
 )
 
 // TopicCreation says what the sink does about a topic that does not exist.
@@ -212,11 +218,16 @@ type Config struct {
 	// DefaultTransactionTimeout.
 	TransactionTimeout time.Duration
 	// Group bounds how many consecutive source transactions share one Kafka transaction when
-	// the stream already holds the next one (a backlog): at most MaxTransactions of them, over at
-	// most MaxBytes of WAL, for at most MaxDelay. A source transaction the stream has nothing
-	// after commits at once, alone. Zero fields mean DefaultGroupTransactions, DefaultGroupBytes
-	// and DefaultGroupDelay; MaxTransactions 1 makes every source transaction its own Kafka
-	// transaction.
+	// the stream already holds the next one (a steady load, a backlog): at most MaxTransactions
+	// of them, over at most MaxBytes of WAL, for at most CommitMultiple times the recent duration
+	// of a Kafka commit but at least MinDelay, and at most MaxDelay. So the first source
+	// transaction of a group waits for its commit about as long as a few commits take (with the
+	// defaults, 4 times a commit's duration, 10ms to 250ms), and commits take about a fifth of
+	// the time when the stream is behind. A source transaction the stream has nothing after
+	// commits at once, alone. Zero fields mean DefaultGroupTransactions (10,000),
+	// DefaultGroupBytes (16MB), DefaultGroupDelay (250ms), DefaultGroupCommitMultiple (4) and
+	// DefaultGroupMinDelay (10ms); MaxTransactions 1 makes every source transaction its own
+	// Kafka transaction.
 	Group changefeed.Grouping
 
 	// ConnectTimeout bounds the first contact with the brokers, when the Sink loads the position:
@@ -274,8 +285,9 @@ func (c *Config) withDefaults() (Config, error) {
 	if cfg.TransactionTimeout <= 0 {
 		cfg.TransactionTimeout = DefaultTransactionTimeout
 	}
-	if cfg.Group.MaxTransactions < 0 || cfg.Group.MaxBytes < 0 || cfg.Group.MaxDelay < 0 {
-		return cfg, fmt.Errorf("%w: negative Group bound", ErrInvalidConfig)
+	if cfg.Group.MaxTransactions < 0 || cfg.Group.MaxBytes < 0 || cfg.Group.MaxDelay < 0 ||
+		!(cfg.Group.CommitMultiple >= 0) || math.IsInf(cfg.Group.CommitMultiple, 0) || cfg.Group.MinDelay < 0 {
+		return cfg, fmt.Errorf("%w: negative (or infinite) Group bound", ErrInvalidConfig)
 	}
 	if cfg.Group.MaxTransactions == 0 {
 		cfg.Group.MaxTransactions = DefaultGroupTransactions
@@ -285,6 +297,12 @@ func (c *Config) withDefaults() (Config, error) {
 	}
 	if cfg.Group.MaxDelay == 0 {
 		cfg.Group.MaxDelay = DefaultGroupDelay
+	}
+	if cfg.Group.CommitMultiple == 0 {
+		cfg.Group.CommitMultiple = DefaultGroupCommitMultiple
+	}
+	if cfg.Group.MinDelay == 0 {
+		cfg.Group.MinDelay = DefaultGroupMinDelay
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = discardLogger

@@ -80,6 +80,18 @@ func TestGrouping(t *testing.T) {
 	require.Len(t, seen, backlog+2)
 	require.Equal(t, tableModel(t, ctx, dsn, "t"), m)
 
+	// A commit bound far below any commit's duration (Group.CommitMultiple, with a MinDelay of a
+	// nanosecond): one Kafka transaction per source transaction of a backlog too.
+	base = positionsOf(t, ctx, c, prefix)
+	pgtest.ExecAll(t, dsn, `DO $$ BEGIN FOR i IN 501..520 LOOP INSERT INTO t VALUES (i, 'bound'); COMMIT; END LOOP; END $$`)
+	last = commitLSN(t, ctx, dsn, "INSERT INTO t VALUES (-3, 'last')")
+	bound := kcfg
+	bound.Group = changefeed.Grouping{CommitMultiple: 1e-12, MinDelay: time.Nanosecond}
+	r = start(t, ctx, fcfg, bound)
+	r.waitPast(t, ctx, last)
+	require.NoError(t, r.stop())
+	require.GreaterOrEqual(t, positionsOf(t, ctx, c, prefix)-base, 21, "a Kafka transaction held several source transactions")
+
 	// Grouping off: one Kafka transaction per source transaction.
 	pgtest.ExecAll(t, dsn, `DO $$ BEGIN FOR i IN 1001..1020 LOOP INSERT INTO t VALUES (i, 'one'); COMMIT; END LOOP; END $$`)
 	last = commitLSN(t, ctx, dsn, "INSERT INTO t VALUES (-2, 'last')")
@@ -89,4 +101,19 @@ func TestGrouping(t *testing.T) {
 	r.waitPast(t, ctx, last)
 	require.NoError(t, r.stop())
 	require.GreaterOrEqual(t, r.sink.Stats().Transactions, int64(21))
+}
+
+// TestGroupingDefaults: Config.Group's zero fields take the defaults, the commit bound included;
+// negative ones are refused.
+func TestGroupingDefaults(t *testing.T) {
+	s, err := kafkasink.Open(kafkasink.Config{Brokers: []string{"127.0.0.1:1"}})
+	require.NoError(t, err)
+	defer s.Close()
+	require.Equal(t, changefeed.Grouping{MaxTransactions: kafkasink.DefaultGroupTransactions, MaxBytes: kafkasink.DefaultGroupBytes,
+		MaxDelay: kafkasink.DefaultGroupDelay, CommitMultiple: kafkasink.DefaultGroupCommitMultiple, MinDelay: kafkasink.DefaultGroupMinDelay},
+		s.Grouping())
+	for _, g := range []changefeed.Grouping{{CommitMultiple: -1}, {MinDelay: -time.Millisecond}} {
+		_, err := kafkasink.Open(kafkasink.Config{Brokers: []string{"127.0.0.1:1"}, Group: g})
+		require.ErrorIs(t, err, kafkasink.ErrInvalidConfig, "%+v", g)
+	}
 }
