@@ -28,9 +28,11 @@ var discardLogger = slog.New(slog.DiscardHandler)
 // every other field has a working zero value.
 type Config struct {
 	// Replication configures the stream: the connection, Slot, Publications, Binary,
-	// TwoPhase, the reorder buffer's WorkMem... CreateSlot, TemporarySlot,
-	// Buffer.SkipThrough and Buffer.HandOutAdvances are set by Run (the last two from and for
-	// the store).
+	// TwoPhase, the reorder buffer's WorkMem... Buffer.HandOutAdvances is set by Run, and
+	// Buffer.SkipThrough from the store when it holds a position. With StartCopy, Run also makes
+	// the slot itself (CreateSlot and TemporarySlot are not used); with StartStream they say
+	// whether a missing slot is created, and SkipThrough where a run with no stored position
+	// starts.
 	Replication replication.Config
 	// Copy configures the initial copy: Workers, ChunkSize, Tables. Its connection,
 	// Publications, Binary and Logger default to Replication's.
@@ -38,6 +40,34 @@ type Config struct {
 	// Logger receives what Run does (the copy, resumption) and is Replication's and Copy's
 	// Logger where they have none; nil logs nothing.
 	Logger *slog.Logger
+	// Start says how a run with no position stored begins: with the initial copy (the zero
+	// value), or with the stream alone.
+	Start Start
+}
+
+// Start says how a run with no position stored for the slot begins.
+type Start int
+
+const (
+	// StartCopy copies the published tables, then streams from the copy's consistent point.
+	StartCopy Start = iota
+	// StartStream streams the slot from where it is, with no copy: from the slot's confirmed
+	// position, or after Replication.Buffer.SkipThrough when it is set; Replication.CreateSlot
+	// creates the slot if it does not exist (TemporarySlot, a temporary one). What the source
+	// committed before the slot's position is not delivered. The handler gets a Reset batch
+	// first, and Run stores the position it starts from (with CopyDone, there being no copy to
+	// do); a later run resumes after the stored position as after a copy.
+	StartStream
+)
+
+func (s Start) String() string {
+	switch s {
+	case StartCopy:
+		return "copy"
+	case StartStream:
+		return "stream"
+	}
+	return fmt.Sprintf("Start(%d)", int(s))
 }
 
 // Kind says what a Batch holds.
@@ -203,8 +233,14 @@ func New(cfg Config, store Store, h Handler) (*Feed, error) {
 		return nil, fmt.Errorf("%w: no Handler", ErrInvalidConfig)
 	case cfg.Replication.Slot == "":
 		return nil, fmt.Errorf("%w: no Replication.Slot", ErrInvalidConfig)
-	case cfg.Replication.TemporarySlot:
-		return nil, fmt.Errorf("%w: Replication.TemporarySlot: a stored position needs a slot that outlives the connection", ErrInvalidConfig)
+	case cfg.Start != StartCopy && cfg.Start != StartStream:
+		return nil, fmt.Errorf("%w: Start %d: valid values are StartCopy and StartStream", ErrInvalidConfig, int(cfg.Start))
+	case cfg.Replication.TemporarySlot && cfg.Start != StartStream:
+		return nil, fmt.Errorf("%w: Replication.TemporarySlot: the copy's slot must outlive the connection (a temporary slot needs Start: StartStream)", ErrInvalidConfig)
+	case cfg.Replication.TemporarySlot && !isSlotStore(store):
+		return nil, fmt.Errorf("%w: Replication.TemporarySlot: a stored position needs a slot that outlives the connection (a temporary slot goes with SlotStore)", ErrInvalidConfig)
+	case isSlotStore(store) && cfg.Start != StartStream:
+		return nil, fmt.Errorf("%w: SlotStore keeps no position, so every run would copy again: use it with Start: StartStream", ErrInvalidConfig)
 	case cfg.Replication.Buffer.Incremental:
 		return nil, fmt.Errorf("%w: Replication.Buffer.Incremental: the handler gets whole transactions", ErrInvalidConfig)
 	}
@@ -276,9 +312,15 @@ func (f *Feed) Run(ctx context.Context) (err error) {
 		return err
 	}
 	var stream *replication.Stream
-	if ok && pos.CopyDone {
+	switch {
+	case ok && pos.CopyDone:
 		stream, err = f.resume(ctx, pos)
-	} else {
+	case f.cfg.Start == StartStream && ok:
+		return fmt.Errorf("%w: it records an initial copy of slot %q that did not finish, and Start is StartStream: "+
+			"run with StartCopy to copy again, or remove the stored position (and the consumer's output)", ErrStore, slot)
+	case f.cfg.Start == StartStream:
+		stream, err = f.start(ctx)
+	default:
 		stream, err = f.copy(ctx, pos, ok)
 	}
 	if err != nil {
@@ -533,51 +575,83 @@ func (f *Feed) position(copyDone bool, end decoding.LSN) Position {
 // resume starts the stream after the stored position, once the handler has handled Resume.
 func (f *Feed) resume(ctx context.Context, pos Position) (*replication.Stream, error) {
 	rcfg := f.cfg.Replication
-	rcfg.CreateSlot = false
+	rcfg.CreateSlot, rcfg.TemporarySlot = false, false
 	rcfg.Buffer.SkipThrough = pos.EndLSN
 	f.mu.Lock()
 	f.sysID, f.state = pos.SystemID, pos.State
 	f.mu.Unlock()
-	resumed := false
+	return f.open(ctx, rcfg, func(conn *replication.Conn) error {
+		if id := conn.System().ID; pos.SystemID == "" {
+			// A position stored without the server's identity (by an earlier release's output
+			// file): this server's is stored with the next position.
+			f.mu.Lock()
+			f.sysID = id
+			f.mu.Unlock()
+		} else if id != pos.SystemID {
+			return fmt.Errorf("%w: the position of slot %q was stored for the server with system identifier %s, this one is %s; "+
+				"remove the stored position (and the consumer's output) to start again with a copy", ErrSystemMismatch, rcfg.Slot, pos.SystemID, id)
+		}
+		if _, ok := conn.Slot(); !ok {
+			return fmt.Errorf("changefeed: the store has a position for slot %q, but the slot does not exist: "+
+				"the changes since are lost; remove the stored position (and the consumer's output) to start again with a copy: %w",
+				rcfg.Slot, replication.ErrSlotNotFound)
+		}
+		return f.handle(ctx, &Batch{Kind: Resume, Worker: StreamWorker, State: pos.State, f: f}, nil)
+	}, func() { f.log.Info("resuming", "slot", rcfg.Slot, "after", pos.EndLSN) })
+}
+
+// start starts the stream from the slot's position, with no copy (StartStream), once the handler
+// has handled Reset and the starting position is stored.
+func (f *Feed) start(ctx context.Context) (*replication.Stream, error) {
+	rcfg := f.cfg.Replication
+	from := rcfg.Buffer.SkipThrough
+	return f.open(ctx, rcfg, func(conn *replication.Conn) error {
+		if _, ok := conn.Slot(); !ok {
+			if !rcfg.CreateSlot {
+				return fmt.Errorf("changefeed: slot %q does not exist (set Replication.CreateSlot to create it): %w", rcfg.Slot, replication.ErrSlotNotFound)
+			}
+			if _, err := conn.CreateSlot(ctx, replication.NoSnapshot); err != nil {
+				return err
+			}
+		}
+		f.mu.Lock()
+		f.sysID, f.state = conn.System().ID, nil
+		f.mu.Unlock()
+		return f.handle(ctx, &Batch{Kind: Reset, Worker: StreamWorker, f: f}, &from)
+	}, func() { f.log.Info("streaming", "slot", rcfg.Slot, "after", from) })
+}
+
+// open connects, runs first once (the checks and the first batch, on the first connection
+// only), and starts streaming, connecting again while another connection holds the slot (the
+// walsender of a consumer that just died holds it for a moment), as Reconnect allows.
+func (f *Feed) open(ctx context.Context, rcfg replication.Config, first func(*replication.Conn) error, started func()) (*replication.Stream, error) {
+	done := false
 	for attempt := 1; ; attempt++ {
 		conn, err := replication.Connect(ctx, rcfg)
 		if errors.Is(err, replication.ErrResumeAhead) {
 			return nil, fmt.Errorf("changefeed: the stored position %s of slot %q is beyond the server's WAL: "+
 				"the store belongs to another server, or the server was restored from a backup; "+
-				"remove the stored position (and the consumer's output) to start again with a copy: %w", pos.EndLSN, rcfg.Slot, err)
+				"remove the stored position (and the consumer's output) to start again with a copy: %w", rcfg.Buffer.SkipThrough, rcfg.Slot, err)
 		}
 		if err != nil {
 			return nil, err
 		}
-		if id := conn.System().ID; id != pos.SystemID {
-			conn.Close(ctx)
-			return nil, fmt.Errorf("%w: the position of slot %q was stored for the server with system identifier %s, this one is %s; "+
-				"remove the stored position (and the consumer's output) to start again with a copy", ErrSystemMismatch, rcfg.Slot, pos.SystemID, id)
-		}
-		if _, ok := conn.Slot(); !ok {
-			conn.Close(ctx)
-			return nil, fmt.Errorf("changefeed: the store has a position for slot %q, but the slot does not exist: "+
-				"the changes since are lost; remove the stored position (and the consumer's output) to start again with a copy: %w",
-				rcfg.Slot, replication.ErrSlotNotFound)
-		}
-		if !resumed {
-			b := &Batch{Kind: Resume, Worker: StreamWorker, State: pos.State, f: f}
-			if err := f.handle(ctx, b, nil); err != nil {
+		if !done {
+			if err := first(conn); err != nil {
 				conn.Close(ctx)
 				return nil, err
 			}
-			resumed = true
+			done = true
 		}
 		s, err := conn.StartStreaming(ctx)
 		if err == nil {
-			f.log.Info("resuming", "slot", rcfg.Slot, "after", pos.EndLSN)
+			started()
 			return s, nil
 		}
 		policy := rcfg.Reconnect
 		if !errors.Is(err, replication.ErrSlotActive) || policy.Disabled || (policy.MaxAttempts > 0 && attempt >= policy.MaxAttempts) {
 			return nil, err
 		}
-		// The walsender of a consumer that just died holds the slot for a moment.
 		f.log.Info("slot in use, retrying", "slot", rcfg.Slot, "attempt", attempt)
 		if err := wait(ctx, attempt); err != nil {
 			return nil, err

@@ -427,3 +427,63 @@ func TestIdleAdvancesStored(t *testing.T) {
 		require.NoError(t, stop())
 	})
 }
+
+// TestStartStream: with StartStream the feed creates the slot (CreateSlot) and streams what
+// follows it, with no copy, after a Reset; the position it starts from is stored at once, so a
+// second run resumes after the last stored transaction (a Resume); with a SlotStore nothing is
+// stored and a run starts where the slot's confirmed position is; a missing slot without
+// CreateSlot is ErrSlotNotFound.
+func TestStartStream(t *testing.T) {
+	eachMajor(t, func(t *testing.T, srv *pgtest.Server) {
+		ctx := pgtest.Context(t, 2*time.Minute)
+		db := pgtest.NewDatabase(t, srv)
+		dsn := srv.ConnString(db)
+		pgtest.ExecAll(t, dsn, `CREATE TABLE t (id int PRIMARY KEY, v text, n int)`,
+			`INSERT INTO t VALUES (1, 'before', 1)`, `CREATE PUBLICATION pub FOR TABLE t`)
+		path := filepath.Join(t.TempDir(), "pos")
+		cfg := changefeed.Config{Start: changefeed.StartStream,
+			Replication: replication.Config{ConnString: srv.ReplicationConnString(db), Slot: "cs", Publications: []string{"pub"}}}
+
+		_, err := changefeed.New(cfg, mustOpen(t, path), drain)
+		require.NoError(t, err)
+		err = changefeed.Run(ctx, cfg, mustOpen(t, path), drain)
+		require.ErrorIs(t, err, replication.ErrSlotNotFound)
+
+		cfg.Replication.CreateSlot = true
+		r := &recorder{txns: make(chan struct{}, 100)}
+		stop := runFeed(t, cfg, mustOpen(t, path), r.handle)
+		s := mustOpen(t, path)
+		pos, ok, err := s.Load(ctx, "cs")
+		require.NoError(t, err)
+		require.True(t, ok, "the starting position is stored before anything streams")
+		require.True(t, pos.CopyDone)
+		require.NotEmpty(t, pos.SystemID)
+		s.Close()
+		pgtest.ExecAll(t, dsn, `INSERT INTO t VALUES (2, 'after', 2)`, `UPDATE t SET n = 3 WHERE id = 1`)
+		waitTxns(t, r, 2)
+		require.NoError(t, stop())
+		require.Equal(t, []changefeed.Kind{changefeed.Reset, changefeed.Transaction, changefeed.Transaction}, r.kinds)
+		require.Zero(t, countKind(r.lines, "snapshot"))
+		require.Len(t, r.lines, 2, "only what follows the slot")
+
+		// A second run resumes after the stored position.
+		r.lines, r.kinds, r.linesAt = nil, nil, nil
+		stop = runFeed(t, cfg, mustOpen(t, path), r.handle)
+		pgtest.ExecAll(t, dsn, `DELETE FROM t WHERE id = 2`)
+		waitTxns(t, r, 1)
+		require.NoError(t, stop())
+		require.Equal(t, []changefeed.Kind{changefeed.Resume, changefeed.Transaction}, r.kinds)
+		require.Len(t, r.lines, 1)
+		require.Contains(t, r.lines[0], "delete public.t")
+
+		// SlotStore: from the slot's confirmed position, with nothing stored.
+		r.lines, r.kinds, r.linesAt = nil, nil, nil
+		stop = runFeed(t, cfg, changefeed.SlotStore{}, r.handle)
+		pgtest.ExecAll(t, dsn, `INSERT INTO t VALUES (4, 'slot', 4)`)
+		waitTxns(t, r, 1)
+		require.NoError(t, stop())
+		require.Equal(t, []changefeed.Kind{changefeed.Reset, changefeed.Transaction}, r.kinds)
+		require.Len(t, r.lines, 1)
+		require.Contains(t, r.lines[0], "id=4")
+	})
+}

@@ -64,6 +64,11 @@
 // no position for it was not made by this consumer: Run stops with ErrForeignSlot rather than
 // drop it.
 //
+// With Config.Start set to StartStream, a run with no position stored does no copy: it streams
+// the slot from where it is (creating it with Replication.CreateSlot), after a Reset batch, and
+// stores that starting position at once; later runs resume as after a copy. That is `pgreorder
+// stream`.
+//
 // InitialCopy is the same copy for consumers that keep their own records (package apply uses it),
 // with the records behind the Copier interface.
 //
@@ -77,11 +82,17 @@
 // position:
 //
 //   - TableStore: the handler writes in Tx(b), the transaction the position commits in;
+//   - JSONLines: a store and its handler in one, for JSON lines in a file (package format's txn
+//     or Debezium events): its units flush and fsync the file before they store the position
+//     with the file's length, and Resume cuts the file back to it;
 //   - FileStore, or any store whose commit cannot include the handler's writes: the handler makes
 //     its output durable before it returns, records with Batch.SetState what it needs to cut it
 //     back (an output file's length), and cuts it back to Batch.State on Resume and to nothing on
 //     Reset. A handler that does not gets every change at least once: a crash between its write
-//     and the position's commit hands that transaction out again.
+//     and the position's commit hands that transaction out again;
+//   - SlotStore keeps nothing: the slot's confirmed position is the position, and a transaction
+//     handled but not yet acknowledged when the consumer stopped comes again (at least once),
+//     as an output that cannot be cut back (a terminal, a pipe) needs.
 //
 // # Grouping
 //

@@ -12,6 +12,7 @@ import (
 
 	"github.com/pgreorder/pgreorder/changefeed"
 	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/format"
 	"github.com/pgreorder/pgreorder/metrics"
 	"github.com/pgreorder/pgreorder/pgvalue"
 	"github.com/pgreorder/pgreorder/replication"
@@ -107,6 +108,44 @@ func ExampleTx() {
 				}
 			}
 			return nil
+		})
+	if err != nil {
+		log.Fatal(err)
+	}
+}
+
+// Debezium JSON lines in a file, exactly once: the published tables copied ("r" events), then
+// every later change; killed at any moment (kill -9 included) and started again, the file holds
+// each change once. examples/cdc-jsonl is this program, and its test kills it.
+func ExampleOpenJSONLines() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	out, err := changefeed.OpenJSONLines("changes.jsonl", changefeed.JSONLinesConfig{
+		Format: format.Config{Kind: format.KindDebezium}}) // and changes.jsonl.pos, the position
+	if err != nil {
+		log.Fatal(err)
+	}
+	err = changefeed.Run(ctx, changefeed.Config{Replication: replication.Config{
+		ConnString: "host=db.example.com user=cdc dbname=shop", Slot: "cdc", Publications: []string{"orders"}},
+	}, out, out.Handle)
+	if err != nil && ctx.Err() == nil {
+		log.Fatal(err)
+	}
+}
+
+// A slot streamed to standard output from where it is, with no copy and nothing stored: the slot's
+// confirmed position is the position (at least once), as `pgreorder stream` does without -o.
+func ExampleSlotStore() {
+	w := format.NewWriter(os.Stdout, format.Config{})
+	defer w.Close()
+	err := changefeed.Run(context.Background(), changefeed.Config{Start: changefeed.StartStream,
+		Replication: replication.Config{ConnString: "host=db.example.com user=cdc dbname=shop", Slot: "tail",
+			Publications: []string{"orders"}, CreateSlot: true}},
+		changefeed.SlotStore{}, func(ctx context.Context, b *changefeed.Batch) error {
+			if b.Kind != changefeed.Transaction {
+				return nil // Reset: nothing to undo on a terminal
+			}
+			return w.WriteTxn(b.Txn) // acknowledged once written
 		})
 	if err != nil {
 		log.Fatal(err)

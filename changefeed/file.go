@@ -34,6 +34,7 @@ type FileStore struct {
 	path string
 	dir  vfs.Dir
 	name string // the file's name in dir
+	mode fs.FileMode
 
 	mu     sync.Mutex
 	closed bool
@@ -45,6 +46,8 @@ type FileConfig struct {
 	// FS is the file system the store works through; nil means the operating system's
 	// (vfs.OS). Tests inject faults with package vfs/faultfs.
 	FS vfs.FS
+	// FileMode is the permissions the file is created with, less the umask; 0 means 0600.
+	FileMode fs.FileMode
 }
 
 const fileHeader = "pgreorder changefeed position v1"
@@ -64,7 +67,11 @@ func OpenFileStore(path string, cfg FileConfig) (*FileStore, error) {
 	if err != nil {
 		return nil, fmt.Errorf("changefeed: position file %s: %w", path, err)
 	}
-	s := &FileStore{path: path, dir: dir, name: filepath.Base(path)}
+	mode := cfg.FileMode.Perm()
+	if mode == 0 {
+		mode = 0o600
+	}
+	s := &FileStore{path: path, dir: dir, name: filepath.Base(path), mode: mode}
 	if st, err := dir.Lstat(s.name); err == nil && !st.Mode.IsRegular() {
 		dir.Close()
 		return nil, fmt.Errorf("%w: %s is not a regular file (a symbolic link is never followed)", ErrStore, path)
@@ -199,7 +206,7 @@ func (s *FileStore) write(p Position) error {
 	if s.closed {
 		return ErrClosed
 	}
-	if err := vfs.WriteFile(s.dir, s.name, formatPosition(p), 0o600); err != nil {
+	if err := vfs.WriteFile(s.dir, s.name, formatPosition(p), s.mode); err != nil {
 		return fmt.Errorf("changefeed: writing the position file %s: %w", s.path, err)
 	}
 	return nil

@@ -224,6 +224,22 @@ func TestConfigErrors(t *testing.T) {
 			_, err := changefeed.New(c, s, h)
 			return err
 		},
+		"temporary slot, stream, stored position": func() error {
+			c := ok
+			c.Start, c.Replication.TemporarySlot = changefeed.StartStream, true
+			_, err := changefeed.New(c, s, h)
+			return err
+		},
+		"slot store, copy": func() error {
+			_, err := changefeed.New(ok, changefeed.SlotStore{}, h)
+			return err
+		},
+		"unknown start": func() error {
+			c := ok
+			c.Start = 7
+			_, err := changefeed.New(c, s, h)
+			return err
+		},
 		"incremental": func() error {
 			c := ok
 			c.Replication.Buffer.Incremental = true
@@ -236,6 +252,10 @@ func TestConfigErrors(t *testing.T) {
 	} {
 		require.ErrorIs(t, f(), changefeed.ErrInvalidConfig, name)
 	}
+	c := ok
+	c.Start, c.Replication.TemporarySlot = changefeed.StartStream, true
+	_, err := changefeed.New(c, changefeed.SlotStore{}, h)
+	require.NoError(t, err, "a temporary slot streamed with no stored position")
 }
 
 // openFaulty opens a FileStore on a new path through a new faultfs.FS and stores samplePos.

@@ -130,3 +130,34 @@ var (
 	// ErrClosed is returned by a Store after Close.
 	ErrClosed = errors.New("changefeed: closed")
 )
+
+// SlotStore is a Store that keeps nothing: the slot's confirmed position is the only position.
+// A run with it streams (Config.Start must be StartStream) from where the server says, after
+// Replication.Buffer.SkipThrough when that is set, and a transaction the handler had handled but
+// that was not yet acknowledged when the consumer stopped is handed out again by the next run:
+// delivery is at least once. It suits an output that cannot be cut back (a pipe, a terminal) and
+// a temporary slot. Its units commit nothing, at once.
+type SlotStore struct{}
+
+// Load reports no position.
+func (SlotStore) Load(context.Context, string) (Position, bool, error) { return Position{}, false, nil }
+
+// Begin returns a unit that commits nothing.
+func (SlotStore) Begin(context.Context, int) (Unit, error) { return slotUnit{}, nil }
+
+// Close does nothing.
+func (SlotStore) Close() error { return nil }
+
+type slotUnit struct{}
+
+func (slotUnit) Commit(context.Context, *Position) error { return nil }
+func (slotUnit) Rollback(context.Context) error          { return nil }
+
+// isSlotStore reports whether s keeps no position.
+func isSlotStore(s Store) bool {
+	switch s.(type) {
+	case SlotStore, *SlotStore:
+		return true
+	}
+	return false
+}

@@ -117,11 +117,11 @@
 //
 // A Writer stages a transaction's output (in memory up to Config.StageBytes, then in a
 // private temporary file) and copies it to its destination only once every change was read and
-// encoded: a transaction that fails leaves nothing in the output. A File writes to a file in
-// place, cuts a failed transaction off, and records after each transaction, durably, where the
-// output ends and which LSN to resume after; a torn last line left by a crash is cut when the file
-// is opened again. Output written elsewhere (a pipe) can be torn only by the process dying while
-// it copies a transaction out: such a line lacks its final newline, and a reader should drop it.
+// encoded: a transaction that fails leaves nothing in the output. WriteRows does the same for a
+// chunk of an initial copy. Output can be torn only by the process dying while it copies a
+// transaction out: such a line lacks its final newline, and a reader should drop it. Package
+// changefeed's JSONLines writes these formats to a file exactly once: it stores, durably, where
+// the output ends with the position, and cuts whatever a crash left after it.
 //
 // # Memory and buffer ownership
 //

@@ -1,9 +1,7 @@
 package format_test
 
 import (
-	"fmt"
 	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/pgreorder/pgreorder/decoding"
@@ -70,36 +68,4 @@ func Example_debezium() {
 	}
 	// Output:
 	// {"before":null,"after":{"id":1,"born":7441,"note":null},"source":{"version":"","connector":"pgreorder","name":"inventory","ts_ms":1795953600000,"snapshot":"false","db":"app","sequence":null,"ts_us":1795953600000000,"ts_ns":1795953600000000000,"schema":"public","table":"person","txId":750,"lsn":23803728,"xmin":null,"origin":null,"origin_lsn":null},"transaction":{"id":"750:23803728","total_order":1,"data_collection_order":1},"op":"c","ts_ms":1795953601000,"ts_us":1795953601000000,"ts_ns":1795953601000000000}
-}
-
-// ExampleOpenFile writes to a durable, resumable file: when WriteTxn returns, the transaction
-// is on disk and may be acknowledged; after a restart, Resume says where to start.
-func ExampleOpenFile() {
-	path := filepath.Join(os.TempDir(), fmt.Sprintf("pgreorder-example-%d.jsonl", os.Getpid()))
-	defer os.Remove(path)
-	defer os.Remove(path + format.PositionSuffix)
-
-	f, err := format.OpenFile(path, format.Config{})
-	if err != nil {
-		panic(err)
-	}
-	b := oneTxn()
-	for x, ok := b.Next(); ok; x, ok = b.Next() {
-		if err := f.WriteTxn(x); err != nil {
-			panic(err)
-		}
-		b.Ack(x) // with package replication: Stream.Ack
-	}
-	b.Close()
-	f.Close()
-
-	// The next run resumes after the last transaction written.
-	f, err = format.OpenFile(path, format.Config{})
-	if err != nil {
-		panic(err)
-	}
-	defer f.Close()
-	fmt.Println("resume after", f.Resume(), "at byte", f.Offset())
-	// Output:
-	// resume after 0/16B3780 at byte 242
 }

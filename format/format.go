@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"os"
 	"strings"
 	"time"
@@ -13,7 +12,6 @@ import (
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/pgvalue"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
-	"github.com/pgreorder/pgreorder/vfs"
 )
 
 // Kind names an output format.
@@ -62,11 +60,7 @@ var (
 // DefaultStageBytes is the default for Config.StageBytes.
 const DefaultStageBytes = 1 << 20
 
-// DefaultFileMode is the permission of the files OpenFile creates when Config.FileMode is 0: the
-// user's alone (output holds the source's data).
-const DefaultFileMode fs.FileMode = 0o600
-
-// Config configures a Writer or File. The zero value writes the txn format, stages up to 1 MiB
+// Config configures a Writer or Events. The zero value writes the txn format, stages up to 1 MiB
 // of a transaction in memory and the rest in os.TempDir().
 type Config struct {
 	// Kind is the format; "" means KindTxn.
@@ -83,14 +77,6 @@ type Config struct {
 	// TempDir is where a Writer stages large transactions; "" means os.TempDir(). The staging file
 	// is removed from the directory as soon as it is created, so it never outlives the process.
 	TempDir string
-
-	// FileMode is the permission of the files OpenFile creates (the output and its position
-	// file), less the umask; 0 means DefaultFileMode. A Writer does not use it.
-	FileMode fs.FileMode
-
-	// FS is the file system OpenFile works through; nil means the operating system's (vfs.OS).
-	// Tests inject faults with package vfs/faultfs. A Writer does not use it.
-	FS vfs.FS
 
 	// Debezium: the source block of every event.
 	Server   string // source.name, the logical name of the source server; "" means "pgreorder"
@@ -121,26 +107,18 @@ type Config struct {
 	Now func() time.Time
 }
 
-// sink receives the bytes of one transaction and decides when a reader of the output sees them.
-type sink interface {
-	io.Writer
-	commit(x *reorderbuffer.Txn) error // make the transaction visible (and durable, for a File)
-	abort() error                      // forget what was written since the last commit
-	close() error
-}
-
 // Writer writes committed transactions in one of the formats, each transaction whole or not at
 // all: its output is staged (in memory up to Config.StageBytes, then in a private temporary
 // file) while the transaction's changes are read, and copied to the destination only once all of
 // them were read and encoded. A transaction that fails (a spill read error, a change for an
 // unknown relation) leaves nothing in the output. Only an error of the destination itself, or
-// the process dying during the copy, can leave part of a transaction there: see File for output
-// that survives that.
+// the process dying during the copy, can leave part of a transaction there: package changefeed's
+// JSONLines is output that survives that.
 //
 // A Writer is not safe for concurrent use.
 type Writer struct {
 	cfg     Config
-	sink    sink
+	stage   *stage
 	enc     encoder
 	vals    *pgvalue.Decoder
 	now     func() time.Time
@@ -156,22 +134,22 @@ type Writer struct {
 	closed  bool
 }
 
-// NewWriter returns a Writer to w. It writes each transaction to w with one Write call when it is
+// NewWriter returns a Writer to out. It writes each transaction to out with one Write call when it is
 // staged in memory, in pieces of 64 KiB when it was staged in a file. Close it to release the
 // staging file.
-func NewWriter(w io.Writer, cfg Config) *Writer {
+func NewWriter(out io.Writer, cfg Config) *Writer {
 	limit := cfg.StageBytes
 	if limit <= 0 {
 		limit = DefaultStageBytes
 	}
-	return newWriter(&stage{out: w, limit: limit, dir: cfg.TempDir}, cfg)
+	return newWriter(&stage{out: out, limit: limit, dir: cfg.TempDir}, cfg)
 }
 
-func newWriter(s sink, cfg Config) *Writer {
+func newWriter(s *stage, cfg Config) *Writer {
 	if cfg.Kind == "" {
 		cfg.Kind = KindTxn
 	}
-	w := &Writer{cfg: cfg, sink: s, vals: cfg.Values, now: cfg.Now}
+	w := &Writer{cfg: cfg, stage: s, vals: cfg.Values, now: cfg.Now}
 	_, w.kindErr = ParseKind(string(cfg.Kind))
 	if w.vals == nil {
 		w.vals = pgvalue.NewDecoder(nil)
@@ -198,26 +176,58 @@ func (w *Writer) WriteTxn(x *reorderbuffer.Txn) error {
 	if x == nil {
 		return errors.New("format: nil transaction")
 	}
+	return w.write(func() (int64, error) {
+		if w.cfg.Kind == KindDebezium {
+			return w.debezium(txnSource(x))
+		}
+		return w.txn(x)
+	})
+}
+
+// WriteRows reads the rows of src, a chunk of an initial copy (its messages are inserts, as a
+// *snapshot.Chunk's or a changefeed Snapshot batch's), and writes them, whole or not at all. The
+// debezium format writes an "r" event per row (snapshot "true", no transaction block, and the
+// snapshot's LSN when src has a ConsistentPoint method, as those two have); the txn format writes
+// one line for the chunk, {"snapshot_lsn":"X/X","changes":[…]}, its changes inserts as in a
+// transaction's line (snapshot_lsn is "0/0" when src has no ConsistentPoint).
+func (w *Writer) WriteRows(src pgvalue.Source) error {
+	if w.closed {
+		return ErrClosed
+	}
+	if src == nil {
+		return errors.New("format: nil source")
+	}
+	var lsn decoding.LSN
+	if p, ok := src.(interface{ ConsistentPoint() decoding.LSN }); ok {
+		lsn = p.ConsistentPoint()
+	}
+	return w.write(func() (int64, error) {
+		if w.cfg.Kind == KindDebezium {
+			return w.debezium(&dbzTxn{Source: src, snapshot: true, commitLSN: uint64(lsn)})
+		}
+		return w.rows(src, lsn)
+	})
+}
+
+// write stages what encode writes and copies it to the destination if encode succeeds.
+func (w *Writer) write(encode func() (int64, error)) error {
+	if w.closed {
+		return ErrClosed
+	}
 	if w.kindErr != nil {
 		return w.kindErr
 	}
 	w.enc.buf, w.enc.err = w.enc.buf[:0], nil
-	var n int64
-	var err error
-	if w.cfg.Kind == KindDebezium {
-		n, err = w.debezium(txnSource(x))
-	} else {
-		n, err = w.txn(x)
-	}
+	n, err := encode()
 	if err == nil {
 		w.enc.flush()
 		err = w.enc.err
 	}
 	if err != nil {
 		w.enc.buf = w.enc.buf[:0]
-		return errors.Join(err, w.sink.abort())
+		return errors.Join(err, w.stage.abort())
 	}
-	if err := w.sink.commit(x); err != nil {
+	if err := w.stage.commit(); err != nil {
 		return err
 	}
 	w.changes += n
@@ -233,7 +243,10 @@ func (w *Writer) Close() error {
 		return nil
 	}
 	w.closed = true
-	return w.sink.close()
+	if w.stage == nil {
+		return nil
+	}
+	return w.stage.close()
 }
 
 // checkColumns returns ErrDuplicateColumn for a relation with two columns of the same name.
@@ -296,7 +309,7 @@ func (s *stage) Write(p []byte) (int, error) {
 	return n, err
 }
 
-func (s *stage) commit(*reorderbuffer.Txn) error {
+func (s *stage) commit() error {
 	defer s.abort()
 	if s.size > 0 {
 		if _, err := s.f.Seek(0, io.SeekStart); err != nil {

@@ -59,7 +59,39 @@ func (w *Writer) txn(x *reorderbuffer.Txn) (int64, error) {
 		if n > 0 {
 			e.byte(',')
 		}
-		if err := w.txnChange(x, c); err != nil {
+		if err := w.txnChange(c); err != nil {
+			return n, err
+		}
+		n++
+		e.maybeFlush()
+	}
+	e.raw("]}\n")
+	return n, nil
+}
+
+// rows writes the inserts of a copied chunk as one line in the txn format and returns their
+// number.
+func (w *Writer) rows(src pgvalue.Source, lsn decoding.LSN) (int64, error) {
+	e := &w.enc
+	e.raw(`{"snapshot_lsn":"`)
+	e.raw(lsn.String())
+	e.raw(`","changes":[`)
+	var n int64
+	for c, err := range src.Changes() {
+		if err != nil {
+			return n, err
+		}
+		switch c.Msg.(type) {
+		case *decoding.Relation, *decoding.DataType:
+			continue
+		case *decoding.Insert:
+		default:
+			return n, fmt.Errorf("format: a copied chunk holds a %v message", c.Msg.Type())
+		}
+		if n > 0 {
+			e.byte(',')
+		}
+		if err := w.txnChange(c); err != nil {
 			return n, err
 		}
 		n++
@@ -83,7 +115,7 @@ func (w *Writer) relation(r *decoding.Relation, id uint32, t ...decoding.Tuple) 
 	return r, w.checkColumns(r)
 }
 
-func (w *Writer) txnChange(x *reorderbuffer.Txn, c decoding.Change) error {
+func (w *Writer) txnChange(c decoding.Change) error {
 	e := &w.enc
 	switch m := c.Msg.(type) {
 	case *decoding.Insert:

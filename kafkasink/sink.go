@@ -154,11 +154,11 @@ func (s *Sink) Stats() Stats {
 
 // storedPosition is a position as the offsets topic holds it (the record's key is the slot).
 type storedPosition struct {
-	Slot     string `json:"slot"`
-	SystemID string `json:"system_id"`
-	CopyDone bool   `json:"copy_done"`
-	EndLSN   string `json:"end_lsn"`
-	State    []byte `json:"state,omitempty"`
+	Slot     string       `json:"slot"`
+	SystemID string       `json:"system_id"`
+	CopyDone bool         `json:"copy_done"`
+	EndLSN   decoding.LSN `json:"end_lsn"` // as PostgreSQL prints it, "16/B374D848"
+	State    []byte       `json:"state,omitempty"`
 }
 
 // Load fences any earlier producer of the slot's transactional id (its open transaction is
@@ -309,25 +309,12 @@ func (s *Sink) readPosition(ctx context.Context) (changefeed.Position, bool, err
 		return changefeed.Position{}, false, fmt.Errorf("%w: the offsets topic %s holds for slot %q at offset %d a record that is not a position: %v",
 			changefeed.ErrStore, s.cfg.OffsetsTopic, s.slot, last.Offset, err)
 	}
-	end, err := parseLSN(sp.EndLSN)
-	if err != nil {
-		return changefeed.Position{}, false, fmt.Errorf("%w: the offsets topic %s at offset %d: %v", changefeed.ErrStore, s.cfg.OffsetsTopic, last.Offset, err)
-	}
+	end := sp.EndLSN
 	pos := changefeed.Position{Slot: sp.Slot, SystemID: sp.SystemID, CopyDone: sp.CopyDone, EndLSN: end, State: sp.State}
 	s.lastPos.Store(uint64(end))
 	s.log.Info("kafka position", "slot", s.slot, "end_lsn", end, "copy_done", sp.CopyDone, "offset", last.Offset)
 	return pos, true, nil
 }
-
-func parseLSN(s string) (decoding.LSN, error) {
-	var hi, lo uint32
-	if _, err := fmt.Sscanf(s, "%X/%X", &hi, &lo); err != nil {
-		return 0, fmt.Errorf("LSN %q: %v", s, err)
-	}
-	return decoding.LSN(uint64(hi)<<32 | uint64(lo)), nil
-}
-
-func formatLSN(l decoding.LSN) string { return fmt.Sprintf("%X/%X", uint64(l)>>32, uint32(l)) }
 
 // Begin opens the unit of a batch: the Kafka transaction, begun if none is open. The initial
 // copy's chunks, handled concurrently, share one transaction, committed with the copy's end. It
@@ -422,7 +409,7 @@ func (u *unit) Commit(ctx context.Context, pos *changefeed.Position) error {
 	start := time.Now()
 	if pos != nil {
 		v, err := json.Marshal(storedPosition{Slot: pos.Slot, SystemID: pos.SystemID, CopyDone: pos.CopyDone,
-			EndLSN: formatLSN(pos.EndLSN), State: pos.State})
+			EndLSN: pos.EndLSN, State: pos.State})
 		if err != nil {
 			return err
 		}

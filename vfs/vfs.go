@@ -1,5 +1,5 @@
 // Package vfs is the one file system interface of pgreorder: everything that writes files (spill
-// logs, the durable output of package format, the position file of changefeed.FileStore) works
+// logs, changefeed's JSON-lines output and its position files) works
 // through an [FS], so that a test can put a fault-injecting one ([github.com/pgreorder/pgreorder/vfs/faultfs])
 // in the place of [OS]. It depends on the standard library only.
 //

@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgreorder/pgreorder/changefeed"
 	"github.com/pgreorder/pgreorder/format"
 	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
 	"github.com/pgreorder/pgreorder/internal/tools/capture"
@@ -37,7 +38,7 @@ import (
 // the source table's contents.
 //
 // Two consumers: `pgreorder stream -two-phase -work-mem 64kB -o FILE`, and a loop over the
-// library (replication.Start, format.File, Ack), which the test binary runs when re-executed.
+// library (changefeed.Run with StartStream and a changefeed.JSONLines), which the test binary runs when re-executed.
 
 // crashConsumerEnv makes the test binary run the library consumer instead of the tests.
 const crashConsumerEnv = "PGREORDER_CRASH_CONSUMER"
@@ -57,42 +58,23 @@ func crashConsumer(spec string) int {
 	}
 	ctx, stop := signalContext()
 	defer stop()
-	out, err := format.OpenFile(f[3], format.Config{})
+	out, err := changefeed.OpenJSONLines(f[3], changefeed.JSONLinesConfig{})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "crash consumer:", err)
 		return 1
 	}
-	defer out.Close()
-	s, err := replication.Start(ctx, replication.Config{
+	err = changefeed.Run(ctx, changefeed.Config{Start: changefeed.StartStream, Replication: replication.Config{
 		ConnString:   f[0],
 		Slot:         f[1],
 		Publications: []string{f[2]},
 		TwoPhase:     true,
-		Buffer:       reorderbuffer.Config{WorkMem: 64 << 10, SkipThrough: out.Resume()},
-	})
-	if err != nil {
+		Buffer:       reorderbuffer.Config{WorkMem: 64 << 10},
+	}}, out, out.Handle)
+	if err != nil && ctx.Err() == nil {
 		fmt.Fprintln(os.Stderr, "crash consumer:", err)
 		return 1
 	}
-	defer s.Close(context.WithoutCancel(ctx))
-	for {
-		t, err := s.Next(ctx)
-		if err != nil {
-			if ctx.Err() != nil {
-				return 0
-			}
-			fmt.Fprintln(os.Stderr, "crash consumer:", err)
-			return 1
-		}
-		if err := out.WriteTxn(t); err != nil {
-			fmt.Fprintln(os.Stderr, "crash consumer:", err)
-			return 1
-		}
-		if err := s.Ack(t); err != nil {
-			fmt.Fprintln(os.Stderr, "crash consumer:", err)
-			return 1
-		}
-	}
+	return 0
 }
 
 func signalContext() (context.Context, context.CancelFunc) {

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pgreorder/pgreorder/changefeed"
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/format"
 	"github.com/pgreorder/pgreorder/metrics"
@@ -55,13 +56,14 @@ newline); cut it before appending again, and resume after the end_lsn of the las
 
     [ -n "$(tail -c 1 F)" ] && truncate -s -"$(tail -n 1 F | wc -c)" F
 
-With -o FILE that is done for you: each transaction is written, fsynced and recorded (FILE.pos:
-the file's length and the transaction's end LSN, replaced atomically) before it is acknowledged;
-a restart with the same -o cuts FILE back to the recorded length (a torn or unrecorded last
-transaction, which the server sends again) and resumes after the recorded LSN. FILE and FILE.pos
-are created readable by their owner only (-file-mode), and never through a symbolic link: in a
-directory other users may write to, a link or another user's file under either name stops the
-command instead of being written through.
+With -o FILE that is done for you, exactly once: each transaction is written and fsynced, and only
+then its position stored (FILE.pos: the slot, the server's system identifier, the transaction's end
+LSN and FILE's length, replaced atomically) and the transaction acknowledged; a restart with the
+same -o cuts FILE back to the stored length (a torn or unstored last transaction, which the server
+sends again) and resumes after the stored LSN, and refuses a FILE.pos of another server or of a
+slot that is gone. FILE and FILE.pos are created readable by their owner only (-file-mode), and
+never through a symbolic link: in a directory other users may write to, a link or another user's
+file under either name stops the command instead of being written through.
 
 Passwords: a password in a connection string on the command line is visible to every local user
 (ps, /proc). Give it in the PGPASSWORD environment variable or in a password file (~/.pgpass, or
@@ -97,7 +99,7 @@ func runStream(ctx context.Context, args []string) error {
 		"leave out changes another replication applied)")
 	fs.StringVar(&f.resume, "resume", "", "end LSN (X/X) of the last transaction already handled: start after it (not with -o)")
 	fs.StringVar(&f.output, "o", "", "write durably to this file instead of stdout, and resume from it (see above)")
-	f.fileMode = format.DefaultFileMode
+	f.fileMode = changefeed.DefaultFileMode
 	fs.Func("file-mode", "with -o, permissions of FILE and FILE.pos when created, in octal, less the umask (default 0600)", func(s string) error {
 		m, err := strconv.ParseUint(s, 8, 32)
 		if err != nil || m == 0 || m > 0o777 {
@@ -147,82 +149,80 @@ func runStream(ctx context.Context, args []string) error {
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 
-	// The output: stdout, or a durable file that also gives the resume position.
-	var write func(*reorderbuffer.Txn) error
+	// The output: stdout (the slot is the only position: at least once), or a file that is its
+	// own position store (exactly once).
+	var (
+		store changefeed.Store = changefeed.SlotStore{}
+		write func(ctx context.Context, b *changefeed.Batch) error
+		txns  int
+	)
 	if f.output != "" {
 		if cfg.TempDir == "" {
 			cfg.TempDir = f.dir
 		}
-		cfg.FileMode = f.fileMode
-		file, err := format.OpenFile(f.output, cfg)
+		out, err := changefeed.OpenJSONLines(f.output, changefeed.JSONLinesConfig{Format: cfg, FileMode: f.fileMode})
 		if err != nil {
 			return err
 		}
-		defer file.Close()
-		skip = file.Resume()
-		log.Info("output", "file", f.output, "bytes", file.Offset(), "resume_after", skip)
-		write = file.WriteTxn
+		store, write = out, out.Handle
+		log.Info("output", "file", f.output)
 	} else {
 		cfg.TempDir = f.dir
 		w := format.NewWriter(os.Stdout, cfg)
 		defer w.Close()
-		write = w.WriteTxn
+		write = func(_ context.Context, b *changefeed.Batch) error { return w.WriteTxn(b.Txn) }
 	}
-
-	s, err := replication.Start(ctx, replication.Config{
-		ConnString:     f.dsn,
-		Slot:           f.slot,
-		Publications:   f.publications,
-		CreateSlot:     f.createSlot,
-		TemporarySlot:  f.temporary,
-		ProtoVersion:   f.proto,
-		Streaming:      f.streamingOpt,
-		Binary:         f.binary,
-		Messages:       f.messages,
-		TwoPhase:       f.twoPhase,
-		OriginFilter:   f.originFilterOpt,
-		StatusInterval: f.status,
-		Reconnect:      replication.ReconnectPolicy{SlotWait: cliSlotWait(f.slotWait)},
-		Buffer:         reorderbuffer.Config{WorkMem: workMem, Dir: f.dir, SkipThrough: skip, SpillCodec: codec},
-		Logger:         log,
+	feed, err := changefeed.New(changefeed.Config{
+		Start: changefeed.StartStream,
+		Replication: replication.Config{
+			ConnString:     f.dsn,
+			Slot:           f.slot,
+			Publications:   f.publications,
+			CreateSlot:     f.createSlot,
+			TemporarySlot:  f.temporary,
+			ProtoVersion:   f.proto,
+			Streaming:      f.streamingOpt,
+			Binary:         f.binary,
+			Messages:       f.messages,
+			TwoPhase:       f.twoPhase,
+			OriginFilter:   f.originFilterOpt,
+			StatusInterval: f.status,
+			Reconnect:      replication.ReconnectPolicy{SlotWait: cliSlotWait(f.slotWait)},
+			Buffer:         reorderbuffer.Config{WorkMem: workMem, Dir: f.dir, SkipThrough: skip, SpillCodec: codec},
+		},
+		Logger: log,
+	}, store, func(ctx context.Context, b *changefeed.Batch) error {
+		if b.Kind == changefeed.Transaction || f.output != "" {
+			// Written (flushed to stdout, or fsynced, then its position stored) before it is
+			// acknowledged: whatever reads the output has it before the slot moves on.
+			if err := write(ctx, b); err != nil {
+				return err
+			}
+		}
+		if b.Kind == changefeed.Transaction {
+			txns++
+		}
+		return nil
 	})
 	if err != nil {
+		store.Close()
 		return err
 	}
-	stopMonitoring, err := monitor(s, f.metricsAddr, f.progress, log, nil)
+	stopMonitoring, err := monitor(feed, f.metricsAddr, f.progress, log, nil)
 	if err != nil {
-		closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		return errors.Join(err, s.Close(closeCtx))
+		store.Close()
+		return err
 	}
-	var txns int
-	stop := func(err error) error {
-		closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		merr := stopMonitoring(closeCtx)
-		cerr := s.Close(closeCtx)
-		cancel()
-		logStreamStats(log, s, txns)
-		log.Info("stopped", "acked", s.Position().Acked)
-		return errors.Join(err, merr, cerr)
+	err = feed.Run(ctx)
+	if ctx.Err() != nil {
+		err = nil // Ctrl-C: a clean stop
 	}
-	for {
-		t, err := s.Next(ctx)
-		if err != nil {
-			if ctx.Err() != nil {
-				err = nil // Ctrl-C: a clean stop
-			}
-			return stop(err)
-		}
-		// Written (flushed to stdout, or fsynced and recorded) before it is acknowledged: whatever
-		// reads the output has it before the slot moves on.
-		if err := write(t); err != nil {
-			return stop(err)
-		}
-		if err := s.Ack(t); err != nil {
-			return stop(err)
-		}
-		txns++
-	}
+	closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	merr := stopMonitoring(closeCtx)
+	cancel()
+	logStreamStats(log, feed, txns)
+	log.Info("stopped", "acked", feed.Position().Acked)
+	return errors.Join(err, merr)
 }
 
 // monitor starts the metrics server (-metrics-addr) and the progress line (-progress), and
@@ -344,13 +344,20 @@ func (f *streamFlags) check(fs *flag.FlagSet) error {
 	if f.progress < 0 {
 		return fmt.Errorf("-progress %v: want an interval such as 5s, or 0 for no progress line", f.progress)
 	}
+	if f.temporary && f.output != "" {
+		return errors.New("-temporary and -o: FILE.pos would keep a position of a slot the server drops at exit; " +
+			"drop -temporary to resume from FILE, or -o to stream a temporary slot to stdout")
+	}
 	if f.temporary && !f.createSlot {
 		return errors.New("-temporary needs -create-slot (it says how to create the slot)")
 	}
 	return nil
 }
 
-func logStreamStats(log *slog.Logger, s *replication.Stream, txns int) {
+func logStreamStats(log *slog.Logger, s interface {
+	Stats() reorderbuffer.Stats
+	Position() replication.Position
+}, txns int) {
 	log.Info("progress", streamStatsAttrs(s.Stats(), s.Position(), txns)...)
 }
 

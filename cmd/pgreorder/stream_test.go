@@ -10,11 +10,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/pgreorder/pgreorder/changefeed"
 	"github.com/pgreorder/pgreorder/format"
 	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
 	"github.com/pgreorder/pgreorder/replication"
@@ -170,11 +172,16 @@ func TestStreamFileKilled(t *testing.T) {
 			// Kill it while it writes the second transaction: the first is recorded and the file
 			// has grown by a megabyte past it.
 			recorded := func() int64 {
-				b, _ := os.ReadFile(path + format.PositionSuffix)
-				var off int64
-				for l := range strings.Lines(string(b)) {
-					fmt.Sscanf(l, "offset %d", &off)
+				s, err := changefeed.OpenFile(path + changefeed.PositionSuffix)
+				if err != nil {
+					return 0
 				}
+				defer s.Close()
+				p, ok, err := s.Load(ctx, "killed")
+				if err != nil || !ok {
+					return 0
+				}
+				off, _ := strconv.ParseInt(string(p.State), 10, 64)
 				return off
 			}
 			for {

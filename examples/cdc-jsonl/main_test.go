@@ -2,193 +2,240 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"log/slog"
+	"math/rand/v2"
 	"os"
+	"os/exec"
 	"path/filepath"
-	"runtime"
+	"strconv"
+	"syscall"
 	"testing"
 	"time"
 
-	"github.com/pgreorder/pgreorder/decoding"
-	"github.com/pgreorder/pgreorder/format"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
 	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
-	"github.com/pgreorder/pgreorder/reorderbuffer"
-	"github.com/pgreorder/pgreorder/replication"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
-// TestResumeCost: resuming after a 50 MB last line reads two small files and allocates its write
-// buffer, whatever the size of the file, and a torn line left by a crash is cut.
-func TestResumeCost(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "changes.jsonl")
-	out, err := format.OpenFile(path, format.Config{})
-	if err != nil {
-		t.Fatal(err)
+// TestKilled runs the command against a table being written to, kills it with SIGKILL again and
+// again (the first time during its initial copy), starts it again each time, and checks that the
+// file holds what the source holds: every copied row once, every later change once, and, replayed
+// by key, the source's rows exactly.
+func TestKilled(t *testing.T) {
+	seed := uint64(time.Now().UnixNano())
+	if s := os.Getenv("PGREORDER_SEED"); s != "" {
+		_, err := fmt.Sscan(s, &seed)
+		require.NoError(t, err)
 	}
-	b, err := reorderbuffer.New(reorderbuffer.Config{Dir: t.TempDir(), WorkMem: 64 << 10})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	for _, m := range []decoding.Message{
-		&decoding.Begin{FinalLSN: 0x1000, Xid: 9},
-		&decoding.Relation{RelationID: 1, Namespace: "public", Name: "t",
-			Columns: []decoding.RelationColumn{{Flags: 1, Name: "id"}, {Name: "v"}}},
-		&decoding.Insert{RelationID: 1, New: decoding.Tuple{{Kind: 't', Data: []byte("1")},
-			{Kind: 't', Data: bytes.Repeat([]byte{'x'}, 50<<20)}}},
-		&decoding.Commit{CommitLSN: 0x1000, EndLSN: 0x1030},
-	} {
-		data, err := decoding.Append(nil, m, false, decoding.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := b.Add(0, data); err != nil {
-			t.Fatal(err)
-		}
-	}
-	x, _ := b.Next()
-	if err := out.WriteTxn(x); err != nil {
-		t.Fatal(err)
-	}
-	size := out.Offset()
-	out.Close()
-	// A crash in the middle of the next transaction.
-	f, _ := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
-	f.Write([]byte(`{"xid":10,"commit_lsn":"0/2000","end_l`))
-	f.Close()
-
-	var before, after runtime.MemStats
-	runtime.ReadMemStats(&before)
-	start := time.Now()
-	out, err = format.OpenFile(path, format.Config{})
-	elapsed := time.Since(start)
-	runtime.ReadMemStats(&after)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer out.Close()
-	if out.Resume() != 0x1030 || out.Offset() != size {
-		t.Errorf("resume after %s at %d, want 0/1030 at %d", out.Resume(), out.Offset(), size)
-	}
-	if st, _ := os.Stat(path); st.Size() != size {
-		t.Errorf("file has %d bytes after resuming, want %d (the torn line cut)", st.Size(), size)
-	}
-	t.Logf("resumed after a %d-byte line in %v, allocating %d bytes", size, elapsed, after.TotalAlloc-before.TotalAlloc)
-	if n := after.TotalAlloc - before.TotalAlloc; n > 256<<10 { // its 64 KiB write buffer and small change
-		t.Errorf("resuming allocated %d bytes", n)
-	}
-}
-
-// TestCrashBeforeAck kills the consumer after it wrote a transaction but before it acknowledged
-// it, several times, and checks the file holds every committed transaction exactly once.
-func TestCrashBeforeAck(t *testing.T) {
+	t.Logf("seed %d (set PGREORDER_SEED to replay)", seed)
+	bin := filepath.Join(t.TempDir(), "cdc-jsonl")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	ran := false
 	for _, major := range pgtest.Majors(t) {
 		if major != 15 && major != 18 {
 			continue
 		}
+		ran = true
 		t.Run(fmt.Sprintf("pg%d", major), func(t *testing.T) {
-			srv := pgtest.Shared(t, major)
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-			defer cancel()
-			db := pgtest.NewDatabase(t, srv)
-			if err := pgtest.Exec(ctx, srv.ConnString(db),
-				`CREATE TABLE t (id int PRIMARY KEY, v text)`,
-				`CREATE PUBLICATION pub FOR TABLE t`,
-				`SELECT pg_create_logical_replication_slot('cdc', 'pgoutput')`,
-				// A large transaction with a rolled-back savepoint, and small ones.
-				`BEGIN; INSERT INTO t SELECT g, repeat('x', 200) FROM generate_series(1, 3000) g;
-				 SAVEPOINT a; INSERT INTO t SELECT g, 'gone' FROM generate_series(3001, 4000) g; ROLLBACK TO a;
-				 INSERT INTO t SELECT g, 'kept' FROM generate_series(4001, 4500) g; COMMIT`,
-				`INSERT INTO t VALUES (5001, 'a')`, `INSERT INTO t VALUES (5002, 'b')`, `UPDATE t SET v = 'c' WHERE id = 5001`,
-				`DELETE FROM t WHERE id = 5002`, `INSERT INTO t VALUES (5003, 'done')`); err != nil {
-				t.Fatal(err)
-			}
-			out := filepath.Join(t.TempDir(), "changes.jsonl")
-			crashes := 0
-			c := config{dsn: srv.ReplicationConnString(db), slot: "cdc", publications: []string{"pub"}, out: out,
-				log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))}
-			errCrash := errors.New("crash")
-			for round := 0; ; round++ {
-				if round > 200 {
-					t.Fatal("no progress")
-				}
-				rctx, stop := context.WithCancel(ctx)
-				first := true
-				c.afterWrite = func(x *reorderbuffer.Txn) error {
-					if crashes < 3 && first {
-						first = false
-						crashes++
-						return errCrash
-					}
-					if lineCount(t, out) == 6 {
-						stop() // the last transaction is written
-					}
-					return nil
-				}
-				err := run(rctx, c)
-				stop()
-				if errors.Is(err, errCrash) {
-					continue
-				}
-				if errors.Is(err, replication.ErrSlotActive) { // the dead consumer's walsender is still exiting
-					time.Sleep(50 * time.Millisecond)
-					continue
-				}
-				if !errors.Is(err, context.Canceled) {
-					t.Fatal(err)
-				}
-				break
-			}
-			// 6 transactions: the large one and five small ones, each once.
-			f, err := os.Open(out)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer f.Close()
-			seen := map[string]bool{}
-			rows := 0
-			sc := bufio.NewScanner(f)
-			sc.Buffer(nil, 16<<20)
-			for sc.Scan() {
-				var v struct {
-					CommitLSN string            `json:"commit_lsn"`
-					Changes   []json.RawMessage `json:"changes"`
-				}
-				if err := json.Unmarshal(sc.Bytes(), &v); err != nil {
-					t.Fatal(err)
-				}
-				if seen[v.CommitLSN] {
-					t.Errorf("transaction %s written twice", v.CommitLSN)
-				}
-				seen[v.CommitLSN] = true
-				rows += len(v.Changes)
-			}
-			if len(seen) != 6 || rows != 3500+5 {
-				t.Errorf("%d transactions with %d changes, want 6 with 3505", len(seen), rows)
-			}
-			if crashes != 3 {
-				t.Errorf("%d crashes injected, want 3", crashes)
-			}
+			killed(t, bin, pgtest.Shared(t, major), rand.New(rand.NewPCG(seed, uint64(major))))
 		})
+	}
+	if !ran {
+		pgtest.Unavailable(t, "neither PostgreSQL 15 nor 18 is installed")
 	}
 }
 
-func lineCount(t *testing.T, path string) int {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
+func killed(t *testing.T, bin string, srv *pgtest.Server, rng *rand.Rand) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	db := pgtest.NewDatabase(t, srv)
+	dsn := srv.ConnString(db)
+	require.NoError(t, pgtest.Exec(ctx, dsn,
+		`CREATE TABLE t (id int PRIMARY KEY, n int NOT NULL, pad text)`,
+		`INSERT INTO t SELECT g, 0, repeat('p', 300) FROM generate_series(1, 40000) g`, // a copy that takes a moment
+		`CREATE PUBLICATION pub FOR TABLE t`))
+	path := filepath.Join(t.TempDir(), "changes.jsonl")
+
+	var logs pgtest.LockedBuffer
+	start := func() *exec.Cmd {
+		c := exec.Command(bin, dsn, "cdc", "pub", path)
+		c.Stdout, c.Stderr = &logs, &logs
+		require.NoError(t, c.Start())
+		return c
 	}
-	n := 0
-	for _, c := range b {
-		if c == '\n' {
-			n++
+	// exited checks how the command ended: killed, or stopped with SIGINT, never by itself.
+	exited := func(c *exec.Cmd, sig syscall.Signal) {
+		err := c.Wait()
+		if st, ok := c.ProcessState.Sys().(syscall.WaitStatus); ok && sig == syscall.SIGKILL && st.Signaled() {
+			return
+		}
+		require.NoError(t, err, "the command stopped by itself:\n%s", logs.String())
+	}
+
+	// The writer: inserts, updates, deletes, a rolled-back transaction and a rolled-back
+	// savepoint, each transaction's effect recorded only by the source itself.
+	done := make(chan error, 1)
+	wctx, stopWriting := context.WithCancel(ctx)
+	go func() { done <- write(wctx, dsn, rng.Uint64()) }()
+
+	// The first kill comes during the copy: the output then holds copied rows and no position
+	// that counts them.
+	cmd := start()
+	require.Eventually(t, func() bool {
+		st, err := os.Stat(path)
+		return err == nil && st.Size() > 1<<20
+	}, time.Minute, time.Millisecond, "the copy writes")
+	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
+	exited(cmd, syscall.SIGKILL)
+	kills := 1
+	for ; kills < 6; kills++ {
+		cmd = start()
+		time.Sleep(time.Duration(300+rng.IntN(1200)) * time.Millisecond) // the moment of the kill, at random
+		require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
+		exited(cmd, syscall.SIGKILL)
+	}
+	stopWriting()
+	require.NoError(t, <-done)
+
+	// The last run: until the slot has confirmed everything the source wrote, then a clean stop.
+	var end string
+	require.NoError(t, withConn(ctx, dsn, func(c *pgx.Conn) error {
+		return c.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&end)
+	}))
+	cmd = start()
+	require.Eventually(t, func() bool {
+		var caughtUp bool
+		err := withConn(ctx, dsn, func(c *pgx.Conn) error {
+			return c.QueryRow(ctx, `SELECT coalesce(bool_or(confirmed_flush_lsn >= $1::pg_lsn), false)
+				FROM pg_replication_slots WHERE slot_name = 'cdc'`, end).Scan(&caughtUp)
+		})
+		return err == nil && caughtUp
+	}, 2*time.Minute, 20*time.Millisecond, "catching up:\n%s", logs.String())
+	require.NoError(t, cmd.Process.Signal(syscall.SIGINT))
+	exited(cmd, syscall.SIGINT)
+	t.Logf("%d kills", kills)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the command's log:\n%s", logs.String())
+		}
+	})
+	got := replay(t, path)
+	want := map[int]int{}
+	require.NoError(t, withConn(ctx, dsn, func(c *pgx.Conn) error {
+		rows, err := c.Query(ctx, `SELECT id, n FROM t`)
+		if err != nil {
+			return err
+		}
+		var id, n int
+		_, err = pgx.ForEachRow(rows, []any{&id, &n}, func() error { want[id] = n; return nil })
+		return err
+	}))
+	require.Equal(t, len(want), len(got), "rows")
+	require.Equal(t, want, got)
+}
+
+// write writes to t until ctx ends: small transactions, and some that roll back, whole or in part.
+func write(ctx context.Context, dsn string, seed uint64) error {
+	rng := rand.New(rand.NewPCG(seed, 7))
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	next := 40001
+	for ctx.Err() == nil {
+		id := 1 + rng.IntN(next-1)
+		var stmts []string
+		switch k := rng.IntN(10); {
+		case k < 3:
+			stmts = []string{fmt.Sprintf(`INSERT INTO t VALUES (%d, 0, 'new')`, next)}
+			next++
+		case k < 7:
+			stmts = []string{fmt.Sprintf(`UPDATE t SET n = n + 1 WHERE id BETWEEN %d AND %d`, id, id+rng.IntN(50))}
+		case k < 8:
+			stmts = []string{fmt.Sprintf(`DELETE FROM t WHERE id = %d`, id)}
+		case k < 9:
+			stmts = []string{`BEGIN`, fmt.Sprintf(`UPDATE t SET n = n + 100 WHERE id < %d`, id), `ROLLBACK`}
+		default:
+			stmts = []string{`BEGIN`, fmt.Sprintf(`UPDATE t SET n = n + 1 WHERE id = %d`, id), `SAVEPOINT s`,
+				`UPDATE t SET n = n + 1000 WHERE id < 1000`, `ROLLBACK TO s`, `COMMIT`}
+		}
+		for _, s := range stmts {
+			if _, err := conn.Exec(ctx, s); err != nil {
+				if ctx.Err() != nil {
+					return nil
+				}
+				return err
+			}
 		}
 	}
-	return n
+	return nil
+}
+
+// replay reads the Debezium lines and applies them by key, checking that each copied row and
+// each streamed change is there once.
+func replay(t *testing.T, path string) map[int]int {
+	f, err := os.Open(path)
+	require.NoError(t, err)
+	defer f.Close()
+	type row struct {
+		ID int  `json:"id"`
+		N  *int `json:"n"`
+	}
+	var ev struct {
+		Op          string `json:"op"`
+		Before      *row   `json:"before"`
+		After       *row   `json:"after"`
+		Transaction *struct {
+			ID    string `json:"id"`
+			Total int    `json:"total_order"`
+		} `json:"transaction"`
+	}
+	rows := map[int]int{}
+	copied := map[int]bool{}
+	seen := map[string]bool{}
+	sc := bufio.NewScanner(f)
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		ev.Before, ev.After, ev.Transaction = nil, nil, nil
+		require.NoError(t, json.Unmarshal(sc.Bytes(), &ev), "%s", sc.Bytes())
+		switch ev.Op {
+		case "r":
+			require.False(t, copied[ev.After.ID], "row %d copied twice", ev.After.ID)
+			copied[ev.After.ID] = true
+		case "c", "u", "d":
+			require.NotNil(t, ev.Transaction, "%s", sc.Bytes())
+			k := ev.Transaction.ID + "/" + strconv.Itoa(ev.Transaction.Total)
+			require.False(t, seen[k], "change %s twice", k)
+			seen[k] = true
+		default:
+			t.Fatalf("unexpected event %s", sc.Bytes())
+		}
+		if ev.Op == "d" {
+			delete(rows, ev.Before.ID)
+		} else {
+			rows[ev.After.ID] = *ev.After.N
+		}
+	}
+	require.NoError(t, sc.Err())
+	t.Logf("%d rows copied, %d changes streamed", len(copied), len(seen))
+	require.Greater(t, len(copied), 39000, "copied rows")
+	require.NotEmpty(t, seen, "streamed changes")
+	return rows
+}
+
+// withConn runs f on a new connection to dsn.
+func withConn(ctx context.Context, dsn string, f func(*pgx.Conn) error) error {
+	c, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return err
+	}
+	defer c.Close(context.WithoutCancel(ctx))
+	return f(c)
 }

@@ -1,6 +1,6 @@
 //go:build linux
 
-package format_test
+package changefeed_test
 
 import (
 	"io"
@@ -13,22 +13,22 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/pgreorder/pgreorder/format"
+	"github.com/pgreorder/pgreorder/changefeed"
 	"github.com/stretchr/testify/require"
 )
 
-const hostileChildEnv = "FORMAT_TEST_PLANT"
+const hostileChildEnv = "CHANGEFEED_TEST_PLANT"
 
 // forgedPosition is a position file that says the output is empty.
 const forgedPosition = "pgreorder output position v1\noffset 0\nend_lsn 0/0\n"
 
-// TestFileHostileCoTenant: another local user plants symbolic links and files under the names of
+// TestJSONLinesHostileCoTenant: another local user plants symbolic links and files under the names of
 // an output file and its position files in a sticky, world-writable directory (as /tmp is). A
 // File opened there as root must follow no link, write into no file of the other user, and make
 // its files readable by its own user only.
-func TestFileHostileCoTenant(t *testing.T) {
+func TestJSONLinesHostileCoTenant(t *testing.T) {
 	if dir := os.Getenv(hostileChildEnv); dir != "" {
-		plantOutputs(t, dir, os.Getenv("FORMAT_TEST_VICTIM"))
+		plantOutputs(t, dir, os.Getenv("CHANGEFEED_TEST_VICTIM"))
 		return
 	}
 	if os.Geteuid() != 0 {
@@ -58,10 +58,10 @@ func TestFileHostileCoTenant(t *testing.T) {
 		require.NoError(t, os.WriteFile(filepath.Join(victim, name), []byte("precious\n"), 0o600))
 	}
 
-	exe := filepath.Join(base, "format.test")
+	exe := filepath.Join(base, "changefeed.test")
 	copyFile(t, exe)
-	cmd := exec.Command(exe, "-test.run=^TestFileHostileCoTenant$", "-test.count=1")
-	cmd.Env = append(os.Environ(), hostileChildEnv+"="+shared, "FORMAT_TEST_VICTIM="+victim)
+	cmd := exec.Command(exe, "-test.run=^TestJSONLinesHostileCoTenant$", "-test.count=1")
+	cmd.Env = append(os.Environ(), hostileChildEnv+"="+shared, "CHANGEFEED_TEST_VICTIM="+victim)
 	cmd.Dir = base
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}}
 	out, err := cmd.CombinedOutput()
@@ -75,30 +75,34 @@ func TestFileHostileCoTenant(t *testing.T) {
 			require.Equal(t, "precious\n", string(b), "%s was written through a planted link", name)
 		}
 	}
-	write := func(f *format.File) {
+	write := func(j *changefeed.JSONLines) {
 		t.Helper()
-		feed(t, smallTxn(10, 0x100), f.WriteTxn)
-		require.NoError(t, f.Close())
+		require.NoError(t, writeTxn(t, j, smallTxn(10, 0x100)))
+		require.NoError(t, j.Close())
+	}
+	open := func(name string, mode fs.FileMode) (*changefeed.JSONLines, error) {
+		j, _, err := openJSONLines(t, filepath.Join(shared, name), changefeed.JSONLinesConfig{FileMode: mode})
+		return j, err
 	}
 
 	// A link planted at the temporary position file: removed, not followed.
-	f, err := format.OpenFile(filepath.Join(shared, "a.jsonl"), format.Config{Now: fixedNow})
+	f, err := open("a.jsonl", 0)
 	require.NoError(t, err)
 	write(f)
 	intact()
 
 	// A link at the output and a forged position file: refused.
-	_, err = format.OpenFile(filepath.Join(shared, "b.jsonl"), format.Config{Now: fixedNow})
+	_, err = open("b.jsonl", 0)
 	require.Error(t, err)
 	intact()
 	// A link at the output alone: refused.
-	_, err = format.OpenFile(filepath.Join(shared, "f.jsonl"), format.Config{Now: fixedNow})
+	_, err = open("f.jsonl", 0)
 	require.Error(t, err)
 	require.Contains(t, err.Error(), "symbolic link")
 	intact()
 
 	// The other user's own output and position file: refused, left alone.
-	_, err = format.OpenFile(filepath.Join(shared, "c.jsonl"), format.Config{Now: fixedNow})
+	_, err = open("c.jsonl", 0)
 	require.Error(t, err)
 	require.Contains(t, err.Error(), "belongs to user id "+nobody.Uid)
 	st, err := os.Stat(filepath.Join(shared, "c.jsonl"))
@@ -106,21 +110,21 @@ func TestFileHostileCoTenant(t *testing.T) {
 	require.Zero(t, st.Size(), "nothing written into the other user's file")
 
 	// A link at the position file of an output that does not exist yet: refused.
-	_, err = format.OpenFile(filepath.Join(shared, "d.jsonl"), format.Config{Now: fixedNow})
+	_, err = open("d.jsonl", 0)
 	require.Error(t, err)
 	require.Contains(t, err.Error(), "symbolic link")
 	intact()
 
-	// Our own files are ours alone (the umask is 022), or as Config.FileMode says.
-	for _, name := range []string{"a.jsonl", "a.jsonl" + format.PositionSuffix} {
+	// Our own files are ours alone (the umask is 022), or as JSONLinesConfig.FileMode says.
+	for _, name := range []string{"a.jsonl", "a.jsonl" + changefeed.PositionSuffix} {
 		st, err := os.Lstat(filepath.Join(shared, name))
 		require.NoError(t, err)
 		require.Equal(t, fs.FileMode(0o600), st.Mode(), name)
 	}
-	f, err = format.OpenFile(filepath.Join(shared, "e.jsonl"), format.Config{Now: fixedNow, FileMode: 0o640})
+	f, err = open("e.jsonl", 0o640)
 	require.NoError(t, err)
 	write(f)
-	for _, name := range []string{"e.jsonl", "e.jsonl" + format.PositionSuffix} {
+	for _, name := range []string{"e.jsonl", "e.jsonl" + changefeed.PositionSuffix} {
 		st, err := os.Lstat(filepath.Join(shared, name))
 		require.NoError(t, err)
 		require.Equal(t, fs.FileMode(0o640), st.Mode(), name)
