@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgreorder/pgreorder/changefeed"
 	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
 )
 
@@ -103,13 +104,18 @@ func killed(t *testing.T, bin string, srv *pgtest.Server, rng *rand.Rand) {
 	stopWriting()
 	require.NoError(t, <-done)
 
-	// The last run: until the slot has confirmed everything the source wrote, then a clean stop.
+	// The last run: until its copy is done and the slot has confirmed everything the source
+	// wrote, then a clean stop. (A slot the run creates for its copy is at the end of the WAL
+	// from the start: it says nothing until the copy is stored as done.)
 	var end string
 	require.NoError(t, withConn(ctx, dsn, func(c *pgx.Conn) error {
 		return c.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&end)
 	}))
 	cmd = start()
 	require.Eventually(t, func() bool {
+		if !copyDone(ctx, path) {
+			return false
+		}
 		var caughtUp bool
 		err := withConn(ctx, dsn, func(c *pgx.Conn) error {
 			return c.QueryRow(ctx, `SELECT coalesce(bool_or(confirmed_flush_lsn >= $1::pg_lsn), false)
@@ -238,4 +244,15 @@ func withConn(ctx context.Context, dsn string, f func(*pgx.Conn) error) error {
 	}
 	defer c.Close(context.WithoutCancel(ctx))
 	return f(c)
+}
+
+// copyDone reports whether the position stored beside the output at path says the copy is done.
+func copyDone(ctx context.Context, path string) bool {
+	s, err := changefeed.OpenFile(path + changefeed.PositionSuffix)
+	if err != nil {
+		return false
+	}
+	defer s.Close()
+	p, ok, err := s.Load(ctx, "cdc")
+	return err == nil && ok && p.CopyDone
 }
