@@ -69,8 +69,8 @@ type Stream struct {
 	connFree sync.Cond
 	connBusy bool
 
-	conn      *pgconn.PgConn // nil while disconnected
-	wire      *wire          // reads conn's messages; nil while disconnected
+	conn      *pgconn.PgConn // taken by wire, handed to notice handlers only; nil while disconnected
+	wire      *wire          // owns conn's socket: reads, status updates, close; nil while disconnected
 	notice    noticeHandlers // conn's configured handlers of server notices and errors
 	temporary bool           // the slot is temporary: it died with the connection
 	sys       System         // IDENTIFY_SYSTEM of the current (or last) connection
@@ -152,7 +152,7 @@ func (s *Stream) setWire(w *wire) {
 
 // connected reports whether the stream has a connection that no read found broken.
 func (s *Stream) connected() bool {
-	return s.conn != nil && !s.conn.IsClosed() && !s.wire.broken()
+	return s.conn != nil && !s.wire.broken()
 }
 
 // Negotiated returns what was negotiated with the server.
@@ -428,10 +428,10 @@ func (s *Stream) drop(cause error) {
 	if s.conn == nil {
 		return
 	}
-	s.setWire(nil)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	s.conn.Close(ctx)
+	s.wire.close(ctx)
 	cancel()
+	s.setWire(nil)
 	s.conn = nil
 	s.cause = cause
 	s.mu.Lock()
@@ -798,7 +798,7 @@ func (s *Stream) status(requestReply bool, replyTo decoding.LSN) error {
 	if err != nil {
 		return err
 	}
-	if err := s.conn.Frontend().SendUnbufferedEncodedCopyData(buf); err != nil {
+	if err := s.wire.send(buf); err != nil {
 		return fmt.Errorf("replication: send status: %w", err)
 	}
 	s.log.Debug("status", "write", write, "flush", report, "reply", requestReply)
@@ -842,10 +842,10 @@ func (s *Stream) Close(ctx context.Context) error {
 				errs = append(errs, err)
 			}
 		}
-		s.setWire(nil)
-		if err := s.conn.Close(ctx); err != nil && !errors.Is(err, context.Canceled) {
+		if err := s.wire.close(ctx); err != nil {
 			errs = append(errs, err)
 		}
+		s.setWire(nil)
 		s.conn = nil
 	}
 	s.mu.Lock()

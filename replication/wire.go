@@ -25,8 +25,9 @@ import (
 // waiting read by moving the deadline into the past (Stream.wake), from the goroutine that
 // cancels: no goroutine waits for it.
 //
-// The status updates the stream sends are written through pgconn's frontend (they share only
-// the socket), and pgconn still closes the connection.
+// The wire owns the socket: newWire hijacks it from pgconn (pgconn.PgConn.Hijack), after which
+// pgconn neither reads, writes nor closes it. The stream's status updates are written with send,
+// and close ends the session (Terminate) and closes the socket.
 type wire struct {
 	nc       net.Conn
 	buf      []byte // buf[r:w] was read and not yet handed out
@@ -44,13 +45,24 @@ const (
 	wireMaxLen = 1<<30 + 1<<16
 )
 
-// newWire takes over the reading of conn, which has just answered START_REPLICATION with
-// CopyBothResponse. Messages pgconn read ahead of that answer are still in its frontend's
-// buffer: they are received from there first (the last one may need more bytes from the
-// socket, which ctx bounds) and become the wire's first messages.
-func newWire(ctx context.Context, conn *pgconn.PgConn) (*wire, error) {
-	w := &wire{nc: conn.Conn(), buf: make([]byte, wireBufSize)}
-	fe := conn.Frontend()
+// newWire takes the connection conn, which has just answered START_REPLICATION with
+// CopyBothResponse, from pgconn: conn is closed for pgconn's purposes from then on (the stream
+// hands it to notice handlers only), and the wire closes the socket. Messages pgconn read ahead
+// of that answer are still in its frontend's buffer: they are received from there first (the last
+// one may need more bytes from the socket, which ctx bounds) and become the wire's first
+// messages. When newWire fails, the socket is closed.
+func newWire(ctx context.Context, conn *pgconn.PgConn) (_ *wire, err error) {
+	hc, err := conn.Hijack()
+	if err != nil {
+		return nil, fmt.Errorf("replication: taking the connection from pgconn: %w", err)
+	}
+	w := &wire{nc: hc.Conn, buf: make([]byte, wireBufSize)}
+	defer func() {
+		if err != nil {
+			w.nc.Close()
+		}
+	}()
+	fe := hc.Frontend
 	if fe.ReadBufferLen() == 0 {
 		return w, nil
 	}
@@ -77,6 +89,35 @@ func newWire(ctx context.Context, conn *pgconn.PgConn) (*wire, error) {
 	}
 	w.w = len(pending)
 	return w, nil
+}
+
+// send writes one message (whole, encoded) to the server. A failed write breaks the connection:
+// whether the server got part of the message is unknown.
+func (w *wire) send(msg []byte) error {
+	if w.err != nil {
+		return w.err
+	}
+	if _, err := w.nc.Write(msg); err != nil {
+		w.err = err
+		return err
+	}
+	return nil
+}
+
+// terminate is the Terminate message, which ends the session politely.
+var terminate = []byte{'X', 0, 0, 0, 4}
+
+// close ends the session: a Terminate when the connection is healthy (written before ctx's
+// deadline, if it has one), then the socket closed.
+func (w *wire) close(ctx context.Context) error {
+	if w.err == nil {
+		if d, ok := ctx.Deadline(); ok {
+			w.nc.SetWriteDeadline(d)
+		}
+		w.nc.Write(terminate) // the server may be gone already: nothing to do about it
+	}
+	w.err = net.ErrClosed
+	return w.nc.Close()
 }
 
 // aLongTimeAgo is a read deadline that has passed: setting it interrupts a waiting read.
