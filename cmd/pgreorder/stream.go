@@ -220,8 +220,10 @@ func runStream(ctx context.Context, args []string) error {
 	closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	merr := stopMonitoring(closeCtx)
 	cancel()
-	logStreamStats(log, feed, txns)
-	log.Info("stopped", "acked", feed.Position().Acked)
+	if feed.Position().Start != 0 { // it streamed: what it did
+		logStreamStats(log, feed, txns)
+		log.Info("stopped", "acked", feed.Position().Acked)
+	}
 	return errors.Join(err, merr)
 }
 
