@@ -38,7 +38,7 @@
 // Two commands show it at work without writing code:
 //
 //	go run ./cmd/pgreorder demo     # a throwaway server, a large transaction with rolled-back savepoints, streamed
-//	go run ./cmd/pgreorder stream -dsn DSN -slot NAME -publication NAME -create-slot   # a live slot as JSON lines
+//	go run ./cmd/pgreorder stream -source DSN -slot NAME -publication NAME -create-slot   # a live slot as JSON lines
 //
 // The examples directory holds complete consumers (examples/changefeed copies, streams and
 // resumes in 60 lines, examples/cdc-jsonl writes JSON lines, examples/apply-postgres applies

@@ -13,6 +13,7 @@ import (
 	"github.com/pgreorder/pgreorder/apply/conflict"
 	"github.com/pgreorder/pgreorder/apply/internal/target"
 	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/internal/configerr"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 	"github.com/pgreorder/pgreorder/replication"
 	"github.com/pgreorder/pgreorder/spill"
@@ -307,40 +308,41 @@ type Config struct {
 
 // validate checks c and returns a copy with the defaults filled in.
 func (c Config) validate() (Config, error) {
-	bad := func(format string, args ...any) (Config, error) {
-		return c, fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...)
+	bad := func(f configerr.Field, format string, args ...any) (Config, error) {
+		return c, invalid(f, format, args...)
 	}
 	switch {
 	case c.Source == "":
-		return bad("Source is required")
+		return bad(field("Source"), "is required")
 	case c.Target == "" && c.TargetConfig == nil:
-		return bad("Target is required")
+		return bad(field("Target"), "is required")
 	case c.Target != "" && c.TargetConfig != nil:
-		return bad("set Target or TargetConfig, not both")
+		return bad(field("Target"), "is set, and so is %s: set one of them", field("TargetConfig"))
 	case c.Slot == "":
-		return bad("Slot is required")
+		return bad(field("Slot"), "is required")
 	case len(c.Publications) == 0:
-		return bad("Publications is required")
+		return bad(field("Publications"), "is required")
 	case c.Mode < Buffered || c.Mode > Parallel:
-		return bad("unknown Mode %d", int(c.Mode))
+		return bad(field("Mode"), "%d is unknown", int(c.Mode))
 	case c.Workers < 0 || c.Workers > MaxWorkers:
-		return bad("Workers %d (want 0 for the default, or 1 to %d)", c.Workers, MaxWorkers)
+		return bad(field("Workers"), "%d (want 0 for the default, or 1 to %d)", c.Workers, MaxWorkers)
 	case c.CopyWorkers < 0 || c.CopyWorkers > MaxWorkers:
-		return bad("CopyWorkers %d (want 0 for the default, or 1 to %d)", c.CopyWorkers, MaxWorkers)
+		return bad(field("CopyWorkers"), "%d (want 0 for the default, or 1 to %d)", c.CopyWorkers, MaxWorkers)
 	case c.WorkMem < 0 && c.WorkMem != reorderbuffer.SpillEverything:
-		return bad("WorkMem %d", c.WorkMem)
+		return bad(field("WorkMem"), "%d (want bytes, 0 for the default, or reorderbuffer.SpillEverything)", c.WorkMem)
 	case c.SyncSequencesInterval < 0:
-		return bad("SyncSequencesInterval %v", c.SyncSequencesInterval)
+		return bad(field("SyncSequencesInterval"), "%v (want an interval, or 0 for the default)", c.SyncSequencesInterval)
 	case c.SchemaChanges < SchemaFixed || c.SchemaChanges > SchemaAddColumns:
-		return bad("unknown SchemaChanges %d", int(c.SchemaChanges))
+		return bad(field("SchemaChanges"), "%d is unknown", int(c.SchemaChanges))
 	case c.CommitOrder < CommitSource || c.CommitOrder > CommitRelaxed:
-		return bad("unknown CommitOrder %d", int(c.CommitOrder))
+		return bad(field("CommitOrder"), "%d is unknown", int(c.CommitOrder))
 	case c.CommitOrder == CommitRelaxed && c.Mode != Parallel:
-		return bad("CommitOrder relaxed needs Mode parallel (Mode is %v: it commits in the source's order only)", c.Mode)
+		return bad(field("CommitOrder"), "relaxed needs %s (it is %v: it commits in the source's order only)",
+			Field{Config: "apply", Path: "Mode", Value: "Parallel", Arg: "parallel"}, c.Mode)
 	}
 	for _, p := range c.Publications {
 		if p == "" {
-			return bad("empty publication name")
+			return bad(field("Publications"), "holds an empty name")
 		}
 	}
 	if c.Workers == 0 {
@@ -358,7 +360,7 @@ func (c Config) validate() (Config, error) {
 		c.ProgressTable = DefaultProgressTable
 	}
 	if _, err := target.ParseQualified(c.ProgressTable); err != nil {
-		return bad("ProgressTable: %v", err)
+		return bad(field("ProgressTable"), "%q: %v", c.ProgressTable, err)
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -366,7 +368,7 @@ func (c Config) validate() (Config, error) {
 	switch c.OriginFilter {
 	case replication.OriginFilterDefault, replication.OriginFilterAny, replication.OriginFilterNone:
 	default:
-		return bad("unknown OriginFilter %d", int(c.OriginFilter))
+		return bad(field("OriginFilter"), "%d is unknown", int(c.OriginFilter))
 	}
 	var err error
 	if c.Conflicts, err = validateConflicts(c.Conflicts); err != nil {

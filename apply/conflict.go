@@ -2,7 +2,6 @@ package apply
 
 import (
 	"errors"
-	"fmt"
 	"log/slog"
 	"maps"
 	"slices"
@@ -10,6 +9,7 @@ import (
 	"github.com/pgreorder/pgreorder/apply/conflict"
 	"github.com/pgreorder/pgreorder/apply/internal/detect"
 	"github.com/pgreorder/pgreorder/apply/internal/target"
+	"github.com/pgreorder/pgreorder/internal/configerr"
 )
 
 // lastUpdateWins reports whether some conflict type is resolved by commit timestamps.
@@ -24,9 +24,10 @@ func lastUpdateWins(c *conflict.Config) bool {
 
 // validateConflicts checks c and fills in its defaults.
 func validateConflicts(c conflict.Config) (conflict.Config, error) {
-	bad := func(format string, args ...any) (conflict.Config, error) {
-		return c, fmt.Errorf("%w: Conflicts: "+format, append([]any{ErrInvalidConfig}, args...)...)
+	bad := func(f configerr.Field, format string, args ...any) (conflict.Config, error) {
+		return c, invalid(f, format, args...)
 	}
+	off := field("Conflicts.Off")
 	keys := make([]conflict.Type, 0, len(c.Resolutions))
 	for ct := range c.Resolutions {
 		keys = append(keys, ct)
@@ -36,36 +37,36 @@ func validateConflicts(c conflict.Config) (conflict.Config, error) {
 		r := c.Resolutions[ct]
 		switch {
 		case !ct.Valid():
-			return bad("unknown conflict type %d", int(ct))
+			return bad(field("Conflicts.Resolutions"), "has an unknown conflict type %d", int(ct))
 		case !r.Valid():
-			return bad("%s: unknown resolution %d", ct, int(r))
+			return bad(field("Conflicts.Resolutions"), "has an unknown resolution %d for %s", int(r), ct)
 		case c.Off && r != conflict.Default:
-			return bad("%s: a resolution needs detection (Off is set)", ct)
+			return bad(field("Conflicts.Resolutions"), "has a resolution for %s: resolutions need detection, which %s turns off", ct, off)
 		}
 	}
 	switch {
 	case c.Retention < 0:
-		return bad("Retention %v", c.Retention)
+		return bad(field("Conflicts.Retention"), "%v (want 0, or at least %v)", c.Retention, conflict.MinRetention)
 	case c.Retention > 0 && c.Retention < conflict.MinRetention:
-		return bad("Retention %v (want 0 or at least %v)", c.Retention, conflict.MinRetention)
+		return bad(field("Conflicts.Retention"), "%v (want 0, or at least %v)", c.Retention, conflict.MinRetention)
 	case c.Retention > 0 && c.Off:
-		return bad("Retention needs detection (Off is set)")
+		return bad(field("Conflicts.Retention"), "needs detection, which %s turns off", off)
 	case c.LogTable != "" && c.Off:
-		return bad("LogTable needs detection (Off is set)")
+		return bad(field("Conflicts.LogTable"), "needs detection, which %s turns off", off)
 	case c.MaxLoggedValue < 0:
-		return bad("MaxLoggedValue %d", c.MaxLoggedValue)
+		return bad(field("Conflicts.MaxLoggedValue"), "%d (want bytes, or 0 for the default)", c.MaxLoggedValue)
 	}
 	if c.MaxLoggedValue == 0 {
 		c.MaxLoggedValue = conflict.DefaultMaxLoggedValue
 	}
 	if c.LogTable != "" {
 		if _, err := target.ParseQualified(c.LogTable); err != nil {
-			return bad("LogTable: %v", err)
+			return bad(field("Conflicts.LogTable"), "%q: %v", c.LogTable, err)
 		}
 	}
 	if c.TombstoneTable != "" {
 		if _, err := target.ParseQualified(c.TombstoneTable); err != nil {
-			return bad("TombstoneTable: %v", err)
+			return bad(field("Conflicts.TombstoneTable"), "%q: %v", c.TombstoneTable, err)
 		}
 	}
 	c.Resolutions = maps.Clone(c.Resolutions) // the caller may change its map

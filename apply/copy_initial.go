@@ -11,6 +11,7 @@ import (
 	"github.com/pgreorder/pgreorder/apply/internal/target"
 	"github.com/pgreorder/pgreorder/changefeed"
 	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/internal/configerr"
 	"github.com/pgreorder/pgreorder/internal/pgsession"
 	"github.com/pgreorder/pgreorder/replication"
 	"github.com/pgreorder/pgreorder/snapshot"
@@ -299,7 +300,8 @@ func (s *session) prepareCopy(ctx context.Context, ct string, tables []*snapshot
 		}
 		if len(full) > 0 {
 			if !s.cfg.CopyTruncate {
-				return fmt.Errorf("%w: %s (empty it, or set CopyTruncate to let the copy truncate it)", ErrTargetNotEmpty, strings.Join(full, ", "))
+				return configerr.WithHint(ErrTargetNotEmpty, ": ", "%s (empty it, or set %s to let the copy truncate it)",
+					strings.Join(full, ", "), field("CopyTruncate"))
 			}
 			s.log.Info("truncating target tables that hold rows before the initial copy", "tables", strings.Join(full, ", "))
 			if _, err := s.leader.PG.ExecParams(ctx, "TRUNCATE "+strings.Join(names, ", "), nil, nil, nil, nil).Close(); err != nil {

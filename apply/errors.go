@@ -14,6 +14,7 @@ import (
 	"github.com/pgreorder/pgreorder/apply/internal/detect"
 	"github.com/pgreorder/pgreorder/apply/internal/target"
 	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/internal/configerr"
 	"github.com/pgreorder/pgreorder/internal/pgsession"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 	"github.com/pgreorder/pgreorder/replication"
@@ -83,14 +84,17 @@ func (e *SlotInUseError) holders() string {
 	return strings.Join(parts, "; ")
 }
 
-func (e *SlotInUseError) Error() string {
+func (e *SlotInUseError) Error() string { return e.Named(configerr.Field.String) }
+
+// Named returns the message with the field it names (SlotWait) named by name.
+func (e *SlotInUseError) Named(name FieldNamer) string {
 	end := "SELECT pg_terminate_backend(PID)"
 	if len(e.Holders) == 1 {
 		end = fmt.Sprintf("SELECT pg_terminate_backend(%d)", e.Holders[0].PID)
 	}
-	return fmt.Sprintf("apply: slot %q is in use on the target by another session (%s), still after waiting %s (SlotWait): "+
+	return fmt.Sprintf("apply: slot %q is in use on the target by another session (%s), still after waiting %s (%s): "+
 		"stop the other apply of the slot; if it is gone and its connection lingers, end it with %s on the target",
-		e.Slot, e.holders(), e.Waited.Round(time.Second), end)
+		e.Slot, e.holders(), e.Waited.Round(time.Second), name(field("SlotWait")), end)
 }
 
 func (e *SlotInUseError) Unwrap() error { return ErrSlotInUse }
@@ -134,7 +138,10 @@ const (
 // are the target connection's own, one for one (a test holds them so).
 func (o Op) String() string { return target.Op(o).String() }
 
-func (e *ApplyError) Error() string {
+func (e *ApplyError) Error() string { return e.Named(configerr.Field.String) }
+
+// Named returns the message with the field of its hint (SkipLSN) named by name.
+func (e *ApplyError) Named(name FieldNamer) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "apply: source transaction %d (commit %s, end %s)", e.Xid, e.CommitLSN, e.EndLSN)
 	if e.Op != OpNone {
@@ -152,7 +159,7 @@ func (e *ApplyError) Error() string {
 		b.WriteString(": " + e.Err.Error())
 	}
 	if e.CommitLSN != 0 && e.Op != OpCopy {
-		fmt.Fprintf(&b, " (to skip the whole transaction instead, losing its changes on the target: Config.SkipLSN = %s)", e.CommitLSN)
+		fmt.Fprintf(&b, " (to skip the whole transaction instead, losing its changes on the target: %s)", name(skipField(e.CommitLSN)))
 	}
 	return b.String()
 }

@@ -66,7 +66,7 @@ func (a *Applier) sourceQuery(ctx context.Context, sql string, args ...string) (
 	if src.conn == nil || src.conn.IsClosed() {
 		pc, err := pgsession.ParseConnString(a.cfg.Source)
 		if err != nil {
-			return nil, fmt.Errorf("%w: Source: %w", ErrInvalidConfig, err)
+			return nil, sourceConnStringError(err)
 		}
 		conn, err := pgsession.Connect(ctx, pgsession.Options{Kind: pgsession.Source, Config: pc,
 			ApplicationName: "pgreorder apply " + a.cfg.Slot, Logger: a.cfg.Logger})

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/pgreorder/pgreorder/apply/internal/target"
+	"github.com/pgreorder/pgreorder/internal/configerr"
 	"github.com/pgreorder/pgreorder/internal/pgsession"
 )
 
@@ -48,7 +49,7 @@ func (a *Applier) SyncSequences(ctx context.Context) (moved int, err error) {
 	}
 	pc, err := pgsession.ParseConnString(a.cfg.Source)
 	if err != nil {
-		return 0, fmt.Errorf("%w: Source: %w", ErrInvalidConfig, err)
+		return 0, sourceConnStringError(err)
 	}
 	src, err := pgsession.Connect(ctx, pgsession.Options{Kind: pgsession.Source, Config: pc,
 		ApplicationName: "pgreorder apply " + a.cfg.Slot + " sequences", Logger: a.cfg.Logger})
@@ -85,8 +86,8 @@ func (a *Applier) SyncSequences(ctx context.Context) (moved int, err error) {
 			return moved, fmt.Errorf("apply: synchronizing sequences: %w", err)
 		}
 		if len(rows) == 0 {
-			return moved, fmt.Errorf("%w: sequence %s (owned by a published table's column on the source) does not exist on the target: "+
-				"create it there, or stop synchronizing sequences (Config.SyncSequences)", ErrMissingSequence, seq)
+			return moved, configerr.WithHint(ErrMissingSequence, ": ", "sequence %s (owned by a published table's column on the source) "+
+				"does not exist on the target: create it there, or stop synchronizing sequences (%s)", seq, field("SyncSequences"))
 		}
 		oid := string(rows[0][0])
 		// Forward only: the target's next value must be below the source's next one.

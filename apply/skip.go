@@ -9,6 +9,7 @@ import (
 
 	"github.com/pgreorder/pgreorder/apply/internal/target"
 	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/internal/configerr"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 )
 
@@ -60,8 +61,8 @@ func (s *session) setupSkip(ctx context.Context, resume decoding.LSN) error {
 		}
 	}
 	if resume != 0 && lsn < resume {
-		return fmt.Errorf("%w: Config.SkipLSN %s: the target has applied the source's transactions up to %s, past it; "+
-			"the next transaction to apply commits after %s (a stop on a change names its commit LSN)", ErrSkipLSN, lsn, resume, resume)
+		return configerr.WithHint(ErrSkipLSN, ": ", "%s: the target has applied the source's transactions up to %s, past it; "+
+			"the next transaction to apply commits after %s (a stop on a change names its commit LSN)", skipField(lsn), resume, resume)
 	}
 	s.skip.pending = true
 	s.skip.sql = "INSERT INTO " + table + " AS p (slot, end_lsn, system_id, timeline, skipped_lsn, skipped_xid, skipped_at) " +
@@ -82,15 +83,15 @@ func (s *session) maybeSkip(ctx context.Context, t *reorderbuffer.Txn) (bool, er
 	if t.Part == reorderbuffer.Advance {
 		// Handed out only when no transaction is in flight: none commits at lsn.
 		if t.EndLSN > lsn {
-			return false, fmt.Errorf("%w: Config.SkipLSN %s: no source transaction to apply commits there (the source's WAL "+
-				"is at %s, with nothing to apply before it)", ErrSkipLSN, lsn, t.EndLSN)
+			return false, configerr.WithHint(ErrSkipLSN, ": ", "%s: no source transaction to apply commits there (the source's WAL "+
+				"is at %s, with nothing to apply before it)", skipField(lsn), t.EndLSN)
 		}
 		return false, nil
 	}
 	s.skip.pending = false
 	if t.CommitLSN != lsn {
-		return false, fmt.Errorf("%w: Config.SkipLSN %s, but the next transaction to apply is transaction %d with commit LSN %s: "+
-			"give that LSN to skip it, or none to apply it", ErrSkipLSN, lsn, t.Xid, t.CommitLSN)
+		return false, configerr.WithHint(ErrSkipLSN, ": ", "%s, but the next transaction to apply is transaction %d with commit LSN %s: "+
+			"give that LSN to skip it, or none to apply it", skipField(lsn), t.Xid, t.CommitLSN)
 	}
 	if err := s.commitGroup(ctx); err != nil {
 		return false, err

@@ -375,7 +375,7 @@ func (kb *kafkaBench) launch(s *session) (err error) {
 	s.rest = 0
 	switch s.kind {
 	case "pgreorder":
-		args := append([]string{"kafka", "-dsn", host, "-slot", s.slot, "-publication", s.pub,
+		args := append([]string{"kafka", "-source", host, "-slot", s.slot, "-publication", s.pub,
 			"-kafka-brokers", kb.kafka.Seeds(), "-kafka-topic-prefix", s.prefix, "-progress", "0"}, kb.args...)
 		s.proc, err = startProcess(kb.bin, args, s.dir, filepath.Join(s.dir, fmt.Sprintf("pgreorder-%d.log", s.launches)), nil)
 	case "debezium":

@@ -17,6 +17,7 @@ import (
 
 	"github.com/pgreorder/pgreorder/catalog"
 	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/internal/configerr"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 	"github.com/pgreorder/pgreorder/replication"
 	"github.com/pgreorder/pgreorder/snapshot"
@@ -232,17 +233,17 @@ func New(cfg Config, store Store, h Handler) (*Feed, error) {
 	case h == nil:
 		return nil, fmt.Errorf("%w: no Handler", ErrInvalidConfig)
 	case cfg.Replication.Slot == "":
-		return nil, fmt.Errorf("%w: no Replication.Slot", ErrInvalidConfig)
+		return nil, configerr.New(ErrInvalidConfig, field("Replication.Slot"), "is required")
 	case cfg.Start != StartCopy && cfg.Start != StartStream:
-		return nil, fmt.Errorf("%w: Start %d: valid values are StartCopy and StartStream", ErrInvalidConfig, int(cfg.Start))
+		return nil, configerr.New(ErrInvalidConfig, field("Start"), fmt.Sprintf("%d is not valid: StartCopy or StartStream", int(cfg.Start)))
 	case cfg.Replication.TemporarySlot && cfg.Start != StartStream:
-		return nil, fmt.Errorf("%w: Replication.TemporarySlot: the copy's slot must outlive the connection (a temporary slot needs Start: StartStream)", ErrInvalidConfig)
+		return nil, configerr.New(ErrInvalidConfig, field("Replication.TemporarySlot"), "is set: the copy's slot must outlive the connection (a temporary slot needs Start: StartStream)")
 	case cfg.Replication.TemporarySlot && !isSlotStore(store):
-		return nil, fmt.Errorf("%w: Replication.TemporarySlot: a stored position needs a slot that outlives the connection (a temporary slot goes with SlotStore)", ErrInvalidConfig)
+		return nil, configerr.New(ErrInvalidConfig, field("Replication.TemporarySlot"), "is set: a stored position needs a slot that outlives the connection (a temporary slot goes with SlotStore)")
 	case isSlotStore(store) && cfg.Start != StartStream:
-		return nil, fmt.Errorf("%w: SlotStore keeps no position, so every run would copy again: use it with Start: StartStream", ErrInvalidConfig)
+		return nil, configerr.New(ErrInvalidConfig, field("Start"), "is StartCopy with a SlotStore, which keeps no position, so every run would copy again: use StartStream")
 	case cfg.Replication.Buffer.Incremental:
-		return nil, fmt.Errorf("%w: Replication.Buffer.Incremental: the handler gets whole transactions", ErrInvalidConfig)
+		return nil, configerr.New(ErrInvalidConfig, field("Replication.Buffer.Incremental"), "is set: the handler gets whole transactions")
 	}
 	log := cfg.Logger
 	if log == nil {

@@ -16,6 +16,7 @@ import (
 	"github.com/pgreorder/pgreorder/catalog"
 	"github.com/pgreorder/pgreorder/changefeed"
 	"github.com/pgreorder/pgreorder/format"
+	"github.com/pgreorder/pgreorder/internal/configerr"
 )
 
 // Defaults of Config.
@@ -248,30 +249,37 @@ var discardLogger = slog.New(slog.DiscardHandler)
 func (c *Config) withDefaults() (Config, error) {
 	cfg := *c
 	if len(cfg.Brokers) == 0 {
-		return cfg, fmt.Errorf("%w: no Brokers", ErrInvalidConfig)
+		return cfg, configerr.New(ErrInvalidConfig, field("Brokers"), "is required")
 	}
 	if cfg.TopicPrefix == "" {
 		cfg.TopicPrefix = DefaultTopicPrefix
 	}
 	if err := validTopic(cfg.TopicPrefix); err != nil {
-		return cfg, fmt.Errorf("%w: TopicPrefix: %v", ErrInvalidConfig, err)
+		return cfg, configerr.New(ErrInvalidConfig, field("TopicPrefix"), "is not valid: %v", err)
 	}
 	if cfg.OffsetsTopic == "" {
 		cfg.OffsetsTopic = cfg.TopicPrefix + ".offsets"
 	}
 	for tn, topic := range cfg.TopicMap {
 		if err := validTopic(topic); err != nil {
-			return cfg, fmt.Errorf("%w: TopicMap[%s]: %v", ErrInvalidConfig, tn, err)
+			return cfg, configerr.New(ErrInvalidConfig, field("TopicMap"), "of %s is not valid: %v", tn, err)
 		}
 	}
 	if cfg.KeyFormat != FormatJSON && cfg.KeyFormat != FormatJSONSchema || cfg.ValueFormat != FormatJSON && cfg.ValueFormat != FormatJSONSchema {
-		return cfg, fmt.Errorf("%w: KeyFormat %v, ValueFormat %v", ErrInvalidConfig, cfg.KeyFormat, cfg.ValueFormat)
+		f, v := field("KeyFormat"), cfg.KeyFormat
+		if cfg.KeyFormat == FormatJSON || cfg.KeyFormat == FormatJSONSchema {
+			f, v = field("ValueFormat"), cfg.ValueFormat
+		}
+		return cfg, configerr.New(ErrInvalidConfig, f, "%v is unknown", v)
 	}
 	if err := validTopic(cfg.OffsetsTopic); err != nil {
-		return cfg, fmt.Errorf("%w: OffsetsTopic: %v", ErrInvalidConfig, err)
+		return cfg, configerr.New(ErrInvalidConfig, field("OffsetsTopic"), "is not valid: %v", err)
 	}
-	if cfg.Partitions < 0 || cfg.ReplicationFactor < 0 {
-		return cfg, fmt.Errorf("%w: negative Partitions or ReplicationFactor", ErrInvalidConfig)
+	if cfg.Partitions < 0 {
+		return cfg, configerr.New(ErrInvalidConfig, field("Partitions"), "%d (want 0 for the brokers' default, or more)", cfg.Partitions)
+	}
+	if cfg.ReplicationFactor < 0 {
+		return cfg, configerr.New(ErrInvalidConfig, field("ReplicationFactor"), "%d (want 0 for the brokers' default, or more)", cfg.ReplicationFactor)
 	}
 	if cfg.ClientID == "" {
 		cfg.ClientID = "pgreorder"
@@ -287,7 +295,7 @@ func (c *Config) withDefaults() (Config, error) {
 	}
 	if cfg.Group.MaxTransactions < 0 || cfg.Group.MaxBytes < 0 || cfg.Group.MaxDelay < 0 ||
 		!(cfg.Group.CommitMultiple >= 0) || math.IsInf(cfg.Group.CommitMultiple, 0) || cfg.Group.MinDelay < 0 {
-		return cfg, fmt.Errorf("%w: negative (or infinite) Group bound", ErrInvalidConfig)
+		return cfg, configerr.New(ErrInvalidConfig, field("Group"), "has a negative (or infinite) bound")
 	}
 	if cfg.Group.MaxTransactions == 0 {
 		cfg.Group.MaxTransactions = DefaultGroupTransactions
@@ -311,7 +319,7 @@ func (c *Config) withDefaults() (Config, error) {
 		cfg.ConnectTimeout = 30 * time.Second
 	}
 	if cfg.SASL.Mechanism != SASLNone && cfg.SASL.User == "" {
-		return cfg, fmt.Errorf("%w: SASL without a User", ErrInvalidConfig)
+		return cfg, configerr.New(ErrInvalidConfig, field("SASL.User"), "is required with a SASL mechanism")
 	}
 	return cfg, nil
 }
@@ -333,7 +341,7 @@ func (c *Config) clientOpts() ([]kgo.Opt, error) {
 	case SASLScramSHA512:
 		m = scram.Auth{User: c.SASL.User, Pass: c.SASL.Password}.AsSha512Mechanism()
 	default:
-		return nil, fmt.Errorf("%w: SASL mechanism %d", ErrInvalidConfig, c.SASL.Mechanism)
+		return nil, configerr.New(ErrInvalidConfig, field("SASL.Mechanism"), "%d is unknown", c.SASL.Mechanism)
 	}
 	if m != nil {
 		opts = append(opts, kgo.SASL(m))

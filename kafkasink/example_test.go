@@ -49,8 +49,8 @@ func ExampleOpen() {
 	fmt.Printf("transactional id before the feed loads: %q\n", sink.TransactionalID())
 	fmt.Println(sink.Close(), sink.Close()) // safe twice
 	// Output:
-	// true kafkasink: invalid configuration: no Brokers
-	// true kafkasink: invalid configuration: TopicPrefix: topic name "shop/eu": only ASCII letters, digits, '.', '_' and '-'
+	// true kafkasink: invalid configuration: Brokers is required
+	// true kafkasink: invalid configuration: TopicPrefix is not valid: topic name "shop/eu": only ASCII letters, digits, '.', '_' and '-'
 	// transactional id before the feed loads: ""
 	// <nil> <nil>
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/pgreorder/pgreorder/changefeed"
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/format"
+	"github.com/pgreorder/pgreorder/internal/configerr"
 )
 
 var (
@@ -691,7 +692,7 @@ func (s *Sink) event(ctx context.Context, e format.Event) error {
 	} else {
 		topic = s.cfg.TopicPrefix + ".message"
 		if err := validTopic(topic); err != nil {
-			return fmt.Errorf("%w: the message topic: %v (choose a shorter topic prefix)", ErrInvalidConfig, err)
+			return configerr.WithHint(ErrInvalidConfig, ": ", "the message topic: %v (choose a shorter %s)", err, field("TopicPrefix"))
 		}
 	}
 	var key []byte
@@ -755,9 +756,9 @@ func (s *Sink) ensureOffsetsTopic(ctx context.Context) error {
 	// A delete policy drops the position once retention passes: the next run would find none and
 	// refuse the slot. Only compaction keeps the last record of every key for good.
 	if p := conf["cleanup.policy"]; p != "compact" {
-		return fmt.Errorf("%w: the offsets topic %s has cleanup.policy=%s; it needs cleanup.policy=compact, or the position is lost "+
+		return configerr.WithHint(ErrInvalidConfig, ": ", "the offsets topic %s has cleanup.policy=%s; it needs cleanup.policy=compact, or the position is lost "+
 			"once retention passes (kafka-configs.sh --alter --entity-type topics --entity-name %s --add-config cleanup.policy=compact, "+
-			"or name another topic with -kafka-offsets-topic)", ErrInvalidConfig, s.cfg.OffsetsTopic, p, s.cfg.OffsetsTopic)
+			"or name another topic with %s)", s.cfg.OffsetsTopic, p, s.cfg.OffsetsTopic, field("OffsetsTopic"))
 	}
 	s.topicMu.Lock()
 	s.topics[s.cfg.OffsetsTopic] = m

@@ -12,6 +12,7 @@ import (
 	"github.com/pgreorder/pgreorder/catalog"
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/format"
+	"github.com/pgreorder/pgreorder/internal/configerr"
 )
 
 // ErrTopicCollision: two tables would write to the same topic, or to topics Kafka takes for the
@@ -123,8 +124,8 @@ func (t *topics) use(tn catalog.TableName) (string, error) {
 	}
 	topic := t.name(tn)
 	if err := validTopic(topic); err != nil {
-		return "", fmt.Errorf("%w: table %s: %v (choose a shorter topic prefix, or name its topic with Config.TopicMap, -kafka-topic-map %s=TOPIC)",
-			ErrInvalidConfig, tn, err, mapKey(tn))
+		return "", configerr.WithHint(ErrInvalidConfig, ": ", "table %s: %v (choose a shorter %s, or name its topic with %s)",
+			tn, err, field("TopicPrefix"), configerr.Field{Config: "kafkasink", Path: "TopicMap", Value: fmt.Sprintf("{%s: TOPIC}", tn), Arg: mapKey(tn) + "=TOPIC"})
 	}
 	k := collisionKey(topic)
 	if u, ok := t.byKey[k]; ok {

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
 
+	"github.com/pgreorder/pgreorder/internal/configerr"
 	"github.com/pgreorder/pgreorder/internal/pgsession"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 )
@@ -337,10 +338,10 @@ func start(ctx context.Context, cfg Config) (_ *Stream, err error) {
 }
 
 func slotNotFound(cfg *Config, db string) error {
-	return &CheckError{Setting: "slot", Err: ErrSlotNotFound,
-		Problem: fmt.Sprintf("replication slot %q does not exist", cfg.Slot),
-		Fix: fmt.Sprintf("set CreateSlot, or create it in database %q with SELECT pg_create_logical_replication_slot('%s', 'pgoutput')",
-			db, cfg.Slot)}
+	return checkError(&CheckError{Setting: "slot", Err: ErrSlotNotFound,
+		Problem: fmt.Sprintf("replication slot %q does not exist", cfg.Slot)},
+		configerr.Words("let %s create it, or create it in database %q with SELECT pg_create_logical_replication_slot('%s', 'pgoutput')",
+			field("CreateSlot"), db, cfg.Slot))
 }
 
 func (c *Config) logger() *slog.Logger {
@@ -354,13 +355,13 @@ func (c *Config) logger() *slog.Logger {
 func (c *Config) baseConnConfig() (*pgconn.Config, error) {
 	switch {
 	case c.ConnConfig != nil && c.ConnString != "":
-		return nil, fmt.Errorf("%w: set ConnString or ConnConfig, not both", ErrInvalidConfig)
+		return nil, configerr.New(ErrInvalidConfig, field("ConnString"), "is set, and so is %s: set one of them", field("ConnConfig"))
 	case c.ConnConfig == nil && c.ConnString == "":
-		return nil, fmt.Errorf("%w: no ConnString or ConnConfig", ErrInvalidConfig)
+		return nil, configerr.New(ErrInvalidConfig, field("ConnString"), "is required (or %s)", field("ConnConfig"))
 	}
 	pc, err := pgsession.ConnConfig(c.ConnConfig, c.ConnString)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		return nil, &ConfigError{Field: field("ConnString"), Reason: configerr.Words("is not a connection string"), Err: ErrInvalidConfig, Cause: err}
 	}
 	return pc, nil
 }
@@ -393,7 +394,7 @@ func (c *Config) dial(ctx context.Context, base *pgconn.Config, log *slog.Logger
 	nh = noticeHandlers{onNotice: pc.OnNotice, onPgError: pc.OnPgError}
 	conn, err = pgsession.Open(ctx, pc, c.sessionOptions(base, log))
 	if errors.Is(err, pgsession.ErrNotParsed) {
-		return nil, nh, fmt.Errorf("%w: ConnConfig must be made by pgconn.ParseConfig", ErrInvalidConfig)
+		return nil, nh, configerr.New(ErrInvalidConfig, field("ConnConfig"), "must be made by pgconn.ParseConfig")
 	}
 	if err != nil {
 		var pgErr *pgconn.PgError
@@ -562,9 +563,9 @@ func checkPublications(ctx context.Context, conn *pgconn.PgConn, major int, pubs
 		if len(missing) > 1 {
 			what = "publications " + strings.Join(missing, ", ") + " do not exist"
 		}
-		return &CheckError{Setting: "publication", Err: ErrPublicationNotFound,
-			Problem: fmt.Sprintf("%s in database %q", what, db),
-			Fix:     "create it with CREATE PUBLICATION ... FOR TABLE ..., or correct Config.Publications"}
+		return checkError(&CheckError{Setting: "publication", Err: ErrPublicationNotFound,
+			Problem: fmt.Sprintf("%s in database %q", what, db)},
+			configerr.Words("create it with CREATE PUBLICATION ... FOR TABLE ..., or correct %s", field("Publications")))
 	}
 	if !logTables {
 		return nil
@@ -636,10 +637,11 @@ func readSlot(ctx context.Context, conn *pgconn.PgConn, major int, cfg *Config, 
 	if err := slot.ConfirmedFlush.UnmarshalText([]byte(row[3])); err != nil {
 		return nil, &ProtocolError{Msg: "confirmed_flush_lsn", Err: err}
 	}
-	mismatch := func(setting, problem, fix string) error {
-		return &CheckError{Setting: setting, Err: ErrSlotMismatch, Problem: problem, Fix: fix}
+	mismatch := func(setting, problem string, fix configerr.Text) error {
+		return checkError(&CheckError{Setting: setting, Err: ErrSlotMismatch, Problem: problem}, fix)
 	}
-	recreate := fmt.Sprintf("use another slot name, or drop it (SELECT pg_drop_replication_slot('%s')) and let CreateSlot make it again", cfg.Slot)
+	recreate := configerr.Words("use another slot name, or drop it (SELECT pg_drop_replication_slot('%s')) and let %s make it again",
+		cfg.Slot, field("CreateSlot"))
 	switch {
 	case row[0] != "logical":
 		return nil, mismatch("slot", fmt.Sprintf("slot %q is a %s slot, not a logical one", cfg.Slot, row[0]), recreate)
@@ -647,16 +649,16 @@ func readSlot(ctx context.Context, conn *pgconn.PgConn, major int, cfg *Config, 
 		return nil, mismatch("slot", fmt.Sprintf("slot %q uses the output plugin %q, not pgoutput", cfg.Slot, slot.Plugin), recreate)
 	case slot.Database != db:
 		return nil, mismatch("slot", fmt.Sprintf("slot %q belongs to database %q, the connection is to %q", cfg.Slot, slot.Database, db),
-			fmt.Sprintf("connect to database %q, or use another slot name", slot.Database))
+			configerr.Words("connect to database %q, or use another slot name", slot.Database))
 	case row[6] == "lost":
 		return nil, mismatch("slot", fmt.Sprintf("slot %q has lost WAL it needed (wal_status lost): changes are missing", cfg.Slot),
-			"drop the slot and start again from a fresh copy of the tables")
+			configerr.Words("drop the slot and start again from a fresh copy of the tables"))
 	case slot.TwoPhase && !cfg.TwoPhase:
 		return nil, mismatch("two_phase", fmt.Sprintf("slot %q decodes prepared transactions at PREPARE (two_phase), but Config.TwoPhase is off", cfg.Slot),
-			"set TwoPhase, or use a slot created without two-phase decoding")
+			configerr.Words("set %s, or use a slot created without two-phase decoding", field("TwoPhase")))
 	case !slot.TwoPhase && cfg.TwoPhase:
 		return nil, mismatch("two_phase", fmt.Sprintf("slot %q was created without two_phase, but Config.TwoPhase is on: reading it so would turn two-phase decoding on for this slot for good", cfg.Slot),
-			"turn TwoPhase off, or use a slot created with two-phase decoding (CreateSlot with TwoPhase)")
+			configerr.Words("turn %s off, or use a slot created with two-phase decoding (%s with %s)", field("TwoPhase"), field("CreateSlot"), field("TwoPhase")))
 	}
 	return slot, nil
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgreorder/pgreorder/internal/configerr"
 	"github.com/pgreorder/pgreorder/internal/pgsession"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 	"github.com/pgreorder/pgreorder/spill"
@@ -78,12 +79,27 @@ type CheckError struct {
 	Fix     string // how to put it right
 	Err     error  // the sentinel
 	Cause   error  // the server's error, if any
+
+	fix configerr.Text // Fix, when it names fields of the Config
 }
 
-func (e *CheckError) Error() string {
+// checkError returns e with the fix fix, which may name fields of the Config.
+func checkError(e *CheckError, fix configerr.Text) *CheckError {
+	e.Fix, e.fix = fix.String(), fix
+	return e
+}
+
+func (e *CheckError) Error() string { return e.Named(configerr.Field.String) }
+
+// Named returns the message with the fields its fix names named by name.
+func (e *CheckError) Named(name FieldNamer) string {
 	msg := "replication: " + e.Setting + ": " + e.Problem
-	if e.Fix != "" {
-		msg += " (" + e.Fix + ")"
+	fix := e.Fix
+	if len(e.fix.Fields) > 0 && fix == e.fix.String() {
+		fix = e.fix.Name(name)
+	}
+	if fix != "" {
+		msg += " (" + fix + ")"
 	}
 	if e.Cause != nil {
 		msg += ": " + e.Cause.Error()
@@ -180,13 +196,16 @@ type SlotActiveError struct {
 	Cause  error
 }
 
-func (e *SlotActiveError) Error() string {
+func (e *SlotActiveError) Error() string { return e.Named(configerr.Field.String) }
+
+// Named returns the message with the field it names (Reconnect.SlotWait) named by name.
+func (e *SlotActiveError) Named(name FieldNamer) string {
 	msg := fmt.Sprintf("replication: slot %q is in use by another connection", e.Slot)
 	if e.Holder.PID != 0 {
 		msg += " (" + e.Holder.String() + ")"
 	}
 	if e.Waited > 0 {
-		msg += fmt.Sprintf("; still in use after waiting %s (Reconnect.SlotWait)", e.Waited.Round(time.Second))
+		msg += fmt.Sprintf("; still in use after waiting %s (%s)", e.Waited.Round(time.Second), name(field("Reconnect.SlotWait")))
 	}
 	end := fmt.Sprintf("SELECT pg_terminate_backend(%d)", e.Holder.PID)
 	if e.Holder.PID == 0 {

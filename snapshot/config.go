@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgreorder/pgreorder/internal/configerr"
 	"github.com/pgreorder/pgreorder/internal/pgsession"
 )
 
@@ -70,17 +71,17 @@ type Config struct {
 func (c *Config) validate() error {
 	switch {
 	case c.ConnConfig != nil && c.ConnString != "":
-		return fmt.Errorf("%w: set ConnString or ConnConfig, not both", ErrInvalidConfig)
+		return configerr.New(ErrInvalidConfig, field("ConnString"), "is set, and so is %s: set one of them", field("ConnConfig"))
 	case c.ConnConfig == nil && c.ConnString == "":
-		return fmt.Errorf("%w: no ConnString or ConnConfig", ErrInvalidConfig)
+		return configerr.New(ErrInvalidConfig, field("ConnString"), "is required (or %s)", field("ConnConfig"))
 	case len(c.Publications) == 0:
-		return fmt.Errorf("%w: no Publications", ErrInvalidConfig)
+		return configerr.New(ErrInvalidConfig, field("Publications"), "is required")
 	case c.Workers < 0:
-		return fmt.Errorf("%w: Workers is %d", ErrInvalidConfig, c.Workers)
+		return configerr.New(ErrInvalidConfig, field("Workers"), "%d (want 0 for the default, or more)", c.Workers)
 	}
 	for _, p := range c.Publications {
 		if p == "" {
-			return fmt.Errorf("%w: empty publication name", ErrInvalidConfig)
+			return configerr.New(ErrInvalidConfig, field("Publications"), "holds an empty name")
 		}
 	}
 	return nil
@@ -110,7 +111,7 @@ func (c *Config) logger() *slog.Logger {
 func (c *Config) baseConnConfig() (*pgconn.Config, error) {
 	pc, err := pgsession.ConnConfig(c.ConnConfig, c.ConnString)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		return nil, &ConfigError{Field: field("ConnString"), Reason: configerr.Words("is not a connection string"), Err: ErrInvalidConfig, Cause: err}
 	}
 	return pc, nil
 }
@@ -122,7 +123,7 @@ func (c *Config) connect(ctx context.Context, base *pgconn.Config, log *slog.Log
 	conn, err := pgsession.Connect(ctx, pgsession.Options{Kind: pgsession.Source, Config: base, BeforeConnect: c.BeforeConnect,
 		ApplicationName: "pgreorder-copy", Logger: log})
 	if errors.Is(err, pgsession.ErrNotParsed) {
-		return nil, fmt.Errorf("%w: ConnConfig must be made by pgconn.ParseConfig", ErrInvalidConfig)
+		return nil, configerr.New(ErrInvalidConfig, field("ConnConfig"), "must be made by pgconn.ParseConfig")
 	}
 	if err != nil {
 		return nil, fmt.Errorf("snapshot: connect: %w", err)

@@ -12,6 +12,7 @@ import (
 	"runtime/debug"
 	rtmetrics "runtime/metrics"
 	"runtime/pprof"
+	"slices"
 	"strings"
 	"time"
 
@@ -95,23 +96,23 @@ crash or a kill apply resumes from the prefix and skips exactly those transactio
 Passwords: a password in a connection string on the command line is visible to every local user
 (ps, /proc). Give it in the PGPASSWORD environment variable or in a password file (~/.pgpass, or
 PGPASSFILE / passfile=FILE) instead. Messages print connection strings with passwords as xxxxx.
-
-flags:
+Flags, the most used first:
 `
 
 // applyFlags are the flags of `pgreorder apply`.
 type applyFlags struct {
-	source, target, slot, mode, workMem, dir, table, compression string
-	commitOrder                                                  string
-	publications                                                 []string
-	createSlot, binary, syncCommit, verbose                      bool
-	acceptSlotAhead                                              bool
-	copy, copyTruncate                                           bool
-	workers, copyWorkers                                         int
-	status, slotWait, progress                                   time.Duration
-	metricsAddr                                                  string
-	cpuProfile                                                   string
-	memProfile                                                   string
+	sourceFlags  // -source, -slot, -publication
+	spillFlags   // -work-mem, -spill-dir, -spill-compression
+	monitorFlags // -status-interval, -progress, -metrics-addr, -v
+
+	target, mode, table, commitOrder string
+	createSlot, binary, syncCommit   bool
+	acceptSlotAhead                  bool
+	copy, copyTruncate               bool
+	workers, copyWorkers             int
+	slotWait                         time.Duration
+	cpuProfile                       string
+	memProfile                       string
 
 	// Conflicts and origins.
 	origin, originFilter, resolutions, logTable string
@@ -126,17 +127,8 @@ type applyFlags struct {
 }
 
 func (f *applyFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&f.source, "source", "", "connection string of the source database (replication=database is added)")
-	fs.StringVar(&f.target, "target", "", "connection string of the target database")
-	fs.StringVar(&f.slot, "slot", "", "logical replication slot on the source (pgoutput)")
-	fs.Func("publication", "publication to replicate (repeatable, or comma-separated)", func(s string) error {
-		for p := range strings.SplitSeq(s, ",") {
-			if p = strings.TrimSpace(p); p != "" {
-				f.publications = append(f.publications, p)
-			}
-		}
-		return nil
-	})
+	f.sourceFlags.register(fs, "logical replication slot on the source (pgoutput)")
+	fs.StringVar(&f.target, "target", "", "connection string (`DSN`) of the target database")
 	fs.BoolVar(&f.createSlot, "create-slot", false, "create the slot if it does not exist")
 	fs.BoolVar(&f.copy, "copy", false, "make the initial copy into the target's empty tables if the target has no progress row for the slot (see above)")
 	fs.BoolVar(&f.copyTruncate, "copy-truncate", false, "with -copy, truncate target tables that hold rows instead of stopping")
@@ -147,9 +139,7 @@ func (f *applyFlags) register(fs *flag.FlagSet) {
 		"depends on committed, ahead of earlier independent ones (see above)")
 	fs.IntVar(&f.workers, "workers", 0, fmt.Sprintf("worker connections to the target (default %d for eager, %d for parallel)",
 		apply.DefaultEagerWorkers, apply.DefaultParallelWorkers))
-	fs.StringVar(&f.workMem, "work-mem", "64MB", workMemHelp)
-	fs.StringVar(&f.dir, "spill-dir", "", "spill directory (default: the system temporary directory)")
-	fs.StringVar(&f.compression, "spill-compression", "none", spillCompressionHelp)
+	f.spillFlags.register(fs)
 	fs.BoolVar(&f.binary, "binary", false, "ask for binary column values (column types must match on both sides)")
 	fs.Var(syncCommitFlag{&f.syncCommit}, "synchronous-commit", "on or off: on waits for each target commit as the target's "+
 		"synchronous_commit says (on: its WAL flush; remote_apply and the other levels when set for the target role or in -target) "+
@@ -158,15 +148,12 @@ func (f *applyFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.table, "progress-table", apply.DefaultProgressTable, "target table of the progress rows (created if missing)")
 	fs.BoolVar(&f.acceptSlotAhead, "accept-slot-ahead", false, "continue when the slot's confirmed position is ahead of the target's "+
 		"progress row, without the transactions in between, which the target lost (by default apply stops: see above)")
-	durationVar(fs, &f.status, "status-interval", 0, "longest time between status updates to the source (default 10s)")
+	f.monitorFlags.register(fs, 0)
 	durationVar(fs, &f.slotWait, "slot-wait", apply.DefaultSlotWait, "how long to wait for another session that holds the slot "+
 		"(on the target: another apply of the slot, or the connections left by one that died; on the source: another walsender "+
 		"streaming from it) before stopping with an error naming it (0: do not wait; -1: no limit)")
-	durationVar(fs, &f.progress, "progress", 5*time.Second, "interval of the progress line on stderr (0: none)")
 	fs.StringVar(&f.cpuProfile, "cpuprofile", "", "write a CPU profile (runtime/pprof, for go tool pprof) of the whole run to FILE, ended when apply exits")
 	fs.StringVar(&f.memProfile, "memprofile", "", "write the allocations of the whole run (runtime/pprof's allocs profile, for go tool pprof) to FILE when apply exits")
-	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus metrics on host:port at /metrics (port 0: any free port, logged)")
-	fs.BoolVar(&f.verbose, "v", false, "debug logging")
 	fs.StringVar(&f.origin, "origin", "", "replication origin marking the target transactions "+
 		"(and origin_w1... for workers): needed by -origin-filter none on the way back, and for *_origin_differs")
 	fs.StringVar(&f.originFilter, "origin-filter", "", `pgoutput's origin option on the source: "any", or "none" (PostgreSQL 16+: `+
@@ -213,20 +200,19 @@ func (f *applyFlags) config(fs *flag.FlagSet) (apply.Config, error) {
 	if fs.NArg() != 0 {
 		return apply.Config{}, fmt.Errorf("unexpected arguments: %s (every option is a flag; see pgreorder apply -h)", strings.Join(fs.Args(), " "))
 	}
-	var missing []string
-	for _, m := range []struct {
-		name  string
-		unset bool
-	}{{"-source", f.source == ""}, {"-target", f.target == ""}, {"-slot", f.slot == ""}, {"-publication", len(f.publications) == 0}} {
-		if m.unset {
-			missing = append(missing, m.name)
+	missing := f.sourceFlags.missing()
+	if f.target == "" {
+		at := 0 // after -source
+		if f.source == "" {
+			at = 1
 		}
+		missing = slices.Insert(missing, at, "-target")
 	}
 	if len(missing) > 0 {
 		return apply.Config{}, fmt.Errorf("missing %s (see pgreorder apply -h)", strings.Join(missing, ", "))
 	}
-	if f.progress < 0 {
-		return apply.Config{}, fmt.Errorf("-progress %v: want an interval such as 5s, or 0 for no progress line", f.progress)
+	if err := f.monitorFlags.check(); err != nil {
+		return apply.Config{}, err
 	}
 	mode, err := apply.ParseMode(f.mode)
 	if err != nil {
@@ -252,11 +238,7 @@ func (f *applyFlags) config(fs *flag.FlagSet) (apply.Config, error) {
 	if (f.copyTruncate || f.copyWorkers != 0) && !f.copy {
 		return apply.Config{}, errors.New("-copy-truncate and -copy-workers go with -copy")
 	}
-	workMem, err := parseWorkMem(f.workMem)
-	if err != nil {
-		return apply.Config{}, err
-	}
-	codec, err := parseSpillCompression(f.compression)
+	workMem, codec, err := f.spillFlags.parse()
 	if err != nil {
 		return apply.Config{}, err
 	}
@@ -279,10 +261,6 @@ func (f *applyFlags) config(fs *flag.FlagSet) (apply.Config, error) {
 	schemaChanges, err := apply.ParseSchemaChanges(f.schemaChanges)
 	if err != nil {
 		return apply.Config{}, fmt.Errorf("-schema-changes %q: valid values are none and add-columns", f.schemaChanges)
-	}
-	level := slog.LevelInfo
-	if f.verbose {
-		level = slog.LevelDebug
 	}
 	return apply.Config{
 		Source:            f.source,
@@ -317,7 +295,7 @@ func (f *applyFlags) config(fs *flag.FlagSet) (apply.Config, error) {
 		SchemaChanges: schemaChanges,
 		SyncSequences: f.syncSequences, SyncSequencesInterval: f.syncSequencesInterval,
 		UntilCaughtUp: f.untilCaughtUp,
-		Logger:        slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
+		Logger:        f.logger(),
 	}, nil
 }
 
@@ -327,7 +305,7 @@ func runApply(ctx context.Context, args []string) error {
 	f.register(fs)
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), applyUsage)
-		fs.PrintDefaults()
+		printFlags(fs.Output(), fs, applyGroups)
 	}
 	if err := parseFlags(fs, args); err != nil {
 		return err

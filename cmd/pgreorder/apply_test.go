@@ -43,7 +43,7 @@ func TestApplyFlags(t *testing.T) {
 		{append(base, "-conflict", "insert_missing=skip"), `conflict type "insert_missing"`},
 		{append(base, "-origin-filter", "some"), `-origin-filter "some": valid values are any and none`},
 		{append(base, "-conflict-retention", "1ms"), "-conflict-retention 1ms"},
-		{append(base, "-no-conflict-detection", "-conflict-log-table", "log"), "-conflict-log-table needs detection (-no-conflict-detection is given)"},
+		{append(base, "-no-conflict-detection", "-conflict-log-table", "log"), "-conflict-log-table needs detection, which -no-conflict-detection turns off"},
 		{append(base, "-copy", "-copy-workers", "-2"), "-copy-workers -2"},
 		{append(base, "-copy-truncate"), "-copy-truncate and -copy-workers go with -copy"},
 		{append(base, "-schema-changes", "all"), `-schema-changes "all": valid values are none and add-columns`},
@@ -249,7 +249,7 @@ func TestSecondSession(t *testing.T) {
 	}
 	first(runApply, "-source", src, "-target", dst, "-slot", "first", "-publication", "p", "-create-slot")
 	waitSlotActive(t, ctx, src, "first")
-	first(runStream, "-dsn", src, "-slot", "second", "-publication", "p", "-create-slot", "-progress", "0", "-o", filepath.Join(t.TempDir(), "out"))
+	first(runStream, "-source", src, "-slot", "second", "-publication", "p", "-create-slot", "-progress", "0", "-o", filepath.Join(t.TempDir(), "out"))
 	waitSlotActive(t, ctx, src, "second")
 
 	for _, tc := range []struct {
@@ -260,7 +260,7 @@ func TestSecondSession(t *testing.T) {
 	}{
 		{"apply", runApply, []string{"-source", src, "-target", dst, "-slot", "first", "-publication", "p"},
 			[]string{`slot "first" is in use on the target by another session`, `application_name "pgreorder apply first"`, "pg_terminate_backend("}},
-		{"stream", runStream, []string{"-dsn", src, "-slot", "second", "-publication", "p", "-progress", "0"},
+		{"stream", runStream, []string{"-source", src, "-slot", "second", "-publication", "p", "-progress", "0"},
 			[]string{`slot "second" is in use by another connection`, `application_name "pgreorder"`, "pg_terminate_backend("}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -35,12 +35,12 @@ func TestDSNRedacted(t *testing.T) {
 	for dsn, secrets := range dsns {
 		for name, run := range map[string]func() error{
 			"stream": func() error {
-				return runStream(ctx, []string{"-dsn", dsn, "-slot", "s", "-publication", "p", "-progress", "0"})
+				return runStream(ctx, []string{"-source", dsn, "-slot", "s", "-publication", "p", "-progress", "0"})
 			},
 			"apply": func() error {
 				return runApply(ctx, []string{"-source", "host=/nonexistent", "-target", dsn, "-slot", "s", "-publication", "p"})
 			},
-			"record": func() error { return runRecord(ctx, []string{"-dsn", dsn, "-o", t.TempDir(), writeWorkload(t)}) },
+			"record": func() error { return runRecord(ctx, []string{"-source", dsn, "-o", t.TempDir(), writeWorkload(t)}) },
 		} {
 			err := run()
 			require.Error(t, err, "%s %s", name, dsn)
@@ -100,7 +100,7 @@ func TestHelpAndVersion(t *testing.T) {
 	require.Equal(t, 0, code, errOut)
 	require.True(t, strings.HasPrefix(out, "pgreorder ") && strings.Contains(out, "go1."), out)
 
-	out, errOut, code = runCLI(t, "stream", "-dsn", "x", "-slot", "s", "-publication", "p", "-status-interval", "soon")
+	out, errOut, code = runCLI(t, "stream", "-source", "x", "-slot", "s", "-publication", "p", "-status-interval", "soon")
 	require.Equal(t, 2, code)
 	require.Empty(t, out)
 	require.Equal(t, 1, strings.Count(errOut, "-status-interval"), "said once, without the whole usage:\n%s", errOut)
@@ -161,17 +161,17 @@ func TestErrorsNameFlags(t *testing.T) {
 		args []string
 		want []string
 	}{
-		{[]string{"stream", "-dsn", src, "-slot", "Bad-Name", "-publication", "p"},
+		{[]string{"stream", "-source", src, "-slot", "Bad-Name", "-publication", "p"},
 			[]string{`-slot "Bad-Name": a slot name is 1 to 63 characters, each a lower-case letter, a digit or an underscore`}},
 		{[]string{"apply", "-source", src, "-target", dst, "-slot", "Bad-Name", "-publication", "p"},
 			[]string{`-slot "Bad-Name": a slot name is 1 to 63 characters`}},
-		{[]string{"stream", "-dsn", src, "-slot", "missing", "-publication", "p"}, []string{"pass -create-slot"}},
-		{[]string{"stream", "-dsn", src, "-slot", "cfg", "-publication", "nope", "-create-slot"}, []string{"or correct -publication"}},
-		{[]string{"stream", "-dsn", src, "-slot", "ahead", "-publication", "p", "-create-slot", "-resume", "F/0"},
+		{[]string{"stream", "-source", src, "-slot", "missing", "-publication", "p"}, []string{"let -create-slot create it"}},
+		{[]string{"stream", "-source", src, "-slot", "cfg", "-publication", "nope", "-create-slot"}, []string{"or correct -publication"}},
+		{[]string{"stream", "-source", src, "-slot", "ahead", "-publication", "p", "-create-slot", "-resume", "F/0"},
 			[]string{"the resume position (-resume, or FILE.pos with -o) is beyond the server's current WAL position"}},
 		{[]string{"apply", "-source", src, "-target", tcpNoDB, "-slot", "tls", "-publication", "p"},
 			[]string{`database "nope" does not exist`}},
-		{[]string{"stream", "-dsn", tcpNoDB, "-slot", "tls", "-publication", "p"}, []string{`database "nope" does not exist`}},
+		{[]string{"stream", "-source", tcpNoDB, "-slot", "tls", "-publication", "p"}, []string{`database "nope" does not exist`}},
 	} {
 		out, errOut, code := runCLI(t, tc.args...)
 		require.Equal(t, 1, code, "%q: %s", tc.args, errOut)

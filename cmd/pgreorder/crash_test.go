@@ -117,7 +117,7 @@ func TestCrashResume(t *testing.T) {
 				rng := rand.New(rand.NewPCG(seed, uint64(major*10+i)))
 				start := func(dsn, slot, pub, path string) *exec.Cmd {
 					if consumer == "stream" {
-						return exec.Command(bin, "stream", "-dsn", dsn, "-slot", slot, "-publication", pub,
+						return exec.Command(bin, "stream", "-source", dsn, "-slot", slot, "-publication", pub,
 							"-two-phase", "-work-mem", "64kB", "-o", path)
 					}
 					cmd := exec.Command(self, "-test.run=^$")

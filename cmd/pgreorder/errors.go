@@ -2,10 +2,11 @@ package main
 
 import (
 	"errors"
+	"flag"
 	"fmt"
-	"regexp"
 	"strings"
 
+	"github.com/pgreorder/pgreorder/internal/configerr"
 	"github.com/pgreorder/pgreorder/internal/pgsession"
 	"github.com/pgreorder/pgreorder/replication"
 )
@@ -13,85 +14,43 @@ import (
 // The libraries' errors name the fields of their configurations (Config.Publications,
 // CreateSlot, Reconnect.SlotWait...) and pgoutput's option names (slot, proto_version); a user of
 // the command knows its flags. explain rewrites an error's message for the command's user: those
-// names become flags, a resume position beyond the server's WAL is explained in the command's
-// terms, and of pgx's connection attempts the refused TLS handshake before the attempt without
-// TLS is left out when that attempt failed for a reason of its own (a password, a database).
+// names become flags (fieldFlags, through the errors' types, never their words), a resume
+// position beyond the server's WAL is explained in the command's terms, and of pgx's connection
+// attempts the refused TLS handshake before the attempt without TLS is left out when that
+// attempt failed for a reason of its own (a password, a database).
 
-// rename is one library name and the flag it is in a command.
-type rename struct {
-	re   *regexp.Regexp
-	flag string
-}
-
-// renames makes the renames of name, flag pairs; a name matches as whole words.
-func renames(pairs ...string) []rename {
-	word := regexp.MustCompile(`^\w|\w$`)
-	var out []rename
-	for i := 0; i < len(pairs); i += 2 {
-		name := pairs[i]
-		expr := regexp.QuoteMeta(name)
-		if word.MatchString(name[:1]) {
-			expr = `\b` + expr
-		}
-		if word.MatchString(name[len(name)-1:]) {
-			expr += `\b`
-		}
-		out = append(out, rename{regexp.MustCompile(expr), pairs[i+1]})
+// flagNamer returns what names a field for the user of command: its flag, when the command has
+// one, else the library's name.
+func flagNamer(command string) configerr.Namer {
+	fs := flag.NewFlagSet(command, flag.ContinueOnError)
+	if register, ok := commandFlags[command]; ok {
+		register(fs)
 	}
-	return out
+	return func(f configerr.Field) string {
+		name := fieldFlags[f.Key()]
+		if name == "" || fs.Lookup(strings.TrimPrefix(name, "-")) == nil {
+			return f.String()
+		}
+		if v := f.Text(); v != "" && !isBoolFlag(fs.Lookup(name[1:])) {
+			return name + " " + v
+		}
+		return name
+	}
 }
 
-// commonRenames are the replication package's names, in both commands (longest first).
-var commonRenames = renames(
-	"Config.Publications", "-publication",
-	"Reconnect.SlotWait", "-slot-wait",
-	"set CreateSlot", "pass -create-slot",
-	"CreateSlot", "-create-slot",
-	"StatusInterval", "-status-interval",
-)
-
-// fieldRenames are each command's own.
-var fieldRenames = map[string][]rename{
-	"stream": renames(
-		"Buffer.WorkMem", "-work-mem",
-	),
-	"apply": renames(
-		"Config.SkipLSN = ", "-skip-lsn ",
-		"Config.SkipLSN", "-skip-lsn",
-		"Config.SchemaChanges = SchemaAddColumns", "-schema-changes add-columns",
-		"Config.SyncSequences", "-sync-sequences",
-		"Conflicts.Retention", "-conflict-retention",
-		"Conflicts.LogTable", "-conflict-log-table",
-		"Off is set", "-no-conflict-detection is given",
-		"Retention", "-conflict-retention",
-		"LogTable", "-conflict-log-table",
-		"OriginFilter", "-origin-filter",
-		"ProgressTable", "-progress-table",
-		"CopyWorkers", "-copy-workers",
-		"CopyTruncate", "-copy-truncate",
-		"Workers", "-workers",
-		"WorkMem", "-work-mem",
-		"SlotWait", "-slot-wait",
-		"Source is required", "-source is required",
-		"Target is required", "-target is required",
-		"Source: ", "-source: ",
-		"Target: ", "-target: ",
-	),
-}
-
-// optionFlags maps pgoutput's option names, as replication.OptionError gives them, to flags.
-var optionFlags = map[string]map[string]string{
-	"stream": {"slot": "-slot", "publication_names": "-publication", "proto_version": "-proto", "streaming": "-streaming",
-		"origin": "-origin-filter", "two_phase": "-two-phase", "binary": "-binary", "messages": "-messages"},
-	"apply": {"slot": "-slot", "publication_names": "-publication", "origin": "-origin-filter", "binary": "-binary"},
+// isBoolFlag says whether f is given without a value.
+func isBoolFlag(f *flag.Flag) bool {
+	b, ok := f.Value.(interface{ IsBoolFlag() bool })
+	return ok && b.IsBoolFlag()
 }
 
 // explain returns the message of err as the command's user should read it.
 func explain(command string, err error) string {
 	msg := err.Error()
+	name := flagNamer(command)
 	var oe *replication.OptionError
 	if errors.As(err, &oe) {
-		if flag, ok := optionFlags[command][oe.Option]; ok {
+		if flag := name(configerr.Field{Config: "pgoutput", Path: oe.Option}); strings.HasPrefix(flag, "-") {
 			var s string
 			switch {
 			case oe.ServerMajor != 0:
@@ -122,11 +81,8 @@ func explain(command string, err error) string {
 			msg = strings.Replace(msg, ce.Error(), s, 1)
 		}
 	}
-	msg = pgsession.TidyConnectError(msg, err)
-	for _, rs := range [][]rename{fieldRenames[command], commonRenames} {
-		for _, r := range rs {
-			msg = r.re.ReplaceAllLiteralString(msg, r.flag)
-		}
-	}
-	return msg
+	configerr.Walk(err, func(e configerr.Named) {
+		msg = strings.Replace(msg, e.Error(), e.Named(name), 1)
+	})
+	return pgsession.TidyConnectError(msg, err)
 }

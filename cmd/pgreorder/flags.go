@@ -5,10 +5,15 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
+	"log/slog"
 	"os"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/pgreorder/pgreorder/replication"
+	"github.com/pgreorder/pgreorder/spill"
 )
 
 // durationFlag is a time.Duration flag that also takes a bare number, in seconds (as
@@ -105,4 +110,279 @@ func (f syncCommitFlag) Set(s string) error {
 		return fmt.Errorf("want on or off (or true or false)")
 	}
 	return nil
+}
+
+// The flags that several commands share are registered by the groups below, once each, so that
+// they have one name and one meaning everywhere.
+
+// sourceFlags name the source database and what to read of it: -source (and its old name -dsn),
+// -slot, -publication.
+type sourceFlags struct {
+	source, slot string
+	publications []string
+}
+
+// register defines the flags; slotHelp describes -slot as the command uses it.
+func (s *sourceFlags) register(fs *flag.FlagSet, slotHelp string) {
+	sourceVar(fs, &s.source, "connection string (`DSN`) of the source database (replication=database is added)")
+	fs.StringVar(&s.slot, "slot", "", slotHelp)
+	fs.Func("publication", "publication to read (repeatable, or comma-separated)", func(v string) error {
+		for p := range strings.SplitSeq(v, ",") {
+			if p = strings.TrimSpace(p); p != "" {
+				s.publications = append(s.publications, p)
+			}
+		}
+		return nil
+	})
+}
+
+// sourceVar defines -source, the source database's connection string, into p, and its old
+// name -dsn.
+func sourceVar(fs *flag.FlagSet, p *string, usage string) {
+	fs.StringVar(p, "source", "", usage)
+	fs.Var(deprecatedAlias{fs: fs, name: "dsn", of: "source"}, "dsn", "deprecated: the old name of -source (a `DSN`), removed in the next release")
+}
+
+// missing names the flags of s that were not given.
+func (s *sourceFlags) missing() []string {
+	var out []string
+	for _, m := range []struct {
+		name  string
+		unset bool
+	}{{"-source", s.source == ""}, {"-slot", s.slot == ""}, {"-publication", len(s.publications) == 0}} {
+		if m.unset {
+			out = append(out, m.name)
+		}
+	}
+	return out
+}
+
+// deprecatedAlias is a flag's old name, kept for a release: it sets the flag it stands for, and
+// says on stderr (once) that the name is going.
+type deprecatedAlias struct {
+	fs       *flag.FlagSet
+	name, of string
+}
+
+func (a deprecatedAlias) String() string { return "" }
+
+func (a deprecatedAlias) Set(v string) error {
+	fmt.Fprintf(deprecationOutput, "pgreorder %s: -%s is deprecated and will be removed: use -%s\n", a.fs.Name(), a.name, a.of)
+	return a.fs.Set(a.of, v)
+}
+
+// deprecationOutput receives the notices of deprecated flags.
+var deprecationOutput io.Writer = os.Stderr
+
+// spillFlags bound the memory of transaction data and say where the rest goes: -work-mem,
+// -spill-dir, -spill-compression.
+type spillFlags struct {
+	workMem, dir, compression string
+}
+
+func (s *spillFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&s.workMem, "work-mem", "64MB", workMemHelp)
+	fs.StringVar(&s.dir, "spill-dir", "", "spill directory (default: the system temporary directory)")
+	fs.StringVar(&s.compression, "spill-compression", "none", spillCompressionHelp)
+}
+
+// parse returns the work mem in bytes and the spill codec.
+func (s *spillFlags) parse() (int64, spill.Codec, error) {
+	workMem, err := parseWorkMem(s.workMem)
+	if err != nil {
+		return 0, nil, err
+	}
+	codec, err := parseSpillCompression(s.compression)
+	if err != nil {
+		return 0, nil, err
+	}
+	return workMem, codec, nil
+}
+
+// pgoutputFlags are the options of the pgoutput plugin that stream and kafka choose: -streaming,
+// -proto, -messages, -binary, -two-phase, -origin-filter.
+type pgoutputFlags struct {
+	streaming, originFilter string
+	proto                   int
+	messages, binary        bool
+	twoPhase                bool
+}
+
+// register defines the flags; messagesHelp and twoPhaseHelp say what the command does with
+// logical decoding messages and prepared transactions.
+func (p *pgoutputFlags) register(fs *flag.FlagSet, messagesHelp, twoPhaseHelp string) {
+	fs.StringVar(&p.streaming, "streaming", "", `pgoutput streaming: off, on or parallel (default: the best the server has)`)
+	fs.IntVar(&p.proto, "proto", 0, "pgoutput proto_version, 1-4 (default: the highest the server speaks)")
+	fs.BoolVar(&p.messages, "messages", true, messagesHelp)
+	fs.BoolVar(&p.binary, "binary", false, "binary column values")
+	fs.BoolVar(&p.twoPhase, "two-phase", false, twoPhaseHelp)
+	fs.StringVar(&p.originFilter, "origin-filter", "", `pgoutput's origin option: "any", or "none" (PostgreSQL 16+: `+
+		"leave out changes another replication applied)")
+}
+
+// parse checks the flags and returns -streaming and -origin-filter parsed.
+func (p *pgoutputFlags) parse() (replication.Streaming, replication.OriginFilter, error) {
+	if err := parseProto(p.proto); err != nil {
+		return 0, 0, err
+	}
+	streaming, err := replication.ParseStreaming(p.streaming)
+	if err != nil {
+		return 0, 0, fmt.Errorf("-streaming %q: valid values are off, on and parallel", p.streaming)
+	}
+	origin, err := replication.ParseOriginFilter(p.originFilter)
+	if err != nil {
+		return 0, 0, fmt.Errorf("-origin-filter %q: valid values are any and none", p.originFilter)
+	}
+	return streaming, origin, nil
+}
+
+// monitorFlags say how a command reports and talks to the source while it runs:
+// -status-interval, -progress, -metrics-addr, -v.
+type monitorFlags struct {
+	status, progress time.Duration
+	metricsAddr      string
+	verbose          bool
+}
+
+// register defines the flags, -status-interval with the default status.
+func (m *monitorFlags) register(fs *flag.FlagSet, status time.Duration) {
+	help := "longest time between standby status updates to the source"
+	if status == 0 {
+		help += fmt.Sprintf(" (default %v)", replication.DefaultStatusInterval)
+	}
+	durationVar(fs, &m.status, "status-interval", status, help)
+	durationVar(fs, &m.progress, "progress", 5*time.Second, "interval of the progress line on stderr (0: none)")
+	fs.StringVar(&m.metricsAddr, "metrics-addr", "", "serve Prometheus metrics on host:port at /metrics (port 0: any free port, logged)")
+	fs.BoolVar(&m.verbose, "v", false, "debug logging")
+}
+
+// check reports a negative -progress.
+func (m *monitorFlags) check() error {
+	if m.progress < 0 {
+		return fmt.Errorf("-progress %v: want an interval such as 5s, or 0 for no progress line", m.progress)
+	}
+	return nil
+}
+
+// logger is the command's logger on stderr, at debug level with -v.
+func (m *monitorFlags) logger() *slog.Logger {
+	level := slog.LevelInfo
+	if m.verbose {
+		level = slog.LevelDebug
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+}
+
+// The sections of each command's usage (printFlags): the flags most runs need come first.
+var (
+	applyGroups = []flagGroup{
+		{"connection", []string{"source", "target", "slot", "publication", "create-slot", "dsn"}},
+		{"initial copy", []string{"copy", "copy-truncate", "copy-workers"}},
+		{"apply mode", []string{"mode", "workers", "commit-order", "synchronous-commit", "binary"}},
+		{"conflicts and origins", []string{"conflict", "no-conflict-detection", "conflict-retention", "conflict-log-table",
+			"origin", "origin-filter"}},
+		{"operations and monitoring", []string{"progress", "metrics-addr", "v", "until-caught-up", "skip-lsn", "schema-changes",
+			"sync-sequences", "sync-sequences-interval", "sync-sequences-once", "uninstall"}},
+		{"advanced", []string{"work-mem", "spill-dir", "spill-compression", "progress-table", "accept-slot-ahead",
+			"status-interval", "slot-wait", "cpuprofile", "memprofile"}},
+	}
+	streamGroups = []flagGroup{
+		{"connection", []string{"source", "slot", "publication", "create-slot", "temporary", "dsn"}},
+		{"output", []string{"o", "file-mode", "resume", "format", "source-name", "source-db", "decimal-handling", "interval-handling"}},
+		{"pgoutput", []string{"streaming", "proto", "messages", "binary", "two-phase", "origin-filter"}},
+		{"operations and monitoring", []string{"progress", "metrics-addr", "v"}},
+		{"advanced", []string{"work-mem", "spill-dir", "spill-compression", "status-interval", "slot-wait"}},
+	}
+	kafkaGroups = []flagGroup{
+		{"connection", []string{"source", "slot", "publication", "kafka-brokers", "dsn"}},
+		{"topics and records", []string{"kafka-topic-prefix", "kafka-topic-map", "kafka-create-topics", "kafka-partitions",
+			"kafka-replication-factor", "kafka-topic-config", "kafka-offsets-topic", "kafka-key-format", "kafka-value-format",
+			"kafka-tombstones", "source-name", "source-db", "decimal-handling", "interval-handling"}},
+		{"Kafka security", []string{"kafka-tls", "kafka-tls-ca", "kafka-tls-cert", "kafka-tls-key", "kafka-tls-insecure",
+			"kafka-sasl-mechanism", "kafka-sasl-user"}},
+		{"initial copy", []string{"copy-workers"}},
+		{"pgoutput", []string{"streaming", "proto", "messages", "binary", "two-phase", "origin-filter"}},
+		{"operations and monitoring", []string{"progress", "metrics-addr", "v"}},
+		{"advanced", []string{"work-mem", "spill-dir", "spill-compression", "status-interval", "kafka-transactional-id",
+			"kafka-client-id", "kafka-compression", "kafka-max-buffered", "kafka-transaction-timeout", "kafka-group"}},
+	}
+)
+
+// commandFlags define the flags of the commands that report the libraries' errors, for explain
+// to tell which flags a command has.
+var commandFlags = map[string]func(*flag.FlagSet){
+	"apply":  func(fs *flag.FlagSet) { new(applyFlags).register(fs) },
+	"stream": func(fs *flag.FlagSet) { new(streamFlags).register(fs) },
+	"kafka":  func(fs *flag.FlagSet) { new(kafkaFlags).register(fs) },
+}
+
+// fieldFlags maps what the libraries' errors name to the flag that sets it: the fields of their
+// configurations (configerr.Field.Key: the package, then the field's path in its Config, as
+// *apply.ConfigError and the messages that implement configerr.Named give them) and pgoutput's
+// options ("pgoutput." and the option, as *replication.OptionError gives it). A field that no
+// flag sets maps to "": messages keep the library's name. A test checks that every field the
+// libraries name is here, and that every entry names a field that exists and a flag a command
+// has. A command without the flag (kafka has no -create-slot) keeps the library's name too.
+var fieldFlags = map[string]string{
+	"apply.Source":                   "-source",
+	"apply.Target":                   "-target",
+	"apply.TargetConfig":             "",
+	"apply.Slot":                     "-slot",
+	"apply.Publications":             "-publication",
+	"apply.Mode":                     "-mode",
+	"apply.Workers":                  "-workers",
+	"apply.CommitOrder":              "-commit-order",
+	"apply.CopyWorkers":              "-copy-workers",
+	"apply.CopyTruncate":             "-copy-truncate",
+	"apply.WorkMem":                  "-work-mem",
+	"apply.ProgressTable":            "-progress-table",
+	"apply.OriginFilter":             "-origin-filter",
+	"apply.SlotWait":                 "-slot-wait",
+	"apply.SkipLSN":                  "-skip-lsn",
+	"apply.SchemaChanges":            "-schema-changes",
+	"apply.SyncSequences":            "-sync-sequences",
+	"apply.SyncSequencesInterval":    "-sync-sequences-interval",
+	"apply.Conflicts.Off":            "-no-conflict-detection",
+	"apply.Conflicts.Resolutions":    "-conflict",
+	"apply.Conflicts.Retention":      "-conflict-retention",
+	"apply.Conflicts.LogTable":       "-conflict-log-table",
+	"apply.Conflicts.MaxLoggedValue": "",
+	"apply.Conflicts.TombstoneTable": "",
+
+	"replication.ConnString":         "-source",
+	"replication.ConnConfig":         "",
+	"replication.CreateSlot":         "-create-slot",
+	"replication.Publications":       "-publication",
+	"replication.TwoPhase":           "-two-phase",
+	"replication.Reconnect.SlotWait": "-slot-wait",
+
+	"snapshot.ConnString":   "-source",
+	"snapshot.ConnConfig":   "",
+	"snapshot.Publications": "-publication",
+	"snapshot.Workers":      "-copy-workers",
+
+	"changefeed.Replication.Slot":               "-slot",
+	"changefeed.Replication.TemporarySlot":      "",
+	"changefeed.Replication.Buffer.Incremental": "",
+
+	"kafkasink.Brokers":           "-kafka-brokers",
+	"kafkasink.TopicPrefix":       "-kafka-topic-prefix",
+	"kafkasink.TopicMap":          "-kafka-topic-map",
+	"kafkasink.OffsetsTopic":      "-kafka-offsets-topic",
+	"kafkasink.KeyFormat":         "-kafka-key-format",
+	"kafkasink.ValueFormat":       "-kafka-value-format",
+	"kafkasink.Partitions":        "-kafka-partitions",
+	"kafkasink.ReplicationFactor": "-kafka-replication-factor",
+	"kafkasink.Group":             "-kafka-group",
+	"kafkasink.SASL.User":         "-kafka-sasl-user",
+	"kafkasink.SASL.Mechanism":    "-kafka-sasl-mechanism",
+
+	"pgoutput.slot":              "-slot",
+	"pgoutput.publication_names": "-publication",
+	"pgoutput.proto_version":     "-proto",
+	"pgoutput.streaming":         "-streaming",
+	"pgoutput.origin":            "-origin-filter",
+	"pgoutput.two_phase":         "-two-phase",
+	"pgoutput.binary":            "-binary",
+	"pgoutput.messages":          "-messages",
 }

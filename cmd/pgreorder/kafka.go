@@ -7,7 +7,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"log/slog"
 	"os"
 	"strings"
 	"time"
@@ -32,17 +31,16 @@ const kafkaSASLPasswordEnv = "PGREORDER_KAFKA_SASL_PASSWORD"
 
 // kafkaFlags are the flags of `pgreorder kafka`: stream's source flags, and Kafka's.
 type kafkaFlags struct {
-	dsn, slot, workMem, dir, streaming, originFilter, spillCompression string
-	publications                                                       []string
-	messages, binary, twoPhase                                         bool
-	proto, copyWorkers                                                 int
-	status, progress                                                   time.Duration
-	metricsAddr                                                        string
-	verbose                                                            bool
-	sourceName, sourceDB                                               string
-	values                                                             valueFlags
-	keyFormat, valueFormat                                             string
-	topicMap                                                           map[catalog.TableName]string
+	sourceFlags   // -source, -slot, -publication
+	spillFlags    // -work-mem, -spill-dir, -spill-compression
+	pgoutputFlags // -streaming, -proto, -messages, -binary, -two-phase, -origin-filter
+	monitorFlags  // -status-interval, -progress, -metrics-addr, -v
+
+	copyWorkers            int
+	sourceName, sourceDB   string
+	values                 valueFlags
+	keyFormat, valueFormat string
+	topicMap               map[catalog.TableName]string
 
 	brokers, prefix, offsetsTopic, txID, clientID  string
 	createTopics, tombstones                       bool
@@ -55,7 +53,7 @@ type kafkaFlags struct {
 	group                                          int
 }
 
-const kafkaUsage = `usage: pgreorder kafka -dsn DSN -slot NAME -publication NAME -kafka-brokers HOST:PORT,... [flags]
+const kafkaUsage = `usage: pgreorder kafka -source DSN -slot NAME -publication NAME -kafka-brokers HOST:PORT,... [flags]
 
 Copies the published tables, then streams every committed transaction from the copy's consistent
 point, into Kafka, as Debezium's PostgreSQL connector writes it: one topic per table
@@ -73,40 +71,80 @@ docs/kafka.md.
 
 Progress goes to stderr as with pgreorder stream; Ctrl-C stops. The SASL password is read from
 $` + kafkaSASLPasswordEnv + `.
-
-flags:
+Flags, the most used first:
 `
 
 func runKafka(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("kafka", flag.ContinueOnError)
-	f := kafkaFlags{topicConfigs: map[string]string{}, topicMap: map[catalog.TableName]string{}}
-	fs.StringVar(&f.dsn, "dsn", "", "connection string of the source database (replication=database is added)")
-	fs.StringVar(&f.slot, "slot", "", "logical replication slot (pgoutput), created by the first run")
-	fs.Func("publication", "publication to stream (repeatable, or comma-separated)", func(s string) error {
-		for p := range strings.SplitSeq(s, ",") {
-			if p = strings.TrimSpace(p); p != "" {
-				f.publications = append(f.publications, p)
-			}
-		}
-		return nil
-	})
-	fs.StringVar(&f.workMem, "work-mem", "64MB", workMemHelp)
-	fs.StringVar(&f.dir, "spill-dir", "", "spill directory (default: the system temporary directory)")
-	fs.StringVar(&f.spillCompression, "spill-compression", "none", spillCompressionHelp)
-	fs.StringVar(&f.streaming, "streaming", "", `pgoutput streaming: off, on or parallel (default: the best the server has)`)
-	fs.IntVar(&f.proto, "proto", 0, "pgoutput proto_version, 1-4 (default: the highest the server speaks)")
-	fs.BoolVar(&f.messages, "messages", true, "receive logical decoding messages (to topic PREFIX.message)")
-	fs.BoolVar(&f.binary, "binary", false, "binary column values")
-	fs.BoolVar(&f.twoPhase, "two-phase", false, "decode prepared transactions at PREPARE; their events go to Kafka at COMMIT PREPARED, "+
-		"none at ROLLBACK PREPARED (turns two-phase on for the slot for good)")
-	fs.StringVar(&f.originFilter, "origin-filter", "", `pgoutput's origin option: "any" or "none" (PostgreSQL 16+)`)
+	var f kafkaFlags
+	f.register(fs)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), kafkaUsage)
+		printFlags(fs.Output(), fs, kafkaGroups)
+	}
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	cfg, kcfg, err := f.config(fs)
+	if err != nil {
+		return err
+	}
+	log := f.logger()
+	cfg.Logger, kcfg.Logger = log, log
+
+	sink, err := kafkasink.Open(kcfg)
+	if err != nil {
+		return err
+	}
+	feed, err := changefeed.New(cfg, sink, sink.Handle)
+	if err != nil {
+		sink.Close()
+		return err
+	}
+	kc, err := metrics.NewKafkaCollector(metrics.KafkaFunc(func() metrics.KafkaStats {
+		st := sink.Stats()
+		return metrics.KafkaStats{Events: st.Events, Bytes: st.Bytes, Transactions: st.Transactions, CommitTime: st.CommitTime, Committed: uint64(st.Position)}
+	}), feed, metrics.Options{})
+	if err != nil {
+		sink.Close()
+		return err
+	}
+	stopMonitoring, err := monitor(feed, f.metricsAddr, f.progress, log, kc)
+	if err != nil {
+		sink.Close()
+		return err
+	}
+	stopKafkaProgress := kafkaProgress(sink, f.progress)
+	err = feed.Run(ctx)
+	stopKafkaProgress()
+	if ctx.Err() != nil && errors.Is(err, context.Cause(ctx)) {
+		err = nil // Ctrl-C: a clean stop
+	}
+	closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	merr := stopMonitoring(closeCtx)
+	cancel()
+	st := sink.Stats()
+	log.Info("stopped", "committed_through", st.Position, "kafka_transactions", st.Transactions, "events", st.Events,
+		"bytes", st.Bytes, "commit_time", st.CommitTime)
+	err = f.refusalHint(err)
+	if errors.Is(err, kafkasink.ErrRecordTooLarge) {
+		err = fmt.Errorf("%w\n(raise it for the topic, e.g. kafka-configs.sh --alter --entity-type topics --add-config max.message.bytes=N, or with -kafka-topic-config before the topic is created)", err)
+	}
+	return errors.Join(err, merr)
+}
+
+// register defines the flags of kafka.
+func (f *kafkaFlags) register(fs *flag.FlagSet) {
+	f.topicConfigs, f.topicMap = map[string]string{}, map[catalog.TableName]string{}
+	f.sourceFlags.register(fs, "logical replication slot (pgoutput), created by the first run")
+	f.spillFlags.register(fs)
+	f.pgoutputFlags.register(fs, "receive logical decoding messages (to topic PREFIX.message)",
+		"decode prepared transactions at PREPARE; their events go to Kafka at COMMIT PREPARED, "+
+			"none at ROLLBACK PREPARED (turns two-phase on for the slot for good)")
 	fs.IntVar(&f.copyWorkers, "copy-workers", 0, fmt.Sprintf("tables (or parts of tables) copied at once (default %d)", snapshot.DefaultWorkers))
-	fs.DurationVar(&f.status, "status-interval", replication.DefaultStatusInterval, "longest time between standby status updates")
-	fs.DurationVar(&f.progress, "progress", 5*time.Second, "interval of the progress line on stderr (0: none)")
-	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus metrics on host:port at /metrics (port 0: any free port, logged)")
-	fs.BoolVar(&f.verbose, "v", false, "debug logging")
+	f.monitorFlags.register(fs, replication.DefaultStatusInterval)
 	fs.StringVar(&f.sourceName, "source-name", "pgreorder", "source.name of the events, the logical name of the source server")
-	fs.StringVar(&f.sourceDB, "source-db", "", "source.db of the events (default: the name of the database -dsn connects to)")
+	fs.StringVar(&f.sourceDB, "source-db", "", "source.db of the events (default: the name of the database -source connects to)")
 	f.values.register(fs, "")
 
 	fs.StringVar(&f.brokers, "kafka-brokers", "", "Kafka seed brokers, host:port, comma-separated")
@@ -152,63 +190,6 @@ func runKafka(ctx context.Context, args []string) error {
 	fs.BoolVar(&f.tlsInsecure, "kafka-tls-insecure", false, "do not verify the brokers' certificates (testing only)")
 	fs.StringVar(&f.saslMechanism, "kafka-sasl-mechanism", "", "SASL mechanism: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (password in $"+kafkaSASLPasswordEnv+")")
 	fs.StringVar(&f.saslUser, "kafka-sasl-user", "", "SASL user name")
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), kafkaUsage)
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	cfg, kcfg, err := f.config(fs)
-	if err != nil {
-		return err
-	}
-	level := slog.LevelInfo
-	if f.verbose {
-		level = slog.LevelDebug
-	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-	cfg.Logger, kcfg.Logger = log, log
-
-	sink, err := kafkasink.Open(kcfg)
-	if err != nil {
-		return err
-	}
-	feed, err := changefeed.New(cfg, sink, sink.Handle)
-	if err != nil {
-		sink.Close()
-		return err
-	}
-	kc, err := metrics.NewKafkaCollector(metrics.KafkaFunc(func() metrics.KafkaStats {
-		st := sink.Stats()
-		return metrics.KafkaStats{Events: st.Events, Bytes: st.Bytes, Transactions: st.Transactions, CommitTime: st.CommitTime, Committed: uint64(st.Position)}
-	}), feed, metrics.Options{})
-	if err != nil {
-		sink.Close()
-		return err
-	}
-	stopMonitoring, err := monitor(feed, f.metricsAddr, f.progress, log, kc)
-	if err != nil {
-		sink.Close()
-		return err
-	}
-	stopKafkaProgress := kafkaProgress(sink, f.progress)
-	err = feed.Run(ctx)
-	stopKafkaProgress()
-	if ctx.Err() != nil && errors.Is(err, context.Cause(ctx)) {
-		err = nil // Ctrl-C: a clean stop
-	}
-	closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	merr := stopMonitoring(closeCtx)
-	cancel()
-	st := sink.Stats()
-	log.Info("stopped", "committed_through", st.Position, "kafka_transactions", st.Transactions, "events", st.Events,
-		"bytes", st.Bytes, "commit_time", st.CommitTime)
-	err = f.refusalHint(err)
-	if errors.Is(err, kafkasink.ErrRecordTooLarge) {
-		err = fmt.Errorf("%w\n(raise it for the topic, e.g. kafka-configs.sh --alter --entity-type topics --add-config max.message.bytes=N, or with -kafka-topic-config before the topic is created)", err)
-	}
-	return errors.Join(err, merr)
 }
 
 // config checks the flags, naming them, and returns the feed's and the sink's configurations.
@@ -218,46 +199,30 @@ func (f *kafkaFlags) config(fs *flag.FlagSet) (changefeed.Config, kafkasink.Conf
 	if fs.NArg() != 0 {
 		return cfg, kcfg, fmt.Errorf("unexpected arguments: %s (every option is a flag; see pgreorder kafka -h)", strings.Join(fs.Args(), " "))
 	}
-	var missing []string
-	for _, m := range []struct {
-		name  string
-		unset bool
-	}{{"-dsn", f.dsn == ""}, {"-slot", f.slot == ""}, {"-publication", len(f.publications) == 0}, {"-kafka-brokers", strings.TrimSpace(f.brokers) == ""}} {
-		if m.unset {
-			missing = append(missing, m.name)
-		}
+	missing := f.sourceFlags.missing()
+	if strings.TrimSpace(f.brokers) == "" {
+		missing = append(missing, "-kafka-brokers")
 	}
 	if len(missing) > 0 {
 		return cfg, kcfg, fmt.Errorf("missing %s (see pgreorder kafka -h)", strings.Join(missing, ", "))
 	}
-	if err := parseProto(f.proto); err != nil {
+	streaming, originFilter, err := f.pgoutputFlags.parse()
+	if err != nil {
 		return cfg, kcfg, err
 	}
-	streaming, err := replication.ParseStreaming(f.streaming)
-	if err != nil {
-		return cfg, kcfg, fmt.Errorf("-streaming %q: valid values are off, on and parallel", f.streaming)
-	}
-	originFilter, err := replication.ParseOriginFilter(f.originFilter)
-	if err != nil {
-		return cfg, kcfg, fmt.Errorf("-origin-filter %q: valid values are any and none", f.originFilter)
-	}
-	if f.progress < 0 {
-		return cfg, kcfg, fmt.Errorf("-progress %v: want an interval such as 5s, or 0 for no progress line", f.progress)
+	if err := f.monitorFlags.check(); err != nil {
+		return cfg, kcfg, err
 	}
 	if f.copyWorkers < 0 || f.copyWorkers > 64 {
 		return cfg, kcfg, fmt.Errorf("-copy-workers %d: want 1 to 64", f.copyWorkers)
 	}
-	workMem, err := parseWorkMem(f.workMem)
-	if err != nil {
-		return cfg, kcfg, err
-	}
-	codec, err := parseSpillCompression(f.spillCompression)
+	workMem, codec, err := f.spillFlags.parse()
 	if err != nil {
 		return cfg, kcfg, err
 	}
 	cfg = changefeed.Config{
 		Replication: replication.Config{
-			ConnString:     f.dsn,
+			ConnString:     f.source,
 			Slot:           f.slot,
 			Publications:   f.publications,
 			ProtoVersion:   f.proto,

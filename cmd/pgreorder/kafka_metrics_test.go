@@ -27,7 +27,7 @@ func TestKafkaMetrics(t *testing.T) {
 	require.NoError(t, err, "%s", out)
 	dsn := srv.ConnString(pgtest.NewDatabase(t, srv))
 	pgtest.ExecAll(t, dsn, "CREATE TABLE t (id int PRIMARY KEY, v text)", "CREATE PUBLICATION p FOR TABLE t", "INSERT INTO t VALUES (0, 'copied')")
-	cmd := exec.CommandContext(ctx, bin, "kafka", "-dsn", dsn, "-slot", "km", "-publication", "p", "-status-interval", "100ms",
+	cmd := exec.CommandContext(ctx, bin, "kafka", "-source", dsn, "-slot", "km", "-publication", "p", "-status-interval", "100ms",
 		"-progress", "0", "-metrics-addr", "127.0.0.1:0", "-kafka-brokers", c.Seeds(), "-kafka-topic-prefix", "km")
 	wait := serveMetrics(ctx, t, cmd).wait
 	defer cmd.Process.Kill()

@@ -147,7 +147,7 @@ func replicaCrash(t *testing.T, c *kafkatest.Cluster, srv *pgtest.Server, self s
 	pgtest.ExecAll(t, dsn, strings.NewReplacer("{copyRows}", strconv.Itoa(replicaCopyRows), "{sideRows}", strconv.Itoa(replicaSideRows)).Replace(replicaSetup))
 	prefix := fmt.Sprintf("replica%d_%d_%d", os.Getpid(), srv.Major(), replicaPrefixes.Add(1))
 	slot := fmt.Sprintf("replica_%d", srv.Major())
-	args, err := json.Marshal([]string{"-dsn", dsn, "-slot", slot, "-publication", "p",
+	args, err := json.Marshal([]string{"-source", dsn, "-slot", slot, "-publication", "p",
 		"-kafka-brokers", c.Seeds(), "-kafka-topic-prefix", prefix, "-kafka-partitions", "4", "-kafka-tombstones",
 		"-progress", "0", "-status-interval", "100ms"})
 	require.NoError(t, err)

@@ -56,7 +56,7 @@ func TestKafkaSecured(t *testing.T) {
 		return l
 	}
 	base := func(slot string, seeds []string) []string {
-		return []string{"-dsn", dsn, "-slot", slot, "-publication", "p", "-progress", "0", "-status-interval", "100ms",
+		return []string{"-source", dsn, "-slot", slot, "-publication", "p", "-progress", "0", "-status-interval", "100ms",
 			"-kafka-brokers", strings.Join(seeds, ","), "-kafka-topic-prefix", slot}
 	}
 	// streams runs pgreorder kafka until it acknowledged a row inserted once it streams, then

@@ -19,12 +19,12 @@ import (
 
 // TestKafkaFlags: flags that cannot work are refused before anything connects, naming the flag.
 func TestKafkaFlags(t *testing.T) {
-	base := []string{"-dsn", "x", "-slot", "s", "-publication", "p"}
+	base := []string{"-source", "x", "-slot", "s", "-publication", "p"}
 	for _, tc := range []struct {
 		args []string
 		want string
 	}{
-		{nil, "missing -dsn, -slot, -publication, -kafka-brokers"},
+		{nil, "missing -source, -slot, -publication, -kafka-brokers"},
 		{base, "missing -kafka-brokers"},
 		{append(base, "-kafka-brokers", "b:9092", "-kafka-compression", "brotli"), "-kafka-compression"},
 		{append(base, "-kafka-brokers", "b:9092", "-kafka-sasl-user", "u"), "-kafka-sasl-user needs -kafka-sasl-mechanism"},
@@ -93,7 +93,7 @@ func TestKafkaCommand(t *testing.T) {
 			prefix := fmt.Sprintf("cmd%d", major)
 			runCtx, stop := context.WithCancel(ctx)
 			done := make(chan error, 1)
-			args := []string{"-dsn", dsn, "-slot", "k", "-publication", "p", "-progress", "50ms", "-status-interval", "100ms",
+			args := []string{"-source", dsn, "-slot", "k", "-publication", "p", "-progress", "50ms", "-status-interval", "100ms",
 				"-kafka-brokers", c.Seeds(), "-kafka-topic-prefix", prefix, "-kafka-partitions", "3", "-kafka-compression", "zstd"}
 			if twoPhase {
 				args = append(args, "-two-phase")

@@ -5,7 +5,7 @@
 //	pgreorder replay [flags] FILE          reorder a capture and print committed transactions as JSON lines
 //	pgreorder stream [flags]               stream a live slot as JSON lines
 //
-// demo, and record without -dsn, start a throwaway PostgreSQL server from an installation they
+// demo, and record without -source, start a throwaway PostgreSQL server from an installation they
 // find (see internal/tools/pgserver). Before changing anything on the system for it they say so on
 // stderr: the folder they create under the temporary directory (removed at exit), the folders of
 // earlier runs that died which they remove, and, run as root, the system user "pgreorder" they

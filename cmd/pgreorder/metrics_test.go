@@ -124,7 +124,7 @@ func TestStreamMetrics(t *testing.T) {
 			dsn := srv.ConnString(db)
 			require.NoError(t, pgtest.Exec(ctx, dsn, `CREATE TABLE s (id int PRIMARY KEY, v text)`, `CREATE PUBLICATION p FOR TABLE s`,
 				`SELECT pg_create_logical_replication_slot('met', 'pgoutput')`))
-			cmd := exec.CommandContext(ctx, bin, "stream", "-dsn", dsn, "-slot", "met", "-publication", "p",
+			cmd := exec.CommandContext(ctx, bin, "stream", "-source", dsn, "-slot", "met", "-publication", "p",
 				"-work-mem", "64kB", "-status-interval", "100ms", "-progress", "200ms", "-metrics-addr", "127.0.0.1:0",
 				"-o", filepath.Join(t.TempDir(), "out.jsonl"))
 			sv := serveMetrics(ctx, t, cmd)
@@ -263,7 +263,7 @@ func TestProgressLines(t *testing.T) {
 
 // TestProgressFlag: -progress takes an interval; negative ones are refused.
 func TestProgressFlag(t *testing.T) {
-	err := runStream(context.Background(), []string{"-dsn", "x", "-slot", "s", "-publication", "p", "-progress", "-1s"})
+	err := runStream(context.Background(), []string{"-source", "x", "-slot", "s", "-publication", "p", "-progress", "-1s"})
 	require.ErrorContains(t, err, "-progress -1s")
 }
 

@@ -30,7 +30,7 @@ type recordFlags struct {
 func runRecord(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("record", flag.ContinueOnError)
 	var f recordFlags
-	fs.StringVar(&f.dsn, "dsn", "", "connection string of the database to record on (superuser: it creates a publication and slots);\n"+
+	sourceVar(fs, &f.dsn, "connection string (`DSN`) of the database to record on (superuser: it creates a publication and slots);\n"+
 		"empty: start a throwaway server (what that changes on the system is said on stderr first)")
 	fs.IntVar(&f.major, "pg-major", 0, "major version of the throwaway server (0: the newest installed)")
 	fs.StringVar(&f.out, "o", "", "folder for the capture files (created if needed; required)")
@@ -38,7 +38,7 @@ func runRecord(ctx context.Context, args []string) error {
 	fs.BoolVar(&f.immediate, "immediate", false, "stream every change at once: debug_logical_replication_streaming = immediate (16+)")
 	fs.StringVar(&f.variants, "variants", "", "comma-separated captures to make (default: all the server supports): "+variantNames())
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: pgreorder record [-dsn DSN | -pg-major N] -o DIR [flags] WORKLOAD.sql\n\n"+
+		fmt.Fprintf(fs.Output(), "usage: pgreorder record [-source DSN | -pg-major N] -o DIR [flags] WORKLOAD.sql\n\n"+
 			"Runs WORKLOAD.sql's setup part (what comes before a `-- workload` line, if there is one),\n"+
 			"creates a publication FOR ALL TABLES and one pgoutput slot per capture back to back, runs the workload\n"+
 			"part (`-- session NAME` lines switch connections, for interleaved transactions), then writes what each\n"+
@@ -120,7 +120,7 @@ func findVariant(name string) (pgserver.Variant, bool) {
 func startRecordServer(ctx context.Context, major int) (*pgserver.Server, error) {
 	installs := pgserver.FindInstalls()
 	if len(installs) == 0 {
-		return nil, fmt.Errorf("no PostgreSQL installed: %s; or pass -dsn", pgserver.HowToInstall)
+		return nil, fmt.Errorf("no PostgreSQL installed: %s; or pass -source", pgserver.HowToInstall)
 	}
 	in := installs[len(installs)-1]
 	if major != 0 {

@@ -98,14 +98,14 @@ func TestRecordThrowaway(t *testing.T) {
 	checkRecorded(t, dir, major)
 }
 
-// TestRecordDSN records on a server given by -dsn.
+// TestRecordDSN records on a server given by -source.
 func TestRecordDSN(t *testing.T) {
 	majors := pgtest.Majors(t)
 	major := majors[len(majors)-1]
 	s := pgtest.Shared(t, major)
 	db := pgtest.NewDatabase(t, s)
 	dir := t.TempDir()
-	require.NoError(t, runRecord(context.Background(), []string{"-dsn", s.ConnString(db), "-o", dir, writeWorkload(t)}))
+	require.NoError(t, runRecord(context.Background(), []string{"-source", s.ConnString(db), "-o", dir, writeWorkload(t)}))
 	checkRecorded(t, dir, major)
 }
 
@@ -114,7 +114,7 @@ func TestRecordUsage(t *testing.T) {
 		{},
 		{"w.sql"}, // no -o
 		{"-o", "x", "a.sql", "b.sql"},
-		{"-o", "x", "-dsn", "host=/tmp", "-pg-major", "15", "w.sql"},
+		{"-o", "x", "-source", "host=/tmp", "-pg-major", "15", "w.sql"},
 	} {
 		err := runRecord(context.Background(), args)
 		require.ErrorIs(t, err, flag.ErrHelp, "%q", args)

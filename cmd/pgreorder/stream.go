@@ -27,23 +27,46 @@ func init() {
 
 // streamFlags are the flags of `pgreorder stream`.
 type streamFlags struct {
-	dsn, slot, workMem, dir, streaming, originFilter string
-	compression                                      string
-	publications                                     []string
-	createSlot, temporary, messages, twoPhase        bool
-	binary                                           bool
-	proto                                            int
-	resume, output                                   string
-	status, progress, slotWait                       time.Duration
-	metricsAddr                                      string
-	verbose                                          bool
-	fileMode                                         iofs.FileMode
-	streamingOpt                                     replication.Streaming    // -streaming, parsed by check
-	originFilterOpt                                  replication.OriginFilter // -origin-filter, parsed by check
-	out                                              outputFlags
+	sourceFlags   // -source, -slot, -publication
+	spillFlags    // -work-mem, -spill-dir, -spill-compression
+	pgoutputFlags // -streaming, -proto, -messages, -binary, -two-phase, -origin-filter
+	monitorFlags  // -status-interval, -progress, -metrics-addr, -v
+
+	createSlot, temporary bool
+	resume, output        string
+	slotWait              time.Duration
+	fileMode              iofs.FileMode
+	streamingOpt          replication.Streaming    // -streaming, parsed by check
+	originFilterOpt       replication.OriginFilter // -origin-filter, parsed by check
+	out                   outputFlags
 }
 
-const streamUsage = `usage: pgreorder stream -dsn DSN -slot NAME -publication NAME [flags]
+// register defines the flags of stream.
+func (f *streamFlags) register(fs *flag.FlagSet) {
+	f.sourceFlags.register(fs, "logical replication slot (pgoutput)")
+	fs.BoolVar(&f.createSlot, "create-slot", false, "create the slot if it does not exist")
+	fs.BoolVar(&f.temporary, "temporary", false, "with -create-slot: make it a temporary slot, dropped at exit")
+	f.spillFlags.register(fs)
+	f.pgoutputFlags.register(fs, "receive logical decoding messages",
+		"decode prepared transactions at PREPARE (turns two-phase on for the slot for good)")
+	fs.StringVar(&f.resume, "resume", "", "end LSN (X/X) of the last transaction already handled: start after it (not with -o)")
+	fs.StringVar(&f.output, "o", "", "write durably to this file instead of stdout, and resume from it (see above)")
+	f.fileMode = changefeed.DefaultFileMode
+	fs.Func("file-mode", "with -o, permissions of FILE and FILE.pos when created, in octal, less the umask (default 0600)", func(s string) error {
+		m, err := strconv.ParseUint(s, 8, 32)
+		if err != nil || m == 0 || m > 0o777 {
+			return fmt.Errorf("want permissions in octal, such as 0600 or 0640")
+		}
+		f.fileMode = iofs.FileMode(m)
+		return nil
+	})
+	f.monitorFlags.register(fs, replication.DefaultStatusInterval)
+	durationVar(fs, &f.slotWait, "slot-wait", replication.DefaultSlotWait, "how long to wait for another connection "+
+		"streaming from the slot (a running consumer, or the walsender of one that died) before stopping with an error naming it (0: do not wait; -1: no limit)")
+	f.out.register(fs)
+}
+
+const streamUsage = `usage: pgreorder stream -source DSN -slot NAME -publication NAME [flags]
 
 Streams the committed transactions of a logical replication slot as JSON lines (-format) on stdout,
 or durably to a file (-o), acknowledging each once it is written. Progress goes to stderr (one line
@@ -68,56 +91,16 @@ file under either name stops the command instead of being written through.
 Passwords: a password in a connection string on the command line is visible to every local user
 (ps, /proc). Give it in the PGPASSWORD environment variable or in a password file (~/.pgpass, or
 PGPASSFILE / passfile=FILE) instead. Messages print connection strings with passwords as xxxxx.
-
-flags:
+Flags, the most used first:
 `
 
 func runStream(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("stream", flag.ContinueOnError)
 	var f streamFlags
-	fs.StringVar(&f.dsn, "dsn", "", "connection string of the source database (replication=database is added)")
-	fs.StringVar(&f.slot, "slot", "", "logical replication slot (pgoutput)")
-	fs.Func("publication", "publication to stream (repeatable, or comma-separated)", func(s string) error {
-		for p := range strings.SplitSeq(s, ",") {
-			if p = strings.TrimSpace(p); p != "" {
-				f.publications = append(f.publications, p)
-			}
-		}
-		return nil
-	})
-	fs.BoolVar(&f.createSlot, "create-slot", false, "create the slot if it does not exist")
-	fs.BoolVar(&f.temporary, "temporary", false, "with -create-slot: make it a temporary slot, dropped at exit")
-	fs.StringVar(&f.workMem, "work-mem", "64MB", workMemHelp)
-	fs.StringVar(&f.dir, "spill-dir", "", "spill directory (default: the system temporary directory)")
-	fs.StringVar(&f.compression, "spill-compression", "none", spillCompressionHelp)
-	fs.StringVar(&f.streaming, "streaming", "", `pgoutput streaming: off, on or parallel (default: the best the server has)`)
-	fs.IntVar(&f.proto, "proto", 0, "pgoutput proto_version, 1-4 (default: the highest the server speaks)")
-	fs.BoolVar(&f.messages, "messages", true, "receive logical decoding messages")
-	fs.BoolVar(&f.binary, "binary", false, "binary column values")
-	fs.BoolVar(&f.twoPhase, "two-phase", false, "decode prepared transactions at PREPARE (turns two-phase on for the slot for good)")
-	fs.StringVar(&f.originFilter, "origin-filter", "", `pgoutput's origin option: "any", or "none" (PostgreSQL 16+: `+
-		"leave out changes another replication applied)")
-	fs.StringVar(&f.resume, "resume", "", "end LSN (X/X) of the last transaction already handled: start after it (not with -o)")
-	fs.StringVar(&f.output, "o", "", "write durably to this file instead of stdout, and resume from it (see above)")
-	f.fileMode = changefeed.DefaultFileMode
-	fs.Func("file-mode", "with -o, permissions of FILE and FILE.pos when created, in octal, less the umask (default 0600)", func(s string) error {
-		m, err := strconv.ParseUint(s, 8, 32)
-		if err != nil || m == 0 || m > 0o777 {
-			return fmt.Errorf("want permissions in octal, such as 0600 or 0640")
-		}
-		f.fileMode = iofs.FileMode(m)
-		return nil
-	})
-	durationVar(fs, &f.status, "status-interval", replication.DefaultStatusInterval, "longest time between standby status updates")
-	durationVar(fs, &f.progress, "progress", 5*time.Second, "interval of the progress line on stderr (0: none)")
-	durationVar(fs, &f.slotWait, "slot-wait", replication.DefaultSlotWait, "how long to wait for another connection "+
-		"streaming from the slot (a running consumer, or the walsender of one that died) before stopping with an error naming it (0: do not wait; -1: no limit)")
-	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus metrics on host:port at /metrics (port 0: any free port, logged)")
-	fs.BoolVar(&f.verbose, "v", false, "debug logging")
-	f.out.register(fs)
+	f.register(fs)
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), streamUsage)
-		fs.PrintDefaults()
+		printFlags(fs.Output(), fs, streamGroups)
 	}
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -175,7 +158,7 @@ func runStream(ctx context.Context, args []string) error {
 	feed, err := changefeed.New(changefeed.Config{
 		Start: changefeed.StartStream,
 		Replication: replication.Config{
-			ConnString:     f.dsn,
+			ConnString:     f.source,
 			Slot:           f.slot,
 			Publications:   f.publications,
 			CreateSlot:     f.createSlot,
@@ -318,33 +301,18 @@ func (f *streamFlags) check(fs *flag.FlagSet) error {
 	if fs.NArg() != 0 {
 		return fmt.Errorf("unexpected arguments: %s (every option is a flag; see pgreorder stream -h)", strings.Join(fs.Args(), " "))
 	}
-	var missing []string
-	for _, m := range []struct {
-		name  string
-		unset bool
-	}{{"-dsn", f.dsn == ""}, {"-slot", f.slot == ""}, {"-publication", len(f.publications) == 0}} {
-		if m.unset {
-			missing = append(missing, m.name)
-		}
-	}
-	if len(missing) > 0 {
+	if missing := f.sourceFlags.missing(); len(missing) > 0 {
 		return fmt.Errorf("missing %s (see pgreorder stream -h)", strings.Join(missing, ", "))
 	}
-	if err := parseProto(f.proto); err != nil {
-		return err
-	}
 	var err error
-	if f.streamingOpt, err = replication.ParseStreaming(f.streaming); err != nil {
-		return fmt.Errorf("-streaming %q: valid values are off, on and parallel", f.streaming)
-	}
-	if f.originFilterOpt, err = replication.ParseOriginFilter(f.originFilter); err != nil {
-		return fmt.Errorf("-origin-filter %q: valid values are any and none", f.originFilter)
+	if f.streamingOpt, f.originFilterOpt, err = f.pgoutputFlags.parse(); err != nil {
+		return err
 	}
 	if f.output != "" && f.resume != "" {
 		return errors.New("-resume and -o both give the resume position: with -o it is read from the file's position file")
 	}
-	if f.progress < 0 {
-		return fmt.Errorf("-progress %v: want an interval such as 5s, or 0 for no progress line", f.progress)
+	if err := f.monitorFlags.check(); err != nil {
+		return err
 	}
 	if f.temporary && f.output != "" {
 		return errors.New("-temporary and -o: FILE.pos would keep a position of a slot the server drops at exit; " +

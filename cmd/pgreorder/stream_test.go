@@ -76,7 +76,7 @@ func TestStreamCommand(t *testing.T) {
 				runCtx, stop := context.WithCancel(ctx)
 				done := make(chan error, 1)
 				go func() {
-					done <- runStream(runCtx, []string{"-dsn", dsn, "-slot", "cli", "-publication", "p",
+					done <- runStream(runCtx, []string{"-source", dsn, "-slot", "cli", "-publication", "p",
 						"-create-slot", "-work-mem", "64kB", "-format", string(kind), "-source-db", db})
 					w.Close()
 				}()
@@ -166,7 +166,7 @@ func TestStreamFileKilled(t *testing.T) {
 					`INSERT INTO s SELECT g, repeat('k', 150) FROM generate_series(%d, %d) g`, i*rows+1, (i+1)*rows)))
 			}
 			path := filepath.Join(t.TempDir(), "out.jsonl")
-			args := []string{"stream", "-dsn", dsn, "-slot", "killed", "-publication", "p", "-work-mem", "64kB", "-o", path}
+			args := []string{"stream", "-source", dsn, "-slot", "killed", "-publication", "p", "-work-mem", "64kB", "-o", path}
 			cmd := exec.CommandContext(ctx, bin, args...)
 			require.NoError(t, cmd.Start())
 			// Kill it while it writes the second transaction: the first is recorded and the file
@@ -246,14 +246,14 @@ func readOutputLenient(path string) (int, error) {
 
 // TestStreamFlagErrors: a bad command line names the flag and says what is valid.
 func TestStreamFlagErrors(t *testing.T) {
-	base := []string{"-dsn", "host=/nonexistent", "-slot", "s", "-publication", "p"}
+	base := []string{"-source", "host=/nonexistent", "-slot", "s", "-publication", "p"}
 	for _, tc := range []struct {
 		args []string
 		want []string
 	}{
-		{nil, []string{"missing -dsn, -slot, -publication"}},
-		{[]string{"-dsn", "x"}, []string{"missing -slot, -publication"}},
-		{[]string{"-dsn", "x", "-slot", "s"}, []string{"missing -publication"}},
+		{nil, []string{"missing -source, -slot, -publication"}},
+		{[]string{"-source", "x"}, []string{"missing -slot, -publication"}},
+		{[]string{"-source", "x", "-slot", "s"}, []string{"missing -publication"}},
 		{append([]string{"-proto", "9"}, base...), []string{"-proto 9", "1-4"}},
 		{append([]string{"-work-mem", "0"}, base...), []string{"-work-mem", "none", "bare number is in kB"}},
 		{append([]string{"-streaming", "yes"}, base...), []string{"-streaming", "off, on and parallel"}},

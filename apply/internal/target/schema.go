@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 
+	"github.com/pgreorder/pgreorder/internal/configerr"
 	"github.com/pgreorder/pgreorder/internal/pgsession"
 )
 
@@ -14,9 +15,14 @@ type MissingColumnError struct {
 	Column string // as the source names it, not quoted
 }
 
-func (e *MissingColumnError) Error() string {
+func (e *MissingColumnError) Error() string { return e.Named(configerr.Field.String) }
+
+// Named returns the message with the field of apply.Config it names (SchemaChanges) named by
+// name.
+func (e *MissingColumnError) Named(name configerr.Namer) string {
 	return "the target table has no column " + pgsession.QuoteIdent(e.Column) + ": add it to " + e.Table +
-		" on the target, or let apply add the columns the source adds (Config.SchemaChanges = SchemaAddColumns)"
+		" on the target, or let apply add the columns the source adds (" +
+		name(configerr.Field{Config: "apply", Path: "SchemaChanges", Value: "SchemaAddColumns", Arg: "add-columns"}) + ")"
 }
 
 // AddColumnFunc adds column of the source relation ri to the target table (quoted, qualified)

@@ -41,31 +41,35 @@ var allowed = map[string][]string{
 	// settings, redaction, backends, SQLSTATE classes, quoting. Under every package that talks
 	// to a server; it imports nothing of the module.
 	"internal/pgsession": {},
-	"replication":        {"internal/pgsession", "reorderbuffer", "decoding", "spill", "heap"},
+	// The error that names a field of a configuration, which the packages with a Config return
+	// (each under its own name) and the command maps to its flags. It imports nothing of the
+	// module.
+	"internal/configerr": {},
+	"replication":        {"internal/pgsession", "internal/configerr", "reorderbuffer", "decoding", "spill", "heap"},
 	"metrics":            {"replication", "reorderbuffer", "decoding"},
 	"spillcodec":         {"spill"},
 	// The consumer entry point: over the toolkit, below apply (which uses its copy), never
 	// importing it.
 	"changefeed": {"catalog", "replication", "snapshot", "pgvalue", "format", "reorderbuffer", "decoding",
-		"internal/pgsession", "vfs"},
+		"internal/pgsession", "internal/configerr", "vfs"},
 	// The Kafka output: a changefeed store and handler over the format's events.
-	"kafkasink": {"catalog", "changefeed", "decoding", "format"},
+	"kafkasink": {"catalog", "changefeed", "decoding", "format", "internal/configerr"},
 	// The toolkit.
 	"pgvalue": {"decoding"},
 	"format":  {"pgvalue", "reorderbuffer", "decoding", "vfs"},
 	// What the events need of the source's catalog, read for format.
 	"catalog":  {"format", "decoding", "internal/pgsession"},
-	"snapshot": {"replication", "decoding", "internal/copycodec", "internal/pgsession"},
+	"snapshot": {"replication", "decoding", "internal/copycodec", "internal/pgsession", "internal/configerr"},
 	// The subscriber: apply orchestrates; its conflict vocabulary is a public leaf over decoding
 	// only, and the COPY codec it shares with snapshot another; its scheduling (commit order,
 	// queues, dependencies) touches no server; its target side (the connections, the statements
 	// and batches they send) calls conflict detection, below it; neither knows the stream's
 	// transactions (reorderbuffer) nor apply.
 	"apply": {"apply/conflict", "changefeed", "snapshot", "replication", "reorderbuffer", "decoding", "spill",
-		"apply/internal/schedule", "apply/internal/target", "apply/internal/detect", "internal/pgsession"},
+		"apply/internal/schedule", "apply/internal/target", "apply/internal/detect", "internal/pgsession", "internal/configerr"},
 	"apply/conflict":          {"decoding"},
 	"apply/internal/schedule": {"decoding", "spill"},
-	"apply/internal/target":   {"apply/conflict", "apply/internal/detect", "decoding", "internal/copycodec", "internal/pgsession"},
+	"apply/internal/target":   {"apply/conflict", "apply/internal/detect", "decoding", "internal/copycodec", "internal/pgsession", "internal/configerr"},
 	"apply/internal/detect":   {"apply/conflict", "decoding", "internal/pgsession"},
 	"internal/copycodec":      {"decoding"},
 	// What the commands link besides the library.
