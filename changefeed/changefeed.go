@@ -609,7 +609,14 @@ func (f *Feed) start(ctx context.Context) (*replication.Stream, error) {
 	return f.open(ctx, rcfg, func(conn *replication.Conn) error {
 		if _, ok := conn.Slot(); !ok {
 			if !rcfg.CreateSlot {
-				return fmt.Errorf("changefeed: slot %q does not exist (set Replication.CreateSlot to create it): %w", rcfg.Slot, replication.ErrSlotNotFound)
+				// Starting says what is missing and how to make it (replication's error for a
+				// missing slot, ErrSlotNotFound).
+				s, err := conn.StartStreaming(ctx)
+				if err == nil { // another consumer made the slot meanwhile: not this run's to take
+					s.Close(ctx)
+					err = fmt.Errorf("changefeed: slot %q was created by someone else while this run started: %w", rcfg.Slot, replication.ErrSlotActive)
+				}
+				return err
 			}
 			if _, err := conn.CreateSlot(ctx, replication.NoSnapshot); err != nil {
 				return err

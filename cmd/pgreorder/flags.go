@@ -362,7 +362,8 @@ var fieldFlags = map[string]string{
 	"snapshot.Workers":      "-copy-workers",
 
 	"changefeed.Replication.Slot":               "-slot",
-	"changefeed.Replication.TemporarySlot":      "",
+	"changefeed.Replication.TemporarySlot":      "-temporary",
+	"changefeed.Start":                          "",
 	"changefeed.Replication.Buffer.Incremental": "",
 
 	"kafkasink.Brokers":           "-kafka-brokers",
