@@ -196,7 +196,7 @@ func (s *session) next(ctx context.Context) (*reorderbuffer.Txn, error) {
 	// An open run (Parallel) is sealed once nothing more is ready, if it could commit at once;
 	// otherwise the commit before it wakes the leader. The order is read under a.mu, which
 	// committed takes after Finish: a commit either is seen here or wakes the wait below.
-	unflushed := (len(a.list) > 0 && a.list[0].seq <= prefix && !s.leader.InTxn) || s.group.open() || (s.run != nil && s.runStartable())
+	unflushed := (len(a.list) > 0 && a.list[0].seq <= prefix && !s.leader.InTxn()) || s.group.open() || (s.run != nil && s.runStartable())
 	if a.wake == nil || a.wake.Err() != nil {
 		a.wake, a.cancel = context.WithCancel(ctx)
 	}
@@ -241,7 +241,7 @@ func (s *session) wakeUp(ctx context.Context, err error) error {
 // transaction with nothing to apply or an idle advance may be ahead of the last progress row
 // written), with the flushing transaction of flushWAL on the leader's connection.
 func (s *session) flushNow(ctx context.Context) error {
-	if s.leader.InTxn {
+	if s.leader.InTxn() {
 		return nil
 	}
 	done, pos := s.prefix()

@@ -34,12 +34,12 @@ func (s *session) setupAhead(ctx context.Context, resume decoding.LSN) (decoding
 	tg := s.leader
 	progress := tg.Table(s.cfg.ProgressTable)
 	s.aheadTable = companionTable(progress, "_ahead")
-	rows, err := target.Query(ctx, tg.PG, "SELECT pg_catalog.count(*) FROM "+progress+" WHERE slot = $1", s.cfg.Slot)
+	rows, err := target.Query(ctx, tg.PG(), "SELECT pg_catalog.count(*) FROM "+progress+" WHERE slot = $1", s.cfg.Slot)
 	if err != nil {
 		return 0, fmt.Errorf("apply: reading the progress table %s: %w", progress, err)
 	}
 	s.hadProgress = string(rows[0][0]) != "0"
-	rows, err = target.Query(ctx, tg.PG, "SELECT pg_catalog.to_regclass($1) IS NOT NULL", s.aheadTable)
+	rows, err = target.Query(ctx, tg.PG(), "SELECT pg_catalog.to_regclass($1) IS NOT NULL", s.aheadTable)
 	if err != nil {
 		return 0, fmt.Errorf("apply: looking for the ahead table: %w", err)
 	}
@@ -47,14 +47,14 @@ func (s *session) setupAhead(ctx context.Context, resume decoding.LSN) (decoding
 		if !s.cfg.relaxed() {
 			return resume, nil
 		}
-		err := tg.PG.Exec(ctx, target.AheadTableSQL(s.aheadTable)).Close()
+		err := tg.PG().Exec(ctx, target.AheadTableSQL(s.aheadTable)).Close()
 		if err != nil && !pgsession.IsCode(err, "42P07") && !pgsession.IsCode(err, "23505") { // made meanwhile
 			return 0, fmt.Errorf("apply: creating the ahead table %s (relaxed commit order; as the progress table's owner, run %s): %w",
 				s.aheadTable, target.AheadTableSQL(s.aheadTable), err)
 		}
 		return resume, nil
 	}
-	rows, err = target.Query(ctx, tg.PG, "SELECT end_lsn::text, spans::text, system_id FROM "+s.aheadTable+" WHERE slot = $1",
+	rows, err = target.Query(ctx, tg.PG(), "SELECT end_lsn::text, spans::text, system_id FROM "+s.aheadTable+" WHERE slot = $1",
 		s.cfg.Slot)
 	if err != nil {
 		return 0, fmt.Errorf("apply: reading the ahead table %s: %w", s.aheadTable, err)
@@ -63,7 +63,7 @@ func (s *session) setupAhead(ctx context.Context, resume decoding.LSN) (decoding
 		return resume, nil
 	}
 	if !s.hadProgress {
-		if _, err := target.Query(ctx, tg.PG, "DELETE FROM "+s.aheadTable+" WHERE slot = $1", s.cfg.Slot); err != nil {
+		if _, err := target.Query(ctx, tg.PG(), "DELETE FROM "+s.aheadTable+" WHERE slot = $1", s.cfg.Slot); err != nil {
 			return 0, fmt.Errorf("apply: deleting the slot's rows of the ahead table %s: %w", s.aheadTable, err)
 		}
 		s.log.Info("the slot has rows in the ahead table but no progress row: deleted them", "slot", s.cfg.Slot, "table", s.aheadTable)
@@ -112,7 +112,7 @@ func (s *session) foldAhead(ctx context.Context, prefix decoding.LSN, spans []de
 		b.ExecParams(target.AheadSQL(s.aheadTable), target.AheadArgs(s.key, 0, prefix, spans), nil, nil, nil)
 	}
 	b.ExecParams("COMMIT", nil, nil, nil, nil)
-	if _, err := s.leader.PG.ExecBatch(ctx, b).ReadAll(); err != nil {
+	if _, err := s.leader.PG().ExecBatch(ctx, b).ReadAll(); err != nil {
 		return fmt.Errorf("apply: folding the slot's rows of the ahead table %s: %w", s.aheadTable, err)
 	}
 	return nil

@@ -304,6 +304,9 @@ type Config struct {
 	// stepwise, tests only: every transaction is applied one statement at a time
 	// (target.Conn.Stepwise), the order in which conflicts are resolved that batches must match.
 	stepwise bool
+	// maxStatements, tests only: the most statements prepared on one target connection
+	// (target.Options.MaxStatements; 0: target.DefaultMaxStatements).
+	maxStatements int
 }
 
 // validate checks c and returns a copy with the defaults filled in.
@@ -431,5 +434,6 @@ func (c *Config) targetOptions() *target.Options {
 	return &target.Options{ConnConfig: c.TargetConfig, ConnString: c.Target, BeforeConnect: c.TargetBeforeConnect,
 		Logger: c.Logger, Tables: []string{c.ProgressTable, c.Conflicts.LogTable, c.Conflicts.TombstoneTable,
 			conflict.DefaultTombstoneTable},
-		Slot: c.Slot, SynchronousCommit: c.SynchronousCommit, Binary: c.Binary, Now: c.now, AddColumn: c.addColumn}
+		Slot: c.Slot, SynchronousCommit: c.SynchronousCommit, Binary: c.Binary, Now: c.now, AddColumn: c.addColumn,
+		MaxStatements: c.maxStatements}
 }

@@ -27,7 +27,7 @@ func (s *session) setupConflicts(ctx context.Context) error {
 		}
 		var ids []uint32
 		for _, n := range names {
-			rows, err := target.Query(ctx, tg.PG, `SELECT coalesce(pg_catalog.pg_replication_origin_oid($1),
+			rows, err := target.Query(ctx, tg.PG(), `SELECT coalesce(pg_catalog.pg_replication_origin_oid($1),
 				pg_catalog.pg_replication_origin_create($1))`, n)
 			if pgsession.IsCode(err, "42501") {
 				s.a.once("origin", func() {
@@ -45,7 +45,7 @@ func (s *session) setupConflicts(ctx context.Context) error {
 		}
 		if ids != nil {
 			// Rows an initial copy wrote carry the origins of its connections (copyOrigin).
-			rows, err := target.Query(ctx, tg.PG, `SELECT roident::text FROM pg_catalog.pg_replication_origin
+			rows, err := target.Query(ctx, tg.PG(), `SELECT roident::text FROM pg_catalog.pg_replication_origin
 				WHERE left(roname, length($1) + 2) = $1 || '_c' AND substr(roname, length($1) + 3) ~ '^[0-9]+$'`, cfg.Origin)
 			if err != nil {
 				return fmt.Errorf("apply: looking up the initial copy's replication origins on the target: %w", err)
@@ -67,7 +67,7 @@ func (s *session) setupConflicts(ctx context.Context) error {
 	if s.ours != nil {
 		det.Ours, det.Origin = s.ours, cfg.Origin
 	}
-	rows, err := target.Query(ctx, tg.PG, "SELECT pg_catalog.current_setting('track_commit_timestamp')::bool::text")
+	rows, err := target.Query(ctx, tg.PG(), "SELECT pg_catalog.current_setting('track_commit_timestamp')::bool::text")
 	if err != nil {
 		return fmt.Errorf("apply: reading track_commit_timestamp on the target: %w", err)
 	}
@@ -84,7 +84,7 @@ func (s *session) setupConflicts(ctx context.Context) error {
 		})
 	}
 	if cfg.Conflicts.LogTable != "" {
-		sql, err := detect.SetupLogTable(ctx, tg.PG, tg.Table(cfg.Conflicts.LogTable))
+		sql, err := detect.SetupLogTable(ctx, tg.PG(), tg.Table(cfg.Conflicts.LogTable))
 		if err != nil {
 			return err
 		}
@@ -109,9 +109,9 @@ func (s *session) attachConflicts(ctx context.Context, tg *target.Conn, worker i
 			return err
 		}
 	}
-	if s.det != nil && s.det.Tomb != nil && !tg.ReplicaRole {
+	if s.det != nil && s.det.Tomb != nil && !tg.ReplicaRole() {
 		// Deletions the worker applies are not local ones (see tombstones).
-		if _, err := tg.PG.ExecParams(ctx, "SET pgreorder.applying = on", nil, nil, nil, nil).Close(); err != nil {
+		if _, err := tg.PG().ExecParams(ctx, "SET pgreorder.applying = on", nil, nil, nil, nil).Close(); err != nil {
 			return fmt.Errorf("apply: setting up the target connection: %w", err)
 		}
 	}
@@ -136,7 +136,7 @@ func (s *session) copyOriginSetup(ctx context.Context, tg *target.Conn, n int) e
 		return nil
 	}
 	name := copyOrigin(s.cfg.Origin, n)
-	rows, err := target.Query(ctx, tg.PG, `SELECT coalesce(pg_catalog.pg_replication_origin_oid($1),
+	rows, err := target.Query(ctx, tg.PG(), `SELECT coalesce(pg_catalog.pg_replication_origin_oid($1),
 		pg_catalog.pg_replication_origin_create($1))::text`, name)
 	if err != nil {
 		return fmt.Errorf("apply: creating replication origin %q on the target: %w", name, err)

@@ -73,7 +73,7 @@ func (s *session) initialCopy(ctx context.Context, rcfg replication.Config) (*re
 	if err := s.createCopyTable(ctx, ct); err != nil {
 		return nil, 0, err
 	}
-	rows, err := target.Query(ctx, s.leader.PG, "SELECT relation FROM "+ct+" WHERE slot = $1", s.cfg.Slot)
+	rows, err := target.Query(ctx, s.leader.PG(), "SELECT relation FROM "+ct+" WHERE slot = $1", s.cfg.Slot)
 	if err != nil {
 		return nil, 0, fmt.Errorf("apply: reading the copy table %s: %w", ct, err)
 	}
@@ -122,15 +122,16 @@ func (c *copyTarget) Plan(ctx context.Context, sess *snapshot.Session) (err erro
 	}
 	c.tgs = make([]*target.Conn, sess.Workers())
 	_, fence := c.s.fenceKeys()
+	o := c.s.cfg.targetOptions()
+	o.InitialCopy = true // the copy's rows count in Stats.InitialCopyRows
 	for i := range c.tgs {
-		tg, err := connectTarget(ctx, c.s.cfg.targetOptions(), "pgreorder apply "+c.s.cfg.Slot+" c"+strconv.Itoa(i+1), &c.s.stats.Counters)
+		tg, err := connectTarget(ctx, o, "pgreorder apply "+c.s.cfg.Slot+" c"+strconv.Itoa(i+1), &c.s.stats.Counters)
 		if err != nil {
 			return err
 		}
-		tg.InitialCopy = true
 		c.tgs[i] = tg
 		// As the workers: a later session waits for these connections to be gone.
-		if _, err := target.Query(ctx, tg.PG, "SELECT pg_catalog.pg_advisory_lock_shared($1::bigint)", strconv.FormatInt(fence, 10)); err != nil {
+		if _, err := target.Query(ctx, tg.PG(), "SELECT pg_catalog.pg_advisory_lock_shared($1::bigint)", strconv.FormatInt(fence, 10)); err != nil {
 			return fmt.Errorf("apply: locking the slot's progress on the target: %w", err)
 		}
 		if err := c.s.copyOriginSetup(ctx, tg, i+1); err != nil {
@@ -187,14 +188,14 @@ func (c *copyTarget) closeTargets(ctx context.Context) {
 
 // createCopyTable creates the copy table if it is missing.
 func (s *session) createCopyTable(ctx context.Context, ct string) error {
-	rows, err := target.Query(ctx, s.leader.PG, "SELECT pg_catalog.to_regclass($1) IS NOT NULL", ct)
+	rows, err := target.Query(ctx, s.leader.PG(), "SELECT pg_catalog.to_regclass($1) IS NOT NULL", ct)
 	if err != nil {
 		return fmt.Errorf("apply: looking for the copy table: %w", err)
 	}
 	if string(rows[0][0]) == "t" {
 		return nil
 	}
-	err = s.leader.PG.Exec(ctx, "CREATE TABLE "+ct+" (slot text NOT NULL, relation text NOT NULL, PRIMARY KEY (slot, relation))").Close()
+	err = s.leader.PG().Exec(ctx, "CREATE TABLE "+ct+" (slot text NOT NULL, relation text NOT NULL, PRIMARY KEY (slot, relation))").Close()
 	if err != nil && !pgsession.IsCode(err, "42P07") && !pgsession.IsCode(err, "23505") { // made meanwhile
 		return fmt.Errorf("apply: creating the copy table %s: %w", ct, err)
 	}
@@ -205,7 +206,7 @@ func (s *session) createCopyTable(ctx context.Context, ct string) error {
 // WAL flush (unless Config.SynchronousCommit leaves that to the role's setting). A failure rolls
 // it back.
 func (s *session) inTxn(ctx context.Context, sync bool, f func() error) error {
-	conn := s.leader.PG
+	conn := s.leader.PG()
 	if err := conn.Exec(ctx, "BEGIN").Close(); err != nil {
 		return err
 	}
@@ -229,7 +230,7 @@ func (s *session) resetCopy(ctx context.Context, ct string, begin bool) error {
 	err := s.inTxn(ctx, begin, func() error {
 		// The tables as they are now: partitioned ones are truncated whole, others without
 		// their inheritance children; dropped ones are gone already.
-		rows, err := target.Query(ctx, s.leader.PG, `SELECT r.relation, c.relkind = 'p'
+		rows, err := target.Query(ctx, s.leader.PG(), `SELECT r.relation, c.relkind = 'p'
 FROM `+ct+` r JOIN pg_catalog.pg_class c ON c.oid = pg_catalog.to_regclass(r.relation)
 WHERE r.slot = $1 AND r.relation <> '' ORDER BY r.relation`, s.cfg.Slot)
 		if err != nil {
@@ -241,15 +242,15 @@ WHERE r.slot = $1 AND r.relation <> '' ORDER BY r.relation`, s.cfg.Slot)
 		}
 		if len(names) > 0 {
 			s.log.Info("emptying the tables of an unfinished initial copy", "tables", strings.Join(names, ", "))
-			if _, err := s.leader.PG.ExecParams(ctx, "TRUNCATE "+strings.Join(names, ", "), nil, nil, nil, nil).Close(); err != nil {
+			if _, err := s.leader.PG().ExecParams(ctx, "TRUNCATE "+strings.Join(names, ", "), nil, nil, nil, nil).Close(); err != nil {
 				return err
 			}
 		}
-		if _, err := target.Query(ctx, s.leader.PG, "DELETE FROM "+ct+" WHERE slot = $1", s.cfg.Slot); err != nil {
+		if _, err := target.Query(ctx, s.leader.PG(), "DELETE FROM "+ct+" WHERE slot = $1", s.cfg.Slot); err != nil {
 			return err
 		}
 		if begin {
-			_, err = target.Query(ctx, s.leader.PG, "INSERT INTO "+ct+" (slot, relation) VALUES ($1, '')", s.cfg.Slot)
+			_, err = target.Query(ctx, s.leader.PG(), "INSERT INTO "+ct+" (slot, relation) VALUES ($1, '')", s.cfg.Slot)
 		}
 		return err
 	})
@@ -289,7 +290,7 @@ func (s *session) prepareCopy(ctx context.Context, ct string, tables []*snapshot
 		for _, t := range tables {
 			m := maps[t.OID]
 			name := truncateTarget(m.Name, m.Partitioned)
-			rows, err := target.Query(ctx, s.leader.PG, "SELECT EXISTS (SELECT FROM "+name+")")
+			rows, err := target.Query(ctx, s.leader.PG(), "SELECT EXISTS (SELECT FROM "+name+")")
 			if err != nil {
 				return fmt.Errorf("apply: initial copy: reading %s: %w", m.Name, err)
 			}
@@ -304,7 +305,7 @@ func (s *session) prepareCopy(ctx context.Context, ct string, tables []*snapshot
 					strings.Join(full, ", "), field("CopyTruncate"))
 			}
 			s.log.Info("truncating target tables that hold rows before the initial copy", "tables", strings.Join(full, ", "))
-			if _, err := s.leader.PG.ExecParams(ctx, "TRUNCATE "+strings.Join(names, ", "), nil, nil, nil, nil).Close(); err != nil {
+			if _, err := s.leader.PG().ExecParams(ctx, "TRUNCATE "+strings.Join(names, ", "), nil, nil, nil, nil).Close(); err != nil {
 				return fmt.Errorf("apply: initial copy: truncating the target tables: %w", err)
 			}
 		}
@@ -321,7 +322,7 @@ func (s *session) prepareCopy(ctx context.Context, ct string, tables []*snapshot
 				b.WriteString("($1, $" + strconv.Itoa(len(args)) + ")")
 			}
 			b.WriteString(" ON CONFLICT DO NOTHING")
-			if _, err := target.Query(ctx, s.leader.PG, b.String(), args...); err != nil {
+			if _, err := target.Query(ctx, s.leader.PG(), b.String(), args...); err != nil {
 				return fmt.Errorf("apply: initial copy: recording the tables in %s: %w", ct, err)
 			}
 		}
@@ -363,10 +364,10 @@ func (s *session) copyChunk(ctx context.Context, tg *target.Conn, m *target.Tabl
 // one durable transaction: from then on the copy is complete and the stream resumes after it.
 func (s *session) finishCopy(ctx context.Context, ct string, cp decoding.LSN) error {
 	err := s.inTxn(ctx, true, func() error {
-		if _, err := target.Query(ctx, s.leader.PG, s.progSQL, s.key.Slot, cp.String(), s.key.System, strconv.Itoa(s.key.Timeline)); err != nil {
+		if _, err := target.Query(ctx, s.leader.PG(), s.progSQL, s.key.Slot, cp.String(), s.key.System, strconv.Itoa(s.key.Timeline)); err != nil {
 			return err
 		}
-		_, err := target.Query(ctx, s.leader.PG, "DELETE FROM "+ct+" WHERE slot = $1", s.cfg.Slot)
+		_, err := target.Query(ctx, s.leader.PG(), "DELETE FROM "+ct+" WHERE slot = $1", s.cfg.Slot)
 		return err
 	})
 	if err != nil {

@@ -125,7 +125,7 @@ func (s *session) startWorkers(ctx context.Context) error {
 		tg.SetSettle(func(ctx context.Context) (bool, error) { return s.settle(ctx, w) })
 		s.workers = append(s.workers, w)
 		_, key := s.fenceKeys()
-		if _, err := target.Query(ctx, tg.PG, "SELECT pg_catalog.pg_advisory_lock_shared($1::bigint)", strconv.FormatInt(key, 10)); err != nil {
+		if _, err := target.Query(ctx, tg.PG(), "SELECT pg_catalog.pg_advisory_lock_shared($1::bigint)", strconv.FormatInt(key, 10)); err != nil {
 			return fmt.Errorf("apply: locking the slot's progress on the target: %w", err)
 		}
 		if err := s.prepareProgress(ctx, tg); err != nil {
@@ -409,7 +409,7 @@ func (c *chain) groupCommitted() { c.groups++ }
 // runnable says whether t joins the open run (or opens one).
 func (s *session) runnable(t *reorderbuffer.Txn) bool {
 	return s.cfg.Mode == Parallel && !t.NonTransactional && t.Part == reorderbuffer.PartCommit && !t.Streamed &&
-		s.jobs[t.Xid] == nil && !s.a.serial[t.Xid] && !(s.det != nil && s.leader.Origin != "" && lastUpdateWins(&s.cfg.Conflicts))
+		s.jobs[t.Xid] == nil && !s.a.serial[t.Xid] && !(s.det != nil && s.leader.Origin() != "" && lastUpdateWins(&s.cfg.Conflicts))
 }
 
 // addToRun queues t in the open run, after sealing it if it is full, or in a new one.

@@ -10,7 +10,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgreorder/pgreorder/apply/conflict"
-	"github.com/pgreorder/pgreorder/apply/internal/target"
 	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
 )
 
@@ -124,12 +123,10 @@ func TestStatementsBounded(t *testing.T) {
 		t.Errorf("%d statements prepared on one connection for one table's updates and deletes, want at most 4", most)
 	}
 
-	old := target.MaxStatements
-	target.MaxStatements = bound
-	t.Cleanup(func() { target.MaxStatements = old })
 	// Binary values: the changes go one prepared statement each, not as set statements.
 	cfg := e.config(t, Buffered)
 	cfg.Binary = true
+	cfg.maxStatements = bound
 	r = start(t, cfg)
 	for round := range 2 {
 		var stmts []string

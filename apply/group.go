@@ -75,7 +75,7 @@ func (s *session) applyGrouped(ctx context.Context, t *reorderbuffer.Txn) error 
 	// A group commits with the commit time of its last transaction, which becomes the commit
 	// timestamp of all its rows (with an origin): under last_update_wins a row must carry its
 	// own transaction's time, or two sides replicating to each other can decide differently.
-	alone := s.a.serial[t.Xid] || (s.det != nil && s.leader.Origin != "" && lastUpdateWins(&s.cfg.Conflicts))
+	alone := s.a.serial[t.Xid] || (s.det != nil && s.leader.Origin() != "" && lastUpdateWins(&s.cfg.Conflicts))
 	if g.open() && (alone || g.full(s.cfg.now())) {
 		if err := s.commitGroup(ctx); err != nil {
 			return err

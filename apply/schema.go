@@ -130,7 +130,7 @@ func (a *Applier) addColumn(ctx context.Context, tg *target.Conn, ri *target.Rel
 	srcType := string(r[0])
 	// The type as the target knows it, found by schema and name, with the source's typmod (the
 	// same meaning on every version); the target's format_type writes it as its SQL.
-	tr, err := target.Query(ctx, tg.PG, `SELECT pg_catalog.format_type(t.oid, $3::int) FROM pg_catalog.pg_type t
+	tr, err := target.Query(ctx, tg.PG(), `SELECT pg_catalog.format_type(t.oid, $3::int) FROM pg_catalog.pg_type t
 		JOIN pg_catalog.pg_namespace n ON n.oid = t.typnamespace WHERE n.nspname = $1 AND t.typname = $2`,
 		string(r[1]), string(r[2]), strconv.FormatInt(int64(mod), 10))
 	if err != nil {
@@ -150,10 +150,10 @@ func (a *Applier) addColumn(ctx context.Context, tg *target.Conn, ri *target.Rel
 		}
 		return err
 	}
-	if err := tg.PG.Exec(ctx, "LOCK TABLE "+table+" IN ACCESS EXCLUSIVE MODE").Close(); err != nil {
+	if err := tg.PG().Exec(ctx, "LOCK TABLE "+table+" IN ACCESS EXCLUSIVE MODE").Close(); err != nil {
 		return refused("locking the table to add", err)
 	}
-	have, err := target.Query(ctx, tg.PG, `SELECT FROM pg_catalog.pg_attribute WHERE attrelid = pg_catalog.to_regclass($1)
+	have, err := target.Query(ctx, tg.PG(), `SELECT FROM pg_catalog.pg_attribute WHERE attrelid = pg_catalog.to_regclass($1)
 		AND attname = $2 AND attnum > 0 AND NOT attisdropped`, table, column)
 	if err != nil {
 		return refused("looking for", err)
@@ -161,7 +161,7 @@ func (a *Applier) addColumn(ctx context.Context, tg *target.Conn, ri *target.Rel
 	if len(have) > 0 {
 		return nil // added meanwhile
 	}
-	if err := tg.PG.Exec(ctx, "ALTER TABLE "+table+" ADD COLUMN "+pgsession.QuoteIdent(column)+" "+dstType).Close(); err != nil {
+	if err := tg.PG().Exec(ctx, "ALTER TABLE "+table+" ADD COLUMN "+pgsession.QuoteIdent(column)+" "+dstType).Close(); err != nil {
 		return refused("adding", err)
 	}
 	a.stats.columnsAdded.Add(1)
@@ -232,7 +232,7 @@ func (s *session) typeNote(table string, err error) error {
 		return err
 	}
 	defer tg.Close(ctx)
-	dst, terr := target.Query(ctx, tg.PG, columnTypesQuery, table)
+	dst, terr := target.Query(ctx, tg.PG(), columnTypesQuery, table)
 	if terr != nil {
 		return err
 	}

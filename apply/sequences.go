@@ -70,7 +70,7 @@ func (a *Applier) SyncSequences(ctx context.Context) (moved int, err error) {
 	// setval is not transactional, but its WAL is flushed only as its transaction's commit asks:
 	// a value set must survive a crash of the target once SyncSequences returned.
 	if !a.cfg.SynchronousCommit {
-		if err := tg.PG.Exec(ctx, "SET synchronous_commit = on").Close(); err != nil {
+		if err := tg.PG().Exec(ctx, "SET synchronous_commit = on").Close(); err != nil {
 			return 0, fmt.Errorf("apply: synchronizing sequences: %w", err)
 		}
 	}
@@ -80,7 +80,7 @@ func (a *Applier) SyncSequences(ctx context.Context) (moved int, err error) {
 		}
 		ns, name, value := string(s[0]), string(s[1]), string(s[2])
 		seq := pgsession.QuoteQualified(ns, name)
-		rows, err := target.Query(ctx, tg.PG, `SELECT c.oid::text FROM pg_catalog.pg_class c
+		rows, err := target.Query(ctx, tg.PG(), `SELECT c.oid::text FROM pg_catalog.pg_class c
 			JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind = 'S'`, ns, name)
 		if err != nil {
 			return moved, fmt.Errorf("apply: synchronizing sequences: %w", err)
@@ -91,7 +91,7 @@ func (a *Applier) SyncSequences(ctx context.Context) (moved int, err error) {
 		}
 		oid := string(rows[0][0])
 		// Forward only: the target's next value must be below the source's next one.
-		rows, err = target.Query(ctx, tg.PG, `SELECT pg_catalog.setval($1::oid::pg_catalog.regclass, $2::bigint, true)
+		rows, err = target.Query(ctx, tg.PG(), `SELECT pg_catalog.setval($1::oid::pg_catalog.regclass, $2::bigint, true)
 			FROM `+seq+` cur, pg_catalog.pg_sequence ps WHERE ps.seqrelid = $1::oid AND CASE WHEN ps.seqincrement > 0
 			THEN cur.last_value < $2::bigint OR (NOT cur.is_called AND cur.last_value = $2::bigint)
 			ELSE cur.last_value > $2::bigint OR (NOT cur.is_called AND cur.last_value = $2::bigint) END`, oid, value)

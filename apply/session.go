@@ -119,7 +119,7 @@ func (a *Applier) session(parent context.Context) (err error) {
 	if s.det != nil && s.det.Tomb != nil {
 		defer s.det.Tomb.Start(ctx)()
 	}
-	if !s.leader.ReplicaRole {
+	if !s.leader.ReplicaRole() {
 		s.log.Info("the target role may not set session_replication_role: triggers and foreign keys fire for replicated changes")
 	}
 	bufferFiles, _ := spillFiles(!buffered)
@@ -207,7 +207,7 @@ func (s *session) fence(ctx context.Context) error {
 	if err := s.waitLock(ctx, workers); err != nil {
 		return err
 	}
-	if _, err := target.Query(ctx, s.leader.PG, "SELECT pg_catalog.pg_advisory_unlock($1::bigint)", strconv.FormatInt(workers, 10)); err != nil {
+	if _, err := target.Query(ctx, s.leader.PG(), "SELECT pg_catalog.pg_advisory_unlock($1::bigint)", strconv.FormatInt(workers, 10)); err != nil {
 		return fmt.Errorf("apply: locking the slot's progress on the target: %w", err)
 	}
 	return nil
@@ -221,7 +221,7 @@ func (s *session) waitLock(ctx context.Context, key int64) error {
 	var said string
 	delay := 20 * time.Millisecond
 	for {
-		rows, err := target.Query(ctx, s.leader.PG, "SELECT pg_catalog.pg_try_advisory_lock($1::bigint)", strconv.FormatInt(key, 10))
+		rows, err := target.Query(ctx, s.leader.PG(), "SELECT pg_catalog.pg_try_advisory_lock($1::bigint)", strconv.FormatInt(key, 10))
 		if err != nil {
 			return fmt.Errorf("apply: locking the slot's progress on the target: %w", err)
 		}
@@ -273,7 +273,7 @@ func (s *session) waitLock(ctx context.Context, key int64) error {
 // lockHolders returns the other connections that hold the advisory lock key in this database.
 func (s *session) lockHolders(ctx context.Context, key int64) ([]replication.Backend, error) {
 	cols := strings.Replace(pgsession.BackendColumns, "a.pid::text", "l.pid::text", 1)
-	rows, err := target.Query(ctx, s.leader.PG, "SELECT "+cols+" FROM pg_catalog.pg_locks l "+
+	rows, err := target.Query(ctx, s.leader.PG(), "SELECT "+cols+" FROM pg_catalog.pg_locks l "+
 		"LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid "+
 		"WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 AND l.classid = $1::oid AND l.objid = $2::oid "+
 		"AND l.database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = pg_catalog.current_database()) "+
@@ -379,30 +379,30 @@ func (s *session) slotAhead(ctx context.Context, resume, confirmed decoding.LSN,
 func (s *session) setupProgress(ctx context.Context, tg *target.Conn) (_ decoding.LSN, legacy bool, err error) {
 	table := tg.Table(s.cfg.ProgressTable)
 	s.progSQL, s.flushSQL = target.ProgressSQL(table)
-	rows, err := target.Query(ctx, tg.PG, "SELECT pg_catalog.to_regclass($1) IS NOT NULL", table)
+	rows, err := target.Query(ctx, tg.PG(), "SELECT pg_catalog.to_regclass($1) IS NOT NULL", table)
 	if err != nil {
 		return 0, false, fmt.Errorf("apply: looking for the progress table: %w", err)
 	}
 	if string(rows[0][0]) != "t" {
-		err := tg.PG.Exec(ctx, "CREATE TABLE "+table+" (slot text PRIMARY KEY, end_lsn pg_lsn NOT NULL, system_id text, timeline int)").Close()
+		err := tg.PG().Exec(ctx, "CREATE TABLE "+table+" (slot text PRIMARY KEY, end_lsn pg_lsn NOT NULL, system_id text, timeline int)").Close()
 		if err != nil && !pgsession.IsCode(err, "42P07") { // duplicate_table: made meanwhile
 			return 0, false, fmt.Errorf("apply: creating the progress table %s: %w", table, err)
 		}
 	}
-	rows, err = target.Query(ctx, tg.PG, `SELECT pg_catalog.count(*) FROM pg_catalog.pg_attribute
+	rows, err = target.Query(ctx, tg.PG(), `SELECT pg_catalog.count(*) FROM pg_catalog.pg_attribute
 		WHERE attrelid = $1::regclass AND attname IN ('system_id', 'timeline') AND NOT attisdropped`, table)
 	if err != nil {
 		return 0, false, fmt.Errorf("apply: reading the progress table %s: %w", table, err)
 	}
 	if string(rows[0][0]) != "2" { // made by an older version: (slot, end_lsn)
-		err := tg.PG.Exec(ctx, "ALTER TABLE "+table+" ADD COLUMN IF NOT EXISTS system_id text, ADD COLUMN IF NOT EXISTS timeline int").Close()
+		err := tg.PG().Exec(ctx, "ALTER TABLE "+table+" ADD COLUMN IF NOT EXISTS system_id text, ADD COLUMN IF NOT EXISTS timeline int").Close()
 		if err != nil {
 			return 0, false, fmt.Errorf("apply: adding the source system's columns to the progress table %s (as its owner, run "+
 				"ALTER TABLE %s ADD COLUMN system_id text, ADD COLUMN timeline int): %w", table, table, err)
 		}
 		s.log.Info("progress table upgraded: it records the source system of each slot", "table", table)
 	}
-	rows, err = target.Query(ctx, tg.PG, "SELECT end_lsn::text, system_id, timeline::text FROM "+table+" WHERE slot = $1", s.cfg.Slot)
+	rows, err = target.Query(ctx, tg.PG(), "SELECT end_lsn::text, system_id, timeline::text FROM "+table+" WHERE slot = $1", s.cfg.Slot)
 	if err != nil {
 		return 0, false, fmt.Errorf("apply: reading the progress table %s: %w", table, err)
 	}
@@ -421,7 +421,7 @@ func (s *session) setupProgress(ctx context.Context, tg *target.Conn) (_ decodin
 	switch {
 	case sysID == nil:
 		// Written before the table recorded systems: it is taken to be this source's, once.
-		_, err := target.Query(ctx, tg.PG, "UPDATE "+table+" SET system_id = $2, timeline = $3::int WHERE slot = $1 AND system_id IS NULL",
+		_, err := target.Query(ctx, tg.PG(), "UPDATE "+table+" SET system_id = $2, timeline = $3::int WHERE slot = $1 AND system_id IS NULL",
 			k.Slot, k.System, strconv.Itoa(k.Timeline))
 		if err != nil {
 			return 0, false, fmt.Errorf("apply: recording the source system in the progress table %s: %w", table, err)
@@ -441,7 +441,7 @@ func (s *session) setupProgress(ctx context.Context, tg *target.Conn) (_ decodin
 			"applied; copy the target again from it (delete the slot's progress row first)", ErrSourceChanged, k.Slot, table,
 			timeline, k.System, k.Timeline)
 	case timeline < k.Timeline:
-		if _, err := target.Query(ctx, tg.PG, "UPDATE "+table+" SET timeline = $2::int WHERE slot = $1", k.Slot, strconv.Itoa(k.Timeline)); err != nil {
+		if _, err := target.Query(ctx, tg.PG(), "UPDATE "+table+" SET timeline = $2::int WHERE slot = $1", k.Slot, strconv.Itoa(k.Timeline)); err != nil {
 			return 0, false, fmt.Errorf("apply: recording the source's timeline in the progress table %s: %w", table, err)
 		}
 		s.log.Info("the source is on a new timeline (a promoted standby)", "slot", k.Slot, "system_id", k.System,

@@ -40,17 +40,17 @@ func (s *session) setupSkip(ctx context.Context, resume decoding.LSN) error {
 		return nil
 	}
 	table := s.leader.Table(s.cfg.ProgressTable)
-	rows, err := target.Query(ctx, s.leader.PG, `SELECT pg_catalog.count(*) FROM pg_catalog.pg_attribute
+	rows, err := target.Query(ctx, s.leader.PG(), `SELECT pg_catalog.count(*) FROM pg_catalog.pg_attribute
 		WHERE attrelid = $1::regclass AND attname IN ('skipped_lsn', 'skipped_xid', 'skipped_at') AND NOT attisdropped`, table)
 	if err == nil && string(rows[0][0]) != "3" {
-		err = s.leader.PG.Exec(ctx, "ALTER TABLE "+table+" ADD COLUMN IF NOT EXISTS skipped_lsn pg_lsn, "+
+		err = s.leader.PG().Exec(ctx, "ALTER TABLE "+table+" ADD COLUMN IF NOT EXISTS skipped_lsn pg_lsn, "+
 			"ADD COLUMN IF NOT EXISTS skipped_xid bigint, ADD COLUMN IF NOT EXISTS skipped_at timestamptz").Close()
 	}
 	if err != nil {
 		return fmt.Errorf("apply: adding the skip columns to the progress table %s (as its owner, run ALTER TABLE %s "+
 			"ADD COLUMN skipped_lsn pg_lsn, ADD COLUMN skipped_xid bigint, ADD COLUMN skipped_at timestamptz): %w", table, table, err)
 	}
-	rows, err = target.Query(ctx, s.leader.PG, "SELECT skipped_lsn::text, skipped_xid::text FROM "+table+" WHERE slot = $1", s.cfg.Slot)
+	rows, err = target.Query(ctx, s.leader.PG(), "SELECT skipped_lsn::text, skipped_xid::text FROM "+table+" WHERE slot = $1", s.cfg.Slot)
 	if err != nil {
 		return fmt.Errorf("apply: reading the progress table %s: %w", table, err)
 	}

@@ -36,7 +36,7 @@ func (a *Applier) Uninstall(ctx context.Context, opts UninstallOptions) error {
 	if err != nil {
 		return configErr(err)
 	}
-	conn := tg.PG
+	conn := tg.PG()
 	defer conn.Close(context.WithoutCancel(ctx))
 	exec := func(sql string, args ...string) error {
 		_, err := target.Query(ctx, conn, sql, args...)
@@ -137,11 +137,11 @@ func (a *Applier) Uninstall(ctx context.Context, opts UninstallOptions) error {
 // no such row (or no progress table).
 func progressSystem(ctx context.Context, tg *target.Conn, cfg *Config) (string, error) {
 	table := tg.Table(cfg.ProgressTable)
-	rows, err := target.Query(ctx, tg.PG, "SELECT (pg_catalog.to_regclass($1) IS NOT NULL)::pg_catalog.text", table)
+	rows, err := target.Query(ctx, tg.PG(), "SELECT (pg_catalog.to_regclass($1) IS NOT NULL)::pg_catalog.text", table)
 	if err != nil || string(rows[0][0]) != "true" {
 		return "", err
 	}
-	rows, err = target.Query(ctx, tg.PG, `SELECT system_id FROM `+table+` WHERE slot OPERATOR(pg_catalog.=) $1`, cfg.Slot)
+	rows, err = target.Query(ctx, tg.PG(), `SELECT system_id FROM `+table+` WHERE slot OPERATOR(pg_catalog.=) $1`, cfg.Slot)
 	if err != nil {
 		// A table made before it recorded the source system.
 		if pgsession.IsCode(err, "42703") {

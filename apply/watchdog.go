@@ -46,12 +46,12 @@ func (s *session) watchdog(ctx context.Context) error {
 		jobs := map[uint32]*job{}
 		holders := map[uint32]schedule.Holder{}
 		if j := s.leaderJob.Load(); j != nil {
-			jobs[s.leader.PID], holders[s.leader.PID] = j, schedule.Holder{Rank: j.Rank()}
+			jobs[s.leader.PID()], holders[s.leader.PID()] = j, schedule.Holder{Rank: j.Rank()}
 		}
 		for _, w := range s.workers {
 			if j := w.cur.Load(); j != nil {
-				jobs[w.tg.PID] = j
-				holders[w.tg.PID] = schedule.Holder{Rank: j.Rank(), Worker: true, Waiting: w.state.Load() == wsWaiting}
+				jobs[w.tg.PID()] = j
+				holders[w.tg.PID()] = schedule.Holder{Rank: j.Rank(), Worker: true, Waiting: w.state.Load() == wsWaiting}
 			}
 		}
 		if len(holders) < 2 {
@@ -62,7 +62,7 @@ func (s *session) watchdog(ctx context.Context) error {
 		for pid := range holders {
 			pids = append(pids, strconv.FormatUint(uint64(pid), 10))
 		}
-		rows, err := target.Query(ctx, conn.PG, `SELECT pid, pg_catalog.pg_blocking_pids(pid)::text FROM pg_catalog.pg_stat_activity
+		rows, err := target.Query(ctx, conn.PG(), `SELECT pid, pg_catalog.pg_blocking_pids(pid)::text FROM pg_catalog.pg_stat_activity
 			WHERE pid = ANY ($1::int[]) AND wait_event_type = 'Lock'`, "{"+strings.Join(pids, ",")+"}")
 		if err != nil {
 			if ctx.Err() != nil {

@@ -194,7 +194,7 @@ func TestCoalesceFullFallbacks(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, tb := range tables {
-			rows, err := Query(ctx, c.PG, "SELECT string_agg(id || '=' || v, ',' ORDER BY id) FROM public."+tb.name)
+			rows, err := Query(ctx, c.PG(), "SELECT string_agg(id || '=' || v, ',' ORDER BY id) FROM public."+tb.name)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -266,7 +266,7 @@ func runCoalesceModel(t *testing.T, dsn string, rng *rand.Rand, full, detecting 
 		}
 		var contents [2][]string
 		for i, s := range schemas {
-			rows, err := Query(ctx, conns[i].PG, "SELECT k::text || ':' || coalesce(v, '<null>') || ':' || n::text FROM "+s+".t ORDER BY k")
+			rows, err := Query(ctx, conns[i].PG(), "SELECT k::text || ':' || coalesce(v, '<null>') || ':' || n::text FROM "+s+".t ORDER BY k")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -284,7 +284,7 @@ func runCoalesceModel(t *testing.T, dsn string, rng *rand.Rand, full, detecting 
 		}
 		// The model's source goes on from what the target holds.
 		src = map[int]modelRow{}
-		rows, err := Query(ctx, conns[1].PG, "SELECT k, v, n FROM "+schemas[1]+".t")
+		rows, err := Query(ctx, conns[1].PG(), "SELECT k, v, n FROM "+schemas[1]+".t")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -411,7 +411,7 @@ func TestCoalesceFallbacks(t *testing.T) {
 			"SELECT string_agg(k || '=' || v, ',' ORDER BY k) FROM public.toast":  "1=big",
 			"SELECT count(*)::text FROM public.seen":                              "3", // the trigger saw every row change
 		} {
-			rows, err := Query(ctx, c.PG, q)
+			rows, err := Query(ctx, c.PG(), q)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -473,10 +473,10 @@ func TestSetStatementsProbe(t *testing.T) {
 		txt := func(s string) decoding.Column { return decoding.Column{Kind: decoding.ColumnText, Data: []byte(s)} }
 		scans := func() (seq, tup int64) {
 			t.Helper()
-			if _, err := Query(ctx, c.PG, "SELECT pg_catalog.pg_stat_force_next_flush()"); err != nil {
+			if _, err := Query(ctx, c.PG(), "SELECT pg_catalog.pg_stat_force_next_flush()"); err != nil {
 				t.Fatal(err)
 			}
-			rows, err := Query(ctx, c.PG, "SELECT seq_scan, idx_tup_fetch FROM pg_catalog.pg_stat_user_tables WHERE relname = 'big'")
+			rows, err := Query(ctx, c.PG(), "SELECT seq_scan, idx_tup_fetch FROM pg_catalog.pg_stat_user_tables WHERE relname = 'big'")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -511,7 +511,7 @@ func TestSetStatementsProbe(t *testing.T) {
 		if n := tup1 - tup0; n < updates+deletes || n > 2*(updates+deletes) {
 			t.Errorf("the set statements fetched %d rows through the index for %d changes: not one probe per change", n, updates+deletes)
 		}
-		rows, err := Query(ctx, c.PG, "SELECT pg_catalog.current_setting('enable_hashjoin') || ',' || pg_catalog.current_setting('enable_mergejoin') || ',' || "+
+		rows, err := Query(ctx, c.PG(), "SELECT pg_catalog.current_setting('enable_hashjoin') || ',' || pg_catalog.current_setting('enable_mergejoin') || ',' || "+
 			"(SELECT count(*) FROM public.big WHERE v = 'new') || ',' || (SELECT count(*) FROM public.big)")
 		if err != nil {
 			t.Fatal(err)

@@ -57,4 +57,12 @@
 //
 // Lookups and resolutions run on the connection applying the transaction, inside it, in the
 // order of the statements.
+//
+// The Conn's jobs, by file: conn.go connects and sets the session up; txn.go is the target
+// transaction (begin, savepoints, commit with the progress row, the rows counted); statements.go
+// makes each change's statement; stmtcache.go keeps the prepared statements, at most
+// Options.MaxStatements; batch.go sends the batch and checks its results; copyrun.go gathers runs
+// of inserts and sends them through COPY; coalesce*.go is set-based apply; resolve.go resolves
+// conflicts; progress.go and origin.go are the progress row and the replication origin; errors.go
+// says what failed.
 package target

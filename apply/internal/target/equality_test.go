@@ -18,7 +18,7 @@ func TestEquality(t *testing.T) {
 			"CREATE TABLE public.eq (n numeric PRIMARY KEY, d public.amount, f float8, c char(4), t text, a int[])",
 			"CREATE TABLE public.progress (slot text PRIMARY KEY, end_lsn pg_lsn NOT NULL, system_id text, timeline int)")
 		c := testConn(ctx, t, dsn, "eq", "public.progress", &Counters{})
-		rows, err := Query(ctx, c.PG, "SELECT count(*) FROM pg_catalog.pg_collation WHERE collprovider = 'i'")
+		rows, err := Query(ctx, c.PG(), "SELECT count(*) FROM pg_catalog.pg_collation WHERE collprovider = 'i'")
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -11,10 +11,10 @@ import (
 
 // SetupOrigin makes the connection's transactions carry the origin name.
 func (t *Conn) SetupOrigin(ctx context.Context, name string) error {
-	if _, err := Query(ctx, t.PG, "SELECT pg_catalog.pg_replication_origin_session_setup($1)", name); err != nil {
+	if _, err := Query(ctx, t.pg, "SELECT pg_catalog.pg_replication_origin_session_setup($1)", name); err != nil {
 		return fmt.Errorf("apply: setting up replication origin %q on the target: %w", name, err)
 	}
-	t.Origin = name
+	t.origin = name
 	return nil
 }
 

@@ -39,7 +39,7 @@ func ProgressSQL(table string) (upsert, flush string) {
 // PrepareProgress prepares upsert (ProgressSQL's) on the connection: Commit writes the
 // progress row with it.
 func (t *Conn) PrepareProgress(ctx context.Context, upsert string) error {
-	if _, err := t.PG.Prepare(ctx, "pgr_progress", upsert, nil); err != nil {
+	if _, err := t.pg.Prepare(ctx, "pgr_progress", upsert, nil); err != nil {
 		return fmt.Errorf("apply: preparing the progress update: %w", err)
 	}
 	t.progress = &stmt{name: "pgr_progress", nparams: 4}
@@ -112,7 +112,7 @@ func ParseLSNs(s string) ([]decoding.LSN, error) {
 // PrepareAhead prepares upsert (AheadSQL's) on the connection: CommitAhead writes the worker's row
 // with it.
 func (t *Conn) PrepareAhead(ctx context.Context, upsert string) error {
-	if _, err := t.PG.Prepare(ctx, "pgr_ahead", upsert, nil); err != nil {
+	if _, err := t.pg.Prepare(ctx, "pgr_ahead", upsert, nil); err != nil {
 		return fmt.Errorf("apply: preparing the ahead row update: %w", err)
 	}
 	t.ahead = &stmt{name: "pgr_ahead", nparams: 5}

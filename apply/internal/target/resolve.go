@@ -44,7 +44,7 @@ func (t *Conn) conflictInfo(ctx context.Context, m *Table) (*detect.Indexes, err
 	if rc := t.indexes[m.info]; rc != nil {
 		return rc, nil
 	}
-	rows, err := Query(ctx, t.PG, detect.UniqueQuery, strconv.FormatUint(uint64(m.OID), 10))
+	rows, err := Query(ctx, t.pg, detect.UniqueQuery, strconv.FormatUint(uint64(m.OID), 10))
 	if err != nil {
 		return nil, fmt.Errorf("apply: reading the unique indexes of %s: %w", m.Name, err)
 	}
@@ -106,7 +106,7 @@ var errRecommit = errors.New("apply: commit held back by a conflict")
 // heldBack undoes the failed check and resolves the conflicts of the batch.
 func (t *Conn) heldBack(ctx context.Context, ops []batchOp, missed []int) error {
 	t.stats.RoundTrips.Add(1)
-	err := t.PG.Exec(ctx, "ROLLBACK TO SAVEPOINT pgr_commit; RELEASE SAVEPOINT pgr_commit; "+
+	err := t.pg.Exec(ctx, "ROLLBACK TO SAVEPOINT pgr_commit; RELEASE SAVEPOINT pgr_commit; "+
 		"SELECT pg_catalog.set_config('pgreorder.missed', '', true)").Close()
 	if err != nil {
 		return err
@@ -175,7 +175,7 @@ func (t *Conn) exec(ctx context.Context, sql string, params [][]byte, oids []uin
 	if allZero(formats) {
 		formats = nil
 	}
-	res := t.PG.ExecParams(ctx, sql, params, oids, formats, nil).Read()
+	res := t.pg.ExecParams(ctx, sql, params, oids, formats, nil).Read()
 	return res, res.Err
 }
 
@@ -631,7 +631,7 @@ func (t *Conn) sendGuarded(ctx context.Context, op batchOp, sql string, guard bo
 // statements before it (missed) resolved, and the conflicting local rows looked up.
 func (t *Conn) updateExists(ctx context.Context, op batchOp, cause error, ops []batchOp, missed []int) error {
 	t.stats.RoundTrips.Add(1)
-	if err := t.PG.Exec(ctx, "ROLLBACK TO SAVEPOINT pgr_guard; RELEASE SAVEPOINT pgr_guard").Close(); err != nil {
+	if err := t.pg.Exec(ctx, "ROLLBACK TO SAVEPOINT pgr_guard; RELEASE SAVEPOINT pgr_guard").Close(); err != nil {
 		return err
 	}
 	if err := t.resolveAll(ctx, ops, missed); err != nil {

@@ -38,13 +38,13 @@ func (t *Conn) mapWithColumns(ctx context.Context, ri *Relation, m *Table, err e
 		if !errors.As(err, &mc) {
 			return m, err
 		}
-		if !t.InTxn {
+		if !t.inTxn {
 			return nil, err
 		}
 		// The error may be older than a commit of another connection that added the column:
 		// read the catalog again first.
 		ri.forget()
-		if m, err = ri.mapping(ctx, t.PG, t.ReplicaRole, t.opts.Binary); !errors.As(err, &mc) {
+		if m, err = ri.mapping(ctx, t.pg, t.replicaRole, t.opts.Binary); !errors.As(err, &mc) {
 			return m, err
 		}
 		if ferr := t.FlushPending(ctx); ferr != nil {
@@ -54,7 +54,7 @@ func (t *Conn) mapWithColumns(ctx context.Context, ri *Relation, m *Table, err e
 			return nil, aerr
 		}
 		ri.forget()
-		m, err = ri.mapping(ctx, t.PG, t.ReplicaRole, t.opts.Binary)
+		m, err = ri.mapping(ctx, t.pg, t.replicaRole, t.opts.Binary)
 	}
 	return m, err
 }

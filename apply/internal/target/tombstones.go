@@ -21,14 +21,14 @@ func NewTombstones(ctx context.Context, tg *Conn, cc *conflict.Config, progressT
 	}
 	table, fn, base := TombstoneNames(tg, cc.TombstoneTable, progressTable)
 	o := tg.opts
-	return detect.NewTombstoneStore(ctx, tg.PG, detect.TombstoneStore{Table: table, Function: fn, KeyIndex: pgsession.QuoteIdent(base + "_key"),
+	return detect.NewTombstoneStore(ctx, tg.pg, detect.TombstoneStore{Table: table, Function: fn, KeyIndex: pgsession.QuoteIdent(base + "_key"),
 		AtIndex: pgsession.QuoteIdent(base + "_at"), Retention: cc.Retention, Now: o.Now,
 		Dial: func(ctx context.Context) (*pgconn.PgConn, error) {
 			c, err := Dial(ctx, o, "pgreorder apply "+o.Slot+" tombstones")
 			if err != nil {
 				return nil, err
 			}
-			return c.PG, nil
+			return c.pg, nil
 		}}, stats, log)
 }
 
