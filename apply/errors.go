@@ -121,23 +121,6 @@ type ApplyError struct {
 	Err error
 }
 
-// Op is the statement an ApplyError names.
-type Op int
-
-const (
-	OpNone     Op = iota // not one statement
-	OpInsert             // INSERT, or a COPY of inserted rows
-	OpUpdate             // UPDATE
-	OpDelete             // DELETE
-	OpTruncate           // TRUNCATE
-	OpCommit             // COMMIT: a deferred constraint, say
-	OpCopy               // the initial copy's COPY
-)
-
-// String returns the statement's SQL keyword, such as "INSERT" ("" for OpNone). The constants
-// are the target connection's own, one for one (a test holds them so).
-func (o Op) String() string { return target.Op(o).String() }
-
 func (e *ApplyError) Error() string { return e.Named(configerr.Field.String) }
 
 // Named returns the message with the field of its hint (SkipLSN) named by name.

@@ -99,12 +99,16 @@ func TestTargetKinds(t *testing.T) {
 	if kindErr(target.KindNone) != nil {
 		t.Error("KindNone has a sentinel")
 	}
-	// Op is described by the target package's Op: the constants must be the same ones.
-	for o, want := range map[Op]target.Op{OpNone: target.OpNone, OpInsert: target.OpInsert, OpUpdate: target.OpUpdate,
-		OpDelete: target.OpDelete, OpTruncate: target.OpTruncate, OpCommit: target.OpCommit, OpCopy: target.OpCopy} {
-		if target.Op(o) != want {
-			t.Errorf("Op %d here is %d (%s) in the target package", int(o), int(want), want)
+	// Op's values and names are part of the API: an ApplyError's message and its users' switches
+	// rely on them.
+	for o, want := range map[Op]string{OpNone: "", OpInsert: "INSERT", OpUpdate: "UPDATE", OpDelete: "DELETE",
+		OpTruncate: "TRUNCATE", OpCommit: "COMMIT", OpCopy: "COPY"} {
+		if o.String() != want {
+			t.Errorf("Op %d is %q, want %q", int(o), o, want)
 		}
+	}
+	if int(OpNone) != 0 || int(OpCopy) != 6 {
+		t.Errorf("OpNone is %d and OpCopy %d, want 0 and 6", int(OpNone), int(OpCopy))
 	}
 	if Op(target.OpCopy+1).String() != "Op(7)" {
 		t.Errorf("an Op past the last: %q", Op(target.OpCopy+1))

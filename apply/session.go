@@ -605,6 +605,6 @@ func (s *session) txnError(x txnRef, err error) error {
 	if ce.Kind == target.KindData && ce.Relation != "" {
 		cause = s.typeNote(ce.Relation, cause) // schema.go
 	}
-	return &ApplyError{Kind: kindErr(ce.Kind), Relation: ce.Relation, Op: Op(ce.Op), Xid: x.Xid, CommitLSN: x.CommitLSN,
+	return &ApplyError{Kind: kindErr(ce.Kind), Relation: ce.Relation, Op: ce.Op, Xid: x.Xid, CommitLSN: x.CommitLSN,
 		EndLSN: x.EndLSN, Err: cause}
 }

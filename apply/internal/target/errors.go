@@ -65,7 +65,8 @@ func (k Kind) String() string {
 	return "Kind(" + strconv.Itoa(int(k)) + ")"
 }
 
-// Op is the statement a ChangeError names (the applier's Op, value for value).
+// Op is the statement a ChangeError names. It is the applier's Op too (apply.Op is an alias of
+// it): the values and their names are part of apply's API.
 type Op int
 
 const (
@@ -74,14 +75,14 @@ const (
 	OpUpdate             // UPDATE
 	OpDelete             // DELETE
 	OpTruncate           // TRUNCATE
-	OpCommit             // COMMIT
+	OpCommit             // COMMIT: a deferred constraint, say
 	OpCopy               // the initial copy's COPY
 )
 
 var opText = [...]string{OpNone: "", OpInsert: "INSERT", OpUpdate: "UPDATE", OpDelete: "DELETE",
 	OpTruncate: "TRUNCATE", OpCommit: "COMMIT", OpCopy: "COPY"}
 
-// String returns the statement's SQL keyword ("" for OpNone).
+// String returns the statement's SQL keyword, such as "INSERT" ("" for OpNone).
 func (o Op) String() string {
 	if o >= 0 && int(o) < len(opText) {
 		return opText[o]
