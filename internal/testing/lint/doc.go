@@ -6,5 +6,6 @@
 // helpers talk to pgconn, and only replication speaks the walsender's commands; only metrics
 // imports the Prometheus client, and nothing below it depends on it; the core has no goroutines
 // and no clock; spill reaches files below its directory only through directory handles; and
-// every package a user can import has a package doc comment and a runnable Example.
+// every package a user can import has a package doc comment and a runnable Example; and no
+// shipped Go file (the benchmarks and internal/tools aside) is longer than 1,000 lines.
 package lint

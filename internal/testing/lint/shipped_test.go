@@ -1,7 +1,11 @@
 package lint_test
 
 import (
+	"bytes"
+	"io/fs"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -89,4 +93,42 @@ func TestFolders(t *testing.T) {
 	require.True(t, library("internal/dirfile"))
 	require.False(t, library(toolsDir+"capture"))
 	require.False(t, library("cmd/pgreorder"))
+}
+
+// maxFileLines bounds the lines of a shipped Go file (the library's, the commands' and the
+// examples'; the benchmarks and internal/tools aside): past it, a file holds more than one job
+// and is to be split by job.
+const maxFileLines = 1000
+
+// TestFileSize: no shipped Go file is longer than maxFileLines.
+func TestFileSize(t *testing.T) {
+	files := 0
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(root, path)
+		rel = filepath.ToSlash(rel)
+		if d.IsDir() {
+			if rel == "bench" || rel == strings.TrimSuffix(toolsDir, "/") || rel == "testdata" ||
+				strings.HasSuffix(rel, "/testdata") || strings.HasPrefix(d.Name(), ".") && rel != "." {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(rel, ".go") || strings.HasSuffix(rel, "_test.go") {
+			return nil
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		files++
+		if n := bytes.Count(b, []byte("\n")); n > maxFileLines {
+			t.Errorf("%s has %d lines, more than %d: split it by job", rel, n, maxFileLines)
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	require.Greater(t, files, 100, "the walk found too few files")
 }
