@@ -102,7 +102,7 @@ func (a *acks) ready(c commitRef, prefix uint64) bool {
 // committed records a commit, in commit order; durable says that it, and so every commit before
 // it, is durable on the target.
 func (s *session) committed(c commitRef, durable bool) {
-	s.a.streams.applied(c.txn)
+	s.a.streams.Applied(c.txn)
 	a := &s.acks
 	a.mu.Lock()
 	defer a.mu.Unlock()

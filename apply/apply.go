@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/pgreorder/pgreorder/apply/internal/streams"
 	"github.com/pgreorder/pgreorder/decoding"
 )
 
@@ -27,7 +28,7 @@ var ErrRunning = errors.New("apply: Run already in progress")
 type Applier struct {
 	cfg     Config
 	stats   counters
-	streams streams // the sessions' replication streams, for Position, Activity and the like
+	streams streams.Tracker // the sessions' replication streams, for Position, Activity and the like
 
 	mu      sync.Mutex
 	running bool

@@ -165,9 +165,9 @@ func (a *Applier) session(parent context.Context) (err error) {
 	if err := s.ensureProgress(ctx, resume); err != nil {
 		return err
 	}
-	s.a.streams.attach(s.stream)
+	s.a.streams.Attach(s.stream)
 	s.a.markStreaming()
-	defer s.a.streams.detach()
+	defer s.a.streams.Detach()
 	s.log.Info("applying", "slot", s.cfg.Slot, "mode", s.cfg.Mode, "resume_after", resume)
 	if buffered {
 		return s.runBuffered(ctx)

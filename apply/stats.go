@@ -1,9 +1,7 @@
 package apply
 
 import (
-	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/pgreorder/pgreorder/apply/conflict"
 	"github.com/pgreorder/pgreorder/apply/internal/detect"
@@ -155,104 +153,6 @@ func (s Stats) Conflicts(ct conflict.Type) int64 {
 	return 0
 }
 
-// streams follows the replication streams of the Applier's sessions, for Position, Activity,
-// BufferStats and Reconnects: the current session's stream, and what the streams of the ended
-// sessions reported, so that the Applier answers between sessions too, with counters that never
-// go back.
-type streams struct {
-	mu  sync.Mutex
-	cur *replication.Stream // the current session's stream; nil between sessions
-
-	pos        replication.Position // the highest positions the ended streams reported
-	buf        reorderbuffer.Stats  // the ended streams' counters, summed
-	handedOut  int64                // the ended streams' Activity.HandedOut, summed
-	acked      int64                // and Activity.Acked
-	reconnects int                  // the ended streams' Reconnects, plus one per stream after the first
-	started    int                  // streams started
-	first      time.Time            // when the first stream started
-	// behind is when the Applier stopped being caught up, kept across sessions: the moment a
-	// stream that was caught up ended, or when an ended stream stopped being caught up. Zero
-	// while caught up, and before the first stream.
-	behind time.Time
-
-	// The last transaction committed on the target: its commit time on the source, and when it
-	// committed (local clock).
-	lastCommit, lastApplied time.Time
-}
-
-// attach records that s is the current session's stream.
-func (w *streams) attach(s *replication.Stream) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.started > 0 {
-		w.reconnects++
-	}
-	w.started++
-	w.cur = s
-	if w.first.IsZero() {
-		w.first = s.Activity().Started
-	}
-}
-
-// detach records what the current stream reported, as it ends.
-func (w *streams) detach() {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	s := w.cur
-	if s == nil {
-		return
-	}
-	w.cur = nil
-	p := s.Position()
-	w.pos = replication.Position{Start: p.Start, Received: max(w.pos.Received, p.Received),
-		Flushed: max(w.pos.Flushed, p.Flushed), Acked: max(w.pos.Acked, p.Acked)}
-	w.buf = addStats(w.buf, s.Stats())
-	act := s.Activity()
-	w.handedOut += act.HandedOut
-	w.acked += act.Acked
-	w.reconnects += s.Reconnects()
-	switch {
-	case act.CaughtUp:
-		w.behind = time.Now()
-	case act.BehindSince.Equal(act.Started) && !w.behind.IsZero():
-		// Never caught up: behind since before it started.
-	default:
-		w.behind = act.BehindSince
-	}
-}
-
-// applied records that t committed on the target.
-func (w *streams) applied(t *reorderbuffer.Txn) {
-	if t.CommitTime.IsZero() {
-		return // an idle advance, a non-transactional message
-	}
-	now := time.Now()
-	w.mu.Lock()
-	w.lastCommit, w.lastApplied = t.CommitTime, now
-	w.mu.Unlock()
-}
-
-// addStats returns sum with the counters of s added, and the peak memory the higher of both.
-// The gauges (memory, spill files, transactions held, positions) are left: they are the current
-// stream's.
-func addStats(sum, s reorderbuffer.Stats) reorderbuffer.Stats {
-	sum.SpillTxns += s.SpillTxns
-	sum.SpillCount += s.SpillCount
-	sum.SpillBytes += s.SpillBytes
-	sum.StreamTxns += s.StreamTxns
-	sum.StreamCount += s.StreamCount
-	sum.StreamBytes += s.StreamBytes
-	sum.TotalTxns += s.TotalTxns
-	sum.TotalBytes += s.TotalBytes
-	sum.TotalChanges += s.TotalChanges
-	sum.AbortedTxns += s.AbortedTxns
-	sum.AbortedSubxacts += s.AbortedSubxacts
-	sum.RestartedTxns += s.RestartedTxns
-	sum.SkippedTxns += s.SkippedTxns
-	sum.PeakMemoryBytes = max(sum.PeakMemoryBytes, s.PeakMemoryBytes)
-	return sum
-}
-
 // Position returns the positions of the source's WAL: Received is the highest position the
 // source sent (in data and keepalive messages), Flushed the highest position acknowledged to it
 // (every transaction up to it is durable on the target, with the progress row), Acked the
@@ -263,17 +163,7 @@ func (a *Applier) Position() replication.Position {
 	if a == nil {
 		return replication.Position{}
 	}
-	w := &a.streams
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.cur == nil {
-		return w.pos
-	}
-	p := w.cur.Position()
-	p.Received = max(p.Received, w.pos.Received)
-	p.Flushed = max(p.Flushed, w.pos.Flushed)
-	p.Acked = max(p.Acked, w.pos.Acked)
-	return p
+	return a.streams.Position()
 }
 
 // Activity returns the session's replication.Activity, with these differences: LastCommitTime
@@ -288,26 +178,7 @@ func (a *Applier) Activity() replication.Activity {
 	if a == nil {
 		return replication.Activity{}
 	}
-	w := &a.streams
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	var act replication.Activity
-	if w.cur != nil {
-		act = w.cur.Activity()
-		switch {
-		case act.CaughtUp:
-			w.behind = time.Time{}
-		case act.BehindSince.Equal(act.Started) && !w.behind.IsZero():
-			act.BehindSince = w.behind
-		}
-	} else if w.started > 0 {
-		act.BehindSince = w.behind
-	}
-	act.Started = w.first
-	act.HandedOut += w.handedOut
-	act.Acked += w.acked
-	act.LastCommitTime, act.LastHandedOut = w.lastCommit, w.lastApplied
-	return act
+	return a.streams.Activity()
 }
 
 // BufferStats returns the statistics of the session's reorder buffer (replication.Stream.Stats):
@@ -317,21 +188,7 @@ func (a *Applier) BufferStats() reorderbuffer.Stats {
 	if a == nil {
 		return reorderbuffer.Stats{}
 	}
-	w := &a.streams
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.cur == nil {
-		return w.buf
-	}
-	s := w.cur.Stats()
-	sum := addStats(w.buf, s)
-	s.SpillTxns, s.SpillCount, s.SpillBytes = sum.SpillTxns, sum.SpillCount, sum.SpillBytes
-	s.StreamTxns, s.StreamCount, s.StreamBytes = sum.StreamTxns, sum.StreamCount, sum.StreamBytes
-	s.TotalTxns, s.TotalBytes, s.TotalChanges = sum.TotalTxns, sum.TotalBytes, sum.TotalChanges
-	s.AbortedTxns, s.AbortedSubxacts = sum.AbortedTxns, sum.AbortedSubxacts
-	s.RestartedTxns, s.SkippedTxns = sum.RestartedTxns, sum.SkippedTxns
-	s.PeakMemoryBytes = sum.PeakMemoryBytes
-	return s
+	return a.streams.BufferStats()
 }
 
 // Reconnects returns how many times the Applier connected to the source again after losing its
@@ -341,12 +198,5 @@ func (a *Applier) Reconnects() int {
 	if a == nil {
 		return 0
 	}
-	w := &a.streams
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	n := w.reconnects
-	if w.cur != nil {
-		n += w.cur.Reconnects()
-	}
-	return n
+	return a.streams.Reconnects()
 }

@@ -66,8 +66,10 @@ var allowed = map[string][]string{
 	// and batches they send) calls conflict detection, below it; neither knows the stream's
 	// transactions (reorderbuffer) nor apply.
 	"apply": {"apply/conflict", "changefeed", "snapshot", "replication", "reorderbuffer", "decoding", "spill",
-		"apply/internal/schedule", "apply/internal/target", "apply/internal/detect", "internal/pgsession", "internal/configerr"},
+		"apply/internal/schedule", "apply/internal/target", "apply/internal/detect", "apply/internal/streams",
+		"internal/pgsession", "internal/configerr"},
 	"apply/conflict":          {"decoding"},
+	"apply/internal/streams":  {"replication", "reorderbuffer"},
 	"apply/internal/schedule": {"decoding", "spill"},
 	"apply/internal/target":   {"apply/conflict", "apply/internal/detect", "decoding", "internal/copycodec", "internal/pgsession", "internal/configerr"},
 	"apply/internal/detect":   {"apply/conflict", "decoding", "internal/pgsession"},
