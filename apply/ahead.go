@@ -33,7 +33,7 @@ import (
 func (s *session) setupAhead(ctx context.Context, resume decoding.LSN) (decoding.LSN, error) {
 	tg := s.leader
 	progress := tg.Table(s.cfg.ProgressTable)
-	s.aheadTable = companionTable(progress, "_ahead")
+	s.aheadTable = target.CompanionTable(progress, "_ahead")
 	rows, err := target.Query(ctx, tg.PG(), "SELECT pg_catalog.count(*) FROM "+progress+" WHERE slot = $1", s.cfg.Slot)
 	if err != nil {
 		return 0, fmt.Errorf("apply: reading the progress table %s: %w", progress, err)

@@ -53,15 +53,6 @@ func copyFatal(err error) bool {
 // copyStageTimeout bounds the clean-up of the target after a failed copy.
 const copyStageTimeout = 30 * time.Second
 
-// companionTable returns the quoted, qualified name of a table that lives beside the progress
-// table: the progress table's name (as quoted and qualified by target.table) with suffix
-// appended to the table's part ("_copy" for the initial copy's, "_ahead" for relaxed commits').
-func companionTable(progress, suffix string) string {
-	parts, _ := target.ParseQualified(progress)
-	parts[len(parts)-1] += suffix
-	return pgsession.QuoteQualified(parts...)
-}
-
 // initialCopy copies the published tables into the target and returns the stream from the
 // slot's consistent point, and that point. The copy's steps (the slot of a copy cut short
 // dropped, the slot created with an exported snapshot, the copy, the stream started at once and
@@ -69,7 +60,7 @@ func companionTable(progress, suffix string) string {
 // copyTarget). On failure what was copied is discarded once the slot is dropped; what could not
 // be discarded, the next session does.
 func (s *session) initialCopy(ctx context.Context, rcfg replication.Config) (*replication.Stream, decoding.LSN, error) {
-	ct := companionTable(s.leader.Table(s.cfg.ProgressTable), "_copy")
+	ct := target.CompanionTable(s.leader.Table(s.cfg.ProgressTable), "_copy")
 	if err := s.createCopyTable(ctx, ct); err != nil {
 		return nil, 0, err
 	}

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/internal/pgsession"
 )
 
 // ProgressKey is what identifies the stream in its progress row: the slot, and the source system
@@ -126,4 +127,35 @@ func (t *Conn) CommitAhead(ctx context.Context, args [][]byte, end decoding.LSN,
 		return errors.New("apply: the ahead row statement is not prepared on the target connection")
 	}
 	return t.commit(ctx, t.ahead, args, end, sync)
+}
+
+// CompanionTable returns the quoted, qualified name of a table that lives beside the progress
+// table: the progress table's name (as quoted and qualified by Conn.Table) with suffix appended
+// to the table's part ("_copy" for the initial copy's, "_ahead" for relaxed commits').
+func CompanionTable(progress, suffix string) string {
+	parts, _ := ParseQualified(progress)
+	parts[len(parts)-1] += suffix
+	return pgsession.QuoteQualified(parts...)
+}
+
+// ProgressSystem returns the source system named by slot's row of the progress table (its
+// configured name), or "" when there is no such row (or no progress table).
+func (t *Conn) ProgressSystem(ctx context.Context, progressTable, slot string) (string, error) {
+	table := t.Table(progressTable)
+	rows, err := Query(ctx, t.pg, "SELECT (pg_catalog.to_regclass($1) IS NOT NULL)::pg_catalog.text", table)
+	if err != nil || string(rows[0][0]) != "true" {
+		return "", err
+	}
+	rows, err = Query(ctx, t.pg, `SELECT system_id FROM `+table+` WHERE slot OPERATOR(pg_catalog.=) $1`, slot)
+	if err != nil {
+		// A table made before it recorded the source system.
+		if pgsession.IsCode(err, "42703") {
+			return "", nil
+		}
+		return "", fmt.Errorf("reading the progress table %s: %w", table, err)
+	}
+	if len(rows) == 0 || rows[0][0] == nil {
+		return "", nil
+	}
+	return string(rows[0][0]), nil
 }
