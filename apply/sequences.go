@@ -80,25 +80,18 @@ func (a *Applier) SyncSequences(ctx context.Context) (moved int, err error) {
 		}
 		ns, name, value := string(s[0]), string(s[1]), string(s[2])
 		seq := pgsession.QuoteQualified(ns, name)
-		rows, err := target.Query(ctx, tg.PG(), `SELECT c.oid::text FROM pg_catalog.pg_class c
-			JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind = 'S'`, ns, name)
-		if err != nil {
+		found, set, err := tg.SetSequence(ctx, ns, name, value)
+		switch {
+		case err != nil && !found: // looking the sequence up
 			return moved, fmt.Errorf("apply: synchronizing sequences: %w", err)
+		case err != nil:
+			return moved, fmt.Errorf("apply: synchronizing sequence %s: %w", seq, err)
 		}
-		if len(rows) == 0 {
+		if !found {
 			return moved, configerr.WithHint(ErrMissingSequence, ": ", "sequence %s (owned by a published table's column on the source) "+
 				"does not exist on the target: create it there, or stop synchronizing sequences (%s)", seq, field("SyncSequences"))
 		}
-		oid := string(rows[0][0])
-		// Forward only: the target's next value must be below the source's next one.
-		rows, err = target.Query(ctx, tg.PG(), `SELECT pg_catalog.setval($1::oid::pg_catalog.regclass, $2::bigint, true)
-			FROM `+seq+` cur, pg_catalog.pg_sequence ps WHERE ps.seqrelid = $1::oid AND CASE WHEN ps.seqincrement > 0
-			THEN cur.last_value < $2::bigint OR (NOT cur.is_called AND cur.last_value = $2::bigint)
-			ELSE cur.last_value > $2::bigint OR (NOT cur.is_called AND cur.last_value = $2::bigint) END`, oid, value)
-		if err != nil {
-			return moved, fmt.Errorf("apply: synchronizing sequence %s: %w", seq, err)
-		}
-		if len(rows) == 1 {
+		if set {
 			moved++
 			a.cfg.Logger.Debug("sequence synchronized", "sequence", seq, "value", value)
 		}

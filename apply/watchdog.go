@@ -3,12 +3,11 @@ package apply
 import (
 	"context"
 	"fmt"
-	"strconv"
-	"strings"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/pgreorder/pgreorder/apply/internal/schedule"
-	"github.com/pgreorder/pgreorder/apply/internal/target"
 )
 
 // watchInterval is how often the watchdog looks for lock waits between the session's own
@@ -58,26 +57,12 @@ func (s *session) watchdog(ctx context.Context) error {
 			watch.Reset()
 			continue
 		}
-		pids := make([]string, 0, len(holders))
-		for pid := range holders {
-			pids = append(pids, strconv.FormatUint(uint64(pid), 10))
-		}
-		rows, err := target.Query(ctx, conn.PG(), `SELECT pid, pg_catalog.pg_blocking_pids(pid)::text FROM pg_catalog.pg_stat_activity
-			WHERE pid = ANY ($1::int[]) AND wait_event_type = 'Lock'`, "{"+strings.Join(pids, ",")+"}")
+		waits, err := conn.LockWaits(ctx, slices.Collect(maps.Keys(holders)))
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
 			return fmt.Errorf("apply: watchdog: %w", err)
-		}
-		waits := map[uint32][]uint32{}
-		for _, r := range rows {
-			p, _ := strconv.ParseUint(string(r[0]), 10, 32)
-			for b := range strings.SplitSeq(strings.Trim(string(r[1]), "{}"), ",") {
-				if q, err := strconv.ParseUint(b, 10, 32); err == nil {
-					waits[uint32(p)] = append(waits[uint32(p)], uint32(q))
-				}
-			}
 		}
 		if p, q, found := watch.Observe(holders, waits); found {
 			waiter, blocker := jobs[p], jobs[q]

@@ -1,0 +1,28 @@
+package target
+
+import (
+	"context"
+
+	"github.com/pgreorder/pgreorder/internal/pgsession"
+)
+
+// SetSequence moves the target's sequence of schema ns and name forward to value, the source's
+// last value (as text): only forward, so that the target's next value is not below the source's
+// next one. found says whether the target has such a sequence (an error with found false is of
+// the lookup, with found true of the setval), set whether it moved.
+func (t *Conn) SetSequence(ctx context.Context, ns, name, value string) (found, set bool, err error) {
+	rows, err := Query(ctx, t.pg, `SELECT c.oid::text FROM pg_catalog.pg_class c
+			JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind = 'S'`, ns, name)
+	if err != nil || len(rows) == 0 {
+		return false, false, err
+	}
+	oid := string(rows[0][0])
+	rows, err = Query(ctx, t.pg, `SELECT pg_catalog.setval($1::oid::pg_catalog.regclass, $2::bigint, true)
+			FROM `+pgsession.QuoteQualified(ns, name)+` cur, pg_catalog.pg_sequence ps WHERE ps.seqrelid = $1::oid AND CASE WHEN ps.seqincrement > 0
+			THEN cur.last_value < $2::bigint OR (NOT cur.is_called AND cur.last_value = $2::bigint)
+			ELSE cur.last_value > $2::bigint OR (NOT cur.is_called AND cur.last_value = $2::bigint) END`, oid, value)
+	if err != nil {
+		return true, false, err
+	}
+	return true, len(rows) == 1, nil
+}
