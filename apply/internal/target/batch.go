@@ -5,6 +5,7 @@ import (
 	"strconv"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/pgreorder/pgreorder/apply/conflict"
 )
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/internal/pgsession"
 )

@@ -9,6 +9,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/pgreorder/pgreorder/internal/pgsession"
 )
 

@@ -7,6 +7,7 @@ import (
 	"strconv"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/pgreorder/pgreorder/apply/internal/detect"
 	"github.com/pgreorder/pgreorder/decoding"
 )
