@@ -64,5 +64,6 @@
 // Options.MaxStatements; batch.go sends the batch and checks its results; copyrun.go gathers runs
 // of inserts and sends them through COPY; coalesce*.go is set-based apply; resolve.go resolves
 // conflicts; progress.go and origin.go are the progress row and the replication origin; errors.go
-// says what failed.
+// says what failed. Besides applying: uninstall.go removes what an Applier made on the target,
+// locks.go reads the lock waits apply's watchdog breaks, sequences.go moves a sequence forward.
 package target
