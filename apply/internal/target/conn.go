@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgreorder/pgreorder/apply/internal/detect"
+	"github.com/pgreorder/pgreorder/internal/configerr"
 	"github.com/pgreorder/pgreorder/internal/pgsession"
 )
 
@@ -103,7 +104,8 @@ type Options struct {
 func targetConfig(o *Options) (*pgconn.Config, error) {
 	pc, err := pgsession.ConnConfig(o.ConnConfig, o.ConnString)
 	if err != nil {
-		return nil, configError("Target: %w", err)
+		return nil, &ConfigError{Err: &configerr.Error{Field: configerr.Field{Config: "apply", Path: "Target"},
+			Reason: configerr.Words("cannot be used"), Cause: err}}
 	}
 	return pc, nil
 }
@@ -131,7 +133,7 @@ func Dial(ctx context.Context, o *Options, name string) (*Conn, error) {
 	case resolveErr != nil:
 		return nil, resolveErr
 	case errors.Is(err, pgsession.ErrNotParsed):
-		return nil, configError("TargetConfig must be made by pgconn.ParseConfig")
+		return nil, &ConfigError{Err: configerr.New(nil, configerr.Field{Config: "apply", Path: "TargetConfig"}, "must be made by pgconn.ParseConfig")}
 	case err != nil:
 		return nil, fmt.Errorf("apply: connecting to the target: %w", err)
 	}
