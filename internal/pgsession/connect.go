@@ -174,7 +174,7 @@ func Prepare(ctx context.Context, o Options) (*pgconn.Config, error) {
 	}
 	if o.BeforeConnect != nil {
 		if err := o.BeforeConnect(ctx, pc); err != nil {
-			return nil, fmt.Errorf("BeforeConnect: %w", err)
+			return nil, &AttemptError{Err: fmt.Errorf("BeforeConnect: %w", err)}
 		}
 	}
 	if pc.RuntimeParams == nil {
@@ -321,7 +321,11 @@ func connect(ctx context.Context, pc *pgconn.Config, dial dialFunc) (conn *pgcon
 			conn, err = nil, ErrNotParsed
 		}
 	}()
-	return dial(ctx, pc)
+	conn, err = dial(ctx, pc)
+	if err != nil {
+		return nil, &AttemptError{Err: err}
+	}
+	return conn, nil
 }
 
 // tooOld holds the servers ("host:port/database") that refused a newer setting at startup.

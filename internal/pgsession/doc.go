@@ -46,6 +46,9 @@
 // RedactConnString, RedactConnError and ParseConnString keep passwords out of every message
 // about a connection string; TidyConnectError puts pgconn's report of a failed connection on one
 // line. TransientSQLState is the one table of SQLSTATEs worth trying again; Code and IsCode read
-// a server error's SQLSTATE. QuoteIdent, QuoteQualified and QuoteLiteral quote for SQL,
+// a server error's SQLSTATE. An attempt to connect that fails (the driver's error, or
+// BeforeConnect's) is returned as an *AttemptError, which states, for the library's one rule of
+// what is retried (internal/retry), that a refusal by the server is decided by its SQLSTATE and
+// any other failure of the attempt (the network, DNS, TLS, a timeout, the hook) is retried. QuoteIdent, QuoteQualified and QuoteLiteral quote for SQL,
 // QuoteCommandLiteral for a replication command, DisplayIdent for a message.
 package pgsession

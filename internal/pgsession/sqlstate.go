@@ -1,6 +1,7 @@
 package pgsession
 
 import (
+	"context"
 	"errors"
 	"slices"
 	"strings"
@@ -60,4 +61,32 @@ func Code(err error) string {
 func IsCode(err error, code string) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == code
+}
+
+// AttemptError is the error of an attempt to connect that failed: the connection could not be
+// made (a *pgconn.ConnectError: the network, DNS, TLS, the server's refusal, a timeout of the
+// attempt) or Options.BeforeConnect failed. It has the message of the error it wraps.
+//
+// Its Retryable method states whether another attempt can succeed (package internal/retry): an
+// error in Err that states its own behaviour decides; otherwise a refusal by the server is
+// decided by its SQLSTATE (TransientSQLState: too many connections and a server starting up
+// retry, a password or a missing database stop); otherwise a cancelled context stops, and
+// anything else (the network, DNS, TLS, a timeout of the attempt, an error of BeforeConnect)
+// retries.
+type AttemptError struct{ Err error }
+
+func (e *AttemptError) Error() string { return e.Err.Error() }
+func (e *AttemptError) Unwrap() error { return e.Err }
+
+// Retryable reports whether another attempt to connect can succeed: see AttemptError.
+func (e *AttemptError) Retryable() bool {
+	var stated interface{ Retryable() bool }
+	if errors.As(e.Err, &stated) {
+		return stated.Retryable()
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(e.Err, &pgErr) {
+		return TransientSQLState(pgErr.Code)
+	}
+	return !errors.Is(e.Err, context.Canceled)
 }

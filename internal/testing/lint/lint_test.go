@@ -45,21 +45,24 @@ var allowed = map[string][]string{
 	// (each under its own name) and the command maps to its flags. It imports nothing of the
 	// module.
 	"internal/configerr": {},
-	"replication":        {"internal/pgsession", "internal/configerr", "reorderbuffer", "decoding", "spill", "heap"},
-	"metrics":            {"replication", "reorderbuffer", "decoding"},
-	"spillcodec":         {"spill"},
+	// The one rule of what is retried and the one backoff: over pgsession (its table of transient
+	// SQLSTATEs) and spill (a corrupt log), under every package that retries.
+	"internal/retry": {"internal/pgsession", "spill"},
+	"replication":    {"internal/pgsession", "internal/configerr", "internal/retry", "reorderbuffer", "decoding", "spill", "heap"},
+	"metrics":        {"replication", "reorderbuffer", "decoding"},
+	"spillcodec":     {"spill"},
 	// The consumer entry point: over the toolkit, below apply (which uses its copy), never
 	// importing it.
 	"changefeed": {"catalog", "replication", "snapshot", "pgvalue", "format", "reorderbuffer", "decoding",
-		"internal/pgsession", "internal/configerr", "vfs"},
+		"internal/pgsession", "internal/configerr", "internal/retry", "vfs"},
 	// The Kafka output: a changefeed store and handler over the format's events.
-	"kafkasink": {"catalog", "changefeed", "decoding", "format", "internal/configerr"},
+	"kafkasink": {"catalog", "changefeed", "decoding", "format", "internal/configerr", "internal/retry"},
 	// The toolkit.
 	"pgvalue": {"decoding"},
 	"format":  {"pgvalue", "reorderbuffer", "decoding", "vfs"},
 	// What the events need of the source's catalog, read for format.
 	"catalog":  {"format", "decoding", "internal/pgsession"},
-	"snapshot": {"replication", "decoding", "internal/copycodec", "internal/pgsession", "internal/configerr"},
+	"snapshot": {"replication", "decoding", "internal/copycodec", "internal/pgsession", "internal/configerr", "internal/retry"},
 	// The subscriber: apply orchestrates; its conflict vocabulary is a public leaf over decoding
 	// only, and the COPY codec it shares with snapshot another; its scheduling (commit order,
 	// queues, dependencies) touches no server; its target side (the connections, the statements
@@ -67,13 +70,14 @@ var allowed = map[string][]string{
 	// transactions (reorderbuffer) nor apply.
 	"apply": {"apply/conflict", "changefeed", "snapshot", "replication", "reorderbuffer", "decoding", "spill",
 		"apply/internal/schedule", "apply/internal/target", "apply/internal/detect", "apply/internal/streams",
-		"internal/pgsession", "internal/configerr"},
+		"internal/pgsession", "internal/configerr", "internal/retry"},
 	"apply/conflict":          {"decoding"},
 	"apply/internal/streams":  {"replication", "reorderbuffer"},
 	"apply/internal/schedule": {"decoding", "spill"},
-	"apply/internal/target":   {"apply/conflict", "apply/internal/detect", "decoding", "internal/copycodec", "internal/pgsession", "internal/configerr"},
-	"apply/internal/detect":   {"apply/conflict", "decoding", "internal/pgsession"},
-	"internal/copycodec":      {"decoding"},
+	"apply/internal/target": {"apply/conflict", "apply/internal/detect", "decoding", "internal/copycodec", "internal/pgsession",
+		"internal/configerr", "internal/retry"},
+	"apply/internal/detect": {"apply/conflict", "decoding", "internal/pgsession"},
+	"internal/copycodec":    {"decoding"},
 	// What the commands link besides the library.
 	"internal/tools/capture":  {"decoding"},
 	"internal/tools/pgserver": {"decoding", "internal/tools/capture", "internal/pgsession"},
@@ -245,11 +249,12 @@ var connectors = map[string][]string{
 // talks lists the library packages, besides internal/pgsession, that may import the driver's
 // server packages or net, and what for; none of them opens a connection.
 var talks = map[string]string{
+	"internal/retry":        "the errors of the driver and of the network, classified (*pgconn.PgError, net.Error)",
 	"replication":           "the walsender protocol on the connection pgsession opens, read from the socket itself (net)",
 	"snapshot":              "statements on the connections pgsession opens, and a *pgconn.Config in its Config",
 	"catalog":               "statements on the connection pgsession opens, and a *pgconn.Config in its Config",
-	"changefeed":            "the TableStore's pgx configuration and transactions, and errors of lost connections (net)",
-	"apply":                 "*pgconn.Config in its Config, and errors of lost connections (net)",
+	"changefeed":            "the TableStore's pgx configuration and transactions",
+	"apply":                 "*pgconn.Config in its Config, and the server's errors it reports",
 	"apply/internal/target": "statements, batches and COPY on the connections pgsession opens",
 	"apply/internal/detect": "statements on the target connections",
 }
