@@ -2,7 +2,6 @@ package replication
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"regexp"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/internal/pgsession"
+	"github.com/pgreorder/pgreorder/internal/retry"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 )
 
@@ -200,8 +200,13 @@ func (p ReconnectPolicy) slotWait() time.Duration {
 	return p.SlotWait
 }
 
-// delay returns the wait before attempt n (1-based), without jitter.
-func (p ReconnectPolicy) delay(n int) time.Duration {
+// reconnectJitter spreads each reconnection delay by ±20%, so that many consumers do not
+// reconnect in step.
+const reconnectJitter = 0.2
+
+// backoff returns the schedule of delays between attempts: from MinDelay, doubling up to
+// MaxDelay, with ±20% jitter.
+func (p ReconnectPolicy) backoff() retry.Backoff {
 	lo, hi := p.MinDelay, p.MaxDelay
 	if lo <= 0 {
 		lo = DefaultMinReconnectDelay
@@ -209,15 +214,11 @@ func (p ReconnectPolicy) delay(n int) time.Duration {
 	if hi <= 0 {
 		hi = DefaultMaxReconnectDelay
 	}
-	if hi < lo {
-		hi = lo
-	}
-	d := lo
-	for i := 1; i < n && d < hi; i++ {
-		d *= 2
-	}
-	return min(d, hi)
+	return retry.Backoff{Min: lo, Max: hi, Jitter: reconnectJitter}
 }
+
+// delay returns the wait before attempt n (1-based), without jitter.
+func (p ReconnectPolicy) delay(n int) time.Duration { return p.backoff().Base(n) }
 
 // Negotiated is what a Config resolves to against a given server.
 type Negotiated struct {
@@ -229,10 +230,10 @@ type Negotiated struct {
 }
 
 // ErrUnsupported is wrapped by the *OptionError returned when the server cannot honour an option.
-var ErrUnsupported = errors.New("replication: option not supported by the server")
+var ErrUnsupported = retry.Stop("replication: option not supported by the server")
 
 // ErrInvalidConfig is wrapped by every error about a Config that no server would accept.
-var ErrInvalidConfig = errors.New("replication: invalid configuration")
+var ErrInvalidConfig = retry.Stop("replication: invalid configuration")
 
 // OptionError reports an option that is invalid or that the server's version does not support.
 type OptionError struct {
@@ -252,6 +253,9 @@ func (e *OptionError) Error() string {
 	}
 	return fmt.Sprintf("replication: invalid option %s=%q", e.Option, e.Value)
 }
+
+// Retryable reports false: the option has to be changed, or the server upgraded.
+func (e *OptionError) Retryable() bool { return false }
 
 // Rules of OptionError for the values that no server accepts.
 const (

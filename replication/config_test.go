@@ -318,9 +318,10 @@ func TestReconnectDelay(t *testing.T) {
 	if zero.delay(1) != DefaultMinReconnectDelay || zero.delay(100) != DefaultMaxReconnectDelay {
 		t.Errorf("default delays %v, %v", zero.delay(1), zero.delay(100))
 	}
+	second := ReconnectPolicy{MinDelay: time.Second, MaxDelay: time.Second}.backoff()
 	for range 1000 {
-		if d := jitter(time.Second); d < 800*time.Millisecond || d > 1200*time.Millisecond {
-			t.Fatalf("jitter(1s) = %v", d)
+		if d := second.Delay(1); d < 800*time.Millisecond || d > 1200*time.Millisecond {
+			t.Fatalf("the delay of 1s with jitter is %v", d)
 		}
 	}
 }

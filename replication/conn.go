@@ -258,7 +258,7 @@ func Start(ctx context.Context, cfg Config) (*Stream, error) {
 			(cfg.Reconnect.MaxAttempts > 0 && attempt >= cfg.Reconnect.MaxAttempts) {
 			return s, err
 		}
-		d := jitter(cfg.Reconnect.delay(attempt))
+		d := cfg.Reconnect.backoff().Delay(attempt)
 		if since.IsZero() {
 			since = time.Now()
 		}

@@ -125,7 +125,8 @@
 //
 // Errors that reconnecting cannot cure end the stream: configuration errors, pre-flight checks,
 // protocol errors, data loss reported by the reorder buffer, and server errors outside the
-// connection, resource and operator-intervention classes (see Retryable). A temporary slot dies
+// connection, resource and operator-intervention classes, and errors nobody classified (see
+// Retryable: the errors state their behaviour, by the library's one rule). A temporary slot dies
 // with its connection, so a stream on one does not reconnect. With Config.Reconnect.Disabled,
 // every error ends the stream and the consumer may use Retryable to decide to Start again. Start
 // itself retries only while the slot is in use (ErrSlotActive); other errors are returned at

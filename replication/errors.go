@@ -1,72 +1,66 @@
 package replication
 
 import (
-	"context"
-	"errors"
 	"fmt"
-	"io/fs"
 	"time"
-
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgreorder/pgreorder/internal/configerr"
 	"github.com/pgreorder/pgreorder/internal/pgsession"
-	"github.com/pgreorder/pgreorder/reorderbuffer"
-	"github.com/pgreorder/pgreorder/spill"
+	"github.com/pgreorder/pgreorder/internal/retry"
 )
 
 var (
 	// ErrClosed is returned by the methods of a Stream or Conn after Close.
-	ErrClosed = errors.New("replication: closed")
+	ErrClosed = retry.Stop("replication: closed")
 
 	// ErrServerEndedStream is returned (or, with reconnection on, logged and retried) when the
 	// server ends the replication stream: CopyDone, or CommandComplete without CopyDone, which is
 	// how a walsender says goodbye when the server shuts down.
-	ErrServerEndedStream = errors.New("replication: server ended the replication stream")
+	ErrServerEndedStream = retry.Retry("replication: server ended the replication stream")
 
 	// ErrSlotActive is wrapped by the *SlotActiveError returned when another connection streams
 	// from the slot. After a consumer dies, its walsender may hold the slot for a moment; Start
 	// and the reconnection loop retry it with backoff, up to Config.Reconnect.SlotWait, unless
 	// Config.Reconnect.Disabled is set.
-	ErrSlotActive = errors.New("replication: slot is in use by another connection")
+	ErrSlotActive = retry.Retry("replication: slot is in use by another connection")
 
 	// ErrNotConnected is returned by SendStatus while the stream has no connection: the last
 	// one was lost and Next has not connected again yet.
-	ErrNotConnected = errors.New("replication: not connected")
+	ErrNotConnected = retry.Retry("replication: not connected")
 
 	// ErrServerConfig is wrapped by the *CheckError returned when a server setting prevents
 	// logical replication (wal_level, max_replication_slots, max_wal_senders).
-	ErrServerConfig = errors.New("replication: server configuration does not allow it")
+	ErrServerConfig = retry.Stop("replication: server configuration does not allow it")
 
 	// ErrPublicationNotFound is wrapped by the *CheckError returned when a publication in
 	// Config.Publications does not exist in the connection's database.
-	ErrPublicationNotFound = errors.New("replication: publication does not exist")
+	ErrPublicationNotFound = retry.Stop("replication: publication does not exist")
 
 	// ErrSlotNotFound is wrapped by the *CheckError returned when the slot does not exist and
 	// Config.CreateSlot is off, or when the slot disappeared between two connections.
-	ErrSlotNotFound = errors.New("replication: replication slot does not exist")
+	ErrSlotNotFound = retry.Stop("replication: replication slot does not exist")
 
 	// ErrSlotExists is wrapped by the error Conn.CreateSlot returns when the slot already exists.
-	ErrSlotExists = errors.New("replication: replication slot already exists")
+	ErrSlotExists = retry.Stop("replication: replication slot already exists")
 
 	// ErrSlotMismatch is wrapped by the *CheckError returned when the slot exists but cannot
 	// serve the Config: another plugin, another database, physical, two-phase decoding on one side
 	// only, or its WAL was removed.
-	ErrSlotMismatch = errors.New("replication: replication slot does not match the configuration")
+	ErrSlotMismatch = retry.Stop("replication: replication slot does not match the configuration")
 
 	// ErrResumeAhead is wrapped by the *CheckError returned when Config.Buffer.SkipThrough lies
 	// beyond the server's current WAL position: it cannot be a position this server sent, and
 	// confirming it would make the slot skip every change up to it.
-	ErrResumeAhead = errors.New("replication: resume position is beyond the server's WAL")
+	ErrResumeAhead = retry.Stop("replication: resume position is beyond the server's WAL")
 
 	// ErrSlotAhead is wrapped by the *CheckError StartStreaming returns when, with
 	// Config.Buffer.HandOutAdvances, the slot's confirmed position is ahead of
 	// Config.Buffer.SkipThrough: transactions were acknowledged that the consumer did not persist.
-	ErrSlotAhead = errors.New("replication: the slot is ahead of the consumer's position")
+	ErrSlotAhead = retry.Stop("replication: the slot is ahead of the consumer's position")
 
 	// ErrSystemChanged is wrapped by the *CheckError a Stream fails with when it reconnects to a
 	// server with another system identifier (System.ID) than the one it started on.
-	ErrSystemChanged = errors.New("replication: the server is another database system")
+	ErrSystemChanged = retry.Stop("replication: the server is another database system")
 )
 
 // CheckError reports a pre-flight check that failed when connecting: the server, the slot or a
@@ -107,6 +101,9 @@ func (e *CheckError) Named(name FieldNamer) string {
 	return msg
 }
 
+// Retryable reports false: the server, the slot or a publication has to be put right first.
+func (e *CheckError) Retryable() bool { return false }
+
 func (e *CheckError) Unwrap() []error {
 	errs := []error{e.Err}
 	if e.Cause != nil {
@@ -131,44 +128,21 @@ func (e *ProtocolError) Error() string {
 
 func (e *ProtocolError) Unwrap() error { return e.Err }
 
-// Retryable reports whether err is worth another connection attempt: the connection was lost or
-// refused, the server ended the stream, the server reported a transient error (see Transient),
-// a spill file could not be written (a full disk), or the slot is in use. Configuration errors,
-// failed pre-flight checks, protocol errors, data loss reported by the reorder buffer, server
-// errors of other SQLSTATEs and cancellation are not. Next applies it when Config.Reconnect is
-// on; with reconnection off, a consumer can apply it to the errors Next returns.
-func Retryable(err error) bool {
-	if err == nil {
-		return false
-	}
-	var (
-		check  *CheckError
-		option *OptionError
-		proto  *ProtocolError
-		input  *reorderbuffer.InputError
-		pgErr  *pgconn.PgError
-	)
-	switch {
-	case errors.Is(err, ErrSlotActive), errors.Is(err, ErrServerEndedStream):
-		return true
-	case errors.As(err, &input):
-		// Bad bytes and protocol violations come back the same way; a spill file that could
-		// not be written (a full disk) may not.
-		var pathErr *fs.PathError
-		return errors.As(err, &pathErr) && !errors.Is(err, spill.ErrCorrupt)
-	case errors.Is(err, context.Canceled), errors.Is(err, ErrClosed),
-		errors.Is(err, ErrInvalidConfig), errors.Is(err, ErrUnsupported),
-		errors.As(err, &check), errors.As(err, &option), errors.As(err, &proto),
-		errors.Is(err, reorderbuffer.ErrFailed), errors.Is(err, reorderbuffer.ErrProtocol),
-		errors.Is(err, reorderbuffer.ErrClosed), errors.Is(err, reorderbuffer.ErrForeignTxn),
-		errors.Is(err, reorderbuffer.ErrNotCommit), errors.Is(err, reorderbuffer.ErrReleased):
-		return false
-	case errors.As(err, &pgErr):
-		return pgsession.TransientSQLState(pgErr.Code)
-	}
-	// Network errors, EOF, timeouts of a connection attempt, errors of Config.BeforeConnect.
-	return true
-}
+// Retryable reports false: the same server sends the same messages again.
+func (e *ProtocolError) Retryable() bool { return false }
+
+// Retryable reports whether err is worth another connection attempt, by the one rule of the
+// library (package internal/retry): the first error of err's chain that states a behaviour
+// decides, and an error that states none is not retried. The connection was lost or refused,
+// the server ended the stream (ErrServerEndedStream), the server reported a transient error (see
+// Transient) or ended the session, a spill file could not be written (a full disk), or the slot
+// is in use (ErrSlotActive, a *SlotActiveError until Config.Reconnect.SlotWait is over): retried.
+// Configuration errors, failed pre-flight checks (*CheckError, *OptionError), protocol errors,
+// data loss reported by the reorder buffer, a corrupt spill file, server errors of other
+// SQLSTATEs, cancellation and errors nobody classified: not. Next applies it when
+// Config.Reconnect is on; with reconnection off, a consumer can apply it to the errors Next
+// returns.
+func Retryable(err error) bool { return retry.Retryable(err) }
 
 // Transient reports whether err is, or wraps, an error reported by a server (*pgconn.PgError)
 // whose SQLSTATE is transient: it can go away by itself, so that the same statement or
@@ -218,6 +192,11 @@ func (e *SlotActiveError) Named(name FieldNamer) string {
 	}
 	return msg
 }
+
+// Retryable reports whether the slot is worth asking for again: true while it has not been
+// waited for (Waited is 0), false once Start or a reconnection gave up after
+// Config.Reconnect.SlotWait.
+func (e *SlotActiveError) Retryable() bool { return e.Waited == 0 }
 
 func (e *SlotActiveError) Unwrap() []error {
 	errs := []error{ErrSlotActive}

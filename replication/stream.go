@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"net"
 	"sync"
 	"time"
@@ -456,7 +455,7 @@ func (s *Stream) reconnect(ctx context.Context) error {
 			s.err = fmt.Errorf("replication: giving up after %d reconnection attempts: %w", p.MaxAttempts, s.cause)
 			return s.err
 		}
-		d := jitter(p.delay(s.attempt))
+		d := p.backoff().Delay(s.attempt)
 		s.log.Info("reconnecting", "slot", s.cfg.Slot, "attempt", s.attempt, "delay", d, "cause", s.cause)
 		t := time.NewTimer(d)
 		select {
@@ -540,11 +539,6 @@ func (s *Stream) resume(ctx context.Context) (err error) {
 	s.log.Info("reconnected", "slot", s.cfg.Slot, "reconnects", n, "start", pos.Start, "received", pos.Received,
 		"flushed", pos.Flushed, "acked", pos.Acked)
 	return nil
-}
-
-// jitter spreads d by ±20%, so that many consumers do not reconnect in step.
-func jitter(d time.Duration) time.Duration {
-	return d + time.Duration((rand.Float64()*0.4-0.2)*float64(d))
 }
 
 // Replication envelope messages (CopyData payloads).
