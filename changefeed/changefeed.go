@@ -4,20 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"iter"
 	"log/slog"
-	"math/rand/v2"
-	"net"
-	"strings"
 	"sync"
 	"time"
-
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgreorder/pgreorder/catalog"
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/internal/configerr"
+	"github.com/pgreorder/pgreorder/internal/retry"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 	"github.com/pgreorder/pgreorder/replication"
 	"github.com/pgreorder/pgreorder/snapshot"
@@ -362,57 +357,20 @@ func (f *Feed) copy(ctx context.Context, pos Position, begun bool) (*replication
 }
 
 // copyRetryable reports whether an initial copy that failed with err can succeed when started
-// over: not when the handler stopped it, nor for what the configuration, the publications or the
-// store decide.
-func copyRetryable(err error) bool {
-	var stop *stopError
-	if errors.As(err, &stop) {
-		return lostConnection(stop.err)
-	}
-	switch {
-	case errors.Is(err, ErrForeignSlot), errors.Is(err, ErrSystemMismatch),
-		errors.Is(err, ErrStore), errors.Is(err, ErrInvalidConfig), errors.Is(err, ErrClosed),
-		errors.Is(err, snapshot.ErrColumnLists), errors.Is(err, snapshot.ErrUnsupported),
-		errors.Is(err, snapshot.ErrInvalidConfig), errors.Is(err, snapshot.ErrPublicationNotFound),
-		errors.Is(err, snapshot.ErrNotConsumed):
-		return false
-	case errors.Is(err, snapshot.ErrSnapshotNotExported), errors.Is(err, snapshot.ErrPublicationChanged):
-		return true // a new slot has a new snapshot
-	}
-	return replication.Retryable(err)
-}
+// over, as the errors say (internal/retry): not when the handler stopped it (unless its
+// connection was lost: see stopError), nor for what the configuration, the publications or the
+// store decide; a snapshot that is no longer exported or publications that changed are, as a
+// new slot has a new snapshot.
+func copyRetryable(err error) bool { return retry.Retryable(err) }
 
 // lostConnection reports whether a handler's error is a lost connection rather than the
 // handler's own decision: what reading a chunk's rows returns when the copy's connection is
-// lost, and what a handler that writes to a database gets when its connection is (a server error
-// of the connection or operator-intervention classes, a network error, an unexpected EOF).
-func lostConnection(err error) bool {
-	var (
-		pgErr  *pgconn.PgError
-		netErr net.Error
-	)
-	switch {
-	case errors.As(err, &pgErr):
-		return strings.HasPrefix(pgErr.Code, "08") || strings.HasPrefix(pgErr.Code, "57")
-	case errors.As(err, &netErr), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF):
-		return true
-	}
-	return false
-}
+// lost, and what a handler that writes to a database gets when its connection is (the one
+// definition, retry.Lost).
+func lostConnection(err error) bool { return retry.Lost(err) }
 
-// wait waits before attempt+1: from 100ms, doubling, up to 5s, with jitter.
-func wait(ctx context.Context, attempt int) error {
-	d := min(100*time.Millisecond<<min(attempt, 8), 5*time.Second)
-	d += rand.N(d / 4)
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return context.Cause(ctx)
-	case <-t.C:
-		return nil
-	}
-}
+// wait waits before attempt+1 (copyBackoff).
+func wait(ctx context.Context, attempt int) error { return copyBackoff.Wait(ctx, attempt) }
 
 // stopError is a handler's error: it stops Run, which returns it as it is.
 type stopError struct{ err error }

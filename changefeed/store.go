@@ -2,11 +2,11 @@ package changefeed
 
 import (
 	"context"
-	"errors"
 	"time"
 
 	"github.com/pgreorder/pgreorder/catalog"
 	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/internal/retry"
 )
 
 // Position is what a Store keeps for a slot: enough to resume without a gap or an overlap.
@@ -114,21 +114,21 @@ type TableChecker interface {
 
 var (
 	// ErrInvalidConfig is wrapped by the errors of a Config that cannot work.
-	ErrInvalidConfig = errors.New("changefeed: invalid configuration")
+	ErrInvalidConfig = retry.Stop("changefeed: invalid configuration")
 	// ErrSystemMismatch: the store holds a position for the slot taken on another server (its
 	// system identifier differs), such as a source rebuilt, or restored from a logical dump,
 	// under the same name. Using it would skip or repeat changes: remove the position (and the
 	// consumer's output) to start afresh with a copy.
-	ErrSystemMismatch = errors.New("changefeed: the stored position is of another server")
+	ErrSystemMismatch = retry.Stop("changefeed: the stored position is of another server")
 	// ErrForeignSlot: the slot exists, but the store has no position for it: it was not made by
 	// an initial copy of this store, and what the source committed before it would be missing.
 	// Drop the slot to start with a copy, or store a position for it.
-	ErrForeignSlot = errors.New("changefeed: the slot exists, but the store has no position for it")
+	ErrForeignSlot = retry.Stop("changefeed: the slot exists, but the store has no position for it")
 	// ErrStore is wrapped by the errors of a store's own content: a file that is not a
 	// position file, a torn or corrupt one, a position of another slot.
-	ErrStore = errors.New("changefeed: position store")
+	ErrStore = retry.Stop("changefeed: position store")
 	// ErrClosed is returned by a Store after Close.
-	ErrClosed = errors.New("changefeed: closed")
+	ErrClosed = retry.Stop("changefeed: closed")
 )
 
 // SlotStore is a Store that keeps nothing: the slot's confirmed position is the only position.

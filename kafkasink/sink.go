@@ -23,30 +23,31 @@ import (
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/format"
 	"github.com/pgreorder/pgreorder/internal/configerr"
+	"github.com/pgreorder/pgreorder/internal/retry"
 )
 
 var (
 	// ErrInvalidConfig is wrapped by the errors of a Config that cannot work.
-	ErrInvalidConfig = errors.New("kafkasink: invalid configuration")
+	ErrInvalidConfig = retry.Stop("kafkasink: invalid configuration")
 	// ErrFenced: another sink with the same transactional id (the same slot) started and took
 	// over; this one stopped, and what it had not committed is aborted.
-	ErrFenced = errors.New("kafkasink: fenced by another instance with the same transactional id")
+	ErrFenced = retry.Stop("kafkasink: fenced by another instance with the same transactional id")
 	// ErrTopicMissing: a topic does not exist and Config.Topics is RequireTopics.
-	ErrTopicMissing = errors.New("kafkasink: topic does not exist")
+	ErrTopicMissing = retry.Stop("kafkasink: topic does not exist")
 	// ErrRecordTooLarge: an event is larger than its topic's max.message.bytes.
-	ErrRecordTooLarge = errors.New("kafkasink: record larger than the topic's max.message.bytes")
+	ErrRecordTooLarge = retry.Stop("kafkasink: record larger than the topic's max.message.bytes")
 	// ErrUnreachable: no broker answered.
-	ErrUnreachable = errors.New("kafkasink: cannot reach the Kafka brokers")
+	ErrUnreachable = retry.Retry("kafkasink: cannot reach the Kafka brokers")
 	// ErrAuthentication: the brokers refused the SASL credentials (Config.SASL), or the TLS
 	// handshake failed (Config.TLS: the brokers' certificate is not trusted, or names another
 	// host). Nothing was produced.
-	ErrAuthentication = errors.New("kafkasink: authentication to the Kafka brokers failed")
+	ErrAuthentication = retry.Stop("kafkasink: authentication to the Kafka brokers failed")
 	// ErrAuthorization: the brokers' ACLs deny the sink's user an operation it needs (writing
 	// its transactional id, describing, creating, reading or writing a topic). What the open
 	// Kafka transaction held is aborted, and nothing of it is acknowledged to the source.
-	ErrAuthorization = errors.New("kafkasink: not authorized by the Kafka brokers")
+	ErrAuthorization = retry.Stop("kafkasink: not authorized by the Kafka brokers")
 	// ErrClosed is returned after Close.
-	ErrClosed = errors.New("kafkasink: closed")
+	ErrClosed = retry.Stop("kafkasink: closed")
 )
 
 // recordOverhead bounds what a record adds to its key and value in a batch of one: the batch
@@ -453,7 +454,9 @@ func (u *unit) Rollback(ctx context.Context) error {
 }
 
 // wrap makes a fencing error ErrFenced, with what to do, and a refusal of the brokers
-// ErrAuthentication or ErrAuthorization.
+// ErrAuthentication or ErrAuthorization; those stop (internal/retry). Any other error of the
+// brokers that does not say otherwise (a leader that moved, a coordinator that is loading, a
+// timeout) is marked as worth another attempt: the changefeed's copy starts over after it.
 func (s *Sink) wrap(err error) error {
 	if err == nil {
 		return nil
@@ -465,7 +468,10 @@ func (s *Sink) wrap(err error) error {
 		return fmt.Errorf("%w %q (another pgreorder for slot %q started; this one stops, and its uncommitted events are aborted): %v",
 			ErrFenced, s.txID, s.slot, err)
 	}
-	return err
+	if retry.Decided(err) {
+		return err
+	}
+	return retry.Mark(err, true)
 }
 
 // classify returns err marked ErrAuthentication or ErrAuthorization if it is the brokers' (or

@@ -28,6 +28,9 @@ type TopicCollisionError struct {
 	Topic, OtherTopic string
 }
 
+// Retryable reports false: the configuration has to route the tables to distinct topics.
+func (e *TopicCollisionError) Retryable() bool { return false }
+
 func (e *TopicCollisionError) Error() string {
 	other := "topic " + e.OtherTopic
 	if e.Other != (catalog.TableName{}) {

@@ -1,48 +1,49 @@
 package snapshot
 
 import (
-	"errors"
 	"fmt"
+
+	"github.com/pgreorder/pgreorder/internal/retry"
 )
 
 var (
 	// ErrInvalidConfig is wrapped by every error about a Config (or a Snapshot) that no server
 	// would accept.
-	ErrInvalidConfig = errors.New("snapshot: invalid configuration")
+	ErrInvalidConfig = retry.Stop("snapshot: invalid configuration")
 
 	// ErrUnsupported is wrapped by the error returned for a server older than PostgreSQL 13.
-	ErrUnsupported = errors.New("snapshot: server version not supported")
+	ErrUnsupported = retry.Stop("snapshot: server version not supported")
 
 	// ErrSnapshotNotExported is wrapped by the error Open returns when the server no longer
 	// exports the snapshot: the replication connection that created it started streaming, ran
 	// another command or was closed before every worker had imported it. Drop the slot and start
 	// again with a new one.
-	ErrSnapshotNotExported = errors.New("snapshot: the snapshot is not exported (any more)")
+	ErrSnapshotNotExported = retry.Retry("snapshot: the snapshot is not exported (any more)")
 
 	// ErrPublicationNotFound is wrapped by the error Open returns when a publication of
 	// Config.Publications did not exist when the snapshot was taken.
-	ErrPublicationNotFound = errors.New("snapshot: publication does not exist")
+	ErrPublicationNotFound = retry.Stop("snapshot: publication does not exist")
 
 	// ErrPublicationChanged is wrapped by the error Open returns when a publication was created,
 	// altered or dropped after the snapshot was taken: the tables it would copy are not those the
 	// stream publishes from the snapshot's consistent point. Drop the slot and start again.
-	ErrPublicationChanged = errors.New("snapshot: the publications changed after the snapshot was taken")
+	ErrPublicationChanged = retry.Retry("snapshot: the publications changed after the snapshot was taken")
 
 	// ErrColumnLists is wrapped by the error Open returns for a table published with different
 	// column lists by two of the publications; PostgreSQL refuses to stream it too.
-	ErrColumnLists = errors.New("snapshot: table published with different column lists")
+	ErrColumnLists = retry.Stop("snapshot: table published with different column lists")
 
 	// ErrNotConsumed is wrapped by the *ChunkError Run returns when the handler returned without
 	// error before it had read every row of its chunk (it did not iterate Changes, or broke out of
 	// the loop).
-	ErrNotConsumed = errors.New("snapshot: handler did not read every row of its chunk")
+	ErrNotConsumed = retry.Stop("snapshot: handler did not read every row of its chunk")
 
 	// ErrRunning is returned by Run when it is called a second time on the same Session.
-	ErrRunning = errors.New("snapshot: Run was already called")
+	ErrRunning = retry.Stop("snapshot: Run was already called")
 
 	// ErrClosed is returned by Run after Close, and yielded by Chunk.Changes when its Session was
 	// closed.
-	ErrClosed = errors.New("snapshot: closed")
+	ErrClosed = retry.Stop("snapshot: closed")
 )
 
 // ChunkError reports what failed while copying one chunk of a table: the server (a
@@ -66,6 +67,10 @@ type FormatError struct {
 	Row     int64 // the row, from 1
 	Problem string
 }
+
+// Retryable reports true: the data of a table always parses, so another attempt, on another
+// connection, reads it again.
+func (e *FormatError) Retryable() bool { return true }
 
 func (e *FormatError) Error() string {
 	return fmt.Sprintf("snapshot: malformed COPY data at row %d: %s", e.Row, e.Problem)
