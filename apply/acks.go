@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/internal/retry"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 )
 
@@ -71,7 +72,7 @@ var (
 	// errIdle: nothing came from the stream for idleProbe while commits wait to be made durable.
 	errIdle = errors.New("apply: idle")
 	// errStreamLost: the replication connection broke while the leader was woken.
-	errStreamLost = errors.New("apply: the replication connection was lost")
+	errStreamLost = retry.Retry("apply: the replication connection was lost")
 )
 
 // syncCommit says whether the commit about to be sent must be synchronous.

@@ -10,19 +10,18 @@ import (
 
 	"github.com/pgreorder/pgreorder/apply/internal/streams"
 	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/internal/retry"
 )
 
-// Retry delays of Run after a retryable error: doubling from minRetryDelay to maxRetryDelay for
-// failures in a row, back to the minimum after a session that committed a transaction or ran
-// for resetRetryAfter.
-const (
-	minRetryDelay   = 200 * time.Millisecond
-	maxRetryDelay   = 30 * time.Second
-	resetRetryAfter = time.Minute
-)
+// retryBackoff is the delay of Run after a retryable error: from 200ms, doubling up to 30s for
+// failures in a row, with ±20% jitter, back to the first after a session that committed a
+// transaction or ran for resetRetryAfter.
+var retryBackoff = retry.Backoff{Min: 200 * time.Millisecond, Max: 30 * time.Second, Jitter: 0.2}
+
+const resetRetryAfter = time.Minute
 
 // ErrRunning is returned by Run while another Run of the same Applier is in progress.
-var ErrRunning = errors.New("apply: Run already in progress")
+var ErrRunning = retry.Stop("apply: Run already in progress")
 
 // Applier replicates a publication into a target database. Make one with New and call Run.
 type Applier struct {
@@ -103,7 +102,7 @@ func (a *Applier) Run(ctx context.Context) error {
 // runSessions runs sessions until ctx is done or an error that retrying cannot cure.
 func (a *Applier) runSessions(ctx context.Context) error {
 	log := a.cfg.Logger
-	delay := minRetryDelay
+	attempt := 1 // of the failures in a row, the one to wait for next
 	for {
 		a.stats.sessions.Add(1)
 		began, applied := time.Now(), a.stats.txns.Load()
@@ -133,15 +132,13 @@ func (a *Applier) runSessions(ctx context.Context) error {
 			return err // the caller reports it
 		}
 		if a.stats.txns.Load() > applied || time.Since(began) >= resetRetryAfter {
-			delay = minRetryDelay // the session got somewhere: this failure is not one more in a row
+			attempt = 1 // the session got somewhere: this failure is not one more in a row
 		}
-		log.Warn("replication interrupted; resuming", "err", err, "after", delay)
-		select {
-		case <-ctx.Done():
+		log.Warn("replication interrupted; resuming", "err", err, "after", retryBackoff.Base(attempt))
+		if retryBackoff.Wait(ctx, attempt) != nil {
 			return ctx.Err()
-		case <-time.After(delay):
 		}
-		delay = min(2*delay, maxRetryDelay)
+		attempt++
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"github.com/pgreorder/pgreorder/apply/internal/detect"
 	"github.com/pgreorder/pgreorder/apply/internal/target"
 	"github.com/pgreorder/pgreorder/internal/configerr"
+	"github.com/pgreorder/pgreorder/internal/retry"
 )
 
 // lastUpdateWins reports whether some conflict type is resolved by commit timestamps.
@@ -75,7 +76,7 @@ func validateConflicts(c conflict.Config) (conflict.Config, error) {
 
 // ErrConflict is wrapped by the *ApplyError of a conflict whose resolution is conflict.Error;
 // its Err is a *conflict.StopError.
-var ErrConflict = errors.New("apply: conflict")
+var ErrConflict = retry.Stop("apply: conflict")
 
 // conflictStopped counts and logs a conflict that stops Run (err is the transaction's final
 // error: a transaction retried alone after failing among others is counted once).

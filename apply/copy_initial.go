@@ -13,6 +13,7 @@ import (
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/internal/configerr"
 	"github.com/pgreorder/pgreorder/internal/pgsession"
+	"github.com/pgreorder/pgreorder/internal/retry"
 	"github.com/pgreorder/pgreorder/replication"
 	"github.com/pgreorder/pgreorder/snapshot"
 )
@@ -35,20 +36,13 @@ import (
 var (
 	// ErrTargetNotEmpty: Config.Copy would copy into a target table that holds rows, and
 	// Config.CopyTruncate is off. Nothing was copied and the slot was dropped again.
-	ErrTargetNotEmpty = errors.New("apply: initial copy: target table is not empty")
+	ErrTargetNotEmpty = retry.Stop("apply: initial copy: target table is not empty")
 	// ErrCopySlotExists: Config.Copy found the slot on the source, but the target has neither a
 	// progress row for it nor the record of a copy that created it: the slot was made by someone
 	// else, and the target may lack what the source committed before it. Drop the slot to copy
 	// afresh, or run without Copy if the target already holds the data.
-	ErrCopySlotExists = errors.New("apply: initial copy: the slot exists, but the target has no record of it")
+	ErrCopySlotExists = retry.Stop("apply: initial copy: the slot exists, but the target has no record of it")
 )
-
-// copyFatal reports the errors of the initial copy that starting again cannot cure.
-func copyFatal(err error) bool {
-	return errors.Is(err, ErrTargetNotEmpty) || errors.Is(err, ErrCopySlotExists) ||
-		errors.Is(err, snapshot.ErrColumnLists) || errors.Is(err, snapshot.ErrUnsupported) ||
-		errors.Is(err, snapshot.ErrInvalidConfig)
-}
 
 // copyStageTimeout bounds the clean-up of the target after a failed copy.
 const copyStageTimeout = 30 * time.Second

@@ -320,7 +320,10 @@
 // reorder buffer. Nothing at or after a refused transaction is acknowledged, so a new Run, once the
 // cause is fixed, resumes with it, or skips it with Config.SkipLSN set to the commit LSN the error
 // names. A change refused while applied concurrently with earlier transactions (Eager, Parallel) is
-// first retried alone.
+// first retried alone. The decision is the library's one rule (the errors state their behaviour,
+// and an error that states none, of a kind nobody classified, stops Run rather than being retried
+// for ever), and the delay its one backoff: from 200ms, doubling up to 30s, with ±20% jitter, back
+// to 200ms after a session that applied a transaction or ran for a minute.
 //
 // # Migrations
 //

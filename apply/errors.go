@@ -4,18 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"strings"
 	"time"
-
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgreorder/pgreorder/apply/internal/detect"
 	"github.com/pgreorder/pgreorder/apply/internal/target"
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/internal/configerr"
-	"github.com/pgreorder/pgreorder/internal/pgsession"
+	"github.com/pgreorder/pgreorder/internal/retry"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 	"github.com/pgreorder/pgreorder/replication"
 )
@@ -25,42 +21,42 @@ import (
 // reaches the server's *pgconn.PgError.
 var (
 	// ErrInvalidConfig is wrapped by errors about a Config that cannot work.
-	ErrInvalidConfig = errors.New("apply: invalid configuration")
+	ErrInvalidConfig = retry.Stop("apply: invalid configuration")
 
 	// ErrSlotAhead is wrapped by the error Run stops with when the slot's confirmed position is
 	// ahead of the target's progress row: the transactions in between were acknowledged to the
 	// source but are not on the target (see Config.AcceptSlotAhead).
-	ErrSlotAhead = errors.New("apply: the slot is ahead of the target's progress row")
+	ErrSlotAhead = retry.Stop("apply: the slot is ahead of the target's progress row")
 
 	// ErrSourceChanged is wrapped by the error Run stops with when the target's progress row for
 	// the slot does not come from the source: it was written for another database system (a
 	// rebuilt source, or another source with a slot of the same name), on a later timeline, or at
 	// a position beyond the source's WAL. The error says what to do.
-	ErrSourceChanged = errors.New("apply: the progress row does not come from this source")
+	ErrSourceChanged = retry.Stop("apply: the progress row does not come from this source")
 
 	// ErrMissingTable: a published table does not exist on the target.
-	ErrMissingTable = errors.New("apply: target table does not exist")
+	ErrMissingTable = retry.Stop("apply: target table does not exist")
 	// ErrSchemaMismatch: the target table lacks a source column (Config.SchemaChanges can add
 	// it), has it generated, or (with Binary) with another type.
-	ErrSchemaMismatch = errors.New("apply: target table does not match the source")
+	ErrSchemaMismatch = retry.Stop("apply: target table does not match the source")
 	// ErrNoReplicaIdentity: an UPDATE or DELETE cannot identify its row: the source relation has
 	// no replica identity key and is not REPLICA IDENTITY FULL, or the target table has neither a
 	// primary key nor a replica identity index made of source key columns (PostgreSQL's
 	// subscriber requires the same).
-	ErrNoReplicaIdentity = errors.New("apply: no usable replica identity")
+	ErrNoReplicaIdentity = retry.Stop("apply: no usable replica identity")
 	// ErrPermission: the target role may not write the table (SQLSTATE 42501).
-	ErrPermission = errors.New("apply: permission denied on the target")
+	ErrPermission = retry.Stop("apply: permission denied on the target")
 	// ErrConstraint: the target refused a row for a constraint (SQLSTATE class 23: unique,
 	// check, not-null, foreign key, exclusion), when applied alone, in commit order.
-	ErrConstraint = errors.New("apply: constraint violation on the target")
+	ErrConstraint = retry.Stop("apply: constraint violation on the target")
 	// ErrData: the target refused a value (SQLSTATE class 22, such as invalid input syntax for
 	// its column's type).
-	ErrData = errors.New("apply: value rejected by the target")
+	ErrData = retry.Stop("apply: value rejected by the target")
 
 	// ErrSlotInUse is wrapped by the *SlotInUseError returned when another session of the slot
 	// still holds it on the target after Config.SlotWait, and returned by Uninstall while an
 	// Applier of the slot runs.
-	ErrSlotInUse = errors.New("apply: the slot is in use by another session")
+	ErrSlotInUse = retry.Stop("apply: the slot is in use by another session")
 )
 
 // SlotInUseError reports connections to the target that another session of the slot (another
@@ -98,6 +94,9 @@ func (e *SlotInUseError) Named(name FieldNamer) string {
 }
 
 func (e *SlotInUseError) Unwrap() error { return ErrSlotInUse }
+
+// Retryable reports false: the slot was waited for already, up to Config.SlotWait.
+func (e *SlotInUseError) Retryable() bool { return false }
 
 // ApplyError reports a source transaction the target refused. Run stops with it (it is not
 // retried: restarting would fail the same way); nothing at or after the transaction was
@@ -146,6 +145,11 @@ func (e *ApplyError) Named(name FieldNamer) string {
 	}
 	return b.String()
 }
+
+// Retryable reports whether the session is worth starting again: only when the connection went
+// while the change was applied (retry.Lost: the progress row tells what committed), never when
+// the target refused it.
+func (e *ApplyError) Retryable() bool { return retry.Lost(e.Err) }
 
 // Unwrap returns Kind and Err.
 func (e *ApplyError) Unwrap() []error {
@@ -208,72 +212,13 @@ func sourceCommit(t *reorderbuffer.Txn) *detect.SourceCommit {
 	return &detect.SourceCommit{Time: t.CommitTime, Origin: t.Origin, End: t.EndLSN}
 }
 
-// retryable reports whether starting the session again can cure err: connection failures of
-// the source or the target, server restarts, deadlocks and other transient errors are; refused
-// changes, bad configuration (a failed pre-flight check of the source included: wal_level, a
-// missing publication, a slot that cannot serve), protocol violations and lost data are not.
-func retryable(err error) bool {
-	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		return false
-	}
-	var (
-		restart  *restartError
-		apply    *ApplyError
-		change   *target.ChangeError
-		input    *reorderbuffer.InputError
-		missing  *reorderbuffer.MissingError
-		option   *replication.OptionError
-		check    *replication.CheckError
-		inUse    *SlotInUseError
-		protocol *replication.ProtocolError
-		pgErr    *pgconn.PgError
-	)
-	switch {
-	case errors.As(err, &restart):
-		return true
-	case errors.As(err, &input):
-		return replication.Retryable(err)
-	case (errors.As(err, &apply) || errors.As(err, &change)) && connectionLost(err):
-		return true // not refused: the connection went (the progress row tells what committed)
-	case errors.As(err, &apply), errors.As(err, &change), errors.As(err, &missing),
-		errors.As(err, &option), errors.As(err, &check), errors.As(err, &protocol), errors.Is(err, ErrInvalidConfig),
-		errors.As(err, &inUse), errors.Is(err, replication.ErrSlotActive), // waited for up to SlotWait already
-		errors.Is(err, replication.ErrInvalidConfig), errors.Is(err, replication.ErrUnsupported),
-		errors.Is(err, reorderbuffer.ErrProtocol), errors.Is(err, reorderbuffer.ErrForeignTxn),
-		errors.Is(err, reorderbuffer.ErrNotCommit), errors.Is(err, ErrSourceChanged), errors.Is(err, ErrSlotAhead), errors.Is(err, ErrSkipLSN), errors.Is(err, replication.ErrSlotAhead),
-		errors.Is(err, replication.ErrResumeAhead), errors.Is(err, replication.ErrSystemChanged):
-		return false
-	case copyFatal(err):
-		return false
-	case errors.Is(err, replication.ErrServerEndedStream):
-		return true
-	case errors.As(err, &pgErr):
-		return pgsession.TransientSQLState(pgErr.Code) || connectionLost(err)
-	}
-	// Not an error of a server: the network, a closed connection, a spill file.
-	return true
-}
-
-// connectionLost reports whether err says that an open connection is gone: an error of the
-// network, or one the server reported as ending the session (FATAL or PANIC) after the
-// connection was made. A FATAL error while connecting (authentication, a missing database) is
-// not.
-func connectionLost(err error) bool {
-	var (
-		netErr  net.Error
-		pgErr   *pgconn.PgError
-		connErr *pgconn.ConnectError
-	)
-	switch {
-	case errors.As(err, &connErr):
-		return false
-	case errors.As(err, &pgErr):
-		return pgErr.Severity == "FATAL" || pgErr.Severity == "PANIC"
-	case errors.As(err, &netErr), errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, net.ErrClosed):
-		return true
-	}
-	return pgconn.SafeToRetry(err) // not sent: the connection was closed or broken before
-}
+// retryable reports whether starting the session again can cure err, as the errors say
+// (internal/retry): connection failures of the source or the target, server restarts, deadlocks
+// and other transient errors are; refused changes (*ApplyError, unless the connection went), bad
+// configuration (a failed pre-flight check of the source included: wal_level, a missing
+// publication, a slot that cannot serve), a slot still in use after SlotWait, protocol
+// violations, lost data and errors nobody classified are not.
+func retryable(err error) bool { return retry.Retryable(err) }
 
 // restartError asks for the session to start again at once, applying the named source
 // transactions serially: they failed, or had to be rolled back, while applied concurrently with
@@ -289,3 +234,6 @@ func (e *restartError) Error() string {
 }
 
 func (e *restartError) Unwrap() error { return e.reason }
+
+// Retryable reports true: the session starts again at once.
+func (e *restartError) Retryable() bool { return true }

@@ -2,7 +2,6 @@ package apply
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -13,11 +12,13 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/internal/retry"
 	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
 )
 
-// errCrash stands for the process dying at a hook.
-var errCrash = errors.New("injected crash")
+// errCrash stands for the process dying at a hook: a failure that another session cures, as
+// the error says (internal/retry).
+var errCrash = retry.Retry("injected crash")
 
 // faultModes are the modes the fault tests run in.
 var faultModes = []Mode{Buffered, Eager, Parallel}

@@ -72,8 +72,8 @@ func TestRetryDelayReset(t *testing.T) {
 		t.Fatalf("%d retries logged, want %d: %v", len(log.delays), crashes, log.delays)
 	}
 	for i, d := range log.delays {
-		if d != minRetryDelay {
-			t.Errorf("retry %d after %v, want %v (each session applied a transaction): %v", i+1, d, minRetryDelay, log.delays)
+		if d != retryBackoff.Min {
+			t.Errorf("retry %d after %v, want %v (each session applied a transaction): %v", i+1, d, retryBackoff.Min, log.delays)
 		}
 	}
 }

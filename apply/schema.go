@@ -12,6 +12,7 @@ import (
 
 	"github.com/pgreorder/pgreorder/apply/internal/target"
 	"github.com/pgreorder/pgreorder/internal/pgsession"
+	"github.com/pgreorder/pgreorder/internal/retry"
 )
 
 // SchemaChanges says which changes of the source's schema the Applier makes on the target.
@@ -76,7 +77,7 @@ func (a *Applier) sourceQuery(ctx context.Context, sql string, args ...string) (
 		src.conn = conn
 	}
 	rows, err := target.Query(ctx, src.conn, sql, args...)
-	if err != nil && connectionLost(err) {
+	if err != nil && retry.Lost(err) {
 		src.conn.Close(context.WithoutCancel(ctx))
 		src.conn = nil
 	}

@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgreorder/pgreorder/internal/retry"
 )
 
 // columnTypes returns table's columns with their types, as format_type names them, in order.
@@ -192,7 +194,7 @@ func TestSchemaAddColumnRolledBack(t *testing.T) {
 			var failed atomic.Bool
 			cfg.hooks = &hooks{stage: func(ctx context.Context, stage string, x txnRef) error {
 				if stage == "before-commit" && failed.CompareAndSwap(false, true) {
-					return errors.New("injected failure before the commit")
+					return retry.Retry("injected failure before the commit")
 				}
 				return nil
 			}}

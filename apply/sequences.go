@@ -9,6 +9,7 @@ import (
 	"github.com/pgreorder/pgreorder/apply/internal/target"
 	"github.com/pgreorder/pgreorder/internal/configerr"
 	"github.com/pgreorder/pgreorder/internal/pgsession"
+	"github.com/pgreorder/pgreorder/internal/retry"
 )
 
 // DefaultSyncSequencesInterval is Config.SyncSequencesInterval's default.
@@ -17,7 +18,7 @@ const DefaultSyncSequencesInterval = 10 * time.Second
 // ErrMissingSequence is wrapped by the error of a sequence synchronization (Config.SyncSequences,
 // Applier.SyncSequences) when a sequence of the source has no sequence of the same schema and
 // name on the target.
-var ErrMissingSequence = errors.New("apply: a sequence of the source does not exist on the target")
+var ErrMissingSequence = retry.Stop("apply: a sequence of the source does not exist on the target")
 
 // ownedSequencesQuery lists the sequences owned by columns of the tables of the publications
 // ($1), serial and identity columns alike, with their last value (NULL before the first

@@ -2,7 +2,6 @@ package apply
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -10,6 +9,7 @@ import (
 	"github.com/pgreorder/pgreorder/apply/internal/target"
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/internal/configerr"
+	"github.com/pgreorder/pgreorder/internal/retry"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 )
 
@@ -23,7 +23,7 @@ import (
 // ErrSkipLSN is wrapped by the error Run stops with when Config.SkipLSN is not the commit LSN of
 // the next source transaction to apply. The error names that transaction's commit LSN when it
 // is known.
-var ErrSkipLSN = errors.New("apply: SkipLSN is not the commit LSN of the next transaction to apply")
+var ErrSkipLSN = retry.Stop("apply: SkipLSN is not the commit LSN of the next transaction to apply")
 
 // skipState is what a session knows of Config.SkipLSN.
 type skipState struct {

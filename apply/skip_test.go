@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/internal/retry"
 )
 
 // TestSkipLSN stops on a transaction that violates a constraint only the target has, refuses a
@@ -53,7 +54,7 @@ func TestSkipLSN(t *testing.T) {
 			var failed atomic.Bool
 			cfg.hooks = &hooks{stage: func(ctx context.Context, stage string, x txnRef) error {
 				if stage == "after-commit" && x.CommitLSN == bad && failed.CompareAndSwap(false, true) {
-					return errors.New("injected failure after the skip")
+					return retry.Retry("injected failure after the skip")
 				}
 				return nil
 			}}

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgreorder/pgreorder/internal/pgsession"
+	"github.com/pgreorder/pgreorder/internal/retry"
 )
 
 // ChangeError is an error of the target while applying one change, before the transaction's
@@ -21,6 +22,11 @@ type ChangeError struct {
 	Op       Op
 	Err      error
 }
+
+// Retryable reports whether the session that failed with the error is worth starting again:
+// only when the connection went while the change was applied (retry.Lost), never when the
+// target refused it.
+func (e *ChangeError) Retryable() bool { return retry.Lost(e.Err) }
 
 func (e *ChangeError) Error() string {
 	s := e.Op.String()
@@ -99,6 +105,9 @@ type ConfigError struct{ Err error }
 func (e *ConfigError) Error() string { return e.Err.Error() }
 
 func (e *ConfigError) Unwrap() error { return e.Err }
+
+// Retryable reports false: the configuration has to be put right.
+func (e *ConfigError) Retryable() bool { return false }
 
 func configError(format string, args ...any) error {
 	return &ConfigError{Err: fmt.Errorf(format, args...)}
