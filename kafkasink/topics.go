@@ -13,11 +13,12 @@ import (
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/format"
 	"github.com/pgreorder/pgreorder/internal/configerr"
+	"github.com/pgreorder/pgreorder/internal/retry"
 )
 
 // ErrTopicCollision: two tables would write to the same topic, or to topics Kafka takes for the
 // same one. The *TopicCollisionError that wraps it names them.
-var ErrTopicCollision = errors.New("kafkasink: topic names collide")
+var ErrTopicCollision = retry.Stop("kafkasink: topic names collide")
 
 // TopicCollisionError reports a table whose topic is another's, or collides with another's in
 // Kafka (which takes '.' and '_' for the same character in topic names, and refuses a topic

@@ -133,6 +133,7 @@ func TestDecisions(t *testing.T) {
 		{"kafkasink.ErrAuthorization", fmt.Errorf("%w as user: %w", kafkasink.ErrAuthorization, errors.New("denied")), false},
 		{"kafkasink.ErrClosed", kafkasink.ErrClosed, false},
 		{"kafkasink.TopicCollisionError", &kafkasink.TopicCollisionError{Topic: "a", OtherTopic: "a"}, false},
+		{"kafkasink.ErrTopicCollision", fmt.Errorf("%w: x", kafkasink.ErrTopicCollision), false},
 	} {
 		if got := retry.Retryable(tt.err); got != tt.want {
 			t.Errorf("%s: Retryable(%v) = %v, want %v", tt.name, tt.err, got, tt.want)
