@@ -10,6 +10,7 @@ import (
 
 	"github.com/pgreorder/pgreorder/apply/internal/streams"
 	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/internal/configerr"
 	"github.com/pgreorder/pgreorder/internal/retry"
 )
 
@@ -46,6 +47,8 @@ type Applier struct {
 	// Config.UntilCaughtUp: the source's WAL position at the start of the first session, and
 	// the position caught up to once reached (caughtup.go).
 	until, reached atomic.Uint64
+
+	connected atomic.Bool // a session connected to both servers: connection errors are retried from then on
 
 	streamedOnce sync.Once
 	streamed     chan struct{} // closed once a session streams (see markStreaming)
@@ -103,6 +106,7 @@ func (a *Applier) Run(ctx context.Context) error {
 func (a *Applier) runSessions(ctx context.Context) error {
 	log := a.cfg.Logger
 	attempt := 1 // of the failures in a row, the one to wait for next
+	start, limit := time.Now(), a.cfg.startTimeout()
 	for {
 		a.stats.sessions.Add(1)
 		began, applied := time.Now(), a.stats.txns.Load()
@@ -130,6 +134,16 @@ func (a *Applier) runSessions(ctx context.Context) error {
 		internal := errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
 		if !internal && !retryable(err) {
 			return err // the caller reports it
+		}
+		if !a.connected.Load() && limit >= 0 {
+			if left := limit - time.Since(start); left <= 0 || retryBackoff.Base(attempt) >= left {
+				side := "target"
+				if _, ok := errors.AsType[*sourceError](err); ok {
+					side = "source"
+				}
+				return configerr.WithHint(fmt.Errorf("%w: the %s could not be reached: %w", ErrNotStarted, side, err), " ",
+					"(tried for %s: %s)", time.Since(start).Round(time.Second), field("StartTimeout"))
+			}
 		}
 		if a.stats.txns.Load() > applied || time.Since(began) >= resetRetryAfter {
 			attempt = 1 // the session got somewhere: this failure is not one more in a row

@@ -107,7 +107,18 @@ const (
 	// DefaultSlotWait is Config.SlotWait's default, replication.DefaultSlotWait: longer than the
 	// server's default wal_sender_timeout.
 	DefaultSlotWait = replication.DefaultSlotWait
+	// DefaultStartTimeout is Config.StartTimeout's default: a typo in a host or port stops a
+	// service within half a minute, where its manager sees it.
+	DefaultStartTimeout = 30 * time.Second
 )
+
+// startTimeout returns the effective StartTimeout; negative means no limit.
+func (c *Config) startTimeout() time.Duration {
+	if c.StartTimeout == 0 {
+		return DefaultStartTimeout
+	}
+	return c.StartTimeout
+}
 
 // slotWait returns the effective SlotWait; negative means no limit.
 func (c *Config) slotWait() time.Duration {
@@ -238,6 +249,13 @@ type Config struct {
 	// SlotWait, Run stops with a *SlotInUseError (target) or a *replication.SlotActiveError
 	// (source). 0 means DefaultSlotWait; a negative value waits as long as ctx allows.
 	SlotWait time.Duration
+	// StartTimeout bounds how long a run that has not yet reached both servers keeps trying: its
+	// first sessions' connections to the target and to the source are retried (a server still
+	// starting) until StartTimeout has passed since Run began, and Run then stops with the last
+	// error (which names the side), wrapped with ErrNotStarted. Once a session has connected to
+	// both, a lost connection is retried for as long as Run runs. 0 means DefaultStartTimeout; a
+	// negative value retries as long as ctx allows.
+	StartTimeout time.Duration
 	// Logger receives progress, conflicts and retries; nil logs nothing.
 	Logger *slog.Logger
 

@@ -323,7 +323,10 @@
 // first retried alone. The decision is the library's one rule (the errors state their behaviour,
 // and an error that states none, of a kind nobody classified, stops Run rather than being retried
 // for ever), and the delay its one backoff: from 200ms, doubling up to 30s, with ±20% jitter, back
-// to 200ms after a session that applied a transaction or ran for a minute.
+// to 200ms after a session that applied a transaction or ran for a minute. Until a session has
+// reached both servers, connection failures are retried only within Config.StartTimeout (30s by
+// default) from the start of Run: a wrong host or port then stops Run with ErrNotStarted, naming
+// the side, instead of being retried for ever.
 //
 // # Migrations
 //

@@ -53,6 +53,10 @@ var (
 	// its column's type).
 	ErrData = retry.Stop("apply: value rejected by the target")
 
+	// ErrNotStarted is wrapped by the error Run stops with when its first sessions could not
+	// reach both servers within Config.StartTimeout; the error names the side and what failed.
+	ErrNotStarted = retry.Stop("apply: not started")
+
 	// ErrSlotInUse is wrapped by the *SlotInUseError returned when another session of the slot
 	// still holds it on the target after Config.SlotWait, and returned by Uninstall while an
 	// Applier of the slot runs.

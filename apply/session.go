@@ -80,8 +80,9 @@ func (a *Applier) session(parent context.Context) (err error) {
 	defer s.leader.Close(context.WithoutCancel(ctx))
 	sys, slot, err := identifySource(ctx, s.cfg)
 	if err != nil {
-		return err
+		return &sourceError{err}
 	}
+	s.a.connected.Store(true)
 	s.key = target.ProgressKey{Slot: s.cfg.Slot, System: sys.ID, Timeline: sys.Timeline}
 	s.noteStart(sys.XLogPos)
 	if err := s.fence(ctx); err != nil {
@@ -608,3 +609,10 @@ func (s *session) txnError(x txnRef, err error) error {
 	return &ApplyError{Kind: kindErr(ce.Kind), Relation: ce.Relation, Op: ce.Op, Xid: x.Xid, CommitLSN: x.CommitLSN,
 		EndLSN: x.EndLSN, Err: cause}
 }
+
+// sourceError marks an error of the session's first connection to the source (the target's say
+// so in their message), for the error Run stops with when it never reached both servers.
+type sourceError struct{ err error }
+
+func (e *sourceError) Error() string { return e.err.Error() }
+func (e *sourceError) Unwrap() error { return e.err }

@@ -284,7 +284,7 @@ var (
 		{"operations and monitoring", []string{"progress", "metrics-addr", "v", "until-caught-up", "skip-lsn", "schema-changes",
 			"sync-sequences", "sync-sequences-interval", "sync-sequences-once", "uninstall"}},
 		{"advanced", []string{"work-mem", "spill-dir", "spill-compression", "progress-table", "accept-slot-ahead",
-			"status-interval", "slot-wait", "cpuprofile", "memprofile"}},
+			"status-interval", "slot-wait", "start-timeout", "cpuprofile", "memprofile"}},
 	}
 	streamGroups = []flagGroup{
 		{"connection", []string{"source", "slot", "publication", "create-slot", "temporary", "dsn"}},
@@ -338,6 +338,7 @@ var fieldFlags = map[string]string{
 	"apply.ProgressTable":            "-progress-table",
 	"apply.OriginFilter":             "-origin-filter",
 	"apply.SlotWait":                 "-slot-wait",
+	"apply.StartTimeout":             "-start-timeout",
 	"apply.SkipLSN":                  "-skip-lsn",
 	"apply.SchemaChanges":            "-schema-changes",
 	"apply.SyncSequences":            "-sync-sequences",
