@@ -38,6 +38,23 @@ func (s *session) caughtUp() bool {
 	return done
 }
 
+// askPosition, for Config.UntilCaughtUp, asks the stream to hand out the source's position as an
+// idle advance as soon as the source says it, when nothing is left to acknowledge: WAL the source
+// wrote past the last transaction (a checkpoint is enough) is then caught up to within a round
+// trip, not at the next status interval.
+func (s *session) askPosition() {
+	if !s.cfg.UntilCaughtUp || s.a.until.Load() == 0 || s.a.reached.Load() != 0 {
+		return
+	}
+	a := &s.acks
+	a.mu.Lock()
+	idle := len(a.list) == 0
+	a.mu.Unlock()
+	if idle {
+		s.stream.AdvanceSoon()
+	}
+}
+
 // CaughtUp returns, once Run stopped for Config.UntilCaughtUp, the source's WAL position it
 // caught up to (the position when Run started): everything up to it is on the target and
 // acknowledged. ok is false before.

@@ -45,3 +45,34 @@ func TestUntilCaughtUp(t *testing.T) {
 		}
 	}
 }
+
+// TestUntilCaughtUpAsks: with the status interval at its default (10s), a Run with UntilCaughtUp
+// whose source wrote WAL past the slot with nothing to apply (a checkpoint) returns within a
+// round trip of the source, not at the next status interval: it asks the source for its position.
+func TestUntilCaughtUpAsks(t *testing.T) {
+	for _, major := range testMajors {
+		for _, mode := range []Mode{Buffered, Eager} {
+			t.Run(fmt.Sprintf("pg%d/%s", major, mode), func(t *testing.T) {
+				e := fullEnv(t, major, "asks", []string{`CREATE TABLE c (id int PRIMARY KEY, v int)`})
+				execOn(t, e.src, `INSERT INTO c VALUES (1, 1)`)
+				cfg := e.config(t, mode)
+				cfg.UntilCaughtUp = true
+				cfg.StatusInterval = 0 // the default, 10s
+				for run := range 2 {
+					execOn(t, e.src, `CHECKPOINT`) // WAL past the slot, nothing in it to apply
+					began := time.Now()
+					r := start(t, cfg)
+					if err := r.stopped(t); err != nil {
+						t.Fatalf("run %d: Run: %v, want nil once caught up", run, err)
+					}
+					took := time.Since(began)
+					t.Logf("run %d: caught up in %v", run, took.Round(time.Millisecond))
+					if took >= 5*time.Second {
+						t.Errorf("run %d: caught up in %v: it waited for a status interval", run, took)
+					}
+				}
+				e.sameRows(t, "c")
+			})
+		}
+	}
+}

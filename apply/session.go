@@ -468,6 +468,7 @@ func (s *session) runBuffered(ctx context.Context) error {
 		if s.caughtUp() {
 			return errCaughtUp
 		}
+		s.askPosition()
 		t, err := s.next(ctx)
 		if err != nil {
 			if errors.Is(err, errIdle) && s.group.open() { // nothing more to read: commit

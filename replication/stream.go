@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -79,6 +80,11 @@ type Stream struct {
 	cause     error          // why the connection was lost, while reconnecting
 	attempt   int            // failed reconnection attempts in a row
 	slotSince time.Time      // since when reconnections met the slot in use (ErrSlotActive); zero otherwise
+	askedAt   time.Time      // when a status update last asked the server for its position (AdvanceSoon)
+	awaiting  bool           // an answer to it is awaited
+	answered  bool           // a keepalive came after it: the idle advance may be handed out now
+
+	advanceSoon atomic.Bool // AdvanceSoon was called: ask the server for its position when idle
 
 	// wakeMu guards wakeConn, the socket of the current connection (nil while disconnected):
 	// wake, called by whoever cancels a context Next waits with, or closes the stream,
@@ -269,6 +275,29 @@ func (s *Stream) next(ctx context.Context, until time.Time) (*reorderbuffer.Txn,
 			}
 			continue
 		}
+		if s.cfg.Buffer.HandOutAdvances {
+			if s.answered {
+				s.answered = false
+				if s.queueAdvance() {
+					s.advanceSoon.Store(false)
+					continue
+				}
+			}
+			if s.awaiting && time.Since(s.askedAt) >= s.every {
+				s.awaiting = false // no answer: ask again
+			}
+			if !s.awaiting && s.advanceSoon.Load() && time.Since(s.askedAt) >= askEvery {
+				// The server's answer to a status update asking for one is a keepalive with its
+				// position: the advance is handed out when it comes, if the position moved.
+				if err := s.sendStatus(true); err != nil {
+					if err := s.lost(err); err != nil {
+						return nil, err
+					}
+					continue
+				}
+				s.askedAt, s.awaiting = time.Now(), true
+			}
+		}
 		if time.Since(s.last) >= s.every {
 			if s.cfg.Buffer.HandOutAdvances && s.queueAdvance() {
 				continue // handed out first: the status update follows its acknowledgement
@@ -286,6 +315,9 @@ func (s *Stream) next(ctx context.Context, until time.Time) (*reorderbuffer.Txn,
 			// deadline is set before ctx is looked at: a ctx that ends after the look moves it
 			// (wake).
 			deadline := s.last.Add(s.every)
+			if !s.awaiting && s.advanceSoon.Load() && s.askedAt.Add(askEvery).Before(deadline) {
+				deadline = s.askedAt.Add(askEvery) // to ask again
+			}
 			if !until.IsZero() {
 				if !time.Now().Before(until) {
 					return nil, context.DeadlineExceeded
@@ -396,6 +428,18 @@ func (s *Stream) Ready() bool {
 	}
 }
 
+// AdvanceSoon asks for an idle advance (Config.Buffer.HandOutAdvances) as soon as the server can
+// say where it is, rather than at the next status interval: while Next has nothing to hand out,
+// it asks the server for its position (a status update that requests a reply, at most every
+// 100ms) and hands the advance out when an answer shows the position moved past what was
+// acknowledged with nothing pending; the request is then done. A consumer that waits to have
+// caught up with a position (package apply's UntilCaughtUp) calls it while it is idle. It may be
+// called from any goroutine.
+func (s *Stream) AdvanceSoon() { s.advanceSoon.Store(true) }
+
+// askEvery is how often Next asks the server for its position while AdvanceSoon waits for it.
+const askEvery = 100 * time.Millisecond
+
 // queueAdvance queues an idle advance in the buffer (Config.Buffer.HandOutAdvances), once per
 // status interval: when it is time for a status update and nothing is pending, the position the
 // server reached is handed out for the consumer to persist and acknowledge, and the update after
@@ -432,6 +476,7 @@ func (s *Stream) drop(cause error) {
 	cancel()
 	s.setWire(nil)
 	s.conn = nil
+	s.awaiting, s.answered = false, false
 	s.cause = cause
 	s.mu.Lock()
 	s.act.disconnected()
@@ -618,6 +663,9 @@ func (s *Stream) handle(typ byte, d []byte) error {
 			s.buf.Keepalive(end)
 			s.act.keepalive(d[17] != 0, s.buf.Pending())
 			s.mu.Unlock()
+			if s.awaiting {
+				s.awaiting, s.answered = false, true
+			}
 			if d[17] != 0 {
 				return s.reply(end)
 			}
