@@ -32,7 +32,7 @@ func ExampleSnapshot_String() {
 	fmt.Println(snap)
 	// Output:
 	// received 12.3k txns, 1.21M changes | acked 12.3k, 2 unacked (oldest 1.5s) | lag 4.00 MiB, 3.2s | 850 txn/s, 42.1k changes/s | memory 12.0 MiB, peak 64.0 MiB | spilled 300 MiB now, 1.50 GiB total
-	// received 12.3k txns, 1.21M changes | acked 12.3k | lag 0 B, caught up | 0 txn/s, 0 changes/s | memory 12.0 MiB, peak 64.0 MiB | spilled 300 MiB now, 1.50 GiB total | reconnects 1
+	// received 12.3k txns, 1.21M changes | acked 12.3k | caught up | 0 txn/s, 0 changes/s | memory 12.0 MiB, peak 64.0 MiB | spilled 300 MiB now, 1.50 GiB total | reconnects 1
 }
 
 // A consumer that serves its stream's metrics on :9187/metrics and logs a summary every minute.

@@ -20,7 +20,9 @@ func (s Snapshot) String() string {
 		fmt.Fprintf(&b, ", %s unacked (oldest %s)", fmtCount(float64(s.Activity.Unacked)), fmtDuration(s.OldestUnackedAge))
 	}
 	if s.Activity.CaughtUp {
-		fmt.Fprintf(&b, " | lag %s, caught up", fmtBytes(s.LagBytes))
+		// Caught up: nothing the server sent waits; the bytes it sent past the last status
+		// update (a keepalive's position, say) are not a lag to print beside it.
+		b.WriteString(" | caught up")
 	} else {
 		fmt.Fprintf(&b, " | lag %s, %s", fmtBytes(s.LagBytes), fmtDuration(s.Lag))
 	}
