@@ -357,7 +357,7 @@ func TestUninstall(t *testing.T) {
 	ctx := testCtx(t)
 	a, err := New(cfg)
 	must(t, err)
-	if err := a.Uninstall(ctx, UninstallOptions{Progress: true, Origins: true}); !errors.Is(err, ErrSlotInUse) {
+	if _, err := a.Uninstall(ctx, UninstallOptions{Progress: true, Origins: true}); !errors.Is(err, ErrSlotInUse) {
 		t.Fatalf("Uninstall while running: %v, want ErrSlotInUse", err)
 	}
 	r.halt(t)
@@ -376,12 +376,22 @@ func TestUninstall(t *testing.T) {
 	}
 	// Another slot's progress row keeps the progress table.
 	execOn(t, e.dst, `INSERT INTO "My ""Sch""".progress VALUES ('other', '0/1')`)
-	must(t, a.Uninstall(ctx, UninstallOptions{Progress: true, Origins: true}))
+	u, err := a.Uninstall(ctx, UninstallOptions{Progress: true, Origins: true})
+	must(t, err)
+	if len(u.TombstoneTriggers) != 2 || u.TombstoneFunction == "" || u.TombstoneTable == "" || u.ProgressRows == 0 ||
+		len(u.DroppedTables) != 0 || len(u.Origins) != 3 {
+		t.Errorf("Uninstall says it removed %+v", u)
+	}
+	t.Log(u)
 	if got := left(); got["triggers"] != 0 || got["functions"] != 0 || got["tables"] != 2 || got["origins"] != 0 {
 		t.Errorf("after Uninstall: %v, want only the progress table (and its index)", got)
 	}
 	if n := count(t, e.dst, `SELECT count(*) FROM "My ""Sch""".progress WHERE slot = 'hostile'`); n != 0 {
 		t.Errorf("the slot's progress row is still there")
+	}
+	// Again: nothing left to remove, and no notices about what is not there.
+	if u, err := a.Uninstall(ctx, UninstallOptions{Progress: true, Origins: true}); err != nil || u.String() != "nothing to remove" {
+		t.Errorf("a second Uninstall: %q, %v", u, err)
 	}
 	// The store comes back with the next Run.
 	execOn(t, e.src, `INSERT INTO kv VALUES (2, 2, 'b')`, `INSERT INTO marker VALUES (2)`)

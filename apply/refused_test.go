@@ -130,7 +130,7 @@ func TestTargetConfigErrors(t *testing.T) {
 		}
 	}
 	a := &Applier{cfg: Config{Target: "host='unterminated", Slot: "s"}}
-	if err := a.Uninstall(ctx, UninstallOptions{}); !errors.Is(err, ErrInvalidConfig) {
+	if _, err := a.Uninstall(ctx, UninstallOptions{}); !errors.Is(err, ErrInvalidConfig) {
 		t.Errorf("Uninstall: %v, want ErrInvalidConfig", err)
 	}
 }

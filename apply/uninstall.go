@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 
 	"github.com/pgreorder/pgreorder/apply/internal/target"
 )
@@ -21,18 +22,56 @@ type UninstallOptions struct {
 	Origins bool
 }
 
+// Uninstalled is what Uninstall removed from the target.
+type Uninstalled struct {
+	TombstoneTriggers []string // the tables whose tombstone trigger was dropped, quoted and qualified
+	TombstoneFunction string   // the trigger function dropped, "" if there was none
+	TombstoneTable    string   // the tombstone table dropped, "" if there was none
+	ProgressRows      int64    // the slot's rows deleted from the progress, copy and ahead tables
+	DroppedTables     []string // those of the progress, copy and ahead tables dropped, left without rows
+	Origins           []string // the replication origins dropped
+}
+
+// String says what was removed, in one line: "nothing to remove" when there was nothing.
+func (u Uninstalled) String() string {
+	var parts []string
+	if n := len(u.TombstoneTriggers); n > 0 {
+		parts = append(parts, fmt.Sprintf("the tombstone trigger of %d table(s) (%s)", n, strings.Join(u.TombstoneTriggers, ", ")))
+	}
+	if u.TombstoneFunction != "" {
+		parts = append(parts, "the function "+u.TombstoneFunction)
+	}
+	if u.TombstoneTable != "" {
+		parts = append(parts, "the tombstone table "+u.TombstoneTable)
+	}
+	if u.ProgressRows > 0 {
+		parts = append(parts, fmt.Sprintf("%d progress row(s) of the slot", u.ProgressRows))
+	}
+	if len(u.DroppedTables) > 0 {
+		parts = append(parts, "the table(s) "+strings.Join(u.DroppedTables, ", ")+", left empty")
+	}
+	if len(u.Origins) > 0 {
+		parts = append(parts, "the replication origin(s) "+strings.Join(u.Origins, ", "))
+	}
+	if len(parts) == 0 {
+		return "nothing to remove"
+	}
+	return "removed " + strings.Join(parts, "; ")
+}
+
 // Uninstall removes from the target what the Applier created there for update_deleted
 // detection (conflict.Config.Retention): the tombstone trigger of every table, the trigger
 // function and the tombstone table; and, as opts says, the slot's progress and the Applier's
-// replication origins. It fails with ErrSlotInUse while an Applier of the slot runs. The
-// tombstone store is shared by the Appliers whose tombstone table is the same one: one of
-// them that runs creates it again. Nothing on the source is touched: drop the slot there
-// (pg_drop_replication_slot) when the Applier is retired.
-func (a *Applier) Uninstall(ctx context.Context, opts UninstallOptions) error {
+// replication origins; it says what it removed (what is not there is left alone, silently). It
+// fails with ErrSlotInUse while an Applier of the slot runs. The tombstone store is shared by the
+// Appliers whose tombstone table is the same one: one of them that runs creates it again.
+// Nothing on the source is touched: drop the slot there (pg_drop_replication_slot) when the
+// Applier is retired.
+func (a *Applier) Uninstall(ctx context.Context, opts UninstallOptions) (Uninstalled, error) {
 	cfg := &a.cfg
 	tg, err := target.Dial(ctx, cfg.targetOptions(), "pgreorder apply "+cfg.Slot+" uninstall")
 	if err != nil {
-		return configErr(err)
+		return Uninstalled{}, configErr(err)
 	}
 	conn := tg.PG()
 	defer conn.Close(context.WithoutCancel(ctx))
@@ -41,30 +80,31 @@ func (a *Applier) Uninstall(ctx context.Context, opts UninstallOptions) error {
 	// has no progress row yet).
 	system, err := tg.ProgressSystem(ctx, cfg.ProgressTable, cfg.Slot)
 	if err != nil {
-		return fmt.Errorf("apply: uninstall: %w", err)
+		return Uninstalled{}, fmt.Errorf("apply: uninstall: %w", err)
 	}
 	if system == "" {
 		sys, _, err := identifySource(ctx, cfg)
 		if err != nil {
-			return fmt.Errorf("apply: uninstall: identifying the source system (to find a running Applier of the slot): %w", err)
+			return Uninstalled{}, fmt.Errorf("apply: uninstall: identifying the source system (to find a running Applier of the slot): %w", err)
 		}
 		system = sys.ID
 	}
 	lead, _ := fenceKeys(system, cfg.Slot)
 	rows, err := target.Query(ctx, conn, "SELECT pg_catalog.pg_try_advisory_lock($1::pg_catalog.int8)::pg_catalog.text", strconv.FormatInt(lead, 10))
 	if err != nil {
-		return fmt.Errorf("apply: uninstall: locking the slot's progress on the target: %w", err)
+		return Uninstalled{}, fmt.Errorf("apply: uninstall: locking the slot's progress on the target: %w", err)
 	}
 	if string(rows[0][0]) != "true" {
-		return fmt.Errorf("%w: slot %q: stop it first", ErrSlotInUse, cfg.Slot)
+		return Uninstalled{}, fmt.Errorf("%w: slot %q: stop it first", ErrSlotInUse, cfg.Slot)
 	}
 
-	err = tg.RemoveInstalled(ctx, target.Uninstall{Slot: cfg.Slot, TombstoneTable: cfg.Conflicts.TombstoneTable,
+	r, err := tg.RemoveInstalled(ctx, target.Uninstall{Slot: cfg.Slot, TombstoneTable: cfg.Conflicts.TombstoneTable,
 		ProgressTable: cfg.ProgressTable, Progress: opts.Progress, Origin: originIf(opts.Origins, cfg.Origin)})
+	u := Uninstalled(r)
 	if err != nil {
-		return fmt.Errorf("apply: uninstall: %w", err)
+		return u, fmt.Errorf("apply: uninstall: %w", err)
 	}
-	return nil
+	return u, nil
 }
 
 // originIf returns origin if drop, else "".

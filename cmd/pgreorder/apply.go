@@ -353,7 +353,12 @@ func runApply(ctx context.Context, args []string) error {
 		return err
 	}
 	if f.uninstall {
-		return a.Uninstall(ctx, apply.UninstallOptions{Progress: true, Origins: true})
+		u, err := a.Uninstall(ctx, apply.UninstallOptions{Progress: true, Origins: true})
+		if err != nil {
+			return err
+		}
+		fmt.Printf("uninstalled slot %s from the target: %s\n", cfg.Slot, u)
+		return nil
 	}
 	if f.syncSequencesOnce {
 		moved, err := a.SyncSequences(ctx)
