@@ -72,12 +72,13 @@ func (s *session) setupConflicts(ctx context.Context) error {
 		return fmt.Errorf("apply: reading track_commit_timestamp on the target: %w", err)
 	}
 	det.TrackTS = string(rows[0][0]) == "true"
-	if !det.TrackTS {
+	if !det.TrackTS && (det.Ours != nil || lastUpdateWins(&cfg.Conflicts)) {
+		// Said where it matters: an origin to tell changes apart by, or a resolution by time.
 		s.a.once("track_commit_timestamp", func() {
 			s.log.Info("track_commit_timestamp is off on the target: update_origin_differs and delete_origin_differs " +
 				"are not detected, and last_update_wins takes the source's change as the later")
 		})
-	} else if det.Ours == nil {
+	} else if det.TrackTS && det.Ours == nil {
 		s.a.once("no origin", func() {
 			s.log.Info("the Applier has no replication origin (Config.Origin): update_origin_differs and " +
 				"delete_origin_differs are not detected")

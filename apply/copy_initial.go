@@ -81,8 +81,7 @@ func (s *session) initialCopy(ctx context.Context, rcfg replication.Config) (*re
 	if err != nil {
 		return nil, 0, err
 	}
-	s.log.Info("initial copy committed; streaming from its consistent point", "slot", s.cfg.Slot, "consistent_point", cp)
-	return stream, cp, nil
+	return stream, cp, nil // changefeed.InitialCopy logged it
 }
 
 // copyTarget is apply's side of changefeed.InitialCopy: the copy table records the copy, the

@@ -216,7 +216,7 @@ func TestCopyKill(t *testing.T) {
 				// The copy commits its chunks one by one: wait until it committed whole, before
 				// the workload, whose marker could otherwise be copied (and seen) ahead of rows
 				// other chunks have yet to commit.
-				for !strings.Contains(second.stderr.String(), "initial copy committed") {
+				for !strings.Contains(second.stderr.String(), "initial copy complete") {
 					select {
 					case err := <-second.done:
 						second.done <- err // for the cleanup
