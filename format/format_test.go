@@ -402,3 +402,48 @@ func FuzzNames(f *testing.F) {
 		}
 	})
 }
+
+// TestWriteRows: a copied chunk (here a transaction of inserts, a pgvalue.Source like a chunk) is
+// one snapshot_lsn line in the txn format and an "r" event per row in the debezium format; a
+// chunk holding anything but inserts leaves nothing.
+func TestWriteRows(t *testing.T) {
+	var txnOut, dbzOut bytes.Buffer
+	tw := format.NewWriter(&txnOut, format.Config{Now: fixedNow})
+	dw := format.NewWriter(&dbzOut, format.Config{Kind: format.KindDebezium, Now: fixedNow})
+	defer tw.Close()
+	defer dw.Close()
+	feed(t, bigTxn(3, 2, false), func(x *reorderbuffer.Txn) error { return tw.WriteRows(x) })
+	feed(t, bigTxn(3, 2, false), func(x *reorderbuffer.Txn) error { return dw.WriteRows(x) })
+	checkLines(t, txnOut.Bytes())
+	checkLines(t, dbzOut.Bytes())
+	require.Equal(t, 1, bytes.Count(txnOut.Bytes(), []byte{'\n'}))
+	line := parseObject(t, strings.TrimSuffix(txnOut.String(), "\n"))
+	require.Equal(t, "0/0", line["snapshot_lsn"])
+	require.NotContains(t, line, "xid")
+	require.Len(t, line["changes"], 3)
+	events := strings.Split(strings.TrimSuffix(dbzOut.String(), "\n"), "\n")
+	require.Len(t, events, 3)
+	for _, e := range events {
+		ev := parseObject(t, e)
+		require.Equal(t, "r", ev["op"])
+		require.Nil(t, ev["transaction"])
+		require.Equal(t, "true", ev["source"].(map[string]any)["snapshot"])
+	}
+
+	update := []decoding.Message{
+		&decoding.Begin{FinalLSN: 0x100, Xid: 5},
+		&decoding.Relation{RelationID: 1, Namespace: "public", Name: "t",
+			Columns: []decoding.RelationColumn{{Flags: 1, Name: "id", TypeOID: 23}}},
+		&decoding.Update{RelationID: 1, New: decoding.Tuple{{Kind: 't', Data: []byte("1")}}},
+		&decoding.Commit{CommitLSN: 0x100, EndLSN: 0x130},
+	}
+	var none bytes.Buffer
+	w := format.NewWriter(&none, format.Config{})
+	defer w.Close()
+	feed(t, update, func(x *reorderbuffer.Txn) error {
+		require.ErrorContains(t, w.WriteRows(x), "a copied chunk holds")
+		return nil
+	})
+	require.Zero(t, none.Len())
+	require.ErrorContains(t, w.WriteRows(nil), "nil source")
+}

@@ -2,6 +2,7 @@ package format
 
 import (
 	"fmt"
+	"iter"
 	"unicode/utf8"
 
 	"github.com/pgreorder/pgreorder/decoding"
@@ -47,26 +48,8 @@ func (w *Writer) txn(x *reorderbuffer.Txn) (int64, error) {
 		e.raw(`,"gid":`)
 		e.name(x.GID)
 	}
-	e.raw(`,"changes":[`)
-	for c, err := range x.Changes() {
-		if err != nil {
-			return n, err
-		}
-		switch c.Msg.(type) {
-		case *decoding.Relation, *decoding.DataType:
-			continue // they name the tables and columns of the changes
-		}
-		if n > 0 {
-			e.byte(',')
-		}
-		if err := w.txnChange(c); err != nil {
-			return n, err
-		}
-		n++
-		e.maybeFlush()
-	}
-	e.raw("]}\n")
-	return n, nil
+	e.raw(`,"changes":`)
+	return w.changeList(x.Changes(), false)
 }
 
 // rows writes the inserts of a copied chunk as one line in the txn format and returns their
@@ -75,18 +58,28 @@ func (w *Writer) rows(src pgvalue.Source, lsn decoding.LSN) (int64, error) {
 	e := &w.enc
 	e.raw(`{"snapshot_lsn":"`)
 	e.raw(lsn.String())
-	e.raw(`","changes":[`)
+	e.raw(`","changes":`)
+	return w.changeList(src.Changes(), true)
+}
+
+// changeList writes the changes of seq as a JSON array closing the line, and returns their
+// number; with inserts, anything but an insert is an error (a copied chunk's).
+func (w *Writer) changeList(seq iter.Seq2[decoding.Change, error], inserts bool) (int64, error) {
+	e := &w.enc
+	e.byte('[')
 	var n int64
-	for c, err := range src.Changes() {
+	for c, err := range seq {
 		if err != nil {
 			return n, err
 		}
 		switch c.Msg.(type) {
 		case *decoding.Relation, *decoding.DataType:
-			continue
+			continue // they name the tables and columns of the changes
 		case *decoding.Insert:
 		default:
-			return n, fmt.Errorf("format: a copied chunk holds a %v message", c.Msg.Type())
+			if inserts {
+				return n, fmt.Errorf("format: a copied chunk holds a %v message", c.Msg.Type())
+			}
 		}
 		if n > 0 {
 			e.byte(',')
