@@ -12,8 +12,9 @@
 // change).
 //
 // The benchmarks are in the package's tests; BENCHMARKS.md at the repository root gives the
-// method, the commands, the results and the charts (drawn by bench/charts from the benchmark
-// output):
+// current results with the commands that reproduce them, and the dated runs under bench/results
+// (history-*.md) the method, every earlier result and the SVG charts (drawn by bench/charts from
+// the first runs' output):
 //
 //	go test -run '^$' -bench . -benchtime 1x -short ./bench/...      # reduced sizes, minutes
 //	PGREORDER_BENCH_FULL=1 go test -run '^$' -bench . -benchtime 1x -timeout 60m ./bench/  # PostgreSQL's sizes

@@ -1,5 +1,6 @@
 // Command charts reads `go test -bench` output of ./bench and ./heap and draws the SVG charts of
-// BENCHMARKS.md, and prints the targets' measured ratios as a Markdown table.
+// the benchmark history (bench/results), and prints the targets' measured ratios as a Markdown
+// table.
 //
 // Usage:
 //
