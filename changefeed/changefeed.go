@@ -589,9 +589,11 @@ func (f *Feed) start(ctx context.Context) (*replication.Stream, error) {
 
 // open connects, runs first once (the checks and the first batch, on the first connection
 // only), and starts streaming, connecting again while another connection holds the slot (the
-// walsender of a consumer that just died holds it for a moment), as Reconnect allows.
+// walsender of a consumer that just died holds it for a moment) within Reconnect.SlotWait, as
+// replication.Start does.
 func (f *Feed) open(ctx context.Context, rcfg replication.Config, first func(*replication.Conn) error, started func()) (*replication.Stream, error) {
 	done := false
+	var since time.Time // the first refusal of the slot
 	for attempt := 1; ; attempt++ {
 		conn, err := replication.Connect(ctx, rcfg)
 		if errors.Is(err, replication.ErrResumeAhead) {
@@ -614,12 +616,13 @@ func (f *Feed) open(ctx context.Context, rcfg replication.Config, first func(*re
 			started()
 			return s, nil
 		}
-		policy := rcfg.Reconnect
-		if !errors.Is(err, replication.ErrSlotActive) || policy.Disabled || (policy.MaxAttempts > 0 && attempt >= policy.MaxAttempts) {
+		if !errors.Is(err, replication.ErrSlotActive) {
 			return nil, err
 		}
-		f.log.Info("slot in use, retrying", "slot", rcfg.Slot, "attempt", attempt)
-		if err := wait(ctx, attempt); err != nil {
+		if since.IsZero() {
+			since = time.Now()
+		}
+		if err := replication.WaitForSlot(ctx, rcfg, err, attempt, since); err != nil {
 			return nil, err
 		}
 	}

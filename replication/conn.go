@@ -249,31 +249,41 @@ func (c *Conn) Close(ctx context.Context) error {
 // according to Config.Reconnect; any other error is returned at once. The connection is closed
 // again if anything fails.
 func Start(ctx context.Context, cfg Config) (*Stream, error) {
-	log := cfg.logger()
-	wait := cfg.Reconnect.slotWait()
-	var since time.Time
+	since := time.Now()
 	for attempt := 1; ; attempt++ {
 		s, err := start(ctx, cfg)
-		if err == nil || !errors.Is(err, ErrSlotActive) || cfg.Reconnect.Disabled ||
-			(cfg.Reconnect.MaxAttempts > 0 && attempt >= cfg.Reconnect.MaxAttempts) {
+		if err == nil || !errors.Is(err, ErrSlotActive) {
 			return s, err
 		}
-		d := cfg.Reconnect.backoff().Delay(attempt)
-		if since.IsZero() {
-			since = time.Now()
+		if err := WaitForSlot(ctx, cfg, err, attempt, since); err != nil {
+			return nil, err
 		}
-		d, gave := slotWaitOver(err, since, d, wait)
-		if gave != nil {
-			return nil, gave
-		}
-		logSlotActive(log, err, attempt, d, wait)
-		t := time.NewTimer(d)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return nil, fmt.Errorf("%w (while waiting: %w)", ctx.Err(), err)
-		case <-t.C:
-		}
+	}
+}
+
+// WaitForSlot is what Start does when the slot is in use (err wraps ErrSlotActive: another
+// connection streams from it, such as the walsender of a consumer that just died), for a caller
+// that connects by itself: it logs the holder (at Warn the first time) and waits the policy's
+// backoff before attempt+1, or returns an error: err itself when Reconnect is Disabled or
+// MaxAttempts is reached, err as a *SlotActiveError saying how long it waited once
+// Reconnect.SlotWait has passed since since (the first refusal), or ctx's error.
+func WaitForSlot(ctx context.Context, cfg Config, err error, attempt int, since time.Time) error {
+	if cfg.Reconnect.Disabled || (cfg.Reconnect.MaxAttempts > 0 && attempt >= cfg.Reconnect.MaxAttempts) {
+		return err
+	}
+	wait := cfg.Reconnect.slotWait()
+	d, gave := slotWaitOver(err, since, cfg.Reconnect.backoff().Delay(attempt), wait)
+	if gave != nil {
+		return gave
+	}
+	logSlotActive(cfg.logger(), err, attempt, d, wait)
+	t := time.NewTimer(d)
+	select {
+	case <-ctx.Done():
+		t.Stop()
+		return fmt.Errorf("%w (while waiting: %w)", ctx.Err(), err)
+	case <-t.C:
+		return nil
 	}
 }
 
