@@ -44,7 +44,7 @@ func TestActivity(t *testing.T) {
 			t.Fatalf("idle stream: %+v", a)
 		}
 		for i := range 3 {
-			mustExec(t, srv.ConnString(db), fmt.Sprintf(`INSERT INTO pub_t VALUES (%d)`, i))
+			pgtest.ExecAll(t, srv.ConnString(db), fmt.Sprintf(`INSERT INTO pub_t VALUES (%d)`, i))
 		}
 		var xs []*reorderbuffer.Txn
 		for range 3 {
@@ -109,7 +109,7 @@ func TestStatsWhileReading(t *testing.T) {
 		defer s.Close(ctx)
 		const n, rows = 3, 10000
 		for i := range n {
-			mustExec(t, srv.ConnString(db), fmt.Sprintf(`INSERT INTO pub_t SELECT g FROM generate_series(%d, %d) g`, i*rows+1, (i+1)*rows))
+			pgtest.ExecAll(t, srv.ConnString(db), fmt.Sprintf(`INSERT INTO pub_t SELECT g FROM generate_series(%d, %d) g`, i*rows+1, (i+1)*rows))
 		}
 		stop := make(chan struct{})
 		done := make(chan struct{})

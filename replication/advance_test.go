@@ -23,7 +23,7 @@ func TestHandOutAdvances(t *testing.T) {
 			setupPub(t, srv, db)
 			cs := srv.ConnString(db)
 			ctx := pgtest.Context(t, time.Minute)
-			mustExec(t, cs, `SELECT pg_create_logical_replication_slot('s', 'pgoutput')`)
+			pgtest.ExecAll(t, cs, `SELECT pg_create_logical_replication_slot('s', 'pgoutput')`)
 			created, _ := slotState(t, cs, "s", false)
 			cfg := replication.Config{ConnString: srv.ReplicationConnString(db), Slot: "s", Publications: []string{"pub"},
 				StatusInterval: 20 * time.Millisecond, Buffer: reorderbuffer.Config{HandOutAdvances: true}}
@@ -31,14 +31,14 @@ func TestHandOutAdvances(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if sys := s.System(); sys.ID == "" || sys.ID != queryValue(t, cs, `SELECT system_identifier::text FROM pg_control_system()`) ||
+			if sys := s.System(); sys.ID == "" || sys.ID != pgtest.QueryText(t, cs, `SELECT system_identifier::text FROM pg_control_system()`) ||
 				sys.Timeline != 1 || sys.Database != db {
 				t.Fatalf("System() = %+v", sys)
 			}
 			// Nothing published: only the unpublished table changes.
-			mustExec(t, cs, `INSERT INTO other_t SELECT generate_series(1, 100)`)
+			pgtest.ExecAll(t, cs, `INSERT INTO other_t SELECT generate_series(1, 100)`)
 			var wal decoding.LSN
-			if err := wal.UnmarshalText([]byte(queryValue(t, cs, `SELECT pg_current_wal_lsn()::text`))); err != nil {
+			if err := wal.UnmarshalText([]byte(pgtest.QueryText(t, cs, `SELECT pg_current_wal_lsn()::text`))); err != nil {
 				t.Fatal(err)
 			}
 			var adv *reorderbuffer.Txn
@@ -87,7 +87,7 @@ func TestHandOutAdvances(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer s.Close(ctx)
-			mustExec(t, cs, `INSERT INTO pub_t VALUES (1)`)
+			pgtest.ExecAll(t, cs, `INSERT INTO pub_t VALUES (1)`)
 			for {
 				x := next(ctx, t, s)
 				if x.Part == reorderbuffer.Advance {

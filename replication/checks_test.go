@@ -62,7 +62,7 @@ func TestPreflight(t *testing.T) {
 					c.Publications, c.CreateSlot = []string{"pub", "nopub"}, true
 				})
 				wantCheck(t, err, "publication", replication.ErrPublicationNotFound, `"nopub"`)
-				if v := queryValue(t, cs, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = 's1'`); v != "0" {
+				if v := pgtest.QueryText(t, cs, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = 's1'`); v != "0" {
 					t.Fatal("the slot was created anyway")
 				}
 			})
@@ -70,29 +70,29 @@ func TestPreflight(t *testing.T) {
 				wantCheck(t, start("s2", nil), "slot", replication.ErrSlotNotFound, "CreateSlot")
 			})
 			t.Run("other plugin", func(t *testing.T) {
-				mustExec(t, cs, `SELECT pg_create_logical_replication_slot('td', 'test_decoding')`)
+				pgtest.ExecAll(t, cs, `SELECT pg_create_logical_replication_slot('td', 'test_decoding')`)
 				wantCheck(t, start("td", nil), "slot", replication.ErrSlotMismatch, "test_decoding")
 			})
 			t.Run("physical slot", func(t *testing.T) {
 				name := "ph_" + db // physical slots belong to no database: NewDatabase does not drop them
-				mustExec(t, cs, `SELECT pg_create_physical_replication_slot('`+name+`')`)
-				t.Cleanup(func() { mustExec(t, cs, `SELECT pg_drop_replication_slot('`+name+`')`) })
+				pgtest.ExecAll(t, cs, `SELECT pg_create_physical_replication_slot('`+name+`')`)
+				t.Cleanup(func() { pgtest.ExecAll(t, cs, `SELECT pg_drop_replication_slot('`+name+`')`) })
 				wantCheck(t, start(name, nil), "slot", replication.ErrSlotMismatch, "physical")
 			})
 			t.Run("other database", func(t *testing.T) {
 				db2 := pgtest.NewDatabase(t, srv)
-				mustExec(t, srv.ConnString(db2), `SELECT pg_create_logical_replication_slot('od', 'pgoutput')`)
+				pgtest.ExecAll(t, srv.ConnString(db2), `SELECT pg_create_logical_replication_slot('od', 'pgoutput')`)
 				wantCheck(t, start("od", nil), "slot", replication.ErrSlotMismatch, db2)
 			})
 			t.Run("two_phase slot", func(t *testing.T) {
-				mustExec(t, cs, `SELECT pg_create_logical_replication_slot('tp', 'pgoutput', false, true)`)
+				pgtest.ExecAll(t, cs, `SELECT pg_create_logical_replication_slot('tp', 'pgoutput', false, true)`)
 				wantCheck(t, start("tp", nil), "two_phase", replication.ErrSlotMismatch, "TwoPhase")
 			})
 			t.Run("plain slot with TwoPhase", func(t *testing.T) {
-				mustExec(t, cs, `SELECT pg_create_logical_replication_slot('ntp', 'pgoutput')`)
+				pgtest.ExecAll(t, cs, `SELECT pg_create_logical_replication_slot('ntp', 'pgoutput')`)
 				err := start("ntp", func(c *replication.Config) { c.TwoPhase = true })
 				wantCheck(t, err, "two_phase", replication.ErrSlotMismatch, "for good")
-				if v := queryValue(t, cs, `SELECT two_phase FROM pg_replication_slots WHERE slot_name = 'ntp'`); v != "f" {
+				if v := pgtest.QueryText(t, cs, `SELECT two_phase FROM pg_replication_slots WHERE slot_name = 'ntp'`); v != "f" {
 					t.Fatalf("the slot's two_phase is now %q", v)
 				}
 			})
@@ -110,7 +110,7 @@ func TestPublicationCreatedAfterSlot(t *testing.T) {
 			db := pgtest.NewDatabase(t, srv)
 			cs := srv.ConnString(db)
 			ctx := pgtest.Context(t, time.Minute)
-			mustExec(t, cs, `CREATE TABLE late_t (id int PRIMARY KEY)`,
+			pgtest.ExecAll(t, cs, `CREATE TABLE late_t (id int PRIMARY KEY)`,
 				`SELECT pg_create_logical_replication_slot('s', 'pgoutput')`,
 				`INSERT INTO late_t VALUES (1)`,
 				`CREATE PUBLICATION late FOR TABLE late_t`,

@@ -2,9 +2,9 @@ package replication_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -77,60 +78,27 @@ func (l logRecorder) dump(t *testing.T) {
 	}
 }
 
-func mustExec(t *testing.T, connString string, statements ...string) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if err := pgtest.Exec(ctx, connString, statements...); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// queryValue returns the single text value a query returns ("" for no row or NULL).
-func queryValue(t *testing.T, connString, sql string) string {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	conn, err := pgconn.Connect(ctx, connString)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	res, err := conn.Exec(ctx, sql).ReadAll()
-	if err != nil {
-		t.Fatalf("%v (in %q)", err, sql)
-	}
-	if len(res) == 0 || len(res[len(res)-1].Rows) == 0 {
-		return ""
-	}
-	return string(res[len(res)-1].Rows[0][0])
-}
-
 // slotState returns a slot's confirmed_flush_lsn and active_pid (0 when inactive), waiting
 // until it is inactive if asked.
 func slotState(t *testing.T, connString, slot string, waitInactive bool) (decoding.LSN, int) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		v := queryValue(t, connString, `SELECT confirmed_flush_lsn::text || ' ' || coalesce(active_pid, 0)
+	var lsn decoding.LSN
+	var pid int
+	pgtest.Eventually(t, 30*time.Second, "slot "+slot+" to be inactive", func() bool {
+		v := pgtest.QueryText(t, connString, `SELECT confirmed_flush_lsn::text || ' ' || coalesce(active_pid, 0)
 			FROM pg_replication_slots WHERE slot_name = `+pgsession.QuoteLiteral(slot)+` AND database = current_database()`)
 		if v == "" {
 			t.Fatalf("slot %s does not exist", slot)
 		}
 		lsnText, pidText, _ := strings.Cut(v, " ")
-		lsn, err := decoding.ParseLSN(lsnText)
-		if err != nil {
+		var err error
+		if lsn, err = decoding.ParseLSN(lsnText); err != nil {
 			t.Fatal(err)
 		}
-		pid, _ := strconv.Atoi(pidText)
-		if !waitInactive || pid == 0 {
-			return lsn, pid
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("slot %s stayed active (pid %d)", slot, pid)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		pid, _ = strconv.Atoi(pidText)
+		return !waitInactive || pid == 0
+	})
+	return lsn, pid
 }
 
 // ids returns the first column of every Insert of t, as text.
@@ -167,18 +135,68 @@ func next(ctx context.Context, t *testing.T, s *replication.Stream) *reorderbuff
 	return x
 }
 
-// expectIdle checks that nothing more arrives for a while.
-func expectIdle(t *testing.T, s *replication.Stream, d time.Duration) {
+// expectNothingBefore checks that nothing more arrives: it commits a marker transaction (an
+// insert of id into pub_t) on connString, and the next transaction s hands out must be that one.
+// The marker is acknowledged.
+func expectNothingBefore(ctx context.Context, t *testing.T, s *replication.Stream, connString string, id int) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	defer cancel()
-	x, err := s.Next(ctx)
-	if x != nil {
-		t.Fatalf("unexpected transaction %d (end %s) with %v", x.Xid, x.EndLSN, ids(t, x))
+	pgtest.ExecAll(t, connString, fmt.Sprintf(`INSERT INTO pub_t VALUES (%d)`, id))
+	x := next(ctx, t, s)
+	if got := ids(t, x); x.GID != "" || !slices.Equal(got, []string{strconv.Itoa(id)}) {
+		t.Fatalf("unexpected transaction %d (end %s, GID %q) with %v before the marker %d", x.Xid, x.EndLSN, x.GID, got, id)
 	}
-	if !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Next = %v; want a deadline", err)
+	if err := s.Ack(x); err != nil {
+		t.Fatal(err)
 	}
+}
+
+// readWatch tells when a Stream waits for the server: its connections are wrapped so that it
+// counts the reads of the socket in progress. Once streaming, only Next reads (the goroutine that
+// sends status updates outside Next only writes), so a read in progress is a Next waiting.
+type readWatch struct{ reading atomic.Int32 }
+
+// watchReads makes the connections cfg dials, the first and every reconnection, report their
+// reads to the returned readWatch.
+func watchReads(cfg *replication.Config) *readWatch {
+	w := &readWatch{}
+	before := cfg.BeforeConnect
+	cfg.BeforeConnect = func(ctx context.Context, c *pgconn.Config) error {
+		if before != nil {
+			if err := before(ctx, c); err != nil {
+				return err
+			}
+		}
+		dial := c.DialFunc
+		if dial == nil {
+			dial = (&net.Dialer{}).DialContext
+		}
+		c.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			conn, err := dial(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			return &watchedConn{Conn: conn, w: w}, nil
+		}
+		return nil
+	}
+	return w
+}
+
+// waitReading waits until a read is in progress: a Next waits for the server.
+func (w *readWatch) waitReading(t *testing.T) {
+	t.Helper()
+	pgtest.Eventually(t, 30*time.Second, "Next to wait for the server", func() bool { return w.reading.Load() > 0 })
+}
+
+type watchedConn struct {
+	net.Conn
+	w *readWatch
+}
+
+func (c *watchedConn) Read(p []byte) (int, error) {
+	c.w.reading.Add(1)
+	defer c.w.reading.Add(-1)
+	return c.Conn.Read(p)
 }
 
 // ownServer starts a server of the given major with extra settings, for this test only.
@@ -253,7 +271,6 @@ func (r *restarter) stop(t *testing.T, sig syscall.Signal) {
 	if err := syscall.Kill(pid, sig); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(time.Minute)
 	if r.cmd != nil {
 		select {
 		case <-r.exited:
@@ -262,12 +279,8 @@ func (r *restarter) stop(t *testing.T, sig syscall.Signal) {
 		}
 		return
 	}
-	for syscall.Kill(pid, 0) == nil { // pgtest reaps its own child
-		if time.Now().After(deadline) {
-			t.Fatal("postmaster did not stop")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	// pgtest reaps its own child: the process is gone once it exited.
+	pgtest.Eventually(t, time.Minute, "the postmaster to stop", func() bool { return syscall.Kill(pid, 0) != nil })
 }
 
 // start runs a new postmaster and waits until it accepts connections.
@@ -305,14 +318,13 @@ func (r *restarter) start(t *testing.T) {
 		cmd.Wait()
 		close(exited)
 	}()
-	deadline := time.Now().Add(time.Minute)
-	for {
+	pgtest.Eventually(t, time.Minute, "the server to accept connections", func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		conn, err := pgconn.Connect(ctx, r.srv.ConnString("postgres"))
 		cancel()
 		if err == nil {
 			conn.Close(context.Background())
-			return
+			return true
 		}
 		select {
 		case <-exited:
@@ -320,11 +332,8 @@ func (r *restarter) start(t *testing.T) {
 			t.Fatalf("postmaster exited: %s", b[max(0, len(b)-2000):])
 		default:
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("server not ready: %v", err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return false
+	})
 }
 
 func (r *restarter) restart(t *testing.T, sig syscall.Signal) {

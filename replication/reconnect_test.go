@@ -21,7 +21,7 @@ import (
 // setupPub creates pub_t, other_t and the publication pub in db.
 func setupPub(t *testing.T, srv *pgtest.Server, db string) {
 	t.Helper()
-	mustExec(t, srv.ConnString(db),
+	pgtest.ExecAll(t, srv.ConnString(db),
 		`CREATE TABLE pub_t (id int PRIMARY KEY)`, `CREATE TABLE other_t (id int PRIMARY KEY)`,
 		`CREATE PUBLICATION pub FOR TABLE pub_t`)
 }
@@ -92,20 +92,20 @@ func TestReconnectAfterTerminate(t *testing.T) {
 			a, b := session(t, cs), session(t, cs)
 			run(t, a, `BEGIN; INSERT INTO pub_t SELECT generate_series(1000, 2999)`) // streamed: more than 64kB
 			run(t, b, `BEGIN; INSERT INTO pub_t VALUES (1); PREPARE TRANSACTION 'p1'`)
-			mustExec(t, cs, `INSERT INTO pub_t VALUES (2)`)
+			pgtest.ExecAll(t, cs, `INSERT INTO pub_t VALUES (2)`)
 			x := next(ctx, t, s)
 			wantTxn(t, x, "", []string{"2"})
 			if st := s.Stats(); st.StreamTxns == 0 || st.OpenTxns < 2 {
 				t.Fatalf("before the walsender is terminated: %d streamed, %d open transactions; want 1 and 2", st.StreamTxns, st.OpenTxns)
 			}
 
-			mustExec(t, cs, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = 's'`)
+			pgtest.ExecAll(t, cs, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = 's'`)
 			if err := s.Ack(x); err != nil { // acknowledged while the connection is down
 				t.Fatal(err)
 			}
 			run(t, a, `INSERT INTO pub_t SELECT generate_series(3000, 3999); COMMIT`)
 			run(t, b, `COMMIT PREPARED 'p1'`)
-			mustExec(t, cs, `INSERT INTO pub_t VALUES (3)`)
+			pgtest.ExecAll(t, cs, `INSERT INTO pub_t VALUES (3)`)
 
 			var last *reorderbuffer.Txn
 			for _, want := range []struct {
@@ -118,7 +118,7 @@ func TestReconnectAfterTerminate(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			expectIdle(t, s, 300*time.Millisecond)
+			expectNothingBefore(ctx, t, s, cs, 9000) // nothing again after the reconnection
 			if s.Reconnects() == 0 {
 				t.Fatal("no reconnection counted")
 			}
@@ -154,6 +154,7 @@ func TestReconnectAfterServerRestart(t *testing.T) {
 				log := newLogRecorder()
 				cfg := reconnectConfig(srv, db, log)
 				cfg.Reconnect.Disabled = true
+				reads := watchReads(&cfg)
 				s, err := replication.Start(ctx, cfg)
 				if err != nil {
 					t.Fatal(err)
@@ -164,7 +165,7 @@ func TestReconnectAfterServerRestart(t *testing.T) {
 					_, err := s.Next(ctx)
 					done <- err
 				}()
-				time.Sleep(100 * time.Millisecond)
+				reads.waitReading(t) // Next waits for the server when it shuts down
 				r.restart(t, syscall.SIGINT)
 				err = <-done
 				if !errors.Is(err, replication.ErrServerEndedStream) {
@@ -193,7 +194,9 @@ func TestReconnectAfterServerRestart(t *testing.T) {
 							log.dump(t)
 						}
 					}()
-					s, err := replication.Start(ctx, reconnectConfig(srv, db, log))
+					cfg := reconnectConfig(srv, db, log)
+					reads := watchReads(&cfg)
+					s, err := replication.Start(ctx, cfg)
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -202,7 +205,7 @@ func TestReconnectAfterServerRestart(t *testing.T) {
 					a := pgtest.Connect(t, cs)
 					run(t, a, `BEGIN; INSERT INTO pub_t VALUES (1); PREPARE TRANSACTION 'p1'`)
 					run(t, a, `BEGIN; INSERT INTO pub_t SELECT generate_series(1000, 2999)`) // streamed, never committed
-					mustExec(t, cs, `INSERT INTO pub_t VALUES (2)`)
+					pgtest.ExecAll(t, cs, `INSERT INTO pub_t VALUES (2)`)
 					x := next(ctx, t, s)
 					wantTxn(t, x, "", []string{"2"})
 					if st := s.Stats(); st.StreamTxns == 0 {
@@ -227,9 +230,9 @@ func TestReconnectAfterServerRestart(t *testing.T) {
 							s.Ack(x)
 						}
 					}()
-					time.Sleep(100 * time.Millisecond)
+					reads.waitReading(t) // the consumer waits in Next when the server stops
 					r.restart(t, mode.sig)
-					mustExec(t, cs, `COMMIT PREPARED 'p1'`, `INSERT INTO pub_t VALUES (3)`)
+					pgtest.ExecAll(t, cs, `COMMIT PREPARED 'p1'`, `INSERT INTO pub_t VALUES (3)`)
 					var last *reorderbuffer.Txn
 					for _, want := range []struct {
 						gid string
@@ -301,13 +304,13 @@ func TestConnConfigAndBeforeConnect(t *testing.T) {
 			}
 			defer s.Close(ctx)
 			appName := func() string {
-				return queryValue(t, srv.ConnString(db), `SELECT application_name FROM pg_stat_replication r
+				return pgtest.QueryText(t, srv.ConnString(db), `SELECT application_name FROM pg_stat_replication r
 					JOIN pg_replication_slots s ON s.active_pid = r.pid WHERE s.slot_name = 's' AND s.database = current_database()`)
 			}
 			if got := appName(); got != "token-1" {
 				t.Fatalf("application_name %q after the first connection, want token-1", got)
 			}
-			mustExec(t, srv.ConnString(db), `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = 's'`,
+			pgtest.ExecAll(t, srv.ConnString(db), `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = 's'`,
 				`INSERT INTO pub_t VALUES (1)`)
 			wantTxn(t, next(ctx, t, s), "", []string{"1"})
 			if n := calls.Load(); n < 2 {

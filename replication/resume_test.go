@@ -26,7 +26,7 @@ func TestTwoPhaseResume(t *testing.T) {
 			cs := srv.ConnString(db)
 			ctx := pgtest.Context(t, time.Minute)
 			// Two slots created back to back see the same transactions.
-			mustExec(t, cs, `SELECT pg_create_logical_replication_slot('a', 'pgoutput', false, true)`,
+			pgtest.ExecAll(t, cs, `SELECT pg_create_logical_replication_slot('a', 'pgoutput', false, true)`,
 				`SELECT pg_create_logical_replication_slot('b', 'pgoutput', false, true)`,
 				`BEGIN; INSERT INTO pub_t VALUES (1); PREPARE TRANSACTION 'g1'`,
 				`INSERT INTO pub_t VALUES (2)`,
@@ -80,7 +80,7 @@ func TestAckedPrefix(t *testing.T) {
 			}
 			defer s.Close(ctx)
 			start := s.Position().Acked
-			mustExec(t, cs, `INSERT INTO pub_t VALUES (1)`, `INSERT INTO pub_t VALUES (2)`, `INSERT INTO pub_t VALUES (3)`)
+			pgtest.ExecAll(t, cs, `INSERT INTO pub_t VALUES (1)`, `INSERT INTO pub_t VALUES (2)`, `INSERT INTO pub_t VALUES (3)`)
 			x1, x2, x3 := next(ctx, t, s), next(ctx, t, s), next(ctx, t, s)
 			if err := s.Ack(nil); !errors.Is(err, reorderbuffer.ErrForeignTxn) {
 				t.Fatalf("Ack(nil) = %v, want ErrForeignTxn", err)
@@ -129,14 +129,14 @@ func TestResumePosition(t *testing.T) {
 			setupPub(t, srv, db)
 			cs := srv.ConnString(db)
 			ctx := pgtest.Context(t, time.Minute)
-			mustExec(t, cs, `SELECT pg_create_logical_replication_slot('s', 'pgoutput')`)
+			pgtest.ExecAll(t, cs, `SELECT pg_create_logical_replication_slot('s', 'pgoutput')`)
 			before, _ := slotState(t, cs, "s", false)
 			cfg := replication.Config{ConnString: srv.ReplicationConnString(db), Slot: "s", Publications: []string{"pub"},
 				StatusInterval: 10 * time.Millisecond, Buffer: reorderbuffer.Config{SkipThrough: 0xFF << 32}}
 			s, err := replication.Start(ctx, cfg)
 			if err == nil {
 				// What happened before: the position was sent as the start and as the flush position.
-				time.Sleep(200 * time.Millisecond)
+				// (slotState waits for the walsender to exit, after it took the Close's update.)
 				s.Close(ctx)
 				after, _ := slotState(t, cs, "s", true)
 				t.Fatalf("Start with a resume position of FF/0 succeeded; confirmed_flush_lsn went from %s to %s", before, after)
@@ -153,7 +153,7 @@ func TestResumePosition(t *testing.T) {
 			}
 
 			// Behind the slot: accepted, with a warning.
-			mustExec(t, cs, `INSERT INTO pub_t VALUES (1)`, `SELECT pg_replication_slot_advance('s', pg_current_wal_lsn())`)
+			pgtest.ExecAll(t, cs, `INSERT INTO pub_t VALUES (1)`, `SELECT pg_replication_slot_advance('s', pg_current_wal_lsn())`)
 			log := newLogRecorder()
 			cfg.Buffer.SkipThrough, cfg.Logger = before, log.logger()
 			s, err = replication.Start(ctx, cfg)
@@ -164,7 +164,7 @@ func TestResumePosition(t *testing.T) {
 			if w := log.find(slog.LevelWarn, "behind the slot's confirmed position"); len(w) != 1 {
 				t.Fatalf("warnings about the resume position: %q", w)
 			}
-			mustExec(t, cs, `INSERT INTO pub_t VALUES (2)`)
+			pgtest.ExecAll(t, cs, `INSERT INTO pub_t VALUES (2)`)
 			wantTxn(t, next(ctx, t, s), "", []string{"2"})
 		})
 	}

@@ -28,13 +28,9 @@ var unusualSettings = map[string]string{
 // waitNoWalsenders waits until the walsenders of earlier subtests have exited.
 func waitNoWalsenders(t *testing.T, srv *pgtest.Server) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for queryValue(t, srv.ConnString("postgres"), `SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'walsender'`) != "0" {
-		if time.Now().After(deadline) {
-			t.Fatal("walsenders of earlier tests did not exit")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	pgtest.Eventually(t, 30*time.Second, "the walsenders of earlier tests to exit", func() bool {
+		return pgtest.QueryText(t, srv.ConnString("postgres"), `SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'walsender'`) == "0"
+	})
 }
 
 // TestUnusualServer runs against a server configured as above.
@@ -61,7 +57,7 @@ func testPinnedFormats(t *testing.T, srv *pgtest.Server) {
 	db := pgtest.NewDatabase(t, srv)
 	cs := srv.ConnString(db)
 	ctx := pgtest.Context(t, time.Minute)
-	mustExec(t, cs, `CREATE TABLE fmt (id int PRIMARY KEY, d date, i interval, f float8, r real, t text)`,
+	pgtest.ExecAll(t, cs, `CREATE TABLE fmt (id int PRIMARY KEY, d date, i interval, f float8, r real, t text)`,
 		`CREATE PUBLICATION fmt FOR TABLE fmt`)
 	const dsnSettings = ` options='-c DateStyle=SQL,DMY -c IntervalStyle=sql_standard -c extra_float_digits=0 -c client_encoding=LATIN1'` +
 		` DateStyle='SQL, DMY' client_encoding=LATIN1`
@@ -79,7 +75,7 @@ func testPinnedFormats(t *testing.T, srv *pgtest.Server) {
 		t.Fatal(err)
 	}
 	defer s.Close(ctx)
-	mustExec(t, cs, `INSERT INTO fmt VALUES (1, '2024-03-04', '1 day 02:03:04', 0.1::float8 + 0.2::float8, 1.1, chr(233))`)
+	pgtest.ExecAll(t, cs, `INSERT INTO fmt VALUES (1, '2024-03-04', '1 day 02:03:04', 0.1::float8 + 0.2::float8, 1.1, chr(233))`)
 	x := next(ctx, t, s)
 	var got []string
 	for c, err := range x.Changes() {
@@ -116,7 +112,7 @@ func testSlowConsumer(t *testing.T, srv *pgtest.Server) {
 	}
 	defer s.Close(ctx)
 	_, pid := slotState(t, cs, "s", false)
-	mustExec(t, cs, `INSERT INTO pub_t VALUES (1), (2)`)
+	pgtest.ExecAll(t, cs, `INSERT INTO pub_t VALUES (1), (2)`)
 	x := next(ctx, t, s)
 	n := 0
 	for c, err := range x.Changes() {
@@ -125,7 +121,18 @@ func testSlowConsumer(t *testing.T, srv *pgtest.Server) {
 		}
 		if _, ok := c.Msg.(*decoding.Insert); ok {
 			if n++; n == 1 {
-				time.Sleep(5 * time.Second) // applying the first row takes long
+				// Applying the first row takes long: until the server has a status update sent
+				// more than twice wal_sender_timeout after this point, from the same walsender's
+				// client. Without updates meanwhile, the walsender would have ended the connection.
+				held := pgtest.QueryOne[time.Time](t, cs, `SELECT clock_timestamp()`)
+				pgtest.Eventually(t, 30*time.Second, "a status update past twice wal_sender_timeout", func() bool {
+					past := pgtest.QueryOne[*bool](t, cs, `SELECT (SELECT coalesce(reply_time > $1::timestamptz + 2 * current_setting('wal_sender_timeout')::interval, false)
+						FROM pg_stat_replication WHERE pid = $2)`, held, pid)
+					if past == nil {
+						t.Fatalf("walsender %d is gone", pid)
+					}
+					return *past
+				})
 				if c, _ := slotState(t, cs, "s", false); c >= x.CommitLSN {
 					t.Fatalf("confirmed_flush_lsn %s passed the transaction being applied (commit %s)", c, x.CommitLSN)
 				}
@@ -135,11 +142,11 @@ func testSlowConsumer(t *testing.T, srv *pgtest.Server) {
 	if err := s.Ack(x); err != nil {
 		t.Fatal(err)
 	}
-	mustExec(t, cs, `INSERT INTO pub_t VALUES (3)`)
+	pgtest.ExecAll(t, cs, `INSERT INTO pub_t VALUES (3)`)
 	y, err := s.Next(ctx)
 	if err != nil {
 		log.dump(t)
-		t.Fatalf("Next after a 5s pause with wal_sender_timeout = 2s: %v", err)
+		t.Fatalf("Next after a pause of over 4s with wal_sender_timeout = 2s: %v", err)
 	}
 	wantTxn(t, y, "", []string{"3"})
 	if _, pid2 := slotState(t, cs, "s", false); pid2 != pid {
@@ -154,7 +161,7 @@ func testNoFreeSlot(t *testing.T, srv *pgtest.Server) {
 	setupPub(t, srv, db)
 	cs := srv.ConnString(db)
 	ctx := pgtest.Context(t, time.Minute)
-	mustExec(t, cs, `SELECT pg_create_logical_replication_slot('full_' || i, 'pgoutput')
+	pgtest.ExecAll(t, cs, `SELECT pg_create_logical_replication_slot('full_' || i, 'pgoutput')
 		FROM generate_series(1, current_setting('max_replication_slots')::int - (SELECT count(*) FROM pg_replication_slots)) i`)
 	_, err := replication.Start(ctx, replication.Config{ConnString: srv.ReplicationConnString(db), Slot: "s",
 		Publications: []string{"pub"}, CreateSlot: true})

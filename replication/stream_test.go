@@ -280,16 +280,16 @@ func inserts(t *testing.T, x *reorderbuffer.Txn) int {
 
 func startRetry(ctx context.Context, t *testing.T, cfg replication.Config) *replication.Stream {
 	t.Helper()
-	for {
-		s, err := replication.Start(ctx, cfg)
-		if err == nil {
-			return s
-		}
-		if !errors.Is(err, replication.ErrSlotActive) || ctx.Err() != nil {
+	var s *replication.Stream
+	// The walsender of the stream before may not have released the slot yet.
+	pgtest.Eventually(t, 30*time.Second, "the slot to be released", func() bool {
+		var err error
+		if s, err = replication.Start(ctx, cfg); err != nil && !errors.Is(err, replication.ErrSlotActive) {
 			t.Fatal(err)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return err == nil
+	})
+	return s
 }
 
 // TestConcurrentAck: transactions are acknowledged by another goroutine while the consumer is
@@ -319,7 +319,9 @@ func TestConcurrentAck(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for x := range acks {
-				time.Sleep(time.Millisecond) // the writer confirms later
+				// Not a wait for anything: acknowledging a little later keeps Next waiting while
+				// the acknowledgements come from this goroutine.
+				time.Sleep(time.Millisecond)
 				if err := s.Ack(x); err != nil {
 					t.Error(err)
 				}

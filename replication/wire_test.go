@@ -19,8 +19,10 @@ import (
 func TestWaitEndsPromptly(t *testing.T) {
 	forMajors(t, func(t *testing.T, srv *pgtest.Server, db string) {
 		ctx := pgtest.Context(t, time.Minute)
-		s, err := replication.Start(ctx, replication.Config{ConnString: srv.ReplicationConnString(db), Slot: "s",
-			Publications: []string{"pub"}, CreateSlot: true, TemporarySlot: true, StatusInterval: time.Hour})
+		cfg := replication.Config{ConnString: srv.ReplicationConnString(db), Slot: "s",
+			Publications: []string{"pub"}, CreateSlot: true, TemporarySlot: true, StatusInterval: time.Hour}
+		reads := watchReads(&cfg)
+		s, err := replication.Start(ctx, cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -55,12 +57,12 @@ func TestWaitEndsPromptly(t *testing.T) {
 		}
 
 		// Still usable: a transaction committed now comes out.
-		mustExec(t, srv.ConnString(db), `INSERT INTO pub_t VALUES (1)`)
+		pgtest.ExecAll(t, srv.ConnString(db), `INSERT INTO pub_t VALUES (1)`)
 		wantTxn(t, next(ctx, t, s), "", []string{"1"})
 
 		done := make(chan error, 1)
 		go func() { _, err := s.Next(context.Background()); done <- err }()
-		time.Sleep(20 * time.Millisecond) // let it wait (if Close comes first, Next sees it closed: the same result)
+		reads.waitReading(t) // Next waits for the server when Close comes
 		go s.Close(ctx)
 		select {
 		case err := <-done:
@@ -79,7 +81,7 @@ func TestLargeMessages(t *testing.T) {
 	forMajors(t, func(t *testing.T, srv *pgtest.Server, db string) {
 		ctx := pgtest.Context(t, time.Minute)
 		cs := srv.ConnString(db)
-		mustExec(t, cs, `CREATE TABLE big_t (id int PRIMARY KEY, v text)`, `ALTER PUBLICATION pub ADD TABLE big_t`)
+		pgtest.ExecAll(t, cs, `CREATE TABLE big_t (id int PRIMARY KEY, v text)`, `ALTER PUBLICATION pub ADD TABLE big_t`)
 		s, err := replication.Start(ctx, replication.Config{ConnString: srv.ReplicationConnString(db), Slot: "s",
 			Publications: []string{"pub"}, CreateSlot: true, TemporarySlot: true})
 		if err != nil {
@@ -95,9 +97,9 @@ func TestLargeMessages(t *testing.T) {
 		for i, kib := range sizes {
 			stmts = append(stmts, fmt.Sprintf(`INSERT INTO big_t VALUES (%d, %s)`, i, value(i, kib)))
 		}
-		mustExec(t, cs, "BEGIN; "+strings.Join(stmts, "; ")+"; COMMIT") // one transaction
-		mustExec(t, cs, `DELETE FROM big_t`)
-		mustExec(t, cs, stmts...) // one each
+		pgtest.ExecAll(t, cs, "BEGIN; "+strings.Join(stmts, "; ")+"; COMMIT") // one transaction
+		pgtest.ExecAll(t, cs, `DELETE FROM big_t`)
+		pgtest.ExecAll(t, cs, stmts...) // one each
 		check := func(x []string, txns int) {
 			t.Helper()
 			if len(x) != len(sizes) {

@@ -7,6 +7,11 @@
 // the test. Without a server of the wanted version these skip the test with a message that says
 // how to install one; with PGREORDER_REQUIRE_PG=1 they fail it instead (CI sets it).
 //
+// Beside them, the query helpers every package's tests share, which fail the test (testify's
+// require) on an error: ExecAll, QueryOne, Count, QueryText; and waits on events rather than
+// sleeps: Until and Eventually poll a condition until a deadline, ClockPast orders commit
+// timestamps by the server's clock.
+//
 // Start, Record, ParseWorkload and the types they use are those of pgserver. Start here lets
 // pgserver create the unprivileged server user when tests run as root, and, when
 // PGREORDER_PG_REPORT names a file, appends a line naming the version started to it, so that CI

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/require"
 )
 
 // LockedBuffer collects what several goroutines write (a log handler's output, a child
@@ -59,7 +61,5 @@ func ExecAll(t testing.TB, connString string, statements ...string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := Exec(ctx, connString, statements...); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, Exec(ctx, connString, statements...))
 }
