@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
 )
 
 // TestUntilCaughtUp lets Run with UntilCaughtUp return nil once the backlog the source had when
@@ -17,9 +18,9 @@ func TestUntilCaughtUp(t *testing.T) {
 			t.Run(fmt.Sprintf("pg%d/%s", major, mode), func(t *testing.T) {
 				e := fullEnv(t, major, "caught", []string{`CREATE TABLE c (id int PRIMARY KEY, v int)`})
 				for i := range 30 {
-					execOn(t, e.src, fmt.Sprintf(`INSERT INTO c VALUES (%d, %d)`, i, i))
+					pgtest.ExecAll(t, e.src, fmt.Sprintf(`INSERT INTO c VALUES (%d, %d)`, i, i))
 				}
-				execOn(t, e.src, `UPDATE c SET v = v + 1`)
+				pgtest.ExecAll(t, e.src, `UPDATE c SET v = v + 1`)
 				end := decoding.LSN(0)
 				must(t, end.UnmarshalText([]byte(queryAll(t, e.src, `SELECT pg_current_wal_lsn()::text`)[0])))
 				cfg := e.config(t, mode)
@@ -38,7 +39,7 @@ func TestUntilCaughtUp(t *testing.T) {
 					if p := e.progress(t); p < lsn {
 						t.Errorf("run %d: progress row at %s, short of %s", run, p, lsn)
 					}
-					eventually(t, "the slot to confirm the position caught up to", func() bool { return e.confirmed(t) >= lsn })
+					pgtest.Eventually(t, time.Minute, "the slot to confirm the position caught up to", func() bool { return e.confirmed(t) >= lsn })
 				}
 				e.sameRows(t, "c")
 			})
@@ -54,12 +55,12 @@ func TestUntilCaughtUpAsks(t *testing.T) {
 		for _, mode := range []Mode{Buffered, Eager} {
 			t.Run(fmt.Sprintf("pg%d/%s", major, mode), func(t *testing.T) {
 				e := fullEnv(t, major, "asks", []string{`CREATE TABLE c (id int PRIMARY KEY, v int)`})
-				execOn(t, e.src, `INSERT INTO c VALUES (1, 1)`)
+				pgtest.ExecAll(t, e.src, `INSERT INTO c VALUES (1, 1)`)
 				cfg := e.config(t, mode)
 				cfg.UntilCaughtUp = true
 				cfg.StatusInterval = 0 // the default, 10s
 				for run := range 2 {
-					execOn(t, e.src, `CHECKPOINT`) // WAL past the slot, nothing in it to apply
+					pgtest.ExecAll(t, e.src, `CHECKPOINT`) // WAL past the slot, nothing in it to apply
 					began := time.Now()
 					r := start(t, cfg)
 					if err := r.stopped(t); err != nil {

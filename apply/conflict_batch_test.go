@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -54,12 +55,12 @@ func runConflictsInBatch(t *testing.T, srv *pgtest.Server, rng *rand.Rand, origi
 	e := conflictEnv(t, srv)
 	model := *e
 	model.dst, model.slot = srv.ConnString(pgtest.NewDatabase(t, srv)), "conflicts_model"
-	execOn(t, model.dst, conflictSchema...)
+	pgtest.ExecAll(t, model.dst, conflictSchema...)
 	const pad = `CREATE TABLE pad (id int PRIMARY KEY, v text)`
-	execOn(t, e.src, pad)
-	execOn(t, e.dst, pad)
-	execOn(t, model.dst, pad)
-	execOn(t, e.src, `SELECT pg_create_logical_replication_slot('conflicts_model', 'pgoutput')`)
+	pgtest.ExecAll(t, e.src, pad)
+	pgtest.ExecAll(t, e.dst, pad)
+	pgtest.ExecAll(t, model.dst, pad)
+	pgtest.ExecAll(t, e.src, `SELECT pg_create_logical_replication_slot('conflicts_model', 'pgoutput')`)
 
 	// last_update_wins only with an origin: without one the rows the Applier wrote carry the
 	// time they were applied, which a retry changes, not their source transaction's.
@@ -91,7 +92,7 @@ func runConflictsInBatch(t *testing.T, srv *pgtest.Server, rng *rand.Rand, origi
 	})
 	r, mr := start(t, cfg), start(t, mcfg)
 
-	ctx := testCtx(t)
+	ctx := pgtest.Context(t, time.Minute)
 	connect := func(dsn string) *pgx.Conn {
 		c, err := pgx.Connect(ctx, dsn)
 		must(t, err)
@@ -185,7 +186,7 @@ func runConflictsInBatch(t *testing.T, srv *pgtest.Server, rng *rand.Rand, origi
 		}
 		counts = append(counts, fmt.Sprintf("%s %d", ct, mst.Conflicts(ct)))
 	}
-	if n, m := count(t, e.dst, `SELECT count(*) FROM pad`), count(t, model.dst, `SELECT count(*) FROM pad`); n != m {
+	if n, m := pgtest.Count(t, e.dst, `SELECT count(*) FROM pad`), pgtest.Count(t, model.dst, `SELECT count(*) FROM pad`); n != m {
 		t.Errorf("%d rows in pad, %d in the model's", n, m)
 	}
 	t.Logf("conflicts: %s; serial retries %d", strings.Join(counts, ", "), st.SerialRetries)

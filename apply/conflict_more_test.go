@@ -37,12 +37,12 @@ func TestTombstonesBounded(t *testing.T) {
 			t.Log(log.String())
 		}
 	})
-	execOn(t, e.src, `INSERT INTO kv VALUES (1, 1, 'x')`, `INSERT INTO marker VALUES (1)`)
+	pgtest.ExecAll(t, e.src, `INSERT INTO kv VALUES (1, 1, 'x')`, `INSERT INTO marker VALUES (1)`)
 	r := start(t, cfg)
 	e.waitMarker(t, r, 1)
 	waitTrigger(t, e.dst)
 
-	ctx := testCtx(t)
+	ctx := pgtest.Context(t, time.Minute)
 	c, err := pgx.Connect(ctx, e.dst)
 	must(t, err)
 	defer c.Close(context.Background())
@@ -59,14 +59,16 @@ func TestTombstonesBounded(t *testing.T) {
 			must(t, c.QueryRow(ctx, `SELECT count(*) FROM pgreorder_tombstones`).Scan(&n))
 			most = max(most, n)
 		}
+		// Not a wait for anything: the deletions are spread over ~2s, several retention periods,
+		// so that purges run while tombstones are being written.
 		time.Sleep(10 * time.Millisecond)
 	}
 	t.Logf("deleted %d rows, at most %d tombstones", deleted, most)
 	if most == 0 || most > deleted/2 {
 		t.Errorf("at most %d tombstones for %d deletions over ~2s with a retention of 300ms", most, deleted)
 	}
-	eventually(t, "the tombstones purged", func() bool {
-		return count(t, e.dst, `SELECT count(*) FROM pgreorder_tombstones`) == 0
+	pgtest.Eventually(t, time.Minute, "the tombstones purged", func() bool {
+		return pgtest.Count(t, e.dst, `SELECT count(*) FROM pgreorder_tombstones`) == 0
 	})
 	if st := r.a.Stats(); st.TombstonesPurged < deleted/2 || !st.RetentionActive {
 		t.Errorf("stats %+v: want most of %d tombstones purged, retention active", st, deleted)
@@ -75,20 +77,20 @@ func TestTombstonesBounded(t *testing.T) {
 	// A lag over the retention: the source's transactions reach the Applier a second after
 	// their commit, by its clock.
 	skew.Store(int64(time.Second))
-	execOn(t, e.src, `INSERT INTO kv VALUES (2, 2, 'late')`, `INSERT INTO marker VALUES (2)`)
+	pgtest.ExecAll(t, e.src, `INSERT INTO kv VALUES (2, 2, 'late')`, `INSERT INTO marker VALUES (2)`)
 	e.waitMarker(t, r, 2)
-	eventually(t, "retention stopped", func() bool { return r.a.Stats().RetentionStops == 1 && !r.a.Stats().RetentionActive })
+	pgtest.Eventually(t, time.Minute, "retention stopped", func() bool { return r.a.Stats().RetentionStops == 1 && !r.a.Stats().RetentionActive })
 	// The trigger no longer records: the deletion's transaction would have written the tombstone.
-	execOn(t, e.dst, `INSERT INTO kv VALUES (100, 100, 'l')`, `DELETE FROM kv WHERE id = 100`)
+	pgtest.ExecAll(t, e.dst, `INSERT INTO kv VALUES (100, 100, 'l')`, `DELETE FROM kv WHERE id = 100`)
 	skew.Store(int64(-time.Minute))
-	if n := count(t, e.dst, `SELECT count(*) FROM pgreorder_tombstones`); n != 0 {
+	if n := pgtest.Count(t, e.dst, `SELECT count(*) FROM pgreorder_tombstones`); n != 0 {
 		t.Errorf("%d tombstones recorded while retention is stopped", n)
 	}
-	execOn(t, e.src, `INSERT INTO marker VALUES (3)`)
+	pgtest.ExecAll(t, e.src, `INSERT INTO marker VALUES (3)`)
 	e.waitMarker(t, r, 3)
-	eventually(t, "retention resumed", func() bool { return r.a.Stats().RetentionActive })
-	execOn(t, e.dst, `INSERT INTO kv VALUES (100, 100, 'l')`, `DELETE FROM kv WHERE id = 100`)
-	if n := count(t, e.dst, `SELECT count(*) FROM pgreorder_tombstones`); n != 1 {
+	pgtest.Eventually(t, time.Minute, "retention resumed", func() bool { return r.a.Stats().RetentionActive })
+	pgtest.ExecAll(t, e.dst, `INSERT INTO kv VALUES (100, 100, 'l')`, `DELETE FROM kv WHERE id = 100`)
+	if n := pgtest.Count(t, e.dst, `SELECT count(*) FROM pgreorder_tombstones`); n != 1 {
 		t.Errorf("%d tombstones after a deletion with retention resumed, want 1", n)
 	}
 	for _, w := range []string{"apply lag exceeds the conflict retention", "deletions are recorded again"} {
@@ -107,7 +109,7 @@ type biEnv struct {
 
 func newBiEnv(t *testing.T, srv *pgtest.Server, log *pgtest.LockedBuffer, schema []string, res map[conflict.Type]conflict.Resolution) *biEnv {
 	t.Helper()
-	ctx := testCtx(t)
+	ctx := pgtest.Context(t, time.Minute)
 	dbA, dbB := pgtest.NewDatabase(t, srv), pgtest.NewDatabase(t, srv)
 	be := &biEnv{a: srv.ConnString(dbA), b: srv.ConnString(dbB)}
 	for _, db := range []string{dbA, dbB} {
@@ -131,10 +133,10 @@ func newBiEnv(t *testing.T, srv *pgtest.Server, log *pgtest.LockedBuffer, schema
 // waitMarkers inserts marker id on both sides and waits until both sides have both.
 func (be *biEnv) waitMarkers(t *testing.T, id int) {
 	t.Helper()
-	execOn(t, be.a, fmt.Sprintf(`INSERT INTO marker VALUES (%d)`, id))
-	execOn(t, be.b, fmt.Sprintf(`INSERT INTO marker VALUES (%d)`, id+1))
+	pgtest.ExecAll(t, be.a, fmt.Sprintf(`INSERT INTO marker VALUES (%d)`, id))
+	pgtest.ExecAll(t, be.b, fmt.Sprintf(`INSERT INTO marker VALUES (%d)`, id+1))
 	q := fmt.Sprintf(`SELECT count(*) FROM marker WHERE id IN (%d, %d)`, id, id+1)
-	eventually(t, "markers on both sides", func() bool { return count(t, be.a, q) == 2 && count(t, be.b, q) == 2 })
+	pgtest.Eventually(t, time.Minute, "markers on both sides", func() bool { return pgtest.Count(t, be.a, q) == 2 && pgtest.Count(t, be.b, q) == 2 })
 }
 
 // TestBidirectional replicates two databases into each other with origin = none: every change
@@ -150,11 +152,11 @@ func TestBidirectional(t *testing.T) {
 	})
 	ra, rb := start(t, be.atob), start(t, be.btoa)
 	for i := range 20 {
-		execOn(t, be.a, fmt.Sprintf(`INSERT INTO kv VALUES (%d, %d, 'a')`, i, i))
-		execOn(t, be.b, fmt.Sprintf(`INSERT INTO kv VALUES (%d, %d, 'b')`, 1000+i, 1000+i))
+		pgtest.ExecAll(t, be.a, fmt.Sprintf(`INSERT INTO kv VALUES (%d, %d, 'a')`, i, i))
+		pgtest.ExecAll(t, be.b, fmt.Sprintf(`INSERT INTO kv VALUES (%d, %d, 'b')`, 1000+i, 1000+i))
 	}
-	execOn(t, be.a, `UPDATE kv SET v = 'a2' WHERE id < 10`)
-	execOn(t, be.b, `DELETE FROM kv WHERE id >= 1010`)
+	pgtest.ExecAll(t, be.a, `UPDATE kv SET v = 'a2' WHERE id < 10`)
+	pgtest.ExecAll(t, be.b, `DELETE FROM kv WHERE id >= 1010`)
 	be.waitMarkers(t, 1)
 	// A loop would send the changes back: a second round of markers, committed after whatever
 	// either side sent back of the first, reaches the other side only after that did.
@@ -162,14 +164,14 @@ func TestBidirectional(t *testing.T) {
 	if ga, gb := rowsOf(t, be.a), rowsOf(t, be.b); ga != gb {
 		t.Fatalf("a has %q, b %q", ga, gb)
 	}
-	if n := count(t, be.a, `SELECT count(*) FROM kv`); n != 30 {
+	if n := pgtest.Count(t, be.a, `SELECT count(*) FROM kv`); n != 30 {
 		t.Errorf("%d rows, want 30", n)
 	}
 	// Each Applier applied the other side's own transactions only: 20 inserts, one update or
 	// delete, two markers (counted in commit order: a transaction sent back would be counted
 	// before the second marker).
 	for name, r := range map[string]*running{"a to b": ra, "b to a": rb} {
-		eventually(t, name+" counted the second marker", func() bool { return r.a.Stats().Txns >= 23 })
+		pgtest.Eventually(t, time.Minute, name+" counted the second marker", func() bool { return r.a.Stats().Txns >= 23 })
 		st := r.a.Stats()
 		if st.Txns != 23 {
 			t.Errorf("%s applied %d transactions, want 23 (stats %+v)", name, st.Txns, st)
@@ -217,6 +219,7 @@ func testLastUpdateWinsConverges(t *testing.T, srv *pgtest.Server, mode Mode) {
 			id, fmt.Sprintf("%s%d", side, i))
 		must(t, err)
 		if rng.IntN(8) == 0 {
+			// Not a wait for anything: random gaps vary how the two sides' writes interleave.
 			time.Sleep(time.Duration(rng.IntN(3)) * time.Millisecond)
 		}
 	}
@@ -243,9 +246,9 @@ func TestDetectionRoundTrips(t *testing.T) {
 	var log pgtest.LockedBuffer
 	cfg := e.conflictConfig(t, &log, nil)
 	dropOrigins(t, e.dst, cfg.Origin)
-	execOn(t, e.src, `INSERT INTO kv VALUES (1, 1, 'x'), (2, 2, 'y')`, `INSERT INTO marker VALUES (1)`)
-	execOn(t, e.src, `ALTER TABLE kv DROP CONSTRAINT kv_u_key`)
-	execOn(t, e.dst, `ALTER TABLE kv DROP CONSTRAINT kv_u_key`)
+	pgtest.ExecAll(t, e.src, `INSERT INTO kv VALUES (1, 1, 'x'), (2, 2, 'y')`, `INSERT INTO marker VALUES (1)`)
+	pgtest.ExecAll(t, e.src, `ALTER TABLE kv DROP CONSTRAINT kv_u_key`)
+	pgtest.ExecAll(t, e.dst, `ALTER TABLE kv DROP CONSTRAINT kv_u_key`)
 	first := start(t, cfg)
 	e.waitMarker(t, first, 1)
 	first.halt(t)
@@ -253,14 +256,14 @@ func TestDetectionRoundTrips(t *testing.T) {
 	for i := range 50 {
 		stmts = append(stmts, fmt.Sprintf(`BEGIN; UPDATE kv SET v = 'v%d' WHERE id = 1; DELETE FROM kv WHERE id = 2; INSERT INTO kv VALUES (2, 2, 'y'); COMMIT`, i))
 	}
-	execOn(t, e.src, append(stmts, `INSERT INTO marker VALUES (2)`)...)
+	pgtest.ExecAll(t, e.src, append(stmts, `INSERT INTO marker VALUES (2)`)...)
 	// A second Applier finds them waiting: they are applied in groups (up to 1024 transactions a
 	// round trip), and a check that took a round trip of its own would show as one per
 	// transaction. It counts from zero (its counters are updated just after a commit returns,
 	// when the marker may already be visible).
 	r := start(t, cfg)
 	e.waitMarker(t, r, 2)
-	eventually(t, "51 transactions counted", func() bool { return r.a.Stats().Txns >= 51 })
+	pgtest.Eventually(t, time.Minute, "51 transactions counted", func() bool { return r.a.Stats().Txns >= 51 })
 	after := r.a.Stats()
 	txns, trips := after.Txns, after.RoundTrips
 	// Group commit adds a synchronous empty transaction now and then (see Config.SynchronousCommit).
@@ -311,7 +314,7 @@ func TestLastUpdateWinsLocalRace(t *testing.T) {
 					e := conflictEnv(t, srv)
 					cfg, _ := e.loggedConfig(t, map[conflict.Type]conflict.Resolution{c.ct: conflict.LastUpdateWins})
 					cfg.Mode, cfg.Workers, cfg.runTxns = Parallel, 2, 1 // the workers' connections call the "conflict" hook
-					ctx := testCtx(t)
+					ctx := pgtest.Context(t, time.Minute)
 					lock, err := pgx.Connect(ctx, e.dst)
 					must(t, err)
 					defer lock.Close(context.Background())
@@ -358,13 +361,13 @@ func TestLastUpdateWinsLocalRace(t *testing.T) {
 						}()
 						return nil
 					}}
-					execOn(t, e.src, seed, `INSERT INTO marker VALUES (1)`)
+					pgtest.ExecAll(t, e.src, seed, `INSERT INTO marker VALUES (1)`)
 					r := start(t, cfg)
 					e.waitMarker(t, r, 1)
-					execOn(t, e.dst, c.local1)
-					time.Sleep(5 * time.Millisecond) // commit timestamps apart
+					pgtest.ExecAll(t, e.dst, c.local1)
+					pgtest.ClockPast(t, e.dst) // the remote commit's timestamp is the later one
 					armed.Store(true)
-					execOn(t, e.src, c.remote, `INSERT INTO marker VALUES (2)`)
+					pgtest.ExecAll(t, e.src, c.remote, `INSERT INTO marker VALUES (2)`)
 					select {
 					case err := <-raced:
 						must(t, err)

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/pgreorder/pgreorder/apply/conflict"
 	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
@@ -59,13 +58,13 @@ func TestResolutionSurvivesLaterCopy(t *testing.T) {
 						t.Log(log.String())
 					}
 				})
-				execOn(t, e.src, append(k.setup, `INSERT INTO marker VALUES (1)`)...)
+				pgtest.ExecAll(t, e.src, append(k.setup, `INSERT INTO marker VALUES (1)`)...)
 				r := start(t, cfg)
 				e.waitMarker(t, r, 1)
 				r.halt(t)
-				execOn(t, e.dst, k.local, `INSERT INTO u VALUES (3, 'local')`)
-				time.Sleep(5 * time.Millisecond) // the source's commit is the later one
-				execOn(t, e.src, `BEGIN; `+k.remote+`; INSERT INTO u SELECT g, 'remote' FROM generate_series(1, 5) g; COMMIT`,
+				pgtest.ExecAll(t, e.dst, k.local, `INSERT INTO u VALUES (3, 'local')`)
+				pgtest.ClockPast(t, e.dst) // the source's commit is the later one
+				pgtest.ExecAll(t, e.src, `BEGIN; `+k.remote+`; INSERT INTO u SELECT g, 'remote' FROM generate_series(1, 5) g; COMMIT`,
 					`INSERT INTO marker VALUES (2)`)
 				r = start(t, cfg)
 				e.waitMarker(t, r, 2)
@@ -111,12 +110,12 @@ func TestResolutionSurvivesLaterCopy(t *testing.T) {
 // tableRows returns a two-column table's rows as "id,v" strings, in id order.
 func tableRows(t *testing.T, dsn, table string) string {
 	t.Helper()
-	return queryString(t, dsn, `SELECT coalesce(string_agg(id || ',' || coalesce(v, '-'), ' ' ORDER BY id), '') FROM `+table)
+	return pgtest.QueryOne[string](t, dsn, `SELECT coalesce(string_agg(id || ',' || coalesce(v, '-'), ' ' ORDER BY id), '') FROM `+table)
 }
 
 // logRows returns the conflict log table's rows as relation:conflict:resolution, sorted.
 func logRows(t *testing.T, dsn string) string {
 	t.Helper()
-	return queryString(t, dsn, `SELECT coalesce(string_agg(relation || ':' || conflict || ':' || resolution, ' '
+	return pgtest.QueryOne[string](t, dsn, `SELECT coalesce(string_agg(relation || ':' || conflict || ':' || resolution, ' '
 		ORDER BY relation, conflict), '') FROM conflict_log`)
 }

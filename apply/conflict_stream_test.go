@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgreorder/pgreorder/apply/conflict"
+	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
 )
 
 // streamSchema is the streamed conflict tests': t for the conflicts, big for the rows that make a
@@ -34,11 +35,11 @@ func TestConflictStreamedSubtransactions(t *testing.T) {
 			cfg, _ := e.loggedConfig(t, map[conflict.Type]conflict.Resolution{conflict.InsertExists: conflict.ApplyRemote})
 			cfg.Mode = mode
 			cfg.Conflicts.LogTable = "conflict_log"
-			execOn(t, e.src, `INSERT INTO t VALUES (20, 'orig')`, `INSERT INTO marker VALUES (1)`)
+			pgtest.ExecAll(t, e.src, `INSERT INTO t VALUES (20, 'orig')`, `INSERT INTO marker VALUES (1)`)
 			r := start(t, cfg)
 			e.waitMarker(t, r, 1)
 			// Local changes: a row the source will insert too, and the deletion of one it updates.
-			execOn(t, e.dst, `INSERT INTO t VALUES (10, 'local')`, `DELETE FROM t WHERE id = 20`)
+			pgtest.ExecAll(t, e.dst, `INSERT INTO t VALUES (10, 'local')`, `DELETE FROM t WHERE id = 20`)
 
 			src, err := pgx.Connect(ctx, e.src)
 			must(t, err)
@@ -63,7 +64,7 @@ func TestConflictStreamedSubtransactions(t *testing.T) {
 			if got := tableRows(t, e.dst, "t"); got != "10,local" {
 				t.Errorf("t on the target: %q, want the local row back", got)
 			}
-			if n := count(t, e.dst, `SELECT count(*) FROM big`); n != 2000 {
+			if n := pgtest.Count(t, e.dst, `SELECT count(*) FROM big`); n != 2000 {
 				t.Errorf("%d rows in big, want 2000", n)
 			}
 			st := r.a.Stats()
@@ -95,7 +96,7 @@ func TestLastUpdateWinsSpooled(t *testing.T) {
 	e := serverEnv(t, srv, "spooled_lww", streamSchema)
 	cfg, _ := e.loggedConfig(t, map[conflict.Type]conflict.Resolution{conflict.UpdateOriginDiffers: conflict.LastUpdateWins})
 	cfg.Mode, cfg.Workers = Eager, 1
-	execOn(t, e.src, `INSERT INTO t VALUES (1, 'orig')`, `INSERT INTO marker VALUES (1)`)
+	pgtest.ExecAll(t, e.src, `INSERT INTO t VALUES (1, 'orig')`, `INSERT INTO marker VALUES (1)`)
 	r := start(t, cfg)
 	e.waitMarker(t, r, 1)
 	r.halt(t)
@@ -115,12 +116,12 @@ func TestLastUpdateWinsSpooled(t *testing.T) {
 	}
 	// (The savepoint makes the Applier resolve the update's conflict before the commit, as it
 	// does before each subtransaction.)
-	execOn(t, e.src, `BEGIN; UPDATE t SET v = 'remote' WHERE id = 1; SAVEPOINT s; `+bigRows(1001)+`; RELEASE SAVEPOINT s; COMMIT`)
-	time.Sleep(5 * time.Millisecond) // commit timestamps apart
-	execOn(t, e.dst, `UPDATE t SET v = 'local' WHERE id = 1`)
+	pgtest.ExecAll(t, e.src, `BEGIN; UPDATE t SET v = 'remote' WHERE id = 1; SAVEPOINT s; `+bigRows(1001)+`; RELEASE SAVEPOINT s; COMMIT`)
+	pgtest.ClockPast(t, e.src) // the local update's commit timestamp is the later one
+	pgtest.ExecAll(t, e.dst, `UPDATE t SET v = 'local' WHERE id = 1`)
 	_, err = open.Exec(ctx, `COMMIT`)
 	must(t, err)
-	execOn(t, e.src, `INSERT INTO marker VALUES (2)`)
+	pgtest.ExecAll(t, e.src, `INSERT INTO marker VALUES (2)`)
 
 	r = start(t, cfg)
 	e.waitMarker(t, r, 2)

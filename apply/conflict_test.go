@@ -83,13 +83,11 @@ func dropOrigins(t *testing.T, dsn, origin string) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		var err error
-		for range 100 { // the Appliers' backends may not have exited yet
+		// The Appliers' backends may not have exited yet: an origin in use is 55006.
+		pgtest.Until(ctx, func() bool {
 			err = pgtest.Exec(ctx, dsn, `SELECT pg_replication_origin_drop(roname) FROM pg_replication_origin WHERE roname LIKE '`+origin+`%'`)
-			if err == nil || !strings.Contains(err.Error(), "55006") {
-				break
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+			return err == nil || !strings.Contains(err.Error(), "55006")
+		})
 		if err != nil {
 			t.Errorf("dropping the origins: %v", err)
 		}
@@ -99,7 +97,7 @@ func dropOrigins(t *testing.T, dsn, origin string) {
 // rowsOf returns kv's rows as "id,u,v" strings, in id order.
 func rowsOf(t *testing.T, dsn string) string {
 	t.Helper()
-	return queryString(t, dsn, `SELECT coalesce(string_agg(concat_ws(',', id, coalesce(u::text, '-'), coalesce(v, '-')), ' ' ORDER BY id), '') FROM kv`)
+	return pgtest.QueryOne[string](t, dsn, `SELECT coalesce(string_agg(concat_ws(',', id, coalesce(u::text, '-'), coalesce(v, '-')), ' ' ORDER BY id), '') FROM kv`)
 }
 
 // stopped waits for an Applier to stop by itself and returns its error.
@@ -121,7 +119,7 @@ func waitTrigger(t *testing.T, dsn string) { waitTriggerOn(t, dsn, "kv") }
 // waitTriggerOn waits until the tombstone trigger is on table.
 func waitTriggerOn(t *testing.T, dsn, table string) {
 	t.Helper()
-	ctx := testCtx(t)
+	ctx := pgtest.Context(t, time.Minute)
 	c, err := pgx.Connect(ctx, dsn)
 	must(t, err)
 	defer c.Close(context.Background())
@@ -310,24 +308,24 @@ func runConflictCase(t *testing.T, srv *pgtest.Server, c conflictCase) {
 		}
 	})
 	// Setup: replicated by a first Applier (which also installs the tombstone trigger).
-	execOn(t, e.src, append(c.setupSrc, `INSERT INTO marker VALUES (1)`)...)
+	pgtest.ExecAll(t, e.src, append(c.setupSrc, `INSERT INTO marker VALUES (1)`)...)
 	r := start(t, cfg)
 	e.waitMarker(t, r, 1)
 	if c.retention > 0 {
 		waitTrigger(t, e.dst)
 	}
 	r.halt(t)
-	// The conflict, in the order asked (commit timestamps a few milliseconds apart).
+	// The conflict, in the order asked (the later commit has the later timestamp).
 	if c.remoteFirst {
-		execOn(t, e.src, c.remote...)
-		time.Sleep(5 * time.Millisecond)
-		execOn(t, e.dst, c.local...)
+		pgtest.ExecAll(t, e.src, c.remote...)
+		pgtest.ClockPast(t, e.src)
+		pgtest.ExecAll(t, e.dst, c.local...)
 	} else {
-		execOn(t, e.dst, c.local...)
-		time.Sleep(5 * time.Millisecond)
-		execOn(t, e.src, c.remote...)
+		pgtest.ExecAll(t, e.dst, c.local...)
+		pgtest.ClockPast(t, e.dst)
+		pgtest.ExecAll(t, e.src, c.remote...)
 	}
-	execOn(t, e.src, `INSERT INTO marker VALUES (2)`)
+	pgtest.ExecAll(t, e.src, `INSERT INTO marker VALUES (2)`)
 	r = start(t, cfg)
 	if c.stops {
 		err := r.stopped(t)
@@ -366,12 +364,12 @@ func runConflictCase(t *testing.T, srv *pgtest.Server, c conflictCase) {
 	if !c.stops {
 		q := fmt.Sprintf(`SELECT count(*) FROM conflict_log WHERE conflict = '%s' AND relation = '"public"."kv"' AND remote_xid > 0
 			AND remote_final_lsn IS NOT NULL AND remote_commit_ts IS NOT NULL AND slot = 'conflicts'`, c.ct)
-		if n := count(t, e.dst, q); n != c.wantCount {
+		if n := pgtest.Count(t, e.dst, q); n != c.wantCount {
 			t.Errorf("%d rows in the conflict log table, want %d", n, c.wantCount)
 		}
 	}
 	if c.check != "" {
-		if n := count(t, e.dst, c.check); n != 1 {
+		if n := pgtest.Count(t, e.dst, c.check); n != 1 {
 			t.Errorf("%s: %d, want 1", c.check, n)
 		}
 	}
@@ -427,5 +425,5 @@ func TestCopyWithOrigin(t *testing.T) {
 func (e *env) settled(t *testing.T, r *running) {
 	t.Helper()
 	want := e.progress(t)
-	eventually(t, "the Applier's counters", func() bool { return r.a.Stats().AppliedLSN >= want })
+	pgtest.Eventually(t, time.Minute, "the Applier's counters", func() bool { return r.a.Stats().AppliedLSN >= want })
 }

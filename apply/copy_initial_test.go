@@ -19,7 +19,7 @@ import (
 func newCopyEnv(t *testing.T, major int, extraTarget ...string) *env {
 	t.Helper()
 	e := newEnv(t, major, extraTarget...)
-	ctx := testCtx(t)
+	ctx := pgtest.Context(t, time.Minute)
 	must(t, pgtest.Exec(ctx, e.src, `SELECT pg_drop_replication_slot('apply')`))
 	return e
 }
@@ -44,7 +44,7 @@ type writer struct {
 }
 
 func newWriter(t *testing.T, dsn string) *writer {
-	ctx := testCtx(t)
+	ctx := pgtest.Context(t, time.Minute)
 	c, err := pgx.Connect(ctx, dsn)
 	must(t, err)
 	t.Cleanup(func() { c.Close(context.Background()) })
@@ -101,7 +101,7 @@ func (e *env) waitProgress(t *testing.T, r *running) {
 }
 
 func (e *env) slotExists(t testing.TB) bool {
-	return count(t, e.src, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1`, e.slot) > 0
+	return pgtest.Count(t, e.src, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1`, e.slot) > 0
 }
 
 // TestCopy copies a source with data into an empty target in each mode while the source changes
@@ -154,7 +154,7 @@ func TestCopy(t *testing.T) {
 				if st.InitialCopyRows < 20000 {
 					t.Errorf("the initial copy wrote %d rows, want 20,000 at least", st.InitialCopyRows)
 				}
-				if n := count(t, e.dst, `SELECT count(*) FROM pgreorder_apply_progress_copy`); n != 0 {
+				if n := pgtest.Count(t, e.dst, `SELECT count(*) FROM pgreorder_apply_progress_copy`); n != 0 {
 					t.Errorf("the copy table holds %d rows after the copy", n)
 				}
 				if st.Sessions != 1 {
@@ -190,7 +190,7 @@ func TestCopyKill(t *testing.T) {
 					Copy: true, CopyChunkSize: 128 << 10, Stall: p.stall, StallAfter: p.stallAfter}
 				first := startChild(t, cc)
 				for !strings.Contains(first.stderr.String(), "stalled at "+p.stall) ||
-					count(t, e.dst, `SELECT count(*) FROM big`) == 0 {
+					pgtest.Count(t, e.dst, `SELECT count(*) FROM big`) == 0 {
 					select {
 					case err := <-first.done:
 						first.done <- err
@@ -200,8 +200,8 @@ func TestCopyKill(t *testing.T) {
 					case <-time.After(20 * time.Millisecond):
 					}
 				}
-				copied := count(t, e.dst, `SELECT count(*) FROM big`)
-				all := count(t, e.src, `SELECT count(*) FROM big`)
+				copied := pgtest.Count(t, e.dst, `SELECT count(*) FROM big`)
+				all := pgtest.Count(t, e.src, `SELECT count(*) FROM big`)
 				t.Logf("killed with %d of %d rows of big on the target", copied, all)
 				if p.stall == "copy-done" && copied != all {
 					t.Errorf("every chunk committed, but the target has %d rows of big, the source %d", copied, all)
@@ -227,7 +227,7 @@ func TestCopyKill(t *testing.T) {
 					}
 				}
 				must(t, workload(ctx, e.src, rng, 2, nil))
-				for count(t, e.dst, `SELECT count(*) FROM marker WHERE id = 2`) == 0 {
+				for pgtest.Count(t, e.dst, `SELECT count(*) FROM marker WHERE id = 2`) == 0 {
 					select {
 					case err := <-second.done:
 						second.done <- err // for the cleanup
@@ -269,10 +269,10 @@ func TestCopyPreconditions(t *testing.T) {
 			if e.slotExists(t) {
 				t.Error("the slot was left behind")
 			}
-			if n := count(t, e.dst, `SELECT count(*) FROM items`); n != 1 {
+			if n := pgtest.Count(t, e.dst, `SELECT count(*) FROM items`); n != 1 {
 				t.Errorf("the target's items has %d rows, want its own 1", n)
 			}
-			if n := count(t, e.dst, `SELECT count(*) FROM pgreorder_apply_progress_copy`); n != 0 {
+			if n := pgtest.Count(t, e.dst, `SELECT count(*) FROM pgreorder_apply_progress_copy`); n != 0 {
 				t.Errorf("the copy table holds %d rows", n)
 			}
 

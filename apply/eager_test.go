@@ -100,7 +100,7 @@ func TestEagerSpool(t *testing.T) {
 					st.QueuePeakBytes, peak, cfg.WorkMem)
 			}
 			// The rows of the subtransactions rolled back are not counted.
-			if rows := count(t, e.dst, `SELECT (SELECT count(*) FROM big) + (SELECT count(*) FROM events) + (SELECT count(*) FROM marker)`); st.Inserts != int64(rows) {
+			if rows := pgtest.Count(t, e.dst, `SELECT (SELECT count(*) FROM big) + (SELECT count(*) FROM events) + (SELECT count(*) FROM marker)`); st.Inserts != int64(rows) {
 				t.Errorf("Inserts %d, want the %d rows on the target", st.Inserts, rows)
 			}
 		})
@@ -296,10 +296,10 @@ func TestEagerSavepointFirst(t *testing.T) {
 			r := start(t, cfg)
 			// Applied before it: a small transaction (by the leader) and a streamed one (by the
 			// worker), both committed before the local row.
-			execOn(t, e.src, `INSERT INTO kv VALUES (1, 1, 'small')`,
+			pgtest.ExecAll(t, e.src, `INSERT INTO kv VALUES (1, 1, 'small')`,
 				`INSERT INTO kv SELECT g, g, repeat('a', 200) FROM generate_series(1000, 2999) g`, `INSERT INTO marker VALUES (1)`)
 			e.waitMarker(t, r, 1)
-			execOn(t, e.dst, `INSERT INTO kv VALUES (4, 40, 'local')`)
+			pgtest.ExecAll(t, e.dst, `INSERT INTO kv VALUES (4, 40, 'local')`)
 
 			src, err := pgx.Connect(ctx, e.src)
 			must(t, err)
@@ -316,7 +316,7 @@ func TestEagerSavepointFirst(t *testing.T) {
 			_, err = src.Exec(ctx, `COMMIT`)
 			must(t, err)
 			must(t, src.QueryRow(ctx, `SELECT pg_xact_commit_timestamp($1::text::xid)`, fmt.Sprint(xid)).Scan(&committed))
-			execOn(t, e.src, `INSERT INTO marker VALUES (2)`)
+			pgtest.ExecAll(t, e.src, `INSERT INTO marker VALUES (2)`)
 			e.waitMarker(t, r, 2)
 			e.settled(t, r)
 			r.halt(t)

@@ -134,7 +134,7 @@ func testFault(t *testing.T, major int, mode Mode, syncCommit bool, fault string
 	e.waitMarker(t, r, 1)
 	if fault != "walsender" {
 		// A fault may end the session that applied the marker: let the next one start.
-		eventually(t, "a session after each fault", func() bool { return r.a.Stats().Sessions >= 1+int64(injected.Load()) })
+		pgtest.Eventually(t, time.Minute, "a session after each fault", func() bool { return r.a.Stats().Sessions >= 1+int64(injected.Load()) })
 	}
 	r.halt(t)
 	if injected.Load() == 0 {

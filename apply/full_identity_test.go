@@ -23,7 +23,7 @@ func fullEnv(t *testing.T, major int, slot string, schema []string) *env {
 // serverEnv is fullEnv on srv.
 func serverEnv(t *testing.T, srv *pgtest.Server, slot string, schema []string) *env {
 	t.Helper()
-	ctx := testCtx(t)
+	ctx := pgtest.Context(t, time.Minute)
 	srcDB, dstDB := pgtest.NewDatabase(t, srv), pgtest.NewDatabase(t, srv)
 	e := &env{srv: srv, src: srv.ConnString(srcDB), dst: srv.ConnString(dstDB), repl: srv.ReplicationConnString(srcDB), slot: slot}
 	must(t, pgtest.Exec(ctx, e.src, append(append([]string{}, schema...), `CREATE PUBLICATION pub FOR ALL TABLES`,
@@ -58,7 +58,7 @@ func TestFullIdentityNoEquality(t *testing.T) {
 				cfg := e.config(t, Buffered)
 				cfg.Binary = binary
 				r := start(t, cfg)
-				execOn(t, e.src,
+				pgtest.ExecAll(t, e.src,
 					`INSERT INTO nj VALUES
 						(1, '{"a":1}', '<a>1</a>', '(1,1)', '((0,0),(1,1))'),
 						(1, '{"a":2}', '<a>1</a>', '(1,1)', '((0,0),(1,1))'),
@@ -75,7 +75,7 @@ func TestFullIdentityNoEquality(t *testing.T) {
 					`INSERT INTO marker VALUES (1)`)
 				e.waitMarker(t, r, 1)
 				// Each change names the second row of its pair by the one column that differs.
-				execOn(t, e.src,
+				pgtest.ExecAll(t, e.src,
 					`UPDATE nj SET k = 10 WHERE k = 1 AND doc::text = '{"a":2}'`,
 					`UPDATE nj SET k = 20 WHERE k = 2 AND x::text = '<a>2</a>'`,
 					`UPDATE nj SET k = 30 WHERE k = 3 AND p ~= '(2,2)'`,
@@ -113,9 +113,9 @@ func TestStatementsBounded(t *testing.T) {
 	for k := range 10 {
 		vals = append(vals, fmt.Sprintf("CASE WHEN n & %d = 0 THEN n END", 1<<k))
 	}
-	execOn(t, e.src, `INSERT INTO nulls (`+cols+`) SELECT `+strings.Join(vals, ", ")+` FROM generate_series(0, 1023) n`)
+	pgtest.ExecAll(t, e.src, `INSERT INTO nulls (`+cols+`) SELECT `+strings.Join(vals, ", ")+` FROM generate_series(0, 1023) n`)
 	r := start(t, e.config(t, Buffered))
-	execOn(t, e.src, `UPDATE nulls SET a = coalesce(a, -1) + 0`, `DELETE FROM nulls WHERE b IS NULL`, `INSERT INTO marker VALUES (1)`)
+	pgtest.ExecAll(t, e.src, `UPDATE nulls SET a = coalesce(a, -1) + 0`, `DELETE FROM nulls WHERE b IS NULL`, `INSERT INTO marker VALUES (1)`)
 	e.waitMarker(t, r, 1)
 	r.halt(t)
 	e.sameRows(t, "nulls")
@@ -137,7 +137,7 @@ func TestStatementsBounded(t *testing.T) {
 				fmt.Sprintf(`UPDATE many%d SET v = 'updated' WHERE id = %d`, i, id+1),
 				fmt.Sprintf(`DELETE FROM many%d WHERE id = %d`, i, id+2))
 		}
-		execOn(t, e.src, append(stmts, fmt.Sprintf(`INSERT INTO marker VALUES (%d)`, round+2))...)
+		pgtest.ExecAll(t, e.src, append(stmts, fmt.Sprintf(`INSERT INTO marker VALUES (%d)`, round+2))...)
 		e.waitMarker(t, r, round+2)
 	}
 	r.halt(t)
@@ -173,20 +173,20 @@ func TestFullIdentityKeyed(t *testing.T) {
 		for _, mode := range []Mode{Buffered, Parallel} {
 			t.Run(fmt.Sprintf("pg%d/%s", major, mode), func(t *testing.T) {
 				e := fullEnv(t, major, "fullkeyed", schema)
-				execOn(t, e.src,
+				pgtest.ExecAll(t, e.src,
 					`INSERT INTO fk SELECT i, CASE WHEN i % 3 = 0 THEN NULL ELSE json_build_object('i', i) END,
 						CASE WHEN i % 4 = 0 THEN NULL ELSE 'v' || i END, i FROM generate_series(1, 400) i`,
 					`INSERT INTO fk2 SELECT i % 20, 'b' || (i / 20), CASE WHEN i % 5 = 0 THEN NULL ELSE 'x' END FROM generate_series(0, 199) i`)
 				r := start(t, e.config(t, mode))
-				execOn(t, e.src, `INSERT INTO marker VALUES (1)`)
+				pgtest.ExecAll(t, e.src, `INSERT INTO marker VALUES (1)`)
 				e.waitMarker(t, r, 1)
 				before := r.a.stats.Statements.Load()
-				execOn(t, e.src, `UPDATE fk SET n = n + 1000 WHERE id <= 300`, `INSERT INTO marker VALUES (2)`)
+				pgtest.ExecAll(t, e.src, `UPDATE fk SET n = n + 1000 WHERE id <= 300`, `INSERT INTO marker VALUES (2)`)
 				e.waitMarker(t, r, 2)
 				if n := r.a.stats.Statements.Load() - before; n >= 100 {
 					t.Errorf("300 updates of a FULL table with a unique key took %d statements: not set-based", n)
 				}
-				execOn(t, e.src,
+				pgtest.ExecAll(t, e.src,
 					`BEGIN; UPDATE fk SET v = 'twice' WHERE id % 7 = 0; UPDATE fk SET doc = '{"again": true}', v = NULL WHERE id % 7 = 0; COMMIT`,
 					`BEGIN; DELETE FROM fk WHERE id % 11 = 0; INSERT INTO fk SELECT i, NULL, 'back', -i FROM generate_series(11, 400, 11) i; COMMIT`,
 					`BEGIN; UPDATE fk SET doc = NULL WHERE id % 5 = 1; DELETE FROM fk WHERE id % 13 = 0; UPDATE fk SET n = 0 WHERE id % 17 = 0; COMMIT`,
@@ -232,25 +232,25 @@ func TestFullIdentityKeyedConflicts(t *testing.T) {
 					t.Log(log.String())
 				}
 			})
-			execOn(t, e.src, `INSERT INTO fkc SELECT i, 'v' || i, i FROM generate_series(1, 10) i`, `INSERT INTO marker VALUES (1)`)
+			pgtest.ExecAll(t, e.src, `INSERT INTO fkc SELECT i, 'v' || i, i FROM generate_series(1, 10) i`, `INSERT INTO marker VALUES (1)`)
 			r := start(t, cfg)
 			e.waitMarker(t, r, 1)
 			r.halt(t)
 			// Rows whose key is there, one column besides it differing: the set statements would
 			// change as many rows as they name if they matched the key alone.
-			execOn(t, e.dst, `UPDATE fkc SET v = 'local' WHERE id IN (3, 7)`)
-			execOn(t, e.src, `BEGIN; UPDATE fkc SET n = n + 100 WHERE id IN (2, 3, 4); DELETE FROM fkc WHERE id IN (6, 7); COMMIT`,
+			pgtest.ExecAll(t, e.dst, `UPDATE fkc SET v = 'local' WHERE id IN (3, 7)`)
+			pgtest.ExecAll(t, e.src, `BEGIN; UPDATE fkc SET n = n + 100 WHERE id IN (2, 3, 4); DELETE FROM fkc WHERE id IN (6, 7); COMMIT`,
 				`INSERT INTO marker VALUES (2)`)
 			r = start(t, cfg)
 			e.waitMarker(t, r, 2)
 			r.halt(t)
 			// A row gone.
-			execOn(t, e.dst, `DELETE FROM fkc WHERE id = 5`)
-			execOn(t, e.src, `BEGIN; DELETE FROM fkc WHERE id = 5; UPDATE fkc SET n = -n WHERE id = 8; COMMIT`, `INSERT INTO marker VALUES (3)`)
+			pgtest.ExecAll(t, e.dst, `DELETE FROM fkc WHERE id = 5`)
+			pgtest.ExecAll(t, e.src, `BEGIN; DELETE FROM fkc WHERE id = 5; UPDATE fkc SET n = -n WHERE id = 8; COMMIT`, `INSERT INTO marker VALUES (3)`)
 			r2 := start(t, cfg)
 			e.waitMarker(t, r2, 3)
 			r2.halt(t)
-			ctx := testCtx(t)
+			ctx := pgtest.Context(t, time.Minute)
 			c, err := pgx.Connect(ctx, e.dst)
 			must(t, err)
 			defer c.Close(context.Background())
@@ -296,7 +296,7 @@ func TestFullIdentityTargetKey(t *testing.T) {
 					e := serverEnv(t, srv, "fulltargetkey", schema)
 					// fga's key is GENERATED ALWAYS on the target, as pg_dump makes an identity
 					// column: an update that keeps the key does not write it.
-					execOn(t, e.dst, `ALTER TABLE fpk ADD PRIMARY KEY USING INDEX fpk_id`,
+					pgtest.ExecAll(t, e.dst, `ALTER TABLE fpk ADD PRIMARY KEY USING INDEX fpk_id`,
 						`ALTER TABLE fri REPLICA IDENTITY USING INDEX fri_id`,
 						`ALTER TABLE fga ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY, ADD PRIMARY KEY (id)`)
 					cfg, log := e.loggedConfig(t, nil)
@@ -304,14 +304,14 @@ func TestFullIdentityTargetKey(t *testing.T) {
 						cfg.Origin = ""
 					}
 					cfg.Mode = mode
-					execOn(t, e.src, `INSERT INTO fpk SELECT i, 'v' || i, i FROM generate_series(1, 10) i`,
+					pgtest.ExecAll(t, e.src, `INSERT INTO fpk SELECT i, 'v' || i, i FROM generate_series(1, 10) i`,
 						`INSERT INTO fri SELECT i, 'v' || i, i FROM generate_series(1, 10) i`,
 						`INSERT INTO fga SELECT i, 'v' || i FROM generate_series(1, 10) i`, `INSERT INTO marker VALUES (1)`)
 					r := start(t, cfg)
 					e.waitMarker(t, r, 1)
 					r.halt(t)
-					execOn(t, e.dst, `UPDATE fpk SET v = 'local' WHERE id IN (3, 7)`, `UPDATE fri SET v = 'local' WHERE id IN (3, 7)`)
-					execOn(t, e.src,
+					pgtest.ExecAll(t, e.dst, `UPDATE fpk SET v = 'local' WHERE id IN (3, 7)`, `UPDATE fri SET v = 'local' WHERE id IN (3, 7)`)
+					pgtest.ExecAll(t, e.src,
 						`BEGIN; UPDATE fpk SET n = n + 100 WHERE id IN (2, 3, 4); DELETE FROM fpk WHERE id IN (6, 7);
 							UPDATE fri SET n = n + 100 WHERE id IN (2, 3, 4); DELETE FROM fri WHERE id IN (6, 7); COMMIT`,
 						`BEGIN; UPDATE fpk SET v = 'again' WHERE id = 3; UPDATE fri SET v = 'again' WHERE id = 3; COMMIT`,
@@ -358,19 +358,19 @@ func TestFullIdentityTargetKeyUpdateDeleted(t *testing.T) {
 	for _, mode := range []Mode{Buffered, Eager, Parallel} {
 		t.Run(mode.String(), func(t *testing.T) {
 			e := serverEnv(t, srv, "fullupdel", schema)
-			execOn(t, e.dst, `ALTER TABLE fpk ADD PRIMARY KEY USING INDEX fpk_id`)
+			pgtest.ExecAll(t, e.dst, `ALTER TABLE fpk ADD PRIMARY KEY USING INDEX fpk_id`)
 			cfg, log := e.loggedConfig(t, nil)
 			cfg.Mode = mode
 			cfg.Conflicts.Retention = time.Minute
-			execOn(t, e.src, `INSERT INTO fpk SELECT i, 'v' || i, i FROM generate_series(1, 4) i`, `INSERT INTO marker VALUES (1)`)
+			pgtest.ExecAll(t, e.src, `INSERT INTO fpk SELECT i, 'v' || i, i FROM generate_series(1, 4) i`, `INSERT INTO marker VALUES (1)`)
 			r := start(t, cfg)
 			e.waitMarker(t, r, 1)
 			waitTriggerOn(t, e.dst, "fpk")
 			r.halt(t)
-			execOn(t, e.src, `UPDATE fpk SET n = 20 WHERE id = 2`)
-			time.Sleep(5 * time.Millisecond) // commit timestamps apart
-			execOn(t, e.dst, `DELETE FROM fpk WHERE id = 2`)
-			execOn(t, e.src, `INSERT INTO marker VALUES (2)`)
+			pgtest.ExecAll(t, e.src, `UPDATE fpk SET n = 20 WHERE id = 2`)
+			pgtest.ClockPast(t, e.src) // the target's delete commits after the source's update
+			pgtest.ExecAll(t, e.dst, `DELETE FROM fpk WHERE id = 2`)
+			pgtest.ExecAll(t, e.src, `INSERT INTO marker VALUES (2)`)
 			r = start(t, cfg)
 			e.waitMarker(t, r, 2)
 			r.halt(t)

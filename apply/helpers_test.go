@@ -58,7 +58,7 @@ type env struct {
 func newEnv(t *testing.T, major int, extraTarget ...string) *env {
 	t.Helper()
 	srv := pgtest.Shared(t, major)
-	ctx := testCtx(t)
+	ctx := pgtest.Context(t, time.Minute)
 	srcDB, dstDB := pgtest.NewDatabase(t, srv), pgtest.NewDatabase(t, srv)
 	e := &env{srv: srv, src: srv.ConnString(srcDB), dst: srv.ConnString(dstDB), repl: srv.ReplicationConnString(srcDB), slot: "apply"}
 	must(t, pgtest.Exec(ctx, e.src, append(append([]string{}, schema...),
@@ -144,7 +144,7 @@ func (e *env) waitSame(t testing.TB, only ...string) {
 	if len(only) > 0 {
 		names = only
 	}
-	ctx := testCtx(t)
+	ctx := pgtest.Context(t, time.Minute)
 	src, dst := e.connect(t, ctx)
 	defer src.Close(context.Background())
 	defer dst.Close(context.Background())
@@ -158,9 +158,7 @@ func (e *env) waitSame(t testing.TB, only ...string) {
 		}
 		return true
 	}
-	for deadline := time.Now().Add(time.Minute); !same() && time.Now().Before(deadline); {
-		time.Sleep(20 * time.Millisecond)
-	}
+	pgtest.Until(ctx, same)
 }
 
 // waitMarker waits until the target has marker row id, or the applier stops.
@@ -191,7 +189,7 @@ func (e *env) waitMarker(t testing.TB, r *running, id int) {
 // compare fails t unless every table has the same rows on both sides.
 func (e *env) compare(t testing.TB) {
 	t.Helper()
-	ctx := testCtx(t)
+	ctx := pgtest.Context(t, time.Minute)
 	src, dst := e.connect(t, ctx)
 	defer src.Close(context.Background())
 	defer dst.Close(context.Background())
@@ -231,7 +229,7 @@ func (e *env) compare(t testing.TB) {
 // progress returns the target's progress row for the slot.
 func (e *env) progress(t testing.TB) decoding.LSN {
 	t.Helper()
-	ctx := testCtx(t)
+	ctx := pgtest.Context(t, time.Minute)
 	conn, err := pgx.Connect(ctx, e.dst)
 	must(t, err)
 	defer conn.Close(context.Background())
@@ -243,7 +241,7 @@ func (e *env) progress(t testing.TB) decoding.LSN {
 // confirmed returns the slot's confirmed_flush_lsn.
 func (e *env) confirmed(t testing.TB) decoding.LSN {
 	t.Helper()
-	ctx := testCtx(t)
+	ctx := pgtest.Context(t, time.Minute)
 	conn, err := pgx.Connect(ctx, e.src)
 	must(t, err)
 	defer conn.Close(context.Background())
@@ -435,7 +433,7 @@ type terminator struct {
 }
 
 func newTerminator(t testing.TB, dsn string) *terminator {
-	ctx := testCtx(t)
+	ctx := pgtest.Context(t, time.Minute)
 	c, err := pgx.Connect(ctx, dsn)
 	must(t, err)
 	t.Cleanup(func() { c.Close(context.Background()) })
@@ -542,61 +540,10 @@ func waitReplies(t testing.TB, ctx context.Context, dsn, slot string, n int) {
 	}
 }
 
-// eventually waits up to a minute for cond.
-func eventually(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting: %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// execOn runs statements on dsn.
-func execOn(t testing.TB, dsn string, stmts ...string) {
-	t.Helper()
-	ctx := testCtx(t)
-	must(t, pgtest.Exec(ctx, dsn, stmts...))
-}
-
-// queryOne returns the one value sql yields on dsn, scanned into a T.
-func queryOne[T any](t testing.TB, dsn, sql string, args ...any) T {
-	t.Helper()
-	ctx := testCtx(t)
-	c, err := pgx.Connect(ctx, dsn)
-	must(t, err)
-	defer c.Close(context.Background())
-	var v T
-	must(t, c.QueryRow(ctx, sql, args...).Scan(&v))
-	return v
-}
-
-// queryString returns the one text value sql yields on dsn.
-func queryString(t testing.TB, dsn, sql string) string {
-	t.Helper()
-	return queryOne[string](t, dsn, sql)
-}
-
 // tableText returns the rows of table on dsn as text, sorted (duplicates kept).
 func tableText(t testing.TB, dsn, table string) string {
 	t.Helper()
-	return queryString(t, dsn, `SELECT coalesce(string_agg(r::text, ' | ' ORDER BY r::text), '') FROM `+table+` r`)
-}
-
-// count returns the result of a count query.
-func count(t testing.TB, dsn, sql string, args ...any) int64 {
-	t.Helper()
-	return queryOne[int64](t, dsn, sql, args...)
-}
-
-// testCtx is a context for a helper's or a test's few statements: it ends after a minute, or
-// with the test.
-func testCtx(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	t.Cleanup(cancel)
-	return ctx
+	return pgtest.QueryOne[string](t, dsn, `SELECT coalesce(string_agg(r::text, ' | ' ORDER BY r::text), '') FROM `+table+` r`)
 }
 
 // firstError waits for n results from errs and returns the first error among them.

@@ -43,7 +43,7 @@ func alterDatabase(t *testing.T, dsn string, settings ...string) {
 		stmts[i] = "DO $$BEGIN EXECUTE format('ALTER DATABASE %I SET " + strings.ReplaceAll(s, "'", "''") +
 			"', pg_catalog.current_database()); END$$"
 	}
-	execOn(t, dsn, stmts...)
+	pgtest.ExecAll(t, dsn, stmts...)
 }
 
 // hostileEnv is a source and a target database of srv with table kv (key column col) and the
@@ -60,8 +60,8 @@ func hostileEnv(t *testing.T, srv *pgtest.Server, col string, slot bool) *env {
 	if slot {
 		src = append(src, `SELECT pg_create_logical_replication_slot('hostile', 'pgoutput')`)
 	}
-	execOn(t, e.src, src...)
-	execOn(t, e.dst, schema...)
+	pgtest.ExecAll(t, e.src, src...)
+	pgtest.ExecAll(t, e.dst, schema...)
 	return e
 }
 
@@ -73,22 +73,22 @@ func TestTombstoneInjection(t *testing.T) {
 		t.Run(fmt.Sprint(major), func(t *testing.T) {
 			srv := pgtest.Shared(t, major)
 			e := hostileEnv(t, srv, hostileName, true)
-			execOn(t, e.dst, `CREATE TABLE victim (i int)`)
+			pgtest.ExecAll(t, e.dst, `CREATE TABLE victim (i int)`)
 			alterDatabase(t, e.dst, "standard_conforming_strings = off", "escape_string_warning = off")
 			dst := safeDSN(e.dst, major)
 			cfg := e.config(t, Buffered)
 			cfg.Conflicts.Retention = 5 * time.Minute
-			execOn(t, e.src, `INSERT INTO kv VALUES (1, 1, 'a'), (2, 2, 'b')`, `INSERT INTO marker VALUES (1)`)
+			pgtest.ExecAll(t, e.src, `INSERT INTO kv VALUES (1, 1, 'a'), (2, 2, 'b')`, `INSERT INTO marker VALUES (1)`)
 			r := start(t, cfg)
 			e.waitMarker(t, r, 1)
-			eventually(t, "the tombstone trigger on kv", func() bool {
-				return count(t, dst, `SELECT count(*) FROM pg_trigger WHERE tgrelid = 'kv'::regclass AND tgname = '`+detect.TombstoneTrigger+`'`) > 0
+			pgtest.Eventually(t, time.Minute, "the tombstone trigger on kv", func() bool {
+				return pgtest.Count(t, dst, `SELECT count(*) FROM pg_trigger WHERE tgrelid = 'kv'::regclass AND tgname = '`+detect.TombstoneTrigger+`'`) > 0
 			})
-			if n := count(t, dst, `SELECT count(*) FROM pg_class WHERE relname = 'victim'`); n != 1 {
+			if n := pgtest.Count(t, dst, `SELECT count(*) FROM pg_class WHERE relname = 'victim'`); n != 1 {
 				t.Fatalf("table victim is gone from the target")
 			}
-			execOn(t, dst, `DELETE FROM kv WHERE u = 1`)
-			if n := count(t, dst, `SELECT count(*) FROM pgreorder_tombstones WHERE key = ARRAY['1']`); n != 1 {
+			pgtest.ExecAll(t, dst, `DELETE FROM kv WHERE u = 1`)
+			if n := pgtest.Count(t, dst, `SELECT count(*) FROM pgreorder_tombstones WHERE key = ARRAY['1']`); n != 1 {
 				t.Errorf("%d tombstones for the deleted row, want 1", n)
 			}
 			r.halt(t)
@@ -105,25 +105,25 @@ func TestTombstoneLocalSessions(t *testing.T) {
 			srv := pgtest.Shared(t, major)
 			e := hostileEnv(t, srv, "id", true)
 			role := "pgr_deleter_" + fmt.Sprint(major)
-			execOn(t, e.dst, `CREATE SCHEMA "My ""Sch"""`, `CREATE SCHEMA appschema`,
+			pgtest.ExecAll(t, e.dst, `CREATE SCHEMA "My ""Sch"""`, `CREATE SCHEMA appschema`,
 				`DO $$BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '`+role+`') THEN CREATE ROLE `+role+`; END IF; END$$`,
 				`GRANT DELETE ON kv TO `+role)
 			t.Cleanup(func() {
-				execOn(t, e.dst, `DROP OWNED BY `+role)
+				pgtest.ExecAll(t, e.dst, `DROP OWNED BY `+role)
 			})
 			cfg := e.config(t, Buffered)
 			cfg.ProgressTable = `"My ""Sch""".progress`
 			cfg.Conflicts.Retention = 5 * time.Minute
-			execOn(t, e.src, `INSERT INTO kv SELECT g, g, 'a' FROM generate_series(1, 4) g`, `INSERT INTO marker VALUES (1)`)
+			pgtest.ExecAll(t, e.src, `INSERT INTO kv SELECT g, g, 'a' FROM generate_series(1, 4) g`, `INSERT INTO marker VALUES (1)`)
 			r := start(t, cfg)
 			e.waitMarker(t, r, 1)
 			waitTrigger(t, e.dst)
 			// Only DELETE: no WHERE clause, which would need SELECT.
-			execOn(t, e.dst, `BEGIN`+`; SET LOCAL ROLE `+role+`; DELETE FROM public.kv; COMMIT`)
-			execOn(t, e.src, `INSERT INTO kv VALUES (5, 5, 'b')`, `INSERT INTO marker VALUES (2)`)
+			pgtest.ExecAll(t, e.dst, `BEGIN`+`; SET LOCAL ROLE `+role+`; DELETE FROM public.kv; COMMIT`)
+			pgtest.ExecAll(t, e.src, `INSERT INTO kv VALUES (5, 5, 'b')`, `INSERT INTO marker VALUES (2)`)
 			e.waitMarker(t, r, 2)
-			execOn(t, e.dst, `SET search_path = appschema; DELETE FROM public.kv WHERE id = 5`)
-			got := count(t, e.dst, `SELECT count(*) FROM "My ""Sch""".pgreorder_tombstones`)
+			pgtest.ExecAll(t, e.dst, `SET search_path = appschema; DELETE FROM public.kv WHERE id = 5`)
+			got := pgtest.Count(t, e.dst, `SELECT count(*) FROM "My ""Sch""".pgreorder_tombstones`)
 			if got != 5 {
 				t.Errorf("%d tombstones, want 5", got)
 			}
@@ -196,10 +196,10 @@ func TestPinnedTargetSettings(t *testing.T) {
 				names = append(names, p.Name)
 				hostile = append(hostile, p.Name+" = "+h)
 			}
-			execOn(t, e.dst, append(append([]string{}, trap...), recordSettings(names)...)...)
+			pgtest.ExecAll(t, e.dst, append(append([]string{}, trap...), recordSettings(names)...)...)
 			alterDatabase(t, e.dst, hostile...)
 			dst := safeDSN(e.dst, major)
-			execOn(t, e.src, `INSERT INTO kv SELECT g, g, 'copied' FROM generate_series(1, 50) g`)
+			pgtest.ExecAll(t, e.src, `INSERT INTO kv SELECT g, g, 'copied' FROM generate_series(1, 50) g`)
 			cfg := e.config(t, Buffered)
 			cfg.Copy = true
 			cfg.ProgressTable = "public.pgreorder_apply_progress"
@@ -208,14 +208,14 @@ func TestPinnedTargetSettings(t *testing.T) {
 			r := start(t, cfg)
 			e.dst = dst
 			e.waitProgress(t, r) // the copy is done
-			execOn(t, e.src, `UPDATE kv SET v = 'updated' WHERE id <= 10`, `DELETE FROM kv WHERE id > 40`, `INSERT INTO marker VALUES (1)`)
+			pgtest.ExecAll(t, e.src, `UPDATE kv SET v = 'updated' WHERE id <= 10`, `DELETE FROM kv WHERE id > 40`, `INSERT INTO marker VALUES (1)`)
 			e.waitMarker(t, r, 1)
 			r.halt(t)
 			if got, want := rowsOf(t, dst), rowsOf(t, e.src); got != want {
 				t.Errorf("target rows differ from the source's:\n%s\nwant\n%s", got, want)
 			}
 			seen := map[string]string{}
-			ctx := testCtx(t)
+			ctx := pgtest.Context(t, time.Minute)
 			c, err := pgx.Connect(ctx, dst)
 			must(t, err)
 			defer c.Close(context.Background())
@@ -243,14 +243,14 @@ func TestPinnedSourceSettings(t *testing.T) {
 		t.Run(fmt.Sprint(major), func(t *testing.T) {
 			srv := pgtest.Shared(t, major)
 			e := hostileEnv(t, srv, "id", false)
-			execOn(t, e.src, append(append([]string{}, trap...), `INSERT INTO kv SELECT g, g, 'copied' FROM generate_series(1, 50) g`)...)
+			pgtest.ExecAll(t, e.src, append(append([]string{}, trap...), `INSERT INTO kv SELECT g, g, 'copied' FROM generate_series(1, 50) g`)...)
 			alterDatabase(t, e.src, "search_path = evil, pg_catalog, public", "standard_conforming_strings = off")
 			src := safeDSN(e.src, major)
 			cfg := e.config(t, Buffered)
 			cfg.Copy = true
 			r := start(t, cfg)
 			e.waitProgress(t, r) // the copy is done
-			execOn(t, src, `UPDATE kv SET v = 'updated' WHERE id <= 10`, `INSERT INTO marker VALUES (1)`)
+			pgtest.ExecAll(t, src, `UPDATE kv SET v = 'updated' WHERE id <= 10`, `INSERT INTO marker VALUES (1)`)
 			e.waitMarker(t, r, 1)
 			r.halt(t)
 			if got, want := rowsOf(t, e.dst), rowsOf(t, src); got != want {
@@ -269,22 +269,22 @@ func TestIdleSessionTimeout(t *testing.T) {
 	alterDatabase(t, e.dst, "idle_session_timeout = '1s'")
 	dst := safeDSN(e.dst, major)
 	cfg := e.config(t, Buffered)
-	execOn(t, e.src, `INSERT INTO kv VALUES (1, 1, 'a')`, `INSERT INTO marker VALUES (1)`)
+	pgtest.ExecAll(t, e.src, `INSERT INTO kv VALUES (1, 1, 'a')`, `INSERT INTO marker VALUES (1)`)
 	r := start(t, cfg)
 	raw := e.dst
 	e.dst = dst
 	e.waitMarker(t, r, 1)
 	// The pause outlasts the timeout: a session opened after the Applier's last statement is
 	// ended by the server for its idleness first.
-	ctx := testCtx(t)
+	ctx := pgtest.Context(t, time.Minute)
 	canary, err := pgconn.Connect(ctx, raw)
 	must(t, err)
 	defer canary.Close(context.Background())
 	pid := fmt.Sprint(canary.PID())
-	eventually(t, "the server ended an idle session", func() bool {
-		return count(t, dst, `SELECT count(*) FROM pg_stat_activity WHERE pid = `+pid) == 0
+	pgtest.Eventually(t, time.Minute, "the server ended an idle session", func() bool {
+		return pgtest.Count(t, dst, `SELECT count(*) FROM pg_stat_activity WHERE pid = `+pid) == 0
 	})
-	execOn(t, e.src, `INSERT INTO kv VALUES (2, 2, 'b')`, `INSERT INTO marker VALUES (2)`)
+	pgtest.ExecAll(t, e.src, `INSERT INTO kv VALUES (2, 2, 'b')`, `INSERT INTO marker VALUES (2)`)
 	e.waitMarker(t, r, 2)
 	if n := r.a.Stats().Sessions; n != 1 {
 		t.Errorf("%d sessions, want 1: a connection was lost", n)
@@ -300,14 +300,14 @@ func TestSessionEndRetried(t *testing.T) {
 	srv := pgtest.Shared(t, major)
 	db := pgtest.NewDatabase(t, srv)
 	dsn := srv.ConnString(db)
-	ctx := testCtx(t)
+	ctx := pgtest.Context(t, time.Minute)
 	for _, c := range []struct{ name, dsn string }{{"tcp", srv.TCPConnString(db)}, {"unix", dsn}} {
 		conn, err := pgconn.Connect(ctx, c.dsn+" idle_session_timeout=100")
 		must(t, err)
 		defer conn.Close(context.Background())
 		pid := fmt.Sprint(conn.PID())
-		eventually(t, "the idle session ended", func() bool {
-			return count(t, dsn, `SELECT count(*) FROM pg_stat_activity WHERE pid = `+pid) == 0
+		pgtest.Eventually(t, time.Minute, "the idle session ended", func() bool {
+			return pgtest.Count(t, dsn, `SELECT count(*) FROM pg_stat_activity WHERE pid = `+pid) == 0
 		})
 		_, err = conn.Exec(ctx, "SELECT 1").ReadAll()
 		if err == nil {
@@ -348,13 +348,13 @@ func TestUninstall(t *testing.T) {
 	cfg.Origin = "pgr_uninstall"
 	cfg.ProgressTable = `"My ""Sch""".progress`
 	cfg.Conflicts.Retention = 5 * time.Minute
-	execOn(t, e.dst, `CREATE SCHEMA "My ""Sch"""`)
+	pgtest.ExecAll(t, e.dst, `CREATE SCHEMA "My ""Sch"""`)
 	dropOrigins(t, e.dst, cfg.Origin)
-	execOn(t, e.src, `INSERT INTO kv VALUES (1, 1, 'a')`, `INSERT INTO marker VALUES (1)`)
+	pgtest.ExecAll(t, e.src, `INSERT INTO kv VALUES (1, 1, 'a')`, `INSERT INTO marker VALUES (1)`)
 	r := start(t, cfg)
 	e.waitMarker(t, r, 1)
 	waitTrigger(t, e.dst)
-	ctx := testCtx(t)
+	ctx := pgtest.Context(t, time.Minute)
 	a, err := New(cfg)
 	must(t, err)
 	if _, err := a.Uninstall(ctx, UninstallOptions{Progress: true, Origins: true}); !errors.Is(err, ErrSlotInUse) {
@@ -363,11 +363,11 @@ func TestUninstall(t *testing.T) {
 	r.halt(t)
 	left := func() map[string]int64 {
 		return map[string]int64{
-			"triggers": count(t, e.dst, `SELECT count(*) FROM pg_trigger WHERE tgname = '`+detect.TombstoneTrigger+`'`),
-			"functions": count(t, e.dst, `SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+			"triggers": pgtest.Count(t, e.dst, `SELECT count(*) FROM pg_trigger WHERE tgname = '`+detect.TombstoneTrigger+`'`),
+			"functions": pgtest.Count(t, e.dst, `SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
 				WHERE n.nspname = 'My "Sch"' AND p.proname = 'pgreorder_tombstones_record'`),
-			"tables":  count(t, e.dst, `SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'My "Sch"'`),
-			"origins": count(t, e.dst, `SELECT count(*) FROM pg_replication_origin WHERE roname LIKE 'pgr_uninstall%'`),
+			"tables":  pgtest.Count(t, e.dst, `SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'My "Sch"'`),
+			"origins": pgtest.Count(t, e.dst, `SELECT count(*) FROM pg_replication_origin WHERE roname LIKE 'pgr_uninstall%'`),
 		}
 	}
 	before := left()
@@ -375,7 +375,7 @@ func TestUninstall(t *testing.T) {
 		t.Fatalf("before Uninstall: %v", before)
 	}
 	// Another slot's progress row keeps the progress table.
-	execOn(t, e.dst, `INSERT INTO "My ""Sch""".progress VALUES ('other', '0/1')`)
+	pgtest.ExecAll(t, e.dst, `INSERT INTO "My ""Sch""".progress VALUES ('other', '0/1')`)
 	u, err := a.Uninstall(ctx, UninstallOptions{Progress: true, Origins: true})
 	must(t, err)
 	if len(u.TombstoneTriggers) != 2 || u.TombstoneFunction == "" || u.TombstoneTable == "" || u.ProgressRows == 0 ||
@@ -386,7 +386,7 @@ func TestUninstall(t *testing.T) {
 	if got := left(); got["triggers"] != 0 || got["functions"] != 0 || got["tables"] != 2 || got["origins"] != 0 {
 		t.Errorf("after Uninstall: %v, want only the progress table (and its index)", got)
 	}
-	if n := count(t, e.dst, `SELECT count(*) FROM "My ""Sch""".progress WHERE slot = 'hostile'`); n != 0 {
+	if n := pgtest.Count(t, e.dst, `SELECT count(*) FROM "My ""Sch""".progress WHERE slot = 'hostile'`); n != 0 {
 		t.Errorf("the slot's progress row is still there")
 	}
 	// Again: nothing left to remove, and no notices about what is not there.
@@ -394,7 +394,7 @@ func TestUninstall(t *testing.T) {
 		t.Errorf("a second Uninstall: %q, %v", u, err)
 	}
 	// The store comes back with the next Run.
-	execOn(t, e.src, `INSERT INTO kv VALUES (2, 2, 'b')`, `INSERT INTO marker VALUES (2)`)
+	pgtest.ExecAll(t, e.src, `INSERT INTO kv VALUES (2, 2, 'b')`, `INSERT INTO marker VALUES (2)`)
 	r = start(t, cfg)
 	e.waitMarker(t, r, 2)
 	waitTrigger(t, e.dst)
@@ -408,22 +408,22 @@ func TestUnqualifiedNames(t *testing.T) {
 	major := testMajors[len(testMajors)-1]
 	srv := pgtest.Shared(t, major)
 	e := hostileEnv(t, srv, "id", true)
-	execOn(t, e.dst, `CREATE SCHEMA app`, `CREATE TABLE public.conflict_log (id int)`)
+	pgtest.ExecAll(t, e.dst, `CREATE SCHEMA app`, `CREATE TABLE public.conflict_log (id int)`)
 	alterDatabase(t, e.dst, "search_path = app, public")
 	cfg := e.config(t, Buffered)
 	cfg.Conflicts.Retention = 5 * time.Minute
 	cfg.Conflicts.LogTable = "conflict_log"
-	execOn(t, e.src, `INSERT INTO kv VALUES (1, 1, 'a')`, `INSERT INTO marker VALUES (1)`)
+	pgtest.ExecAll(t, e.src, `INSERT INTO kv VALUES (1, 1, 'a')`, `INSERT INTO marker VALUES (1)`)
 	r := start(t, cfg)
 	e.waitMarker(t, r, 1)
 	waitTrigger(t, e.dst)
 	r.halt(t)
 	for _, table := range []string{"app.pgreorder_apply_progress", "app.pgreorder_tombstones", "public.conflict_log"} {
-		if n := count(t, e.dst, `SELECT count(*) FROM pg_catalog.pg_class WHERE oid = pg_catalog.to_regclass('`+table+`')`); n != 1 {
+		if n := pgtest.Count(t, e.dst, `SELECT count(*) FROM pg_catalog.pg_class WHERE oid = pg_catalog.to_regclass('`+table+`')`); n != 1 {
 			t.Errorf("no table %s", table)
 		}
 	}
-	if n := count(t, e.dst, `SELECT count(*) FROM app.pgreorder_apply_progress WHERE slot = 'hostile'`); n != 1 {
+	if n := pgtest.Count(t, e.dst, `SELECT count(*) FROM app.pgreorder_apply_progress WHERE slot = 'hostile'`); n != 1 {
 		t.Errorf("no progress row in app.pgreorder_apply_progress")
 	}
 }

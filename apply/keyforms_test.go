@@ -2,6 +2,7 @@ package apply
 
 import (
 	"fmt"
+	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
 	"testing"
 )
 
@@ -20,15 +21,15 @@ func TestParallelKeyEquality(t *testing.T) {
 	for _, major := range testMajors {
 		t.Run(fmt.Sprintf("pg%d", major), func(t *testing.T) {
 			e := fullEnv(t, major, "keyforms", schema)
-			execOn(t, e.src, `CREATE TABLE cit (id text PRIMARY KEY, v text)`)
-			execOn(t, e.dst, `CREATE COLLATION ci (provider = icu, locale = 'und-u-ks-level2', deterministic = false)`,
+			pgtest.ExecAll(t, e.src, `CREATE TABLE cit (id text PRIMARY KEY, v text)`)
+			pgtest.ExecAll(t, e.dst, `CREATE COLLATION ci (provider = icu, locale = 'und-u-ks-level2', deterministic = false)`,
 				`CREATE TABLE cit (id text COLLATE ci PRIMARY KEY, v text)`)
-			execOn(t, e.src, `INSERT INTO num SELECT i / 10.0, 'v' FROM generate_series(1, 50) i`,
+			pgtest.ExecAll(t, e.src, `INSERT INTO num SELECT i / 10.0, 'v' FROM generate_series(1, 50) i`,
 				`INSERT INTO pad SELECT 'p' || i, 'v' FROM generate_series(1, 20) i`)
 			r := start(t, e.config(t, Parallel))
-			execOn(t, e.src, `INSERT INTO marker VALUES (1)`)
+			pgtest.ExecAll(t, e.src, `INSERT INTO marker VALUES (1)`)
 			e.waitMarker(t, r, 1)
-			execOn(t, e.src,
+			pgtest.ExecAll(t, e.src,
 				`DELETE FROM num WHERE id = 1.0`, `INSERT INTO num VALUES (1.00, 'again')`, `UPDATE num SET v = 'later' WHERE id = 1`,
 				`DELETE FROM num WHERE id = 2.5`, `INSERT INTO num VALUES (2.500, 'again')`,
 				`DELETE FROM pad WHERE id = 'p1'`, `INSERT INTO pad VALUES ('p1', 'again')`,
@@ -37,7 +38,7 @@ func TestParallelKeyEquality(t *testing.T) {
 			if n := r.a.stats.serialTxns.Load(); n != 0 {
 				t.Errorf("%d transactions of numeric and character(n) keys were serialized", n)
 			}
-			execOn(t, e.src, `INSERT INTO span VALUES ('1 day', 'a')`, `DELETE FROM span WHERE id = '24 hours'`,
+			pgtest.ExecAll(t, e.src, `INSERT INTO span VALUES ('1 day', 'a')`, `DELETE FROM span WHERE id = '24 hours'`,
 				`INSERT INTO span VALUES ('24 hours', 'b')`, `INSERT INTO marker VALUES (3)`)
 			e.waitMarker(t, r, 3)
 			// (A run of transactions applied as one job becomes serial once.)
@@ -45,7 +46,7 @@ func TestParallelKeyEquality(t *testing.T) {
 			if span == 0 {
 				t.Error("transactions of an interval key were not serialized")
 			}
-			execOn(t, e.src, `INSERT INTO cit VALUES ('Key', 'a')`, `DELETE FROM cit`, `INSERT INTO cit VALUES ('KEY', 'b')`,
+			pgtest.ExecAll(t, e.src, `INSERT INTO cit VALUES ('Key', 'a')`, `DELETE FROM cit`, `INSERT INTO cit VALUES ('KEY', 'b')`,
 				`INSERT INTO marker VALUES (4)`)
 			e.waitMarker(t, r, 4)
 			if n := r.a.stats.serialTxns.Load(); n == span {

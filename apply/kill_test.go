@@ -266,14 +266,14 @@ func waitMarkerCtx(t *testing.T, ctx context.Context, dsn string, id int) {
 	conn, err := pgx.Connect(ctx, dsn)
 	must(t, err)
 	defer conn.Close(context.Background())
-	for {
+	arrived := pgtest.Until(ctx, func() bool {
 		var n int
 		if err := conn.QueryRow(ctx, `SELECT count(*) FROM marker WHERE id = $1`, id).Scan(&n); err != nil {
 			t.Fatalf("waiting for marker %d: %v", id, err)
 		}
-		if n > 0 {
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
+		return n > 0
+	})
+	if !arrived {
+		t.Fatalf("waiting for marker %d: %v", id, ctx.Err())
 	}
 }

@@ -29,7 +29,7 @@ func crashEnv(t *testing.T, major int, slot string, schema []string) (*env, *pgt
 	if in.Major == 0 {
 		pgtest.Unavailable(t, fmt.Sprintf("PostgreSQL %d is not installed", major))
 	}
-	ctx := testCtx(t)
+	ctx := pgtest.Context(t, time.Minute)
 	srv := pgtest.Shared(t, major)
 	srcDB := pgtest.NewDatabase(t, srv)
 	dstSrv, err := pgtest.Start(ctx, in, pgtest.Options{Durable: true, Settings: map[string]string{"wal_writer_delay": "10s"}})
@@ -48,14 +48,14 @@ func TestSyncSequencesTargetCrash(t *testing.T) {
 	for _, major := range testMajors {
 		t.Run(fmt.Sprintf("pg%d", major), func(t *testing.T) {
 			e, dstSrv := crashEnv(t, major, "seqcrash", sequenceSchema)
-			execOn(t, e.src, `SELECT nextval('q_id_seq') FROM generate_series(1, 500)`, `SELECT nextval('g_id_seq') FROM generate_series(1, 300)`)
+			pgtest.ExecAll(t, e.src, `SELECT nextval('q_id_seq') FROM generate_series(1, 500)`, `SELECT nextval('g_id_seq') FROM generate_series(1, 300)`)
 			a, err := New(e.config(t, Buffered))
 			must(t, err)
-			if n, err := a.SyncSequences(testCtx(t)); err != nil || n != 2 {
+			if n, err := a.SyncSequences(pgtest.Context(t, time.Minute)); err != nil || n != 2 {
 				t.Fatalf("SyncSequences: %d moved, %v; want 2", n, err)
 			}
 			dstSrv.Crash()
-			must(t, dstSrv.Restart(testCtx(t)))
+			must(t, dstSrv.Restart(pgtest.Context(t, time.Minute)))
 			if q, g := seqValue(t, e.dst, "q_id_seq"), seqValue(t, e.dst, "g_id_seq"); q < 500 || g < 300 {
 				t.Errorf("after the target's crash its sequences are at %d and %d, want at least 500 and 300", q, g)
 			}
@@ -134,7 +134,7 @@ func TestSyncSequencesKill(t *testing.T) {
 			second := startChild(t, cc)
 			want := []int64{seqValue(t, e.src, seqs[0]), seqValue(t, e.src, seqs[1])}
 			for i, s := range seqs {
-				eventually(t, s+" on the target to reach the source's", func() bool { return seqValue(t, e.dst, s) >= want[i] })
+				pgtest.Eventually(t, time.Minute, s+" on the target to reach the source's", func() bool { return seqValue(t, e.dst, s) >= want[i] })
 			}
 			stopDraw()
 			final := []int64{seqValue(t, e.src, seqs[0]), seqValue(t, e.src, seqs[1])}
@@ -193,8 +193,8 @@ func TestSkipLSNKill(t *testing.T) {
 			e := fullEnv(t, major, "skipkill", []string{`CREATE TABLE s (id int PRIMARY KEY, v int)`, `CREATE TABLE marker (id int PRIMARY KEY)`})
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
-			execOn(t, e.dst, `ALTER TABLE s ADD CONSTRAINT small CHECK (v < 100)`)
-			execOn(t, e.src, `INSERT INTO s VALUES (1, 1)`, `INSERT INTO s VALUES (2, 500), (3, 3)`, `INSERT INTO s VALUES (4, 4)`)
+			pgtest.ExecAll(t, e.dst, `ALTER TABLE s ADD CONSTRAINT small CHECK (v < 100)`)
+			pgtest.ExecAll(t, e.src, `INSERT INTO s VALUES (1, 1)`, `INSERT INTO s VALUES (2, 500), (3, 3)`, `INSERT INTO s VALUES (4, 4)`)
 			err := start(t, e.config(t, Buffered)).stopped(t)
 			var ae *ApplyError
 			if !errors.As(err, &ae) || !errors.Is(err, ErrConstraint) {
@@ -209,7 +209,7 @@ func TestSkipLSNKill(t *testing.T) {
 			first := startChild(t, cc)
 			waitStderr(t, ctx, first, "stalled at after-commit")
 			recorded := `SELECT count(*) FROM pgreorder_apply_progress WHERE skipped_lsn = $1::pg_lsn`
-			if n := count(t, e.dst, recorded, bad.String()); n != 1 {
+			if n := pgtest.Count(t, e.dst, recorded, bad.String()); n != 1 {
 				t.Fatalf("the skip is not recorded in the progress row at the stall")
 			}
 			if c := e.confirmed(t); c > bad {
@@ -219,7 +219,7 @@ func TestSkipLSNKill(t *testing.T) {
 
 			cc.Stall = ""
 			second := startChild(t, cc)
-			execOn(t, e.src, `INSERT INTO s VALUES (5, 5)`, `INSERT INTO marker VALUES (1)`)
+			pgtest.ExecAll(t, e.src, `INSERT INTO s VALUES (5, 5)`, `INSERT INTO marker VALUES (1)`)
 			waitMarkerCtx(t, ctx, e.dst, 1)
 			if !strings.Contains(second.stderr.String(), "was skipped already") {
 				t.Errorf("the restarted applier did not find the skip recorded")
@@ -228,7 +228,7 @@ func TestSkipLSNKill(t *testing.T) {
 			if got := queryAll(t, e.dst, `SELECT id::text FROM s ORDER BY id`); strings.Join(got, ",") != "1,4,5" {
 				t.Errorf("rows of s on the target %q, want 1,4,5 (the skipped transaction's 2 and 3 absent)", got)
 			}
-			if n := count(t, e.dst, recorded, bad.String()); n != 1 {
+			if n := pgtest.Count(t, e.dst, recorded, bad.String()); n != 1 {
 				t.Errorf("the skip's record is gone from the progress row")
 			}
 			if c := e.confirmed(t); c <= bad {
@@ -248,8 +248,8 @@ func TestSkipLSNTargetCrash(t *testing.T) {
 			e, dstSrv := crashEnv(t, major, "skipcrash", []string{`CREATE TABLE s (id int PRIMARY KEY, v int)`, `CREATE TABLE marker (id int PRIMARY KEY)`})
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
-			execOn(t, e.dst, `ALTER TABLE s ADD CONSTRAINT small CHECK (v < 100)`)
-			execOn(t, e.src, `INSERT INTO s VALUES (1, 1)`, `INSERT INTO s VALUES (2, 500), (3, 3)`, `INSERT INTO s VALUES (4, 4)`)
+			pgtest.ExecAll(t, e.dst, `ALTER TABLE s ADD CONSTRAINT small CHECK (v < 100)`)
+			pgtest.ExecAll(t, e.src, `INSERT INTO s VALUES (1, 1)`, `INSERT INTO s VALUES (2, 500), (3, 3)`, `INSERT INTO s VALUES (4, 4)`)
 			cfg := e.config(t, Buffered)
 			err := start(t, cfg).stopped(t)
 			var ae *ApplyError
@@ -288,7 +288,7 @@ func TestSkipLSNTargetCrash(t *testing.T) {
 			dstSrv.Crash()
 			must(t, dstSrv.Restart(ctx))
 			close(release)
-			execOn(t, e.src, `INSERT INTO s VALUES (5, 5)`, `INSERT INTO marker VALUES (1)`)
+			pgtest.ExecAll(t, e.src, `INSERT INTO s VALUES (5, 5)`, `INSERT INTO marker VALUES (1)`)
 			e.waitMarker(t, r, 1)
 			st := r.a.Stats()
 			r.halt(t)
@@ -298,7 +298,7 @@ func TestSkipLSNTargetCrash(t *testing.T) {
 			if got := queryAll(t, e.dst, `SELECT id::text FROM s ORDER BY id`); strings.Join(got, ",") != "1,4,5" {
 				t.Errorf("rows of s on the target %q, want 1,4,5 (the skipped transaction's 2 and 3 absent)", got)
 			}
-			if n := count(t, e.dst, `SELECT count(*) FROM pgreorder_apply_progress WHERE skipped_lsn = $1::pg_lsn`, bad.String()); n != 1 {
+			if n := pgtest.Count(t, e.dst, `SELECT count(*) FROM pgreorder_apply_progress WHERE skipped_lsn = $1::pg_lsn`, bad.String()); n != 1 {
 				t.Errorf("the skip's record did not survive the crash")
 			}
 		})
@@ -328,12 +328,12 @@ func testSchemaAddColumnTargetCrash(t *testing.T, major int, syncCommit bool) {
 	cfg := e.config(t, Buffered)
 	cfg.SchemaChanges, cfg.SynchronousCommit = SchemaAddColumns, syncCommit
 	r := start(t, cfg)
-	execOn(t, e.src, `INSERT INTO s VALUES (1, 'a')`, `INSERT INTO marker VALUES (1)`)
+	pgtest.ExecAll(t, e.src, `INSERT INTO s VALUES (1, 'a')`, `INSERT INTO marker VALUES (1)`)
 	e.waitMarker(t, r, 1)
 
 	mon, err := pgx.Connect(ctx, e.dst)
 	must(t, err)
-	execOn(t, e.src, `BEGIN; ALTER TABLE s ADD COLUMN n numeric(10,2); INSERT INTO s SELECT g, 'b', g / 4.0 FROM generate_series(2, 200) g; COMMIT`)
+	pgtest.ExecAll(t, e.src, `BEGIN; ALTER TABLE s ADD COLUMN n numeric(10,2); INSERT INTO s SELECT g, 'b', g / 4.0 FROM generate_series(2, 200) g; COMMIT`)
 	for {
 		var n int
 		must(t, mon.QueryRow(ctx, `SELECT count(*) FROM pg_attribute WHERE attrelid = 's'::regclass AND attname = 'n'`).Scan(&n))
@@ -350,9 +350,9 @@ func testSchemaAddColumnTargetCrash(t *testing.T, major int, syncCommit bool) {
 	dstSrv.Crash()
 	mon.Close(context.Background())
 	must(t, dstSrv.Restart(ctx))
-	survived := count(t, e.dst, `SELECT count(*) FROM pg_attribute WHERE attrelid = 's'::regclass AND attname = 'n'`)
+	survived := pgtest.Count(t, e.dst, `SELECT count(*) FROM pg_attribute WHERE attrelid = 's'::regclass AND attname = 'n'`)
 
-	execOn(t, e.src, `INSERT INTO s VALUES (300, 'c', 3.5)`, `UPDATE s SET n = n + 1 WHERE id = 2`, `INSERT INTO marker VALUES (2)`)
+	pgtest.ExecAll(t, e.src, `INSERT INTO s VALUES (300, 'c', 3.5)`, `UPDATE s SET n = n + 1 WHERE id = 2`, `INSERT INTO marker VALUES (2)`)
 	e.waitMarker(t, r, 2)
 	st := r.a.Stats()
 	r.halt(t)

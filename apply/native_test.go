@@ -61,11 +61,11 @@ func TestConflictsMatchNative(t *testing.T) {
 			t.Run(fmt.Sprintf("pg%d/%s", major, mode), func(t *testing.T) {
 				e := serverEnv(t, srv, "oracle", schema)
 				nat := srv.ConnString(pgtest.NewDatabase(t, srv))
-				execOn(t, nat, schema...)
-				execOn(t, nat, targetOnly...)
-				execOn(t, e.dst, targetOnly...)
-				execOn(t, e.src, `SELECT pg_create_logical_replication_slot('oracle_native', 'pgoutput')`)
-				execOn(t, nat, `CREATE SUBSCRIPTION oracle_sub CONNECTION '`+strings.ReplaceAll(e.src, `'`, `''`)+`' PUBLICATION pub
+				pgtest.ExecAll(t, nat, schema...)
+				pgtest.ExecAll(t, nat, targetOnly...)
+				pgtest.ExecAll(t, e.dst, targetOnly...)
+				pgtest.ExecAll(t, e.src, `SELECT pg_create_logical_replication_slot('oracle_native', 'pgoutput')`)
+				pgtest.ExecAll(t, nat, `CREATE SUBSCRIPTION oracle_sub CONNECTION '`+strings.ReplaceAll(e.src, `'`, `''`)+`' PUBLICATION pub
 					WITH (create_slot = false, slot_name = 'oracle_native', copy_data = false)`)
 				t.Cleanup(func() { // before the databases go
 					ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -81,15 +81,15 @@ func TestConflictsMatchNative(t *testing.T) {
 				for _, tb := range tables[:4] {
 					rows = append(rows, `INSERT INTO `+tb+` SELECT i, 'v' || i, i FROM generate_series(1, 10) i`)
 				}
-				execOn(t, e.src, append(rows, `INSERT INTO marker VALUES (1)`)...)
+				pgtest.ExecAll(t, e.src, append(rows, `INSERT INTO marker VALUES (1)`)...)
 				r := start(t, cfg)
 				e.waitMarker(t, r, 1)
 				r.halt(t)
 				waitNative(t, nat, 1)
 
-				execOn(t, e.dst, local...)
-				execOn(t, nat, local...)
-				execOn(t, e.src, append(remote, `INSERT INTO marker VALUES (2)`)...)
+				pgtest.ExecAll(t, e.dst, local...)
+				pgtest.ExecAll(t, nat, local...)
+				pgtest.ExecAll(t, e.src, append(remote, `INSERT INTO marker VALUES (2)`)...)
 				r = start(t, cfg)
 				e.waitMarker(t, r, 2)
 				r.halt(t)
@@ -98,9 +98,9 @@ func TestConflictsMatchNative(t *testing.T) {
 				// A round whose only conflict is such an update of a row the target lost (no
 				// other change falls back to row by row with it).
 				for _, dsn := range []string{e.dst, nat} {
-					execOn(t, dsn, `DELETE FROM fko WHERE id = 3`, `DELETE FROM kko WHERE id = 3`)
+					pgtest.ExecAll(t, dsn, `DELETE FROM fko WHERE id = 3`, `DELETE FROM kko WHERE id = 3`)
 				}
-				execOn(t, e.src, `BEGIN; UPDATE fko SET n = n WHERE id = 3; UPDATE kko SET n = n WHERE id = 3; INSERT INTO marker VALUES (3); COMMIT`)
+				pgtest.ExecAll(t, e.src, `BEGIN; UPDATE fko SET n = n WHERE id = 3; UPDATE kko SET n = n WHERE id = 3; INSERT INTO marker VALUES (3); COMMIT`)
 				r2 := start(t, cfg)
 				e.waitMarker(t, r2, 3)
 				r2.halt(t)
@@ -130,7 +130,7 @@ func TestConflictsMatchNative(t *testing.T) {
 					if fmt.Sprint(theirs) == fmt.Sprint(ours) || ctx.Err() != nil {
 						break
 					}
-					execOn(t, e.src, fmt.Sprintf(`INSERT INTO marker VALUES (%d)`, i))
+					pgtest.ExecAll(t, e.src, fmt.Sprintf(`INSERT INTO marker VALUES (%d)`, i))
 					select {
 					case <-ctx.Done():
 					case <-time.After(500 * time.Millisecond):
@@ -152,11 +152,11 @@ func TestConflictsMatchNative(t *testing.T) {
 // waitNative waits until PostgreSQL's subscriber into dsn applied marker id.
 func waitNative(t *testing.T, dsn string, id int) {
 	t.Helper()
-	ctx := testCtx(t)
+	ctx := pgtest.Context(t, time.Minute)
 	c, err := pgx.Connect(ctx, dsn)
 	must(t, err)
 	defer c.Close(context.Background())
-	eventually(t, fmt.Sprintf("PostgreSQL's subscriber to apply marker %d", id), func() bool {
+	pgtest.Eventually(t, time.Minute, fmt.Sprintf("PostgreSQL's subscriber to apply marker %d", id), func() bool {
 		var n int
 		must(t, c.QueryRow(ctx, `SELECT count(*) FROM marker WHERE id = $1`, id).Scan(&n))
 		return n > 0
@@ -167,7 +167,7 @@ func waitNative(t *testing.T, dsn string, id int) {
 // (PostgreSQL 18's pg_stat_subscription_stats).
 func nativeConflicts(t *testing.T, dsn string, types []conflict.Type) []int64 {
 	t.Helper()
-	ctx := testCtx(t)
+	ctx := pgtest.Context(t, time.Minute)
 	c, err := pgx.Connect(ctx, dsn)
 	must(t, err)
 	defer c.Close(context.Background())

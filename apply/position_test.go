@@ -33,7 +33,7 @@ func TestIdleAdvance(t *testing.T) {
 	for _, mode := range []Mode{Buffered, Eager} {
 		t.Run(mode.String(), func(t *testing.T) {
 			e := newEnv(t, testMajors[len(testMajors)-1])
-			ctx := testCtx(t)
+			ctx := pgtest.Context(t, time.Minute)
 			cfg := e.config(t, mode)
 			r := start(t, cfg)
 			must(t, pgtest.Exec(ctx, e.src, `INSERT INTO marker VALUES (1)`))
@@ -77,7 +77,7 @@ func TestIdleAdvance(t *testing.T) {
 // with AcceptSlotAhead Run continues from the slot's position.
 func TestSlotAhead(t *testing.T) {
 	e := newEnv(t, testMajors[len(testMajors)-1])
-	ctx := testCtx(t)
+	ctx := pgtest.Context(t, time.Minute)
 	cfg := e.config(t, Buffered)
 	r := start(t, cfg)
 	must(t, pgtest.Exec(ctx, e.src, `INSERT INTO marker VALUES (1)`))
@@ -121,7 +121,7 @@ func TestSlotAhead(t *testing.T) {
 // Run with ErrSourceChanged, as does one beyond the source's WAL, without retrying.
 func TestProgressSourceSystem(t *testing.T) {
 	e := newEnv(t, testMajors[len(testMajors)-1])
-	ctx := testCtx(t)
+	ctx := pgtest.Context(t, time.Minute)
 	slot := e.confirmed(t)
 	must(t, pgtest.Exec(ctx, e.dst, `CREATE TABLE pgreorder_apply_progress (slot text PRIMARY KEY, end_lsn pg_lsn NOT NULL)`,
 		fmt.Sprintf(`INSERT INTO pgreorder_apply_progress VALUES ('apply', '%s')`, slot)))
@@ -168,7 +168,7 @@ func TestProgressSourceSystem(t *testing.T) {
 // ErrSourceChanged, naming both systems, while the first keeps running.
 func TestTwoSourcesOneSlotName(t *testing.T) {
 	e := newEnv(t, testMajors[len(testMajors)-1])
-	ctx := testCtx(t)
+	ctx := pgtest.Context(t, time.Minute)
 	r := start(t, e.config(t, Buffered))
 	must(t, pgtest.Exec(ctx, e.src, `INSERT INTO marker VALUES (1)`))
 	e.waitMarker(t, r, 1)

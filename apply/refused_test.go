@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/pgreorder/pgreorder/apply/internal/target"
+	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
 )
 
 // TestRefusedChangeNames makes the target refuse changes: values its column types cannot read
@@ -47,11 +48,11 @@ func TestRefusedChangeNames(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			e := fullEnv(t, testMajors[len(testMajors)-1], "refused", []string{`CREATE TABLE e (id int PRIMARY KEY, b text, c text)`})
-			execOn(t, e.dst, `DROP TABLE e`, `CREATE TABLE e (id int PRIMARY KEY, b varchar(3), c int)`)
+			pgtest.ExecAll(t, e.dst, `DROP TABLE e`, `CREATE TABLE e (id int PRIMARY KEY, b varchar(3), c int)`)
 			if len(c.target) > 0 {
-				execOn(t, e.dst, c.target...)
+				pgtest.ExecAll(t, e.dst, c.target...)
 			}
-			execOn(t, e.src, c.remote...)
+			pgtest.ExecAll(t, e.src, c.remote...)
 			cfg := e.config(t, Buffered)
 			cfg.Binary = c.binary
 			r := start(t, cfg)

@@ -39,7 +39,7 @@ func (l *delayLog) Handle(_ context.Context, r slog.Record) error {
 // waitTxns waits until r has committed n source transactions.
 func waitTxns(t *testing.T, r *running, n int64) {
 	t.Helper()
-	eventually(t, fmt.Sprintf("%d transactions applied", n), func() bool { return r.a.Stats().Txns >= n })
+	pgtest.Eventually(t, time.Minute, fmt.Sprintf("%d transactions applied", n), func() bool { return r.a.Stats().Txns >= n })
 }
 
 // TestRetryDelayReset: a session that applied transactions before it failed is followed by the

@@ -7,10 +7,11 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
-
 	"github.com/pgreorder/pgreorder/internal/retry"
+	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
 )
 
 // columnTypes returns table's columns with their types, as format_type names them, in order.
@@ -41,7 +42,7 @@ func TestSchemaAddColumns(t *testing.T) {
 				cfg := e.config(t, mode)
 				cfg.SchemaChanges = SchemaAddColumns
 				r := start(t, cfg)
-				execOn(t, e.src, `INSERT INTO s VALUES (1, 'a')`,
+				pgtest.ExecAll(t, e.src, `INSERT INTO s VALUES (1, 'a')`,
 					// With a change in the same transaction.
 					`BEGIN; ALTER TABLE s ADD COLUMN n numeric(10,2), ADD COLUMN vc varchar(20); INSERT INTO s VALUES (2, 'b', 12.5, 'x'); COMMIT`,
 					// Alone; the change comes later.
@@ -51,7 +52,7 @@ func TestSchemaAddColumns(t *testing.T) {
 					`INSERT INTO marker VALUES (1)`)
 				e.waitMarker(t, r, 1)
 				// In a streamed transaction, between its changes.
-				execOn(t, e.src, `BEGIN; INSERT INTO s SELECT g, repeat('x', 200) FROM generate_series(10, 1500) g;
+				pgtest.ExecAll(t, e.src, `BEGIN; INSERT INTO s SELECT g, repeat('x', 200) FROM generate_series(10, 1500) g;
 					ALTER TABLE s ADD COLUMN late bigint[]; INSERT INTO s (id, late) SELECT g, ARRAY[g] FROM generate_series(2000, 3500) g; COMMIT`,
 					`INSERT INTO marker VALUES (2)`)
 				e.waitMarker(t, r, 2)
@@ -77,7 +78,7 @@ func TestSchemaMissingColumn(t *testing.T) {
 	for _, major := range testMajors {
 		t.Run(fmt.Sprintf("pg%d", major), func(t *testing.T) {
 			e := fullEnv(t, major, "schemamiss", schemaTypes)
-			execOn(t, e.src, `INSERT INTO s VALUES (1, 'a')`, `ALTER TABLE s ADD COLUMN c int`,
+			pgtest.ExecAll(t, e.src, `INSERT INTO s VALUES (1, 'a')`, `ALTER TABLE s ADD COLUMN c int`,
 				`INSERT INTO s VALUES (2, 'b', 2)`, `UPDATE s SET c = 1 WHERE id = 1`)
 			cfg := e.config(t, Buffered)
 			err := start(t, cfg).stopped(t)
@@ -100,7 +101,7 @@ func TestSchemaMissingColumn(t *testing.T) {
 
 			cfg.SchemaChanges = SchemaAddColumns
 			r := start(t, cfg)
-			execOn(t, e.src, `ALTER TABLE s DROP COLUMN v`, `INSERT INTO s VALUES (3, 3)`, `INSERT INTO marker VALUES (1)`)
+			pgtest.ExecAll(t, e.src, `ALTER TABLE s DROP COLUMN v`, `INSERT INTO s VALUES (3, 3)`, `INSERT INTO marker VALUES (1)`)
 			e.waitMarker(t, r, 1)
 			st := r.a.Stats()
 			if st.ColumnsAdded != 1 || st.SourceColumnsGone != 1 {
@@ -111,7 +112,7 @@ func TestSchemaMissingColumn(t *testing.T) {
 			}
 
 			// A type that the target lacks.
-			execOn(t, e.src, `CREATE TYPE only_src AS ENUM ('x')`, `ALTER TABLE s ADD COLUMN o only_src`, `INSERT INTO s VALUES (4, 4, 'x')`)
+			pgtest.ExecAll(t, e.src, `CREATE TYPE only_src AS ENUM ('x')`, `ALTER TABLE s ADD COLUMN o only_src`, `INSERT INTO s VALUES (4, 4, 'x')`)
 			err = r.stopped(t)
 			if !errors.Is(err, ErrSchemaMismatch) || !strings.Contains(err.Error(), `column "o" has type public.only_src on the source, which does not exist on the target`) {
 				t.Errorf("Run: %v, want an error naming the missing type", err)
@@ -123,7 +124,7 @@ func TestSchemaMissingColumn(t *testing.T) {
 // queryAll returns the first column of sql's rows, as text.
 func queryAll(t *testing.T, dsn, sql string, args ...any) []string {
 	t.Helper()
-	ctx := testCtx(t)
+	ctx := pgtest.Context(t, time.Minute)
 	conn, err := pgx.Connect(ctx, dsn)
 	must(t, err)
 	defer conn.Close(context.Background())
@@ -140,7 +141,7 @@ func TestSchemaTypeChange(t *testing.T) {
 	for _, major := range testMajors {
 		t.Run(fmt.Sprintf("pg%d", major), func(t *testing.T) {
 			e := fullEnv(t, major, "schematype", []string{`CREATE TABLE s (id int PRIMARY KEY, c int)`})
-			execOn(t, e.src, `INSERT INTO s VALUES (1, 1)`, `ALTER TABLE s ALTER COLUMN c TYPE text`, `INSERT INTO s VALUES (2, 'two')`)
+			pgtest.ExecAll(t, e.src, `INSERT INTO s VALUES (1, 1)`, `ALTER TABLE s ALTER COLUMN c TYPE text`, `INSERT INTO s VALUES (2, 'two')`)
 			cfg := e.config(t, Buffered)
 			cfg.SchemaChanges = SchemaAddColumns
 			err := start(t, cfg).stopped(t)
@@ -167,10 +168,10 @@ func TestSchemaTargetColumnDropped(t *testing.T) {
 			t.Run(fmt.Sprintf("%s/%d", mode, i), func(t *testing.T) {
 				e := fullEnv(t, testMajors[len(testMajors)-1], "dropped", schemaTypes)
 				r := start(t, e.config(t, mode))
-				execOn(t, e.src, `INSERT INTO s VALUES (1, 'a')`, `INSERT INTO marker VALUES (1)`)
+				pgtest.ExecAll(t, e.src, `INSERT INTO s VALUES (1, 'a')`, `INSERT INTO marker VALUES (1)`)
 				e.waitMarker(t, r, 1)
-				execOn(t, e.dst, `ALTER TABLE s DROP COLUMN v`)
-				execOn(t, e.src, stmt, `INSERT INTO marker VALUES (2)`)
+				pgtest.ExecAll(t, e.dst, `ALTER TABLE s DROP COLUMN v`)
+				pgtest.ExecAll(t, e.src, stmt, `INSERT INTO marker VALUES (2)`)
 				err := r.stopped(t)
 				if !errors.Is(err, ErrSchemaMismatch) || !strings.Contains(err.Error(), `no column "v"`) ||
 					!strings.Contains(err.Error(), "Config.SchemaChanges = SchemaAddColumns") {
@@ -188,7 +189,7 @@ func TestSchemaAddColumnRolledBack(t *testing.T) {
 	for _, major := range testMajors {
 		t.Run(fmt.Sprintf("pg%d", major), func(t *testing.T) {
 			e := fullEnv(t, major, "schemaroll", schemaTypes)
-			execOn(t, e.src, `ALTER TABLE s ADD COLUMN n numeric(10,2)`, `INSERT INTO s VALUES (1, 'a', 1.25)`, `INSERT INTO marker VALUES (1)`)
+			pgtest.ExecAll(t, e.src, `ALTER TABLE s ADD COLUMN n numeric(10,2)`, `INSERT INTO s VALUES (1, 'a', 1.25)`, `INSERT INTO marker VALUES (1)`)
 			cfg := e.config(t, Buffered)
 			cfg.SchemaChanges = SchemaAddColumns
 			var failed atomic.Bool

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
 )
 
 var sequenceSchema = []string{
@@ -20,7 +21,7 @@ var sequenceSchema = []string{
 // seqValue returns the value a sequence's next nextval would return, minus one.
 func seqValue(t *testing.T, dsn, seq string) int64 {
 	t.Helper()
-	return count(t, dsn, `SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END FROM `+seq)
+	return pgtest.Count(t, dsn, `SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END FROM `+seq)
 }
 
 // TestSyncSequences synchronizes the sequences of serial and identity columns while the source
@@ -31,13 +32,13 @@ func TestSyncSequences(t *testing.T) {
 	for _, major := range testMajors {
 		t.Run(fmt.Sprintf("pg%d", major), func(t *testing.T) {
 			e := fullEnv(t, major, "seqs", sequenceSchema)
-			execOn(t, e.src, `INSERT INTO q (v) SELECT g FROM generate_series(1, 40) g`, `INSERT INTO g (v) SELECT g FROM generate_series(1, 7) g`)
+			pgtest.ExecAll(t, e.src, `INSERT INTO q (v) SELECT g FROM generate_series(1, 40) g`, `INSERT INTO g (v) SELECT g FROM generate_series(1, 7) g`)
 			cfg := e.config(t, Buffered)
 			a, err := New(cfg)
 			must(t, err)
 
 			// nextval on the source all along.
-			ctx, cancel := context.WithCancel(testCtx(t))
+			ctx, cancel := context.WithCancel(pgtest.Context(t, time.Minute))
 			var wg sync.WaitGroup
 			wg.Add(1)
 			go func() {
@@ -52,7 +53,7 @@ func TestSyncSequences(t *testing.T) {
 				}
 			}()
 			q0, g0 := seqValue(t, e.src, "q_id_seq"), seqValue(t, e.src, "g_id_seq")
-			if _, err := a.SyncSequences(testCtx(t)); err != nil {
+			if _, err := a.SyncSequences(pgtest.Context(t, time.Minute)); err != nil {
 				t.Fatalf("SyncSequences: %v", err)
 			}
 			cancel()
@@ -62,8 +63,8 @@ func TestSyncSequences(t *testing.T) {
 			}
 
 			// Forward only.
-			execOn(t, e.dst, `SELECT setval('q_id_seq', 1000000)`)
-			if _, err := a.SyncSequences(testCtx(t)); err != nil {
+			pgtest.ExecAll(t, e.dst, `SELECT setval('q_id_seq', 1000000)`)
+			if _, err := a.SyncSequences(pgtest.Context(t, time.Minute)); err != nil {
 				t.Fatalf("SyncSequences: %v", err)
 			}
 			if q := seqValue(t, e.dst, "q_id_seq"); q != 1000000 {
@@ -73,10 +74,10 @@ func TestSyncSequences(t *testing.T) {
 			// While running, and at the stop.
 			cfg.SyncSequences, cfg.SyncSequencesInterval = true, 20*time.Millisecond
 			r := start(t, cfg)
-			execOn(t, e.src, `SELECT nextval('g_id_seq') FROM generate_series(1, 100)`)
+			pgtest.ExecAll(t, e.src, `SELECT nextval('g_id_seq') FROM generate_series(1, 100)`)
 			want := seqValue(t, e.src, "g_id_seq")
-			eventually(t, "the target sequence to catch up", func() bool { return seqValue(t, e.dst, "g_id_seq") >= want })
-			execOn(t, e.src, `SELECT nextval('g_id_seq') FROM generate_series(1, 100)`)
+			pgtest.Eventually(t, time.Minute, "the target sequence to catch up", func() bool { return seqValue(t, e.dst, "g_id_seq") >= want })
+			pgtest.ExecAll(t, e.src, `SELECT nextval('g_id_seq') FROM generate_series(1, 100)`)
 			want = seqValue(t, e.src, "g_id_seq")
 			r.halt(t)
 			if g := seqValue(t, e.dst, "g_id_seq"); g < want {
@@ -84,8 +85,8 @@ func TestSyncSequences(t *testing.T) {
 			}
 
 			// Missing on the target.
-			execOn(t, e.dst, `ALTER TABLE g ALTER COLUMN id DROP IDENTITY`)
-			if _, err := a.SyncSequences(testCtx(t)); !errors.Is(err, ErrMissingSequence) {
+			pgtest.ExecAll(t, e.dst, `ALTER TABLE g ALTER COLUMN id DROP IDENTITY`)
+			if _, err := a.SyncSequences(pgtest.Context(t, time.Minute)); !errors.Is(err, ErrMissingSequence) {
 				t.Errorf("SyncSequences: %v, want ErrMissingSequence", err)
 			} else {
 				t.Logf("%v", err)

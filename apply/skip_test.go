@@ -10,6 +10,7 @@ import (
 
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/internal/retry"
+	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
 )
 
 // TestSkipLSN stops on a transaction that violates a constraint only the target has, refuses a
@@ -19,8 +20,8 @@ func TestSkipLSN(t *testing.T) {
 	for _, major := range testMajors {
 		t.Run(fmt.Sprintf("pg%d", major), func(t *testing.T) {
 			e := fullEnv(t, major, "skip", []string{`CREATE TABLE s (id int PRIMARY KEY, v int)`, `CREATE TABLE marker (id int PRIMARY KEY)`})
-			execOn(t, e.dst, `ALTER TABLE s ADD CONSTRAINT small CHECK (v < 100)`)
-			execOn(t, e.src, `INSERT INTO s VALUES (1, 1)`, `INSERT INTO s VALUES (2, 500), (3, 3)`, `INSERT INTO s VALUES (4, 4)`)
+			pgtest.ExecAll(t, e.dst, `ALTER TABLE s ADD CONSTRAINT small CHECK (v < 100)`)
+			pgtest.ExecAll(t, e.src, `INSERT INTO s VALUES (1, 1)`, `INSERT INTO s VALUES (2, 500), (3, 3)`, `INSERT INTO s VALUES (4, 4)`)
 
 			cfg := e.config(t, Eager) // the session that skips applies as Buffered: any mode will do
 			err := start(t, cfg).stopped(t)
@@ -44,7 +45,7 @@ func TestSkipLSN(t *testing.T) {
 			if err = start(t, cfg).stopped(t); !errors.Is(err, ErrSkipLSN) {
 				t.Fatalf("Run with SkipLSN %s: %v, want ErrSkipLSN", cfg.SkipLSN, err)
 			}
-			if n := count(t, e.dst, `SELECT count(*) FROM s`); n != 1 {
+			if n := pgtest.Count(t, e.dst, `SELECT count(*) FROM s`); n != 1 {
 				t.Fatalf("%d rows on the target after the refusals, want 1", n)
 			}
 
@@ -59,37 +60,37 @@ func TestSkipLSN(t *testing.T) {
 				return nil
 			}}
 			r := start(t, cfg)
-			execOn(t, e.src, `INSERT INTO marker VALUES (1)`)
+			pgtest.ExecAll(t, e.src, `INSERT INTO marker VALUES (1)`)
 			e.waitMarker(t, r, 1)
 			if st := r.a.Stats(); st.Skipped != 1 || st.Sessions != 2 || !failed.Load() {
 				t.Errorf("Stats.Skipped %d in %d sessions (failure injected: %v), want 1 in 2", st.Skipped, st.Sessions, failed.Load())
 			}
 			r.halt(t)
-			if got := count(t, e.dst, `SELECT count(*) FROM s WHERE id IN (1, 4)`); got != 2 || count(t, e.dst, `SELECT count(*) FROM s`) != 2 {
+			if got := pgtest.Count(t, e.dst, `SELECT count(*) FROM s WHERE id IN (1, 4)`); got != 2 || pgtest.Count(t, e.dst, `SELECT count(*) FROM s`) != 2 {
 				t.Fatalf("the target holds the wrong rows of s (want 1 and 4 only)")
 			}
-			if n := count(t, e.dst, `SELECT count(*) FROM pgreorder_apply_progress WHERE skipped_lsn = $1::pg_lsn AND skipped_xid = $2`,
+			if n := pgtest.Count(t, e.dst, `SELECT count(*) FROM pgreorder_apply_progress WHERE skipped_lsn = $1::pg_lsn AND skipped_xid = $2`,
 				bad.String(), int64(ae.Xid)); n != 1 {
 				t.Errorf("the progress row does not record the skip")
 			}
 
 			// Restarted with the same SkipLSN: nothing is skipped again.
 			cfg.hooks = nil
-			execOn(t, e.src, `INSERT INTO s VALUES (5, 5)`, `INSERT INTO marker VALUES (2)`)
+			pgtest.ExecAll(t, e.src, `INSERT INTO s VALUES (5, 5)`, `INSERT INTO marker VALUES (2)`)
 			r = start(t, cfg)
 			e.waitMarker(t, r, 2)
 			if st := r.a.Stats(); st.Skipped != 0 {
 				t.Errorf("Stats.Skipped %d after the restart, want 0", st.Skipped)
 			}
 			r.halt(t)
-			if n := count(t, e.dst, `SELECT count(*) FROM s`); n != 3 {
+			if n := pgtest.Count(t, e.dst, `SELECT count(*) FROM s`); n != 3 {
 				t.Errorf("%d rows of s on the target, want 3", n)
 			}
 
 			// An LSN past the progress row where nothing commits: refused once the source's WAL
 			// moved past it with nothing to apply.
 			cfg.SkipLSN = e.progress(t) + 1
-			execOn(t, e.src, `CREATE TABLE unrelated (x int)`, `DROP TABLE unrelated`)
+			pgtest.ExecAll(t, e.src, `CREATE TABLE unrelated (x int)`, `DROP TABLE unrelated`)
 			if err := start(t, cfg).stopped(t); !errors.Is(err, ErrSkipLSN) || !strings.Contains(err.Error(), "no source transaction to apply commits there") {
 				t.Errorf("Run with SkipLSN %s where nothing commits: %v, want ErrSkipLSN", cfg.SkipLSN, err)
 			}

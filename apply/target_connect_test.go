@@ -46,7 +46,7 @@ func TestTargetConfigAndHook(t *testing.T) {
 	}
 
 	r := start(t, cfg)
-	execOn(t, e.src, `INSERT INTO marker VALUES (1)`)
+	pgtest.ExecAll(t, e.src, `INSERT INTO marker VALUES (1)`)
 	e.waitMarker(t, r, 1)
 	r.halt(t)
 	if hooked.Load() == 0 {

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgreorder/pgreorder/apply/conflict"
+	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
 )
 
 // TestParallelUniqueOrder: a transaction that takes a unique value an earlier one frees meets
@@ -56,7 +57,7 @@ func testParallelUniqueOrder(t *testing.T, major int, order CommitOrder, res con
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	execOn(t, e.src, `INSERT INTO uq VALUES (1, 10, 'first'), (3, 30, 'third')`, `INSERT INTO marker VALUES (1)`)
+	pgtest.ExecAll(t, e.src, `INSERT INTO uq VALUES (1, 10, 'first'), (3, 30, 'third')`, `INSERT INTO marker VALUES (1)`)
 	cfg := e.config(t, Parallel)
 	cfg.Workers, cfg.CommitOrder = 4, order
 	cfg.runTxns = 1 // the later transactions never join the first's run
@@ -74,7 +75,7 @@ func testParallelUniqueOrder(t *testing.T, major int, order CommitOrder, res con
 	r := start(t, cfg)
 	e.waitMarker(t, r, 1)
 	// With relaxed order the marker may commit ahead of the rows.
-	eventually(t, "the rows on the target", func() bool { return count(t, e.dst, `SELECT count(*) FROM uq`) == 2 })
+	pgtest.Eventually(t, time.Minute, "the rows on the target", func() bool { return pgtest.Count(t, e.dst, `SELECT count(*) FROM uq`) == 2 })
 
 	lock, err := pgx.Connect(ctx, e.dst)
 	must(t, err)
@@ -86,13 +87,13 @@ func testParallelUniqueOrder(t *testing.T, major int, order CommitOrder, res con
 	if tag.RowsAffected() != 1 {
 		t.Fatalf("locked %d rows of id 1 on the target, want 1", tag.RowsAffected())
 	}
-	execOn(t, e.src, first)
-	eventually(t, "the first transaction waiting for the row's lock on the target", func() bool {
-		return count(t, e.dst, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`) > 0
+	pgtest.ExecAll(t, e.src, first)
+	pgtest.Eventually(t, time.Minute, "the first transaction waiting for the row's lock on the target", func() bool {
+		return pgtest.Count(t, e.dst, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`) > 0
 	})
 	// The later transactions, independent of the first by their replica identity keys, go to
 	// other workers.
-	execOn(t, e.src, later...)
+	pgtest.ExecAll(t, e.src, later...)
 	must(t, independent(ctx, e.src, "b", 20))
 	for {
 		st := r.a.Stats()
@@ -112,11 +113,11 @@ func testParallelUniqueOrder(t *testing.T, major int, order CommitOrder, res con
 		break
 	}
 	must(t, tx.Rollback(ctx))
-	execOn(t, e.src, `INSERT INTO marker VALUES (2)`)
+	pgtest.ExecAll(t, e.src, `INSERT INTO marker VALUES (2)`)
 	e.waitMarker(t, r, 2)
 	e.settled(t, r) // with relaxed order the marker may commit ahead of earlier transactions
-	eventually(t, "every source transaction acknowledged", func() bool {
-		return r.a.Stats().CommittedAhead == 0 || count(t, e.dst, `SELECT count(*) FROM events`) == 20
+	pgtest.Eventually(t, time.Minute, "every source transaction acknowledged", func() bool {
+		return r.a.Stats().CommittedAhead == 0 || pgtest.Count(t, e.dst, `SELECT count(*) FROM events`) == 20
 	})
 	// The events may all be there while a later transaction of uq, which waited for the first
 	// one, has yet to commit: the halt would roll it back. Wait for the rows themselves.
