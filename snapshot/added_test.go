@@ -114,14 +114,8 @@ func TestTableAddedLater(t *testing.T) {
 		checkModel(ctx, t, cs, m, "public.t2", "SELECT * FROM t2", 0)
 		// The server drops the temporary slot when its walsender exits, shortly after the
 		// connection closed.
-		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-			v := queryValue(ctx, t, cs, `SELECT count(*)::text FROM pg_replication_slots WHERE slot_name = 'main_sync'`)
-			if v == "0" {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s temporary slots left", v)
-			}
-		}
+		pgtest.Eventually(t, 10*time.Second, "the temporary slot to be dropped", func() bool {
+			return pgtest.Count(t, cs, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'main_sync'`) == 0
+		})
 	})
 }

@@ -231,15 +231,11 @@ func TestCancel(t *testing.T) {
 			}}
 		ctx := pgtest.Context(t, 2*time.Minute)
 		backends := func() string {
-			return queryValue(ctx, t, cs, `SELECT count(*)::text FROM pg_stat_activity WHERE application_name = 'cancel_test'`)
+			return pgtest.QueryText(t, cs, `SELECT count(*) FROM pg_stat_activity WHERE application_name = 'cancel_test'`)
 		}
 		waitGone := func(t *testing.T) {
 			t.Helper()
-			for deadline := time.Now().Add(10 * time.Second); backends() != "0"; time.Sleep(20 * time.Millisecond) {
-				if time.Now().After(deadline) {
-					t.Fatalf("%s copy connections left", backends())
-				}
-			}
+			pgtest.Eventually(t, 10*time.Second, "the copy connections to be gone", func() bool { return backends() == "0" })
 		}
 
 		t.Run("context", func(t *testing.T) {

@@ -551,21 +551,6 @@ func (w *writer) String() string {
 		w.commits.Load(), w.stats[0].Load(), w.stats[1].Load(), w.stats[2].Load(), w.stats[3].Load())
 }
 
-// queryValue returns the single text value a query returns.
-func queryValue(ctx context.Context, t *testing.T, connString, sql string) string {
-	t.Helper()
-	conn, err := pgx.Connect(ctx, connString)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	var v string
-	if err := conn.QueryRow(ctx, sql).Scan(&v); err != nil {
-		t.Fatalf("%s: %v", sql, err)
-	}
-	return v
-}
-
 // ops returns the writer's operations that may have touched id.
 func (w *writer) ops(id string) []string {
 	w.mu.Lock()

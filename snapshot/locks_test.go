@@ -57,16 +57,13 @@ func TestTruncateDuringCopy(t *testing.T) {
 				return
 			}
 			defer c.Close(context.Background())
-			for {
+			waits := pgtest.Until(ctx, func() bool {
 				var n int
-				if err := c.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE query = 'TRUNCATE t2' AND wait_event_type = 'Lock'`).Scan(&n); err != nil {
-					t.Error(err)
-					return
-				}
-				if n > 0 {
-					return
-				}
-				time.Sleep(5 * time.Millisecond)
+				err = c.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE query = 'TRUNCATE t2' AND wait_event_type = 'Lock'`).Scan(&n)
+				return err != nil || n > 0
+			})
+			if err != nil || !waits {
+				t.Errorf("the TRUNCATE does not wait for the copy's lock: %v, %v", err, ctx.Err())
 			}
 		}
 		var rows atomic.Int64
