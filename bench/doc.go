@@ -42,4 +42,8 @@
 // subscriber server and the applier used per transaction (cpu-ms/txn). A subscriber is a small
 // interface (contender) and each benchmark has a list of them. A run checks what the subscriber applied and fails when it is wrong, or when
 // the subscriber stops on its own (its output is quoted).
+//
+// BenchmarkKafkaSink (PGREORDER_BENCH_KAFKA_SINK=1) measures package kafkasink delivering a
+// backlog to a Kafka broker of its own, in events/s and MB/s; BenchmarkKafkaDebezium
+// (PGREORDER_BENCH_KAFKA=1) compares `pgreorder kafka` with Debezium's connector.
 package bench
