@@ -477,17 +477,20 @@ func setPublisherSetting(ctx context.Context, p *pair, name, value string) error
 	if err := pgtest.Exec(ctx, admin, fmt.Sprintf("ALTER SYSTEM SET %s = %s", name, quoteLiteral(value)), "SELECT pg_reload_conf()"); err != nil {
 		return err
 	}
-	for range 500 {
-		v, err := queryRow(ctx, admin, "SHOW "+name)
-		if err != nil {
-			return err
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	pgtest.Until(wctx, func() bool {
+		var v []string
+		if v, err = queryRow(ctx, admin, "SHOW "+name); err != nil {
+			return true
 		}
+		err = fmt.Errorf("publisher: %s did not become %s after a reload", name, value)
 		if len(v) == 1 && v[0] == value {
-			return nil
+			err = nil
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	return fmt.Errorf("publisher: %s did not become %s after a reload", name, value)
+		return err == nil
+	})
+	return err
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -491,18 +491,23 @@ snapshot.mode=initial
 func (kb *kafkaBench) stop(ctx context.Context, s *session) error {
 	err := kb.stopProcess(ctx, s)
 	s.tally.close()
-	for range 500 {
-		n, qerr := querySingle(ctx, kb.srv.ConnString("bench"), fmt.Sprintf(
+	// The contender's walsender may not have exited yet.
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	var qerr error
+	dropped := pgtest.Until(wctx, func() bool {
+		var n string
+		n, qerr = querySingle(ctx, kb.srv.ConnString("bench"), fmt.Sprintf(
 			"SELECT count(pg_drop_replication_slot(slot_name)) || '/' || (SELECT count(*) FROM pg_replication_slots WHERE slot_name = '%[1]s') FROM pg_replication_slots WHERE slot_name = '%[1]s' AND NOT active", s.slot))
-		if qerr != nil {
-			return qerr
-		}
-		if n == "1/1" || strings.HasSuffix(n, "/0") {
-			return err
-		}
-		time.Sleep(20 * time.Millisecond)
+		return qerr != nil || n == "1/1" || strings.HasSuffix(n, "/0")
+	})
+	if qerr != nil {
+		return qerr
 	}
-	return fmt.Errorf("slot %s still active after the contender stopped", s.slot)
+	if !dropped {
+		return fmt.Errorf("slot %s still active after the contender stopped", s.slot)
+	}
+	return err
 }
 
 // waitCount waits until the consumer counted n records, and returns when it received the last.
@@ -572,17 +577,21 @@ func (kb *kafkaBench) bigTxn(ctx context.Context, kind string) (kafkaResult, err
 	if r.rss, err = procHWM(kb.pid(s)); err != nil {
 		return r, err
 	}
-	for range 500 {
-		v, err := querySingle(ctx, db, fmt.Sprintf("SELECT spill_bytes || ',' || total_txns FROM pg_stat_replication_slots WHERE slot_name = '%s'", s.slot))
-		if err != nil {
-			return r, err
+	// The walsender reports the slot's statistics after each decoded transaction.
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	var qerr error
+	pgtest.Until(wctx, func() bool {
+		var v string
+		if v, qerr = querySingle(ctx, db, fmt.Sprintf("SELECT spill_bytes || ',' || total_txns FROM pg_stat_replication_slots WHERE slot_name = '%s'", s.slot)); qerr != nil {
+			return true
 		}
 		var total int64
 		fmt.Sscanf(v, "%d,%d", &r.spill, &total)
-		if total >= 2 {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
+		return total >= 2
+	})
+	if qerr != nil {
+		return r, qerr
 	}
 	kb.b.Logf("bigtxn %s: COMMIT → last event %v, CPU %v, peak RSS %d MB, spill %d B", kind, r.last.Round(time.Millisecond), r.cpu.Round(time.Millisecond), r.rss>>20, r.spill)
 	return r, kb.stop(ctx, s)

@@ -195,20 +195,20 @@ func liveRun(ctx context.Context, b *testing.B, srv *pgtest.Server, mode string,
 	stop()
 	<-errc
 	// The walsender reports the slot's statistics after each decoded transaction; wait for them.
-	for range 200 {
-		v, err := querySingle(ctx, conn, fmt.Sprintf(
-			"SELECT spill_bytes || ',' || stream_bytes || ',' || total_txns FROM pg_stat_replication_slots WHERE slot_name = '%s'", slot))
-		if err != nil {
-			return lr, err
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	var qerr error
+	pgtest.Until(wctx, func() bool {
+		var v string
+		if v, qerr = querySingle(ctx, conn, fmt.Sprintf(
+			"SELECT spill_bytes || ',' || stream_bytes || ',' || total_txns FROM pg_stat_replication_slots WHERE slot_name = '%s'", slot)); qerr != nil {
+			return true
 		}
 		var total int64
 		fmt.Sscanf(v, "%d,%d,%d", &lr.spill, &lr.stream, &total)
-		if total > 0 || lr.stream > 0 {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	return lr, nil
+		return total > 0 || lr.stream > 0
+	})
+	return lr, qerr
 }
 
 // readOnly is a client that only reads: it receives the stream with pglogrepl, answers the
