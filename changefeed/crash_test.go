@@ -385,6 +385,7 @@ func crash(t *testing.T, srv *pgtest.Server, mode, self string, rng *rand.Rand) 
 	for range 3 { // during the copy: after a few chunks, at a random moment
 		c := launch()
 		waitLines(c, "chunk", 1+rng.IntN(3))
+		// Not a wait for anything: the kill comes at a random moment after the chunks.
 		time.Sleep(time.Duration(rng.IntN(20)) * time.Millisecond)
 		kill(c)
 		if copyDone() {
@@ -396,6 +397,7 @@ func crash(t *testing.T, srv *pgtest.Server, mode, self string, rng *rand.Rand) 
 	for range 4 { // during the stream
 		c := launch()
 		waitLines(c, "txn", 1+rng.IntN(15))
+		// Not a wait for anything: the kill comes at a random moment after the transactions.
 		time.Sleep(time.Duration(rng.IntN(150)) * time.Millisecond)
 		kill(c)
 		duringStream++
@@ -454,7 +456,7 @@ func write(ctx context.Context, dsn string, rng *rand.Rand, nextID *atomic.Int64
 	}
 	defer conn.Close(context.Background())
 	for ctx.Err() == nil {
-		time.Sleep(time.Millisecond) // a steady flow, not a flood: the test must stay short
+		time.Sleep(time.Millisecond) // pacing, not a wait: a steady flow, not a flood, so the test stays short
 		tx, err := conn.Begin(ctx)
 		if err != nil {
 			return err

@@ -92,28 +92,25 @@ func TestGrouping(t *testing.T) {
 	}
 	waitAcked := func(f *changefeed.Feed, lsn decoding.LSN, within time.Duration) {
 		t.Helper()
-		deadline := time.Now().Add(within)
-		for f.Position().Acked <= lsn {
-			require.True(t, time.Now().Before(deadline), "not acknowledged past %s within %v", lsn, within)
+		pgtest.Eventually(t, within, fmt.Sprintf("an acknowledgement past %s", lsn), func() bool {
 			select {
 			case err := <-done:
 				t.Fatalf("the feed stopped: %v", err)
 			default:
 			}
-			time.Sleep(10 * time.Millisecond)
-		}
+			return f.Position().Acked > lsn
+		})
 	}
 
 	f, stop := run()
-	for deadline := time.Now().Add(30 * time.Second); f.Position().Start == 0; { // the copy is done, the stream started
-		require.True(t, time.Now().Before(deadline), "the stream did not start")
+	pgtest.Eventually(t, 30*time.Second, "the copy to be done and the stream to start", func() bool {
 		select {
 		case err := <-done:
 			t.Fatalf("the feed stopped: %v", err)
 		default:
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return f.Position().Start != 0
+	})
 	// A lone transaction: committed, alone, well within the status interval.
 	lone := insert(0)
 	waitAcked(f, lone, 5*time.Second)

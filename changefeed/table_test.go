@@ -126,7 +126,15 @@ func TestTableStoreSession(t *testing.T) {
 		defer s.Close()
 		_, _, err = s.Load(ctx, "s")
 		require.NoError(t, err)
-		time.Sleep(1500 * time.Millisecond) // idle for longer than idle_session_timeout
+		// Idle for longer than idle_session_timeout: a session opened after the store's last
+		// statement, with the database's settings, has been ended by the timeout.
+		idle, err := pgx.Connect(ctx, dsn)
+		require.NoError(t, err)
+		defer idle.Close(context.Background())
+		idlePID := idle.PgConn().PID()
+		pgtest.Eventually(t, 30*time.Second, "idle_session_timeout to end an idle session", func() bool {
+			return pgtest.Count(t, srv.ConnString("postgres"), `SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, idlePID) == 0
+		})
 		u, err := s.Begin(ctx, changefeed.StreamWorker)
 		require.NoError(t, err)
 		tx := changefeed.Tx(&changefeed.Batch{Unit: u})
