@@ -93,15 +93,12 @@ func TestApplyCommand(t *testing.T) {
 				conn, err := pgx.Connect(ctx, dst)
 				require.NoError(t, err)
 				defer conn.Close(context.Background())
-				for {
-					var n, nulls int
+				var n, nulls int
+				applied := pgtest.Until(ctx, func() bool {
 					require.NoError(t, conn.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE v IS NULL) FROM s`).Scan(&n, &nulls))
-					if n == 1999 && nulls == 1 {
-						break
-					}
-					require.NoError(t, ctx.Err(), "the target has %d rows; stderr:\n%s", n, &stderr)
-					time.Sleep(20 * time.Millisecond)
-				}
+					return n == 1999 && nulls == 1
+				})
+				require.True(t, applied, "the target has %d rows; stderr:\n%s", n, &stderr)
 				sig := []syscall.Signal{syscall.SIGTERM, syscall.SIGINT}[i%2]
 				require.NoError(t, cmd.Process.Signal(sig))
 				exited := make(chan error, 1)

@@ -197,13 +197,10 @@ func crashResume(t *testing.T, major int, rng *rand.Rand, start func(dsn, slot, 
 
 	// Let the consumer catch up, then stop it the polite way.
 	var got []string
-	for {
+	pgtest.Until(ctx, func() bool {
 		got = readComparable(t, path)
-		if len(got) >= len(want) || ctx.Err() != nil {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return len(got) >= len(want)
+	})
 	mu.Lock()
 	cmd.Process.Signal(syscall.SIGTERM)
 	cmd.Wait()
@@ -290,6 +287,7 @@ func runCrashWorkload(t *testing.T, ctx context.Context, dsn string, seed uint64
 	}
 	for k := range 2 {
 		session("big", k, func(conn *pgx.Conn, rng *rand.Rand) error {
+			// Pacing, not a wait: the workload's sessions run at rates of their own.
 			time.Sleep(time.Duration(200+rng.IntN(400)) * time.Millisecond)
 			a, b := span(1500)
 			c, e := span(800)
@@ -305,6 +303,7 @@ func runCrashWorkload(t *testing.T, ctx context.Context, dsn string, seed uint64
 		})
 	}
 	session("abort", 2, func(conn *pgx.Conn, rng *rand.Rand) error {
+		// Pacing, not a wait.
 		time.Sleep(time.Duration(300+rng.IntN(600)) * time.Millisecond)
 		a, b := span(1200)
 		return run(conn, "BEGIN",
@@ -323,7 +322,7 @@ func runCrashWorkload(t *testing.T, ctx context.Context, dsn string, seed uint64
 			if time.Until(deadline) < d/2 {
 				ddl.Do(func() { sqls = append(sqls, `ALTER TABLE t ADD COLUMN extra text`) })
 			}
-			time.Sleep(time.Duration(50+rng.IntN(150)) * time.Millisecond)
+			time.Sleep(time.Duration(50+rng.IntN(150)) * time.Millisecond) // pacing, not a wait
 			return run(conn, sqls...)
 		})
 	}
@@ -340,6 +339,7 @@ func runCrashWorkload(t *testing.T, ctx context.Context, dsn string, seed uint64
 			fmt.Sprintf(`PREPARE TRANSACTION '%s'`, name)); err != nil {
 			return err
 		}
+		// Not a wait for anything: the prepared transaction stays open across kills for 1 to 3s.
 		time.Sleep(time.Duration(1000+rng.IntN(2000)) * time.Millisecond)
 		end := "COMMIT PREPARED"
 		if rng.IntN(4) == 0 {

@@ -631,6 +631,8 @@ func (w *replicaWorkload) run(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
+// replicaPause paces the workload: a random gap between its transactions, not a wait for
+// anything.
 func replicaPause(rng *rand.Rand, lo, hi int) {
 	time.Sleep(time.Duration(lo+rng.IntN(hi-lo)) * time.Millisecond)
 }

@@ -91,16 +91,11 @@ func serveMetrics(ctx context.Context, t *testing.T, cmd *exec.Cmd) *served {
 // command's stderr once the context ends.
 func (s *served) wait(what string, cond func(map[string]float64) bool) map[string]float64 {
 	s.t.Helper()
-	for {
-		v := scrape.Get(s.ctx, s.t, s.url)
-		if cond(v) {
-			return v
-		}
-		if s.ctx.Err() != nil {
-			s.t.Fatalf("waiting for %s; last scrape: %v\nstderr:\n%s", what, v, strings.Join(s.log.all(), "\n"))
-		}
-		time.Sleep(20 * time.Millisecond) // polling interval
+	var v map[string]float64
+	if !pgtest.Until(s.ctx, func() bool { v = scrape.Get(s.ctx, s.t, s.url); return cond(v) }) {
+		s.t.Fatalf("waiting for %s; last scrape: %v\nstderr:\n%s", what, v, strings.Join(s.log.all(), "\n"))
 	}
+	return v
 }
 
 // TestStreamMetrics runs `pgreorder stream -metrics-addr 127.0.0.1:0` against PostgreSQL 15 and
@@ -189,12 +184,12 @@ func TestStreamMetrics(t *testing.T) {
 				return out
 			}
 			final := fmt.Sprintf("received %d txns, 5.10k changes | acked %d | caught up", small+2, small+2)
-			for !slices.ContainsFunc(progressLines(), func(l string) bool {
-				return strings.Contains(l, final) && strings.HasSuffix(l, "| reconnects 1")
-			}) {
-				require.NoError(t, ctx.Err(), "no progress line with %q:\n%s", final, strings.Join(log.all(), "\n"))
-				time.Sleep(50 * time.Millisecond)
-			}
+			found := pgtest.Until(ctx, func() bool {
+				return slices.ContainsFunc(progressLines(), func(l string) bool {
+					return strings.Contains(l, final) && strings.HasSuffix(l, "| reconnects 1")
+				})
+			})
+			require.True(t, found, "no progress line with %q:\n%s", final, strings.Join(log.all(), "\n"))
 			progress := progressLines()
 			for _, want := range []string{" txns, ", " changes | acked ", " | lag ", " txn/s, ", " changes/s | memory ", ", peak ", " | spilled "} {
 				require.Contains(t, progress[0], want)
@@ -308,15 +303,18 @@ func TestApplyMetrics(t *testing.T) {
 			// waitLine waits for a progress line that match accepts.
 			waitLine := func(what string, match func(string) bool) string {
 				t.Helper()
-				for {
+				var line string
+				found := pgtest.Until(ctx, func() bool {
 					for _, l := range log.all() {
 						if strings.Contains(l, " applied ") && match(l) {
-							return l
+							line = l
+							return true
 						}
 					}
-					require.NoError(t, ctx.Err(), "no progress line %s:\n%s", what, strings.Join(log.all(), "\n"))
-					time.Sleep(20 * time.Millisecond)
-				}
+					return false
+				})
+				require.True(t, found, "no progress line %s:\n%s", what, strings.Join(log.all(), "\n"))
+				return line
 			}
 			caughtUp := func(v map[string]float64) bool {
 				return v["pgreorder_caught_up"] == 1 && v["pgreorder_lag_bytes"] == 0 && v["pgreorder_lag_seconds"] == 0

@@ -27,15 +27,12 @@ import (
 // missed).
 func waitSlotActive(t *testing.T, ctx context.Context, dsn, slot string) {
 	t.Helper()
-	for {
-		err := pgtest.Exec(ctx, dsn, fmt.Sprintf(`SELECT 1 / count(*)::int FROM pg_replication_slots WHERE slot_name = '%s' AND active`, slot))
-		if err == nil {
-			return
-		}
-		if ctx.Err() != nil {
-			t.Fatalf("slot %s never became active: %v", slot, err)
-		}
-		time.Sleep(20 * time.Millisecond)
+	var err error
+	if !pgtest.Until(ctx, func() bool {
+		err = pgtest.Exec(ctx, dsn, fmt.Sprintf(`SELECT 1 / count(*)::int FROM pg_replication_slots WHERE slot_name = '%s' AND active`, slot))
+		return err == nil
+	}) {
+		t.Fatalf("slot %s never became active: %v", slot, err)
 	}
 }
 
@@ -190,6 +187,8 @@ func TestStreamFileKilled(t *testing.T) {
 					break
 				}
 				require.NoError(t, ctx.Err())
+				// A poll, at a millisecond: the kill must land within the second transaction's
+				// writing, which takes tens of milliseconds.
 				time.Sleep(time.Millisecond)
 			}
 			require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
@@ -221,7 +220,9 @@ func TestStreamFileKilled(t *testing.T) {
 						t.Fatalf("stream stopped: %v", err)
 					}
 					stop()
-					time.Sleep(50 * time.Millisecond)
+					pgtest.Eventually(t, 30*time.Second, "the killed process's walsender to release the slot", func() bool {
+						return pgtest.Count(t, dsn, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'killed' AND active`) == 0
+					})
 					start()
 				case <-time.After(20 * time.Millisecond):
 				}
