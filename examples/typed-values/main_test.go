@@ -59,16 +59,12 @@ func TestPrints(t *testing.T) {
 		cmd.Process.Kill()
 		cmd.Wait()
 	}()
-	for {
-		err := pgtest.Exec(ctx, srv.ConnString(db),
+	if !pgtest.Until(ctx, func() bool {
+		err = pgtest.Exec(ctx, srv.ConnString(db),
 			`SELECT 1 / count(*)::int FROM pg_replication_slots WHERE slot_name = 'typed' AND active`)
-		if err == nil {
-			break
-		}
-		if ctx.Err() != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(50 * time.Millisecond)
+		return err == nil
+	}) {
+		t.Fatalf("the slot never became active: %v", err)
 	}
 	if err := pgtest.Exec(ctx, srv.ConnString(db),
 		`INSERT INTO t VALUES (1, 12.5, '2026-11-29 12:00:00+00', 'happy', repeat('x', 5000))`,
