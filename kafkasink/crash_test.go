@@ -151,6 +151,7 @@ func workload(ctx context.Context, dsn string, seed uint64, d time.Duration, got
 			}
 		}()
 	}
+	// pause paces the workload's sessions: a random gap, not a wait for anything.
 	pause := func(rng *rand.Rand, lo, hi int) { time.Sleep(time.Duration(lo+rng.IntN(hi-lo)) * time.Millisecond) }
 	session(1, func(conn *pgx.Conn, rng *rand.Rand) error { // big, streamed, a savepoint rolled back
 		pause(rng, 300, 800)

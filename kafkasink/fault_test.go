@@ -91,9 +91,8 @@ func TestFencing(t *testing.T) {
 		acked := confirmedFlush(t, ctx, dsn)
 
 		b := start(t, ctx, feedConfig(dsn), kcfg)
-		for b.sink.TransactionalID() == "" { // Load ran: a is fenced
-			time.Sleep(10 * time.Millisecond)
-		}
+		fenced := pgtest.Until(ctx, func() bool { return b.sink.TransactionalID() != "" }) // Load ran: a is fenced
+		require.True(t, fenced, "the second sink did not load its position")
 		last := commitLSN(t, ctx, dsn, "INSERT INTO t VALUES (12, 'b')")
 		err := <-a.done
 		a.done <- err

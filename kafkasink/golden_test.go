@@ -170,7 +170,7 @@ func (r *recorder) wait(t *testing.T, what string, limit time.Duration, failed f
 		if time.Now().After(deadline) {
 			t.Fatalf("waiting for %s: not after %v", what, limit)
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond) // the poll's interval (ok and failed may be costly); limit bounds it
 	}
 }
 
