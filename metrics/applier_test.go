@@ -81,14 +81,10 @@ func TestApplierMetrics(t *testing.T) {
 			// wait scrapes until cond holds.
 			wait := func(what string, cond func(map[string]float64) bool) map[string]float64 {
 				t.Helper()
-				for {
-					v := scrape.Get(ctx, t, url)
-					if cond(v) {
-						return v
-					}
-					require.NoError(t, ctx.Err(), "waiting for %s; last scrape: %v; stats: %+v", what, v, a.Stats())
-					time.Sleep(20 * time.Millisecond)
-				}
+				var v map[string]float64
+				met := pgtest.Until(ctx, func() bool { v = scrape.Get(ctx, t, url); return cond(v) })
+				require.True(t, met, "waiting for %s; last scrape: %v; stats: %+v", what, v, a.Stats())
+				return v
 			}
 			isCaughtUp := func(v map[string]float64) bool {
 				return v[caughtUp] == 1 && v[lagBytes] == 0 && v[lagSecs] == 0
