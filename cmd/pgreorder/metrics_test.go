@@ -191,9 +191,12 @@ func TestStreamMetrics(t *testing.T) {
 			})
 			require.True(t, found, "no progress line with %q:\n%s", final, strings.Join(log.all(), "\n"))
 			progress := progressLines()
-			for _, want := range []string{" txns, ", " changes | acked ", " | lag ", " txn/s, ", " changes/s | memory ", ", peak ", " | spilled "} {
+			for _, want := range []string{" txns, ", " changes | acked ", " txn/s, ", " changes/s | memory ", ", peak ", " | spilled "} {
 				require.Contains(t, progress[0], want)
 			}
+			// The lag, or "caught up": one of the two, never both.
+			lag, caught := strings.Contains(progress[0], " | lag "), strings.Contains(progress[0], " | caught up")
+			require.True(t, lag != caught, "lag or caught up, not both: %s", progress[0])
 			last := progress[len(progress)-1]
 
 			require.NoError(t, cmd.Process.Signal(os.Interrupt))
