@@ -26,41 +26,43 @@ func closedAddr(t *testing.T) string {
 // TestStartTimeout: a first start that cannot reach one of the servers stops after StartTimeout
 // with ErrNotStarted, naming the side; with StartTimeout negative it goes on trying until ctx ends.
 func TestStartTimeout(t *testing.T) {
-	e := newEnv(t, testMajors[len(testMajors)-1])
-	for _, tc := range []struct {
-		side   string
-		config func(Config) Config
-	}{
-		{"source", func(c Config) Config { c.Source = closedAddr(t); return c }},
-		{"target", func(c Config) Config { c.Target = closedAddr(t); return c }},
-	} {
-		t.Run(tc.side, func(t *testing.T) {
-			cfg := tc.config(e.config(t, Buffered))
-			cfg.StartTimeout = time.Second
-			ctx := pgtest.Context(t, time.Minute)
-			began := time.Now()
-			err := Run(ctx, cfg)
-			took := time.Since(began)
-			if !errors.Is(err, ErrNotStarted) {
-				t.Fatalf("Run: %v, want ErrNotStarted", err)
-			}
-			if want := "the " + tc.side + " could not be reached"; !strings.Contains(err.Error(), want) {
-				t.Errorf("%q does not say %q", err, want)
-			}
-			if !strings.Contains(err.Error(), "connection refused") || !strings.Contains(err.Error(), "StartTimeout") {
-				t.Errorf("%q does not give the cause and the setting", err)
-			}
-			if took > 20*time.Second {
-				t.Errorf("stopped after %v with StartTimeout 1s", took)
-			}
+	for _, major := range testMajors {
+		e := newEnv(t, major)
+		for _, tc := range []struct {
+			side   string
+			config func(Config) Config
+		}{
+			{"source", func(c Config) Config { c.Source = closedAddr(t); return c }},
+			{"target", func(c Config) Config { c.Target = closedAddr(t); return c }},
+		} {
+			t.Run(fmt.Sprintf("pg%d/%s", major, tc.side), func(t *testing.T) {
+				cfg := tc.config(e.config(t, Buffered))
+				cfg.StartTimeout = time.Second
+				ctx := pgtest.Context(t, time.Minute)
+				began := time.Now()
+				err := Run(ctx, cfg)
+				took := time.Since(began)
+				if !errors.Is(err, ErrNotStarted) {
+					t.Fatalf("Run: %v, want ErrNotStarted", err)
+				}
+				if want := "the " + tc.side + " could not be reached"; !strings.Contains(err.Error(), want) {
+					t.Errorf("%q does not say %q", err, want)
+				}
+				if !strings.Contains(err.Error(), "connection refused") || !strings.Contains(err.Error(), "StartTimeout") {
+					t.Errorf("%q does not give the cause and the setting", err)
+				}
+				if took > 20*time.Second {
+					t.Errorf("stopped after %v with StartTimeout 1s", took)
+				}
 
-			// No limit: still trying when ctx ends.
-			cfg.StartTimeout = -1
-			short, cancel := context.WithTimeout(ctx, 3*time.Second)
-			defer cancel()
-			if err := Run(short, cfg); !errors.Is(err, context.DeadlineExceeded) {
-				t.Errorf("Run with no start timeout: %v, want the context's end", err)
-			}
-		})
+				// No limit: still trying when ctx ends.
+				cfg.StartTimeout = -1
+				short, cancel := context.WithTimeout(ctx, 3*time.Second)
+				defer cancel()
+				if err := Run(short, cfg); !errors.Is(err, context.DeadlineExceeded) {
+					t.Errorf("Run with no start timeout: %v, want the context's end", err)
+				}
+			})
+		}
 	}
 }
