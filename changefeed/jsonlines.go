@@ -209,6 +209,9 @@ func (j *JSONLines) Begin(ctx context.Context, worker int) (Unit, error) {
 // Handle is the Handler that writes each batch to the output. It must be the handler of the Run
 // that j is the store of.
 func (j *JSONLines) Handle(ctx context.Context, b *Batch) error {
+	if b == nil {
+		return fmt.Errorf("%w: a nil Batch", ErrInvalidConfig)
+	}
 	switch b.Kind {
 	case Reset:
 		return j.cut(0)

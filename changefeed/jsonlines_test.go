@@ -233,6 +233,7 @@ func TestJSONLinesPositionErrors(t *testing.T) {
 	j, _, err := openJSONLines(t, path, changefeed.JSONLinesConfig{})
 	require.NoError(t, err)
 	require.NoError(t, writeTxn(t, j, smallTxn(10, 0x100)))
+	require.ErrorIs(t, j.Handle(context.Background(), nil), changefeed.ErrInvalidConfig, "misuse is an error")
 	require.NoError(t, j.Close())
 	require.NoError(t, os.Truncate(path, 3))
 	_, _, err = openJSONLines(t, path, changefeed.JSONLinesConfig{})

@@ -64,6 +64,11 @@ func killed(t *testing.T, bin string, srv *pgtest.Server, rng *rand.Rand) {
 	path := filepath.Join(t.TempDir(), "changes.jsonl")
 
 	var logs pgtest.LockedBuffer
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the command's log:\n%s", logs.String())
+		}
+	})
 	start := func() *exec.Cmd {
 		c := exec.Command(bin, dsn, "cdc", "pub", path)
 		c.Stdout, c.Stderr = &logs, &logs
@@ -88,10 +93,10 @@ func killed(t *testing.T, bin string, srv *pgtest.Server, rng *rand.Rand) {
 	// The first kill comes during the copy: the output then holds copied rows and no position
 	// that counts them.
 	cmd := start()
-	require.Eventually(t, func() bool {
+	pgtest.Eventually(t, time.Minute, "the copy to write a megabyte", func() bool {
 		st, err := os.Stat(path)
 		return err == nil && st.Size() > 1<<20
-	}, time.Minute, time.Millisecond, "the copy writes")
+	})
 	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
 	exited(cmd, syscall.SIGKILL)
 	kills := 1
@@ -107,30 +112,15 @@ func killed(t *testing.T, bin string, srv *pgtest.Server, rng *rand.Rand) {
 	// The last run: until its copy is done and the slot has confirmed everything the source
 	// wrote, then a clean stop. (A slot the run creates for its copy is at the end of the WAL
 	// from the start: it says nothing until the copy is stored as done.)
-	var end string
-	require.NoError(t, withConn(ctx, dsn, func(c *pgx.Conn) error {
-		return c.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&end)
-	}))
+	end := pgtest.QueryText(t, dsn, `SELECT pg_current_wal_lsn()::text`)
 	cmd = start()
-	require.Eventually(t, func() bool {
-		if !copyDone(ctx, path) {
-			return false
-		}
-		var caughtUp bool
-		err := withConn(ctx, dsn, func(c *pgx.Conn) error {
-			return c.QueryRow(ctx, `SELECT coalesce(bool_or(confirmed_flush_lsn >= $1::pg_lsn), false)
-				FROM pg_replication_slots WHERE slot_name = 'cdc'`, end).Scan(&caughtUp)
-		})
-		return err == nil && caughtUp
-	}, 2*time.Minute, 20*time.Millisecond, "catching up:\n%s", logs.String())
+	pgtest.Eventually(t, 2*time.Minute, "the copy stored as done and the slot confirmed past "+end, func() bool {
+		return copyDone(ctx, path) && pgtest.QueryOne[bool](t, dsn, `SELECT coalesce(bool_or(confirmed_flush_lsn >= $1::pg_lsn), false)
+			FROM pg_replication_slots WHERE slot_name = 'cdc'`, end)
+	})
 	require.NoError(t, cmd.Process.Signal(syscall.SIGINT))
 	exited(cmd, syscall.SIGINT)
 	t.Logf("%d kills", kills)
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("the command's log:\n%s", logs.String())
-		}
-	})
 	got := replay(t, path)
 	want := map[int]int{}
 	require.NoError(t, withConn(ctx, dsn, func(c *pgx.Conn) error {
