@@ -39,6 +39,29 @@ type Config struct {
 	// Start says how a run with no position stored begins: with the initial copy (the zero
 	// value), or with the stream alone.
 	Start Start
+	// Follower, if set, reads the stream in place of Run's loop of one transaction at a time
+	// (see Follower). Replication.Buffer.Incremental is allowed only with a Follower.
+	Follower Follower
+	// Copier, if set, makes the initial copy in place of the Handler's Snapshot batches (see
+	// Copier and InitialCopy). It records the copy's beginning and end itself, where Store.Load
+	// reads them: a copy it began and did not finish as a Position with CopyDone false, a
+	// finished one as CopyDone with the consistent point as EndLSN. Run makes one attempt: a copy
+	// that fails is returned (its slot dropped and Copier.Discard called), and whoever owns the
+	// Copier's connections decides whether to start it over.
+	Copier Copier
+}
+
+// Follower is a consumer that reads the stream itself, for what a Handler that gets one whole
+// transaction at a time cannot do: take a streamed transaction part by part as it arrives
+// (replication.Config.Buffer.Incremental), apply several at once, acknowledge on a schedule of
+// its own. Run hands it the stream once it has started (after the copy, or resumed after the
+// stored position, when the Handler has handled the Reset or Resume batch) in place of its own
+// loop; from then on the Follower stores what it handled where its Store's Load finds it, and
+// acknowledges it (replication.Stream.Ack) only once that is durable. Idle advances
+// (replication.Config.Buffer.HandOutAdvances, which Run sets) are the Follower's to store
+// before it acknowledges them. Run returns Follow's error and closes the stream.
+type Follower interface {
+	Follow(ctx context.Context, s *replication.Stream) error
 }
 
 // Start says how a run with no position stored for the slot begins.
@@ -237,8 +260,10 @@ func New(cfg Config, store Store, h Handler) (*Feed, error) {
 		return nil, configerr.New(ErrInvalidConfig, field("Replication.TemporarySlot"), "is set: a stored position needs a slot that outlives the connection (a temporary slot goes with SlotStore)")
 	case isSlotStore(store) && cfg.Start != StartStream:
 		return nil, configerr.New(ErrInvalidConfig, field("Start"), "is StartCopy with a SlotStore, which keeps no position, so every run would copy again: use StartStream")
-	case cfg.Replication.Buffer.Incremental:
-		return nil, configerr.New(ErrInvalidConfig, field("Replication.Buffer.Incremental"), "is set: the handler gets whole transactions")
+	case cfg.Replication.Buffer.Incremental && cfg.Follower == nil:
+		return nil, configerr.New(ErrInvalidConfig, field("Replication.Buffer.Incremental"), "is set: the handler gets whole transactions (a Follower reads parts)")
+	case cfg.Copier != nil && cfg.Start != StartCopy:
+		return nil, configerr.New(ErrInvalidConfig, field("Copier"), "is set with Start: StartStream, which makes no copy")
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -274,7 +299,9 @@ func Run(ctx context.Context, cfg Config, store Store, h Handler) error {
 // copied chunk, inside the *snapshot.ChunkError that names the chunk), unless it is a lost
 // connection during the copy (a server error of class 08 or 57, a network error), such as the
 // handler passes on from a chunk's rows: the copy is then started over too. When ctx ends, Run
-// returns its error (context.Cause). A Feed runs once.
+// returns its error (context.Cause). With Config.Follower, the started stream goes to the
+// Follower, and Run returns what Follow returns; with Config.Copier, the copy goes through it,
+// once (see Config). A Feed runs once.
 func (f *Feed) Run(ctx context.Context) (err error) {
 	f.mu.Lock()
 	if f.running {
@@ -330,12 +357,20 @@ func (f *Feed) Run(ctx context.Context) (err error) {
 			err = cerr
 		}
 	}()
+	if f.cfg.Follower != nil {
+		return f.cfg.Follower.Follow(ctx, stream)
+	}
 	return unwrapStop(f.follow(ctx, stream))
 }
 
 // copy runs the initial copy, and runs it again after a failure that another attempt can cure
 // (a lost connection, a server restart), as replication.Config.Reconnect allows.
 func (f *Feed) copy(ctx context.Context, pos Position, begun bool) (*replication.Stream, error) {
+	if f.cfg.Copier != nil {
+		stream, _, err := InitialCopy(ctx, CopyConfig{Replication: f.cfg.Replication, Snapshot: f.cfg.Copy,
+			Begun: begun, SystemID: pos.SystemID}, f.cfg.Copier)
+		return stream, err
+	}
 	policy := f.cfg.Replication.Reconnect
 	for attempt := 1; ; attempt++ {
 		stream, _, err := InitialCopy(ctx, CopyConfig{Replication: f.cfg.Replication, Snapshot: f.cfg.Copy,

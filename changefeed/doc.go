@@ -130,6 +130,17 @@
 // returns, and its messages until the next iteration step; pgvalue's Column.Value copies. The
 // handler keeps nothing else: a Batch is not to be used after the handler returned.
 //
+// # Consumers that read the stream themselves
+//
+// A consumer that needs more than one whole transaction at a time (one that applies a streamed
+// transaction as its parts arrive, or several transactions at once) sets Config.Follower: Run
+// still loads the position, checks the source against it, copies or resumes, and hands the
+// Handler the Reset or Resume batch, but then gives the started stream to the Follower, which
+// reads it, stores what it handled where its Store's Load finds it, and acknowledges only what
+// it stored. Config.Copier likewise replaces the Snapshot batches with a Copier of the
+// consumer's own (InitialCopy's interface), for a copy whose chunks need connections or
+// records of its own. Package apply runs its sessions this way.
+//
 // # Monitoring
 //
 // A Feed (New) reads like a replication.Stream for package metrics: metrics.New(feed, ...)

@@ -246,6 +246,12 @@ func TestConfigErrors(t *testing.T) {
 			_, err := changefeed.New(c, s, h)
 			return err
 		},
+		"copier, stream": func() error {
+			c := ok
+			c.Start, c.Copier = changefeed.StartStream, &failCopier{}
+			_, err := changefeed.New(c, s, h)
+			return err
+		},
 		"state too large": func() error {
 			return save(t, s, changefeed.Position{Slot: "s", State: make([]byte, changefeed.MaxState+1)})
 		},
