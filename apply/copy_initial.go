@@ -9,12 +9,10 @@ import (
 	"time"
 
 	"github.com/pgreorder/pgreorder/apply/internal/target"
-	"github.com/pgreorder/pgreorder/changefeed"
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/internal/configerr"
 	"github.com/pgreorder/pgreorder/internal/pgsession"
 	"github.com/pgreorder/pgreorder/internal/retry"
-	"github.com/pgreorder/pgreorder/replication"
 	"github.com/pgreorder/pgreorder/snapshot"
 )
 
@@ -47,22 +45,23 @@ var (
 // copyStageTimeout bounds the clean-up of the target after a failed copy.
 const copyStageTimeout = 30 * time.Second
 
-// initialCopy copies the published tables into the target and returns the stream from the
-// slot's consistent point, and that point. The copy's steps (the slot of a copy cut short
-// dropped, the slot created with an exported snapshot, the copy, the stream started at once and
-// read after it) are changefeed.InitialCopy's; the copy table is apply's record of them (see
-// copyTarget). On failure what was copied is discarded once the slot is dropped; what could not
-// be discarded, the next session does.
-func (s *session) initialCopy(ctx context.Context, rcfg replication.Config) (*replication.Stream, decoding.LSN, error) {
+// copyConfig prepares the initial copy for the Feed: the copy table (created if missing) and
+// whether it records a copy of the slot that began and did not finish, the Copier that writes
+// into the target, and the snapshot's configuration. The copy's steps (the slot of a copy cut
+// short dropped, the slot created with an exported snapshot, the copy, the stream started at
+// once and read after it) are changefeed.InitialCopy's; the copy table is apply's record of them
+// (see copyTarget). On failure what was copied is discarded once the slot is dropped; what could
+// not be discarded, the next session does.
+func (s *session) copyConfig(ctx context.Context) (c *copyTarget, begun bool, scfg snapshot.Config, err error) {
 	ct := target.CompanionTable(s.leader.Table(s.cfg.ProgressTable), "_copy")
 	if err := s.createCopyTable(ctx, ct); err != nil {
-		return nil, 0, err
+		return nil, false, scfg, err
 	}
 	rows, err := target.Query(ctx, s.leader.PG(), "SELECT relation FROM "+ct+" WHERE slot = $1", s.cfg.Slot)
 	if err != nil {
-		return nil, 0, fmt.Errorf("apply: reading the copy table %s: %w", ct, err)
+		return nil, false, scfg, fmt.Errorf("apply: reading the copy table %s: %w", ct, err)
 	}
-	scfg := snapshot.Config{
+	scfg = snapshot.Config{
 		ConnString:   s.cfg.Source,
 		Publications: s.cfg.Publications,
 		Workers:      s.cfg.CopyWorkers,
@@ -72,16 +71,7 @@ func (s *session) initialCopy(ctx context.Context, rcfg replication.Config) (*re
 	if s.cfg.hooks != nil {
 		scfg.ChunkSize = s.cfg.hooks.copyChunkSize
 	}
-	stream, cp, err := changefeed.InitialCopy(ctx, changefeed.CopyConfig{Replication: rcfg, Snapshot: scfg, Begun: len(rows) > 0},
-		&copyTarget{s: s, ct: ct})
-	if errors.Is(err, changefeed.ErrForeignSlot) {
-		return nil, 0, fmt.Errorf("%w: slot %q (drop it to copy afresh: SELECT pg_drop_replication_slot('%s'))",
-			ErrCopySlotExists, s.cfg.Slot, s.cfg.Slot)
-	}
-	if err != nil {
-		return nil, 0, err
-	}
-	return stream, cp, nil // changefeed.InitialCopy logged it
+	return &copyTarget{s: s, ct: ct}, len(rows) > 0, scfg, nil
 }
 
 // copyTarget is apply's side of changefeed.InitialCopy: the copy table records the copy, the
@@ -140,7 +130,11 @@ func (c *copyTarget) Done(ctx context.Context, cp decoding.LSN) error {
 	if err := c.s.cfg.hook(ctx, "copy-done", txnRef{EndLSN: cp}); err != nil {
 		return err
 	}
-	return c.s.finishCopy(ctx, c.ct, cp)
+	if err := c.s.finishCopy(ctx, c.ct, cp); err != nil {
+		return err
+	}
+	c.s.resume = cp
+	return nil
 }
 
 // Discard empties what was copied and deletes the copy's rows, once the slot is dropped. It is

@@ -15,6 +15,7 @@ import (
 	"github.com/pgreorder/pgreorder/apply/internal/detect"
 	"github.com/pgreorder/pgreorder/apply/internal/schedule"
 	"github.com/pgreorder/pgreorder/apply/internal/target"
+	"github.com/pgreorder/pgreorder/changefeed"
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/internal/pgsession"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
@@ -60,6 +61,11 @@ type session struct {
 	keyForms  map[*target.Table][]schedule.KeyForm // Parallel: how each target table compares the source's columns (keyFormsOf)
 	run       *job                                 // Parallel: the run the leader is filling
 	chain     chain                                // Parallel: whether its runs are chained
+
+	// resume is where the stream starts: after the progress row's position, or after the
+	// initial copy's consistent point once the copy is done (copyTarget.Done).
+	resume   decoding.LSN
+	buffered bool // applied as Buffered: Config.Mode, or a session that skips (Config.SkipLSN)
 
 	// Relaxed commit order (ahead.go).
 	aheadTable  string         // quoted and qualified
@@ -113,7 +119,8 @@ func (a *Applier) session(parent context.Context) (err error) {
 	if err := s.setupSkip(ctx, resume); err != nil {
 		return err
 	}
-	buffered := s.cfg.Mode == Buffered || s.skip.pending // the session that skips applies as Buffered
+	s.buffered = s.cfg.Mode == Buffered || s.skip.pending // the session that skips applies as Buffered
+	buffered := s.buffered
 	if err := s.setupConflicts(ctx); err != nil {
 		return err
 	}
@@ -145,45 +152,49 @@ func (a *Applier) session(parent context.Context) (err error) {
 			HandOutAdvances: true,
 		},
 	}
-	if s.cfg.Copy && resume == 0 { // no progress row: the target has yet to be copied
-		s.stream, resume, err = s.initialCopy(ctx, rcfg)
-	} else {
-		s.stream, err = replication.Start(ctx, rcfg)
-	}
+	s.resume = resume
+	feed, err := s.feed(ctx, rcfg)
 	if err != nil {
 		return err
 	}
-	s.acks.persisted = max(s.acks.persisted, resume)
-	if id := s.stream.System().ID; id != s.key.System {
-		s.stream.Close(ctx)
-		return fmt.Errorf("%w: the source was database system %s a moment ago and is now system %s", ErrSourceChanged, s.key.System, id)
-	}
-	defer func() {
-		if cerr := s.stream.Close(context.WithoutCancel(ctx)); err == nil && cerr != nil {
-			err = cerr
-		}
-	}()
-	if err := s.ensureProgress(ctx, resume); err != nil {
-		return err
-	}
-	s.a.streams.Attach(s.stream)
-	s.a.markStreaming()
-	defer s.a.streams.Detach()
-	s.log.Info("applying", "slot", s.cfg.Slot, "mode", s.cfg.Mode, "resume_after", resume)
-	if buffered {
-		return s.runBuffered(ctx)
-	}
-	err = s.startWorkers(ctx)
-	if err == nil {
-		err = s.runIncremental(ctx)
-	}
-	cancel(err)
-	s.stopWorkers(ctx)
-	if aerr := s.ackCommitted(context.WithoutCancel(ctx)); aerr != nil {
-		s.log.Debug("acknowledging the last commits", "err", aerr)
+	err = feed.Run(ctx)
+	if errors.Is(err, changefeed.ErrForeignSlot) {
+		return fmt.Errorf("%w: slot %q (drop it to copy afresh: SELECT pg_drop_replication_slot('%s'))",
+			ErrCopySlotExists, s.cfg.Slot, s.cfg.Slot)
 	}
 	if parent.Err() != nil {
 		return parent.Err()
+	}
+	return err
+}
+
+// Follow applies the stream, once the Feed started it: from the progress row's position, or
+// from the initial copy's consistent point. It returns the error that ended the session.
+func (s *session) Follow(ctx context.Context, stream *replication.Stream) error {
+	s.stream = stream
+	if id := stream.System().ID; id != s.key.System {
+		return fmt.Errorf("%w: the source was database system %s a moment ago and is now system %s", ErrSourceChanged, s.key.System, id)
+	}
+	resume := s.resume
+	s.acks.persisted = max(s.acks.persisted, resume)
+	if err := s.ensureProgress(ctx, resume); err != nil {
+		return err
+	}
+	s.a.streams.Attach(stream)
+	s.a.markStreaming()
+	defer s.a.streams.Detach()
+	s.log.Info("applying", "slot", s.cfg.Slot, "mode", s.cfg.Mode, "resume_after", resume)
+	if s.buffered {
+		return s.runBuffered(ctx)
+	}
+	err := s.startWorkers(ctx)
+	if err == nil {
+		err = s.runIncremental(ctx)
+	}
+	s.cancel(err)
+	s.stopWorkers(ctx)
+	if aerr := s.ackCommitted(context.WithoutCancel(ctx)); aerr != nil {
+		s.log.Debug("acknowledging the last commits", "err", aerr)
 	}
 	return context.Cause(ctx)
 }
