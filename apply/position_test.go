@@ -116,6 +116,29 @@ func TestSlotAhead(t *testing.T) {
 	e.waitMarker(t, r, 3)
 }
 
+// TestSlotGone: a progress row whose slot no longer exists (dropped, or not on a promoted standby)
+// stops Run with replication.ErrSlotNotFound, even with CreateSlot: a new slot would start after
+// the changes the old one had not sent, and the target would silently miss them.
+func TestSlotGone(t *testing.T) {
+	e := newEnv(t, testMajors[len(testMajors)-1])
+	ctx := pgtest.Context(t, time.Minute)
+	cfg := e.config(t, Buffered)
+	cfg.CreateSlot = true
+	r := start(t, cfg)
+	must(t, pgtest.Exec(ctx, e.src, `INSERT INTO marker VALUES (1)`))
+	e.waitMarker(t, r, 1)
+	r.halt(t)
+	must(t, pgtest.Exec(ctx, e.src, `SELECT pg_drop_replication_slot('apply')`, `INSERT INTO items VALUES (1, 1, 'unsent')`))
+	err := runErr(t, cfg, 30*time.Second)
+	if !errors.Is(err, replication.ErrSlotNotFound) {
+		t.Fatalf("Run with the slot gone: %v; want replication.ErrSlotNotFound", err)
+	}
+	t.Logf("error: %v", err)
+	if n := pgtest.Count(t, e.src, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'apply'`); n != 0 {
+		t.Fatal("a new slot was created in place of the one the progress row belongs to")
+	}
+}
+
 // TestProgressSourceSystem: a progress table made without the source system's columns is
 // upgraded and its row takes the source's system identifier; a row naming another system stops
 // Run with ErrSourceChanged, as does one beyond the source's WAL, without retrying.

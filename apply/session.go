@@ -17,6 +17,7 @@ import (
 	"github.com/pgreorder/pgreorder/apply/internal/target"
 	"github.com/pgreorder/pgreorder/changefeed"
 	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/internal/configerr"
 	"github.com/pgreorder/pgreorder/internal/pgsession"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 	"github.com/pgreorder/pgreorder/replication"
@@ -164,6 +165,11 @@ func (a *Applier) session(parent context.Context) (err error) {
 	}
 	if parent.Err() != nil {
 		return parent.Err()
+	}
+	if errors.Is(err, replication.ErrSlotNotFound) && s.resume != 0 {
+		return configerr.WithHint(fmt.Errorf("%w: the target's progress row for slot %q is at %s, but the slot does not exist on the source "+
+			"(dropped, or a promoted standby it was not synchronized to): the source changes since are lost to the target",
+			replication.ErrSlotNotFound, s.cfg.Slot, s.resume), "; ", "copy the target again: delete the slot's progress row and run with %s", field("Copy"))
 	}
 	return err
 }
