@@ -34,7 +34,7 @@ func (s *session) setupAhead(ctx context.Context, resume decoding.LSN) (decoding
 	tg := s.leader
 	progress := tg.Table(s.cfg.ProgressTable)
 	s.aheadTable = target.CompanionTable(progress, "_ahead")
-	rows, err := target.Query(ctx, tg.PG(), "SELECT pg_catalog.count(*) FROM "+progress+" WHERE slot = $1", s.cfg.Slot)
+	rows, err := target.Query(ctx, tg.PG(), "SELECT pg_catalog.count(*) FROM "+progress+" WHERE slot = $1", s.cfg.Source.Slot)
 	if err != nil {
 		return 0, fmt.Errorf("apply: reading the progress table %s: %w", progress, err)
 	}
@@ -55,7 +55,7 @@ func (s *session) setupAhead(ctx context.Context, resume decoding.LSN) (decoding
 		return resume, nil
 	}
 	rows, err = target.Query(ctx, tg.PG(), "SELECT end_lsn::text, spans::text, system_id FROM "+s.aheadTable+" WHERE slot = $1",
-		s.cfg.Slot)
+		s.cfg.Source.Slot)
 	if err != nil {
 		return 0, fmt.Errorf("apply: reading the ahead table %s: %w", s.aheadTable, err)
 	}
@@ -63,10 +63,10 @@ func (s *session) setupAhead(ctx context.Context, resume decoding.LSN) (decoding
 		return resume, nil
 	}
 	if !s.hadProgress {
-		if _, err := target.Query(ctx, tg.PG(), "DELETE FROM "+s.aheadTable+" WHERE slot = $1", s.cfg.Slot); err != nil {
+		if _, err := target.Query(ctx, tg.PG(), "DELETE FROM "+s.aheadTable+" WHERE slot = $1", s.cfg.Source.Slot); err != nil {
 			return 0, fmt.Errorf("apply: deleting the slot's rows of the ahead table %s: %w", s.aheadTable, err)
 		}
-		s.log.Info("the slot has rows in the ahead table but no progress row: deleted them", "slot", s.cfg.Slot, "table", s.aheadTable)
+		s.log.Info("the slot has rows in the ahead table but no progress row: deleted them", "slot", s.cfg.Source.Slot, "table", s.aheadTable)
 		return resume, nil
 	}
 	prefix := resume
@@ -95,7 +95,7 @@ func (s *session) setupAhead(ctx context.Context, resume decoding.LSN) (decoding
 	s.applied = folded
 	if prefix > resume || folded.Len() > 0 {
 		s.log.Info("transactions committed out of order before the restart (relaxed commit order) are not applied again",
-			"slot", s.cfg.Slot, "resume_after", prefix, "progress_row", resume, "committed_ahead", folded.Len())
+			"slot", s.cfg.Source.Slot, "resume_after", prefix, "progress_row", resume, "committed_ahead", folded.Len())
 	}
 	return prefix, nil
 }
@@ -107,7 +107,7 @@ func (s *session) foldAhead(ctx context.Context, prefix decoding.LSN, spans []de
 	b.ExecParams("BEGIN", nil, nil, nil, nil)
 	b.ExecParams("SET LOCAL synchronous_commit = on", nil, nil, nil, nil)
 	b.ExecParams(s.flushSQL, s.key.Args(prefix), nil, nil, nil)
-	b.ExecParams("DELETE FROM "+s.aheadTable+" WHERE slot = $1", [][]byte{[]byte(s.cfg.Slot)}, nil, nil, nil)
+	b.ExecParams("DELETE FROM "+s.aheadTable+" WHERE slot = $1", [][]byte{[]byte(s.cfg.Source.Slot)}, nil, nil, nil)
 	if len(spans) > 0 {
 		b.ExecParams(target.AheadSQL(s.aheadTable), target.AheadArgs(s.key, 0, prefix, spans), nil, nil, nil)
 	}

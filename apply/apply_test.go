@@ -31,7 +31,7 @@ func TestModes(t *testing.T) {
 				t.Run(name, func(t *testing.T) {
 					e := newEnv(t, major)
 					cfg := e.config(t, mode)
-					cfg.Binary = bin
+					cfg.Source.Binary = bin
 					cfg.SynchronousCommit = bin // both ways, without doubling the runs
 					r := start(t, cfg)
 					ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)

@@ -58,7 +58,7 @@ func TestUntilCaughtUpAsks(t *testing.T) {
 				pgtest.ExecAll(t, e.src, `INSERT INTO c VALUES (1, 1)`)
 				cfg := e.config(t, mode)
 				cfg.UntilCaughtUp = true
-				cfg.StatusInterval = 0 // the default, 10s
+				cfg.Source.StatusInterval = 0 // the default, 10s
 				for run := range 2 {
 					pgtest.ExecAll(t, e.src, `CHECKPOINT`) // WAL past the slot, nothing in it to apply
 					began := time.Now()

@@ -14,6 +14,7 @@ import (
 	"github.com/pgreorder/pgreorder/apply/internal/target"
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/internal/configerr"
+	"github.com/pgreorder/pgreorder/internal/pgsession"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 	"github.com/pgreorder/pgreorder/replication"
 	"github.com/pgreorder/pgreorder/spill"
@@ -26,7 +27,7 @@ const (
 	// Buffered applies each transaction whole, at its commit, on one connection, in commit
 	// order; transactions already received are grouped into one target transaction (see the
 	// package documentation). A streamed transaction is held by the reorder buffer (in memory up
-	// to WorkMem, then on disk) until its commit arrives.
+	// to Source.Buffer.WorkMem, then on disk) until its commit arrives.
 	Buffered Mode = iota
 	// Eager applies a streamed transaction as its parts arrive, on a connection of its own
 	// (one of Workers), taking a savepoint before each subtransaction's first change, rolling
@@ -112,6 +113,19 @@ const (
 	DefaultStartTimeout = 30 * time.Second
 )
 
+// sourceSQL returns the options of an ordinary (not replication) connection to the source with
+// application name app: Source's connection settings without replication=database.
+func (c *Config) sourceSQL(app string) (pgsession.Options, error) {
+	pc, err := pgsession.ConnConfig(c.Source.ConnConfig, c.Source.ConnString)
+	if err != nil {
+		return pgsession.Options{}, sourceConnStringError(err)
+	}
+	pc = pc.Copy()
+	delete(pc.RuntimeParams, "replication")
+	return pgsession.Options{Kind: pgsession.Source, Config: pc, BeforeConnect: c.Source.BeforeConnect,
+		ApplicationName: app, Logger: c.Logger}, nil
+}
+
 // startTimeout returns the effective StartTimeout; negative means no limit.
 func (c *Config) startTimeout() time.Duration {
 	if c.StartTimeout == 0 {
@@ -131,9 +145,34 @@ func (c *Config) slotWait() time.Duration {
 // Config describes one replication job from a source publication into a target database. The
 // DSNs, Slot and Publications are required; every other field has a working zero value.
 type Config struct {
-	// Source is the connection string of the source database (libpq keywords or URL);
-	// replication=database is added.
-	Source string
+	// Source configures the source and its stream, as it does for package changefeed: the
+	// connection (ConnString, or ConnConfig with BeforeConnect for a token or a tunnel), Slot
+	// and Publications (both required), CreateSlot (create the slot if it does not exist; the
+	// target must then hold what the source held when the slot was created, or use Copy),
+	// Binary (values in their binary send format, PostgreSQL 14+, written with COPY binary and
+	// binary parameters: column types must then be the same on both sides), OriginFilter
+	// (pgoutput's origin option: OriginFilterNone, PostgreSQL 16+, leaves out what another
+	// replication applied there, this Applier's reverse included), StatusInterval, Reconnect
+	// (the stream's own reconnections; how long a slot in use is waited for is SlotWait), and
+	// the reorder buffer's Buffer.WorkMem, Dir and SpillCodec (see below). Its Logger defaults
+	// to Logger. The ordinary connections to the source (SchemaChanges, SyncSequences, the
+	// initial copy) use the same connection settings.
+	//
+	// Buffer.WorkMem bounds the memory of transaction data, like PostgreSQL's
+	// logical_decoding_work_mem: 0 means reorderbuffer.DefaultWorkMem (64 MiB),
+	// reorderbuffer.SpillEverything keeps nothing in memory. In Buffered the reorder buffer holds
+	// at most WorkMem. In Eager and Parallel WorkMem is split: the changes queued for workers
+	// that have not applied them yet take at most a quarter of it, the reorder buffer the other
+	// three quarters, so that the two together stay within WorkMem; what does not fit waits in
+	// spill files, under Buffer.Dir ("" is the system's temporary directory), compressed by
+	// Buffer.SpillCodec if set (the reorder buffer's and the workers' queues'; package
+	// spillcodec has S2, LZ4 and zstd).
+	//
+	// The Applier sets the rest itself: Buffer.SkipThrough comes from the target's progress
+	// row, Buffer.Incremental from Mode, Buffer.HandOutAdvances is on; TemporarySlot and
+	// TwoPhase, which an Applier cannot use, are refused, as is Reconnect.SlotWait (SlotWait
+	// covers both servers).
+	Source replication.Config
 	// Target is the connection string of the target database. Its connections run with
 	// application_name "pgreorder apply SLOT" (workers "pgreorder apply SLOT wN", the lock
 	// watchdog "pgreorder apply SLOT watchdog", those of Copy "pgreorder apply SLOT cN"),
@@ -151,15 +190,8 @@ type Config struct {
 	// connection's copy of the configuration: it may set a password (an IAM token) or a dialer
 	// (a tunnel), as replication.Config.BeforeConnect does for the source.
 	TargetBeforeConnect func(ctx context.Context, cfg *pgconn.Config) error
-	// Slot is the logical replication slot (pgoutput) on the source.
-	Slot string
-	// Publications are the source publications to replicate.
-	Publications []string
-	// CreateSlot creates the slot if it does not exist. The target must then hold what the source
-	// held when the slot was created (or use Copy).
-	CreateSlot bool
 	// Copy makes the initial copy when the target has no progress row for the slot: Run creates
-	// the slot (with or without CreateSlot) with an exported snapshot, copies the published
+	// the slot (with or without Source.CreateSlot) with an exported snapshot, copies the published
 	// tables as they were at the slot's consistent point into the target's existing, empty
 	// tables, and streams from that point; a copy interrupted by a crash is discarded and made
 	// again. Once the progress row exists, Copy changes nothing. See the package documentation.
@@ -193,19 +225,6 @@ type Config struct {
 	// after a crash skips them. Any mode reads that record, so a change of CommitOrder or Mode
 	// after a crash is safe.
 	CommitOrder CommitOrder
-	// WorkMem bounds the memory of transaction data, like PostgreSQL's logical_decoding_work_mem:
-	// 0 means reorderbuffer.DefaultWorkMem (64 MiB), reorderbuffer.SpillEverything keeps nothing
-	// in memory. In Buffered the reorder buffer holds at most WorkMem. In Eager and Parallel
-	// WorkMem is split: the changes queued for workers that have not applied them yet take at
-	// most a quarter of it, the reorder buffer the other three quarters, so that the two together
-	// stay within WorkMem; what does not fit waits in spill files.
-	WorkMem int64
-	// SpillDir is where spill files go; "" means the system's temporary directory.
-	SpillDir string
-	// SpillCodec compresses spill files (the reorder buffer's, and in Eager and Parallel the
-	// workers' queues'), as reorderbuffer.Config.SpillCodec; nil (the default) does not. Package
-	// spillcodec has S2, LZ4 and zstd.
-	SpillCodec spill.Codec
 	// SynchronousCommit makes every target commit wait for its WAL flush (or for whatever the
 	// target role's synchronous_commit says), and acknowledges it to the source at once: the
 	// lowest latency per transaction. Without it (the default), target transactions commit with
@@ -218,10 +237,6 @@ type Config struct {
 	// transaction is acknowledged to the source only once its commit is durable on the target,
 	// so exactly-once holds across crashes of either server.
 	SynchronousCommit bool
-	// Binary asks the source for values in their binary send format (PostgreSQL 14+), written
-	// to the target with COPY binary and binary parameters. Column types must then be the same
-	// on both sides.
-	Binary bool
 	// ProgressTable is the target table that records the progress of each slot, created if
 	// missing: (slot text PRIMARY KEY, end_lsn pg_lsn, system_id text, timeline int), the last two
 	// naming the source system the position belongs to (added to a table made without them).
@@ -239,9 +254,6 @@ type Config struct {
 	// again. Run stops with ErrSlotAhead instead, unless this is set: it then logs the gap, moves
 	// the progress row to the slot's position and continues, without them.
 	AcceptSlotAhead bool
-	// StatusInterval is the longest time between two status updates to the source; 0 means the
-	// replication package's default.
-	StatusInterval time.Duration
 	// SlotWait is how long a session waits, when it starts, for connections of another session of
 	// the slot: on the target, those of another Applier for the slot or the backends left by one
 	// that died (which end when the server notices); on the source, another walsender streaming
@@ -263,7 +275,7 @@ type Config struct {
 	// Applier commits (pg_replication_origin_session_setup, and pg_replication_origin_xact_setup
 	// with the source transaction's end LSN and commit time, which becomes its commit timestamp),
 	// as PostgreSQL's subscriber does. A publication of the target read with origin = none
-	// (OriginFilter, PostgreSQL 16+) then leaves those transactions out: two databases can
+	// (Source.OriginFilter, PostgreSQL 16+) then leaves those transactions out: two databases can
 	// replicate to each other without loops; and the target tells the Applier's rows from
 	// others' (*_origin_differs conflicts, with track_commit_timestamp). Worker connections use
 	// origins of their own, Origin + "_w1" and so on, and the initial copy's connections (Copy)
@@ -274,11 +286,6 @@ type Config struct {
 	// Setting up an origin takes a superuser or a role granted EXECUTE on the functions; without
 	// it the Applier says so once and commits without origin. "" commits without origin.
 	Origin string
-	// OriginFilter is pgoutput's origin option on the source: replication.OriginFilterDefault
-	// (not sent: every change), OriginFilterAny, or OriginFilterNone (PostgreSQL 16+: only
-	// changes committed without origin, which leaves out what another replication, this
-	// Applier's reverse included, applied there).
-	OriginFilter replication.OriginFilter
 	// Conflicts configures conflict detection, resolution and reporting.
 	Conflicts conflict.Config
 
@@ -333,24 +340,36 @@ func (c Config) validate() (Config, error) {
 		return c, invalid(f, format, args...)
 	}
 	switch {
-	case c.Source == "":
-		return bad(field("Source"), "is required")
+	case c.Source.ConnString == "" && c.Source.ConnConfig == nil:
+		return bad(field("Source.ConnString"), "is required")
+	case c.Source.ConnString != "" && c.Source.ConnConfig != nil:
+		return bad(field("Source.ConnString"), "is set, and so is %s: set one of them", field("Source.ConnConfig"))
 	case c.Target == "" && c.TargetConfig == nil:
 		return bad(field("Target"), "is required")
 	case c.Target != "" && c.TargetConfig != nil:
 		return bad(field("Target"), "is set, and so is %s: set one of them", field("TargetConfig"))
-	case c.Slot == "":
-		return bad(field("Slot"), "is required")
-	case len(c.Publications) == 0:
-		return bad(field("Publications"), "is required")
+	case c.Source.Slot == "":
+		return bad(field("Source.Slot"), "is required")
+	case len(c.Source.Publications) == 0:
+		return bad(field("Source.Publications"), "is required")
+	case c.Source.TemporarySlot:
+		return bad(field("Source.TemporarySlot"), "is set: the target's progress row must outlive the connection, and a temporary slot does not")
+	case c.Source.TwoPhase:
+		return bad(field("Source.TwoPhase"), "is set: the Applier applies a prepared transaction at its COMMIT PREPARED, from a slot read without two-phase decoding")
+	case c.Source.Reconnect.SlotWait != 0:
+		return bad(field("Source.Reconnect.SlotWait"), "is set: set %s, which covers the target's connections too", field("SlotWait"))
+	case c.Source.Buffer.SkipThrough != 0:
+		return bad(field("Source.Buffer.SkipThrough"), "is set: the Applier resumes after the target's progress row")
+	case c.Source.Buffer.Incremental:
+		return bad(field("Source.Buffer.Incremental"), "is set: %s decides it", field("Mode"))
 	case c.Mode < Buffered || c.Mode > Parallel:
 		return bad(field("Mode"), "%d is unknown", int(c.Mode))
 	case c.Workers < 0 || c.Workers > MaxWorkers:
 		return bad(field("Workers"), "%d (want 0 for the default, or 1 to %d)", c.Workers, MaxWorkers)
 	case c.CopyWorkers < 0 || c.CopyWorkers > MaxWorkers:
 		return bad(field("CopyWorkers"), "%d (want 0 for the default, or 1 to %d)", c.CopyWorkers, MaxWorkers)
-	case c.WorkMem < 0 && c.WorkMem != reorderbuffer.SpillEverything:
-		return bad(field("WorkMem"), "%d (want bytes, 0 for the default, or reorderbuffer.SpillEverything)", c.WorkMem)
+	case c.Source.Buffer.WorkMem < 0 && c.Source.Buffer.WorkMem != reorderbuffer.SpillEverything:
+		return bad(field("Source.Buffer.WorkMem"), "%d (want bytes, 0 for the default, or reorderbuffer.SpillEverything)", c.Source.Buffer.WorkMem)
 	case c.SyncSequencesInterval < 0:
 		return bad(field("SyncSequencesInterval"), "%v (want an interval, or 0 for the default)", c.SyncSequencesInterval)
 	case c.SchemaChanges < SchemaFixed || c.SchemaChanges > SchemaAddColumns:
@@ -361,9 +380,9 @@ func (c Config) validate() (Config, error) {
 		return bad(field("CommitOrder"), "relaxed needs %s (it is %v: it commits in the source's order only)",
 			Field{Config: "apply", Path: "Mode", Value: "Parallel", Arg: "parallel"}, c.Mode)
 	}
-	for _, p := range c.Publications {
+	for _, p := range c.Source.Publications {
 		if p == "" {
-			return bad(field("Publications"), "holds an empty name")
+			return bad(field("Source.Publications"), "holds an empty name")
 		}
 	}
 	if c.Workers == 0 {
@@ -386,10 +405,16 @@ func (c Config) validate() (Config, error) {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
-	switch c.OriginFilter {
+	if c.Source.Logger == nil {
+		c.Source.Logger = c.Logger
+	}
+	switch c.Source.OriginFilter {
 	case replication.OriginFilterDefault, replication.OriginFilterAny, replication.OriginFilterNone:
 	default:
-		return bad(field("OriginFilter"), "%d is unknown", int(c.OriginFilter))
+		return bad(field("Source.OriginFilter"), "%d is unknown", int(c.Source.OriginFilter))
+	}
+	if _, err := pgsession.ConnConfig(c.Source.ConnConfig, c.Source.ConnString); err != nil {
+		return c, sourceConnStringError(err)
 	}
 	var err error
 	if c.Conflicts, err = validateConflicts(c.Conflicts); err != nil {
@@ -401,20 +426,22 @@ func (c Config) validate() (Config, error) {
 // relaxed says whether Parallel's workers may commit ahead of the committed prefix.
 func (c *Config) relaxed() bool { return c.CommitOrder == CommitRelaxed && c.Mode == Parallel }
 
-// WorkMemBytes is WorkMem in bytes, as the Applier holds memory to it:
+// WorkMemBytes is Source.Buffer.WorkMem in bytes, as the Applier holds memory to it:
 // reorderbuffer.DefaultWorkMem for 0, 0 for reorderbuffer.SpillEverything, and math.MaxInt64
 // for no limit.
 func (c *Config) WorkMemBytes() int64 {
-	switch {
-	case c.WorkMem == 0:
+	switch w := c.Source.Buffer.WorkMem; {
+	case w == 0:
 		return reorderbuffer.DefaultWorkMem
-	case c.WorkMem < 0:
+	case w < 0:
 		return 0
+	default:
+		return w
 	}
-	return c.WorkMem
 }
 
-// queueMem is the memory the queues of workers may hold in total: a quarter of WorkMem.
+// queueMem is the memory the queues of workers may hold in total: a quarter of WorkMem
+// (Source.Buffer.WorkMem).
 func (c *Config) queueMem() int64 {
 	if m := c.WorkMemBytes(); m != math.MaxInt64 {
 		return m / 4
@@ -427,7 +454,7 @@ func (c *Config) queueMem() int64 {
 func (c *Config) bufferMem(incremental bool) int64 {
 	m := c.WorkMemBytes()
 	if !incremental || m == math.MaxInt64 {
-		return c.WorkMem
+		return c.Source.Buffer.WorkMem
 	}
 	if m -= c.queueMem(); m <= 0 {
 		return reorderbuffer.SpillEverything
@@ -452,6 +479,6 @@ func (c *Config) targetOptions() *target.Options {
 	return &target.Options{ConnConfig: c.TargetConfig, ConnString: c.Target, BeforeConnect: c.TargetBeforeConnect,
 		Logger: c.Logger, Tables: []string{c.ProgressTable, c.Conflicts.LogTable, c.Conflicts.TombstoneTable,
 			conflict.DefaultTombstoneTable},
-		Slot: c.Slot, SynchronousCommit: c.SynchronousCommit, Binary: c.Binary, Now: c.now, AddColumn: c.addColumn,
+		Slot: c.Source.Slot, SynchronousCommit: c.SynchronousCommit, Binary: c.Source.Binary, Now: c.now, AddColumn: c.addColumn,
 		MaxStatements: c.maxStatements}
 }

@@ -36,7 +36,8 @@ func skipField(lsn decoding.LSN) configerr.Field {
 	return configerr.Field{Config: "apply", Path: "SkipLSN", Value: lsn.String()}
 }
 
-// sourceConnStringError is the error of a Source that does not parse.
+// sourceConnStringError is the error of a Source.ConnString that does not parse (or a
+// Source.ConnConfig not made by pgconn.ParseConfig).
 func sourceConnStringError(err error) error {
-	return &ConfigError{Field: field("Source"), Reason: configerr.Words("is not a connection string"), Err: ErrInvalidConfig, Cause: err}
+	return &ConfigError{Field: field("Source.ConnString"), Reason: configerr.Words("is not a connection string"), Err: ErrInvalidConfig, Cause: err}
 }

@@ -118,10 +118,13 @@ func newBiEnv(t *testing.T, srv *pgtest.Server, log *pgtest.LockedBuffer, schema
 			`SELECT pg_create_logical_replication_slot('bi_`+db+`', 'pgoutput')`)...))
 	}
 	mk := func(src, dst, srcDB, dstDB, name string) Config {
-		return Config{Source: srv.ReplicationConnString(srcDB), Target: srv.ConnString(dstDB), Slot: "bi_" + srcDB,
-			Publications: []string{"pub"}, StatusInterval: 100 * time.Millisecond, OriginFilter: replication.OriginFilterNone,
-			Origin: "pgr_" + name + "_" + dstDB, Conflicts: conflict.Config{Resolutions: res},
-			Logger: slog.New(slog.NewTextHandler(log, &slog.HandlerOptions{Level: slog.LevelInfo})).With("dir", name)}
+		return Config{
+			Source:    replication.Config{ConnString: srv.ReplicationConnString(srcDB), Slot: "bi_" + srcDB, Publications: []string{"pub"}, StatusInterval: 100 * time.Millisecond, OriginFilter: replication.OriginFilterNone},
+			Target:    srv.ConnString(dstDB),
+			Origin:    "pgr_" + name + "_" + dstDB,
+			Conflicts: conflict.Config{Resolutions: res},
+			Logger:    slog.New(slog.NewTextHandler(log, &slog.HandlerOptions{Level: slog.LevelInfo})).With("dir", name),
+		}
 	}
 	be.atob = mk(be.a, be.b, dbA, dbB, "atob")
 	be.btoa = mk(be.b, be.a, dbB, dbA, "btoa")

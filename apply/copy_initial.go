@@ -57,17 +57,12 @@ func (s *session) copyConfig(ctx context.Context) (c *copyTarget, begun bool, sc
 	if err := s.createCopyTable(ctx, ct); err != nil {
 		return nil, false, scfg, err
 	}
-	rows, err := target.Query(ctx, s.leader.PG(), "SELECT relation FROM "+ct+" WHERE slot = $1", s.cfg.Slot)
+	rows, err := target.Query(ctx, s.leader.PG(), "SELECT relation FROM "+ct+" WHERE slot = $1", s.cfg.Source.Slot)
 	if err != nil {
 		return nil, false, scfg, fmt.Errorf("apply: reading the copy table %s: %w", ct, err)
 	}
-	scfg = snapshot.Config{
-		ConnString:   s.cfg.Source,
-		Publications: s.cfg.Publications,
-		Workers:      s.cfg.CopyWorkers,
-		Binary:       s.cfg.Binary,
-		Logger:       s.log,
-	}
+	// The connection, publications and binary values are the stream's (InitialCopy).
+	scfg = snapshot.Config{Workers: s.cfg.CopyWorkers, Logger: s.log}
 	if s.cfg.hooks != nil {
 		scfg.ChunkSize = s.cfg.hooks.copyChunkSize
 	}
@@ -99,7 +94,7 @@ func (c *copyTarget) Plan(ctx context.Context, sess *snapshot.Session) (err erro
 	o := c.s.cfg.targetOptions()
 	o.InitialCopy = true // the copy's rows count in Stats.InitialCopyRows
 	for i := range c.tgs {
-		tg, err := connectTarget(ctx, o, "pgreorder apply "+c.s.cfg.Slot+" c"+strconv.Itoa(i+1), &c.s.stats.Counters)
+		tg, err := connectTarget(ctx, o, "pgreorder apply "+c.s.cfg.Source.Slot+" c"+strconv.Itoa(i+1), &c.s.stats.Counters)
 		if err != nil {
 			return err
 		}
@@ -143,16 +138,16 @@ func (c *copyTarget) Done(ctx context.Context, cp decoding.LSN) error {
 func (c *copyTarget) Discard(ctx context.Context, noSlot bool) {
 	c.closeTargets(ctx)
 	if !noSlot {
-		c.s.log.Warn("the failed initial copy's slot could not be dropped; the next run will", "slot", c.s.cfg.Slot)
+		c.s.log.Warn("the failed initial copy's slot could not be dropped; the next run will", "slot", c.s.cfg.Source.Slot)
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), copyStageTimeout)
 	defer cancel()
 	if err := c.s.resetCopy(ctx, c.ct, false); err != nil {
-		c.s.log.Warn("discarding the failed initial copy; the next run will", "slot", c.s.cfg.Slot, "err", err)
+		c.s.log.Warn("discarding the failed initial copy; the next run will", "slot", c.s.cfg.Source.Slot, "err", err)
 		return
 	}
-	c.s.log.Info("failed initial copy discarded: slot dropped, copied rows removed", "slot", c.s.cfg.Slot)
+	c.s.log.Info("failed initial copy discarded: slot dropped, copied rows removed", "slot", c.s.cfg.Source.Slot)
 }
 
 func (c *copyTarget) closeTargets(ctx context.Context) {
@@ -210,7 +205,7 @@ func (s *session) resetCopy(ctx context.Context, ct string, begin bool) error {
 		// their inheritance children; dropped ones are gone already.
 		rows, err := target.Query(ctx, s.leader.PG(), `SELECT r.relation, c.relkind = 'p'
 FROM `+ct+` r JOIN pg_catalog.pg_class c ON c.oid = pg_catalog.to_regclass(r.relation)
-WHERE r.slot = $1 AND r.relation <> '' ORDER BY r.relation`, s.cfg.Slot)
+WHERE r.slot = $1 AND r.relation <> '' ORDER BY r.relation`, s.cfg.Source.Slot)
 		if err != nil {
 			return err
 		}
@@ -224,11 +219,11 @@ WHERE r.slot = $1 AND r.relation <> '' ORDER BY r.relation`, s.cfg.Slot)
 				return err
 			}
 		}
-		if _, err := target.Query(ctx, s.leader.PG(), "DELETE FROM "+ct+" WHERE slot = $1", s.cfg.Slot); err != nil {
+		if _, err := target.Query(ctx, s.leader.PG(), "DELETE FROM "+ct+" WHERE slot = $1", s.cfg.Source.Slot); err != nil {
 			return err
 		}
 		if begin {
-			_, err = target.Query(ctx, s.leader.PG(), "INSERT INTO "+ct+" (slot, relation) VALUES ($1, '')", s.cfg.Slot)
+			_, err = target.Query(ctx, s.leader.PG(), "INSERT INTO "+ct+" (slot, relation) VALUES ($1, '')", s.cfg.Source.Slot)
 		}
 		return err
 	})
@@ -291,7 +286,7 @@ func (s *session) prepareCopy(ctx context.Context, ct string, tables []*snapshot
 			batch := tables[start:min(start+1000, len(tables))]
 			var b strings.Builder
 			b.WriteString("INSERT INTO " + ct + " (slot, relation) VALUES ")
-			args := []string{s.cfg.Slot}
+			args := []string{s.cfg.Source.Slot}
 			for i, t := range batch {
 				if i > 0 {
 					b.WriteString(", ")
@@ -345,7 +340,7 @@ func (s *session) finishCopy(ctx context.Context, ct string, cp decoding.LSN) er
 		if _, err := target.Query(ctx, s.leader.PG(), s.progSQL, s.key.Slot, cp.String(), s.key.System, strconv.Itoa(s.key.Timeline)); err != nil {
 			return err
 		}
-		_, err := target.Query(ctx, s.leader.PG(), "DELETE FROM "+ct+" WHERE slot = $1", s.cfg.Slot)
+		_, err := target.Query(ctx, s.leader.PG(), "DELETE FROM "+ct+" WHERE slot = $1", s.cfg.Source.Slot)
 		return err
 	})
 	if err != nil {

@@ -126,7 +126,7 @@ func TestCopy(t *testing.T) {
 				preload(t, ctx, e, rng)
 				w := newWriter(t, e.src)
 				cfg := e.config(t, mode)
-				cfg.Copy, cfg.CopyWorkers, cfg.Binary = true, 3, bin
+				cfg.Copy, cfg.CopyWorkers, cfg.Source.Binary = true, 3, bin
 				cfg.hooks = &hooks{copyChunkSize: 256 << 10, stage: func(ctx context.Context, stage string, x txnRef) error {
 					if stage == "copy-chunk" {
 						return w.write(ctx)

@@ -13,6 +13,8 @@ import (
 
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
+	"github.com/pgreorder/pgreorder/reorderbuffer"
+	"github.com/pgreorder/pgreorder/replication"
 )
 
 // TestTargetCrash stops the target server immediately (pg_ctl stop -m immediate) three times at
@@ -72,8 +74,13 @@ func testTargetCrash(t *testing.T, mode Mode, order CommitOrder) {
 	must(t, pgtest.Exec(ctx, dst, append(append([]string{}, ddl...), `INSERT INTO accounts SELECT g, 0 FROM generate_series(1, 5) g`)...))
 
 	rng := seeded(t)
-	cfg := Config{Source: repl, Target: dst, Slot: "crash", Publications: []string{"pub"}, Mode: mode, CommitOrder: order,
-		WorkMem: 256 << 10, StatusInterval: 100 * time.Millisecond, Logger: testLog(t)}
+	cfg := Config{
+		Source:      replication.Config{ConnString: repl, Slot: "crash", Publications: []string{"pub"}, StatusInterval: 100 * time.Millisecond, Buffer: reorderbuffer.Config{WorkMem: 256 << 10}},
+		Target:      dst,
+		Mode:        mode,
+		CommitOrder: order,
+		Logger:      testLog(t),
+	}
 	r := start(t, cfg)
 
 	// The workload: small transactions, each recording after its commit the source's WAL

@@ -2,9 +2,10 @@
 // once: a subscriber like PostgreSQL's own, as a library, over pgreorder's replication stream.
 //
 //	err := apply.Run(ctx, apply.Config{
-//		Source: "host=src dbname=app", Target: "host=dst dbname=app",
-//		Slot: "to_dst", Publications: []string{"app"}, CreateSlot: true,
-//		Mode: apply.Eager,
+//		Source: replication.Config{ConnString: "host=src dbname=app",
+//			Slot: "to_dst", Publications: []string{"app"}, CreateSlot: true},
+//		Target: "host=dst dbname=app",
+//		Mode:   apply.Eager,
 //	})
 //
 // The target's tables must exist, matched by schema and name, with every source column (matched
@@ -121,7 +122,7 @@
 // # Modes
 //
 // Buffered applies each transaction whole at its commit, in commit order; the reorder buffer holds
-// large transactions in memory up to Config.WorkMem and on disk beyond. Transactions the stream
+// large transactions in memory up to Config.Source.Buffer.WorkMem and on disk beyond. Transactions the stream
 // has already delivered are applied together in one target transaction, which ends with the
 // progress row of the last: a backlog of small transactions then takes a round trip per group
 // instead of one per transaction. Groups size themselves: while the Applier is behind, the next
@@ -159,7 +160,7 @@
 // statement names each row by it and by every column of the old row, compared as below;
 // without a unique index their inserts are held while nothing else comes); updates of the key
 // (for FULL tables, of that index's columns), and updates of a table whose every column is in
-// the key (a set statement would write nothing, and so could not tell a missing row); binary values (Config.Binary);
+// the key (a set statement would write nothing, and so could not tell a missing row); binary values (Config.Source.Binary);
 // updates with unchanged TOASTed values of a row the group did not insert or update whole;
 // columns whose type has no array type; a TRUNCATE, for the tables it names. A table into which
 // one source transaction inserts 32 rows or more in a row goes one statement each too, its
@@ -172,7 +173,7 @@
 // later savepoints go with it), ROLLBACK when the transaction aborts, COMMIT at its commit, in
 // order. Changes reach the worker through a queue that spills to disk past its memory share, so a
 // worker that cannot keep up never holds up the stream or the other transactions. The queues hold
-// the reorder buffer's own records of the changes, copied once, and share Config.WorkMem with
+// the reorder buffer's own records of the changes, copied once, and share Config.Source.Buffer.WorkMem with
 // the reorder buffer: a quarter for the queues, the rest for the buffer. With all
 // workers busy, a streamed transaction is queued the same way and applied at its commit. Other
 // transactions are applied as they arrive, after every earlier one committed: those that arrive
@@ -233,7 +234,7 @@
 //
 // Changes that are not applied set-based (Eager, Parallel, and what Buffered sends one statement
 // each) go as follows. Runs of inserts into one table go through COPY FROM STDIN, in binary when
-// the values are (with Config.Binary: pgoutput's binary values are the types' send format, COPY
+// the values are (with Config.Source.Binary: pgoutput's binary values are the types' send format, COPY
 // binary's field format), else in text, escaped; short runs become INSERTs. Updates and deletes are
 // prepared statements, one per table and set of columns, sent in batches whose results are checked
 // in order: a transaction of a few statements takes one round trip with its progress row and
@@ -271,7 +272,7 @@
 // nothing conflicts: rows are looked up only for statements that met a conflict. Config.Origin
 // marks the applied transactions with a replication origin, which lets the target tell the
 // Applier's rows from others' (with track_commit_timestamp) and lets a reverse replication leave
-// them out (Config.OriginFilter replication.OriginFilterNone): two databases can replicate into
+// them out (Config.Source.OriginFilter replication.OriginFilterNone): two databases can replicate into
 // each other. conflict.Config.Retention turns on update_deleted detection, from a bounded record of
 // the target's local deletions rather than retained dead tuples; Applier.Uninstall removes that
 // record (and, as asked, the slot's progress and the origins) from the target.

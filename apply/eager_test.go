@@ -15,6 +15,7 @@ import (
 	"github.com/pgreorder/pgreorder/apply/conflict"
 	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
+	"github.com/pgreorder/pgreorder/replication"
 	"github.com/pgreorder/pgreorder/spill"
 	"github.com/pgreorder/pgreorder/spillcodec"
 )
@@ -30,10 +31,10 @@ func TestEagerSpool(t *testing.T) {
 			defer cancel()
 			cfg := e.config(t, Eager)
 			cfg.Workers = 1
-			cfg.WorkMem = 64 << 10 // queues: 16 KiB, the reorder buffer 48 KiB
+			cfg.Source.Buffer.WorkMem = 64 << 10 // queues: 16 KiB, the reorder buffer 48 KiB
 			if major == testMajors[len(testMajors)-1] {
 				// The buffer's and the queues' spill files compressed, on one of the versions.
-				cfg.SpillCodec = spillcodec.S2()
+				cfg.Source.Buffer.SpillCodec = spillcodec.S2()
 			}
 			// The worker's first record waits for the queue to spill (the Applier, once started).
 			var applier atomic.Pointer[Applier]
@@ -95,9 +96,9 @@ func TestEagerSpool(t *testing.T) {
 				t.Errorf("spooled %d, queue bytes spilled %d, subtransactions rolled back %d: want all > 0", st.Spooled, st.QueueSpilled, st.SubAborts)
 			}
 			// The queues and the reorder buffer share WorkMem.
-			if peak := r.a.BufferStats().PeakMemoryBytes; st.QueuePeakBytes == 0 || peak+st.QueuePeakBytes > cfg.WorkMem {
+			if peak := r.a.BufferStats().PeakMemoryBytes; st.QueuePeakBytes == 0 || peak+st.QueuePeakBytes > cfg.Source.Buffer.WorkMem {
 				t.Errorf("peak memory: queues %d bytes, reorder buffer %d: want queues > 0 and the sum <= WorkMem %d",
-					st.QueuePeakBytes, peak, cfg.WorkMem)
+					st.QueuePeakBytes, peak, cfg.Source.Buffer.WorkMem)
 			}
 			// The rows of the subtransactions rolled back are not counted.
 			if rows := pgtest.Count(t, e.dst, `SELECT (SELECT count(*) FROM big) + (SELECT count(*) FROM events) + (SELECT count(*) FROM marker)`); st.Inserts != int64(rows) {
@@ -347,7 +348,7 @@ func TestEagerSavepointFirst(t *testing.T) {
 // share Config.WorkMem, and that Buffered gives it all to the buffer.
 func TestWorkMemSplit(t *testing.T) {
 	for _, w := range []int64{0, 1, 3, 4, 64 << 10, 1<<20 + 3, reorderbuffer.SpillEverything, math.MaxInt64} {
-		c := Config{WorkMem: w}
+		c := Config{Source: replication.Config{Buffer: reorderbuffer.Config{WorkMem: w}}}
 		q, b := c.queueMem(), c.bufferMem(true)
 		if got := c.bufferMem(false); got != w {
 			t.Errorf("WorkMem %d: Buffered's buffer gets %d, want all of it", w, got)

@@ -37,7 +37,7 @@ var (
 	// ErrMissingTable: a published table does not exist on the target.
 	ErrMissingTable = retry.Stop("apply: target table does not exist")
 	// ErrSchemaMismatch: the target table lacks a source column (Config.SchemaChanges can add
-	// it), has it generated, or (with Binary) with another type.
+	// it), has it generated, or (with Source.Binary) with another type.
 	ErrSchemaMismatch = retry.Stop("apply: target table does not match the source")
 	// ErrNoReplicaIdentity: an UPDATE or DELETE cannot identify its row: the source relation has
 	// no replica identity key and is not REPLICA IDENTITY FULL, or the target table has neither a

@@ -8,6 +8,7 @@ import (
 	"os/signal"
 
 	"github.com/pgreorder/pgreorder/apply"
+	"github.com/pgreorder/pgreorder/replication"
 )
 
 // With Copy, a new target needs only its tables, empty: the first Run creates the slot, copies
@@ -17,13 +18,15 @@ func ExampleConfig_copy() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	err := apply.Run(ctx, apply.Config{
-		Source:       "host=source.example dbname=app",
-		Target:       "host=target.example dbname=app",
-		Slot:         "app_to_new_target",
-		Publications: []string{"app"},
-		Copy:         true,
-		CopyWorkers:  4,
-		Mode:         apply.Parallel,
+		Source: replication.Config{
+			ConnString:   "host=source.example dbname=app",
+			Slot:         "app_to_new_target",
+			Publications: []string{"app"},
+		},
+		Target:      "host=target.example dbname=app",
+		Copy:        true,
+		CopyWorkers: 4,
+		Mode:        apply.Parallel,
 	})
 	switch {
 	case errors.Is(err, apply.ErrTargetNotEmpty):
@@ -37,8 +40,12 @@ func ExampleConfig_copy() {
 
 // CopyWorkers is checked with the rest of the configuration.
 func ExampleConfig_copyWorkers() {
-	_, err := apply.New(apply.Config{Source: "dbname=src", Target: "dbname=dst", Slot: "s",
-		Publications: []string{"p"}, Copy: true, CopyWorkers: apply.MaxWorkers + 1})
+	_, err := apply.New(apply.Config{
+		Source:      replication.Config{ConnString: "dbname=src", Slot: "s", Publications: []string{"p"}},
+		Target:      "dbname=dst",
+		Copy:        true,
+		CopyWorkers: apply.MaxWorkers + 1,
+	})
 	fmt.Println(errors.Is(err, apply.ErrInvalidConfig))
 	// Output:
 	// true

@@ -9,6 +9,7 @@ import (
 	"os/signal"
 
 	"github.com/pgreorder/pgreorder/apply"
+	"github.com/pgreorder/pgreorder/replication"
 )
 
 // Run replicates until the context ends; a refused change stops it with an *ApplyError naming
@@ -17,13 +18,15 @@ func Example() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	a, err := apply.New(apply.Config{
-		Source:       "host=source.example dbname=app",
-		Target:       "host=target.example dbname=app",
-		Slot:         "app_to_target",
-		Publications: []string{"app"},
-		CreateSlot:   true,
-		Mode:         apply.Parallel,
-		Logger:       slog.New(slog.NewTextHandler(os.Stderr, nil)),
+		Source: replication.Config{
+			ConnString:   "host=source.example dbname=app",
+			Slot:         "app_to_target",
+			Publications: []string{"app"},
+			CreateSlot:   true,
+		},
+		Target: "host=target.example dbname=app",
+		Mode:   apply.Parallel,
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, nil)),
 	})
 	if err != nil {
 		fmt.Println(err)
@@ -60,10 +63,10 @@ func ExampleParseMode() {
 
 // New checks the configuration before anything connects.
 func ExampleNew() {
-	_, err := apply.New(apply.Config{Source: "dbname=src", Target: "dbname=dst", Slot: "s"})
+	_, err := apply.New(apply.Config{Source: replication.Config{ConnString: "dbname=src", Slot: "s"}, Target: "dbname=dst"})
 	fmt.Println(err)
 	fmt.Println(errors.Is(err, apply.ErrInvalidConfig))
 	// Output:
-	// apply: invalid configuration: Publications is required
+	// apply: invalid configuration: Source.Publications is required
 	// true
 }

@@ -56,7 +56,7 @@ func TestFullIdentityNoEquality(t *testing.T) {
 			t.Run(fmt.Sprintf("pg%d/binary=%v", major, binary), func(t *testing.T) {
 				e := fullEnv(t, major, "noeq", schema)
 				cfg := e.config(t, Buffered)
-				cfg.Binary = binary
+				cfg.Source.Binary = binary
 				r := start(t, cfg)
 				pgtest.ExecAll(t, e.src,
 					`INSERT INTO nj VALUES
@@ -125,7 +125,7 @@ func TestStatementsBounded(t *testing.T) {
 
 	// Binary values: the changes go one prepared statement each, not as set statements.
 	cfg := e.config(t, Buffered)
-	cfg.Binary = true
+	cfg.Source.Binary = true
 	cfg.maxStatements = bound
 	r = start(t, cfg)
 	for round := range 2 {

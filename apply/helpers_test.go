@@ -17,6 +17,8 @@ import (
 
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
+	"github.com/pgreorder/pgreorder/reorderbuffer"
+	"github.com/pgreorder/pgreorder/replication"
 )
 
 // testMajors are the oldest and the newest supported versions.
@@ -70,14 +72,10 @@ func newEnv(t *testing.T, major int, extraTarget ...string) *env {
 
 func (e *env) config(t testing.TB, mode Mode) Config {
 	return Config{
-		Source:         e.repl,
-		Target:         e.dst,
-		Slot:           e.slot,
-		Publications:   []string{"pub"},
-		Mode:           mode,
-		WorkMem:        256 << 10,
-		StatusInterval: 100 * time.Millisecond,
-		Logger:         testLog(t),
+		Source: replication.Config{ConnString: e.repl, Slot: e.slot, Publications: []string{"pub"}, StatusInterval: 100 * time.Millisecond, Buffer: reorderbuffer.Config{WorkMem: 256 << 10}},
+		Target: e.dst,
+		Mode:   mode,
+		Logger: testLog(t),
 	}
 }
 

@@ -18,6 +18,8 @@ import (
 
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
+	"github.com/pgreorder/pgreorder/reorderbuffer"
+	"github.com/pgreorder/pgreorder/replication"
 )
 
 // childEnv carries the configuration of an applier run by a re-executed test binary.
@@ -58,9 +60,13 @@ func runChild() int {
 	if os.Getenv("PGREORDER_APPLY_DEBUG") != "" {
 		level = slog.LevelDebug
 	}
-	cfg := Config{Source: c.Source, Target: c.Target, Slot: c.Slot, Publications: []string{"pub"}, Mode: c.Mode,
-		Workers: c.Workers, WorkMem: c.WorkMem, StatusInterval: 100 * time.Millisecond,
-		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})).With("child", os.Getpid())}
+	cfg := Config{
+		Source:  replication.Config{ConnString: c.Source, Slot: c.Slot, Publications: []string{"pub"}, StatusInterval: 100 * time.Millisecond, Buffer: reorderbuffer.Config{WorkMem: c.WorkMem}},
+		Target:  c.Target,
+		Mode:    c.Mode,
+		Workers: c.Workers,
+		Logger:  slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})).With("child", os.Getpid()),
+	}
 	cfg.Copy, cfg.CopyWorkers = c.Copy, 2
 	cfg.runTxns = c.RunTxns
 	cfg.CommitOrder = c.CommitOrder

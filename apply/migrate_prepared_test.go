@@ -109,7 +109,7 @@ func TestSchemaAddColumnSynchronousSource(t *testing.T) {
 				`SELECT pg_create_logical_replication_slot('syncschema', 'pgoutput')`)...))
 			must(t, pgtest.Exec(ctx, e.dst, ddl...))
 			cfg := e.config(t, Buffered)
-			cfg.Source += " application_name=" + syncName
+			cfg.Source.ConnString += " application_name=" + syncName
 			cfg.SchemaChanges = SchemaAddColumns
 			must(t, pgtest.Exec(ctx, src.ConnString("postgres"), `ALTER SYSTEM SET synchronous_standby_names = '`+syncName+`'`, `SELECT pg_reload_conf()`))
 			t.Cleanup(func() {
@@ -197,7 +197,7 @@ func TestTwoPhaseSlot(t *testing.T) {
 	e := fullEnv(t, testMajors[len(testMajors)-1], "plain", []string{`CREATE TABLE s (id int PRIMARY KEY)`})
 	pgtest.ExecAll(t, e.src, `SELECT pg_create_logical_replication_slot('twophase', 'pgoutput', false, true)`)
 	cfg := e.config(t, Buffered)
-	cfg.Slot = "twophase"
+	cfg.Source.Slot = "twophase"
 	err := start(t, cfg).stopped(t)
 	if !errors.Is(err, replication.ErrSlotMismatch) || !strings.Contains(err.Error(), "without two-phase decoding") ||
 		strings.Contains(err.Error(), "TwoPhase") {

@@ -123,7 +123,7 @@ func TestSlotGone(t *testing.T) {
 	e := newEnv(t, testMajors[len(testMajors)-1])
 	ctx := pgtest.Context(t, time.Minute)
 	cfg := e.config(t, Buffered)
-	cfg.CreateSlot = true
+	cfg.Source.CreateSlot = true
 	r := start(t, cfg)
 	must(t, pgtest.Exec(ctx, e.src, `INSERT INTO marker VALUES (1)`))
 	e.waitMarker(t, r, 1)
@@ -211,7 +211,7 @@ func TestTwoSourcesOneSlotName(t *testing.T) {
 	must(t, pgtest.Exec(ctx, other.ConnString("postgres"), `CREATE TABLE marker (id int PRIMARY KEY)`,
 		`CREATE PUBLICATION pub FOR ALL TABLES`, `SELECT pg_create_logical_replication_slot('apply', 'pgoutput')`))
 	cfg := e.config(t, Buffered)
-	cfg.Source = other.ReplicationConnString("postgres")
+	cfg.Source.ConnString = other.ReplicationConnString("postgres")
 	err = runErr(t, cfg, 30*time.Second)
 	if !errors.Is(err, ErrSourceChanged) {
 		t.Fatalf("second source: %v; want ErrSourceChanged", err)

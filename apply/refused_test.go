@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/pgreorder/pgreorder/apply/internal/target"
 	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
+	"github.com/pgreorder/pgreorder/replication"
 )
 
 // TestRefusedChangeNames makes the target refuse changes: values its column types cannot read
@@ -54,7 +55,7 @@ func TestRefusedChangeNames(t *testing.T) {
 			}
 			pgtest.ExecAll(t, e.src, c.remote...)
 			cfg := e.config(t, Buffered)
-			cfg.Binary = c.binary
+			cfg.Source.Binary = c.binary
 			r := start(t, cfg)
 			err := r.stopped(t)
 			var ae *ApplyError
@@ -130,7 +131,7 @@ func TestTargetConfigErrors(t *testing.T) {
 			t.Errorf("%s: %v, want ErrInvalidConfig", name, err)
 		}
 	}
-	a := &Applier{cfg: Config{Target: "host='unterminated", Slot: "s"}}
+	a := &Applier{cfg: Config{Source: replication.Config{Slot: "s"}, Target: "host='unterminated"}}
 	if _, err := a.Uninstall(ctx, UninstallOptions{}); !errors.Is(err, ErrInvalidConfig) {
 		t.Errorf("Uninstall: %v, want ErrInvalidConfig", err)
 	}

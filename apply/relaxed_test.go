@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
+	"github.com/pgreorder/pgreorder/replication"
 )
 
 // independent commits n transactions on the source, one insert into the keyless events table
@@ -199,7 +200,7 @@ func TestRelaxedDependent(t *testing.T) {
 
 // TestRelaxedConfig: relaxed commit order is Parallel's only; other modes refuse it, naming it.
 func TestRelaxedConfig(t *testing.T) {
-	base := Config{Source: "host=/nonexistent", Target: "host=/nonexistent", Slot: "s", Publications: []string{"p"}}
+	base := Config{Source: replication.Config{ConnString: "host=/nonexistent", Slot: "s", Publications: []string{"p"}}, Target: "host=/nonexistent"}
 	for _, mode := range []Mode{Buffered, Eager} {
 		cfg := base
 		cfg.Mode, cfg.CommitOrder = mode, CommitRelaxed

@@ -65,12 +65,11 @@ func (a *Applier) sourceQuery(ctx context.Context, sql string, args ...string) (
 	src.mu.Lock()
 	defer src.mu.Unlock()
 	if src.conn == nil || src.conn.IsClosed() {
-		pc, err := pgsession.ParseConnString(a.cfg.Source)
+		o, err := a.cfg.sourceSQL("pgreorder apply " + a.cfg.Source.Slot)
 		if err != nil {
-			return nil, sourceConnStringError(err)
+			return nil, err
 		}
-		conn, err := pgsession.Connect(ctx, pgsession.Options{Kind: pgsession.Source, Config: pc,
-			ApplicationName: "pgreorder apply " + a.cfg.Slot, Logger: a.cfg.Logger})
+		conn, err := pgsession.Connect(ctx, o)
 		if err != nil {
 			return nil, fmt.Errorf("apply: connecting to the source: %w", err)
 		}
@@ -228,7 +227,7 @@ func (s *session) typeNote(table string, err error) error {
 		return err
 	}
 	var c target.Counters
-	tg, terr := connectTarget(ctx, s.cfg.targetOptions(), "pgreorder apply "+s.cfg.Slot+" catalog", &c)
+	tg, terr := connectTarget(ctx, s.cfg.targetOptions(), "pgreorder apply "+s.cfg.Source.Slot+" catalog", &c)
 	if terr != nil {
 		return err
 	}

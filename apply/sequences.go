@@ -48,22 +48,21 @@ func (a *Applier) SyncSequences(ctx context.Context) (moved int, err error) {
 	if a == nil || a.serial == nil {
 		return 0, fmt.Errorf("%w: an Applier is made by New", ErrInvalidConfig)
 	}
-	pc, err := pgsession.ParseConnString(a.cfg.Source)
+	o, err := a.cfg.sourceSQL("pgreorder apply " + a.cfg.Source.Slot + " sequences")
 	if err != nil {
-		return 0, sourceConnStringError(err)
+		return 0, err
 	}
-	src, err := pgsession.Connect(ctx, pgsession.Options{Kind: pgsession.Source, Config: pc,
-		ApplicationName: "pgreorder apply " + a.cfg.Slot + " sequences", Logger: a.cfg.Logger})
+	src, err := pgsession.Connect(ctx, o)
 	if err != nil {
 		return 0, fmt.Errorf("apply: synchronizing sequences: connecting to the source: %w", err)
 	}
 	defer src.Close(context.WithoutCancel(ctx))
-	seqs, err := target.Query(ctx, src, ownedSequencesQuery, pgsession.QuoteTextArray(a.cfg.Publications))
+	seqs, err := target.Query(ctx, src, ownedSequencesQuery, pgsession.QuoteTextArray(a.cfg.Source.Publications))
 	if err != nil {
 		return 0, fmt.Errorf("apply: synchronizing sequences: reading the source's sequences: %w", err)
 	}
 	var c target.Counters
-	tg, err := connectTarget(ctx, a.cfg.targetOptions(), "pgreorder apply "+a.cfg.Slot+" sequences", &c)
+	tg, err := connectTarget(ctx, a.cfg.targetOptions(), "pgreorder apply "+a.cfg.Source.Slot+" sequences", &c)
 	if err != nil {
 		return 0, err
 	}

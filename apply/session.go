@@ -80,7 +80,7 @@ func (a *Applier) session(parent context.Context) (err error) {
 	ctx, cancel := context.WithCancelCause(parent)
 	s.cancel = cancel
 	defer cancel(nil)
-	s.leader, err = connectTarget(ctx, s.cfg.targetOptions(), "pgreorder apply "+s.cfg.Slot, &s.stats.Counters)
+	s.leader, err = connectTarget(ctx, s.cfg.targetOptions(), "pgreorder apply "+s.cfg.Source.Slot, &s.stats.Counters)
 	if err != nil {
 		return err
 	}
@@ -90,7 +90,7 @@ func (a *Applier) session(parent context.Context) (err error) {
 		return &sourceError{err}
 	}
 	s.a.connected.Store(true)
-	s.key = target.ProgressKey{Slot: s.cfg.Slot, System: sys.ID, Timeline: sys.Timeline}
+	s.key = target.ProgressKey{Slot: s.cfg.Source.Slot, System: sys.ID, Timeline: sys.Timeline}
 	s.noteStart(sys.XLogPos)
 	if err := s.fence(ctx); err != nil {
 		return err
@@ -106,7 +106,7 @@ func (a *Applier) session(parent context.Context) (err error) {
 		return fmt.Errorf("%w: the progress row of slot %q is at %s, beyond the source's current WAL position %s: "+
 			"the source is not the server the target was replicated from, or it lost WAL (restored from an older backup); "+
 			"the target cannot continue from it: copy the target again (delete the slot's progress row first)",
-			ErrSourceChanged, s.cfg.Slot, resume, sys.XLogPos)
+			ErrSourceChanged, s.cfg.Source.Slot, resume, sys.XLogPos)
 	}
 	s.acks.persisted = resume
 	if slot != nil && resume != 0 && slot.ConfirmedFlush > resume {
@@ -132,27 +132,14 @@ func (a *Applier) session(parent context.Context) (err error) {
 		s.log.Info("the target role may not set session_replication_role: triggers and foreign keys fire for replicated changes")
 	}
 	bufferFiles, _ := spillFiles(!buffered)
-	rcfg := replication.Config{
-		ConnString:     s.cfg.Source,
-		Slot:           s.cfg.Slot,
-		Publications:   s.cfg.Publications,
-		CreateSlot:     s.cfg.CreateSlot,
-		Binary:         s.cfg.Binary,
-		OriginFilter:   s.cfg.OriginFilter,
-		StatusInterval: s.cfg.StatusInterval,
-		Reconnect:      replication.ReconnectPolicy{SlotWait: s.cfg.SlotWait},
-		Logger:         s.log,
-		Buffer: reorderbuffer.Config{
-			WorkMem:      s.cfg.bufferMem(!buffered),
-			MaxOpenFiles: bufferFiles,
-			Dir:          s.cfg.SpillDir,
-			SpillCodec:   s.cfg.SpillCodec,
-			SkipThrough:  resume,
-			Incremental:  !buffered,
-			// Idle advances are persisted in the progress row before the slot confirms them.
-			HandOutAdvances: true,
-		},
-	}
+	rcfg := s.cfg.Source
+	rcfg.Reconnect.SlotWait = s.cfg.SlotWait
+	rcfg.Logger = s.log
+	rcfg.Buffer.WorkMem = s.cfg.bufferMem(!buffered)
+	rcfg.Buffer.MaxOpenFiles = bufferFiles
+	rcfg.Buffer.SkipThrough = resume
+	rcfg.Buffer.Incremental = !buffered
+	rcfg.Buffer.HandOutAdvances = true // idle advances are persisted in the progress row before the slot confirms them
 	s.resume = resume
 	feed, err := s.feed(ctx, rcfg)
 	if err != nil {
@@ -161,7 +148,7 @@ func (a *Applier) session(parent context.Context) (err error) {
 	err = feed.Run(ctx)
 	if errors.Is(err, changefeed.ErrForeignSlot) {
 		return fmt.Errorf("%w: slot %q (drop it to copy afresh: SELECT pg_drop_replication_slot('%s'))",
-			ErrCopySlotExists, s.cfg.Slot, s.cfg.Slot)
+			ErrCopySlotExists, s.cfg.Source.Slot, s.cfg.Source.Slot)
 	}
 	if parent.Err() != nil {
 		return parent.Err()
@@ -169,7 +156,7 @@ func (a *Applier) session(parent context.Context) (err error) {
 	if errors.Is(err, replication.ErrSlotNotFound) && s.resume != 0 {
 		return configerr.WithHint(fmt.Errorf("%w: the target's progress row for slot %q is at %s, but the slot does not exist on the source "+
 			"(dropped, or a promoted standby it was not synchronized to): the source changes since are lost to the target",
-			replication.ErrSlotNotFound, s.cfg.Slot, s.resume), "; ", "copy the target again: delete the slot's progress row and run with %s", field("Copy"))
+			replication.ErrSlotNotFound, s.cfg.Source.Slot, s.resume), "; ", "copy the target again: delete the slot's progress row and run with %s", field("Copy"))
 	}
 	return err
 }
@@ -189,7 +176,7 @@ func (s *session) Follow(ctx context.Context, stream *replication.Stream) error 
 	s.a.streams.Attach(stream)
 	s.a.markStreaming()
 	defer s.a.streams.Detach()
-	s.log.Info("applying", "slot", s.cfg.Slot, "mode", s.cfg.Mode, "resume_after", resume)
+	s.log.Info("applying", "slot", s.cfg.Source.Slot, "mode", s.cfg.Mode, "resume_after", resume)
 	if s.buffered {
 		return s.runBuffered(ctx)
 	}
@@ -245,7 +232,7 @@ func (s *session) waitLock(ctx context.Context, key int64) error {
 		}
 		if len(rows) == 1 && string(rows[0][0]) == "t" {
 			if !since.IsZero() {
-				s.log.Info("the other connections of the slot on the target ended", "slot", s.cfg.Slot, "waited", time.Since(since).Round(time.Millisecond))
+				s.log.Info("the other connections of the slot on the target ended", "slot", s.cfg.Source.Slot, "waited", time.Since(since).Round(time.Millisecond))
 			}
 			return nil
 		}
@@ -256,7 +243,7 @@ func (s *session) waitLock(ctx context.Context, key int64) error {
 		if err != nil {
 			return fmt.Errorf("apply: looking for the holder of the slot's progress lock on the target: %w", err)
 		}
-		e := &SlotInUseError{Slot: s.cfg.Slot, Holders: holders}
+		e := &SlotInUseError{Slot: s.cfg.Source.Slot, Holders: holders}
 		// No holder in pg_locks: it let go between the two queries (or the role may not see
 		// it); try again before saying anything.
 		if desc := e.holders(); desc != said && (len(holders) > 0 || time.Since(since) > time.Second) {
@@ -264,7 +251,7 @@ func (s *session) waitLock(ctx context.Context, key int64) error {
 			if wait >= 0 {
 				limit = wait.String()
 			}
-			s.log.Warn("the slot is in use on the target by another connection: waiting for it to end", "slot", s.cfg.Slot,
+			s.log.Warn("the slot is in use on the target by another connection: waiting for it to end", "slot", s.cfg.Source.Slot,
 				"holders", desc, "wait_limit", limit)
 			said = desc
 		}
@@ -319,7 +306,7 @@ func (s *session) lockHolders(ctx context.Context, key int64) ([]replication.Bac
 // a slot of the same name do not wait for these; they find the progress row naming this system
 // and stop (ErrSourceChanged).
 func (s *session) fenceKeys() (lead, workers int64) {
-	return fenceKeys(s.key.System, s.cfg.Slot)
+	return fenceKeys(s.key.System, s.cfg.Source.Slot)
 }
 
 // fenceKeys returns the advisory lock keys of the sessions of slot of the source system.
@@ -337,10 +324,11 @@ func fenceKeys(system, slot string) (lead, workers int64) {
 // and the pre-flight checks of a replication connection), before the progress row is read.
 // It also returns the slot as it is then, or nil if it does not exist.
 func identifySource(ctx context.Context, cfg *Config) (replication.System, *replication.SlotInfo, error) {
-	conn, err := replication.Connect(ctx, replication.Config{ConnString: cfg.Source, Slot: cfg.Slot,
-		Publications: cfg.Publications, Binary: cfg.Binary, OriginFilter: cfg.OriginFilter})
+	rc := cfg.Source
+	rc.Logger = nil // the session's stream logs its connection
+	conn, err := replication.Connect(ctx, rc)
 	if err != nil {
-		return replication.System{}, nil, twoPhaseSlot(err, cfg.Slot)
+		return replication.System{}, nil, twoPhaseSlot(err, cfg.Source.Slot)
 	}
 	defer conn.Close(ctx)
 	sys := conn.System()
@@ -374,14 +362,14 @@ func (s *session) slotAhead(ctx context.Context, resume, confirmed decoding.LSN,
 			"that committed in between were acknowledged but are not on the target, and the source will not send them "+
 			"again (the target lost them: restored from an older backup, or a crash of a target that does not flush its "+
 			"WAL). Resynchronize the target (delete the slot's progress row, drop the slot, and copy again), or accept "+
-			"the loss and continue from the slot's position (Config.AcceptSlotAhead)", ErrSlotAhead, s.cfg.Slot, confirmed, resume)
+			"the loss and continue from the slot's position (Config.AcceptSlotAhead)", ErrSlotAhead, s.cfg.Source.Slot, confirmed, resume)
 	}
 	if legacy {
 		s.log.Info("the slot is ahead of a progress row written before progress rows recorded idle positions: "+
-			"moving the row to the slot's position", "slot", s.cfg.Slot, "end_lsn", resume, "confirmed_flush_lsn", confirmed)
+			"moving the row to the slot's position", "slot", s.cfg.Source.Slot, "end_lsn", resume, "confirmed_flush_lsn", confirmed)
 	} else {
 		s.log.Warn("the slot is ahead of the target's progress row: continuing without the transactions in between, "+
-			"as AcceptSlotAhead allows", "slot", s.cfg.Slot, "end_lsn", resume, "confirmed_flush_lsn", confirmed)
+			"as AcceptSlotAhead allows", "slot", s.cfg.Source.Slot, "end_lsn", resume, "confirmed_flush_lsn", confirmed)
 	}
 	if err := s.leader.FlushWAL(ctx, s.flushSQL, s.key.Args(confirmed)); err != nil {
 		return 0, err
@@ -420,7 +408,7 @@ func (s *session) setupProgress(ctx context.Context, tg *target.Conn) (_ decodin
 		}
 		s.log.Info("progress table upgraded: it records the source system of each slot", "table", table)
 	}
-	rows, err = target.Query(ctx, tg.PG(), "SELECT end_lsn::text, system_id, timeline::text FROM "+table+" WHERE slot = $1", s.cfg.Slot)
+	rows, err = target.Query(ctx, tg.PG(), "SELECT end_lsn::text, system_id, timeline::text FROM "+table+" WHERE slot = $1", s.cfg.Source.Slot)
 	if err != nil {
 		return 0, false, fmt.Errorf("apply: reading the progress table %s: %w", table, err)
 	}

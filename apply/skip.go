@@ -50,7 +50,7 @@ func (s *session) setupSkip(ctx context.Context, resume decoding.LSN) error {
 		return fmt.Errorf("apply: adding the skip columns to the progress table %s (as its owner, run ALTER TABLE %s "+
 			"ADD COLUMN skipped_lsn pg_lsn, ADD COLUMN skipped_xid bigint, ADD COLUMN skipped_at timestamptz): %w", table, table, err)
 	}
-	rows, err = target.Query(ctx, s.leader.PG(), "SELECT skipped_lsn::text, skipped_xid::text FROM "+table+" WHERE slot = $1", s.cfg.Slot)
+	rows, err = target.Query(ctx, s.leader.PG(), "SELECT skipped_lsn::text, skipped_xid::text FROM "+table+" WHERE slot = $1", s.cfg.Source.Slot)
 	if err != nil {
 		return fmt.Errorf("apply: reading the progress table %s: %w", table, err)
 	}

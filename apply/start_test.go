@@ -32,7 +32,7 @@ func TestStartTimeout(t *testing.T) {
 			side   string
 			config func(Config) Config
 		}{
-			{"source", func(c Config) Config { c.Source = closedAddr(t); return c }},
+			{"source", func(c Config) Config { c.Source.ConnString = closedAddr(t); return c }},
 			{"target", func(c Config) Config { c.Target = closedAddr(t); return c }},
 		} {
 			t.Run(fmt.Sprintf("pg%d/%s", major, tc.side), func(t *testing.T) {

@@ -59,7 +59,7 @@ type Stats struct {
 	SerialTxns   int64 // transactions Parallel applied alone (no usable key, a key whose equality the values do not tell, TRUNCATE, triggers)
 	QueueSpilled int64 // bytes of queued changes written to spill files (Eager, Parallel)
 	// QueuePeakBytes is the most bytes of queued changes the workers' queues held in memory at
-	// once, in any session (Eager, Parallel); with the reorder buffer's at most Config.WorkMem.
+	// once, in any session (Eager, Parallel); with the reorder buffer's at most Config.Source.Buffer.WorkMem.
 	QueuePeakBytes int64
 	// CommittedAhead counts the target commits (of a transaction, or a run of them) made ahead of
 	// an earlier source transaction not yet committed (Config.CommitOrder CommitRelaxed).

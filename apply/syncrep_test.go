@@ -44,7 +44,7 @@ func TestSynchronousSource(t *testing.T) {
 						`SELECT pg_create_logical_replication_slot('`+e.slot+`', 'pgoutput')`)...))
 					must(t, pgtest.Exec(ctx, e.dst, schema...))
 					cfg := e.config(t, mode)
-					cfg.Source += " application_name=" + syncName
+					cfg.Source.ConnString += " application_name=" + syncName
 					// Commits wait for the applier only while it runs: setting up and cleaning up
 					// (CREATE and DROP DATABASE) do not.
 					must(t, pgtest.Exec(ctx, src.ConnString("postgres"), `ALTER SYSTEM SET synchronous_standby_names = '`+syncName+`'`, `SELECT pg_reload_conf()`))

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -57,5 +58,44 @@ func TestTargetConfigAndHook(t *testing.T) {
 	}
 	if _, ok := pc.RuntimeParams["DateStyle"]; ok {
 		t.Error("TargetConfig was modified")
+	}
+}
+
+// TestSourceConfigAndHook: the source's connection configuration and hook (Source.ConnConfig,
+// Source.BeforeConnect) serve every connection to the source, the replication ones and the
+// ordinary ones (SyncSequences), each on a copy, the ordinary ones without replication=database.
+func TestSourceConfigAndHook(t *testing.T) {
+	e := newEnv(t, testMajors[len(testMajors)-1])
+	ctx := pgtest.Context(t, time.Minute)
+	pc, err := pgconn.ParseConfig(e.repl)
+	must(t, err)
+	cfg := e.config(t, Buffered)
+	cfg.Source.ConnString, cfg.Source.ConnConfig = "", pc
+	var repl, plain atomic.Int32
+	cfg.Source.BeforeConnect = func(_ context.Context, c *pgconn.Config) error {
+		if c == pc {
+			return errors.New("the hook got the configuration itself, not a copy")
+		}
+		if c.RuntimeParams["replication"] == "" {
+			plain.Add(1)
+		} else {
+			repl.Add(1)
+		}
+		return nil
+	}
+	both := cfg
+	both.Source.ConnString = e.repl
+	if _, err := New(both); !errors.Is(err, ErrInvalidConfig) {
+		t.Errorf("Source.ConnString and Source.ConnConfig: %v, want ErrInvalidConfig", err)
+	}
+	r := start(t, cfg)
+	pgtest.ExecAll(t, e.src, `INSERT INTO marker VALUES (1)`)
+	e.waitMarker(t, r, 1)
+	if _, err := r.a.SyncSequences(ctx); err != nil {
+		t.Fatalf("SyncSequences: %v", err)
+	}
+	r.halt(t)
+	if repl.Load() < 2 || plain.Load() < 1 {
+		t.Errorf("Source.BeforeConnect: %d replication connections, %d ordinary ones; want at least 2 and 1", repl.Load(), plain.Load())
 	}
 }

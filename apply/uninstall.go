@@ -69,7 +69,7 @@ func (u Uninstalled) String() string {
 // Applier is retired.
 func (a *Applier) Uninstall(ctx context.Context, opts UninstallOptions) (Uninstalled, error) {
 	cfg := &a.cfg
-	tg, err := target.Dial(ctx, cfg.targetOptions(), "pgreorder apply "+cfg.Slot+" uninstall")
+	tg, err := target.Dial(ctx, cfg.targetOptions(), "pgreorder apply "+cfg.Source.Slot+" uninstall")
 	if err != nil {
 		return Uninstalled{}, configErr(err)
 	}
@@ -78,7 +78,7 @@ func (a *Applier) Uninstall(ctx context.Context, opts UninstallOptions) (Uninsta
 	// A running Applier of the slot holds its lead lock, keyed by the source system: the system
 	// of the slot's progress row, or else the source's own (an Applier still in its initial copy
 	// has no progress row yet).
-	system, err := tg.ProgressSystem(ctx, cfg.ProgressTable, cfg.Slot)
+	system, err := tg.ProgressSystem(ctx, cfg.ProgressTable, cfg.Source.Slot)
 	if err != nil {
 		return Uninstalled{}, fmt.Errorf("apply: uninstall: %w", err)
 	}
@@ -89,16 +89,16 @@ func (a *Applier) Uninstall(ctx context.Context, opts UninstallOptions) (Uninsta
 		}
 		system = sys.ID
 	}
-	lead, _ := fenceKeys(system, cfg.Slot)
+	lead, _ := fenceKeys(system, cfg.Source.Slot)
 	rows, err := target.Query(ctx, conn, "SELECT pg_catalog.pg_try_advisory_lock($1::pg_catalog.int8)::pg_catalog.text", strconv.FormatInt(lead, 10))
 	if err != nil {
 		return Uninstalled{}, fmt.Errorf("apply: uninstall: locking the slot's progress on the target: %w", err)
 	}
 	if string(rows[0][0]) != "true" {
-		return Uninstalled{}, fmt.Errorf("%w: slot %q: stop it first", ErrSlotInUse, cfg.Slot)
+		return Uninstalled{}, fmt.Errorf("%w: slot %q: stop it first", ErrSlotInUse, cfg.Source.Slot)
 	}
 
-	r, err := tg.RemoveInstalled(ctx, target.Uninstall{Slot: cfg.Slot, TombstoneTable: cfg.Conflicts.TombstoneTable,
+	r, err := tg.RemoveInstalled(ctx, target.Uninstall{Slot: cfg.Source.Slot, TombstoneTable: cfg.Conflicts.TombstoneTable,
 		ProgressTable: cfg.ProgressTable, Progress: opts.Progress, Origin: originIf(opts.Origins, cfg.Origin)})
 	u := Uninstalled(r)
 	if err != nil {

@@ -28,7 +28,7 @@ func (s *session) watchdog(ctx context.Context) error {
 	if len(s.workers) == 0 {
 		return nil
 	}
-	conn, err := connectTarget(ctx, s.cfg.targetOptions(), "pgreorder apply "+s.cfg.Slot+" watchdog", &s.stats.Counters)
+	conn, err := connectTarget(ctx, s.cfg.targetOptions(), "pgreorder apply "+s.cfg.Source.Slot+" watchdog", &s.stats.Counters)
 	if err != nil {
 		return err
 	}

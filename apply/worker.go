@@ -31,7 +31,7 @@ type worker struct {
 func (s *session) startWorkers(ctx context.Context) error {
 	s.order = schedule.NewOrder()
 	s.jobs = map[uint32]*job{}
-	s.store = schedule.NewSpillStore(s.cfg.SpillDir, s.cfg.SpillCodec)
+	s.store = schedule.NewSpillStore(s.cfg.Source.Buffer.Dir, s.cfg.Source.Buffer.SpillCodec)
 	_, files := spillFiles(true)
 	s.store.SetMaxOpenFiles(files)
 	s.budget = schedule.NewBudget(s.cfg.queueMem())
@@ -42,7 +42,7 @@ func (s *session) startWorkers(ctx context.Context) error {
 		s.deps = schedule.NewTracker()
 	}
 	for i := range s.cfg.Workers {
-		tg, err := connectTarget(ctx, s.cfg.targetOptions(), "pgreorder apply "+s.cfg.Slot+" w"+strconv.Itoa(i+1), &s.stats.Counters)
+		tg, err := connectTarget(ctx, s.cfg.targetOptions(), "pgreorder apply "+s.cfg.Source.Slot+" w"+strconv.Itoa(i+1), &s.stats.Counters)
 		if err != nil {
 			return err
 		}

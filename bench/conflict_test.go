@@ -17,6 +17,7 @@ import (
 	"github.com/pgreorder/pgreorder/apply"
 	"github.com/pgreorder/pgreorder/apply/conflict"
 	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
+	"github.com/pgreorder/pgreorder/replication"
 )
 
 // BenchmarkConflictDetection measures what conflict detection costs the target: a TPC-B-like
@@ -122,8 +123,13 @@ func conflictRun(ctx context.Context, b *testing.B, pub, sub *pgtest.Server, db 
 	if err := pgtest.Exec(ctx, sub.ConnString(db), append(replicated, local...)...); err != nil {
 		return res, err
 	}
-	cfg := apply.Config{Source: pub.ReplicationConnString(db), Target: sub.ConnString(db), Slot: db,
-		Publications: []string{"pub"}, Mode: apply.Parallel, Origin: origin, Conflicts: cc}
+	cfg := apply.Config{
+		Source:    replication.Config{ConnString: pub.ReplicationConnString(db), Slot: db, Publications: []string{"pub"}},
+		Target:    sub.ConnString(db),
+		Mode:      apply.Parallel,
+		Origin:    origin,
+		Conflicts: cc,
+	}
 	a, err := apply.New(cfg)
 	if err != nil {
 		return res, err

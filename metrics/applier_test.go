@@ -14,6 +14,7 @@ import (
 	"github.com/pgreorder/pgreorder/apply"
 	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
 	"github.com/pgreorder/pgreorder/metrics"
+	"github.com/pgreorder/pgreorder/replication"
 )
 
 // An Applier is a source of metrics, with its reorder buffer's statistics.
@@ -46,9 +47,11 @@ func TestApplierMetrics(t *testing.T) {
 			require.NoError(t, pgtest.Exec(ctx, src, table, `CREATE PUBLICATION p FOR TABLE a`,
 				`SELECT pg_create_logical_replication_slot('am', 'pgoutput')`))
 			require.NoError(t, pgtest.Exec(ctx, dst, table))
-			a, err := apply.New(apply.Config{Source: srv.ReplicationConnString(srcDB), Target: dst, Slot: "am",
-				Publications: []string{"p"}, StatusInterval: 50 * time.Millisecond,
-				Logger: slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))})
+			a, err := apply.New(apply.Config{
+				Source: replication.Config{ConnString: srv.ReplicationConnString(srcDB), Slot: "am", Publications: []string{"p"}, StatusInterval: 50 * time.Millisecond},
+				Target: dst,
+				Logger: slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})),
+			})
 			require.NoError(t, err)
 			ms, err := metrics.Serve("127.0.0.1:0", a, metrics.Options{Labels: map[string]string{"slot": "am"}})
 			require.NoError(t, err)

@@ -18,8 +18,9 @@ func ExampleParseResolutions() {
 		return
 	}
 	cfg := apply.Config{
-		Origin:       "pgreorder_app",              // marks the applied transactions: no loops, *_origin_differs
-		OriginFilter: replication.OriginFilterNone, // the other direction's applied changes are not sent back
+		Origin: "pgreorder_app", // marks the applied transactions: no loops, *_origin_differs
+		// The other direction's applied changes are not sent back.
+		Source: replication.Config{OriginFilter: replication.OriginFilterNone},
 		Conflicts: conflict.Config{
 			Resolutions: res,
 			Retention:   5 * time.Minute, // update_deleted: tombstones of local deletions, kept 5 minutes

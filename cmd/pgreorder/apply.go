@@ -20,6 +20,7 @@ import (
 	"github.com/pgreorder/pgreorder/apply/conflict"
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/metrics"
+	"github.com/pgreorder/pgreorder/reorderbuffer"
 	"github.com/pgreorder/pgreorder/replication"
 	"github.com/pgreorder/pgreorder/snapshot"
 )
@@ -266,40 +267,41 @@ func (f *applyFlags) config(fs *flag.FlagSet) (apply.Config, error) {
 		return apply.Config{}, fmt.Errorf("-schema-changes %q: valid values are none and add-columns", f.schemaChanges)
 	}
 	return apply.Config{
-		Source:            f.source,
+		Source: replication.Config{
+			ConnString:     f.source,
+			Slot:           f.slot,
+			Publications:   f.publications,
+			CreateSlot:     f.createSlot,
+			Binary:         f.binary,
+			StatusInterval: f.status,
+			OriginFilter:   originFilter,
+			Buffer:         reorderbuffer.Config{WorkMem: workMem, Dir: f.dir, SpillCodec: codec},
+		},
 		Target:            f.target,
-		Slot:              f.slot,
-		Publications:      f.publications,
-		CreateSlot:        f.createSlot,
 		Copy:              f.copy,
 		CopyTruncate:      f.copyTruncate,
 		CopyWorkers:       f.copyWorkers,
 		Mode:              mode,
 		CommitOrder:       commitOrder,
 		Workers:           f.workers,
-		WorkMem:           workMem,
-		SpillDir:          f.dir,
-		SpillCodec:        codec,
-		Binary:            f.binary,
 		SynchronousCommit: f.syncCommit,
 		AcceptSlotAhead:   f.acceptSlotAhead,
 		ProgressTable:     f.table,
-		StatusInterval:    f.status,
 		SlotWait:          cliSlotWait(f.slotWait),
 		StartTimeout:      cliSlotWait(f.startTimeout),
 		Origin:            f.origin,
-		OriginFilter:      originFilter,
 		Conflicts: conflict.Config{
 			Off:         f.noDetection,
 			Resolutions: res,
 			Retention:   f.retention,
 			LogTable:    f.logTable,
 		},
-		SkipLSN:       skipLSN,
-		SchemaChanges: schemaChanges,
-		SyncSequences: f.syncSequences, SyncSequencesInterval: f.syncSequencesInterval,
-		UntilCaughtUp: f.untilCaughtUp,
-		Logger:        f.logger(),
+		SkipLSN:               skipLSN,
+		SchemaChanges:         schemaChanges,
+		SyncSequences:         f.syncSequences,
+		SyncSequencesInterval: f.syncSequencesInterval,
+		UntilCaughtUp:         f.untilCaughtUp,
+		Logger:                f.logger(),
 	}, nil
 }
 
@@ -357,7 +359,7 @@ func runApply(ctx context.Context, args []string) error {
 		if err != nil {
 			return err
 		}
-		fmt.Printf("uninstalled slot %s from the target: %s\n", cfg.Slot, u)
+		fmt.Printf("uninstalled slot %s from the target: %s\n", cfg.Source.Slot, u)
 		return nil
 	}
 	if f.syncSequencesOnce {

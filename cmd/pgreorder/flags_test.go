@@ -246,7 +246,7 @@ func TestDeprecatedFlagAlias(t *testing.T) {
 // errors, name the command's flags once explained, through their types: the same errors read
 // as Go code elsewhere.
 func TestConfigErrorsNameFlags(t *testing.T) {
-	base := apply.Config{Source: "host=/x", Target: "host=/y", Slot: "s", Publications: []string{"p"}}
+	base := apply.Config{Source: replication.Config{ConnString: "host=/x", Slot: "s", Publications: []string{"p"}}, Target: "host=/y"}
 	for _, c := range []struct {
 		cfg        func(*apply.Config)
 		lib, shown string
@@ -256,7 +256,7 @@ func TestConfigErrorsNameFlags(t *testing.T) {
 		{func(c *apply.Config) { c.Workers = 100 }, "Workers 100 (want", "-workers 100 (want"},
 		{func(c *apply.Config) { c.CommitOrder = apply.CommitRelaxed },
 			"CommitOrder relaxed needs Mode = Parallel", "-commit-order relaxed needs -mode parallel"},
-		{func(c *apply.Config) { c.Source = "" }, "Source is required", "-source is required"},
+		{func(c *apply.Config) { c.Source.ConnString = "" }, "Source.ConnString is required", "-source is required"},
 		{func(c *apply.Config) { c.Conflicts.MaxLoggedValue = -1 }, "Conflicts.MaxLoggedValue -1", "Conflicts.MaxLoggedValue -1"},
 	} {
 		cfg := base

@@ -41,11 +41,11 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	fs := flag.NewFlagSet("apply-postgres", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var cfg apply.Config
-	fs.StringVar(&cfg.Source, "source", "", "source database connection string")
+	fs.StringVar(&cfg.Source.ConnString, "source", "", "source database connection string")
 	fs.StringVar(&cfg.Target, "target", "", "target database connection string")
-	fs.StringVar(&cfg.Slot, "slot", "", "replication slot on the source")
+	fs.StringVar(&cfg.Source.Slot, "slot", "", "replication slot on the source")
 	pubs := fs.String("publication", "", "publication(s) on the source, comma-separated")
-	fs.BoolVar(&cfg.CreateSlot, "create-slot", false, "create the slot if it does not exist")
+	fs.BoolVar(&cfg.Source.CreateSlot, "create-slot", false, "create the slot if it does not exist")
 	mode := fs.String("mode", "buffered", "buffered, eager or parallel")
 	fs.IntVar(&cfg.Workers, "workers", 0, "worker connections (eager, parallel)")
 	workMem := fs.String("work-mem", "64MB", "memory for transaction data (64kB, 16MB, ...)")
@@ -53,13 +53,13 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	if *pubs != "" {
-		cfg.Publications = strings.Split(*pubs, ",")
+		cfg.Source.Publications = strings.Split(*pubs, ",")
 	}
 	var err error
 	if cfg.Mode, err = apply.ParseMode(*mode); err != nil {
 		return err
 	}
-	if cfg.WorkMem, err = reorderbuffer.ParseWorkMem(*workMem); err != nil {
+	if cfg.Source.Buffer.WorkMem, err = reorderbuffer.ParseWorkMem(*workMem); err != nil {
 		return err
 	}
 	cfg.Logger = slog.New(slog.NewTextHandler(stderr, nil))
