@@ -2,8 +2,8 @@
 // that runs one, such as a *changefeed.Feed or an *apply.Applier): how far it
 // is behind the server, in bytes and in time; what the consumer has not acknowledged and for
 // how long; memory and spill files; transactions and changes received, as counters and as rates;
-// reconnections. It gives them as a plain struct (Collector.Snapshot, with a one-line human
-// summary in Snapshot.String) and as a Prometheus collector (Collector implements
+// reconnections. It gives them as a plain struct (Collector.Reading, with a one-line human
+// summary in Reading.String) and as a Prometheus collector (Collector implements
 // prometheus.Collector) that the caller registers. It is the only package of the module that
 // depends on the Prometheus client library.
 //
@@ -32,7 +32,7 @@
 // count in the lag, not here.
 //
 // Rates (transactions and changes received per second) are computed from the counters over a
-// sliding window of readings: each reading (Snapshot, Collect) compares the counters with the
+// sliding window of readings: each reading (Collector.Reading, Collect) compares the counters with the
 // latest earlier reading at least Options.RateWindow old (10s by default), or the oldest one
 // there is. Prometheus users should prefer rate() over the _total counters, which are exact; the
 // rate gauges are for dashboards without PromQL and for the summary line.

@@ -13,8 +13,8 @@ import (
 )
 
 // A snapshot's one-line summary, as a progress line prints it.
-func ExampleSnapshot_String() {
-	snap := metrics.Snapshot{
+func ExampleReading_String() {
+	rd := metrics.Reading{
 		Stats: reorderbuffer.Stats{
 			TotalTxns: 12345, TotalChanges: 1_210_000,
 			MemoryBytes: 12 << 20, PeakMemoryBytes: 64 << 20,
@@ -27,9 +27,9 @@ func ExampleSnapshot_String() {
 		TxnsPerSecond:    850,
 		ChangesPerSecond: 42_100,
 	}
-	fmt.Println(snap)
-	snap = metrics.Snapshot{Stats: snap.Stats, Activity: replication.Activity{Acked: 12345, CaughtUp: true}, Reconnects: 1}
-	fmt.Println(snap)
+	fmt.Println(rd)
+	rd = metrics.Reading{Stats: rd.Stats, Activity: replication.Activity{Acked: 12345, CaughtUp: true}, Reconnects: 1}
+	fmt.Println(rd)
 	// Output:
 	// received 12.3k txns, 1.21M changes | acked 12.3k, 2 unacked (oldest 1.5s) | lag 4.00 MiB, 3.2s | 850 txn/s, 42.1k changes/s | memory 12.0 MiB, peak 64.0 MiB | spilled 300 MiB now, 1.50 GiB total
 	// received 12.3k txns, 1.21M changes | acked 12.3k | caught up | 0 txn/s, 0 changes/s | memory 12.0 MiB, peak 64.0 MiB | spilled 300 MiB now, 1.50 GiB total | reconnects 1
@@ -57,7 +57,7 @@ func ExampleNew() {
 	go http.ListenAndServe(":9187", h) // or metrics.Listen, which serves /metrics only
 	go func() {
 		for range time.Tick(time.Minute) {
-			log.Print(c.Snapshot()) // safe while the consumer works
+			log.Print(c.Reading()) // safe while the consumer works
 		}
 	}()
 	for {

@@ -12,7 +12,7 @@ import (
 // time, the rates, memory, spill files, and reconnections if there were any. For example:
 //
 //	received 12.3k txns, 1.21M changes | acked 12.3k, 2 unacked (oldest 1.5s) | lag 4.00 MiB, 3.2s | 850 txn/s, 42.1k changes/s | memory 12.0 MiB, peak 64.0 MiB | spilled 0 B now, 1.50 GiB total
-func (s Snapshot) String() string {
+func (s Reading) String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "received %s txns, %s changes", fmtCount(float64(s.Stats.TotalTxns)), fmtCount(float64(s.Stats.TotalChanges)))
 	fmt.Fprintf(&b, " | acked %s", fmtCount(float64(s.Activity.Acked)))

@@ -152,7 +152,7 @@ func TestCollector(t *testing.T) {
 					default:
 					}
 					testutil.CollectAndCount(c)
-					_ = c.Snapshot().String()
+					_ = c.Reading().String()
 					time.Sleep(time.Millisecond) // pacing, not a wait: scrapes all along the run
 				}
 			})
@@ -187,15 +187,15 @@ func TestCollector(t *testing.T) {
 			// Caught up: the server sent a keepalive, everything is acknowledged, a status update
 			// went out. (WAL written elsewhere on the server brings keepalives that move the
 			// received position ahead again until the next status update: check one reading.)
-			var snap metrics.Snapshot
+			var rd metrics.Reading
 			idle(ctx, t, s, "lag 0", func() bool {
-				snap = c.Snapshot()
-				return snap.Activity.CaughtUp && snap.LagBytes == 0
+				rd = c.Reading()
+				return rd.Activity.CaughtUp && rd.LagBytes == 0
 			})
-			t.Logf("%s", snap)
-			require.Contains(t, snap.String(), "received 21 txns, 3.02k changes | acked 21 | caught up")
-			require.Equal(t, snap.Position.Received, snap.Position.Flushed)
-			require.Equal(t, x.EndLSN, snap.Position.Acked)
+			t.Logf("%s", rd)
+			require.Contains(t, rd.String(), "received 21 txns, 3.02k changes | acked 21 | caught up")
+			require.Equal(t, rd.Position.Received, rd.Position.Flushed)
+			require.Equal(t, x.EndLSN, rd.Position.Acked)
 			v = gather(t, c)
 			for name, want := range map[string]float64{
 				"pgreorder_received_transactions_total":       small + 1,

@@ -432,7 +432,7 @@ func monitorApply(a *apply.Applier, f applyFlags, log *slog.Logger) (stop func(c
 		log.Info("serving metrics", "url", "http://"+srv.Addr()+"/metrics")
 	}
 	return monitoring(srv, f.progress, func(done <-chan struct{}) {
-		printApplyProgress(done, os.Stderr, f.progress, func() (apply.Stats, metrics.Snapshot) { return a.Stats(), c.Snapshot() })
+		printApplyProgress(done, os.Stderr, f.progress, func() (apply.Stats, metrics.Reading) { return a.Stats(), c.Reading() })
 	}), nil
 }
 
@@ -441,11 +441,11 @@ func monitorApply(a *apply.Applier, f applyFlags, log *slog.Logger) (stop func(c
 // not caught up. An applier that is caught up and idle prints nothing after the line that says
 // so; one that has yet to stream (waiting for its slot or its target) and copies nothing prints
 // nothing either.
-func printApplyProgress(done <-chan struct{}, w io.Writer, every time.Duration, read func() (apply.Stats, metrics.Snapshot)) {
+func printApplyProgress(done <-chan struct{}, w io.Writer, every time.Duration, read func() (apply.Stats, metrics.Reading)) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	var last apply.Stats
-	var lastSnap metrics.Snapshot
+	var lastReading metrics.Reading
 	printed := false
 	for {
 		select {
@@ -453,24 +453,24 @@ func printApplyProgress(done <-chan struct{}, w io.Writer, every time.Duration, 
 			return
 		case <-t.C:
 		}
-		st, snap := read()
+		st, rd := read()
 		cmp := st
 		cmp.Sessions, cmp.RetentionActive = last.Sessions, last.RetentionActive
 		switch {
-		case cmp == last && snap.Activity.Started.IsZero():
+		case cmp == last && rd.Activity.Started.IsZero():
 			continue // no stream yet, and nothing copied: waiting for the slot, or the target
-		case printed && cmp == last && !progressed(lastSnap, snap):
+		case printed && cmp == last && !progressed(lastReading, rd):
 			continue
 		}
-		fmt.Fprintf(w, "%s %s\n", snap.Time.Format(time.TimeOnly), applyProgressLine(st, snap))
-		last, lastSnap, printed = st, snap, true
+		fmt.Fprintf(w, "%s %s\n", rd.Time.Format(time.TimeOnly), applyProgressLine(st, rd))
+		last, lastReading, printed = st, rd, true
 	}
 }
 
 // applyProgressLine is apply's progress line: what was applied to the target, the conflicts and
-// the initial copy if any, then the stream's summary (metrics.Snapshot.String), with the lag in
+// the initial copy if any, then the stream's summary (metrics.Reading.String), with the lag in
 // bytes and in time.
-func applyProgressLine(st apply.Stats, snap metrics.Snapshot) string {
+func applyProgressLine(st apply.Stats, rd metrics.Reading) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "applied %d txns: %d inserts (%d via COPY), %d updates, %d deletes, %d truncates",
 		st.Txns, st.Inserts, st.InsertsViaCopy, st.Updates, st.Deletes, st.Truncates)
@@ -485,7 +485,7 @@ func applyProgressLine(st apply.Stats, snap metrics.Snapshot) string {
 		fmt.Fprintf(&b, " | initial copy %d rows", st.InitialCopyRows)
 	}
 	b.WriteString(" | ")
-	b.WriteString(snap.String())
+	b.WriteString(rd.String())
 	return b.String()
 }
 

@@ -213,12 +213,12 @@ func TestStreamMetrics(t *testing.T) {
 // something moved or the stream is behind, none while it stays caught up and idle.
 func TestProgressLines(t *testing.T) {
 	at := time.Date(2025, 3, 4, 12, 0, 0, 0, time.UTC)
-	idle := metrics.Snapshot{Time: at, Activity: replication.Activity{CaughtUp: true}}
-	busy := func(txns int64, caughtUp bool) metrics.Snapshot {
-		return metrics.Snapshot{Time: at, Stats: reorderbuffer.Stats{TotalTxns: txns, TotalChanges: 10 * txns},
+	idle := metrics.Reading{Time: at, Activity: replication.Activity{CaughtUp: true}}
+	busy := func(txns int64, caughtUp bool) metrics.Reading {
+		return metrics.Reading{Time: at, Stats: reorderbuffer.Stats{TotalTxns: txns, TotalChanges: 10 * txns},
 			Activity: replication.Activity{CaughtUp: caughtUp, Acked: txns}}
 	}
-	readings := []metrics.Snapshot{
+	readings := []metrics.Reading{
 		idle, idle, idle, // one line, then nothing
 		busy(5, false), busy(5, false), // behind: a line each time
 		busy(9, true), busy(9, true), busy(9, true), // caught up: one line
@@ -228,7 +228,7 @@ func TestProgressLines(t *testing.T) {
 	var mu sync.Mutex
 	i := 0
 	done := make(chan struct{})
-	read := func() metrics.Snapshot {
+	read := func() metrics.Reading {
 		mu.Lock()
 		defer mu.Unlock()
 		if i == len(readings) {
@@ -363,15 +363,15 @@ func TestApplyMetrics(t *testing.T) {
 func TestApplyProgressLines(t *testing.T) {
 	at := time.Date(2025, 3, 4, 12, 0, 0, 0, time.UTC)
 	type reading struct {
-		st   apply.Stats
-		snap metrics.Snapshot
+		st apply.Stats
+		rd metrics.Reading
 	}
-	waiting := reading{apply.Stats{Sessions: 3}, metrics.Snapshot{Time: at}}
-	behind := reading{apply.Stats{Sessions: 3}, metrics.Snapshot{Time: at, LagBytes: 4096, Lag: 1500 * time.Millisecond,
+	waiting := reading{apply.Stats{Sessions: 3}, metrics.Reading{Time: at}}
+	behind := reading{apply.Stats{Sessions: 3}, metrics.Reading{Time: at, LagBytes: 4096, Lag: 1500 * time.Millisecond,
 		Activity: replication.Activity{Started: at, BehindSince: at}}}
 	applied := func(txns int64) reading {
 		return reading{apply.Stats{Txns: txns, Inserts: 10 * txns, InsertsViaCopy: 8 * txns, Sessions: 3},
-			metrics.Snapshot{Time: at, Activity: replication.Activity{Started: at, CaughtUp: true, Acked: txns}}}
+			metrics.Reading{Time: at, Activity: replication.Activity{Started: at, CaughtUp: true, Acked: txns}}}
 	}
 	readings := []reading{
 		waiting, waiting, // no stream yet: nothing
@@ -383,7 +383,7 @@ func TestApplyProgressLines(t *testing.T) {
 	var mu sync.Mutex
 	i := 0
 	done := make(chan struct{})
-	read := func() (apply.Stats, metrics.Snapshot) {
+	read := func() (apply.Stats, metrics.Reading) {
 		mu.Lock()
 		defer mu.Unlock()
 		if i == len(readings) {
@@ -395,7 +395,7 @@ func TestApplyProgressLines(t *testing.T) {
 			i-- // the last one again
 		}
 		i++
-		return readings[i-1].st, readings[i-1].snap
+		return readings[i-1].st, readings[i-1].rd
 	}
 	var buf bytes.Buffer
 	stop := make(chan struct{})
@@ -410,7 +410,7 @@ func TestApplyProgressLines(t *testing.T) {
 	lines := strings.Split(strings.TrimSuffix(buf.String(), "\n"), "\n")
 	require.Len(t, lines, len(want), buf.String())
 	for j, k := range want {
-		require.Equal(t, "12:00:00 "+applyProgressLine(readings[k].st, readings[k].snap), lines[j])
+		require.Equal(t, "12:00:00 "+applyProgressLine(readings[k].st, readings[k].rd), lines[j])
 	}
 	require.Contains(t, lines[1], "| lag 4.00 KiB, 1.5s |")
 	require.Equal(t, "12:00:00 applied 3 txns: 30 inserts (24 via COPY), 0 updates, 0 deletes, 0 truncates | received 0 txns, 0 changes | acked 3 | caught up |",

@@ -236,7 +236,7 @@ func monitor(s metrics.Source, metricsAddr string, progress time.Duration, log *
 		log.Info("serving metrics", "url", "http://"+srv.Addr()+"/metrics")
 	}
 	return monitoring(srv, progress, func(done <-chan struct{}) {
-		printProgress(done, os.Stderr, progress, c.Snapshot)
+		printProgress(done, os.Stderr, progress, c.Reading)
 	}), nil
 }
 
@@ -267,10 +267,10 @@ func monitoring(srv *metrics.Server, progress time.Duration, print func(done <-c
 // something to report: the counters moved since the last line, or the stream is not caught up (a
 // lag that grows, a consumer or connection that is stuck). An idle stream that is caught up
 // prints nothing after the line that says so.
-func printProgress(done <-chan struct{}, w io.Writer, every time.Duration, read func() metrics.Snapshot) {
+func printProgress(done <-chan struct{}, w io.Writer, every time.Duration, read func() metrics.Reading) {
 	t := time.NewTicker(every)
 	defer t.Stop()
-	var last metrics.Snapshot
+	var last metrics.Reading
 	printed := false
 	for {
 		select {
@@ -278,17 +278,17 @@ func printProgress(done <-chan struct{}, w io.Writer, every time.Duration, read 
 			return
 		case <-t.C:
 		}
-		snap := read()
-		if printed && !progressed(last, snap) {
+		rd := read()
+		if printed && !progressed(last, rd) {
 			continue
 		}
-		fmt.Fprintf(w, "%s %s\n", snap.Time.Format(time.TimeOnly), snap)
-		last, printed = snap, true
+		fmt.Fprintf(w, "%s %s\n", rd.Time.Format(time.TimeOnly), rd)
+		last, printed = rd, true
 	}
 }
 
 // progressed reports whether cur is worth a progress line after prev was printed.
-func progressed(prev, cur metrics.Snapshot) bool {
+func progressed(prev, cur metrics.Reading) bool {
 	p, c := prev.Stats, cur.Stats
 	return !cur.Activity.CaughtUp || !prev.Activity.CaughtUp ||
 		c.TotalTxns != p.TotalTxns || c.TotalChanges != p.TotalChanges || c.SpillBytes != p.SpillBytes ||

@@ -26,8 +26,8 @@ type Options struct {
 	Labels map[string]string
 }
 
-// Snapshot is one reading of a stream's metrics.
-type Snapshot struct {
+// Reading is one reading of a stream's metrics.
+type Reading struct {
 	// Time is when the reading was taken.
 	Time time.Time
 
@@ -116,14 +116,14 @@ func New(s Source, opts Options) (*Collector, error) {
 		w = DefaultRateWindow
 	}
 	c := &Collector{stream: s, descs: d, now: time.Now, rates: rates{window: w}}
-	c.Snapshot() // the first reading: the base of the first rates
+	c.Reading() // the first reading: the base of the first rates
 	return c, nil
 }
 
-// Snapshot reads the stream's metrics now, and records the reading for the rates.
-func (c *Collector) Snapshot() Snapshot {
+// Reading reads the stream's metrics now, and records the reading for the rates.
+func (c *Collector) Reading() Reading {
 	s := c.stream
-	snap := Snapshot{
+	snap := Reading{
 		Position:   s.Position(),
 		Stats:      bufferStats(s),
 		Activity:   s.Activity(),
