@@ -124,7 +124,7 @@ func (s *session) ensureProgress(ctx context.Context, resume decoding.LSN) error
 	if !s.cfg.relaxed() || s.hadProgress {
 		return nil
 	}
-	pos := max(resume, s.stream.Position().Start)
+	pos := max(resume, s.stream.Progress().Start)
 	if err := s.leader.FlushWAL(ctx, s.flushSQL, s.key.Args(pos)); err != nil {
 		return err
 	}

@@ -28,7 +28,7 @@ var ErrRunning = retry.Stop("apply: Run already in progress")
 type Applier struct {
 	cfg     Config
 	stats   counters
-	streams streams.Tracker // the sessions' replication streams, for Position, Activity and the like
+	streams streams.Tracker // the sessions' replication streams, for Progress, Activity and the like
 
 	mu      sync.Mutex
 	running bool

@@ -280,7 +280,7 @@
 // # Monitoring
 //
 // Stats counts what was applied (InsertsViaCopy the inserts sent with COPY, InitialCopyRows the
-// initial copy's rows, apart from Inserts). Position, Activity, BufferStats and Reconnects report
+// initial copy's rows, apart from Inserts). Progress, Activity, BufferStats and Reconnects report
 // the replication streams of the sessions, as replication.Stream's methods of those names do,
 // also between sessions: the Applier is a metrics.Source, so metrics.Serve(addr, applier, opts)
 // serves its lag in bytes (source WAL received past what the target holds durably and was

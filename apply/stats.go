@@ -153,17 +153,17 @@ func (s Stats) Conflicts(ct conflict.Type) int64 {
 	return 0
 }
 
-// Position returns the positions of the source's WAL: Received is the highest position the
+// Progress returns the positions of the source's WAL: Received is the highest position the
 // source sent (in data and keepalive messages), Flushed the highest position acknowledged to it
 // (every transaction up to it is durable on the target, with the progress row), Acked the
-// acknowledged prefix, as replication.Stream.Position defines them, over all sessions. Between
+// acknowledged prefix, as replication.Stream.Progress defines them, over all sessions. Between
 // sessions it returns what the last session's stream reported; before the first, zero values.
 // It may be called at any time, from any goroutine.
-func (a *Applier) Position() replication.Position {
+func (a *Applier) Progress() replication.Progress {
 	if a == nil {
-		return replication.Position{}
+		return replication.Progress{}
 	}
-	return a.streams.Position()
+	return a.streams.Progress()
 }
 
 // Activity returns the session's replication.Activity, with these differences: LastCommitTime

@@ -193,7 +193,7 @@ func (b *Batch) ConsistentPoint() decoding.LSN {
 // it, and the batch is handled again by a later run (a chunk as part of a new copy).
 type Handler func(ctx context.Context, b *Batch) error
 
-// Feed is a consumer: Run copies, then streams. Position, Stats, Activity and Reconnects read its
+// Feed is a consumer: Run copies, then streams. Progress, Stats, Activity and Reconnects read its
 // current stream (zero values while there is none) from any goroutine: package metrics reads a
 // Feed as it reads a replication.Stream.
 type Feed struct {
@@ -460,7 +460,7 @@ func (f *Feed) follow(ctx context.Context, s *replication.Stream) (err error) {
 		txns = txns[:0]
 		return nil
 	}
-	last := f.Position().Acked
+	last := f.Progress().Acked
 	for {
 		txn, err := s.Next(ctx)
 		if err != nil {
@@ -724,12 +724,12 @@ func (f *Feed) current() *replication.Stream {
 	return f.stream
 }
 
-// Position returns the stream's positions (replication.Stream.Position).
-func (f *Feed) Position() replication.Position {
+// Progress returns the stream's positions (replication.Stream.Progress).
+func (f *Feed) Progress() replication.Progress {
 	if s := f.current(); s != nil {
-		return s.Position()
+		return s.Progress()
 	}
-	return replication.Position{}
+	return replication.Progress{}
 }
 
 // Stats returns the reorder buffer's statistics (replication.Stream.Stats).

@@ -55,7 +55,7 @@ func runFeed(t *testing.T, cfg changefeed.Config, store changefeed.Store, h chan
 		return res
 	}
 	t.Cleanup(func() { stop() })
-	for f.Position().Start == 0 {
+	for f.Progress().Start == 0 {
 		select {
 		case err := <-done:
 			done <- err

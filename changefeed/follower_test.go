@@ -69,7 +69,7 @@ func TestFollower(t *testing.T) {
 		require.NoError(t, err)
 		done := make(chan error, 1)
 		go func() { done <- feed.Run(ctx) }()
-		require.True(t, pgtest.Until(ctx, func() bool { return feed.Position().Start != 0 }), "streaming")
+		require.True(t, pgtest.Until(ctx, func() bool { return feed.Progress().Start != 0 }), "streaming")
 		pgtest.ExecAll(t, dsn, `INSERT INTO t SELECT g, repeat('x', 200) FROM generate_series(1, 5000) g`)
 		select {
 		case err := <-done:

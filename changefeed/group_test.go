@@ -98,7 +98,7 @@ func TestGrouping(t *testing.T) {
 				t.Fatalf("the feed stopped: %v", err)
 			default:
 			}
-			return f.Position().Acked > lsn
+			return f.Progress().Acked > lsn
 		})
 	}
 
@@ -109,7 +109,7 @@ func TestGrouping(t *testing.T) {
 			t.Fatalf("the feed stopped: %v", err)
 		default:
 		}
-		return f.Position().Start != 0
+		return f.Progress().Start != 0
 	})
 	// A lone transaction: committed, alone, well within the status interval.
 	lone := insert(0)

@@ -153,13 +153,13 @@ func TestOldestUnackedAge(t *testing.T) {
 
 func TestLagBytes(t *testing.T) {
 	for _, tt := range []struct {
-		p    replication.Position
+		p    replication.Progress
 		want int64
 	}{
-		{replication.Position{}, 0},
-		{replication.Position{Received: 0x1_0000_0100, Flushed: 0x1_0000_0000}, 256},
-		{replication.Position{Received: 100, Flushed: 100}, 0},
-		{replication.Position{Received: 100, Flushed: 200}, 0}, // the slot's position before anything was received
+		{replication.Progress{}, 0},
+		{replication.Progress{Received: 0x1_0000_0100, Flushed: 0x1_0000_0000}, 256},
+		{replication.Progress{Received: 100, Flushed: 100}, 0},
+		{replication.Progress{Received: 100, Flushed: 200}, 0}, // the slot's position before anything was received
 	} {
 		if got := lagBytes(tt.p); got != tt.want {
 			t.Errorf("%+v: %d; want %d", tt.p, got, tt.want)

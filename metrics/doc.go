@@ -46,7 +46,7 @@
 // # Concurrency
 //
 // Collector reads the stream only through the methods it documents as safe from any goroutine
-// (Position, Stats or BufferStats, Activity, Reconnects): a Prometheus scrape, or a progress printer, may run
+// (Progress, Stats or BufferStats, Activity, Reconnects): a Prometheus scrape, or a progress printer, may run
 // while the consumer is inside Next or reads a transaction. Collector's methods may be called
 // from several goroutines at once. Stats walks the buffer's open transactions, so a reading costs
 // O(open transactions): read every few seconds, not per transaction.

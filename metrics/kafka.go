@@ -103,7 +103,7 @@ func (c *KafkaCollector) lagBytes(st KafkaStats) int64 {
 	if c.stream == nil || c.stream.Activity().CaughtUp {
 		return 0
 	}
-	recv := uint64(c.stream.Position().Received)
+	recv := uint64(c.stream.Progress().Received)
 	if recv <= st.Committed {
 		return 0
 	}

@@ -54,7 +54,7 @@ func TestKafkaCollector(t *testing.T) {
 	x, err := s.Next(ctx)
 	require.NoError(t, err)
 	require.Positive(t, c.Lag(), "received, not committed")
-	require.EqualValues(t, s.Position().Received, c.Lag(), "nothing committed yet: all of it")
+	require.EqualValues(t, s.Progress().Received, c.Lag(), "nothing committed yet: all of it")
 
 	mu.Lock()
 	st = metrics.KafkaStats{Events: 100, Bytes: 4200, Transactions: 2, CommitTime: 30 * time.Millisecond, Committed: uint64(x.EndLSN)}

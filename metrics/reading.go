@@ -31,9 +31,9 @@ type Reading struct {
 	// Time is when the reading was taken.
 	Time time.Time
 
-	// Position, Activity and Reconnects are what the source's methods of those names returned;
+	// Progress, Activity and Reconnects are what the source's methods of those names returned;
 	// Stats is what its BufferStats or Stats method returned (see Source).
-	Position   replication.Position
+	Position   replication.Progress
 	Stats      reorderbuffer.Stats
 	Activity   replication.Activity
 	Reconnects int
@@ -60,7 +60,7 @@ type Reading struct {
 // The reorder buffer's statistics (Snapshot.Stats) come from the source's BufferStats method if
 // it is a BufferSource, or else its Stats method if it is a StatsSource; they are zero otherwise.
 type Source interface {
-	Position() replication.Position
+	Progress() replication.Progress
 	Activity() replication.Activity
 	Reconnects() int
 }
@@ -124,7 +124,7 @@ func New(s Source, opts Options) (*Collector, error) {
 func (c *Collector) Reading() Reading {
 	s := c.stream
 	snap := Reading{
-		Position:   s.Position(),
+		Position:   s.Progress(),
 		Stats:      bufferStats(s),
 		Activity:   s.Activity(),
 		Reconnects: s.Reconnects(),
@@ -142,7 +142,7 @@ func (c *Collector) Reading() Reading {
 }
 
 // lagBytes is the WAL the server sent past the flush position confirmed to it.
-func lagBytes(p replication.Position) int64 {
+func lagBytes(p replication.Progress) int64 {
 	if p.Received <= p.Flushed {
 		return 0
 	}

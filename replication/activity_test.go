@@ -86,7 +86,7 @@ func TestActivity(t *testing.T) {
 		if !a.BehindSince.IsZero() {
 			t.Fatalf("caught up, yet behind since %v", a.BehindSince)
 		}
-		if p := s.Position(); p.Received < xs[2].EndLSN {
+		if p := s.Progress(); p.Received < xs[2].EndLSN {
 			t.Fatalf("received %s, before the last end %s", p.Received, xs[2].EndLSN)
 		}
 	})

@@ -66,8 +66,8 @@ func TestHandOutAdvances(t *testing.T) {
 			if confirmed < adv.EndLSN {
 				t.Fatalf("slot at %s after the Advance to %s was acknowledged", confirmed, adv.EndLSN)
 			}
-			if s.Position().Acked != adv.EndLSN {
-				t.Fatalf("Position().Acked = %s, want %s", s.Position().Acked, adv.EndLSN)
+			if s.Progress().Acked != adv.EndLSN {
+				t.Fatalf("Position().Acked = %s, want %s", s.Progress().Acked, adv.EndLSN)
 			}
 
 			// The consumer persisted a position behind the slot: refused, and the slot stays.

@@ -222,7 +222,7 @@ func ExampleRetryable() {
 				// ...handle t...
 				s.Ack(t)
 			}
-			cfg.Buffer.SkipThrough = s.Position().Acked // everything acknowledged was durable
+			cfg.Buffer.SkipThrough = s.Progress().Acked // everything acknowledged was durable
 			s.Close(ctx)
 		}
 		if !replication.Retryable(err) {

@@ -51,7 +51,7 @@ func TestTwoPhaseResume(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer sb.Close(ctx)
-			if p := sb.Position(); p.Start >= mid.EndLSN || p.Acked != mid.EndLSN {
+			if p := sb.Progress(); p.Start >= mid.EndLSN || p.Acked != mid.EndLSN {
 				t.Errorf("position %+v: want a start before %s (the slot's) and acked = the resume position", p, mid.EndLSN)
 			}
 			wantTxn(t, next(ctx, t, sb), "g1", []string{"1"})
@@ -79,7 +79,7 @@ func TestAckedPrefix(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer s.Close(ctx)
-			start := s.Position().Acked
+			start := s.Progress().Acked
 			pgtest.ExecAll(t, cs, `INSERT INTO pub_t VALUES (1)`, `INSERT INTO pub_t VALUES (2)`, `INSERT INTO pub_t VALUES (3)`)
 			x1, x2, x3 := next(ctx, t, s), next(ctx, t, s), next(ctx, t, s)
 			if err := s.Ack(nil); !errors.Is(err, reorderbuffer.ErrForeignTxn) {
@@ -92,7 +92,7 @@ func TestAckedPrefix(t *testing.T) {
 				if err := s.Ack(step.x); err != nil {
 					t.Fatal(err)
 				}
-				if got := s.Position().Acked; got != step.want {
+				if got := s.Progress().Acked; got != step.want {
 					t.Fatalf("after acknowledging %s: Acked %s, want %s", step.x.EndLSN, got, step.want)
 				}
 				if step.x == x1 {
@@ -100,7 +100,7 @@ func TestAckedPrefix(t *testing.T) {
 					if err := s.SendStatus(ctx, false); err != nil {
 						t.Fatal(err)
 					}
-					if p := s.Position(); p.Flushed != x1.EndLSN {
+					if p := s.Progress(); p.Flushed != x1.EndLSN {
 						t.Fatalf("flushed %s, want %s", p.Flushed, x1.EndLSN)
 					}
 				}

@@ -81,7 +81,7 @@ func TestExportSnapshot(t *testing.T) {
 			if _, err := conn.StartStreaming(ctx); !errors.Is(err, replication.ErrClosed) {
 				t.Fatalf("second StartStreaming: %v", err)
 			}
-			if p := s.Position(); p.Start != snap.ConsistentPoint {
+			if p := s.Progress(); p.Start != snap.ConsistentPoint {
 				t.Errorf("stream starts at %s, want the consistent point %s", p.Start, snap.ConsistentPoint)
 			}
 			x := next(ctx, t, s)

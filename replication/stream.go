@@ -18,8 +18,9 @@ import (
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 )
 
-// Position is a snapshot of the stream's positions.
-type Position struct {
+// Progress is the stream's positions at one moment: where it started, what it received, flushed
+// and acknowledged. (A Position, in package changefeed, is the one place a consumer resumes after.)
+type Progress struct {
 	// Start is the slot's confirmed position when the current connection started streaming: the
 	// server sends every transaction that commits after it.
 	Start decoding.LSN
@@ -99,7 +100,7 @@ type Stream struct {
 
 	// Guarded by mu.
 	buf        *reorderbuffer.Buffer
-	pos        Position
+	pos        Progress
 	reconnects int
 	act        activity // for Activity (metrics.go)
 	closing    bool
@@ -125,7 +126,7 @@ func newStream(c *Conn, sess *session, w *wire, buf *reorderbuffer.Buffer) *Stre
 		buf:       buf,
 		act:       newActivity(time.Now()),
 	}
-	s.pos = Position{Start: s.slotPos, Flushed: s.slotPos, Acked: buf.AckedThrough()}
+	s.pos = Progress{Start: s.slotPos, Flushed: s.slotPos, Acked: buf.AckedThrough()}
 	s.connFree.L = &s.mu
 	s.life, s.kill = context.WithCancel(context.Background())
 	context.AfterFunc(s.life, s.wake)
@@ -172,8 +173,8 @@ func (s *Stream) System() System {
 	return s.sys
 }
 
-// Position returns the stream's current positions.
-func (s *Stream) Position() Position {
+// Progress returns the stream's current positions.
+func (s *Stream) Progress() Progress {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.pos
@@ -458,7 +459,7 @@ func (s *Stream) lost(err error) error {
 	case s.temporary && Retryable(err):
 		err = fmt.Errorf("replication: the connection to the temporary slot %q was lost, and the slot with it: %w", s.cfg.Slot, err)
 	case Retryable(err):
-		s.log.Warn("replication connection lost", "error", err, "received", s.Position().Received)
+		s.log.Warn("replication connection lost", "error", err, "received", s.Progress().Received)
 		s.drop(err)
 		return nil
 	}

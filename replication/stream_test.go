@@ -337,7 +337,7 @@ func TestConcurrentAck(t *testing.T) {
 				default:
 				}
 				// Before anything arrives, the flush position is the slot's own.
-				if p := s.Position(); p.Acked > p.Received || p.Flushed > max(p.Received, p.Start) {
+				if p := s.Progress(); p.Acked > p.Received || p.Flushed > max(p.Received, p.Start) {
 					t.Errorf("position %+v: acknowledged or flushed past what was received", p)
 					return
 				}
@@ -360,7 +360,7 @@ func TestConcurrentAck(t *testing.T) {
 		close(acks)
 		close(stop)
 		wg.Wait()
-		if p := s.Position(); p.Acked != last.EndLSN {
+		if p := s.Progress(); p.Acked != last.EndLSN {
 			t.Fatalf("acked %s, want the last end %s", p.Acked, last.EndLSN)
 		}
 		if err := s.Close(ctx); err != nil {

@@ -37,7 +37,7 @@ func TestTryItDoc(t *testing.T) {
 
 	var buf bytes.Buffer
 	log := slog.New(slog.NewTextHandler(&buf, nil))
-	log.Info("progress", streamStatsAttrs(reorderbuffer.Stats{}, replication.Position{}, 0)...)
+	log.Info("progress", streamStatsAttrs(reorderbuffer.Stats{}, replication.Progress{}, 0)...)
 	want := logKeys(buf.String())
 
 	var final []string // msg of each sample log line, in order

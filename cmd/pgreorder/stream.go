@@ -203,9 +203,9 @@ func runStream(ctx context.Context, args []string) error {
 	closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	merr := stopMonitoring(closeCtx)
 	cancel()
-	if feed.Position().Start != 0 { // it streamed: what it did
+	if feed.Progress().Start != 0 { // it streamed: what it did
 		logStreamStats(log, feed, txns)
-		log.Info("stopped", "acked", feed.Position().Acked)
+		log.Info("stopped", "acked", feed.Progress().Acked)
 	}
 	return errors.Join(err, merr)
 }
@@ -326,13 +326,13 @@ func (f *streamFlags) check(fs *flag.FlagSet) error {
 
 func logStreamStats(log *slog.Logger, s interface {
 	Stats() reorderbuffer.Stats
-	Position() replication.Position
+	Progress() replication.Progress
 }, txns int) {
-	log.Info("progress", streamStatsAttrs(s.Stats(), s.Position(), txns)...)
+	log.Info("progress", streamStatsAttrs(s.Stats(), s.Progress(), txns)...)
 }
 
 // streamStatsAttrs are the attributes of the final progress line of stream.
-func streamStatsAttrs(st reorderbuffer.Stats, p replication.Position, txns int) []any {
+func streamStatsAttrs(st reorderbuffer.Stats, p replication.Progress, txns int) []any {
 	return []any{"transactions", txns, "received", p.Received, "acked", p.Acked, "flushed", p.Flushed,
 		"spill_txns", st.SpillTxns, "spill_bytes", st.SpillBytes, "stream_txns", st.StreamTxns,
 		"stream_bytes", st.StreamBytes, "total_txns", st.TotalTxns, "total_bytes", st.TotalBytes,

@@ -1,5 +1,5 @@
 // Package streams follows the replication streams of the sessions of an Applier (package apply),
-// one after another, so that the Applier answers Position, Activity, BufferStats and Reconnects
+// one after another, so that the Applier answers Progress, Activity, BufferStats and Reconnects
 // between sessions too, over all of them, with counters that never go back: the current
 // session's stream (Attach, Detach), what the ended ones reported, and the last transaction
 // committed on the target (Applied). It reads the streams through their methods (package
@@ -21,7 +21,7 @@ type Tracker struct {
 	mu  sync.Mutex
 	cur *replication.Stream // the current session's stream; nil between sessions
 
-	pos        replication.Position // the highest positions the ended streams reported
+	pos        replication.Progress // the highest positions the ended streams reported
 	buf        reorderbuffer.Stats  // the ended streams' counters, summed
 	handedOut  int64                // the ended streams' Activity.HandedOut, summed
 	acked      int64                // and Activity.Acked
@@ -61,8 +61,8 @@ func (w *Tracker) Detach() {
 		return
 	}
 	w.cur = nil
-	p := s.Position()
-	w.pos = replication.Position{Start: p.Start, Received: max(w.pos.Received, p.Received),
+	p := s.Progress()
+	w.pos = replication.Progress{Start: p.Start, Received: max(w.pos.Received, p.Received),
 		Flushed: max(w.pos.Flushed, p.Flushed), Acked: max(w.pos.Acked, p.Acked)}
 	w.buf = addStats(w.buf, s.Stats())
 	act := s.Activity()
@@ -111,16 +111,16 @@ func addStats(sum, s reorderbuffer.Stats) reorderbuffer.Stats {
 	return sum
 }
 
-// Position returns the positions of the source's WAL (replication.Stream.Position) over all
+// Progress returns the positions of the source's WAL (replication.Stream.Progress) over all
 // sessions: the current stream's, none lower than what the ended ones reported; between sessions
 // what they reported.
-func (w *Tracker) Position() replication.Position {
+func (w *Tracker) Progress() replication.Progress {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.cur == nil {
 		return w.pos
 	}
-	p := w.cur.Position()
+	p := w.cur.Progress()
 	p.Received = max(p.Received, w.pos.Received)
 	p.Flushed = max(p.Flushed, w.pos.Flushed)
 	p.Acked = max(p.Acked, w.pos.Acked)
