@@ -154,7 +154,7 @@ type Config struct {
 	// (pgoutput's origin option: OriginFilterNone, PostgreSQL 16+, leaves out what another
 	// replication applied there, this Applier's reverse included), StatusInterval, Reconnect
 	// (the stream's own reconnections; how long a slot in use is waited for is SlotWait), and
-	// the reorder buffer's Buffer.WorkMem, Dir and SpillCodec (see below). Its Logger defaults
+	// the reorder buffer's Buffer.WorkMem, Dir and SpillCompressor (see below). Its Logger defaults
 	// to Logger. The ordinary connections to the source (SchemaChanges, SyncSequences, the
 	// initial copy) use the same connection settings.
 	//
@@ -165,8 +165,8 @@ type Config struct {
 	// that have not applied them yet take at most a quarter of it, the reorder buffer the other
 	// three quarters, so that the two together stay within WorkMem; what does not fit waits in
 	// spill files, under Buffer.Dir ("" is the system's temporary directory), compressed by
-	// Buffer.SpillCodec if set (the reorder buffer's and the workers' queues'; package
-	// spillcodec has S2, LZ4 and zstd).
+	// Buffer.SpillCompressor if set (the reorder buffer's and the workers' queues'; package
+	// spillcompress has S2, LZ4 and zstd).
 	//
 	// The Applier sets the rest itself: Buffer.SkipThrough comes from the target's progress
 	// row, Buffer.Incremental from Mode, Buffer.HandOutAdvances is on; TemporarySlot and

@@ -17,7 +17,7 @@ import (
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 	"github.com/pgreorder/pgreorder/replication"
 	"github.com/pgreorder/pgreorder/spill"
-	"github.com/pgreorder/pgreorder/spillcodec"
+	"github.com/pgreorder/pgreorder/spillcompress"
 )
 
 // TestEagerSpool runs three large transactions at once with one worker: one is applied by the
@@ -34,7 +34,7 @@ func TestEagerSpool(t *testing.T) {
 			cfg.Source.Buffer.WorkMem = 64 << 10 // queues: 16 KiB, the reorder buffer 48 KiB
 			if major == testMajors[len(testMajors)-1] {
 				// The buffer's and the queues' spill files compressed, on one of the versions.
-				cfg.Source.Buffer.SpillCodec = spillcodec.S2()
+				cfg.Source.Buffer.SpillCompressor = spillcompress.S2()
 			}
 			// The worker's first record waits for the queue to spill (the Applier, once started).
 			var applier atomic.Pointer[Applier]

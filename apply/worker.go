@@ -31,7 +31,7 @@ type worker struct {
 func (s *session) startWorkers(ctx context.Context) error {
 	s.order = schedule.NewOrder()
 	s.jobs = map[uint32]*job{}
-	s.store = schedule.NewSpillStore(s.cfg.Source.Buffer.Dir, s.cfg.Source.Buffer.SpillCodec)
+	s.store = schedule.NewSpillStore(s.cfg.Source.Buffer.Dir, s.cfg.Source.Buffer.SpillCompressor)
 	_, files := spillFiles(true)
 	s.store.SetMaxOpenFiles(files)
 	s.budget = schedule.NewBudget(s.cfg.queueMem())

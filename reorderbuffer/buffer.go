@@ -71,7 +71,7 @@ func New(cfg Config) (*Buffer, error) {
 	if dir == "" {
 		dir = os.TempDir()
 	}
-	st, err := spill.Open(spill.Options{Dir: dir, FS: cfg.FS, MaxOpenFiles: cfg.MaxOpenFiles, Codec: cfg.SpillCodec})
+	st, err := spill.Open(spill.Options{Dir: dir, FS: cfg.FS, MaxOpenFiles: cfg.MaxOpenFiles, Compressor: cfg.SpillCompressor})
 	if err != nil {
 		return nil, fmt.Errorf("reorderbuffer: opening spill store: %w", err)
 	}

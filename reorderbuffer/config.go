@@ -37,14 +37,14 @@ type Config struct {
 	// inject faults with package vfs/faultfs.
 	FS vfs.FS
 
-	// SpillCodec compresses spill files, one block of records (up to 256 KiB) at a time; nil
+	// SpillCompressor compresses spill files, one block of records (up to 256 KiB) at a time; nil
 	// writes them uncompressed. A block below 128 bytes, or one that compressing would shrink
 	// by less than an eighth, is written as it is. The core has no compressor of its own:
-	// package spillcodec has them (spillcodec.Default, S2, leaves about a quarter of the bytes
+	// package spillcompress has them (spillcompress.Default, S2, leaves about a quarter of the bytes
 	// on the benchmark workloads, for 4-13% more CPU time per change when every change spills
 	// and is read back once). Stats.SpillBytes counts the records written,
 	// Stats.SpillWrittenBytes what reached the files.
-	SpillCodec spill.Codec
+	SpillCompressor spill.Compressor
 
 	// MaxOpenFiles bounds the spill files kept open at once; 0 derives it from the process's
 	// file descriptor limit (see package spill). Any number of transactions can be spilled

@@ -33,7 +33,7 @@
 //     buffer and one file descriptor outside Config.MaxOpenFiles. An open streamed transaction
 //     that wrote one relation therefore costs at most about 370 bytes beyond the limit: 100,000
 //     of them 37 MB (bench's BenchmarkOpenTxns measures it on the Go heap). With
-//     Config.SpillCodec, a reader of a spilled transaction also holds the compressed bytes of
+//     Config.SpillCompressor, a reader of a spilled transaction also holds the compressed bytes of
 //     one block (at most 256 KiB).
 //   - Errors: bad bytes and protocol violations give an *InputError wrapping the decoding
 //     package's typed errors; a spill I/O error is returned by the call that hit it. The end or

@@ -13,7 +13,7 @@ import (
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 	"github.com/pgreorder/pgreorder/spill"
-	"github.com/pgreorder/pgreorder/spillcodec"
+	"github.com/pgreorder/pgreorder/spillcompress"
 	"github.com/stretchr/testify/require"
 )
 
@@ -607,11 +607,11 @@ func TestModel(t *testing.T) {
 			dir := t.TempDir()
 			incremental := (r+i)%2 == 1
 			// Every other round spills compressed: subtransaction aborts then cut into blocks.
-			var codec spill.Codec
+			var codec spill.Compressor
 			if r%2 == 0 {
-				codec = spillcodec.LZ4()
+				codec = spillcompress.LZ4()
 			}
-			got, st := run(t, g.out, reorderbuffer.Config{WorkMem: limit, Dir: dir, Incremental: incremental, SpillCodec: codec})
+			got, st := run(t, g.out, reorderbuffer.Config{WorkMem: limit, Dir: dir, Incremental: incremental, SpillCompressor: codec})
 			require.Equal(t, g.want, got, "seed %d limit %d incremental %v compressed %v", s, limit, incremental, codec != nil)
 			if limit > 0 {
 				require.LessOrEqual(t, st.PeakMemoryBytes, limit, "seed %d: peak memory over the limit", s)

@@ -22,7 +22,7 @@ type Stats struct {
 	TotalChanges  int64 // changes (and transactional messages) of those transactions
 	SpillBytesNow int64 // bytes in spill logs now, of transactions held, queued or handed out (before compression)
 	// SpillWrittenBytes is what was written to spill files: SpillBytes after compression
-	// (Config.SpillCodec), with file and block headers, and the parts of blocks a
+	// (Config.SpillCompressor), with file and block headers, and the parts of blocks a
 	// subtransaction abort cut into written again.
 	SpillWrittenBytes int64
 

@@ -163,7 +163,7 @@ type Config struct {
 	// position, the EndLSN of the last transaction it handled for good: the stream starts at the
 	// slot's own position and drops every transaction that ends at or before SkipThrough (see
 	// the package documentation). It must not be beyond the server's current WAL position.
-	// Buffer.SpillCodec compresses spill files (package spillcodec; nil does not).
+	// Buffer.SpillCompressor compresses spill files (package spillcompress; nil does not).
 	Buffer reorderbuffer.Config
 
 	// Logger receives progress messages, server notices (at Warn) and reconnections; nil logs

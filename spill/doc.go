@@ -18,7 +18,7 @@
 //     returned earlier for that log (as long as the log has not been truncated below it since).
 //   - [Log.NewReader] flushes the log and returns a [Reader] over the records [0, Size()). Reading
 //     uses one fixed buffer of [Options].BufferSize plus, for records larger than it, one buffer of
-//     the largest record; with [Options].Codec, also the compressed bytes of one block. The slice
+//     the largest record; with [Options].Compressor, also the compressed bytes of one block. The slice
 //     returned by [Reader.Next] is valid until the next call to Next or Close.
 //   - Files are opened lazily and at most [Options].MaxOpenFiles stay open (by default a quarter of
 //     the soft RLIMIT_NOFILE, at most [DefaultMaxOpenFiles]). The least recently used is closed
@@ -62,7 +62,7 @@
 //	         +----------------+---------+----------------+---------+-----
 //
 // Each flush of the write buffer becomes one block, and a record larger than the buffer is a
-// block of its own. The stored bytes are the raw bytes as they are, or, with [Options].Codec,
+// block of its own. The stored bytes are the raw bytes as they are, or, with [Options].Compressor,
 // compressed. A stored length equal to the raw length is the flag of a block stored as it is
 // (a compressed block is always shorter), covered by the CRC like the rest of the header, so it
 // takes no byte of its own and needed no new format version. With a codec a block is stored as
@@ -97,7 +97,7 @@
 // # Compression
 //
 // The codec is an interface because this package imports only the standard library: package
-// spillcodec has LZ4, S2 and zstd. A block that does not compress well enough is stored as it
+// spillcompress has LZ4, S2 and zstd. A block that does not compress well enough is stored as it
 // is (see "File format"). Compression changes nothing else: the blocks, their CRC,
 // truncation, the files, their descriptor budget and their names are the same with and without
 // it. What the store wrote, after compression, is [Store.WrittenBytes]. A reader of a log with a

@@ -18,8 +18,8 @@ func TestAppendFramed(t *testing.T) {
 	seed := time.Now().UnixNano()
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewPCG(uint64(seed), 0))
-	for _, codec := range []spill.Codec{nil, rle{}} {
-		s := openStore(t, spill.Options{BufferSize: 256, MaxOpenFiles: 1, Codec: codec})
+	for _, codec := range []spill.Compressor{nil, rle{}} {
+		s := openStore(t, spill.Options{BufferSize: 256, MaxOpenFiles: 1, Compressor: codec})
 		l, other := create(t, s), create(t, s)
 		var want [][]byte
 		var bounds []int64 // Size at every record boundary

@@ -25,7 +25,7 @@ type Reader struct {
 
 	// The current block's raw bytes blk (in buf or big), the next record at
 	// blk[bi:], the block at file offset bfoff, the next one at foff, the file's size fend.
-	codec      Codec
+	codec      Compressor
 	blk        []byte
 	bi         int
 	bfoff      int64

@@ -69,10 +69,10 @@ type Options struct {
 	// Sync makes every flush of a log fsync it. Off by default: spill files do not outlive the
 	// process, so durability is useless.
 	Sync bool
-	// Codec, if set, compresses what the store writes, one block of records at a time (each
+	// Compressor, if set, compresses what the store writes, one block of records at a time (each
 	// flush of the write buffer is a block; see "Compression" in the package documentation).
 	// nil writes records as they are.
-	Codec Codec
+	Compressor Compressor
 }
 
 // Store is a set of logs in a private directory. It is not safe for concurrent use.
@@ -87,10 +87,10 @@ type Store struct {
 	maxOpen int
 	bufSize int
 	sync    bool
-	codec   Codec  // nil: blocks stored as they are
-	front   int    // bytes kept in front of wbuf in wmem: file header and block header
-	cmem    []byte // with a codec: a flush's block, compressed, after front bytes
-	written int64  // bytes written to log files
+	codec   Compressor // nil: blocks stored as they are
+	front   int        // bytes kept in front of wbuf in wmem: file header and block header
+	cmem    []byte     // with a codec: a flush's block, compressed, after front bytes
+	written int64      // bytes written to log files
 
 	seq  uint64
 	logs *Log // live (not removed) logs, linked by lnext
@@ -118,7 +118,7 @@ func Open(opts Options) (*Store, error) {
 		maxOpen: opts.MaxOpenFiles,
 		bufSize: opts.BufferSize,
 		sync:    opts.Sync,
-		codec:   opts.Codec,
+		codec:   opts.Compressor,
 		front:   headerSize + blockHeaderSize,
 	}
 	if s.fs == nil {
@@ -473,7 +473,7 @@ func (s *Store) putHeader(b []byte) {
 func (s *Store) version() uint32 { return formatVersion }
 
 // WrittenBytes returns the bytes written to the store's files so far: file and block headers
-// included, after compression with Options.Codec, and counting again what a Truncate rewrote.
+// included, after compression with Options.Compressor, and counting again what a Truncate rewrote.
 func (s *Store) WrittenBytes() int64 { return s.written }
 
 // writeFull writes p at off, turning a short write without error into io.ErrShortWrite, and

@@ -242,7 +242,7 @@ func (f *applyFlags) config(fs *flag.FlagSet) (apply.Config, error) {
 	if (f.copyTruncate || f.copyWorkers != 0) && !f.copy {
 		return apply.Config{}, errors.New("-copy-truncate and -copy-workers go with -copy")
 	}
-	workMem, codec, err := f.spillFlags.parse()
+	workMem, comp, err := f.spillFlags.parse()
 	if err != nil {
 		return apply.Config{}, err
 	}
@@ -275,7 +275,7 @@ func (f *applyFlags) config(fs *flag.FlagSet) (apply.Config, error) {
 			Binary:         f.binary,
 			StatusInterval: f.status,
 			OriginFilter:   originFilter,
-			Buffer:         reorderbuffer.Config{WorkMem: workMem, Dir: f.dir, SpillCodec: codec},
+			Buffer:         reorderbuffer.Config{WorkMem: workMem, Dir: f.dir, SpillCompressor: comp},
 		},
 		Target:            f.target,
 		Copy:              f.copy,

@@ -186,8 +186,8 @@ func (s *spillFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&s.compression, "spill-compression", "none", spillCompressionHelp)
 }
 
-// parse returns the work mem in bytes and the spill codec.
-func (s *spillFlags) parse() (int64, spill.Codec, error) {
+// parse returns the work mem in bytes and the spill compressor.
+func (s *spillFlags) parse() (int64, spill.Compressor, error) {
 	workMem, err := parseWorkMem(s.workMem)
 	if err != nil {
 		return 0, nil, err

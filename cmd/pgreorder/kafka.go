@@ -216,7 +216,7 @@ func (f *kafkaFlags) config(fs *flag.FlagSet) (changefeed.Config, kafkasink.Conf
 	if f.copyWorkers < 0 || f.copyWorkers > 64 {
 		return cfg, kcfg, fmt.Errorf("-copy-workers %d: want 1 to 64", f.copyWorkers)
 	}
-	workMem, codec, err := f.spillFlags.parse()
+	workMem, comp, err := f.spillFlags.parse()
 	if err != nil {
 		return cfg, kcfg, err
 	}
@@ -232,7 +232,7 @@ func (f *kafkaFlags) config(fs *flag.FlagSet) (changefeed.Config, kafkasink.Conf
 			TwoPhase:       f.twoPhase,
 			OriginFilter:   originFilter,
 			StatusInterval: f.status,
-			Buffer:         reorderbuffer.Config{WorkMem: workMem, Dir: f.dir, SpillCodec: codec},
+			Buffer:         reorderbuffer.Config{WorkMem: workMem, Dir: f.dir, SpillCompressor: comp},
 		},
 		Copy: snapshot.Config{Workers: f.copyWorkers},
 	}

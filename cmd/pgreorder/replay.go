@@ -15,7 +15,7 @@ import (
 	"github.com/pgreorder/pgreorder/internal/tools/capture"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 	"github.com/pgreorder/pgreorder/spill"
-	"github.com/pgreorder/pgreorder/spillcodec"
+	"github.com/pgreorder/pgreorder/spillcompress"
 )
 
 func init() {
@@ -30,14 +30,14 @@ const workMemHelp = "memory limit for transaction data: a size with a unit (64kB
 const spillCompressionHelp = "compression of spill files: none, s2 (a quarter to a fifth of the bytes), lz4 or zstd"
 
 // parseSpillCompression parses -spill-compression.
-func parseSpillCompression(s string) (spill.Codec, error) {
+func parseSpillCompression(s string) (spill.Compressor, error) {
 	switch strings.ToLower(strings.TrimSpace(s)) {
 	case "lz4":
-		return spillcodec.LZ4(), nil
+		return spillcompress.LZ4(), nil
 	case "s2":
-		return spillcodec.S2(), nil
+		return spillcompress.S2(), nil
 	case "zstd":
-		return spillcodec.Zstd(), nil
+		return spillcompress.Zstd(), nil
 	case "none", "off", "":
 		return nil, nil
 	}
@@ -145,7 +145,7 @@ func runReplay(ctx context.Context, args []string) error {
 	if err := parseProto(*proto); err != nil {
 		return err
 	}
-	codec, err := parseSpillCompression(*compression)
+	comp, err := parseSpillCompression(*compression)
 	if err != nil {
 		return err
 	}
@@ -164,10 +164,10 @@ func runReplay(ctx context.Context, args []string) error {
 	}
 	bw := bufio.NewWriterSize(os.Stdout, 64<<10)
 	stats, err := replay(ctx, in, bw, reorderbuffer.Config{
-		WorkMem:    limit,
-		Dir:        *dir,
-		Decoding:   decoding.Options{ProtoVersion: *proto},
-		SpillCodec: codec,
+		WorkMem:         limit,
+		Dir:             *dir,
+		Decoding:        decoding.Options{ProtoVersion: *proto},
+		SpillCompressor: comp,
 	}, cfg)
 	if ferr := bw.Flush(); err == nil {
 		err = ferr

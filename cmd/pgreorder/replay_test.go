@@ -119,7 +119,7 @@ func TestReplaySpillCompression(t *testing.T) {
 		codec, err := parseSpillCompression(name)
 		require.NoError(t, err)
 		var out bytes.Buffer
-		cst, err := replay(context.Background(), bytes.NewReader(z), &out, reorderbuffer.Config{Dir: t.TempDir(), WorkMem: reorderbuffer.SpillEverything, SpillCodec: codec}, format.Config{})
+		cst, err := replay(context.Background(), bytes.NewReader(z), &out, reorderbuffer.Config{Dir: t.TempDir(), WorkMem: reorderbuffer.SpillEverything, SpillCompressor: codec}, format.Config{})
 		require.NoError(t, err)
 		require.Equal(t, plain.String(), out.String(), name)
 		require.Positive(t, cst.SpillBytes, name)

@@ -112,7 +112,7 @@ func runStream(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	codec, err := parseSpillCompression(f.compression)
+	comp, err := parseSpillCompression(f.compression)
 	if err != nil {
 		return err
 	}
@@ -171,7 +171,7 @@ func runStream(ctx context.Context, args []string) error {
 			OriginFilter:   f.originFilterOpt,
 			StatusInterval: f.status,
 			Reconnect:      replication.ReconnectPolicy{SlotWait: cliSlotWait(f.slotWait)},
-			Buffer:         reorderbuffer.Config{WorkMem: workMem, Dir: f.dir, SkipThrough: skip, SpillCodec: codec},
+			Buffer:         reorderbuffer.Config{WorkMem: workMem, Dir: f.dir, SkipThrough: skip, SpillCompressor: comp},
 		},
 		Logger: log,
 	}, store, func(ctx context.Context, b *changefeed.Batch) error {

@@ -80,15 +80,15 @@ func (b *Budget) give(n int64) {
 type SpillStore struct {
 	mu       sync.Mutex
 	dir      string
-	codec    spill.Codec
+	comp     spill.Compressor
 	maxFiles int
 	st       *spill.Store
 }
 
 // NewSpillStore returns a store of spill files in dir ("": the system's temporary directory),
-// compressed by codec (nil: not compressed).
-func NewSpillStore(dir string, codec spill.Codec) *SpillStore {
-	return &SpillStore{dir: dir, codec: codec}
+// compressed by comp (nil: not compressed).
+func NewSpillStore(dir string, comp spill.Compressor) *SpillStore {
+	return &SpillStore{dir: dir, comp: comp}
 }
 
 // SetMaxOpenFiles sets the store's spill.Options.MaxOpenFiles (0, the default: spill's own), before
@@ -97,7 +97,7 @@ func (s *SpillStore) SetMaxOpenFiles(n int) { s.maxFiles = n }
 
 func (s *SpillStore) create() (*spill.Log, error) {
 	if s.st == nil {
-		st, err := spill.Open(spill.Options{Dir: s.dir, Codec: s.codec, MaxOpenFiles: s.maxFiles})
+		st, err := spill.Open(spill.Options{Dir: s.dir, Compressor: s.comp, MaxOpenFiles: s.maxFiles})
 		if err != nil {
 			return nil, fmt.Errorf("apply: opening a spill store: %w", err)
 		}

@@ -50,7 +50,7 @@ var allowed = map[string][]string{
 	"internal/retry": {"internal/pgsession", "spill"},
 	"replication":    {"internal/pgsession", "internal/configerr", "internal/retry", "reorderbuffer", "decoding", "spill", "heap"},
 	"metrics":        {"replication", "reorderbuffer", "decoding"},
-	"spillcodec":     {"spill"},
+	"spillcompress":  {"spill"},
 	// The consumer entry point: over the toolkit, below apply (which uses its copy), never
 	// importing it.
 	"changefeed": {"catalog", "replication", "snapshot", "pgvalue", "format", "reorderbuffer", "decoding",

@@ -67,9 +67,9 @@ func TestCompressedModel(t *testing.T) {
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewPCG(uint64(seed), 2))
 	for _, cfg := range []spill.Options{
-		{BufferSize: 64, MaxOpenFiles: 1, Codec: rle{}},
-		{BufferSize: 500, MaxOpenFiles: 3, Codec: rle{}},
-		{Codec: rle{}},
+		{BufferSize: 64, MaxOpenFiles: 1, Compressor: rle{}},
+		{BufferSize: 500, MaxOpenFiles: 3, Compressor: rle{}},
+		{Compressor: rle{}},
 	} {
 		t.Run(fmt.Sprintf("buf=%d,fds=%d", cfg.BufferSize, cfg.MaxOpenFiles), func(t *testing.T) {
 			runModel(t, openStore(t, cfg), rng, true)
@@ -81,7 +81,7 @@ func TestCompressedModel(t *testing.T) {
 // reader) and returns the log, the Size before each record, and the records.
 func compressedLog(t *testing.T, opts spill.Options) (*spill.Log, []int64, [][]byte) {
 	t.Helper()
-	opts.Codec = rle{}
+	opts.Compressor = rle{}
 	s := openStore(t, opts)
 	l := create(t, s)
 	var sizes []int64
@@ -142,7 +142,7 @@ func TestCompressedTruncateInsideBlock(t *testing.T) {
 
 func TestCompressedTruncateEarlierBlock(t *testing.T) {
 	// Many blocks (a small buffer); a cut inside an early one walks the block headers.
-	s := openStore(t, spill.Options{BufferSize: 256, Codec: rle{}})
+	s := openStore(t, spill.Options{BufferSize: 256, Compressor: rle{}})
 	l := create(t, s)
 	var sizes []int64
 	var recs [][]byte
@@ -240,7 +240,7 @@ func TestCompressedTruncateENOSPC(t *testing.T) {
 
 func TestCompressedENOSPCOnFlush(t *testing.T) {
 	ffs := faultfs.New(vfs.OS())
-	s := openStore(t, spill.Options{FS: ffs, BufferSize: 256, Codec: rle{}})
+	s := openStore(t, spill.Options{FS: ffs, BufferSize: 256, Compressor: rle{}})
 	l := create(t, s)
 	ffs.Add(faultfs.Rule{Op: faultfs.OpWrite, Match: func(p string) bool { return p == l.Path() }, Skip: 2, Err: syscall.ENOSPC, Partial: true})
 	var err error
@@ -258,7 +258,7 @@ func TestCompressedENOSPCOnFlush(t *testing.T) {
 
 func TestCompressedLargeRecord(t *testing.T) {
 	// A record larger than the write buffer is a block of its own; cuts before and after it.
-	s := openStore(t, spill.Options{BufferSize: 64, Codec: rle{}})
+	s := openStore(t, spill.Options{BufferSize: 64, Compressor: rle{}})
 	l := create(t, s)
 	small, big := []byte("small"), bytes.Repeat([]byte{7}, 5000)
 	if err := l.Append(small); err != nil {
@@ -343,7 +343,7 @@ func TestRawBlocks(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var compresses, decompresses int
-			s := openStore(t, spill.Options{Codec: padded{tc.size, &compresses, &decompresses}})
+			s := openStore(t, spill.Options{Compressor: padded{tc.size, &compresses, &decompresses}})
 			l := create(t, s)
 			var recs [][]byte
 			for i := range tc.recs {
@@ -398,7 +398,7 @@ func TestRawBlocks(t *testing.T) {
 // it: the records before the cut are written again, read back, and appending goes on.
 func TestRawBlockTruncate(t *testing.T) {
 	var compresses, decompresses int
-	s := openStore(t, spill.Options{BufferSize: 4096, Codec: padded{func(n int) int { return n }, &compresses, &decompresses}})
+	s := openStore(t, spill.Options{BufferSize: 4096, Compressor: padded{func(n int) int { return n }, &compresses, &decompresses}})
 	l := create(t, s)
 	var sizes []int64
 	var recs [][]byte

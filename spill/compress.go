@@ -10,10 +10,10 @@ import (
 	"github.com/pgreorder/pgreorder/vfs"
 )
 
-// Codec compresses the blocks of records a Store writes (Options.Codec). Package spill holds no
-// compressor of its own; a Codec wraps one. Both methods must be safe to call from several
+// Compressor compresses the blocks of records a Store writes (Options.Compressor). Package spill holds no
+// compressor of its own; a Compressor wraps one. Both methods must be safe to call from several
 // goroutines at once (a Reader of Log.OpenReader decompresses on its own goroutine).
-type Codec interface {
+type Compressor interface {
 	// Compress appends the compressed form of src to dst and returns the extended slice, like
 	// append (it may grow dst). Compressed bytes that save less than an eighth of src, or an
 	// error, make the store write the block as it is; blocks of fewer than 128 bytes are written
@@ -108,7 +108,7 @@ func readBlockHeader(f vfs.File, l *Log, h []byte, foff, fileEnd, limit int64) (
 
 // readBlock reads l's block at foff, whose header is bh, checks its CRC and returns its raw
 // bytes in *raw (grown as needed), using *stored for the compressed bytes.
-func readBlock(f vfs.File, l *Log, codec Codec, foff int64, bh blockHeader, raw, stored *[]byte) error {
+func readBlock(f vfs.File, l *Log, codec Compressor, foff int64, bh blockHeader, raw, stored *[]byte) error {
 	if int64(cap(*raw)) < bh.raw {
 		*raw = make([]byte, bh.raw)
 	}

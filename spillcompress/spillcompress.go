@@ -1,16 +1,16 @@
-// Package spillcodec provides the block compressors a reorder buffer's spill files can use
-// (spill.Codec): S2 (github.com/klauspost/compress/s2), LZ4 (github.com/pierrec/lz4/v4) and
+// Package spillcompress provides the block compressors a reorder buffer's spill files can use
+// (spill.Compressor): S2 (github.com/klauspost/compress/s2), LZ4 (github.com/pierrec/lz4/v4) and
 // zstd (github.com/klauspost/compress/zstd).
 //
 // The core packages (spill, reorderbuffer) import nothing outside the standard library, so
-// compression is passed in as reorderbuffer.Config.SpillCodec (replication.Config.Buffer for a
+// compression is passed in as reorderbuffer.Config.SpillCompressor (replication.Config.Buffer for a
 // stream; -spill-compression for the pgreorder command).
 //
 // Default is S2, chosen by measurement (BENCHMARKS.md, "Spill compression"): on the bulk insert
 // and the streamed pgbench workloads, S2 and LZ4 both leave a fifth to a quarter of the bytes
 // (zstd at its fastest level a fiftieth to a sixth), and S2 costs the least time per spilled
 // change (zstd up to twice as much per change as no compression on the pgbench case).
-package spillcodec
+package spillcompress
 
 import (
 	"errors"
@@ -25,17 +25,17 @@ import (
 )
 
 // Default returns the recommended codec: S2.
-func Default() spill.Codec { return S2() }
+func Default() spill.Compressor { return S2() }
 
 // LZ4 returns a codec that compresses each block with LZ4 (github.com/pierrec/lz4/v4, block
 // format, fastest level).
-func LZ4() spill.Codec { return lz4Codec{} }
+func LZ4() spill.Compressor { return lz4Compressor{} }
 
-type lz4Codec struct{}
+type lz4Compressor struct{}
 
 var lz4Compressors = sync.Pool{New: func() any { return new(lz4.Compressor) }}
 
-func (lz4Codec) Compress(dst, src []byte) ([]byte, error) {
+func (lz4Compressor) Compress(dst, src []byte) ([]byte, error) {
 	n, bound := len(dst), lz4.CompressBlockBound(len(src))
 	dst = grow(dst, bound)
 	c := lz4Compressors.Get().(*lz4.Compressor)
@@ -50,7 +50,7 @@ func (lz4Codec) Compress(dst, src []byte) ([]byte, error) {
 	return dst[:n+k], nil
 }
 
-func (lz4Codec) Decompress(dst, src []byte) error {
+func (lz4Compressor) Decompress(dst, src []byte) error {
 	k, err := lz4.UncompressBlock(src, dst)
 	if err != nil {
 		return err
@@ -63,18 +63,18 @@ func (lz4Codec) Decompress(dst, src []byte) error {
 
 // S2 returns a codec that compresses each block with S2 (github.com/klauspost/compress/s2,
 // block format, default level).
-func S2() spill.Codec { return s2Codec{} }
+func S2() spill.Compressor { return s2Compressor{} }
 
-type s2Codec struct{}
+type s2Compressor struct{}
 
-func (s2Codec) Compress(dst, src []byte) ([]byte, error) {
+func (s2Compressor) Compress(dst, src []byte) ([]byte, error) {
 	n, bound := len(dst), s2.MaxEncodedLen(len(src))
 	dst = grow(dst, bound)
 	out := s2.Encode(dst[n:n+bound], src)
 	return dst[:n+len(out)], nil
 }
 
-func (s2Codec) Decompress(dst, src []byte) error {
+func (s2Compressor) Decompress(dst, src []byte) error {
 	if k, err := s2.DecodedLen(src); err != nil {
 		return err
 	} else if k != len(dst) {
@@ -86,9 +86,9 @@ func (s2Codec) Decompress(dst, src []byte) error {
 
 // Zstd returns a codec that compresses each block with zstd (github.com/klauspost/compress/zstd,
 // its fastest level, one block per frame).
-func Zstd() spill.Codec { return zstdCodec{} }
+func Zstd() spill.Compressor { return zstdCompressor{} }
 
-type zstdCodec struct{}
+type zstdCompressor struct{}
 
 var (
 	zstdOnce sync.Once
@@ -108,14 +108,14 @@ func zstdInit() error {
 	return zstdErr
 }
 
-func (zstdCodec) Compress(dst, src []byte) ([]byte, error) {
+func (zstdCompressor) Compress(dst, src []byte) ([]byte, error) {
 	if err := zstdInit(); err != nil {
 		return dst, err
 	}
 	return zstdEnc.EncodeAll(src, dst), nil
 }
 
-func (zstdCodec) Decompress(dst, src []byte) error {
+func (zstdCompressor) Decompress(dst, src []byte) error {
 	if err := zstdInit(); err != nil {
 		return err
 	}
@@ -129,7 +129,7 @@ func (zstdCodec) Decompress(dst, src []byte) error {
 	return nil
 }
 
-var errIncompressible = errors.New("spillcodec: block does not compress")
+var errIncompressible = errors.New("spillcompress: block does not compress")
 
 // grow returns b with room for n more bytes.
 func grow(b []byte, n int) []byte {

@@ -6,15 +6,15 @@ import (
 
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 	"github.com/pgreorder/pgreorder/spill"
-	"github.com/pgreorder/pgreorder/spillcodec"
+	"github.com/pgreorder/pgreorder/spillcompress"
 )
 
 // codecs are the spill compressions compared by BenchmarkSpillCompression; none is the
 // uncompressed format.
 var codecs = []struct {
 	name  string
-	codec spill.Codec
-}{{"none", nil}, {"lz4", spillcodec.LZ4()}, {"s2", spillcodec.S2()}, {"zstd", spillcodec.Zstd()}}
+	codec spill.Compressor
+}{{"none", nil}, {"lz4", spillcompress.LZ4()}, {"s2", spillcompress.S2()}, {"zstd", spillcompress.Zstd()}}
 
 // BenchmarkSpillCompression runs the spilling cases of the bulk insert (64kB and 256kB) and of
 // the streamed pgbench transactions (1MB) with each spill codec. Besides the metrics of the
@@ -37,7 +37,7 @@ func BenchmarkSpillCompression(b *testing.B) {
 			b.Run(c.name+"/codec="+cd.name, func(b *testing.B) {
 				var written float64
 				im := impl{name: "pgreorder", run: func(tb testing.TB, wl *Workload, m *meter) (outcome, error) {
-					out, err := runPgreorder(wl, reorderbuffer.Config{WorkMem: c.wm, Dir: tb.TempDir(), Decoding: Options, SpillCodec: cd.codec}, m)
+					out, err := runPgreorder(wl, reorderbuffer.Config{WorkMem: c.wm, Dir: tb.TempDir(), Decoding: Options, SpillCompressor: cd.codec}, m)
 					written = float64(out.stats.SpillWrittenBytes)
 					return out, err
 				}}

@@ -1,4 +1,4 @@
-package spillcodec_test
+package spillcompress_test
 
 import (
 	"bytes"
@@ -7,10 +7,10 @@ import (
 	"testing"
 
 	"github.com/pgreorder/pgreorder/spill"
-	"github.com/pgreorder/pgreorder/spillcodec"
+	"github.com/pgreorder/pgreorder/spillcompress"
 )
 
-var codecs = map[string]spill.Codec{"lz4": spillcodec.LZ4(), "s2": spillcodec.S2(), "zstd": spillcodec.Zstd()}
+var codecs = map[string]spill.Compressor{"lz4": spillcompress.LZ4(), "s2": spillcompress.S2(), "zstd": spillcompress.Zstd()}
 
 func TestRoundTrip(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
@@ -59,7 +59,7 @@ func TestRoundTrip(t *testing.T) {
 // TestStore spills through a store with each codec.
 func TestStore(t *testing.T) {
 	for name, c := range codecs {
-		s, err := spill.Open(spill.Options{Dir: t.TempDir(), Codec: c, BufferSize: 4096})
+		s, err := spill.Open(spill.Options{Dir: t.TempDir(), Compressor: c, BufferSize: 4096})
 		if err != nil {
 			t.Fatal(err)
 		}

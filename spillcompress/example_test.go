@@ -1,4 +1,4 @@
-package spillcodec_test
+package spillcompress_test
 
 import (
 	"fmt"
@@ -7,19 +7,19 @@ import (
 
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 	"github.com/pgreorder/pgreorder/spill"
-	"github.com/pgreorder/pgreorder/spillcodec"
+	"github.com/pgreorder/pgreorder/spillcompress"
 )
 
 // A spill store that compresses its blocks with S2: the records read back are the ones
 // appended, and fewer bytes reach the file than the records hold.
 func Example() {
-	dir, err := os.MkdirTemp("", "spillcodec-example")
+	dir, err := os.MkdirTemp("", "spillcompress-example")
 	if err != nil {
 		panic(err)
 	}
 	defer os.RemoveAll(dir)
 
-	store, err := spill.Open(spill.Options{Dir: dir, Codec: spillcodec.S2()})
+	store, err := spill.Open(spill.Options{Dir: dir, Compressor: spillcompress.S2()})
 	if err != nil {
 		panic(err)
 	}
@@ -60,7 +60,7 @@ func Example() {
 // A reorder buffer takes the codec in its Config (a replication stream in
 // replication.Config.Buffer); Stats.SpillWrittenBytes against Stats.SpillBytes gives the ratio.
 func Example_reorderBuffer() {
-	buf, err := reorderbuffer.New(reorderbuffer.Config{WorkMem: 4 << 20, SpillCodec: spillcodec.S2()})
+	buf, err := reorderbuffer.New(reorderbuffer.Config{WorkMem: 4 << 20, SpillCompressor: spillcompress.S2()})
 	if err != nil {
 		panic(err)
 	}
