@@ -18,13 +18,23 @@ import (
 // server included.
 //
 // With Config.SynchronousCommit that is when COMMIT returns. Otherwise commits do not wait for
-// the target's WAL flush: every asyncGroup-th commit, or the first one asyncDelay after an
-// unflushed one, is made synchronous (SET LOCAL synchronous_commit = on), and when the leader
-// finds nothing to read from the stream for idleProbe it runs the flushing transaction of
-// flushWAL. A synchronous commit flushes the target's WAL up to its commit record, so every
-// commit that returned before it is durable too: one flush serves many transactions, as
-// PostgreSQL's subscriber gets from committing asynchronously and reporting only flushed
-// positions.
+// the target's WAL flush while the stream keeps delivering: every asyncGroup-th commit, or the
+// first one asyncDelay after an unflushed one, is made synchronous (SET LOCAL synchronous_commit
+// = on). A synchronous commit flushes the target's WAL up to its commit record, so every commit
+// that returned before it is durable too: one flush serves many transactions, as PostgreSQL's
+// subscriber gets from committing asynchronously and reporting only flushed positions.
+//
+// Once the stream is quiet (the leader found nothing to read for idleProbe, and nothing came
+// since), nothing later would make a commit durable, and the source may be waiting for it
+// (synchronous replication: its COMMIT returns only once the flush position is reported past
+// it): every commit is then synchronous, and acknowledged with a status update as soon as it
+// returned, without a timer in between. A commit made before the stream went quiet is flushed,
+// with the flushing transaction of flushWAL, the moment the leader finds the stream quiet. So
+// the only wait between the last commit the source waits for and its acknowledgement is the
+// idleProbe that tells the stream has nothing more, and it is spent before that commit when the
+// commit comes later (a worker applying a large transaction behind the stream): a group (Buffered,
+// Eager) or a run (Parallel) is committed because the stream went quiet, and a worker's commit
+// after the stream went quiet is synchronous.
 //
 // Two kinds of entries carry no progress row of their own: transactions with nothing to apply
 // on the target, and idle advances (the stream's position moving on while nothing is
@@ -63,19 +73,26 @@ type acks struct {
 
 	unsynced      int       // commits since the last synchronous one
 	firstUnsynced time.Time // when the first of them committed
+	// quiet: the leader found nothing to read from the stream for idleProbe, and the stream has
+	// handed out nothing since but idle advances. Written by the leader, read by every commit.
+	quiet bool
 }
 
 // Reasons next returns without a transaction.
 var (
 	// errWoken: a commit became durable while the leader waited for the stream.
 	errWoken = errors.New("apply: woken")
-	// errIdle: nothing came from the stream for idleProbe while commits wait to be made durable.
+	// errIdle: the stream is quiet while commits wait to be made durable, or a group or a run
+	// waits to be committed.
 	errIdle = errors.New("apply: idle")
+	// errQuiet: the stream has just gone quiet, with nothing waiting for it.
+	errQuiet = errors.New("apply: quiet")
 	// errStreamLost: the replication connection broke while the leader was woken.
 	errStreamLost = retry.Retry("apply: the replication connection was lost")
 )
 
-// syncCommit says whether the commit about to be sent must be synchronous.
+// syncCommit says whether the commit about to be sent must be synchronous: always while the
+// stream is quiet, else one in asyncGroup or the first asyncDelay after an unflushed one.
 func (s *session) syncCommit() bool {
 	if s.cfg.SynchronousCommit {
 		return true
@@ -83,7 +100,7 @@ func (s *session) syncCommit() bool {
 	a := &s.acks
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.unsynced+1 >= asyncGroup || (a.unsynced > 0 && time.Since(a.firstUnsynced) >= asyncDelay) {
+	if a.quiet || a.unsynced+1 >= asyncGroup || (a.unsynced > 0 && time.Since(a.firstUnsynced) >= s.cfg.asyncDelay()) {
 		a.unsynced = 0
 		return true
 	}
@@ -178,9 +195,11 @@ func (s *session) ackCommitted(ctx context.Context) error {
 	return s.stream.SendStatus(ctx, false)
 }
 
-// next returns the stream's next transaction or part. While it waits, a commit that becomes
-// durable (a worker's) makes it return errWoken; with commits waiting to be made durable, finding
-// nothing to read for idleProbe makes it return errIdle.
+// next returns the stream's next transaction or part. While it waits, a commit (a worker's)
+// makes it return errWoken. Finding nothing to read for idleProbe makes the stream quiet (see
+// Acknowledgements) and next return errIdle when commits wait to be made durable (or a group or a
+// run to be committed), errQuiet otherwise; while the stream is quiet, next returns errIdle at
+// once for them, and waits for the stream without a limit.
 func (s *session) next(ctx context.Context) (*reorderbuffer.Txn, error) {
 	prefix := s.order.Committed()
 	a := &s.acks
@@ -198,6 +217,13 @@ func (s *session) next(ctx context.Context) (*reorderbuffer.Txn, error) {
 	// otherwise the commit before it wakes the leader. The order is read under a.mu, which
 	// committed takes after Finish: a commit either is seen here or wakes the wait below.
 	unflushed := (len(a.list) > 0 && a.list[0].seq <= prefix && !s.leader.InTxn()) || s.group.open() || (s.run != nil && s.runStartable())
+	quiet := a.quiet
+	if unflushed && quiet {
+		// Made after the stream went quiet (a commit that found it busy an instant before): nothing
+		// more is coming that would make them durable.
+		a.mu.Unlock()
+		return nil, errIdle
+	}
 	if a.wake == nil || a.wake.Err() != nil {
 		a.wake, a.cancel = context.WithCancel(ctx)
 	}
@@ -205,19 +231,37 @@ func (s *session) next(ctx context.Context) (*reorderbuffer.Txn, error) {
 	a.waiting = true
 	a.mu.Unlock()
 	var until time.Time // no limit
-	if unflushed {
+	if !quiet {
 		until = time.Now().Add(idleProbe)
 	}
 	t, err := s.stream.NextBefore(wake, until)
 	a.mu.Lock()
 	a.waiting = false
+	busy := err == nil && quiet && t.Part != reorderbuffer.Advance
+	if busy {
+		a.quiet = false
+	}
 	a.mu.Unlock()
+	if busy {
+		if err := s.cfg.hook(ctx, "busy", txnRef{}); err != nil {
+			return nil, err
+		}
+	}
 	if err != nil && ctx.Err() == nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
 		switch {
 		case wake.Err() != nil:
 			return nil, errWoken
-		case unflushed && !time.Now().Before(until):
-			return nil, errIdle
+		case !until.IsZero() && !time.Now().Before(until):
+			a.mu.Lock()
+			a.quiet = true
+			a.mu.Unlock()
+			if err := s.cfg.hook(ctx, "quiet", txnRef{}); err != nil {
+				return nil, err
+			}
+			if unflushed {
+				return nil, errIdle
+			}
+			return nil, errQuiet
 		}
 		// The stream keeps the cancellation of an earlier wait as its error when the
 		// connection broke at the same time: it is lost.
@@ -226,11 +270,11 @@ func (s *session) next(ctx context.Context) (*reorderbuffer.Txn, error) {
 	return t, err
 }
 
-// wakeUp handles next's errors that are not the stream's: a wake-up, or an idle stream with
-// commits to make durable. Other errors are returned.
+// wakeUp handles next's errors that are not the stream's: a wake-up, a stream gone quiet, or a
+// quiet stream with commits to make durable. Other errors are returned.
 func (s *session) wakeUp(ctx context.Context, err error) error {
 	switch {
-	case errors.Is(err, errWoken):
+	case errors.Is(err, errWoken), errors.Is(err, errQuiet):
 		return nil
 	case errors.Is(err, errIdle):
 		return s.flushNow(ctx)

@@ -177,10 +177,15 @@ func Run(ctx context.Context, cfg Config) error {
 // transaction; an error it returns fails the session as a crash would.
 type hooks struct {
 	// stage is called with "before-commit" (the changes are on the target, COMMIT not yet sent),
-	// "after-commit" (committed, not yet acknowledged) and, in Eager and Parallel, "record"
-	// (before a job's queued record is applied; only Xid and Streamed are set), "conflict"
-	// (a worker's connection is about to look up the local rows of a conflict) and
-	// "conflict-settle" (it waits for the transactions before its own first); with Copy,
+	// "async-commit" (after "before-commit", when that COMMIT is not to wait for the target's WAL
+	// flush; for each transaction it commits), "after-commit" (committed, not yet acknowledged),
+	// "quiet" (the leader found nothing to read from the stream for idleProbe, and every commit
+	// is synchronous until the stream hands out a transaction again; x is zero), "busy" (after
+	// "quiet": the stream handed out a transaction, and commits are grouped again; x is zero)
+	// and, in Eager and Parallel, "record" (before a job's queued record is applied; only Xid
+	// and Streamed are set), "conflict" (a worker's connection is about to look up the local
+	// rows of a conflict) and "conflict-settle" (it waits for the transactions before its own
+	// first); with Copy,
 	// "copy-chunk" (before a chunk is read; x is zero) and "copy-done" (every chunk committed,
 	// the progress row not written; EndLSN is the consistent point); "sequence-set" (after a
 	// sequence's setval of SyncSequences; x is zero).
@@ -190,6 +195,9 @@ type hooks struct {
 	// workersOnly keeps Parallel's leader from applying whole transactions itself when their
 	// runs are chained (see chain): every one goes to a worker.
 	workersOnly bool
+	// asyncDelay, if set, replaces asyncDelay: how long after an unflushed commit a commit is
+	// made synchronous while the stream keeps delivering.
+	asyncDelay time.Duration
 	// now, if set, is the clock of the apply lag (tombstones' retention), of the group's age
 	// (Buffered) and of the commit time of a transaction whose commit has not arrived yet.
 	now func() time.Time
@@ -209,6 +217,14 @@ func (c *Config) now() time.Time {
 		return c.hooks.now()
 	}
 	return time.Now()
+}
+
+// asyncDelay returns asyncDelay, or the tests' replacement.
+func (c *Config) asyncDelay() time.Duration {
+	if c.hooks != nil && c.hooks.asyncDelay > 0 {
+		return c.hooks.asyncDelay
+	}
+	return asyncDelay
 }
 
 func (c *Config) hook(ctx context.Context, stage string, x txnRef) error {

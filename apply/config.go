@@ -229,13 +229,17 @@ type Config struct {
 	// target role's synchronous_commit says), and acknowledges it to the source at once: the
 	// lowest latency per transaction. Without it (the default), target transactions commit with
 	// synchronous_commit = off, as PostgreSQL's subscriber does by default, and are made durable
-	// in groups: one commit in 64, or the first one 10ms after an unflushed one, is synchronous,
-	// and so is a transaction that writes the progress row when the stream goes idle for a
-	// millisecond; the target flushes its WAL through it, which makes every earlier commit durable
-	// too. Much more throughput
-	// when WAL flushes are slow, acknowledgements a few milliseconds later. Either way a
-	// transaction is acknowledged to the source only once its commit is durable on the target,
-	// so exactly-once holds across crashes of either server.
+	// in groups while the stream keeps delivering: one commit in 64, or the first one 10ms after
+	// an unflushed one, is synchronous; the target flushes its WAL through it, which makes every
+	// earlier commit durable too. Once the stream has had nothing to read for a millisecond (the
+	// source waits, as under synchronous replication, where its COMMIT returns only once the
+	// Applier reported the commit flushed), every commit is synchronous and acknowledged as soon
+	// as it returned, and a commit made just before is flushed at once by a transaction that
+	// writes the progress row: the last transaction before a pause is acknowledged about as soon
+	// as with SynchronousCommit. Much more throughput when WAL flushes are slow, acknowledgements a
+	// few milliseconds later under a steady flow. Either way a transaction is acknowledged to the
+	// source only once its commit is durable on the target, so exactly-once holds across
+	// crashes of either server.
 	SynchronousCommit bool
 	// ProgressTable is the target table that records the progress of each slot, created if
 	// missing: (slot text PRIMARY KEY, end_lsn pg_lsn, system_id text, timeline int), the last two

@@ -54,10 +54,13 @@
 // at or past its end LSN, so it survives a crash of the target server too (as long as the
 // target's own fsync is on: a server that does not flush its WAL keeps nothing). By default target
 // transactions commit with synchronous_commit = off, as PostgreSQL's subscriber does, and a
-// synchronous commit every few dozen transactions or milliseconds (and, when the stream goes idle,
-// a transaction that writes the progress row) makes the earlier ones durable before they are
-// acknowledged: one WAL flush for many transactions, checked against the target's flush position.
-// Config.SynchronousCommit makes each commit wait for its own flush instead. Transactions with
+// synchronous commit every few dozen transactions or milliseconds makes the earlier ones durable
+// before they are acknowledged: one WAL flush for many transactions, checked against the target's
+// flush position. Once the stream goes idle (nothing to read for a millisecond: the source may be
+// waiting for the acknowledgement, as under synchronous replication), every commit is synchronous
+// and acknowledged at once, and one made just before is flushed at once by a transaction that
+// writes the progress row. Config.SynchronousCommit makes each commit wait for its own flush
+// instead. Transactions with
 // nothing to apply, and idle advances (the source's WAL moving on with nothing published), are
 // acknowledged once the progress row has durably reached them.
 //

@@ -138,6 +138,13 @@ func (s *session) commitGroup(ctx context.Context) error {
 			}
 		}
 		durable = s.syncCommit()
+		if !durable {
+			for _, m := range g.members {
+				if err := s.cfg.hook(ctx, "async-commit", m.ref); err != nil {
+					return err
+				}
+			}
+		}
 		if err := s.leader.Commit(ctx, s.key, last.EndLSN, durable); err != nil {
 			return s.groupError(last, err)
 		}

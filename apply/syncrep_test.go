@@ -3,6 +3,7 @@ package apply
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -22,6 +23,152 @@ const syncName = "syncapply"
 // silence, small transactions one at a time. A commit the applier holds back hangs the source,
 // which the test reports as a timeout of that COMMIT.
 func TestSynchronousSource(t *testing.T) {
+	syncSourceModes(t, "sync", func(t *testing.T, ctx context.Context, e *env, cfg Config) {
+		r := start(t, cfg)
+		waitSync(t, ctx, e.src)
+
+		conn, err := pgx.Connect(ctx, e.src)
+		must(t, err)
+		defer conn.Close(context.Background())
+		// commit runs one source transaction and fails t if its COMMIT waits for the
+		// applier's acknowledgement longer than a healthy applier ever needs.
+		commit := func(what string, sql ...string) {
+			t.Helper()
+			cctx, ccancel := context.WithTimeout(ctx, 45*time.Second)
+			defer ccancel()
+			tx, err := conn.Begin(cctx)
+			must(t, err)
+			for _, s := range sql {
+				_, err := tx.Exec(cctx, s)
+				must(t, err)
+			}
+			if err := tx.Commit(cctx); err != nil {
+				t.Fatalf("%s: COMMIT on the source did not return: %v (applier stats %+v)", what, err, r.a.Stats())
+			}
+		}
+		// Streamed: far beyond the source's 64kB, followed by nothing.
+		commit("streamed transaction", `INSERT INTO big SELECT g, g % 10, repeat('x', 100) FROM generate_series(1, 20000) g`)
+		// Streamed, with a subtransaction rolled back.
+		commit("streamed transaction with a rollback",
+			`SAVEPOINT a`,
+			`UPDATE big SET payload = 'y' WHERE id <= 5000`,
+			`ROLLBACK TO SAVEPOINT a`,
+			`DELETE FROM big WHERE id > 15000`)
+		// Small transactions one at a time, each waiting for the previous one.
+		for i := range 20 {
+			commit(fmt.Sprintf("small transaction %d", i), fmt.Sprintf(`INSERT INTO items VALUES (%d, %d, 'n')`, i, i))
+		}
+		commit("marker", `INSERT INTO marker VALUES (1)`)
+		e.waitMarker(t, r, 1)
+		r.halt(t)
+		e.compare(t)
+	})
+}
+
+// TestSynchronousSourceAtOnce checks that, under synchronous replication, the commit the source
+// waits for is made durable by itself and acknowledged at once: once the stream is quiet (the
+// source's COMMIT is waiting), every commit is synchronous, so no timer (asyncDelay, the status
+// interval, a flushing transaction after another idle wait) stands between it and the flush
+// report that releases the source. asyncDelay is set to an hour, and the status interval to 5s
+// (the source counts the applier as synchronous only after its first status update). A worker's commit of a streamed transaction is held until the leader found the
+// stream quiet (as it does when the worker is behind the stream, the case of a large
+// transaction), and every commit sent with synchronous_commit off fails the test.
+func TestSynchronousSourceAtOnce(t *testing.T) {
+	syncSourceModes(t, "atonce", func(t *testing.T, ctx context.Context, e *env, cfg Config) {
+		w := &quietWatch{ch: make(chan struct{})}
+		cfg.StatusInterval = 5 * time.Second
+		cfg.hooks = &hooks{asyncDelay: time.Hour, stage: w.stage}
+		r := start(t, cfg)
+		waitSync(t, ctx, e.src)
+
+		conn, err := pgx.Connect(ctx, e.src)
+		must(t, err)
+		defer conn.Close(context.Background())
+		commit := func(what string, sql ...string) {
+			t.Helper()
+			cctx, ccancel := context.WithTimeout(ctx, 20*time.Second)
+			defer ccancel()
+			tx, err := conn.Begin(cctx)
+			must(t, err)
+			for _, s := range sql {
+				_, err := tx.Exec(cctx, s)
+				must(t, err)
+			}
+			if err := tx.Commit(cctx); err != nil {
+				t.Fatalf("%s: COMMIT on the source did not return: %v (applier stats %+v)", what, err, r.a.Stats())
+			}
+			if xs := w.takeAsync(); len(xs) > 0 {
+				t.Errorf("%s: transactions %v committed on the target without waiting for its WAL flush after the "+
+					"stream went quiet: the source's COMMIT waited for a later flush", what, xs)
+			}
+		}
+		commit("streamed transaction", `INSERT INTO big SELECT g, g % 10, repeat('x', 100) FROM generate_series(1, 20000) g`)
+		commit("streamed transaction with a rollback",
+			`SAVEPOINT a`,
+			`UPDATE big SET payload = 'y' WHERE id <= 5000`,
+			`ROLLBACK TO SAVEPOINT a`,
+			`DELETE FROM big WHERE id > 15000`)
+		for i := range 5 {
+			commit(fmt.Sprintf("small transaction %d", i), fmt.Sprintf(`INSERT INTO items VALUES (%d, %d, 'n')`, i, i))
+		}
+		commit("marker", `INSERT INTO marker VALUES (1)`)
+		e.waitMarker(t, r, 1)
+		r.halt(t)
+		e.compare(t)
+	})
+}
+
+// quietWatch follows the leader's quiet and busy stages, holds every commit until the stream is
+// quiet, and records the transactions committed with synchronous_commit off.
+type quietWatch struct {
+	mu    sync.Mutex
+	quiet bool
+	ch    chan struct{} // closed when the stream goes quiet
+	async []uint32
+}
+
+func (w *quietWatch) stage(ctx context.Context, stage string, x txnRef) error {
+	w.mu.Lock()
+	switch stage {
+	case "quiet":
+		if !w.quiet {
+			w.quiet = true
+			close(w.ch)
+		}
+	case "busy":
+		if w.quiet {
+			w.quiet = false
+			w.ch = make(chan struct{})
+		}
+	case "async-commit":
+		w.async = append(w.async, x.Xid)
+	case "before-commit":
+		ch := w.ch
+		w.mu.Unlock()
+		select {
+		case <-ch:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	w.mu.Unlock()
+	return nil
+}
+
+// takeAsync returns the transactions committed with synchronous_commit off since the last call.
+func (w *quietWatch) takeAsync() []uint32 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	xs := w.async
+	w.async = nil
+	return xs
+}
+
+// syncSourceModes runs body for each mode and major version, with a source of its own whose
+// synchronous_standby_names names the applier (syncName) while body runs, and cfg the applier's
+// configuration (slot named after prefix and the mode).
+func syncSourceModes(t *testing.T, prefix string, body func(t *testing.T, ctx context.Context, e *env, cfg Config)) {
 	for _, major := range testMajors {
 		t.Run(fmt.Sprint(major), func(t *testing.T) {
 			t.Parallel()
@@ -38,7 +185,7 @@ func TestSynchronousSource(t *testing.T) {
 			for _, mode := range []Mode{Buffered, Eager, Parallel} {
 				t.Run(mode.String(), func(t *testing.T) {
 					srcDB, dstDB := pgtest.NewDatabase(t, src), pgtest.NewDatabase(t, dst)
-					e := &env{srv: src, src: src.ConnString(srcDB), dst: dst.ConnString(dstDB), repl: src.ReplicationConnString(srcDB), slot: "sync_" + mode.String()}
+					e := &env{srv: src, src: src.ConnString(srcDB), dst: dst.ConnString(dstDB), repl: src.ReplicationConnString(srcDB), slot: prefix + "_" + mode.String()}
 					must(t, pgtest.Exec(ctx, e.src, append(append([]string{}, schema...),
 						`CREATE PUBLICATION pub FOR ALL TABLES`,
 						`SELECT pg_create_logical_replication_slot('`+e.slot+`', 'pgoutput')`)...))
@@ -51,44 +198,7 @@ func TestSynchronousSource(t *testing.T) {
 					t.Cleanup(func() {
 						must(t, pgtest.Exec(context.Background(), src.ConnString("postgres"), `ALTER SYSTEM RESET synchronous_standby_names`, `SELECT pg_reload_conf()`))
 					})
-					r := start(t, cfg)
-					waitSync(t, ctx, e.src)
-
-					conn, err := pgx.Connect(ctx, e.src)
-					must(t, err)
-					defer conn.Close(context.Background())
-					// commit runs one source transaction and fails t if its COMMIT waits for the
-					// applier's acknowledgement longer than a healthy applier ever needs.
-					commit := func(what string, sql ...string) {
-						t.Helper()
-						cctx, ccancel := context.WithTimeout(ctx, 45*time.Second)
-						defer ccancel()
-						tx, err := conn.Begin(cctx)
-						must(t, err)
-						for _, s := range sql {
-							_, err := tx.Exec(cctx, s)
-							must(t, err)
-						}
-						if err := tx.Commit(cctx); err != nil {
-							t.Fatalf("%s: COMMIT on the source did not return: %v (applier stats %+v)", what, err, r.a.Stats())
-						}
-					}
-					// Streamed: far beyond the source's 64kB, followed by nothing.
-					commit("streamed transaction", `INSERT INTO big SELECT g, g % 10, repeat('x', 100) FROM generate_series(1, 20000) g`)
-					// Streamed, with a subtransaction rolled back.
-					commit("streamed transaction with a rollback",
-						`SAVEPOINT a`,
-						`UPDATE big SET payload = 'y' WHERE id <= 5000`,
-						`ROLLBACK TO SAVEPOINT a`,
-						`DELETE FROM big WHERE id > 15000`)
-					// Small transactions one at a time, each waiting for the previous one.
-					for i := range 20 {
-						commit(fmt.Sprintf("small transaction %d", i), fmt.Sprintf(`INSERT INTO items VALUES (%d, %d, 'n')`, i, i))
-					}
-					commit("marker", `INSERT INTO marker VALUES (1)`)
-					e.waitMarker(t, r, 1)
-					r.halt(t)
-					e.compare(t)
+					body(t, ctx, e, cfg)
 				})
 			}
 		})

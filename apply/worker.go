@@ -328,6 +328,11 @@ func (s *session) commitOn(ctx context.Context, tg *target.Conn, j *job, begun b
 			return err
 		}
 		durable = s.syncCommit()
+		if !durable {
+			if err := s.cfg.hook(ctx, "async-commit", j.ref); err != nil {
+				return err
+			}
+		}
 		tg.Source(j.xid, sourceCommit(j.commit))
 		var err error
 		before, progress, err = s.commitTarget(ctx, tg, w, relaxed, schedule.Span{First: j.ref.EndLSN, Last: j.ref.EndLSN}, durable)
@@ -380,6 +385,13 @@ func (s *session) commitRun(ctx context.Context, tg *target.Conn, j *job, begun 
 			}
 		}
 		durable = s.syncCommit()
+		if !durable {
+			for _, m := range j.members {
+				if err := s.cfg.hook(ctx, "async-commit", m.ref); err != nil {
+					return err
+				}
+			}
+		}
 		tg.Source(j.commit.Xid, sourceCommit(j.commit))
 		sp := schedule.Span{First: j.members[0].ref.EndLSN, Last: j.ref.EndLSN}
 		var err error
