@@ -35,7 +35,9 @@ import (
 // flushed. PGREORDER_BENCH_APPLY_CPUPROFILE=DIR writes the CPU profile of each pgreorder
 // catch-up (-cpuprofile) into DIR. PGREORDER_BENCH_APPLY_BASELINE=PATH adds to the catch-up
 // the contender pgreorder-buffered-baseline: `PATH apply -mode buffered`, another build of
-// pgreorder (an earlier commit, say), measured in the same run as this one.
+// pgreorder (an earlier commit, say), measured in the same run as this one; and to ApplySync
+// pgreorder-eager-baseline and pgreorder-buffered-baseline, the same build's two modes, and
+// pgreorder-eager-synccommit (this one's eager with -synchronous-commit).
 //
 // PGREORDER_BENCH_APPLY_RUNS=N repeats each case N times (1 by default): in ApplySync as N
 // rounds of every subscriber in turn, reporting the median; in ApplyCatchup as N runs of each
@@ -68,6 +70,20 @@ var syncContenders = []contender{
 	native{streaming: "on"},
 	pgreorderApply{mode: "eager"},
 	pgreorderApply{mode: "buffered"},
+}
+
+// syncSubscribers are syncContenders, and with PGREORDER_BENCH_APPLY_BASELINE also eager with
+// -synchronous-commit (the latency the durable default is measured against) and the baseline
+// build's eager and buffered modes, in the same rounds.
+func syncSubscribers() []contender {
+	bin := os.Getenv(envApplyBase)
+	if bin == "" {
+		return syncContenders
+	}
+	return append(slices.Clone(syncContenders),
+		pgreorderApply{mode: "eager", extra: []string{"-synchronous-commit"}, label: "pgreorder-eager-synccommit"},
+		pgreorderApply{mode: "eager", binary: bin, label: "pgreorder-eager-baseline"},
+		pgreorderApply{mode: "buffered", binary: bin, label: "pgreorder-buffered-baseline"})
 }
 
 // syncRatios are reported on the line of num, when den ran in the same case: num's median
@@ -146,8 +162,9 @@ func BenchmarkApplySync(b *testing.B) {
 						// Rounds: every contender once per round, in turn, so that a slow spell of the
 						// machine falls on all of them.
 						runs := map[string][]syncRun{}
+						contenders := syncSubscribers()
 						for round := range rounds {
-							for _, c := range syncContenders {
+							for _, c := range contenders {
 								if c.supports(in.Major) != nil {
 									continue
 								}
@@ -164,7 +181,7 @@ func BenchmarkApplySync(b *testing.B) {
 						for name, rs := range runs {
 							times[name] = medianOf(syncMillis(rs))
 						}
-						for _, c := range syncContenders {
+						for _, c := range contenders {
 							b.Run("sub="+c.name(), func(b *testing.B) {
 								if err := c.supports(in.Major); err != nil {
 									b.Skip(err)
