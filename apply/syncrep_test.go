@@ -76,7 +76,7 @@ func TestSynchronousSource(t *testing.T) {
 func TestSynchronousSourceAtOnce(t *testing.T) {
 	syncSourceModes(t, "atonce", func(t *testing.T, ctx context.Context, e *env, cfg Config) {
 		w := &quietWatch{ch: make(chan struct{})}
-		cfg.StatusInterval = 5 * time.Second
+		cfg.Source.StatusInterval = 5 * time.Second
 		cfg.hooks = &hooks{asyncDelay: time.Hour, stage: w.stage}
 		r := start(t, cfg)
 		waitSync(t, ctx, e.src)
