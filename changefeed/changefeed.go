@@ -238,7 +238,7 @@ func (f *Feed) checkTables(ctx context.Context) error {
 	}
 	tables, err := cat.Published(ctx, f.cfg.Replication.Publications)
 	if err != nil {
-		return fmt.Errorf("changefeed: listing the published tables: %w", err)
+		return fmt.Errorf("changefeed: listing the published tables on the source: %w", err)
 	}
 	return tc.CheckTables(ctx, tables)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -149,4 +150,26 @@ func TestKafkaCommand(t *testing.T) {
 			require.ElementsMatch(t, want, ops, strings.Join(ops, "; "))
 		})
 	}
+}
+
+// TestKafkaSourceRefused: with the brokers up and the source refusing connections, the first start
+// stops at once with an error that says the source could not be reached, where a service manager
+// sees it, instead of retrying for ever.
+func TestKafkaSourceRefused(t *testing.T) {
+	c := kafkatest.Shared(t)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	port := l.Addr().(*net.TCPAddr).Port
+	require.NoError(t, l.Close())
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	start := time.Now()
+	err = runKafka(ctx, []string{"-source", fmt.Sprintf("host=127.0.0.1 port=%d dbname=x", port), "-slot", "k", "-publication", "p",
+		"-kafka-brokers", c.Seeds(), "-kafka-topic-prefix", "refused"})
+	require.Error(t, err)
+	require.NoError(t, ctx.Err(), "stopped by itself, not by the test's deadline")
+	require.Contains(t, err.Error(), "refused")
+	require.Contains(t, err.Error(), "on the source")
+	require.Contains(t, err.Error(), fmt.Sprint(port), "the error names the source's address")
+	t.Logf("after %v: %v", time.Since(start).Round(time.Millisecond), err)
 }
