@@ -27,38 +27,7 @@ func TestSynchronousSource(t *testing.T) {
 		r := start(t, cfg)
 		waitSync(t, ctx, e.src)
 
-		conn, err := pgx.Connect(ctx, e.src)
-		must(t, err)
-		defer conn.Close(context.Background())
-		// commit runs one source transaction and fails t if its COMMIT waits for the
-		// applier's acknowledgement longer than a healthy applier ever needs.
-		commit := func(what string, sql ...string) {
-			t.Helper()
-			cctx, ccancel := context.WithTimeout(ctx, 45*time.Second)
-			defer ccancel()
-			tx, err := conn.Begin(cctx)
-			must(t, err)
-			for _, s := range sql {
-				_, err := tx.Exec(cctx, s)
-				must(t, err)
-			}
-			if err := tx.Commit(cctx); err != nil {
-				t.Fatalf("%s: COMMIT on the source did not return: %v (applier stats %+v)", what, err, r.a.Stats())
-			}
-		}
-		// Streamed: far beyond the source's 64kB, followed by nothing.
-		commit("streamed transaction", `INSERT INTO big SELECT g, g % 10, repeat('x', 100) FROM generate_series(1, 20000) g`)
-		// Streamed, with a subtransaction rolled back.
-		commit("streamed transaction with a rollback",
-			`SAVEPOINT a`,
-			`UPDATE big SET payload = 'y' WHERE id <= 5000`,
-			`ROLLBACK TO SAVEPOINT a`,
-			`DELETE FROM big WHERE id > 15000`)
-		// Small transactions one at a time, each waiting for the previous one.
-		for i := range 20 {
-			commit(fmt.Sprintf("small transaction %d", i), fmt.Sprintf(`INSERT INTO items VALUES (%d, %d, 'n')`, i, i))
-		}
-		commit("marker", `INSERT INTO marker VALUES (1)`)
+		syncWorkload(t, ctx, e, r, 45*time.Second, 20, nil)
 		e.waitMarker(t, r, 1)
 		r.halt(t)
 		e.compare(t)
@@ -70,9 +39,10 @@ func TestSynchronousSource(t *testing.T) {
 // source's COMMIT is waiting), every commit is synchronous, so no timer (asyncDelay, the status
 // interval, a flushing transaction after another idle wait) stands between it and the flush
 // report that releases the source. asyncDelay is set to an hour, and the status interval to 5s
-// (the source counts the applier as synchronous only after its first status update). A worker's commit of a streamed transaction is held until the leader found the
-// stream quiet (as it does when the worker is behind the stream, the case of a large
-// transaction), and every commit sent with synchronous_commit off fails the test.
+// (the source counts the applier as synchronous only after its first status update). A worker's
+// commit of a streamed transaction is held until the leader found the stream quiet (as it does
+// when the worker is behind the stream, the case of a large transaction), and every commit sent
+// with synchronous_commit off fails the test.
 func TestSynchronousSourceAtOnce(t *testing.T) {
 	syncSourceModes(t, "atonce", func(t *testing.T, ctx context.Context, e *env, cfg Config) {
 		w := &quietWatch{ch: make(chan struct{})}
@@ -81,41 +51,57 @@ func TestSynchronousSourceAtOnce(t *testing.T) {
 		r := start(t, cfg)
 		waitSync(t, ctx, e.src)
 
-		conn, err := pgx.Connect(ctx, e.src)
-		must(t, err)
-		defer conn.Close(context.Background())
-		commit := func(what string, sql ...string) {
-			t.Helper()
-			cctx, ccancel := context.WithTimeout(ctx, 20*time.Second)
-			defer ccancel()
-			tx, err := conn.Begin(cctx)
-			must(t, err)
-			for _, s := range sql {
-				_, err := tx.Exec(cctx, s)
-				must(t, err)
-			}
-			if err := tx.Commit(cctx); err != nil {
-				t.Fatalf("%s: COMMIT on the source did not return: %v (applier stats %+v)", what, err, r.a.Stats())
-			}
+		syncWorkload(t, ctx, e, r, 20*time.Second, 5, func(what string) {
 			if xs := w.takeAsync(); len(xs) > 0 {
 				t.Errorf("%s: transactions %v committed on the target without waiting for its WAL flush after the "+
 					"stream went quiet: the source's COMMIT waited for a later flush", what, xs)
 			}
-		}
-		commit("streamed transaction", `INSERT INTO big SELECT g, g % 10, repeat('x', 100) FROM generate_series(1, 20000) g`)
-		commit("streamed transaction with a rollback",
-			`SAVEPOINT a`,
-			`UPDATE big SET payload = 'y' WHERE id <= 5000`,
-			`ROLLBACK TO SAVEPOINT a`,
-			`DELETE FROM big WHERE id > 15000`)
-		for i := range 5 {
-			commit(fmt.Sprintf("small transaction %d", i), fmt.Sprintf(`INSERT INTO items VALUES (%d, %d, 'n')`, i, i))
-		}
-		commit("marker", `INSERT INTO marker VALUES (1)`)
+		})
 		e.waitMarker(t, r, 1)
 		r.halt(t)
 		e.compare(t)
 	})
+}
+
+// syncWorkload runs, one at a time on the source, a streamed transaction followed by nothing, a
+// streamed one with a subtransaction rolled back, small transactions and a marker, and fails t
+// if a COMMIT waits longer than wait for the applier's acknowledgement. after, if set, is called
+// after each COMMIT with what it committed.
+func syncWorkload(t *testing.T, ctx context.Context, e *env, r *running, wait time.Duration, small int, after func(what string)) {
+	t.Helper()
+	conn, err := pgx.Connect(ctx, e.src)
+	must(t, err)
+	defer conn.Close(context.Background())
+	commit := func(what string, sql ...string) {
+		t.Helper()
+		cctx, ccancel := context.WithTimeout(ctx, wait)
+		defer ccancel()
+		tx, err := conn.Begin(cctx)
+		must(t, err)
+		for _, s := range sql {
+			_, err := tx.Exec(cctx, s)
+			must(t, err)
+		}
+		if err := tx.Commit(cctx); err != nil {
+			t.Fatalf("%s: COMMIT on the source did not return: %v (applier stats %+v)", what, err, r.a.Stats())
+		}
+		if after != nil {
+			after(what)
+		}
+	}
+	// Streamed: far beyond the source's 64kB, followed by nothing.
+	commit("streamed transaction", `INSERT INTO big SELECT g, g % 10, repeat('x', 100) FROM generate_series(1, 20000) g`)
+	// Streamed, with a subtransaction rolled back.
+	commit("streamed transaction with a rollback",
+		`SAVEPOINT a`,
+		`UPDATE big SET payload = 'y' WHERE id <= 5000`,
+		`ROLLBACK TO SAVEPOINT a`,
+		`DELETE FROM big WHERE id > 15000`)
+	// Small transactions one at a time, each waiting for the previous one.
+	for i := range small {
+		commit(fmt.Sprintf("small transaction %d", i), fmt.Sprintf(`INSERT INTO items VALUES (%d, %d, 'n')`, i, i))
+	}
+	commit("marker", `INSERT INTO marker VALUES (1)`)
 }
 
 // quietWatch follows the leader's quiet and busy stages, holds every commit until the stream is
