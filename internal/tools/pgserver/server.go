@@ -204,7 +204,9 @@ func Start(ctx context.Context, in Install, opts Options) (*Server, error) {
 // folderSeq numbers the folders this process makes.
 var folderSeq atomic.Int64
 
-func start(ctx context.Context, in Install, opts Options, cred *syscall.Credential) (_ *Server, err error) {
+// newFolder makes the folder of a new server under the temporary directory (under /tmp when the
+// server runs as cred, which TMPDIR may not let through), owned by cred's user.
+func newFolder(in Install, log io.Writer, cred *syscall.Credential) (string, error) {
 	base := os.TempDir()
 	if cred != nil {
 		base = "/tmp" // TMPDIR may be under /root, which the server user cannot traverse
@@ -219,29 +221,37 @@ func start(ctx context.Context, in Install, opts Options, cred *syscall.Credenti
 		if _, err := os.Lstat(dir); err == nil {
 			continue // left by an earlier process with the same id
 		}
-		logf(opts.Log, "creating folder %s for a throwaway PostgreSQL %s (data directory, log, socket%s; removed when it stops)",
+		logf(log, "creating folder %s for a throwaway PostgreSQL %s (data directory, log, socket%s; removed when it stops)",
 			dir, in.Version, owner)
 		err := os.Mkdir(dir, 0o700)
 		if err == nil {
 			break
 		}
 		if !errors.Is(err, os.ErrExist) {
-			return nil, fmt.Errorf("pgserver: %w", err)
+			return "", fmt.Errorf("pgserver: %w", err)
 		}
+	}
+	err := os.Chmod(dir, 0o755)
+	if err == nil && cred != nil {
+		err = os.Chown(dir, int(cred.Uid), int(cred.Gid))
+	}
+	if err != nil {
+		os.RemoveAll(dir)
+		return "", fmt.Errorf("pgserver: %w", err)
+	}
+	return dir, nil
+}
+
+func start(ctx context.Context, in Install, opts Options, cred *syscall.Credential) (_ *Server, err error) {
+	dir, err := newFolder(in, opts.Log, cred)
+	if err != nil {
+		return nil, err
 	}
 	defer func() {
 		if err != nil {
 			os.RemoveAll(dir)
 		}
 	}()
-	if err := os.Chmod(dir, 0o755); err != nil {
-		return nil, fmt.Errorf("pgserver: %w", err)
-	}
-	if cred != nil {
-		if err := os.Chown(dir, int(cred.Uid), int(cred.Gid)); err != nil {
-			return nil, fmt.Errorf("pgserver: %w", err)
-		}
-	}
 	s := &Server{install: in, dir: dir, cred: cred}
 	data := filepath.Join(dir, "data")
 
