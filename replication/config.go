@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/internal/configerr"
 	"github.com/pgreorder/pgreorder/internal/pgsession"
 	"github.com/pgreorder/pgreorder/internal/retry"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
@@ -130,6 +131,16 @@ type Config struct {
 	// TemporarySlot makes a created slot temporary: the server drops it when the connection ends,
 	// so a stream on a temporary slot cannot reconnect.
 	TemporarySlot bool
+	// Failover keeps the slot usable after a physical standby of the server is promoted
+	// (PostgreSQL 17+): a created slot is created with failover enabled, and an existing slot
+	// without it is altered to have it (logged once), so that a standby with
+	// sync_replication_slots on keeps a copy of it. When the connection is then lost to a
+	// failover, the stream continues from the promoted standby (a connection string that names
+	// both servers, with target_session_attrs=read-write, reaches whichever is the primary). On
+	// connecting, what the server lacks for that (a standby streaming through a physical slot
+	// listed in synchronized_standby_slots) is logged as a warning. It is refused with a
+	// *ConfigError on servers before 17, and with TemporarySlot.
+	Failover bool
 
 	// ProtoVersion is the pgoutput protocol version; 0 asks for the highest the server speaks:
 	// 1 below PostgreSQL 14, 2 on 14, 3 on 15, 4 on 16 and later.
@@ -390,6 +401,10 @@ func (c *Config) validate() error {
 		if p == "" {
 			return &OptionError{Option: "publication_names", Value: p, Rule: pubNameRule, Err: ErrInvalidConfig}
 		}
+	}
+	if c.Failover && c.TemporarySlot {
+		return configerr.New(ErrInvalidConfig, field("Failover"), "is set, and so is %s: a temporary slot ends with its "+
+			"connection and is never kept on a standby", field("TemporarySlot"))
 	}
 	return nil
 }

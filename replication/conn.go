@@ -51,6 +51,13 @@ type SlotInfo struct {
 	Database  string
 	Temporary bool
 	TwoPhase  bool
+	// Failover reports that the slot is kept on standbys that synchronize slots
+	// (pg_replication_slots.failover, PostgreSQL 17+; see Config.Failover).
+	Failover bool
+	// Synced reports that the slot is a copy a standby synchronized from its primary
+	// (pg_replication_slots.synced, PostgreSQL 17+): on a server that was promoted, the copy it
+	// kept of its former primary's slot.
+	Synced bool
 	// ConfirmedFlush is the position the server has confirmed for the slot: replication
 	// restarts there, and transactions that committed before it are not sent again.
 	ConfirmedFlush decoding.LSN
@@ -171,9 +178,9 @@ func (c *Conn) CreateSlot(ctx context.Context, action SnapshotAction) (Snapshot,
 		return Snapshot{}, err
 	}
 	c.sess.slot = &SlotInfo{Name: c.cfg.Slot, Plugin: "pgoutput", Database: c.sess.sys.dbName,
-		Temporary: c.cfg.TemporarySlot, TwoPhase: c.cfg.TwoPhase, ConfirmedFlush: snap.ConsistentPoint}
+		Temporary: c.cfg.TemporarySlot, TwoPhase: c.cfg.TwoPhase, Failover: c.cfg.Failover, ConfirmedFlush: snap.ConsistentPoint}
 	c.log.Info("created slot", "slot", c.cfg.Slot, "consistent_point", snap.ConsistentPoint,
-		"snapshot", snap.Name, "temporary", c.cfg.TemporarySlot, "two_phase", c.cfg.TwoPhase)
+		"snapshot", snap.Name, "temporary", c.cfg.TemporarySlot, "two_phase", c.cfg.TwoPhase, "failover", c.cfg.Failover)
 	return snap, nil
 }
 
@@ -193,7 +200,7 @@ func (c *Conn) StartStreaming(ctx context.Context) (_ *Stream, err error) {
 		}
 	}()
 	if sess.slot == nil {
-		return nil, slotNotFound(&c.cfg, sess.sys.dbName)
+		return nil, slotNotFound(&c.cfg, sess.sys)
 	}
 	if skip := c.cfg.Buffer.SkipThrough; skip != 0 && skip < sess.slot.ConfirmedFlush && c.cfg.Buffer.HandOutAdvances {
 		return nil, &CheckError{Setting: "Buffer.SkipThrough", Err: ErrSlotAhead,
@@ -207,6 +214,9 @@ func (c *Conn) StartStreaming(ctx context.Context) (_ *Stream, err error) {
 		c.log.Warn("the resume position is behind the slot's confirmed position: transactions that committed between the two "+
 			"are not sent again (harmless if the consumer had them, as after the slot advanced over WAL with nothing published)",
 			"skip_through", skip, "confirmed_flush_lsn", sess.slot.ConfirmedFlush)
+	}
+	if err := enableFailover(ctx, sess, &c.cfg, c.log); err != nil {
+		return nil, err
 	}
 	bcfg := c.cfg.Buffer
 	bcfg.Decoding = c.neg.decodingOptions()
@@ -338,7 +348,7 @@ func start(ctx context.Context, cfg Config) (_ *Stream, err error) {
 	}()
 	if _, ok := c.Slot(); !ok {
 		if !cfg.CreateSlot {
-			return nil, slotNotFound(&cfg, c.sess.sys.dbName)
+			return nil, slotNotFound(&cfg, c.sess.sys)
 		}
 		if _, err := c.CreateSlot(ctx, NoSnapshot); err != nil {
 			return nil, err
@@ -347,11 +357,21 @@ func start(ctx context.Context, cfg Config) (_ *Stream, err error) {
 	return c.StartStreaming(ctx)
 }
 
-func slotNotFound(cfg *Config, db string) error {
+// slotNotFound is the error for a missing slot on the server sys. A server on a timeline after
+// the first may be a promoted standby, which keeps only the slots made for failover: the error
+// says so when Config.Failover is off.
+func slotNotFound(cfg *Config, sys systemInfo) error {
+	if sys.timeline > 1 && !cfg.Failover {
+		return checkError(&CheckError{Setting: "slot", Err: ErrSlotNotFound,
+			Problem: fmt.Sprintf("replication slot %q does not exist; the server is on timeline %d: if it is a promoted standby, "+
+				"the slot was not created for failover and the standby kept no copy of it", cfg.Slot, sys.timeline)},
+			configerr.Words("let %s create it, or create it in database %q with SELECT pg_create_logical_replication_slot('%s', 'pgoutput'); "+
+				"set %s so that a slot survives the promotion of a standby", field("CreateSlot"), sys.dbName, cfg.Slot, field("Failover")))
+	}
 	return checkError(&CheckError{Setting: "slot", Err: ErrSlotNotFound,
 		Problem: fmt.Sprintf("replication slot %q does not exist", cfg.Slot)},
 		configerr.Words("let %s create it, or create it in database %q with SELECT pg_create_logical_replication_slot('%s', 'pgoutput')",
-			field("CreateSlot"), db, cfg.Slot))
+			field("CreateSlot"), sys.dbName, cfg.Slot))
 }
 
 func (c *Config) logger() *slog.Logger {
@@ -450,6 +470,9 @@ func openSession(ctx context.Context, cfg *Config, base *pgconn.Config, log *slo
 	if s.major, err = parseMajor(conn.ParameterStatus("server_version")); err != nil {
 		return nil, err
 	}
+	if err := checkFailoverVersion(cfg, s.major); err != nil {
+		return nil, err
+	}
 	if s.sys, err = identifySystem(ctx, conn); err != nil {
 		return nil, err
 	}
@@ -471,6 +494,9 @@ func openSession(ctx context.Context, cfg *Config, base *pgconn.Config, log *slo
 	}
 	if s.slot, err = readSlot(ctx, conn, s.major, cfg, s.sys.dbName); err != nil {
 		return nil, err
+	}
+	if first && cfg.Failover {
+		failoverWarnings(ctx, conn, cfg, s.slot, log)
 	}
 	return s, nil
 }
@@ -624,14 +650,18 @@ func checkPublications(ctx context.Context, conn *pgconn.PgConn, major int, pubs
 // readSlot returns the slot, nil if it does not exist, or a *CheckError if it cannot serve cfg.
 func readSlot(ctx context.Context, conn *pgconn.PgConn, major int, cfg *Config, db string) (*SlotInfo, error) {
 	twoPhase, walStatus := "two_phase::text", "coalesce(wal_status, '')"
+	failover := "'false', 'false', ''" // failover, synced, invalidation_reason: PostgreSQL 17+
 	if major < 14 {
 		twoPhase = "'false'"
 	}
 	if major < 13 {
 		walStatus = "''"
 	}
+	if major >= 17 {
+		failover = "failover::text, synced::text, coalesce(invalidation_reason, '')"
+	}
 	res, err := query(ctx, conn, "SELECT slot_type, coalesce(plugin, ''), coalesce(database::text, ''), "+
-		"coalesce(confirmed_flush_lsn::text, '0/0'), temporary::text, "+twoPhase+", "+walStatus+
+		"coalesce(confirmed_flush_lsn::text, '0/0'), temporary::text, "+twoPhase+", "+walStatus+", "+failover+
 		" FROM pg_catalog.pg_replication_slots WHERE slot_name = "+pgsession.QuoteLiteral(cfg.Slot))
 	if err != nil {
 		return nil, fmt.Errorf("replication: reading slot %q: %w", cfg.Slot, err)
@@ -640,10 +670,11 @@ func readSlot(ctx context.Context, conn *pgconn.PgConn, major int, cfg *Config, 
 		return nil, nil
 	}
 	row := res[0]
-	if len(row) != 7 {
+	if len(row) != 10 {
 		return nil, &ProtocolError{Msg: fmt.Sprintf("pg_replication_slots row with %d columns", len(row))}
 	}
-	slot := &SlotInfo{Name: cfg.Slot, Plugin: row[1], Database: row[2], Temporary: row[4] == "true", TwoPhase: row[5] == "true"}
+	slot := &SlotInfo{Name: cfg.Slot, Plugin: row[1], Database: row[2], Temporary: row[4] == "true", TwoPhase: row[5] == "true",
+		Failover: row[7] == "true", Synced: row[8] == "true"}
 	if err := slot.ConfirmedFlush.UnmarshalText([]byte(row[3])); err != nil {
 		return nil, &ProtocolError{Msg: "confirmed_flush_lsn", Err: err}
 	}
@@ -662,6 +693,9 @@ func readSlot(ctx context.Context, conn *pgconn.PgConn, major int, cfg *Config, 
 			configerr.Words("connect to database %q, or use another slot name", slot.Database))
 	case row[6] == "lost":
 		return nil, mismatch("slot", fmt.Sprintf("slot %q has lost WAL it needed (wal_status lost): changes are missing", cfg.Slot),
+			configerr.Words("drop the slot and start again from a fresh copy of the tables"))
+	case row[9] != "":
+		return nil, mismatch("slot", fmt.Sprintf("slot %q was invalidated (%s): the server no longer decodes changes from it", cfg.Slot, row[9]),
 			configerr.Words("drop the slot and start again from a fresh copy of the tables"))
 	case slot.TwoPhase && !cfg.TwoPhase:
 		return nil, mismatch("two_phase", fmt.Sprintf("slot %q decodes prepared transactions at PREPARE (two_phase), but Config.TwoPhase is off", cfg.Slot),
@@ -690,6 +724,9 @@ func createSlot(ctx context.Context, conn *pgconn.PgConn, major int, cfg *Config
 		}
 		if cfg.TwoPhase {
 			b.WriteString(", TWO_PHASE true")
+		}
+		if cfg.Failover { // PostgreSQL 17+, checked when connecting
+			b.WriteString(", FAILOVER true")
 		}
 		b.WriteString(")")
 	case cfg.TwoPhase:

@@ -17,7 +17,8 @@
 // wal_level is logical; every publication exists in the database (PostgreSQL 18 only warns
 // about a missing one, then confirms the slot with nothing sent); the slot exists (or CreateSlot
 // is set), is a logical pgoutput slot of this database with its WAL still there, and has
-// two-phase decoding exactly when Config.TwoPhase asks for it; when a slot is created, one is
+// two-phase decoding exactly when Config.TwoPhase asks for it, and has not been invalidated
+// (pg_replication_slots.invalidation_reason, PostgreSQL 17+); when a slot is created, one is
 // free under max_replication_slots; a walsender is free under max_wal_senders; the resume
 // position (Config.Buffer.SkipThrough) is not beyond the server's current WAL position. A
 // failure is a *CheckError that names the setting and says how to fix it. What each publication
@@ -87,7 +88,31 @@
 // Positions belong to one database system: a rebuilt server, or another one with a slot of the
 // same name, sends different transactions at the same LSNs. Store System().ID (and Timeline) with
 // the position and compare them when starting again; a Stream that reconnects to another system
-// fails with ErrSystemChanged.
+// fails with ErrSystemChanged. A promoted physical standby is the same system on a later
+// timeline: its positions continue the former primary's.
+//
+// # Failover
+//
+// PostgreSQL 17 and later keep a logical slot on a physical standby when the slot has failover
+// enabled and the standby synchronizes slots (sync_replication_slots, hot_standby_feedback,
+// primary_slot_name, dbname in primary_conninfo); the primary's synchronized_standby_slots makes
+// its logical walsenders wait until the standbys listed there have the WAL they send, so that a
+// consumer never has a change the promoted standby lacks. With Config.Failover a created slot is
+// created with failover (CREATE_REPLICATION_SLOT ... FAILOVER) and an existing one altered to it
+// (ALTER_REPLICATION_SLOT, logged once); servers before 17 refuse it with a *ConfigError. On
+// connecting, the stream warns of what the primary lacks for the slot to survive a promotion (no
+// synchronized_standby_slots, a slot listed there that no standby streams through), and says
+// nothing of missing standbys on a promoted standby, whose new standbys may come later.
+//
+// When the primary fails and a standby is promoted, a Stream whose connection string names both
+// servers (host=a,b port=..., target_session_attrs=read-write) reconnects to the promoted one: the
+// same system on a later timeline, with the standby's copy of the slot. That copy may be confirmed
+// less far than the former primary's slot was: the server then sends again transactions the
+// consumer already had, which the reorder buffer drops as it does after any reconnection, and
+// Config.Buffer.SkipThrough does after a restart. A slot that was not created for failover does
+// not exist on the promoted standby: the stream ends with a *CheckError wrapping ErrSlotNotFound
+// that says so and names Config.Failover; the changes the consumer had not received are lost
+// with it, and it starts again from a copy.
 //
 // # Idle advances
 //

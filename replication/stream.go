@@ -559,13 +559,20 @@ func (s *Stream) resume(ctx context.Context) (err error) {
 		}
 	}()
 	if sess.slot == nil {
-		return slotNotFound(&s.cfg, sess.sys.dbName)
+		if sess.sys.systemID == s.sys.ID && sess.sys.timeline > s.sys.Timeline {
+			return slotLostToFailover(&s.cfg, sess.sys.dbName, s.sys.Timeline, sess.sys.timeline)
+		}
+		return slotNotFound(&s.cfg, sess.sys)
 	}
 	if sess.sys.systemID != s.sys.ID {
 		return &CheckError{Setting: "system", Err: ErrSystemChanged,
 			Problem: fmt.Sprintf("the server is database system %s, the stream started on system %s: a slot of the same name on "+
 				"another server does not continue this stream", sess.sys.systemID, s.sys.ID),
 			Fix: "point the connection back at the server the stream started on, or start again with a position of the new server"}
+	}
+	was := s.sys.Timeline
+	if sess.sys.timeline != was && s.cfg.Failover {
+		failoverWarnings(ctx, sess.conn, &s.cfg, sess.slot, s.log) // SQL: before the connection streams
 	}
 	if err := startReplication(ctx, sess.conn, s.cfg.Slot, s.neg.PluginArgs); err != nil {
 		return err
@@ -584,6 +591,10 @@ func (s *Stream) resume(ctx context.Context) (err error) {
 	s.mu.Unlock()
 	s.log.Info("reconnected", "slot", s.cfg.Slot, "reconnects", n, "start", pos.Start, "received", pos.Received,
 		"flushed", pos.Flushed, "acked", pos.Acked)
+	if sess.sys.timeline != was {
+		s.log.Info("the server is on another timeline: the stream continues on a promoted standby", "slot", s.cfg.Slot,
+			"system_id", sess.sys.systemID, "timeline", sess.sys.timeline, "was", was, "slot_synced", sess.slot.Synced)
+	}
 	return nil
 }
 
