@@ -84,18 +84,20 @@ func (p *Pair) ConnString() string {
 func (p *Pair) WaitSynced(t testing.TB, slot string) {
 	t.Helper()
 	lit := pgsession.QuoteLiteral(slot)
-	want := QueryText(t, p.Primary.ConnString(p.DB), "SELECT confirmed_flush_lsn::text || ' ' || pg_current_wal_flush_lsn()::text "+
-		"FROM pg_replication_slots WHERE slot_name = "+lit)
-	confirmed, wal, ok := strings.Cut(want, " ")
-	if !ok {
-		t.Fatalf("pgtest: slot %s does not exist on the primary", slot)
-	}
+	// confirmed_flush_lsn is NULL while the slot is being created.
+	var want string
+	Eventually(t, time.Minute, "slot "+slot+" to exist on the primary", func() bool {
+		want = QueryText(t, p.Primary.ConnString("postgres"), "SELECT confirmed_flush_lsn::text || ' ' || pg_current_wal_flush_lsn()::text "+
+			"FROM pg_replication_slots WHERE slot_name = "+lit)
+		return want != ""
+	})
+	confirmed, wal, _ := strings.Cut(want, " ")
 	standby := p.Standby.ConnString("postgres") // the tests' database may not be replayed yet
 	var state string
 	var syncErr error
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	ok = Until(ctx, func() bool {
+	ok := Until(ctx, func() bool {
 		qctx, qcancel := context.WithTimeout(ctx, 10*time.Second)
 		defer qcancel()
 		// A running-transactions record lets the slot's restart_lsn move once the consumer
