@@ -272,6 +272,7 @@ func (f *applyFlags) config(fs *flag.FlagSet) (apply.Config, error) {
 			Slot:           f.slot,
 			Publications:   f.publications,
 			CreateSlot:     f.createSlot,
+			Failover:       f.failover,
 			Binary:         f.binary,
 			StatusInterval: f.status,
 			OriginFilter:   originFilter,

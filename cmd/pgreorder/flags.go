@@ -116,10 +116,11 @@ func (f syncCommitFlag) Set(s string) error {
 // they have one name and one meaning everywhere.
 
 // sourceFlags name the source database and what to read of it: -source (and its old name -dsn),
-// -slot, -publication.
+// -slot, -publication, and whether the slot survives a failover: -failover.
 type sourceFlags struct {
 	source, slot string
 	publications []string
+	failover     bool
 }
 
 // register defines the flags; slotHelp describes -slot as the command uses it.
@@ -134,6 +135,9 @@ func (s *sourceFlags) register(fs *flag.FlagSet, slotHelp string) {
 		}
 		return nil
 	})
+	fs.BoolVar(&s.failover, "failover", false, "create the slot with failover, or turn failover on for an existing slot, so that "+
+		"a physical standby that synchronizes slots keeps it and the stream continues on the standby once it is promoted "+
+		"(PostgreSQL 17+; give -source both servers with target_session_attrs=read-write)")
 }
 
 // sourceVar defines -source, the source database's connection string, into p, and its old
@@ -276,7 +280,7 @@ func (m *monitorFlags) logger() *slog.Logger {
 // The sections of each command's usage (printFlags): the flags most runs need come first.
 var (
 	applyGroups = []flagGroup{
-		{"connection", []string{"source", "target", "slot", "publication", "create-slot", "dsn"}},
+		{"connection", []string{"source", "target", "slot", "publication", "create-slot", "failover", "dsn"}},
 		{"initial copy", []string{"copy", "copy-truncate", "copy-workers"}},
 		{"apply mode", []string{"mode", "workers", "commit-order", "synchronous-commit", "binary"}},
 		{"conflicts and origins", []string{"conflict", "no-conflict-detection", "conflict-retention", "conflict-log-table",
@@ -287,14 +291,14 @@ var (
 			"status-interval", "slot-wait", "start-timeout", "cpuprofile", "memprofile"}},
 	}
 	streamGroups = []flagGroup{
-		{"connection", []string{"source", "slot", "publication", "create-slot", "temporary", "dsn"}},
+		{"connection", []string{"source", "slot", "publication", "create-slot", "temporary", "failover", "dsn"}},
 		{"output", []string{"o", "file-mode", "resume", "format", "source-name", "source-db", "decimal-handling", "interval-handling"}},
 		{"pgoutput", []string{"streaming", "proto", "messages", "binary", "two-phase", "origin-filter"}},
 		{"operations and monitoring", []string{"progress", "metrics-addr", "v"}},
 		{"advanced", []string{"work-mem", "spill-dir", "spill-compression", "status-interval", "slot-wait"}},
 	}
 	kafkaGroups = []flagGroup{
-		{"connection", []string{"source", "slot", "publication", "kafka-brokers", "dsn"}},
+		{"connection", []string{"source", "slot", "publication", "failover", "kafka-brokers", "dsn"}},
 		{"topics and records", []string{"kafka-topic-prefix", "kafka-topic-map", "kafka-create-topics", "kafka-partitions",
 			"kafka-replication-factor", "kafka-topic-config", "kafka-offsets-topic", "kafka-key-format", "kafka-value-format",
 			"kafka-tombstones", "source-name", "source-db", "decimal-handling", "interval-handling"}},
@@ -331,6 +335,7 @@ var fieldFlags = map[string]string{
 	"apply.Source.OriginFilter":       "-origin-filter",
 	"apply.Source.Buffer.WorkMem":     "-work-mem",
 	"apply.Source.TemporarySlot":      "",
+	"apply.Source.Failover":           "-failover",
 	"apply.Source.TwoPhase":           "",
 	"apply.Source.Reconnect.SlotWait": "",
 	"apply.Source.Buffer.SkipThrough": "",
@@ -362,6 +367,8 @@ var fieldFlags = map[string]string{
 	"replication.CreateSlot":         "-create-slot",
 	"replication.Publications":       "-publication",
 	"replication.TwoPhase":           "-two-phase",
+	"replication.Failover":           "-failover",
+	"replication.TemporarySlot":      "-temporary",
 	"replication.Reconnect.SlotWait": "-slot-wait",
 
 	"snapshot.ConnString":   "-source",

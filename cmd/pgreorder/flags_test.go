@@ -284,6 +284,13 @@ func TestConfigErrorsNameFlags(t *testing.T) {
 		func(context.Context, *changefeed.Batch) error { return nil })
 	require.ErrorIs(t, err, changefeed.ErrInvalidConfig)
 	require.Contains(t, explain("kafka", err), "Replication.TemporarySlot is set")
+
+	// The replication's own fields are named by the flags of the commands that have them.
+	_, err = (&replication.Config{Slot: "s", Publications: []string{"p"}, Failover: true, TemporarySlot: true}).Negotiate(17)
+	require.ErrorIs(t, err, replication.ErrInvalidConfig)
+	require.Contains(t, err.Error(), "Failover is set, and so is TemporarySlot")
+	require.Contains(t, explain("stream", err), "-failover is set, and so is -temporary")
+	require.Contains(t, explain("kafka", err), "-failover is set, and so is Config.TemporarySlot")
 }
 
 // TestNoRegexpInErrorPath: the command's own code maps errors by their types, not their words.

@@ -230,6 +230,7 @@ func (f *kafkaFlags) config(fs *flag.FlagSet) (changefeed.Config, kafkasink.Conf
 			Binary:         f.binary,
 			Messages:       f.messages,
 			TwoPhase:       f.twoPhase,
+			Failover:       f.failover,
 			OriginFilter:   originFilter,
 			StatusInterval: f.status,
 			Buffer:         reorderbuffer.Config{WorkMem: workMem, Dir: f.dir, SpillCompressor: comp},

@@ -163,6 +163,7 @@ func runStream(ctx context.Context, args []string) error {
 			Publications:   f.publications,
 			CreateSlot:     f.createSlot,
 			TemporarySlot:  f.temporary,
+			Failover:       f.failover,
 			ProtoVersion:   f.proto,
 			Streaming:      f.streamingOpt,
 			Binary:         f.binary,
