@@ -586,9 +586,15 @@ func (f *Feed) resume(ctx context.Context, pos Position) (*replication.Stream, e
 				"remove the stored position (and the consumer's output) to start again with a copy", ErrSystemMismatch, rcfg.Slot, pos.SystemID, id)
 		}
 		if _, ok := conn.Slot(); !ok {
-			return fmt.Errorf("changefeed: the store has a position for slot %q, but the slot does not exist: "+
+			err := fmt.Errorf("changefeed: the store has a position for slot %q, but the slot does not exist: "+
 				"the changes since are lost; remove the stored position (and the consumer's output) to start again with a copy: %w",
 				rcfg.Slot, replication.ErrSlotNotFound)
+			if tl := conn.System().Timeline; tl > 1 && !rcfg.Failover {
+				// A promoted standby keeps only the slots created for failover.
+				return configerr.WithHint(err, "; ", "the server is on timeline %d: if it is a promoted standby, the slot was not "+
+					"created for failover (%s), and the standby kept no copy of it", tl, field("Replication.Failover"))
+			}
+			return err
 		}
 		return f.handle(ctx, &Batch{Kind: Resume, Worker: StreamWorker, State: pos.State, f: f}, nil)
 	}, func() { f.log.Info("resuming", "slot", rcfg.Slot, "after", pos.EndLSN) })

@@ -70,11 +70,29 @@ func TestFailover(t *testing.T) {
 			stop := runFeed(t, cfg, store, r.handle)
 			pair.WaitSynced(t, "cf") // before any transaction is open: see pgtest.Pair.WaitSynced
 
+			// A feed on a slot without failover, stopped before the failover.
+			plainCfg := cfg
+			plainCfg.Replication.Slot, plainCfg.Replication.Failover = "plain", false
+			plainPath := filepath.Join(t.TempDir(), "plain.pos")
+			plainStore, err := changefeed.OpenFile(plainPath)
+			require.NoError(t, err)
+			plainRec := &recorder{txns: make(chan struct{}, 100)}
+			stopPlain := runFeed(t, plainCfg, plainStore, plainRec.handle)
+
 			next := 1
 			failoverWorkload(t, primary, &next, 6)
 			waitTxns(t, r, 6)
+			waitTxns(t, plainRec, 6)
+			require.NoError(t, stopPlain())
 			pair.WaitSynced(t, "cf")
 			pair.Failover(t)
+
+			// Its slot is not on the promoted standby: the error says why.
+			plainStore, err = changefeed.OpenFile(plainPath)
+			require.NoError(t, err)
+			err = changefeed.Run(ctx, plainCfg, plainStore, plainRec.handle)
+			require.ErrorIs(t, err, replication.ErrSlotNotFound)
+			require.Contains(t, err.Error(), "not created for failover (Config.Replication.Failover)")
 
 			promoted := pair.Standby.ConnString(pair.DB)
 			failoverWorkload(t, promoted, &next, 4)

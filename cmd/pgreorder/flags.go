@@ -378,6 +378,7 @@ var fieldFlags = map[string]string{
 
 	"changefeed.Replication.Slot":               "-slot",
 	"changefeed.Replication.TemporarySlot":      "-temporary",
+	"changefeed.Replication.Failover":           "-failover",
 	"changefeed.Start":                          "",
 	"changefeed.Copier":                         "",
 	"changefeed.Replication.Buffer.Incremental": "",
