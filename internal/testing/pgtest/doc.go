@@ -7,6 +7,10 @@
 // the test. Without a server of the wanted version these skip the test with a message that says
 // how to install one; with PGREORDER_REQUIRE_PG=1 they fail it instead (CI sets it).
 //
+// NewPair gives a test a primary and a physical standby of it of its own (PostgreSQL 17+), set
+// up to keep failover slots: Pair.ConnString names both, WaitSynced waits for the standby's copy
+// of a slot, Failover promotes the standby and stops the primary.
+//
 // Beside them, the query helpers every package's tests share, which fail the test (testify's
 // require) on an error: ExecAll, QueryOne, Count, QueryText; and waits on events rather than
 // sleeps: Until and Eventually poll a condition until a deadline, ClockPast orders commit

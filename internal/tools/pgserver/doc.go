@@ -16,6 +16,11 @@
 // the folder; a server whose parent process dies gets SIGQUIT and its folder is removed by the
 // next Start.
 //
+// StartStandby makes a physical standby of a running server in a folder of its own (a base
+// backup taken with pg_backup_start and pg_backup_stop, since the npm installs have no
+// pg_basebackup, streaming through a physical slot it creates), run as the same user, and Promote
+// makes a standby a primary; tests of failover use them.
+//
 // # What Start does to the system
 //
 // Besides its own folder, Start may remove the folders of earlier processes that died, restore
