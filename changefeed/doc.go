@@ -115,7 +115,12 @@
 //
 // The store also keeps the source's system identifier: a position stored for another server (a
 // source rebuilt under the same name) is ErrSystemMismatch, and one beyond the server's WAL is
-// replication.ErrResumeAhead, never a position to resume from.
+// replication.ErrResumeAhead, never a position to resume from. A promoted physical standby is the
+// same system (on a later timeline): a position stored before the promotion resumes there, in
+// every store, when the slot survived it (Config.Replication.Failover, PostgreSQL 17+: the
+// stream then also continues on the promoted standby by itself, given a connection string that
+// names both servers with target_session_attrs=read-write). A slot created without failover is
+// missing there, and Run says so.
 //
 // # Handler, concurrency and buffers
 //
