@@ -81,9 +81,9 @@
 // positions of one system mean nothing on another. A row without a system (from before the table
 // had the columns, which are added in place) takes the current source's, once, with a log line.
 // A row of an earlier timeline of the same system is a promoted standby's: Run continues from it
-// and records the new timeline. With Config.Failover (PostgreSQL 17+) the slot survives that
-// promotion (replication.Config.Failover): a Source naming both servers with
-// target_session_attrs=read-write reconnects to the promoted standby and applying goes on.
+// and records the new timeline. With Config.Source.Failover (PostgreSQL 17+) the slot survives
+// that promotion: a Source.ConnString naming both servers with target_session_attrs=read-write
+// reconnects to the promoted standby and applying goes on.
 //
 // # Ordering
 //
