@@ -156,7 +156,9 @@ func (a *Applier) session(parent context.Context) (err error) {
 	if errors.Is(err, replication.ErrSlotNotFound) && s.resume != 0 {
 		return configerr.WithHint(fmt.Errorf("%w: the target's progress row for slot %q is at %s, but the slot does not exist on the source "+
 			"(dropped, or a promoted standby it was not synchronized to): the source changes since are lost to the target",
-			replication.ErrSlotNotFound, s.cfg.Source.Slot, s.resume), "; ", "copy the target again: delete the slot's progress row and run with %s", field("Copy"))
+			replication.ErrSlotNotFound, s.cfg.Source.Slot, s.resume), "; ",
+			"copy the target again: delete the slot's progress row and run with %s (and %s, so that the new slot is kept on a standby across a failover)",
+			field("Copy"), field("Source.Failover"))
 	}
 	return err
 }
