@@ -42,6 +42,12 @@ type Config struct {
 	// Follower, if set, reads the stream in place of Run's loop of one transaction at a time
 	// (see Follower). Replication.Buffer.Incremental is allowed only with a Follower.
 	Follower Follower
+	// PublicationCheck is how often Run lists the publications' tables while it streams, to log
+	// the tables added to a publication (the stream delivers their changes from then on; the rows
+	// they held before are not copied) and those removed from it (their changes stop); 0 means
+	// DefaultPublicationCheck, a negative value does not check. Each check is one query on the
+	// connection of the Feed's catalog reader (Batch.Catalog).
+	PublicationCheck time.Duration
 	// Copier, if set, makes the initial copy in place of the Handler's Snapshot batches (see
 	// Copier and InitialCopy). It records the copy's beginning and end itself, where Store.Load
 	// reads them: a copy it began and did not finish as a Position with CopyDone false, a
@@ -357,6 +363,7 @@ func (f *Feed) Run(ctx context.Context) (err error) {
 			err = cerr
 		}
 	}()
+	defer f.watchPublications(ctx)()
 	if f.cfg.Follower != nil {
 		return f.cfg.Follower.Follow(ctx, stream)
 	}

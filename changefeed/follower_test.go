@@ -3,7 +3,9 @@ package changefeed_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -111,4 +113,33 @@ func TestCopier(t *testing.T) {
 		require.Equal(t, 1, c.discards)
 		require.Zero(t, pgtest.Count(t, dsn, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'co'`), "the slot is dropped")
 	})
+}
+
+// TestPublicationChanges: while the feed streams, a table added to the publication is logged at
+// Warn (its rows from before are not copied), and a table removed at Info.
+func TestPublicationChanges(t *testing.T) {
+	srv := pgtest.Shared(t, 18)
+	ctx := pgtest.Context(t, time.Minute)
+	db := pgtest.NewDatabase(t, srv)
+	dsn := srv.ConnString(db)
+	pgtest.ExecAll(t, dsn, `CREATE TABLE t (id int PRIMARY KEY)`, `CREATE TABLE "Late" (id int PRIMARY KEY)`,
+		`INSERT INTO "Late" VALUES (1)`, `CREATE PUBLICATION pub FOR TABLE t`)
+	log := &pgtest.LockedBuffer{}
+	cfg := changefeed.Config{Start: changefeed.StartStream, PublicationCheck: 20 * time.Millisecond,
+		Logger:      slog.New(slog.NewTextHandler(log, &slog.HandlerOptions{Level: slog.LevelInfo})),
+		Replication: replication.Config{ConnString: srv.ReplicationConnString(db), Slot: "pc", Publications: []string{"pub"}, CreateSlot: true}}
+	stop := runFeed(t, cfg, mustOpen(t, filepath.Join(t.TempDir(), "pos")), drain)
+	// The first listing is the baseline: wait until it has been read before changing the
+	// publication.
+	require.True(t, pgtest.Until(ctx, func() bool {
+		return pgtest.Count(t, dsn, `SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pgreorder-catalog'
+			AND state = 'idle' AND query LIKE '%pg_publication_tables%'`) > 0
+	}), "the first listing")
+	pgtest.ExecAll(t, dsn, `ALTER PUBLICATION pub ADD TABLE "Late"`)
+	require.True(t, pgtest.Until(ctx, func() bool { return strings.Contains(log.String(), `table="public.\"Late\""`) }), log.String())
+	require.Contains(t, log.String(), "level=WARN msg=\"table added to the publication")
+	pgtest.ExecAll(t, dsn, `ALTER PUBLICATION pub DROP TABLE t`)
+	require.True(t, pgtest.Until(ctx, func() bool { return strings.Contains(log.String(), "table removed from the publication") }), log.String())
+	require.Contains(t, log.String(), "table=public.t ")
+	require.NoError(t, stop())
 }

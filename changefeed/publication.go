@@ -1,0 +1,97 @@
+package changefeed
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/pgreorder/pgreorder/catalog"
+)
+
+// DefaultPublicationCheck is how often a Feed lists the publications' tables while it streams
+// when Config.PublicationCheck is 0.
+const DefaultPublicationCheck = 10 * time.Second
+
+// watchPublications lists the publications' tables every Config.PublicationCheck while the
+// stream runs, and logs the tables added to them since the last listing (the stream delivers
+// their changes from then on; the rows they held before are not copied) and those removed (their
+// changes stop). The first listing is the baseline. It returns the function that stops the
+// watch and waits for it to end.
+func (f *Feed) watchPublications(ctx context.Context) (stop func()) {
+	every := f.cfg.PublicationCheck
+	if every < 0 {
+		return func() {}
+	}
+	if every == 0 {
+		every = DefaultPublicationCheck
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		var last []catalog.TableName
+		listed := false
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			tables, err := f.published(ctx)
+			switch {
+			case err != nil:
+				if ctx.Err() == nil {
+					f.log.Debug("listing the publications' tables", "err", err)
+				}
+			case !listed:
+				last, listed = tables, true
+			default:
+				f.publicationChanges(last, tables)
+				last = tables
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	})
+	return func() {
+		cancel()
+		wg.Wait()
+	}
+}
+
+// published lists the tables of the Feed's publications.
+func (f *Feed) published(ctx context.Context) ([]catalog.TableName, error) {
+	cat, err := f.catalog()
+	if err != nil {
+		return nil, err
+	}
+	return cat.Published(ctx, f.cfg.Replication.Publications)
+}
+
+// publicationChanges logs the tables in now and not in before (added), and the other way round
+// (removed). Both lists are sorted.
+func (f *Feed) publicationChanges(before, now []catalog.TableName) {
+	in := func(list []catalog.TableName, t catalog.TableName) bool {
+		_, ok := slices.BinarySearchFunc(list, t, func(a, b catalog.TableName) int {
+			if c := strings.Compare(a.Schema, b.Schema); c != 0 {
+				return c
+			}
+			return strings.Compare(a.Name, b.Name)
+		})
+		return ok
+	}
+	pubs := strings.Join(f.cfg.Replication.Publications, ", ")
+	for _, t := range now {
+		if !in(before, t) {
+			f.log.Warn("table added to the publication: its changes are delivered from now on, but the rows it held "+
+				"before are not copied", "table", t.String(), "publications", pubs, "slot", f.cfg.Replication.Slot)
+		}
+	}
+	for _, t := range before {
+		if !in(now, t) {
+			f.log.Info("table removed from the publication: its changes stop", "table", t.String(), "publications", pubs,
+				"slot", f.cfg.Replication.Slot)
+		}
+	}
+}
