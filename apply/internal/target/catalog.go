@@ -270,7 +270,7 @@ func loadMapping(ctx context.Context, conn *pgconn.PgConn, ri *Relation, replica
 		return nil, err
 	}
 	if len(rows) == 0 {
-		return nil, fail(KindMissingTable, "no such table on the target (tables are matched by schema and name)")
+		return nil, &ChangeError{Kind: KindMissingTable, Relation: name, Err: &NoTableError{Table: name}}
 	}
 	r := rows[0]
 	oid, _ := strconv.ParseUint(string(r[0]), 10, 32)

@@ -90,6 +90,8 @@ type Options struct {
 
 	// AddColumn, when set, adds a column the target table lacks (see schema.go).
 	AddColumn AddColumnFunc
+	// CreateTable, when set, creates a table the target lacks (see create.go).
+	CreateTable CreateTableFunc
 
 	// InitialCopy makes the connections of the initial copy: their rows count in
 	// Counters.InitialCopyRows, not among the rows applied.

@@ -60,6 +60,9 @@ func (t *Conn) Change(ctx context.Context, m decoding.Message, rels []*Relation)
 
 func (t *Conn) Mapping(ctx context.Context, ri *Relation, op Op) (*Table, error) {
 	m, err := ri.mapping(ctx, t.pg, t.replicaRole, t.opts.Binary)
+	if err != nil && t.opts.CreateTable != nil {
+		m, err = t.mapWithTable(ctx, ri, m, err) // create.go
+	}
 	if err != nil && t.opts.AddColumn != nil {
 		m, err = t.mapWithColumns(ctx, ri, m, err) // schema.go
 	}
