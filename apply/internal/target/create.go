@@ -34,8 +34,11 @@ type MissingTable struct {
 // missingTablesQuery returns, of the names given as two arrays (schemas, names), those that
 // name no table the mappings would find (relkind r or p, see relationQuery), by their ordinal
 // in the arrays, with whether the schema exists.
+//
+// The unnest of several arrays is FROM-clause syntax (ROWS FROM), not a function of pg_catalog:
+// it cannot be schema-qualified.
 const missingTablesQuery = `SELECT x.i, EXISTS (SELECT FROM pg_catalog.pg_namespace n WHERE n.nspname = x.s)
-FROM pg_catalog.unnest($1::text[], $2::text[]) WITH ORDINALITY AS x(s, r, i)
+FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS x(s, r, i)
 WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 	WHERE n.nspname = x.s AND c.relname = x.r AND c.relkind IN ('r', 'p'))
 ORDER BY x.i`
@@ -107,7 +110,7 @@ func (e *CreateError) Error() string {
 const createTypesQuery = `SELECT 0::bigint, EXISTS (SELECT FROM pg_catalog.pg_namespace WHERE nspname = $1)::pg_catalog.text
 UNION ALL
 SELECT x.i, pg_catalog.format_type(t.oid, x.m)
-FROM pg_catalog.unnest($2::text[], $3::text[], $4::int[]) WITH ORDINALITY AS x(s, n, m, i)
+FROM unnest($2::text[], $3::text[], $4::int[]) WITH ORDINALITY AS x(s, n, m, i)
 	LEFT JOIN (pg_catalog.pg_type t JOIN pg_catalog.pg_namespace tn ON tn.oid = t.typnamespace)
 	ON tn.nspname = x.s AND t.typname = x.n
 ORDER BY 1`
