@@ -71,6 +71,9 @@ func New(cfg Config) (*Applier, error) {
 	if c.SchemaChanges == SchemaAddColumns {
 		a.cfg.addColumn = a.addColumn
 	}
+	if c.SchemaChanges != SchemaFixed {
+		a.cfg.createTable = a.createStreamed // tables.go
+	}
 	return a, nil
 }
 

@@ -303,9 +303,11 @@ type Config struct {
 	// neither skips again nor applies it. The session that skips applies as Buffered does.
 	SkipLSN decoding.LSN
 	// SchemaChanges says which changes of the source's schema are made on the target: none (the
-	// zero value, SchemaFixed), or SchemaAddColumns: a column the source adds is added to the
-	// target table (see SchemaAddColumns). Reading the column's type takes an ordinary
-	// connection to the source (Source, without replication).
+	// zero value, SchemaFixed), or SchemaAddColumns: a published table the target lacks is
+	// created from the source's definition, and a column the source adds is added to the target
+	// table (see SchemaAddColumns). Reading the source's catalog takes an ordinary connection to
+	// the source (Source, without replication), which every session also uses to list the
+	// published tables it checks on the target.
 	SchemaChanges SchemaChanges
 
 	// SyncSequences copies the values of the source's sequences owned by the published tables'
@@ -324,7 +326,8 @@ type Config struct {
 	// moment of a cut-over, once writes to the source have stopped (see Applier.CaughtUp).
 	UntilCaughtUp bool
 
-	addColumn target.AddColumnFunc // set by New for SchemaAddColumns
+	addColumn   target.AddColumnFunc   // set by New for SchemaAddColumns
+	createTable target.CreateTableFunc // set by New unless SchemaFixed
 
 	hooks *hooks // tests only: fault injection
 	// runTxns, tests only: the most transactions a run of Parallel, or a group its leader applies
@@ -484,5 +487,5 @@ func (c *Config) targetOptions() *target.Options {
 		Logger: c.Logger, Tables: []string{c.ProgressTable, c.Conflicts.LogTable, c.Conflicts.TombstoneTable,
 			conflict.DefaultTombstoneTable},
 		Slot: c.Source.Slot, SynchronousCommit: c.SynchronousCommit, Binary: c.Source.Binary, Now: c.now, AddColumn: c.addColumn,
-		MaxStatements: c.maxStatements}
+		CreateTable: c.createTable, MaxStatements: c.maxStatements}
 }

@@ -241,10 +241,14 @@ func truncateTarget(name string, partitioned bool) string {
 	return "ONLY " + name
 }
 
-// prepareCopy maps every table to copy to its target table, checks that the target tables are
+// prepareCopy checks that the target has every table to copy (or creates them, with
+// Config.SchemaChanges), maps each to its target table, checks that the target tables are
 // empty (or, with Config.CopyTruncate, empties them), and records them in the copy table, in one
 // transaction. It returns the mappings by source table OID.
 func (s *session) prepareCopy(ctx context.Context, ct string, tables []*snapshot.Table) (map[uint32]*target.Table, error) {
+	if err := s.copyTables(ctx, tables); err != nil { // tables.go: all missing at once, or created
+		return nil, err
+	}
 	maps := make(map[uint32]*target.Table, len(tables))
 	for _, t := range tables {
 		ri := s.reg.Intern(t.Relation, t)

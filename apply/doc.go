@@ -10,7 +10,10 @@
 //
 // The target's tables must exist, matched by schema and name, with every source column (matched
 // by name; the target may have more), and hold what the source held when the slot was created,
-// or be empty and let Config.Copy fill them.
+// or be empty and let Config.Copy fill them. A session checks the published tables before it
+// applies anything (the copy's tables, or those the publications hold): those the target lacks
+// stop Run with one *MissingTablesError naming all of them, or, with Config.SchemaChanges, are
+// created from the source's definition (see Migrations).
 //
 // # Initial copy
 //
@@ -21,7 +24,8 @@
 // inserts, in a target transaction of its own), then writes the progress row at the slot's
 // consistent point, durably, and streams from it: every transaction that committed before that
 // point is in the copy, every later one in the stream, none in both. The schema is not copied:
-// the target's tables must exist, and be empty; one that holds rows stops Run with
+// the target's tables must exist (or, with Config.SchemaChanges, are created before the copy),
+// and be empty; one that holds rows stops Run with
 // ErrTargetNotEmpty before anything is copied (and the slot is dropped again), unless
 // Config.CopyTruncate lets the copy truncate it.
 //
@@ -338,12 +342,27 @@
 //
 // # Migrations
 //
-// Config.SchemaChanges = SchemaAddColumns adds to a target table a column the source added, with
-// the source catalog's type (format_type, typmod included; a user-defined type must exist on the
-// target by schema and name), nullable and without default, in the target transaction of the
-// first change that needs it; columns dropped or renamed on the source are logged, counted in
-// Stats.SourceColumnsGone and kept on the target. Without it, such a column stops Run with an
-// *ApplyError wrapping ErrSchemaMismatch that names the table, the column and the option.
+// Config.SchemaChanges = SchemaAddColumns creates the published tables the target lacks, from the
+// source's catalog: the published columns in the source's order, each with the source's type
+// (schema, name and type modifier, looked up on the target by schema and name: numeric(10,2),
+// text[] and timestamptz(3) come as they are, an enum, domain or extension's type must exist
+// there) and NOT NULL, and the primary key when every one of its columns is published. Nothing
+// else: no default, identity, check, unique or foreign key constraint, other index, trigger,
+// collation, storage option or partitioning. The table goes into the schema of the source's name,
+// which must exist on the target: a schema or a type the target lacks stops Run with a
+// *MissingTablesError naming each table that cannot be created and why (none is created then).
+// The tables are created on connections outside any applied transaction (each statement commits
+// on its own), before the initial copy, when a session starts streaming, and for a table that
+// first appears in the stream (added to a publication later), before its first change is
+// applied; each is logged and counted in Stats.TablesCreated. It also adds to a target table a
+// column the source added, with the source catalog's type (format_type, typmod included; a
+// user-defined type must exist on the target by schema and name), nullable and without default,
+// in the target transaction of the first change that needs it; columns dropped or renamed on the
+// source are logged, counted in Stats.SourceColumnsGone and kept on the target. Without it, a
+// missing table stops Run (a *MissingTablesError when a session starts, an *ApplyError wrapping
+// ErrMissingTable for a table that first appears in the stream), and a missing column with an
+// *ApplyError wrapping ErrSchemaMismatch; each names the table, the column if any, and the
+// option.
 // Config.SkipLSN skips the one source transaction with that commit LSN, as ALTER SUBSCRIPTION ...
 // SKIP does, and records it in the progress row (see the field). Config.SyncSequences (and
 // Applier.SyncSequences) copies the values of the sequences owned by the published tables'

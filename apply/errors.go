@@ -34,7 +34,9 @@ var (
 	// a position beyond the source's WAL. The error says what to do.
 	ErrSourceChanged = retry.Stop("apply: the progress row does not come from this source")
 
-	// ErrMissingTable: a published table does not exist on the target.
+	// ErrMissingTable: a published table does not exist on the target (a *MissingTablesError
+	// names every one a session found missing when it started, or those Config.SchemaChanges
+	// cannot create; an *ApplyError, one that first appears in the stream).
 	ErrMissingTable = retry.Stop("apply: target table does not exist")
 	// ErrSchemaMismatch: the target table lacks a source column (Config.SchemaChanges can add
 	// it), has it generated, or (with Source.Binary) with another type.

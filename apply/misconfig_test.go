@@ -18,9 +18,11 @@ import (
 var roleCounter atomic.Int32
 
 // TestMisconfiguration checks that each kind of target the changes do not fit stops Run with an
-// *ApplyError of its kind naming the relation, the source transaction and its commit, that
-// nothing from that transaction on was acknowledged, and that once the target is fixed a new
-// Run resumes there and the target ends equal to the source.
+// *ApplyError of its kind naming the relation, the source transaction and its commit (a missing
+// table: with a *MissingTablesError naming it, when the session starts), that nothing from that
+// transaction on was acknowledged, and that once the target is fixed a new Run resumes there and
+// the target ends equal to the source. (TestTableAddedToPublication has the *ApplyError of a
+// table missing on the target that first appears in the stream.)
 func TestMisconfiguration(t *testing.T) {
 	cases := []struct {
 		name   string
@@ -85,9 +87,28 @@ func TestMisconfiguration(t *testing.T) {
 					`UPDATE items SET qty = qty + 95 WHERE id = 5`,
 					`INSERT INTO items VALUES (11, 0, 'after')`,
 					`INSERT INTO marker VALUES (1)`))
+				before := e.confirmed(t)
 				a, err := New(cfg)
 				must(t, err)
 				err = a.Run(ctx)
+				if c.kind == ErrMissingTable {
+					var me *MissingTablesError
+					if !errors.As(err, &me) || !errors.Is(err, ErrMissingTable) || len(me.Tables) != 1 || me.Tables[0].Name != `"public"."items"` {
+						t.Fatalf("Run returned %v, want a *MissingTablesError naming items", err)
+					}
+					if st := a.Stats(); st.Sessions != 1 || st.Txns != 0 {
+						t.Errorf("%d sessions, %d transactions: the error was retried, or came after applying", st.Sessions, st.Txns)
+					}
+					if confirmed := e.confirmed(t); confirmed != before {
+						t.Errorf("the slot confirmed %s, was at %s: something was acknowledged", confirmed, before)
+					}
+					must(t, pgtest.Exec(ctx, e.dst, sub(c.fix)...))
+					r := start(t, cfg)
+					e.waitMarker(t, r, 1)
+					r.halt(t)
+					e.compare(t)
+					return
+				}
 				var ae *ApplyError
 				if !errors.As(err, &ae) {
 					t.Fatalf("Run returned %v, want an *ApplyError", err)

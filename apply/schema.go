@@ -19,11 +19,19 @@ import (
 type SchemaChanges int
 
 const (
-	// SchemaFixed (the zero value) changes nothing: a column the source adds stops Run with an
-	// *ApplyError wrapping ErrSchemaMismatch until the target table has it.
+	// SchemaFixed (the zero value) changes nothing: a published table the target lacks stops Run
+	// (ErrMissingTable), and a column the source adds stops it with an *ApplyError wrapping
+	// ErrSchemaMismatch, until the target has them.
 	SchemaFixed SchemaChanges = iota
-	// SchemaAddColumns adds to the target table a column the source's relation has and the
-	// target's lacks, when the first change that needs it is applied, in that change's target
+	// SchemaAddColumns creates the published tables the target lacks, from the source's
+	// definition (the published columns with their types and NOT NULL, and the primary key;
+	// nothing else), in the schema of the source's name, which must exist on the target, as
+	// must the columns' types: before the initial copy, when a session starts streaming, and
+	// before the first change of a table that first appears in the stream (see the package
+	// documentation, Migrations).
+	//
+	// It also adds to the target table a column the source's relation has and the target's
+	// lacks, when the first change that needs it is applied, in that change's target
 	// transaction: with the type the stream's description of the relation gives it (type and
 	// typmod, as of the change; the type's schema and name read from the source's catalog of
 	// types, and looked up on the target by them: a user-defined type, enum or domain must exist

@@ -140,6 +140,11 @@ func (a *Applier) session(parent context.Context) (err error) {
 	rcfg.Buffer.SkipThrough = resume
 	rcfg.Buffer.Incremental = !buffered
 	rcfg.Buffer.HandOutAdvances = true // idle advances are persisted in the progress row before the slot confirms them
+	if !s.cfg.Copy || resume != 0 { // (the initial copy checks the tables it copies)
+		if err := s.checkTables(ctx); err != nil { // tables.go
+			return err
+		}
+	}
 	s.resume = resume
 	feed, err := s.feed(ctx, rcfg)
 	if err != nil {

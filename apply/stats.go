@@ -91,7 +91,10 @@ type Stats struct {
 	// SourceColumnsGone the columns the stream showed gone from a source relation (dropped or
 	// renamed), which stay on the target.
 	ColumnsAdded, SourceColumnsGone int64
-	SequenceSyncs                   int64 // sequence synchronizations done (Config.SyncSequences, Applier.SyncSequences)
+	// TablesCreated counts the target tables created from the source's definition
+	// (Config.SchemaChanges).
+	TablesCreated int64
+	SequenceSyncs int64 // sequence synchronizations done (Config.SyncSequences, Applier.SyncSequences)
 
 	AppliedLSN decoding.LSN // end LSN of the last transaction committed on the target
 }
@@ -105,6 +108,7 @@ type counters struct {
 	handbacks                                                       atomic.Int64 // the leader gave chained runs back to the workers (tests)
 	sessions, serialRetries, deadlocks                              atomic.Int64
 	skipped, columnsAdded, columnsGone, sequenceSyncs               atomic.Int64
+	tablesCreated                                                   atomic.Int64
 }
 
 func (c *counters) snapshot() Stats {
@@ -125,8 +129,8 @@ func (c *counters) snapshot() Stats {
 		InitialCopyRows: c.InitialCopyRows.Load(),
 		Sessions:        c.sessions.Load(), SerialRetries: c.serialRetries.Load(), Deadlocks: c.deadlocks.Load(),
 		Skipped: c.skipped.Load(), ColumnsAdded: c.columnsAdded.Load(), SourceColumnsGone: c.columnsGone.Load(),
-		SequenceSyncs: c.sequenceSyncs.Load(),
-		AppliedLSN:    decoding.LSN(c.AppliedLSN.Load()),
+		TablesCreated: c.tablesCreated.Load(), SequenceSyncs: c.sequenceSyncs.Load(),
+		AppliedLSN: decoding.LSN(c.AppliedLSN.Load()),
 	}
 }
 
