@@ -56,15 +56,17 @@ The target's tables must exist with the source's columns and hold what the sourc
 slot was created, or, with -copy, be empty: -copy makes the initial copy when the target has no
 progress row for the slot yet. It creates the slot (it must not exist) with an exported snapshot,
 copies the published tables as they were at the slot's consistent point into the target's tables
-(the schema is not copied: create the tables first), writes the progress row once every row is
+(the schema is not copied: create the tables first, or let -schema-changes add-columns create the
+missing ones), writes the progress row once every row is
 committed, and streams from that point on, with no gap and no overlap. A copy cut short (crash,
 kill, lost connection) is discarded when apply starts again: the slot is dropped, the tables it
 copied into are truncated, and the copy starts over. A target table that holds rows stops -copy
 before anything is copied, unless -copy-truncate is given. Once the progress row exists, -copy
 does nothing: keep it on the command line of a service.
 
-Migrations (docs/migrations.md has the cut-over procedure): -schema-changes add-columns adds the
-columns the source adds to the target's tables; -skip-lsn LSN skips the one transaction the target
+Migrations (docs/migrations.md has the cut-over procedure): -schema-changes add-columns creates the
+published tables the target lacks from the source's definition (columns, types, NOT NULL, primary
+key) and adds the columns the source adds to the target's tables; -skip-lsn LSN skips the one transaction the target
 refused (every error that stops apply on a change names its LSN); -sync-sequences copies the
 published tables' sequences forward to the target (-sync-sequences-once: once, then exit);
 -until-caught-up exits once everything the source had written when apply started is applied.
@@ -174,9 +176,12 @@ func (f *applyFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.skipLSN, "skip-lsn", "", "skip the source transaction with this commit LSN, once, instead of applying it "+
 		"(as ALTER SUBSCRIPTION ... SKIP): give the LSN the error that stopped apply names; it must be the next transaction to apply. "+
 		"Its changes are lost on the target; the skip is logged and recorded in the progress row")
-	fs.StringVar(&f.schemaChanges, "schema-changes", "none", "none, or add-columns: a column the source adds to a published table "+
-		"is added to the target table (the source's type, nullable, no default) in the transaction of the first change that needs it; "+
-		"columns dropped or renamed on the source are reported and kept on the target. Without it such a column stops apply")
+	fs.StringVar(&f.schemaChanges, "schema-changes", "none", "none, or add-columns: a published table the target lacks is created "+
+		"from the source's definition (columns with the source's types, NOT NULL, the primary key; no default, other constraint, "+
+		"index or trigger) before the copy, when streaming starts, or at its first change; its schema and types must exist on the "+
+		"target. A column the source adds to a published table is added to the target table (the source's type, nullable, "+
+		"no default) in the transaction of the first change that needs it; columns dropped or renamed on the source are reported "+
+		"and kept on the target. Without it a missing table (all of them are named at once) or such a column stops apply")
 	fs.BoolVar(&f.syncSequences, "sync-sequences", false, "copy the values of the source's sequences owned by the published tables' "+
 		"columns (serial, identity) to the target's sequences of the same names, forward only: when streaming starts, every "+
 		"-sync-sequences-interval, and when apply stops cleanly; a sequence missing on the target stops apply")

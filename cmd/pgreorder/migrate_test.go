@@ -99,3 +99,43 @@ func TestApplyMigration(t *testing.T) {
 		})
 	}
 }
+
+// TestApplyMissingTables: the target lacks two published tables, and a type one of them uses.
+// apply names both tables at once and -schema-changes; with it, the table whose type is missing
+// is named with the type; once the type exists, -copy with -schema-changes creates both tables
+// and fills them.
+func TestApplyMissingTables(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a server")
+	}
+	majors := streamMajors(t)
+	srv := pgtest.Shared(t, majors[len(majors)-1])
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	src, dst := srv.ConnString(pgtest.NewDatabase(t, srv)), srv.ConnString(pgtest.NewDatabase(t, srv))
+	require.NoError(t, pgtest.Exec(ctx, src, `CREATE TYPE mood AS ENUM ('sad', 'happy')`,
+		`CREATE TABLE a (id int PRIMARY KEY, v numeric(10,2) NOT NULL)`, `CREATE TABLE "B" (id int PRIMARY KEY, m mood)`,
+		`INSERT INTO a VALUES (1, 2.5)`, `INSERT INTO "B" VALUES (1, 'happy')`, `CREATE PUBLICATION p FOR TABLE a, "B"`))
+	args := []string{"-source", src, "-target", dst, "-slot", "tabs", "-publication", "p", "-copy", "-until-caught-up", "-progress", "0"}
+
+	err := runApply(ctx, args)
+	require.Error(t, err)
+	msg := explain("apply", err)
+	t.Log(msg)
+	require.Contains(t, msg, `"public"."B", "public"."a"`)
+	require.Contains(t, msg, "-schema-changes add-columns")
+	require.NotContains(t, msg, "Config.")
+
+	args = append(args, "-schema-changes", "add-columns")
+	err = runApply(ctx, args)
+	require.Error(t, err)
+	msg = explain("apply", err)
+	t.Log(msg)
+	require.Contains(t, msg, `"public"."B" cannot be created`)
+	require.Contains(t, msg, "public.mood")
+	require.NotContains(t, msg, `"public"."a"`)
+
+	require.NoError(t, pgtest.Exec(ctx, dst, `CREATE TYPE mood AS ENUM ('sad', 'happy')`))
+	require.NoError(t, runApply(ctx, args))
+	require.Equal(t, "1 2.50 1 happy", pgtest.QueryText(t, dst, `SELECT format('%s %s %s %s', a.id, a.v, b.id, b.m) FROM a, "B" b`))
+}
