@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -128,10 +129,25 @@ FROM pg_catalog.pg_publication_tables t
 WHERE t.pubname = ANY ($1::pg_catalog.text[])
 ORDER BY 2, 3`
 
+// tableCheckTimeout bounds the listing of the published tables when a session starts: on
+// PostgreSQL 16 and later pg_publication_tables opens each table, and waits for a lock that a
+// transaction holds on one (an ALTER TABLE still open, or prepared).
+const tableCheckTimeout = 5 * time.Second
+
 // checkTables checks, when a session streams without an initial copy, that the target has
-// every table the publications hold (see ensureTables).
+// every table the publications hold (see ensureTables). When the source cannot list them within
+// tableCheckTimeout, the check is left out, with a log line: a missing table then stops Run at
+// its first change (or is created then, with Config.SchemaChanges).
 func (s *session) checkTables(ctx context.Context) error {
-	rows, err := s.a.sourceQuery(ctx, publishedTablesQuery, pgsession.QuoteTextArray(s.cfg.Source.Publications))
+	qctx, cancel := context.WithTimeout(ctx, tableCheckTimeout)
+	defer cancel()
+	rows, err := s.a.sourceQuery(qctx, publishedTablesQuery, pgsession.QuoteTextArray(s.cfg.Source.Publications))
+	if err != nil && ctx.Err() == nil && qctx.Err() != nil {
+		s.a.abandonSource(ctx)
+		s.log.Warn("the source did not list the published tables in time (a transaction holds a lock on one of them): "+
+			"the target's tables are checked at their first change instead", "timeout", tableCheckTimeout)
+		return nil
+	}
 	if err != nil {
 		return fmt.Errorf("apply: listing the published tables on the source: %w", err)
 	}
@@ -159,6 +175,21 @@ func (s *session) checkTables(ctx context.Context) error {
 		}
 	}
 	return s.ensureTables(ctx, tables)
+}
+
+// abandonSource asks the source to cancel what its ordinary connection runs, and closes it: the
+// next query opens another.
+func (a *Applier) abandonSource(ctx context.Context) {
+	a.source.mu.Lock()
+	defer a.source.mu.Unlock()
+	if a.source.conn == nil {
+		return
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), tableCheckTimeout)
+	defer cancel()
+	a.source.conn.CancelRequest(cctx) // best effort: a backend waiting for a lock never reads the close
+	a.source.conn.Close(cctx)
+	a.source.conn = nil
 }
 
 // copyTables checks, before the initial copy, that the target has the tables it copies into
