@@ -140,7 +140,8 @@ func (a *Applier) session(parent context.Context) (err error) {
 	rcfg.Buffer.SkipThrough = resume
 	rcfg.Buffer.Incremental = !buffered
 	rcfg.Buffer.HandOutAdvances = true // idle advances are persisted in the progress row before the slot confirms them
-	if !s.cfg.Copy || resume != 0 { // (the initial copy checks the tables it copies)
+	// The tables a stream needs; the initial copy checks the tables it copies.
+	if !s.cfg.Copy || resume != 0 {
 		if err := s.checkTables(ctx); err != nil { // tables.go
 			return err
 		}

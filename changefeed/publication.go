@@ -14,6 +14,9 @@ import (
 // when Config.PublicationCheck is 0.
 const DefaultPublicationCheck = 10 * time.Second
 
+// publicationListTimeout bounds one listing of the publications' tables.
+const publicationListTimeout = 5 * time.Second
+
 // watchPublications lists the publications' tables every Config.PublicationCheck while the
 // stream runs, and logs the tables added to them since the last listing (the stream delivers
 // their changes from then on; the rows they held before are not copied) and those removed (their
@@ -35,7 +38,12 @@ func (f *Feed) watchPublications(ctx context.Context) (stop func()) {
 		t := time.NewTicker(every)
 		defer t.Stop()
 		for {
-			tables, err := f.published(ctx)
+			// A listing waits for a lock a transaction holds on a published table (an ALTER
+			// TABLE still open, or prepared): bounded, so that the catalog reader the handlers
+			// share is not held for as long.
+			lctx, lcancel := context.WithTimeout(ctx, min(every, publicationListTimeout))
+			tables, err := f.published(lctx)
+			lcancel()
 			switch {
 			case err != nil:
 				if ctx.Err() == nil {
