@@ -20,9 +20,27 @@ const standbySlot = "pgtest_standby"
 // Pair is a primary and a physical standby streaming from it, for one test: the standby keeps
 // copies of the primary's failover slots (PostgreSQL 17+).
 type Pair struct {
+	// Major is the PostgreSQL major version of both.
+	Major            int
 	Primary, Standby *Server
 	// DB is the database both hold, made on the primary before the tests' tables.
 	DB string
+}
+
+// EachPair runs f in a subtest ("pgNN") with a Pair of each installed major that keeps failover
+// slots (FailoverMinMajor and later); with none installed, t is Unavailable.
+func EachPair(t *testing.T, f func(t *testing.T, pair *Pair)) {
+	ran := false
+	for _, major := range Majors(t) {
+		if major < FailoverMinMajor {
+			continue
+		}
+		ran = true
+		t.Run(fmt.Sprintf("pg%d", major), func(t *testing.T) { f(t, NewPair(t, major)) })
+	}
+	if !ran {
+		Unavailable(t, fmt.Sprintf("no PostgreSQL %d or later installed", FailoverMinMajor))
+	}
 }
 
 // NewPair starts a primary of the given major and a physical standby of it, both for t alone
@@ -63,7 +81,7 @@ func NewPair(t testing.TB, major int) *Pair {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { standby.Stop() })
-	p := &Pair{Primary: primary, Standby: standby, DB: "pgt_pair"}
+	p := &Pair{Major: major, Primary: primary, Standby: standby, DB: "pgt_pair"}
 	if err := Exec(ctx, primary.ConnString("postgres"), "CREATE DATABASE "+p.DB); err != nil {
 		t.Fatal(err)
 	}

@@ -1,7 +1,6 @@
 package pgserver
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -283,25 +282,7 @@ func start(ctx context.Context, in Install, opts Options, cred *syscall.Credenti
 	settings["port"] = strconv.Itoa(port)
 	settings["listen_addresses"] = "127.0.0.1"
 	settings["unix_socket_directories"] = dir
-	keys := make([]string, 0, len(settings))
-	for k := range settings {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	var conf bytes.Buffer
-	conf.WriteString("\n# pgserver\n")
-	for _, k := range keys {
-		fmt.Fprintf(&conf, "%s = '%s'\n", k, strings.ReplaceAll(settings[k], "'", "''"))
-	}
-	f, err := os.OpenFile(filepath.Join(data, "postgresql.conf"), os.O_APPEND|os.O_WRONLY, 0)
-	if err != nil {
-		return nil, fmt.Errorf("pgserver: %w", err)
-	}
-	_, err = f.Write(conf.Bytes())
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
+	if err := appendSettings(filepath.Join(data, "postgresql.conf"), "pgserver", settings); err != nil {
 		return nil, fmt.Errorf("pgserver: %w", err)
 	}
 
@@ -536,4 +517,28 @@ func postmasterAlive(dir string) bool {
 	line, _, _ := strings.Cut(string(b), "\n")
 	pid, err := strconv.Atoi(strings.TrimSpace(line))
 	return err == nil && pid > 0 && processAlive(pid)
+}
+
+// appendSettings appends settings to the configuration file path (created if missing, 0600),
+// sorted by name, after a comment line "# header".
+func appendSettings(path, header string, settings map[string]string) error {
+	keys := make([]string, 0, len(settings))
+	for k := range settings {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var conf strings.Builder
+	conf.WriteString("\n# " + header + "\n")
+	for _, k := range keys {
+		fmt.Fprintf(&conf, "%s = '%s'\n", k, strings.ReplaceAll(settings[k], "'", "''"))
+	}
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY|os.O_CREATE, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = f.WriteString(conf.String())
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }

@@ -8,7 +8,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -85,25 +84,8 @@ func (s *Server) StartStandby(ctx context.Context, opts StandbyOptions) (_ *Serv
 	for k, v := range opts.Settings {
 		settings[k] = v
 	}
-	keys := make([]string, 0, len(settings))
-	for k := range settings {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	var conf strings.Builder
-	conf.WriteString("\n# pgserver standby\n")
-	for _, k := range keys {
-		fmt.Fprintf(&conf, "%s = '%s'\n", k, strings.ReplaceAll(settings[k], "'", "''"))
-	}
 	// postgresql.auto.conf is read after postgresql.conf, which holds the primary's port and socket.
-	f, err := os.OpenFile(filepath.Join(data, "postgresql.auto.conf"), os.O_APPEND|os.O_WRONLY|os.O_CREATE, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("pgserver: %w", err)
-	}
-	_, err = f.WriteString(conf.String())
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
+	err = appendSettings(filepath.Join(data, "postgresql.auto.conf"), "pgserver standby", settings)
 	if err == nil {
 		err = s.writeOwned(filepath.Join(data, "standby.signal"), nil)
 	}
