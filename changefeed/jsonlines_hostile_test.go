@@ -3,21 +3,16 @@
 package changefeed_test
 
 import (
-	"io"
 	"io/fs"
 	"os"
-	"os/exec"
-	"os/user"
 	"path/filepath"
-	"strconv"
 	"syscall"
 	"testing"
 
 	"github.com/pgreorder/pgreorder/changefeed"
+	"github.com/pgreorder/pgreorder/internal/testing/cotenant"
 	"github.com/stretchr/testify/require"
 )
-
-const hostileChildEnv = "CHANGEFEED_TEST_PLANT"
 
 // forgedPosition is a position file that says the output is empty.
 const forgedPosition = "pgreorder output position v1\noffset 0\nend_lsn 0/0\n"
@@ -27,45 +22,17 @@ const forgedPosition = "pgreorder output position v1\noffset 0\nend_lsn 0/0\n"
 // File opened there as root must follow no link, write into no file of the other user, and make
 // its files readable by its own user only.
 func TestJSONLinesHostileCoTenant(t *testing.T) {
-	if dir := os.Getenv(hostileChildEnv); dir != "" {
-		plantOutputs(t, dir, os.Getenv("CHANGEFEED_TEST_VICTIM"))
+	if cotenant.Child(t, plantOutputs) {
 		return
-	}
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: the test runs part of itself as a second user (nobody)")
-	}
-	nobody, err := user.Lookup("nobody")
-	if err != nil {
-		t.Skipf("no second user: %v", err)
-	}
-	uid, err1 := strconv.ParseUint(nobody.Uid, 10, 32)
-	gid, err2 := strconv.ParseUint(nobody.Gid, 10, 32)
-	if err1 != nil || err2 != nil {
-		t.Skipf("user nobody has uid %q gid %q", nobody.Uid, nobody.Gid)
 	}
 	old := syscall.Umask(0o022)
 	defer syscall.Umask(old)
-
-	base := t.TempDir()
-	require.NoError(t, os.Chmod(filepath.Dir(base), 0o755))
-	require.NoError(t, os.Chmod(base, 0o755))
-	shared := filepath.Join(base, "shared")
-	require.NoError(t, os.Mkdir(shared, 0o700))
-	require.NoError(t, os.Chmod(shared, 0o777|fs.ModeSticky))
-	victim := filepath.Join(base, "victim") // only root may read it
-	require.NoError(t, os.Mkdir(victim, 0o700))
+	d := cotenant.Setup(t)
+	shared, victim := d.Shared, d.Victim // victim: only root may read it
 	for _, name := range []string{"tmp-target", "out-target"} {
 		require.NoError(t, os.WriteFile(filepath.Join(victim, name), []byte("precious\n"), 0o600))
 	}
-
-	exe := filepath.Join(base, "changefeed.test")
-	copyFile(t, exe)
-	cmd := exec.Command(exe, "-test.run=^TestJSONLinesHostileCoTenant$", "-test.count=1")
-	cmd.Env = append(os.Environ(), hostileChildEnv+"="+shared, "CHANGEFEED_TEST_VICTIM="+victim)
-	cmd.Dir = base
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}}
-	out, err := cmd.CombinedOutput()
-	require.NoError(t, err, "planting as nobody: %s", out)
+	d.Plant(t)
 
 	intact := func() {
 		t.Helper()
@@ -104,7 +71,7 @@ func TestJSONLinesHostileCoTenant(t *testing.T) {
 	// The other user's own output and position file: refused, left alone.
 	_, err = open("c.jsonl", 0)
 	require.Error(t, err)
-	require.Contains(t, err.Error(), "belongs to user id "+nobody.Uid)
+	require.Contains(t, err.Error(), "belongs to user id "+d.UID)
 	st, err := os.Stat(filepath.Join(shared, "c.jsonl"))
 	require.NoError(t, err)
 	require.Zero(t, st.Size(), "nothing written into the other user's file")
@@ -141,18 +108,4 @@ func plantOutputs(t *testing.T, shared, victim string) {
 	require.NoError(t, os.WriteFile(p("c.jsonl.pos"), []byte(forgedPosition), 0o666))
 	require.NoError(t, os.Symlink(filepath.Join(victim, "tmp-target"), p("d.jsonl.pos")))
 	require.NoError(t, os.Symlink(filepath.Join(victim, "out-target"), p("f.jsonl")))
-}
-
-// copyFile copies the test binary to path, mode 0755, so that another user can run it.
-func copyFile(t *testing.T, path string) {
-	self, err := os.Executable()
-	require.NoError(t, err)
-	src, err := os.Open(self)
-	require.NoError(t, err)
-	defer src.Close()
-	dst, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o755)
-	require.NoError(t, err)
-	_, err = io.Copy(dst, src)
-	require.NoError(t, err)
-	require.NoError(t, dst.Close())
 }

@@ -5,14 +5,13 @@ package spill_test
 import (
 	"io/fs"
 	"os"
-	"os/user"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 
+	"github.com/pgreorder/pgreorder/internal/testing/cotenant"
 	"github.com/pgreorder/pgreorder/spill"
 )
 
@@ -37,33 +36,12 @@ const (
 // spill directory. Open and Close, run as root, must create nothing outside their own store,
 // follow no planted link, remove nothing foreign, and still remove root's own stale stores.
 func TestHostileCoTenant(t *testing.T) {
-	if isChild("plant") {
-		plant(t, os.Getenv("SPILL_SHARED"), os.Getenv("SPILL_VICTIM"))
+	if cotenant.Child(t, plant) {
 		return
 	}
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: the test runs part of itself as a second user (nobody)")
-	}
-	nobody, err := user.Lookup("nobody")
-	if err != nil {
-		t.Skipf("no second user: %v", err)
-	}
-	uid, err1 := strconv.ParseUint(nobody.Uid, 10, 32)
-	gid, err2 := strconv.ParseUint(nobody.Gid, 10, 32)
-	if err1 != nil || err2 != nil {
-		t.Skipf("user nobody has uid %q gid %q", nobody.Uid, nobody.Gid)
-	}
-
-	base := t.TempDir()
-	// The second user must reach base: open it and the per-test directory above it (both the test's).
-	mustDo(t, os.Chmod(filepath.Dir(base), 0o755))
-	mustDo(t, os.Chmod(base, 0o755))
-	shared := filepath.Join(base, "shared")
-	mustDo(t, os.Mkdir(shared, 0o700))
-	mustDo(t, os.Chmod(shared, 0o777|fs.ModeSticky))
-	// A directory only root can read, laid out like a stale store.
-	victim := filepath.Join(base, "victim")
-	mustDo(t, os.Mkdir(victim, 0o700))
+	d := cotenant.Setup(t)
+	base, shared, victim := d.Base, d.Shared, d.Victim
+	// The victim, which only root can read, is laid out like a stale store.
 	for _, name := range []string{"lock", "log-1.spill", "log-2.spill"} {
 		writeFile(t, filepath.Join(victim, name))
 	}
@@ -78,9 +56,7 @@ func TestHostileCoTenant(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	exe := copyExecutable(t, base)
-	runChild(t, exe, "TestHostileCoTenant", "plant", []string{"SPILL_SHARED=" + shared, "SPILL_VICTIM=" + victim},
-		&syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, base)
+	d.Plant(t)
 
 	// Root's own leftovers, as a crashed store leaves them.
 	p := func(names ...string) string { return filepath.Join(append([]string{shared}, names...)...) }

@@ -87,6 +87,7 @@ var allowed = map[string][]string{
 	"internal/testing/kafkatest": {"internal/testing/pgtest"},
 	"internal/testing/scrape":    {},
 	"internal/testing/cputime":   {},
+	"internal/testing/cotenant":  {},
 	"vfs/faultfs":                {"vfs"},
 }
 
