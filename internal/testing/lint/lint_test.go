@@ -74,6 +74,9 @@ var allowed = map[string][]string{
 	"apply/conflict":          {"decoding"},
 	"apply/internal/streams":  {"replication", "reorderbuffer"},
 	"apply/internal/schedule": {"decoding", "spill"},
+	// The decisions of eager and parallel apply as plain state: no goroutine, no clock, no
+	// connection (TestCoreHasNoGoroutinesOrClock).
+	"apply/internal/plan": {"decoding"},
 	"apply/internal/target": {"apply/conflict", "apply/internal/detect", "decoding", "internal/copycodec", "internal/pgsession",
 		"internal/configerr", "internal/retry"},
 	"apply/internal/detect": {"apply/conflict", "decoding", "internal/pgsession"},
@@ -433,10 +436,10 @@ func TestOnlyReplicationSpeaksTheReplicationProtocol(t *testing.T) {
 	require.Positive(t, checked)
 }
 
-// TestCoreHasNoGoroutinesOrClock: the reorder buffer is driven by calls, like etcd's raft
-// RawNode, so that it is deterministic under test.
+// TestCoreHasNoGoroutinesOrClock: the reorder buffer, and apply's decision core, are driven by
+// calls, like etcd's raft RawNode, so that they are deterministic under test.
 func TestCoreHasNoGoroutinesOrClock(t *testing.T) {
-	for _, dir := range []string{"reorderbuffer", "decoding", "heap"} {
+	for _, dir := range []string{"reorderbuffer", "decoding", "heap", "apply/internal/plan"} {
 		files, err := filepath.Glob(filepath.Join(root, dir, "*.go"))
 		require.NoError(t, err)
 		for _, f := range files {
@@ -445,6 +448,11 @@ func TestCoreHasNoGoroutinesOrClock(t *testing.T) {
 			}
 			file, err := parser.ParseFile(token.NewFileSet(), f, nil, 0)
 			require.NoError(t, err)
+			for _, imp := range file.Imports {
+				if p := strings.Trim(imp.Path.Value, `"`); dir == "apply/internal/plan" && (p == "context" || p == "sync" || network(p)) {
+					t.Errorf("%s imports %s: the decision core takes no context, locks nothing and opens no connection", f, p)
+				}
+			}
 			ast.Inspect(file, func(n ast.Node) bool {
 				switch n := n.(type) {
 				case *ast.GoStmt:
