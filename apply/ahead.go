@@ -10,7 +10,6 @@ import (
 	"github.com/pgreorder/pgreorder/apply/internal/target"
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/internal/pgsession"
-	"github.com/pgreorder/pgreorder/reorderbuffer"
 )
 
 // Relaxed commit order (Config.CommitOrder). A worker that commits transactions ahead of the
@@ -129,31 +128,6 @@ func (s *session) ensureProgress(ctx context.Context, resume decoding.LSN) error
 		return err
 	}
 	s.hadProgress = true
-	s.acks.persisted = max(s.acks.persisted, pos)
-	return nil
-}
-
-// alreadyApplied says whether t is a transaction committed on the target ahead of the prefix
-// before the session started (see setupAhead): it must not be applied again.
-func (s *session) alreadyApplied(t *reorderbuffer.Txn) bool {
-	return s.applied.Len() > 0 && !t.NonTransactional && (t.Part == reorderbuffer.Whole || t.Part == reorderbuffer.PartCommit) &&
-		s.applied.Contains(t.EndLSN)
-}
-
-// skipApplied handles the commit of a transaction alreadyApplied (Eager and Parallel): what was
-// applied of it in this session is undone, and it is recorded as committed, with nothing to
-// commit, acknowledged once a progress row passes it.
-func (s *session) skipApplied(ctx context.Context, t *reorderbuffer.Txn) error {
-	if s.jobs[t.Xid] != nil {
-		if err := s.abort(ctx, t); err != nil {
-			return err
-		}
-	}
-	s.log.Debug("transaction committed before the restart: not applied again", "xid", t.Xid, "end_lsn", t.EndLSN)
-	seq := s.order.Assign()
-	s.order.Finish(seq)
-	s.stats.txns.Add(1)
-	s.stats.emptyTxns.Add(1)
-	s.committed(commitRef{seq: seq, txn: t}, false)
+	s.persisted = max(s.persisted, pos)
 	return nil
 }

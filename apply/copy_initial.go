@@ -100,8 +100,8 @@ func (c *copyTarget) Plan(ctx context.Context, sess *snapshot.Session) (err erro
 		}
 		c.tgs[i] = tg
 		// As the workers: a later session waits for these connections to be gone.
-		if _, err := target.Query(ctx, tg.PG(), "SELECT pg_catalog.pg_advisory_lock_shared($1::bigint)", strconv.FormatInt(fence, 10)); err != nil {
-			return fmt.Errorf("apply: locking the slot's progress on the target: %w", err)
+		if err := tg.LockShared(ctx, fence); err != nil {
+			return fmt.Errorf("apply: %w", err)
 		}
 		if err := c.s.copyOriginSetup(ctx, tg, i+1); err != nil {
 			return err

@@ -7,12 +7,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/pgreorder/pgreorder/apply/internal/detect"
 	"github.com/pgreorder/pgreorder/apply/internal/target"
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/internal/configerr"
 	"github.com/pgreorder/pgreorder/internal/retry"
-	"github.com/pgreorder/pgreorder/reorderbuffer"
 	"github.com/pgreorder/pgreorder/replication"
 )
 
@@ -207,15 +205,6 @@ func configErr(err error) error {
 func connectTarget(ctx context.Context, o *target.Options, name string, stats *target.Counters) (*target.Conn, error) {
 	tg, err := target.Connect(ctx, o, name, stats)
 	return tg, configErr(err)
-}
-
-// sourceCommit is what target connections take of a source transaction's commit (nil until it
-// arrived).
-func sourceCommit(t *reorderbuffer.Txn) *detect.SourceCommit {
-	if t == nil {
-		return nil
-	}
-	return &detect.SourceCommit{Time: t.CommitTime, Origin: t.Origin, End: t.EndLSN}
 }
 
 // retryable reports whether starting the session again can cure err, as the errors say

@@ -200,7 +200,7 @@ func TestFullIdentityKeyed(t *testing.T) {
 				e.sameRows(t, "fk2")
 				// Parallel keys the dependencies of a FULL table with such a key by it: nothing
 				// is serialized.
-				if n := r.a.stats.serialTxns.Load(); n != 0 {
+				if n := r.a.stats.eng.SerialTxns.Load(); n != 0 {
 					t.Errorf("%d transactions of FULL tables with a target key were serialized", n)
 				}
 			})
@@ -335,7 +335,7 @@ func TestFullIdentityTargetKey(t *testing.T) {
 							t.Errorf("%v: %d conflicts, want %d", ct, got, n)
 						}
 					}
-					if n := r.a.stats.serialTxns.Load(); n != 0 {
+					if n := r.a.stats.eng.SerialTxns.Load(); n != 0 {
 						t.Errorf("%d transactions of FULL tables with a target key were serialized", n)
 					}
 				})

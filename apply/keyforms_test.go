@@ -35,21 +35,21 @@ func TestParallelKeyEquality(t *testing.T) {
 				`DELETE FROM pad WHERE id = 'p1'`, `INSERT INTO pad VALUES ('p1', 'again')`,
 				`INSERT INTO marker VALUES (2)`)
 			e.waitMarker(t, r, 2)
-			if n := r.a.stats.serialTxns.Load(); n != 0 {
+			if n := r.a.stats.eng.SerialTxns.Load(); n != 0 {
 				t.Errorf("%d transactions of numeric and character(n) keys were serialized", n)
 			}
 			pgtest.ExecAll(t, e.src, `INSERT INTO span VALUES ('1 day', 'a')`, `DELETE FROM span WHERE id = '24 hours'`,
 				`INSERT INTO span VALUES ('24 hours', 'b')`, `INSERT INTO marker VALUES (3)`)
 			e.waitMarker(t, r, 3)
 			// (A run of transactions applied as one job becomes serial once.)
-			span := r.a.stats.serialTxns.Load()
+			span := r.a.stats.eng.SerialTxns.Load()
 			if span == 0 {
 				t.Error("transactions of an interval key were not serialized")
 			}
 			pgtest.ExecAll(t, e.src, `INSERT INTO cit VALUES ('Key', 'a')`, `DELETE FROM cit`, `INSERT INTO cit VALUES ('KEY', 'b')`,
 				`INSERT INTO marker VALUES (4)`)
 			e.waitMarker(t, r, 4)
-			if n := r.a.stats.serialTxns.Load(); n == span {
+			if n := r.a.stats.eng.SerialTxns.Load(); n == span {
 				t.Error("transactions of a key with a nondeterministic collation on the target were not serialized")
 			}
 			r.halt(t)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgreorder/pgreorder/apply/internal/plan"
 	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
 )
 
@@ -22,8 +23,8 @@ import (
 // source either way. Serial: every transaction updates one of three rows of a REPLICA IDENTITY
 // FULL table, so each run waits for the one before to be applied alone: those are not counted
 // as chained, and go to the workers too. Hot: a longer backlog where every transaction appends to
-// the same row, so every run is chained: the probes back off (chainProbe, doubled by each probe up
-// to chainProbeMax), and the workers get no more runs than those before the leader took over and
+// the same row, so every run is chained: the probes back off (plan.ChainProbe, doubled by each probe up
+// to plan.ChainProbeMax), and the workers get no more runs than those before the leader took over and
 // two per probe (times one plus the probes that found a run not chained, which start it over).
 func TestParallelChained(t *testing.T) {
 	for _, major := range testMajors {
@@ -71,8 +72,8 @@ func testParallelChained(t *testing.T, major int, order CommitOrder, load string
 		// whose second run found the first already committed (its worker was done before the
 		// leader queued the next change: it depends on the machine's timing) saw no wait and
 		// handed the runs back: each such hand-back starts the sequence over.
-		handbacks := r.a.stats.handbacks.Load()
-		once := chainRuns + 1 + 2*(probesAfter(int(st.RunsOnLeader))+1)
+		handbacks := r.a.stats.eng.Handbacks.Load()
+		once := plan.ChainRuns + 1 + 2*(probesAfter(int(st.RunsOnLeader))+1)
 		if most := (handbacks + 1) * int64(once); st.RunsOnWorkers > most {
 			t.Fatalf("hot runs: %d on the workers after %d groups on the leader, %d hand-backs; want at most %d (probes backing off)",
 				st.RunsOnWorkers, st.RunsOnLeader, handbacks, most)
@@ -84,111 +85,13 @@ func testParallelChained(t *testing.T, major int, order CommitOrder, load string
 // probesAfter returns how many probes the leader makes in its first groups groups while its
 // runs stay chained.
 func probesAfter(groups int) int {
-	n, every := 0, chainProbe
+	n, every := 0, plan.ChainProbe
 	for groups >= every {
 		groups -= every
 		n++
-		every = min(2*every, chainProbeMax)
+		every = min(2*every, plan.ChainProbeMax)
 	}
 	return n
-}
-
-// TestChainProbes drives the leader's view of its runs (chain) as the leader would with runs
-// that are always chained: after chainRuns runs the leader takes over, and the number of groups
-// between probes doubles with each probe up to chainProbeMax; a probe's runs are small. A run
-// that is not chained hands the runs back to the workers, and the next probes start again after
-// chainProbe groups. A run found chained by its first transaction is small too.
-func TestChainProbes(t *testing.T) {
-	var c chain
-	var seq uint64
-	var runs, groups []int // at each run handed out: the groups committed since the one before
-	since, handbacks := 0, 0
-	step := func(chained bool) {
-		if c.leads() {
-			seq += 8 // a group's transactions take sequence numbers too
-			c.groupCommitted()
-			since++
-			return
-		}
-		seq++
-		j := &job{isRun: true, firstAt: 1}
-		c.opened(j, seq)
-		if j.afterRun && chained {
-			j.chainAt = 1
-		}
-		if j.probe {
-			s := &session{cfg: &Config{}, run: j}
-			j.members = make([]groupMember, chainProbeTxns)
-			if !s.runFull() {
-				t.Fatalf("a probe's run of %d transactions is not full", chainProbeTxns)
-			}
-			j.members = j.members[:0]
-		}
-		if c.sealed(j) {
-			handbacks++
-		}
-		runs = append(runs, len(runs))
-		groups = append(groups, since)
-		since = 0
-	}
-	for range 2000 {
-		step(true)
-	}
-	// The first chainRuns+1 runs (the first follows nothing), then probes of two runs: the
-	// groups before each probe's first run.
-	var gaps []int
-	for i := chainRuns + 1; i < len(groups); i += 2 {
-		gaps = append(gaps, groups[i])
-		if i+1 < len(groups) && groups[i+1] != 0 {
-			t.Fatalf("run %d: %d groups between a probe's two runs", i+1, groups[i+1])
-		}
-	}
-	want := chainProbe
-	for i, g := range gaps {
-		if g != want {
-			t.Fatalf("probe %d after %d groups, want %d (gaps %v)", i+1, g, want, gaps)
-		}
-		want = min(2*want, chainProbeMax)
-	}
-	if len(runs) > chainRuns+1+2*probesAfter(2000)+2 {
-		t.Fatalf("%d runs on the workers in 2000 steps (gaps %v)", len(runs), gaps)
-	}
-	// A probe that finds the runs independent: the workers take the runs until chainRuns
-	// chained ones in a row, and the next probe comes after chainProbe groups.
-	for c.leads() {
-		step(true)
-	}
-	step(false) // the probe's first run shows nothing
-	step(false)
-	if c.lead || c.streak != 0 {
-		t.Fatalf("after an independent probe: lead %v, streak %d", c.lead, c.streak)
-	}
-	if handbacks != 1 {
-		t.Fatalf("%d hand-backs reported, want 1: the independent probe's", handbacks)
-	}
-	for !c.leads() {
-		step(true)
-	}
-	since = 0
-	for c.leads() {
-		step(true)
-	}
-	step(true) // the probe's first run
-	if g := groups[len(groups)-1]; g != chainProbe {
-		t.Fatalf("after an independent probe, the next probe after %d groups, want %d", g, chainProbe)
-	}
-	// A run whose first transaction waited for the run before it is small; one that does not is
-	// not, even if a later transaction of it waits.
-	for _, tc := range []struct {
-		afterRun         bool
-		firstAt, chainAt int
-		small            bool
-	}{{true, 1, 1, true}, {true, 2, 2, true}, {true, 1, 2, false}, {true, 1, 0, false}, {true, 1, -1, false}, {false, 1, 1, false}} {
-		j := &job{isRun: true, afterRun: tc.afterRun, firstAt: tc.firstAt, chainAt: tc.chainAt, members: make([]groupMember, chainProbeTxns)}
-		if full := (&session{cfg: &Config{}, run: j}).runFull(); full != tc.small {
-			t.Errorf("run %+v of %d transactions: full %v, want %v", tc, chainProbeTxns, full, tc.small)
-		}
-	}
 }
 
 // chainLoad runs, from three clients at once, 200 transactions each: chained, each appends to

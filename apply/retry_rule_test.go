@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgreorder/pgreorder/apply/internal/engine"
 	"github.com/pgreorder/pgreorder/apply/internal/target"
 )
 
@@ -24,7 +25,7 @@ func TestRetryableInternal(t *testing.T) {
 	}{
 		{"restart", &restartError{xids: []uint32{1}, reason: refused}, true},
 		{"restart around a stop", &restartError{xids: []uint32{1}, reason: ErrInvalidConfig}, true},
-		{"stream lost", errStreamLost, true},
+		{"stream lost", engine.ErrStreamLost, true},
 		{"change refused", changeError{&target.ChangeError{Kind: target.KindConstraint, Err: refused}}, false},
 		{"change, connection went", changeError{&target.ChangeError{Kind: target.KindNone, Err: fatal}}, true},
 		{"target change refused", fmt.Errorf("x: %w", &target.ChangeError{Err: refused}), false},

@@ -4,12 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"log/slog"
 	"strconv"
-	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/pgreorder/pgreorder/apply/internal/detect"
@@ -19,7 +15,6 @@ import (
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/internal/configerr"
 	"github.com/pgreorder/pgreorder/internal/pgsession"
-	"github.com/pgreorder/pgreorder/reorderbuffer"
 	"github.com/pgreorder/pgreorder/replication"
 )
 
@@ -38,30 +33,13 @@ type session struct {
 	flushSQL string             // the flushing transaction's progress upsert (see flushWAL)
 	key      target.ProgressKey // the progress row's key and source system
 
-	relBuf [1]*target.Relation
-
 	det    *detect.Detection // conflict detection; nil when off
 	ours   []uint32          // the Applier's replication origins, when it has them
-	group  group             // Buffered: the open target transaction
 	skip   skipState         // Config.SkipLSN
 	schema schemaWatch       // the relations' descriptions, for columns the source dropped
 
-	// Eager and Parallel.
 	cancel    context.CancelCauseFunc // ends the session with the first error
-	wg        sync.WaitGroup          // the workers' and the watchdog's goroutines
-	order     *schedule.Order
-	jobs      map[uint32]*job // by xid, until their commit or abort (leader only)
-	workers   []*worker
-	free      chan *worker
-	store     *schedule.SpillStore
-	budget    *schedule.Budget
-	share     int64 // the memory one queue may hold
-	acks      acks
-	leaderJob atomic.Pointer[job]                  // the job the leader's connection applies, for the watchdog
-	deps      *schedule.Tracker                    // Parallel
-	keyForms  map[*target.Table][]schedule.KeyForm // Parallel: how each target table compares the source's columns (keyFormsOf)
-	run       *job                                 // Parallel: the run the leader is filling
-	chain     chain                                // Parallel: whether its runs are chained
+	persisted decoding.LSN            // a durable progress row is at or past it
 
 	// resume is where the stream starts: after the progress row's position, or after the
 	// initial copy's consistent point once the copy is done (copyTarget.Done).
@@ -108,7 +86,7 @@ func (a *Applier) session(parent context.Context) (err error) {
 			"the target cannot continue from it: copy the target again (delete the slot's progress row first)",
 			ErrSourceChanged, s.cfg.Source.Slot, resume, sys.XLogPos)
 	}
-	s.acks.persisted = resume
+	s.persisted = resume
 	if slot != nil && resume != 0 && slot.ConfirmedFlush > resume {
 		if resume, err = s.slotAhead(ctx, resume, slot.ConfirmedFlush, legacy); err != nil {
 			return err
@@ -177,7 +155,7 @@ func (s *session) Follow(ctx context.Context, stream *replication.Stream) error 
 		return fmt.Errorf("%w: the source was database system %s a moment ago and is now system %s", ErrSourceChanged, s.key.System, id)
 	}
 	resume := s.resume
-	s.acks.persisted = max(s.acks.persisted, resume)
+	s.persisted = max(s.persisted, resume)
 	if err := s.ensureProgress(ctx, resume); err != nil {
 		return err
 	}
@@ -185,19 +163,7 @@ func (s *session) Follow(ctx context.Context, stream *replication.Stream) error 
 	s.a.markStreaming()
 	defer s.a.streams.Detach()
 	s.log.Info("applying", "slot", s.cfg.Source.Slot, "mode", s.cfg.Mode, "resume_after", resume)
-	if s.buffered {
-		return s.runBuffered(ctx)
-	}
-	err := s.startWorkers(ctx)
-	if err == nil {
-		err = s.runIncremental(ctx)
-	}
-	s.cancel(err)
-	s.stopWorkers(ctx)
-	if aerr := s.ackCommitted(context.WithoutCancel(ctx)); aerr != nil {
-		s.log.Debug("acknowledging the last commits", "err", aerr)
-	}
-	return context.Cause(ctx)
+	return s.engine().Run(ctx)
 }
 
 // fence makes sure that no connection of an earlier session for the slot still works on the
@@ -220,8 +186,8 @@ func (s *session) fence(ctx context.Context) error {
 	if err := s.waitLock(ctx, workers); err != nil {
 		return err
 	}
-	if _, err := target.Query(ctx, s.leader.PG(), "SELECT pg_catalog.pg_advisory_unlock($1::bigint)", strconv.FormatInt(workers, 10)); err != nil {
-		return fmt.Errorf("apply: locking the slot's progress on the target: %w", err)
+	if err := s.leader.Unlock(ctx, workers); err != nil {
+		return fmt.Errorf("apply: %w", err)
 	}
 	return nil
 }
@@ -234,11 +200,11 @@ func (s *session) waitLock(ctx context.Context, key int64) error {
 	var said string
 	delay := 20 * time.Millisecond
 	for {
-		rows, err := target.Query(ctx, s.leader.PG(), "SELECT pg_catalog.pg_try_advisory_lock($1::bigint)", strconv.FormatInt(key, 10))
+		locked, err := s.leader.TryLock(ctx, key)
 		if err != nil {
-			return fmt.Errorf("apply: locking the slot's progress on the target: %w", err)
+			return fmt.Errorf("apply: %w", err)
 		}
-		if len(rows) == 1 && string(rows[0][0]) == "t" {
+		if locked {
 			if !since.IsZero() {
 				s.log.Info("the other connections of the slot on the target ended", "slot", s.cfg.Source.Slot, "waited", time.Since(since).Round(time.Millisecond))
 			}
@@ -247,7 +213,7 @@ func (s *session) waitLock(ctx context.Context, key int64) error {
 		if since.IsZero() {
 			since = time.Now()
 		}
-		holders, err := s.lockHolders(ctx, key)
+		holders, err := s.leader.LockHolders(ctx, key)
 		if err != nil {
 			return fmt.Errorf("apply: looking for the holder of the slot's progress lock on the target: %w", err)
 		}
@@ -283,31 +249,6 @@ func (s *session) waitLock(ctx context.Context, key int64) error {
 	}
 }
 
-// lockHolders returns the other connections that hold the advisory lock key in this database.
-func (s *session) lockHolders(ctx context.Context, key int64) ([]replication.Backend, error) {
-	cols := strings.Replace(pgsession.BackendColumns, "a.pid::text", "l.pid::text", 1)
-	rows, err := target.Query(ctx, s.leader.PG(), "SELECT "+cols+" FROM pg_catalog.pg_locks l "+
-		"LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid "+
-		"WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 AND l.classid = $1::oid AND l.objid = $2::oid "+
-		"AND l.database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = pg_catalog.current_database()) "+
-		"AND l.pid <> pg_catalog.pg_backend_pid() ORDER BY l.pid",
-		strconv.FormatUint(uint64(key)>>32, 10), strconv.FormatUint(uint64(key)&0xffffffff, 10))
-	if err != nil {
-		return nil, err
-	}
-	var out []replication.Backend
-	for _, r := range rows {
-		row := make([]string, len(r))
-		for i, v := range r {
-			row[i] = string(v)
-		}
-		if b, ok := pgsession.ScanBackend(row); ok {
-			out = append(out, b)
-		}
-	}
-	return out, nil
-}
-
 // fenceKeys returns the advisory lock keys of the sessions of this source system's slot on the
 // target (advisory locks are per database). What the fence orders is the work of sessions that
 // apply the same stream: the same slot of the same source system. Sessions of another system with
@@ -318,15 +259,7 @@ func (s *session) fenceKeys() (lead, workers int64) {
 }
 
 // fenceKeys returns the advisory lock keys of the sessions of slot of the source system.
-func fenceKeys(system, slot string) (lead, workers int64) {
-	id := system + "\x00" + slot
-	h := fnv.New64a()
-	h.Write([]byte("pgreorder apply leader\x00" + id))
-	lead = int64(h.Sum64())
-	h.Reset()
-	h.Write([]byte("pgreorder apply workers\x00" + id))
-	return lead, int64(h.Sum64())
-}
+func fenceKeys(system, slot string) (lead, workers int64) { return target.FenceKeys(system, slot) }
 
 // identifySource connects to the source to learn which database system it is (IDENTIFY_SYSTEM
 // and the pre-flight checks of a replication connection), before the progress row is read.
@@ -382,7 +315,7 @@ func (s *session) slotAhead(ctx context.Context, resume, confirmed decoding.LSN,
 	if err := s.leader.FlushWAL(ctx, s.flushSQL, s.key.Args(confirmed)); err != nil {
 		return 0, err
 	}
-	s.acks.persisted = confirmed
+	s.persisted = confirmed
 	s.stats.Applied(confirmed)
 	return confirmed, nil
 }
@@ -469,134 +402,6 @@ func (s *session) setupProgress(ctx context.Context, tg *target.Conn) (_ decodin
 func (s *session) prepareProgress(ctx context.Context, tg *target.Conn) error {
 	return tg.PrepareProgress(ctx, s.progSQL)
 }
-
-// runBuffered applies whole transactions, one at a time, on the leader's connection.
-func (s *session) runBuffered(ctx context.Context) error {
-	s.order = schedule.NewOrder()
-	defer s.abandonGroup()
-	for {
-		if err := s.ackCommitted(ctx); err != nil {
-			return err
-		}
-		if s.caughtUp() {
-			return errCaughtUp
-		}
-		s.askPosition()
-		t, err := s.next(ctx)
-		if err != nil {
-			if errors.Is(err, errIdle) && s.group.open() { // nothing more to read: commit
-				err = s.commitGroup(ctx)
-			} else {
-				err = s.wakeUp(ctx, err)
-			}
-			if err != nil {
-				return err
-			}
-			continue
-		}
-		// A transaction committed ahead of the prefix before a restart is not the one SkipLSN
-		// names: it goes into the group, empty (applyGrouped).
-		if !s.alreadyApplied(t) {
-			if skipped, err := s.maybeSkip(ctx, t); skipped || err != nil { // skip.go
-				if err != nil {
-					return err
-				}
-				continue
-			}
-		}
-		if t.NonTransactional {
-			if err := s.stream.Ack(t); err != nil {
-				return err
-			}
-			continue
-		}
-		if t.Part == reorderbuffer.Advance {
-			if err := s.commitGroup(ctx); err != nil {
-				return err
-			}
-			if err := s.advanced(ctx, t); err != nil {
-				return err
-			}
-			continue
-		}
-		if err := s.applyGrouped(ctx, t); err != nil {
-			return err
-		}
-	}
-}
-
-// advanced records an idle advance (reorderbuffer.Advance) like a transaction with nothing to
-// apply: it is acknowledged once a flushing transaction wrote the progress row at its position
-// (see flushNow), so that the slot never confirms a position the progress row does not hold.
-// The stream hands one out only when every transaction before it was acknowledged (none is
-// being received either), so every earlier commit is done and the wait returns at once.
-func (s *session) advanced(ctx context.Context, t *reorderbuffer.Txn) error {
-	seq := s.order.Assign()
-	if err := s.order.Wait(ctx, seq-1); err != nil {
-		return err
-	}
-	s.order.Finish(seq)
-	s.committed(commitRef{seq: seq, txn: t}, false)
-	return nil
-}
-
-// eachChange calls f with each of t's changes that changes the target, and the relations it
-// names, in order; it stops at the first error, t's or f's. The message is valid only during f.
-func (s *session) eachChange(t *reorderbuffer.Txn, f func(m decoding.Message, rels []*target.Relation) error) error {
-	return s.eachRecord(t, func(c decoding.Change, rels []*target.Relation) error { return f(c.Msg, rels) })
-}
-
-// eachRecord is eachChange with the whole decoding.Change (its Raw record too), valid until f
-// returns.
-func (s *session) eachRecord(t *reorderbuffer.Txn, f func(c decoding.Change, rels []*target.Relation) error) error {
-	for c, err := range t.Changes() {
-		if err != nil {
-			return err
-		}
-		rels, err := s.relations(t.Xid, c)
-		if err != nil {
-			return err
-		}
-		if rels == nil {
-			continue
-		}
-		if err := f(c, rels); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// relations resolves the relations a change of transaction xid names, as described at its
-// position: nil for a message that changes nothing on the target (Relation, Type, logical
-// messages).
-func (s *session) relations(xid uint32, c decoding.Change) ([]*target.Relation, error) {
-	switch m := c.Msg.(type) {
-	case *decoding.Insert, *decoding.Update, *decoding.Delete:
-		if c.Relation == nil {
-			return nil, fmt.Errorf("apply: transaction %d changes relation %d, which the stream never described", xid,
-				m.(decoding.RowChange).RelationOID())
-		}
-		s.relBuf[0] = s.reg.Intern(c.Relation, c.Schema)
-		s.noteRelation(s.relBuf[0])
-		return s.relBuf[:], nil
-	case *decoding.Truncate:
-		rels := make([]*target.Relation, len(m.RelationIDs))
-		for i, id := range m.RelationIDs {
-			r, ok := c.Schema.Relation(id)
-			if !ok {
-				return nil, fmt.Errorf("apply: transaction %d truncates relation %d, which the stream never described", xid, id)
-			}
-			rels[i] = s.reg.Intern(r, c.Schema)
-			s.noteRelation(rels[i])
-		}
-		return rels, nil
-	}
-	return nil, nil
-}
-
-// stepwise reports whether x is applied one statement at a time (see Applier.stepwise).
-func (s *session) stepwise(x uint32) bool { return s.cfg.stepwise || s.a.stepwise[x] }
 
 // txnError turns a change's error into an *ApplyError naming the source transaction; other
 // errors (connections, transient server errors) are returned as they are.

@@ -3,8 +3,6 @@ package apply
 import (
 	"context"
 	"fmt"
-	"slices"
-	"strconv"
 
 	"github.com/pgreorder/pgreorder/apply/internal/target"
 	"github.com/pgreorder/pgreorder/decoding"
@@ -72,70 +70,14 @@ func (s *session) setupSkip(ctx context.Context, resume decoding.LSN) error {
 	return nil
 }
 
-// maybeSkip handles the first transaction of a session with a skip pending: it skips t when its
-// commit LSN is SkipLSN (every earlier transaction committed: Buffered's group is committed
-// first), and refuses any other. It says whether t was skipped.
-func (s *session) maybeSkip(ctx context.Context, t *reorderbuffer.Txn) (bool, error) {
+// skipRefused returns the error for the first transaction t of a session with a skip pending
+// when it is not the one SkipLSN names, or for an idle advance past SkipLSN.
+func (s *session) skipRefused(t *reorderbuffer.Txn) error {
 	lsn := s.cfg.SkipLSN
-	if !s.skip.pending || t.NonTransactional {
-		return false, nil
-	}
 	if t.Part == reorderbuffer.Advance {
-		// Handed out only when no transaction is in flight: none commits at lsn.
-		if t.EndLSN > lsn {
-			return false, configerr.WithHint(ErrSkipLSN, ": ", "%s: no source transaction to apply commits there (the source's WAL "+
-				"is at %s, with nothing to apply before it)", skipField(lsn), t.EndLSN)
-		}
-		return false, nil
+		return configerr.WithHint(ErrSkipLSN, ": ", "%s: no source transaction to apply commits there (the source's WAL "+
+			"is at %s, with nothing to apply before it)", skipField(lsn), t.EndLSN)
 	}
-	s.skip.pending = false
-	if t.CommitLSN != lsn {
-		return false, configerr.WithHint(ErrSkipLSN, ": ", "%s, but the next transaction to apply is transaction %d with commit LSN %s: "+
-			"give that LSN to skip it, or none to apply it", skipField(lsn), t.Xid, t.CommitLSN)
-	}
-	if err := s.commitGroup(ctx); err != nil {
-		return false, err
-	}
-	// What is skipped, for the log: the relations and the changes by kind.
-	var ins, upd, del, trunc int
-	var rels []string
-	for c, err := range t.Changes() {
-		if err != nil {
-			return false, err
-		}
-		switch c.Msg.(type) {
-		case *decoding.Insert:
-			ins++
-		case *decoding.Update:
-			upd++
-		case *decoding.Delete:
-			del++
-		case *decoding.Truncate:
-			trunc++
-		}
-		rs, err := s.relations(t.Xid, c)
-		if err != nil {
-			return false, err
-		}
-		for _, r := range rs {
-			if n := r.Rel.Namespace + "." + r.Rel.Name; !slices.Contains(rels, n) {
-				rels = append(rels, n)
-			}
-		}
-	}
-	before := s.order.Committed()
-	args := append(s.key.Args(t.EndLSN), lsn.AppendText(nil), strconv.AppendUint(nil, uint64(t.Xid), 10))
-	if err := s.leader.FlushWAL(ctx, s.skip.sql, args); err != nil {
-		return false, fmt.Errorf("apply: recording the skip of transaction %d in the progress row: %w", t.Xid, err)
-	}
-	s.log.Warn("skipped a source transaction, as SkipLSN asked: its changes are not on the target", "xid", t.Xid,
-		"commit_lsn", t.CommitLSN, "end_lsn", t.EndLSN, "relations", rels, "inserts", ins, "updates", upd, "deletes", del,
-		"truncates", trunc)
-	seq := s.order.Assign()
-	s.order.Finish(seq)
-	s.stats.skipped.Add(1)
-	s.stats.Applied(t.EndLSN)
-	s.committed(commitRef{seq: seq, txn: t, progress: t.EndLSN, before: before}, true)
-	ref := txnRef{Xid: t.Xid, Streamed: t.Streamed, CommitLSN: t.CommitLSN, EndLSN: t.EndLSN}
-	return true, s.cfg.hook(ctx, "after-commit", ref)
+	return configerr.WithHint(ErrSkipLSN, ": ", "%s, but the next transaction to apply is transaction %d with commit LSN %s: "+
+		"give that LSN to skip it, or none to apply it", skipField(lsn), t.Xid, t.CommitLSN)
 }

@@ -5,6 +5,7 @@ import (
 
 	"github.com/pgreorder/pgreorder/apply/conflict"
 	"github.com/pgreorder/pgreorder/apply/internal/detect"
+	"github.com/pgreorder/pgreorder/apply/internal/engine"
 	"github.com/pgreorder/pgreorder/apply/internal/target"
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
@@ -102,18 +103,16 @@ type Stats struct {
 type counters struct {
 	target.Counters
 	detect.TombstoneCounters
-	txns, emptyTxns                                                 atomic.Int64
-	subAborts, aborts, spooled, serialTxns, queueSpilled, queuePeak atomic.Int64
-	committedAhead, runsOnLeader, runsOnWorkers, conflictWaits      atomic.Int64
-	handbacks                                                       atomic.Int64 // the leader gave chained runs back to the workers (tests)
-	sessions, serialRetries, deadlocks                              atomic.Int64
-	skipped, columnsAdded, columnsGone, sequenceSyncs               atomic.Int64
-	tablesCreated                                                   atomic.Int64
+	eng                                      engine.Counters // the engine's: its commits, queues, runs
+	txns                                     atomic.Int64
+	sessions, serialRetries                  atomic.Int64
+	columnsAdded, columnsGone, sequenceSyncs atomic.Int64
+	tablesCreated                            atomic.Int64
 }
 
 func (c *counters) snapshot() Stats {
 	return Stats{
-		Txns: c.txns.Load(), EmptyTxns: c.emptyTxns.Load(), Inserts: c.Inserts.Load(), InsertsViaCopy: c.InsertsViaCopy.Load(),
+		Txns: c.txns.Load(), EmptyTxns: c.eng.EmptyTxns.Load(), Inserts: c.Inserts.Load(), InsertsViaCopy: c.InsertsViaCopy.Load(),
 		Updates: c.Updates.Load(), Deletes: c.Deletes.Load(), Truncates: c.Truncates.Load(),
 		Statements: c.Statements.Load(), RoundTrips: c.RoundTrips.Load(),
 		InsertExists: c.Conflicts[conflict.InsertExists].Load(), UpdateOriginDiffers: c.Conflicts[conflict.UpdateOriginDiffers].Load(),
@@ -122,13 +121,13 @@ func (c *counters) snapshot() Stats {
 		DeleteMissing: c.Conflicts[conflict.DeleteMissing].Load(), MultipleUniqueConflicts: c.Conflicts[conflict.MultipleUniqueConflicts].Load(),
 		RetentionActive: c.RetentionActive.Load(), RetentionStops: c.RetentionStops.Load(),
 		Tombstones: c.TombstoneRows.Load(), TombstonesPurged: c.TombstonesPurged.Load(),
-		SubAborts: c.subAborts.Load(), Aborts: c.aborts.Load(), Spooled: c.spooled.Load(),
-		SerialTxns: c.serialTxns.Load(), QueueSpilled: c.queueSpilled.Load(), QueuePeakBytes: c.queuePeak.Load(),
-		CommittedAhead: c.committedAhead.Load(), RunsOnLeader: c.runsOnLeader.Load(), RunsOnWorkers: c.runsOnWorkers.Load(),
-		ConflictWaits:   c.conflictWaits.Load(),
+		SubAborts: c.eng.SubAborts.Load(), Aborts: c.eng.Aborts.Load(), Spooled: c.eng.Spooled.Load(),
+		SerialTxns: c.eng.SerialTxns.Load(), QueueSpilled: c.eng.QueueSpilled.Load(), QueuePeakBytes: c.eng.QueuePeak.Load(),
+		CommittedAhead: c.eng.CommittedAhead.Load(), RunsOnLeader: c.eng.RunsOnLeader.Load(), RunsOnWorkers: c.eng.RunsOnWorkers.Load(),
+		ConflictWaits:   c.eng.ConflictWaits.Load(),
 		InitialCopyRows: c.InitialCopyRows.Load(),
-		Sessions:        c.sessions.Load(), SerialRetries: c.serialRetries.Load(), Deadlocks: c.deadlocks.Load(),
-		Skipped: c.skipped.Load(), ColumnsAdded: c.columnsAdded.Load(), SourceColumnsGone: c.columnsGone.Load(),
+		Sessions:        c.sessions.Load(), SerialRetries: c.serialRetries.Load(), Deadlocks: c.eng.Deadlocks.Load(),
+		Skipped: c.eng.Skipped.Load(), ColumnsAdded: c.columnsAdded.Load(), SourceColumnsGone: c.columnsGone.Load(),
 		TablesCreated: c.tablesCreated.Load(), SequenceSyncs: c.sequenceSyncs.Load(),
 		AppliedLSN: decoding.LSN(c.AppliedLSN.Load()),
 	}

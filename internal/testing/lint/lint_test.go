@@ -70,7 +70,12 @@ var allowed = map[string][]string{
 	// transactions (reorderbuffer) nor apply.
 	"apply": {"apply/conflict", "changefeed", "snapshot", "replication", "reorderbuffer", "decoding", "spill",
 		"apply/internal/schedule", "apply/internal/target", "apply/internal/detect", "apply/internal/streams",
-		"internal/pgsession", "internal/configerr", "internal/retry"},
+		"apply/internal/engine", "apply/internal/plan", "internal/pgsession", "internal/configerr", "internal/retry"},
+	// The engine that applies a session's stream (leader, workers, queues, commit order,
+	// acknowledgements): over the decision core, the scheduling and the target connections;
+	// what it needs of the session comes in through its Session and Host, never from apply.
+	"apply/internal/engine": {"apply/internal/plan", "apply/internal/schedule", "apply/internal/target", "apply/internal/detect",
+		"apply/internal/streams", "replication", "reorderbuffer", "decoding", "spill", "internal/retry"},
 	"apply/conflict":          {"decoding"},
 	"apply/internal/streams":  {"replication", "reorderbuffer"},
 	"apply/internal/schedule": {"decoding", "spill"},
@@ -260,6 +265,7 @@ var talks = map[string]string{
 	"changefeed":            "the TableStore's pgx configuration and transactions",
 	"apply":                 "*pgconn.Config in its Config, and the server's errors it reports",
 	"apply/internal/target": "statements, batches and COPY on the connections pgsession opens",
+	"apply/internal/engine": "the server's errors that concurrency causes (deadlocks, serialization failures), classified",
 	"apply/internal/detect": "statements on the target connections",
 }
 

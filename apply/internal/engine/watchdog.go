@@ -1,4 +1,4 @@
-package apply
+package engine
 
 import (
 	"context"
@@ -20,15 +20,15 @@ const watchInterval = 200 * time.Millisecond
 // later one cannot commit first. The target sees one backend waiting for a lock and another idle
 // in its transaction, not a cycle. Every watchInterval the watchdog asks the target which of the
 // session's backends wait for locks and who holds them; a wait on a later transaction whose
-// worker waits too, seen twice in a row, ends the session with a restartError naming the later
+// worker waits too, seen twice in a row, ends the session with Host.Restart naming the later
 // transaction, which the next session applies alone, after the one it blocked. Waits on
 // earlier transactions resolve by themselves; waits on backends of other sessions are left
 // alone, as PostgreSQL's subscriber leaves them.
-func (s *session) watchdog(ctx context.Context) error {
-	if len(s.workers) == 0 {
+func (e *Engine) watchdog(ctx context.Context) error {
+	if len(e.workers) == 0 {
 		return nil
 	}
-	conn, err := connectTarget(ctx, s.cfg.targetOptions(), "pgreorder apply "+s.cfg.Source.Slot+" watchdog", &s.stats.Counters)
+	conn, err := e.host.Connect(ctx, "watchdog")
 	if err != nil {
 		return err
 	}
@@ -44,10 +44,10 @@ func (s *session) watchdog(ctx context.Context) error {
 		}
 		jobs := map[uint32]*job{}
 		holders := map[uint32]schedule.Holder{}
-		if j := s.leaderJob.Load(); j != nil {
-			jobs[s.leader.PID()], holders[s.leader.PID()] = j, schedule.Holder{Rank: j.Rank()}
+		if j := e.leaderJob.Load(); j != nil {
+			jobs[e.leader.PID()], holders[e.leader.PID()] = j, schedule.Holder{Rank: j.Rank()}
 		}
-		for _, w := range s.workers {
+		for _, w := range e.workers {
 			if j := w.cur.Load(); j != nil {
 				jobs[w.tg.PID()] = j
 				holders[w.tg.PID()] = schedule.Holder{Rank: j.Rank(), Worker: true, Waiting: w.state.Load() == wsWaiting}
@@ -66,11 +66,11 @@ func (s *session) watchdog(ctx context.Context) error {
 		}
 		if p, q, found := watch.Observe(holders, waits); found {
 			waiter, blocker := jobs[p], jobs[q]
-			s.stats.deadlocks.Add(1)
-			s.log.Warn("lock wait on a later transaction: rolling it back to apply it alone",
+			e.stats.Deadlocks.Add(1)
+			e.log.Warn("lock wait on a later transaction: rolling it back to apply it alone",
 				"waiting_xid", waiter.xid, "holding_xid", blocker.xid)
-			return &restartError{xids: blocker.xids(),
-				reason: fmt.Errorf("transaction %d waited for a lock held by transaction %d, which commits after it", waiter.xid, blocker.xid)}
+			return e.host.Restart(blocker.xids(),
+				fmt.Errorf("transaction %d waited for a lock held by transaction %d, which commits after it", waiter.xid, blocker.xid))
 		}
 	}
 }

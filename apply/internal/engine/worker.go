@@ -1,10 +1,9 @@
-package apply
+package engine
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"sync/atomic"
 
 	"github.com/pgreorder/pgreorder/apply/internal/schedule"
@@ -28,81 +27,65 @@ type worker struct {
 }
 
 // startWorkers connects the workers and starts their goroutines and the watchdog's.
-func (s *session) startWorkers(ctx context.Context) error {
-	s.order = schedule.NewOrder()
-	s.jobs = map[uint32]*job{}
-	s.store = schedule.NewSpillStore(s.cfg.Source.Buffer.Dir, s.cfg.Source.Buffer.SpillCompressor)
-	_, files := spillFiles(true)
-	s.store.SetMaxOpenFiles(files)
-	s.budget = schedule.NewBudget(s.cfg.queueMem())
-	s.budget.TrackPeak(&s.stats.queuePeak)
-	s.share = max(s.cfg.queueMem()/int64(max(s.cfg.Workers, 1)), 64<<10)
-	s.free = make(chan *worker, s.cfg.Workers)
-	if s.cfg.Mode == Parallel {
-		s.deps = schedule.NewTracker()
+func (e *Engine) startWorkers(ctx context.Context) error {
+	e.order = schedule.NewOrder()
+	e.jobs = map[uint32]*job{}
+	e.store = schedule.NewSpillStore(e.cfg.SpillDir, e.cfg.SpillCompressor)
+	e.store.SetMaxOpenFiles(e.cfg.QueueFiles)
+	e.budget = schedule.NewBudget(e.cfg.QueueMem)
+	e.budget.TrackPeak(&e.stats.QueuePeak)
+	e.share = max(e.cfg.QueueMem/int64(max(e.cfg.Workers, 1)), 64<<10)
+	e.free = make(chan *worker, e.cfg.Workers)
+	if e.cfg.Mode == Parallel {
+		e.deps = schedule.NewTracker()
 	}
-	for i := range s.cfg.Workers {
-		tg, err := connectTarget(ctx, s.cfg.targetOptions(), "pgreorder apply "+s.cfg.Source.Slot+" w"+strconv.Itoa(i+1), &s.stats.Counters)
+	for i := range e.cfg.Workers {
+		tg, err := e.host.ConnectWorker(ctx, i+1)
 		if err != nil {
 			return err
 		}
 		w := &worker{id: i + 1, tg: tg, jobs: make(chan *job, 1)}
-		tg.SetSettle(func(ctx context.Context) (bool, error) { return s.settle(ctx, w) })
-		s.workers = append(s.workers, w)
-		_, key := s.fenceKeys()
-		if _, err := target.Query(ctx, tg.PG(), "SELECT pg_catalog.pg_advisory_lock_shared($1::bigint)", strconv.FormatInt(key, 10)); err != nil {
-			return fmt.Errorf("apply: locking the slot's progress on the target: %w", err)
-		}
-		if err := s.prepareProgress(ctx, tg); err != nil {
-			return err
-		}
-		if s.cfg.relaxed() {
-			if err := tg.PrepareAhead(ctx, target.AheadSQL(s.aheadTable)); err != nil {
-				return err
-			}
-		}
-		if err := s.attachConflicts(ctx, tg, i+1); err != nil {
-			return err
-		}
-		s.free <- w
+		tg.SetSettle(func(ctx context.Context) (bool, error) { return e.settle(ctx, w) })
+		e.workers = append(e.workers, w)
+		e.free <- w
 	}
-	for _, w := range s.workers {
-		s.goRun(func() error { return s.work(ctx, w) })
+	for _, w := range e.workers {
+		e.goRun(func() error { return e.work(ctx, w) })
 	}
-	s.goRun(func() error { return s.watchdog(ctx) })
+	e.goRun(func() error { return e.watchdog(ctx) })
 	return nil
 }
 
 // goRun runs f on its own goroutine; its error ends the session.
-func (s *session) goRun(f func() error) {
-	s.wg.Add(1)
+func (e *Engine) goRun(f func() error) {
+	e.wg.Add(1)
 	go func() {
-		defer s.wg.Done()
+		defer e.wg.Done()
 		if err := f(); err != nil {
-			s.cancel(err)
+			e.cancel(err)
 		}
 	}()
 }
 
 // stopWorkers waits for the workers to stop (the session's context is done) and closes their
 // connections (the server rolls back what they had open) and the queues.
-func (s *session) stopWorkers(ctx context.Context) {
-	s.wg.Wait()
-	for _, w := range s.workers {
+func (e *Engine) stopWorkers(ctx context.Context) {
+	e.wg.Wait()
+	for _, w := range e.workers {
 		w.tg.Close(context.WithoutCancel(ctx))
 	}
-	for _, j := range s.jobs {
+	for _, j := range e.jobs {
 		if j.q != nil {
 			j.q.Close()
 		}
 	}
-	for _, w := range s.workers {
+	for _, w := range e.workers {
 		if j := w.cur.Load(); j != nil && j.q != nil {
 			j.q.Close()
 		}
 	}
-	if err := s.store.Close(); err != nil {
-		s.log.Warn("removing spill files", "err", err)
+	if err := e.store.Close(); err != nil {
+		e.log.Warn("removing spill files", "err", err)
 	}
 }
 
@@ -115,61 +98,61 @@ func (s *session) stopWorkers(ctx context.Context) {
 // those with a lower sequence number, or every one numbered so far while its commit has not
 // arrived (those that commit later on the source were not there when it made its change).
 // Then the target's rows say whether the source had the conflict.
-func (s *session) settle(ctx context.Context, w *worker) (bool, error) {
+func (e *Engine) settle(ctx context.Context, w *worker) (bool, error) {
 	j := w.cur.Load()
 	if j == nil {
 		return false, nil
 	}
-	if err := s.cfg.hook(ctx, "conflict", txnRef{Xid: j.xid, Streamed: j.streamed}); err != nil {
+	if err := e.host.Hook(ctx, "conflict", Ref{Xid: j.xid, Streamed: j.streamed}); err != nil {
 		return false, err
 	}
-	upto := s.order.Last()
+	upto := e.order.Last()
 	if seq := j.Seq.Load(); seq != 0 {
 		upto = seq - 1
 	}
-	if s.order.Committed() >= upto {
+	if e.order.Committed() >= upto {
 		return false, nil
 	}
-	if err := s.cfg.hook(ctx, "conflict-settle", txnRef{Xid: j.xid, Streamed: j.streamed}); err != nil {
+	if err := e.host.Hook(ctx, "conflict-settle", Ref{Xid: j.xid, Streamed: j.streamed}); err != nil {
 		return false, err
 	}
 	prev := w.state.Swap(wsWaiting)
 	defer w.state.Store(prev)
-	s.stats.conflictWaits.Add(1)
-	return true, s.order.Wait(ctx, upto)
+	e.stats.ConflictWaits.Add(1)
+	return true, e.order.Wait(ctx, upto)
 }
 
 // work is a worker's loop.
-func (s *session) work(ctx context.Context, w *worker) error {
+func (e *Engine) work(ctx context.Context, w *worker) error {
 	for {
 		w.state.Store(wsIdle)
 		select {
 		case <-ctx.Done():
 			return nil
 		case j := <-w.jobs:
-			err := s.runJob(ctx, w.tg, j, w)
+			err := e.runJob(ctx, w.tg, j, w)
 			w.cur.Store(nil)
 			if err != nil {
 				return err
 			}
-			s.free <- w
+			e.free <- w
 		}
 	}
 }
 
 // runJob applies a job's records on tg until its end: its commit, in order, or its abort. A
 // change the target refuses rolls the job back; if the job then commits, it is retried alone
-// (restartError): it ran alongside transactions that committed before it, which may have been the
+// (Host.Restart): it ran alongside transactions that committed before it, which may have been the
 // cause.
-func (s *session) runJob(ctx context.Context, tg *target.Conn, j *job, w *worker) error {
+func (e *Engine) runJob(ctx context.Context, tg *target.Conn, j *job, w *worker) error {
 	tg.Coalesce(j.isRun)
 	tg.Stepwise(j.stepwise)
-	return schedule.RunJob(ctx, j.q, &jobRun{s: s, tg: tg, j: j, w: w})
+	return schedule.RunJob(ctx, j.q, &jobRun{e: e, tg: tg, j: j, w: w})
 }
 
 // jobRun applies a job's records on a target connection (schedule.JobTarget).
 type jobRun struct {
-	s    *session
+	e    *Engine
 	tg   *target.Conn
 	j    *job
 	w    *worker // nil on the leader's connection
@@ -185,15 +168,15 @@ func (r *jobRun) State(st int32) {
 }
 
 func (r *jobRun) Record(ctx context.Context) error {
-	if r.s.cfg.hooks == nil {
+	if !r.e.cfg.Hooks {
 		return nil
 	}
-	return r.s.cfg.hook(ctx, "record", txnRef{Xid: r.j.xid, Streamed: r.j.streamed})
+	return r.e.host.Hook(ctx, "record", Ref{Xid: r.j.xid, Streamed: r.j.streamed})
 }
 
 func (r *jobRun) Begin() {
 	if r.cur != nil { // a run: its current transaction
-		r.tg.Begin(r.cur.Xid, sourceCommit(r.cur))
+		r.tg.Begin(r.cur.Xid, SourceCommit(r.cur))
 		return
 	}
 	r.tg.Begin(r.j.xid, r.j.known)
@@ -209,14 +192,14 @@ func (r *jobRun) Txn(ctx context.Context, i uint32) error {
 	r.j.mu.Unlock()
 	// Conflicts name their own source transaction.
 	r.cur = t
-	r.tg.Source(t.Xid, sourceCommit(t))
+	r.tg.Source(t.Xid, SourceCommit(t))
 	return nil
 }
 
 func (r *jobRun) Change(ctx context.Context, rec []byte) error {
 	var m decoding.Message
 	var err error
-	m, r.rels, err = r.s.decodeChange(&r.p, rec, r.rels)
+	m, r.rels, err = r.e.decodeChange(&r.p, rec, r.rels)
 	if err != nil {
 		return schedule.Fatal(err)
 	}
@@ -226,7 +209,7 @@ func (r *jobRun) Change(ctx context.Context, rec []byte) error {
 func (r *jobRun) Savepoint(ctx context.Context, sub uint32) error { return r.tg.Savepoint(ctx, sub) }
 
 func (r *jobRun) RollbackTo(ctx context.Context, sub uint32) error {
-	r.s.stats.subAborts.Add(1)
+	r.e.stats.SubAborts.Add(1)
 	return r.tg.RollbackTo(ctx, sub)
 }
 
@@ -237,17 +220,17 @@ func (r *jobRun) Flush(ctx context.Context) error {
 	return r.tg.FlushPending(ctx)
 }
 
-func (r *jobRun) Wait(ctx context.Context, seq uint64) error { return r.s.order.Wait(ctx, seq) }
+func (r *jobRun) Wait(ctx context.Context, seq uint64) error { return r.e.order.Wait(ctx, seq) }
 
-func (r *jobRun) WaitFor(ctx context.Context, seq uint64) error { return r.s.order.WaitFor(ctx, seq) }
+func (r *jobRun) WaitFor(ctx context.Context, seq uint64) error { return r.e.order.WaitFor(ctx, seq) }
 
 func (r *jobRun) Failed(ctx context.Context, err error) (failed, fatal error) {
-	return r.s.jobFailed(ctx, r.tg, r.j, err)
+	return r.e.jobFailed(ctx, r.tg, r.j, err)
 }
 
 func (r *jobRun) Abort(ctx context.Context, begun bool) error {
 	if begun {
-		r.s.stats.aborts.Add(1)
+		r.e.stats.Aborts.Add(1)
 		if err := r.tg.Rollback(ctx); err != nil {
 			return err
 		}
@@ -255,26 +238,26 @@ func (r *jobRun) Abort(ctx context.Context, begun bool) error {
 	if seq := r.j.Seq.Load(); seq != 0 {
 		// A committed transaction the consumer turned out to have already (see
 		// reorderbuffer.PartAbort): nothing to commit under its number.
-		if err := r.s.order.Wait(ctx, seq-1); err != nil {
+		if err := r.e.order.Wait(ctx, seq-1); err != nil {
 			return err
 		}
-		r.s.order.Finish(seq)
-		r.s.finished()
+		r.e.order.Finish(seq)
+		r.e.finished()
 	}
 	return nil
 }
 
 func (r *jobRun) Commit(ctx context.Context, begun bool, failed error) error {
 	if failed != nil {
-		return &restartError{xids: r.j.xids(), reason: failed}
+		return r.e.host.Restart(r.j.xids(), failed)
 	}
-	err := r.s.commitOn(ctx, r.tg, r.j, begun, r.w)
+	err := r.e.commitOn(ctx, r.tg, r.j, begun, r.w)
 	var ce *target.ChangeError
 	if errors.As(err, &ce) {
-		return &restartError{xids: r.j.xids(), reason: err}
+		return r.e.host.Restart(r.j.xids(), err)
 	}
 	if err != nil {
-		return r.s.conflict(r.j, err)
+		return r.e.conflict(r.j, err)
 	}
 	return nil
 }
@@ -282,10 +265,10 @@ func (r *jobRun) Commit(ctx context.Context, begun bool, failed error) error {
 // jobFailed handles an error while applying a job's records: a change the target refused rolls
 // the job back and is returned as failed (the job then only waits for its end); any other error
 // ends the session.
-func (s *session) jobFailed(ctx context.Context, tg *target.Conn, j *job, err error) (failed, fatal error) {
+func (e *Engine) jobFailed(ctx context.Context, tg *target.Conn, j *job, err error) (failed, fatal error) {
 	var ce *target.ChangeError
 	if !errors.As(err, &ce) {
-		return nil, s.conflict(j, err)
+		return nil, e.conflict(j, err)
 	}
 	if rerr := tg.Rollback(ctx); rerr != nil {
 		return nil, rerr
@@ -297,11 +280,11 @@ func (s *session) jobFailed(ctx context.Context, tg *target.Conn, j *job, err er
 // acknowledgement. begun says whether it has a target transaction (otherwise there was nothing
 // to apply). With relaxed commit order, a committed transaction a worker applied (not a streamed
 // one) commits without waiting for its turn, writing the worker's row of the ahead table.
-func (s *session) commitOn(ctx context.Context, tg *target.Conn, j *job, begun bool, w *worker) error {
+func (e *Engine) commitOn(ctx context.Context, tg *target.Conn, j *job, begun bool, w *worker) error {
 	seq := j.Seq.Load()
-	relaxed := s.cfg.relaxed() && w != nil && !j.streamed
+	relaxed := e.cfg.Relaxed && w != nil && !j.streamed
 	if !relaxed {
-		if begun && s.order.Committed() < seq-1 {
+		if begun && e.order.Committed() < seq-1 {
 			// Not its turn yet: send what is pending meanwhile, so that the commit is one round trip.
 			if err := tg.FlushPending(ctx); err != nil {
 				return err
@@ -310,7 +293,7 @@ func (s *session) commitOn(ctx context.Context, tg *target.Conn, j *job, begun b
 		if w != nil {
 			w.state.Store(wsWaiting)
 		}
-		if err := s.order.Wait(ctx, seq-1); err != nil {
+		if err := e.order.Wait(ctx, seq-1); err != nil {
 			return err
 		}
 		if w != nil {
@@ -318,36 +301,36 @@ func (s *session) commitOn(ctx context.Context, tg *target.Conn, j *job, begun b
 		}
 	}
 	if j.isRun {
-		return s.commitRun(ctx, tg, j, begun, w, relaxed)
+		return e.commitRun(ctx, tg, j, begun, w, relaxed)
 	}
-	durable := s.cfg.SynchronousCommit
+	durable := e.cfg.SynchronousCommit
 	var progress decoding.LSN // the progress row written, if any
 	var before uint64
 	if begun {
-		if err := s.cfg.hook(ctx, "before-commit", j.ref); err != nil {
+		if err := e.host.Hook(ctx, "before-commit", j.ref); err != nil {
 			return err
 		}
-		durable = s.syncCommit()
+		durable = e.syncCommit()
 		if !durable {
-			if err := s.cfg.hook(ctx, "async-commit", j.ref); err != nil {
+			if err := e.host.Hook(ctx, "async-commit", j.ref); err != nil {
 				return err
 			}
 		}
-		tg.Source(j.xid, sourceCommit(j.commit))
+		tg.Source(j.xid, SourceCommit(j.commit))
 		var err error
-		before, progress, err = s.commitTarget(ctx, tg, w, relaxed, schedule.Span{First: j.ref.EndLSN, Last: j.ref.EndLSN}, durable)
+		before, progress, err = e.commitTarget(ctx, tg, w, relaxed, schedule.Span{First: j.ref.EndLSN, Last: j.ref.EndLSN}, durable)
 		if err != nil {
 			return err
 		}
 	} else {
-		s.stats.emptyTxns.Add(1)
+		e.stats.EmptyTxns.Add(1)
 	}
-	s.order.Finish(seq)
-	s.stats.txns.Add(1)
-	if err := s.cfg.hook(ctx, "after-commit", j.ref); err != nil {
+	e.order.Finish(seq)
+	e.txns.Add(1)
+	if err := e.host.Hook(ctx, "after-commit", j.ref); err != nil {
 		return err
 	}
-	s.committed(commitRef{seq: seq, txn: j.commit, job: j, progress: progress, before: before}, durable)
+	e.committed(commitOf(seq, j.commit, j, progress, before), durable)
 	return nil
 }
 
@@ -355,63 +338,63 @@ func (s *session) commitOn(ctx context.Context, tg *target.Conn, j *job, begun b
 // progress row at sp.Last, or with relaxed, the worker's row of the ahead table: the prefix as it
 // is now, and sp with the worker's other spans past it. It returns the committed prefix (a
 // sequence number) before the commit was sent, and the position of the progress row written.
-func (s *session) commitTarget(ctx context.Context, tg *target.Conn, w *worker, relaxed bool, sp schedule.Span, durable bool) (before uint64, progress decoding.LSN, err error) {
+func (e *Engine) commitTarget(ctx context.Context, tg *target.Conn, w *worker, relaxed bool, sp schedule.Span, durable bool) (before uint64, progress decoding.LSN, err error) {
 	if !relaxed {
-		before = s.order.Committed()
-		return before, sp.Last, tg.Commit(ctx, s.key, sp.Last, durable)
+		before = e.order.Committed()
+		return before, sp.Last, tg.Commit(ctx, e.key, sp.Last, durable)
 	}
-	before, prefix := s.prefix()
+	before, prefix := e.prefix()
 	if j := w.cur.Load(); j != nil && j.Seq.Load() > before+1 {
-		s.stats.committedAhead.Add(1)
+		e.stats.CommittedAhead.Add(1)
 	}
 	w.ahead.Prune(prefix)
 	w.ahead.Add(sp)
-	args := target.AheadArgs(s.key, w.id, prefix, w.ahead.Flat())
+	args := target.AheadArgs(e.key, w.id, prefix, w.ahead.Flat())
 	return before, prefix, tg.CommitAhead(ctx, args, sp.Last, durable)
 }
 
 // commitRun commits a run on tg, in its turn (or, relaxed, at once), with the progress row of its
 // last transaction, and hands its transactions over for acknowledgement, in order: the commit is
 // that of each, and the hooks are called for each.
-func (s *session) commitRun(ctx context.Context, tg *target.Conn, j *job, begun bool, w *worker, relaxed bool) error {
+func (e *Engine) commitRun(ctx context.Context, tg *target.Conn, j *job, begun bool, w *worker, relaxed bool) error {
 	seq := j.Seq.Load()
-	durable := s.cfg.SynchronousCommit
+	durable := e.cfg.SynchronousCommit
 	var progress decoding.LSN // the progress row written, if any
 	var before uint64
 	if begun {
 		for _, m := range j.members {
-			if err := s.cfg.hook(ctx, "before-commit", m.ref); err != nil {
+			if err := e.host.Hook(ctx, "before-commit", m.ref); err != nil {
 				return err
 			}
 		}
-		durable = s.syncCommit()
+		durable = e.syncCommit()
 		if !durable {
 			for _, m := range j.members {
-				if err := s.cfg.hook(ctx, "async-commit", m.ref); err != nil {
+				if err := e.host.Hook(ctx, "async-commit", m.ref); err != nil {
 					return err
 				}
 			}
 		}
-		tg.Source(j.commit.Xid, sourceCommit(j.commit))
+		tg.Source(j.commit.Xid, SourceCommit(j.commit))
 		sp := schedule.Span{First: j.members[0].ref.EndLSN, Last: j.ref.EndLSN}
 		var err error
-		if before, progress, err = s.commitTarget(ctx, tg, w, relaxed, sp, durable); err != nil {
+		if before, progress, err = e.commitTarget(ctx, tg, w, relaxed, sp, durable); err != nil {
 			return err
 		}
 	}
-	s.order.Finish(seq)
+	e.order.Finish(seq)
 	if begun {
-		s.stats.runsOnWorkers.Add(1)
+		e.stats.RunsOnWorkers.Add(1)
 	}
 	for _, m := range j.members {
-		s.stats.txns.Add(1)
+		e.txns.Add(1)
 		if !m.changed || !begun {
-			s.stats.emptyTxns.Add(1)
+			e.stats.EmptyTxns.Add(1)
 		}
-		s.committed(commitRef{seq: seq, txn: m.txn, job: j, progress: progress, before: before}, durable)
+		e.committed(commitOf(seq, m.txn, j, progress, before), durable)
 	}
 	for _, m := range j.members {
-		if err := s.cfg.hook(ctx, "after-commit", m.ref); err != nil {
+		if err := e.host.Hook(ctx, "after-commit", m.ref); err != nil {
 			return err
 		}
 	}

@@ -1,4 +1,4 @@
-package apply
+package engine
 
 import (
 	"context"
@@ -6,11 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgreorder/pgreorder/apply/internal/detect"
+	"github.com/pgreorder/pgreorder/apply/internal/plan"
 	"github.com/pgreorder/pgreorder/apply/internal/schedule"
 	"github.com/pgreorder/pgreorder/apply/internal/target"
 	"github.com/pgreorder/pgreorder/decoding"
@@ -56,10 +56,10 @@ type job struct {
 	q        *schedule.Queue // nil for a direct job
 	direct   bool            // applied on the leader's connection as its parts arrive
 	spooled  bool            // applied on the leader's connection at its commit
-	stepwise bool            // applied one statement at a time (Applier.stepwise, read when the job begins)
+	stepwise bool            // applied one statement at a time (Session.Stepwise, read when the job begins)
 
 	// Set by the leader before it queues schedule.RecCommit; read by the worker after.
-	ref    txnRef
+	ref    Ref
 	commit *reorderbuffer.Txn
 	// known is the commit of a transaction that arrived with it (a whole committed one), set
 	// before the job is handed out, or of a spooled one, set before the leader applies it: what
@@ -73,82 +73,73 @@ type job struct {
 	isRun   bool
 	mu      sync.Mutex
 	members []groupMember
-	opened  time.Time // leader only: when the run took its first transaction
-	changes int       // leader only: the changes queued
-	// Leader only (see chain): whether the run before it in commit order was a run too, 1 + the
-	// index of its first member with a change, and of the member that first queued a wait for
-	// the run before it (0: none; -1: it became serial first).
-	afterRun bool
-	firstAt  int
-	chainAt  int
-	probe    bool // leader only: opened as a probe (see chain)
-	unwoken  int  // leader only: records appended to a run's queue since its worker was woken (see runWake)
+	pr      plan.Run // leader only: what decides when the run is full, and whether it is chained
+	unwoken int      // leader only: records appended to a run's queue since its worker was woken (see runWake)
 
 	// Leader only.
-	begun   bool            // direct: the target transaction has begun
-	failed  error           // direct: a change the target refused (reported at the commit)
-	subs    []uint32        // subtransactions with a savepoint, in order
-	seen    map[uint32]bool // subtransactions seen
-	waitFor uint64          // the highest sequence number a schedule.RecWait was queued for
-	after   map[uint64]bool // relaxed: the sequence numbers a schedule.RecAfter was queued for
+	begun  bool            // direct: the target transaction has begun
+	failed error           // direct: a change the target refused (reported at the commit)
+	subs   []uint32        // subtransactions with a savepoint, in order
+	seen   map[uint32]bool // subtransactions seen
+	waits  plan.Waits      // the sequence numbers a schedule.RecWait (and relaxed, a RecAfter) was queued for
 }
 
 // runIncremental is the leader's loop in Eager and Parallel.
-func (s *session) runIncremental(ctx context.Context) error {
-	defer s.abandonGroup()
+func (e *Engine) runIncremental(ctx context.Context) error {
+	defer e.abandonGroup()
 	for {
-		if err := s.ackCommitted(ctx); err != nil {
+		if err := e.ackCommitted(ctx); err != nil {
 			return err
 		}
-		if s.caughtUp() {
-			return errCaughtUp
+		if e.caughtUp() {
+			return ErrCaughtUp
 		}
-		s.askPosition()
-		t, err := s.next(ctx)
+		e.askPosition()
+		t, err := e.next(ctx)
 		if err != nil {
-			if errors.Is(err, errIdle) && s.group.open() { // nothing more to read: commit
-				err = s.endGroup(ctx)
-			} else if errors.Is(err, errIdle) && s.run != nil && s.runStartable() {
-				err = s.sealRun()
+			if errors.Is(err, errIdle) && e.group.Open() { // nothing more to read: commit
+				err = e.endGroup(ctx)
+			} else if errors.Is(err, errIdle) && e.run != nil && e.runStartable() {
+				err = e.sealRun()
 			} else {
-				err = s.wakeUp(ctx, err)
+				err = e.wakeUp(ctx, err)
 			}
 			if err != nil {
 				return err
 			}
 			continue
 		}
-		if s.groupable(t) {
-			if err := s.runGrouped(ctx, t); err != nil {
+		if e.groupable(t) {
+			if err := e.runGrouped(ctx, t); err != nil {
 				return err
 			}
 			continue
 		}
-		if err := s.endGroup(ctx); err != nil {
+		if err := e.endGroup(ctx); err != nil {
 			return err
 		}
-		if s.runnable(t) {
-			if err := s.addToRun(ctx, t); err != nil {
+		if e.runnable(t) {
+			if err := e.addToRun(ctx, t); err != nil {
 				return err
 			}
 			continue
 		}
-		if err := s.sealRun(); err != nil {
+		if err := e.sealRun(); err != nil {
 			return err
 		}
 		switch {
 		case t.NonTransactional:
-			if err := s.stream.Ack(t); err != nil {
+			if err := e.stream.Ack(t); err != nil {
 				return err
 			}
 		case t.Part == reorderbuffer.Advance:
-			err = s.advanced(ctx, t)
+			err = e.advanced(ctx, t)
 		case t.Part == reorderbuffer.PartChanges || t.Part == reorderbuffer.PartCommit:
-			err = s.part(ctx, t)
+			err = e.part(ctx, t)
 		case t.Part == reorderbuffer.PartSubAbort:
-			err = s.subAbort(t)
+			err = e.subAbort(t)
 		case t.Part == reorderbuffer.PartAbort:
-			err = s.abort(ctx, t)
+			err = e.abort(ctx, t)
 		default:
 			err = fmt.Errorf("apply: unexpected %v transaction %d from an incremental stream", t.Part, t.Xid)
 		}
@@ -173,48 +164,48 @@ func (j *job) xids() []uint32 {
 }
 
 // part handles a part with changes (PartChanges or PartCommit).
-func (s *session) part(ctx context.Context, t *reorderbuffer.Txn) error {
-	if s.alreadyApplied(t) {
-		return s.skipApplied(ctx, t)
+func (e *Engine) part(ctx context.Context, t *reorderbuffer.Txn) error {
+	if e.alreadyApplied(t) {
+		return e.skipApplied(ctx, t)
 	}
-	j := s.jobs[t.Xid]
+	j := e.jobs[t.Xid]
 	if j == nil {
 		var err error
-		if j, err = s.newJob(ctx, t); err != nil {
+		if j, err = e.newJob(ctx, t); err != nil {
 			return err
 		}
-		s.jobs[t.Xid] = j
-		s.log.Debug("transaction", "xid", t.Xid, "streamed", t.Streamed, "direct", j.direct, "spooled", j.spooled, "seq", j.Seq.Load())
+		e.jobs[t.Xid] = j
+		e.log.Debug("transaction", "xid", t.Xid, "streamed", t.Streamed, "direct", j.direct, "spooled", j.spooled, "seq", j.Seq.Load())
 	}
 	var err error
 	if j.direct {
-		err = s.applyDirect(ctx, j, t)
+		err = e.applyDirect(ctx, j, t)
 	} else {
-		err = s.enqueue(ctx, j, t)
+		err = e.enqueue(ctx, j, t)
 	}
 	if err != nil {
 		return err
 	}
 	if t.Part == reorderbuffer.PartCommit {
-		return s.commitJob(ctx, j, t)
+		return e.commitJob(ctx, j, t)
 	}
 	return nil
 }
 
 // newJob decides who applies a transaction whose first part arrived.
-func (s *session) newJob(ctx context.Context, t *reorderbuffer.Txn) (*job, error) {
-	j := &job{xid: t.Xid, streamed: t.Streamed, stepwise: s.stepwise(t.Xid)}
+func (e *Engine) newJob(ctx context.Context, t *reorderbuffer.Txn) (*job, error) {
+	j := &job{xid: t.Xid, streamed: t.Streamed, stepwise: e.stepwise(t.Xid)}
 	if t.Part == reorderbuffer.PartCommit {
-		j.known = sourceCommit(t)
+		j.known = SourceCommit(t)
 	}
 	if !t.Streamed {
 		// Committed on the source already: it is next in commit order.
-		j.Seq.Store(s.order.Assign())
-		if s.cfg.Mode != Parallel || s.a.serial[t.Xid] {
+		j.Seq.Store(e.order.Assign())
+		if !e.mode.onWorker(t) {
 			j.direct = true
 			return j, nil
 		}
-		w, err := s.takeWorker(ctx)
+		w, err := e.takeWorker(ctx)
 		if err != nil {
 			return nil, err
 		}
@@ -222,24 +213,24 @@ func (s *session) newJob(ctx context.Context, t *reorderbuffer.Txn) (*job, error
 			j.direct = true
 			return j, nil
 		}
-		j.q = schedule.NewQueue(s.store, s.budget, s.share, &s.stats.queueSpilled)
+		j.q = schedule.NewQueue(e.store, e.budget, e.share, &e.stats.QueueSpilled)
 		w.cur.Store(j)
 		w.jobs <- j
 		return j, nil
 	}
-	j.q = schedule.NewQueue(s.store, s.budget, s.share, &s.stats.queueSpilled)
+	j.q = schedule.NewQueue(e.store, e.budget, e.share, &e.stats.QueueSpilled)
 	j.seen = map[uint32]bool{}
-	if s.a.serial[t.Xid] {
+	if e.serial[t.Xid] {
 		j.spooled = true
 		return j, nil
 	}
 	select {
-	case w := <-s.free:
+	case w := <-e.free:
 		w.cur.Store(j)
 		w.jobs <- j
 	default:
 		j.spooled = true
-		s.stats.spooled.Add(1)
+		e.stats.Spooled.Add(1)
 	}
 	return j, nil
 }
@@ -248,14 +239,14 @@ func (s *session) newJob(ctx context.Context, t *reorderbuffer.Txn) (*job, error
 // busy worker holds a committed transaction (it frees up without the leader); nil when every
 // busy worker holds a streamed transaction still open, which only the leader can move on: the
 // leader then applies the transaction itself.
-func (s *session) takeWorker(ctx context.Context) (*worker, error) {
+func (e *Engine) takeWorker(ctx context.Context) (*worker, error) {
 	select {
-	case w := <-s.free:
+	case w := <-e.free:
 		return w, nil
 	default:
 	}
 	finishing := false
-	for _, w := range s.workers {
+	for _, w := range e.workers {
 		if j := w.cur.Load(); j != nil && j.Seq.Load() != 0 {
 			finishing = true
 		}
@@ -264,7 +255,7 @@ func (s *session) takeWorker(ctx context.Context) (*worker, error) {
 		return nil, nil
 	}
 	select {
-	case w := <-s.free:
+	case w := <-e.free:
 		return w, nil
 	case <-ctx.Done():
 		return nil, context.Cause(ctx)
@@ -274,17 +265,17 @@ func (s *session) takeWorker(ctx context.Context) (*worker, error) {
 // applyDirect applies a part of a non-streamed transaction on the leader's connection, after
 // every earlier transaction committed. A change the target refuses is remembered and reported
 // at the commit, when the commit LSN is known.
-func (s *session) applyDirect(ctx context.Context, j *job, t *reorderbuffer.Txn) error {
+func (e *Engine) applyDirect(ctx context.Context, j *job, t *reorderbuffer.Txn) error {
 	if j.failed != nil {
 		return nil
 	}
-	if err := s.order.Wait(ctx, j.Seq.Load()-1); err != nil {
+	if err := e.order.Wait(ctx, j.Seq.Load()-1); err != nil {
 		return err
 	}
-	s.leaderJob.Store(j)
-	tg := s.leader
+	e.leaderJob.Store(j)
+	tg := e.leader
 	var failed error // a change the target refused: no further change of t is applied
-	err := s.eachChange(t, func(m decoding.Message, rels []*target.Relation) error {
+	err := e.eachChange(t, func(m decoding.Message, rels []*target.Relation) error {
 		if !j.begun {
 			tg.Stepwise(j.stepwise)
 			tg.Begin(j.xid, j.known)
@@ -294,27 +285,27 @@ func (s *session) applyDirect(ctx context.Context, j *job, t *reorderbuffer.Txn)
 		return failed
 	})
 	if failed != nil {
-		return s.directFailed(ctx, j, failed)
+		return e.directFailed(ctx, j, failed)
 	}
 	return err
 }
 
 // directFailed handles an error of a direct job: a refused change is kept for the commit, any
 // other error ends the session.
-func (s *session) directFailed(ctx context.Context, j *job, err error) error {
+func (e *Engine) directFailed(ctx context.Context, j *job, err error) error {
 	var ce *target.ChangeError
 	if !errors.As(err, &ce) {
-		return s.conflict(j, err)
+		return e.conflict(j, err)
 	}
 	j.failed = err
 	j.begun = false
-	return s.leader.Rollback(ctx)
+	return e.leader.Rollback(ctx)
 }
 
 // conflict turns an error that concurrency may have caused (a deadlock detected by the target, a
 // serialization failure, a lock timeout) into a restart that applies the transactions involved
 // alone: j and the streamed ones other connections hold open. Other errors pass.
-func (s *session) conflict(j *job, err error) error {
+func (e *Engine) conflict(j *job, err error) error {
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) {
 		return err
@@ -325,22 +316,22 @@ func (s *session) conflict(j *job, err error) error {
 		return err
 	}
 	xids := j.xids()
-	for _, w := range s.workers {
+	for _, w := range e.workers {
 		if o := w.cur.Load(); o != nil && o != j {
 			xids = append(xids, o.xids()...)
 		}
 	}
-	return &restartError{xids: xids, reason: err}
+	return e.host.Restart(xids, err)
 }
 
 // enqueue copies a part's changes into the job's queue: they are valid only until the next
 // Next. A streamed transaction's changes get a savepoint before each subtransaction's first
 // change, and a wait for the transactions that committed before them.
-func (s *session) enqueue(ctx context.Context, j *job, t *reorderbuffer.Txn) error {
-	return s.eachRecord(t, func(c decoding.Change, rels []*target.Relation) error {
+func (e *Engine) enqueue(ctx context.Context, j *job, t *reorderbuffer.Txn) error {
+	return e.eachRecord(t, func(c decoding.Change, rels []*target.Relation) error {
 		m := c.Msg
 		if !j.streamed {
-			if err := s.depend(ctx, j, m, rels); err != nil {
+			if err := e.depend(ctx, j, m, rels); err != nil {
 				return err
 			}
 		} else {
@@ -352,8 +343,7 @@ func (s *session) enqueue(ctx context.Context, j *job, t *reorderbuffer.Txn) err
 				}
 			}
 			// The change came after every transaction committed so far: it may read their rows.
-			if last := s.order.Last(); last > j.waitFor && last > s.order.Committed() {
-				j.waitFor = last
+			if last := e.order.Last(); j.waits.Prefix(last, e.order.Committed()) {
 				if err := j.q.Push(schedule.WaitRecord(last)); err != nil {
 					return err
 				}
@@ -413,7 +403,7 @@ const recInStream = 1
 
 // decodeChange reads a schedule.RecChange record. The message is valid until the parser's next
 // use, and aliases rec.
-func (s *session) decodeChange(p *decoding.Parser, rec []byte, rels []*target.Relation) (decoding.Message, []*target.Relation, error) {
+func (e *Engine) decodeChange(p *decoding.Parser, rec []byte, rels []*target.Relation) (decoding.Message, []*target.Relation, error) {
 	if len(rec) < 4 {
 		return nil, nil, errors.New("apply: short queue record")
 	}
@@ -425,15 +415,15 @@ func (s *session) decodeChange(p *decoding.Parser, rec []byte, rels []*target.Re
 	}
 	rels = rels[:0]
 	for i := range n {
-		rels = append(rels, s.reg.Get(binary.BigEndian.Uint32(rec[4*i:])))
+		rels = append(rels, e.reg.Get(binary.BigEndian.Uint32(rec[4*i:])))
 	}
 	m, err := p.Parse(rec[4*n:], inStream)
 	return m, rels, err
 }
 
 // subAbort undoes a subtransaction of a streamed job.
-func (s *session) subAbort(t *reorderbuffer.Txn) error {
-	j := s.jobs[t.Xid]
+func (e *Engine) subAbort(t *reorderbuffer.Txn) error {
+	j := e.jobs[t.Xid]
 	if j == nil || j.direct {
 		return nil
 	}
@@ -447,31 +437,31 @@ func (s *session) subAbort(t *reorderbuffer.Txn) error {
 }
 
 // abort undoes a job that will not commit.
-func (s *session) abort(ctx context.Context, t *reorderbuffer.Txn) error {
-	j := s.jobs[t.Xid]
+func (e *Engine) abort(ctx context.Context, t *reorderbuffer.Txn) error {
+	j := e.jobs[t.Xid]
 	if j == nil {
 		return nil
 	}
-	delete(s.jobs, t.Xid)
-	delete(s.a.serial, t.Xid)
-	delete(s.a.stepwise, t.Xid)
-	if s.deps != nil {
-		s.deps.Release(&j.Job)
+	delete(e.jobs, t.Xid)
+	delete(e.serial, t.Xid)
+	delete(e.stepwiseXids, t.Xid)
+	if e.deps != nil {
+		e.deps.Release(&j.Job)
 	}
 	switch {
 	case j.direct:
-		defer s.leaderJob.Store(nil)
+		defer e.leaderJob.Store(nil)
 		if j.begun {
-			if err := s.leader.Rollback(ctx); err != nil {
+			if err := e.leader.Rollback(ctx); err != nil {
 				return err
 			}
 		}
 		// Its sequence number is the last one handed out: nothing to commit under it.
 		seq := j.Seq.Load()
-		if err := s.order.Wait(ctx, seq-1); err != nil {
+		if err := e.order.Wait(ctx, seq-1); err != nil {
 			return err
 		}
-		s.order.Finish(seq)
+		e.order.Finish(seq)
 		return nil
 	case j.spooled:
 		return j.q.Close()
@@ -482,53 +472,53 @@ func (s *session) abort(ctx context.Context, t *reorderbuffer.Txn) error {
 
 // commitJob handles the commit of a job: the leader commits a direct job at once, applies a
 // spooled one now, and queues the commit of a worker's.
-func (s *session) commitJob(ctx context.Context, j *job, t *reorderbuffer.Txn) error {
-	delete(s.jobs, j.xid)
-	delete(s.a.serial, j.xid)
-	delete(s.a.stepwise, j.xid)
-	j.ref = txnRef{Xid: t.Xid, Streamed: t.Streamed, CommitLSN: t.CommitLSN, EndLSN: t.EndLSN}
+func (e *Engine) commitJob(ctx context.Context, j *job, t *reorderbuffer.Txn) error {
+	delete(e.jobs, j.xid)
+	delete(e.serial, j.xid)
+	delete(e.stepwiseXids, j.xid)
+	j.ref = Ref{Xid: t.Xid, Streamed: t.Streamed, CommitLSN: t.CommitLSN, EndLSN: t.EndLSN}
 	j.commit = t
 	if j.Seq.Load() == 0 {
-		j.Seq.Store(s.order.Assign())
+		j.Seq.Store(e.order.Assign())
 	}
 	switch {
 	case j.direct:
-		defer s.leaderJob.Store(nil)
+		defer e.leaderJob.Store(nil)
 		if j.failed != nil {
-			return s.txnError(j.ref, j.failed)
+			return e.host.TxnError(j.ref, j.failed)
 		}
-		if err := s.order.Wait(ctx, j.Seq.Load()-1); err != nil {
+		if err := e.order.Wait(ctx, j.Seq.Load()-1); err != nil {
 			return err
 		}
-		if err := s.commitOn(ctx, s.leader, j, j.begun, nil); err != nil {
+		if err := e.commitOn(ctx, e.leader, j, j.begun, nil); err != nil {
 			var ce *target.ChangeError
 			if errors.As(err, &ce) { // applied alone, after every earlier transaction
-				return s.txnError(j.ref, err)
+				return e.host.TxnError(j.ref, err)
 			}
-			return s.conflict(j, err)
+			return e.conflict(j, err)
 		}
-		return s.ackCommitted(ctx)
+		return e.ackCommitted(ctx)
 	case j.spooled:
-		j.known = sourceCommit(t) // applied from here on, on this goroutine
+		j.known = SourceCommit(t) // applied from here on, on this goroutine
 		if err := j.q.Push([]byte{schedule.RecCommit}); err != nil {
 			return err
 		}
-		if err := s.order.Wait(ctx, j.Seq.Load()-1); err != nil {
+		if err := e.order.Wait(ctx, j.Seq.Load()-1); err != nil {
 			return err
 		}
-		s.leaderJob.Store(j)
-		defer s.leaderJob.Store(nil)
-		if err := s.runJob(ctx, s.leader, j, nil); err != nil {
+		e.leaderJob.Store(j)
+		defer e.leaderJob.Store(nil)
+		if err := e.runJob(ctx, e.leader, j, nil); err != nil {
 			var ce *target.ChangeError
 			if errors.As(err, &ce) { // applied alone, after every earlier transaction
-				return s.txnError(j.ref, err)
+				return e.host.TxnError(j.ref, err)
 			}
 			return err
 		}
-		return s.ackCommitted(ctx)
+		return e.ackCommitted(ctx)
 	default:
-		if j.streamed && s.deps != nil {
-			s.deps.After(j.Seq.Load()) // its keys are not tracked
+		if j.streamed && e.deps != nil {
+			e.deps.After(j.Seq.Load()) // its keys are not tracked
 		}
 		return j.q.Push([]byte{schedule.RecCommit})
 	}

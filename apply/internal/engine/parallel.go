@@ -1,4 +1,4 @@
-package apply
+package engine
 
 import (
 	"context"
@@ -32,39 +32,35 @@ import (
 
 // groupable says whether t joins the open run (or opens one): in Eager, and in Parallel while
 // its runs are chained (see chain).
-func (s *session) groupable(t *reorderbuffer.Txn) bool {
-	if s.cfg.Mode == Parallel {
-		return !(s.cfg.hooks != nil && s.cfg.hooks.workersOnly) && s.chain.leads() && s.run == nil && len(s.jobs) == 0 && s.runnable(t)
-	}
-	return s.cfg.Mode == Eager && !t.NonTransactional && t.Part == reorderbuffer.PartCommit && !t.Streamed &&
-		len(s.jobs) == 0 && !s.a.serial[t.Xid]
+func (e *Engine) groupable(t *reorderbuffer.Txn) bool {
+	return e.mode.groupable(t)
 }
 
 // runGrouped applies t in the open run, opening one, after every earlier transaction
 // committed, if there is none.
-func (s *session) runGrouped(ctx context.Context, t *reorderbuffer.Txn) error {
-	// Parallel's groups take no more transactions than its runs (Config.runTxns, tests only).
-	if s.cfg.Mode == Parallel && s.group.open() && s.cfg.runTxns > 0 && len(s.group.members) >= s.cfg.runTxns {
-		if err := s.commitGroup(ctx); err != nil {
+func (e *Engine) runGrouped(ctx context.Context, t *reorderbuffer.Txn) error {
+	// Parallel's groups take no more transactions than its runs (Config.RunTxns, tests only).
+	if e.cfg.Mode == Parallel && e.group.Open() && e.cfg.RunTxns > 0 && len(e.group.members) >= e.cfg.RunTxns {
+		if err := e.commitGroup(ctx); err != nil {
 			return err
 		}
 	}
-	if !s.group.open() {
-		if err := s.order.Wait(ctx, s.order.Last()); err != nil {
+	if !e.group.Open() {
+		if err := e.order.Wait(ctx, e.order.Last()); err != nil {
 			return err
 		}
 	}
-	return s.applyGrouped(ctx, t)
+	return e.applyGrouped(ctx, t)
 }
 
 // endGroup commits the open run, if any; the leader's connection then applies one statement
 // per change again.
-func (s *session) endGroup(ctx context.Context) error {
-	if !s.group.open() {
+func (e *Engine) endGroup(ctx context.Context) error {
+	if !e.group.Open() {
 		return nil
 	}
-	err := s.commitGroup(ctx)
-	s.leader.Coalesce(false)
+	err := e.commitGroup(ctx)
+	e.leader.Coalesce(false)
 	return err
 }
 
@@ -75,8 +71,8 @@ func (s *session) endGroup(ctx context.Context) error {
 // of the commit order and of the dependency tracker: its changes wait, as a transaction's would,
 // for the earlier runs in flight that touched the same rows, so runs that touch different rows are
 // applied at once, and a run that depends on the one before waits for its commit while the leader
-// fills the next. A run takes transactions up to the limits of a group (groupMaxTxns,
-// groupMaxChanges, groupMaxAge), and ends when the stream has nothing more to read and nothing
+// fills the next. A run takes transactions up to the limits of a group (plan.GroupMaxTxns,
+// plan.GroupMaxChanges, plan.GroupMaxAge), and ends when the stream has nothing more to read and nothing
 // earlier it would wait for is in flight (runStartable), or when it hands out anything else (a part
 // of a streamed or large transaction, an abort, an idle advance, a transaction to apply alone): the
 // run's commit then comes before it in commit order. Handing a run over costs the leader nothing
@@ -93,136 +89,73 @@ func (s *session) endGroup(ctx context.Context) error {
 // hot row only here and there is not: its worker goes through what comes before the wait while the
 // run before it commits. Nor is a run that waits because it became serial (a change without a
 // usable key, TRUNCATE, triggers) before any such wait: its changes go one statement each, work on
-// the target that gains from the leader reading on meanwhile. After chainRuns chained runs in a row
+// the target that gains from the leader reading on meanwhile. After plan.ChainRuns chained runs in a row
 // the leader applies whole transactions itself, as Eager does (groupable): as Buffered groups,
 // set-based, on its own connection, each group in one target transaction with the progress row of
 // its last, after every earlier transaction committed and before anything later is handed out, so
 // in source order whatever the commit order. Streamed transactions still go to workers meanwhile,
-// and a transaction that cannot join a run does not join a group either. After chainProbe groups it
+// and a transaction that cannot join a run does not join a group either. After plan.ChainProbe groups it
 // hands runs to the workers again, a probe: the first one follows a group, which it cannot wait
 // for, and shows nothing; the next one says whether the runs are still chained. A probe's runs take
-// at most chainProbeTxns transactions each, so that a probe costs the leader, which waits for their
+// at most plan.ChainProbeTxns transactions each, so that a probe costs the leader, which waits for their
 // commits before it takes over again, two small commits rather than two full runs. A run found
-// chained by its first transaction takes no more either: the chainRuns chained runs that hand the
+// chained by its first transaction takes no more either: the plan.ChainRuns chained runs that hand the
 // runs to the leader are small too. A probe that finds the runs still chained doubles the number of
-// groups before the next one, up to chainProbeMax: runs chained for long cost fewer and fewer
+// groups before the next one, up to plan.ChainProbeMax: runs chained for long cost fewer and fewer
 // probes. A run that is not chained hands the following ones (of full size) to workers until
-// chainRuns chained runs come in a row again, and the next time the leader takes over it probes
-// after chainProbe groups again.
-const (
-	chainRuns      = 3
-	chainProbe     = 16
-	chainProbeMax  = 256
-	chainProbeTxns = 32
-)
-
-// chain is what the leader learned of its recent runs (see Chained runs).
-type chain struct {
-	streak  int    // chained runs in a row
-	lead    bool   // whole transactions go into groups on the leader
-	groups  int    // groups the leader committed since it took over, or since the last probe
-	every   int    // groups between probes now (0: chainProbe)
-	lastRun uint64 // the sequence number of the last run opened
-}
-
-// interval returns the number of groups the leader commits before its next probe.
-func (c *chain) interval() int {
-	if c.every == 0 {
-		return chainProbe
-	}
-	return c.every
-}
-
-// leads says whether the leader applies whole transactions itself now.
-func (c *chain) leads() bool { return c.lead && c.groups < c.interval() }
-
-// probing says whether the runs handed to the workers now are a probe.
-func (c *chain) probing() bool { return c.lead && c.groups >= c.interval() }
-
-// opened notes a run that took sequence number seq.
-func (c *chain) opened(j *job, seq uint64) {
-	j.afterRun = c.lastRun != 0 && c.lastRun == seq-1
-	j.probe = c.probing()
-	c.lastRun = seq
-}
-
-// sealed learns from a run about to be sealed. It reports whether the leader, which applied
-// whole transactions itself, hands them to the workers again (the run was not chained).
-func (c *chain) sealed(j *job) (handback bool) {
-	if !j.afterRun { // it could wait for no run: it shows nothing
-		return false
-	}
-	if !j.chained() {
-		handback = c.lead
-		c.streak, c.lead, c.every = 0, false, 0
-		return handback
-	}
-	c.streak++
-	if c.streak < chainRuns {
-		return false
-	}
-	if j.probe { // still chained: the next probe comes later
-		c.every = min(2*c.interval(), chainProbeMax)
-	}
-	c.lead, c.groups = true, 0
-	return false
-}
-
-// chained says whether the run j, sealed now, is chained (see chain): its first transaction
-// with changes waited for the run before it.
-func (j *job) chained() bool { return j.afterRun && j.chainAt > 0 && j.chainAt == j.firstAt }
-
-// groupCommitted notes a group the leader committed.
-func (c *chain) groupCommitted() { c.groups++ }
+// plan.ChainRuns chained runs come in a row again, and the next time the leader takes over it probes
+// after plan.ChainProbe groups again.
+// The decisions are plan.Chain's and plan.Run's, with their limits (plan.ChainRuns...).
 
 // runnable says whether t joins the open run (or opens one).
-func (s *session) runnable(t *reorderbuffer.Txn) bool {
-	return s.cfg.Mode == Parallel && !t.NonTransactional && t.Part == reorderbuffer.PartCommit && !t.Streamed &&
-		s.jobs[t.Xid] == nil && !s.a.serial[t.Xid] && !(s.det != nil && s.leader.Origin() != "" && lastUpdateWins(&s.cfg.Conflicts))
+func (e *Engine) runnable(t *reorderbuffer.Txn) bool {
+	return e.mode.runnable(t)
 }
 
 // addToRun queues t in the open run, after sealing it if it is full, or in a new one.
-func (s *session) addToRun(ctx context.Context, t *reorderbuffer.Txn) error {
-	now := s.cfg.now()
-	if j := s.run; j != nil && (s.runFull() || now.Sub(j.opened) >= groupMaxAge) {
-		if err := s.sealRun(); err != nil {
+func (e *Engine) addToRun(ctx context.Context, t *reorderbuffer.Txn) error {
+	now := e.cfg.Now()
+	if j := e.run; j != nil && (e.runFull() || j.pr.Expired(now)) {
+		if err := e.sealRun(); err != nil {
 			return err
 		}
-		if s.groupable(t) { // the runs are chained: the leader takes over
-			return s.runGrouped(ctx, t)
+		if e.groupable(t) { // the runs are chained: the leader takes over
+			return e.runGrouped(ctx, t)
 		}
 	}
-	if s.run == nil {
-		w, err := s.takeWorker(ctx)
+	if e.run == nil {
+		w, err := e.takeWorker(ctx)
 		if err != nil {
 			return err
 		}
 		if w == nil { // every worker holds a streamed transaction still open: the leader applies t
-			return s.part(ctx, t)
+			return e.part(ctx, t)
 		}
-		j := &job{xid: t.Xid, isRun: true, opened: now, stepwise: s.stepwise(t.Xid)}
-		j.Seq.Store(s.order.Assign())
-		s.chain.opened(j, j.Seq.Load())
-		j.q = schedule.NewQueue(s.store, s.budget, s.share, &s.stats.queueSpilled)
+		j := &job{xid: t.Xid, isRun: true, stepwise: e.stepwise(t.Xid)}
+		j.pr.Opened = now
+		j.Seq.Store(e.order.Assign())
+		e.chain.Opened(&j.pr, j.Seq.Load())
+		j.q = schedule.NewQueue(e.store, e.budget, e.share, &e.stats.QueueSpilled)
 		w.cur.Store(j)
 		w.jobs <- j
-		s.run = j
+		e.run = j
 	}
-	j := s.run
+	j := e.run
 	j.mu.Lock()
-	j.members = append(j.members, groupMember{txn: t, ref: txnRef{Xid: t.Xid, CommitLSN: t.CommitLSN, EndLSN: t.EndLSN}})
+	j.members = append(j.members, groupMember{txn: t, ref: Ref{Xid: t.Xid, CommitLSN: t.CommitLSN, EndLSN: t.EndLSN}})
 	i := len(j.members) - 1
 	j.mu.Unlock()
+	j.pr.Txns++
 	if err := j.q.Append(schedule.TxnRecord(uint32(i))); err != nil {
 		return err
 	}
 	j.unwoken++
-	if s.alreadyApplied(t) { // committed before the restart: an empty member
+	if e.alreadyApplied(t) { // committed before the restart: an empty member
 		return nil
 	}
 	changed := false
-	err := s.eachRecord(t, func(c decoding.Change, rels []*target.Relation) error {
-		if err := s.depend(ctx, j, c.Msg, rels); err != nil {
+	err := e.eachRecord(t, func(c decoding.Change, rels []*target.Relation) error {
+		if err := e.depend(ctx, j, c.Msg, rels); err != nil {
 			return err
 		}
 		rec, err := encodeChange(c, rels)
@@ -230,7 +163,7 @@ func (s *session) addToRun(ctx context.Context, t *reorderbuffer.Txn) error {
 			return err
 		}
 		changed = true
-		j.changes++
+		j.pr.Changes++
 		j.unwoken++
 		return j.q.Append(rec)
 	})
@@ -259,52 +192,31 @@ const runWake = 64
 // one keeps taking the transactions that arrive instead: sealed, it would only wait, and
 // a backlog the source delivers in bursts would otherwise be cut into many small runs, each a
 // commit of its own, where Buffered's groups grow during each commit's round trip. The earlier
-// commit wakes the leader (session.committed), which then seals the run once nothing more
+// commit wakes the leader (Engine.committed), which then seals the run once nothing more
 // is ready; every earlier transaction has all its records queued, so none of them waits for
 // the leader.
-func (s *session) runStartable() bool {
-	j := s.run
-	if j == nil || s.runFull() {
+func (e *Engine) runStartable() bool {
+	j := e.run
+	if j == nil || e.runFull() {
 		return true
 	}
-	done := s.order.Committed()
-	if !s.cfg.relaxed() {
-		return done >= j.Seq.Load()-1
-	}
-	// Relaxed: it commits as soon as what it waits for did.
-	if j.waitFor > done {
-		return false
-	}
-	for dep := range j.after {
-		if dep > done && !s.order.Finished(dep) {
-			return false
-		}
-	}
-	return true
+	return j.waits.Startable(j.Seq.Load(), false, e.cfg.Relaxed, e.order.Committed(), e.order.Finished)
 }
 
 // runFull says whether the open run took as many transactions or changes as a run may.
-func (s *session) runFull() bool {
-	maxTxns := groupMaxTxns
-	if s.cfg.runTxns > 0 {
-		maxTxns = s.cfg.runTxns
-	}
-	j := s.run
-	if j.probe || j.chained() { // small while it only tells whether the runs are chained
-		maxTxns = min(maxTxns, chainProbeTxns)
-	}
-	return len(j.members) >= maxTxns || j.changes >= groupMaxChanges
+func (e *Engine) runFull() bool {
+	return e.run.pr.Full(e.cfg.RunTxns) // small while it only tells whether the runs are chained
 }
 
 // sealRun queues the commit of the open run, if any.
-func (s *session) sealRun() error {
-	j := s.run
+func (e *Engine) sealRun() error {
+	j := e.run
 	if j == nil {
 		return nil
 	}
-	s.run = nil
-	if s.chain.sealed(j) {
-		s.stats.handbacks.Add(1)
+	e.run = nil
+	if e.chain.Sealed(&j.pr) {
+		e.stats.Handbacks.Add(1)
 	}
 	j.mu.Lock()
 	last := j.members[len(j.members)-1]
@@ -316,17 +228,13 @@ func (s *session) sealRun() error {
 // depend queues, before a change of a committed transaction a worker applies (Parallel), a
 // wait for the earlier transactions in flight it depends on. A run notes the first of its
 // members that waits for the run before it (see chain).
-func (s *session) depend(ctx context.Context, j *job, m decoding.Message, rels []*target.Relation) error {
-	if j.isRun && j.firstAt == 0 {
-		j.firstAt = len(j.members)
+func (e *Engine) depend(ctx context.Context, j *job, m decoding.Message, rels []*target.Relation) error {
+	if j.isRun {
+		j.pr.Change()
 	}
-	err := s.dependOn(ctx, j, m, rels)
-	if j.isRun && j.chainAt == 0 && j.afterRun {
-		if prev := j.Seq.Load() - 1; j.Serial {
-			j.chainAt = -1 // it waits to be applied alone: not counted (see chain)
-		} else if j.waitFor >= prev || j.after[prev] {
-			j.chainAt = len(j.members)
-		}
+	err := e.dependOn(ctx, j, m, rels)
+	if j.isRun { // one waiting to be applied alone is not counted as chained
+		j.pr.Waited(j.Serial, j.waits.OnPrev(j.Seq.Load()))
 	}
 	return err
 }
@@ -334,15 +242,15 @@ func (s *session) depend(ctx context.Context, j *job, m decoding.Message, rels [
 // keyFormsOf returns how the target table m compares the values of each source column, for the
 // tracker: whether equal values may be sent differently (numeric 1.0 and 1.00). Kept per table;
 // nil for none.
-func (s *session) keyFormsOf(m *target.Table) []schedule.KeyForm {
+func (e *Engine) keyFormsOf(m *target.Table) []schedule.KeyForm {
 	if m == nil {
 		return nil
 	}
-	if f, ok := s.keyForms[m]; ok {
+	if f, ok := e.keyForms[m]; ok {
 		return f
 	}
-	if s.keyForms == nil || len(s.keyForms) >= maxKeyForms {
-		s.keyForms = map[*target.Table][]schedule.KeyForm{} // tables of older schemas go with the rest
+	if e.keyForms == nil || len(e.keyForms) >= maxKeyForms {
+		e.keyForms = map[*target.Table][]schedule.KeyForm{} // tables of older schemas go with the rest
 	}
 	var forms []schedule.KeyForm
 	for i := 0; ; i++ {
@@ -352,7 +260,7 @@ func (s *session) keyFormsOf(m *target.Table) []schedule.KeyForm {
 		}
 		forms = append(forms, schedule.KeyFormOf(oid, nondet))
 	}
-	s.keyForms[m] = forms
+	e.keyForms[m] = forms
 	return forms
 }
 
@@ -360,52 +268,86 @@ func (s *session) keyFormsOf(m *target.Table) []schedule.KeyForm {
 const maxKeyForms = 4096
 
 // dependOn is depend's wait.
-func (s *session) dependOn(ctx context.Context, j *job, m decoding.Message, rels []*target.Relation) error {
+func (e *Engine) dependOn(ctx context.Context, j *job, m decoding.Message, rels []*target.Relation) error {
 	// Triggers (foreign keys included) that fire on the target make the order of otherwise
 	// independent transactions visible: such tables are applied serially. A table the target
 	// cannot take fails when applied, alone.
-	rm, err := s.leader.Mapping(ctx, rels[0], target.OpNone)
+	rm, err := e.leader.Mapping(ctx, rels[0], target.OpNone)
 	var ce *target.ChangeError
 	if err != nil && !errors.As(err, &ce) {
 		return err
 	}
 	var key []int // a FULL table's target key, which identifies its rows as well as a replica identity key
 	if err == nil {
-		if key, err = s.leader.FullKey(ctx, rm); err != nil {
+		if key, err = e.leader.FullKey(ctx, rm); err != nil {
 			return err
 		}
 	}
-	d, serial := s.deps.ChangeDeps(&j.Job, rels[0].Rel, key, s.keyFormsOf(rm), m, rm == nil || rm.Triggers)
+	d, serial := e.deps.ChangeDeps(&j.Job, rels[0].Rel, key, e.keyFormsOf(rm), m, rm == nil || rm.Triggers)
 	if serial {
-		s.stats.serialTxns.Add(1)
+		e.stats.SerialTxns.Add(1)
 	}
-	if !s.cfg.relaxed() {
+	if !e.cfg.Relaxed {
 		// Commits in source order: waiting for the prefix up to the last dependency covers them all.
-		if wait := d.Max(); wait > j.waitFor && wait > s.order.Committed() {
-			j.waitFor = wait
+		if wait := d.Max(); j.waits.Prefix(wait, e.order.Committed()) {
 			return j.q.Push(schedule.WaitRecord(wait))
 		}
 		return nil
 	}
 	// Relaxed: a dependency may commit before transactions it does not depend on; each one is
 	// waited for on its own.
-	if d.Prefix > j.waitFor && d.Prefix > s.order.Committed() {
-		j.waitFor = d.Prefix
+	if j.waits.Prefix(d.Prefix, e.order.Committed()) {
 		if err := j.q.Push(schedule.WaitRecord(d.Prefix)); err != nil {
 			return err
 		}
 	}
 	for _, dep := range d.Seqs[:d.N] {
-		if dep <= j.waitFor || j.after[dep] || s.order.Finished(dep) {
+		if !j.waits.On(dep, e.order.Finished(dep)) {
 			continue
 		}
-		if j.after == nil {
-			j.after = map[uint64]bool{}
-		}
-		j.after[dep] = true
 		if err := j.q.Push(schedule.AfterRecord(dep)); err != nil {
 			return err
 		}
 	}
 	return nil
 }
+
+// mode is what tells Eager from Parallel on the leader: where a transaction that arrives
+// goes. (Buffered has a loop of its own: runBuffered.)
+type mode interface {
+	// groupable says whether t joins the leader's open group (or opens one).
+	groupable(t *reorderbuffer.Txn) bool
+	// runnable says whether t joins the open run of a worker (or opens one).
+	runnable(t *reorderbuffer.Txn) bool
+	// onWorker says whether a whole committed transaction, neither grouped nor in a run, is
+	// applied by a worker rather than on the leader's connection.
+	onWorker(t *reorderbuffer.Txn) bool
+}
+
+// eager: whole transactions on the leader's connection (grouped while nothing else is in
+// flight), streamed ones on workers.
+type eager struct{ e *Engine }
+
+func (m eager) groupable(t *reorderbuffer.Txn) bool {
+	return !t.NonTransactional && t.Part == reorderbuffer.PartCommit && !t.Streamed && len(m.e.jobs) == 0 && !m.e.serial[t.Xid]
+}
+
+func (eager) runnable(*reorderbuffer.Txn) bool { return false }
+
+func (eager) onWorker(*reorderbuffer.Txn) bool { return false }
+
+// parallel: whole transactions in runs on workers, or grouped on the leader's connection while
+// the runs are chained.
+type parallel struct{ e *Engine }
+
+func (m parallel) groupable(t *reorderbuffer.Txn) bool {
+	e := m.e
+	return !e.cfg.WorkersOnly && e.chain.Leads() && e.run == nil && len(e.jobs) == 0 && m.runnable(t)
+}
+
+func (m parallel) runnable(t *reorderbuffer.Txn) bool {
+	e := m.e
+	return !t.NonTransactional && t.Part == reorderbuffer.PartCommit && !t.Streamed && e.jobs[t.Xid] == nil && !e.serial[t.Xid] && !e.alone
+}
+
+func (m parallel) onWorker(t *reorderbuffer.Txn) bool { return !m.e.serial[t.Xid] }

@@ -1,4 +1,4 @@
-package apply
+package engine
 
 import (
 	"sync/atomic"
@@ -34,8 +34,8 @@ func BenchmarkQueueChange(b *testing.B) {
 		b.Fatal(err)
 	}
 	c := decoding.Change{Msg: m, Relation: rel, Raw: raw, InStream: true}
-	s := &session{reg: target.NewRegistry()}
-	rels := []*target.Relation{s.reg.Intern(rel, noTypes{})}
+	e := &Engine{reg: target.NewRegistry()}
+	rels := []*target.Relation{e.reg.Intern(rel, noTypes{})}
 	var spilled atomic.Int64
 	q := schedule.NewQueue(schedule.NewSpillStore(b.TempDir(), nil), schedule.NewBudget(1<<20), 1<<20, &spilled)
 	defer q.Close()
@@ -54,7 +54,7 @@ func BenchmarkQueueChange(b *testing.B) {
 		if err != nil || !ok {
 			b.Fatal(ok, err)
 		}
-		if _, wrels, err = s.decodeChange(&wp, rec, wrels); err != nil {
+		if _, wrels, err = e.decodeChange(&wp, rec, wrels); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -63,6 +63,6 @@ func BenchmarkQueueChange(b *testing.B) {
 		rec, _ := encodeChange(c, rels)
 		_ = q.Push(rec)
 		rec, _, _ = q.TryPop()
-		_, wrels, _ = s.decodeChange(&wp, rec, wrels)
+		_, wrels, _ = e.decodeChange(&wp, rec, wrels)
 	})), "allocs/change")
 }
