@@ -94,7 +94,7 @@ func (e *Engine) syncCommit() bool {
 	a := &e.acks
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.SyncCommit(e.cfg.Now(), e.cfg.AsyncDelay)
+	return a.SyncCommit(time.Now(), e.cfg.AsyncDelay) // the wall clock: a flush is due in real time
 }
 
 // committed records a commit, in commit order; durable says that it, and so every commit before
