@@ -4,12 +4,9 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/jackc/pgx/v5/pgconn"
-
 	"github.com/pgreorder/pgreorder/apply/internal/schedule"
 	"github.com/pgreorder/pgreorder/apply/internal/target"
 	"github.com/pgreorder/pgreorder/decoding"
-	"github.com/pgreorder/pgreorder/internal/pgsession"
 )
 
 // Relaxed commit order (Config.CommitOrder). A worker that commits transactions ahead of the
@@ -33,37 +30,21 @@ func (s *session) setupAhead(ctx context.Context, resume decoding.LSN) (decoding
 	tg := s.leader
 	progress := tg.Table(s.cfg.ProgressTable)
 	s.aheadTable = target.CompanionTable(progress, "_ahead")
-	rows, err := target.Query(ctx, tg.PG(), "SELECT pg_catalog.count(*) FROM "+progress+" WHERE slot = $1", s.cfg.Source.Slot)
+	had, err := tg.HasProgress(ctx, progress, s.cfg.Source.Slot)
 	if err != nil {
-		return 0, fmt.Errorf("apply: reading the progress table %s: %w", progress, err)
+		return 0, fmt.Errorf("apply: %w", err)
 	}
-	s.hadProgress = string(rows[0][0]) != "0"
-	rows, err = target.Query(ctx, tg.PG(), "SELECT pg_catalog.to_regclass($1) IS NOT NULL", s.aheadTable)
+	s.hadProgress = had
+	rows, all, _, err := tg.AheadRows(ctx, s.aheadTable, s.cfg.Source.Slot, s.key.System, s.cfg.relaxed())
 	if err != nil {
-		return 0, fmt.Errorf("apply: looking for the ahead table: %w", err)
+		return 0, fmt.Errorf("apply: %w", err)
 	}
-	if string(rows[0][0]) != "t" {
-		if !s.cfg.relaxed() {
-			return resume, nil
-		}
-		err := tg.PG().Exec(ctx, target.AheadTableSQL(s.aheadTable)).Close()
-		if err != nil && !pgsession.IsCode(err, "42P07") && !pgsession.IsCode(err, "23505") { // made meanwhile
-			return 0, fmt.Errorf("apply: creating the ahead table %s (relaxed commit order; as the progress table's owner, run %s): %w",
-				s.aheadTable, target.AheadTableSQL(s.aheadTable), err)
-		}
-		return resume, nil
-	}
-	rows, err = target.Query(ctx, tg.PG(), "SELECT end_lsn::text, spans::text, system_id FROM "+s.aheadTable+" WHERE slot = $1",
-		s.cfg.Source.Slot)
-	if err != nil {
-		return 0, fmt.Errorf("apply: reading the ahead table %s: %w", s.aheadTable, err)
-	}
-	if len(rows) == 0 {
+	if all == 0 {
 		return resume, nil
 	}
 	if !s.hadProgress {
-		if _, err := target.Query(ctx, tg.PG(), "DELETE FROM "+s.aheadTable+" WHERE slot = $1", s.cfg.Source.Slot); err != nil {
-			return 0, fmt.Errorf("apply: deleting the slot's rows of the ahead table %s: %w", s.aheadTable, err)
+		if err := tg.DeleteAhead(ctx, s.aheadTable, s.cfg.Source.Slot); err != nil {
+			return 0, fmt.Errorf("apply: %w", err)
 		}
 		s.log.Info("the slot has rows in the ahead table but no progress row: deleted them", "slot", s.cfg.Source.Slot, "table", s.aheadTable)
 		return resume, nil
@@ -71,21 +52,10 @@ func (s *session) setupAhead(ctx context.Context, resume decoding.LSN) (decoding
 	prefix := resume
 	var folded schedule.Ahead
 	for _, r := range rows {
-		if string(r[2]) != s.key.System { // another source system's: the progress row names this one
-			continue
-		}
-		p, err := decoding.ParseLSN(string(r[0]))
-		if err != nil {
+		if err := folded.AddFlat(r.Spans); err != nil {
 			return 0, fmt.Errorf("apply: ahead table %s: %w", s.aheadTable, err)
 		}
-		pairs, err := target.ParseLSNs(string(r[1]))
-		if err == nil {
-			err = folded.AddFlat(pairs)
-		}
-		if err != nil {
-			return 0, fmt.Errorf("apply: ahead table %s: %w", s.aheadTable, err)
-		}
-		prefix = max(prefix, p)
+		prefix = max(prefix, r.End)
 	}
 	folded.Prune(prefix)
 	if err := s.foldAhead(ctx, prefix, folded.Flat()); err != nil {
@@ -102,17 +72,8 @@ func (s *session) setupAhead(ctx context.Context, resume decoding.LSN) (decoding
 // foldAhead replaces the slot's rows of the ahead table by one, worker 0's, with the spans past
 // prefix, and moves the progress row to prefix, in one synchronous target transaction.
 func (s *session) foldAhead(ctx context.Context, prefix decoding.LSN, spans []decoding.LSN) error {
-	b := &pgconn.Batch{}
-	b.ExecParams("BEGIN", nil, nil, nil, nil)
-	b.ExecParams("SET LOCAL synchronous_commit = on", nil, nil, nil, nil)
-	b.ExecParams(s.flushSQL, s.key.Args(prefix), nil, nil, nil)
-	b.ExecParams("DELETE FROM "+s.aheadTable+" WHERE slot = $1", [][]byte{[]byte(s.cfg.Source.Slot)}, nil, nil, nil)
-	if len(spans) > 0 {
-		b.ExecParams(target.AheadSQL(s.aheadTable), target.AheadArgs(s.key, 0, prefix, spans), nil, nil, nil)
-	}
-	b.ExecParams("COMMIT", nil, nil, nil, nil)
-	if _, err := s.leader.PG().ExecBatch(ctx, b).ReadAll(); err != nil {
-		return fmt.Errorf("apply: folding the slot's rows of the ahead table %s: %w", s.aheadTable, err)
+	if err := s.leader.FoldAhead(ctx, s.aheadTable, s.flushSQL, s.key, prefix, spans); err != nil {
+		return fmt.Errorf("apply: %w", err)
 	}
 	return nil
 }

@@ -331,7 +331,7 @@ type Config struct {
 
 	hooks *hooks // tests only: fault injection
 	// runTxns, tests only: the most transactions a run of Parallel, or a group its leader applies
-	// (chained runs), takes (0: groupMaxTxns).
+	// (chained runs), takes (0: plan.GroupMaxTxns).
 	runTxns int
 	// stepwise, tests only: every transaction is applied one statement at a time
 	// (target.Conn.Stepwise), the order in which conflicts are resolved that batches must match.

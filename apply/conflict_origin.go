@@ -27,8 +27,7 @@ func (s *session) setupConflicts(ctx context.Context) error {
 		}
 		var ids []uint32
 		for _, n := range names {
-			rows, err := target.Query(ctx, tg.PG(), `SELECT coalesce(pg_catalog.pg_replication_origin_oid($1),
-				pg_catalog.pg_replication_origin_create($1))`, n)
+			id, err := tg.CreateOrigin(ctx, n)
 			if pgsession.IsCode(err, "42501") {
 				s.a.once("origin", func() {
 					s.log.Warn("the target role may not use replication origins: transactions are committed without origin "+
@@ -40,20 +39,15 @@ func (s *session) setupConflicts(ctx context.Context) error {
 			if err != nil {
 				return fmt.Errorf("apply: creating replication origin %q on the target: %w", n, err)
 			}
-			id, _ := strconv.ParseUint(string(rows[0][0]), 10, 32)
-			ids = append(ids, uint32(id))
+			ids = append(ids, id)
 		}
 		if ids != nil {
 			// Rows an initial copy wrote carry the origins of its connections (copyOrigin).
-			rows, err := target.Query(ctx, tg.PG(), `SELECT roident::text FROM pg_catalog.pg_replication_origin
-				WHERE left(roname, length($1) + 2) = $1 || '_c' AND substr(roname, length($1) + 3) ~ '^[0-9]+$'`, cfg.Origin)
+			copies, err := tg.CopyOrigins(ctx, cfg.Origin)
 			if err != nil {
-				return fmt.Errorf("apply: looking up the initial copy's replication origins on the target: %w", err)
+				return err
 			}
-			for _, r := range rows {
-				id, _ := strconv.ParseUint(string(r[0]), 10, 32)
-				ids = append(ids, uint32(id))
-			}
+			ids = append(ids, copies...)
 			if err := tg.SetupOrigin(ctx, cfg.Origin); err != nil {
 				return err
 			}
@@ -67,11 +61,10 @@ func (s *session) setupConflicts(ctx context.Context) error {
 	if s.ours != nil {
 		det.Ours, det.Origin = s.ours, cfg.Origin
 	}
-	rows, err := target.Query(ctx, tg.PG(), "SELECT pg_catalog.current_setting('track_commit_timestamp')::bool::text")
-	if err != nil {
-		return fmt.Errorf("apply: reading track_commit_timestamp on the target: %w", err)
+	var err error
+	if det.TrackTS, err = tg.TrackCommitTimestamp(ctx); err != nil {
+		return err
 	}
-	det.TrackTS = string(rows[0][0]) == "true"
 	if !det.TrackTS && (det.Ours != nil || lastUpdateWins(&cfg.Conflicts)) {
 		// Said where it matters: an origin to tell changes apart by, or a resolution by time.
 		s.a.once("track_commit_timestamp", func() {
@@ -137,13 +130,10 @@ func (s *session) copyOriginSetup(ctx context.Context, tg *target.Conn, n int) e
 		return nil
 	}
 	name := copyOrigin(s.cfg.Origin, n)
-	rows, err := target.Query(ctx, tg.PG(), `SELECT coalesce(pg_catalog.pg_replication_origin_oid($1),
-		pg_catalog.pg_replication_origin_create($1))::text`, name)
+	id, err := tg.CreateOrigin(ctx, name)
 	if err != nil {
 		return fmt.Errorf("apply: creating replication origin %q on the target: %w", name, err)
 	}
-	id64, _ := strconv.ParseUint(string(rows[0][0]), 10, 32)
-	id := uint32(id64)
 	if !slices.Contains(s.ours, id) {
 		s.ours = append(s.ours, id)
 		if s.det != nil && s.det.Ours != nil {

@@ -372,12 +372,21 @@
 //
 // # Layout
 //
-// Package apply is the orchestration: Applier, Config, the errors and Stats, the session (the
-// replication stream, grouping in Buffered, acknowledgements, the initial copy, the watchdog of
-// Eager and Parallel) and the target connections it applies through. A target connection takes
-// its own options and counters, not the Config; its conflict detection is a detector, which the
-// target calls as it queues statements, as their results arrive, and as it rolls back and
-// commits. Beside it:
+// Package apply is the public API (Applier, Config, the errors and Stats) and each session's
+// setup: the fence, the progress row, conflict detection and origins, the tables' check, then the
+// changefeed.Feed that runs the session. Beneath it, internal packages, each with its job:
+//
+//   - apply/internal/engine: what applies a session's stream in each mode (the leader's loop,
+//     the workers, grouping and runs, the commit order, acknowledgements, the watchdog of Eager
+//     and Parallel), over apply/internal/plan, their decisions as plain state (no goroutine, no
+//     clock, no connection);
+//   - apply/internal/initcopy: the initial copy on the target (the copy table, the chunks);
+//   - apply/internal/target: the target connections and every statement sent on them. A target
+//     connection takes its own options and counters, not the Config; its conflict detection is a
+//     detector (apply/internal/detect), which the target calls as it queues statements, as their
+//     results arrive, and as it rolls back and commits.
+//
+// Beside them:
 //
 //   - apply/conflict, public, imported by users: conflict types, resolutions, reports and their
 //     configuration (Config.Conflicts is a conflict.Config; a conflict that stops Run carries a

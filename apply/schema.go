@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -62,17 +61,11 @@ func ParseSchemaChanges(s string) (SchemaChanges, error) {
 
 // sourceSQL is the Applier's ordinary connection to the source, for its catalog and sequences,
 // opened when first needed and shared by the connections that need it.
-type sourceSQL struct {
-	mu   sync.Mutex
-	conn *pgconn.PgConn
-}
+type sourceSQL = pgsession.Shared
 
-// query runs sql on the source with text parameters.
+// sourceQuery runs sql on the source with text parameters.
 func (a *Applier) sourceQuery(ctx context.Context, sql string, args ...string) ([][][]byte, error) {
-	src := &a.source
-	src.mu.Lock()
-	defer src.mu.Unlock()
-	if src.conn == nil || src.conn.IsClosed() {
+	return a.source.Query(ctx, func(ctx context.Context) (*pgconn.PgConn, error) {
 		o, err := a.cfg.sourceSQL("pgreorder apply " + a.cfg.Source.Slot)
 		if err != nil {
 			return nil, err
@@ -81,31 +74,12 @@ func (a *Applier) sourceQuery(ctx context.Context, sql string, args ...string) (
 		if err != nil {
 			return nil, fmt.Errorf("apply: connecting to the source: %w", err)
 		}
-		src.conn = conn
-	}
-	rows, err := target.Query(ctx, src.conn, sql, args...)
-	if err != nil && retry.Lost(err) {
-		src.conn.Close(context.WithoutCancel(ctx))
-		src.conn = nil
-	}
-	return rows, err
+		return conn, nil
+	}, retry.Lost, sql, args...)
 }
 
 // closeSource closes the source connection, if open.
-func (a *Applier) closeSource(ctx context.Context) {
-	a.source.mu.Lock()
-	defer a.source.mu.Unlock()
-	if a.source.conn != nil {
-		a.source.conn.Close(ctx)
-		a.source.conn = nil
-	}
-}
-
-// sourceTypeQuery reads a type from the source's catalog by its OID ($1), with a type modifier
-// ($2): its format_type, its schema and name (through which the target finds it), and its
-// format_type without the modifier.
-const sourceTypeQuery = `SELECT pg_catalog.format_type(t.oid, $2::int), n.nspname, t.typname, pg_catalog.format_type(t.oid, NULL)
-FROM pg_catalog.pg_type t JOIN pg_catalog.pg_namespace n ON n.oid = t.typnamespace WHERE t.oid = $1::oid`
+func (a *Applier) closeSource(ctx context.Context) { a.source.Close(ctx) }
 
 // addColumn adds column (as the source names it) of ri to the target table (quoted, qualified)
 // on tg, in its open transaction (target.Options.AddColumn).
@@ -126,7 +100,7 @@ func (a *Applier) addColumn(ctx context.Context, tg *target.Conn, ri *target.Rel
 			oid, mod = o, m
 		}
 	}
-	rows, err := a.sourceQuery(ctx, sourceTypeQuery, strconv.FormatUint(uint64(oid), 10), strconv.FormatInt(int64(mod), 10))
+	rows, err := a.sourceQuery(ctx, target.SourceTypeQuery, strconv.FormatUint(uint64(oid), 10), strconv.FormatInt(int64(mod), 10))
 	if err != nil {
 		return fmt.Errorf("apply: reading the type of column %q of %s on the source: %w", column, table, err)
 	}
@@ -136,41 +110,9 @@ func (a *Applier) addColumn(ctx context.Context, tg *target.Conn, ri *target.Rel
 	}
 	r := rows[0]
 	srcType := string(r[0])
-	// The type as the target knows it, found by schema and name, with the source's typmod (the
-	// same meaning on every version); the target's format_type writes it as its SQL.
-	tr, err := target.Query(ctx, tg.PG(), `SELECT pg_catalog.format_type(t.oid, $3::int) FROM pg_catalog.pg_type t
-		JOIN pg_catalog.pg_namespace n ON n.oid = t.typnamespace WHERE n.nspname = $1 AND t.typname = $2`,
-		string(r[1]), string(r[2]), strconv.FormatInt(int64(mod), 10))
-	if err != nil {
-		return target.StatementError(target.OpNone, err)
-	}
-	if len(tr) != 1 {
-		return fail("column %q has type %s on the source, which does not exist on the target: create the type there "+
-			"(as on the source) and start again", column, string(r[3]))
-	}
-	dstType := string(tr[0][0])
-	// Another connection (a Parallel worker) may be adding the column in a transaction of its
-	// own: once the table's lock is taken, that one committed (or rolled back), and the catalog
-	// says whether the column is still missing.
-	refused := func(what string, err error) error {
-		if ce := target.StatementError(target.OpNone, err); ce != err {
-			return fail("%s column %q (%s) of the target table: %w", what, column, dstType, err)
-		}
+	dstType, added, err := tg.AddColumn(ctx, table, column, string(r[1]), string(r[2]), mod, string(r[3]))
+	if err != nil || !added {
 		return err
-	}
-	if err := tg.PG().Exec(ctx, "LOCK TABLE "+table+" IN ACCESS EXCLUSIVE MODE").Close(); err != nil {
-		return refused("locking the table to add", err)
-	}
-	have, err := target.Query(ctx, tg.PG(), `SELECT FROM pg_catalog.pg_attribute WHERE attrelid = pg_catalog.to_regclass($1)
-		AND attname = $2 AND attnum > 0 AND NOT attisdropped`, table, column)
-	if err != nil {
-		return refused("looking for", err)
-	}
-	if len(have) > 0 {
-		return nil // added meanwhile
-	}
-	if err := tg.PG().Exec(ctx, "ALTER TABLE "+table+" ADD COLUMN "+pgsession.QuoteIdent(column)+" "+dstType).Close(); err != nil {
-		return refused("adding", err)
 	}
 	a.stats.columnsAdded.Add(1)
 	a.cfg.Logger.Info("added a column the source added to the target table", "table", table, "column", column, "type", dstType,
@@ -218,11 +160,6 @@ func (s *session) noteRelation(ri *target.Relation) {
 	}
 }
 
-// columnTypesQuery lists a table's columns with their types, by the table's quoted, qualified
-// name ($1).
-const columnTypesQuery = `SELECT a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod) FROM pg_catalog.pg_attribute a
-WHERE a.attrelid = pg_catalog.to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped`
-
 // typeNote adds to a refused value's error (ErrData) the columns of its table whose types differ
 // between the source and the target (a type changed on one side): the error then names the
 // table, the column and both types. It reads both catalogs, on connections of its own (the
@@ -230,7 +167,7 @@ WHERE a.attrelid = pg_catalog.to_regclass($1) AND a.attnum > 0 AND NOT a.attisdr
 func (s *session) typeNote(table string, err error) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	src, serr := s.a.sourceQuery(ctx, columnTypesQuery, table)
+	src, serr := s.a.sourceQuery(ctx, target.ColumnTypesQuery, table)
 	if serr != nil {
 		return err
 	}
@@ -240,20 +177,11 @@ func (s *session) typeNote(table string, err error) error {
 		return err
 	}
 	defer tg.Close(ctx)
-	dst, terr := target.Query(ctx, tg.PG(), columnTypesQuery, table)
+	dst, terr := target.Query(ctx, tg.PG(), target.ColumnTypesQuery, table)
 	if terr != nil {
 		return err
 	}
-	types := make(map[string]string, len(dst))
-	for _, r := range dst {
-		types[string(r[0])] = string(r[1])
-	}
-	var diff []string
-	for _, r := range src {
-		if t, ok := types[string(r[0])]; ok && t != string(r[1]) {
-			diff = append(diff, fmt.Sprintf("column %s is %s on the source and %s on the target", pgsession.QuoteIdent(string(r[0])), r[1], t))
-		}
-	}
+	diff := target.TypeDiffs(src, dst)
 	if len(diff) == 0 {
 		return err
 	}

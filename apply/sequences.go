@@ -20,20 +20,6 @@ const DefaultSyncSequencesInterval = 10 * time.Second
 // name on the target.
 var ErrMissingSequence = retry.Stop("apply: a sequence of the source does not exist on the target")
 
-// ownedSequencesQuery lists the sequences owned by columns of the tables of the publications
-// ($1), serial and identity columns alike, with their last value (NULL before the first
-// nextval).
-const ownedSequencesQuery = `SELECT DISTINCT sn.nspname, s.relname, pg_catalog.pg_sequence_last_value(s.oid)::text
-FROM pg_catalog.pg_publication_tables pt
-	JOIN pg_catalog.pg_namespace tn ON tn.nspname = pt.schemaname
-	JOIN pg_catalog.pg_class tc ON tc.relnamespace = tn.oid AND tc.relname = pt.tablename
-	JOIN pg_catalog.pg_depend d ON d.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.refobjid = tc.oid
-		AND d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.deptype IN ('a', 'i')
-	JOIN pg_catalog.pg_class s ON s.oid = d.objid AND s.relkind = 'S'
-	JOIN pg_catalog.pg_namespace sn ON sn.oid = s.relnamespace
-WHERE pt.pubname = ANY ($1::text[])
-ORDER BY 1, 2`
-
 // SyncSequences copies, once, the values of the source's sequences owned by the published tables'
 // columns to the target's sequences of the same schema and name, which only move forward: a
 // target sequence already at or past the source's value is left as it is. A sequence the source
@@ -57,7 +43,7 @@ func (a *Applier) SyncSequences(ctx context.Context) (moved int, err error) {
 		return 0, fmt.Errorf("apply: synchronizing sequences: connecting to the source: %w", err)
 	}
 	defer src.Close(context.WithoutCancel(ctx))
-	seqs, err := target.Query(ctx, src, ownedSequencesQuery, pgsession.QuoteTextArray(a.cfg.Source.Publications))
+	seqs, err := target.Query(ctx, src, target.OwnedSequencesQuery, pgsession.QuoteTextArray(a.cfg.Source.Publications))
 	if err != nil {
 		return 0, fmt.Errorf("apply: synchronizing sequences: reading the source's sequences: %w", err)
 	}

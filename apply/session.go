@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"time"
 
 	"github.com/pgreorder/pgreorder/apply/internal/detect"
@@ -196,31 +195,12 @@ func (s *session) fence(ctx context.Context) error {
 // connections that hold it up to SlotWait.
 func (s *session) waitLock(ctx context.Context, key int64) error {
 	wait := s.cfg.slotWait()
-	var since time.Time
 	var said string
-	delay := 20 * time.Millisecond
-	for {
-		locked, err := s.leader.TryLock(ctx, key)
-		if err != nil {
-			return fmt.Errorf("apply: %w", err)
-		}
-		if locked {
-			if !since.IsZero() {
-				s.log.Info("the other connections of the slot on the target ended", "slot", s.cfg.Source.Slot, "waited", time.Since(since).Round(time.Millisecond))
-			}
-			return nil
-		}
-		if since.IsZero() {
-			since = time.Now()
-		}
-		holders, err := s.leader.LockHolders(ctx, key)
-		if err != nil {
-			return fmt.Errorf("apply: looking for the holder of the slot's progress lock on the target: %w", err)
-		}
+	waited, err := s.leader.WaitLock(ctx, key, wait, func(holders []replication.Backend, waited time.Duration) error {
 		e := &SlotInUseError{Slot: s.cfg.Source.Slot, Holders: holders}
 		// No holder in pg_locks: it let go between the two queries (or the role may not see
 		// it); try again before saying anything.
-		if desc := e.holders(); desc != said && (len(holders) > 0 || time.Since(since) > time.Second) {
+		if desc := e.holders(); desc != said && (len(holders) > 0 || waited > time.Second) {
 			limit := "no limit"
 			if wait >= 0 {
 				limit = wait.String()
@@ -229,24 +209,19 @@ func (s *session) waitLock(ctx context.Context, key int64) error {
 				"holders", desc, "wait_limit", limit)
 			said = desc
 		}
-		waited := time.Since(since)
 		if wait >= 0 && waited >= wait {
 			e.Waited = waited
 			return e
 		}
-		d := delay
-		if wait >= 0 {
-			d = min(d, wait-waited)
-		}
-		t := time.NewTimer(d)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return ctx.Err()
-		case <-t.C:
-		}
-		delay = min(2*delay, time.Second)
+		return nil
+	})
+	if _, inUse := errors.AsType[*SlotInUseError](err); err != nil && !inUse && err != ctx.Err() {
+		return fmt.Errorf("apply: %w", err)
 	}
+	if err == nil && waited > 0 {
+		s.log.Info("the other connections of the slot on the target ended", "slot", s.cfg.Source.Slot, "waited", waited.Round(time.Millisecond))
+	}
+	return err
 }
 
 // fenceKeys returns the advisory lock keys of the sessions of this source system's slot on the
@@ -326,58 +301,33 @@ func (s *session) slotAhead(ctx context.Context, resume, confirmed decoding.LSN,
 func (s *session) setupProgress(ctx context.Context, tg *target.Conn) (_ decoding.LSN, legacy bool, err error) {
 	table := tg.Table(s.cfg.ProgressTable)
 	s.progSQL, s.flushSQL = target.ProgressSQL(table)
-	rows, err := target.Query(ctx, tg.PG(), "SELECT pg_catalog.to_regclass($1) IS NOT NULL", table)
+	upgraded, err := tg.SetupProgressTable(ctx, table)
 	if err != nil {
-		return 0, false, fmt.Errorf("apply: looking for the progress table: %w", err)
+		return 0, false, fmt.Errorf("apply: %w", err)
 	}
-	if string(rows[0][0]) != "t" {
-		err := tg.PG().Exec(ctx, "CREATE TABLE "+table+" (slot text PRIMARY KEY, end_lsn pg_lsn NOT NULL, system_id text, timeline int)").Close()
-		if err != nil && !pgsession.IsCode(err, "42P07") { // duplicate_table: made meanwhile
-			return 0, false, fmt.Errorf("apply: creating the progress table %s: %w", table, err)
-		}
-	}
-	rows, err = target.Query(ctx, tg.PG(), `SELECT pg_catalog.count(*) FROM pg_catalog.pg_attribute
-		WHERE attrelid = $1::regclass AND attname IN ('system_id', 'timeline') AND NOT attisdropped`, table)
-	if err != nil {
-		return 0, false, fmt.Errorf("apply: reading the progress table %s: %w", table, err)
-	}
-	if string(rows[0][0]) != "2" { // made by an older version: (slot, end_lsn)
-		err := tg.PG().Exec(ctx, "ALTER TABLE "+table+" ADD COLUMN IF NOT EXISTS system_id text, ADD COLUMN IF NOT EXISTS timeline int").Close()
-		if err != nil {
-			return 0, false, fmt.Errorf("apply: adding the source system's columns to the progress table %s (as its owner, run "+
-				"ALTER TABLE %s ADD COLUMN system_id text, ADD COLUMN timeline int): %w", table, table, err)
-		}
+	if upgraded {
 		s.log.Info("progress table upgraded: it records the source system of each slot", "table", table)
 	}
-	rows, err = target.Query(ctx, tg.PG(), "SELECT end_lsn::text, system_id, timeline::text FROM "+table+" WHERE slot = $1", s.cfg.Source.Slot)
+	row, found, err := tg.ReadProgress(ctx, table, s.cfg.Source.Slot)
 	if err != nil {
-		return 0, false, fmt.Errorf("apply: reading the progress table %s: %w", table, err)
+		return 0, false, fmt.Errorf("apply: %w", err)
 	}
-	if len(rows) == 0 {
+	if !found {
 		return 0, false, nil
 	}
-	lsn, err := decoding.ParseLSN(string(rows[0][0]))
-	if err != nil {
-		return 0, false, fmt.Errorf("apply: progress table %s: %w", table, err)
-	}
-	sysID, timeline := rows[0][1], 0
-	if rows[0][2] != nil {
-		timeline, _ = strconv.Atoi(string(rows[0][2]))
-	}
+	lsn, sysID, timeline := row.End, row.System, row.Timeline
 	k := s.key
 	switch {
-	case sysID == nil:
+	case !row.HasSystem:
 		// Written before the table recorded systems: it is taken to be this source's, once.
-		_, err := target.Query(ctx, tg.PG(), "UPDATE "+table+" SET system_id = $2, timeline = $3::int WHERE slot = $1 AND system_id IS NULL",
-			k.Slot, k.System, strconv.Itoa(k.Timeline))
-		if err != nil {
-			return 0, false, fmt.Errorf("apply: recording the source system in the progress table %s: %w", table, err)
+		if err := tg.RecordSystem(ctx, table, k); err != nil {
+			return 0, false, fmt.Errorf("apply: %w", err)
 		}
 		s.log.Info("the slot's progress row records no source system: it now records this source's", "slot", k.Slot,
 			"system_id", k.System, "timeline", k.Timeline, "end_lsn", lsn)
 		lsn, _, err := s.setupProgress(ctx, tg) // read again: another session may have recorded one meanwhile
 		return lsn, true, err
-	case string(sysID) != k.System:
+	case sysID != k.System:
 		return 0, false, fmt.Errorf("%w: the progress row of slot %q in %s holds positions of source system %s, but the source is "+
 			"system %s: positions of one system mean nothing on another. If the target is to follow the new source, copy it "+
 			"again from that source (delete the slot's progress row first); if two sources replicate into this target, "+
@@ -388,8 +338,8 @@ func (s *session) setupProgress(ctx context.Context, tg *target.Conn) (_ decodin
 			"applied; copy the target again from it (delete the slot's progress row first)", ErrSourceChanged, k.Slot, table,
 			timeline, k.System, k.Timeline)
 	case timeline < k.Timeline:
-		if _, err := target.Query(ctx, tg.PG(), "UPDATE "+table+" SET timeline = $2::int WHERE slot = $1", k.Slot, strconv.Itoa(k.Timeline)); err != nil {
-			return 0, false, fmt.Errorf("apply: recording the source's timeline in the progress table %s: %w", table, err)
+		if err := tg.RecordTimeline(ctx, table, k); err != nil {
+			return 0, false, fmt.Errorf("apply: %w", err)
 		}
 		s.log.Info("the source is on a new timeline (a promoted standby)", "slot", k.Slot, "system_id", k.System,
 			"timeline", k.Timeline, "was", timeline)

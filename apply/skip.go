@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/pgreorder/pgreorder/apply/internal/target"
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/internal/configerr"
 	"github.com/pgreorder/pgreorder/internal/retry"
@@ -37,36 +36,20 @@ func (s *session) setupSkip(ctx context.Context, resume decoding.LSN) error {
 	if lsn == 0 {
 		return nil
 	}
-	table := s.leader.Table(s.cfg.ProgressTable)
-	rows, err := target.Query(ctx, s.leader.PG(), `SELECT pg_catalog.count(*) FROM pg_catalog.pg_attribute
-		WHERE attrelid = $1::regclass AND attname IN ('skipped_lsn', 'skipped_xid', 'skipped_at') AND NOT attisdropped`, table)
-	if err == nil && string(rows[0][0]) != "3" {
-		err = s.leader.PG().Exec(ctx, "ALTER TABLE "+table+" ADD COLUMN IF NOT EXISTS skipped_lsn pg_lsn, "+
-			"ADD COLUMN IF NOT EXISTS skipped_xid bigint, ADD COLUMN IF NOT EXISTS skipped_at timestamptz").Close()
-	}
+	done, xid, skipped, upsert, err := s.leader.SetupSkip(ctx, s.leader.Table(s.cfg.ProgressTable), s.cfg.Source.Slot)
 	if err != nil {
-		return fmt.Errorf("apply: adding the skip columns to the progress table %s (as its owner, run ALTER TABLE %s "+
-			"ADD COLUMN skipped_lsn pg_lsn, ADD COLUMN skipped_xid bigint, ADD COLUMN skipped_at timestamptz): %w", table, table, err)
+		return fmt.Errorf("apply: %w", err)
 	}
-	rows, err = target.Query(ctx, s.leader.PG(), "SELECT skipped_lsn::text, skipped_xid::text FROM "+table+" WHERE slot = $1", s.cfg.Source.Slot)
-	if err != nil {
-		return fmt.Errorf("apply: reading the progress table %s: %w", table, err)
-	}
-	if len(rows) == 1 && rows[0][0] != nil {
-		if done, err := decoding.ParseLSN(string(rows[0][0])); err == nil && done == lsn {
-			s.log.Info("the transaction of SkipLSN was skipped already: applying on", "skip_lsn", lsn, "xid", string(rows[0][1]))
-			return nil
-		}
+	if skipped && done == lsn {
+		s.log.Info("the transaction of SkipLSN was skipped already: applying on", "skip_lsn", lsn, "xid", xid)
+		return nil
 	}
 	if resume != 0 && lsn < resume {
 		return configerr.WithHint(ErrSkipLSN, ": ", "%s: the target has applied the source's transactions up to %s, past it; "+
 			"the next transaction to apply commits after %s (a stop on a change names its commit LSN)", skipField(lsn), resume, resume)
 	}
 	s.skip.pending = true
-	s.skip.sql = "INSERT INTO " + table + " AS p (slot, end_lsn, system_id, timeline, skipped_lsn, skipped_xid, skipped_at) " +
-		"VALUES ($1, $2::pg_lsn, $3, $4::int, $5::pg_lsn, $6::bigint, pg_catalog.now()) ON CONFLICT (slot) DO UPDATE SET " +
-		"end_lsn = GREATEST(p.end_lsn, excluded.end_lsn), skipped_lsn = excluded.skipped_lsn, skipped_xid = excluded.skipped_xid, " +
-		"skipped_at = excluded.skipped_at WHERE p.system_id = excluded.system_id RETURNING pg_catalog.pg_current_wal_insert_lsn()::text"
+	s.skip.sql = upsert
 	return nil
 }
 

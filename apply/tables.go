@@ -2,17 +2,14 @@ package apply
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/pgreorder/pgreorder/apply/conflict"
 	"github.com/pgreorder/pgreorder/apply/internal/target"
 	"github.com/pgreorder/pgreorder/internal/configerr"
 	"github.com/pgreorder/pgreorder/internal/pgsession"
@@ -104,31 +101,6 @@ func schemaChangesField() configerr.Field {
 	return configerr.Field{Config: "apply", Path: "SchemaChanges", Value: "SchemaAddColumns", Arg: "add-columns"}
 }
 
-// publishedTable is a table the session applies: its OID on the source, its name (the target
-// table's), and the columns published, which a table created for it has.
-type publishedTable struct {
-	oid  uint32
-	name target.TableName
-	cols []string
-}
-
-// publishedTablesQuery lists the tables the publications ($1) hold, as the stream publishes
-// them (pg_publication_tables: partitions under their root with publish_via_partition_root),
-// with their OIDs and the columns published: the publication's column list (every column
-// without one), less generated columns before PostgreSQL 18, whose pgoutput never publishes
-// them (18 lists them only when it does). A table two publications publish comes once per
-// column list.
-const publishedTablesQuery = `SELECT DISTINCT c.oid, t.schemaname::pg_catalog.text, t.tablename::pg_catalog.text,
-	pg_catalog.array_to_json(ARRAY(SELECT a.attname FROM pg_catalog.pg_attribute a
-		WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attname = ANY (t.attnames)
-		AND (a.attgenerated = '' OR pg_catalog.current_setting('server_version_num')::int >= 180000)
-		ORDER BY a.attnum))::pg_catalog.text
-FROM pg_catalog.pg_publication_tables t
-	JOIN pg_catalog.pg_namespace n ON n.nspname = t.schemaname
-	JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = t.tablename
-WHERE t.pubname = ANY ($1::pg_catalog.text[])
-ORDER BY 2, 3`
-
 // tableCheckTimeout bounds the listing of the published tables when a session starts: on
 // PostgreSQL 16 and later pg_publication_tables opens each table, and waits for a lock that a
 // transaction holds on one (an ALTER TABLE still open, or prepared).
@@ -141,7 +113,7 @@ const tableCheckTimeout = 5 * time.Second
 func (s *session) checkTables(ctx context.Context) error {
 	qctx, cancel := context.WithTimeout(ctx, tableCheckTimeout)
 	defer cancel()
-	rows, err := s.a.sourceQuery(qctx, publishedTablesQuery, pgsession.QuoteTextArray(s.cfg.Source.Publications))
+	rows, err := s.a.sourceQuery(qctx, target.PublishedTablesQuery, pgsession.QuoteTextArray(s.cfg.Source.Publications))
 	if err != nil && ctx.Err() == nil && qctx.Err() != nil {
 		s.a.abandonSource(ctx)
 		s.log.Warn("the source did not list the published tables in time (a transaction holds a lock on one of them): "+
@@ -151,57 +123,27 @@ func (s *session) checkTables(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("apply: listing the published tables on the source: %w", err)
 	}
-	var tables []publishedTable
-	byOID := map[uint32]int{}
-	for _, r := range rows {
-		oid, err := strconv.ParseUint(string(r[0]), 10, 32)
-		if err != nil {
-			return fmt.Errorf("apply: listing the published tables on the source: OID %q", r[0])
-		}
-		var cols []string
-		if err := json.Unmarshal(r[3], &cols); err != nil {
-			return fmt.Errorf("apply: listing the published tables on the source: columns %q: %w", r[3], err)
-		}
-		i, ok := byOID[uint32(oid)]
-		if !ok {
-			i = len(tables)
-			byOID[uint32(oid)] = i
-			tables = append(tables, publishedTable{oid: uint32(oid), name: target.TableName{Schema: string(r[1]), Name: string(r[2])}})
-		}
-		for _, c := range cols { // publications with other column lists: the stream sends their union
-			if !slices.Contains(tables[i].cols, c) {
-				tables[i].cols = append(tables[i].cols, c)
-			}
-		}
+	tables, err := target.ParsePublished(rows)
+	if err != nil {
+		return fmt.Errorf("apply: listing the published tables on the source: %w", err)
 	}
 	return s.ensureTables(ctx, tables)
 }
 
 // abandonSource asks the source to cancel what its ordinary connection runs, and closes it: the
 // next query opens another.
-func (a *Applier) abandonSource(ctx context.Context) {
-	a.source.mu.Lock()
-	defer a.source.mu.Unlock()
-	if a.source.conn == nil {
-		return
-	}
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), tableCheckTimeout)
-	defer cancel()
-	a.source.conn.CancelRequest(cctx) // best effort: a backend waiting for a lock never reads the close
-	a.source.conn.Close(cctx)
-	a.source.conn = nil
-}
+func (a *Applier) abandonSource(ctx context.Context) { a.source.Abandon(ctx, tableCheckTimeout) }
 
 // copyTables checks, before the initial copy, that the target has the tables it copies into
 // (see ensureTables).
 func (s *session) copyTables(ctx context.Context, tables []*snapshot.Table) error {
-	pub := make([]publishedTable, len(tables))
+	pub := make([]target.Published, len(tables))
 	for i, t := range tables {
 		cols := make([]string, len(t.Relation.Columns))
 		for j, c := range t.Relation.Columns {
 			cols[j] = c.Name
 		}
-		pub[i] = publishedTable{oid: t.OID, name: target.TableName{Schema: t.Schema, Name: t.Name}, cols: cols}
+		pub[i] = target.Published{OID: t.OID, Name: target.TableName{Schema: t.Schema, Name: t.Name}, Cols: cols}
 	}
 	return s.ensureTables(ctx, pub)
 }
@@ -212,13 +154,13 @@ func (s *session) copyTables(ctx context.Context, tables []*snapshot.Table) erro
 // a type the target lacks), creates none and names every one that cannot. Tables that have the
 // name of one of the Applier's own tables on the target (progress, copy, ahead, conflict log,
 // tombstones) are the records of another Applier, replicating the other way: they are left out.
-func (s *session) ensureTables(ctx context.Context, tables []publishedTable) error {
-	own := s.ownTables()
+func (s *session) ensureTables(ctx context.Context, tables []target.Published) error {
+	own := s.leader.OwnTables(s.leader.Table(s.cfg.ProgressTable), s.cfg.Conflicts.LogTable, s.cfg.Conflicts.TombstoneTable)
 	names := make([]target.TableName, 0, len(tables))
-	kept := make([]publishedTable, 0, len(tables))
+	kept := make([]target.Published, 0, len(tables))
 	for _, t := range tables {
-		if !own[t.name.Quoted()] {
-			names = append(names, t.name)
+		if !own[t.Name.Quoted()] {
+			names = append(names, t.Name)
 			kept = append(kept, t)
 		}
 	}
@@ -241,11 +183,11 @@ func (s *session) ensureTables(ctx context.Context, tables []publishedTable) err
 		e.sort()
 		return e
 	}
-	byName := make(map[target.TableName]publishedTable, len(kept))
+	byName := make(map[target.TableName]target.Published, len(kept))
 	for _, t := range kept {
-		byName[t.name] = t
+		byName[t.Name] = t
 	}
-	want := make([]publishedTable, len(missing))
+	want := make([]target.Published, len(missing))
 	for i, m := range missing {
 		want[i] = byName[m.TableName]
 	}
@@ -258,7 +200,7 @@ func (s *session) ensureTables(ctx context.Context, tables []publishedTable) err
 	for i, def := range defs {
 		if def == nil {
 			return fmt.Errorf("%w: %s: the source's catalog does not have the table any more (dropped since?): create it on "+
-				"the target by hand", ErrMissingTable, want[i].name.Quoted())
+				"the target by hand", ErrMissingTable, want[i].Name.Quoted())
 		}
 		stmt, err := target.CreateStatement(ctx, s.leader.PG(), def)
 		var ce *target.CreateError
@@ -283,99 +225,30 @@ func (s *session) ensureTables(ctx context.Context, tables []publishedTable) err
 	return nil
 }
 
-// ownTables returns the quoted, qualified names of the tables the Applier keeps on the target.
-func (s *session) ownTables() map[string]bool {
-	progress := s.leader.Table(s.cfg.ProgressTable)
-	own := map[string]bool{progress: true, target.CompanionTable(progress, "_copy"): true,
-		target.CompanionTable(progress, "_ahead"): true}
-	for _, n := range []string{s.cfg.Conflicts.LogTable, s.cfg.Conflicts.TombstoneTable, conflict.DefaultTombstoneTable} {
-		if n != "" {
-			own[s.leader.Table(n)] = true
-		}
-	}
-	return own
-}
-
-// sourceColumnsQuery reads the columns of the tables whose OIDs are $1 from the source's
-// catalog, in each table's order: name, type (schema and name in pg_type, modifier, and
-// format_type without the modifier, for messages), NOT NULL, and the column's position in the
-// primary key (NULL when it is not in it).
-const sourceColumnsQuery = `SELECT a.attrelid, a.attname, tn.nspname, t.typname, a.atttypmod, pg_catalog.format_type(a.atttypid, NULL),
-	a.attnotnull, pg_catalog.array_position(i.indkey::pg_catalog.int2[], a.attnum)
-FROM pg_catalog.pg_attribute a
-	JOIN pg_catalog.pg_type t ON t.oid = a.atttypid
-	JOIN pg_catalog.pg_namespace tn ON tn.oid = t.typnamespace
-	LEFT JOIN pg_catalog.pg_index i ON i.indrelid = a.attrelid AND i.indisprimary
-WHERE a.attrelid = ANY ($1::pg_catalog.oid[]) AND a.attnum > 0 AND NOT a.attisdropped
-ORDER BY a.attrelid, a.attnum`
-
 // sourceDefinitions reads the definitions of tables from the source's catalog, in one query:
 // the published columns, in the source's order, with their types and NOT NULL, and the
 // primary key when every one of its columns is published. A table the catalog no longer has
 // (dropped since) is nil.
-func (a *Applier) sourceDefinitions(ctx context.Context, tables []publishedTable) ([]*target.TableDef, error) {
-	oids := make([]string, len(tables))
-	for i, t := range tables {
-		oids[i] = strconv.FormatUint(uint64(t.oid), 10)
-	}
-	rows, err := a.sourceQuery(ctx, sourceColumnsQuery, "{"+strings.Join(oids, ",")+"}")
+func (a *Applier) sourceDefinitions(ctx context.Context, tables []target.Published) ([]*target.TableDef, error) {
+	rows, err := a.sourceQuery(ctx, target.SourceColumnsQuery, target.SourceColumnsArg(tables))
 	if err != nil {
 		return nil, fmt.Errorf("apply: reading the definitions of the tables to create from the source's catalog: %w", err)
 	}
-	type column struct {
-		def    target.ColumnDef
-		keyPos int // -1: not in the primary key
-	}
-	byOID := map[string][]column{}
-	for _, r := range rows {
-		mod, _ := strconv.ParseInt(string(r[4]), 10, 32)
-		c := column{def: target.ColumnDef{Name: string(r[1]), TypeSchema: string(r[2]), TypeName: string(r[3]), TypeMod: int32(mod),
-			SourceType: string(r[5]), NotNull: string(r[6]) == "t"}, keyPos: -1}
-		if r[7] != nil {
-			c.keyPos, _ = strconv.Atoi(string(r[7]))
-		}
-		byOID[string(r[0])] = append(byOID[string(r[0])], c)
-	}
-	defs := make([]*target.TableDef, len(tables))
-	for i, t := range tables {
-		cols, ok := byOID[oids[i]]
-		if !ok {
-			continue
-		}
-		def := &target.TableDef{TableName: t.name}
-		var key []column
-		keyWhole := true
-		for _, c := range cols {
-			published := slices.Contains(t.cols, c.def.Name)
-			if published {
-				def.Columns = append(def.Columns, c.def)
-			}
-			if c.keyPos >= 0 {
-				key = append(key, c)
-				keyWhole = keyWhole && published
-			}
-		}
-		if keyWhole && len(key) > 0 {
-			slices.SortFunc(key, func(x, y column) int { return x.keyPos - y.keyPos })
-			for _, c := range key {
-				def.Key = append(def.Key, c.def.Name)
-			}
-		}
-		defs[i] = def
-	}
-	return defs, nil
+	return target.Definitions(rows, tables), nil
 }
 
 // createTable runs stmt, the CREATE TABLE of def, on conn (outside a transaction), and logs
 // the table created.
 func (a *Applier) createTable(ctx context.Context, conn *pgconn.PgConn, def *target.TableDef, stmt string) error {
 	created, err := target.CreateTable(ctx, conn, stmt)
-	if err != nil {
-		return err
+	if err == nil && created { // else by another connection, meanwhile
+		a.tableCreated(def)
 	}
-	if !created {
-		return nil // by another connection, meanwhile
-	}
+	return err
+}
+
+// tableCreated counts and logs a table created from the source's definition.
+func (a *Applier) tableCreated(def *target.TableDef) {
 	a.stats.tablesCreated.Add(1)
 	key := "none"
 	if len(def.Key) > 0 {
@@ -383,51 +256,29 @@ func (a *Applier) createTable(ctx context.Context, conn *pgconn.PgConn, def *tar
 	}
 	a.cfg.Logger.Info("created a target table from the source's definition", "table", def.Quoted(), "columns", len(def.Columns),
 		"primary_key", key)
-	return nil
 }
 
 // createStreamed creates the target table of a relation that a change names and the target
 // lacks (target.Options.CreateTable): a table added to a publication after the session
-// started. The definition is the source catalog's, for the columns the stream describes; the
-// statement runs on a connection of its own, committed before the change is applied.
+// started. The definition is the source catalog's, for the columns the stream describes (see
+// target.CreateForChange).
 func (a *Applier) createStreamed(ctx context.Context, ri *target.Relation) error {
 	ns := ri.Rel.Namespace
 	if ns == "" {
 		ns = "pg_catalog"
 	}
-	t := publishedTable{oid: ri.Rel.RelationID, name: target.TableName{Schema: ns, Name: ri.Rel.Name}}
+	t := target.Published{OID: ri.Rel.RelationID, Name: target.TableName{Schema: ns, Name: ri.Rel.Name}}
 	for i := range ri.Rel.Columns {
 		name, _, _ := ri.Column(i)
-		t.cols = append(t.cols, name)
+		t.Cols = append(t.Cols, name)
 	}
-	defs, err := a.sourceDefinitions(ctx, []publishedTable{t})
+	defs, err := a.sourceDefinitions(ctx, []target.Published{t})
 	if err != nil {
 		return err
 	}
-	table := t.name.Quoted()
-	if defs[0] == nil {
-		return &target.ChangeError{Kind: target.KindMissingTable, Relation: table, Err: errors.New("no such table on the target, " +
-			"and the source's catalog does not show it (dropped since, or created by a transaction it does not show yet): " +
-			"create it on the target by hand")}
+	connect := func(ctx context.Context) (*target.Conn, error) {
+		var c target.Counters
+		return connectTarget(ctx, a.cfg.targetOptions(), "pgreorder apply "+a.cfg.Source.Slot+" ddl", &c)
 	}
-	var c target.Counters
-	tg, err := connectTarget(ctx, a.cfg.targetOptions(), "pgreorder apply "+a.cfg.Source.Slot+" ddl", &c)
-	if err != nil {
-		return err
-	}
-	defer tg.Close(context.WithoutCancel(ctx))
-	stmt, err := target.CreateStatement(ctx, tg.PG(), defs[0])
-	var ce *target.CreateError
-	if errors.As(err, &ce) {
-		return &target.ChangeError{Kind: target.KindMissingTable, Relation: table, Err: ce}
-	}
-	if err != nil {
-		return err
-	}
-	err = a.createTable(ctx, tg.PG(), defs[0], stmt)
-	if err != nil && target.StatementError(target.OpNone, err) != err { // refused by the target, not a lost connection
-		return &target.ChangeError{Kind: target.KindMissingTable, Relation: table,
-			Err: fmt.Errorf("creating it from the source's definition: %w", err)}
-	}
-	return err
+	return target.CreateForChange(ctx, connect, t.Name.Quoted(), defs[0], a.tableCreated)
 }

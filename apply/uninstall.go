@@ -3,7 +3,6 @@ package apply
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"strings"
 
 	"github.com/pgreorder/pgreorder/apply/internal/target"
@@ -90,11 +89,11 @@ func (a *Applier) Uninstall(ctx context.Context, opts UninstallOptions) (Uninsta
 		system = sys.ID
 	}
 	lead, _ := fenceKeys(system, cfg.Source.Slot)
-	rows, err := target.Query(ctx, conn, "SELECT pg_catalog.pg_try_advisory_lock($1::pg_catalog.int8)::pg_catalog.text", strconv.FormatInt(lead, 10))
+	locked, err := tg.TryLock(ctx, lead)
 	if err != nil {
-		return Uninstalled{}, fmt.Errorf("apply: uninstall: locking the slot's progress on the target: %w", err)
+		return Uninstalled{}, fmt.Errorf("apply: uninstall: %w", err)
 	}
-	if string(rows[0][0]) != "true" {
+	if !locked {
 		return Uninstalled{}, fmt.Errorf("%w: slot %q: stop it first", ErrSlotInUse, cfg.Source.Slot)
 	}
 

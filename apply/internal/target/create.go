@@ -233,3 +233,38 @@ func (t *Conn) mapWithTable(ctx context.Context, ri *Relation, m *Table, err err
 	ri.forget()
 	return ri.mapping(ctx, t.pg, t.replicaRole, t.opts.Binary)
 }
+
+// CreateForChange creates def, the target table (quoted, qualified) a change names and the
+// target lacks (a table added to a publication after the session started), on a connection of
+// its own that connect opens, committed before the change is applied; created is called when it
+// made the table. A def of nil (the source's catalog does not show the table), a schema or type
+// the target lacks, or a statement the target refuses is a *ChangeError of KindMissingTable.
+func CreateForChange(ctx context.Context, connect func(context.Context) (*Conn, error), table string, def *TableDef,
+	created func(*TableDef)) error {
+	if def == nil {
+		return &ChangeError{Kind: KindMissingTable, Relation: table, Err: errors.New("no such table on the target, " +
+			"and the source's catalog does not show it (dropped since, or created by a transaction it does not show yet): " +
+			"create it on the target by hand")}
+	}
+	tg, err := connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer tg.Close(context.WithoutCancel(ctx))
+	stmt, err := CreateStatement(ctx, tg.PG(), def)
+	var ce *CreateError
+	if errors.As(err, &ce) {
+		return &ChangeError{Kind: KindMissingTable, Relation: table, Err: ce}
+	}
+	if err != nil {
+		return err
+	}
+	made, err := CreateTable(ctx, tg.PG(), stmt)
+	if err != nil && StatementError(OpNone, err) != err { // refused by the target, not a lost connection
+		return &ChangeError{Kind: KindMissingTable, Relation: table, Err: fmt.Errorf("creating it from the source's definition: %w", err)}
+	}
+	if err == nil && made {
+		created(def)
+	}
+	return err
+}

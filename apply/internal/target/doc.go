@@ -65,5 +65,8 @@
 // of inserts and sends them through COPY; coalesce*.go is set-based apply; resolve.go resolves
 // conflicts; progress.go and origin.go are the progress row and the replication origin; errors.go
 // says what failed. Besides applying: uninstall.go removes what an Applier made on the target,
-// locks.go reads the lock waits apply's watchdog breaks, sequences.go moves a sequence forward.
+// locks.go reads the lock waits apply's watchdog breaks, sequences.go moves a sequence forward;
+// fence.go takes the advisory locks that fence a slot's sessions, progress_setup.go sets up the
+// progress, skip and ahead tables, copytable.go is the initial copy's record, published.go and
+// create.go read the source's tables and create them on the target.
 package target

@@ -6,6 +6,7 @@ import (
 	"hash/fnv"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/pgreorder/pgreorder/internal/pgsession"
 )
@@ -77,4 +78,49 @@ func (t *Conn) LockHolders(ctx context.Context, key int64) ([]pgsession.Backend,
 		}
 	}
 	return out, nil
+}
+
+// WaitLock takes the advisory lock key exclusively, trying again while other sessions hold it,
+// after 20ms, then twice as long each time up to a second (and never past wait, when it is not
+// negative). Before each wait it calls held with the holders and how long it has waited so far;
+// the error held returns ends the wait, and WaitLock returns it. It returns how long it waited.
+func (t *Conn) WaitLock(ctx context.Context, key int64, wait time.Duration,
+	held func(holders []pgsession.Backend, waited time.Duration) error) (time.Duration, error) {
+	var since time.Time
+	delay := 20 * time.Millisecond
+	for {
+		locked, err := t.TryLock(ctx, key)
+		if err != nil {
+			return 0, err
+		}
+		if locked {
+			if since.IsZero() {
+				return 0, nil
+			}
+			return time.Since(since), nil
+		}
+		if since.IsZero() {
+			since = time.Now()
+		}
+		holders, err := t.LockHolders(ctx, key)
+		if err != nil {
+			return 0, fmt.Errorf("looking for the holder of the slot's progress lock on the target: %w", err)
+		}
+		waited := time.Since(since)
+		if err := held(holders, waited); err != nil {
+			return waited, err
+		}
+		d := delay
+		if wait >= 0 {
+			d = min(d, wait-waited)
+		}
+		tm := time.NewTimer(d)
+		select {
+		case <-ctx.Done():
+			tm.Stop()
+			return waited, ctx.Err()
+		case <-tm.C:
+		}
+		delay = min(2*delay, time.Second)
+	}
 }

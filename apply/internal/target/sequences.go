@@ -26,3 +26,17 @@ func (t *Conn) SetSequence(ctx context.Context, ns, name, value string) (found, 
 	}
 	return true, len(rows) == 1, nil
 }
+
+// OwnedSequencesQuery lists the sequences owned by columns of the tables of the publications
+// ($1), serial and identity columns alike, with their last value (NULL before the first
+// nextval).
+const OwnedSequencesQuery = `SELECT DISTINCT sn.nspname, s.relname, pg_catalog.pg_sequence_last_value(s.oid)::text
+FROM pg_catalog.pg_publication_tables pt
+	JOIN pg_catalog.pg_namespace tn ON tn.nspname = pt.schemaname
+	JOIN pg_catalog.pg_class tc ON tc.relnamespace = tn.oid AND tc.relname = pt.tablename
+	JOIN pg_catalog.pg_depend d ON d.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.refobjid = tc.oid
+		AND d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.deptype IN ('a', 'i')
+	JOIN pg_catalog.pg_class s ON s.oid = d.objid AND s.relkind = 'S'
+	JOIN pg_catalog.pg_namespace sn ON sn.oid = s.relnamespace
+WHERE pt.pubname = ANY ($1::text[])
+ORDER BY 1, 2`
