@@ -99,6 +99,10 @@ var createdSchema = []string{
 		`created timestamptz NOT NULL DEFAULT now(), CHECK (parent > 0))`,
 	`CREATE TABLE nokey (a int, b bytea)`,
 	`CREATE INDEX ON nokey (a)`,
+	// No primary key: the replica identity is a unique index, the target's primary key.
+	`CREATE TABLE ri (n int, code text NOT NULL)`,
+	`CREATE UNIQUE INDEX ri_code ON ri (code)`,
+	`ALTER TABLE ri REPLICA IDENTITY USING INDEX ri_code`,
 }
 
 // columnsOf describes a table's columns (name, type, NOT NULL) and primary key, as the catalog of
@@ -135,6 +139,7 @@ func TestCreateTables(t *testing.T) {
 						`(2, 'p', 0.01, NULL, NULL, NULL)`,
 					`INSERT INTO app.kids (parent) SELECT g FROM generate_series(1, 50) g`,
 					`INSERT INTO nokey VALUES (1, '\x00ff'), (NULL, NULL)`,
+					`INSERT INTO ri SELECT g, 'c' || g FROM generate_series(1, 20) g`,
 					`INSERT INTO marker VALUES (1)`,
 				}
 				must(t, pgtest.Exec(ctx, e.src, rows...))
@@ -146,22 +151,26 @@ func TestCreateTables(t *testing.T) {
 					e.waitProgress(t, r) // the copy is done: what follows is streamed
 				}
 				e.waitMarker(t, r, 1)
-				if n := r.a.Stats().TablesCreated; n != 3 {
-					t.Fatalf("%d tables created when the session started, want 3", n)
+				if n := r.a.Stats().TablesCreated; n != 4 {
+					t.Fatalf("%d tables created when the session started, want 4", n)
 				}
 				// Streamed: more rows, an update of the composite key, a table created on the source
 				// after the session started (the publication holds every table).
 				must(t, pgtest.Exec(ctx, e.src, `INSERT INTO "MixedCase" VALUES (3, 'q', 99999999.99, '{}', 'infinity', 'n3')`,
 					`UPDATE "MixedCase" SET "Id" = 10, amount = amount + 1 WHERE "Id" = 1`,
 					`DELETE FROM app.kids WHERE parent > 45`,
+					`UPDATE ri SET code = 'd' || n, n = n + 100 WHERE n <= 5`, `DELETE FROM ri WHERE n > 15`,
 					`CREATE TABLE later (id int PRIMARY KEY, "When" timestamptz NOT NULL, n numeric(10,2))`,
 					`INSERT INTO later VALUES (1, '2026-05-06 07:08:09+00', 3.14), (2, 'epoch', NULL)`,
 					`UPDATE later SET n = 2.72 WHERE id = 2`,
 					`INSERT INTO marker VALUES (2)`))
 				e.waitMarker(t, r, 2)
 				r.halt(t)
-				tables := []string{`"MixedCase"`, "app.kids", "nokey", "later", "marker"}
+				tables := []string{`"MixedCase"`, "app.kids", "nokey", "later", "ri", "marker"}
 				e.waitSame(t, tables...)
+				if got, want := columnsOf(t, e.dst, "ri"), "n integer, code text not null key (code)"; got != want {
+					t.Errorf("ri on the target: %s, want %s", got, want)
+				}
 				for _, table := range tables[:4] {
 					// app.kids's identity column is NOT NULL on both sides, an identity on neither.
 					if got, want := columnsOf(t, e.dst, table), columnsOf(t, e.src, table); got != want {
@@ -184,8 +193,8 @@ func TestCreateTables(t *testing.T) {
 					JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname IN ('public', 'app') AND NOT i.indisprimary`); n != 0 {
 					t.Errorf("%d indexes other than primary keys on the target", n)
 				}
-				if st := r.a.Stats(); st.TablesCreated != 4 || (st.InitialCopyRows != 0) != c.copy || st.Sessions != 1 {
-					t.Errorf("%d tables created, %d rows copied, %d sessions: want 4 tables, the rows copied only with the copy, "+
+				if st := r.a.Stats(); st.TablesCreated != 5 || (st.InitialCopyRows != 0) != c.copy || st.Sessions != 1 {
+					t.Errorf("%d tables created, %d rows copied, %d sessions: want 5 tables, the rows copied only with the copy, "+
 						"one session", st.TablesCreated, st.InitialCopyRows, st.Sessions)
 				}
 			})

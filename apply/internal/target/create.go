@@ -83,7 +83,7 @@ type ColumnDef struct {
 type TableDef struct {
 	TableName
 	Columns []ColumnDef
-	Key     []string // the primary key's columns, in its order; nil for none
+	Key     []string // the key's columns, in its order (the primary key made on the target); nil for none
 }
 
 // CreateError says why a table cannot be created from the source's definition: its schema, or

@@ -72,13 +72,17 @@ func ParsePublished(rows [][][]byte) ([]Published, error) {
 // SourceColumnsQuery reads the columns of the tables whose OIDs are $1 from the source's
 // catalog, in each table's order: name, type (schema and name in pg_type, modifier, and
 // format_type without the modifier, for messages), NOT NULL, and the column's position in the
-// primary key (NULL when it is not in it).
+// table's key (NULL when it is not in it). The key is the replica identity's index for a table
+// whose replica identity is an index (REPLICA IDENTITY USING INDEX: unique, not partial, on NOT
+// NULL columns, which is what the stream's old keys are made of), the primary key otherwise.
 const SourceColumnsQuery = `SELECT a.attrelid, a.attname, tn.nspname, t.typname, a.atttypmod, pg_catalog.format_type(a.atttypid, NULL),
 	a.attnotnull, pg_catalog.array_position(i.indkey::pg_catalog.int2[], a.attnum)
 FROM pg_catalog.pg_attribute a
+	JOIN pg_catalog.pg_class c ON c.oid = a.attrelid
 	JOIN pg_catalog.pg_type t ON t.oid = a.atttypid
 	JOIN pg_catalog.pg_namespace tn ON tn.oid = t.typnamespace
-	LEFT JOIN pg_catalog.pg_index i ON i.indrelid = a.attrelid AND i.indisprimary
+	LEFT JOIN pg_catalog.pg_index i ON i.indrelid = a.attrelid
+		AND CASE WHEN c.relreplident = 'i' THEN i.indisreplident ELSE i.indisprimary END
 WHERE a.attrelid = ANY ($1::pg_catalog.oid[]) AND a.attnum > 0 AND NOT a.attisdropped
 ORDER BY a.attrelid, a.attnum`
 
@@ -92,13 +96,14 @@ func SourceColumnsArg(tables []Published) string {
 }
 
 // Definitions makes the definitions of tables from the rows of SourceColumnsQuery: the
-// published columns, in the source's order, with their types and NOT NULL, and the primary key
-// when every one of its columns is published. A table the rows do not have (dropped since) is
+// published columns, in the source's order, with their types and NOT NULL, and the key (the
+// replica identity's index, or the primary key: see SourceColumnsQuery) when every one of its
+// columns is published. The key becomes the target table's primary key. A table the rows do not have (dropped since) is
 // nil.
 func Definitions(rows [][][]byte, tables []Published) []*TableDef {
 	type column struct {
 		def    ColumnDef
-		keyPos int // -1: not in the primary key
+		keyPos int // -1: not in the key
 	}
 	byOID := map[string][]column{}
 	for _, r := range rows {
