@@ -180,6 +180,36 @@ func (r *Reader) Published(ctx context.Context, publications []string) ([]TableN
 	return out, nil
 }
 
+// PublishedTable is a table the publications hold, with its OID (the RelationID of its
+// changes in the stream).
+type PublishedTable struct {
+	OID uint32
+	TableName
+}
+
+// PublishedOIDs is Published with each table's OID, sorted by name.
+func (r *Reader) PublishedOIDs(ctx context.Context, publications []string) ([]PublishedTable, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	rows, err := r.query(ctx, `SELECT DISTINCT c.oid::text, pt.schemaname::text, pt.tablename::text
+		FROM pg_catalog.pg_publication_tables pt
+		JOIN pg_catalog.pg_namespace n ON n.nspname = pt.schemaname
+		JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
+		WHERE pt.pubname = ANY($1::text[]) ORDER BY 2, 3`, pgsession.QuoteTextArray(publications))
+	if err != nil {
+		return nil, err
+	}
+	out := make([]PublishedTable, len(rows))
+	for i, row := range rows {
+		oid, err := strconv.ParseUint(string(row[0]), 10, 32)
+		if err != nil {
+			return nil, fmt.Errorf("catalog: a table's OID %q: %w", row[0], err)
+		}
+		out[i] = PublishedTable{OID: uint32(oid), TableName: TableName{Schema: string(row[1]), Name: string(row[2])}}
+	}
+	return out, nil
+}
+
 // shape describes a relation for the cache: a table is read again when it changes.
 func shape(rel *decoding.Relation) string {
 	var b strings.Builder

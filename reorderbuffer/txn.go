@@ -42,7 +42,8 @@ type Txn struct {
 	// SubXid is the subtransaction to undo, for PartSubAbort.
 	SubXid uint32
 
-	b           *Buffer // for Ack only: reading the changes never touches the Buffer
+	b           *Buffer                      // for Ack only: reading the changes never touches the Buffer
+	keep        func(relationID uint32) bool // Filter's: the relations whose rows Changes yields; nil keeps all
 	opts        decoding.Options
 	incremental bool
 	data        *xact            // nil once released
@@ -105,11 +106,29 @@ func (x *Txn) Changes() iter.Seq2[decoding.Change, error] {
 			var rel *decoding.Relation
 			switch v := m.(type) { // the row changes' concrete types: no interface conversion
 			case *decoding.Insert:
+				if x.keep != nil && !x.keep(v.RelationID) {
+					continue
+				}
 				rel = x.view.rowRelation(v.RelationID)
 			case *decoding.Update:
+				if x.keep != nil && !x.keep(v.RelationID) {
+					continue
+				}
 				rel = x.view.rowRelation(v.RelationID)
 			case *decoding.Delete:
+				if x.keep != nil && !x.keep(v.RelationID) {
+					continue
+				}
 				rel = x.view.rowRelation(v.RelationID)
+			case *decoding.Truncate:
+				if x.keep != nil {
+					if m = x.keepTruncate(v); m == nil {
+						continue
+					}
+					if m != v {
+						rec = nil // the server's message names relations this one does not
+					}
+				}
 			default:
 				x.view.read(m)
 				rel = decoding.RelationOf(&x.view, m)
@@ -119,4 +138,56 @@ func (x *Txn) Changes() iter.Seq2[decoding.Change, error] {
 			}
 		}
 	}
+}
+
+// Filter makes Changes yield only the row changes (Insert, Update, Delete, and a Truncate's
+// relations) of the relations keep reports true for; schema descriptions and logical messages
+// are yielded whatever keep says. A Truncate of several relations, some of them filtered out, is
+// yielded with the others only, and with no Raw record. nil yields everything again. It is the
+// consumer's, like Changes: not to be called while an iteration is in progress.
+func (x *Txn) Filter(keep func(relationID uint32) bool) { x.keep = keep }
+
+// keepTruncate returns t, a Truncate of the relations keep keeps only, or nil if it keeps none.
+func (x *Txn) keepTruncate(t *decoding.Truncate) decoding.Message {
+	n := 0
+	for _, id := range t.RelationIDs {
+		if x.keep(id) {
+			n++
+		}
+	}
+	switch n {
+	case 0:
+		return nil
+	case len(t.RelationIDs):
+		return t
+	}
+	out := &decoding.Truncate{Xid: t.Xid, Options: t.Options, RelationIDs: make([]uint32, 0, n)}
+	for _, id := range t.RelationIDs {
+		if x.keep(id) {
+			out.RelationIDs = append(out.RelationIDs, id)
+		}
+	}
+	return out
+}
+
+// Described returns the relations the transaction's own Relation messages describe, in the
+// order they came, without reading its changes: the relations a server describes again, or for
+// the first time, before the first change of each in its session. A part of a transaction
+// (Config.Incremental) lists the descriptions received so far.
+func (x *Txn) Described() []*decoding.Relation {
+	if x.released || x.data == nil {
+		return nil
+	}
+	var out []*decoding.Relation
+	for _, e := range x.data.schema {
+		if r, ok := e.msg.(*decoding.Relation); ok {
+			out = append(out, r)
+		}
+	}
+	for _, m := range x.data.described() {
+		if r, ok := m.(*decoding.Relation); ok {
+			out = append(out, r)
+		}
+	}
+	return out
 }
