@@ -55,6 +55,11 @@ type Config struct {
 	// that fails is returned (its slot dropped and Copier.Discard called), and whoever owns the
 	// Copier's connections decides whether to start it over.
 	Copier Copier
+	// NewTables says what a Feed that copies (StartCopy) does with a table added to its
+	// publications while it streams: copy its rows, then stream its changes (NewTablesCopy, the
+	// zero value), or stream its changes only (NewTablesStream). See "Tables added to the
+	// publication" in the package documentation. A Follower takes up added tables itself.
+	NewTables NewTables
 }
 
 // Follower is a consumer that reads the stream itself, for what a Handler that gets one whole
@@ -114,6 +119,12 @@ const (
 	// Transaction is a streamed transaction, whole, committed after the consistent point.
 	// Transactions are handled one at a time, in commit order.
 	Transaction
+	// TableReset says that the rows of Batch.Table the handler delivered since the stored
+	// position's copy of that table began (Position.Sync) do not count: a copy of a table added
+	// to the publications was cut short, and the table is copied again. The handler removes that
+	// table's rows (or cuts its output back to State, which is the State stored when the copy
+	// began). It has no changes.
+	TableReset
 )
 
 func (k Kind) String() string {
@@ -126,6 +137,8 @@ func (k Kind) String() string {
 		return "snapshot"
 	case Transaction:
 		return "transaction"
+	case TableReset:
+		return "table-reset"
 	}
 	return fmt.Sprintf("Kind(%d)", int(k))
 }
@@ -148,6 +161,11 @@ type Batch struct {
 	// State is the handler's state stored with the position (Resume only; SetState sets it),
 	// to read, not to modify.
 	State []byte
+	// Table is the table added to the publications that the batch is about: set on its
+	// TableReset, on the Snapshot batches of its copy, and on the Transaction batches that carry
+	// its changes from the copy's consistent point to where the stream stood (which hold that
+	// table's changes only); nil on every other batch.
+	Table *TableRef
 
 	f *Feed
 }
@@ -214,6 +232,7 @@ type Feed struct {
 	sysID   string
 	running bool
 	cat     *catalog.Reader
+	ts      tableSync // tables added to the publications (tablesync.go)
 }
 
 // catalog returns the Feed's catalog reader, made on first use.
@@ -268,6 +287,8 @@ func New(cfg Config, store Store, h Handler) (*Feed, error) {
 		return nil, configerr.New(ErrInvalidConfig, field("Start"), "is StartCopy with a SlotStore, which keeps no position, so every run would copy again: use StartStream")
 	case cfg.Replication.Buffer.Incremental && cfg.Follower == nil:
 		return nil, configerr.New(ErrInvalidConfig, field("Replication.Buffer.Incremental"), "is set: the handler gets whole transactions (a Follower reads parts)")
+	case cfg.NewTables != NewTablesCopy && cfg.NewTables != NewTablesStream:
+		return nil, configerr.New(ErrInvalidConfig, field("NewTables"), fmt.Sprintf("%d is not valid: NewTablesCopy or NewTablesStream", int(cfg.NewTables)))
 	case cfg.Copier != nil && cfg.Start != StartCopy:
 		return nil, configerr.New(ErrInvalidConfig, field("Copier"), "is set with Start: StartStream, which makes no copy")
 	}
@@ -450,6 +471,10 @@ func (f *Feed) follow(ctx context.Context, s *replication.Stream) (err error) {
 			f.rollback(ctx, u)
 		}
 	}()
+	defer f.closeSync(ctx)
+	if err := f.syncStart(ctx); err != nil {
+		return err
+	}
 	commit := func() error {
 		pos := f.position(true, txns[len(txns)-1].EndLSN)
 		start := time.Now()
@@ -467,19 +492,38 @@ func (f *Feed) follow(ctx context.Context, s *replication.Stream) (err error) {
 		txns = txns[:0]
 		return nil
 	}
+	flush := func() error {
+		if u == nil {
+			return nil
+		}
+		return commit()
+	}
+	tracks := f.tracksTables()
 	last := f.Progress().Acked
 	for {
-		txn, err := s.Next(ctx)
+		nctx := ctx
+		if tracks {
+			// Between units: the tables added to the publications (tablesync.go).
+			if err := f.syncTables(ctx, s, flush); err != nil {
+				return err
+			}
+			nctx = f.ts.nextCtx(ctx)
+		}
+		txn, err := s.Next(nctx)
 		if err != nil {
 			if ctx.Err() != nil {
 				return context.Cause(ctx)
+			}
+			if nctx.Err() != nil {
+				continue // woken for the tables
 			}
 			return err
 		}
 		// An idle advance (the server's position moved with nothing for the handler: see
 		// reorderbuffer.Config.HandOutAdvances) is stored without a batch, then acknowledged:
-		// the slot never confirms a position the store does not have.
-		if txn.Part == reorderbuffer.Advance {
+		// the slot never confirms a position the store does not have. So is a transaction
+		// whose changes are all of tables being copied.
+		if txn.Part == reorderbuffer.Advance || (tracks && !f.admit(txn)) {
 			if u != nil {
 				if err := commit(); err != nil {
 					return err
@@ -570,7 +614,11 @@ func (f *Feed) rollback(ctx context.Context, u Unit) {
 func (f *Feed) position(copyDone bool, end decoding.LSN) Position {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return Position{Slot: f.cfg.Replication.Slot, SystemID: f.sysID, CopyDone: copyDone, EndLSN: end, State: f.state}
+	if copyDone {
+		f.ts.stored = end
+	}
+	return Position{Slot: f.cfg.Replication.Slot, SystemID: f.sysID, CopyDone: copyDone, EndLSN: end, State: f.state,
+		Tables: f.ts.knownList(), Sync: f.ts.syncing}
 }
 
 // resume starts the stream after the stored position, once the handler has handled Resume.
@@ -580,6 +628,7 @@ func (f *Feed) resume(ctx context.Context, pos Position) (*replication.Stream, e
 	rcfg.Buffer.SkipThrough = pos.EndLSN
 	f.mu.Lock()
 	f.sysID, f.state = pos.SystemID, pos.State
+	f.ts.load(pos)
 	f.mu.Unlock()
 	return f.open(ctx, rcfg, func(conn *replication.Conn) error {
 		if id := conn.System().ID; pos.SystemID == "" {
@@ -683,6 +732,7 @@ func (c *feedCopier) Begin(ctx context.Context, systemID string) error {
 	f := (*Feed)(c)
 	f.mu.Lock()
 	f.sysID, f.state = systemID, nil
+	f.ts.known, f.ts.syncing, f.ts.loaded = nil, nil, nil
 	f.mu.Unlock()
 	u, err := f.store.Begin(ctx, StreamWorker)
 	if err != nil {
@@ -700,7 +750,13 @@ func (c *feedCopier) Begin(ctx context.Context, systemID string) error {
 	return nil
 }
 
-func (c *feedCopier) Plan(context.Context, *snapshot.Session) error { return nil }
+func (c *feedCopier) Plan(_ context.Context, sess *snapshot.Session) error {
+	f := (*Feed)(c)
+	f.mu.Lock()
+	f.ts.copied(sess.Tables())
+	f.mu.Unlock()
+	return nil
+}
 
 func (c *feedCopier) Chunk(ctx context.Context, ch *snapshot.Chunk) error {
 	f := (*Feed)(c)

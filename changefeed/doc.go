@@ -122,13 +122,50 @@
 // names both servers with target_session_attrs=read-write). A slot created without failover is
 // missing there, and Run says so.
 //
+// # Tables added to the publication
+//
+// A table added to a publication while the Feed streams (ALTER PUBLICATION ... ADD TABLE, or a
+// table created in a FOR ALL TABLES or TABLES IN SCHEMA publication) is copied too, when the Feed
+// copies (StartCopy) and Config.NewTables is NewTablesCopy, the zero value. The Feed knows the
+// tables whose rows the consumer holds (Position.Tables: those of the initial copy, and those
+// added since); it sees a new one at the first Relation message of a table it does not know, or
+// in its listing of the publications (Config.PublicationCheck) for a table that has no changes
+// yet. From then on it drops that table's changes from the stream, and, on a goroutine of its
+// own, while the stream goes on being handled and acknowledged, creates a temporary slot with an
+// exported snapshot (its consistent point C) and opens the copy's connections in it. Then, at the
+// first unit boundary at or past C (the position stored last, H), the stream waits: the Feed
+// stores that the table's copy began at H (Position.Sync), hands the handler the table's rows as
+// Snapshot batches with Batch.Table set (concurrently, by copy worker, as the initial copy's),
+// then the table's changes of the transactions that end between C and H, read from the
+// temporary slot, as Transaction batches with Batch.Table set (they hold that table's changes
+// only, and end at or before positions already stored), and stores, in the same unit as those, H
+// with the table known. The stream then goes on, with the table's changes of every transaction
+// that ends after H. So the table's rows and changes reach the handler each once, whatever is
+// written to it meanwhile. Creating the temporary slot waits for the transactions running on
+// the source; under synchronous replication those wait for the Feed's acknowledgements, which is
+// why the stream is never paused for it.
+//
+// A copy cut short (a crash, a handler's error) leaves Position.Sync stored: the next Run, after
+// Resume, hands the handler a TableReset batch for that table (Batch.Table; its State is the one
+// stored when the copy began) and copies the table again. The handler removes that table's rows
+// (a TableStore handler deletes them in Tx(b)), or cuts its output back to State (JSONLines
+// does); the Kafka sink has nothing to remove, its copy of the table committing whole with its
+// end. A position stored by an earlier release lists no tables: the publications' tables when
+// Run loads it are taken as known. SlotStore keeps nothing, and is used without a copy: a Feed
+// on it tracks no tables.
+//
+// With NewTablesStream, the table's changes are delivered from then on and its rows from before
+// are not (PostgreSQL's own behaviour without REFRESH PUBLICATION); the log names the table and
+// the switch. A Feed with a Follower (package apply) takes up none of this: the Follower reads
+// the stream, and the Feed logs the added tables at Warn.
+//
 // # Handler, concurrency and buffers
 //
 // Snapshot batches are handled concurrently, one per copy worker (Batch.Worker, Config.Copy.Workers,
 // 4 by default): the handler must be safe for concurrent use, and keep per-worker state (a
-// pgvalue.Decoder, which is not safe for concurrent use) by worker. Reset, Resume and
-// Transaction batches are handled one at a time, on Run's goroutine, never during the copy's
-// chunks. Copied rows are inserts (pgvalue.Change.Op is decoding.MsgInsert); Batch.Kind tells a
+// pgvalue.Decoder, which is not safe for concurrent use) by worker. Reset, Resume, TableReset
+// and Transaction batches are handled one at a time, on Run's goroutine, never during the copy's
+// chunks (of the initial copy, or of a table added to the publication). Copied rows are inserts (pgvalue.Change.Op is decoding.MsgInsert); Batch.Kind tells a
 // copied row from a streamed insert.
 //
 // A batch and everything it holds (its messages, rows, column data) are valid until the handler

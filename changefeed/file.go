@@ -10,6 +10,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -50,7 +51,13 @@ type FileConfig struct {
 	FileMode fs.FileMode
 }
 
-const fileHeader = "pgreorder changefeed position v1"
+// The file's first line. Version 2 adds the known tables and the table whose copy began
+// (Position.Tables, Position.Sync); a position with neither is written in version 1, which
+// earlier releases read.
+const (
+	fileHeader   = "pgreorder changefeed position v1"
+	fileHeaderV2 = "pgreorder changefeed position v2"
+)
 
 // OpenFile opens the position file at path (it need not exist; its directory must, and must be
 // writable: OpenFile checks). Only one FileStore may commit to a path at a time; others may Load
@@ -124,8 +131,15 @@ func (s *FileStore) Load(_ context.Context, slot string) (Position, bool, error)
 }
 
 func formatPosition(p Position) []byte {
+	header := fileHeader
+	if p.Tables != nil || p.Sync != nil {
+		header = fileHeaderV2
+	}
 	body := fmt.Sprintf("%s\nslot %s\nsystem_id %s\ncopy_done %t\nend_lsn %s\nstate %s\n",
-		fileHeader, p.Slot, p.SystemID, p.CopyDone, p.EndLSN, hex.EncodeToString(p.State))
+		header, p.Slot, p.SystemID, p.CopyDone, p.EndLSN, hex.EncodeToString(p.State))
+	if header == fileHeaderV2 {
+		body += "tables " + formatTables(p.Tables) + "\nsync " + formatSync(p.Sync) + "\n"
+	}
 	return fmt.Appendf(nil, "%scrc32c %08x\n", body, crc32.Checksum([]byte(body), crcTable))
 }
 
@@ -142,7 +156,10 @@ func parsePosition(b []byte) (Position, error) {
 		return Position{}, errors.New("checksum mismatch: torn or altered")
 	}
 	lines := strings.Split(strings.TrimSuffix(body, "\n"), "\n")
-	if len(lines) != 6 || lines[0] != fileHeader {
+	switch {
+	case len(lines) == 6 && lines[0] == fileHeader:
+	case len(lines) == 8 && lines[0] == fileHeaderV2:
+	default:
 		return Position{}, errors.New("not a position file")
 	}
 	var p Position
@@ -172,7 +189,80 @@ func parsePosition(b []byte) (Position, error) {
 	if len(p.State) == 0 {
 		p.State = nil
 	}
+	if len(lines) == 8 {
+		tables, ok1 := strings.CutPrefix(lines[6], "tables ")
+		sync, ok2 := strings.CutPrefix(lines[7], "sync ")
+		if !ok1 || !ok2 {
+			return Position{}, errors.New("malformed tables or sync")
+		}
+		if p.Tables, err = parseTables(tables); err != nil {
+			return Position{}, err
+		}
+		if p.Sync, err = parseSync(sync); err != nil {
+			return Position{}, err
+		}
+	}
 	return p, nil
+}
+
+// formatTables writes a known set: "-" when unknown, the OIDs separated by commas otherwise.
+func formatTables(t []uint32) string {
+	if t == nil {
+		return "-"
+	}
+	var b strings.Builder
+	for i, oid := range t {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.FormatUint(uint64(oid), 10))
+	}
+	return b.String()
+}
+
+func parseTables(s string) ([]uint32, error) {
+	if s == "-" {
+		return nil, nil
+	}
+	out := []uint32{}
+	if s == "" {
+		return out, nil
+	}
+	for f := range strings.SplitSeq(s, ",") {
+		oid, err := strconv.ParseUint(f, 10, 32)
+		if err != nil {
+			return nil, errors.New("malformed tables")
+		}
+		out = append(out, uint32(oid))
+	}
+	return out, nil
+}
+
+// formatSync writes a table in sync: "-" when none, "OID FROM SCHEMA NAME" otherwise, the names
+// in hexadecimal.
+func formatSync(s *TableSync) string {
+	if s == nil {
+		return "-"
+	}
+	return fmt.Sprintf("%d %s %s %s", s.Table.OID, s.From, hex.EncodeToString([]byte(s.Table.Schema)), hex.EncodeToString([]byte(s.Table.Name)))
+}
+
+func parseSync(s string) (*TableSync, error) {
+	if s == "-" {
+		return nil, nil
+	}
+	f := strings.Split(s, " ")
+	if len(f) != 4 {
+		return nil, errors.New("malformed sync")
+	}
+	oid, err1 := strconv.ParseUint(f[0], 10, 32)
+	from, err2 := decoding.ParseLSN(f[1])
+	schema, err3 := hex.DecodeString(f[2])
+	name, err4 := hex.DecodeString(f[3])
+	if err := errors.Join(err1, err2, err3, err4); err != nil {
+		return nil, errors.New("malformed sync")
+	}
+	return &TableSync{Table: TableRef{OID: uint32(oid), Schema: string(schema), Name: string(name)}, From: from}, nil
 }
 
 // Begin returns a unit whose Commit writes the position, if given one.

@@ -45,8 +45,10 @@ type JSONLinesConfig struct {
 // FileStore next to it (the path plus PositionSuffix). A Resume batch cuts the output back to the
 // length stored with the position, which removes whatever a crash left after it (a torn line, a
 // transaction written but not stored, which the stream hands out again); a Reset cuts it to
-// nothing (a copy starts over). So the file holds every change exactly once, whatever crashes,
-// and resuming reads two small files whatever the output's size.
+// nothing (a copy starts over), and a TableReset to the length stored when the copy of a table
+// added to the publications began (which removes that copy's rows). So the file holds every
+// change exactly once, whatever crashes, and resuming reads two small files whatever the
+// output's size.
 //
 //	out, err := changefeed.OpenJSONLines("changes.jsonl", changefeed.JSONLinesConfig{})
 //	...
@@ -215,7 +217,9 @@ func (j *JSONLines) Handle(ctx context.Context, b *Batch) error {
 	switch b.Kind {
 	case Reset:
 		return j.cut(0)
-	case Resume:
+	case Resume, TableReset:
+		// A TableReset's State is the one stored when the table's copy began: what the output
+		// held then.
 		n, err := outputLength(b.State)
 		if err != nil {
 			return fmt.Errorf("%w: %s", ErrStore, err)

@@ -18,10 +18,12 @@ const DefaultPublicationCheck = 10 * time.Second
 const publicationListTimeout = 5 * time.Second
 
 // watchPublications lists the publications' tables every Config.PublicationCheck while the
-// stream runs, and logs the tables added to them since the last listing (the stream delivers
-// their changes from then on; the rows they held before are not copied) and those removed (their
-// changes stop). The first listing is the baseline. It returns the function that stops the
-// watch and waits for it to end.
+// stream runs, and logs the tables added to them since the last listing and those removed
+// (their changes stop). The first listing is the baseline of the log. Where the Feed tracks the
+// tables (tracksTables), every listing goes to follow, which copies the added tables that have
+// no changes yet (or knows them from now on, with NewTablesStream); otherwise (a Follower) the
+// stream delivers the added tables' changes from then on, and the rows they held before are not
+// copied. It returns the function that stops the watch and waits for it to end.
 func (f *Feed) watchPublications(ctx context.Context) (stop func()) {
 	every := f.cfg.PublicationCheck
 	if every < 0 {
@@ -42,8 +44,15 @@ func (f *Feed) watchPublications(ctx context.Context) (stop func()) {
 			// TABLE still open, or prepared): bounded, so that the catalog reader the handlers
 			// share is not held for as long.
 			lctx, lcancel := context.WithTimeout(ctx, min(every, publicationListTimeout))
-			tables, err := f.published(lctx)
+			withOIDs, err := f.publishedOIDs(lctx)
 			lcancel()
+			tables := make([]catalog.TableName, len(withOIDs))
+			for i, t := range withOIDs {
+				tables[i] = t.TableName
+			}
+			if err == nil && f.tracksTables() {
+				f.ts.offer(withOIDs)
+			}
 			switch {
 			case err != nil:
 				if ctx.Err() == nil {
@@ -68,15 +77,6 @@ func (f *Feed) watchPublications(ctx context.Context) (stop func()) {
 	}
 }
 
-// published lists the tables of the Feed's publications.
-func (f *Feed) published(ctx context.Context) ([]catalog.TableName, error) {
-	cat, err := f.catalog()
-	if err != nil {
-		return nil, err
-	}
-	return cat.Published(ctx, f.cfg.Replication.Publications)
-}
-
 // publicationChanges logs the tables in now and not in before (added), and the other way round
 // (removed). Both lists are sorted.
 func (f *Feed) publicationChanges(before, now []catalog.TableName) {
@@ -91,7 +91,12 @@ func (f *Feed) publicationChanges(before, now []catalog.TableName) {
 	}
 	pubs := strings.Join(f.cfg.Replication.Publications, ", ")
 	for _, t := range now {
-		if !in(before, t) {
+		switch {
+		case in(before, t):
+		case f.tracksTables():
+			f.log.Info("table added to the publication", "table", t.String(), "publications", pubs, "slot", f.cfg.Replication.Slot,
+				"new_tables", f.cfg.NewTables.String())
+		default:
 			f.log.Warn("table added to the publication: its changes are delivered from now on, but the rows it held "+
 				"before are not copied", "table", t.String(), "publications", pubs, "slot", f.cfg.Replication.Slot)
 		}

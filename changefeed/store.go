@@ -27,6 +27,36 @@ type Position struct {
 	// most MaxState bytes: for instance the length of an output file, which a handler cuts back
 	// to when it resumes.
 	State []byte
+	// Tables are the OIDs of the published tables the consumer knows (Batch.Table's OID),
+	// sorted: those of the initial copy, and the tables added to the publications since, copied
+	// or streamed (Config.NewTables). A Run hands the handler the rows of a published table that
+	// is not among them before its changes. Nil means unknown (a position stored by an earlier
+	// release): Run takes the publications' tables when it loads it.
+	Tables []uint32
+	// Sync is the table added to the publications whose copy began, at Sync.From, and did not
+	// finish; nil when none. The next Run hands the handler a TableReset for it and copies it
+	// again.
+	Sync *TableSync
+}
+
+// TableRef names a table of the publications: its OID, the RelationID of its changes in the
+// stream, and its name when it was added.
+type TableRef struct {
+	OID    uint32 `json:"oid"`
+	Schema string `json:"schema"`
+	Name   string `json:"name"`
+}
+
+func (t TableRef) String() string {
+	return catalog.TableName{Schema: t.Schema, Name: t.Name}.String()
+}
+
+// TableSync is a table added to the publications whose copy began (Position.Sync).
+type TableSync struct {
+	Table TableRef `json:"table"`
+	// From is the position stored when the copy began: the stream delivers the table's changes
+	// of the transactions that end after it, the copy those before.
+	From decoding.LSN `json:"from"`
 }
 
 // MaxState is the largest Position.State a Store must keep.

@@ -2,6 +2,7 @@ package changefeed
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -89,6 +90,13 @@ func OpenTableStore(ctx context.Context, cfg TableConfig) (*TableStore, error) {
 		s.Close()
 		return nil, fmt.Errorf("changefeed: creating the position table %s: %w", s.table, err)
 	}
+	// The known tables and the table whose copy began (Position.Tables, Position.Sync), added
+	// to a table an earlier release made: NULL reads as none.
+	_, err = conn.Exec(ctx, "ALTER TABLE "+s.table+" ADD COLUMN IF NOT EXISTS tables bigint[], ADD COLUMN IF NOT EXISTS sync jsonb")
+	if err != nil && !pgsession.IsCode(err, "42701") { // added meanwhile
+		s.Close()
+		return nil, fmt.Errorf("changefeed: adding columns to the position table %s: %w", s.table, err)
+	}
 	return s, nil
 }
 
@@ -159,14 +167,27 @@ func (s *TableStore) Load(ctx context.Context, slot string) (Position, bool, err
 		return Position{}, false, err
 	}
 	p := Position{Slot: slot}
-	var end string
-	err = conn.QueryRow(ctx, "SELECT system_id, copy_done, end_lsn::text, state FROM "+s.table+" WHERE slot = $1", slot).
-		Scan(&p.SystemID, &p.CopyDone, &end, &p.State)
+	var (
+		end    string
+		tables []int64
+		sync   []byte
+	)
+	err = conn.QueryRow(ctx, "SELECT system_id, copy_done, end_lsn::text, state, tables, sync::text FROM "+s.table+" WHERE slot = $1", slot).
+		Scan(&p.SystemID, &p.CopyDone, &end, &p.State, &tables, &sync)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Position{}, false, nil
 	}
 	if err == nil {
 		err = p.EndLSN.UnmarshalText([]byte(end))
+	}
+	if err == nil && tables != nil {
+		p.Tables = make([]uint32, len(tables))
+		for i, oid := range tables {
+			p.Tables[i] = uint32(oid)
+		}
+	}
+	if err == nil && sync != nil {
+		err = json.Unmarshal(sync, &p.Sync)
 	}
 	if err != nil {
 		return Position{}, false, fmt.Errorf("changefeed: reading the position table %s: %w", s.table, err)
@@ -211,10 +232,25 @@ func (u *tableUnit) Commit(ctx context.Context, p *Position) error {
 		if _, err := u.tx.Exec(ctx, "SET LOCAL synchronous_commit = on"); err != nil {
 			return fmt.Errorf("changefeed: position table: %w", err)
 		}
-		if _, err := u.tx.Exec(ctx, "INSERT INTO "+u.s.table+" (slot, system_id, copy_done, end_lsn, state) "+
-			"VALUES ($1, $2, $3, $4::text::pg_lsn, $5) ON CONFLICT (slot) DO UPDATE SET system_id = excluded.system_id, "+
-			"copy_done = excluded.copy_done, end_lsn = excluded.end_lsn, state = excluded.state",
-			p.Slot, p.SystemID, p.CopyDone, p.EndLSN.String(), p.State); err != nil {
+		var tables []int64
+		if p.Tables != nil {
+			tables = make([]int64, len(p.Tables))
+			for i, oid := range p.Tables {
+				tables[i] = int64(oid)
+			}
+		}
+		var sync *string
+		if p.Sync != nil {
+			b, err := json.Marshal(p.Sync)
+			if err != nil {
+				return fmt.Errorf("changefeed: position table: %w", err)
+			}
+			sync = new(string(b))
+		}
+		if _, err := u.tx.Exec(ctx, "INSERT INTO "+u.s.table+" (slot, system_id, copy_done, end_lsn, state, tables, sync) "+
+			"VALUES ($1, $2, $3, $4::text::pg_lsn, $5, $6, $7::text::jsonb) ON CONFLICT (slot) DO UPDATE SET system_id = excluded.system_id, "+
+			"copy_done = excluded.copy_done, end_lsn = excluded.end_lsn, state = excluded.state, tables = excluded.tables, sync = excluded.sync",
+			p.Slot, p.SystemID, p.CopyDone, p.EndLSN.String(), p.State, tables, sync); err != nil {
 			return fmt.Errorf("changefeed: writing the position table %s: %w", u.s.table, err)
 		}
 	}
