@@ -161,6 +161,10 @@ type storedPosition struct {
 	CopyDone bool         `json:"copy_done"`
 	EndLSN   decoding.LSN `json:"end_lsn"` // as PostgreSQL prints it, "16/B374D848"
 	State    []byte       `json:"state,omitempty"`
+	// Tables and Sync are changefeed.Position's (absent from an earlier release's records, which
+	// load with neither: Tables null is unknown).
+	Tables []uint32              `json:"tables"`
+	Sync   *changefeed.TableSync `json:"sync,omitempty"`
 }
 
 // Load fences any earlier producer of the slot's transactional id (its open transaction is
@@ -312,7 +316,8 @@ func (s *Sink) readPosition(ctx context.Context) (changefeed.Position, bool, err
 			changefeed.ErrStore, s.cfg.OffsetsTopic, s.slot, last.Offset, err)
 	}
 	end := sp.EndLSN
-	pos := changefeed.Position{Slot: sp.Slot, SystemID: sp.SystemID, CopyDone: sp.CopyDone, EndLSN: end, State: sp.State}
+	pos := changefeed.Position{Slot: sp.Slot, SystemID: sp.SystemID, CopyDone: sp.CopyDone, EndLSN: end, State: sp.State,
+		Tables: sp.Tables, Sync: sp.Sync}
 	s.lastPos.Store(uint64(end))
 	s.log.Info("kafka position", "slot", s.slot, "end_lsn", end, "copy_done", sp.CopyDone, "offset", last.Offset)
 	return pos, true, nil
@@ -411,7 +416,7 @@ func (u *unit) Commit(ctx context.Context, pos *changefeed.Position) error {
 	start := time.Now()
 	if pos != nil {
 		v, err := json.Marshal(storedPosition{Slot: pos.Slot, SystemID: pos.SystemID, CopyDone: pos.CopyDone,
-			EndLSN: pos.EndLSN, State: pos.State})
+			EndLSN: pos.EndLSN, State: pos.State, Tables: pos.Tables, Sync: pos.Sync})
 		if err != nil {
 			return err
 		}
@@ -613,8 +618,10 @@ func (s *Sink) Handle(ctx context.Context, b *changefeed.Batch) error {
 		// Nothing delivered before counts: a copy's transaction still open is aborted, and the
 		// unit goes on in a new one.
 		return s.restart(ctx)
-	case changefeed.Resume:
-		// Nothing to cut back: what an earlier run did not commit was aborted by Load.
+	case changefeed.Resume, changefeed.TableReset:
+		// Nothing to cut back: what an earlier run did not commit was aborted by Load, and the
+		// copy of a table added to the publications commits whole, with its end (its chunks
+		// leave the Kafka transaction open, and its last unit stores the position).
 		return nil
 	case changefeed.Snapshot:
 		enc, err := s.encoder(ctx, b, b.Worker)
