@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pgreorder/pgreorder/changefeed"
 	"github.com/pgreorder/pgreorder/replication"
 	"github.com/pgreorder/pgreorder/spill"
 )
@@ -114,6 +115,23 @@ func (f syncCommitFlag) Set(s string) error {
 
 // The flags that several commands share are registered by the groups below, once each, so that
 // they have one name and one meaning everywhere.
+
+// newTablesFlags is -copy-new-tables: whether a changefeed that copies copies the rows of a table
+// added to its publications while it streams (changefeed.Config.NewTables).
+type newTablesFlags struct{ copyNewTables bool }
+
+func (n *newTablesFlags) register(fs *flag.FlagSet) {
+	fs.BoolVar(&n.copyNewTables, "copy-new-tables", true, "copy the rows of a table added to the publication while streaming, "+
+		"then stream its changes; false streams its changes only, from then on")
+}
+
+// newTables returns the changefeed's setting.
+func (n *newTablesFlags) newTables() changefeed.NewTables {
+	if n.copyNewTables {
+		return changefeed.NewTablesCopy
+	}
+	return changefeed.NewTablesStream
+}
 
 // sourceFlags name the source database and what to read of it: -source (and its old name -dsn),
 // -slot, -publication, and whether the slot survives a failover: -failover.
@@ -304,7 +322,7 @@ var (
 			"kafka-tombstones", "source-name", "source-db", "decimal-handling", "interval-handling"}},
 		{"Kafka security", []string{"kafka-tls", "kafka-tls-ca", "kafka-tls-cert", "kafka-tls-key", "kafka-tls-insecure",
 			"kafka-sasl-mechanism", "kafka-sasl-user"}},
-		{"initial copy", []string{"copy-workers"}},
+		{"initial copy", []string{"copy-workers", "copy-new-tables"}},
 		{"pgoutput", []string{"streaming", "proto", "messages", "binary", "two-phase", "origin-filter"}},
 		{"operations and monitoring", []string{"progress", "metrics-addr", "v"}},
 		{"advanced", []string{"work-mem", "spill-dir", "spill-compression", "status-interval", "kafka-transactional-id",
@@ -382,6 +400,7 @@ var fieldFlags = map[string]string{
 	"changefeed.Start":                          "",
 	"changefeed.Copier":                         "",
 	"changefeed.Replication.Buffer.Incremental": "",
+	"changefeed.NewTables":                      "-copy-new-tables",
 
 	"kafkasink.Brokers":           "-kafka-brokers",
 	"kafkasink.TopicPrefix":       "-kafka-topic-prefix",

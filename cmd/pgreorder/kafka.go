@@ -31,10 +31,11 @@ const kafkaSASLPasswordEnv = "PGREORDER_KAFKA_SASL_PASSWORD"
 
 // kafkaFlags are the flags of `pgreorder kafka`: stream's source flags, and Kafka's.
 type kafkaFlags struct {
-	sourceFlags   // -source, -slot, -publication
-	spillFlags    // -work-mem, -spill-dir, -spill-compression
-	pgoutputFlags // -streaming, -proto, -messages, -binary, -two-phase, -origin-filter
-	monitorFlags  // -status-interval, -progress, -metrics-addr, -v
+	sourceFlags    // -source, -slot, -publication
+	spillFlags     // -work-mem, -spill-dir, -spill-compression
+	pgoutputFlags  // -streaming, -proto, -messages, -binary, -two-phase, -origin-filter
+	monitorFlags   // -status-interval, -progress, -metrics-addr, -v
+	newTablesFlags // -copy-new-tables
 
 	copyWorkers            int
 	sourceName, sourceDB   string
@@ -143,6 +144,7 @@ func (f *kafkaFlags) register(fs *flag.FlagSet) {
 			"none at ROLLBACK PREPARED (turns two-phase on for the slot for good)")
 	fs.IntVar(&f.copyWorkers, "copy-workers", 0, fmt.Sprintf("tables (or parts of tables) copied at once (default %d)", snapshot.DefaultWorkers))
 	f.monitorFlags.register(fs, replication.DefaultStatusInterval)
+	f.newTablesFlags.register(fs)
 	fs.StringVar(&f.sourceName, "source-name", "pgreorder", "source.name of the events, the logical name of the source server")
 	fs.StringVar(&f.sourceDB, "source-db", "", "source.db of the events (default: the name of the database -source connects to)")
 	f.values.register(fs, "")
@@ -235,7 +237,8 @@ func (f *kafkaFlags) config(fs *flag.FlagSet) (changefeed.Config, kafkasink.Conf
 			StatusInterval: f.status,
 			Buffer:         reorderbuffer.Config{WorkMem: workMem, Dir: f.dir, SpillCompressor: comp},
 		},
-		Copy: snapshot.Config{Workers: f.copyWorkers},
+		Copy:      snapshot.Config{Workers: f.copyWorkers},
+		NewTables: f.newTables(),
 	}
 
 	var brokers []string
