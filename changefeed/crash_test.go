@@ -79,10 +79,12 @@ func crashConsumer(spec string) int {
 	mark := func(b *changefeed.Batch) {
 		outMu.Lock()
 		defer outMu.Unlock()
-		switch b.Kind {
-		case changefeed.Snapshot:
+		switch {
+		case b.Kind == changefeed.Snapshot && b.Table != nil:
+			out.WriteString("tchunk\n") // of a table added to the publication
+		case b.Kind == changefeed.Snapshot:
 			out.WriteString("chunk\n")
-		case changefeed.Transaction:
+		case b.Kind == changefeed.Transaction:
 			out.WriteString("txn\n")
 		}
 		out.Flush()
@@ -139,7 +141,7 @@ func (o *fileOutput) handle(ctx context.Context, b *changefeed.Batch) error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	switch b.Kind {
-	case changefeed.Reset, changefeed.Resume:
+	case changefeed.Reset, changefeed.Resume, changefeed.TableReset:
 		var n int64
 		if len(b.State) > 0 {
 			var err error
@@ -187,6 +189,9 @@ func tableHandle(ctx context.Context, b *changefeed.Batch) error {
 		return err
 	case changefeed.Resume:
 		return nil
+	case changefeed.TableReset:
+		_, err := tx.Exec(ctx, "DELETE FROM "+pgx.Identifier{b.Table.Name}.Sanitize())
+		return err
 	}
 	dec := pgvalue.NewDecoder(nil)
 	var rows [][]any
@@ -274,21 +279,47 @@ func TestCrash(t *testing.T) {
 	major := majors[len(majors)-1] // the newest installed: the test takes seconds per consumer
 	for i, mode := range []string{"file", "table"} {
 		t.Run(fmt.Sprintf("pg%d/%s", major, mode), func(t *testing.T) {
-			crash(t, pgtest.Shared(t, major), mode, self, rand.New(rand.NewPCG(seed, uint64(i))))
+			crash(t, pgtest.Shared(t, major), mode, self, rand.New(rand.NewPCG(seed, uint64(i))), false)
 		})
 	}
 }
 
-func crash(t *testing.T, srv *pgtest.Server, mode, self string, rng *rand.Rand) {
+// TestCrashTableAdded is TestCrash with u added to the publication while the consumer streams:
+// the consumer is also killed during u's copy, twice (the second time during the copy made
+// again after a TableReset), and the output must equal the source's tables all the same.
+func TestCrashTableAdded(t *testing.T) {
+	seed := uint64(time.Now().UnixNano())
+	if s := os.Getenv("PGREORDER_SEED"); s != "" {
+		_, err := fmt.Sscan(s, &seed)
+		require.NoError(t, err)
+	}
+	t.Logf("seed %d (set PGREORDER_SEED to replay)", seed)
+	self, err := os.Executable()
+	require.NoError(t, err)
+	majors := pgtest.Majors(t)
+	major := majors[len(majors)-1]
+	for i, mode := range []string{"file", "table"} {
+		t.Run(fmt.Sprintf("pg%d/%s", major, mode), func(t *testing.T) {
+			crash(t, pgtest.Shared(t, major), mode, self, rand.New(rand.NewPCG(seed, uint64(i))), true)
+		})
+	}
+}
+
+// crash runs the crash test; with late, u is added to the publication after the initial copy.
+func crash(t *testing.T, srv *pgtest.Server, mode, self string, rng *rand.Rand, late bool) {
 	ctx := pgtest.Context(t, 4*time.Minute)
 	db, tdb := pgtest.NewDatabase(t, srv), pgtest.NewDatabase(t, srv)
 	dsn, target := srv.ConnString(db), srv.ConnString(tdb)
 	const initial = 6000
 	schema := []string{`CREATE TABLE t (id int PRIMARY KEY, v text, n int)`, `CREATE TABLE u (id int PRIMARY KEY, v text, n int)`}
+	publication := `CREATE PUBLICATION p FOR TABLE t, u`
+	if late {
+		publication = `CREATE PUBLICATION p FOR TABLE t`
+	}
 	pgtest.ExecAll(t, dsn, append(schema,
 		fmt.Sprintf(`INSERT INTO t SELECT g, repeat('x', 20) || g, g FROM generate_series(1, %d) g`, initial),
 		fmt.Sprintf(`INSERT INTO u SELECT g, 'u' || g, NULL FROM generate_series(1, %d) g`, initial/4),
-		`CREATE PUBLICATION p FOR TABLE t, u`)...)
+		publication)...)
 	pgtest.ExecAll(t, target, schema...)
 	path := filepath.Join(t.TempDir(), "out")
 
@@ -381,7 +412,25 @@ func crash(t *testing.T, srv *pgtest.Server, mode, self string, rng *rand.Rand) 
 		return done
 	}
 
-	duringCopy, duringStream := 0, 0
+	// tableSync reports whether the stored position records a copy of an added table that began.
+	tableSync := func() bool {
+		if mode == "file" {
+			s, err := changefeed.OpenFile(path + ".pos")
+			require.NoError(t, err)
+			defer s.Close()
+			p, ok, err := s.Load(ctx, "crash")
+			require.NoError(t, err)
+			return ok && p.Sync != nil
+		}
+		conn, err := pgx.Connect(ctx, target)
+		require.NoError(t, err)
+		defer conn.Close(ctx)
+		var syncing bool
+		require.NoError(t, conn.QueryRow(ctx, "SELECT sync IS NOT NULL FROM "+changefeed.DefaultTable+" WHERE slot = 'crash'").Scan(&syncing))
+		return syncing
+	}
+
+	duringCopy, duringStream, duringTableCopy := 0, 0, 0
 	for range 3 { // during the copy: after a few chunks, at a random moment
 		c := launch()
 		waitLines(c, "chunk", 1+rng.IntN(3))
@@ -393,6 +442,24 @@ func crash(t *testing.T, srv *pgtest.Server, mode, self string, rng *rand.Rand) 
 		} else {
 			duringCopy++
 		}
+	}
+	if late {
+		for i := range 2 { // during u's copy, then during the copy made again
+			c := launch()
+			waitLines(c, "txn", 1)
+			if i == 0 {
+				pgtest.ExecAll(t, dsn, `ALTER PUBLICATION p ADD TABLE u`)
+			}
+			waitLines(c, "tchunk", 1)
+			// Not a wait for anything: the kill comes at a random moment after the chunks.
+			time.Sleep(time.Duration(rng.IntN(20)) * time.Millisecond)
+			kill(c)
+			if tableSync() {
+				duringTableCopy++
+			}
+		}
+		t.Logf("killed %d times during the added table's copy", duringTableCopy)
+		require.GreaterOrEqual(t, duringTableCopy, 1, "no kill hit the added table's copy")
 	}
 	for range 4 { // during the stream
 		c := launch()
