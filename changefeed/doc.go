@@ -143,7 +143,10 @@
 // that ends after H. So the table's rows and changes reach the handler each once, whatever is
 // written to it meanwhile. Creating the temporary slot waits for the transactions running on
 // the source; under synchronous replication those wait for the Feed's acknowledgements, which is
-// why the stream is never paused for it.
+// why the stream is never paused for it. While the table is copied, the stream waits (under
+// synchronous replication, so do the source's commits), and the temporary slot's stream buffers
+// what the source writes meanwhile (spilling to disk beyond Replication.Buffer.WorkMem), of
+// which only the table's changes up to H are handed out.
 //
 // A copy cut short (a crash, a handler's error) leaves Position.Sync stored: the next Run, after
 // Resume, hands the handler a TableReset batch for that table (Batch.Table; its State is the one

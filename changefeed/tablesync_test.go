@@ -308,3 +308,45 @@ func TestTableAddedStreamed(t *testing.T) {
 	require.NoError(t, stop())
 	require.Zero(t, pgtest.Count(t, dsn, `SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE '%_sync_%'`))
 }
+
+// TestTableAddedLegacyPosition: a position stored without the known tables (by an earlier
+// release) takes the publications' tables as known: nothing is copied again at the restart,
+// and a table added afterwards is copied.
+func TestTableAddedLegacyPosition(t *testing.T) {
+	srv := pgtest.Shared(t, 18)
+	ctx := pgtest.Context(t, 2*time.Minute)
+	db := pgtest.NewDatabase(t, srv)
+	dsn := srv.ConnString(db)
+	lateSetup(t, dsn)
+	path := filepath.Join(t.TempDir(), "pos")
+	l := &lateModel{m: newModel()}
+	cfg := changefeed.Config{PublicationCheck: 50 * time.Millisecond, Copy: lateCopy(),
+		Replication: replication.Config{ConnString: srv.ReplicationConnString(db), Slot: "late_legacy", Publications: []string{"pub"}}}
+	stop := runFeed(t, cfg, mustOpen(t, path), l.handle)
+	require.NoError(t, stop())
+
+	// The position as an earlier release stored it: no tables.
+	s := mustOpen(t, path)
+	pos, ok, err := s.Load(ctx, "late_legacy")
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Len(t, pos.Tables, 1, "the initial copy's table")
+	pos.Tables = nil
+	u, err := s.Begin(ctx, changefeed.StreamWorker)
+	require.NoError(t, err)
+	require.NoError(t, u.Commit(ctx, &pos))
+	require.NoError(t, s.Close())
+
+	stop = runFeed(t, cfg, mustOpen(t, path), l.handle)
+	stopWriter, commits := lateWriter(ctx, t, dsn)
+	waitCommits(ctx, t, commits, 20)
+	require.Zero(t, l.copied.Load(), "t_other is known: not copied again")
+	pgtest.ExecAll(t, dsn, `ALTER PUBLICATION pub ADD TABLE t_late`)
+	require.NoError(t, waitFor(ctx, func() bool { return l.copied.Load() > 0 }), "the copy")
+	waitCommits(ctx, t, commits, 50)
+	lateCheck(ctx, t, dsn, l, stopWriter)
+	require.NoError(t, stop())
+	pos, _, err = mustOpen(t, path).Load(ctx, "late_legacy")
+	require.NoError(t, err)
+	require.Len(t, pos.Tables, 2)
+}
