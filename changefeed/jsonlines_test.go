@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -388,4 +389,35 @@ func TestJSONLinesCrash(t *testing.T) {
 	}
 	require.Equal(t, map[decoding.LSN]int{0x100: ops - 1, 0x200: 2}, outcomes,
 		"the new position is there once the rename was made, before the directory's fsync")
+}
+
+// TestJSONLinesTableReset: a TableReset cuts the output back to its State, the length stored
+// when the added table's copy began, whatever was written since without a position.
+func TestJSONLinesTableReset(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "out.jsonl")
+	j, _, err := openJSONLines(t, path, changefeed.JSONLinesConfig{})
+	require.NoError(t, err)
+	defer j.Close()
+	require.NoError(t, writeTxn(t, j, smallTxn(700, 0x1000)))
+	_, n := stored(t, path)
+	require.Positive(t, n)
+	// Written and made durable, but stored with no position, as an added table's chunks are.
+	require.NoError(t, txnOf(t, smallTxn(701, 0x2000), func(x *reorderbuffer.Txn) error {
+		u, err := j.Begin(ctx, changefeed.StreamWorker)
+		require.NoError(t, err)
+		require.NoError(t, j.Handle(ctx, &changefeed.Batch{Kind: changefeed.Transaction, Txn: x, Worker: changefeed.StreamWorker, Unit: u}))
+		return u.Commit(ctx, nil)
+	}))
+	st, err := os.Stat(path)
+	require.NoError(t, err)
+	require.Greater(t, int(st.Size()), n)
+	u, err := j.Begin(ctx, changefeed.StreamWorker)
+	require.NoError(t, err)
+	require.NoError(t, j.Handle(ctx, &changefeed.Batch{Kind: changefeed.TableReset, Worker: changefeed.StreamWorker, Unit: u,
+		State: []byte(strconv.Itoa(n)), Table: &changefeed.TableRef{OID: 1, Schema: "public", Name: "t"}}))
+	require.NoError(t, u.Commit(ctx, nil))
+	st, err = os.Stat(path)
+	require.NoError(t, err)
+	require.Equal(t, n, int(st.Size()))
 }
