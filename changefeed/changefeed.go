@@ -523,7 +523,15 @@ func (f *Feed) follow(ctx context.Context, s *replication.Stream) (err error) {
 		// reorderbuffer.Config.HandOutAdvances) is stored without a batch, then acknowledged:
 		// the slot never confirms a position the store does not have. So is a transaction
 		// whose changes are all of tables being copied.
-		if txn.Part == reorderbuffer.Advance || (tracks && !f.admit(txn)) {
+		skip := txn.Part == reorderbuffer.Advance
+		if !skip && tracks {
+			keep, err := f.admit(ctx, txn)
+			if err != nil {
+				return err
+			}
+			skip = !keep
+		}
+		if skip {
 			if u != nil {
 				if err := commit(); err != nil {
 					return err

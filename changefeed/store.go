@@ -137,7 +137,10 @@ type Grouper interface {
 // it handles anything of them: the Kafka sink checks that their topic names do not collide. Run
 // calls CheckTables after Load, with the tables the publications hold (pg_publication_tables),
 // before it creates a slot and before it resumes a stream; an error stops Run with nothing done.
-// Tables added to a publication later are the store's to check when their changes arrive.
+// A table added to a publication later goes to CheckTables alone when a Feed that copies it
+// (NewTablesCopy) sees it, before anything of the transaction that shows it is handled, and an
+// error stops Run; otherwise (NewTablesStream, a Follower) such tables are the store's to check
+// when their changes arrive.
 type TableChecker interface {
 	CheckTables(ctx context.Context, tables []catalog.TableName) error
 }

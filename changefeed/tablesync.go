@@ -202,8 +202,7 @@ func (f *Feed) syncStart(ctx context.Context) error {
 		f.log.Debug("listing the published tables", "err", lerr)
 		return nil
 	}
-	f.newTables(tables)
-	return nil
+	return f.newTables(ctx, tables)
 }
 
 // publishedOIDs lists the tables of the Feed's publications with their OIDs.
@@ -216,31 +215,42 @@ func (f *Feed) publishedOIDs(ctx context.Context) ([]catalog.PublishedTable, err
 }
 
 // newTables takes up the listed tables that the consumer does not know.
-func (f *Feed) newTables(tables []catalog.PublishedTable) {
+func (f *Feed) newTables(ctx context.Context, tables []catalog.PublishedTable) error {
 	for _, t := range tables {
 		f.mu.Lock()
 		known := f.ts.known[t.OID]
 		f.mu.Unlock()
 		if _, ok := f.ts.dropping[t.OID]; !known && !ok {
-			f.detected(TableRef{OID: t.OID, Schema: t.Schema, Name: t.Name})
+			if err := f.detected(ctx, TableRef{OID: t.OID, Schema: t.Schema, Name: t.Name}); err != nil {
+				return err
+			}
 		}
 	}
+	return nil
 }
 
 // detected takes up a table the consumer does not know: it is copied, or, with
-// NewTablesStream, known from now on.
-func (f *Feed) detected(t TableRef) {
+// NewTablesStream, known from now on. A table to copy goes to the store's TableChecker first,
+// before anything of the transaction that shows it is handled: its changes in that transaction
+// reach the handler through the copy.
+func (f *Feed) detected(ctx context.Context, t TableRef) error {
 	if !f.copiesNewTables() {
 		f.mu.Lock()
 		f.ts.known[t.OID] = true
 		f.mu.Unlock()
 		f.log.Warn("table added to the publications: its changes are delivered from now on, its rows from before are not "+
 			"copied (NewTables is NewTablesStream: -copy-new-tables=false)", "table", t.String(), "slot", f.cfg.Replication.Slot)
-		return
+		return nil
+	}
+	if tc, ok := f.store.(TableChecker); ok {
+		if err := tc.CheckTables(ctx, []catalog.TableName{{Schema: t.Schema, Name: t.Name}}); err != nil {
+			return err
+		}
 	}
 	f.log.Info("table added to the publications: copying its rows, then streaming its changes", "table", t.String(),
 		"slot", f.cfg.Replication.Slot)
 	f.queueCopy(t)
+	return nil
 }
 
 // queueCopy queues the copy of t; its changes are dropped from the stream from now on.
@@ -251,22 +261,24 @@ func (f *Feed) queueCopy(t TableRef) {
 
 // admit takes up the relations txn describes that the consumer does not know, and filters out
 // the changes of the tables being copied. It reports whether anything is left for the handler.
-func (f *Feed) admit(txn *reorderbuffer.Txn) bool {
+func (f *Feed) admit(ctx context.Context, txn *reorderbuffer.Txn) (bool, error) {
 	for _, r := range txn.Described() {
 		f.mu.Lock()
 		known := f.ts.known[r.RelationID]
 		f.mu.Unlock()
 		if _, ok := f.ts.dropping[r.RelationID]; !known && !ok {
-			f.detected(TableRef{OID: r.RelationID, Schema: r.Namespace, Name: r.Name})
+			if err := f.detected(ctx, TableRef{OID: r.RelationID, Schema: r.Namespace, Name: r.Name}); err != nil {
+				return false, err
+			}
 		}
 	}
 	if len(f.ts.dropping) == 0 {
 		txn.Filter(nil)
-		return true
+		return true, nil
 	}
 	drop := f.ts.dropping
 	txn.Filter(func(id uint32) bool { _, ok := drop[id]; return !ok })
-	return hasContent(txn)
+	return hasContent(txn), nil
 }
 
 // hasContent reports whether txn yields a change or a message (or an error, for the handler to
@@ -293,7 +305,9 @@ func (f *Feed) syncTables(ctx context.Context, s *replication.Stream, flush func
 		return nil
 	}
 	if l := f.ts.take(); l != nil {
-		f.newTables(l)
+		if err := f.newTables(ctx, l); err != nil {
+			return err
+		}
 	}
 	if f.ts.job == nil && len(f.ts.queue) > 0 {
 		f.ts.job = f.prepareSync(ctx, f.ts.queue[0])
