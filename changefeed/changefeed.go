@@ -557,14 +557,26 @@ func (f *Feed) follow(ctx context.Context, s *replication.Stream) (err error) {
 		}
 		txns = append(txns, txn)
 		last = txn.EndLSN
+		idle := false // the stream was found to hold nothing more
 		if len(txns) < g.MaxTransactions &&
 			(g.MaxBytes <= 0 || int64(last-from) < g.MaxBytes) &&
-			g.open(time.Since(since), cost) &&
-			s.Ready() {
-			continue // the next transaction is there: it joins the unit
+			g.open(time.Since(since), cost) {
+			if s.Ready() {
+				continue // the next transaction is there: it joins the unit
+			}
+			idle = true
 		}
 		if err := commit(); err != nil {
 			return err
+		}
+		// With nothing more to handle, the server hears of what was just stored at once, not at
+		// the next status update: a source commit that waits for this consumer (synchronous
+		// replication) waits for the handler and the store's commit, no longer. Under a steady
+		// flow the next transaction is already there, and no status is sent.
+		if idle || !s.Ready() {
+			if err := s.SendStatus(ctx, false); err != nil && !errors.Is(err, replication.ErrNotConnected) {
+				return err // a lost connection, when the stream does not reconnect by itself
+			}
 		}
 	}
 }
