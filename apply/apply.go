@@ -2,7 +2,6 @@ package apply
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -10,13 +9,13 @@ import (
 
 	"github.com/pgreorder/pgreorder/apply/internal/streams"
 	"github.com/pgreorder/pgreorder/decoding"
-	"github.com/pgreorder/pgreorder/internal/configerr"
 	"github.com/pgreorder/pgreorder/internal/retry"
 )
 
 // retryBackoff is the delay of Run after a retryable error: from 200ms, doubling up to 30s for
 // failures in a row, with ±20% jitter, back to the first after a session that committed a
-// transaction or ran for resetRetryAfter.
+// transaction or ran for resetRetryAfter. Its Min and Max are the Feed's Reconnect policy
+// (runSessions), whose jitter is the same.
 var retryBackoff = retry.Backoff{Min: 200 * time.Millisecond, Max: 30 * time.Second, Jitter: 0.2}
 
 const resetRetryAfter = time.Minute
@@ -103,60 +102,6 @@ func (a *Applier) Run(ctx context.Context) error {
 		a.mu.Unlock()
 	}()
 	return a.runWith(ctx) // sequences.go: Config.SyncSequences around runSessions
-}
-
-// runSessions runs sessions until ctx is done or an error that retrying cannot cure.
-func (a *Applier) runSessions(ctx context.Context) error {
-	log := a.cfg.Logger
-	attempt := 1 // of the failures in a row, the one to wait for next
-	start, limit := time.Now(), a.cfg.startTimeout()
-	for {
-		a.stats.sessions.Add(1)
-		began, applied := time.Now(), a.stats.txns.Load()
-		err := a.session(ctx)
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		if errors.Is(err, errCaughtUp) {
-			return nil
-		}
-		var re *restartError
-		if errors.As(err, &re) {
-			for _, x := range re.xids {
-				a.serial[x] = true
-				if re.stepwise {
-					a.stepwise[x] = true
-				}
-			}
-			a.stats.serialRetries.Add(int64(len(re.xids)))
-			log.Info("retrying serially", "xids", re.xids, "reason", re.reason)
-			continue
-		}
-		// A cancellation that is not ctx's comes from a connection that broke while a wait was
-		// cut short: retried like the connection.
-		internal := errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
-		if !internal && !retryable(err) {
-			return err // the caller reports it
-		}
-		if !a.connected.Load() && limit >= 0 {
-			if left := limit - time.Since(start); left <= 0 || retryBackoff.Base(attempt) >= left {
-				side := "target"
-				if _, ok := errors.AsType[*sourceError](err); ok {
-					side = "source"
-				}
-				return configerr.WithHint(fmt.Errorf("%w: the %s could not be reached: %w", ErrNotStarted, side, err), " ",
-					"(tried for %s: %s)", time.Since(start).Round(time.Second), field("StartTimeout"))
-			}
-		}
-		if a.stats.txns.Load() > applied || time.Since(began) >= resetRetryAfter {
-			attempt = 1 // the session got somewhere: this failure is not one more in a row
-		}
-		log.Warn("replication interrupted; resuming", "err", err, "after", retryBackoff.Base(attempt))
-		if retryBackoff.Wait(ctx, attempt) != nil {
-			return ctx.Err()
-		}
-		attempt++
-	}
 }
 
 // Stats returns the Applier's counters. It may be called at any time, from any goroutine.

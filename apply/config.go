@@ -152,11 +152,12 @@ type Config struct {
 	// Binary (values in their binary send format, PostgreSQL 14+, written with COPY binary and
 	// binary parameters: column types must then be the same on both sides), OriginFilter
 	// (pgoutput's origin option: OriginFilterNone, PostgreSQL 16+, leaves out what another
-	// replication applied there, this Applier's reverse included), StatusInterval, Reconnect
-	// (the stream's own reconnections; how long a slot in use is waited for is SlotWait), and
+	// replication applied there, this Applier's reverse included), StatusInterval, and
 	// the reorder buffer's Buffer.WorkMem, Dir and SpillCompressor (see below). Its Logger defaults
 	// to Logger. The ordinary connections to the source (SchemaChanges, SyncSequences, the
-	// initial copy) use the same connection settings.
+	// initial copy) use the same connection settings. Reconnect is not used: a lost connection
+	// ends the session, and Run starts the next after a delay of its own (see Run); how long a
+	// slot in use is waited for is SlotWait.
 	//
 	// Buffer.WorkMem bounds the memory of transaction data, like PostgreSQL's
 	// logical_decoding_work_mem: 0 means reorderbuffer.DefaultWorkMem (64 MiB),

@@ -10,9 +10,7 @@ import (
 	"github.com/pgreorder/pgreorder/apply/internal/detect"
 	"github.com/pgreorder/pgreorder/apply/internal/schedule"
 	"github.com/pgreorder/pgreorder/apply/internal/target"
-	"github.com/pgreorder/pgreorder/changefeed"
 	"github.com/pgreorder/pgreorder/decoding"
-	"github.com/pgreorder/pgreorder/internal/configerr"
 	"github.com/pgreorder/pgreorder/internal/pgsession"
 	"github.com/pgreorder/pgreorder/replication"
 )
@@ -51,17 +49,21 @@ type session struct {
 	hadProgress bool           // the slot had a progress row when the session started
 }
 
-// session runs one session.
-func (a *Applier) session(parent context.Context) (err error) {
+// session starts the session of the Feed's attempt t, up to where the Feed takes over: it
+// connects to the target, identifies the source, fences off the connections of an earlier
+// session, reads the progress row (and, with Config.Copy and no progress row, the copy table),
+// and sets the attempt's stream configuration rcfg. What it opens, t's end closes.
+func (a *Applier) session(parent context.Context, t *attempt, rcfg *replication.Config) (err error) {
 	s := &session{a: a, cfg: &a.cfg, log: a.cfg.Logger, stats: &a.stats, reg: target.NewRegistry()}
+	t.s = s
 	ctx, cancel := context.WithCancelCause(parent)
-	s.cancel = cancel
-	defer cancel(nil)
+	s.cancel, t.ctx = cancel, ctx
+	t.close(func() { cancel(nil) })
 	s.leader, err = connectTarget(ctx, s.cfg.targetOptions(), "pgreorder apply "+s.cfg.Source.Slot, &s.stats.Counters)
 	if err != nil {
 		return err
 	}
-	defer s.leader.Close(context.WithoutCancel(ctx))
+	t.close(func() { s.leader.Close(context.WithoutCancel(ctx)) })
 	sys, slot, err := identifySource(ctx, s.cfg)
 	if err != nil {
 		return &sourceError{err}
@@ -103,15 +105,12 @@ func (a *Applier) session(parent context.Context) (err error) {
 		return err
 	}
 	if s.det != nil && s.det.Tomb != nil {
-		defer s.det.Tomb.Start(ctx)()
+		t.close(s.det.Tomb.Start(ctx))
 	}
 	if !s.leader.ReplicaRole() {
 		s.log.Info("the target role may not set session_replication_role: triggers and foreign keys fire for replicated changes")
 	}
 	bufferFiles, _ := spillFiles(!buffered)
-	rcfg := s.cfg.Source
-	rcfg.Reconnect.SlotWait = s.cfg.SlotWait
-	rcfg.Logger = s.log
 	rcfg.Buffer.WorkMem = s.cfg.bufferMem(!buffered)
 	rcfg.Buffer.MaxOpenFiles = bufferFiles
 	rcfg.Buffer.SkipThrough = resume
@@ -124,26 +123,12 @@ func (a *Applier) session(parent context.Context) (err error) {
 		}
 	}
 	s.resume = resume
-	feed, err := s.feed(ctx, rcfg)
-	if err != nil {
-		return err
+	if s.cfg.Copy && resume == 0 { // no progress row: the target has yet to be copied
+		if t.copier, t.begun, _, err = s.copyConfig(ctx); err != nil {
+			return err
+		}
 	}
-	err = feed.Run(ctx)
-	if errors.Is(err, changefeed.ErrForeignSlot) {
-		return fmt.Errorf("%w: slot %q (drop it to copy afresh: SELECT pg_drop_replication_slot('%s'))",
-			ErrCopySlotExists, s.cfg.Source.Slot, s.cfg.Source.Slot)
-	}
-	if parent.Err() != nil {
-		return parent.Err()
-	}
-	if errors.Is(err, replication.ErrSlotNotFound) && s.resume != 0 {
-		return configerr.WithHint(fmt.Errorf("%w: the target's progress row for slot %q is at %s, but the slot does not exist on the source "+
-			"(dropped, or a promoted standby it was not synchronized to): the source changes since are lost to the target",
-			replication.ErrSlotNotFound, s.cfg.Source.Slot, s.resume), "; ",
-			"copy the target again: delete the slot's progress row and run with %s (and %s, so that the new slot is kept on a standby across a failover)",
-			field("Copy"), field("Source.Failover"))
-	}
-	return err
+	return nil
 }
 
 // Follow applies the stream, once the Feed started it: from the progress row's position, or

@@ -24,7 +24,9 @@ var discardLogger = slog.New(slog.DiscardHandler)
 // every other field has a working zero value.
 type Config struct {
 	// Replication configures the stream: the connection, Slot, Publications, Binary,
-	// TwoPhase, the reorder buffer's WorkMem... Buffer.HandOutAdvances is set by Run, and
+	// TwoPhase, the reorder buffer's WorkMem... Reconnect is the policy of Run's attempts (see
+	// Run): the streams Run starts do not reconnect by themselves (Reconnect.Disabled is set on
+	// their copy), Run starts a new attempt instead. Buffer.HandOutAdvances is set by Run, and
 	// Buffer.SkipThrough from the store when it holds a position. With StartCopy, Run also makes
 	// the slot itself (CreateSlot and TemporarySlot are not used); with StartStream they say
 	// whether a missing slot is created, and SkipThrough where a run with no stored position
@@ -51,15 +53,22 @@ type Config struct {
 	// Copier, if set, makes the initial copy in place of the Handler's Snapshot batches (see
 	// Copier and InitialCopy). It records the copy's beginning and end itself, where Store.Load
 	// reads them: a copy it began and did not finish as a Position with CopyDone false, a
-	// finished one as CopyDone with the consistent point as EndLSN. Run makes one attempt: a copy
-	// that fails is returned (its slot dropped and Copier.Discard called), and whoever owns the
-	// Copier's connections decides whether to start it over.
+	// finished one as CopyDone with the consistent point as EndLSN. A copy that fails is
+	// discarded (its slot dropped and Copier.Discard called) and, when another attempt can cure
+	// the failure, started over by Run's next attempt, as the Handler's copy is.
 	Copier Copier
 	// NewTables says what a Feed that copies (StartCopy) does with a table added to its
 	// publications while it streams: copy its rows, then stream its changes (NewTablesCopy, the
 	// zero value), or stream its changes only (NewTablesStream). See "Tables added to the
 	// publication" in the package documentation. A Follower takes up added tables itself.
 	NewTables NewTables
+	// StartTimeout bounds how long a run that has not yet reached both the store and the source
+	// keeps trying: its first attempts are retried (a server still starting) until StartTimeout
+	// has passed since Run began, and Run then stops with a *NotStartedError that names the side
+	// and the last error. Once an attempt reached both, a failure that another attempt can cure is
+	// retried for as long as ctx allows. 0 means DefaultStartTimeout; a negative value retries as
+	// long as ctx allows.
+	StartTimeout time.Duration
 }
 
 // Follower is a consumer that reads the stream itself, for what a Handler that gets one whole
@@ -70,7 +79,9 @@ type Config struct {
 // loop; from then on the Follower stores what it handled where its Store's Load finds it, and
 // acknowledges it (replication.Stream.Ack) only once that is durable. Idle advances
 // (replication.Config.Buffer.HandOutAdvances, which Run sets) are the Follower's to store
-// before it acknowledges them. Run returns Follow's error and closes the stream.
+// before it acknowledges them. Run closes the stream when Follow returns: nil ends Run with nil,
+// an error ends the attempt, and Run decides on it as on any other (see Run). A Follower that
+// must prepare each attempt, or hear how one ended, is a Restarter.
 type Follower interface {
 	Follow(ctx context.Context, s *replication.Stream) error
 }
@@ -217,9 +228,11 @@ func (b *Batch) ConsistentPoint() decoding.LSN {
 // it, and the batch is handled again by a later run (a chunk as part of a new copy).
 type Handler func(ctx context.Context, b *Batch) error
 
-// Feed is a consumer: Run copies, then streams. Progress, Stats, Activity and Reconnects read its
-// current stream (zero values while there is none) from any goroutine: package metrics reads a
-// Feed as it reads a replication.Stream.
+// Feed is a consumer: Run copies, then streams, and makes another attempt after a failure that
+// another attempt can cure. Progress, Stats and Activity read the current attempt's stream (the
+// last one's between attempts, zero values before the first), and Reconnects counts the streams
+// started again, from any goroutine: package metrics reads a Feed as it reads a
+// replication.Stream.
 type Feed struct {
 	cfg   Config
 	store Store
@@ -227,12 +240,17 @@ type Feed struct {
 	log   *slog.Logger
 
 	mu      sync.Mutex
-	stream  *replication.Stream
+	stream  *replication.Stream // the current attempt's, or the last one's between attempts
 	state   []byte
 	sysID   string
 	running bool
 	cat     *catalog.Reader
 	ts      tableSync // tables added to the publications (tablesync.go)
+
+	try      *attempt     // the attempt in progress (loop.go)
+	streams  int          // streams started by Run's attempts
+	restarts int          // streams started after the first
+	acked    decoding.LSN // the highest position a stream of this run acknowledged
 }
 
 // catalog returns the Feed's catalog reader, made on first use.
@@ -261,10 +279,12 @@ func (f *Feed) checkTables(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	f.side(SideSource)
 	tables, err := cat.Published(ctx, f.cfg.Replication.Publications)
 	if err != nil {
 		return fmt.Errorf("changefeed: listing the published tables on the source: %w", err)
 	}
+	f.side(SideStore)
 	return tc.CheckTables(ctx, tables)
 }
 
@@ -316,126 +336,14 @@ func Run(ctx context.Context, cfg Config, store Store, h Handler) error {
 	return f.Run(ctx)
 }
 
-// Run runs the consumer until ctx ends or the handler, the store or the stream fails, and
-// closes the store when it returns. With no position stored for the slot, or that of a copy
-// cut short, it copies the published tables (after a Reset batch) and stores the copy's end;
-// with a complete copy stored, it resumes the stream after the stored position (after a Resume
-// batch). A copy that fails for a reason another attempt can cure (a lost connection, a server
-// restart) is discarded and started over at once, with a new Reset, as Replication.Reconnect
-// allows; the stream reconnects by itself. A handler's error stops Run, which returns it (for a
-// copied chunk, inside the *snapshot.ChunkError that names the chunk), unless it is a lost
-// connection during the copy (a server error of class 08 or 57, a network error), such as the
-// handler passes on from a chunk's rows: the copy is then started over too. When ctx ends, Run
-// returns its error (context.Cause). With Config.Follower, the started stream goes to the
-// Follower, and Run returns what Follow returns; with Config.Copier, the copy goes through it,
-// once (see Config). A Feed runs once.
-func (f *Feed) Run(ctx context.Context) (err error) {
-	f.mu.Lock()
-	if f.running {
-		f.mu.Unlock()
-		return fmt.Errorf("%w: a Feed runs once", ErrInvalidConfig)
-	}
-	f.running = true
-	f.mu.Unlock()
-	defer func() {
-		if cerr := f.store.Close(); err == nil {
-			err = cerr
-		}
-		f.mu.Lock()
-		cat := f.cat
-		f.mu.Unlock()
-		if cat != nil {
-			cat.Close()
-		}
-	}()
-	slot := f.cfg.Replication.Slot
-	pos, ok, err := f.store.Load(ctx, slot)
-	if err != nil {
-		return err
-	}
-	if ok && pos.Slot != slot {
-		return fmt.Errorf("%w: it holds the position of slot %q, not %q", ErrStore, pos.Slot, slot)
-	}
-	// Before a slot is made, and before a stream resumes: what the store refuses stops the run
-	// with nothing done.
-	if err := f.checkTables(ctx); err != nil {
-		return err
-	}
-	var stream *replication.Stream
-	switch {
-	case ok && pos.CopyDone:
-		stream, err = f.resume(ctx, pos)
-	case f.cfg.Start == StartStream && ok:
-		return fmt.Errorf("%w: it records an initial copy of slot %q that did not finish, and Start is StartStream: "+
-			"run with StartCopy to copy again, or remove the stored position (and the consumer's output)", ErrStore, slot)
-	case f.cfg.Start == StartStream:
-		stream, err = f.start(ctx)
-	default:
-		stream, err = f.copy(ctx, pos, ok)
-	}
-	if err != nil {
-		return unwrapStop(err)
-	}
-	f.mu.Lock()
-	f.stream = stream
-	f.mu.Unlock()
-	defer func() {
-		if cerr := stream.Close(context.WithoutCancel(ctx)); err == nil && cerr != nil && !errors.Is(cerr, replication.ErrClosed) {
-			err = cerr
-		}
-	}()
-	defer f.watchPublications(ctx)()
-	if f.cfg.Follower != nil {
-		return f.cfg.Follower.Follow(ctx, stream)
-	}
-	return unwrapStop(f.follow(ctx, stream))
-}
-
-// copy runs the initial copy, and runs it again after a failure that another attempt can cure
-// (a lost connection, a server restart), as replication.Config.Reconnect allows.
-func (f *Feed) copy(ctx context.Context, pos Position, begun bool) (*replication.Stream, error) {
-	if f.cfg.Copier != nil {
-		stream, _, err := InitialCopy(ctx, CopyConfig{Replication: f.cfg.Replication, Snapshot: f.cfg.Copy,
-			Begun: begun, SystemID: pos.SystemID}, f.cfg.Copier)
-		return stream, err
-	}
-	policy := f.cfg.Replication.Reconnect
-	for attempt := 1; ; attempt++ {
-		stream, _, err := InitialCopy(ctx, CopyConfig{Replication: f.cfg.Replication, Snapshot: f.cfg.Copy,
-			Begun: begun, SystemID: pos.SystemID}, (*feedCopier)(f))
-		if err == nil || ctx.Err() != nil || !copyRetryable(err) || policy.Disabled ||
-			(policy.MaxAttempts > 0 && attempt >= policy.MaxAttempts) {
-			return stream, err
-		}
-		f.log.Warn("the initial copy failed; starting it over", "slot", f.cfg.Replication.Slot, "attempt", attempt, "err", err)
-		if err := wait(ctx, attempt); err != nil {
-			return nil, err
-		}
-		var ok bool
-		if pos, ok, err = f.store.Load(ctx, f.cfg.Replication.Slot); err != nil {
-			return nil, err
-		}
-		begun = ok
-	}
-}
-
-// copyRetryable reports whether an initial copy that failed with err can succeed when started
-// over, as the errors say (internal/retry): not when the handler stopped it (unless its
-// connection was lost: see stopError), nor for what the configuration, the publications or the
-// store decide; a snapshot that is no longer exported or publications that changed are, as a
-// new slot has a new snapshot.
-func copyRetryable(err error) bool { return retry.Retryable(err) }
-
 // lostConnection reports whether a handler's error is a lost connection rather than the
 // handler's own decision: what reading a chunk's rows returns when the copy's connection is
 // lost, and what a handler that writes to a database gets when its connection is (the one
 // definition, retry.Lost).
 func lostConnection(err error) bool { return retry.Lost(err) }
 
-// wait waits before attempt+1 (copyBackoff).
-func wait(ctx context.Context, attempt int) error { return copyBackoff.Wait(ctx, attempt) }
-
-// stopError is a handler's error: it stops Run, which returns it as it is.
+// stopError is a handler's error: it stops Run, which returns it as it is, unless it is a lost
+// connection (see its Retryable).
 type stopError struct{ err error }
 
 func (e *stopError) Error() string { return e.err.Error() }
@@ -642,8 +550,7 @@ func (f *Feed) position(copyDone bool, end decoding.LSN) Position {
 }
 
 // resume starts the stream after the stored position, once the handler has handled Resume.
-func (f *Feed) resume(ctx context.Context, pos Position) (*replication.Stream, error) {
-	rcfg := f.cfg.Replication
+func (f *Feed) resume(ctx context.Context, rcfg replication.Config, pos Position) (*replication.Stream, error) {
 	rcfg.CreateSlot, rcfg.TemporarySlot = false, false
 	rcfg.Buffer.SkipThrough = pos.EndLSN
 	f.mu.Lock()
@@ -678,8 +585,13 @@ func (f *Feed) resume(ctx context.Context, pos Position) (*replication.Stream, e
 
 // start starts the stream from the slot's position, with no copy (StartStream), once the handler
 // has handled Reset and the starting position is stored.
-func (f *Feed) start(ctx context.Context) (*replication.Stream, error) {
-	rcfg := f.cfg.Replication
+func (f *Feed) start(ctx context.Context, rcfg replication.Config) (*replication.Stream, error) {
+	if isSlotStore(f.store) {
+		// An attempt after another: what that one acknowledged is not handed out again.
+		f.mu.Lock()
+		rcfg.Buffer.SkipThrough = max(rcfg.Buffer.SkipThrough, f.acked)
+		f.mu.Unlock()
+	}
 	from := rcfg.Buffer.SkipThrough
 	return f.open(ctx, rcfg, func(conn *replication.Conn) error {
 		if _, ok := conn.Slot(); !ok {
@@ -712,7 +624,7 @@ func (f *Feed) open(ctx context.Context, rcfg replication.Config, first func(*re
 	done := false
 	var since time.Time // the first refusal of the slot
 	for attempt := 1; ; attempt++ {
-		conn, err := replication.Connect(ctx, rcfg)
+		conn, err := replication.Connect(ctx, streamConfig(rcfg))
 		if errors.Is(err, replication.ErrResumeAhead) {
 			return nil, fmt.Errorf("changefeed: the stored position %s of slot %q is beyond the server's WAL: "+
 				"the store belongs to another server, or the server was restored from a backup; "+
@@ -721,6 +633,7 @@ func (f *Feed) open(ctx context.Context, rcfg replication.Config, first func(*re
 		if err != nil {
 			return nil, err
 		}
+		f.reachedSource()
 		if !done {
 			if err := first(conn); err != nil {
 				conn.Close(ctx)
@@ -750,6 +663,7 @@ type feedCopier Feed
 
 func (c *feedCopier) Begin(ctx context.Context, systemID string) error {
 	f := (*Feed)(c)
+	f.reachedSource()
 	f.mu.Lock()
 	f.sysID, f.state = systemID, nil
 	f.ts.known, f.ts.syncing, f.ts.loaded = nil, nil, nil
@@ -784,7 +698,12 @@ func (c *feedCopier) Chunk(ctx context.Context, ch *snapshot.Chunk) error {
 }
 
 func (c *feedCopier) Done(ctx context.Context, cp decoding.LSN) error {
-	return (*Feed)(c).advance(ctx, cp)
+	f := (*Feed)(c)
+	if err := f.advance(ctx, cp); err != nil {
+		return err
+	}
+	f.copied()
+	return nil
 }
 
 // advance stores the position end with no batch: the end of the copy, or an idle advance.
@@ -806,7 +725,8 @@ func (c *feedCopier) Discard(context.Context, bool) {
 	// and starts with a Reset.
 }
 
-// current returns the stream, nil before it starts.
+// current returns the stream: the current attempt's, or the last one's between attempts; nil
+// before the first starts.
 func (f *Feed) current() *replication.Stream {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -837,10 +757,10 @@ func (f *Feed) Activity() replication.Activity {
 	return replication.Activity{}
 }
 
-// Reconnects returns the stream's reconnections (replication.Stream.Reconnects).
+// Reconnects returns how many times Run started a stream again after an earlier one of the same
+// run ended (its streams do not reconnect by themselves).
 func (f *Feed) Reconnects() int {
-	if s := f.current(); s != nil {
-		return s.Reconnects()
-	}
-	return 0
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.restarts
 }

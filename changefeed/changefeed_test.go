@@ -334,7 +334,8 @@ func waitFor(ctx context.Context, cond func() bool) error {
 }
 
 // TestCopyRetried: the copy's connections terminated in the middle of the copy fail it; Run
-// discards it and copies again at once (a second Reset), and the stream follows.
+// discards it and copies again (a second Reset), in one more attempt of its one loop, and the
+// stream follows.
 func TestCopyRetried(t *testing.T) {
 	eachMajor(t, func(t *testing.T, srv *pgtest.Server) {
 		ctx := pgtest.Context(t, 2*time.Minute)
@@ -342,9 +343,11 @@ func TestCopyRetried(t *testing.T) {
 		dsn := srv.ConnString(db)
 		pgtest.ExecAll(t, dsn, `CREATE TABLE t (id int PRIMARY KEY, v text, n int)`,
 			`INSERT INTO t SELECT g, 'v', g FROM generate_series(1, 2000) g`, `CREATE PUBLICATION pub FOR TABLE t`)
+		log := newMessageCount(t)
 		cfg := changefeed.Config{
 			Replication: replication.Config{ConnString: srv.ReplicationConnString(db), Slot: "cf", Publications: []string{"pub"}},
 			Copy:        snapshot.Config{Workers: 2, ChunkSize: 8 << 10},
+			Logger:      slog.New(log),
 		}
 		r := &recorder{txns: make(chan struct{}, 10)}
 		var once sync.Once
@@ -370,6 +373,7 @@ func TestCopyRetried(t *testing.T) {
 			}
 		}
 		require.Len(t, resets, 2, "a Reset for each copy")
+		require.Equal(t, 1, log.count(restartMessage), "one attempt made again")
 		// What the first copy delivered is discarded at the second Reset.
 		m := newModel()
 		r.mu.Lock()

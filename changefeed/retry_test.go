@@ -13,7 +13,7 @@ import (
 	"github.com/pgreorder/pgreorder/snapshot"
 )
 
-// TestCopyRetryable: a handler's error stops the copy unless its connection was lost, whatever
+// TestCopyRetryable: a handler's error stops the attempt (a copy or a stream) unless its connection was lost, whatever
 // it wraps; the rest is the errors' own decision (internal/retry's TestDecisions).
 func TestCopyRetryable(t *testing.T) {
 	for _, tt := range []struct {
@@ -33,8 +33,8 @@ func TestCopyRetryable(t *testing.T) {
 		{"foreign slot", fmt.Errorf("%w: x", ErrForeignSlot), false},
 		{"snapshot gone", fmt.Errorf("changefeed: initial copy: %w", fmt.Errorf("%w: x", snapshot.ErrSnapshotNotExported)), true},
 	} {
-		if got := copyRetryable(tt.err); got != tt.want {
-			t.Errorf("%s: copyRetryable(%v) = %v, want %v", tt.name, tt.err, got, tt.want)
+		if got := again(tt.err); got != tt.want {
+			t.Errorf("%s: again(%v) = %v, want %v", tt.name, tt.err, got, tt.want)
 		}
 	}
 }

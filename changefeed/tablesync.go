@@ -14,7 +14,6 @@ import (
 
 	"github.com/pgreorder/pgreorder/catalog"
 	"github.com/pgreorder/pgreorder/decoding"
-	"github.com/pgreorder/pgreorder/internal/retry"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 	"github.com/pgreorder/pgreorder/replication"
 	"github.com/pgreorder/pgreorder/snapshot"
@@ -383,25 +382,16 @@ func (j *syncJob) close(ctx context.Context) {
 	}
 }
 
-// prepareSync starts preparing the copy of t, retrying what another attempt can cure.
+// prepareSync starts preparing the copy of t. A failure ends follow's attempt (syncTables
+// returns it), and Run's next attempt, if another can cure it, takes the table up again: the
+// one restart loop (loop.go) is the only one.
 func (f *Feed) prepareSync(ctx context.Context, t TableRef) *syncJob {
 	jctx, cancel := context.WithCancel(ctx)
 	j := &syncJob{table: t, done: make(chan struct{}), cancel: cancel}
 	go func() {
 		defer f.ts.notify()
 		defer close(j.done)
-		for attempt := 1; ; attempt++ {
-			err := f.prepare(jctx, j)
-			if err == nil || jctx.Err() != nil || !retry.Retryable(err) {
-				j.err = err
-				return
-			}
-			f.log.Warn("preparing the copy of an added table failed; trying again", "table", t.String(), "attempt", attempt, "err", err)
-			if err := wait(jctx, attempt); err != nil {
-				j.err = err
-				return
-			}
-		}
+		j.err = f.prepare(jctx, j)
 	}()
 	return j
 }
