@@ -155,9 +155,7 @@ func (f *applyFlags) register(fs *flag.FlagSet) {
 	durationVar(fs, &f.slotWait, "slot-wait", apply.DefaultSlotWait, "how long to wait for another session that holds the slot "+
 		"(on the target: another apply of the slot, or the connections left by one that died; on the source: another walsender "+
 		"streaming from it) before stopping with an error naming it (0: do not wait; -1: no limit)")
-	durationVar(fs, &f.startTimeout, "start-timeout", apply.DefaultStartTimeout, "how long the first connections to the "+
-		"target and the source are tried (a server still starting) before apply stops with the error, naming the side "+
-		"(-1: no limit); once both were reached, a lost connection is retried for as long as apply runs")
+	startTimeoutVar(fs, &f.startTimeout, "apply", "the target and the source")
 	fs.StringVar(&f.cpuProfile, "cpuprofile", "", "write a CPU profile (runtime/pprof, for go tool pprof) of the whole run to FILE, ended when apply exits")
 	fs.StringVar(&f.memProfile, "memprofile", "", "write the allocations of the whole run (runtime/pprof's allocs profile, for go tool pprof) to FILE when apply exits")
 	fs.StringVar(&f.origin, "origin", "", "replication origin marking the target transactions "+

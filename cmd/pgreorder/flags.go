@@ -56,6 +56,15 @@ func cliSlotWait(d time.Duration) time.Duration {
 	return d
 }
 
+// startTimeoutVar defines -start-timeout, the bound of a run's first start
+// (changefeed.Config.StartTimeout, apply.Config.StartTimeout), for command, whose first start
+// reaches servers.
+func startTimeoutVar(fs *flag.FlagSet, p *time.Duration, command, servers string) {
+	durationVar(fs, p, "start-timeout", changefeed.DefaultStartTimeout, "how long the first connections to "+servers+
+		" are tried (a server still starting) before "+command+" stops with the error, naming the side "+
+		"(-1: no limit); once reached, a lost connection is retried for as long as "+command+" runs")
+}
+
 // errUsage is wrapped by the errors of a command line that cannot be run as it is: main exits
 // with status 2 for them, 1 for other errors, and 0 after -h.
 var errUsage = errors.New("usage")
@@ -313,7 +322,7 @@ var (
 		{"output", []string{"o", "file-mode", "resume", "format", "source-name", "source-db", "decimal-handling", "interval-handling"}},
 		{"pgoutput", []string{"streaming", "proto", "messages", "binary", "two-phase", "origin-filter"}},
 		{"operations and monitoring", []string{"progress", "metrics-addr", "v"}},
-		{"advanced", []string{"work-mem", "spill-dir", "spill-compression", "status-interval", "slot-wait"}},
+		{"advanced", []string{"work-mem", "spill-dir", "spill-compression", "status-interval", "slot-wait", "start-timeout"}},
 	}
 	kafkaGroups = []flagGroup{
 		{"connection", []string{"source", "slot", "publication", "failover", "kafka-brokers", "dsn"}},
@@ -325,7 +334,7 @@ var (
 		{"initial copy", []string{"copy-workers", "copy-new-tables"}},
 		{"pgoutput", []string{"streaming", "proto", "messages", "binary", "two-phase", "origin-filter"}},
 		{"operations and monitoring", []string{"progress", "metrics-addr", "v"}},
-		{"advanced", []string{"work-mem", "spill-dir", "spill-compression", "status-interval", "kafka-transactional-id",
+		{"advanced", []string{"work-mem", "spill-dir", "spill-compression", "status-interval", "start-timeout", "kafka-transactional-id",
 			"kafka-client-id", "kafka-compression", "kafka-max-buffered", "kafka-transaction-timeout", "kafka-group"}},
 	}
 )
@@ -398,6 +407,7 @@ var fieldFlags = map[string]string{
 	"changefeed.Replication.TemporarySlot":      "-temporary",
 	"changefeed.Replication.Failover":           "-failover",
 	"changefeed.Start":                          "",
+	"changefeed.StartTimeout":                   "-start-timeout",
 	"changefeed.Copier":                         "",
 	"changefeed.Replication.Buffer.Incremental": "",
 	"changefeed.NewTables":                      "-copy-new-tables",

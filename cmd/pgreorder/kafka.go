@@ -50,7 +50,7 @@ type kafkaFlags struct {
 	tls, tlsInsecure                               bool
 	tlsCA, tlsCert, tlsKey                         string
 	saslMechanism, saslUser, compression, maxBytes string
-	txTimeout                                      time.Duration
+	txTimeout, startTimeout                        time.Duration
 	group                                          int
 }
 
@@ -181,6 +181,7 @@ func (f *kafkaFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.clientID, "kafka-client-id", "pgreorder", "Kafka client.id")
 	fs.StringVar(&f.compression, "kafka-compression", "", "batch compression: none, gzip, snappy, lz4 or zstd (default: snappy)")
 	fs.StringVar(&f.maxBytes, "kafka-max-buffered", "64MB", "most record bytes waiting for the brokers; a big transaction waits for room")
+	startTimeoutVar(fs, &f.startTimeout, "kafka", "the source and the Kafka brokers")
 	fs.DurationVar(&f.txTimeout, "kafka-transaction-timeout", kafkasink.DefaultTransactionTimeout,
 		"Kafka transaction timeout: the longest a transaction (and the initial copy) may take to produce; at most the brokers' transaction.max.timeout.ms")
 	fs.IntVar(&f.group, "kafka-group", kafkasink.DefaultGroupTransactions,
@@ -237,8 +238,9 @@ func (f *kafkaFlags) config(fs *flag.FlagSet) (changefeed.Config, kafkasink.Conf
 			StatusInterval: f.status,
 			Buffer:         reorderbuffer.Config{WorkMem: workMem, Dir: f.dir, SpillCompressor: comp},
 		},
-		Copy:      snapshot.Config{Workers: f.copyWorkers},
-		NewTables: f.newTables(),
+		Copy:         snapshot.Config{Workers: f.copyWorkers},
+		NewTables:    f.newTables(),
+		StartTimeout: cliSlotWait(f.startTimeout),
 	}
 
 	var brokers []string

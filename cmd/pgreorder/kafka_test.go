@@ -153,8 +153,8 @@ func TestKafkaCommand(t *testing.T) {
 }
 
 // TestKafkaSourceRefused: with the brokers up and the source refusing connections, the first start
-// stops at once with an error that says the source could not be reached, where a service manager
-// sees it, instead of retrying for ever.
+// stops within -start-timeout (30s by default) with an error that says the source could not be
+// reached, where a service manager sees it, instead of retrying for ever.
 func TestKafkaSourceRefused(t *testing.T) {
 	c := kafkatest.Shared(t)
 	l, err := net.Listen("tcp", "127.0.0.1:0")

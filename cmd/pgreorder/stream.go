@@ -32,13 +32,13 @@ type streamFlags struct {
 	pgoutputFlags // -streaming, -proto, -messages, -binary, -two-phase, -origin-filter
 	monitorFlags  // -status-interval, -progress, -metrics-addr, -v
 
-	createSlot, temporary bool
-	resume, output        string
-	slotWait              time.Duration
-	fileMode              iofs.FileMode
-	streamingOpt          replication.Streaming    // -streaming, parsed by check
-	originFilterOpt       replication.OriginFilter // -origin-filter, parsed by check
-	out                   outputFlags
+	createSlot, temporary  bool
+	resume, output         string
+	slotWait, startTimeout time.Duration
+	fileMode               iofs.FileMode
+	streamingOpt           replication.Streaming    // -streaming, parsed by check
+	originFilterOpt        replication.OriginFilter // -origin-filter, parsed by check
+	out                    outputFlags
 }
 
 // register defines the flags of stream.
@@ -63,6 +63,7 @@ func (f *streamFlags) register(fs *flag.FlagSet) {
 	f.monitorFlags.register(fs, replication.DefaultStatusInterval)
 	durationVar(fs, &f.slotWait, "slot-wait", replication.DefaultSlotWait, "how long to wait for another connection "+
 		"streaming from the slot (a running consumer, or the walsender of one that died) before stopping with an error naming it (0: do not wait; -1: no limit)")
+	startTimeoutVar(fs, &f.startTimeout, "stream", "the source")
 	f.out.register(fs)
 }
 
@@ -174,7 +175,8 @@ func runStream(ctx context.Context, args []string) error {
 			Reconnect:      replication.ReconnectPolicy{SlotWait: cliSlotWait(f.slotWait)},
 			Buffer:         reorderbuffer.Config{WorkMem: workMem, Dir: f.dir, SkipThrough: skip, SpillCompressor: comp},
 		},
-		Logger: log,
+		Logger:       log,
+		StartTimeout: cliSlotWait(f.startTimeout),
 	}, store, func(ctx context.Context, b *changefeed.Batch) error {
 		if b.Kind == changefeed.Transaction || f.output != "" {
 			// Written (flushed to stdout, or fsynced, then its position stored) before it is
