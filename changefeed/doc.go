@@ -54,12 +54,15 @@
 // CopyDone, and streams from there: every transaction that committed before the consistent
 // point is in the copy, every later one in the stream, as Transaction batches, whole and in
 // commit order. Once the copy is stored as done, every later Run resumes the stream after the
-// stored position (after a Resume batch).
+// stored position (after a Resume batch). Each of those is one attempt of Run: load the position,
+// check the source against it, copy or resume, stream; when something fails that another attempt
+// can cure, Run makes another from the stored position (see Retries below).
 //
 // A copy cut short (a crash, a kill, a lost connection, a handler error) is discarded and
-// started over: the store still says that a copy began and did not finish, so the next Run drops
-// the slot it left (waiting for a dead process's walsender to let go of it), gives the handler a
-// Reset, and copies again from a new slot. Copying again is simpler than resuming a copy: the
+// started over: the store still says that a copy began and did not finish, so the next attempt
+// (of this Run after a lost connection, or the next Run after a crash) drops the slot it left
+// (waiting for a dead process's walsender to let go of it), gives the handler a Reset, and copies
+// again from a new slot. Copying again is simpler than resuming a copy: the
 // snapshot is gone with the connection that exported it. A slot that exists while the store has
 // no position for it was not made by this consumer: Run stops with ErrForeignSlot rather than
 // drop it.
@@ -71,6 +74,33 @@
 //
 // InitialCopy is the same copy for consumers that keep their own records (package apply uses it),
 // with the records behind the Copier interface.
+//
+// # Retries
+//
+// Run is the one loop that starts work over: a lost connection of the stream, of the copy or of
+// the store, a server restart, a snapshot no longer exported, a handler's lost connection. The
+// errors say what another attempt can cure (the library's one rule: replication.Retryable); Run
+// waits, from Replication.Reconnect.MinDelay doubling up to MaxDelay with ±20% jitter (the
+// shortest again after an attempt that got somewhere: it acknowledged something, finished the
+// copy, or ran a minute), and makes the next attempt from the stored position. The streams it
+// starts do not reconnect by themselves, so that no second loop runs underneath; users of
+// replication.Stream on their own keep its reconnection. Reconnect.MaxAttempts bounds the
+// failures in a row, and Reconnect.Disabled makes Run return the first failure. A slot that
+// another connection holds is waited for within Reconnect.SlotWait, inside the attempt.
+//
+// The first start is bounded: until an attempt has reached both the store (its Load returned)
+// and the source (a replication connection was made), Run retries within Config.StartTimeout
+// (30s by default) and then stops with a *NotStartedError that names the side that could not be
+// reached and the last error: a typo in a host or port stops a service where its manager sees
+// it, while a server that is still starting is waited for. Once reached, Run retries for as long
+// as ctx allows. A temporary slot is lost with its connection: Run stops then.
+//
+// A Follower that must prepare each attempt or hear how it ended is a Restarter: its Prepare runs
+// before each attempt loads the position (and may change that attempt's reorder buffer
+// settings), and its Ended gets Run's account of the attempt (an Outcome), which it may change:
+// the error, whether the attempt made progress, or that the next attempt starts at once because
+// the Follower cured the cause itself. Package apply runs its sessions this way, one Feed for a
+// whole Applier.Run.
 //
 // # Exactly once
 //
@@ -184,10 +214,13 @@
 // reads it, stores what it handled where its Store's Load finds it, and acknowledges only what
 // it stored. Config.Copier likewise replaces the Snapshot batches with a Copier of the
 // consumer's own (InitialCopy's interface), for a copy whose chunks need connections or
-// records of its own. Package apply runs its sessions this way.
+// records of its own. Package apply runs its sessions this way, each an attempt of one Feed (see
+// Retries).
 //
 // # Monitoring
 //
 // A Feed (New) reads like a replication.Stream for package metrics: metrics.New(feed, ...)
-// reports the stream's lag, and zero values while the copy runs.
+// reports the stream's lag: zero values while the first copy runs, the last attempt's stream's
+// between attempts. Each attempt has a stream and a reorder buffer of its own, whose counters
+// (Stats) start from zero; Reconnects counts the streams started again.
 package changefeed

@@ -96,8 +96,8 @@ func (c *failCopier) Discard(_ context.Context, noSlot bool)        { c.discards
 
 var errPlan = errors.New("plan refused")
 
-// TestCopier: with a Copier, the copy goes through it, once: its failure is returned, with the
-// slot dropped and Discard called.
+// TestCopier: with a Copier, the copy goes through it: a failure that another attempt cannot
+// cure is returned after one attempt, with the slot dropped and Discard called.
 func TestCopier(t *testing.T) {
 	eachMajor(t, func(t *testing.T, srv *pgtest.Server) {
 		ctx := pgtest.Context(t, time.Minute)
