@@ -12,6 +12,7 @@ import (
 
 	"github.com/pgreorder/pgreorder/apply/conflict"
 	"github.com/pgreorder/pgreorder/apply/internal/target"
+	"github.com/pgreorder/pgreorder/changefeed"
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/internal/configerr"
 	"github.com/pgreorder/pgreorder/internal/pgsession"
@@ -110,7 +111,7 @@ const (
 	DefaultSlotWait = replication.DefaultSlotWait
 	// DefaultStartTimeout is Config.StartTimeout's default: a typo in a host or port stops a
 	// service within half a minute, where its manager sees it.
-	DefaultStartTimeout = 30 * time.Second
+	DefaultStartTimeout = changefeed.DefaultStartTimeout
 )
 
 // sourceSQL returns the options of an ordinary (not replication) connection to the source with

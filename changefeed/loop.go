@@ -100,8 +100,7 @@ func (e *NotStartedError) Retryable() bool { return false }
 
 // attempt is what Run knows of the attempt in progress. Run's goroutine only.
 type attempt struct {
-	o       Outcome
-	started bool // a stream started
+	o Outcome
 }
 
 // Run runs the consumer until ctx ends or an error that another attempt cannot cure, and closes
@@ -113,8 +112,9 @@ type attempt struct {
 // it resumes the stream after the stored position (after a Resume batch). It then hands the
 // stream's transactions to the handler (or the stream to the Follower) until something fails.
 //
-// When an attempt fails for a reason another attempt can cure (retry.Retryable: a lost
-// connection, a server restart, a snapshot no longer exported...), Run waits and makes another,
+// When an attempt fails for a reason another attempt can cure (replication.Retryable, the
+// library's one rule: a lost connection, a server restart, a snapshot no longer exported...), Run
+// waits and makes another,
 // from the stored position: a copy cut short is discarded and made again, a stream is resumed.
 // The delays follow Replication.Reconnect: from MinDelay, doubling for each failure in a row up
 // to MaxDelay, with ±20% jitter, the shortest again after an attempt that got somewhere (see
@@ -126,11 +126,11 @@ type attempt struct {
 // Config.StartTimeout only (see NotStartedError).
 //
 // A handler's error stops Run, which returns it (for a copied chunk, inside the
-// *snapshot.ChunkError that names the chunk), unless it is a lost connection (retry.Lost: a
-// server error of class 08, a FATAL one, a network error), such as a handler passes on from a
-// chunk's rows or from a database it writes to: the attempt is then made again. When ctx ends,
-// Run returns its error (context.Cause). With Config.Follower, the started stream goes to the
-// Follower; Follow returning nil ends Run with nil. A Feed runs once.
+// *snapshot.ChunkError that names the chunk), unless it is a lost connection (a server error of
+// class 08, a FATAL one, a network error, an unexpected end of file), such as a handler passes
+// on from a chunk's rows or from a database it writes to: the attempt is then made again. When
+// ctx ends, Run returns its error (context.Cause). With Config.Follower, the started stream goes
+// to the Follower; Follow returning nil ends Run with nil. A Feed runs once.
 func (f *Feed) Run(ctx context.Context) (err error) {
 	f.mu.Lock()
 	if f.running {
@@ -279,7 +279,6 @@ func (f *Feed) once(ctx context.Context, rcfg replication.Config, a *attempt) (e
 	if err != nil {
 		return err
 	}
-	a.started = true
 	f.mu.Lock()
 	if f.streams > 0 {
 		f.restarts++

@@ -194,3 +194,30 @@ func TestStoreRefused(t *testing.T) {
 	require.ErrorIs(t, err, errStoreDown)
 	require.True(t, strings.Contains(err.Error(), "the store could not be reached"), err.Error())
 }
+
+// TestTemporarySlotLost: a temporary slot goes with its connection, so a Feed on one does not
+// make another attempt when the walsender is terminated: Run stops and says why.
+func TestTemporarySlotLost(t *testing.T) {
+	eachMajor(t, func(t *testing.T, srv *pgtest.Server) {
+		ctx := pgtest.Context(t, time.Minute)
+		db := pgtest.NewDatabase(t, srv)
+		dsn := srv.ConnString(db)
+		pgtest.ExecAll(t, dsn, `CREATE TABLE t (id int PRIMARY KEY, v text, n int)`, `CREATE PUBLICATION pub FOR TABLE t`)
+		log := newMessageCount(t)
+		cfg := changefeed.Config{Logger: slog.New(log), Start: changefeed.StartStream,
+			Replication: replication.Config{ConnString: srv.ReplicationConnString(db), Slot: "tmp", Publications: []string{"pub"},
+				CreateSlot: true, TemporarySlot: true}}
+		f, err := changefeed.New(cfg, changefeed.SlotStore{}, drain)
+		require.NoError(t, err)
+		done := make(chan error, 1)
+		go func() { done <- f.Run(ctx) }()
+		pgtest.Eventually(t, 30*time.Second, "the stream starts", func() bool { return f.Progress().Start != 0 })
+		killed := pgtest.Count(t, dsn, `SELECT count(pg_catalog.pg_terminate_backend(active_pid)) FROM pg_catalog.pg_replication_slots
+			WHERE slot_name = 'tmp' AND active_pid IS NOT NULL`)
+		require.EqualValues(t, 1, killed)
+		err = <-done
+		require.ErrorContains(t, err, `the connection to the temporary slot "tmp" was lost`)
+		require.NoError(t, ctx.Err())
+		require.Zero(t, log.count(restartMessage), "no second attempt")
+	})
+}
