@@ -65,8 +65,8 @@ const MaxState = 4096
 // StreamWorker is the worker number Store.Begin is given for everything but copied chunks.
 const StreamWorker = -1
 
-// Store keeps a Position durably. Run calls Load first (and again when it starts a failed copy
-// over), then Begin for every unit of work (from the copy's worker goroutines at once, each with
+// Store keeps a Position durably. Run calls Load first in each of its attempts (again after a
+// failure it retries), then Begin for every unit of work (from the copy's worker goroutines at once, each with
 // its own worker number, and for the stream with StreamWorker), and Close when it returns. A Store
 // is used by one Run at a time.
 //
