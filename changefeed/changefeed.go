@@ -229,10 +229,10 @@ func (b *Batch) ConsistentPoint() decoding.LSN {
 type Handler func(ctx context.Context, b *Batch) error
 
 // Feed is a consumer: Run copies, then streams, and makes another attempt after a failure that
-// another attempt can cure. Progress, Stats and Activity read the current attempt's stream (the
-// last one's between attempts, zero values before the first), and Reconnects counts the streams
-// started again, from any goroutine: package metrics reads a Feed as it reads a
-// replication.Stream.
+// another attempt can cure. Progress, Stats and Activity read the current attempt's stream over
+// what the streams of earlier attempts reported (counters that never go back; zero values before
+// the first), and Reconnects counts the streams started again, from any goroutine: package
+// metrics reads a Feed as it reads a replication.Stream.
 type Feed struct {
 	cfg   Config
 	store Store
@@ -240,13 +240,14 @@ type Feed struct {
 	log   *slog.Logger
 
 	mu      sync.Mutex
-	stream  *replication.Stream // the current attempt's, or the last one's between attempts
+	stream  *replication.Stream // the current attempt's; nil between attempts
 	state   []byte
 	sysID   string
 	running bool
 	cat     *catalog.Reader
 	ts      tableSync // tables added to the publications (tablesync.go)
 
+	past     ended        // what the streams of ended attempts reported (readings.go)
 	try      *attempt     // the attempt in progress (loop.go)
 	streams  int          // streams started by Run's attempts
 	restarts int          // streams started after the first
@@ -725,36 +726,45 @@ func (c *feedCopier) Discard(context.Context, bool) {
 	// and starts with a Reset.
 }
 
-// current returns the stream: the current attempt's, or the last one's between attempts; nil
-// before the first starts.
-func (f *Feed) current() *replication.Stream {
+// current returns the current attempt's stream (nil between attempts) and what the ended ones
+// reported.
+func (f *Feed) current() (*replication.Stream, ended) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.stream
+	return f.stream, f.past
 }
 
-// Progress returns the stream's positions (replication.Stream.Progress).
+// Progress returns the stream's positions (replication.Stream.Progress), none below what the
+// streams of earlier attempts reported; between attempts, theirs.
 func (f *Feed) Progress() replication.Progress {
-	if s := f.current(); s != nil {
-		return s.Progress()
+	s, past := f.current()
+	if s == nil {
+		return past.pos
 	}
-	return replication.Progress{}
+	return past.progress(s.Progress())
 }
 
-// Stats returns the reorder buffer's statistics (replication.Stream.Stats).
+// Stats returns the reorder buffer's statistics (replication.Stream.Stats): the counters summed
+// over the attempts' streams, the gauges the current stream's (zero between attempts).
 func (f *Feed) Stats() reorderbuffer.Stats {
-	if s := f.current(); s != nil {
-		return s.Stats()
+	s, past := f.current()
+	var st reorderbuffer.Stats
+	if s != nil {
+		st = s.Stats()
 	}
-	return reorderbuffer.Stats{}
+	return past.statsOf(st)
 }
 
-// Activity returns the stream's activity (replication.Stream.Activity).
+// Activity returns the stream's activity (replication.Stream.Activity), over the attempts'
+// streams: HandedOut and Acked summed, Started the first stream's; between attempts, behind
+// since the last stream ended (or fell behind).
 func (f *Feed) Activity() replication.Activity {
-	if s := f.current(); s != nil {
-		return s.Activity()
+	s, past := f.current()
+	var act replication.Activity
+	if s != nil {
+		act = s.Activity()
 	}
-	return replication.Activity{}
+	return past.activity(act, s != nil)
 }
 
 // Reconnects returns how many times Run started a stream again after an earlier one of the same

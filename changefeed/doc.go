@@ -220,7 +220,7 @@
 // # Monitoring
 //
 // A Feed (New) reads like a replication.Stream for package metrics: metrics.New(feed, ...)
-// reports the stream's lag: zero values while the first copy runs, the last attempt's stream's
-// between attempts. Each attempt has a stream and a reorder buffer of its own, whose counters
-// (Stats) start from zero; Reconnects counts the streams started again.
+// reports the stream's lag: zero values while the first copy runs. Each attempt has a stream and
+// a reorder buffer of its own; the Feed's readings go on across them (counters summed, positions
+// never going back, behind between attempts), and Reconnects counts the streams started again.
 package changefeed

@@ -293,6 +293,8 @@ func (f *Feed) once(ctx context.Context, rcfg replication.Config, a *attempt) (e
 		act := stream.Activity()
 		f.mu.Lock()
 		f.acked = max(f.acked, stream.Progress().Acked)
+		f.past.add(stream)
+		f.stream = nil
 		f.mu.Unlock()
 		if act.Acked > 0 {
 			a.o.Progress = true

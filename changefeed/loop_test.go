@@ -103,6 +103,9 @@ func TestWalsenderKilled(t *testing.T) {
 		done <- nil
 
 		require.Equal(t, 1, f.Reconnects(), "one stream started again")
+		// The readings go on across the attempts' streams: the changes of both are counted.
+		require.GreaterOrEqual(t, f.Stats().TotalChanges, int64(before+during+after), "counters summed over the streams")
+		require.NotZero(t, f.Progress().Acked)
 		require.Equal(t, 1, log.count(restartMessage), "one attempt made again")
 		r.mu.Lock()
 		defer r.mu.Unlock()

@@ -1,0 +1,106 @@
+package changefeed
+
+import (
+	"time"
+
+	"github.com/pgreorder/pgreorder/reorderbuffer"
+	"github.com/pgreorder/pgreorder/replication"
+)
+
+// ended is what the streams of the attempts that ended reported, so that the Feed's readings
+// (Progress, Stats, Activity) go on across attempts, each of which has a stream and a reorder
+// buffer of its own: counters summed, positions the highest, never going back.
+type ended struct {
+	n          int                  // streams ended
+	pos        replication.Progress // the highest positions they reported
+	stats      reorderbuffer.Stats  // their counters, summed
+	handedOut  int64                // their Activity.HandedOut, summed
+	acked      int64                // and Activity.Acked
+	started    time.Time            // when the first started
+	lastCommit time.Time            // the last transaction handed out: its commit time
+	lastOut    time.Time            // and when
+	behind     time.Time            // when the last ended, if it was caught up; else when it fell behind
+}
+
+// add records what s reported, as it ends.
+func (e *ended) add(s *replication.Stream) {
+	p, st, act := s.Progress(), s.Stats(), s.Activity()
+	if e.n == 0 {
+		e.started = act.Started
+		e.pos.Start = p.Start
+	}
+	e.n++
+	e.pos.Received = max(e.pos.Received, p.Received)
+	e.pos.Flushed = max(e.pos.Flushed, p.Flushed)
+	e.pos.Acked = max(e.pos.Acked, p.Acked)
+	e.stats = sumCounters(e.stats, st)
+	e.handedOut += act.HandedOut
+	e.acked += act.Acked
+	if !act.LastHandedOut.IsZero() {
+		e.lastCommit, e.lastOut = act.LastCommitTime, act.LastHandedOut
+	}
+	if act.CaughtUp {
+		e.behind = time.Now()
+	} else {
+		e.behind = act.BehindSince
+	}
+}
+
+// progress returns p, none of its positions below what the ended streams reported.
+func (e *ended) progress(p replication.Progress) replication.Progress {
+	if e.n == 0 {
+		return p
+	}
+	p.Received = max(p.Received, e.pos.Received)
+	p.Flushed = max(p.Flushed, e.pos.Flushed)
+	p.Acked = max(p.Acked, e.pos.Acked)
+	return p
+}
+
+// activity returns the current stream's act (zero between streams) over the ended ones: counts
+// summed, Started the first stream's, the last transaction handed out kept, and between streams
+// behind since the last one ended.
+func (e *ended) activity(act replication.Activity, current bool) replication.Activity {
+	if e.n == 0 {
+		return act
+	}
+	act.HandedOut += e.handedOut
+	act.Acked += e.acked
+	act.Started = e.started
+	if act.LastHandedOut.IsZero() {
+		act.LastCommitTime, act.LastHandedOut = e.lastCommit, e.lastOut
+	}
+	if !current {
+		act.BehindSince = e.behind
+	}
+	return act
+}
+
+// statsOf returns st, the current stream's statistics (zero between streams), with the ended
+// streams' counters added; the gauges (memory, spill files now, positions) are the current one's.
+func (e *ended) statsOf(st reorderbuffer.Stats) reorderbuffer.Stats {
+	if e.n == 0 {
+		return st
+	}
+	return sumCounters(st, e.stats)
+}
+
+// sumCounters returns sum with the counters of s added, and the peak memory the higher of both.
+func sumCounters(sum, s reorderbuffer.Stats) reorderbuffer.Stats {
+	sum.SpillTxns += s.SpillTxns
+	sum.SpillCount += s.SpillCount
+	sum.SpillBytes += s.SpillBytes
+	sum.SpillWrittenBytes += s.SpillWrittenBytes
+	sum.StreamTxns += s.StreamTxns
+	sum.StreamCount += s.StreamCount
+	sum.StreamBytes += s.StreamBytes
+	sum.TotalTxns += s.TotalTxns
+	sum.TotalBytes += s.TotalBytes
+	sum.TotalChanges += s.TotalChanges
+	sum.AbortedTxns += s.AbortedTxns
+	sum.AbortedSubxacts += s.AbortedSubxacts
+	sum.RestartedTxns += s.RestartedTxns
+	sum.SkippedTxns += s.SkippedTxns
+	sum.PeakMemoryBytes = max(sum.PeakMemoryBytes, s.PeakMemoryBytes)
+	return sum
+}
