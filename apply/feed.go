@@ -74,10 +74,10 @@ func (a *Applier) runSessions(ctx context.Context) error {
 // attempt is the session of the Feed's attempt in progress, and what its end needs.
 type attempt struct {
 	s       *session
-	ctx     context.Context // the session's context: session.cancel ends it
-	closers []func()        // what Ended closes, the last first
-	copier  *initcopy.Copier     // the initial copy's side, when the session copies
-	begun   bool            // the copy table records a copy of the slot that began and did not finish
+	ctx     context.Context  // the session's context: session.cancel ends it
+	closers []func()         // what Ended closes, the last first
+	copier  *initcopy.Copier // the initial copy's side, when the session copies
+	begun   bool             // the copy table records a copy of the slot that began and did not finish
 	began   time.Time
 	applied int64 // Stats.Txns when the session began
 }

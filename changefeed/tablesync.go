@@ -166,7 +166,9 @@ func (f *Feed) syncStart(ctx context.Context) error {
 	if !f.tracksTables() {
 		return nil
 	}
-	f.ts.dropping = map[uint32]TableRef{}
+	// What an earlier attempt of this Run queued is taken up again from the stored position
+	// and the listing below: queued twice, a table would be copied twice.
+	f.ts.dropping, f.ts.queue = map[uint32]TableRef{}, nil
 	lctx, cancel := context.WithTimeout(ctx, tableListTimeout)
 	tables, lerr := f.publishedOIDs(lctx)
 	cancel()
