@@ -25,11 +25,16 @@ type catchupLoad interface {
 
 // catchupLoads are the catch-up's workloads, each with clients × txns transactions: pgbench's
 // (every transaction updates one of scale branch rows and one of 10×scale teller rows: hot rows,
-// so that transactions depend on one another), spread (no hot rows) and identity-full (a table
-// without primary key, replicated by its whole old row).
+// so that transactions depend on one another), pgbench's simple-update (one account and one
+// history row per transaction: small transactions without hot rows), spread (no hot rows) and
+// identity-full (a table without primary key, replicated by its whole old row). -bench selects
+// among them by their names (load=pgbench-s10, load=simple-update-s10, ...), and every case of
+// a load that -bench leaves out is skipped before its tables are loaded.
 func catchupLoads(scale, clients, txns int) []catchupLoad {
+	tpcb := tpcbLoad{scale: scale, clients: clients, txns: txns, seed: seed}
 	return []catchupLoad{
-		tpcbLoad{scale: scale, clients: clients, txns: txns, seed: seed},
+		tpcb,
+		simpleUpdateLoad{tpcb},
 		spreadLoad{rows: 1_000_000, clients: clients, txns: txns, seed: seed},
 		fullLoad{rows: 100_000, clients: clients, txns: txns, seed: seed},
 	}
