@@ -1,10 +1,18 @@
 package target
 
 import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
 )
 
 // TestLSNs: a pg_lsn array written by AppendLSNs reads back as it was.
@@ -19,4 +27,60 @@ func TestLSNs(t *testing.T) {
 	if _, err := ParseLSNs("{0/1,x}"); err == nil {
 		t.Fatal("ParseLSNs read a bad position")
 	}
+}
+
+// BenchmarkCommitProgress commits b.N target transactions that write nothing but the progress
+// row, each in the one round trip of Commit, as a worker applying small transactions one at a
+// time commits each of them, on the newest PostgreSQL installed. It reports the target backend's
+// CPU time per commit (backend-cpu-us/commit, from /proc/PID/schedstat: Linux only), which the
+// machine's load changes less than the wall time.
+func BenchmarkCommitProgress(b *testing.B) {
+	majors := pgtest.Majors(b)
+	srv := pgtest.Shared(b, majors[len(majors)-1])
+	dsn := srv.ConnString(pgtest.NewDatabase(b, srv))
+	ctx := pgtest.Context(b, 5*time.Minute)
+	pgtest.ExecAll(b, dsn, "CREATE TABLE progress (slot text PRIMARY KEY, end_lsn pg_lsn NOT NULL, system_id text, timeline int)",
+		"INSERT INTO progress VALUES ('s', '0/0', '7000000000000000001', 1)")
+	c, err := Connect(ctx, &Options{ConnString: dsn, Logger: slog.New(slog.DiscardHandler), Now: time.Now}, "bench", &Counters{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close(context.Background())
+	upsert, _ := ProgressSQL(`"public"."progress"`)
+	if err := c.PrepareProgress(ctx, upsert); err != nil {
+		b.Fatal(err)
+	}
+	key := ProgressKey{Slot: "s", System: "7000000000000000001", Timeline: 1}
+	commit := func(end decoding.LSN) {
+		c.Begin(1, nil)
+		if err := c.Commit(ctx, key, end, false); err != nil {
+			b.Fatal(err)
+		}
+	}
+	commit(1) // prepared and planned before the timing starts
+	cpu0 := backendCPU(b, c.PID())
+	b.ResetTimer()
+	for i := range b.N {
+		commit(decoding.LSN(2 + i))
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(backendCPU(b, c.PID())-cpu0)/1e3/float64(b.N), "backend-cpu-us/commit")
+	rows, err := Query(ctx, c.PG(), `SELECT end_lsn::text FROM "public"."progress" WHERE slot = 's'`)
+	if err != nil || len(rows) != 1 || string(rows[0][0]) != decoding.LSN(1+b.N).String() {
+		b.Fatalf("the progress row after %d commits: %q, %v", b.N, rows, err)
+	}
+}
+
+// backendCPU returns the CPU time of process pid so far, in nanoseconds.
+func backendCPU(b *testing.B, pid uint32) int64 {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/schedstat", pid))
+	if err != nil {
+		b.Skipf("the backend's CPU time: %v", err)
+	}
+	f := strings.Fields(string(data))
+	ns, err := strconv.ParseInt(f[0], 10, 64)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return ns
 }
