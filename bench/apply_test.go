@@ -371,9 +371,9 @@ func execWatching(ctx context.Context, conn *pgconn.PgConn, sql string, a applyi
 
 // BenchmarkApplyCatchup reproduces the measurement of the proposed parallel apply of
 // independent transactions: the time a subscriber takes to catch up with a backlog of
-// transactions made by 32 concurrent clients while it was stopped, for three workloads
-// (catchupLoads: pgbench's, with hot rows; spread, without; identity-full, a table replicated
-// by its whole old row).
+// transactions made by 32 concurrent clients while it was stopped, for four workloads
+// (catchupLoads: pgbench's, with hot rows; pgbench's simple-update and spread, without;
+// identity-full, a table replicated by its whole old row).
 //
 // Each run resets the tables on both servers, starts the contender (creating its slot) and
 // stops it once connected, makes the backlog (txns per client, then one marker transaction),

@@ -36,8 +36,8 @@
 // Both servers keep PostgreSQL's durability settings (fsync, full_page_writes) unless
 // PGREORDER_BENCH_APPLY_FSYNC=0. ApplySync times the publisher's transaction under synchronous
 // logical replication (metric sql-ms, the median of alternating rounds); ApplyCatchup times a
-// subscriber catching up with a backlog made while it was stopped (catchup-s), for three
-// workloads (pgbench, spread, identity-full), beside a limit (pg_recvlogical reading the backlog
+// subscriber catching up with a backlog made while it was stopped (catchup-s), for four
+// workloads (pgbench, simple-update, spread, identity-full), beside a limit (pg_recvlogical reading the backlog
 // and applying nothing: x-limit) and PostgreSQL's worker (x-native), and the CPU time the
 // subscriber server and the applier used per transaction (cpu-ms/txn). A subscriber is a small
 // interface (contender) and each benchmark has a list of them. A run checks what the subscriber applied and fails when it is wrong, or when
