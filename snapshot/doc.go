@@ -112,7 +112,12 @@
 // *FormatError, the handler's own error, ErrNotConsumed, the context's) is a *ChunkError that
 // names the table and wraps the cause. The first failure stops every worker: their COPY is
 // interrupted and Run returns once all have stopped. Cancelling Run's context, or calling Close
-// from another goroutine, does the same.
+// from another goroutine, does the same. Run returns the failure that stopped the copy, never a
+// cancellation that followed it: an error that is context.Canceled (what a stopped worker
+// returns, or a handler whose shared work another chunk's failure ended) gives way to any other
+// error a worker returns, whichever came first. A handler that returns without reading its
+// chunk once the copy is stopped is stopped too: its ErrNotConsumed comes with the context's
+// error.
 //
 // # Concurrency and buffers
 //

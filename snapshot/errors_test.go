@@ -313,3 +313,102 @@ func TestCancel(t *testing.T) {
 		})
 	})
 }
+
+// errLost stands for a lost connection: the error that another attempt can cure.
+var errLost = errors.New("connection lost")
+
+// TestCauseWins: a chunk's handler fails and, before Run hears of it, its failure cancels the
+// work of another chunk (as a store whose chunks share one transaction aborts it when one of
+// them fails); that chunk's handler returns the cancellation first. Run returns the failure
+// that caused it, not the cancellation, whatever order they came back in; and a failure that
+// comes first still wins over the cancellations that the stop of the other workers causes.
+func TestCauseWins(t *testing.T) {
+	eachMajor(t, func(t *testing.T, srv *pgtest.Server) {
+		cs, slot := errorsSetup(t, srv)
+		cfg := snapshot.Config{ConnString: cs, Publications: []string{"pub"}, Workers: 2, ChunkSize: 64 << 10}
+		ctx := pgtest.Context(t, 2*time.Minute)
+		run := func(t *testing.T, h snapshot.Handler) error {
+			t.Helper()
+			_, snap := slot(ctx, t)
+			s, err := snapshot.Open(ctx, cfg, snap)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close(ctx)
+			if s.Workers() != 2 || len(s.Tables()) != 1 || s.Tables()[0].Chunks < 2 {
+				t.Fatalf("%d workers, tables %v: want 2 workers on 2 chunks or more", s.Workers(), s.Tables())
+			}
+			_, err = s.Run(ctx, h)
+			return err
+		}
+		check := func(t *testing.T, err error) {
+			t.Helper()
+			var ce *snapshot.ChunkError
+			if !errors.As(err, &ce) || !errors.Is(err, errLost) || errors.Is(err, context.Canceled) {
+				t.Fatalf("Run = %v; want the *ChunkError of the lost connection, not a cancellation", err)
+			}
+		}
+
+		t.Run("cancellation first", func(t *testing.T) {
+			shared, abort := context.WithCancel(ctx) // the chunks' shared work
+			defer abort()
+			var n atomic.Int64
+			check(t, run(t, func(ctx context.Context, c *snapshot.Chunk) error {
+				if err := drain(ctx, c); err != nil {
+					return err
+				}
+				switch n.Add(1) {
+				case 1:
+					// Its connection is lost; it aborts the shared work, and hands its
+					// error back only once Run has stopped the copy for the other's.
+					abort()
+					<-ctx.Done()
+					return errLost
+				case 2:
+					<-shared.Done()
+					return context.Cause(shared)
+				}
+				return ctx.Err()
+			}))
+		})
+		t.Run("stopped without reading", func(t *testing.T) {
+			// A handler that returns without reading its chunk when Run is stopped is stopped,
+			// not failed: Run returns the cancellation.
+			runCtx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			var n atomic.Int64
+			_, snap := slot(ctx, t)
+			s, err := snapshot.Open(ctx, cfg, snap)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close(ctx)
+			_, err = s.Run(runCtx, func(ctx context.Context, c *snapshot.Chunk) error {
+				if n.Add(1) == 2 {
+					cancel()
+				}
+				<-ctx.Done()
+				if c.Index%2 == 0 {
+					return nil
+				}
+				return ctx.Err()
+			})
+			if !errors.Is(err, context.Canceled) {
+				t.Fatalf("Run = %v; want context.Canceled", err)
+			}
+		})
+		t.Run("cause first", func(t *testing.T) {
+			var n atomic.Int64
+			check(t, run(t, func(ctx context.Context, c *snapshot.Chunk) error {
+				if err := drain(ctx, c); err != nil {
+					return err
+				}
+				if n.Add(1) == 1 {
+					return errLost
+				}
+				<-ctx.Done() // stopped by Run for the other's failure
+				return ctx.Err()
+			}))
+		})
+	})
+}

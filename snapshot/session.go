@@ -296,6 +296,13 @@ func (s *Session) Workers() int { return len(s.conns) }
 // Run copies every chunk, calling h for each from the worker goroutines, and returns once all
 // are copied, or at the first error (a handler's, the server's, the context's), after stopping
 // the other workers. An error concerning a chunk is a *ChunkError. Run can be called once.
+//
+// The error returned is the one that stopped the copy: the first that a worker met, except that
+// a cancellation (an error that is context.Canceled) gives way to any other error a worker
+// returns before Run does. A cancellation is a consequence: of Run stopping the workers after
+// another's error, or of a handler's own shared state that another chunk's failure ended (a
+// store whose chunks share one transaction aborts it when one fails), and the latter can come
+// back before the failure that caused it.
 func (s *Session) Run(ctx context.Context, h Handler) (*Result, error) {
 	if h == nil {
 		return nil, fmt.Errorf("%w: nil Handler", ErrInvalidConfig)
@@ -326,12 +333,16 @@ func (s *Session) Run(ctx context.Context, h Handler) (*Result, error) {
 	var (
 		next     atomic.Int64
 		copied   atomic.Int64
-		errOnce  sync.Once
-		firstErr error
+		errMu    sync.Mutex
+		firstErr error // the error Run returns
 		wg       sync.WaitGroup
 	)
 	fail := func(err error) {
-		errOnce.Do(func() { firstErr = err })
+		errMu.Lock()
+		if firstErr == nil || cancellation(firstErr) && !cancellation(err) {
+			firstErr = err
+		}
+		errMu.Unlock()
 		cancel()
 	}
 	for w := range s.conns {
@@ -382,6 +393,10 @@ func (s *Session) copyChunk(ctx context.Context, w int, p planned, h Handler) er
 		return &ChunkError{Table: p.table.sqlName(), Chunk: p.index, Err: err}
 	case c.err != nil:
 		return &ChunkError{Table: p.table.sqlName(), Chunk: p.index, Err: c.err}
+	case !c.complete && ctx.Err() != nil:
+		// The handler stopped reading when the copy was stopped: a cancellation, like the
+		// error Changes yields then.
+		return &ChunkError{Table: p.table.sqlName(), Chunk: p.index, Err: fmt.Errorf("%w (%w)", ctx.Err(), ErrNotConsumed)}
 	case !c.complete:
 		return &ChunkError{Table: p.table.sqlName(), Chunk: p.index, Err: ErrNotConsumed}
 	}
@@ -394,6 +409,10 @@ func (s *Session) copyChunk(ctx context.Context, w int, p planned, h Handler) er
 }
 
 func (s *Session) markBroken(w int) { s.broken[w].Store(true) }
+
+// cancellation reports whether err says that the work was stopped from outside, not that it
+// failed: see Run.
+func cancellation(err error) bool { return errors.Is(err, context.Canceled) }
 
 // Close stops a Run in progress (from another goroutine; never from a Handler) and waits for
 // it, ends the transactions and closes the connections. It is safe to call twice.
