@@ -97,9 +97,10 @@ type Sink struct {
 	// failed before it was buffered is not waited for by AbortBufferedRecords), and its error is
 	// not the new transaction's. txn is written with mu held too, so that produce reads it with
 	// txCtx.
-	failMu sync.Mutex
-	failed error  // the first produce error of the open transaction
-	txn    uint64 // the open (or last) transaction's number
+	failMu  sync.Mutex
+	failed  error  // the first produce error of the open transaction
+	txn     uint64 // the open (or last) transaction's number
+	aborted bool   // abort ended transaction txn: its records' failures are errAborted
 
 	topicMu sync.Mutex
 	topics  map[string]int // topics known to exist: their max.message.bytes
@@ -387,12 +388,24 @@ func (s *Sink) Close() error {
 	return nil
 }
 
-// abort ends the open transaction without committing it. s.mu is held.
+// errAborted is the failure of the records of a transaction that abort ended while batches
+// still produced into it: another batch of it failed (the copy's chunks share one transaction,
+// which the rollback of one aborts), or the sink was closed. It is a cancellation, the
+// consequence of that failure and never its cause: it wraps context.Canceled, which gives way to
+// the cause in snapshot.Session.Run.
+var errAborted = fmt.Errorf("kafkasink: the Kafka transaction was aborted under this batch (another of its batches failed, or the sink was closed): %w", context.Canceled)
+
+// abort ends the open transaction without committing it. s.mu is held. The records that fail
+// from then on (for the cancelled context, outside a transaction, or for the abort) fail with
+// errAborted, not with the client's error, which would pass for a cause: see fail.
 func (s *Sink) abort(ctx context.Context) error {
 	if !s.inTxn {
 		return nil
 	}
 	s.inTxn = false
+	s.failMu.Lock()
+	s.aborted = true
+	s.failMu.Unlock()
 	s.txCancel()
 	err := s.cl.AbortBufferedRecords(ctx)
 	if eerr := s.cl.EndTransaction(ctx, kgo.TryAbort); err == nil {
@@ -516,7 +529,7 @@ func (s *Sink) firstFailure() error {
 func (s *Sink) newTxn() {
 	s.failMu.Lock()
 	s.txn++
-	s.failed = nil
+	s.failed, s.aborted = nil, false
 	s.failMu.Unlock()
 }
 
@@ -525,11 +538,16 @@ func (s *Sink) newTxn() {
 // a record that was buffered has its promise run before Commit's Flush returns, and one fails
 // before it is buffered only when its transaction is ending without a commit (not in a
 // transaction any more, or its context cancelled by abort or interrupt; the size limits are
-// checked before Produce).
+// checked before Produce). A record that fails once its transaction is aborted fails for the
+// abort: the transaction's failure is errAborted.
 func (s *Sink) fail(txn uint64, err error) {
 	s.failMu.Lock()
 	if s.failed == nil && txn == s.txn {
-		s.failed = s.wrap(err)
+		if s.aborted {
+			s.failed = errAborted
+		} else {
+			s.failed = s.wrap(err)
+		}
 	}
 	s.failMu.Unlock()
 }
