@@ -350,3 +350,40 @@ func TestTableAddedLegacyPosition(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, pos.Tables, 2)
 }
+
+// TestTableAddedConnectionsKilled: in the middle of an added table's copy, the source's
+// walsenders (the stream's and the copy's temporary slot's) and the copy's connections are
+// terminated. Run does not stop: its next attempt resets the table (TableReset), copies it again
+// from a new temporary slot, and the consumer's tables end exact.
+func TestTableAddedConnectionsKilled(t *testing.T) {
+	eachMajor(t, func(t *testing.T, srv *pgtest.Server) {
+		ctx := pgtest.Context(t, 3*time.Minute)
+		db := pgtest.NewDatabase(t, srv)
+		dsn := srv.ConnString(db)
+		lateSetup(t, dsn)
+		l := &lateModel{m: newModel()}
+		var killed atomic.Int64
+		h := func(ctx context.Context, b *changefeed.Batch) error {
+			if b.Kind == changefeed.Snapshot && b.Table != nil && killed.Add(1) == 1 {
+				n := pgtest.Count(t, dsn, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+					WHERE datname = current_database() AND pid <> pg_backend_pid() AND (backend_type = 'walsender' OR query LIKE 'COPY%')`)
+				t.Logf("terminated %d connections during the added table's copy", n)
+				if n < 3 {
+					return fmt.Errorf("terminated %d connections, want the walsenders and the copy's", n)
+				}
+			}
+			return l.handle(ctx, b)
+		}
+		cfg := changefeed.Config{PublicationCheck: 50 * time.Millisecond, Copy: lateCopy(), Logger: testLogger(t),
+			Replication: replication.Config{ConnString: srv.ReplicationConnString(db), Slot: "late_killed", Publications: []string{"pub"},
+				Reconnect: replication.ReconnectPolicy{MinDelay: 10 * time.Millisecond, MaxDelay: 100 * time.Millisecond}}}
+		stop := runFeed(t, cfg, mustOpen(t, filepath.Join(t.TempDir(), "pos")), h)
+		stopWriter, commits := lateWriter(ctx, t, dsn)
+		waitCommits(ctx, t, commits, 50)
+		pgtest.ExecAll(t, dsn, `ALTER PUBLICATION pub ADD TABLE t_late`)
+		require.NoError(t, waitFor(ctx, func() bool { return l.resets.Load() > 0 && l.copied.Load() > 2 }), "the copy again, after a reset")
+		waitCommits(ctx, t, commits, 100)
+		lateCheck(ctx, t, dsn, l, stopWriter)
+		require.NoError(t, stop())
+	})
+}
