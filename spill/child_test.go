@@ -3,10 +3,8 @@
 package spill_test
 
 import (
-	"io"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"syscall"
 	"testing"
 )
@@ -35,32 +33,4 @@ func runChild(t *testing.T, exe, test, mode string, env []string, cred *syscall.
 	if testing.Verbose() {
 		t.Logf("child %s:\n%s", mode, out)
 	}
-}
-
-// copyExecutable copies the test binary into dir, mode 0755, so that another user can run it (the
-// go tool builds it in a private directory).
-func copyExecutable(t *testing.T, dir string) string {
-	t.Helper()
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	src, err := os.Open(self)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer src.Close()
-	exe := filepath.Join(dir, "spill.test")
-	dst, err := os.OpenFile(exe, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o755)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := io.Copy(dst, src); err != nil {
-		dst.Close()
-		t.Fatal(err)
-	}
-	if err := dst.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return exe
 }
