@@ -33,7 +33,7 @@ func (e *ended) add(s *replication.Stream) {
 	e.pos.Received = max(e.pos.Received, p.Received)
 	e.pos.Flushed = max(e.pos.Flushed, p.Flushed)
 	e.pos.Acked = max(e.pos.Acked, p.Acked)
-	e.stats = sumCounters(e.stats, st)
+	e.stats = e.stats.Plus(st)
 	e.handedOut += act.HandedOut
 	e.acked += act.Acked
 	if !act.LastHandedOut.IsZero() {
@@ -82,25 +82,5 @@ func (e *ended) statsOf(st reorderbuffer.Stats) reorderbuffer.Stats {
 	if e.n == 0 {
 		return st
 	}
-	return sumCounters(st, e.stats)
-}
-
-// sumCounters returns sum with the counters of s added, and the peak memory the higher of both.
-func sumCounters(sum, s reorderbuffer.Stats) reorderbuffer.Stats {
-	sum.SpillTxns += s.SpillTxns
-	sum.SpillCount += s.SpillCount
-	sum.SpillBytes += s.SpillBytes
-	sum.SpillWrittenBytes += s.SpillWrittenBytes
-	sum.StreamTxns += s.StreamTxns
-	sum.StreamCount += s.StreamCount
-	sum.StreamBytes += s.StreamBytes
-	sum.TotalTxns += s.TotalTxns
-	sum.TotalBytes += s.TotalBytes
-	sum.TotalChanges += s.TotalChanges
-	sum.AbortedTxns += s.AbortedTxns
-	sum.AbortedSubxacts += s.AbortedSubxacts
-	sum.RestartedTxns += s.RestartedTxns
-	sum.SkippedTxns += s.SkippedTxns
-	sum.PeakMemoryBytes = max(sum.PeakMemoryBytes, s.PeakMemoryBytes)
-	return sum
+	return st.Plus(e.stats)
 }

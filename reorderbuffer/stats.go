@@ -114,3 +114,27 @@ func (b *Buffer) Stats() Stats {
 	}
 	return s
 }
+
+// Plus returns s with the counters of o added (spills, streams, transactions, changes and bytes
+// handed out, aborts, restarts, skips, bytes written to spill files) and PeakMemoryBytes the
+// higher of both: the figures of a consumer that read one buffer after another, such as the
+// streams of successive connections. The gauges (memory and spill bytes now, overhead,
+// transactions open, queued and unacknowledged, positions, lag) are s's.
+func (s Stats) Plus(o Stats) Stats {
+	s.SpillTxns += o.SpillTxns
+	s.SpillCount += o.SpillCount
+	s.SpillBytes += o.SpillBytes
+	s.SpillWrittenBytes += o.SpillWrittenBytes
+	s.StreamTxns += o.StreamTxns
+	s.StreamCount += o.StreamCount
+	s.StreamBytes += o.StreamBytes
+	s.TotalTxns += o.TotalTxns
+	s.TotalBytes += o.TotalBytes
+	s.TotalChanges += o.TotalChanges
+	s.AbortedTxns += o.AbortedTxns
+	s.AbortedSubxacts += o.AbortedSubxacts
+	s.RestartedTxns += o.RestartedTxns
+	s.SkippedTxns += o.SkippedTxns
+	s.PeakMemoryBytes = max(s.PeakMemoryBytes, o.PeakMemoryBytes)
+	return s
+}

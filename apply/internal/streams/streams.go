@@ -64,7 +64,7 @@ func (w *Tracker) Detach() {
 	p := s.Progress()
 	w.pos = replication.Progress{Start: p.Start, Received: max(w.pos.Received, p.Received),
 		Flushed: max(w.pos.Flushed, p.Flushed), Acked: max(w.pos.Acked, p.Acked)}
-	w.buf = addStats(w.buf, s.Stats())
+	w.buf = w.buf.Plus(s.Stats())
 	act := s.Activity()
 	w.handedOut += act.HandedOut
 	w.acked += act.Acked
@@ -88,27 +88,6 @@ func (w *Tracker) Applied(t *reorderbuffer.Txn) {
 	w.mu.Lock()
 	w.lastCommit, w.lastApplied = t.CommitTime, now
 	w.mu.Unlock()
-}
-
-// addStats returns sum with the counters of s added, and the peak memory the higher of both.
-// The gauges (memory, spill files, transactions held, positions) are left: they are the current
-// stream's.
-func addStats(sum, s reorderbuffer.Stats) reorderbuffer.Stats {
-	sum.SpillTxns += s.SpillTxns
-	sum.SpillCount += s.SpillCount
-	sum.SpillBytes += s.SpillBytes
-	sum.StreamTxns += s.StreamTxns
-	sum.StreamCount += s.StreamCount
-	sum.StreamBytes += s.StreamBytes
-	sum.TotalTxns += s.TotalTxns
-	sum.TotalBytes += s.TotalBytes
-	sum.TotalChanges += s.TotalChanges
-	sum.AbortedTxns += s.AbortedTxns
-	sum.AbortedSubxacts += s.AbortedSubxacts
-	sum.RestartedTxns += s.RestartedTxns
-	sum.SkippedTxns += s.SkippedTxns
-	sum.PeakMemoryBytes = max(sum.PeakMemoryBytes, s.PeakMemoryBytes)
-	return sum
 }
 
 // Progress returns the positions of the source's WAL (replication.Stream.Progress) over all
@@ -163,7 +142,7 @@ func (w *Tracker) BufferStats() reorderbuffer.Stats {
 		return w.buf
 	}
 	s := w.cur.Stats()
-	sum := addStats(w.buf, s)
+	sum := w.buf.Plus(s)
 	s.SpillTxns, s.SpillCount, s.SpillBytes = sum.SpillTxns, sum.SpillCount, sum.SpillBytes
 	s.StreamTxns, s.StreamCount, s.StreamBytes = sum.StreamTxns, sum.StreamCount, sum.StreamBytes
 	s.TotalTxns, s.TotalBytes, s.TotalChanges = sum.TotalTxns, sum.TotalBytes, sum.TotalChanges
