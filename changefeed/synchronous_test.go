@@ -22,12 +22,7 @@ func TestSynchronousSource(t *testing.T) {
 	for _, major := range testedMajors {
 		t.Run(fmt.Sprintf("pg%d", major), func(t *testing.T) {
 			ctx := pgtest.Context(t, 3*time.Minute)
-			// A server of its own: synchronous_standby_names applies to every commit on it.
-			srv, err := pgtest.Start(ctx, pgtest.Shared(t, major).Install(), pgtest.Options{})
-			require.NoError(t, err)
-			t.Cleanup(func() { _ = srv.Stop() })
-			db := pgtest.NewDatabase(t, srv)
-			dsn := srv.ConnString(db)
+			srv, db, dsn := ownServer(ctx, t, major)
 			pgtest.ExecAll(t, dsn, `CREATE TABLE s (id int PRIMARY KEY)`, `CREATE PUBLICATION pub FOR TABLE s`)
 			const name = "syncfeed"
 			var handled int
@@ -47,10 +42,7 @@ func TestSynchronousSource(t *testing.T) {
 			// A standby that never reported a flush position is no candidate: one transaction
 			// handled makes the Feed report one.
 			pgtest.ExecAll(t, dsn, `INSERT INTO s VALUES (-1)`)
-			pgtest.ExecAll(t, srv.ConnString("postgres"), `ALTER SYSTEM SET synchronous_standby_names = '`+name+`'`, `SELECT pg_reload_conf()`)
-			t.Cleanup(func() {
-				_ = pgtest.Exec(context.Background(), srv.ConnString("postgres"), `ALTER SYSTEM RESET synchronous_standby_names`, `SELECT pg_reload_conf()`)
-			})
+			waitForStandby(t, srv, name)
 			wctx, wcancel := context.WithTimeout(ctx, time.Minute)
 			defer wcancel()
 			require.NoError(t, waitFor(wctx, func() bool {
@@ -69,4 +61,25 @@ func TestSynchronousSource(t *testing.T) {
 			}
 		})
 	}
+}
+
+// ownServer starts a server of major for the test alone (synchronous_standby_names, which the
+// synchronous tests set, applies to every commit on a server) and makes a database on it.
+func ownServer(ctx context.Context, t *testing.T, major int) (srv *pgtest.Server, db, dsn string) {
+	t.Helper()
+	srv, err := pgtest.Start(ctx, pgtest.Shared(t, major).Install(), pgtest.Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = srv.Stop() })
+	db = pgtest.NewDatabase(t, srv)
+	return srv, db, srv.ConnString(db)
+}
+
+// waitForStandby makes every commit on srv wait for the standby whose application_name is name
+// (synchronous_standby_names), until the test ends.
+func waitForStandby(t *testing.T, srv *pgtest.Server, name string) {
+	t.Helper()
+	pgtest.ExecAll(t, srv.ConnString("postgres"), `ALTER SYSTEM SET synchronous_standby_names = '`+name+`'`, `SELECT pg_reload_conf()`)
+	t.Cleanup(func() {
+		_ = pgtest.Exec(context.Background(), srv.ConnString("postgres"), `ALTER SYSTEM RESET synchronous_standby_names`, `SELECT pg_reload_conf()`)
+	})
 }

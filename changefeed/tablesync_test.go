@@ -197,18 +197,10 @@ func TestTableAddedSynchronous(t *testing.T) {
 	for _, major := range testedMajors {
 		t.Run(fmt.Sprintf("pg%d", major), func(t *testing.T) {
 			ctx := pgtest.Context(t, 3*time.Minute)
-			// A server of its own: synchronous_standby_names applies to every commit on it.
-			srv, err := pgtest.Start(ctx, pgtest.Shared(t, major).Install(), pgtest.Options{})
-			require.NoError(t, err)
-			t.Cleanup(func() { _ = srv.Stop() })
-			db := pgtest.NewDatabase(t, srv)
-			dsn := srv.ConnString(db)
+			srv, db, dsn := ownServer(ctx, t, major)
 			lateSetup(t, dsn)
 			const name = "synclate"
-			pgtest.ExecAll(t, srv.ConnString("postgres"), `ALTER SYSTEM SET synchronous_standby_names = '`+name+`'`, `SELECT pg_reload_conf()`)
-			t.Cleanup(func() {
-				_ = pgtest.Exec(context.Background(), srv.ConnString("postgres"), `ALTER SYSTEM RESET synchronous_standby_names`, `SELECT pg_reload_conf()`)
-			})
+			waitForStandby(t, srv, name)
 			l := &lateModel{m: newModel()}
 			cfg := changefeed.Config{PublicationCheck: 50 * time.Millisecond, Copy: lateCopy(),
 				Replication: replication.Config{ConnString: srv.ReplicationConnString(db) + " application_name=" + name,
