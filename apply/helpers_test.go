@@ -167,10 +167,25 @@ func (e *env) waitMarker(t testing.TB, r *running, id int) {
 	conn, err := pgx.Connect(ctx, e.dst)
 	must(t, err)
 	defer conn.Close(context.Background())
+	// The marker's commit is visible on the target before the Applier has read the reply to
+	// its COMMIT and counted it: once the marker is there, wait until Stats counts the
+	// progress row read beside it too (written in the same target transaction where the mode
+	// writes it with each commit), so that a test reading Stats after halt sees the marker's.
+	var progress *decoding.LSN
 	for {
-		var n int
-		must(t, conn.QueryRow(ctx, `SELECT count(*) FROM marker WHERE id = $1`, id).Scan(&n))
-		if n > 0 {
+		if progress == nil {
+			var n int
+			var p *string
+			must(t, conn.QueryRow(ctx, `SELECT count(*), to_regclass('pgreorder_apply_progress')::text FROM marker WHERE id = $1`, id).Scan(&n, &p))
+			if n > 0 {
+				progress = new(decoding.LSN)
+				if p != nil { // a test may name another progress table: then Stats is not waited for
+					must(t, conn.QueryRow(ctx, `SELECT coalesce(max(end_lsn), '0/0')::text FROM pgreorder_apply_progress WHERE slot = $1`, e.slot).Scan(&p))
+					must(t, progress.UnmarshalText([]byte(*p)))
+				}
+			}
+		}
+		if progress != nil && r.a.Stats().AppliedLSN >= *progress {
 			return
 		}
 		select {

@@ -143,6 +143,8 @@ func (s *session) Follow(ctx context.Context, stream *replication.Stream) error 
 	if err := s.ensureProgress(ctx, resume); err != nil {
 		return err
 	}
+	// Everything through the progress row's position is on the target already.
+	s.stats.Applied(s.persisted)
 	s.a.streams.Attach(stream)
 	s.a.markStreaming()
 	defer s.a.streams.Detach()

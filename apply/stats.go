@@ -97,7 +97,9 @@ type Stats struct {
 	TablesCreated int64
 	SequenceSyncs int64 // sequence synchronizations done (Config.SyncSequences, Applier.SyncSequences)
 
-	AppliedLSN decoding.LSN // end LSN of the last transaction committed on the target
+	// AppliedLSN is the end LSN of the last transaction committed on the target; from a
+	// session's start, at least the position the target's progress row held then.
+	AppliedLSN decoding.LSN
 }
 
 type counters struct {
