@@ -56,11 +56,11 @@ const crashConsumerEnv = "PGREORDER_CHANGEFEED_CRASH"
 // tab-separated. It prints "chunk" and "txn" to stdout as it handles batches.
 func crashConsumer(spec string) int {
 	f := strings.Split(spec, "\t")
-	if len(f) != 4 {
+	if len(f) != 5 {
 		fmt.Fprintf(os.Stderr, "crash consumer: bad spec %q\n", spec)
 		return 2
 	}
-	mode, repl, target, path := f[0], f[1], f[2], f[3]
+	mode, repl, target, path, stall := f[0], f[1], f[2], f[3], f[4] == "stall"
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	cfg := changefeed.Config{
@@ -82,6 +82,10 @@ func crashConsumer(spec string) int {
 		switch {
 		case b.Kind == changefeed.Snapshot && b.Table != nil:
 			out.WriteString("tchunk\n") // of a table added to the publication
+			if stall {                  // hold the copy of the added table until the test kills the process
+				out.Flush()
+				select {}
+			}
 		case b.Kind == changefeed.Snapshot:
 			out.WriteString("chunk\n")
 		case b.Kind == changefeed.Transaction:
@@ -350,13 +354,20 @@ func crash(t *testing.T, srv *pgtest.Server, mode, self string, rng *rand.Rand, 
 		out  chan string
 		done chan error
 	}
-	launch := func() *child {
+	// launch starts the consumer; with stall, it holds the first chunk of an added table's copy
+	// it handles (before that chunk is stored) until it is killed.
+	launch := func(stall bool) *child {
 		cmd := exec.Command(self, "-test.run=^$")
-		cmd.Env = append(os.Environ(), crashConsumerEnv+"="+strings.Join([]string{mode, srv.ReplicationConnString(db), target, path}, "\t"))
+		how := "run"
+		if stall {
+			how = "stall"
+		}
+		cmd.Env = append(os.Environ(), crashConsumerEnv+"="+strings.Join([]string{mode, srv.ReplicationConnString(db), target, path, how}, "\t"))
 		cmd.Stderr = &logs
 		stdout, err := cmd.StdoutPipe()
 		require.NoError(t, err)
 		require.NoError(t, cmd.Start())
+		t.Cleanup(func() { cmd.Process.Kill() }) // a test that fails leaves none running
 		c := &child{cmd: cmd, out: make(chan string, 1024), done: make(chan error, 1)}
 		go func() {
 			sc := bufio.NewScanner(stdout)
@@ -432,7 +443,7 @@ func crash(t *testing.T, srv *pgtest.Server, mode, self string, rng *rand.Rand, 
 
 	duringCopy, duringStream, duringTableCopy := 0, 0, 0
 	for range 3 { // during the copy: after a few chunks, at a random moment
-		c := launch()
+		c := launch(false)
 		waitLines(c, "chunk", 1+rng.IntN(3))
 		// Not a wait for anything: the kill comes at a random moment after the chunks.
 		time.Sleep(time.Duration(rng.IntN(20)) * time.Millisecond)
@@ -444,15 +455,19 @@ func crash(t *testing.T, srv *pgtest.Server, mode, self string, rng *rand.Rand, 
 		}
 	}
 	if late {
-		for i := range 2 { // during u's copy, then during the copy made again
-			c := launch()
+		// During u's copy: held after its first chunk (a small table's copy can end within
+		// any random delay); then during the copy made again, at a random moment.
+		for i := range 2 {
+			c := launch(i == 0)
 			waitLines(c, "txn", 1)
 			if i == 0 {
 				pgtest.ExecAll(t, dsn, `ALTER PUBLICATION p ADD TABLE u`)
 			}
 			waitLines(c, "tchunk", 1)
-			// Not a wait for anything: the kill comes at a random moment after the chunks.
-			time.Sleep(time.Duration(rng.IntN(20)) * time.Millisecond)
+			if i > 0 {
+				// Not a wait for anything: the kill comes at a random moment after the chunks.
+				time.Sleep(time.Duration(rng.IntN(20)) * time.Millisecond)
+			}
 			kill(c)
 			if tableSync() {
 				duringTableCopy++
@@ -462,14 +477,14 @@ func crash(t *testing.T, srv *pgtest.Server, mode, self string, rng *rand.Rand, 
 		require.GreaterOrEqual(t, duringTableCopy, 1, "no kill hit the added table's copy")
 	}
 	for range 4 { // during the stream
-		c := launch()
+		c := launch(false)
 		waitLines(c, "txn", 1+rng.IntN(15))
 		// Not a wait for anything: the kill comes at a random moment after the transactions.
 		time.Sleep(time.Duration(rng.IntN(150)) * time.Millisecond)
 		kill(c)
 		duringStream++
 	}
-	c := launch()
+	c := launch(false)
 	waitLines(c, "txn", 1)
 	stopWriters()
 	wg.Wait()
