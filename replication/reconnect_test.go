@@ -140,7 +140,8 @@ func TestReconnectAfterTerminate(t *testing.T) {
 // awaits COMMIT PREPARED. The consumer, blocked in Next all along, gets the prepared
 // transaction and what follows, once, and never the rolled-back one. A fast shutdown ends the
 // walsender's stream with CommandComplete: with reconnection off, Next reports
-// ErrServerEndedStream.
+// ErrServerEndedStream (a walsender still before its streaming loop would die with FATAL
+// 57P01 instead; the test shuts down once it streams).
 func TestReconnectAfterServerRestart(t *testing.T) {
 	for _, major := range installedMajors(t, 15, 18) {
 		t.Run(fmt.Sprintf("pg%d", major), func(t *testing.T) {
@@ -166,6 +167,13 @@ func TestReconnectAfterServerRestart(t *testing.T) {
 					done <- err
 				}()
 				reads.waitReading(t) // Next waits for the server when it shuts down
+				// A walsender that has not entered its streaming loop yet dies at a fast shutdown
+				// as at SIGTERM (FATAL 57P01), with no CommandComplete: the shutdown must find it
+				// streaming, as pg_stat_replication shows once its loop has caught up.
+				pgtest.Eventually(t, time.Minute, "the walsender streaming", func() bool {
+					return pgtest.Count(t, srv.ConnString(db), `SELECT count(*) FROM pg_stat_replication r
+						JOIN pg_replication_slots s ON s.active_pid = r.pid WHERE s.slot_name = $1 AND r.state = 'streaming'`, cfg.Slot) == 1
+				})
 				r.restart(t, syscall.SIGINT)
 				err = <-done
 				if !errors.Is(err, replication.ErrServerEndedStream) {
