@@ -7,7 +7,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/pgreorder/pgreorder/apply/internal/streams"
+	"github.com/pgreorder/pgreorder/apply/internal/engine"
+	"github.com/pgreorder/pgreorder/changefeed"
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/internal/retry"
 )
@@ -27,7 +28,8 @@ var ErrRunning = retry.Stop("apply: Run already in progress")
 type Applier struct {
 	cfg     Config
 	stats   counters
-	streams streams.Tracker // the sessions' replication streams, for Progress, Activity and the like
+	feed    atomic.Pointer[changefeed.Feed] // the last Run's Feed, whose readings span its sessions
+	commits engine.Commits                  // the last transaction committed on the target
 
 	mu      sync.Mutex
 	running bool

@@ -132,144 +132,32 @@
 //
 // # Modes
 //
-// Buffered applies each transaction whole at its commit, in commit order; the reorder buffer holds
-// large transactions in memory up to Config.Source.Buffer.WorkMem and on disk beyond. Transactions the stream
-// has already delivered are applied together in one target transaction, which ends with the
-// progress row of the last: a backlog of small transactions then takes a round trip per group
-// instead of one per transaction. Groups size themselves: while the Applier is behind, the next
-// transaction is always ready and a group takes up to 1024 transactions (16384 changes, 50ms);
-// once it has caught up, a transaction commits alone within a millisecond of finding nothing more
-// to read. The target sees a group's transactions become visible at once; every state it shows
-// is still one the source had at a commit. A statement that fails inside a group restarts the
-// session with the group's transactions applied one at a time, so that the error names its own
-// transaction. With a replication origin and last_update_wins resolutions, transactions are not
-// grouped: a group's rows would all carry its last transaction's commit time.
-//
-// A group is applied set-based. Each table's changes are reduced to their net effect per replica
-// identity key (an insert then updates: the insert of the final row; updates: the last row; an
-// insert then a delete: nothing, after checking that the key is absent, as the insert would have;
-// a delete then an insert: both, in that order) and sent, in the batch that commits, as a few
-// statements per table: DELETE ... USING unnest(...), UPDATE ... FROM unnest(...) and INSERT ...
-// SELECT FROM unnest(...), one array parameter per column. Each asserts that it changed exactly
-// the rows it names. They find their rows through the key's index, one probe per row, as
-// PostgreSQL's subscriber does: hash and merge joins are off while they run (with PostgreSQL's
-// default costs the planner reads the whole table for a group of a few thousand rows, which
-// took two to three times as long on a table held in memory), and the session's own settings
-// are back for what follows them. They go after a savepoint; when one fails (a missing row, a key that already
-// exists, a row another origin changed, a unique violation, a value the target refuses), the
-// group goes back to the savepoint and those changes are sent again one statement each, in
-// their order: conflicts are detected, resolved, counted and logged per change, and errors name
-// their change, exactly as without set-based apply, at the price of a round trip. Changes go one
-// statement each from the start (for the table, for the rest of the group) where set statements
-// could change what the target sees or what conflict detection reports: tables whose triggers
-// fire for the Applier (foreign keys included, unless it runs as session_replication_role =
-// replica); tables with a unique or exclusion index other than the replica identity key's, or a
-// deferrable one; updates and deletes of tables without a key (REPLICA IDENTITY FULL, unless
-// the target table has a primary key or a replica identity index, which is then the key as for
-// any keyed table, or its only unique or exclusion index is a unique index of plain columns,
-// NOT NULL on the target, neither partial nor deferrable: that is then the key, and a set
-// statement names each row by it and by every column of the old row, compared as below;
-// without a unique index their inserts are held while nothing else comes); updates of the key
-// (for FULL tables, of that index's columns), and updates of a table whose every column is in
-// the key (a set statement would write nothing, and so could not tell a missing row); binary values (Config.Source.Binary);
-// updates with unchanged TOASTed values of a row the group did not insert or update whole;
-// columns whose type has no array type; a TRUNCATE, for the tables it names. A table into which
-// one source transaction inserts 32 rows or more in a row goes one statement each too, its
-// inserts through COPY (a round trip of its own, before the batch that commits); the inserts of
-// small transactions go in the batch that commits.
+// Buffered (the default) applies each transaction whole at its commit, in commit order; the
+// reorder buffer holds large transactions in memory up to Config.Source.Buffer.WorkMem and on disk
+// beyond. Transactions already received are applied together, set-based (a few statements per
+// table of their net effect, checked row by row), in one target transaction with the progress row
+// of the last: a backlog takes a round trip per group of up to 1024 transactions, and once caught
+// up a transaction commits alone within a millisecond. A change that meets a conflict, or a
+// statement that fails, goes again one statement each, so that conflicts are handled and errors
+// named per change.
 //
 // Eager applies a large transaction the server streams while it is still running on the source,
-// as PostgreSQL 16's parallel apply does: on a worker connection of its own, a SAVEPOINT before
-// each subtransaction's first change, ROLLBACK TO SAVEPOINT when the subtransaction aborts (the
-// later savepoints go with it), ROLLBACK when the transaction aborts, COMMIT at its commit, in
-// order. Changes reach the worker through a queue that spills to disk past its memory share, so a
-// worker that cannot keep up never holds up the stream or the other transactions. The queues hold
-// the reorder buffer's own records of the changes, copied once, and share Config.Source.Buffer.WorkMem with
-// the reorder buffer: a quarter for the queues, the rest for the buffer. With all
-// workers busy, a streamed transaction is queued the same way and applied at its commit. Other
-// transactions are applied as they arrive, after every earlier one committed: those that arrive
-// whole while no streamed transaction is open are grouped and applied set-based as in Buffered.
+// on a worker connection of its own (savepoints for its subtransactions, rolled back with them),
+// committing it in order; the other transactions as Buffered does. Its queues spill to disk past
+// their share of WorkMem (a quarter, the rest for the reorder buffer).
 //
-// Parallel is Eager plus committed transactions applied by several workers at once. The whole
-// committed transactions the stream delivers one after another form runs (up to the limits of a
-// Buffered group; the stream running dry ends a run only once every earlier one committed, so that
-// while the Applier is behind runs grow as Buffered's groups do); a worker applies a run as
-// Buffered applies a group, set-based, in one target transaction with the progress row of its last
-// transaction. A run waits, before a change, for the commit of any earlier run in flight that
-// touched the same row (relation and replica identity key), so that each change sees what the
-// source saw; runs that touch different rows are applied at once, and a run that depends on the one
-// before is applied while the leader fills the next. When runs are chained (several in a row each
-// waited, from its first few transactions, for the run before it: rows every transaction updates),
-// handing them to workers only adds work, and the leader applies the whole transactions itself, as
-// Eager does: Buffered groups on its own connection, each committed after every earlier
-// transaction, in source order in either commit order; after 16 groups it hands two small runs to
-// the workers again to see whether they still wait for each other, and each time they still do it
-// waits twice as many groups before the next look (up to 256). Stats.RunsOnLeader and
-// RunsOnWorkers count the two. Streamed and large transactions are applied as in Eager, one at a time by a worker,
-// after the runs before them. A REPLICA IDENTITY FULL table whose target has a primary key or a
-// replica identity index, or a unique key that identifies a row for sure (as set statements need
-// it, see Statements), is tracked by that key.
-// Keys are the same row when the target's unique index finds them equal, not only when they were
-// sent the same: numeric 1.0 and 1.00, real -0 and 0, character(n) with and without trailing
-// spaces are compared in a canonical form. A key whose equality cannot be told from the values (a
-// text column with a nondeterministic collation on the target, interval, jsonb, arrays other than
-// of integers, text, uuid, dates and timestamps, types of extensions and enums) makes its
-// transaction serial, as below. A transaction that changes a row of a table without a usable key
-// (UPDATE or DELETE of another REPLICA IDENTITY FULL table), truncates, or writes a table whose triggers fire on the target
-// (including foreign keys, unless the target role runs in session_replication_role = replica) is
-// applied alone: after every earlier transaction, before every later one. Commits stay in source
-// order, unless Config.CommitOrder relaxes it (see Relaxed commit order). Unique keys other than
-// the replica identity key are not tracked: a DELETE or an UPDATE sends the row's replica identity
-// key, not the old values of its other columns, so nothing tells that a transaction frees a value
-// a later one takes (nor does it see the rows a conflict's resolution deletes). A worker that
-// meets a conflict before every earlier transaction committed waits for them, holding its locks,
-// and looks again: the row may have gone, or moved off the value, with one of them (or come), in
-// which case the change goes through as on the source; only a conflict still there is resolved
-// as configured (Stats.ConflictWaits counts the waits). What Parallel cannot see,
-// constraints that exist only on the target (a unique index, say), may make two transactions wait
-// for each other's locks; the target detects the cycles it can see (deadlock_detected), and a
-// watchdog detects the others (an earlier transaction waiting for the lock of a later one, which
-// waits for its turn to commit): the later transaction is rolled back, the session restarts from
-// the progress row, and that transaction is applied alone. The same holds for a streamed
-// transaction in Eager.
+// Parallel is Eager plus committed transactions applied by several workers at once, in runs, each
+// run waiting before a change for any earlier run in flight that touched the same row (relation
+// and replica identity key). A transaction whose rows cannot be told apart by a key (UPDATE or
+// DELETE of a keyless table), a TRUNCATE, or a table whose triggers fire on the target is applied
+// alone. Lock waits between the Applier's own connections that the target cannot see are broken by
+// a watchdog, which applies the later transaction alone.
 //
-// Choosing a mode: Buffered is the default and the fastest in most cases measured (BENCHMARKS.md in
-// the repository): whole transactions, COPY for inserts, and transactions already received grouped
-// per round trip and applied set-based. Eager pays off when the target has cores to spare while a
-// large transaction is still running on the source. Parallel applies runs as Buffered applies
-// groups, on several connections: it helps when the target's work dominates, runs touch different
-// rows and the target has cores to spare; on a backlog whose transactions all touch the same rows
-// its runs wait for each other, and it applies them as Buffered does.
-//
-// # Statements
-//
-// Changes that are not applied set-based (Eager, Parallel, and what Buffered sends one statement
-// each) go as follows. Runs of inserts into one table go through COPY FROM STDIN, in binary when
-// the values are (with Config.Source.Binary: pgoutput's binary values are the types' send format, COPY
-// binary's field format), else in text, escaped; short runs become INSERTs. Updates and deletes are
-// prepared statements, one per table and set of columns, sent in batches whose results are checked
-// in order: a transaction of a few statements takes one round trip with its progress row and
-// COMMIT. A target connection keeps at most 256 statements prepared, deallocating the least
-// recently used (a statement needed again is prepared again, one round trip). Parameters carry the
-// target columns' types, so the target converts text values with the types' input functions, as it
-// converts the publisher's output. A target column GENERATED ALWAYS AS IDENTITY takes the source's
-// values, as in PostgreSQL's subscriber (INSERT ... OVERRIDING SYSTEM VALUE; COPY writes them as
-// they are); no UPDATE may write one, so an update that writes it (the key changed, or the column
-// is not the replica identity key) stops Run with an error saying to make the column GENERATED BY
-// DEFAULT on the target. Unchanged TOASTed values are left untouched. An UPDATE or DELETE finds its
-// row by the replica identity key. With REPLICA IDENTITY FULL the source sends the whole old
-// row, and the row is found as PostgreSQL's subscriber finds it: by the target table's primary
-// key or replica identity index when it has one of source columns (the key's values taken from
-// the old row, nothing else compared: a row changed on the target in another column is still
-// the row, and the change reports update_origin_differs or delete_origin_differs where origins
-// are checked), else by every column of the old row, NULL matching NULL, changing one row even
-// when several are identical. There each column is compared as "(c = $n OR (c IS NULL AND $n IS
-// NULL))": one statement serves every pattern of NULLs, and the planner can use an index of any column (a bitmap
-// of "c = $n" and "c IS NULL"; PostgreSQL's subscriber, 16 and later, uses one index whose first
-// column is a plain column, else scans). A column whose type has no default equality operator
-// (json, xml, point, box, composite types, domains and arrays of those, as the target's catalog
-// says) is compared by its text output, in binary mode too. TRUNCATE never cascades to tables the
-// source did not truncate.
+// Buffered is the fastest in most cases measured (BENCHMARKS.md in the repository); Eager pays off
+// when the target has cores to spare while a large transaction is still running on the source;
+// Parallel when the target's work dominates and transactions touch different rows.
+// docs/apply.md in the repository says in full how each mode applies, and how the changes go to
+// the target (COPY, prepared statements, set statements, REPLICA IDENTITY FULL, identity columns).
 //
 // # Conflicts
 //

@@ -34,7 +34,7 @@ func (s *session) engine() *engine.Engine {
 	return engine.New(cfg, engine.Session{Leader: s.leader, Key: s.key, FlushSQL: s.flushSQL, Stream: s.stream, Registry: s.reg,
 		Log: s.log, Alone: s.det != nil && s.leader.Origin() != "" && lastUpdateWins(&s.cfg.Conflicts), Applied: s.applied,
 		Persisted: s.persisted, Serial: s.a.serial, Stepwise: s.a.stepwise, Txns: &s.stats.txns, Stats: &s.stats.eng,
-		TargetStats: &s.stats.Counters, Streams: &s.a.streams, Until: &s.a.until, Reached: &s.a.reached,
+		TargetStats: &s.stats.Counters, Commits: &s.a.commits, Until: &s.a.until, Reached: &s.a.reached,
 		Host: engineHost{s}})
 }
 

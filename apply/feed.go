@@ -56,6 +56,12 @@ func (a *Applier) runSessions(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if prev := a.feed.Load(); prev != nil {
+		if err := feed.Continue(prev); err != nil { // the readings go on across Runs too
+			return err
+		}
+	}
+	a.feed.Store(feed)
 	err = feed.Run(ctx)
 	if ctx.Err() != nil {
 		return ctx.Err()

@@ -145,9 +145,7 @@ func (s *session) Follow(ctx context.Context, stream *replication.Stream) error 
 	}
 	// Everything through the progress row's position is on the target already.
 	s.stats.Applied(s.persisted)
-	s.a.streams.Attach(stream)
 	s.a.markStreaming()
-	defer s.a.streams.Detach()
 	s.log.Info("applying", "slot", s.cfg.Source.Slot, "mode", s.cfg.Mode, "resume_after", resume)
 	return s.engine().Run(ctx)
 }

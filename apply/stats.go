@@ -7,6 +7,7 @@ import (
 	"github.com/pgreorder/pgreorder/apply/internal/detect"
 	"github.com/pgreorder/pgreorder/apply/internal/engine"
 	"github.com/pgreorder/pgreorder/apply/internal/target"
+	"github.com/pgreorder/pgreorder/changefeed"
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 	"github.com/pgreorder/pgreorder/replication"
@@ -158,50 +159,49 @@ func (s Stats) Conflicts(ct conflict.Type) int64 {
 	return 0
 }
 
-// Progress returns the positions of the source's WAL: Received is the highest position the
-// source sent (in data and keepalive messages), Flushed the highest position acknowledged to it
-// (every transaction up to it is durable on the target, with the progress row), Acked the
-// acknowledged prefix, as replication.Stream.Progress defines them, over all sessions. Between
-// sessions it returns what the last session's stream reported; before the first, zero values.
-// It may be called at any time, from any goroutine.
+// Progress returns the source WAL positions of replication.Stream.Progress (Flushed: durable on
+// the target, with the progress row) over all sessions and Runs (changefeed.Feed.Progress).
 func (a *Applier) Progress() replication.Progress {
-	if a == nil {
-		return replication.Progress{}
+	if f := a.runFeed(); f != nil {
+		return f.Progress()
 	}
-	return a.streams.Progress()
+	return replication.Progress{}
 }
 
-// Activity returns the session's replication.Activity, with these differences: LastCommitTime
-// and LastHandedOut are the source commit time of the last transaction committed on the target
-// and when it committed there (not when the stream handed it out); HandedOut and Acked count
-// over all sessions; Started is when the first session's stream started; and between sessions
-// (reconnecting) the Applier is not caught up, behind since the moment the last stream ended if
-// it was caught up then, and a new stream that has not been caught up yet is behind since then
-// too. Before the first stream (during an initial copy) it returns zero values. It may be
-// called at any time, from any goroutine.
-func (a *Applier) Activity() replication.Activity {
-	if a == nil {
-		return replication.Activity{}
+// Activity returns the sessions' replication.Activity (changefeed.Feed.Activity: HandedOut and
+// Acked summed; between sessions, and until a new stream catches up, behind since the last one
+// ended), but LastCommitTime and LastHandedOut are the source commit time of the last transaction
+// committed on the target and when it committed there; zero values before the first stream. It,
+// Progress, BufferStats and Reconnects may be called at any time, from any goroutine.
+func (a *Applier) Activity() (act replication.Activity) {
+	if f := a.runFeed(); f != nil {
+		act = f.Activity()
+		act.LastCommitTime, act.LastHandedOut = a.commits.Last()
 	}
-	return a.streams.Activity()
+	return act
 }
 
-// BufferStats returns the statistics of the session's reorder buffer (replication.Stream.Stats):
-// its counters summed over all sessions, its gauges (memory, spill files, transactions held) of
-// the current session, 0 between sessions. It may be called at any time, from any goroutine.
+// BufferStats returns the statistics of the sessions' reorder buffers (changefeed.Feed.Stats):
+// counters summed over all sessions, gauges of the current one (0 between sessions).
 func (a *Applier) BufferStats() reorderbuffer.Stats {
-	if a == nil {
-		return reorderbuffer.Stats{}
+	if f := a.runFeed(); f != nil {
+		return f.Stats()
 	}
-	return a.streams.BufferStats()
+	return reorderbuffer.Stats{}
 }
 
-// Reconnects returns how many times the Applier connected to the source again after losing its
-// connection: the reconnections of the sessions' streams, and one per session after the first.
-// It may be called at any time, from any goroutine.
+// Reconnects returns the sessions after the first (changefeed.Feed.Reconnects).
 func (a *Applier) Reconnects() int {
-	if a == nil {
-		return 0
+	if f := a.runFeed(); f != nil {
+		return f.Reconnects()
 	}
-	return a.streams.Reconnects()
+	return 0
+}
+
+// runFeed returns the Feed of the Applier's last Run, nil before the first.
+func (a *Applier) runFeed() *changefeed.Feed {
+	if a == nil {
+		return nil
+	}
+	return a.feed.Load()
 }

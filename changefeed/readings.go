@@ -1,6 +1,7 @@
 package changefeed
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/pgreorder/pgreorder/reorderbuffer"
@@ -23,8 +24,10 @@ type ended struct {
 }
 
 // add records what s reported, as it ends.
-func (e *ended) add(s *replication.Stream) {
-	p, st, act := s.Progress(), s.Stats(), s.Activity()
+func (e *ended) add(s *replication.Stream) { e.addReadings(s.Progress(), s.Stats(), s.Activity()) }
+
+// addReadings records the readings of a stream that ended.
+func (e *ended) addReadings(p replication.Progress, st reorderbuffer.Stats, act replication.Activity) {
 	if e.n == 0 {
 		e.started = act.Started
 		e.pos.Start = p.Start
@@ -39,9 +42,12 @@ func (e *ended) add(s *replication.Stream) {
 	if !act.LastHandedOut.IsZero() {
 		e.lastCommit, e.lastOut = act.LastCommitTime, act.LastHandedOut
 	}
-	if act.CaughtUp {
+	switch {
+	case act.CaughtUp:
 		e.behind = time.Now()
-	} else {
+	case act.BehindSince.Equal(act.Started) && !e.behind.IsZero():
+		// Never caught up: behind since before it started.
+	default:
 		e.behind = act.BehindSince
 	}
 }
@@ -58,20 +64,21 @@ func (e *ended) progress(p replication.Progress) replication.Progress {
 }
 
 // activity returns the current stream's act (zero between streams) over the ended ones: counts
-// summed, Started the first stream's, the last transaction handed out kept, and between streams
-// behind since the last one ended.
+// summed, Started the first stream's, the last transaction handed out kept, and between streams,
+// or while the current one has not caught up yet, behind since the last one ended (if it was
+// caught up then).
 func (e *ended) activity(act replication.Activity, current bool) replication.Activity {
 	if e.n == 0 {
 		return act
+	}
+	if !current || !act.CaughtUp && act.BehindSince.Equal(act.Started) {
+		act.BehindSince = e.behind
 	}
 	act.HandedOut += e.handedOut
 	act.Acked += e.acked
 	act.Started = e.started
 	if act.LastHandedOut.IsZero() {
 		act.LastCommitTime, act.LastHandedOut = e.lastCommit, e.lastOut
-	}
-	if !current {
-		act.BehindSince = e.behind
 	}
 	return act
 }
@@ -83,4 +90,28 @@ func (e *ended) statsOf(st reorderbuffer.Stats) reorderbuffer.Stats {
 		return st
 	}
 	return st.Plus(e.stats)
+}
+
+// Continue makes f's readings (Progress, Stats, Activity, Reconnects) go on from those of prev, a
+// Feed of the same slot whose Run has returned, as if f's attempts were more of prev's: its
+// positions never below prev's, its counters added to prev's, and its first stream a restart.
+// A consumer that runs a new Feed after another (package apply, at each Run of an Applier) keeps
+// one set of readings so. It must be called before f's Run.
+func (f *Feed) Continue(prev *Feed) error {
+	if prev == nil || prev == f {
+		return fmt.Errorf("%w: Continue needs another Feed", ErrInvalidConfig)
+	}
+	prev.mu.Lock()
+	running, past, streams, restarts := prev.running && prev.stream != nil, prev.past, prev.streams, prev.restarts
+	prev.mu.Unlock()
+	if running {
+		return fmt.Errorf("%w: Continue from a Feed that still streams", ErrInvalidConfig)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.running {
+		return fmt.Errorf("%w: Continue after Run", ErrInvalidConfig)
+	}
+	f.past, f.streams, f.restarts = past, streams, restarts
+	return nil
 }

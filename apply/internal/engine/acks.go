@@ -100,7 +100,7 @@ func (e *Engine) syncCommit() bool {
 // committed records a commit, in commit order; durable says that it, and so every commit before
 // it, is durable on the target.
 func (e *Engine) committed(c commitRef, durable bool) {
-	e.streams.Applied(c.Value.txn)
+	e.commits.Record(c.Value.txn)
 	a := &e.acks
 	a.mu.Lock()
 	defer a.mu.Unlock()

@@ -11,7 +11,6 @@ import (
 	"github.com/pgreorder/pgreorder/apply/internal/detect"
 	"github.com/pgreorder/pgreorder/apply/internal/plan"
 	"github.com/pgreorder/pgreorder/apply/internal/schedule"
-	"github.com/pgreorder/pgreorder/apply/internal/streams"
 	"github.com/pgreorder/pgreorder/apply/internal/target"
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
@@ -129,7 +128,7 @@ type Session struct {
 	Txns             *atomic.Int64   // transactions committed
 	Stats            *Counters
 	TargetStats      *target.Counters
-	Streams          *streams.Tracker
+	Commits          *Commits       // the last transaction committed on the target
 	Until, Reached   *atomic.Uint64 // Config.UntilCaughtUp: the position to catch up to, and the one reached
 
 	Host Host
@@ -146,7 +145,7 @@ type Engine struct {
 	stats        *Counters
 	tstats       *target.Counters
 	txns         *atomic.Int64
-	streams      *streams.Tracker
+	commits      *Commits
 	reg          *target.Registry
 	stream       *replication.Stream
 	leader       *target.Conn
@@ -190,7 +189,7 @@ func New(cfg Config, s Session) *Engine {
 	if cfg.AsyncDelay == 0 {
 		cfg.AsyncDelay = DefaultAsyncDelay
 	}
-	e := &Engine{cfg: cfg, host: s.Host, log: s.Log, stats: s.Stats, tstats: s.TargetStats, txns: s.Txns, streams: s.Streams,
+	e := &Engine{cfg: cfg, host: s.Host, log: s.Log, stats: s.Stats, tstats: s.TargetStats, txns: s.Txns, commits: s.Commits,
 		reg: s.Registry, stream: s.Stream, leader: s.Leader, key: s.Key, flushSQL: s.FlushSQL, serial: s.Serial,
 		stepwiseXids: s.Stepwise, until: s.Until, reached: s.Reached, alone: s.Alone, applied: s.Applied, skip: cfg.Skip}
 	e.acks.Persisted = s.Persisted

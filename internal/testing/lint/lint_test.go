@@ -69,7 +69,7 @@ var allowed = map[string][]string{
 	// and batches they send) calls conflict detection, below it; neither knows the stream's
 	// transactions (reorderbuffer) nor apply.
 	"apply": {"apply/conflict", "changefeed", "snapshot", "replication", "reorderbuffer", "decoding", "spill",
-		"apply/internal/schedule", "apply/internal/target", "apply/internal/detect", "apply/internal/streams",
+		"apply/internal/schedule", "apply/internal/target", "apply/internal/detect",
 		"apply/internal/engine", "apply/internal/plan", "apply/internal/initcopy", "internal/pgsession", "internal/configerr",
 		"internal/retry"},
 	// The initial copy's side on the target: the copy table, the chunks written; the snapshot's
@@ -79,9 +79,8 @@ var allowed = map[string][]string{
 	// acknowledgements): over the decision core, the scheduling and the target connections;
 	// what it needs of the session comes in through its Session and Host, never from apply.
 	"apply/internal/engine": {"apply/internal/plan", "apply/internal/schedule", "apply/internal/target", "apply/internal/detect",
-		"apply/internal/streams", "replication", "reorderbuffer", "decoding", "spill", "internal/retry"},
+		"replication", "reorderbuffer", "decoding", "spill", "internal/retry"},
 	"apply/conflict":          {"decoding"},
-	"apply/internal/streams":  {"replication", "reorderbuffer"},
 	"apply/internal/schedule": {"decoding", "spill"},
 	// The decisions of eager and parallel apply as plain state: no goroutine, no clock, no
 	// connection (TestCoreHasNoGoroutinesOrClock).
