@@ -176,7 +176,9 @@
 // why the stream is never paused for it. While the table is copied, the stream waits (under
 // synchronous replication, so do the source's commits), and the temporary slot's stream buffers
 // what the source writes meanwhile (spilling to disk beyond Replication.Buffer.WorkMem), of
-// which only the table's changes up to H are handed out.
+// which only the table's changes up to H are handed out. That stream has a reorder buffer of its
+// own: while a table is copied, the Feed holds up to twice Replication.Buffer.WorkMem in memory
+// (the main stream's buffer and the temporary slot's), and the rest on disk.
 //
 // A copy cut short (a crash, a handler's error) leaves Position.Sync stored: the next Run, after
 // Resume, hands the handler a TableReset batch for that table (Batch.Table; its State is the one
