@@ -2,10 +2,13 @@ package kafkasink_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -54,8 +57,15 @@ func slotExists(t *testing.T, ctx context.Context, dsn string) bool {
 // number of copied rows and of streamed events.
 func rowEvents(t *testing.T, ctx context.Context, c *kafkatest.Cluster, dsn, prefix string) (copied, streamed int) {
 	t.Helper()
+	return tableEvents(t, ctx, c, dsn, prefix, "t")
+}
+
+// tableEvents is rowEvents for the table public.<table>.
+func tableEvents(t *testing.T, ctx context.Context, c *kafkatest.Cluster, dsn, prefix, table string) (copied, streamed int) {
+	t.Helper()
 	m := model{}
-	for _, rec := range readCommitted(t, ctx, c, prefix+".public.t")[prefix+".public.t"] {
+	topic := prefix + ".public." + table
+	for _, rec := range readCommitted(t, ctx, c, topic)[topic] {
 		e := parseEvent(t, rec)
 		require.NoError(t, m.apply(e), string(rec.Value))
 		if e.Op == "r" {
@@ -64,7 +74,7 @@ func rowEvents(t *testing.T, ctx context.Context, c *kafkatest.Cluster, dsn, pre
 			streamed++
 		}
 	}
-	require.Equal(t, tableModel(t, ctx, dsn, "t"), m)
+	require.Equal(t, tableModel(t, ctx, dsn, table), m)
 	return copied, streamed
 }
 
@@ -396,4 +406,103 @@ func TestOffsetsTopicCompacted(t *testing.T) {
 	})
 	require.ErrorIs(t, err, kafkasink.ErrInvalidConfig)
 	require.ErrorContains(t, err, ".offsets has cleanup.policy=delete; it needs cleanup.policy=compact")
+}
+
+// TestBrokerKilledInTableCopy: the broker is killed, and started again, in the middle of the copy
+// of a table added to the publication (its Kafka transaction open); the sink goes on, or stops
+// and is run again, and the table's rows, then its changes, reach Kafka each once (read
+// committed).
+func TestBrokerKilledInTableCopy(t *testing.T) {
+	c := kafkatest.Start(t, 1)
+	eachMajor(t, func(t *testing.T, srv *pgtest.Server) {
+		ctx := pgtest.Context(t, 4*time.Minute)
+		dsn := setupTable(t, srv, 10)
+		const rows = 3000
+		pgtest.ExecAll(t, dsn, "CREATE TABLE u (id int PRIMARY KEY, v text)",
+			fmt.Sprintf("INSERT INTO u SELECT g, 'copied' FROM generate_series(1, %d) g", rows))
+		prefix := newPrefix(t)
+		kcfg := kafkasink.Config{Brokers: c.Addrs(), TopicPrefix: prefix, Logger: testLogger, TransactionTimeout: time.Minute}
+		cfg := feedConfig(dsn)
+		cfg.PublicationCheck = 50 * time.Millisecond
+		cfg.Copy = snapshot.Config{Workers: 1, ChunkSize: 8 << 10} // one worker: the kill comes with chunks left to copy
+		var killed, restarted atomic.Bool
+		var resets atomic.Int64
+		tctx := ctx
+		run := func() *running {
+			sink, err := kafkasink.Open(kcfg)
+			require.NoError(t, err)
+			h := func(ctx context.Context, b *changefeed.Batch) error {
+				if err := sink.Handle(ctx, b); err != nil {
+					return err
+				}
+				switch {
+				case b.Kind == changefeed.TableReset:
+					resets.Add(1)
+				case b.Kind == changefeed.Snapshot && b.Table != nil && killed.CompareAndSwap(false, true):
+					c.Brokers[0].Kill()
+					require.NoError(t, c.Brokers[0].Restart(tctx))
+					restarted.Store(true)
+				}
+				return nil
+			}
+			rctx, cancel := context.WithCancel(ctx)
+			r := &running{sink: sink, cancel: cancel, done: make(chan error, 1)}
+			go func() { r.done <- changefeed.Run(rctx, cfg, sink, h) }()
+			t.Cleanup(func() { r.stop() })
+			return r
+		}
+		r := run()
+		r.waitPast(t, ctx, 0)
+		pgtest.ExecAll(t, dsn, "ALTER PUBLICATION p ADD TABLE u", "UPDATE u SET v = 'before the copy' WHERE id = 2")
+		oid := uint32(pgtest.Count(t, dsn, "SELECT 'u'::regclass::oid::int8"))
+		// Until the stored position has u known (its copy done), whatever the sink's restarts.
+		var last decoding.LSN
+		for attempt := 0; last == 0 || r.sink.Stats().Position <= last; {
+			if last == 0 && restarted.Load() {
+				if known, syncing := storedTables(t, ctx, c, prefix); !syncing && slices.Contains(known, oid) {
+					// Committed after the copy: in the stream.
+					last = commitLSN(t, ctx, dsn, "INSERT INTO u VALUES (0, 'streamed')", "UPDATE u SET v = 'changed' WHERE id = 1")
+				}
+			}
+			select {
+			case err := <-r.done:
+				attempt++
+				require.Less(t, attempt, 5, "the sink does not recover: %v", err)
+				t.Logf("the sink stopped: %v; running it again", err)
+				r = run()
+			case <-ctx.Done():
+				t.Fatal(ctx.Err())
+			case <-time.After(20 * time.Millisecond): // polling the position
+			}
+		}
+		require.NoError(t, r.stop())
+		require.True(t, killed.Load(), "the broker was not killed during the copy")
+		// The open transaction may survive the broker's restart (its records and the
+		// coordinator's state are on disk) and commit whole, or be aborted and copied again.
+		t.Logf("%d table resets", resets.Load())
+		// Each row once (the model refuses a second insert of a key), equal to the table.
+		copied, streamed := tableEvents(t, ctx, c, dsn, prefix, "u")
+		require.Equal(t, rows, copied)
+		require.Equal(t, 2, streamed)
+	})
+}
+
+// storedTables reads the last position committed to the offsets topic (read_committed, beside the
+// sink: its Load would use the sink's own transactional client) and returns its known tables and
+// whether it records a table's copy under way.
+func storedTables(t *testing.T, ctx context.Context, c *kafkatest.Cluster, prefix string) (known []uint32, syncing bool) {
+	t.Helper()
+	topic := prefix + ".offsets"
+	for _, rec := range readCommitted(t, ctx, c, topic)[topic] {
+		if string(rec.Key) != "s" {
+			continue // the probes of Load
+		}
+		var p struct {
+			Tables []uint32        `json:"tables"`
+			Sync   json.RawMessage `json:"sync"`
+		}
+		require.NoError(t, json.Unmarshal(rec.Value, &p))
+		known, syncing = p.Tables, len(p.Sync) > 0 && string(p.Sync) != "null"
+	}
+	return known, syncing
 }
