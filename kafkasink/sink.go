@@ -170,7 +170,9 @@ type storedPosition struct {
 
 // Load fences any earlier producer of the slot's transactional id (its open transaction is
 // aborted), then reads the slot's last committed position from the offsets topic
-// (read_committed). It is changefeed.Store's Load.
+// (read_committed). It is changefeed.Store's Load, which the Feed running on the Sink calls at
+// each attempt; called again, it aborts the Sink's open transaction. To read what a running Sink
+// committed, read the offsets topic with a consumer of its own (read_committed).
 func (s *Sink) Load(ctx context.Context, slot string) (changefeed.Position, bool, error) {
 	if s.closed {
 		return changefeed.Position{}, false, ErrClosed
