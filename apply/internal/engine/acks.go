@@ -192,7 +192,7 @@ func (e *Engine) next(ctx context.Context) (*reorderbuffer.Txn, error) {
 	a.waiting = true
 	a.mu.Unlock()
 	var until time.Time // no limit
-	if !quiet {
+	if !quiet || e.confirming {
 		until = time.Now().Add(idleProbe)
 	}
 	t, err := e.stream.NextBefore(wake, until)
@@ -213,11 +213,13 @@ func (e *Engine) next(ctx context.Context) (*reorderbuffer.Txn, error) {
 		case wake.Err() != nil:
 			return nil, errWoken
 		case !until.IsZero() && !time.Now().Before(until):
-			a.mu.Lock()
-			a.Quiet = true
-			a.mu.Unlock()
-			if err := e.host.Hook(ctx, "quiet", Ref{}); err != nil {
-				return nil, err
+			if !quiet { // (a quiet stream waits with a limit only while caughtUp confirms)
+				a.mu.Lock()
+				a.Quiet = true
+				a.mu.Unlock()
+				if err := e.host.Hook(ctx, "quiet", Ref{}); err != nil {
+					return nil, err
+				}
 			}
 			if unflushed {
 				return nil, errIdle

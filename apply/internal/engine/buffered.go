@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -21,8 +22,8 @@ func (e *Engine) runBuffered(ctx context.Context) error {
 		if err := e.ackCommitted(ctx); err != nil {
 			return err
 		}
-		if e.caughtUp() {
-			return ErrCaughtUp
+		if done, err := e.caughtUp(ctx); done || err != nil {
+			return cmp.Or(err, ErrCaughtUp)
 		}
 		e.askPosition()
 		t, err := e.next(ctx)
@@ -142,22 +143,34 @@ func (e *Engine) relations(xid uint32, c decoding.Change) ([]*target.Relation, e
 func (e *Engine) stepwise(x uint32) bool { return e.cfg.Stepwise || e.stepwiseXids[x] }
 
 // caughtUp says whether the session may end for Config.UntilCaughtUp: a durable progress row is
-// at or past the position to catch up to, and every commit was acknowledged to the source.
-func (e *Engine) caughtUp() bool {
+// at or past the position to catch up to, every commit was acknowledged, and a status update
+// told the source so. A session that starts caught up (its progress row past what the slot
+// confirmed) has acknowledged nothing, and its stream reports that flush position only once it
+// has heard from the server: caughtUp then asks the server for its position, in a status update,
+// and next waits no longer than idleProbe until the update that reports it is sent.
+func (e *Engine) caughtUp(ctx context.Context) (bool, error) {
 	until := decoding.LSN(e.until.Load())
 	if !e.cfg.UntilCaughtUp || until == 0 {
-		return false
+		return false, nil
 	}
 	a := &e.acks
 	a.mu.Lock()
 	persisted := a.Persisted
 	done := a.Pending() == 0 && persisted >= until
 	a.mu.Unlock()
-	if done && e.reached.Load() == 0 {
+	if !done {
+		return false, nil
+	}
+	if e.stream.Progress().Flushed < until {
+		e.confirming = true
+		return false, e.stream.SendStatus(ctx, true)
+	}
+	e.confirming = false
+	if e.reached.Load() == 0 {
 		e.reached.Store(uint64(until))
 		e.log.Info("caught up", "lsn", until, "applied_lsn", persisted)
 	}
-	return done
+	return true, nil
 }
 
 // askPosition, for Config.UntilCaughtUp, asks the stream to hand out the source's position as an

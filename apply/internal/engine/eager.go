@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -91,8 +92,8 @@ func (e *Engine) runIncremental(ctx context.Context) error {
 		if err := e.ackCommitted(ctx); err != nil {
 			return err
 		}
-		if e.caughtUp() {
-			return ErrCaughtUp
+		if done, err := e.caughtUp(ctx); done || err != nil {
+			return cmp.Or(err, ErrCaughtUp)
 		}
 		e.askPosition()
 		t, err := e.next(ctx)

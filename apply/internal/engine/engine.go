@@ -156,6 +156,7 @@ type Engine struct {
 	until        *atomic.Uint64
 	reached      *atomic.Uint64
 	alone        bool
+	confirming   bool // caught up, and waiting for a status update to tell the source (caughtUp)
 	applied      schedule.Ahead
 	skip         bool
 
