@@ -77,3 +77,44 @@ func TestUntilCaughtUpAsks(t *testing.T) {
 		}
 	}
 }
+
+// TestUntilCaughtUpSlotBehind: a Run with UntilCaughtUp that starts caught up, its progress row
+// at the source's WAL position but past what the slot confirmed (an idle position persisted on
+// the target and never confirmed, here written by the test), returns only once the slot has
+// been told: the slot confirms the position caught up to.
+func TestUntilCaughtUpSlotBehind(t *testing.T) {
+	for _, major := range testMajors {
+		t.Run(fmt.Sprintf("pg%d", major), func(t *testing.T) {
+			// The source on a server of its own, the target elsewhere: writing the target's
+			// progress row writes no WAL on the source.
+			src := conflictServer(t, major)
+			db, dst := pgtest.NewDatabase(t, src), pgtest.Shared(t, major)
+			dstDB := pgtest.NewDatabase(t, dst)
+			e := &env{srv: src, src: src.ConnString(db), dst: dst.ConnString(dstDB), repl: src.ReplicationConnString(db), slot: "behind"}
+			pgtest.ExecAll(t, e.src, `CREATE TABLE c (id int PRIMARY KEY)`, `INSERT INTO c VALUES (1)`, `CREATE PUBLICATION pub FOR ALL TABLES`,
+				`SELECT pg_create_logical_replication_slot('behind', 'pgoutput')`, `INSERT INTO c VALUES (2)`)
+			pgtest.ExecAll(t, e.dst, `CREATE TABLE c (id int PRIMARY KEY)`, `INSERT INTO c VALUES (1)`)
+			cfg := e.config(t, Buffered)
+			cfg.UntilCaughtUp = true
+			must(t, start(t, cfg).stopped(t))
+			// WAL past the slot with nothing for it (a transactional message, which the stream
+			// leaves out), and the progress row moved there.
+			pgtest.ExecAll(t, e.src, `SELECT pg_logical_emit_message(true, 'test', 'x')`)
+			w := queryAll(t, e.src, `SELECT pg_current_wal_flush_lsn()::text`)[0]
+			pgtest.ExecAll(t, e.dst, `UPDATE pgreorder_apply_progress SET end_lsn = '`+w+`' WHERE slot = 'behind'`)
+			var at decoding.LSN
+			must(t, at.UnmarshalText([]byte(w)))
+			if c := e.confirmed(t); c >= at {
+				t.Fatalf("the slot confirmed %s, not behind the progress row at %s", c, at)
+			}
+			r := start(t, cfg)
+			must(t, r.stopped(t))
+			lsn, ok := r.a.CaughtUp()
+			if !ok {
+				t.Fatal("not caught up")
+			}
+			pgtest.Eventually(t, 10*time.Second, "the slot to confirm the position caught up to", func() bool { return e.confirmed(t) >= lsn })
+			e.sameRows(t, "c")
+		})
+	}
+}
