@@ -21,9 +21,9 @@ const publicationListTimeout = 5 * time.Second
 // stream runs, and logs the tables added to them since the last listing and those removed
 // (their changes stop). The first listing is the baseline of the log. Where the Feed tracks the
 // tables (tracksTables), every listing goes to follow, which copies the added tables that have
-// no changes yet (or knows them from now on, with NewTablesStream); otherwise (a Follower) the
-// stream delivers the added tables' changes from then on, and the rows they held before are not
-// copied. It returns the function that stops the watch and waits for it to end.
+// no changes yet (or knows them from now on, with NewTablesStream); a Follower that is a
+// TableWatcher takes every listing itself; otherwise (a Follower) the stream delivers the added
+// tables' changes from then on, and the rows they held before are not copied. It returns the function that stops the watch and waits for it to end.
 func (f *Feed) watchPublications(ctx context.Context) (stop func()) {
 	every := f.cfg.PublicationCheck
 	if every < 0 {
@@ -53,6 +53,13 @@ func (f *Feed) watchPublications(ctx context.Context) (stop func()) {
 			if err == nil && f.tracksTables() {
 				f.ts.offer(withOIDs)
 			}
+			if tw, ok := f.cfg.Follower.(TableWatcher); ok && err == nil {
+				refs := make([]TableRef, len(withOIDs))
+				for i, t := range withOIDs {
+					refs[i] = TableRef{OID: t.OID, Schema: t.Schema, Name: t.Name}
+				}
+				tw.PublishedTables(refs)
+			}
 			switch {
 			case err != nil:
 				if ctx.Err() == nil {
@@ -77,6 +84,22 @@ func (f *Feed) watchPublications(ctx context.Context) (stop func()) {
 	}
 }
 
+// TableWatcher is implemented by a Follower that takes up the tables added to the publications
+// itself (apply copies them): the Feed's watch (Config.PublicationCheck) hands it each listing of
+// the publications' tables, and logs a table added at INFO instead of warning that its rows from
+// before are not delivered.
+type TableWatcher interface {
+	// PublishedTables takes a listing of the publications' tables. It is called from the
+	// watch's goroutine, while Follow runs, and must not block.
+	PublishedTables(tables []TableRef)
+}
+
+// watcher reports whether the Feed's Follower is a TableWatcher.
+func (f *Feed) watcher() bool {
+	_, ok := f.cfg.Follower.(TableWatcher)
+	return ok
+}
+
 // publicationChanges logs the tables in now and not in before (added), and the other way round
 // (removed). Both lists are sorted.
 func (f *Feed) publicationChanges(before, now []catalog.TableName) {
@@ -96,6 +119,8 @@ func (f *Feed) publicationChanges(before, now []catalog.TableName) {
 		case f.tracksTables():
 			f.log.Info("table added to the publication", "table", t.String(), "publications", pubs, "slot", f.cfg.Replication.Slot,
 				"new_tables", f.cfg.NewTables.String())
+		case f.watcher():
+			f.log.Info("table added to the publication", "table", t.String(), "publications", pubs, "slot", f.cfg.Replication.Slot)
 		default:
 			f.log.Warn("table added to the publication: its changes are delivered from now on, but the rows it held "+
 				"before are not copied", "table", t.String(), "publications", pubs, "slot", f.cfg.Replication.Slot)

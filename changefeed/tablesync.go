@@ -398,17 +398,57 @@ func (f *Feed) prepareSync(ctx context.Context, t TableRef) *syncJob {
 	return j
 }
 
-// prepare makes the temporary slot, imports its snapshot on the copy's connections, and starts
-// the slot's stream.
-func (f *Feed) prepare(ctx context.Context, j *syncJob) (err error) {
-	rcfg := f.cfg.Replication
-	rcfg.Slot = syncSlotName(rcfg.Slot, j.table.OID)
+// prepare takes the table's snapshot on a temporary slot of its own, and starts the slot's
+// stream from its consistent point.
+func (f *Feed) prepare(ctx context.Context, j *syncJob) error {
+	oid := j.table.OID
+	ts, err := OpenTableSnapshot(ctx, f.cfg.Replication, f.cfg.Copy, func(t *snapshot.Table) bool { return t.OID == oid })
+	if err != nil {
+		return err
+	}
+	if len(ts.Session.Tables()) == 0 {
+		ts.Close(ctx)
+		j.empty = true
+		return nil
+	}
+	stream, err := ts.Stream(ctx)
+	if err != nil {
+		ts.Close(context.WithoutCancel(ctx))
+		return err
+	}
+	j.sess, j.stream, j.cp = ts.Session, stream, ts.ConsistentPoint
+	return nil
+}
+
+// TableSnapshot is a snapshot of some published tables taken on a temporary slot of its own:
+// the way to copy tables that join a stream already running. Its rows are those of the
+// transactions whose commit record begins before ConsistentPoint; every later commit is the
+// stream's. A stream already past ConsistentPoint holds the table's changes after the copy; one
+// behind it must leave out the table's changes of the transactions that commit before it.
+type TableSnapshot struct {
+	// Session reads the tables; its connections are in the slot's exported snapshot.
+	Session *snapshot.Session
+	// ConsistentPoint is the temporary slot's: the snapshot holds every transaction whose
+	// commit record begins before it, and none after.
+	ConsistentPoint decoding.LSN
+
+	conn *replication.Conn // the temporary slot's: closing it drops the slot
+}
+
+// OpenTableSnapshot creates a temporary slot with an exported snapshot on a replication
+// connection of rcfg (its slot name followed by "_sync_" and a random suffix, its
+// application_name "pgreorder-tablesync", so that a synchronous source never takes it for its
+// standby), and opens a snapshot.Session of scfg in it for the published tables keep selects
+// (and scfg.Tables, when set). scfg's connection, publications and binary values default to
+// rcfg's, as a Feed's copy does. Session.Tables is empty when no published table is selected.
+// The caller closes it.
+func OpenTableSnapshot(ctx context.Context, rcfg replication.Config, scfg snapshot.Config, keep func(*snapshot.Table) bool) (_ *TableSnapshot, err error) {
+	base := rcfg
+	rcfg.Slot = syncSlotName(rcfg.Slot)
 	rcfg.TemporarySlot, rcfg.CreateSlot, rcfg.TwoPhase, rcfg.Failover = true, false, false, false
 	rcfg.Buffer.SkipThrough = 0
 	rcfg.Buffer.HandOutAdvances = true
 	rcfg.Reconnect.Disabled = true // the slot goes with its connection
-	// Another application_name than the stream's: under synchronous replication the source must
-	// not take this connection for the standby it waits for.
 	before := rcfg.BeforeConnect
 	rcfg.BeforeConnect = func(ctx context.Context, pc *pgconn.Config) error {
 		if before != nil {
@@ -424,63 +464,74 @@ func (f *Feed) prepare(ctx context.Context, j *syncJob) (err error) {
 	}
 	conn, err := replication.Connect(ctx, rcfg)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer func() {
-		if conn != nil {
+		if err != nil {
 			conn.Close(context.WithoutCancel(ctx))
 		}
 	}()
 	snap, err := conn.CreateSlot(ctx, replication.ExportSnapshot)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	scfg := f.cfg.Copy
 	if scfg.ConnString == "" && scfg.ConnConfig == nil {
-		scfg.ConnString, scfg.ConnConfig = f.cfg.Replication.ConnString, f.cfg.Replication.ConnConfig
+		scfg.ConnString, scfg.ConnConfig = base.ConnString, base.ConnConfig
 		if scfg.BeforeConnect == nil {
-			scfg.BeforeConnect = f.cfg.Replication.BeforeConnect
+			scfg.BeforeConnect = base.BeforeConnect
 		}
 	}
 	if len(scfg.Publications) == 0 {
-		scfg.Publications = rcfg.Publications
+		scfg.Publications = base.Publications
 	}
-	if rcfg.Binary {
+	if base.Binary {
 		scfg.Binary = true
 	}
 	if scfg.Logger == nil {
-		scfg.Logger = rcfg.Logger
+		scfg.Logger = base.Logger
 	}
-	oid, pick := j.table.OID, scfg.Tables
-	scfg.Tables = func(t *snapshot.Table) bool { return t.OID == oid && (pick == nil || pick(t)) }
+	pick := scfg.Tables
+	scfg.Tables = func(t *snapshot.Table) bool { return keep(t) && (pick == nil || pick(t)) }
 	sess, err := snapshot.Open(ctx, scfg, snap)
 	if err != nil {
-		return fmt.Errorf("changefeed: copying an added table: %w", err)
+		return nil, fmt.Errorf("changefeed: copying an added table: %w", err)
 	}
-	if len(sess.Tables()) == 0 {
-		sess.Close(ctx)
-		j.empty = true
-		return nil
+	return &TableSnapshot{Session: sess, ConsistentPoint: snap.ConsistentPoint, conn: conn}, nil
+}
+
+// Stream starts the temporary slot's stream from its consistent point; the stream owns the
+// slot from then on (closing it drops the slot).
+func (t *TableSnapshot) Stream(ctx context.Context) (*replication.Stream, error) {
+	if t.conn == nil {
+		return nil, errors.New("changefeed: the table snapshot's slot is closed or streaming already")
 	}
-	stream, err := conn.StartStreaming(ctx)
-	conn = nil // the stream owns it, or it is closed
-	if err != nil {
-		sess.Close(context.WithoutCancel(ctx))
-		return err
+	conn := t.conn
+	t.conn = nil
+	return conn.StartStreaming(ctx)
+}
+
+// Close closes the snapshot's connections and drops the temporary slot (unless Stream handed
+// it to a stream). It is safe to call twice.
+func (t *TableSnapshot) Close(ctx context.Context) {
+	if t.Session != nil {
+		t.Session.Close(ctx)
+		t.Session = nil
 	}
-	j.sess, j.stream, j.cp = sess, stream, snap.ConsistentPoint
-	return nil
+	if t.conn != nil {
+		t.conn.Close(ctx)
+		t.conn = nil
+	}
 }
 
 // syncSlotName names the temporary slot of a table's copy: unique, so that the slot of a
 // process that just died is never in the way.
-func syncSlotName(slot string, oid uint32) string {
-	var rnd [4]byte
+func syncSlotName(slot string) string {
+	var rnd [6]byte
 	rand.Read(rnd[:])
-	if len(slot) > 32 {
-		slot = slot[:32]
+	if len(slot) > 40 {
+		slot = slot[:40]
 	}
-	return fmt.Sprintf("%s_sync_%d_%s", slot, oid, hex.EncodeToString(rnd[:]))
+	return slot + "_sync_" + hex.EncodeToString(rnd[:])
 }
 
 // catchUpPoll is how long the catch-up waits for the temporary slot's stream before it asks
