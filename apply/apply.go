@@ -140,8 +140,12 @@ type hooks struct {
 	// the progress row not written; EndLSN is the consistent point); "sequence-set" (after a
 	// sequence's setval of SyncSequences; x is zero).
 	stage func(ctx context.Context, stage string, x txnRef) error
-	// copyChunkSize, if set, is the initial copy's snapshot.Config.ChunkSize.
+	// copyChunkSize, if set, is the initial copy's snapshot.Config.ChunkSize (and the copy's of
+	// tables added to the publications, whose chunks call stage "added-chunk" first, with the
+	// copy's consistent point as EndLSN).
 	copyChunkSize int64
+	// publicationCheck, if set, is the Feed's changefeed.Config.PublicationCheck.
+	publicationCheck time.Duration
 	// workersOnly keeps Parallel's leader from applying whole transactions itself when their
 	// runs are chained (see chain): every one goes to a worker.
 	workersOnly bool

@@ -198,9 +198,18 @@ type Config struct {
 	// tables, and streams from that point; a copy interrupted by a crash is discarded and made
 	// again. Once the progress row exists, Copy changes nothing. See the package documentation.
 	Copy bool
-	// CopyTruncate lets Copy empty target tables that hold rows (TRUNCATE, without CASCADE);
+	// CopyTruncate lets the initial copy (Copy) and the copy of a table added to the
+	// publications (NewTables) empty target tables that hold rows (TRUNCATE, without CASCADE);
 	// without it such a table stops Run with ErrTargetNotEmpty before anything is copied.
 	CopyTruncate bool
+	// NewTables says what happens to a table added to the publications after the target was
+	// copied (or first followed): changefeed.NewTablesCopy (the zero value) copies its rows from
+	// a snapshot of its own, consistently with the stream, before its changes are applied;
+	// changefeed.NewTablesStream applies its changes from then on only, as a PostgreSQL
+	// subscription does until ALTER SUBSCRIPTION ... REFRESH PUBLICATION, and logs that its
+	// earlier rows are not copied. See "Tables added to the publications" in the package
+	// documentation.
+	NewTables changefeed.NewTables
 	// CopyWorkers is the number of tables (or parts of tables) Copy copies at once, each over a
 	// connection to the source and one to the target; 0 means snapshot.DefaultWorkers. At most
 	// MaxWorkers.

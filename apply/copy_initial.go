@@ -49,7 +49,7 @@ func (s *session) copyConfig(ctx context.Context) (c *initcopy.Copier, begun boo
 	if s.cfg.hooks != nil {
 		scfg.ChunkSize = s.cfg.hooks.copyChunkSize
 	}
-	c = &initcopy.Copier{Leader: s.leader, CopyTable: ct, Slot: s.cfg.Source.Slot, Key: s.key, Upsert: s.progSQL,
+	c = &initcopy.Copier{Leader: s.leader, CopyTable: ct, TablesTable: s.tablesTable(), Slot: s.cfg.Source.Slot, Key: s.key, Upsert: s.progSQL,
 		Truncate: s.cfg.CopyTruncate, Log: s.log, Registry: s.reg, Stats: &s.stats.Counters, Host: copyHost{s}}
 	return c, len(rows) > 0, scfg, nil
 }
@@ -78,7 +78,10 @@ func (h copyHost) NotEmpty(tables []string) error {
 		strings.Join(tables, ", "), field("CopyTruncate"))
 }
 
-func (h copyHost) Copied(cp decoding.LSN) { h.s.resume = cp }
+func (h copyHost) Copied(cp decoding.LSN, tables []target.KnownTable) {
+	h.s.resume = cp
+	h.s.copiedTables(tables)
+}
 
 // Connect opens the copy's connection i: its rows count in Stats.InitialCopyRows; as the
 // workers', it holds the fence's shared lock (a later session waits for it to be gone), and its

@@ -37,8 +37,32 @@
 // session that finds the records but no progress row (the process died) does the same, then
 // copies again from a new slot. A slot that exists while the target records neither a copy nor
 // progress for it is someone else's: Run stops with ErrCopySlotExists. Once the progress row
-// exists, Copy changes nothing. Tables added to the publications later are not copied: their
-// existing rows never reach the target (copy them by hand before adding them).
+// exists, Copy changes nothing.
+//
+// # Tables added to the publications
+//
+// The tables table (the progress table's name with "_tables") records the source tables the
+// target holds whole: those of the initial copy, or, for a slot followed without one, those
+// published when it was first followed. A table added to the publications later (ALTER
+// PUBLICATION ... ADD TABLE, or a new table in a FOR ALL TABLES or FOR TABLES IN SCHEMA
+// publication) is copied, as ALTER SUBSCRIPTION ... REFRESH PUBLICATION and its table
+// synchronization do for a PostgreSQL subscription: a session that starts lists the published
+// tables, and copies those the tables table does not record from a snapshot of their own (a
+// temporary slot's, consistent point C), in ONE target transaction that also records them with C,
+// before it streams. It then leaves out their changes of the source transactions that commit
+// before C (the copy holds them) and applies the rest, so no row is missing or applied twice
+// whatever is written to the table meanwhile. A session that streams when a table is added (the
+// stream describes a table it does not know, or the publication check, every 10 seconds, lists
+// one) ends, and the next session copies it at once. While its progress is behind C a session
+// applies as Buffered, then starts over in Config.Mode.
+//
+// A crash during that copy rolls its transaction back, and the next session copies again. A
+// target table that holds rows stops Run with ErrTargetNotEmpty unless Config.CopyTruncate; with
+// Config.SchemaChanges a missing one is created from the source's definition first. A table
+// removed from the publications is forgotten, with a log line: its changes stop, its rows stay;
+// added again, it is copied again. Config.NewTables = changefeed.NewTablesStream keeps
+// PostgreSQL's behaviour without REFRESH PUBLICATION: the table's changes are applied from then
+// on, its earlier rows are not copied, and the log names it.
 //
 // # Exactly once
 //

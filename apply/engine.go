@@ -7,6 +7,7 @@ import (
 
 	"github.com/pgreorder/pgreorder/apply/internal/engine"
 	"github.com/pgreorder/pgreorder/apply/internal/target"
+	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 )
 
@@ -28,7 +29,7 @@ func (s *session) engine() *engine.Engine {
 	_, queueFiles := spillFiles(true)
 	cfg := engine.Config{Mode: mode, Workers: s.cfg.Workers, Relaxed: s.cfg.relaxed(), SynchronousCommit: s.cfg.SynchronousCommit,
 		QueueMem: s.cfg.queueMem(), SpillDir: s.cfg.Source.Buffer.Dir, SpillCompressor: s.cfg.Source.Buffer.SpillCompressor,
-		QueueFiles: queueFiles, UntilCaughtUp: s.cfg.UntilCaughtUp, Skip: s.skip.pending, SkipLSN: s.cfg.SkipLSN, SkipSQL: s.skip.sql,
+		QueueFiles: queueFiles, UntilCaughtUp: s.cfg.UntilCaughtUp, SwitchAt: s.switchAt(), Skip: s.skip.pending, SkipLSN: s.cfg.SkipLSN, SkipSQL: s.skip.sql,
 		AsyncDelay: s.cfg.asyncDelay(), Now: s.cfg.now, Hooks: s.cfg.hooks != nil, Stepwise: s.cfg.stepwise, RunTxns: s.cfg.runTxns,
 		WorkersOnly: s.cfg.hooks != nil && s.cfg.hooks.workersOnly}
 	return engine.New(cfg, engine.Session{Leader: s.leader, Key: s.key, FlushSQL: s.flushSQL, Stream: s.stream, Registry: s.reg,
@@ -54,6 +55,17 @@ func (h engineHost) Restart(xids []uint32, reason error) error {
 func (h engineHost) SkipRefused(t *reorderbuffer.Txn) error { return h.s.skipRefused(t) }
 
 func (h engineHost) NoteRelation(r *target.Relation) { h.s.noteRelation(r) }
+
+func (h engineHost) Admit(t *reorderbuffer.Txn) error { return h.s.admit(t) }
+
+// switchAt is where a session that applies as Buffered only to leave out the changes of tables
+// copied after they were added ends, to apply in the configured mode (engine.Config.SwitchAt).
+func (s *session) switchAt() decoding.LSN {
+	if s.cfg.Mode == Buffered || s.tables.syncTo <= s.resume {
+		return 0
+	}
+	return s.tables.syncTo
+}
 
 // ConnectWorker opens worker i's connection: it holds the workers' fence lock in shared mode
 // (see fence), has the progress upsert (and relaxed, the ahead table's) prepared, and its

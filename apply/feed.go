@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
+	"github.com/pgreorder/pgreorder/apply/internal/engine"
 	"github.com/pgreorder/pgreorder/apply/internal/initcopy"
 	"github.com/pgreorder/pgreorder/changefeed"
 	"github.com/pgreorder/pgreorder/decoding"
@@ -44,6 +46,9 @@ func (a *Applier) runSessions(ctx context.Context) error {
 	rcfg.Reconnect = replication.ReconnectPolicy{MinDelay: retryBackoff.Min, MaxDelay: retryBackoff.Max, SlotWait: a.cfg.SlotWait}
 	fc := changefeed.Config{Replication: rcfg, Logger: a.cfg.Logger, Start: changefeed.StartStream, Follower: f,
 		StartTimeout: a.cfg.startTimeout()}
+	if a.cfg.hooks != nil {
+		fc.PublicationCheck = a.cfg.hooks.publicationCheck
+	}
 	if a.cfg.Copy { // a session with no progress row copies the target (Prepare finds out)
 		// The connection, publications and binary values are the stream's (InitialCopy).
 		scfg := snapshot.Config{Workers: a.cfg.CopyWorkers, Logger: a.cfg.Logger}
@@ -98,6 +103,8 @@ func (t *attempt) close(f func()) { t.closers = append(t.closers, f) }
 type applyFeed struct {
 	a   *Applier
 	cur *attempt // the attempt in progress, from Prepare to Ended
+
+	following atomic.Pointer[session] // the session that applies the stream, for PublishedTables
 }
 
 // Prepare starts a session: the Feed's attempt loads its position from the progress row the
@@ -112,7 +119,17 @@ func (f *applyFeed) Prepare(ctx context.Context, rcfg *replication.Config) error
 
 // Follow applies the stream the Feed started, in the session's context.
 func (f *applyFeed) Follow(_ context.Context, stream *replication.Stream) error {
+	f.following.Store(f.cur.s)
+	defer f.following.Store(nil)
 	return f.cur.s.Follow(f.cur.ctx, stream)
+}
+
+// PublishedTables takes the Feed's listing of the published tables (changefeed.TableWatcher):
+// a table added since the session started ends it, and the next session copies it.
+func (f *applyFeed) PublishedTables(tables []changefeed.TableRef) {
+	if s := f.following.Load(); s != nil {
+		s.published(tables)
+	}
 }
 
 // Ended closes the session and tells the Feed how it ended (see runSessions).
@@ -128,6 +145,18 @@ func (f *applyFeed) Ended(ctx context.Context, o *changefeed.Outcome) {
 	}
 	if errors.Is(err, errCaughtUp) {
 		o.Err = nil
+		return
+	}
+	if ae, ok := errors.AsType[*tablesAddedError](err); ok {
+		a.cfg.Logger.Info("table added to the publications: starting the session over to copy it", "table", ae.table,
+			"slot", a.cfg.Source.Slot)
+		o.Now = true
+		return
+	}
+	if errors.Is(err, engine.ErrSwitchMode) {
+		a.cfg.Logger.Info("the stream is past the copies of the tables added to the publications: applying in the configured mode",
+			"mode", a.cfg.Mode, "slot", a.cfg.Source.Slot)
+		o.Now = true
 		return
 	}
 	if re, ok := errors.AsType[*restartError](err); ok {

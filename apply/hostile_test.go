@@ -379,7 +379,7 @@ func TestUninstall(t *testing.T) {
 	u, err := a.Uninstall(ctx, UninstallOptions{Progress: true, Origins: true})
 	must(t, err)
 	if len(u.TombstoneTriggers) != 2 || u.TombstoneFunction == "" || u.TombstoneTable == "" || u.ProgressRows == 0 ||
-		len(u.DroppedTables) != 0 || len(u.Origins) != 3 {
+		len(u.DroppedTables) != 1 || u.DroppedTables[0] != `"My ""Sch"""."progress_tables"` || len(u.Origins) != 3 {
 		t.Errorf("Uninstall says it removed %+v", u)
 	}
 	t.Log(u)

@@ -26,6 +26,8 @@ func TestRetryableInternal(t *testing.T) {
 		{"restart", &restartError{xids: []uint32{1}, reason: refused}, true},
 		{"restart around a stop", &restartError{xids: []uint32{1}, reason: ErrInvalidConfig}, true},
 		{"stream lost", engine.ErrStreamLost, true},
+		{"table added", &tablesAddedError{table: "public.t"}, true},
+		{"switch mode", engine.ErrSwitchMode, true},
 		{"change refused", changeError{&target.ChangeError{Kind: target.KindConstraint, Err: refused}}, false},
 		{"change, connection went", changeError{&target.ChangeError{Kind: target.KindNone, Err: fatal}}, true},
 		{"target change refused", fmt.Errorf("x: %w", &target.ChangeError{Err: refused}), false},

@@ -34,6 +34,7 @@ type session struct {
 	ours   []uint32          // the Applier's replication origins, when it has them
 	skip   skipState         // Config.SkipLSN
 	schema schemaWatch       // the relations' descriptions, for columns the source dropped
+	tables addedTables       // the published tables the target holds whole (tables_added.go)
 
 	cancel    context.CancelCauseFunc // ends the session with the first error
 	persisted decoding.LSN            // a durable progress row is at or past it
@@ -99,14 +100,27 @@ func (a *Applier) session(parent context.Context, t *attempt, rcfg *replication.
 	if err := s.setupSkip(ctx, resume); err != nil {
 		return err
 	}
-	s.buffered = s.cfg.Mode == Buffered || s.skip.pending // the session that skips applies as Buffered
-	buffered := s.buffered
-	if err := s.setupConflicts(ctx); err != nil {
+	if err := s.setupConflicts(ctx); err != nil { // the leader's origin too: before it writes
 		return err
 	}
 	if s.det != nil && s.det.Tomb != nil {
 		t.close(s.det.Tomb.Start(ctx))
 	}
+	// The tables a stream needs, and the tables added to the publications since the target was
+	// copied (copied now); the initial copy checks and records the tables it copies.
+	if !s.cfg.Copy || resume != 0 {
+		published, err := s.checkTables(ctx) // tables.go
+		if err != nil {
+			return err
+		}
+		if err := s.followTables(ctx, published, resume); err != nil { // tables_added.go
+			return err
+		}
+	}
+	// The session that skips, or that leaves out changes of tables copied after they were added,
+	// applies as Buffered.
+	s.buffered = s.cfg.Mode == Buffered || s.skip.pending || s.tables.syncTo > resume
+	buffered := s.buffered
 	if !s.leader.ReplicaRole() {
 		s.log.Info("the target role may not set session_replication_role: triggers and foreign keys fire for replicated changes")
 	}
@@ -116,12 +130,6 @@ func (a *Applier) session(parent context.Context, t *attempt, rcfg *replication.
 	rcfg.Buffer.SkipThrough = resume
 	rcfg.Buffer.Incremental = !buffered
 	rcfg.Buffer.HandOutAdvances = true // idle advances are persisted in the progress row before the slot confirms them
-	// The tables a stream needs; the initial copy checks the tables it copies.
-	if !s.cfg.Copy || resume != 0 {
-		if err := s.checkTables(ctx); err != nil { // tables.go
-			return err
-		}
-	}
 	s.resume = resume
 	if s.cfg.Copy && resume == 0 { // no progress row: the target has yet to be copied
 		if t.copier, t.begun, _, err = s.copyConfig(ctx); err != nil {

@@ -107,27 +107,32 @@ func schemaChangesField() configerr.Field {
 const tableCheckTimeout = 5 * time.Second
 
 // checkTables checks, when a session streams without an initial copy, that the target has
-// every table the publications hold (see ensureTables). When the source cannot list them within
-// tableCheckTimeout, the check is left out, with a log line: a missing table then stops Run at
-// its first change (or is created then, with Config.SchemaChanges).
-func (s *session) checkTables(ctx context.Context) error {
+// every table the publications hold (see ensureTables), and returns them. When the source cannot
+// list them within tableCheckTimeout, the check is left out, with a log line, and the tables are
+// nil: a missing table then stops Run at its first change (or is created then, with
+// Config.SchemaChanges).
+func (s *session) checkTables(ctx context.Context) ([]target.Published, error) {
 	qctx, cancel := context.WithTimeout(ctx, tableCheckTimeout)
 	defer cancel()
 	rows, err := s.a.sourceQuery(qctx, target.PublishedTablesQuery, pgsession.QuoteTextArray(s.cfg.Source.Publications))
 	if err != nil && ctx.Err() == nil && qctx.Err() != nil {
 		s.a.abandonSource(ctx)
 		s.log.Warn("the source did not list the published tables in time (a transaction holds a lock on one of them): "+
-			"the target's tables are checked at their first change instead", "timeout", tableCheckTimeout)
-		return nil
+			"the target's tables are checked at their first change instead, and tables added to the publications are "+
+			"copied by a later session", "timeout", tableCheckTimeout)
+		return nil, nil
 	}
 	if err != nil {
-		return fmt.Errorf("apply: listing the published tables on the source: %w", err)
+		return nil, fmt.Errorf("apply: listing the published tables on the source: %w", err)
 	}
 	tables, err := target.ParsePublished(rows)
 	if err != nil {
-		return fmt.Errorf("apply: listing the published tables on the source: %w", err)
+		return nil, fmt.Errorf("apply: listing the published tables on the source: %w", err)
 	}
-	return s.ensureTables(ctx, tables)
+	if tables == nil {
+		tables = []target.Published{}
+	}
+	return tables, s.ensureTables(ctx, tables)
 }
 
 // abandonSource asks the source to cancel what its ordinary connection runs, and closes it: the

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgreorder/pgreorder/changefeed"
 	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
 )
 
@@ -193,9 +194,10 @@ func TestCreateTables(t *testing.T) {
 					JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname IN ('public', 'app') AND NOT i.indisprimary`); n != 0 {
 					t.Errorf("%d indexes other than primary keys on the target", n)
 				}
-				if st := r.a.Stats(); st.TablesCreated != 5 || (st.InitialCopyRows != 0) != c.copy || st.Sessions != 1 {
-					t.Errorf("%d tables created, %d rows copied, %d sessions: want 5 tables, the rows copied only with the copy, "+
-						"one session", st.TablesCreated, st.InitialCopyRows, st.Sessions)
+				// later, first seen in the stream, is copied by a session of its own.
+				if st := r.a.Stats(); st.TablesCreated != 5 || (st.InitialCopyRows > 2) != c.copy || st.InitialCopyRows == 0 || st.Sessions < 2 {
+					t.Errorf("%d tables created, %d rows copied, %d sessions: want 5 tables, later's rows copied (and the "+
+						"initial copy's with the copy), by a second session", st.TablesCreated, st.InitialCopyRows, st.Sessions)
 				}
 			})
 		}
@@ -205,7 +207,7 @@ func TestCreateTables(t *testing.T) {
 // TestCreateTablesRefused checks that tables Config.SchemaChanges cannot create, for a type or
 // a schema the target lacks, stop Run with one error naming each table with its type or schema,
 // and that none is created then; and that a table that first appears in the stream with such a
-// type stops Run with an *ApplyError naming the type, the table and the transaction.
+// type stops Run the same way, when the session that would copy it starts.
 func TestCreateTablesRefused(t *testing.T) {
 	for _, major := range testMajors {
 		t.Run(fmt.Sprint(major), func(t *testing.T) {
@@ -254,13 +256,13 @@ func TestCreateTablesRefused(t *testing.T) {
 			case <-ctx.Done():
 				t.Fatal("Run did not stop on the table it cannot create")
 			}
-			var ae *ApplyError
-			if !errors.As(err, &ae) || !errors.Is(err, ErrMissingTable) {
-				t.Fatalf("Run: %v, want an *ApplyError of ErrMissingTable", err)
+			// The session that starts to copy it cannot create it.
+			if !errors.As(err, &me) || !errors.Is(err, ErrMissingTable) || !me.Create {
+				t.Fatalf("Run: %v, want a *MissingTablesError of a table that cannot be created", err)
 			}
 			t.Logf("error: %v", err)
-			if ae.Relation != `"public"."paint"` || ae.Op != OpInsert || ae.CommitLSN == 0 || !strings.Contains(err.Error(), "public.color") {
-				t.Errorf("error fields: relation %s, op %s, commit %s", ae.Relation, ae.Op, ae.CommitLSN)
+			if len(me.Tables) != 1 || me.Tables[0].Name != `"public"."paint"` || me.Tables[0].Type != "public.color" {
+				t.Errorf("tables %+v, want paint with its type public.color", me.Tables)
 			}
 			must(t, pgtest.Exec(ctx, e.dst, `CREATE TYPE color AS ENUM ('red')`))
 			must(t, pgtest.Exec(ctx, e.src, `INSERT INTO marker VALUES (2)`))
@@ -274,47 +276,66 @@ func TestCreateTablesRefused(t *testing.T) {
 
 // TestTableAddedToPublication checks a table that first appears in the stream (added to the
 // publication after the session started) and that the target lacks, without
-// Config.SchemaChanges: Run stops with an *ApplyError of ErrMissingTable naming the table, the
-// change, the transaction and the option; nothing from that transaction on is acknowledged, and
-// once the table exists a new Run applies it.
+// Config.SchemaChanges. By default the session starts over to copy it, and the new session stops
+// Run with a *MissingTablesError naming it; with NewTablesStream, Run stops at its first change
+// with an *ApplyError of ErrMissingTable naming the table, the change, the transaction and the
+// option. Nothing from that transaction on is acknowledged, and once the table exists a new Run
+// applies it (copied, by default).
 func TestTableAddedToPublication(t *testing.T) {
 	for _, major := range testMajors {
-		t.Run(fmt.Sprint(major), func(t *testing.T) {
-			e := newTablesEnv(t, major, false, []string{`CREATE TABLE a (id int PRIMARY KEY)`}, []string{`CREATE TABLE a (id int PRIMARY KEY)`})
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-			defer cancel()
-			cfg := e.config(t, Buffered)
-			r := start(t, cfg)
-			must(t, pgtest.Exec(ctx, e.src, `INSERT INTO marker VALUES (1)`))
-			e.waitMarker(t, r, 1)
-			must(t, pgtest.Exec(ctx, e.src, `CREATE TABLE b (id int PRIMARY KEY, v text)`, `INSERT INTO b VALUES (1, 'x')`,
-				`INSERT INTO marker VALUES (2)`))
-			var err error
-			select {
-			case err = <-r.done:
-				r.stop = nil
-			case <-ctx.Done():
-				t.Fatal("Run did not stop on the missing table")
-			}
-			var ae *ApplyError
-			if !errors.As(err, &ae) || !errors.Is(err, ErrMissingTable) {
-				t.Fatalf("Run: %v, want an *ApplyError of ErrMissingTable", err)
-			}
-			t.Logf("error: %v", err)
-			if ae.Relation != `"public"."b"` || ae.Op != OpInsert || ae.Xid == 0 || ae.CommitLSN == 0 {
-				t.Errorf("error fields: relation %s, op %s, xid %d, commit %s", ae.Relation, ae.Op, ae.Xid, ae.CommitLSN)
-			}
-			if !strings.Contains(err.Error(), "Config.SchemaChanges = SchemaAddColumns") {
-				t.Errorf("the message does not name the option")
-			}
-			if confirmed := e.confirmed(t); confirmed > ae.CommitLSN {
-				t.Errorf("the slot confirmed %s, past the failed commit %s", confirmed, ae.CommitLSN)
-			}
-			must(t, pgtest.Exec(ctx, e.dst, `CREATE TABLE b (id int PRIMARY KEY, v text)`))
-			r = start(t, cfg)
-			e.waitMarker(t, r, 2)
-			r.halt(t)
-			e.waitSame(t, "a", "b", "marker")
-		})
+		for _, nt := range []changefeed.NewTables{changefeed.NewTablesCopy, changefeed.NewTablesStream} {
+			t.Run(fmt.Sprintf("%d/%s", major, nt), func(t *testing.T) {
+				e := newTablesEnv(t, major, false, []string{`CREATE TABLE a (id int PRIMARY KEY)`}, []string{`CREATE TABLE a (id int PRIMARY KEY)`})
+				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+				defer cancel()
+				cfg := e.config(t, Buffered)
+				cfg.NewTables = nt
+				r := start(t, cfg)
+				must(t, pgtest.Exec(ctx, e.src, `INSERT INTO marker VALUES (1)`))
+				e.waitMarker(t, r, 1)
+				before := e.confirmed(t)
+				must(t, pgtest.Exec(ctx, e.src, `CREATE TABLE b (id int PRIMARY KEY, v text)`, `INSERT INTO b VALUES (1, 'x')`,
+					`INSERT INTO marker VALUES (2)`))
+				var err error
+				select {
+				case err = <-r.done:
+					r.stop = nil
+				case <-ctx.Done():
+					t.Fatal("Run did not stop on the missing table")
+				}
+				t.Logf("error: %v", err)
+				if !strings.Contains(err.Error(), "Config.SchemaChanges = SchemaAddColumns") {
+					t.Errorf("the message does not name the option")
+				}
+				if nt == changefeed.NewTablesCopy {
+					var me *MissingTablesError
+					if !errors.As(err, &me) || !errors.Is(err, ErrMissingTable) || len(me.Tables) != 1 || me.Tables[0].Name != `"public"."b"` {
+						t.Fatalf("Run: %v, want a *MissingTablesError naming b", err)
+					}
+					if confirmed := e.confirmed(t); confirmed != before {
+						t.Errorf("the slot confirmed %s, was at %s before b's transaction", confirmed, before)
+					}
+				} else {
+					var ae *ApplyError
+					if !errors.As(err, &ae) || !errors.Is(err, ErrMissingTable) {
+						t.Fatalf("Run: %v, want an *ApplyError of ErrMissingTable", err)
+					}
+					if ae.Relation != `"public"."b"` || ae.Op != OpInsert || ae.Xid == 0 || ae.CommitLSN == 0 {
+						t.Errorf("error fields: relation %s, op %s, xid %d, commit %s", ae.Relation, ae.Op, ae.Xid, ae.CommitLSN)
+					}
+					if confirmed := e.confirmed(t); confirmed > ae.CommitLSN {
+						t.Errorf("the slot confirmed %s, past the failed commit %s", confirmed, ae.CommitLSN)
+					}
+				}
+				must(t, pgtest.Exec(ctx, e.dst, `CREATE TABLE b (id int PRIMARY KEY, v text)`))
+				r = start(t, cfg)
+				e.waitMarker(t, r, 2)
+				r.halt(t)
+				e.waitSame(t, "a", "b", "marker")
+				if copied := r.a.Stats().InitialCopyRows; (copied == 1) != (nt == changefeed.NewTablesCopy) {
+					t.Errorf("%d rows copied", copied)
+				}
+			})
+		}
 	}
 }

@@ -26,7 +26,7 @@ type Uninstalled struct {
 	TombstoneTriggers []string // the tables whose tombstone trigger was dropped, quoted and qualified
 	TombstoneFunction string   // the trigger function dropped, "" if there was none
 	TombstoneTable    string   // the tombstone table dropped, "" if there was none
-	ProgressRows      int64    // the slot's rows deleted from the progress, copy and ahead tables
+	ProgressRows      int64    // the slot's rows deleted from the progress, copy, tables and ahead tables
 	DroppedTables     []string // those of the progress, copy and ahead tables dropped, left without rows
 	Origins           []string // the replication origins dropped
 }
@@ -44,7 +44,7 @@ func (u Uninstalled) String() string {
 		parts = append(parts, "the tombstone table "+u.TombstoneTable)
 	}
 	if u.ProgressRows > 0 {
-		parts = append(parts, fmt.Sprintf("%d progress row(s) of the slot", u.ProgressRows))
+		parts = append(parts, fmt.Sprintf("%d row(s) of the slot in the progress table and the tables beside it", u.ProgressRows))
 	}
 	if len(u.DroppedTables) > 0 {
 		parts = append(parts, "the table(s) "+strings.Join(u.DroppedTables, ", ")+", left empty")

@@ -64,6 +64,11 @@ copied into are truncated, and the copy starts over. A target table that holds r
 before anything is copied, unless -copy-truncate is given. Once the progress row exists, -copy
 does nothing: keep it on the command line of a service.
 
+A table added to the publication later is copied too (with or without -copy), from a snapshot of
+its own and in one target transaction, before its changes are applied: no row missing or twice.
+-copy-new-tables=false applies its changes from then on only, as PostgreSQL's subscriber does
+until REFRESH PUBLICATION, and logs that its earlier rows are not copied.
+
 Migrations (docs/migrations.md has the cut-over procedure): -schema-changes add-columns creates the
 published tables the target lacks from the source's definition (columns, types, NOT NULL, primary
 key) and adds the columns the source adds to the target's tables; -skip-lsn LSN skips the one transaction the target
@@ -104,9 +109,10 @@ Flags, the most used first:
 
 // applyFlags are the flags of `pgreorder apply`.
 type applyFlags struct {
-	sourceFlags  // -source, -slot, -publication
-	spillFlags   // -work-mem, -spill-dir, -spill-compression
-	monitorFlags // -status-interval, -progress, -metrics-addr, -v
+	sourceFlags    // -source, -slot, -publication
+	spillFlags     // -work-mem, -spill-dir, -spill-compression
+	monitorFlags   // -status-interval, -progress, -metrics-addr, -v
+	newTablesFlags // -copy-new-tables
 
 	target, mode, table, commitOrder string
 	createSlot, binary, syncCommit   bool
@@ -134,7 +140,8 @@ func (f *applyFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.target, "target", "", "connection string (`DSN`) of the target database")
 	fs.BoolVar(&f.createSlot, "create-slot", false, "create the slot if it does not exist")
 	fs.BoolVar(&f.copy, "copy", false, "make the initial copy into the target's empty tables if the target has no progress row for the slot (see above)")
-	fs.BoolVar(&f.copyTruncate, "copy-truncate", false, "with -copy, truncate target tables that hold rows instead of stopping")
+	fs.BoolVar(&f.copyTruncate, "copy-truncate", false, "truncate target tables that hold rows before copying into them "+
+		"(-copy, and tables added to the publication) instead of stopping")
 	fs.IntVar(&f.copyWorkers, "copy-workers", 0, fmt.Sprintf("with -copy, tables (or parts of tables) copied at once, each over a connection to the source and one to the target (default %d)",
 		snapshot.DefaultWorkers))
 	fs.StringVar(&f.mode, "mode", "buffered", "buffered, eager or parallel (see above)")
@@ -143,6 +150,7 @@ func (f *applyFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.workers, "workers", 0, fmt.Sprintf("worker connections to the target (default %d for eager, %d for parallel)",
 		apply.DefaultEagerWorkers, apply.DefaultParallelWorkers))
 	f.spillFlags.register(fs)
+	f.newTablesFlags.register(fs)
 	fs.BoolVar(&f.binary, "binary", false, "ask for binary column values (column types must match on both sides)")
 	fs.Var(syncCommitFlag{&f.syncCommit}, "synchronous-commit", "on or off: on waits for each target commit as the target's "+
 		"synchronous_commit says (on: its WAL flush; remote_apply and the other levels when set for the target role or in -target) "+
@@ -242,8 +250,8 @@ func (f *applyFlags) config(fs *flag.FlagSet) (apply.Config, error) {
 	if f.copyWorkers < 0 || f.copyWorkers > apply.MaxWorkers {
 		return apply.Config{}, fmt.Errorf("-copy-workers %d: want 1 to %d", f.copyWorkers, apply.MaxWorkers)
 	}
-	if (f.copyTruncate || f.copyWorkers != 0) && !f.copy {
-		return apply.Config{}, errors.New("-copy-truncate and -copy-workers go with -copy")
+	if f.copyWorkers != 0 && !f.copy {
+		return apply.Config{}, errors.New("-copy-workers goes with -copy")
 	}
 	workMem, comp, err := f.spillFlags.parse()
 	if err != nil {
@@ -284,6 +292,7 @@ func (f *applyFlags) config(fs *flag.FlagSet) (apply.Config, error) {
 		Target:            f.target,
 		Copy:              f.copy,
 		CopyTruncate:      f.copyTruncate,
+		NewTables:         f.newTables(),
 		CopyWorkers:       f.copyWorkers,
 		Mode:              mode,
 		CommitOrder:       commitOrder,

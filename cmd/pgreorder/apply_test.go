@@ -45,7 +45,7 @@ func TestApplyFlags(t *testing.T) {
 		{append(base, "-conflict-retention", "1ms"), "-conflict-retention 1ms"},
 		{append(base, "-no-conflict-detection", "-conflict-log-table", "log"), "-conflict-log-table needs detection, which -no-conflict-detection turns off"},
 		{append(base, "-copy", "-copy-workers", "-2"), "-copy-workers -2"},
-		{append(base, "-copy-truncate"), "-copy-truncate and -copy-workers go with -copy"},
+		{append(base, "-copy-workers", "2"), "-copy-workers goes with -copy"},
 		{append(base, "-schema-changes", "all"), `-schema-changes "all": valid values are none and add-columns`},
 		{append(base, "-skip-lsn", "xyz"), `-skip-lsn "xyz": want the commit LSN the error that stopped apply names`},
 		{append(base, "-spill-compression", "gzip"), `-spill-compression "gzip": want none (the default), s2, lz4 or zstd`},

@@ -125,8 +125,8 @@ func (f syncCommitFlag) Set(s string) error {
 // The flags that several commands share are registered by the groups below, once each, so that
 // they have one name and one meaning everywhere.
 
-// newTablesFlags is -copy-new-tables: whether a changefeed that copies copies the rows of a table
-// added to its publications while it streams (changefeed.Config.NewTables).
+// newTablesFlags is -copy-new-tables: whether the rows of a table added to the publications are
+// copied (changefeed.Config.NewTables, apply.Config.NewTables).
 type newTablesFlags struct{ copyNewTables bool }
 
 func (n *newTablesFlags) register(fs *flag.FlagSet) {
@@ -308,7 +308,7 @@ func (m *monitorFlags) logger() *slog.Logger {
 var (
 	applyGroups = []flagGroup{
 		{"connection", []string{"source", "target", "slot", "publication", "create-slot", "failover", "dsn"}},
-		{"initial copy", []string{"copy", "copy-truncate", "copy-workers"}},
+		{"initial copy", []string{"copy", "copy-truncate", "copy-workers", "copy-new-tables"}},
 		{"apply mode", []string{"mode", "workers", "commit-order", "synchronous-commit", "binary"}},
 		{"conflicts and origins", []string{"conflict", "no-conflict-detection", "conflict-retention", "conflict-log-table",
 			"origin", "origin-filter"}},
@@ -375,6 +375,7 @@ var fieldFlags = map[string]string{
 	"apply.CommitOrder":               "-commit-order",
 	"apply.CopyWorkers":               "-copy-workers",
 	"apply.CopyTruncate":              "-copy-truncate",
+	"apply.NewTables":                 "-copy-new-tables",
 	"apply.ProgressTable":             "-progress-table",
 	"apply.SlotWait":                  "-slot-wait",
 	"apply.StartTimeout":              "-start-timeout",

@@ -208,6 +208,11 @@ func (e *Engine) next(ctx context.Context) (*reorderbuffer.Txn, error) {
 			return nil, err
 		}
 	}
+	if err == nil && t.Part != reorderbuffer.Advance && !t.NonTransactional {
+		if err := e.host.Admit(t); err != nil {
+			return nil, err
+		}
+	}
 	if err != nil && ctx.Err() == nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
 		switch {
 		case wake.Err() != nil:

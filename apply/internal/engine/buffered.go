@@ -25,6 +25,9 @@ func (e *Engine) runBuffered(ctx context.Context) error {
 		if done, err := e.caughtUp(ctx); done || err != nil {
 			return cmp.Or(err, ErrCaughtUp)
 		}
+		if e.switchDue() {
+			return ErrSwitchMode
+		}
 		e.askPosition()
 		t, err := e.next(ctx)
 		if err != nil {
@@ -67,6 +70,16 @@ func (e *Engine) runBuffered(ctx context.Context) error {
 			return err
 		}
 	}
+}
+
+// switchDue reports whether a durable progress row reached Config.SwitchAt.
+func (e *Engine) switchDue() bool {
+	if e.cfg.SwitchAt == 0 {
+		return false
+	}
+	e.acks.mu.Lock()
+	defer e.acks.mu.Unlock()
+	return e.acks.Persisted >= e.cfg.SwitchAt
 }
 
 // advanced records an idle advance (reorderbuffer.Advance) like a transaction with nothing to

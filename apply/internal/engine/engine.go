@@ -13,6 +13,7 @@ import (
 	"github.com/pgreorder/pgreorder/apply/internal/schedule"
 	"github.com/pgreorder/pgreorder/apply/internal/target"
 	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/internal/retry"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 	"github.com/pgreorder/pgreorder/replication"
 	"github.com/pgreorder/pgreorder/spill"
@@ -42,6 +43,11 @@ type Config struct {
 	SpillCompressor   spill.Compressor // and their compression
 	QueueFiles        int              // the spill files the queues may keep open
 	UntilCaughtUp     bool             // end the session once caught up (ErrCaughtUp)
+	// SwitchAt, when not 0, ends a Buffered session with ErrSwitchMode once a durable progress
+	// row is at or past it, so that the next session applies in the configured mode: a session
+	// runs Buffered while the stream may still hand out transactions whose changes of some tables
+	// are left out (Host.Admit), up to that position.
+	SwitchAt decoding.LSN
 	// SkipLSN, when Skip is set, is the commit LSN of the first transaction, which is skipped
 	// and recorded with SkipSQL (Buffered only).
 	Skip    bool
@@ -88,6 +94,10 @@ type Host interface {
 	// SkipRefused returns the error for a transaction t that is not the one Config.SkipLSN
 	// names (or an idle advance past it). Leader only.
 	SkipRefused(t *reorderbuffer.Txn) error
+	// Admit sees each transaction, or part of one, that the stream hands out, before anything of
+	// it is applied (not idle advances): it may leave some of its changes out
+	// (reorderbuffer.Txn.Filter), or return the error that ends the session. Leader only.
+	Admit(t *reorderbuffer.Txn) error
 	// NoteRelation sees each relation a change names, as the leader resolves it.
 	NoteRelation(r *target.Relation)
 	// ConnectWorker opens the target connection of worker i (from 1), ready to apply: fenced,
@@ -136,6 +146,10 @@ type Session struct {
 
 // ErrCaughtUp ends a session that caught up (Config.UntilCaughtUp).
 var ErrCaughtUp = errors.New("apply: caught up")
+
+// ErrSwitchMode ends a Buffered session whose durable progress reached Config.SwitchAt.
+// Another session cures it: it is retried.
+var ErrSwitchMode = retry.Retry("apply: the session ends to apply in the configured mode")
 
 // Engine applies one session's stream on the target.
 type Engine struct {

@@ -30,25 +30,30 @@ type Host interface {
 	MappingError(err error) error
 	// NotEmpty returns the error that stops a copy into tables that hold rows.
 	NotEmpty(tables []string) error
-	// Copied notes the copy done, the stream to resume after cp.
-	Copied(cp decoding.LSN)
+	// Copied notes the copy done, the stream to resume after cp, and the source tables it
+	// copied (as the tables table records them).
+	Copied(cp decoding.LSN, tables []target.KnownTable)
 }
 
 // Copier writes the initial copy into the target (changefeed's Copier).
 type Copier struct {
 	Leader    *target.Conn // the session's; the copy table's statements run on it
 	CopyTable string       // quoted
-	Slot      string
-	Key       target.ProgressKey
-	Upsert    string // the progress row's (target.ProgressSQL)
-	Truncate  bool   // empty target tables that hold rows (else Host.NotEmpty)
-	Log       *slog.Logger
-	Registry  *target.Registry
-	Stats     *target.Counters
-	Host      Host
+	// TablesTable (quoted) records the source tables the target holds whole (target.KnownTable):
+	// Done records those of the copy, Added the added ones it copies.
+	TablesTable string
+	Slot        string
+	Key         target.ProgressKey
+	Upsert      string // the progress row's (target.ProgressSQL)
+	Truncate    bool   // empty target tables that hold rows (else Host.NotEmpty)
+	Log         *slog.Logger
+	Registry    *target.Registry
+	Stats       *target.Counters
+	Host        Host
 
-	maps map[uint32]*target.Table // by source table OID
-	tgs  []*target.Conn           // one per snapshot worker
+	maps   map[uint32]*target.Table // by source table OID
+	copied []target.KnownTable
+	tgs    []*target.Conn // one per snapshot worker
 }
 
 // Begin empties whatever an earlier copy left and records this one, before the slot exists.
@@ -86,11 +91,11 @@ func (c *Copier) Done(ctx context.Context, cp decoding.LSN) error {
 	if err := c.Host.Hook(ctx, "copy-done", cp); err != nil {
 		return err
 	}
-	if err := c.Leader.FinishCopy(ctx, c.CopyTable, c.Upsert, c.Key, cp); err != nil {
+	if err := c.Leader.FinishCopy(ctx, c.CopyTable, c.TablesTable, c.Upsert, c.Key, cp, c.copied); err != nil {
 		return fmt.Errorf("apply: initial copy: writing the progress row: %w", err)
 	}
 	c.Stats.Applied(cp)
-	c.Host.Copied(cp)
+	c.Host.Copied(cp, c.copied)
 	return nil
 }
 
@@ -136,24 +141,16 @@ func (c *Copier) reset(ctx context.Context, begin bool) error {
 // records them in the copy table, in one transaction. It returns the mappings by source table
 // OID.
 func (c *Copier) prepare(ctx context.Context, tables []*snapshot.Table) (map[uint32]*target.Table, error) {
-	if err := c.Host.CheckTables(ctx, tables); err != nil { // all missing at once, or created
+	maps, mapped, err := c.mapTables(ctx, tables)
+	var ce *target.ChangeError
+	if errors.As(err, &ce) {
+		return nil, fmt.Errorf("apply: initial copy: %w", err)
+	}
+	if err != nil {
 		return nil, err
 	}
-	maps := make(map[uint32]*target.Table, len(tables))
-	mapped := make([]*target.Table, len(tables))
-	for i, t := range tables {
-		ri := c.Registry.Intern(t.Relation, t)
-		m, err := c.Leader.Mapping(ctx, ri, target.OpCopy)
-		if err != nil {
-			var ce *target.ChangeError
-			if errors.As(err, &ce) {
-				err = c.Host.MappingError(err)
-			}
-			return nil, fmt.Errorf("apply: initial copy: %w", err)
-		}
-		maps[t.OID], mapped[i] = m, m
-	}
-	err := c.Leader.WithTxn(ctx, false, func() error {
+	c.copied = known(tables, 0)
+	err = c.Leader.WithTxn(ctx, false, func() error {
 		full, names, err := c.Leader.NonEmpty(ctx, mapped)
 		if err != nil {
 			return fmt.Errorf("apply: initial copy: %w", err)
@@ -176,6 +173,38 @@ func (c *Copier) prepare(ctx context.Context, tables []*snapshot.Table) (map[uin
 		return nil, err
 	}
 	return maps, nil
+}
+
+// mapTables checks that the target has every table to copy (or creates them), and maps each to
+// its target table (an error of the mapping is Host.MappingError's). It returns the mappings by source table OID, and in the order of tables.
+func (c *Copier) mapTables(ctx context.Context, tables []*snapshot.Table) (map[uint32]*target.Table, []*target.Table, error) {
+	if err := c.Host.CheckTables(ctx, tables); err != nil { // all missing at once, or created
+		return nil, nil, err
+	}
+	maps := make(map[uint32]*target.Table, len(tables))
+	mapped := make([]*target.Table, len(tables))
+	for i, t := range tables {
+		ri := c.Registry.Intern(t.Relation, t)
+		m, err := c.Leader.Mapping(ctx, ri, target.OpCopy)
+		if err != nil {
+			var ce *target.ChangeError
+			if errors.As(err, &ce) {
+				err = c.Host.MappingError(err)
+			}
+			return nil, nil, err
+		}
+		maps[t.OID], mapped[i] = m, m
+	}
+	return maps, mapped, nil
+}
+
+// known returns the tables' rows of the tables table, with synced as their consistent point.
+func known(tables []*snapshot.Table, synced decoding.LSN) []target.KnownTable {
+	out := make([]target.KnownTable, len(tables))
+	for i, t := range tables {
+		out[i] = target.KnownTable{OID: t.OID, Name: t.String(), Synced: synced}
+	}
+	return out
 }
 
 // chunk writes the rows of one chunk through tg's insert path (COPY, or INSERTs for short

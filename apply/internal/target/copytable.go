@@ -138,13 +138,19 @@ func (t *Conn) RecordCopy(ctx context.Context, ct, slot string, tables []*Table)
 }
 
 // FinishCopy writes the progress row (with upsert, ProgressSQL's) at the copy's consistent
-// point cp and deletes the copy's rows from ct, in one durable transaction.
-func (t *Conn) FinishCopy(ctx context.Context, ct, upsert string, key ProgressKey, cp decoding.LSN) error {
+// point cp, deletes the copy's rows from ct, and records the source tables copied in the tables
+// table tt (see RecordTables), in one durable transaction.
+func (t *Conn) FinishCopy(ctx context.Context, ct, tt, upsert string, key ProgressKey, cp decoding.LSN, copied []KnownTable) error {
+	if err := t.CreateTablesTable(ctx, tt); err != nil {
+		return err
+	}
 	return t.WithTxn(ctx, true, func() error {
 		if _, err := Query(ctx, t.pg, upsert, key.Slot, cp.String(), key.System, strconv.Itoa(key.Timeline)); err != nil {
 			return err
 		}
-		_, err := Query(ctx, t.pg, "DELETE FROM "+ct+" WHERE slot = $1", key.Slot)
-		return err
+		if _, err := Query(ctx, t.pg, "DELETE FROM "+ct+" WHERE slot = $1", key.Slot); err != nil {
+			return err
+		}
+		return t.RecordTables(ctx, tt, key, copied, true)
 	})
 }

@@ -146,10 +146,13 @@ func Definitions(rows [][][]byte, tables []Published) []*TableDef {
 }
 
 // OwnTables returns the quoted, qualified names of the tables an Applier keeps on the target
-// whose progress table is progress (quoted): the progress, copy and ahead tables, and the
+// whose progress table is progress (quoted): the progress, copy, tables and ahead tables, and the
 // tables named others (the conflict log, the tombstones), resolved on t.
 func (t *Conn) OwnTables(progress string, others ...string) map[string]bool {
-	own := map[string]bool{progress: true, CompanionTable(progress, "_copy"): true, CompanionTable(progress, "_ahead"): true}
+	own := map[string]bool{progress: true}
+	for _, part := range companions {
+		own[CompanionTable(progress, part)] = true
+	}
 	for _, n := range append(others, conflict.DefaultTombstoneTable) {
 		if n != "" {
 			own[t.Table(n)] = true

@@ -30,7 +30,7 @@ type Removed struct {
 	TombstoneTriggers []string // the tables whose tombstone trigger was dropped, quoted and qualified
 	TombstoneFunction string   // the trigger function, "" if there was none
 	TombstoneTable    string   // the tombstone table, "" if there was none
-	ProgressRows      int64    // the slot's rows deleted from the progress, copy and ahead tables
+	ProgressRows      int64    // the slot's rows deleted from the progress, copy, tables and ahead tables
 	DroppedTables     []string // those of them dropped, left without rows
 	Origins           []string // the replication origins dropped
 }
@@ -93,7 +93,11 @@ func (t *Conn) RemoveInstalled(ctx context.Context, u Uninstall) (Removed, error
 	}
 	if u.Progress {
 		progress := t.Table(u.ProgressTable)
-		for _, tb := range []string{progress, CompanionTable(progress, "_copy"), CompanionTable(progress, "_ahead")} {
+		tables := []string{progress}
+		for _, part := range companions {
+			tables = append(tables, CompanionTable(progress, part))
+		}
+		for _, tb := range tables {
 			ok, err := exists("pg_catalog.to_regclass($1)", tb)
 			if err != nil {
 				return rollback(err)
