@@ -141,8 +141,8 @@ type hooks struct {
 	// sequence's setval of SyncSequences; x is zero).
 	stage func(ctx context.Context, stage string, x txnRef) error
 	// copyChunkSize, if set, is the initial copy's snapshot.Config.ChunkSize (and the copy's of
-	// tables added to the publications, whose chunks call stage "added-chunk" first, with the
-	// copy's consistent point as EndLSN).
+	// tables added to the publications, whose chunks call stage "added-chunk" first, and whose
+	// commit is followed by "added-copied", with the copy's consistent point as EndLSN).
 	copyChunkSize int64
 	// publicationCheck, if set, is the Feed's changefeed.Config.PublicationCheck.
 	publicationCheck time.Duration

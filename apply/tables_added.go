@@ -263,6 +263,9 @@ func (s *session) copyAdded(ctx context.Context, tt string, added []target.Publi
 		s.tables.known[t.OID] = true
 		s.tables.sync(t.OID, cp)
 	}
+	if err := s.cfg.hook(ctx, "added-copied", txnRef{EndLSN: cp}); err != nil {
+		return err
+	}
 	s.log.Info("tables added to the publications copied", "tables", list, "rows", rows,
 		"elapsed", time.Since(start).Round(time.Millisecond))
 	return nil

@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -136,11 +137,14 @@ func (w *addedWriter) halt(t *testing.T) {
 
 // waitRecorded waits until the target's tables table records the slot's tables: the tables
 // published then are taken to be whole on the target, and a table added later is copied.
-func waitRecorded(t *testing.T, ctx context.Context, dst string) {
+func waitRecorded(t *testing.T, ctx context.Context, dst string) { waitRecordedSlot(t, ctx, dst, "apply") }
+
+// waitRecordedSlot is waitRecorded for slot.
+func waitRecordedSlot(t *testing.T, ctx context.Context, dst, slot string) {
 	t.Helper()
 	if !pgtest.Until(ctx, func() bool {
 		return pgtest.Count(t, dst, `SELECT count(*) FROM pg_class WHERE relname = 'pgreorder_apply_progress_tables'`) > 0 &&
-			pgtest.Count(t, dst, `SELECT count(*) FROM pgreorder_apply_progress_tables WHERE slot = 'apply' AND relid = 0`) > 0
+			pgtest.Count(t, dst, `SELECT count(*) FROM pgreorder_apply_progress_tables WHERE slot = $1 AND relid = 0`, slot) > 0
 	}) {
 		t.Fatalf("the tables table never recorded the slot's tables: %v", ctx.Err())
 	}
@@ -327,5 +331,134 @@ func TestTablesAddedKill(t *testing.T) {
 				e.waitSame(t, "marker", "t_main", "t_late")
 			})
 		}
+	}
+}
+
+// TestTablesAddedTargetCrash crashes the target (immediate stop) while a table added to the
+// publication (a new table of a FOR ALL TABLES publication, written all along) is copied: in the
+// middle of the copy's transaction, and right after it committed. Either the copy is lost and made
+// again, or it survived, recorded, and is not made again: the target ends equal to the source,
+// and the table's rows were copied once after the crash that came after the commit.
+func TestTablesAddedTargetCrash(t *testing.T) {
+	for _, major := range testMajors {
+		for _, stage := range []string{"added-chunk", "added-copied"} {
+			t.Run(fmt.Sprintf("pg%d/%s", major, stage), func(t *testing.T) {
+				e, dstSrv := crashEnv(t, major, "addcrash", []string{`CREATE TABLE marker (id int PRIMARY KEY)`,
+					`CREATE TABLE t_new (id int PRIMARY KEY, v text NOT NULL)`})
+				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+				defer cancel()
+				// t_new exists on the target only: the source's comes once apply follows the slot.
+				cfg := e.config(t, Parallel)
+				cfg.hooks = &hooks{copyChunkSize: 16 << 10}
+				reached, release := make(chan struct{}), make(chan struct{})
+				var calls atomic.Int32
+				cfg.hooks.stage = func(ctx context.Context, s string, _ txnRef) error {
+					if s == stage && calls.Add(1) == 2-boolInt(stage == "added-copied") {
+						close(reached)
+						select {
+						case <-release:
+						case <-ctx.Done():
+						}
+					}
+					return nil
+				}
+				pgtest.ExecAll(t, e.src, `DROP TABLE t_new`)
+				r := start(t, cfg)
+				waitRecordedSlot(t, ctx, e.dst, "addcrash")
+				pgtest.ExecAll(t, e.src, `CREATE TABLE t_new (id int PRIMARY KEY, v text NOT NULL)`,
+					`INSERT INTO t_new SELECT g, 'r' || g FROM generate_series(1, 2000) g`)
+				wctx, stopWriter := context.WithCancel(ctx)
+				written := make(chan error, 1)
+				var writes atomic.Int64
+				go func() {
+					rng := seeded(t)
+					for i := 0; wctx.Err() == nil; i++ {
+						writes.Add(1)
+						id := 1 + rng.IntN(2500)
+						err := pgtest.Exec(wctx, e.src, fmt.Sprintf(`INSERT INTO t_new VALUES (%d, 'w%d') ON CONFLICT (id) DO UPDATE SET v = t_new.v || 'u'`, id, i),
+							fmt.Sprintf(`DELETE FROM t_new WHERE id = %d`, 1+rng.IntN(2500)))
+						if err != nil && wctx.Err() == nil {
+							written <- err
+							return
+						}
+					}
+					written <- nil
+				}()
+				select {
+				case <-reached:
+				case err := <-r.done:
+					r.stop = nil
+					t.Fatalf("apply stopped: %v", err)
+				case <-ctx.Done():
+					t.Fatalf("the copy never reached %s (stats %+v)", stage, r.a.Stats())
+				}
+				dstSrv.Crash()
+				must(t, dstSrv.Restart(ctx))
+				close(release)
+				copiedBefore := r.a.Stats().InitialCopyRows
+				after := writes.Load() + 20 // the writer goes on after the restart
+				pgtest.Until(ctx, func() bool { return writes.Load() >= after || len(written) > 0 })
+				stopWriter()
+				must(t, <-written)
+				pgtest.ExecAll(t, e.src, `INSERT INTO marker VALUES (1)`)
+				e.waitMarker(t, r, 1)
+				e.waitSame(t, "marker", "t_new")
+				st := r.a.Stats()
+				r.halt(t)
+				if stage == "added-copied" && st.InitialCopyRows != copiedBefore {
+					t.Errorf("%d rows copied after the crash, %d before: the copy that committed was made again", st.InitialCopyRows, copiedBefore)
+				}
+				if stage == "added-chunk" && st.InitialCopyRows <= copiedBefore {
+					t.Errorf("%d rows copied, %d before the crash: the copy was not made again", st.InitialCopyRows, copiedBefore)
+				}
+			})
+		}
+	}
+}
+
+func boolInt(b bool) int32 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// TestTablesAddedSourceKilled terminates, in the middle of the copy of a table added to the
+// publication, the source's backends that serve it (the temporary slot's walsender and the
+// copy's connection): the copy fails, and the next session makes it again, from a new snapshot.
+func TestTablesAddedSourceKilled(t *testing.T) {
+	for _, major := range testMajors {
+		t.Run(fmt.Sprintf("pg%d", major), func(t *testing.T) {
+			e := addedEnv(t, major, false)
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			cfg := e.config(t, Eager)
+			var calls atomic.Int32
+			cfg.hooks = &hooks{copyChunkSize: 16 << 10, stage: func(ctx context.Context, s string, _ txnRef) error {
+				if s != "added-chunk" || calls.Add(1) != 2 {
+					return nil
+				}
+				n := pgtest.Count(t, e.src, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+					WHERE application_name IN ('pgreorder-tablesync', 'pgreorder-copy')`)
+				if n != 2 {
+					t.Errorf("terminated %d backends, want the walsender and the copy's", n)
+				}
+				return nil
+			}}
+			r := start(t, cfg)
+			waitRecorded(t, ctx, e.dst)
+			w := writeAdded(t, e.src, seeded(t))
+			must(t, pgtest.Exec(ctx, e.src, `ALTER PUBLICATION pub ADD TABLE t_late`))
+			w.waitMore(t, ctx, 50)
+			if !pgtest.Until(ctx, func() bool { return calls.Load() > 2 }) {
+				t.Fatalf("the copy was not made again (stats %+v)", r.a.Stats())
+			}
+			w.waitMore(t, ctx, 50)
+			w.halt(t)
+			must(t, pgtest.Exec(ctx, e.src, `INSERT INTO marker VALUES (1)`))
+			e.waitMarker(t, r, 1)
+			e.waitSame(t, "marker", "t_main", "t_late")
+			r.halt(t)
+		})
 	}
 }

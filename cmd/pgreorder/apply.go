@@ -197,7 +197,7 @@ func (f *applyFlags) register(fs *flag.FlagSet) {
 		"without applying anything: the last step of a cut-over")
 	fs.BoolVar(&f.untilCaughtUp, "until-caught-up", false, "exit (status 0) once everything the source had written when apply "+
 		"started is applied on the target and acknowledged, printing \"caught up to LSN X\": stop writes to the source first (see docs/migrations.md)")
-	fs.BoolVar(&f.uninstall, "uninstall", false, "retire the applier instead of running it: remove from the target the slot's progress row, "+
+	fs.BoolVar(&f.uninstall, "uninstall", false, "retire the applier instead of running it: remove from the target the slot's rows of the progress table and of the tables beside it (_copy, _tables, _ahead), "+
 		"the -origin origins and the tombstone table, function and triggers of -conflict-retention, then exit (the applier must be stopped; "+
 		"the slot on the source is left: drop it there)")
 }
