@@ -137,7 +137,9 @@ func (w *addedWriter) halt(t *testing.T) {
 
 // waitRecorded waits until the target's tables table records the slot's tables: the tables
 // published then are taken to be whole on the target, and a table added later is copied.
-func waitRecorded(t *testing.T, ctx context.Context, dst string) { waitRecordedSlot(t, ctx, dst, "apply") }
+func waitRecorded(t *testing.T, ctx context.Context, dst string) {
+	waitRecordedSlot(t, ctx, dst, "apply")
+}
 
 // waitRecordedSlot is waitRecorded for slot.
 func waitRecordedSlot(t *testing.T, ctx context.Context, dst, slot string) {
