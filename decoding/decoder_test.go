@@ -386,3 +386,25 @@ func TestNextAllocs(t *testing.T) {
 		t.Fatalf("Next/ParseHeader allocate %v times", allocs)
 	}
 }
+
+// TestChangeXid: the xid of the messages that change rows, 0 for the others (a Relation inside a
+// stream block carries an xid too, but begins no subtransaction's changes).
+func TestChangeXid(t *testing.T) {
+	for _, tc := range []struct {
+		m    decoding.Message
+		want uint32
+	}{
+		{&decoding.Insert{Xid: 7}, 7},
+		{&decoding.Update{Xid: 8}, 8},
+		{&decoding.Delete{Xid: 9}, 9},
+		{&decoding.Truncate{Xid: 10}, 10},
+		{&decoding.Insert{}, 0},
+		{&decoding.Relation{Xid: 11}, 0},
+		{&decoding.LogicalMessage{Xid: 12}, 0},
+		{&decoding.Commit{}, 0},
+	} {
+		if got := decoding.ChangeXid(tc.m); got != tc.want {
+			t.Errorf("ChangeXid(%T) = %d, want %d", tc.m, got, tc.want)
+		}
+	}
+}

@@ -333,6 +333,19 @@ type RowChange interface {
 	RelationOID() uint32
 }
 
+// ChangeXid returns the (sub)transaction that wrote m when m changes rows (*Insert, *Update,
+// *Delete, *Truncate): its Xid inside a stream block, 0 outside one; 0 for any other message.
+// A streamed transaction's subtransactions begin at their first change.
+func ChangeXid(m Message) uint32 {
+	switch m := m.(type) {
+	case RowChange:
+		return m.XID()
+	case *Truncate:
+		return m.Xid
+	}
+	return 0
+}
+
 func (m *Insert) XID() uint32         { return m.Xid }
 func (m *Update) XID() uint32         { return m.Xid }
 func (m *Delete) XID() uint32         { return m.Xid }

@@ -152,7 +152,7 @@ func ours(t testing.TB, recs []capture.Record, cfg reorderbuffer.Config) []strin
 			cur := ap.changes
 			for c, err := range x.Changes() {
 				m := c.Msg
-				if xid := changeXid(m); xid != 0 && xid != x.Xid {
+				if xid := decoding.ChangeXid(m); xid != 0 && xid != x.Xid {
 					if _, ok := ap.subStart[xid]; !ok {
 						ap.subStart[xid] = len(cur)
 					}
@@ -195,21 +195,6 @@ func ours(t testing.TB, recs []capture.Record, cfg reorderbuffer.Config) []strin
 	}
 	require.Empty(t, open, "parts of transactions never ended")
 	return out
-}
-
-// changeXid returns the xid a change carries (in parts, the subtransaction that wrote it).
-func changeXid(m decoding.Message) uint32 {
-	switch m := m.(type) {
-	case *decoding.Insert:
-		return m.Xid
-	case *decoding.Update:
-		return m.Xid
-	case *decoding.Delete:
-		return m.Xid
-	case *decoding.Truncate:
-		return m.Xid
-	}
-	return 0
 }
 
 // sameLines compares two renderings transaction by transaction and change by change, reporting

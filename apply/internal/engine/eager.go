@@ -336,7 +336,7 @@ func (e *Engine) enqueue(ctx context.Context, j *job, t *reorderbuffer.Txn) erro
 				return err
 			}
 		} else {
-			if sub := changeXid(m); sub != 0 && sub != t.Xid && !j.seen[sub] {
+			if sub := decoding.ChangeXid(m); sub != 0 && sub != t.Xid && !j.seen[sub] {
 				j.seen[sub] = true
 				j.subs = append(j.subs, sub)
 				if err := j.q.Push(schedule.SavepointRecord(sub)); err != nil {
@@ -356,21 +356,6 @@ func (e *Engine) enqueue(ctx context.Context, j *job, t *reorderbuffer.Txn) erro
 		}
 		return j.q.Push(rec)
 	})
-}
-
-// changeXid returns the xid a change carries (the writing subtransaction's, in a stream).
-func changeXid(m decoding.Message) uint32 {
-	switch m := m.(type) {
-	case *decoding.Insert:
-		return m.Xid
-	case *decoding.Update:
-		return m.Xid
-	case *decoding.Delete:
-		return m.Xid
-	case *decoding.Truncate:
-		return m.Xid
-	}
-	return 0
 }
 
 // encodeChange makes a schedule.RecChange record of c: the one copy of the change the queue
