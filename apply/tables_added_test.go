@@ -304,7 +304,7 @@ func TestTablesAddedNotEmpty(t *testing.T) {
 // the table; the next run copies it again: the target ends equal to the source.
 func TestTablesAddedKill(t *testing.T) {
 	for _, major := range testMajors {
-		for _, mode := range []Mode{Buffered, Parallel} {
+		for _, mode := range []Mode{Buffered, Eager, Parallel} {
 			t.Run(fmt.Sprintf("pg%d/%s", major, mode), func(t *testing.T) {
 				e := addedEnv(t, major, false)
 				ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
