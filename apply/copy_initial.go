@@ -80,7 +80,7 @@ func (h copyHost) NotEmpty(tables []string) error {
 
 func (h copyHost) Copied(cp decoding.LSN, tables []target.KnownTable) {
 	h.s.resume = cp
-	h.s.copiedTables(tables)
+	h.s.tables.Known(tables) // a table added from now on ends the session, and the next copies it
 }
 
 // Connect opens the copy's connection i: its rows count in Stats.InitialCopyRows; as the

@@ -264,15 +264,17 @@
 // which must exist on the target: a schema or a type the target lacks stops Run with a
 // *MissingTablesError naming each table that cannot be created and why (none is created then).
 // The tables are created on connections outside any applied transaction (each statement commits
-// on its own), before the initial copy, when a session starts streaming, and for a table that
-// first appears in the stream (added to a publication later), before its first change is
-// applied; each is logged and counted in Stats.TablesCreated. It also adds to a target table a
+// on its own), before the initial copy, when a session starts streaming (a table added to the
+// publications too, before it is copied), and, with NewTablesStream, for a table that first
+// appears in the stream, before its first change is applied; each is logged and counted in
+// Stats.TablesCreated. It also adds to a target table a
 // column the source added, with the source catalog's type (format_type, typmod included; a
 // user-defined type must exist on the target by schema and name), nullable and without default,
 // in the target transaction of the first change that needs it; columns dropped or renamed on the
 // source are logged, counted in Stats.SourceColumnsGone and kept on the target. Without it, a
-// missing table stops Run (a *MissingTablesError when a session starts, an *ApplyError wrapping
-// ErrMissingTable for a table that first appears in the stream), and a missing column with an
+// missing table stops Run (a *MissingTablesError when a session starts; with NewTablesStream, an
+// *ApplyError wrapping ErrMissingTable for a table that first appears in the stream), and a
+// missing column with an
 // *ApplyError wrapping ErrSchemaMismatch; each names the table, the column if any, and the
 // option.
 // Config.SkipLSN skips the one source transaction with that commit LSN, as ALTER SUBSCRIPTION ...
@@ -292,7 +294,9 @@
 //     the workers, grouping and runs, the commit order, acknowledgements, the watchdog of Eager
 //     and Parallel), over apply/internal/plan, their decisions as plain state (no goroutine, no
 //     clock, no connection);
-//   - apply/internal/initcopy: the initial copy on the target (the copy table, the chunks);
+//   - apply/internal/initcopy: the initial copy on the target (the copy table, the chunks), and
+//     the tables added to the publications (the tables table, their copy, what the stream leaves
+//     out of the transactions before it);
 //   - apply/internal/target: the target connections and every statement sent on them. A target
 //     connection takes its own options and counters, not the Config; its conflict detection is a
 //     detector (apply/internal/detect), which the target calls as it queues statements, as their

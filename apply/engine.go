@@ -61,10 +61,10 @@ func (h engineHost) Admit(t *reorderbuffer.Txn) error { return h.s.admit(t) }
 // switchAt is where a session that applies as Buffered only to leave out the changes of tables
 // copied after they were added ends, to apply in the configured mode (engine.Config.SwitchAt).
 func (s *session) switchAt() decoding.LSN {
-	if s.cfg.Mode == Buffered || s.tables.syncTo <= s.resume {
+	if s.cfg.Mode == Buffered || s.tables.SyncTo() <= s.resume {
 		return 0
 	}
-	return s.tables.syncTo
+	return s.tables.SyncTo()
 }
 
 // ConnectWorker opens worker i's connection: it holds the workers' fence lock in shared mode

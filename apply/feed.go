@@ -147,8 +147,8 @@ func (f *applyFeed) Ended(ctx context.Context, o *changefeed.Outcome) {
 		o.Err = nil
 		return
 	}
-	if ae, ok := errors.AsType[*tablesAddedError](err); ok {
-		a.cfg.Logger.Info("table added to the publications: starting the session over to copy it", "table", ae.table,
+	if ae, ok := errors.AsType[*initcopy.AddedError](err); ok {
+		a.cfg.Logger.Info("table added to the publications: starting the session over to copy it", "table", ae.Table,
 			"slot", a.cfg.Source.Slot)
 		o.Now = true
 		return

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgreorder/pgreorder/apply/internal/engine"
+	"github.com/pgreorder/pgreorder/apply/internal/initcopy"
 	"github.com/pgreorder/pgreorder/apply/internal/target"
 )
 
@@ -26,7 +27,7 @@ func TestRetryableInternal(t *testing.T) {
 		{"restart", &restartError{xids: []uint32{1}, reason: refused}, true},
 		{"restart around a stop", &restartError{xids: []uint32{1}, reason: ErrInvalidConfig}, true},
 		{"stream lost", engine.ErrStreamLost, true},
-		{"table added", &tablesAddedError{table: "public.t"}, true},
+		{"table added", &initcopy.AddedError{Table: "public.t"}, true},
 		{"switch mode", engine.ErrSwitchMode, true},
 		{"change refused", changeError{&target.ChangeError{Kind: target.KindConstraint, Err: refused}}, false},
 		{"change, connection went", changeError{&target.ChangeError{Kind: target.KindNone, Err: fatal}}, true},

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/pgreorder/pgreorder/apply/internal/detect"
+	"github.com/pgreorder/pgreorder/apply/internal/initcopy"
 	"github.com/pgreorder/pgreorder/apply/internal/schedule"
 	"github.com/pgreorder/pgreorder/apply/internal/target"
 	"github.com/pgreorder/pgreorder/decoding"
@@ -34,7 +35,7 @@ type session struct {
 	ours   []uint32          // the Applier's replication origins, when it has them
 	skip   skipState         // Config.SkipLSN
 	schema schemaWatch       // the relations' descriptions, for columns the source dropped
-	tables addedTables       // the published tables the target holds whole (tables_added.go)
+	tables *initcopy.Tables  // the published tables the target holds whole (tables_added.go)
 
 	cancel    context.CancelCauseFunc // ends the session with the first error
 	persisted decoding.LSN            // a durable progress row is at or past it
@@ -71,6 +72,7 @@ func (a *Applier) session(parent context.Context, t *attempt, rcfg *replication.
 	}
 	s.a.connected.Store(true)
 	s.key = target.ProgressKey{Slot: s.cfg.Source.Slot, System: sys.ID, Timeline: sys.Timeline}
+	s.tables = s.newTables()
 	s.noteStart(sys.XLogPos)
 	if err := s.fence(ctx); err != nil {
 		return err
@@ -119,7 +121,7 @@ func (a *Applier) session(parent context.Context, t *attempt, rcfg *replication.
 	}
 	// The session that skips, or that leaves out changes of tables copied after they were added,
 	// applies as Buffered.
-	s.buffered = s.cfg.Mode == Buffered || s.skip.pending || s.tables.syncTo > resume
+	s.buffered = s.cfg.Mode == Buffered || s.skip.pending || s.tables.SyncTo() > resume
 	buffered := s.buffered
 	if !s.leader.ReplicaRole() {
 		s.log.Info("the target role may not set session_replication_role: triggers and foreign keys fire for replicated changes")

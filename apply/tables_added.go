@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/pgreorder/pgreorder/apply/internal/initcopy"
@@ -27,43 +26,25 @@ import (
 // their changes of the transactions whose commit record begins before C (those are in the copy)
 // and applies the rest: no row missing or twice, whatever was written to them meanwhile. Until
 // a durable progress row is past C the session applies Buffered (whole transactions, whose commit
-// position is known), then starts over in the configured mode. A Relation message for a table
-// the session does not know (added while it streams) ends the session, and the next one copies
-// it at once. A crash in the copy rolls its transaction back: the next session copies again.
+// position is known), then starts over in the configured mode. A table the session does not
+// know, described by the stream or listed by the Feed's publication check, ends the session,
+// and the next one copies it at once. A crash in the copy rolls its transaction back: the next
+// session copies again. What a session knows of the tables is initcopy.Tables.
 
 // tablesTable returns the quoted, qualified name of the tables table.
 func (s *session) tablesTable() string {
 	return target.CompanionTable(s.leader.Table(s.cfg.ProgressTable), "_tables")
 }
 
-// addedTables is what a session knows of the published tables.
-type addedTables struct {
-	syncs  map[uint32]decoding.LSN // tables copied after they were added, whose copy's consistent point is past resume
-	syncTo decoding.LSN            // the latest of syncs
-	own    map[string]bool         // the Applier's own tables (target.Conn.OwnTables): never copied
-
-	// The leader's and the publication watch's (published).
-	mu     sync.Mutex
-	known  map[uint32]bool // the tables the target holds whole; nil: not followed this session
-	warned map[uint32]bool // NewTablesStream: tables the log named already
+// newTables returns the session's initcopy.Tables, which follows no tables until Start or Known.
+func (s *session) newTables() *initcopy.Tables {
+	return &initcopy.Tables{Leader: s.leader, Table: s.tablesTable(), Key: s.key, Log: s.log,
+		Own:        s.leader.OwnTables(s.leader.Table(s.cfg.ProgressTable), s.cfg.Conflicts.LogTable, s.cfg.Conflicts.TombstoneTable),
+		StreamOnly: s.cfg.NewTables == changefeed.NewTablesStream, StreamOnlyOption: field("NewTables").String() + " is NewTablesStream"}
 }
 
-// tablesAddedError ends a session whose stream describes a table that was added to the
-// publications after the session started: the next session copies it at once.
-type tablesAddedError struct{ table string }
-
-func (e *tablesAddedError) Error() string {
-	return "apply: table " + e.table + " was added to the publications: starting the session over to copy it"
-}
-
-// Retryable reports true: the next session copies the table.
-func (e *tablesAddedError) Retryable() bool { return true }
-
-// followTables reads the tables table and compares it with published, the publications' tables
-// as the session found them (nil when they could not be listed): a slot with no record records
-// them all; tables no longer published are forgotten; tables added are copied, or, with
-// NewTablesStream, recorded. It sets what the stream leaves out of the transactions before the
-// copies' consistent points.
+// followTables takes up the published tables as the session found them (nil when they could
+// not be listed; see initcopy.Tables.Start), and copies those added to the publications.
 func (s *session) followTables(ctx context.Context, published []target.Published, resume decoding.LSN) error {
 	tt := s.tablesTable()
 	if err := s.leader.CreateTablesTable(ctx, tt); err != nil {
@@ -77,151 +58,23 @@ func (s *session) followTables(ctx context.Context, published []target.Published
 		})
 		return nil
 	}
-	rows, recorded, err := s.leader.ReadTables(ctx, tt, s.key)
+	added, err := s.tables.Start(ctx, published, resume)
 	if err != nil {
 		return fmt.Errorf("apply: %w", err)
-	}
-	at := &s.tables
-	at.own = s.leader.OwnTables(s.leader.Table(s.cfg.ProgressTable), s.cfg.Conflicts.LogTable, s.cfg.Conflicts.TombstoneTable)
-	if !recorded {
-		if published == nil {
-			return nil // recorded by a later session
-		}
-		all := make([]target.KnownTable, len(published))
-		for i, p := range published {
-			all[i] = knownTable(p, 0)
-		}
-		if err := s.leader.WithTxn(ctx, true, func() error {
-			return s.leader.RecordTables(ctx, tt, s.key, all, true)
-		}); err != nil {
-			return fmt.Errorf("apply: %w", err)
-		}
-		s.log.Info("recorded the published tables as whole on the target: a table added to the publications from now on "+
-			"is copied before its changes are applied", "slot", s.cfg.Source.Slot, "tables", len(all), "table", tt)
-		at.known = make(map[uint32]bool, len(all))
-		for _, k := range all {
-			at.known[k.OID] = true
-		}
-		return nil
-	}
-	at.known = make(map[uint32]bool, len(rows))
-	for _, k := range rows {
-		at.known[k.OID] = true
-		if k.Synced > resume {
-			at.sync(k.OID, k.Synced)
-		}
-	}
-	if published == nil {
-		return nil
-	}
-	if err := s.forgetUnpublished(ctx, tt, rows, published); err != nil {
-		return err
-	}
-	own := at.own
-	var added, stream []target.Published
-	for _, p := range published {
-		switch {
-		case at.known[p.OID]:
-		case own[p.Name.Quoted()] || s.cfg.NewTables == changefeed.NewTablesStream:
-			stream = append(stream, p)
-		default:
-			added = append(added, p)
-		}
-	}
-	if len(stream) > 0 {
-		ks := make([]target.KnownTable, len(stream))
-		for i, p := range stream {
-			ks[i] = knownTable(p, 0)
-			at.known[p.OID] = true
-			if !own[p.Name.Quoted()] {
-				s.streamOnly(p.OID, ks[i].Name)
-			}
-		}
-		if err := s.leader.RecordTables(ctx, tt, s.key, ks, false); err != nil {
-			return fmt.Errorf("apply: %w", err)
-		}
 	}
 	if len(added) == 0 {
 		return nil
 	}
-	return s.copyAdded(ctx, tt, added)
-}
-
-// copiedTables takes the tables of the initial copy as the ones the session knows: a table added
-// to the publications while it streams ends it, and the next session copies it.
-func (s *session) copiedTables(tables []target.KnownTable) {
-	at := &s.tables
-	at.mu.Lock()
-	defer at.mu.Unlock()
-	at.own = s.leader.OwnTables(s.leader.Table(s.cfg.ProgressTable), s.cfg.Conflicts.LogTable, s.cfg.Conflicts.TombstoneTable)
-	at.known = make(map[uint32]bool, len(tables))
-	for _, k := range tables {
-		at.known[k.OID] = true
-	}
-}
-
-// forgetUnpublished deletes the rows of the recorded tables that are no longer published: their
-// changes stop coming; added again, they are copied again.
-func (s *session) forgetUnpublished(ctx context.Context, tt string, rows []target.KnownTable, published []target.Published) error {
-	now := make(map[uint32]bool, len(published))
-	for _, p := range published {
-		now[p.OID] = true
-	}
-	var gone []uint32
-	for _, k := range rows {
-		if !now[k.OID] {
-			gone = append(gone, k.OID)
-			s.log.Info("table no longer published: its changes stop arriving, its rows stay on the target", "table", k.Name,
-				"slot", s.cfg.Source.Slot)
-			delete(s.tables.known, k.OID)
-		}
-	}
-	if len(gone) == 0 {
-		return nil
-	}
-	if err := s.leader.ForgetTables(ctx, tt, s.cfg.Source.Slot, gone); err != nil {
-		return fmt.Errorf("apply: %w", err)
-	}
-	return nil
-}
-
-// streamOnly logs, once per session, that a table added to the publications is not copied.
-func (s *session) streamOnly(oid uint32, name string) {
-	at := &s.tables
-	if at.warned[oid] {
-		return
-	}
-	if at.warned == nil {
-		at.warned = map[uint32]bool{}
-	}
-	at.warned[oid] = true
-	s.log.Warn("table added to the publications: its changes are applied from now on, its rows from before are not copied "+
-		"("+field("NewTables").String()+" is NewTablesStream)", "table", name, "slot", s.cfg.Source.Slot)
-}
-
-// sync notes that the stream leaves out table oid's changes of the transactions that commit
-// before cp.
-func (at *addedTables) sync(oid uint32, cp decoding.LSN) {
-	if at.syncs == nil {
-		at.syncs = map[uint32]decoding.LSN{}
-	}
-	at.syncs[oid] = cp
-	at.syncTo = max(at.syncTo, cp)
-}
-
-// knownTable returns the tables table's row of p.
-func knownTable(p target.Published, synced decoding.LSN) target.KnownTable {
-	return target.KnownTable{OID: p.OID, Name: pgsession.DisplayIdent(p.Name.Schema) + "." + pgsession.DisplayIdent(p.Name.Name),
-		Synced: synced}
+	return s.copyAdded(ctx, added)
 }
 
 // copyAdded copies the added tables from a snapshot of their own (see initcopy.Copier.Added).
-func (s *session) copyAdded(ctx context.Context, tt string, added []target.Published) error {
+func (s *session) copyAdded(ctx context.Context, added []target.Published) error {
 	oids := make(map[uint32]bool, len(added))
 	names := make([]string, len(added))
 	for i, p := range added {
 		oids[p.OID] = true
-		names[i] = knownTable(p, 0).Name
+		names[i] = initcopy.Display(p.Name)
 	}
 	slices.Sort(names)
 	list := strings.Join(names, ", ")
@@ -250,8 +103,8 @@ func (s *session) copyAdded(ctx context.Context, tt string, added []target.Publi
 		return err
 	}
 	defer tg.Close(context.WithoutCancel(ctx))
-	c := &initcopy.Copier{Leader: s.leader, TablesTable: tt, Slot: s.cfg.Source.Slot, Key: s.key, Truncate: s.cfg.CopyTruncate,
-		Log: s.log, Registry: s.reg, Stats: &s.stats.Counters, Host: h}
+	c := &initcopy.Copier{Leader: s.leader, TablesTable: s.tablesTable(), Slot: s.cfg.Source.Slot, Key: s.key,
+		Truncate: s.cfg.CopyTruncate, Log: s.log, Registry: s.reg, Stats: &s.stats.Counters, Host: h}
 	rows, err := c.Added(ctx, tg, ts.Session, cp)
 	if err != nil {
 		if _, ok := errors.AsType[*target.ChangeError](err); ok {
@@ -259,10 +112,7 @@ func (s *session) copyAdded(ctx context.Context, tt string, added []target.Publi
 		}
 		return fmt.Errorf("apply: copying the tables added to the publications (%s): %w", list, err)
 	}
-	for _, t := range ts.Session.Tables() {
-		s.tables.known[t.OID] = true
-		s.tables.sync(t.OID, cp)
-	}
+	s.tables.Copied(ts.Session.Tables(), cp)
 	if err := s.cfg.hook(ctx, "added-copied", txnRef{EndLSN: cp}); err != nil {
 		return err
 	}
@@ -275,22 +125,16 @@ func (s *session) copyAdded(ctx context.Context, tt string, added []target.Publi
 // copies it), or with NewTablesStream is known from now on; a transaction that commits before
 // the consistent point of a table's copy is applied without that table's changes.
 func (s *session) admit(t *reorderbuffer.Txn) error {
-	if rels := t.Described(); len(rels) > 0 {
-		for _, r := range rels {
-			if err := s.tables.seen(s, r.RelationID, r.Namespace, r.Name); err != nil {
-				return err
-			}
+	for _, r := range t.Described() {
+		if err := s.tables.Seen(r.RelationID, r.Namespace, r.Name); err != nil {
+			return err
 		}
 	}
-	at := &s.tables
-	if at.syncTo == 0 || t.Part != reorderbuffer.Whole || t.CommitLSN >= at.syncTo {
-		return nil
+	if t.Part == reorderbuffer.Whole {
+		if keep := s.tables.Keep(t.CommitLSN); keep != nil {
+			t.Filter(keep)
+		}
 	}
-	commit := t.CommitLSN
-	t.Filter(func(id uint32) bool {
-		cp, ok := at.syncs[id]
-		return !ok || commit >= cp
-	})
 	return nil
 }
 
@@ -298,30 +142,9 @@ func (s *session) admit(t *reorderbuffer.Txn) error {
 // the session does not know ends it (see admit).
 func (s *session) published(tables []changefeed.TableRef) {
 	for _, t := range tables {
-		if err := s.tables.seen(s, t.OID, t.Schema, t.Name); err != nil {
+		if err := s.tables.Seen(t.OID, t.Schema, t.Name); err != nil {
 			s.cancel(err)
 			return
 		}
 	}
-}
-
-// seen takes up a published table (schema.name, OID oid) that the stream describes or a listing
-// shows: nothing if the session knows it, or follows no tables; with NewTablesStream, or one of
-// the Applier's own tables, it is known from now on; otherwise the error that ends the session.
-func (at *addedTables) seen(s *session, oid uint32, schema, name string) error {
-	at.mu.Lock()
-	defer at.mu.Unlock()
-	if at.known == nil || at.known[oid] {
-		return nil
-	}
-	display := pgsession.DisplayIdent(schema) + "." + pgsession.DisplayIdent(name)
-	own := at.own[pgsession.QuoteQualified(schema, name)]
-	if s.cfg.NewTables == changefeed.NewTablesStream || own {
-		at.known[oid] = true
-		if !own {
-			s.streamOnly(oid, display)
-		}
-		return nil
-	}
-	return &tablesAddedError{table: display}
 }

@@ -74,7 +74,7 @@ var allowed = map[string][]string{
 		"internal/retry"},
 	// The initial copy's side on the target: the copy table, the chunks written; the snapshot's
 	// chunks in, the target's statements out.
-	"apply/internal/initcopy": {"apply/internal/target", "snapshot", "decoding"},
+	"apply/internal/initcopy": {"apply/internal/target", "snapshot", "decoding", "internal/pgsession"},
 	// The engine that applies a session's stream (leader, workers, queues, commit order,
 	// acknowledgements): over the decision core, the scheduling and the target connections;
 	// what it needs of the session comes in through its Session and Host, never from apply.
