@@ -85,6 +85,8 @@ func (s *session) copyAdded(ctx context.Context, added []target.Published) error
 	}
 	rcfg := s.cfg.Source
 	rcfg.Logger = s.log
+	s.log.Info("tables added to the publications: taking a snapshot of them (the temporary slot waits for the transactions "+
+		"running on the source to end)", "tables", list, "slot", s.cfg.Source.Slot)
 	ts, err := changefeed.OpenTableSnapshot(ctx, rcfg, scfg, func(t *snapshot.Table) bool { return oids[t.OID] })
 	if err != nil {
 		return fmt.Errorf("apply: copying the tables added to the publications (%s): %w", list, err)
