@@ -7,7 +7,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/pgreorder/pgreorder/apply/internal/ddl"
 	"github.com/pgreorder/pgreorder/apply/internal/engine"
+	"github.com/pgreorder/pgreorder/apply/internal/target"
 	"github.com/pgreorder/pgreorder/changefeed"
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/internal/retry"
@@ -43,7 +45,8 @@ type Applier struct {
 
 	said sync.Map // what was said once (see once)
 
-	source sourceSQL // an ordinary connection to the source (schema changes, sequences)
+	source sourceSQL   // an ordinary connection to the source (schema changes, sequences)
+	ddl    *ddl.Schema // the target's tables made to follow the source's
 
 	// Config.UntilCaughtUp: the source's WAL position at the start of the first session, and
 	// the position caught up to once reached (caughtup.go).
@@ -69,11 +72,17 @@ func New(cfg Config) (*Applier, error) {
 		return nil, err
 	}
 	a := &Applier{cfg: c, serial: map[uint32]bool{}, stepwise: map[uint32]bool{}, streamed: make(chan struct{})}
+	a.ddl = &ddl.Schema{Source: a.sourceQuery, Log: c.Logger, TablesCreated: &a.stats.tablesCreated,
+		ColumnsAdded: &a.stats.columnsAdded, ColumnsGone: &a.stats.columnsGone,
+		Connect: func(ctx context.Context, suffix string) (*target.Conn, error) {
+			var c target.Counters
+			return connectTarget(ctx, a.cfg.targetOptions(), "pgreorder apply "+a.cfg.Source.Slot+" "+suffix, &c)
+		}}
 	if c.SchemaChanges == SchemaAddColumns {
-		a.cfg.addColumn = a.addColumn
+		a.cfg.addColumn = a.ddl.AddColumn
 	}
 	if c.SchemaChanges != SchemaFixed {
-		a.cfg.createTable = a.createStreamed // tables.go
+		a.cfg.createTable = a.ddl.CreateForChange
 	}
 	return a, nil
 }

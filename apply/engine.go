@@ -54,7 +54,7 @@ func (h engineHost) Restart(xids []uint32, reason error) error {
 
 func (h engineHost) SkipRefused(t *reorderbuffer.Txn) error { return h.s.skipRefused(t) }
 
-func (h engineHost) NoteRelation(r *target.Relation) { h.s.noteRelation(r) }
+func (h engineHost) NoteRelation(r *target.Relation) { h.s.a.ddl.Note(&h.s.schema, r) }
 
 func (h engineHost) Admit(t *reorderbuffer.Txn) error { return h.s.admit(t) }
 

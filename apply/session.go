@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/pgreorder/pgreorder/apply/internal/ddl"
 	"github.com/pgreorder/pgreorder/apply/internal/detect"
 	"github.com/pgreorder/pgreorder/apply/internal/initcopy"
 	"github.com/pgreorder/pgreorder/apply/internal/schedule"
@@ -34,7 +35,7 @@ type session struct {
 	det    *detect.Detection // conflict detection; nil when off
 	ours   []uint32          // the Applier's replication origins, when it has them
 	skip   skipState         // Config.SkipLSN
-	schema schemaWatch       // the relations' descriptions, for columns the source dropped
+	schema ddl.Watch         // the relations' descriptions, for columns the source dropped
 	tables *initcopy.Tables  // the published tables the target holds whole (tables_added.go)
 
 	cancel    context.CancelCauseFunc // ends the session with the first error
@@ -368,7 +369,7 @@ func (s *session) txnError(x txnRef, err error) error {
 	s.conflictStopped(err)
 	cause := ce.Err
 	if ce.Kind == target.KindData && ce.Relation != "" {
-		cause = s.typeNote(ce.Relation, cause) // schema.go
+		cause = s.a.ddl.TypeNote(ce.Relation, cause)
 	}
 	return &ApplyError{Kind: kindErr(ce.Kind), Relation: ce.Relation, Op: ce.Op, Xid: x.Xid, CommitLSN: x.CommitLSN,
 		EndLSN: x.EndLSN, Err: cause}

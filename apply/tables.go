@@ -8,8 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
-
+	"github.com/pgreorder/pgreorder/apply/internal/ddl"
 	"github.com/pgreorder/pgreorder/apply/internal/target"
 	"github.com/pgreorder/pgreorder/internal/configerr"
 	"github.com/pgreorder/pgreorder/internal/pgsession"
@@ -85,11 +84,6 @@ func (e *MissingTablesError) Named(name FieldNamer) string {
 	return b.String()
 }
 
-// sort orders the tables by name.
-func (e *MissingTablesError) sort() {
-	slices.SortFunc(e.Tables, func(x, y MissingTable) int { return strings.Compare(x.Name, y.Name) })
-}
-
 // Unwrap returns ErrMissingTable.
 func (e *MissingTablesError) Unwrap() error { return ErrMissingTable }
 
@@ -153,137 +147,28 @@ func (s *session) copyTables(ctx context.Context, tables []*snapshot.Table) erro
 	return s.ensureTables(ctx, pub)
 }
 
-// ensureTables looks for the tables on the target, in one query on the leader's connection, and
-// stops with a *MissingTablesError naming every one it lacks; with Config.SchemaChanges it
-// creates them from the source's definition instead, or, if one of them cannot be (a schema or
-// a type the target lacks), creates none and names every one that cannot. Tables that have the
-// name of one of the Applier's own tables on the target (progress, copy, ahead, conflict log,
-// tombstones) are the records of another Applier, replicating the other way: they are left out.
+// ensureTables looks for the tables on the target and stops with a *MissingTablesError naming
+// every one it lacks; with Config.SchemaChanges it creates them from the source's definition
+// instead, or, if one of them cannot be (a schema or a type the target lacks), creates none and
+// names every one that cannot (ddl.Schema.Ensure). Tables that have the name of one of the
+// Applier's own tables on the target (progress, copy, tables, ahead, conflict log, tombstones)
+// are the records of another Applier, replicating the other way: they are left out.
 func (s *session) ensureTables(ctx context.Context, tables []target.Published) error {
 	own := s.leader.OwnTables(s.leader.Table(s.cfg.ProgressTable), s.cfg.Conflicts.LogTable, s.cfg.Conflicts.TombstoneTable)
-	names := make([]target.TableName, 0, len(tables))
-	kept := make([]target.Published, 0, len(tables))
-	for _, t := range tables {
-		if !own[t.Name.Quoted()] {
-			names = append(names, t.Name)
-			kept = append(kept, t)
-		}
+	create := s.cfg.SchemaChanges != SchemaFixed
+	refused, err := s.a.ddl.Ensure(ctx, s.leader, tables, own, create)
+	if ge, ok := errors.AsType[*ddl.GoneError](err); ok {
+		return fmt.Errorf("%w: %s", ErrMissingTable, ge)
 	}
-	missing, err := target.MissingTables(ctx, s.leader.PG(), names)
 	if err != nil {
 		return fmt.Errorf("apply: %w", err)
 	}
-	if len(missing) == 0 {
+	if len(refused) == 0 {
 		return nil
 	}
-	if s.cfg.SchemaChanges == SchemaFixed {
-		e := &MissingTablesError{}
-		for _, m := range missing {
-			mt := MissingTable{Name: m.Quoted()}
-			if !m.SchemaExists {
-				mt.Schema = m.Schema
-			}
-			e.Tables = append(e.Tables, mt)
-		}
-		e.sort()
-		return e
+	e := &MissingTablesError{Create: create}
+	for _, r := range refused {
+		e.Tables = append(e.Tables, MissingTable{Name: r.Name, Schema: r.Schema, Column: r.Column, Type: r.Type})
 	}
-	byName := make(map[target.TableName]target.Published, len(kept))
-	for _, t := range kept {
-		byName[t.Name] = t
-	}
-	want := make([]target.Published, len(missing))
-	for i, m := range missing {
-		want[i] = byName[m.TableName]
-	}
-	defs, err := s.a.sourceDefinitions(ctx, want)
-	if err != nil {
-		return err
-	}
-	stmts := make([]string, len(defs))
-	e := &MissingTablesError{Create: true}
-	for i, def := range defs {
-		if def == nil {
-			return fmt.Errorf("%w: %s: the source's catalog does not have the table any more (dropped since?): create it on "+
-				"the target by hand", ErrMissingTable, want[i].Name.Quoted())
-		}
-		stmt, err := target.CreateStatement(ctx, s.leader.PG(), def)
-		var ce *target.CreateError
-		if errors.As(err, &ce) {
-			e.Tables = append(e.Tables, MissingTable{Name: ce.Table, Schema: ce.Schema, Column: ce.Column, Type: ce.Type})
-			continue
-		}
-		if err != nil {
-			return fmt.Errorf("apply: %w", err)
-		}
-		stmts[i] = stmt
-	}
-	if len(e.Tables) > 0 {
-		e.sort()
-		return e
-	}
-	for i, def := range defs {
-		if err := s.a.createTable(ctx, s.leader.PG(), def, stmts[i]); err != nil {
-			return fmt.Errorf("apply: creating the target table %s from the source's definition: %w", def.Quoted(), err)
-		}
-	}
-	return nil
-}
-
-// sourceDefinitions reads the definitions of tables from the source's catalog, in one query:
-// the published columns, in the source's order, with their types and NOT NULL, and the
-// primary key when every one of its columns is published. A table the catalog no longer has
-// (dropped since) is nil.
-func (a *Applier) sourceDefinitions(ctx context.Context, tables []target.Published) ([]*target.TableDef, error) {
-	rows, err := a.sourceQuery(ctx, target.SourceColumnsQuery, target.SourceColumnsArg(tables))
-	if err != nil {
-		return nil, fmt.Errorf("apply: reading the definitions of the tables to create from the source's catalog: %w", err)
-	}
-	return target.Definitions(rows, tables), nil
-}
-
-// createTable runs stmt, the CREATE TABLE of def, on conn (outside a transaction), and logs
-// the table created.
-func (a *Applier) createTable(ctx context.Context, conn *pgconn.PgConn, def *target.TableDef, stmt string) error {
-	created, err := target.CreateTable(ctx, conn, stmt)
-	if err == nil && created { // else by another connection, meanwhile
-		a.tableCreated(def)
-	}
-	return err
-}
-
-// tableCreated counts and logs a table created from the source's definition.
-func (a *Applier) tableCreated(def *target.TableDef) {
-	a.stats.tablesCreated.Add(1)
-	key := "none"
-	if len(def.Key) > 0 {
-		key = strings.Join(def.Key, ", ")
-	}
-	a.cfg.Logger.Info("created a target table from the source's definition", "table", def.Quoted(), "columns", len(def.Columns),
-		"primary_key", key)
-}
-
-// createStreamed creates the target table of a relation that a change names and the target
-// lacks (target.Options.CreateTable): a table added to a publication after the session
-// started. The definition is the source catalog's, for the columns the stream describes (see
-// target.CreateForChange).
-func (a *Applier) createStreamed(ctx context.Context, ri *target.Relation) error {
-	ns := ri.Rel.Namespace
-	if ns == "" {
-		ns = "pg_catalog"
-	}
-	t := target.Published{OID: ri.Rel.RelationID, Name: target.TableName{Schema: ns, Name: ri.Rel.Name}}
-	for i := range ri.Rel.Columns {
-		name, _, _ := ri.Column(i)
-		t.Cols = append(t.Cols, name)
-	}
-	defs, err := a.sourceDefinitions(ctx, []target.Published{t})
-	if err != nil {
-		return err
-	}
-	connect := func(ctx context.Context) (*target.Conn, error) {
-		var c target.Counters
-		return connectTarget(ctx, a.cfg.targetOptions(), "pgreorder apply "+a.cfg.Source.Slot+" ddl", &c)
-	}
-	return target.CreateForChange(ctx, connect, t.Name.Quoted(), defs[0], a.tableCreated)
+	return e
 }

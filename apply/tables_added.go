@@ -2,11 +2,7 @@ package apply
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"slices"
-	"strings"
-	"time"
 
 	"github.com/pgreorder/pgreorder/apply/internal/initcopy"
 	"github.com/pgreorder/pgreorder/apply/internal/target"
@@ -17,19 +13,10 @@ import (
 	"github.com/pgreorder/pgreorder/snapshot"
 )
 
-// Tables added to the publications (Config.NewTables). The tables table (the progress table's
-// name with "_tables", see target.KnownTable) records the source tables the target holds whole:
-// those of the initial copy, or those published when the slot was first followed without one.
-// Each session lists the published tables when it starts, and copies those the table does not
-// record before it streams: from a temporary slot's exported snapshot, in one target transaction
-// that also records them with the snapshot's consistent point C. The stream then leaves out
-// their changes of the transactions whose commit record begins before C (those are in the copy)
-// and applies the rest: no row missing or twice, whatever was written to them meanwhile. Until
-// a durable progress row is past C the session applies Buffered (whole transactions, whose commit
-// position is known), then starts over in the configured mode. A table the session does not
-// know, described by the stream or listed by the Feed's publication check, ends the session,
-// and the next one copies it at once. A crash in the copy rolls its transaction back: the next
-// session copies again. What a session knows of the tables is initcopy.Tables.
+// Tables added to the publications (Config.NewTables; the package documentation says what is
+// promised): each session compares the published tables with the tables table's record and
+// copies the new ones before it streams (initcopy.Tables and Copier.CopyAdded); the engine asks
+// admit about each transaction, and the Feed's publication check calls published.
 
 // tablesTable returns the quoted, qualified name of the tables table.
 func (s *session) tablesTable() string {
@@ -68,59 +55,24 @@ func (s *session) followTables(ctx context.Context, published []target.Published
 	return s.copyAdded(ctx, added)
 }
 
-// copyAdded copies the added tables from a snapshot of their own (see initcopy.Copier.Added).
+// copyAdded copies the added tables from a snapshot of their own (initcopy.Copier.CopyAdded).
 func (s *session) copyAdded(ctx context.Context, added []target.Published) error {
-	oids := make(map[uint32]bool, len(added))
-	names := make([]string, len(added))
-	for i, p := range added {
-		oids[p.OID] = true
-		names[i] = initcopy.Display(p.Name)
-	}
-	slices.Sort(names)
-	list := strings.Join(names, ", ")
-	start := time.Now()
 	scfg := snapshot.Config{Workers: 1, Logger: s.log}
 	if s.cfg.hooks != nil {
 		scfg.ChunkSize = s.cfg.hooks.copyChunkSize
 	}
 	rcfg := s.cfg.Source
 	rcfg.Logger = s.log
-	s.log.Info("tables added to the publications: taking a snapshot of them (the temporary slot waits for the transactions "+
-		"running on the source to end)", "tables", list, "slot", s.cfg.Source.Slot)
-	ts, err := changefeed.OpenTableSnapshot(ctx, rcfg, scfg, func(t *snapshot.Table) bool { return oids[t.OID] })
-	if err != nil {
-		return fmt.Errorf("apply: copying the tables added to the publications (%s): %w", list, err)
-	}
-	defer ts.Close(context.WithoutCancel(ctx))
-	if len(ts.Session.Tables()) == 0 {
-		s.log.Info("the tables added to the publications are no longer published: nothing to copy", "tables", list)
-		return nil
-	}
-	cp := ts.ConsistentPoint
-	s.log.Info("tables added to the publications: copying their rows, then applying their changes", "tables", list,
-		"consistent_point", cp, "slot", s.cfg.Source.Slot)
-	h := copyHost{s}
-	tg, err := h.Connect(ctx, 1)
-	if err != nil {
-		return err
-	}
-	defer tg.Close(context.WithoutCancel(ctx))
-	c := &initcopy.Copier{Leader: s.leader, TablesTable: s.tablesTable(), Slot: s.cfg.Source.Slot, Key: s.key,
-		Truncate: s.cfg.CopyTruncate, Log: s.log, Registry: s.reg, Stats: &s.stats.Counters, Host: h}
-	rows, err := c.Added(ctx, tg, ts.Session, cp)
-	if err != nil {
-		if _, ok := errors.AsType[*target.ChangeError](err); ok {
-			err = h.MappingError(err)
+	open := func(ctx context.Context, keep func(*snapshot.Table) bool) (*snapshot.Session, decoding.LSN, func(), error) {
+		ts, err := changefeed.OpenTableSnapshot(ctx, rcfg, scfg, keep)
+		if err != nil {
+			return nil, 0, nil, err
 		}
-		return fmt.Errorf("apply: copying the tables added to the publications (%s): %w", list, err)
+		return ts.Session, ts.ConsistentPoint, func() { ts.Close(context.WithoutCancel(ctx)) }, nil
 	}
-	s.tables.Copied(ts.Session.Tables(), cp)
-	if err := s.cfg.hook(ctx, "added-copied", txnRef{EndLSN: cp}); err != nil {
-		return err
-	}
-	s.log.Info("tables added to the publications copied", "tables", list, "rows", rows,
-		"elapsed", time.Since(start).Round(time.Millisecond))
-	return nil
+	c := &initcopy.Copier{Leader: s.leader, TablesTable: s.tablesTable(), Slot: s.cfg.Source.Slot, Key: s.key,
+		Truncate: s.cfg.CopyTruncate, Log: s.log, Registry: s.reg, Stats: &s.stats.Counters, Host: copyHost{s}}
+	return c.CopyAdded(ctx, s.tables, added, open)
 }
 
 // admit is the engine's Host.Admit: a table the session does not know ends it (the next one

@@ -4,12 +4,63 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
+	"time"
 
 	"github.com/pgreorder/pgreorder/apply/internal/target"
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/snapshot"
 )
+
+// CopyAdded copies the tables added to the publications that Tables.Start returned: open takes
+// a snapshot of those keep selects (on a temporary slot: changefeed.OpenTableSnapshot), and
+// returns it with its consistent point and the function that closes it; Added copies them, and
+// tables notes them copied. It logs each step, and calls the hook "added-copied" once committed.
+func (c *Copier) CopyAdded(ctx context.Context, tables *Tables, added []target.Published,
+	open func(ctx context.Context, keep func(*snapshot.Table) bool) (*snapshot.Session, decoding.LSN, func(), error)) error {
+	oids := make(map[uint32]bool, len(added))
+	names := make([]string, len(added))
+	for i, p := range added {
+		oids[p.OID] = true
+		names[i] = Display(p.Name)
+	}
+	slices.Sort(names)
+	list := strings.Join(names, ", ")
+	start := time.Now()
+	c.Log.Info("tables added to the publications: taking a snapshot of them (the temporary slot waits for the transactions "+
+		"running on the source to end)", "tables", list, "slot", c.Slot)
+	sess, cp, done, err := open(ctx, func(t *snapshot.Table) bool { return oids[t.OID] })
+	if err != nil {
+		return fmt.Errorf("apply: copying the tables added to the publications (%s): %w", list, err)
+	}
+	defer done()
+	if len(sess.Tables()) == 0 {
+		c.Log.Info("the tables added to the publications are no longer published: nothing to copy", "tables", list)
+		return nil
+	}
+	c.Log.Info("tables added to the publications: copying their rows, then applying their changes", "tables", list,
+		"consistent_point", cp, "slot", c.Slot)
+	tg, err := c.Host.Connect(ctx, 1)
+	if err != nil {
+		return err
+	}
+	defer tg.Close(context.WithoutCancel(ctx))
+	rows, err := c.Added(ctx, tg, sess, cp)
+	if _, ok := errors.AsType[*target.ChangeError](err); ok {
+		err = c.Host.MappingError(err)
+	}
+	if err != nil {
+		return fmt.Errorf("apply: copying the tables added to the publications (%s): %w", list, err)
+	}
+	tables.Copied(sess.Tables(), cp)
+	if err := c.Host.Hook(ctx, "added-copied", cp); err != nil {
+		return err
+	}
+	c.Log.Info("tables added to the publications copied", "tables", list, "rows", rows,
+		"elapsed", time.Since(start).Round(time.Millisecond))
+	return nil
+}
 
 // Added copies the tables that sess reads, tables added to the publications after the slot's
 // copy (or first start), from a snapshot whose consistent point is cp, into the target in ONE

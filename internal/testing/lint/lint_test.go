@@ -70,11 +70,14 @@ var allowed = map[string][]string{
 	// transactions (reorderbuffer) nor apply.
 	"apply": {"apply/conflict", "changefeed", "snapshot", "replication", "reorderbuffer", "decoding", "spill",
 		"apply/internal/schedule", "apply/internal/target", "apply/internal/detect",
-		"apply/internal/engine", "apply/internal/plan", "apply/internal/initcopy", "internal/pgsession", "internal/configerr",
-		"internal/retry"},
+		"apply/internal/engine", "apply/internal/plan", "apply/internal/initcopy", "apply/internal/ddl", "internal/pgsession",
+		"internal/configerr", "internal/retry"},
 	// The initial copy's side on the target: the copy table, the chunks written; the snapshot's
-	// chunks in, the target's statements out.
+	// chunks in, the target's statements out. Also the tables added to the publications.
 	"apply/internal/initcopy": {"apply/internal/target", "snapshot", "decoding", "internal/pgsession"},
+	// The target's tables made to follow the source's: the source's catalog in (through a
+	// function the Applier gives), the target's statements out.
+	"apply/internal/ddl": {"apply/internal/target", "internal/pgsession"},
 	// The engine that applies a session's stream (leader, workers, queues, commit order,
 	// acknowledgements): over the decision core, the scheduling and the target connections;
 	// what it needs of the session comes in through its Session and Host, never from apply.
