@@ -297,6 +297,8 @@
 //   - apply/internal/initcopy: the initial copy on the target (the copy table, the chunks), and
 //     the tables added to the publications (the tables table, their copy, what the stream leaves
 //     out of the transactions before it);
+//   - apply/internal/ddl: the target's tables made to follow the source's (Config.SchemaChanges:
+//     tables created, columns added, columns the source dropped reported);
 //   - apply/internal/target: the target connections and every statement sent on them. A target
 //     connection takes its own options and counters, not the Config; its conflict detection is a
 //     detector (apply/internal/detect), which the target calls as it queues statements, as their
