@@ -110,19 +110,7 @@ func (c *Copier) Added(ctx context.Context, tg *target.Conn, sess *snapshot.Sess
 		if err := c.Host.Hook(ctx, "added-chunk", cp); err != nil {
 			return err
 		}
-		for msg, err := range ch.Changes() {
-			if err != nil {
-				return err
-			}
-			ins, ok := msg.Msg.(*decoding.Insert)
-			if !ok {
-				return fmt.Errorf("%s yielded a %T", ch, msg.Msg)
-			}
-			if err := tg.Insert(ctx, m, ins.New); err != nil {
-				return err
-			}
-		}
-		return nil
+		return insertRows(ctx, tg, m, ch)
 	})
 	if err != nil {
 		return 0, err

@@ -218,17 +218,25 @@ func (c *Copier) chunk(ctx context.Context, tg *target.Conn, m *target.Table, ch
 		return err
 	}
 	tg.Begin(0, nil) // no source transaction
+	if err := insertRows(ctx, tg, m, ch); err != nil {
+		return err
+	}
+	return tg.CommitCopy(ctx)
+}
+
+// insertRows writes the rows of ch into m through tg's insert path, in its open transaction.
+func insertRows(ctx context.Context, tg *target.Conn, m *target.Table, ch *snapshot.Chunk) error {
 	for msg, err := range ch.Changes() {
 		if err != nil {
 			return err
 		}
 		ins, ok := msg.Msg.(*decoding.Insert)
 		if !ok {
-			return fmt.Errorf("apply: initial copy: %s yielded a %T", ch, msg.Msg)
+			return fmt.Errorf("%s yielded a %T", ch, msg.Msg)
 		}
 		if err := tg.Insert(ctx, m, ins.New); err != nil {
 			return err
 		}
 	}
-	return tg.CommitCopy(ctx)
+	return nil
 }

@@ -18,16 +18,21 @@ import (
 
 // CreateCopyTable creates the copy table ct (quoted) if it is missing.
 func (t *Conn) CreateCopyTable(ctx context.Context, ct string) error {
-	rows, err := Query(ctx, t.pg, "SELECT pg_catalog.to_regclass($1) IS NOT NULL", ct)
+	return t.createIfMissing(ctx, "the copy table", ct, "(slot text NOT NULL, relation text NOT NULL, PRIMARY KEY (slot, relation))")
+}
+
+// createIfMissing creates table (quoted), what names it, with columns if it does not exist.
+func (t *Conn) createIfMissing(ctx context.Context, what, table, columns string) error {
+	rows, err := Query(ctx, t.pg, "SELECT pg_catalog.to_regclass($1) IS NOT NULL", table)
 	if err != nil {
-		return fmt.Errorf("looking for the copy table: %w", err)
+		return fmt.Errorf("looking for %s: %w", what, err)
 	}
 	if string(rows[0][0]) == "t" {
 		return nil
 	}
-	err = t.pg.Exec(ctx, "CREATE TABLE "+ct+" (slot text NOT NULL, relation text NOT NULL, PRIMARY KEY (slot, relation))").Close()
+	err = t.pg.Exec(ctx, "CREATE TABLE "+table+" "+columns).Close()
 	if err != nil && !pgsession.IsCode(err, "42P07") && !pgsession.IsCode(err, "23505") { // made meanwhile
-		return fmt.Errorf("creating the copy table %s: %w", ct, err)
+		return fmt.Errorf("creating %s %s: %w", what, table, err)
 	}
 	return nil
 }

@@ -7,7 +7,6 @@ import (
 	"strings"
 
 	"github.com/pgreorder/pgreorder/decoding"
-	"github.com/pgreorder/pgreorder/internal/pgsession"
 )
 
 // companions are the suffixes of the tables that live beside the progress table (see
@@ -33,19 +32,8 @@ type KnownTable struct {
 
 // CreateTablesTable creates the tables table tt (quoted) if it is missing.
 func (t *Conn) CreateTablesTable(ctx context.Context, tt string) error {
-	rows, err := Query(ctx, t.pg, "SELECT pg_catalog.to_regclass($1) IS NOT NULL", tt)
-	if err != nil {
-		return fmt.Errorf("looking for the tables table: %w", err)
-	}
-	if string(rows[0][0]) == "t" {
-		return nil
-	}
-	err = t.pg.Exec(ctx, "CREATE TABLE "+tt+" (slot text NOT NULL, relid oid NOT NULL, system_id text NOT NULL, "+
-		"relation text NOT NULL, synced_lsn pg_lsn, PRIMARY KEY (slot, relid))").Close()
-	if err != nil && !pgsession.IsCode(err, "42P07") && !pgsession.IsCode(err, "23505") { // made meanwhile
-		return fmt.Errorf("creating the tables table %s: %w", tt, err)
-	}
-	return nil
+	return t.createIfMissing(ctx, "the tables table", tt, "(slot text NOT NULL, relid oid NOT NULL, system_id text NOT NULL, "+
+		"relation text NOT NULL, synced_lsn pg_lsn, PRIMARY KEY (slot, relid))")
 }
 
 // ReadTables returns the tables tt records for key's slot and source system, and whether it
