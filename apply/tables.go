@@ -154,9 +154,8 @@ func (s *session) copyTables(ctx context.Context, tables []*snapshot.Table) erro
 // Applier's own tables on the target (progress, copy, tables, ahead, conflict log, tombstones)
 // are the records of another Applier, replicating the other way: they are left out.
 func (s *session) ensureTables(ctx context.Context, tables []target.Published) error {
-	own := s.leader.OwnTables(s.leader.Table(s.cfg.ProgressTable), s.cfg.Conflicts.LogTable, s.cfg.Conflicts.TombstoneTable)
 	create := s.cfg.SchemaChanges != SchemaFixed
-	refused, err := s.a.ddl.Ensure(ctx, s.leader, tables, own, create)
+	refused, err := s.a.ddl.Ensure(ctx, s.leader, tables, s.tables.Own, create)
 	if ge, ok := errors.AsType[*ddl.GoneError](err); ok {
 		return fmt.Errorf("%w: %s", ErrMissingTable, ge)
 	}
