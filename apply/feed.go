@@ -109,12 +109,12 @@ type applyFeed struct {
 
 // Prepare starts a session: the Feed's attempt loads its position from the progress row the
 // session read.
-func (f *applyFeed) Prepare(ctx context.Context, rcfg *replication.Config) error {
+func (f *applyFeed) Prepare(ctx context.Context, src *changefeed.Source, rcfg *replication.Config) error {
 	a := f.a
 	a.stats.sessions.Add(1)
 	t := &attempt{began: time.Now(), applied: a.stats.txns.Load()}
 	f.cur = t
-	return a.session(ctx, t, rcfg)
+	return a.session(ctx, t, src, rcfg)
 }
 
 // Follow applies the stream the Feed started, in the session's context.

@@ -12,6 +12,7 @@ import (
 	"github.com/pgreorder/pgreorder/apply/internal/initcopy"
 	"github.com/pgreorder/pgreorder/apply/internal/schedule"
 	"github.com/pgreorder/pgreorder/apply/internal/target"
+	"github.com/pgreorder/pgreorder/changefeed"
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/internal/pgsession"
 	"github.com/pgreorder/pgreorder/replication"
@@ -53,10 +54,11 @@ type session struct {
 }
 
 // session starts the session of the Feed's attempt t, up to where the Feed takes over: it
-// connects to the target, identifies the source, fences off the connections of an earlier
-// session, reads the progress row (and, with Config.Copy and no progress row, the copy table),
-// and sets the attempt's stream configuration rcfg. What it opens, t's end closes.
-func (a *Applier) session(parent context.Context, t *attempt, rcfg *replication.Config) (err error) {
+// connects to the target, identifies the source (on the replication connection the attempt then
+// streams on), fences off the connections of an earlier session, reads the progress row (and,
+// with Config.Copy and no progress row, the copy table), and sets the attempt's stream
+// configuration rcfg. What it opens, t's end closes.
+func (a *Applier) session(parent context.Context, t *attempt, src *changefeed.Source, rcfg *replication.Config) (err error) {
 	s := &session{a: a, cfg: &a.cfg, log: a.cfg.Logger, stats: &a.stats, reg: target.NewRegistry()}
 	t.s = s
 	ctx, cancel := context.WithCancelCause(parent)
@@ -67,9 +69,9 @@ func (a *Applier) session(parent context.Context, t *attempt, rcfg *replication.
 		return err
 	}
 	t.close(func() { s.leader.Close(context.WithoutCancel(ctx)) })
-	sys, slot, err := identifySource(ctx, s.cfg)
+	sys, slot, err := src.Identify(ctx)
 	if err != nil {
-		return &sourceError{err}
+		return &sourceError{twoPhaseSlot(err, s.cfg.Source.Slot)}
 	}
 	s.a.connected.Store(true)
 	s.key = target.ProgressKey{Slot: s.cfg.Source.Slot, System: sys.ID, Timeline: sys.Timeline}
@@ -231,24 +233,6 @@ func (s *session) fenceKeys() (lead, workers int64) {
 
 // fenceKeys returns the advisory lock keys of the sessions of slot of the source system.
 func fenceKeys(system, slot string) (lead, workers int64) { return target.FenceKeys(system, slot) }
-
-// identifySource connects to the source to learn which database system it is (IDENTIFY_SYSTEM
-// and the pre-flight checks of a replication connection), before the progress row is read.
-// It also returns the slot as it is then, or nil if it does not exist.
-func identifySource(ctx context.Context, cfg *Config) (replication.System, *replication.SlotInfo, error) {
-	rc := cfg.Source
-	rc.Logger = nil // the session's stream logs its connection
-	conn, err := replication.Connect(ctx, rc)
-	if err != nil {
-		return replication.System{}, nil, twoPhaseSlot(err, cfg.Source.Slot)
-	}
-	defer conn.Close(ctx)
-	sys := conn.System()
-	if slot, ok := conn.Slot(); ok {
-		return sys, &slot, nil
-	}
-	return sys, nil, nil
-}
 
 // twoPhaseSlot rewrites the replication package's check of a slot made with two-phase decoding,
 // which names replication's option, for the Applier, which reads slots without it.

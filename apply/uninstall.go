@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/pgreorder/pgreorder/apply/internal/target"
+	"github.com/pgreorder/pgreorder/replication"
 )
 
 // UninstallOptions says what Uninstall removes besides the tombstone store. The zero value
@@ -82,11 +83,9 @@ func (a *Applier) Uninstall(ctx context.Context, opts UninstallOptions) (Uninsta
 		return Uninstalled{}, fmt.Errorf("apply: uninstall: %w", err)
 	}
 	if system == "" {
-		sys, _, err := identifySource(ctx, cfg)
-		if err != nil {
+		if system, err = sourceSystem(ctx, cfg); err != nil {
 			return Uninstalled{}, fmt.Errorf("apply: uninstall: identifying the source system (to find a running Applier of the slot): %w", err)
 		}
-		system = sys.ID
 	}
 	lead, _ := fenceKeys(system, cfg.Source.Slot)
 	locked, err := tg.TryLock(ctx, lead)
@@ -112,4 +111,18 @@ func originIf(drop bool, origin string) string {
 		return origin
 	}
 	return ""
+}
+
+// sourceSystem connects to the source to learn which database system it is (IDENTIFY_SYSTEM and
+// the pre-flight checks of a replication connection), for an uninstall that finds no progress row
+// naming it. (A session learns it on the connection it streams on: changefeed.Source.)
+func sourceSystem(ctx context.Context, cfg *Config) (string, error) {
+	rc := cfg.Source
+	rc.Logger = nil
+	conn, err := replication.Connect(ctx, rc)
+	if err != nil {
+		return "", twoPhaseSlot(err, cfg.Source.Slot)
+	}
+	defer conn.Close(ctx)
+	return conn.System().ID, nil
 }

@@ -625,7 +625,7 @@ func (f *Feed) open(ctx context.Context, rcfg replication.Config, first func(*re
 	done := false
 	var since time.Time // the first refusal of the slot
 	for attempt := 1; ; attempt++ {
-		conn, err := replication.Connect(ctx, streamConfig(rcfg))
+		conn, err := f.connect(ctx, rcfg, attempt)
 		if errors.Is(err, replication.ErrResumeAhead) {
 			return nil, fmt.Errorf("changefeed: the stored position %s of slot %q is beyond the server's WAL: "+
 				"the store belongs to another server, or the server was restored from a backup; "+
@@ -657,6 +657,23 @@ func (f *Feed) open(ctx context.Context, rcfg replication.Config, first func(*re
 			return nil, err
 		}
 	}
+}
+
+// connect makes the replication connection of open's attempt n: on the first, the one the
+// Restarter's Prepare made (Source.Identify), with the settings Prepare left in rcfg, if it made
+// one.
+func (f *Feed) connect(ctx context.Context, rcfg replication.Config, n int) (*replication.Conn, error) {
+	rcfg = streamConfig(rcfg)
+	if n == 1 && f.try != nil { // f.try is written on this goroutine
+		if conn := f.try.src.take(); conn != nil {
+			if err := conn.SetBuffer(rcfg.Buffer); err != nil {
+				conn.Close(ctx)
+				return nil, err
+			}
+			return conn, nil
+		}
+	}
+	return replication.Connect(ctx, rcfg)
 }
 
 // feedCopier is the Feed's side of InitialCopy.

@@ -97,7 +97,8 @@
 //
 // A Follower that must prepare each attempt or hear how it ended is a Restarter: its Prepare runs
 // before each attempt loads the position (and may change that attempt's reorder buffer
-// settings), and its Ended gets Run's account of the attempt (an Outcome), which it may change:
+// settings); if it must know the source first, its Source's Identify makes the attempt's
+// replication connection, which the attempt then streams on; and its Ended gets Run's account of the attempt (an Outcome), which it may change:
 // the error, whether the attempt made progress, or that the next attempt starts at once because
 // the Follower cured the cause itself. Package apply runs its sessions this way, one Feed for a
 // whole Applier.Run.

@@ -3,12 +3,14 @@ package changefeed_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgreorder/pgreorder/changefeed"
@@ -142,4 +144,93 @@ func TestPublicationChanges(t *testing.T) {
 	require.True(t, pgtest.Until(ctx, func() bool { return strings.Contains(log.String(), "table removed from the publication") }), log.String())
 	require.Contains(t, log.String(), "table=public.t ")
 	require.NoError(t, stop())
+}
+
+// identifier is a Restarter whose Prepare identifies the source and only then asks for the
+// stream in parts; it records the walsender that answered and the one that streams.
+type identifier struct {
+	partFollower
+	dsn           string
+	sys           []replication.System
+	prepared      []int32 // the walsender backends of the database during each Prepare
+	streaming     []int32 // the slot's active_pid during each Follow
+	prepareErrors []error
+}
+
+func (r *identifier) Prepare(ctx context.Context, src *changefeed.Source, rcfg *replication.Config) error {
+	sys, slot, err := src.Identify(ctx)
+	if err != nil {
+		return err
+	}
+	again, _, err := src.Identify(ctx) // a second call reuses the connection
+	if err != nil {
+		return err
+	}
+	r.sys = append(r.sys, sys, again)
+	if slot != nil {
+		return fmt.Errorf("slot %q exists before the first attempt", slot.Name)
+	}
+	pids, err := queryPIDs(ctx, r.dsn, `SELECT pid FROM pg_stat_activity WHERE backend_type = 'walsender' AND datname = current_database()`)
+	r.prepared = append(r.prepared, pids...)
+	r.prepareErrors = append(r.prepareErrors, err)
+	rcfg.Buffer.Incremental = true // after the connection was made: the stream still gets it
+	return nil
+}
+
+func (r *identifier) Follow(ctx context.Context, s *replication.Stream) error {
+	pids, err := queryPIDs(ctx, r.dsn, `SELECT active_pid FROM pg_replication_slots WHERE slot_name = 'ident'`)
+	if err != nil {
+		return err
+	}
+	r.streaming = append(r.streaming, pids...)
+	return r.partFollower.Follow(ctx, s)
+}
+
+func (r *identifier) Ended(context.Context, *changefeed.Outcome) {}
+
+func queryPIDs(ctx context.Context, dsn, sql string) ([]int32, error) {
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close(ctx)
+	rows, err := conn.Query(ctx, sql)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[int32])
+}
+
+// TestRestarterIdentify: a Restarter that identifies the source in Prepare costs no connection
+// of its own: the attempt streams on the walsender that answered Identify, with the reorder
+// buffer settings Prepare set after it (the stream arrives in parts).
+func TestRestarterIdentify(t *testing.T) {
+	eachMajor(t, func(t *testing.T, srv *pgtest.Server) {
+		ctx := pgtest.Context(t, 2*time.Minute)
+		db := pgtest.NewDatabase(t, srv)
+		dsn := srv.ConnString(db)
+		pgtest.ExecAll(t, dsn, `CREATE TABLE t (id int PRIMARY KEY, v text)`, `CREATE PUBLICATION pub FOR TABLE t`)
+		r := &identifier{dsn: dsn}
+		cfg := changefeed.Config{Start: changefeed.StartStream, Follower: r, Logger: testLogger(t),
+			Replication: replication.Config{ConnString: srv.ReplicationConnString(db), Slot: "ident", Publications: []string{"pub"},
+				CreateSlot: true, Buffer: reorderbuffer.Config{WorkMem: 64 << 10}}}
+		feed, err := changefeed.New(cfg, mustOpen(t, filepath.Join(t.TempDir(), "pos")), func(context.Context, *changefeed.Batch) error { return nil })
+		require.NoError(t, err)
+		done := make(chan error, 1)
+		go func() { done <- feed.Run(ctx) }()
+		require.True(t, pgtest.Until(ctx, func() bool { return feed.Progress().Start != 0 }), "streaming")
+		pgtest.ExecAll(t, dsn, `INSERT INTO t SELECT g, repeat('x', 200) FROM generate_series(1, 5000) g`)
+		select {
+		case err := <-done:
+			require.ErrorIs(t, err, errDone, "the stream came in parts: Prepare's settings reached it")
+		case <-ctx.Done():
+			t.Fatal("the Follower never saw the commit")
+		}
+		require.Len(t, r.sys, 2)
+		require.NotEmpty(t, r.sys[0].ID)
+		require.Equal(t, r.sys[0], r.sys[1], "Identify twice: the same connection's answer")
+		require.NoError(t, errors.Join(r.prepareErrors...))
+		require.Len(t, r.prepared, 1, "one walsender while Prepare ran")
+		require.Equal(t, r.prepared, r.streaming, "the attempt streams on the walsender that Identify connected")
+	})
 }

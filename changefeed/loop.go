@@ -29,10 +29,11 @@ const resetAfter = time.Minute
 type Restarter interface {
 	Follower
 	// Prepare is called at the start of each attempt, before the Store's Load, with the attempt's
-	// copy of Config.Replication: it may change the reorder buffer's settings for that attempt
-	// (Buffer.Incremental, WorkMem, MaxOpenFiles), not the connection, the slot or the
-	// publications. An error ends the attempt like any other.
-	Prepare(ctx context.Context, rcfg *replication.Config) error
+	// source and its copy of Config.Replication: it may change the reorder buffer's settings for
+	// that attempt (Buffer.Incremental, WorkMem, MaxOpenFiles, SkipThrough), not the connection,
+	// the slot or the publications. A Prepare that must know the source first (which system it
+	// is, where the slot is) calls src.Identify. An error ends the attempt like any other.
+	Prepare(ctx context.Context, src *Source, rcfg *replication.Config) error
 	// Ended is called when an attempt that Prepare began has ended, whether or not Prepare
 	// returned nil, after Run closed the attempt's stream, with Run's account of the attempt,
 	// which it may change (see Outcome). It is called also when ctx ended.
@@ -100,7 +101,54 @@ func (e *NotStartedError) Retryable() bool { return false }
 
 // attempt is what Run knows of the attempt in progress. Run's goroutine only.
 type attempt struct {
-	o Outcome
+	o   Outcome
+	src *Source // for a Restarter
+}
+
+// Source is the source server as one attempt reaches it, handed to a Restarter's Prepare.
+// Identify makes the attempt's replication connection, and the attempt streams on that same
+// connection when it resumes or starts a stream, so that a Restarter that must know the source
+// before it prepares costs the source no connection of its own. (An attempt that copies closes it
+// and makes the copy's.) A Source is used on Prepare's goroutine, and not after Prepare returns.
+type Source struct {
+	f    *Feed
+	rcfg *replication.Config // the attempt's, which Prepare changes
+	conn *replication.Conn   // made by Identify; nil once the attempt took or closed it
+}
+
+// Identify connects to the source with the attempt's settings (replication.Connect: the
+// pre-flight checks included) unless an earlier call did, and returns what the server said of
+// itself and the slot as it was then, nil if it does not exist. Its error is Connect's.
+func (s *Source) Identify(ctx context.Context) (replication.System, *replication.SlotInfo, error) {
+	if s.conn == nil {
+		conn, err := replication.Connect(ctx, streamConfig(*s.rcfg))
+		if err != nil {
+			return replication.System{}, nil, err
+		}
+		s.f.reachedSource()
+		s.conn = conn
+	}
+	if slot, ok := s.conn.Slot(); ok {
+		return s.conn.System(), &slot, nil
+	}
+	return s.conn.System(), nil, nil
+}
+
+// take hands the connection Identify made, if any, to the caller.
+func (s *Source) take() *replication.Conn {
+	if s == nil {
+		return nil
+	}
+	c := s.conn
+	s.conn = nil
+	return c
+}
+
+// close closes the connection Identify made, unless the attempt took it.
+func (s *Source) close(ctx context.Context) {
+	if c := s.take(); c != nil {
+		c.Close(context.WithoutCancel(ctx))
+	}
 }
 
 // Run runs the consumer until ctx ends or an error that another attempt cannot cure, and closes
@@ -231,13 +279,18 @@ func (f *Feed) attempt(ctx context.Context) Outcome {
 	rcfg := f.cfg.Replication
 	r, _ := f.cfg.Follower.(Restarter)
 	if r != nil {
-		if err := r.Prepare(ctx, &rcfg); err != nil {
+		a.src = &Source{f: f, rcfg: &rcfg}
+		err := r.Prepare(ctx, a.src, &rcfg)
+		a.src.rcfg = nil
+		if err != nil {
+			a.src.close(ctx)
 			a.o.Err = err
 			r.Ended(ctx, &a.o)
 			return a.o
 		}
 	}
 	a.o.Err = f.once(ctx, rcfg, a)
+	a.src.close(ctx) // not taken: the attempt failed before it streamed
 	if time.Since(began) >= resetAfter {
 		a.o.Progress = true
 	}
@@ -274,6 +327,7 @@ func (f *Feed) once(ctx context.Context, rcfg replication.Config, a *attempt) (e
 	case f.cfg.Start == StartStream:
 		stream, err = f.start(ctx, rcfg)
 	default:
+		a.src.close(ctx) // the copy makes the slot on a connection of its own
 		stream, err = f.copy(ctx, rcfg, pos, ok)
 	}
 	if err != nil {

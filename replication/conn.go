@@ -111,10 +111,8 @@ func Connect(ctx context.Context, cfg Config) (_ *Conn, err error) {
 	if err != nil {
 		return nil, err
 	}
-	if skip := cfg.Buffer.SkipThrough; skip > sess.sys.xlogPos {
-		return nil, &CheckError{Setting: "Buffer.SkipThrough", Err: ErrResumeAhead,
-			Problem: fmt.Sprintf("resume position %s is beyond the server's current WAL position %s", skip, sess.sys.xlogPos),
-			Fix:     "pass the EndLSN of the last transaction the consumer handled from this server, or 0/0 to start at the slot's position"}
+	if err := checkSkip(cfg.Buffer, sess.sys); err != nil {
+		return nil, err
 	}
 	every := cfg.StatusInterval
 	if every <= 0 {
@@ -127,6 +125,31 @@ func Connect(ctx context.Context, cfg Config) (_ *Conn, err error) {
 			"status_interval", every, "wal_sender_timeout", t)
 	}
 	return &Conn{cfg: cfg, base: base, log: log, sess: sess, neg: neg, every: every}, nil
+}
+
+// checkSkip refuses a resume position beyond the server's WAL.
+func checkSkip(b reorderbuffer.Config, sys systemInfo) error {
+	if skip := b.SkipThrough; skip > sys.xlogPos {
+		return &CheckError{Setting: "Buffer.SkipThrough", Err: ErrResumeAhead,
+			Problem: fmt.Sprintf("resume position %s is beyond the server's current WAL position %s", skip, sys.xlogPos),
+			Fix:     "pass the EndLSN of the last transaction the consumer handled from this server, or 0/0 to start at the slot's position"}
+	}
+	return nil
+}
+
+// SetBuffer replaces Config.Buffer, the reorder buffer settings of the Stream that StartStreaming
+// starts, for a caller that learns them only once connected (where to resume, whether to hand out
+// transactions in parts). It checks Buffer.SkipThrough against the server's WAL as Connect does
+// (ErrResumeAhead); on an error the settings are left as they were.
+func (c *Conn) SetBuffer(b reorderbuffer.Config) error {
+	if c.sess == nil {
+		return ErrClosed
+	}
+	if err := checkSkip(b, c.sess.sys); err != nil {
+		return err
+	}
+	c.cfg.Buffer = b
+	return nil
 }
 
 // Negotiated returns the pgoutput options negotiated with the server.

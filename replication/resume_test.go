@@ -152,6 +152,22 @@ func TestResumePosition(t *testing.T) {
 				t.Fatalf("confirmed_flush_lsn moved from %s to %s", before, after)
 			}
 
+			// The same position given to a connection already made (Conn.SetBuffer) is refused
+			// the same way, and leaves the settings as they were.
+			ok := cfg
+			ok.Buffer.SkipThrough = 0
+			conn, err := replication.Connect(ctx, ok)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := conn.SetBuffer(cfg.Buffer); !errors.Is(err, replication.ErrResumeAhead) || !errors.As(err, &ce) {
+				t.Fatalf("SetBuffer with FF/0: %v; want a *CheckError wrapping ErrResumeAhead", err)
+			}
+			conn.Close(ctx)
+			if err := conn.SetBuffer(ok.Buffer); !errors.Is(err, replication.ErrClosed) {
+				t.Fatalf("SetBuffer after Close: %v; want ErrClosed", err)
+			}
+
 			// Behind the slot: accepted, with a warning.
 			pgtest.ExecAll(t, cs, `INSERT INTO pub_t VALUES (1)`, `SELECT pg_replication_slot_advance('s', pg_current_wal_lsn())`)
 			log := newLogRecorder()
