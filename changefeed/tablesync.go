@@ -490,6 +490,9 @@ func OpenTableSnapshot(ctx context.Context, rcfg replication.Config, scfg snapsh
 	if scfg.Logger == nil {
 		scfg.Logger = base.Logger
 	}
+	if scfg.Name == "" {
+		scfg.Name = "added tables copy"
+	}
 	pick := scfg.Tables
 	scfg.Tables = func(t *snapshot.Table) bool { return keep(t) && (pick == nil || pick(t)) }
 	sess, err := snapshot.Open(ctx, scfg, snap)

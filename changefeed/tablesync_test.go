@@ -177,7 +177,9 @@ func TestTableAddedCopied(t *testing.T) {
 					st = ts
 				}
 				l := &lateModel{m: newModel()}
+				var logs pgtest.LockedBuffer
 				cfg := changefeed.Config{PublicationCheck: 50 * time.Millisecond, Copy: lateCopy(),
+					Logger:      slog.New(slog.NewTextHandler(&logs, nil)),
 					Replication: replication.Config{ConnString: srv.ReplicationConnString(db), Slot: "late_" + store, Publications: []string{"pub"}}}
 				stop := runFeed(t, cfg, st, l.handle)
 				stopWriter, commits := lateWriter(ctx, t, dsn)
@@ -188,6 +190,9 @@ func TestTableAddedCopied(t *testing.T) {
 				lateCheck(ctx, t, dsn, l, stopWriter)
 				require.NoError(t, stop())
 				require.Zero(t, pgtest.Count(t, dsn, `SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE '%_sync_%'`), "the temporary slot is gone")
+				// The log names each copy for what it is.
+				require.Equal(t, 1, strings.Count(logs.String(), `msg="initial copy done"`), "the initial copy's end, once")
+				require.Contains(t, logs.String(), `msg="added tables copy done"`)
 			})
 		}
 	})

@@ -66,6 +66,17 @@ type Config struct {
 	// Logger receives the plan, the progress of each table and server notices (at Warn); nil
 	// logs nothing.
 	Logger *slog.Logger
+	// Name is what the log lines call this copy ("<Name> ready", "<Name> done"): "initial copy"
+	// when empty. The copy of tables added to a publication later is named "added tables copy".
+	Name string
+}
+
+// name returns what the log lines call the copy.
+func (c *Config) name() string {
+	if c.Name == "" {
+		return "initial copy"
+	}
+	return c.Name
 }
 
 func (c *Config) validate() error {

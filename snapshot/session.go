@@ -187,7 +187,7 @@ func Open(ctx context.Context, cfg Config, snap replication.Snapshot) (_ *Sessio
 	for _, t := range s.tables {
 		size += t.Size
 	}
-	log.Info("initial copy ready", "snapshot", snap.Name, "consistent_point", snap.ConsistentPoint,
+	log.Info(cfg.name()+" ready", "snapshot", snap.Name, "consistent_point", snap.ConsistentPoint,
 		"tables", len(s.tables), "chunks", len(s.plan), "workers", len(s.conns), "bytes", size,
 		"server_major", s.major, "elapsed", time.Since(start).Round(time.Millisecond))
 	if len(s.tables) == 0 {
@@ -374,7 +374,7 @@ func (s *Session) Run(ctx context.Context, h Handler) (*Result, error) {
 	for _, t := range s.tables {
 		res.Rows += t.Rows()
 	}
-	s.log.Info("initial copy done", "tables", len(s.tables), "rows", res.Rows,
+	s.log.Info(s.cfg.name()+" done", "tables", len(s.tables), "rows", res.Rows,
 		"elapsed", time.Since(start).Round(time.Millisecond), "consistent_point", s.snap.ConsistentPoint)
 	return res, nil
 }
