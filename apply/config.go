@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgreorder/pgreorder/apply/conflict"
+	"github.com/pgreorder/pgreorder/apply/internal/engine"
 	"github.com/pgreorder/pgreorder/apply/internal/target"
 	"github.com/pgreorder/pgreorder/changefeed"
 	"github.com/pgreorder/pgreorder/decoding"
@@ -21,43 +22,34 @@ import (
 	"github.com/pgreorder/pgreorder/spill"
 )
 
-// Mode is how transactions are applied to the target.
-type Mode int
+// Mode is how transactions are applied to the target. Its String method returns the name the
+// command line uses ("buffered", "eager", "parallel"). It is the type the engine that applies the
+// stream is configured with.
+type Mode = engine.Mode
 
 const (
 	// Buffered applies each transaction whole, at its commit, on one connection, in commit
 	// order; transactions already received are grouped into one target transaction (see the
 	// package documentation). A streamed transaction is held by the reorder buffer (in memory up
 	// to Source.Buffer.WorkMem, then on disk) until its commit arrives.
-	Buffered Mode = iota
+	Buffered Mode = engine.Buffered
 	// Eager applies a streamed transaction as its parts arrive, on a connection of its own
 	// (one of Workers), taking a savepoint before each subtransaction's first change, rolling
 	// back to it when the subtransaction aborts, and committing at its commit in commit order.
 	// Non-streamed transactions are applied as they arrive, one at a time. When no worker is free
 	// a streamed transaction is spooled and applied at its commit.
-	Eager
+	Eager Mode = engine.Eager
 	// Parallel is Eager plus parallel apply of non-streamed transactions on Workers connections:
 	// a transaction that touches a row (relation and replica identity key) an earlier transaction
 	// still in flight touched waits for that one to commit; commits stay in commit order, unless
 	// CommitOrder is CommitRelaxed.
-	Parallel
+	Parallel Mode = engine.Parallel
 )
-
-var modeNames = [...]string{Buffered: "buffered", Eager: "eager", Parallel: "parallel"}
-
-func (m Mode) String() string {
-	if m >= 0 && int(m) < len(modeNames) {
-		return modeNames[m]
-	}
-	return fmt.Sprintf("Mode(%d)", int(m))
-}
 
 // ParseMode parses "buffered", "eager" or "parallel".
 func ParseMode(s string) (Mode, error) {
-	for m, n := range modeNames {
-		if strings.EqualFold(s, n) {
-			return Mode(m), nil
-		}
+	if m, ok := engine.ModeNamed(s); ok {
+		return m, nil
 	}
 	return 0, fmt.Errorf("%w: mode %q (want buffered, eager or parallel)", ErrInvalidConfig, s)
 }

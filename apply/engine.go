@@ -22,7 +22,7 @@ const asyncDelay = engine.DefaultAsyncDelay
 
 // engine returns the engine that applies the session's stream.
 func (s *session) engine() *engine.Engine {
-	mode := engine.Mode(s.cfg.Mode)
+	mode := s.cfg.Mode
 	if s.buffered {
 		mode = engine.Buffered
 	}

@@ -3,7 +3,9 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,7 +21,8 @@ import (
 	"github.com/pgreorder/pgreorder/spill"
 )
 
-// Mode is how the leader applies the stream.
+// Mode is how the leader applies the stream. It is apply.Mode, whose documentation says what
+// each mode does for the user.
 type Mode int
 
 const (
@@ -31,6 +34,27 @@ const (
 	// Parallel applies whole transactions too on workers, in runs, with their dependencies.
 	Parallel
 )
+
+var modeNames = [...]string{Buffered: "buffered", Eager: "eager", Parallel: "parallel"}
+
+// String returns the mode's name as the command line spells it: "buffered", "eager" or
+// "parallel".
+func (m Mode) String() string {
+	if m >= 0 && int(m) < len(modeNames) {
+		return modeNames[m]
+	}
+	return fmt.Sprintf("Mode(%d)", int(m))
+}
+
+// ModeNamed returns the mode whose name is s (any case), and false if none is.
+func ModeNamed(s string) (Mode, bool) {
+	for m, n := range modeNames {
+		if strings.EqualFold(s, n) {
+			return Mode(m), true
+		}
+	}
+	return 0, false
+}
 
 // Config is what the engine needs of the Applier's configuration, resolved for one session.
 type Config struct {
