@@ -58,7 +58,7 @@ func New(cfg Config) (*Buffer, error) {
 		ctl:     decoding.Parser{Options: cfg.Decoding},
 		skip:    cfg.SkipThrough,
 		xacts:   make(map[uint32]*xact),
-		pool:    newPool(cfg.limit()),
+		pool:    newPool(cfg.limit(), cfg.Memory),
 		schema:  &schema{},
 		prog:    newProgress(cfg.SkipThrough, cfg.HandOutAdvances),
 		partMax: partSize(cfg.limit()),
@@ -493,7 +493,7 @@ func (b *Buffer) put(t *xact, h decoding.Header, data, head, body, chunk []byte,
 	}
 	if chunk != nil {
 		b.grew(t)
-		if b.pool.mem > b.pool.limit { // the chunk alone was larger than the room left
+		if b.pool.over(0) { // the chunk alone was larger than the room left
 			if err := b.makeRoom(0); err != nil {
 				return err
 			}
@@ -558,7 +558,7 @@ func (b *Buffer) released(t *xact, n int64) {
 // spilling the transaction with the most bytes in memory; it stops early when a free chunk of
 // size n appears (spilling frees chunks) or nothing is left to free.
 func (b *Buffer) makeRoom(n int64) error {
-	for b.pool.mem+n > b.pool.limit {
+	for b.pool.over(n) {
 		if n > 0 && b.pool.hasFree(int(n)) {
 			return nil
 		}
@@ -776,7 +776,7 @@ func (b *Buffer) nonTransactional(m *decoding.LogicalMessage, data []byte) error
 	}
 	t.mem.appendRecord(chunk, data)
 	b.grew(t)
-	if b.pool.mem > b.pool.limit {
+	if b.pool.over(0) {
 		if err := b.makeRoom(0); err != nil {
 			return err
 		}
@@ -833,6 +833,10 @@ func (b *Buffer) free(t *xact) error {
 func (b *Buffer) Next() (*Txn, bool) {
 	if err := b.releaseLent(); err != nil && b.err == nil {
 		b.err = err
+	}
+	if m := b.pool.shared; m != nil && m.short.Load() && m.short.Swap(false) && !b.noAccounting {
+		for b.pool.dropFree() { // the consumer was refused room: give it what lies idle
+		}
 	}
 	if b.done || len(b.queue) == 0 {
 		return nil, false
@@ -969,6 +973,9 @@ func (b *Buffer) Close() error {
 	b.cur = nil
 	if b.store != nil {
 		errs = append(errs, b.store.Close())
+	}
+	if !b.noAccounting {
+		b.pool.close()
 	}
 	return errors.Join(errs...)
 }

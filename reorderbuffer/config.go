@@ -28,6 +28,12 @@ type Config struct {
 	// Beyond the limit the transaction with the most bytes in memory is spilled to disk.
 	WorkMem int64
 
+	// Memory, when set, is a limit the Buffer shares with its consumer (see Memory): the
+	// Buffer's records and the bytes the consumer took count against it together, and the
+	// Buffer spills as soon as the two exceed it. WorkMem must then be 0 (or the same limit):
+	// the limit is Memory's.
+	Memory *Memory
+
 	// Dir is the directory that holds spill files; "" means os.TempDir(). New makes the buffer's
 	// own subdirectory there (removing those that dead processes left behind, and nothing else);
 	// Close removes it.
@@ -86,6 +92,9 @@ func (c *Config) validate() error {
 	if c.WorkMem < 0 && c.WorkMem != SpillEverything {
 		return fmt.Errorf("reorderbuffer: invalid WorkMem %d (want bytes, 0 for the default, or SpillEverything)", c.WorkMem)
 	}
+	if own := (Config{WorkMem: c.WorkMem}); c.Memory != nil && c.WorkMem != 0 && own.limit() != c.Memory.limit {
+		return fmt.Errorf("reorderbuffer: WorkMem %d and a shared Memory of %d bytes: set one limit (WorkMem 0 takes Memory's)", c.WorkMem, c.Memory.limit)
+	}
 	if c.MaxOpenFiles < 0 {
 		return fmt.Errorf("reorderbuffer: invalid MaxOpenFiles %d", c.MaxOpenFiles)
 	}
@@ -94,6 +103,8 @@ func (c *Config) validate() error {
 
 func (c *Config) limit() int64 {
 	switch {
+	case c.Memory != nil:
+		return c.Memory.limit
 	case c.WorkMem == 0:
 		return DefaultWorkMem
 	case c.WorkMem < 0:

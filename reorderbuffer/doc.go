@@ -22,7 +22,10 @@
 //   - Memory: the record bytes in memory (Stats.MemoryBytes: the capacity of the chunks that
 //     hold records, plus free chunks kept for reuse, at most min(WorkMem, 64 MiB)) never exceed
 //     Config.WorkMem: room is made, by spilling, before a chunk is allocated. The only excess is
-//     a single record larger than the limit, which is spilled right after it arrives. A
+//     a single record larger than the limit, which is spilled right after it arrives. With
+//     Config.Memory the limit is shared with the consumer's own bytes (Memory.Take): the Buffer
+//     spills as soon as the two together pass it, and passes it only by what it cannot spill at
+//     that moment (the transaction it handed out, the chunk it fills). A
 //     transaction handed out by Next stays counted but is no longer spilled while the consumer
 //     reads it. Bookkeeping outside the limit is small and bounded: 210 bytes per open
 //     transaction, 128 more once it has a spill log, about 4 bytes per subtransaction that wrote,

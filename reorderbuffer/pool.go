@@ -11,16 +11,20 @@ package reorderbuffer
 //   - freeBytes <= freeCap.
 type pool struct {
 	limit     int64
-	mem       int64 // bytes counted: chunks held by transactions, and free chunks
-	peak      int64 // highest mem
-	chunkMax  int   // largest memlog chunk: a power of two near a quarter of the limit, within [minChunk, maxChunk]
+	shared    *Memory // Config.Memory: mem is counted there too, with the consumer's bytes
+	mem       int64   // bytes counted: chunks held by transactions, and free chunks
+	peak      int64   // highest mem
+	chunkMax  int     // largest memlog chunk: a power of two near a quarter of the limit, within [minChunk, maxChunk]
 	spare     [9][][]byte
 	freeBytes int64
 	freeCap   int64 // most bytes of free chunks kept: min(limit, DefaultWorkMem)
 }
 
-func newPool(limit int64) pool {
-	p := pool{limit: limit, chunkMax: minChunk, freeCap: min(limit, DefaultWorkMem)}
+func newPool(limit int64, shared *Memory) pool {
+	p := pool{limit: limit, shared: shared, chunkMax: minChunk, freeCap: min(limit, DefaultWorkMem)}
+	if shared != nil {
+		p.freeCap = min(limit/4, DefaultWorkMem) // free chunks count against the consumer's room too
+	}
 	for int64(p.chunkMax*2) <= limit/4 && p.chunkMax < maxChunk {
 		p.chunkMax *= 2
 	}
@@ -57,7 +61,7 @@ func (p *pool) takeFree(size int) []byte {
 
 // alloc returns a new chunk of size bytes and counts it. The caller has made room for it.
 func (p *pool) alloc(size int) []byte {
-	p.mem += int64(size)
+	p.count(int64(size))
 	p.peak = max(p.peak, p.mem)
 	return make([]byte, 0, size)
 }
@@ -76,7 +80,33 @@ func (p *pool) recycle(c []byte) bool {
 }
 
 // release uncounts n bytes of chunks let go of and not recycled.
-func (p *pool) release(n int64) { p.mem -= n }
+func (p *pool) release(n int64) { p.count(-n) }
+
+// count adds n (which may be negative) to the bytes counted.
+func (p *pool) count(n int64) {
+	p.mem += n
+	if p.shared != nil {
+		p.shared.add(n)
+	}
+}
+
+// over reports whether n more bytes would exceed the limit: the pool's bytes, and with a shared
+// Memory the consumer's too.
+func (p *pool) over(n int64) bool {
+	used := p.mem
+	if p.shared != nil {
+		used = p.shared.used.Load()
+	}
+	return used+n > p.limit
+}
+
+// close uncounts everything, for a Buffer that is closed: a shared Memory keeps only the
+// consumer's bytes.
+func (p *pool) close() {
+	p.count(-p.mem)
+	p.spare = [len(p.spare)][][]byte{}
+	p.freeBytes = 0
+}
 
 // dropFree lets go of the largest free chunk; it reports whether there was one.
 func (p *pool) dropFree() bool {
@@ -86,7 +116,7 @@ func (p *pool) dropFree() bool {
 			l[len(l)-1] = nil
 			p.spare[k] = l[:len(l)-1]
 			p.freeBytes -= n
-			p.mem -= n
+			p.count(-n)
 			return true
 		}
 	}
