@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"math"
 	"strings"
 	"time"
 
@@ -155,10 +154,10 @@ type Config struct {
 	// Buffer.WorkMem bounds the memory of transaction data, like PostgreSQL's
 	// logical_decoding_work_mem: 0 means reorderbuffer.DefaultWorkMem (64 MiB),
 	// reorderbuffer.SpillEverything keeps nothing in memory. In Buffered the reorder buffer holds
-	// at most WorkMem. In Eager and Parallel WorkMem is split: the changes queued for workers
-	// that have not applied them yet take at most a quarter of it, the reorder buffer the other
-	// three quarters, so that the two together stay within WorkMem; what does not fit waits in
-	// spill files, under Buffer.Dir ("" is the system's temporary directory), compressed by
+	// at most WorkMem. In Eager and Parallel the reorder buffer and the changes queued for workers
+	// that have not applied them yet share WorkMem (reorderbuffer.Memory): the two together stay
+	// within it, each using what the other leaves, and one queue at most WorkMem/Workers (64 KiB
+	// at least); what does not fit waits in spill files, under Buffer.Dir ("" is the system's temporary directory), compressed by
 	// Buffer.SpillCompressor if set (the reorder buffer's and the workers' queues'; package
 	// spillcompress has S2, LZ4 and zstd).
 	//
@@ -448,28 +447,6 @@ func (c *Config) WorkMemBytes() int64 {
 	default:
 		return w
 	}
-}
-
-// queueMem is the memory the queues of workers may hold in total: a quarter of WorkMem
-// (Source.Buffer.WorkMem).
-func (c *Config) queueMem() int64 {
-	if m := c.WorkMemBytes(); m != math.MaxInt64 {
-		return m / 4
-	}
-	return math.MaxInt64 // unlimited
-}
-
-// bufferMem is the reorder buffer's Config.WorkMem: all of WorkMem when transactions are
-// applied whole (incremental false), and otherwise what the workers' queues leave of it.
-func (c *Config) bufferMem(incremental bool) int64 {
-	m := c.WorkMemBytes()
-	if !incremental || m == math.MaxInt64 {
-		return c.Source.Buffer.WorkMem
-	}
-	if m -= c.queueMem(); m <= 0 {
-		return reorderbuffer.SpillEverything
-	}
-	return m
 }
 
 // spillFiles returns the spill files the reorder buffer and, in Eager and Parallel

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,8 +13,6 @@ import (
 
 	"github.com/pgreorder/pgreorder/apply/conflict"
 	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
-	"github.com/pgreorder/pgreorder/reorderbuffer"
-	"github.com/pgreorder/pgreorder/replication"
 	"github.com/pgreorder/pgreorder/spill"
 	"github.com/pgreorder/pgreorder/spillcompress"
 )
@@ -31,7 +28,7 @@ func TestEagerSpool(t *testing.T) {
 			defer cancel()
 			cfg := e.config(t, Eager)
 			cfg.Workers = 1
-			cfg.Source.Buffer.WorkMem = 64 << 10 // queues: 16 KiB, the reorder buffer 48 KiB
+			cfg.Source.Buffer.WorkMem = 64 << 10 // shared by the queues and the reorder buffer
 			if major == testMajors[len(testMajors)-1] {
 				// The buffer's and the queues' spill files compressed, on one of the versions.
 				cfg.Source.Buffer.SpillCompressor = spillcompress.S2()
@@ -95,10 +92,13 @@ func TestEagerSpool(t *testing.T) {
 			if st.Spooled == 0 || st.QueueSpilled == 0 || st.SubAborts == 0 {
 				t.Errorf("spooled %d, queue bytes spilled %d, subtransactions rolled back %d: want all > 0", st.Spooled, st.QueueSpilled, st.SubAborts)
 			}
-			// The queues and the reorder buffer share WorkMem.
-			if peak := r.a.BufferStats().PeakMemoryBytes; st.QueuePeakBytes == 0 || peak+st.QueuePeakBytes > cfg.Source.Buffer.WorkMem {
-				t.Errorf("peak memory: queues %d bytes, reorder buffer %d: want queues > 0 and the sum <= WorkMem %d",
-					st.QueuePeakBytes, peak, cfg.Source.Buffer.WorkMem)
+			// The queues and the reorder buffer share WorkMem: together at most WorkMem and what the
+			// buffer cannot spill at a time (the part it hands out, at most partSize, and the chunk it
+			// fills).
+			if peak := r.a.BufferStats().PeakMemoryBytes; st.QueuePeakBytes == 0 || peak == 0 ||
+				st.SharedPeakBytes < max(peak, st.QueuePeakBytes) || st.SharedPeakBytes > 2*cfg.Source.Buffer.WorkMem+64<<10 {
+				t.Errorf("peak memory: queues %d bytes, reorder buffer %d, together %d: want queues and buffer > 0, "+
+					"together at least either and within WorkMem %d and a part", st.QueuePeakBytes, peak, st.SharedPeakBytes, cfg.Source.Buffer.WorkMem)
 			}
 			// The rows of the subtransactions rolled back are not counted.
 			if rows := pgtest.Count(t, e.dst, `SELECT (SELECT count(*) FROM big) + (SELECT count(*) FROM events) + (SELECT count(*) FROM marker)`); st.Inserts != int64(rows) {
@@ -341,32 +341,6 @@ func TestEagerSavepointFirst(t *testing.T) {
 				t.Errorf("row 4 is %q: the source transaction committed after the local row, want its row", v)
 			}
 		})
-	}
-}
-
-// TestWorkMemSplit checks that in Eager and Parallel the workers' queues and the reorder buffer
-// share Config.WorkMem, and that Buffered gives it all to the buffer.
-func TestWorkMemSplit(t *testing.T) {
-	for _, w := range []int64{0, 1, 3, 4, 64 << 10, 1<<20 + 3, reorderbuffer.SpillEverything, math.MaxInt64} {
-		c := Config{Source: replication.Config{Buffer: reorderbuffer.Config{WorkMem: w}}}
-		q, b := c.queueMem(), c.bufferMem(true)
-		if got := c.bufferMem(false); got != w {
-			t.Errorf("WorkMem %d: Buffered's buffer gets %d, want all of it", w, got)
-		}
-		if b == 0 || b < reorderbuffer.SpillEverything {
-			t.Errorf("WorkMem %d: buffer WorkMem %d is not a valid reorderbuffer.Config.WorkMem", w, b)
-		}
-		total := c.WorkMemBytes()
-		bm := max(b, 0) // SpillEverything: none
-		if total == math.MaxInt64 {
-			if q != math.MaxInt64 || b != math.MaxInt64 {
-				t.Errorf("unlimited WorkMem: queues %d, buffer %d, want both unlimited", q, b)
-			}
-			continue
-		}
-		if q < 0 || q+bm != total {
-			t.Errorf("WorkMem %d: queues %d + buffer %d, want %d", w, q, bm, total)
-		}
 	}
 }
 

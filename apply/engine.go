@@ -28,7 +28,7 @@ func (s *session) engine() *engine.Engine {
 	}
 	_, queueFiles := spillFiles(true)
 	cfg := engine.Config{Mode: mode, Workers: s.cfg.Workers, Relaxed: s.cfg.relaxed(), SynchronousCommit: s.cfg.SynchronousCommit,
-		QueueMem: s.cfg.queueMem(), SpillDir: s.cfg.Source.Buffer.Dir, SpillCompressor: s.cfg.Source.Buffer.SpillCompressor,
+		Memory: s.mem, SpillDir: s.cfg.Source.Buffer.Dir, SpillCompressor: s.cfg.Source.Buffer.SpillCompressor,
 		QueueFiles: queueFiles, UntilCaughtUp: s.cfg.UntilCaughtUp, SwitchAt: s.switchAt(), Skip: s.skip.pending, SkipLSN: s.cfg.SkipLSN, SkipSQL: s.skip.sql,
 		AsyncDelay: s.cfg.asyncDelay(), Now: s.cfg.now, Hooks: s.cfg.hooks != nil, Stepwise: s.cfg.stepwise, RunTxns: s.cfg.runTxns,
 		WorkersOnly: s.cfg.hooks != nil && s.cfg.hooks.workersOnly}

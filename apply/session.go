@@ -15,6 +15,7 @@ import (
 	"github.com/pgreorder/pgreorder/changefeed"
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/internal/pgsession"
+	"github.com/pgreorder/pgreorder/reorderbuffer"
 	"github.com/pgreorder/pgreorder/replication"
 )
 
@@ -33,11 +34,12 @@ type session struct {
 	flushSQL string             // the flushing transaction's progress upsert (see flushWAL)
 	key      target.ProgressKey // the progress row's key and source system
 
-	det    *detect.Detection // conflict detection; nil when off
-	ours   []uint32          // the Applier's replication origins, when it has them
-	skip   skipState         // Config.SkipLSN
-	schema ddl.Watch         // the relations' descriptions, for columns the source dropped
-	tables *initcopy.Tables  // the published tables the target holds whole (tables_added.go)
+	det    *detect.Detection     // conflict detection; nil when off
+	ours   []uint32              // the Applier's replication origins, when it has them
+	skip   skipState             // Config.SkipLSN
+	schema ddl.Watch             // the relations' descriptions, for columns the source dropped
+	tables *initcopy.Tables      // the published tables the target holds whole (tables_added.go)
+	mem    *reorderbuffer.Memory // Eager and Parallel: the one limit of the reorder buffer and the workers' queues
 
 	cancel    context.CancelCauseFunc // ends the session with the first error
 	persisted decoding.LSN            // a durable progress row is at or past it
@@ -130,7 +132,11 @@ func (a *Applier) session(parent context.Context, t *attempt, src *changefeed.So
 		s.log.Info("the target role may not set session_replication_role: triggers and foreign keys fire for replicated changes")
 	}
 	bufferFiles, _ := spillFiles(!buffered)
-	rcfg.Buffer.WorkMem = s.cfg.bufferMem(!buffered)
+	if !buffered { // the workers' queues and the reorder buffer share one limit
+		s.mem = reorderbuffer.NewMemory(s.cfg.Source.Buffer.WorkMem)
+		s.mem.TrackPeak(&s.stats.memPeak)
+		rcfg.Buffer.Memory = s.mem
+	}
 	rcfg.Buffer.MaxOpenFiles = bufferFiles
 	rcfg.Buffer.SkipThrough = resume
 	rcfg.Buffer.Incremental = !buffered

@@ -61,8 +61,13 @@ type Stats struct {
 	SerialTxns   int64 // transactions Parallel applied alone (no usable key, a key whose equality the values do not tell, TRUNCATE, triggers)
 	QueueSpilled int64 // bytes of queued changes written to spill files (Eager, Parallel)
 	// QueuePeakBytes is the most bytes of queued changes the workers' queues held in memory at
-	// once, in any session (Eager, Parallel); with the reorder buffer's at most Config.Source.Buffer.WorkMem.
+	// once, in any session (Eager, Parallel).
 	QueuePeakBytes int64
+	// SharedPeakBytes is the most bytes the reorder buffer and the workers' queues held in memory
+	// together at once, in any session (Eager, Parallel). They share Config.Source.Buffer.WorkMem,
+	// which this passes only by what the buffer cannot spill when it needs room: the part it is
+	// handing out and the chunk it is filling.
+	SharedPeakBytes int64
 	// CommittedAhead counts the target commits (of a transaction, or a run of them) made ahead of
 	// an earlier source transaction not yet committed (Config.CommitOrder CommitRelaxed).
 	CommittedAhead int64
@@ -111,6 +116,7 @@ type counters struct {
 	sessions, serialRetries                  atomic.Int64
 	columnsAdded, columnsGone, sequenceSyncs atomic.Int64
 	tablesCreated                            atomic.Int64
+	memPeak                                  atomic.Int64 // the sessions' reorderbuffer.Memory (SharedPeakBytes)
 }
 
 func (c *counters) snapshot() Stats {
@@ -126,7 +132,8 @@ func (c *counters) snapshot() Stats {
 		Tombstones: c.TombstoneRows.Load(), TombstonesPurged: c.TombstonesPurged.Load(),
 		SubAborts: c.eng.SubAborts.Load(), Aborts: c.eng.Aborts.Load(), Spooled: c.eng.Spooled.Load(),
 		SerialTxns: c.eng.SerialTxns.Load(), QueueSpilled: c.eng.QueueSpilled.Load(), QueuePeakBytes: c.eng.QueuePeak.Load(),
-		CommittedAhead: c.eng.CommittedAhead.Load(), RunsOnLeader: c.eng.RunsOnLeader.Load(), RunsOnWorkers: c.eng.RunsOnWorkers.Load(),
+		SharedPeakBytes: c.memPeak.Load(),
+		CommittedAhead:  c.eng.CommittedAhead.Load(), RunsOnLeader: c.eng.RunsOnLeader.Load(), RunsOnWorkers: c.eng.RunsOnWorkers.Load(),
 		ConflictWaits:   c.eng.ConflictWaits.Load(),
 		InitialCopyRows: c.InitialCopyRows.Load(),
 		Sessions:        c.sessions.Load(), SerialRetries: c.serialRetries.Load(), Deadlocks: c.eng.Deadlocks.Load(),

@@ -62,11 +62,13 @@ type Config struct {
 	Workers           int  // Eager and Parallel: the workers' connections
 	Relaxed           bool // Parallel's relaxed commit order
 	SynchronousCommit bool // every commit waits for the target's WAL flush
-	QueueMem          int64
-	SpillDir          string           // the queues' spill files
-	SpillCompressor   spill.Compressor // and their compression
-	QueueFiles        int              // the spill files the queues may keep open
-	UntilCaughtUp     bool             // end the session once caught up (ErrCaughtUp)
+	// Memory is the limit the workers' queues share with the session's reorder buffer
+	// (reorderbuffer.Config.Memory): Eager and Parallel.
+	Memory          *reorderbuffer.Memory
+	SpillDir        string           // the queues' spill files
+	SpillCompressor spill.Compressor // and their compression
+	QueueFiles      int              // the spill files the queues may keep open
+	UntilCaughtUp   bool             // end the session once caught up (ErrCaughtUp)
 	// SwitchAt, when not 0, ends a Buffered session with ErrSwitchMode once a durable progress
 	// row is at or past it, so that the next session applies in the configured mode: a session
 	// runs Buffered while the stream may still hand out transactions whose changes of some tables

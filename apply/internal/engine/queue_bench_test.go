@@ -7,6 +7,7 @@ import (
 	"github.com/pgreorder/pgreorder/apply/internal/schedule"
 	"github.com/pgreorder/pgreorder/apply/internal/target"
 	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/reorderbuffer"
 )
 
 // noTypes resolves no data type: the benchmark's columns are built in.
@@ -37,7 +38,7 @@ func BenchmarkQueueChange(b *testing.B) {
 	e := &Engine{reg: target.NewRegistry()}
 	rels := []*target.Relation{e.reg.Intern(rel, noTypes{})}
 	var spilled atomic.Int64
-	q := schedule.NewQueue(schedule.NewSpillStore(b.TempDir(), nil), schedule.NewBudget(1<<20), 1<<20, &spilled)
+	q := schedule.NewQueue(schedule.NewSpillStore(b.TempDir(), nil), schedule.NewBudget(reorderbuffer.NewMemory(1<<20)), 1<<20, &spilled)
 	defer q.Close()
 	var wp decoding.Parser
 	var wrels []*target.Relation

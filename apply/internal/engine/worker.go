@@ -32,9 +32,12 @@ func (e *Engine) startWorkers(ctx context.Context) error {
 	e.jobs = map[uint32]*job{}
 	e.store = schedule.NewSpillStore(e.cfg.SpillDir, e.cfg.SpillCompressor)
 	e.store.SetMaxOpenFiles(e.cfg.QueueFiles)
-	e.budget = schedule.NewBudget(e.cfg.QueueMem)
+	if e.cfg.Memory == nil { // a reorder buffer of its own limit: the queues get a default one
+		e.cfg.Memory = reorderbuffer.NewMemory(0)
+	}
+	e.budget = schedule.NewBudget(e.cfg.Memory)
 	e.budget.TrackPeak(&e.stats.QueuePeak)
-	e.share = max(e.cfg.QueueMem/int64(max(e.cfg.Workers, 1)), 64<<10)
+	e.share = max(e.cfg.Memory.Limit()/int64(max(e.cfg.Workers, 1)), 64<<10)
 	e.free = make(chan *worker, e.cfg.Workers)
 	if e.cfg.Mode == Parallel {
 		e.deps = schedule.NewTracker()

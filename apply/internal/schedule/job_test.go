@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/pgreorder/pgreorder/reorderbuffer"
 )
 
 var errRefused = errors.New("refused")
@@ -88,7 +90,7 @@ func change(s string) []byte { return append([]byte{RecChange}, s...) }
 func newTestQueue(t *testing.T) *Queue {
 	st := NewSpillStore(t.TempDir(), nil)
 	t.Cleanup(func() { st.Close() })
-	return NewQueue(st, NewBudget(1<<20), 1<<20, new(atomic.Int64))
+	return NewQueue(st, NewBudget(reorderbuffer.NewMemory(1<<20)), 1<<20, new(atomic.Int64))
 }
 
 // TestRunJob: RunJob drives a job's records through its target as the workers apply them: the

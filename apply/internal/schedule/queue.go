@@ -13,7 +13,7 @@ import (
 
 // A Queue holds what the leader handed to one job and its worker has not applied yet: records
 // (changes, savepoints, rollbacks, waits, the end), in order. Records stay in memory while the
-// queues' shared budget and the queue's own share allow, and go to a spill log otherwise, as
+// queues' shared budget (the room the reorder buffer leaves them) and the queue's own share allow, and go to a spill log otherwise, as
 // PostgreSQL's leader apply worker "partially serializes" to a file when its parallel worker
 // cannot keep up. The leader never waits for a worker to make room: a slow worker costs disk,
 // never the other transactions. The worker replays the segments in order.
@@ -42,26 +42,33 @@ type segment struct {
 	sealed bool
 }
 
-// Budget is the memory all queues of a session share.
-type Budget struct {
-	mu    sync.Mutex
-	used  int64
-	limit int64
-	peak  *atomic.Int64
+// Room is the memory the queues take their bytes from: the session's reorderbuffer.Memory, the
+// one limit they share with its reorder buffer.
+type Room interface {
+	Take(n int64) bool // counts n bytes if they fit, and reports whether they did
+	Give(n int64)      // uncounts n bytes taken
 }
 
-// NewBudget returns a budget of limit bytes.
-func NewBudget(limit int64) *Budget { return &Budget{limit: limit} }
+// Budget is the memory all queues of a session share, taken from a Room.
+type Budget struct {
+	mem  Room
+	mu   sync.Mutex
+	used int64 // the queues' bytes
+	peak *atomic.Int64
+}
 
-// TrackPeak makes the budget raise peak to the most bytes it has held at once.
+// NewBudget returns the queues' budget within mem.
+func NewBudget(mem Room) *Budget { return &Budget{mem: mem} }
+
+// TrackPeak makes the budget raise peak to the most bytes the queues have held at once.
 func (b *Budget) TrackPeak(peak *atomic.Int64) { b.peak = peak }
 
 func (b *Budget) take(n int64) bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.used+n > b.limit {
+	if !b.mem.Take(n) {
 		return false
 	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
 	b.used += n
 	if b.peak != nil && b.used > b.peak.Load() {
 		b.peak.Store(b.used) // under mu: the only writer of a session's peak
@@ -70,6 +77,7 @@ func (b *Budget) take(n int64) bool {
 }
 
 func (b *Budget) give(n int64) {
+	b.mem.Give(n)
 	b.mu.Lock()
 	b.used -= n
 	b.mu.Unlock()

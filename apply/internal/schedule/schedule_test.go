@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/pgreorder/pgreorder/reorderbuffer"
 )
 
 // TestOrder: sequence numbers come out in order, and Wait returns once the number and every one
@@ -75,7 +77,7 @@ func TestOrder(t *testing.T) {
 func TestQueue(t *testing.T) {
 	st := NewSpillStore(t.TempDir(), nil)
 	defer st.Close()
-	b := NewBudget(1000)
+	b := NewBudget(reorderbuffer.NewMemory(1000))
 	var spilled atomic.Int64
 	q := NewQueue(st, b, 600, &spilled)
 	other := NewQueue(st, b, 600, &spilled)
@@ -153,7 +155,7 @@ func TestQueue(t *testing.T) {
 
 // TestQueueCloseWakesPop: Close ends a Pop waiting for a record.
 func TestQueueCloseWakesPop(t *testing.T) {
-	q := NewQueue(NewSpillStore(t.TempDir(), nil), NewBudget(100), 100, new(atomic.Int64))
+	q := NewQueue(NewSpillStore(t.TempDir(), nil), NewBudget(reorderbuffer.NewMemory(100)), 100, new(atomic.Int64))
 	waiting := make(chan struct{})
 	done := make(chan error)
 	go func() {
@@ -174,7 +176,7 @@ func TestQueueCloseWakesPop(t *testing.T) {
 func TestQueueAppend(t *testing.T) {
 	st := NewSpillStore(t.TempDir(), nil)
 	defer st.Close()
-	q := NewQueue(st, NewBudget(1000), 100, new(atomic.Int64))
+	q := NewQueue(st, NewBudget(reorderbuffer.NewMemory(1000)), 100, new(atomic.Int64))
 	for i, rec := range [][]byte{[]byte("first"), make([]byte, 200)} { // the second one spills
 		if err := q.Append(rec); err != nil {
 			t.Fatal(err)
