@@ -52,6 +52,24 @@ func (p *partFollower) Follow(ctx context.Context, s *replication.Stream) error 
 
 var errDone = errors.New("follower done")
 
+// runToLargeCommit runs a Feed of cfg, whose Follower is a partFollower, until it has seen the
+// commit of a large transaction written into table t once it streams: Run must return errDone.
+func runToLargeCommit(ctx context.Context, t *testing.T, cfg changefeed.Config, h changefeed.Handler, dsn, why string) {
+	t.Helper()
+	feed, err := changefeed.New(cfg, mustOpen(t, filepath.Join(t.TempDir(), "pos")), h)
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { done <- feed.Run(ctx) }()
+	require.True(t, pgtest.Until(ctx, func() bool { return feed.Progress().Start != 0 }), "streaming")
+	pgtest.ExecAll(t, dsn, `INSERT INTO t SELECT g, repeat('x', 200) FROM generate_series(1, 5000) g`)
+	select {
+	case err := <-done:
+		require.ErrorIs(t, err, errDone, why)
+	case <-ctx.Done():
+		t.Fatal("the Follower never saw the commit")
+	}
+}
+
 // TestFollower: with a Follower, the Handler gets the Reset, and the Follower the stream itself:
 // a large transaction arrives in parts (Incremental), and what the Follower returns is Run's.
 func TestFollower(t *testing.T) {
@@ -69,18 +87,7 @@ func TestFollower(t *testing.T) {
 		cfg := changefeed.Config{Start: changefeed.StartStream, Follower: f, Logger: testLogger(t),
 			Replication: replication.Config{ConnString: srv.ReplicationConnString(db), Slot: "fo", Publications: []string{"pub"},
 				CreateSlot: true, Buffer: reorderbuffer.Config{WorkMem: 64 << 10, Incremental: true}}}
-		feed, err := changefeed.New(cfg, mustOpen(t, filepath.Join(t.TempDir(), "pos")), h)
-		require.NoError(t, err)
-		done := make(chan error, 1)
-		go func() { done <- feed.Run(ctx) }()
-		require.True(t, pgtest.Until(ctx, func() bool { return feed.Progress().Start != 0 }), "streaming")
-		pgtest.ExecAll(t, dsn, `INSERT INTO t SELECT g, repeat('x', 200) FROM generate_series(1, 5000) g`)
-		select {
-		case err := <-done:
-			require.ErrorIs(t, err, errDone, "Run returns the Follower's error")
-		case <-ctx.Done():
-			t.Fatal("the Follower never saw the commit")
-		}
+		runToLargeCommit(ctx, t, cfg, h, dsn, "Run returns the Follower's error")
 		require.Equal(t, []changefeed.Kind{changefeed.Reset}, kinds)
 		require.Contains(t, f.parts, reorderbuffer.PartChanges, "the transaction came in parts")
 		require.NotZero(t, f.committed)
@@ -214,18 +221,8 @@ func TestRestarterIdentify(t *testing.T) {
 		cfg := changefeed.Config{Start: changefeed.StartStream, Follower: r, Logger: testLogger(t),
 			Replication: replication.Config{ConnString: srv.ReplicationConnString(db), Slot: "ident", Publications: []string{"pub"},
 				CreateSlot: true, Buffer: reorderbuffer.Config{WorkMem: 64 << 10}}}
-		feed, err := changefeed.New(cfg, mustOpen(t, filepath.Join(t.TempDir(), "pos")), func(context.Context, *changefeed.Batch) error { return nil })
-		require.NoError(t, err)
-		done := make(chan error, 1)
-		go func() { done <- feed.Run(ctx) }()
-		require.True(t, pgtest.Until(ctx, func() bool { return feed.Progress().Start != 0 }), "streaming")
-		pgtest.ExecAll(t, dsn, `INSERT INTO t SELECT g, repeat('x', 200) FROM generate_series(1, 5000) g`)
-		select {
-		case err := <-done:
-			require.ErrorIs(t, err, errDone, "the stream came in parts: Prepare's settings reached it")
-		case <-ctx.Done():
-			t.Fatal("the Follower never saw the commit")
-		}
+		runToLargeCommit(ctx, t, cfg, func(context.Context, *changefeed.Batch) error { return nil }, dsn,
+			"the stream came in parts: Prepare's settings reached it")
 		require.Len(t, r.sys, 2)
 		require.NotEmpty(t, r.sys[0].ID)
 		require.Equal(t, r.sys[0], r.sys[1], "Identify twice: the same connection's answer")
