@@ -554,6 +554,14 @@ func (a *assembler) take(t testing.TB, x *reorderbuffer.Txn) (wantTxn, bool) {
 // run feeds the stream to a Buffer and returns what came out, checking the memory limit and
 // the invariants after every message.
 func run(t testing.TB, stream []wire, cfg reorderbuffer.Config) ([]wantTxn, reorderbuffer.Stats) {
+	return runShared(t, stream, cfg, nil)
+}
+
+// runShared is run with a consumer that, when consumer is not nil, takes and gives back room in
+// cfg.Memory between messages as consumer says (n > 0 takes n bytes, n < 0 gives back -n of
+// what it holds): the Buffer's bytes and the consumer's together stay within the limit whenever
+// the Buffer holds anything, and the Memory counts both.
+func runShared(t testing.TB, stream []wire, cfg reorderbuffer.Config, consumer func() int64) ([]wantTxn, reorderbuffer.Stats) {
 	t.Helper()
 	b, err := reorderbuffer.New(cfg)
 	require.NoError(t, err)
@@ -562,8 +570,22 @@ func run(t testing.TB, stream []wire, cfg reorderbuffer.Config) ([]wantTxn, reor
 	if limit < 0 {
 		limit = 0
 	}
+	if cfg.Memory != nil {
+		limit = cfg.Memory.Limit()
+	}
+	var taken int64
 	var a assembler
 	for i, w := range stream {
+		if consumer != nil {
+			switch n := consumer(); {
+			case n > 0 && cfg.Memory.Take(n):
+				taken += n
+			case n < 0:
+				n = min(-n, taken)
+				cfg.Memory.Give(n)
+				taken -= n
+			}
+		}
 		require.NoError(t, b.Add(w.lsn, w.data), "message %d", i)
 		for x, ok := b.Next(); ok; x, ok = b.Next() {
 			out, done := a.take(t, x)
@@ -574,13 +596,23 @@ func run(t testing.TB, stream []wire, cfg reorderbuffer.Config) ([]wantTxn, reor
 			got = append(got, out)
 			require.NoError(t, b.Ack(x))
 		}
-		require.LessOrEqual(t, b.Stats().MemoryBytes, limit, "memory over the limit after message %d", i)
+		mem := b.Stats().MemoryBytes
+		if cfg.Memory != nil {
+			require.Equal(t, mem+taken, cfg.Memory.Used(), "the shared Memory counts the Buffer's bytes and the consumer's, after message %d", i)
+			if mem > 0 {
+				require.LessOrEqual(t, mem+taken, limit, "memory with the consumer's over the limit after message %d", i)
+			}
+		}
+		require.LessOrEqual(t, mem, limit, "memory over the limit after message %d", i)
 		require.NoError(t, b.CheckInvariants(), "after message %d", i)
 	}
 	require.Empty(t, a.open, "parts of transactions never ended")
 	st := b.Stats()
 	require.NoError(t, b.Close())
 	require.NoError(t, b.Close(), "Close twice")
+	if cfg.Memory != nil {
+		require.Equal(t, taken, cfg.Memory.Used(), "a closed Buffer counts nothing")
+	}
 	return got, st
 }
 
@@ -622,6 +654,23 @@ func TestModel(t *testing.T) {
 			ents, err := os.ReadDir(dir)
 			require.NoError(t, err)
 			require.Empty(t, ents, "spill files left after Close (seed %d)", s)
+		}
+		// The same stream with the limit shared with a consumer that takes and gives back room
+		// at random: the same transactions.
+		for _, limit := range []int64{1 << 20, 16 << 10} {
+			rng := rand.New(rand.NewPCG(s, uint64(limit)))
+			consumer := func() int64 {
+				switch rng.IntN(3) {
+				case 0:
+					return 1 + rng.Int64N(limit/2)
+				case 1:
+					return -1 - rng.Int64N(limit/2)
+				}
+				return 0
+			}
+			cfg := reorderbuffer.Config{Memory: reorderbuffer.NewMemory(limit), Dir: t.TempDir(), Incremental: r%2 == 0}
+			got, _ := runShared(t, g.out, cfg, consumer)
+			require.Equal(t, g.want, got, "seed %d shared limit %d incremental %v", s, limit, cfg.Incremental)
 		}
 	}
 }
