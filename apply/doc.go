@@ -64,6 +64,12 @@
 // PostgreSQL's behaviour without REFRESH PUBLICATION: the table's changes are applied from then
 // on, its earlier rows are not copied, and the log names it.
 //
+// The copy's snapshot waits for the transactions running on the source to end. When some of
+// them wait at their COMMIT for a synchronous standby and none streams (the source's
+// synchronous_standby_names names the Applier, which does not stream while it copies), they would
+// wait for it for ever: Run stops with ErrCopyBlocked, whose message says what to do (take the
+// Applier out of synchronous_standby_names until its next start has copied the tables).
+//
 // # Exactly once
 //
 // Each source transaction is applied in one target transaction, which also writes the slot's row

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pgreorder/pgreorder/apply/internal/initcopy"
 	"github.com/pgreorder/pgreorder/apply/internal/target"
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/internal/configerr"
@@ -61,6 +62,11 @@ var (
 	// still holds it on the target after Config.SlotWait, and returned by Uninstall while an
 	// Applier of the slot runs.
 	ErrSlotInUse = retry.Stop("apply: the slot is in use by another session")
+
+	// ErrCopyBlocked is wrapped by the error Run stops with when the snapshot of tables added to
+	// the publications waits for source transactions that wait for a synchronous standby none
+	// of which streams: apply itself, when the source's synchronous_standby_names names it.
+	ErrCopyBlocked = initcopy.ErrBlocked
 )
 
 // SlotInUseError reports connections to the target that another session of the slot (another

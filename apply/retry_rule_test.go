@@ -28,6 +28,7 @@ func TestRetryableInternal(t *testing.T) {
 		{"restart around a stop", &restartError{xids: []uint32{1}, reason: ErrInvalidConfig}, true},
 		{"stream lost", engine.ErrStreamLost, true},
 		{"table added", &initcopy.AddedError{Table: "public.t"}, true},
+		{"added copy blocked", fmt.Errorf("apply: %w", &initcopy.BlockedError{Tables: "public.t", Waiting: 1}), false},
 		{"switch mode", engine.ErrSwitchMode, true},
 		{"change refused", changeError{&target.ChangeError{Kind: target.KindConstraint, Err: refused}}, false},
 		{"change, connection went", changeError{&target.ChangeError{Kind: target.KindNone, Err: fatal}}, true},

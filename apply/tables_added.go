@@ -2,12 +2,14 @@ package apply
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/pgreorder/pgreorder/apply/internal/initcopy"
 	"github.com/pgreorder/pgreorder/apply/internal/target"
 	"github.com/pgreorder/pgreorder/changefeed"
 	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/internal/configerr"
 	"github.com/pgreorder/pgreorder/internal/pgsession"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 	"github.com/pgreorder/pgreorder/snapshot"
@@ -71,8 +73,13 @@ func (s *session) copyAdded(ctx context.Context, added []target.Published) error
 		return ts.Session, ts.ConsistentPoint, func() { ts.Close(context.WithoutCancel(ctx)) }, nil
 	}
 	c := &initcopy.Copier{Leader: s.leader, TablesTable: s.tablesTable(), Slot: s.cfg.Source.Slot, Key: s.key,
-		Truncate: s.cfg.CopyTruncate, Log: s.log, Registry: s.reg, Stats: &s.stats.Counters, Host: copyHost{s}}
-	return c.CopyAdded(ctx, s.tables, added, open)
+		Truncate: s.cfg.CopyTruncate, Log: s.log, Registry: s.reg, Stats: &s.stats.Counters, Host: copyHost{s},
+		Source: func(ctx context.Context, sql string) ([][][]byte, error) { return s.a.sourceQuery(ctx, sql) }}
+	err := c.CopyAdded(ctx, s.tables, added, open)
+	if _, ok := errors.AsType[*initcopy.BlockedError](err); ok {
+		return configerr.WithHint(err, "; ", "or set %s to NewTablesStream and copy the tables' rows yourself", field("NewTables"))
+	}
+	return err
 }
 
 // admit is the engine's Host.Admit: a table the session does not know ends it (the next one

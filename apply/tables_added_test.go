@@ -25,9 +25,17 @@ import (
 func addedEnv(t *testing.T, major int, copy bool) *env {
 	t.Helper()
 	srv := pgtest.Shared(t, major)
+	return addedEnvWith(t, srv, srv, copy)
+}
+
+// addedEnvOn is addedEnv without copy, with the source on src and the target on dst.
+func addedEnvOn(t *testing.T, src, dst *pgtest.Server) *env { return addedEnvWith(t, src, dst, false) }
+
+func addedEnvWith(t *testing.T, srv, dstSrv *pgtest.Server, copy bool) *env {
+	t.Helper()
 	ctx := pgtest.Context(t, time.Minute)
-	srcDB, dstDB := pgtest.NewDatabase(t, srv), pgtest.NewDatabase(t, srv)
-	e := &env{srv: srv, src: srv.ConnString(srcDB), dst: srv.ConnString(dstDB), repl: srv.ReplicationConnString(srcDB), slot: "apply"}
+	srcDB, dstDB := pgtest.NewDatabase(t, srv), pgtest.NewDatabase(t, dstSrv)
+	e := &env{srv: srv, src: srv.ConnString(srcDB), dst: dstSrv.ConnString(dstDB), repl: srv.ReplicationConnString(srcDB), slot: "apply"}
 	schema := []string{`CREATE TABLE marker (id int PRIMARY KEY)`, `CREATE TABLE t_main (id int PRIMARY KEY, v int NOT NULL)`,
 		`CREATE TABLE t_late (id int PRIMARY KEY, v text NOT NULL)`, `CREATE TABLE t_later (id int PRIMARY KEY, v text NOT NULL)`}
 	stmts := append(append([]string{}, schema...),

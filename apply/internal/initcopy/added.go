@@ -30,7 +30,9 @@ func (c *Copier) CopyAdded(ctx context.Context, tables *Tables, added []target.P
 	start := time.Now()
 	c.Log.Info("tables added to the publications: taking a snapshot of them (the temporary slot waits for the transactions "+
 		"running on the source to end)", "tables", list, "slot", c.Slot)
-	sess, cp, done, err := open(ctx, func(t *snapshot.Table) bool { return oids[t.OID] })
+	sess, cp, done, err := c.openWatched(ctx, list, func(ctx context.Context) (*snapshot.Session, decoding.LSN, func(), error) {
+		return open(ctx, func(t *snapshot.Table) bool { return oids[t.OID] })
+	})
 	if err != nil {
 		return fmt.Errorf("apply: copying the tables added to the publications (%s): %w", list, err)
 	}
@@ -119,4 +121,22 @@ func (c *Copier) Added(ctx context.Context, tg *target.Conn, sess *snapshot.Sess
 		return 0, err
 	}
 	return res.Rows, nil
+}
+
+// openWatched runs open while watchBlocked looks at the source (with Source set), and returns
+// the *BlockedError that stopped it, if one did.
+func (c *Copier) openWatched(ctx context.Context, tables string,
+	open func(ctx context.Context) (*snapshot.Session, decoding.LSN, func(), error)) (*snapshot.Session, decoding.LSN, func(), error) {
+	if c.Source == nil {
+		return open(ctx)
+	}
+	octx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	stop := watchBlocked(octx, cancel, tables, c.Source)
+	sess, cp, done, err := open(octx)
+	stop()
+	if be, ok := errors.AsType[*BlockedError](context.Cause(octx)); ok && err != nil {
+		return nil, 0, nil, be
+	}
+	return sess, cp, done, err
 }

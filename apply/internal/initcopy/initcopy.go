@@ -43,13 +43,17 @@ type Copier struct {
 	// Done records those of the copy, Added the added ones it copies.
 	TablesTable string
 	Slot        string
-	Key         target.ProgressKey
-	Upsert      string // the progress row's (target.ProgressSQL)
-	Truncate    bool   // empty target tables that hold rows (else Host.NotEmpty)
-	Log         *slog.Logger
-	Registry    *target.Registry
-	Stats       *target.Counters
-	Host        Host
+	// Source, when set, runs a statement on an ordinary connection to the source: the copy of
+	// added tables uses it to find a snapshot that waits for commits that wait for a synchronous
+	// standby none of which streams (BlockedError).
+	Source   func(ctx context.Context, sql string) ([][][]byte, error)
+	Key      target.ProgressKey
+	Upsert   string // the progress row's (target.ProgressSQL)
+	Truncate bool   // empty target tables that hold rows (else Host.NotEmpty)
+	Log      *slog.Logger
+	Registry *target.Registry
+	Stats    *target.Counters
+	Host     Host
 
 	maps   map[uint32]*target.Table // by source table OID
 	copied []target.KnownTable
