@@ -77,7 +77,8 @@ func (s *session) copyAdded(ctx context.Context, added []target.Published) error
 		Source: func(ctx context.Context, sql string) ([][][]byte, error) { return s.a.sourceQuery(ctx, sql) }}
 	err := c.CopyAdded(ctx, s.tables, added, open)
 	if _, ok := errors.AsType[*initcopy.BlockedError](err); ok {
-		return configerr.WithHint(err, "; ", "or set %s to NewTablesStream and copy the tables' rows yourself", field("NewTables"))
+		return configerr.WithHint(err, "; ", "or set %s and copy the tables' rows yourself",
+			configerr.Field{Config: "apply", Path: "NewTables", Value: "changefeed.NewTablesStream", Arg: "false"})
 	}
 	return err
 }

@@ -31,8 +31,11 @@ func flagNamer(command string) configerr.Namer {
 		if name == "" || fs.Lookup(strings.TrimPrefix(name, "-")) == nil {
 			return f.String()
 		}
-		if v := f.Text(); v != "" && !isBoolFlag(fs.Lookup(name[1:])) {
+		switch v, b := f.Text(), isBoolFlag(fs.Lookup(name[1:])); {
+		case v != "" && !b:
 			return name + " " + v
+		case v == "false" && b:
+			return name + "=false"
 		}
 		return name
 	}

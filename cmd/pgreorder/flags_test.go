@@ -22,6 +22,7 @@ import (
 	"github.com/pgreorder/pgreorder/apply"
 	"github.com/pgreorder/pgreorder/apply/conflict"
 	"github.com/pgreorder/pgreorder/changefeed"
+	"github.com/pgreorder/pgreorder/internal/configerr"
 	"github.com/pgreorder/pgreorder/kafkasink"
 	"github.com/pgreorder/pgreorder/replication"
 	"github.com/pgreorder/pgreorder/snapshot"
@@ -291,6 +292,12 @@ func TestConfigErrorsNameFlags(t *testing.T) {
 	require.Contains(t, err.Error(), "Failover is set, and so is TemporarySlot")
 	require.Contains(t, explain("stream", err), "-failover is set, and so is -temporary")
 	require.Contains(t, explain("kafka", err), "-failover is set, and so is Config.TemporarySlot")
+
+	// A boolean flag's false value is written as the command line takes it.
+	hint := configerr.WithHint(errors.New("blocked"), "; ", "or set %s",
+		configerr.Field{Config: "apply", Path: "NewTables", Value: "changefeed.NewTablesStream", Arg: "false"})
+	require.Contains(t, hint.Error(), "or set Config.NewTables = changefeed.NewTablesStream")
+	require.Contains(t, explain("apply", hint), "or set -copy-new-tables=false")
 }
 
 // TestNoRegexpInErrorPath: the command's own code maps errors by their types, not their words.
