@@ -42,6 +42,7 @@ type Applier struct {
 	// resolution had to come before statements its batch had already sent
 	// (target.ErrOutOfOrder).
 	stepwise map[uint32]bool
+	added    string // the added table that ended the last session (initcopy.AddedError), until a copy
 
 	said sync.Map // what was said once (see once)
 

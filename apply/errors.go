@@ -63,9 +63,8 @@ var (
 	// Applier of the slot runs.
 	ErrSlotInUse = retry.Stop("apply: the slot is in use by another session")
 
-	// ErrCopyBlocked is wrapped by the error Run stops with when the snapshot of tables added to
-	// the publications waits for source transactions that wait for a synchronous standby none
-	// of which streams: apply itself, when the source's synchronous_standby_names names it.
+	// ErrCopyBlocked: the copy of tables added to the publications waits for source commits that
+	// wait for a synchronous standby none of which streams (apply itself, named as one).
 	ErrCopyBlocked = initcopy.ErrBlocked
 )
 

@@ -150,7 +150,7 @@ func (f *applyFeed) Ended(ctx context.Context, o *changefeed.Outcome) {
 	if ae, ok := errors.AsType[*initcopy.AddedError](err); ok {
 		a.cfg.Logger.Info("table added to the publications: starting the session over to copy it", "table", ae.Table,
 			"slot", a.cfg.Source.Slot)
-		o.Now = true
+		o.Now, a.added = a.added != ae.Table, ae.Table // not at once again: the source does not list it yet
 		return
 	}
 	if errors.Is(err, engine.ErrSwitchMode) {

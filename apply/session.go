@@ -56,10 +56,9 @@ type session struct {
 }
 
 // session starts the session of the Feed's attempt t, up to where the Feed takes over: it
-// connects to the target, identifies the source (on the replication connection the attempt then
-// streams on), fences off the connections of an earlier session, reads the progress row (and,
-// with Config.Copy and no progress row, the copy table), and sets the attempt's stream
-// configuration rcfg. What it opens, t's end closes.
+// connects to the target, identifies the source (src: the connection the attempt streams on),
+// fences off an earlier session's connections, reads the progress row (and, with Config.Copy
+// and no progress row, the copy table), and sets rcfg. What it opens, t's end closes.
 func (a *Applier) session(parent context.Context, t *attempt, src *changefeed.Source, rcfg *replication.Config) (err error) {
 	s := &session{a: a, cfg: &a.cfg, log: a.cfg.Logger, stats: &a.stats, reg: target.NewRegistry()}
 	t.s = s

@@ -63,10 +63,8 @@ type Stats struct {
 	// QueuePeakBytes is the most bytes of queued changes the workers' queues held in memory at
 	// once, in any session (Eager, Parallel).
 	QueuePeakBytes int64
-	// SharedPeakBytes is the most bytes the reorder buffer and the workers' queues held in memory
-	// together at once, in any session (Eager, Parallel). They share Config.Source.Buffer.WorkMem,
-	// which this passes only by what the buffer cannot spill when it needs room: the part it is
-	// handing out and the chunk it is filling.
+	// SharedPeakBytes is the most bytes the reorder buffer and the queues held together (Eager,
+	// Parallel): within WorkMem but for what the buffer cannot spill (the part handed out, a chunk).
 	SharedPeakBytes int64
 	// CommittedAhead counts the target commits (of a transaction, or a run of them) made ahead of
 	// an earlier source transaction not yet committed (Config.CommitOrder CommitRelaxed).

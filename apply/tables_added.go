@@ -51,10 +51,25 @@ func (s *session) followTables(ctx context.Context, published []target.Published
 	if err != nil {
 		return fmt.Errorf("apply: %w", err)
 	}
-	if len(added) == 0 {
+	if len(added) == 0 { // a table the stream described and the source does not list yet: its COMMIT may wait for apply
+		if be := initcopy.Blocked(ctx, s.a.added, s.sourceSQL); s.a.added != "" && published != nil && be != nil {
+			return blockedHint(be)
+		}
 		return nil
 	}
+	s.a.added = ""
 	return s.copyAdded(ctx, added)
+}
+
+// sourceSQL runs sql on the Applier's ordinary connection to the source.
+func (s *session) sourceSQL(ctx context.Context, sql string) ([][][]byte, error) {
+	return s.a.sourceQuery(ctx, sql)
+}
+
+// blockedHint adds to a copy of added tables that cannot start the other way out.
+func blockedHint(err error) error {
+	return configerr.WithHint(err, "; ", "or set %s and copy the tables' rows yourself",
+		configerr.Field{Config: "apply", Path: "NewTables", Value: "changefeed.NewTablesStream", Arg: "false"})
 }
 
 // copyAdded copies the added tables from a snapshot of their own (initcopy.Copier.CopyAdded).
@@ -74,11 +89,10 @@ func (s *session) copyAdded(ctx context.Context, added []target.Published) error
 	}
 	c := &initcopy.Copier{Leader: s.leader, TablesTable: s.tablesTable(), Slot: s.cfg.Source.Slot, Key: s.key,
 		Truncate: s.cfg.CopyTruncate, Log: s.log, Registry: s.reg, Stats: &s.stats.Counters, Host: copyHost{s},
-		Source: func(ctx context.Context, sql string) ([][][]byte, error) { return s.a.sourceQuery(ctx, sql) }}
+		Source: s.sourceSQL}
 	err := c.CopyAdded(ctx, s.tables, added, open)
 	if _, ok := errors.AsType[*initcopy.BlockedError](err); ok {
-		return configerr.WithHint(err, "; ", "or set %s and copy the tables' rows yourself",
-			configerr.Field{Config: "apply", Path: "NewTables", Value: "changefeed.NewTablesStream", Arg: "false"})
+		return blockedHint(err)
 	}
 	return err
 }

@@ -113,9 +113,8 @@ func originIf(drop bool, origin string) string {
 	return ""
 }
 
-// sourceSystem connects to the source to learn which database system it is (IDENTIFY_SYSTEM and
-// the pre-flight checks of a replication connection), for an uninstall that finds no progress row
-// naming it. (A session learns it on the connection it streams on: changefeed.Source.)
+// sourceSystem returns the source's system identifier (IDENTIFY_SYSTEM on a replication connection
+// of its own), for an uninstall that finds no progress row naming it.
 func sourceSystem(ctx context.Context, cfg *Config) (string, error) {
 	rc := cfg.Source
 	rc.Logger = nil

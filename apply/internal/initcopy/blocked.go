@@ -24,11 +24,23 @@ type BlockedError struct {
 }
 
 func (e *BlockedError) Error() string {
-	return fmt.Sprintf("%v: the snapshot of %s waits for the transactions running on the source, and %d of them wait at "+
-		"their COMMIT for a synchronous standby (synchronous_standby_names = %s) of which none is streaming. When apply is that "+
-		"standby, they wait for apply while apply waits for them: take apply out of synchronous_standby_names until it has "+
-		"copied the tables (its next start copies them), then put it back. Otherwise, start apply again once a synchronous "+
-		"standby streams", ErrBlocked, e.Tables, e.Waiting, strconv.Quote(e.Standbys))
+	return fmt.Sprintf("%v: the copy of %s waits for transactions on the source (the snapshot waits for those running, and "+
+		"the publication change that added the table becomes visible once it commits), and %d of them wait at their COMMIT "+
+		"for a synchronous standby (synchronous_standby_names = %s) of which none is streaming. When apply is that standby, "+
+		"they wait for apply while apply waits for them: take apply out of synchronous_standby_names until it has copied the "+
+		"tables (its next start copies them), then put it back. Otherwise, start apply again once a synchronous standby "+
+		"streams", ErrBlocked, e.Tables, e.Waiting, strconv.Quote(e.Standbys))
+}
+
+// Blocked returns the *BlockedError of tables when the source's commits wait for a synchronous
+// standby none of which streams (one look), and nil otherwise or when the source cannot say.
+func Blocked(ctx context.Context, tables string, query func(ctx context.Context, sql string) ([][][]byte, error)) *BlockedError {
+	e, err := blocked(ctx, query)
+	if err != nil || e == nil {
+		return nil
+	}
+	e.Tables = tables
+	return e
 }
 
 // Unwrap returns ErrBlocked.
