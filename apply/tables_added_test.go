@@ -160,63 +160,70 @@ func waitRecordedSlot(t *testing.T, ctx context.Context, dst, slot string) {
 	}
 }
 
-// TestTablesAdded: a table added to the publication while apply streams, with a writer changing
-// it all along (large streamed transactions included), is copied and then followed: the target
-// ends equal to the source, every row once, in each mode; so is a table added while apply is
-// stopped. The tables table records both, with the consistent points of their copies.
-func TestTablesAdded(t *testing.T) {
+// eachAddedMode runs body for each server version and mode on its own addedEnv (no copy), with a
+// context of three minutes and a seeded generator.
+func eachAddedMode(t *testing.T, body func(t *testing.T, ctx context.Context, e *env, mode Mode, rng *rand.Rand)) {
 	for _, major := range testMajors {
 		for _, mode := range []Mode{Buffered, Eager, Parallel} {
 			t.Run(fmt.Sprintf("pg%d/%s", major, mode), func(t *testing.T) {
 				e := addedEnv(t, major, false)
 				ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 				defer cancel()
-				rng := seeded(t)
-				cfg := e.config(t, mode)
-				r := start(t, cfg)
-				waitRecorded(t, ctx, e.dst)
-				w := writeAdded(t, e.src, rng)
-				w.waitMore(t, ctx, 50)
-				must(t, pgtest.Exec(ctx, e.src, `ALTER PUBLICATION pub ADD TABLE t_late`))
-				w.waitMore(t, ctx, 100)
-				// The copy is made by the session that starts after the stream described t_late.
-				if !pgtest.Until(ctx, func() bool { return pgtest.Count(t, e.dst, `SELECT count(*) FROM t_late`) > 0 }) {
-					t.Fatalf("t_late was never copied (stats %+v)", r.a.Stats())
-				}
-				w.waitMore(t, ctx, 100)
-				w.halt(t)
-				must(t, pgtest.Exec(ctx, e.src, `INSERT INTO marker VALUES (1)`))
-				e.waitMarker(t, r, 1)
-				e.waitSame(t, "marker", "t_main", "t_late")
-				st := r.a.Stats()
-				if st.InitialCopyRows == 0 || st.Sessions < 2 {
-					t.Errorf("stats %+v: want rows copied, by a second session", st)
-				}
-				r.halt(t)
-
-				// Added while stopped: the next session copies it before it streams.
-				w = writeAdded(t, e.src, rng)
-				w.waitMore(t, ctx, 30)
-				must(t, pgtest.Exec(ctx, e.src, `ALTER PUBLICATION pub ADD TABLE t_later`))
-				w.waitMore(t, ctx, 30)
-				r = start(t, cfg)
-				w.waitMore(t, ctx, 100)
-				w.halt(t)
-				must(t, pgtest.Exec(ctx, e.src, `INSERT INTO marker VALUES (2)`))
-				e.waitMarker(t, r, 2)
-				e.waitSame(t, "marker", "t_main", "t_late", "t_later")
-				r.halt(t)
-				got := pgtest.QueryText(t, e.dst, `SELECT string_agg(relation || ':' || (synced_lsn IS NOT NULL)::text, ' ' ORDER BY relation)
-					FROM pgreorder_apply_progress_tables WHERE slot = 'apply' AND relid <> 0`)
-				if want := "public.marker:false public.t_late:true public.t_later:true public.t_main:false"; got != want {
-					t.Errorf("tables table: %s, want %s", got, want)
-				}
-				if n := pgtest.Count(t, e.src, `SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE 'apply_sync_%'`); n != 0 {
-					t.Errorf("%d temporary slots left", n)
-				}
+				body(t, ctx, e, mode, seeded(t))
 			})
 		}
 	}
+}
+
+// TestTablesAdded: a table added to the publication while apply streams, with a writer changing
+// it all along (large streamed transactions included), is copied and then followed: the target
+// ends equal to the source, every row once, in each mode; so is a table added while apply is
+// stopped. The tables table records both, with the consistent points of their copies.
+func TestTablesAdded(t *testing.T) {
+	eachAddedMode(t, func(t *testing.T, ctx context.Context, e *env, mode Mode, rng *rand.Rand) {
+		cfg := e.config(t, mode)
+		r := start(t, cfg)
+		waitRecorded(t, ctx, e.dst)
+		w := writeAdded(t, e.src, rng)
+		w.waitMore(t, ctx, 50)
+		must(t, pgtest.Exec(ctx, e.src, `ALTER PUBLICATION pub ADD TABLE t_late`))
+		w.waitMore(t, ctx, 100)
+		// The copy is made by the session that starts after the stream described t_late.
+		if !pgtest.Until(ctx, func() bool { return pgtest.Count(t, e.dst, `SELECT count(*) FROM t_late`) > 0 }) {
+			t.Fatalf("t_late was never copied (stats %+v)", r.a.Stats())
+		}
+		w.waitMore(t, ctx, 100)
+		w.halt(t)
+		must(t, pgtest.Exec(ctx, e.src, `INSERT INTO marker VALUES (1)`))
+		e.waitMarker(t, r, 1)
+		e.waitSame(t, "marker", "t_main", "t_late")
+		st := r.a.Stats()
+		if st.InitialCopyRows == 0 || st.Sessions < 2 {
+			t.Errorf("stats %+v: want rows copied, by a second session", st)
+		}
+		r.halt(t)
+
+		// Added while stopped: the next session copies it before it streams.
+		w = writeAdded(t, e.src, rng)
+		w.waitMore(t, ctx, 30)
+		must(t, pgtest.Exec(ctx, e.src, `ALTER PUBLICATION pub ADD TABLE t_later`))
+		w.waitMore(t, ctx, 30)
+		r = start(t, cfg)
+		w.waitMore(t, ctx, 100)
+		w.halt(t)
+		must(t, pgtest.Exec(ctx, e.src, `INSERT INTO marker VALUES (2)`))
+		e.waitMarker(t, r, 2)
+		e.waitSame(t, "marker", "t_main", "t_late", "t_later")
+		r.halt(t)
+		got := pgtest.QueryText(t, e.dst, `SELECT string_agg(relation || ':' || (synced_lsn IS NOT NULL)::text, ' ' ORDER BY relation)
+			FROM pgreorder_apply_progress_tables WHERE slot = 'apply' AND relid <> 0`)
+		if want := "public.marker:false public.t_late:true public.t_later:true public.t_main:false"; got != want {
+			t.Errorf("tables table: %s, want %s", got, want)
+		}
+		if n := pgtest.Count(t, e.src, `SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE 'apply_sync_%'`); n != 0 {
+			t.Errorf("%d temporary slots left", n)
+		}
+	})
 }
 
 // TestTablesAddedIdle: a table added to the publication that no transaction changes is copied
@@ -311,37 +318,29 @@ func TestTablesAddedNotEmpty(t *testing.T) {
 // publication, its rows partly written in the copy's open transaction, while a writer changes
 // the table; the next run copies it again: the target ends equal to the source.
 func TestTablesAddedKill(t *testing.T) {
-	for _, major := range testMajors {
-		for _, mode := range []Mode{Buffered, Eager, Parallel} {
-			t.Run(fmt.Sprintf("pg%d/%s", major, mode), func(t *testing.T) {
-				e := addedEnv(t, major, false)
-				ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-				defer cancel()
-				rng := seeded(t)
-				cc := childConfig{Source: e.repl, Target: e.dst, Slot: e.slot, Mode: mode, WorkMem: 256 << 10, CopyChunkSize: 16 << 10,
-					Stall: "added-chunk", StallAfter: 1}
-				first := startChild(t, cc)
-				waitRecorded(t, ctx, e.dst)
-				w := writeAdded(t, e.src, rng)
-				w.waitMore(t, ctx, 30)
-				must(t, pgtest.Exec(ctx, e.src, `ALTER PUBLICATION pub ADD TABLE t_late`))
-				waitStalled(t, ctx, first)
-				if n := pgtest.Count(t, e.dst, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
-					AND application_name LIKE 'pgreorder apply % c1' AND backend_xid IS NOT NULL`); n != 1 {
-					t.Errorf("%d copy connections with an open transaction that wrote, want 1", n)
-				}
-				first.kill(t)
-				w.waitMore(t, ctx, 50)
-				cc.Stall = ""
-				startChild(t, cc)
-				w.waitMore(t, ctx, 100)
-				w.halt(t)
-				must(t, pgtest.Exec(ctx, e.src, `INSERT INTO marker VALUES (1)`))
-				waitMarkerCtx(t, ctx, e.dst, 1)
-				e.waitSame(t, "marker", "t_main", "t_late")
-			})
+	eachAddedMode(t, func(t *testing.T, ctx context.Context, e *env, mode Mode, rng *rand.Rand) {
+		cc := childConfig{Source: e.repl, Target: e.dst, Slot: e.slot, Mode: mode, WorkMem: 256 << 10, CopyChunkSize: 16 << 10,
+			Stall: "added-chunk", StallAfter: 1}
+		first := startChild(t, cc)
+		waitRecorded(t, ctx, e.dst)
+		w := writeAdded(t, e.src, rng)
+		w.waitMore(t, ctx, 30)
+		must(t, pgtest.Exec(ctx, e.src, `ALTER PUBLICATION pub ADD TABLE t_late`))
+		waitStalled(t, ctx, first)
+		if n := pgtest.Count(t, e.dst, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+			AND application_name LIKE 'pgreorder apply % c1' AND backend_xid IS NOT NULL`); n != 1 {
+			t.Errorf("%d copy connections with an open transaction that wrote, want 1", n)
 		}
-	}
+		first.kill(t)
+		w.waitMore(t, ctx, 50)
+		cc.Stall = ""
+		startChild(t, cc)
+		w.waitMore(t, ctx, 100)
+		w.halt(t)
+		must(t, pgtest.Exec(ctx, e.src, `INSERT INTO marker VALUES (1)`))
+		waitMarkerCtx(t, ctx, e.dst, 1)
+		e.waitSame(t, "marker", "t_main", "t_late")
+	})
 }
 
 // TestTablesAddedTargetCrash crashes the target (immediate stop) while a table added to the
