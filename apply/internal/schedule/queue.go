@@ -52,8 +52,7 @@ type Room interface {
 // Budget is the memory all queues of a session share, taken from a Room.
 type Budget struct {
 	mem  Room
-	mu   sync.Mutex
-	used int64 // the queues' bytes
+	used atomic.Int64 // the queues' bytes
 	peak *atomic.Int64
 }
 
@@ -67,20 +66,17 @@ func (b *Budget) take(n int64) bool {
 	if !b.mem.Take(n) {
 		return false
 	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.used += n
-	if b.peak != nil && b.used > b.peak.Load() {
-		b.peak.Store(b.used) // under mu: the only writer of a session's peak
+	u := b.used.Add(n)
+	if b.peak != nil {
+		for p := b.peak.Load(); u > p && !b.peak.CompareAndSwap(p, u); p = b.peak.Load() {
+		}
 	}
 	return true
 }
 
 func (b *Budget) give(n int64) {
 	b.mem.Give(n)
-	b.mu.Lock()
-	b.used -= n
-	b.mu.Unlock()
+	b.used.Add(-n)
 }
 
 // SpillStore is a spill.Store shared by the queues of a session, used under its lock (a Store

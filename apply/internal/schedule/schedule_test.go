@@ -142,8 +142,8 @@ func TestQueue(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if b.used != 0 {
-		t.Fatalf("%d bytes of the budget not given back", b.used)
+	if u := b.used.Load(); u != 0 {
+		t.Fatalf("%d bytes of the budget not given back", u)
 	}
 	if err := q.Push([]byte("x")); !errors.Is(err, ErrQueueClosed) {
 		t.Fatalf("Push after Close: %v", err)
