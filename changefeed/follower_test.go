@@ -162,6 +162,7 @@ type identifier struct {
 	prepared      []int32 // the walsender backends of the database during each Prepare
 	streaming     []int32 // the slot's active_pid during each Follow
 	prepareErrors []error
+	src           *changefeed.Source
 }
 
 func (r *identifier) Prepare(ctx context.Context, src *changefeed.Source, rcfg *replication.Config) error {
@@ -174,6 +175,7 @@ func (r *identifier) Prepare(ctx context.Context, src *changefeed.Source, rcfg *
 		return err
 	}
 	r.sys = append(r.sys, sys, again)
+	r.src = src // used after Prepare returned: an error, not a panic (checked by the test)
 	if slot != nil {
 		return fmt.Errorf("slot %q exists before the first attempt", slot.Name)
 	}
@@ -229,5 +231,7 @@ func TestRestarterIdentify(t *testing.T) {
 		require.NoError(t, errors.Join(r.prepareErrors...))
 		require.Len(t, r.prepared, 1, "one walsender while Prepare ran")
 		require.Equal(t, r.prepared, r.streaming, "the attempt streams on the walsender that Identify connected")
+		_, _, err := r.src.Identify(ctx)
+		require.ErrorIs(t, err, changefeed.ErrInvalidConfig, "Identify after Prepare returned")
 	})
 }

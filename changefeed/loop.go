@@ -120,6 +120,9 @@ type Source struct {
 // pre-flight checks included) unless an earlier call did, and returns what the server said of
 // itself and the slot as it was then, nil if it does not exist. Its error is Connect's.
 func (s *Source) Identify(ctx context.Context) (replication.System, *replication.SlotInfo, error) {
+	if s == nil || s.rcfg == nil {
+		return replication.System{}, nil, fmt.Errorf("%w: Source.Identify called outside the Prepare it was given to", ErrInvalidConfig)
+	}
 	if s.conn == nil {
 		conn, err := replication.Connect(ctx, streamConfig(*s.rcfg))
 		if err != nil {

@@ -56,6 +56,9 @@ func (m *Memory) Used() int64 { return m.used.Load() }
 // they did. A consumer that was refused keeps those bytes out of memory (on disk); the Buffer then
 // lets go of the free chunks it keeps for reuse at its next Next, so that later calls may fit.
 func (m *Memory) Take(n int64) bool {
+	if n < 0 {
+		return false
+	}
 	for {
 		u := m.used.Load()
 		if u+n > m.limit {
@@ -71,5 +74,6 @@ func (m *Memory) Take(n int64) bool {
 	}
 }
 
-// Give uncounts n bytes that Take counted.
+// Give uncounts n bytes that Take counted; giving back more than was taken is the caller's error,
+// which Used then shows below the Buffer's own bytes.
 func (m *Memory) Give(n int64) { m.add(-n) }

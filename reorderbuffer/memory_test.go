@@ -42,6 +42,7 @@ func TestSharedMemory(t *testing.T) {
 			require.GreaterOrEqual(t, peak.Load(), mem.Used(), "the peak")
 			require.LessOrEqual(t, peak.Load(), int64(limit))
 			require.False(t, mem.Take(limit-mem.Used()+1), "Take refuses what does not fit")
+			require.False(t, mem.Take(-1), "and a negative count")
 			feed(t, b, streamCommit(t, 7, 0x9000))
 			x, ok := b.Next()
 			require.True(t, ok)
