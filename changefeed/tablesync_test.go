@@ -32,6 +32,7 @@ type lateModel struct {
 	resets   atomic.Int64
 	streamed atomic.Int64 // t_late's changes in the stream's own batches since the last TableReset
 	marker   atomic.Int64 // the highest id of t_other streamed
+	txns     atomic.Int64 // the stream's Transaction batches
 	failCopy atomic.Int64 // fail the added table's copy at this Snapshot batch (1, 2...); 0 never
 }
 
@@ -48,6 +49,9 @@ func (l *lateModel) handle(_ context.Context, b *changefeed.Batch) error {
 		if n := l.copied.Add(1); n == l.failCopy.Load() {
 			return errFailCopy
 		}
+	}
+	if b.Kind == changefeed.Transaction {
+		l.txns.Add(1)
 	}
 	ls, err := lines(b)
 	if err != nil {
@@ -347,6 +351,9 @@ func TestTableAddedLegacyPosition(t *testing.T) {
 	stop = runFeed(t, cfg, mustOpen(t, path), l.handle)
 	stopWriter, commits := lateWriter(ctx, t, dsn)
 	waitCommits(ctx, t, commits, 20)
+	// The publications' tables are listed before the stream's first transaction is handled: a
+	// table added before that listing would be taken as known.
+	require.NoError(t, waitFor(ctx, func() bool { return l.txns.Load() > 0 }), "a transaction streamed")
 	require.Zero(t, l.copied.Load(), "t_other is known: not copied again")
 	pgtest.ExecAll(t, dsn, `ALTER PUBLICATION pub ADD TABLE t_late`)
 	require.NoError(t, waitFor(ctx, func() bool { return l.copied.Load() > 0 }), "the copy")
