@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -172,24 +171,7 @@ func deref[T any](p *T) any {
 
 // diff describes how two tables differ, in a few lines.
 func diff(got, want map[string]string) string {
-	var out []string
-	for k, w := range want {
-		if g, ok := got[k]; !ok {
-			out = append(out, "missing id "+k)
-		} else if g != w {
-			out = append(out, fmt.Sprintf("id %s: got %s, want %s", k, g, w))
-		}
-	}
-	for k := range got {
-		if _, ok := want[k]; !ok {
-			out = append(out, "extra id "+k)
-		}
-	}
-	sort.Strings(out)
-	if len(out) > 10 {
-		out = append(out[:10], fmt.Sprintf("... %d more", len(out)-10))
-	}
-	return strings.Join(out, "\n")
+	return strings.Join(pgtest.MapDiff(got, want, 10), "\n")
 }
 
 // recorder is a handler that keeps every batch's lines in memory.

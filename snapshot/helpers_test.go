@@ -8,7 +8,6 @@ import (
 	"math/rand/v2"
 	"reflect"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -330,20 +329,7 @@ func checkModel(ctx context.Context, t *testing.T, connString string, m *rowMode
 	m.mu.Lock()
 	got := m.rows[name]
 	m.mu.Unlock()
-	var diffs []string
-	for k, w := range want {
-		if g, ok := got[k]; !ok {
-			diffs = append(diffs, fmt.Sprintf("missing %s: %s", k, w))
-		} else if g != w {
-			diffs = append(diffs, fmt.Sprintf("key %s: got %s, want %s", k, g, w))
-		}
-	}
-	for k, g := range got {
-		if _, ok := want[k]; !ok {
-			diffs = append(diffs, fmt.Sprintf("extra %s: %s", k, g))
-		}
-	}
-	sort.Strings(diffs)
+	diffs := pgtest.MapDiff(got, want, 0)
 	if len(diffs) > 0 {
 		t.Errorf("%s: %d rows in the database, %d in the model; %d differences:\n%s", name, len(want), len(got),
 			len(diffs), strings.Join(diffs[:min(len(diffs), 20)], "\n"))

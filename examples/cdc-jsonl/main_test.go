@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"syscall"
 	"testing"
@@ -135,21 +134,7 @@ func killed(t *testing.T, bin string, srv *pgtest.Server, rng *rand.Rand) {
 		_, err = pgx.ForEachRow(rows, []any{&id, &n}, func() error { want[id] = n; return nil })
 		return err
 	}))
-	var diff []string
-	for id, n := range want {
-		if m, ok := got[id]; !ok {
-			diff = append(diff, fmt.Sprintf("id %d: source n=%d, output none", id, n))
-		} else if m != n {
-			diff = append(diff, fmt.Sprintf("id %d: source n=%d, output n=%d", id, n, m))
-		}
-	}
-	for id, m := range got {
-		if _, ok := want[id]; !ok {
-			diff = append(diff, fmt.Sprintf("id %d: source none, output n=%d", id, m))
-		}
-	}
-	slices.Sort(diff)
-	require.Empty(t, diff, "%d rows in the source, %d in the output", len(want), len(got))
+	require.Empty(t, pgtest.MapDiff(got, want, 20), "ids and n: %d rows in the source, %d in the output", len(want), len(got))
 }
 
 // write writes to t until stop is closed: small transactions, and some that roll back, whole or

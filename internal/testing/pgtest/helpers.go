@@ -63,3 +63,28 @@ func ExecAll(t testing.TB, connString string, statements ...string) {
 	defer cancel()
 	require.NoError(t, Exec(ctx, connString, statements...))
 }
+
+// MapDiff returns how got differs from want, one line per key, sorted: "missing K (want W)",
+// "K: got G, want W", "extra K (got G)". With limit > 0 it returns at most limit lines and a last
+// one that says how many more there are. Tests use it to name the rows a replica gets wrong
+// instead of printing two maps that a CI log cuts off.
+func MapDiff[K comparable, V comparable](got, want map[K]V, limit int) []string {
+	var out []string
+	for k, w := range want {
+		if g, ok := got[k]; !ok {
+			out = append(out, fmt.Sprintf("missing %v (want %v)", k, w))
+		} else if g != w {
+			out = append(out, fmt.Sprintf("%v: got %v, want %v", k, g, w))
+		}
+	}
+	for k, g := range got {
+		if _, ok := want[k]; !ok {
+			out = append(out, fmt.Sprintf("extra %v (got %v)", k, g))
+		}
+	}
+	slices.Sort(out)
+	if limit > 0 && len(out) > limit {
+		out = append(out[:limit], fmt.Sprintf("... and %d more", len(out)-limit))
+	}
+	return out
+}

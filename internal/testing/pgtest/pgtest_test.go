@@ -261,3 +261,25 @@ func TestRecordUnsupported(t *testing.T) {
 	_, err = pgtest.Record(context.Background(), s.ConnString(db), w, pgtest.RecordOptions{Immediate: true})
 	require.ErrorIs(t, err, pgtest.ErrUnsupported)
 }
+
+func TestMapDiff(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		got, want map[int]string
+		limit     int
+		diff      []string
+	}{
+		{name: "equal", got: map[int]string{1: "a"}, want: map[int]string{1: "a"}},
+		{name: "both empty"},
+		{name: "each kind", got: map[int]string{1: "a", 2: "x", 4: "d"}, want: map[int]string{1: "a", 2: "b", 3: "c"},
+			diff: []string{"2: got x, want b", "extra 4 (got d)", "missing 3 (want c)"}},
+		{name: "cut at the limit", got: map[int]string{}, want: map[int]string{1: "a", 2: "b", 3: "c"}, limit: 2,
+			diff: []string{"missing 1 (want a)", "missing 2 (want b)", "... and 1 more"}},
+		{name: "under the limit", got: map[int]string{1: "a"}, want: map[int]string{}, limit: 2,
+			diff: []string{"extra 1 (got a)"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			require.Equal(t, c.diff, pgtest.MapDiff(c.got, c.want, c.limit))
+		})
+	}
+}
