@@ -353,7 +353,9 @@ func TestUninstall(t *testing.T) {
 	pgtest.ExecAll(t, e.src, `INSERT INTO kv VALUES (1, 1, 'a')`, `INSERT INTO marker VALUES (1)`)
 	r := start(t, cfg)
 	e.waitMarker(t, r, 1)
+	// The triggers are made in the background, one table after the other: both must be there.
 	waitTrigger(t, e.dst)
+	waitTriggerOn(t, e.dst, "marker")
 	ctx := pgtest.Context(t, time.Minute)
 	a, err := New(cfg)
 	must(t, err)
