@@ -186,9 +186,10 @@
 // stored when the copy began) and copies the table again. The handler removes that table's rows
 // (a TableStore handler deletes them in Tx(b)), or cuts its output back to State (JSONLines
 // does); the Kafka sink has nothing to remove, its copy of the table committing whole with its
-// end. A position stored by an earlier release lists no tables: the publications' tables when
-// Run loads it are taken as known. SlotStore keeps nothing, and is used without a copy: a Feed
-// on it tracks no tables.
+// end. A position stored by an earlier release lists no tables: the tables published when Run
+// starts reading the stream are taken as known, so a table added while that release was stopped
+// (or in the moment before) is not copied. SlotStore keeps nothing, and is used without a copy: a
+// Feed on it tracks no tables.
 //
 // With NewTablesStream, the table's changes are delivered from then on and its rows from before
 // are not (PostgreSQL's own behaviour without REFRESH PUBLICATION); the log names the table and
