@@ -329,10 +329,9 @@ func checkModel(ctx context.Context, t *testing.T, connString string, m *rowMode
 	m.mu.Lock()
 	got := m.rows[name]
 	m.mu.Unlock()
-	diffs := pgtest.MapDiff(got, want, 0)
-	if len(diffs) > 0 {
-		t.Errorf("%s: %d rows in the database, %d in the model; %d differences:\n%s", name, len(want), len(got),
-			len(diffs), strings.Join(diffs[:min(len(diffs), 20)], "\n"))
+	if diffs := pgtest.MapDiff(got, want, 20); len(diffs) > 0 {
+		t.Errorf("%s: %d rows in the database, %d in the model; differences:\n%s", name, len(want), len(got),
+			strings.Join(diffs, "\n"))
 	}
 }
 
