@@ -36,8 +36,12 @@ import (
 // catch-up (-cpuprofile) into DIR. PGREORDER_BENCH_APPLY_BASELINE=PATH adds to the catch-up
 // the contender pgreorder-buffered-baseline: `PATH apply -mode buffered`, another build of
 // pgreorder (an earlier commit, say), measured in the same run as this one; and to ApplySync
-// pgreorder-eager-baseline and pgreorder-buffered-baseline, the same build's two modes, and
-// pgreorder-eager-synccommit (this one's eager with -synchronous-commit).
+// pgreorder-eager-baseline and pgreorder-buffered-baseline, the same build's two modes.
+//
+// PGREORDER_BENCH_APPLY_WORKERS=N[,N...] sets the worker counts of the catch-up's parallel
+// contenders, pgreorder-parallel-N and pgreorder-parallel-N-relaxed (4 when unset).
+// PGREORDER_BENCH_BIN=PATH starts that pgreorder binary instead of building ./cmd/pgreorder, so
+// that a test binary (go test -c) runs the benchmarks where there is no go command.
 //
 // PGREORDER_BENCH_APPLY_RUNS=N repeats each case N times (1 by default): in ApplySync as N
 // rounds of every subscriber in turn, reporting the median; in ApplyCatchup as N runs of each
@@ -54,6 +58,8 @@ const (
 	envApplyFsync = "PGREORDER_BENCH_APPLY_FSYNC"
 	envApplyBase  = "PGREORDER_BENCH_APPLY_BASELINE"
 
+	envApplyWorkers = "PGREORDER_BENCH_APPLY_WORKERS"
+
 	envApplyProfile = "PGREORDER_BENCH_APPLY_CPUPROFILE"
 	// envApplyMemProfile, set with envApplyProfile, adds each applier's allocations profile
 	// (-memprofile, which builds older than it lack: so not by default).
@@ -65,15 +71,16 @@ const (
 const tpcbClients = 32
 
 // syncContenders are the subscribers of BenchmarkApplySync, in the order they run in each case.
+// Eager with -synchronous-commit is the latency its durable default is measured against.
 var syncContenders = []contender{
 	native{streaming: "parallel"},
 	native{streaming: "on"},
 	pgreorderApply{mode: "eager"},
+	pgreorderApply{mode: "eager", extra: []string{"-synchronous-commit"}, label: "pgreorder-eager-synccommit"},
 	pgreorderApply{mode: "buffered"},
 }
 
-// syncSubscribers are syncContenders, and with PGREORDER_BENCH_APPLY_BASELINE also eager with
-// -synchronous-commit (the latency the durable default is measured against) and the baseline
+// syncSubscribers are syncContenders, and with PGREORDER_BENCH_APPLY_BASELINE also the baseline
 // build's eager and buffered modes, in the same rounds.
 func syncSubscribers() []contender {
 	bin := os.Getenv(envApplyBase)
@@ -81,7 +88,6 @@ func syncSubscribers() []contender {
 		return syncContenders
 	}
 	return append(slices.Clone(syncContenders),
-		pgreorderApply{mode: "eager", extra: []string{"-synchronous-commit"}, label: "pgreorder-eager-synccommit"},
 		pgreorderApply{mode: "eager", binary: bin, label: "pgreorder-eager-baseline"},
 		pgreorderApply{mode: "buffered", binary: bin, label: "pgreorder-buffered-baseline"})
 }
@@ -92,17 +98,43 @@ var syncRatios = []struct{ num, den, unit string }{
 	{"native-parallel", "native-on", "parallel/on"}, // PostgreSQL's own before/after
 	{"pgreorder-eager", "native-parallel", "eager/native-parallel"},
 	{"pgreorder-eager", "pgreorder-buffered", "eager/buffered"},
+	{"pgreorder-eager", "pgreorder-eager-synccommit", "eager/synccommit"}, // the durable default's cost
 }
 
 // catchupContenders are the subscribers of BenchmarkApplyCatchup: the limit first and the
 // native worker second, the two our times are compared with.
-var catchupContenders = []contender{
-	recvLogical{},
-	native{streaming: "best", label: nativeName}, // parallel on 16+, on before; one apply worker (no transaction of the backlog streams)
-	pgreorderApply{mode: "buffered"},
-	pgreorderApply{mode: "eager"},
-	pgreorderApply{mode: "parallel", workers: 4},
-	pgreorderApply{mode: "parallel", workers: 4, extra: []string{"-commit-order", "relaxed"}, label: "pgreorder-parallel-4-relaxed"},
+func catchupContenders(b testing.TB) []contender {
+	cs := []contender{
+		recvLogical{},
+		native{streaming: "best", label: nativeName}, // parallel on 16+, on before; one apply worker (no transaction of the backlog streams)
+		pgreorderApply{mode: "buffered"},
+		pgreorderApply{mode: "eager"},
+	}
+	for _, n := range applyWorkers(b) {
+		cs = append(cs, pgreorderApply{mode: "parallel", workers: n},
+			pgreorderApply{mode: "parallel", workers: n, extra: []string{"-commit-order", "relaxed"},
+				label: fmt.Sprintf("pgreorder-parallel-%d-relaxed", n)})
+	}
+	return cs
+}
+
+// applyWorkers returns PGREORDER_BENCH_APPLY_WORKERS's worker counts (a comma-separated list;
+// 4 when unset): the catch-up runs parallel and relaxed parallel with each.
+func applyWorkers(b testing.TB) []int {
+	b.Helper()
+	v := os.Getenv(envApplyWorkers)
+	if v == "" {
+		return []int{4}
+	}
+	var out []int
+	for f := range strings.SplitSeq(v, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n <= 0 || slices.Contains(out, n) {
+			b.Fatalf("%s=%q: want distinct positive worker counts separated by commas, as 4,8", envApplyWorkers, v)
+		}
+		out = append(out, n)
+	}
+	return out
 }
 
 // limitName and nativeName are the contenders the catch-up's ratios divide by.
@@ -116,12 +148,12 @@ type readsOnlyContender interface{ readsOnly() }
 
 // catchupSubscribers are catchupContenders, and with PGREORDER_BENCH_APPLY_BASELINE the
 // baseline build's buffered mode right after ours.
-func catchupSubscribers() []contender {
+func catchupSubscribers(b testing.TB) []contender {
+	cs := catchupContenders(b)
 	bin := os.Getenv(envApplyBase)
 	if bin == "" {
-		return catchupContenders
+		return cs
 	}
-	cs := slices.Clone(catchupContenders)
 	return slices.Insert(cs, 3, contender(pgreorderApply{mode: "buffered", binary: bin, label: "pgreorder-buffered-baseline"}))
 }
 
@@ -382,8 +414,8 @@ func execWatching(ctx context.Context, conn *pgconn.PgConn, sql string, a applyi
 // backlog) and until the marker row is visible on the subscriber (visible-s); then checks that
 // both servers hold the same rows. Subscribers: the limit (pg_recvlogical reading the backlog
 // into /dev/null, applying nothing), PostgreSQL's apply worker, and `pgreorder apply -mode
-// buffered`, `-mode eager`, `-mode parallel -workers 4`, and the same with `-commit-order
-// relaxed` (skipped when the binary has no such flag).
+// buffered`, `-mode eager`, `-mode parallel -workers 4` (PGREORDER_BENCH_APPLY_WORKERS), and the
+// same with `-commit-order relaxed` (skipped when the binary has no such flag).
 //
 // Metrics: catchup-s, visible-s, apply-txn/s (backlog transactions / catchup-s), x-limit and
 // x-native (catchup-s / the limit's, / the native worker's, of the same case), cpu-ms/txn (CPU
@@ -406,7 +438,7 @@ func BenchmarkApplyCatchup(b *testing.B) {
 					p := newPair(b, in, map[string]string{"logical_decoding_work_mem": "64MB"}, load.setup)
 					defer p.close()
 					results := map[string]catchupFigures{}
-					for _, c := range catchupSubscribers() {
+					for _, c := range catchupSubscribers(b) {
 						b.Run("sub="+c.name(), func(b *testing.B) {
 							if err := c.supports(in.Major); err != nil {
 								b.Skip(err)

@@ -31,8 +31,9 @@ func (recvLogical) supports(int) error { return nil }
 func (recvLogical) readsOnly() {}
 
 // binary returns the pair's installation's pg_recvlogical, or when that installation has none
-// (a server-only package), the one of the newest other installation: the replication protocol
-// and the plugin options are the server's, whichever client sends them.
+// (a server-only package), the one of the newest other installation, else the one on PATH (client
+// tools without a server, as on a benchmark machine): the replication protocol and the plugin
+// options are the server's, whichever client sends them.
 func (recvLogical) binary(p *pair) (bin, libDir string, err error) {
 	bin = filepath.Join(p.install.BinDir, "pg_recvlogical")
 	if _, err = os.Stat(bin); err == nil {
@@ -45,7 +46,10 @@ func (recvLogical) binary(p *pair) (bin, libDir string, err error) {
 			return other, installs[i].LibDir, nil
 		}
 	}
-	return "", "", fmt.Errorf("limit: no pg_recvlogical in %s nor in another installation: %w", p.install.BinDir, err)
+	if other, perr := exec.LookPath("pg_recvlogical"); perr == nil {
+		return other, "", nil
+	}
+	return "", "", fmt.Errorf("limit: no pg_recvlogical in %s, in another installation or on PATH: %w", p.install.BinDir, err)
 }
 
 // probe skips the limit when no pg_recvlogical is installed, and logs the one it uses.

@@ -352,7 +352,11 @@ func (o pgreorderApply) drop(ctx context.Context, r *run) error { return dropSlo
 func (p *pair) pgreorderBinary() (string, error) {
 	p.buildOnce.Do(func() {
 		p.binary, p.buildErr = buildPgreorder(p.tmp)
-		if p.buildErr == nil {
+		switch {
+		case p.buildErr != nil:
+		case os.Getenv(envBin) != "":
+			p.tb.Logf("pgreorder: %s (%s)", p.binary, envBin)
+		default:
 			p.tb.Logf("built %s", p.binary)
 		}
 	})

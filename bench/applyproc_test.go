@@ -12,9 +12,27 @@ import (
 	"time"
 )
 
-// buildPgreorder builds the module's ./cmd/pgreorder into dir and returns the binary's path.
-// The benchmarks run from the package folder, bench/, one below the module root.
+// envBin names a pgreorder binary built beforehand (go build ./cmd/pgreorder): the benchmarks
+// that start pgreorder run it instead of building one, so that they run where there is no go
+// command (a test binary made with go test -c, on a benchmark machine; bench/offline).
+const envBin = "PGREORDER_BENCH_BIN"
+
+// buildPgreorder builds the module's ./cmd/pgreorder into dir and returns the binary's path, or
+// returns PGREORDER_BENCH_BIN's binary without building. The benchmarks run from the package
+// folder, bench/, one below the module root.
 func buildPgreorder(dir string) (string, error) {
+	if bin := os.Getenv(envBin); bin != "" {
+		abs, err := filepath.Abs(bin)
+		if err != nil {
+			return "", fmt.Errorf("%s=%s: %v", envBin, bin, err)
+		}
+		if fi, err := os.Stat(abs); err != nil {
+			return "", fmt.Errorf("%s=%s: %v", envBin, bin, err)
+		} else if !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0 {
+			return "", fmt.Errorf("%s=%s: not an executable file (build one with go build -o PATH ./cmd/pgreorder)", envBin, bin)
+		}
+		return abs, nil
+	}
 	root, err := filepath.Abs("..")
 	if err != nil {
 		return "", err
@@ -24,7 +42,7 @@ func buildPgreorder(dir string) (string, error) {
 	}
 	goBin, err := exec.LookPath("go")
 	if err != nil {
-		return "", fmt.Errorf("building pgreorder: %v (the go command must be on PATH)", err)
+		return "", fmt.Errorf("building pgreorder: %v (the go command must be on PATH, or %s name a pgreorder binary)", err, envBin)
 	}
 	bin := filepath.Join(dir, "pgreorder")
 	cmd := exec.Command(goBin, "build", "-o", bin, "./cmd/pgreorder")

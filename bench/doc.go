@@ -27,7 +27,7 @@
 // The live apply benchmarks, BenchmarkApplySync and BenchmarkApplyCatchup, replicate from a
 // publisher server into a subscriber server (throwaway servers from internal/testing/pgtest, the oldest
 // and the newest PostgreSQL installed), with PostgreSQL's own subscriber and with
-// `pgreorder apply` (built from ./cmd/pgreorder into a temporary folder once per run), one at a
+// `pgreorder apply` (built from ./cmd/pgreorder into a temporary folder once per run, or PGREORDER_BENCH_BIN's), one at a
 // time on the same pair, every run from reset tables and a new slot. They take minutes and run
 // only with PGREORDER_BENCH_APPLY=1:
 //
@@ -42,6 +42,13 @@
 // subscriber server and the applier used per transaction (cpu-ms/txn). A subscriber is a small
 // interface (contender) and each benchmark has a list of them. A run checks what the subscriber applied and fails when it is wrong, or when
 // the subscriber stops on its own (its output is quoted).
+//
+// Where there is no go command (a benchmark machine with cores to spare and nothing else), the
+// apply benchmarks run from prebuilt binaries: PGREORDER_BENCH_BIN names a pgreorder binary to
+// start instead of building one, a test binary made with go test -c runs the benchmarks, and
+// PGREORDER_BENCH_APPLY_WORKERS (4 by default; 4,8 runs both) sets the worker counts of the
+// catch-up's parallel subscribers. bench/offline builds both binaries and runs the catch-up and
+// synchronous-replication targets from them in one script (bench/offline/README.md).
 //
 // BenchmarkKafkaSink (PGREORDER_BENCH_KAFKA_SINK=1) measures package kafkasink delivering a
 // backlog to a Kafka broker of its own, in events/s and MB/s; BenchmarkKafkaDebezium
