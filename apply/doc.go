@@ -184,9 +184,26 @@
 // alone. Lock waits between the Applier's own connections that the target cannot see are broken by
 // a watchdog, which applies the later transaction alone.
 //
-// Buffered is the fastest in most cases measured (BENCHMARKS.md in the repository); Eager pays off
-// when the target has cores to spare while a large transaction is still running on the source;
-// Parallel when the target's work dominates and transactions touch different rows.
+// Which mode, for which machine and workload (BENCHMARKS.md in the repository has the figures,
+// all measured where the source, the target and the Applier share 2 cores):
+//
+//   - Buffered, the default, spends the least CPU per transaction: its groups cost the target a
+//     round trip and a commit per group rather than per transaction (0.65–0.8× the CPU of
+//     PostgreSQL's subscriber on pgbench's workloads at scale 100, 0.8–1.1× on smaller tables).
+//     Pick it where cores are few or shared, and wherever the other two have not been measured to
+//     win.
+//   - Eager, where transactions larger than the source's logical_decoding_work_mem must commit
+//     soon after their source commit: synchronous replication, or a lag bound. It applies them as
+//     they stream, so their commit waits for the last part only (0.65–0.74× the time of
+//     PostgreSQL's streaming = parallel on 2 cores); everything else goes as in Buffered.
+//   - Parallel, where the target has cores to spare beyond those of the Applier's one reader and
+//     the source's walsender, and transactions seldom touch the same rows. On 2 cores it catches
+//     up in 0.77–0.93× of PostgreSQL's time with 8 workers but spends more CPU than Buffered (the
+//     hand-offs between the reader and its workers): it buys speed with cores. The reader (the
+//     stream, the reorder buffer, the dispatch) is one goroutine and the walsender one process,
+//     so throughput stops growing once the workers outpace them. CommitRelaxed takes it further
+//     where the target may show transactions committed out of the source's order.
+//
 // docs/apply.md in the repository says in full how each mode applies, and how the changes go to
 // the target (COPY, prepared statements, set statements, REPLICA IDENTITY FULL, identity columns).
 //
