@@ -421,7 +421,8 @@ func execWatching(ctx context.Context, conn *pgconn.PgConn, sql string, a applyi
 // x-native (catchup-s / the limit's, / the native worker's, of the same case), cpu-ms/txn (CPU
 // time of the subscriber server, all its processes, and of the applier process, from the start
 // to the catch-up, per backlog transaction; target-cpu-ms/txn and applier-cpu-ms/txn are its
-// two parts) and cpu-x-native, speedup-vs-native (native / ours), applier-rss-MB (the peak
+// two parts; walsender-cpu-ms/txn, apart, is the source's walsender's for the same span) and
+// cpu-x-native, speedup-vs-native (native / ours), applier-rss-MB (the peak
 // resident set of the subscriber's own process, ours and the limit's, from its start to the
 // catch-up: VmHWM), and the backlog's backlog-s, backlog-txn/s and backlog-wal-MB. With PGREORDER_BENCH_APPLY_CPUPROFILE=DIR, each pgreorder
 // catch-up writes its applier's CPU profile to DIR/pgNN-LOAD-SUB.pprof, and with
@@ -479,6 +480,7 @@ func BenchmarkApplyCatchup(b *testing.B) {
 type catchupResult struct {
 	catchup, visible, backlog time.Duration
 	targetCPU, applierCPU     time.Duration // from the start to the catch-up
+	walsenderCPU              time.Duration // the source's walsender, from its start to the catch-up (0: not read)
 	applierRSS                int64         // the applier's peak resident set, bytes (0: not a process of ours)
 	walBytes                  int64
 	stats                     slotStats
@@ -488,7 +490,7 @@ type catchupResult struct {
 type catchupFigures struct{ catchup, cpu float64 }
 
 func benchCatchup(b *testing.B, p *pair, c contender, load catchupLoad, profile string) catchupFigures {
-	var catchup, visible, backlog, walMB, targetCPU, applierCPU []float64
+	var catchup, visible, backlog, walMB, targetCPU, applierCPU, walsenderCPU []float64
 	var rss int64
 	for i := range b.N * int(envSize(b, envApplyRuns, 1, 1)) {
 		load = load.withSeed(seed + uint64(i))
@@ -500,15 +502,16 @@ func benchCatchup(b *testing.B, p *pair, c contender, load catchupLoad, profile 
 		if err != nil {
 			b.Fatalf("%s: %v", c.name(), err)
 		}
-		b.Logf("run %d (seed %d): backlog %v (%.1f MB of WAL), caught up in %v, marker visible after %v, CPU target %v applier %v",
+		b.Logf("run %d (seed %d): backlog %v (%.1f MB of WAL), caught up in %v, marker visible after %v, CPU target %v applier %v walsender %v",
 			i+1, seed+uint64(i), res.backlog.Round(time.Millisecond), float64(res.walBytes)/1e6, res.catchup.Round(time.Millisecond),
-			res.visible.Round(time.Millisecond), res.targetCPU, res.applierCPU)
+			res.visible.Round(time.Millisecond), res.targetCPU, res.applierCPU, res.walsenderCPU)
 		catchup = append(catchup, res.catchup.Seconds())
 		visible = append(visible, res.visible.Seconds())
 		backlog = append(backlog, res.backlog.Seconds())
 		walMB = append(walMB, float64(res.walBytes)/1e6)
 		targetCPU = append(targetCPU, res.targetCPU.Seconds())
 		applierCPU = append(applierCPU, res.applierCPU.Seconds())
+		walsenderCPU = append(walsenderCPU, res.walsenderCPU.Seconds())
 		rss = max(rss, res.applierRSS)
 	}
 	if profile != "" {
@@ -527,6 +530,9 @@ func benchCatchup(b *testing.B, p *pair, c contender, load catchupLoad, profile 
 	b.ReportMetric(tc+ac, "cpu-ms/txn")
 	b.ReportMetric(tc, "target-cpu-ms/txn")
 	b.ReportMetric(ac, "applier-cpu-ms/txn")
+	if ws := middleMean(walsenderCPU) * 1000 / n; ws > 0 {
+		b.ReportMetric(ws, "walsender-cpu-ms/txn") // the source's: not in cpu-ms/txn
+	}
 	if rss > 0 {
 		b.ReportMetric(float64(rss)/(1<<20), "applier-rss-MB")
 	}
@@ -608,7 +614,9 @@ func catchupOnce(p *pair, c contender, load catchupLoad, profile string) (res ca
 		return res, err
 	}
 	defer subConn.Close(context.Background())
-	flushedSQL := fmt.Sprintf("SELECT confirmed_flush_lsn >= '%s' FROM pg_replication_slots WHERE slot_name = %s", target, quoteLiteral(r.slot))
+	// Whether the slot confirmed the marker, and the pid of the walsender streaming it.
+	flushedSQL := fmt.Sprintf("SELECT confirmed_flush_lsn >= '%s', coalesce(active_pid, 0) FROM pg_replication_slots WHERE slot_name = %s",
+		target, quoteLiteral(r.slot))
 
 	cpu0, err := serverCPU(p.subPostmaster)
 	if err != nil {
@@ -634,8 +642,16 @@ func catchupOnce(p *pair, c contender, load catchupLoad, profile string) (res ca
 			if err != nil {
 				return res, err
 			}
-			if len(v) == 1 && v[0] == "t" {
+			if len(v) == 2 && v[0] == "t" {
 				res.catchup = time.Since(t0)
+				// The walsender started with this run's connection: its CPU time is all this
+				// catch-up's decoding and sending. Gone already (the limit exits at its end
+				// position), it is not counted.
+				if pid, _ := strconv.Atoi(v[1]); pid > 0 {
+					if _, self, _, err := procTimes(pid); err == nil {
+						res.walsenderCPU = self
+					}
+				}
 				cpu1, err := serverCPU(p.subPostmaster)
 				if err != nil {
 					return res, fmt.Errorf("the subscriber's CPU time: %w", err)
@@ -670,7 +686,7 @@ func catchupOnce(p *pair, c contender, load catchupLoad, profile string) (res ca
 		}
 		if d, ok := a.(interface{ done() bool }); ok && d.done() && res.catchup == 0 {
 			// Exited at its end position: it has sent its last position.
-			if v, err := connRow(ctx, pubConn, flushedSQL); err != nil || len(v) != 1 || v[0] != "t" {
+			if v, err := connRow(ctx, pubConn, flushedSQL); err != nil || len(v) != 2 || v[0] != "t" {
 				return res, fmt.Errorf("%s stopped at %s, but the slot's confirmed flush position did not pass %s (%v)", c.name(), r.endpos, target, err)
 			}
 			continue

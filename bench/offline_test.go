@@ -16,7 +16,7 @@ func TestOfflineSummary(t *testing.T) {
 		t.Skip("no awk")
 	}
 	raw := `BenchmarkApplyCatchup/pg=18/load=simple-update-s100/clients=32/txns=6250/sub=native-16         	       1	         0 applier-cpu-ms/txn	      8000 apply-txn/s	        20.00 catchup-s	         0.02000 cpu-ms/txn
-BenchmarkApplyCatchup/pg=18/load=simple-update-s100/clients=32/txns=6250/sub=pgreorder-buffered-16         	       1	         0.01000 applier-cpu-ms/txn	     16000 apply-txn/s	        10.00 catchup-s	         0.01600 cpu-ms/txn
+BenchmarkApplyCatchup/pg=18/load=simple-update-s100/clients=32/txns=6250/sub=pgreorder-buffered-16         	       1	         0.01000 applier-cpu-ms/txn	     16000 apply-txn/s	        10.00 catchup-s	         0.01600 cpu-ms/txn	         0.01200 walsender-cpu-ms/txn
 BenchmarkApplyCatchup/pg=18/load=simple-update-s100/clients=32/txns=6250/sub=pgreorder-parallel-8-16         	       1	         0.01000 applier-cpu-ms/txn	     40000 apply-txn/s	         5.000 catchup-s	         0.01800 cpu-ms/txn
 BenchmarkApplySync/pg=18/rows=1M/workmem=64kB/rollback=0%/sub=native-parallel-16	       1	      4000 sql-ms
 BenchmarkApplySync/pg=18/rows=1M/workmem=64kB/rollback=0%/sub=pgreorder-eager-16	       1	      2000 sql-ms	         0.5000 eager/native-parallel
@@ -32,10 +32,10 @@ BenchmarkApplySync/pg=18/rows=1M/workmem=64kB/rollback=0%/sub=pgreorder-eager-sy
 	}
 	got := strings.Fields(string(out))
 	want := strings.Fields(`catch-up pg=18/load=simple-update-s100/clients=32/txns=6250
-  subscriber catchup-s x native x buffered cpu-ms/txn cpu x nat
-  native 20.00 1.00 2.00 0.02000 1.00
-  pgreorder-buffered 10.00 0.50 1.00 0.01600 0.80
-  pgreorder-parallel-8 5.000 0.25 0.50 0.01800 0.90
+  subscriber catchup-s x native x buffered cpu-ms/txn cpu x nat walsender-ms/txn
+  native 20.00 1.00 2.00 0.02000 1.00 -
+  pgreorder-buffered 10.00 0.50 1.00 0.01600 0.80 0.01200
+  pgreorder-parallel-8 5.000 0.25 0.50 0.01800 0.90 -
 synchronous replication pg=18/rows=1M/workmem=64kB/rollback=0%
   subscriber sql-ms x native-parallel x eager-synccommit
   native-parallel 4000 1.00 1.90
