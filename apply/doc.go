@@ -188,7 +188,7 @@
 // all measured where the source, the target and the Applier share 2 cores):
 //
 //   - Buffered, the default, spends the least CPU per transaction: its groups cost the target a
-//     round trip and a commit per group rather than per transaction (0.65–0.8× the CPU of
+//     round trip and a commit per group rather than per transaction (0.65–0.9× the CPU of
 //     PostgreSQL's subscriber on pgbench's workloads at scale 100, 0.8–1.1× on smaller tables).
 //     Pick it where cores are few or shared, and wherever the other two have not been measured to
 //     win.
@@ -198,7 +198,7 @@
 //     PostgreSQL's streaming = parallel on 2 cores); everything else goes as in Buffered.
 //   - Parallel, where the target has cores to spare beyond those of the Applier's one reader and
 //     the source's walsender, and transactions seldom touch the same rows. On 2 cores it catches
-//     up in 0.77–0.93× of PostgreSQL's time with 8 workers but spends more CPU than Buffered (the
+//     up in 0.77–1.03× of PostgreSQL's time with 8 workers but spends more CPU than Buffered (the
 //     hand-offs between the reader and its workers): it buys speed with cores. The reader (the
 //     stream, the reorder buffer, the dispatch) is one goroutine and the walsender one process,
 //     so throughput stops growing once the workers outpace them. CommitRelaxed takes it further
