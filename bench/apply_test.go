@@ -65,6 +65,9 @@ const (
 	// (-memprofile, which builds older than it lack: so not by default).
 	envApplyMemProfile = "PGREORDER_BENCH_APPLY_MEMPROFILE"
 	envApplyRollback   = "PGREORDER_BENCH_APPLY_ROLLBACK"
+	// envApplyWalsenderPerf=1 attaches perf record to the source's walsender during each catch-up
+	// and logs the top of its report: a diagnosis (perf runs on the same cores), not a figure.
+	envApplyWalsenderPerf = "PGREORDER_BENCH_APPLY_WALSENDER_PERF"
 )
 
 // tpcbClients is the number of concurrent sessions making the catch-up backlog.
@@ -481,6 +484,7 @@ type catchupResult struct {
 	catchup, visible, backlog time.Duration
 	targetCPU, applierCPU     time.Duration // from the start to the catch-up
 	walsenderCPU              time.Duration // the source's walsender, from its start to the catch-up (0: not read)
+	walsenderPerf             string        // the top of its perf report (PGREORDER_BENCH_APPLY_WALSENDER_PERF)
 	applierRSS                int64         // the applier's peak resident set, bytes (0: not a process of ours)
 	walBytes                  int64
 	stats                     slotStats
@@ -505,6 +509,9 @@ func benchCatchup(b *testing.B, p *pair, c contender, load catchupLoad, profile 
 		b.Logf("run %d (seed %d): backlog %v (%.1f MB of WAL), caught up in %v, marker visible after %v, CPU target %v applier %v walsender %v",
 			i+1, seed+uint64(i), res.backlog.Round(time.Millisecond), float64(res.walBytes)/1e6, res.catchup.Round(time.Millisecond),
 			res.visible.Round(time.Millisecond), res.targetCPU, res.applierCPU, res.walsenderCPU)
+		if res.walsenderPerf != "" {
+			b.Logf("run %d, the walsender's perf report (self time by symbol):\n%s", i+1, res.walsenderPerf)
+		}
 		catchup = append(catchup, res.catchup.Seconds())
 		visible = append(visible, res.visible.Seconds())
 		backlog = append(backlog, res.backlog.Seconds())
@@ -636,11 +643,24 @@ func catchupOnce(p *pair, c contender, load catchupLoad, profile string) (res ca
 	if readsOnly {
 		res.visible = -1 // nothing to see
 	}
+	var perf *perfRecorder
+	defer func() {
+		if perf != nil {
+			perf.stop(0)
+		}
+	}()
 	for res.catchup == 0 || res.visible == 0 {
 		if res.catchup == 0 {
 			v, err := connRow(ctx, pubConn, flushedSQL)
 			if err != nil {
 				return res, err
+			}
+			if perf == nil && len(v) == 2 && v[0] != "t" && os.Getenv(envApplyWalsenderPerf) == "1" {
+				if pid, _ := strconv.Atoi(v[1]); pid > 0 {
+					if perf, err = startPerf(pid, filepath.Join(p.tmp, r.slot+"-walsender.perf")); err != nil {
+						return res, err
+					}
+				}
 			}
 			if len(v) == 2 && v[0] == "t" {
 				res.catchup = time.Since(t0)
@@ -651,6 +671,12 @@ func catchupOnce(p *pair, c contender, load catchupLoad, profile string) (res ca
 					if _, self, _, err := procTimes(pid); err == nil {
 						res.walsenderCPU = self
 					}
+				}
+				if perf != nil {
+					if res.walsenderPerf, err = perf.stop(20); err != nil {
+						return res, err
+					}
+					perf = nil
 				}
 				cpu1, err := serverCPU(p.subPostmaster)
 				if err != nil {

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
@@ -285,8 +284,7 @@ type session struct {
 	pub, dir           string
 	tables             []string
 	launches           int
-	perf               *exec.Cmd // perf record attached to pgreorder (PGREORDER_BENCH_KAFKA_PERF)
-	perfData           string
+	perf               *perfRecorder // perf record attached to pgreorder (PGREORDER_BENCH_KAFKA_PERF)
 }
 
 // failed returns an error once the contender's process exited, or, for Debezium, once Kafka
@@ -382,12 +380,9 @@ func (kb *kafkaBench) launch(s *session) (err error) {
 		s.proc, err = kb.startConnect(s.dir, s, s.pub, s.tables)
 	}
 	if err == nil && s.kind == "pgreorder" && os.Getenv("PGREORDER_BENCH_KAFKA_PERF") == "1" {
-		s.perfData = filepath.Join(s.dir, fmt.Sprintf("perf-%d.data", s.launches))
-		s.perf = exec.Command("perf", "record", "-F", "499", "-g", "-o", s.perfData, "-p", strconv.Itoa(kb.pid(s)))
-		s.perf.Stdout, s.perf.Stderr = io.Discard, io.Discard
-		if err := s.perf.Start(); err != nil {
-			kb.b.Logf("perf record: %v", err)
-			s.perf = nil
+		var perr error
+		if s.perf, perr = startPerf(kb.pid(s), filepath.Join(s.dir, fmt.Sprintf("perf-%d.data", s.launches))); perr != nil {
+			kb.b.Log(perr)
 		}
 	}
 	return err
@@ -398,21 +393,13 @@ func (kb *kafkaBench) perfReport(s *session) {
 	if s.perf == nil {
 		return
 	}
-	s.perf.Process.Signal(os.Interrupt)
-	s.perf.Wait()
+	top, err := s.perf.stop(25)
 	s.perf = nil
-	out, err := exec.Command("perf", "report", "-i", s.perfData, "--stdio", "--no-children", "--sort", "symbol", "-g", "none", "--percent-limit", "1.5").Output()
 	if err != nil {
-		kb.b.Logf("perf report: %v", err)
+		kb.b.Log(err)
 		return
 	}
-	var top []string
-	for line := range strings.Lines(string(out)) {
-		if t := strings.TrimSpace(line); t != "" && !strings.HasPrefix(t, "#") {
-			top = append(top, t)
-		}
-	}
-	kb.b.Logf("perf, pgreorder launch %d of slot %s:\n%s", s.launches, s.slot, strings.Join(top[:min(len(top), 25)], "\n"))
+	kb.b.Logf("perf, pgreorder launch %d of slot %s:\n%s", s.launches, s.slot, top)
 }
 
 // stopProcess stops the contender's process (SIGTERM, a clean stop).
