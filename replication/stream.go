@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -87,11 +86,11 @@ type Stream struct {
 
 	advanceSoon atomic.Bool // AdvanceSoon was called: ask the server for its position when idle
 
-	// wakeMu guards wakeConn, the socket of the current connection (nil while disconnected):
+	// wakeMu guards wakeSock, the socket of the current connection (nil while disconnected):
 	// wake, called by whoever cancels a context Next waits with, or closes the stream,
 	// interrupts a waiting read through it.
 	wakeMu   sync.Mutex
-	wakeConn net.Conn
+	wakeSock sock
 	// wakeDone is the Done channel of the context whose end calls wake (a context.AfterFunc,
 	// which wakeStop removes): Next registers its context once and keeps the registration for
 	// the calls that follow with the same one. The connection's goroutine's, like conn.
@@ -117,7 +116,7 @@ func newStream(c *Conn, sess *session, w *wire, buf *reorderbuffer.Buffer) *Stre
 		tickDone:  make(chan struct{}),
 		conn:      sess.conn,
 		wire:      w,
-		wakeConn:  w.nc,
+		wakeSock:  w.sock,
 		notice:    sess.notice,
 		temporary: sess.slot.Temporary,
 		sys:       sess.sys.export(),
@@ -134,14 +133,14 @@ func newStream(c *Conn, sess *session, w *wire, buf *reorderbuffer.Buffer) *Stre
 	return s
 }
 
-// wake interrupts a read waiting on the current connection: its deadline moves into the past.
+// wake interrupts a read waiting on the current connection, which returns as at its deadline.
 // The reader then finds out why (a context ended, the stream closed) or, if nothing did, sets
 // its deadline again.
 func (s *Stream) wake() {
 	s.wakeMu.Lock()
 	defer s.wakeMu.Unlock()
-	if s.wakeConn != nil {
-		s.wakeConn.SetReadDeadline(aLongTimeAgo)
+	if s.wakeSock != nil {
+		s.wakeSock.wake()
 	}
 }
 
@@ -149,9 +148,9 @@ func (s *Stream) wake() {
 func (s *Stream) setWire(w *wire) {
 	s.wire = w
 	s.wakeMu.Lock()
-	s.wakeConn = nil
+	s.wakeSock = nil
 	if w != nil {
-		s.wakeConn = w.nc
+		s.wakeSock = w.sock
 	}
 	s.wakeMu.Unlock()
 }

@@ -22,14 +22,16 @@ import (
 //
 // Reads wait until the socket's read deadline, which the stream sets once per status interval
 // (setDeadline does nothing when it is unchanged). A cancelled context or Close interrupts a
-// waiting read by moving the deadline into the past (Stream.wake), from the goroutine that
-// cancels: no goroutine waits for it.
+// waiting read (Stream.wake, sock.wake), from the goroutine that cancels: no goroutine waits for
+// it.
 //
 // The wire owns the socket: newWire hijacks it from pgconn (pgconn.PgConn.Hijack), after which
-// pgconn neither reads, writes nor closes it. The stream's status updates are written with send,
-// and close ends the session (Terminate) and closes the socket.
+// pgconn neither reads, writes nor closes it, and on Linux takes a plain TCP or Unix socket out of
+// Go's network poller (rawSock), so that the walsender's messages wake a thread only while the
+// stream waits for them. The stream's status updates are written with send, and close ends the
+// session (Terminate) and closes the socket.
 type wire struct {
-	nc       net.Conn
+	sock     sock
 	buf      []byte // buf[r:w] was read and not yet handed out
 	r, w     int
 	deadline time.Time // the read deadline set on nc; zero when it must be set again
@@ -56,19 +58,20 @@ func newWire(ctx context.Context, conn *pgconn.PgConn) (_ *wire, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("replication: taking the connection from pgconn: %w", err)
 	}
-	w := &wire{nc: hc.Conn, buf: make([]byte, wireBufSize)}
+	nc := hc.Conn
+	w := &wire{buf: make([]byte, wireBufSize)}
 	defer func() {
 		if err != nil {
-			w.nc.Close()
+			nc.Close()
 		}
 	}()
 	fe := hc.Frontend
 	if fe.ReadBufferLen() == 0 {
+		w.sock = newSock(nc)
 		return w, nil
 	}
-	stop := context.AfterFunc(ctx, func() { w.nc.SetReadDeadline(aLongTimeAgo) })
+	stop := context.AfterFunc(ctx, func() { nc.SetReadDeadline(aLongTimeAgo) })
 	defer stop()
-	defer w.nc.SetReadDeadline(time.Time{})
 	var pending []byte
 	for fe.ReadBufferLen() > 0 {
 		msg, err := fe.Receive()
@@ -82,12 +85,19 @@ func newWire(ctx context.Context, conn *pgconn.PgConn) (_ *wire, err error) {
 			return nil, &ProtocolError{Msg: fmt.Sprintf("re-encoding %T", msg), Err: err}
 		}
 	}
+	if !stop() {
+		return nil, ctx.Err() // it ended as the last message came: the deadline moved
+	}
+	if err := nc.SetReadDeadline(time.Time{}); err != nil {
+		return nil, fmt.Errorf("replication: receive: %w", err)
+	}
 	if len(pending) > len(w.buf) {
 		w.buf = pending
 	} else {
 		copy(w.buf, pending)
 	}
 	w.w = len(pending)
+	w.sock = newSock(nc)
 	return w, nil
 }
 
@@ -97,7 +107,7 @@ func (w *wire) send(msg []byte) error {
 	if w.err != nil {
 		return w.err
 	}
-	if _, err := w.nc.Write(msg); err != nil {
+	if err := w.sock.write(msg); err != nil {
 		w.err = err
 		return err
 	}
@@ -112,12 +122,12 @@ var terminate = []byte{'X', 0, 0, 0, 4}
 func (w *wire) close(ctx context.Context) error {
 	if w.err == nil {
 		if d, ok := ctx.Deadline(); ok {
-			w.nc.SetWriteDeadline(d)
+			w.sock.setWriteDeadline(d)
 		}
-		w.nc.Write(terminate) // the server may be gone already: nothing to do about it
+		w.sock.write(terminate) // the server may be gone already: nothing to do about it
 	}
 	w.err = net.ErrClosed
-	return w.nc.Close()
+	return w.sock.close()
 }
 
 // aLongTimeAgo is a read deadline that has passed: setting it interrupts a waiting read.
@@ -128,7 +138,7 @@ func (w *wire) setDeadline(t time.Time) {
 	if w.deadline.Equal(t) && !t.IsZero() {
 		return
 	}
-	if err := w.nc.SetReadDeadline(t); err != nil {
+	if err := w.sock.setReadDeadline(t); err != nil {
 		w.deadline = time.Time{}
 		return // the next read fails the same way
 	}
@@ -198,7 +208,7 @@ func (w *wire) fill() error {
 		w.w = copy(w.buf, w.buf[w.r:w.w]) // little room left: reads would get a little each
 		w.r = 0
 	}
-	n, err := w.nc.Read(w.buf[w.w:])
+	n, err := w.sock.read(w.buf[w.w:])
 	w.w += n
 	if n > 0 {
 		return nil // an error comes again with the next read
