@@ -34,7 +34,7 @@ type wire struct {
 	sock     sock
 	buf      []byte // buf[r:w] was read and not yet handed out
 	r, w     int
-	deadline time.Time // the read deadline set on nc; zero when it must be set again
+	deadline time.Time // the read deadline set on the socket; zero when it must be set again
 	err      error     // the error of the read that broke the connection (not a deadline)
 }
 
