@@ -45,6 +45,21 @@ synchronous replication pg=18/rows=1M/workmem=64kB/rollback=0%
 		t.Errorf("summary printed\n%s\nwant (spacing aside)\n%s", out, strings.Join(want, " "))
 	}
 
+	// Two files with the same case: each case is named with its file.
+	in2 := filepath.Join(t.TempDir(), "other.txt")
+	if err := os.WriteFile(in2, []byte(raw), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err = exec.Command("bash", filepath.Join("offline", "summary"), in, in2).CombinedOutput()
+	if err != nil {
+		t.Fatalf("summary of two files: %v\n%s", err, out)
+	}
+	for _, want := range []string{"catch-up raw.txt: pg=18/", "catch-up other.txt: pg=18/", "synchronous replication other.txt: pg=18/"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("summary of two files lacks %q:\n%s", want, out)
+		}
+	}
+
 	// Output without a result line is an error, not an empty table.
 	empty := filepath.Join(t.TempDir(), "empty.txt")
 	if err := os.WriteFile(empty, []byte("PASS\n"), 0o600); err != nil {
