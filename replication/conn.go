@@ -291,6 +291,7 @@ func Start(ctx context.Context, cfg Config) (*Stream, error) {
 		if err := WaitForSlot(ctx, cfg, err, attempt, since); err != nil {
 			return nil, err
 		}
+		cfg.failoverChecked = true // once per Start: its settings' warnings are logged
 	}
 }
 
@@ -518,7 +519,7 @@ func openSession(ctx context.Context, cfg *Config, base *pgconn.Config, log *slo
 	if s.slot, err = readSlot(ctx, conn, s.major, cfg, s.sys.dbName); err != nil {
 		return nil, err
 	}
-	if first && cfg.Failover {
+	if first && cfg.Failover && !cfg.failoverChecked {
 		failoverWarnings(ctx, conn, cfg, s.slot, log)
 	}
 	return s, nil

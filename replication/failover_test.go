@@ -79,6 +79,41 @@ func TestFailoverWarnings(t *testing.T) {
 			if v := pgtest.QueryText(t, srv.ConnString(db), "SELECT failover::text FROM pg_replication_slots WHERE slot_name = 'fo'"); v != "true" {
 				t.Fatalf("slot failover = %q after Start with Failover", v)
 			}
+
+			// A Start that waits for the slot, held by another stream, checks the settings and
+			// logs their warnings once, not at each of its attempts.
+			holder, err := replication.Start(ctx, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rec2 := newLogRecorder()
+			cfg2 := cfg
+			cfg2.Logger = rec2.logger()
+			type started struct {
+				s   *replication.Stream
+				err error
+			}
+			done := make(chan started, 1)
+			go func() {
+				s, err := replication.Start(ctx, cfg2)
+				done <- started{s, err}
+			}()
+			for len(rec2.find(slog.LevelWarn, "slot in use")) == 0 { // the first refusal, then a wait
+				if ctx.Err() != nil {
+					t.Fatal("the second Start never met the slot in use")
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			holder.Close(ctx)
+			r := <-done
+			if r.err != nil {
+				t.Fatal(r.err)
+			}
+			r.s.Close(ctx)
+			if w := rec2.find(slog.LevelWarn, "may not survive a failover"); len(w) != 1 {
+				rec2.dump(t)
+				t.Fatalf("a Start that waited for the slot logged %d failover warnings; want 1", len(w))
+			}
 		})
 	}
 }
