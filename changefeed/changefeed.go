@@ -247,11 +247,12 @@ type Feed struct {
 	cat     *catalog.Reader
 	ts      tableSync // tables added to the publications (tablesync.go)
 
-	past     ended        // what the streams of ended attempts reported (readings.go)
-	try      *attempt     // the attempt in progress (loop.go)
-	streams  int          // streams started by Run's attempts
-	restarts int          // streams started after the first
-	acked    decoding.LSN // the highest position a stream of this run acknowledged
+	past      ended        // what the streams of ended attempts reported (readings.go)
+	try       *attempt     // the attempt in progress (loop.go)
+	streams   int          // streams started by Run's attempts
+	restarts  int          // streams started after the first
+	acked     decoding.LSN // the highest position a stream of this run acknowledged
+	connected bool         // a connection reached the source (connectSource)
 }
 
 // catalog returns the Feed's catalog reader, made on first use.
@@ -673,7 +674,7 @@ func (f *Feed) connect(ctx context.Context, rcfg replication.Config, n int) (*re
 			return conn, nil
 		}
 	}
-	return replication.Connect(ctx, rcfg)
+	return f.connectSource(ctx, rcfg)
 }
 
 // feedCopier is the Feed's side of InitialCopy.

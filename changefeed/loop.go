@@ -124,7 +124,7 @@ func (s *Source) Identify(ctx context.Context) (replication.System, *replication
 		return replication.System{}, nil, fmt.Errorf("%w: Source.Identify called outside the Prepare it was given to", ErrInvalidConfig)
 	}
 	if s.conn == nil {
-		conn, err := replication.Connect(ctx, streamConfig(*s.rcfg))
+		conn, err := s.f.connectSource(ctx, streamConfig(*s.rcfg))
 		if err != nil {
 			return replication.System{}, nil, err
 		}
@@ -374,10 +374,25 @@ func (f *Feed) once(ctx context.Context, rcfg replication.Config, a *attempt) (e
 // reachedSource records that the attempt made a replication connection, after the store's Load.
 func (f *Feed) reachedSource() {
 	f.mu.Lock()
+	f.connected = true
 	if f.try != nil {
 		f.try.o.Reached = true
 	}
 	f.mu.Unlock()
+}
+
+// connectSource makes a replication connection to the source: with replication.Connect until
+// the Feed has reached the source once, then with replication.Reconnect, so that what a
+// connection logs once for good (the published tables, the failover settings' warnings) is not
+// logged again by each attempt.
+func (f *Feed) connectSource(ctx context.Context, rcfg replication.Config) (*replication.Conn, error) {
+	f.mu.Lock()
+	again := f.connected
+	f.mu.Unlock()
+	if again {
+		return replication.Reconnect(ctx, rcfg)
+	}
+	return replication.Connect(ctx, rcfg)
 }
 
 // side records what the attempt is reaching.

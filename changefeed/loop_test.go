@@ -53,12 +53,27 @@ func (c *messageCount) count(msg string) int {
 	return c.n[msg]
 }
 
+// countPrefix counts the records whose message begins with prefix.
+func (c *messageCount) countPrefix(prefix string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for m, k := range c.n {
+		if strings.HasPrefix(m, prefix) {
+			n += k
+		}
+	}
+	return n
+}
+
 // restartMessage is what Run logs before it makes another attempt.
 const restartMessage = "replication interrupted; resuming"
 
 // TestWalsenderKilled: the walsender of the Feed's stream is terminated while the source keeps
 // committing; the stream does not reconnect by itself, Run's next attempt resumes after the
-// stored position, and every transaction reaches the handler exactly once.
+// stored position, and every transaction reaches the handler exactly once. What the first
+// connection logs for good (the publication, on PostgreSQL 17 and later the failover settings'
+// warning) the second attempt does not log again.
 func TestWalsenderKilled(t *testing.T) {
 	eachMajor(t, func(t *testing.T, srv *pgtest.Server) {
 		ctx := pgtest.Context(t, 2*time.Minute)
@@ -70,6 +85,8 @@ func TestWalsenderKilled(t *testing.T) {
 		cfg := changefeed.Config{Logger: slog.New(log),
 			Replication: replication.Config{ConnString: srv.ReplicationConnString(db), Slot: "cf", Publications: []string{"pub"},
 				StatusInterval: 100 * time.Millisecond, Reconnect: replication.ReconnectPolicy{MaxDelay: 500 * time.Millisecond}}}
+		failover := srv.Major() >= 17
+		cfg.Replication.Failover = failover
 		r := &recorder{txns: make(chan struct{}, 100)}
 		f, err := changefeed.New(cfg, mustOpen(t, filepath.Join(t.TempDir(), "pos")), r.handle)
 		require.NoError(t, err)
@@ -107,6 +124,10 @@ func TestWalsenderKilled(t *testing.T) {
 		require.GreaterOrEqual(t, f.Stats().TotalChanges, int64(before+during+after), "counters summed over the streams")
 		require.NotZero(t, f.Progress().Acked)
 		require.Equal(t, 1, log.count(restartMessage), "one attempt made again")
+		require.Equal(t, 1, log.count("publication"), "the publication logged by the first attempt only")
+		if failover { // no standby keeps the slot: one warning
+			require.Equal(t, 1, log.countPrefix("the slot may not survive a failover"), "the failover warning logged by the first attempt only")
+		}
 		r.mu.Lock()
 		defer r.mu.Unlock()
 		var txns, resumes int

@@ -441,7 +441,8 @@ type TableSnapshot struct {
 // standby), and opens a snapshot.Session of scfg in it for the published tables keep selects
 // (and scfg.Tables, when set). scfg's connection, publications and binary values default to
 // rcfg's, as a Feed's copy does. Session.Tables is empty when no published table is selected.
-// The caller closes it.
+// The connection is a consumer's side connection (replication.Reconnect): it logs neither the
+// published tables nor the failover settings. The caller closes it.
 func OpenTableSnapshot(ctx context.Context, rcfg replication.Config, scfg snapshot.Config, keep func(*snapshot.Table) bool) (_ *TableSnapshot, err error) {
 	base := rcfg
 	rcfg.Slot = syncSlotName(rcfg.Slot)
@@ -462,7 +463,7 @@ func OpenTableSnapshot(ctx context.Context, rcfg replication.Config, scfg snapsh
 		pc.RuntimeParams["application_name"] = "pgreorder-tablesync"
 		return nil
 	}
-	conn, err := replication.Connect(ctx, rcfg)
+	conn, err := replication.Reconnect(ctx, rcfg)
 	if err != nil {
 		return nil, err
 	}

@@ -180,10 +180,6 @@ type Config struct {
 	// Logger receives progress messages, server notices (at Warn) and reconnections; nil logs
 	// nothing.
 	Logger *slog.Logger
-
-	// failoverChecked is set by Start after its first attempt: the attempts it makes while the
-	// slot is in use do not check and log the failover settings again.
-	failoverChecked bool
 }
 
 // ReconnectPolicy configures the reconnection of a Stream. Between two attempts it waits a delay

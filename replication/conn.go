@@ -89,7 +89,29 @@ type Conn struct {
 // A failed check is a *CheckError naming what to fix: wal_level is not logical, a publication
 // does not exist, the slot is not a pgoutput slot of this database or differs in two-phase
 // decoding, Buffer.SkipThrough is beyond the server's WAL. Connect does not retry.
-func Connect(ctx context.Context, cfg Config) (_ *Conn, err error) {
+func Connect(ctx context.Context, cfg Config) (*Conn, error) {
+	return connect(ctx, cfg, logAll)
+}
+
+// Reconnect is Connect for a consumer's later connections to the source it reached before: the
+// same checks, but what the first connection logged (the published tables, the warnings about
+// the failover settings) is not logged again. A consumer that runs its own retry loop connects
+// with Connect once, and with Reconnect after that.
+func Reconnect(ctx context.Context, cfg Config) (*Conn, error) {
+	return connect(ctx, cfg, sessionLogs{})
+}
+
+// sessionLogs says which of its findings a new session logs: the published tables and the
+// failover settings are logged by a consumer's first session, not again by each reconnection or
+// each attempt of a Start that waits for its slot.
+type sessionLogs struct {
+	tables   bool
+	failover bool
+}
+
+var logAll = sessionLogs{tables: true, failover: true}
+
+func connect(ctx context.Context, cfg Config, logs sessionLogs) (_ *Conn, err error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
@@ -98,7 +120,7 @@ func Connect(ctx context.Context, cfg Config) (_ *Conn, err error) {
 		return nil, err
 	}
 	log := cfg.logger()
-	sess, err := openSession(ctx, &cfg, base, log, true)
+	sess, err := openSession(ctx, &cfg, base, log, logs)
 	if err != nil {
 		return nil, err
 	}
@@ -283,15 +305,16 @@ func (c *Conn) Close(ctx context.Context) error {
 // again if anything fails.
 func Start(ctx context.Context, cfg Config) (*Stream, error) {
 	since := time.Now()
+	logs := logAll
 	for attempt := 1; ; attempt++ {
-		s, err := start(ctx, cfg)
+		s, err := start(ctx, cfg, logs)
 		if err == nil || !errors.Is(err, ErrSlotActive) {
 			return s, err
 		}
 		if err := WaitForSlot(ctx, cfg, err, attempt, since); err != nil {
 			return nil, err
 		}
-		cfg.failoverChecked = true // once per Start: its settings' warnings are logged
+		logs.failover = false // once per Start: its settings' warnings are logged
 	}
 }
 
@@ -360,8 +383,8 @@ func logSlotActive(log *slog.Logger, err error, attempt int, d, wait time.Durati
 		"holder", sa.Holder.String(), "attempt", attempt, "delay", d.Round(time.Millisecond), "wait_limit", limit)
 }
 
-func start(ctx context.Context, cfg Config) (_ *Stream, err error) {
-	c, err := Connect(ctx, cfg)
+func start(ctx context.Context, cfg Config, logs sessionLogs) (_ *Stream, err error) {
+	c, err := connect(ctx, cfg, logs)
 	if err != nil {
 		return nil, err
 	}
@@ -479,8 +502,8 @@ func (s *session) close(ctx context.Context) error {
 }
 
 // openSession connects and checks that the server, the publications and the slot (if it
-// exists) can serve cfg. first is false on a reconnection: tables are logged only once.
-func openSession(ctx context.Context, cfg *Config, base *pgconn.Config, log *slog.Logger, first bool) (_ *session, err error) {
+// exists) can serve cfg, logging what logs asks for.
+func openSession(ctx context.Context, cfg *Config, base *pgconn.Config, log *slog.Logger, logs sessionLogs) (_ *session, err error) {
 	conn, nh, err := cfg.dial(ctx, base, log)
 	if err != nil {
 		return nil, err
@@ -513,13 +536,13 @@ func openSession(ctx context.Context, cfg *Config, base *pgconn.Config, log *slo
 			Problem: fmt.Sprintf("wal_level is %q; logical decoding needs \"logical\"", s.settings.walLevel),
 			Fix:     "ALTER SYSTEM SET wal_level = logical, then restart the server"}
 	}
-	if err := checkPublications(ctx, conn, s.major, cfg.Publications, s.sys.dbName, log, first); err != nil {
+	if err := checkPublications(ctx, conn, s.major, cfg.Publications, s.sys.dbName, log, logs.tables); err != nil {
 		return nil, err
 	}
 	if s.slot, err = readSlot(ctx, conn, s.major, cfg, s.sys.dbName); err != nil {
 		return nil, err
 	}
-	if first && cfg.Failover && !cfg.failoverChecked {
+	if logs.failover && cfg.Failover {
 		failoverWarnings(ctx, conn, cfg, s.slot, log)
 	}
 	return s, nil

@@ -49,7 +49,7 @@ func TestFailoverConfig(t *testing.T) {
 
 // TestFailoverWarnings: with Failover, a primary without a standby that keeps slots gets a
 // warning naming synchronized_standby_slots, and an existing slot without failover is altered
-// to have it, logged once.
+// to have it, logged once; Reconnect logs neither again.
 func TestFailoverWarnings(t *testing.T) {
 	for _, major := range installedMajors(t, 17, 18) {
 		t.Run(fmt.Sprintf("pg%d", major), func(t *testing.T) {
@@ -113,6 +113,23 @@ func TestFailoverWarnings(t *testing.T) {
 			if w := rec2.find(slog.LevelWarn, "may not survive a failover"); len(w) != 1 {
 				rec2.dump(t)
 				t.Fatalf("a Start that waited for the slot logged %d failover warnings; want 1", len(w))
+			}
+
+			// Reconnect runs the checks and logs neither the warnings nor the publication again.
+			if len(rec.find(slog.LevelInfo, "publication")) == 0 {
+				t.Fatal("Start logged no publication line")
+			}
+			rec3 := newLogRecorder()
+			cfg3 := cfg
+			cfg3.Logger = rec3.logger()
+			c, err := replication.Reconnect(ctx, cfg3)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.Close(ctx)
+			if w, p := rec3.find(slog.LevelWarn, "may not survive a failover"), rec3.find(slog.LevelInfo, "publication"); len(w) != 0 || len(p) != 0 {
+				rec3.dump(t)
+				t.Fatalf("Reconnect logged %d failover warnings and %d publication lines; want none", len(w), len(p))
 			}
 		})
 	}

@@ -548,7 +548,7 @@ func (s *Stream) reconnect(ctx context.Context) error {
 
 // resume opens a new session on the slot and starts streaming from its confirmed position.
 func (s *Stream) resume(ctx context.Context) (err error) {
-	sess, err := openSession(ctx, &s.cfg, s.base, s.log, false)
+	sess, err := openSession(ctx, &s.cfg, s.base, s.log, sessionLogs{})
 	if err != nil {
 		return err
 	}
