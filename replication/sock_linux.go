@@ -124,6 +124,8 @@ func (s *rawSock) write(p []byte) error {
 			p = p[n:]
 		}
 		switch {
+		case err == nil && n == 0: // a stream socket does not do this: an error, not a spin
+			return &net.OpError{Op: "write", Net: s.network, Err: io.ErrShortWrite}
 		case err == nil || err == syscall.EINTR:
 			continue
 		case err != syscall.EAGAIN:
