@@ -456,6 +456,9 @@ func BenchmarkApplyCatchup(b *testing.B) {
 							profile := ""
 							if dir := os.Getenv(envApplyProfile); dir != "" {
 								if _, ok := c.(pgreorderApply); ok {
+									if err := os.MkdirAll(dir, 0o755); err != nil {
+										b.Fatal(err)
+									}
 									profile = filepath.Join(dir, fmt.Sprintf("pg%d-%s-%s.pprof", in.Major, strings.TrimPrefix(load.name(), "load="), c.name()))
 								}
 							}

@@ -134,3 +134,80 @@ func TestRawSockWriteDeadline(t *testing.T) {
 		t.Fatalf("write to a peer that does not read: %v, want os.ErrDeadlineExceeded", err)
 	}
 }
+
+// TestRawSockTrickle checks the pacing of a stream that arrives a little at a time: after a read
+// that found fewer than trickleBelow bytes without waiting, the next read comes tricklePace after
+// it at the earliest and takes what arrived meanwhile; a wake ends that pause; a read that found
+// trickleBelow bytes or more does not pace the next one.
+func TestRawSockTrickle(t *testing.T) {
+	for _, network := range []string{"tcp", "unix"} {
+		t.Run(network, func(t *testing.T) {
+			s, peer := rawPair(t, network)
+			buf := make([]byte, 64<<10)
+			s.setReadDeadline(time.Now().Add(time.Minute))
+			// sent writes b and waits until the socket has it, so that the read finds it there.
+			sent := func(b []byte) {
+				t.Helper()
+				if _, err := peer.Write(b); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := s.wait(pollIn, time.Now().Add(time.Minute)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			sent([]byte("a"))
+			if n, err := s.read(buf); err != nil || string(buf[:n]) != "a" {
+				t.Fatalf("read = %q, %v; want a", buf[:n], err)
+			}
+			if !s.trickle {
+				t.Fatal("a small read that did not wait does not pace the next one")
+			}
+			prev := s.last
+			sent([]byte("b"))
+			if _, err := peer.Write([]byte("c")); err != nil {
+				t.Fatal(err)
+			}
+			n, err := s.read(buf)
+			if d := time.Since(prev); d < tricklePace {
+				t.Fatalf("the paced read returned %v after the one before, want at least %v", d, tricklePace)
+			}
+			if err != nil || string(buf[:n]) != "bc" && string(buf[:n]) != "b" {
+				t.Fatalf("paced read = %q, %v; want bc (or b)", buf[:n], err)
+			}
+			if string(buf[:n]) == "b" { // the c had not arrived
+				sent(nil)
+				if n, err := s.read(buf); err != nil || string(buf[:n]) != "c" {
+					t.Fatalf("read = %q, %v; want c", buf[:n], err)
+				}
+			}
+
+			// A wake during the pause ends the read; the next one reads.
+			if !s.trickle {
+				t.Fatal("a small read that did not wait does not pace the next one")
+			}
+			sent([]byte("d"))
+			s.wake()
+			if _, err := s.read(buf); !errors.Is(err, os.ErrDeadlineExceeded) {
+				t.Fatalf("read woken in its pause: %v, want os.ErrDeadlineExceeded", err)
+			}
+			if n, err := s.read(buf); err != nil || string(buf[:n]) != "d" {
+				t.Fatalf("read after the wake = %q, %v; want d", buf[:n], err)
+			}
+
+			// A large read ends the pacing.
+			big := make([]byte, trickleBelow)
+			sent(big)
+			got := 0
+			for got < len(big) {
+				n, err := s.read(buf[:len(big)-got])
+				if err != nil {
+					t.Fatal(err)
+				}
+				got += n
+				if n >= trickleBelow && s.trickle {
+					t.Fatalf("a read of %d bytes paces the next one", n)
+				}
+			}
+		})
+	}
+}
