@@ -28,6 +28,7 @@ type rawSock struct {
 	closed bool
 
 	trickle bool      // the last read found a little without waiting: the next one lets more come
+	fast    bool      // a paced read found trickleBelow bytes or more: no pacing until a read waits
 	last    time.Time // when the last read returned
 }
 
@@ -38,8 +39,11 @@ type rawSock struct {
 // meanwhile; a read that had to wait, or found trickleBelow bytes or more, ends the pacing. A
 // message of such a stream is thus read at most tricklePace later than it could be; a stream that
 // is not arriving (the read waits), or that the consumer reads more slowly than tricklePace, is
-// read as before. At pgbench's simple-update rate (about 8 MB/s of pgoutput) it cuts reads about
-// fivefold.
+// read as before. A stream that fills trickleBelow within a pause (40 MB/s and more: a large
+// transaction's rows) is not paced again until a read waits: its reads are large enough, and a
+// pause would let its many small messages fill the socket's buffer (a Unix socket counts each
+// write's overhead) and stop the walsender. At pgbench's simple-update rate (about 8 MB/s of
+// pgoutput) pacing cuts reads about fivefold.
 const (
 	tricklePace  = 200 * time.Microsecond
 	trickleBelow = 8 << 10
@@ -110,6 +114,9 @@ func (s *rawSock) read(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
+	// paced: this read follows a little read by tricklePace at most (a slower consumer waits
+	// anyway), so that what it finds tells the stream's rate.
+	paced := s.trickle && time.Since(s.last) < 2*tricklePace
 	if s.trickle {
 		s.trickle = false
 		woken, err := s.pause(tricklePace - time.Since(s.last))
@@ -127,7 +134,10 @@ func (s *rawSock) read(p []byte) (int, error) {
 		n, err := syscall.Read(s.fd, p)
 		switch {
 		case err == nil && n > 0:
-			s.trickle = !waited && n < trickleBelow
+			if paced && n >= trickleBelow {
+				s.fast = true
+			}
+			s.trickle = !waited && !s.fast && n < trickleBelow
 			if s.trickle {
 				s.last = time.Now()
 			}
@@ -139,7 +149,7 @@ func (s *rawSock) read(p []byte) (int, error) {
 		case err != syscall.EAGAIN:
 			return 0, s.opError("read", err)
 		}
-		waited = true
+		waited, s.fast = true, false
 		woken, err := s.wait(pollIn, s.rdl)
 		if err != nil {
 			return 0, err

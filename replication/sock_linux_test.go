@@ -5,8 +5,10 @@ import (
 	"io"
 	"net"
 	"os"
+	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/pgreorder/pgreorder/internal/retry"
 )
@@ -137,8 +139,8 @@ func TestRawSockWriteDeadline(t *testing.T) {
 
 // TestRawSockTrickle checks the pacing of a stream that arrives a little at a time: after a read
 // that found fewer than trickleBelow bytes without waiting, the next read comes tricklePace after
-// it at the earliest and takes what arrived meanwhile; a wake ends that pause; a read that found
-// trickleBelow bytes or more does not pace the next one.
+// it at the earliest and takes what arrived meanwhile; a wake ends that pause; a stream that
+// fills trickleBelow within a pause is not paced until a read waits.
 func TestRawSockTrickle(t *testing.T) {
 	for _, network := range []string{"tcp", "unix"} {
 		t.Run(network, func(t *testing.T) {
@@ -194,20 +196,46 @@ func TestRawSockTrickle(t *testing.T) {
 				t.Fatalf("read after the wake = %q, %v; want d", buf[:n], err)
 			}
 
-			// A large read ends the pacing.
-			big := make([]byte, trickleBelow)
-			sent(big)
-			got := 0
-			for got < len(big) {
-				n, err := s.read(buf[:len(big)-got])
-				if err != nil {
+			// A stream that fills trickleBelow within a pause is not paced until a read waits.
+			sent([]byte("e"))
+			if n, err := s.read(buf); err != nil || string(buf[:n]) != "e" || !s.trickle {
+				t.Fatalf("read = %q, %v, pacing %v; want e, pacing", buf[:n], err, s.trickle)
+			}
+			if _, err := peer.Write(make([]byte, trickleBelow)); err != nil {
+				t.Fatal(err)
+			}
+			for queued(t, s) < trickleBelow {
+				if _, err := s.wait(pollIn, time.Now().Add(time.Minute)); err != nil {
 					t.Fatal(err)
 				}
-				got += n
-				if n >= trickleBelow && s.trickle {
-					t.Fatalf("a read of %d bytes paces the next one", n)
-				}
+			}
+			s.last = time.Now() // the read follows the one before at once, however slow this test runs
+			if n, err := s.read(buf); err != nil || n != trickleBelow || !s.fast || s.trickle {
+				t.Fatalf("paced read of a fast stream: %d bytes, %v, fast %v, pacing %v; want %d, fast, no pacing", n, err, s.fast, s.trickle, trickleBelow)
+			}
+			sent([]byte("f"))
+			if n, err := s.read(buf); err != nil || string(buf[:n]) != "f" || s.trickle {
+				t.Fatalf("small read of a fast stream = %q, %v, pacing %v; want f, no pacing", buf[:n], err, s.trickle)
+			}
+			s.setReadDeadline(time.Now().Add(20 * time.Millisecond))
+			if _, err := s.read(buf); !errors.Is(err, os.ErrDeadlineExceeded) || s.fast {
+				t.Fatalf("read of nothing: %v, fast %v; want os.ErrDeadlineExceeded, not fast", err, s.fast)
+			}
+			s.setReadDeadline(time.Now().Add(time.Minute))
+			sent([]byte("g"))
+			if n, err := s.read(buf); err != nil || string(buf[:n]) != "g" || !s.trickle {
+				t.Fatalf("read after a wait = %q, %v, pacing %v; want g, pacing", buf[:n], err, s.trickle)
 			}
 		})
 	}
+}
+
+// queued returns how many bytes s's socket holds unread.
+func queued(t *testing.T, s *rawSock) int {
+	t.Helper()
+	var n int32
+	if _, _, e := syscall.Syscall(syscall.SYS_IOCTL, uintptr(s.fd), syscall.TIOCINQ, uintptr(unsafe.Pointer(&n))); e != 0 {
+		t.Fatal(e)
+	}
+	return int(n)
 }

@@ -28,7 +28,8 @@ import (
 // The wire owns the socket: newWire hijacks it from pgconn (pgconn.PgConn.Hijack), after which
 // pgconn neither reads, writes nor closes it, and on Linux takes a plain TCP or Unix socket out of
 // Go's network poller (rawSock), so that the walsender's messages wake a thread only while the
-// stream waits for them. The stream's status updates are written with send, and close ends the
+// stream waits for them, and reads a stream that arrives a message at a time at most once per
+// tricklePace (200 µs), so that a read takes several. The stream's status updates are written with send, and close ends the
 // session (Terminate) and closes the socket.
 type wire struct {
 	sock     sock
