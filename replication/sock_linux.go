@@ -124,9 +124,7 @@ func (s *rawSock) read(p []byte) (int, error) {
 			return 0, err
 		}
 		if woken {
-			var b [8]byte
-			syscall.Read(s.efd, b[:]) // clears the counter
-			return 0, os.ErrDeadlineExceeded
+			return 0, s.woken()
 		}
 	}
 	waited := false
@@ -155,11 +153,16 @@ func (s *rawSock) read(p []byte) (int, error) {
 			return 0, err
 		}
 		if woken {
-			var b [8]byte
-			syscall.Read(s.efd, b[:]) // clears the counter
-			return 0, os.ErrDeadlineExceeded
+			return 0, s.woken()
 		}
 	}
+}
+
+// woken clears the wake-up's counter and returns what a woken read returns.
+func (s *rawSock) woken() error {
+	var b [8]byte
+	syscall.Read(s.efd, b[:])
+	return os.ErrDeadlineExceeded
 }
 
 func (s *rawSock) write(p []byte) error {
