@@ -116,10 +116,12 @@ func (s *rawSock) read(p []byte) (int, error) {
 	}
 	// paced: this read follows a little read by tricklePace at most (a slower consumer waits
 	// anyway), so that what it finds tells the stream's rate.
-	paced := s.trickle && time.Since(s.last) < 2*tricklePace
+	paced := false
 	if s.trickle {
 		s.trickle = false
-		woken, err := s.pause(tricklePace - time.Since(s.last))
+		since := time.Since(s.last)
+		paced = since < 2*tricklePace
+		woken, err := s.pause(tricklePace - since)
 		if err != nil {
 			return 0, err
 		}
