@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/pgreorder/pgreorder/decoding"
@@ -36,6 +38,15 @@ type Buffer struct {
 	schema *schema
 	seen   schema // the last description of each relation and type received, for sharing copies
 	prog   progress
+
+	// Transactions the consumer kept (Txn.Keep) and let go of (Txn.Release, on any goroutine):
+	// what they hold is freed on the Buffer's goroutine, at its next Add, Next or Close.
+	keptMu   sync.Mutex
+	kept     map[*Txn]struct{} // under keptMu
+	returned []*Txn            // under keptMu: released, not yet freed
+	spare    []*Txn            // the Buffer's: returned's previous backing array
+	anyBack  atomic.Bool       // returned is not empty
+	keptDone bool              // under keptMu: Close let go of every kept transaction
 
 	stats Stats
 	err   error
@@ -86,6 +97,9 @@ func New(cfg Config) (*Buffer, error) {
 // Committed transactions that become ready are handed out by Next. After an error every later
 // call returns an error wrapping ErrFailed.
 func (b *Buffer) Add(lsn decoding.LSN, data []byte) error {
+	if b.anyBack.Load() {
+		b.freeReturned()
+	}
 	if b.err == nil && !b.done && b.addRow(data) {
 		b.prog.receive(lsn)
 		return nil
@@ -834,6 +848,9 @@ func (b *Buffer) Next() (*Txn, bool) {
 	if err := b.releaseLent(); err != nil && b.err == nil {
 		b.err = err
 	}
+	if b.anyBack.Load() {
+		b.freeReturned()
+	}
 	if m := b.pool.shared; m != nil && m.short.Load() && m.short.Swap(false) && !b.noAccounting {
 		for b.pool.dropFree() { // the consumer was refused room: give it what lies idle
 		}
@@ -883,6 +900,11 @@ func (b *Buffer) release(x *Txn) error {
 		return nil
 	}
 	x.released = true
+	return b.letGo(x)
+}
+
+// letGo frees what a released transaction holds.
+func (b *Buffer) letGo(x *Txn) error {
 	x.parser = nil
 	if x.src != nil {
 		x.src.Close()
@@ -893,6 +915,23 @@ func (b *Buffer) release(x *Txn) error {
 	t := x.data
 	x.data = nil
 	return b.free(t)
+}
+
+// freeReturned frees what the kept transactions released since the last call held. An error
+// (removing a spill file) fails the Buffer, as at Next.
+func (b *Buffer) freeReturned() {
+	b.keptMu.Lock()
+	back := b.returned
+	b.returned = b.spare[:0]
+	b.anyBack.Store(false)
+	b.keptMu.Unlock()
+	for i, x := range back {
+		if err := b.letGo(x); err != nil && b.err == nil {
+			b.err = err
+		}
+		back[i] = nil
+	}
+	b.spare = back[:0]
 }
 
 // Ack records that the consumer has durably handled t. Transactions may be acknowledged in any
@@ -962,6 +1001,20 @@ func (b *Buffer) Close() error {
 	}
 	b.done = true
 	errs := []error{b.releaseLent()}
+	b.keptMu.Lock()
+	b.keptDone = true
+	kept, back := b.kept, b.returned
+	b.kept, b.returned = nil, nil
+	for x := range kept {
+		x.kept = false
+	}
+	b.keptMu.Unlock()
+	for x := range kept {
+		errs = append(errs, b.release(x))
+	}
+	for _, x := range back {
+		errs = append(errs, b.letGo(x))
+	}
 	for _, x := range b.queue {
 		errs = append(errs, b.release(x))
 	}

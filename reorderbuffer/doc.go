@@ -27,7 +27,7 @@
 //     spills as soon as the two together pass it, and passes it only by what it cannot spill at
 //     that moment (the transaction it handed out, the chunk it fills). A
 //     transaction handed out by Next stays counted but is no longer spilled while the consumer
-//     reads it. Bookkeeping outside the limit is small and bounded: 210 bytes per open
+//     reads it, and so does one the consumer keeps (Txn.Keep) until it releases it. Bookkeeping outside the limit is small and bounded: 210 bytes per open
 //     transaction, 128 more once it has a spill log, about 4 bytes per subtransaction that wrote,
 //     32 bytes per relation description a transaction carries (one copy of each description is
 //     shared by all), 16 bytes per transaction handed out and not yet acknowledged
@@ -60,7 +60,10 @@
 //     schema it resolves against, so its Changes may be read on another goroutine while the
 //     Buffer is used (Add, Ack, Stats, FlushPosition...), until the Next or Close that releases
 //     it. A replication client thus keeps sending status updates, and monitoring reads Stats,
-//     while its consumer works.
+//     while its consumer works. A transaction in memory can also be kept past the next Next
+//     (Txn.Keep): it is then read, and let go of (Txn.Release), on any goroutine while the
+//     Buffer hands out more, and the Buffer frees what it held at its next Add or Next. Workers
+//     thus read the transactions, or parts, they apply where the Buffer holds them.
 //
 // # Usage
 //

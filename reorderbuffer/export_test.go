@@ -3,7 +3,8 @@ package reorderbuffer
 import "fmt"
 
 // CheckInvariants verifies the buffer's internal state: the bytes counted in memory are exactly
-// the chunks held by transactions (open, queued, lent) plus the free chunks; the eviction heap
+// the chunks held by transactions (open, queued, lent, kept, released and not yet freed) plus the
+// free chunks; the eviction heap
 // holds exactly the transactions with memory that are not lent; the acknowledgement state is
 // consistent and every pinned transaction holds one pin; schemas shared are counted.
 func (b *Buffer) CheckInvariants() error {
@@ -54,9 +55,24 @@ func (b *Buffer) CheckInvariants() error {
 	if b.lent != nil && !b.lent.released {
 		txns = append(txns[:len(txns):len(txns)], b.lent)
 	}
+	// Txn.Release may run meanwhile: it changes a kept transaction only under keptMu.
+	b.keptMu.Lock()
+	defer b.keptMu.Unlock()
+	for x := range b.kept {
+		txns = append(txns[:len(txns):len(txns)], x)
+	}
+	for _, x := range b.returned { // released by the consumer, freed at the next Add or Next
+		if !x.released || x.data == nil {
+			return fmt.Errorf("txn %d returned but not released, or freed", x.Xid)
+		}
+		if err := count(x.data); err != nil {
+			return err
+		}
+		shared[x.view.shared]++
+	}
 	for _, x := range txns {
 		if x.released || x.data == nil {
-			return fmt.Errorf("txn %d released while queued or lent", x.Xid)
+			return fmt.Errorf("txn %d released while queued, lent or kept", x.Xid)
 		}
 		if err := count(x.data); err != nil {
 			return err

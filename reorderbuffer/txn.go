@@ -53,6 +53,80 @@ type Txn struct {
 	seq         uint64 // in the buffer's acknowledgement queue
 	pinned      bool   // a committed prepared transaction pins the flush position at its PREPARE until acknowledged
 	released    bool
+	kept        bool // under b.keptMu: kept (Keep) and not yet released
+}
+
+// Keep takes x out of the Buffer's hands, so that a consumer can read it after the next Next:
+// the next Next or Close does not release it, Release does. Until then x's records stay in
+// memory and counted against the Buffer's limit (and Config.Memory's), and are never spilled.
+// Keep is called on the Buffer's goroutine, before the next Next; from then on x is read
+// without the parser the Buffer lends to the transaction it handed out (see UseParser).
+//
+// Only the transaction the last Next returned, with all its records in memory, can be kept: one
+// read back from a spill log holds a file and a read buffer the Buffer's limits do not count
+// for more than one transaction. For any other Keep changes nothing and reports false.
+//
+// Close releases the transactions still kept: they must not be read while it runs.
+func (x *Txn) Keep() bool {
+	b := x.b
+	if b == nil || b.lent != x || x.released || x.src != nil || x.data == nil {
+		return false
+	}
+	b.lent = nil
+	x.parser = nil
+	b.keptMu.Lock()
+	defer b.keptMu.Unlock()
+	if b.keptDone {
+		return false
+	}
+	if b.kept == nil {
+		b.kept = map[*Txn]struct{}{}
+	}
+	x.kept = true
+	b.kept[x] = struct{}{}
+	return true
+}
+
+// Release lets go of a transaction kept with Keep: reading its changes afterwards yields
+// ErrReleased. It may be called on any goroutine (the one that reads x: not while an
+// iteration of x is in progress); the Buffer frees what x held at its next Add, Next or Close.
+// Releasing x again, or a transaction that was not kept, does nothing.
+func (x *Txn) Release() {
+	b := x.b
+	if b == nil {
+		return
+	}
+	b.keptMu.Lock()
+	defer b.keptMu.Unlock()
+	if !x.kept {
+		return
+	}
+	x.kept = false
+	delete(b.kept, x)
+	x.released = true
+	b.returned = append(b.returned, x)
+	b.anyBack.Store(true)
+}
+
+// UseParser makes Changes parse with p, which the caller owns and reuses (nil: a parser of the
+// transaction's own for each iteration). A consumer that reads kept transactions on a goroutine
+// of its own passes the one parser it keeps there. It is the reader's, like Changes: not to be
+// called while an iteration is in progress, nor on the transaction the Buffer lent its parser to
+// while the consumer still reads transactions it did not keep on another goroutine.
+func (x *Txn) UseParser(p *decoding.Parser) {
+	if p != nil {
+		p.Options = x.opts
+	}
+	x.parser = p
+}
+
+// MemoryBytes returns the memory x's records take (the chunks that hold them): what keeping x
+// holds in memory, beside the bytes its spill log holds. It is 0 once x is released.
+func (x *Txn) MemoryBytes() int64 {
+	if x.released || x.data == nil {
+		return 0
+	}
+	return x.data.mem.bytes()
 }
 
 // Changes yields the transaction's messages in the order the server sent them, each with the
