@@ -25,9 +25,10 @@
 //     a single record larger than the limit, which is spilled right after it arrives. With
 //     Config.Memory the limit is shared with the consumer's own bytes (Memory.Take): the Buffer
 //     spills as soon as the two together pass it, and passes it only by what it cannot spill at
-//     that moment (the transaction it handed out, the chunk it fills). A
-//     transaction handed out by Next stays counted but is no longer spilled while the consumer
-//     reads it, and so does one the consumer keeps (Txn.Keep) until it releases it. Bookkeeping outside the limit is small and bounded: 210 bytes per open
+//     that moment (the transactions it handed out and the consumer still reads or keeps, the
+//     chunk it fills). A transaction handed out by Next stays counted but is no longer spilled
+//     while the consumer reads it, and so does one the consumer keeps (Txn.Keep) until it
+//     releases it. Bookkeeping outside the limit is small and bounded: 210 bytes per open
 //     transaction, 128 more once it has a spill log, about 4 bytes per subtransaction that wrote,
 //     32 bytes per relation description a transaction carries (one copy of each description is
 //     shared by all), 16 bytes per transaction handed out and not yet acknowledged
