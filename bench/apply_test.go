@@ -150,14 +150,25 @@ type prober interface{ probe(p *pair) error }
 type readsOnlyContender interface{ readsOnly() }
 
 // catchupSubscribers are catchupContenders, and with PGREORDER_BENCH_APPLY_BASELINE the
-// baseline build's buffered mode right after ours.
+// baseline build's buffered mode and parallel modes (commit order kept), each right after ours:
+// pgreorder-buffered-baseline, pgreorder-parallel-N-baseline.
 func catchupSubscribers(b testing.TB) []contender {
 	cs := catchupContenders(b)
 	bin := os.Getenv(envApplyBase)
 	if bin == "" {
 		return cs
 	}
-	return slices.Insert(cs, 3, contender(pgreorderApply{mode: "buffered", binary: bin, label: "pgreorder-buffered-baseline"}))
+	var out []contender
+	for _, c := range cs {
+		out = append(out, c)
+		o, ok := c.(pgreorderApply)
+		if !ok || len(o.extra) > 0 || (o.mode != "buffered" && o.mode != "parallel") {
+			continue
+		}
+		o.binary, o.label = bin, o.name()+"-baseline"
+		out = append(out, o)
+	}
+	return out
 }
 
 // BenchmarkApplySync reproduces the measurement of PostgreSQL 16's parallel apply of streamed

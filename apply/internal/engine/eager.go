@@ -22,9 +22,10 @@ import (
 // transaction into a job:
 //
 //   - a streamed transaction is applied by a worker (a goroutine with a target connection of its
-//     own) while it is still running on the source: the leader copies each part's changes into the
-//     job's queue, with a SAVEPOINT before the first change of each subtransaction and a ROLLBACK TO
-//     SAVEPOINT when one aborts; the worker applies them as they come. Without a free worker the
+//     own) while it is still running on the source: the leader hands each part to the job's queue
+//     (kept where the reorder buffer holds it, or copied: kept.go), with a ROLLBACK TO SAVEPOINT
+//     when a subtransaction aborts; the worker applies the changes as they come, with a SAVEPOINT
+//     before the first change of each subtransaction. Without a free worker the
 //     job is spooled: queued the same way, and applied by the leader at its commit.
 //   - a non-streamed transaction (committed on the source before its first change is sent) is
 //     applied by the leader on its own connection as its parts arrive (Eager), or by a free worker
@@ -39,7 +40,8 @@ import (
 // dependencies of Parallel.
 
 // A job's queue holds schedule's records; a schedule.RecChange is the reorder buffer's record of
-// the change (the pgoutput message) behind the registry ids of its relations (encodeChange).
+// the change (the pgoutput message) behind the registry ids of its relations (encodeChange), a
+// schedule.RecPart names a part the worker reads where the buffer holds it (keptPart).
 
 // Worker states, for the watchdog.
 const (
@@ -74,15 +76,16 @@ type job struct {
 	isRun   bool
 	mu      sync.Mutex
 	members []groupMember
+	// The parts the worker reads where the reorder buffer holds them: the leader appends under
+	// mu, the worker reads the one a schedule.RecPart names under mu.
+	parts   []*keptPart
 	pr      plan.Run // leader only: what decides when the run is full, and whether it is chained
 	unwoken int      // leader only: records appended to a run's queue since its worker was woken (see runWake)
 
 	// Leader only.
-	begun  bool            // direct: the target transaction has begun
-	failed error           // direct: a change the target refused (reported at the commit)
-	subs   []uint32        // subtransactions with a savepoint, in order
-	seen   map[uint32]bool // subtransactions seen
-	waits  plan.Waits      // the sequence numbers a schedule.RecWait (and relaxed, a RecAfter) was queued for
+	begun  bool       // direct: the target transaction has begun
+	failed error      // direct: a change the target refused (reported at the commit)
+	waits  plan.Waits // the sequence numbers a schedule.RecWait (and relaxed, a RecAfter) was queued for
 }
 
 // runIncremental is the leader's loop in Eager and Parallel.
@@ -220,7 +223,6 @@ func (e *Engine) newJob(ctx context.Context, t *reorderbuffer.Txn) (*job, error)
 		return j, nil
 	}
 	j.q = schedule.NewQueue(e.store, e.budget, e.share, &e.stats.QueueSpilled)
-	j.seen = map[uint32]bool{}
 	if e.serial[t.Xid] {
 		j.spooled = true
 		return j, nil
@@ -325,30 +327,29 @@ func (e *Engine) conflict(j *job, err error) error {
 	return e.host.Restart(xids, err)
 }
 
-// enqueue copies a part's changes into the job's queue: they are valid only until the next
-// Next. A streamed transaction's changes get a savepoint before each subtransaction's first
-// change, and a wait for the transactions that committed before them.
+// enqueue hands a part's changes to the job's queue: the part itself, kept where the reorder
+// buffer holds it, or a copy of each change (they are valid only until the next Next). A streamed
+// transaction's changes get a wait for the transactions that committed before them (its worker
+// takes a savepoint before each subtransaction's first change), a committed one's (Parallel) a
+// wait for those in flight it depends on; the waits go before the part.
 func (e *Engine) enqueue(ctx context.Context, j *job, t *reorderbuffer.Txn) error {
-	return e.eachRecord(t, func(c decoding.Change, rels []*target.Relation) error {
-		m := c.Msg
+	kp := e.keep(j, t)
+	changed := false
+	err := e.eachRecord(t, func(c decoding.Change, rels []*target.Relation) error {
 		if !j.streamed {
-			if err := e.depend(ctx, j, m, rels); err != nil {
+			if err := e.depend(ctx, j, c.Msg, rels); err != nil {
 				return err
 			}
-		} else {
-			if sub := decoding.ChangeXid(m); sub != 0 && sub != t.Xid && !j.seen[sub] {
-				j.seen[sub] = true
-				j.subs = append(j.subs, sub)
-				if err := j.q.Push(schedule.SavepointRecord(sub)); err != nil {
-					return err
-				}
-			}
+		} else if last := e.order.Last(); j.waits.Prefix(last, e.order.Committed()) {
 			// The change came after every transaction committed so far: it may read their rows.
-			if last := e.order.Last(); j.waits.Prefix(last, e.order.Committed()) {
-				if err := j.q.Push(schedule.WaitRecord(last)); err != nil {
-					return err
-				}
+			if err := j.q.Push(schedule.WaitRecord(last)); err != nil {
+				return err
 			}
+		}
+		if kp != nil {
+			kp.note(rels)
+			changed = true
+			return nil
 		}
 		rec, err := encodeChange(c, rels)
 		if err != nil {
@@ -356,6 +357,18 @@ func (e *Engine) enqueue(ctx context.Context, j *job, t *reorderbuffer.Txn) erro
 		}
 		return j.q.Push(rec)
 	})
+	if kp == nil {
+		return err
+	}
+	if err != nil || !changed {
+		j.letGo(kp)
+		return err
+	}
+	if err := j.addPart(kp); err != nil {
+		return err
+	}
+	j.q.Wake()
+	return nil
 }
 
 // encodeChange makes a schedule.RecChange record of c: the one copy of the change the queue
@@ -407,19 +420,14 @@ func (e *Engine) decodeChange(p *decoding.Parser, rec []byte, rels []*target.Rel
 	return m, rels, err
 }
 
-// subAbort undoes a subtransaction of a streamed job.
+// subAbort undoes a subtransaction of a streamed job: its worker rolls back to the savepoint it
+// took before the subtransaction's first change, if it took one.
 func (e *Engine) subAbort(t *reorderbuffer.Txn) error {
 	j := e.jobs[t.Xid]
 	if j == nil || j.direct {
 		return nil
 	}
-	for i, sub := range j.subs {
-		if sub == t.SubXid {
-			j.subs = j.subs[:i] // the savepoints taken after it go too
-			return j.q.Push(schedule.RollbackRecord(sub))
-		}
-	}
-	return nil
+	return j.q.Push(schedule.RollbackRecord(t.SubXid))
 }
 
 // abort undoes a job that will not commit.
@@ -450,6 +458,7 @@ func (e *Engine) abort(ctx context.Context, t *reorderbuffer.Txn) error {
 		e.order.Finish(seq)
 		return nil
 	case j.spooled:
+		defer j.letGoParts()
 		return j.q.Close()
 	default:
 		return j.q.Push([]byte{schedule.RecAbort})

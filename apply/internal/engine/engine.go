@@ -201,10 +201,13 @@ type Engine struct {
 	skip         bool
 
 	relBuf [1]*target.Relation
-	order  *schedule.Order
-	acks   acks
-	group  group // Buffered, and the leader's groups of Eager and Parallel
-	mode   mode  // Eager and Parallel
+	// keptParser reads the parts the leader keeps for workers (keep): the buffer's own parser is
+	// lent to the transaction it hands out next.
+	keptParser decoding.Parser
+	order      *schedule.Order
+	acks       acks
+	group      group // Buffered, and the leader's groups of Eager and Parallel
+	mode       mode  // Eager and Parallel
 
 	// Eager and Parallel.
 	cancel    context.CancelCauseFunc // ends the session with the first error

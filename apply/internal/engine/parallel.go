@@ -81,8 +81,8 @@ func (e *Engine) endGroup(ctx context.Context) error {
 
 // Chained runs (Parallel). When each run waits, before it applies anything, for the commit of the
 // run just before it (rows every transaction updates, as in pgbench), the workers apply the runs
-// one after another and handing them over (queueing each change, waking the worker, which parses it
-// again) is all that parallel apply adds. The leader therefore watches the runs it seals: a run is
+// one after another and handing them over (queueing each transaction, waking the worker, which
+// parses it again) is all that parallel apply adds. The leader therefore watches the runs it seals: a run is
 // chained when the run before it in commit order was one too, still in flight, and the run's first
 // transaction with changes already queued a wait for it (what the dependency tracker said as the
 // leader queued the changes: a wait is queued only for a run not yet committed). A run that meets a
@@ -146,27 +146,46 @@ func (e *Engine) addToRun(ctx context.Context, t *reorderbuffer.Txn) error {
 	i := len(j.members) - 1
 	j.mu.Unlock()
 	j.pr.Txns++
-	if err := j.q.Append(schedule.TxnRecord(uint32(i))); err != nil {
-		return err
-	}
 	j.unwoken++
 	if e.alreadyApplied(t) { // committed before the restart: an empty member
-		return nil
+		return j.q.Append(schedule.TxnRecord(uint32(i)))
+	}
+	// A kept transaction's waits go before it; a copied one's changes after its RecTxn.
+	kp := e.keep(j, t)
+	if kp == nil {
+		if err := j.q.Append(schedule.TxnRecord(uint32(i))); err != nil {
+			return err
+		}
 	}
 	changed := false
 	err := e.eachRecord(t, func(c decoding.Change, rels []*target.Relation) error {
 		if err := e.depend(ctx, j, c.Msg, rels); err != nil {
 			return err
 		}
+		changed = true
+		j.pr.Changes++
+		j.unwoken++
+		if kp != nil {
+			kp.note(rels)
+			return nil
+		}
 		rec, err := encodeChange(c, rels)
 		if err != nil {
 			return err
 		}
-		changed = true
-		j.pr.Changes++
-		j.unwoken++
 		return j.q.Append(rec)
 	})
+	if kp != nil {
+		if err != nil || !changed {
+			j.letGo(kp)
+		}
+		if err == nil {
+			err = j.q.Append(schedule.TxnRecord(uint32(i)))
+		}
+		if err == nil && changed {
+			err = j.addPart(kp)
+		}
+	}
 	if changed {
 		j.mu.Lock()
 		j.members[i].changed = true

@@ -80,12 +80,18 @@ func (e *Engine) stopWorkers(ctx context.Context) {
 	for _, j := range e.jobs {
 		if j.q != nil {
 			j.q.Close()
+			j.letGoParts()
 		}
 	}
 	for _, w := range e.workers {
 		if j := w.cur.Load(); j != nil && j.q != nil {
 			j.q.Close()
+			j.letGoParts()
 		}
+	}
+	if j := e.run; j != nil {
+		j.q.Close()
+		j.letGoParts()
 	}
 	if err := e.store.Close(); err != nil {
 		e.log.Warn("removing spill files", "err", err)
@@ -150,6 +156,7 @@ func (e *Engine) work(ctx context.Context, w *worker) error {
 func (e *Engine) runJob(ctx context.Context, tg *target.Conn, j *job, w *worker) error {
 	tg.Coalesce(j.isRun)
 	tg.Stepwise(j.stepwise)
+	defer j.letGoParts()
 	return schedule.RunJob(ctx, j.q, &jobRun{e: e, tg: tg, j: j, w: w})
 }
 
@@ -162,6 +169,8 @@ type jobRun struct {
 	p    decoding.Parser
 	rels []*target.Relation
 	cur  *reorderbuffer.Txn // a run's transaction being applied
+	subs []uint32           // a streamed job's subtransactions with a savepoint, in order
+	seen map[uint32]bool    // a streamed job's subtransactions seen
 }
 
 func (r *jobRun) State(st int32) {
@@ -206,14 +215,40 @@ func (r *jobRun) Change(ctx context.Context, rec []byte) error {
 	if err != nil {
 		return schedule.Fatal(err)
 	}
-	return r.tg.Change(ctx, m, r.rels)
+	return r.change(ctx, m, r.rels)
 }
 
-func (r *jobRun) Savepoint(ctx context.Context, sub uint32) error { return r.tg.Savepoint(ctx, sub) }
+func (r *jobRun) Part(ctx context.Context, i uint32) error { return r.applyPart(ctx, i) }
 
+// change applies m of a streamed job's subtransaction after the savepoint it takes before the
+// subtransaction's first change.
+func (r *jobRun) change(ctx context.Context, m decoding.Message, rels []*target.Relation) error {
+	if r.j.streamed {
+		if sub := decoding.ChangeXid(m); sub != 0 && sub != r.j.xid && !r.seen[sub] {
+			if r.seen == nil {
+				r.seen = map[uint32]bool{}
+			}
+			r.seen[sub] = true
+			r.subs = append(r.subs, sub)
+			if err := r.tg.Savepoint(ctx, sub); err != nil {
+				return err
+			}
+		}
+	}
+	return r.tg.Change(ctx, m, rels)
+}
+
+// RollbackTo rolls back to the savepoint of subtransaction sub, if it took one; the savepoints
+// taken after it go too. A subtransaction without one wrote nothing the job applied.
 func (r *jobRun) RollbackTo(ctx context.Context, sub uint32) error {
-	r.e.stats.SubAborts.Add(1)
-	return r.tg.RollbackTo(ctx, sub)
+	for i, s := range r.subs {
+		if s == sub {
+			r.subs = r.subs[:i]
+			r.e.stats.SubAborts.Add(1)
+			return r.tg.RollbackTo(ctx, sub)
+		}
+	}
+	return nil
 }
 
 func (r *jobRun) Flush(ctx context.Context) error {

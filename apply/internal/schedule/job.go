@@ -9,23 +9,21 @@ import (
 
 // Record kinds of a job's Queue: the first byte of each record.
 const (
-	RecChange    = 'c' // a change, in the form the JobTarget reads
-	RecSavepoint = 's' // u32 subtransaction: a savepoint before its first change
-	RecRollback  = 'r' // u32 subtransaction: roll back to its savepoint
-	RecWait      = 'w' // u64 sequence number that must be committed first, with every one before it
-	RecAfter     = 'a' // u64 sequence number of one transaction that must be committed first
-	RecCommit    = 'C' // the end: commit
-	RecAbort     = 'A' // the end: the transaction aborted on the source
-	RecTxn       = 't' // u32 index: the changes that follow are the index-th transaction of a run
+	RecChange   = 'c' // a change, in the form the JobTarget reads
+	RecPart     = 'p' // u32 index: the changes of the index-th part the JobTarget holds for the job
+	RecRollback = 'r' // u32 subtransaction: roll back to its savepoint, if the job took one
+	RecWait     = 'w' // u64 sequence number that must be committed first, with every one before it
+	RecAfter    = 'a' // u64 sequence number of one transaction that must be committed first
+	RecCommit   = 'C' // the end: commit
+	RecAbort    = 'A' // the end: the transaction aborted on the source
+	RecTxn      = 't' // u32 index: the changes that follow are the index-th transaction of a run
 )
 
 // TxnRecord returns a RecTxn record for the i-th transaction of a run.
 func TxnRecord(i uint32) []byte { return binary.BigEndian.AppendUint32([]byte{RecTxn}, i) }
 
-// SavepointRecord returns a RecSavepoint record for subtransaction sub.
-func SavepointRecord(sub uint32) []byte {
-	return binary.BigEndian.AppendUint32([]byte{RecSavepoint}, sub)
-}
+// PartRecord returns a RecPart record for the i-th part of a job.
+func PartRecord(i uint32) []byte { return binary.BigEndian.AppendUint32([]byte{RecPart}, i) }
 
 // RollbackRecord returns a RecRollback record for subtransaction sub.
 func RollbackRecord(sub uint32) []byte {
@@ -56,10 +54,11 @@ type JobTarget interface {
 	Begin()
 	// Txn starts the i-th transaction of a run (a job of several committed transactions).
 	Txn(ctx context.Context, i uint32) error
-	// Change applies a RecChange record.
+	// Change applies a RecChange record, taking the savepoint of a subtransaction before its
+	// first change; Part applies the changes of the i-th part held for the job (RecPart) alike.
 	Change(ctx context.Context, rec []byte) error
-	// Savepoint takes the savepoint of subtransaction sub, RollbackTo rolls back to it.
-	Savepoint(ctx context.Context, sub uint32) error
+	Part(ctx context.Context, i uint32) error
+	// RollbackTo rolls back to the savepoint of subtransaction sub, if Change or Part took one.
 	RollbackTo(ctx context.Context, sub uint32) error
 	// Flush sends what is pending: RunJob calls it before waiting for more records.
 	Flush(ctx context.Context) error
@@ -67,7 +66,7 @@ type JobTarget interface {
 	Wait(ctx context.Context, seq uint64) error
 	// WaitFor waits until sequence number seq committed, whether or not those before it did.
 	WaitFor(ctx context.Context, seq uint64) error
-	// Failed handles an error of Change, Savepoint, RollbackTo, Flush, Wait or WaitFor: it returns
+	// Failed handles an error of Change, Part, RollbackTo, Flush, Wait or WaitFor: it returns
 	// failed when the target refused a change (the target transaction is then rolled back and
 	// the job's later records up to its end are skipped), or an error that ends RunJob.
 	Failed(ctx context.Context, err error) (failed, fatal error)
@@ -78,7 +77,7 @@ type JobTarget interface {
 	Abort(ctx context.Context, begun bool) error
 }
 
-// Fatal marks an error of JobTarget.Change that is not the target refusing the change (a
+// Fatal marks an error of JobTarget.Change or Part that is not the target refusing the change (a
 // record that cannot be read): RunJob returns it (unwrapped) without calling Failed.
 func Fatal(err error) error { return &fatalError{err} }
 
@@ -88,7 +87,7 @@ func (e *fatalError) Error() string { return e.err.Error() }
 func (e *fatalError) Unwrap() error { return e.err }
 
 // RunJob applies the records of q through t until the job's end (RecCommit or RecAbort), which
-// closes q. The target transaction begins at the first change or savepoint; a rollback to a
+// closes q. The target transaction begins at the first change or part; a rollback to a
 // savepoint before it is nothing to undo. Before waiting for more records it flushes what is
 // pending, so that the target keeps up with the source.
 func RunJob(ctx context.Context, q *Queue, t JobTarget) error {
@@ -134,7 +133,7 @@ func RunJob(ctx context.Context, q *Queue, t JobTarget) error {
 			if errors.As(err, &fe) {
 				return fe.err
 			}
-		case RecSavepoint:
+		case RecPart:
 			if len(rec) < 5 {
 				return errors.New("apply: short queue record")
 			}
@@ -142,7 +141,11 @@ func RunJob(ctx context.Context, q *Queue, t JobTarget) error {
 				t.Begin()
 				begun = true
 			}
-			err = t.Savepoint(ctx, binary.BigEndian.Uint32(rec[1:]))
+			err = t.Part(ctx, binary.BigEndian.Uint32(rec[1:]))
+			var fe *fatalError
+			if errors.As(err, &fe) {
+				return fe.err
+			}
 		case RecRollback:
 			if len(rec) < 5 {
 				return errors.New("apply: short queue record")

@@ -18,7 +18,7 @@ var errRefused = errors.New("refused")
 // fakeJob is a JobTarget that records the calls RunJob makes.
 type fakeJob struct {
 	calls []string
-	// A change record "x" is refused (errRefused), "bad" is unreadable. flushErr is Flush's
+	// A change record "x" and part 66 are refused (errRefused), "bad" and part 99 are unreadable. flushErr is Flush's
 	// error; onFlush runs at a Flush (to push the records that follow).
 	onFlush  func()
 	flushErr error
@@ -46,8 +46,14 @@ func (f *fakeJob) Change(ctx context.Context, rec []byte) error {
 	}
 	return nil
 }
-func (f *fakeJob) Savepoint(ctx context.Context, sub uint32) error {
-	f.call("savepoint %d", sub)
+func (f *fakeJob) Part(ctx context.Context, i uint32) error {
+	f.call("part %d", i)
+	switch i {
+	case 66:
+		return errRefused
+	case 99:
+		return Fatal(errors.New("unreadable"))
+	}
 	return nil
 }
 func (f *fakeJob) RollbackTo(ctx context.Context, sub uint32) error {
@@ -105,13 +111,15 @@ func TestRunJob(t *testing.T) {
 		recs [][]byte
 		want []string
 	}{
-		{"commit", [][]byte{change("a"), SavepointRecord(2), change("b"), RollbackRecord(2), WaitRecord(7), {RecCommit}},
-			[]string{"begin", "change a", "savepoint 2", "change b", "rollback to 2", "wait 7", "commit begun=true failed=<nil>"}},
+		{"commit", [][]byte{change("a"), PartRecord(2), change("b"), RollbackRecord(2), WaitRecord(7), {RecCommit}},
+			[]string{"begin", "change a", "part 2", "change b", "rollback to 2", "wait 7", "commit begun=true failed=<nil>"}},
 		{"rollback before begin", [][]byte{RollbackRecord(3), WaitRecord(1), {RecCommit}},
 			[]string{"wait 1", "commit begun=false failed=<nil>"}},
-		{"savepoint first", [][]byte{SavepointRecord(4), change("a"), {RecAbort}},
-			[]string{"begin", "savepoint 4", "change a", "abort begun=true"}},
-		{"refused", [][]byte{change("a"), change("x"), change("b"), SavepointRecord(5), WaitRecord(2), {RecCommit}},
+		{"part first", [][]byte{PartRecord(4), change("a"), {RecAbort}},
+			[]string{"begin", "part 4", "change a", "abort begun=true"}},
+		{"part refused", [][]byte{PartRecord(66), PartRecord(4), {RecCommit}},
+			[]string{"begin", "part 66", "failed refused", "commit begun=false failed=refused"}},
+		{"refused", [][]byte{change("a"), change("x"), change("b"), PartRecord(5), WaitRecord(2), {RecCommit}},
 			[]string{"begin", "change a", "change x", "failed refused", "commit begun=false failed=refused"}},
 		{"refused then abort", [][]byte{change("x"), {RecAbort}},
 			[]string{"begin", "change x", "failed refused", "abort begun=false"}},
@@ -193,6 +201,8 @@ func TestRunJobErrors(t *testing.T) {
 		want string
 	}{
 		{"unreadable", change("bad"), "unreadable"},
+		{"unreadable part", PartRecord(99), "unreadable"},
+		{"short part", []byte{RecPart, 1}, "short queue record"},
 		{"unknown", []byte{'?'}, "unknown queue record"},
 		{"short", []byte{RecWait, 1}, "short queue record"},
 	} {

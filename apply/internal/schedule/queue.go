@@ -12,8 +12,9 @@ import (
 )
 
 // A Queue holds what the leader handed to one job and its worker has not applied yet: records
-// (changes, savepoints, rollbacks, waits, the end), in order. Records stay in memory while the
-// queues' shared budget (the room the reorder buffer leaves them) and the queue's own share allow, and go to a spill log otherwise, as
+// (changes, parts the worker reads where the reorder buffer holds them, rollbacks, waits, the
+// end), in order. Records stay in memory while the queues' shared budget (the room the reorder
+// buffer leaves them) and the queue's own share allow, and go to a spill log otherwise, as
 // PostgreSQL's leader apply worker "partially serializes" to a file when its parallel worker
 // cannot keep up. The leader never waits for a worker to make room: a slow worker costs disk,
 // never the other transactions. The worker replays the segments in order.
@@ -25,6 +26,7 @@ type Queue struct {
 	mu      sync.Mutex
 	segs    []*segment
 	mem     int64 // bytes of records in memory
+	held    int64 // bytes of the parts its worker reads where the reorder buffer holds them (Hold)
 	wake    chan struct{}
 	err     error // a spill error: sticky
 	closed  bool
@@ -158,7 +160,7 @@ func (q *Queue) push(rec []byte, wake bool) error {
 	// Once spilling, keep spilling until the worker catches up (seals the log): the records
 	// stay in order and the segments few.
 	if tail == nil || tail.log == nil || tail.sealed {
-		if q.mem+n <= q.share && q.budget.take(n) {
+		if q.mem+q.held+n <= q.share && q.budget.take(n) {
 			if tail == nil || tail.log != nil {
 				tail = &segment{}
 				q.segs = append(q.segs, tail)
@@ -192,6 +194,29 @@ func (q *Queue) push(rec []byte, wake bool) error {
 		q.signal()
 	}
 	return nil
+}
+
+// Hold counts n bytes of a part that the job's worker reads where the reorder buffer holds it
+// (reorderbuffer.Txn.Keep) against the queue's share of memory, if they fit beside what it holds
+// already, and reports whether they did: a part that does not fit is copied into the queue
+// instead, which spills once it is full. The reorder buffer counts those bytes against the
+// session's one limit itself, so the queues' budget does not take them again. Unhold uncounts
+// them once the part is let go of.
+func (q *Queue) Hold(n int64) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed || q.err != nil || q.mem+q.held+n > q.share {
+		return false
+	}
+	q.held += n
+	return true
+}
+
+// Unhold uncounts n bytes counted by Hold.
+func (q *Queue) Unhold(n int64) {
+	q.mu.Lock()
+	q.held -= n
+	q.mu.Unlock()
 }
 
 func (q *Queue) signal() {

@@ -153,6 +153,51 @@ func TestQueue(t *testing.T) {
 	}
 }
 
+// TestQueueHold: the bytes of parts held where the reorder buffer keeps them count against the
+// queue's share, not the budget: records that no longer fit beside them spill, and they fit
+// again once the parts are let go of.
+func TestQueueHold(t *testing.T) {
+	st := NewSpillStore(t.TempDir(), nil)
+	defer st.Close()
+	b := NewBudget(reorderbuffer.NewMemory(1 << 20))
+	var spilled atomic.Int64
+	q := NewQueue(st, b, 1000, &spilled)
+	if !q.Hold(600) {
+		t.Fatal("600 bytes not held in a share of 1000")
+	}
+	if q.Hold(500) {
+		t.Fatal("held past the share")
+	}
+	if u := b.used.Load(); u != 0 {
+		t.Fatalf("held bytes taken from the budget: %d", u)
+	}
+	if err := q.Push(make([]byte, 300)); err != nil {
+		t.Fatal(err)
+	}
+	if spilled.Load() != 0 {
+		t.Fatal("spilled within the share")
+	}
+	if err := q.Push(make([]byte, 200)); err != nil {
+		t.Fatal(err)
+	}
+	if spilled.Load() != 200 {
+		t.Fatalf("spilled %d, want the record past the share beside what is held", spilled.Load())
+	}
+	q.Unhold(600)
+	if q.Hold(701) {
+		t.Fatal("held past the share with 300 bytes of records in memory")
+	}
+	if !q.Hold(600) {
+		t.Fatal("600 bytes not held once let go of")
+	}
+	if err := q.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if q.Hold(1) {
+		t.Fatal("held in a closed queue")
+	}
+}
+
 // TestQueueCloseWakesPop: Close ends a Pop waiting for a record.
 func TestQueueCloseWakesPop(t *testing.T) {
 	q := NewQueue(NewSpillStore(t.TempDir(), nil), NewBudget(reorderbuffer.NewMemory(100)), 100, new(atomic.Int64))
