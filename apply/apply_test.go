@@ -48,6 +48,9 @@ func TestModes(t *testing.T) {
 					if st.InsertsViaCopy == 0 {
 						t.Error("no row went through COPY")
 					}
+					if mode != Buffered && st.KeptParts == 0 {
+						t.Error("no worker read a part where the reorder buffer holds it")
+					}
 				})
 			}
 		}

@@ -60,6 +60,9 @@ type Stats struct {
 	Spooled      int64 // streamed transactions spooled for lack of a free worker (Eager, Parallel)
 	SerialTxns   int64 // transactions Parallel applied alone (no usable key, a key whose equality the values do not tell, TRUNCATE, triggers)
 	QueueSpilled int64 // bytes of queued changes written to spill files (Eager, Parallel)
+	// KeptParts counts the parts of transactions (and a run's transactions) the workers read
+	// where the reorder buffer holds them, not copied into their queues (Eager, Parallel).
+	KeptParts int64
 	// QueuePeakBytes is the most bytes of queued changes the workers' queues held in memory at
 	// once, in any session (Eager, Parallel).
 	QueuePeakBytes int64
@@ -129,7 +132,7 @@ func (c *counters) snapshot() Stats {
 		RetentionActive: c.RetentionActive.Load(), RetentionStops: c.RetentionStops.Load(),
 		Tombstones: c.TombstoneRows.Load(), TombstonesPurged: c.TombstonesPurged.Load(),
 		SubAborts: c.eng.SubAborts.Load(), Aborts: c.eng.Aborts.Load(), Spooled: c.eng.Spooled.Load(),
-		SerialTxns: c.eng.SerialTxns.Load(), QueueSpilled: c.eng.QueueSpilled.Load(), QueuePeakBytes: c.eng.QueuePeak.Load(),
+		SerialTxns: c.eng.SerialTxns.Load(), QueueSpilled: c.eng.QueueSpilled.Load(), KeptParts: c.eng.KeptParts.Load(), QueuePeakBytes: c.eng.QueuePeak.Load(),
 		SharedPeakBytes: c.memPeak.Load(),
 		CommittedAhead:  c.eng.CommittedAhead.Load(), RunsOnLeader: c.eng.RunsOnLeader.Load(), RunsOnWorkers: c.eng.RunsOnWorkers.Load(),
 		ConflictWaits:   c.eng.ConflictWaits.Load(),

@@ -419,7 +419,7 @@ func logApplyStats(log *slog.Logger, st apply.Stats) {
 		"update_origin_differs", st.UpdateOriginDiffers, "update_exists", st.UpdateExists, "update_missing", st.UpdateMissing,
 		"delete_origin_differs", st.DeleteOriginDiffers, "update_deleted", st.UpdateDeleted, "delete_missing", st.DeleteMissing,
 		"multiple_unique_conflicts", st.MultipleUniqueConflicts, "tombstones", st.Tombstones, "sessions", st.Sessions, "serial_retries", st.SerialRetries,
-		"deadlocks", st.Deadlocks, "runs_on_leader", st.RunsOnLeader, "runs_on_workers", st.RunsOnWorkers, "conflict_waits", st.ConflictWaits, "spooled", st.Spooled, "queue_spilled", st.QueueSpilled, "skipped", st.Skipped,
+		"deadlocks", st.Deadlocks, "runs_on_leader", st.RunsOnLeader, "runs_on_workers", st.RunsOnWorkers, "conflict_waits", st.ConflictWaits, "spooled", st.Spooled, "queue_spilled", st.QueueSpilled, "kept_parts", st.KeptParts, "skipped", st.Skipped,
 		"columns_added", st.ColumnsAdded, "source_columns_gone", st.SourceColumnsGone, "sequence_syncs", st.SequenceSyncs)
 }
 

@@ -364,7 +364,7 @@ func (e *Engine) enqueue(ctx context.Context, j *job, t *reorderbuffer.Txn) erro
 		j.letGo(kp)
 		return err
 	}
-	if err := j.addPart(kp); err != nil {
+	if err := e.addPart(j, kp); err != nil {
 		return err
 	}
 	j.q.Wake()

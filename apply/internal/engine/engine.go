@@ -135,10 +135,10 @@ type Host interface {
 
 // Counters are the engine's counters, which the Applier's Stats read.
 type Counters struct {
-	EmptyTxns, SubAborts, Aborts, Spooled, SerialTxns, QueueSpilled, QueuePeak atomic.Int64
-	CommittedAhead, RunsOnLeader, RunsOnWorkers, ConflictWaits, Deadlocks      atomic.Int64
-	Skipped                                                                    atomic.Int64
-	Handbacks                                                                  atomic.Int64 // Parallel's leader gave chained runs back to the workers (tests)
+	EmptyTxns, SubAborts, Aborts, Spooled, SerialTxns, QueueSpilled, QueuePeak, KeptParts atomic.Int64
+	CommittedAhead, RunsOnLeader, RunsOnWorkers, ConflictWaits, Deadlocks                 atomic.Int64
+	Skipped                                                                               atomic.Int64
+	Handbacks                                                                             atomic.Int64 // Parallel's leader gave chained runs back to the workers (tests)
 }
 
 // Session is what the engine takes from the session that runs it. The session owns all of it

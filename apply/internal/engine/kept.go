@@ -108,7 +108,8 @@ func (kp *keptPart) take(buf []*target.Relation, id uint32) ([]*target.Relation,
 }
 
 // addPart queues kp for j's worker, after the waits its changes queued.
-func (j *job) addPart(kp *keptPart) error {
+func (e *Engine) addPart(j *job, kp *keptPart) error {
+	e.stats.KeptParts.Add(1)
 	j.mu.Lock()
 	j.parts = append(j.parts, kp)
 	i := len(j.parts) - 1

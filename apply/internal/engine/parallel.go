@@ -183,7 +183,7 @@ func (e *Engine) addToRun(ctx context.Context, t *reorderbuffer.Txn) error {
 			err = j.q.Append(schedule.TxnRecord(uint32(i)))
 		}
 		if err == nil && changed {
-			err = j.addPart(kp)
+			err = e.addPart(j, kp)
 		}
 	}
 	if changed {
