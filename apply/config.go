@@ -156,10 +156,11 @@ type Config struct {
 	// reorderbuffer.SpillEverything keeps nothing in memory. In Buffered the reorder buffer holds
 	// at most WorkMem. In Eager and Parallel the reorder buffer and the changes queued for workers
 	// that have not applied them yet share WorkMem (reorderbuffer.Memory): the two together stay
-	// within it, each using what the other leaves, and one queue at most WorkMem/Workers (64 KiB
-	// at least); what does not fit waits in spill files, under Buffer.Dir ("" is the system's temporary directory), compressed by
-	// Buffer.SpillCompressor if set (the reorder buffer's and the workers' queues'; package
-	// spillcompress has S2, LZ4 and zstd).
+	// within it, each using what the other leaves, and one queue (the parts its worker reads where
+	// the buffer holds them, and the changes copied into it) at most WorkMem/Workers (64 KiB at
+	// least); what does not fit waits in spill files, under Buffer.Dir ("" is the system's
+	// temporary directory), compressed by Buffer.SpillCompressor if set (the reorder buffer's
+	// and the workers' queues'; package spillcompress has S2, LZ4 and zstd).
 	//
 	// The Applier sets the rest itself: Buffer.SkipThrough comes from the target's progress
 	// row, Buffer.Incremental from Mode, Buffer.HandOutAdvances is on; TemporarySlot and
