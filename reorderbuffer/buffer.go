@@ -42,11 +42,11 @@ type Buffer struct {
 	// Transactions the consumer kept (Txn.Keep) and let go of (Txn.Release, on any goroutine):
 	// what they hold is freed on the Buffer's goroutine, at its next Add, Next or Close.
 	keptMu   sync.Mutex
-	kept     map[*Txn]struct{} // under keptMu
-	returned []*Txn            // under keptMu: released, not yet freed
-	spare    []*Txn            // the Buffer's: returned's previous backing array
-	anyBack  atomic.Bool       // returned is not empty
-	keptDone bool              // under keptMu: Close let go of every kept transaction
+	kept     keptList    // under keptMu
+	returned []*Txn      // under keptMu: released, not yet freed
+	spare    []*Txn      // the Buffer's: returned's previous backing array
+	anyBack  atomic.Bool // returned is not empty
+	keptDone bool        // under keptMu: Close let go of every kept transaction
 
 	stats Stats
 	err   error
@@ -1003,13 +1003,17 @@ func (b *Buffer) Close() error {
 	errs := []error{b.releaseLent()}
 	b.keptMu.Lock()
 	b.keptDone = true
-	kept, back := b.kept, b.returned
-	b.kept, b.returned = nil, nil
-	for x := range kept {
-		x.kept = false
+	var kept []*Txn
+	for x := b.kept.first; x != nil; x = x.keptNext {
+		kept = append(kept, x)
 	}
+	for _, x := range kept {
+		b.kept.remove(x)
+	}
+	back := b.returned
+	b.returned = nil
 	b.keptMu.Unlock()
-	for x := range kept {
+	for _, x := range kept {
 		errs = append(errs, b.release(x))
 	}
 	for _, x := range back {

@@ -58,7 +58,10 @@ func (b *Buffer) CheckInvariants() error {
 	// Txn.Release may run meanwhile: it changes a kept transaction only under keptMu.
 	b.keptMu.Lock()
 	defer b.keptMu.Unlock()
-	for x := range b.kept {
+	for x := b.kept.first; x != nil; x = x.keptNext {
+		if !x.kept || (x.keptNext != nil && x.keptNext.keptPrev != x) {
+			return fmt.Errorf("txn %d: the list of kept transactions is broken", x.Xid)
+		}
 		txns = append(txns[:len(txns):len(txns)], x)
 	}
 	for _, x := range b.returned { // released by the consumer, freed at the next Add or Next

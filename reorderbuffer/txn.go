@@ -54,6 +54,31 @@ type Txn struct {
 	pinned      bool   // a committed prepared transaction pins the flush position at its PREPARE until acknowledged
 	released    bool
 	kept        bool // under b.keptMu: kept (Keep) and not yet released
+	// The Buffer's list of kept transactions, under b.keptMu.
+	keptPrev, keptNext *Txn
+}
+
+// keptList is a list of the transactions a Buffer's consumer kept, linked through them.
+type keptList struct{ first *Txn }
+
+func (l *keptList) push(x *Txn) {
+	x.kept, x.keptPrev, x.keptNext = true, nil, l.first
+	if l.first != nil {
+		l.first.keptPrev = x
+	}
+	l.first = x
+}
+
+func (l *keptList) remove(x *Txn) {
+	if x.keptPrev != nil {
+		x.keptPrev.keptNext = x.keptNext
+	} else {
+		l.first = x.keptNext
+	}
+	if x.keptNext != nil {
+		x.keptNext.keptPrev = x.keptPrev
+	}
+	x.kept, x.keptPrev, x.keptNext = false, nil, nil
 }
 
 // Keep takes x out of the Buffer's hands, so that a consumer can read it after the next Next:
@@ -79,11 +104,7 @@ func (x *Txn) Keep() bool {
 	if b.keptDone {
 		return false
 	}
-	if b.kept == nil {
-		b.kept = map[*Txn]struct{}{}
-	}
-	x.kept = true
-	b.kept[x] = struct{}{}
+	b.kept.push(x)
 	return true
 }
 
@@ -101,8 +122,7 @@ func (x *Txn) Release() {
 	if !x.kept {
 		return
 	}
-	x.kept = false
-	delete(b.kept, x)
+	b.kept.remove(x)
 	x.released = true
 	b.returned = append(b.returned, x)
 	b.anyBack.Store(true)

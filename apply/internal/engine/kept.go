@@ -27,6 +27,9 @@ type keptPart struct {
 	rels  []relRun
 	inl   [2]relRun // rels' first backing array: most parts change few relations in turn
 	done  bool      // under the job's mu: let go of
+	// member is the run's transaction the part is (its index in job.members), -1 for a part of
+	// a job of one transaction: a run's kept transaction needs no schedule.RecTxn of its own.
+	member int32
 
 	pos  int    // the worker's: the run of rels to take from next
 	used uint32 // the worker's: how many of that run's relations it took
@@ -54,7 +57,7 @@ func (e *Engine) keep(j *job, t *reorderbuffer.Txn) *keptPart {
 		return nil
 	}
 	t.UseParser(&e.keptParser)
-	kp := &keptPart{txn: t, bytes: n}
+	kp := &keptPart{txn: t, bytes: n, member: -1}
 	kp.rels = kp.inl[:0]
 	return kp
 }
@@ -158,6 +161,11 @@ func (r *jobRun) applyPart(ctx context.Context, i uint32) error {
 		return schedule.Fatal(fmt.Errorf("apply: job of transaction %d: no part %d", r.j.xid, i))
 	}
 	defer r.j.letGo(kp)
+	if kp.member >= 0 {
+		if err := r.Txn(ctx, uint32(kp.member)); err != nil {
+			return err
+		}
+	}
 	kp.pos, kp.used = 0, 0
 	kp.txn.UseParser(&r.p)
 	for c, err := range kp.txn.Changes() {

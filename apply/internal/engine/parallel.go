@@ -150,7 +150,8 @@ func (e *Engine) addToRun(ctx context.Context, t *reorderbuffer.Txn) error {
 	if e.alreadyApplied(t) { // committed before the restart: an empty member
 		return j.q.Append(schedule.TxnRecord(uint32(i)))
 	}
-	// A kept transaction's waits go before it; a copied one's changes after its RecTxn.
+	// A kept transaction's waits go before it, and its RecPart says which member it is; a copied
+	// one's changes go after its RecTxn.
 	kp := e.keep(j, t)
 	if kp == nil {
 		if err := j.q.Append(schedule.TxnRecord(uint32(i))); err != nil {
@@ -175,16 +176,16 @@ func (e *Engine) addToRun(ctx context.Context, t *reorderbuffer.Txn) error {
 		}
 		return j.q.Append(rec)
 	})
-	if kp != nil {
-		if err != nil || !changed {
-			j.letGo(kp)
-		}
+	switch {
+	case kp == nil:
+	case err != nil || !changed:
+		j.letGo(kp)
 		if err == nil {
 			err = j.q.Append(schedule.TxnRecord(uint32(i)))
 		}
-		if err == nil && changed {
-			err = e.addPart(j, kp)
-		}
+	default:
+		kp.member = int32(i)
+		err = e.addPart(j, kp)
 	}
 	if changed {
 		j.mu.Lock()
