@@ -160,7 +160,9 @@ type Config struct {
 	// the buffer holds them, and the changes copied into it) at most WorkMem/Workers (64 KiB at
 	// least); what does not fit waits in spill files, under Buffer.Dir ("" is the system's
 	// temporary directory), compressed by Buffer.SpillCompressor if set (the reorder buffer's
-	// and the workers' queues'; package spillcompress has S2, LZ4 and zstd).
+	// and the workers' queues'; package spillcompress has S2, LZ4 and zstd). A worker may also
+	// hold, outside WorkMem, two parts the reorder buffer spilled, each read in place through a
+	// file and a 256 KiB read buffer.
 	//
 	// The Applier sets the rest itself: Buffer.SkipThrough comes from the target's progress
 	// row, Buffer.Incremental from Mode, Buffer.HandOutAdvances is on; TemporarySlot and

@@ -174,8 +174,8 @@
 // Eager applies a large transaction the server streams while it is still running on the source,
 // on a worker connection of its own (savepoints for its subtransactions, rolled back with them),
 // committing it in order; the other transactions as Buffered does. A worker reads each part
-// where the reorder buffer holds it; a part spilled, or past the worker's share of WorkMem, is
-// copied into its queue. The queues and the reorder buffer share WorkMem
+// where the reorder buffer holds it, in memory or in its spill file; a part past the worker's
+// share of WorkMem is copied into its queue. The queues and the reorder buffer share WorkMem
 // (reorderbuffer.Memory), each using what the other leaves, and spill to disk past it.
 //
 // Parallel is Eager plus committed transactions applied by several workers at once, in runs, each

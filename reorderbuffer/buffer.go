@@ -888,52 +888,6 @@ func (b *Buffer) Next() (*Txn, bool) {
 // Pending returns the number of transactions ready to be handed out by Next.
 func (b *Buffer) Pending() int { return len(b.queue) }
 
-func (b *Buffer) releaseLent() error {
-	x := b.lent
-	b.lent = nil
-	return b.release(x)
-}
-
-// release lets go of a queued or lent transaction's records and schema.
-func (b *Buffer) release(x *Txn) error {
-	if x == nil || x.released {
-		return nil
-	}
-	x.released = true
-	return b.letGo(x)
-}
-
-// letGo frees what a released transaction holds.
-func (b *Buffer) letGo(x *Txn) error {
-	x.parser = nil
-	if x.src != nil {
-		x.src.Close()
-		x.src = nil
-	}
-	unshare(x.view.shared)
-	x.view = view{}
-	t := x.data
-	x.data = nil
-	return b.free(t)
-}
-
-// freeReturned frees what the kept transactions released since the last call held. An error
-// (removing a spill file) fails the Buffer, as at Next.
-func (b *Buffer) freeReturned() {
-	b.keptMu.Lock()
-	back := b.returned
-	b.returned = b.spare[:0]
-	b.anyBack.Store(false)
-	b.keptMu.Unlock()
-	for i, x := range back {
-		if err := b.letGo(x); err != nil && b.err == nil {
-			b.err = err
-		}
-		back[i] = nil
-	}
-	b.spare = back[:0]
-}
-
 // Ack records that the consumer has durably handled t. Transactions may be acknowledged in any
 // order; the flush position only passes a transaction once it and all before it are acknowledged.
 // Acknowledging t again does nothing. A nil t, or one another Buffer handed out, is an error

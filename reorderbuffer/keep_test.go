@@ -2,8 +2,10 @@ package reorderbuffer_test
 
 import (
 	"fmt"
+	"io/fs"
 	"math"
 	"math/rand/v2"
+	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -46,16 +48,51 @@ func TestKeep(t *testing.T) {
 		require.NoError(t, b.Ack(y))
 		require.Equal(t, decoding.LSN(0x3000), b.AckedThrough())
 	})
-	t.Run("a spilled transaction is not kept", func(t *testing.T) {
-		b := newBuffer(t, reorderbuffer.Config{WorkMem: reorderbuffer.SpillEverything})
+	t.Run("a spilled transaction is kept with its reader", func(t *testing.T) {
+		dir := t.TempDir()
+		b, err := reorderbuffer.New(reorderbuffer.Config{WorkMem: reorderbuffer.SpillEverything, Dir: dir})
+		require.NoError(t, err)
 		feed(t, b, streamTxn(t, 10, true, "a", "b")...)
 		feed(t, b, streamCommit(t, 10, 0x2000))
+		feed(t, b, streamTxn(t, 11, true, "c")...)
+		feed(t, b, streamCommit(t, 11, 0x3000))
 		x, ok := b.Next()
 		require.True(t, ok)
-		require.False(t, x.Keep())
-		require.Equal(t, []string{"a", "b"}, values(t, x), "still readable as the lent transaction")
+		require.True(t, x.Spilled())
+		require.True(t, x.Keep())
+		y, ok := b.Next()
+		require.True(t, ok)
+		require.True(t, y.Spilled())
+		done := make(chan []string)
+		go func() { done <- values(t, x) }() // read on another goroutine while y is read here
+		require.Equal(t, []string{"c"}, values(t, y))
+		require.Equal(t, []string{"a", "b"}, <-done)
+		_, _ = b.Next() // releases y; x stays
+		require.Equal(t, []string{"a", "b"}, values(t, x), "read again from the start")
+		require.NoError(t, b.CheckInvariants())
+		x.Release()
+		x.Release()     // twice
+		_, _ = b.Next() // frees x: its spill log goes
+		require.NoError(t, b.CheckInvariants())
+		var files []string
+		require.NoError(t, filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+			if err == nil && !d.IsDir() && d.Name() != "lock" { // the store's own lock file stays
+				files = append(files, path)
+			}
+			return err
+		}))
+		require.Empty(t, files, "spill logs left after both were released")
+		require.NoError(t, b.Close())
+	})
+	t.Run("only the transaction Next lent is kept", func(t *testing.T) {
+		b := newBuffer(t, reorderbuffer.Config{})
+		feed(t, b, plainTxn(t, 10, 0x2000, "a")...)
+		x, ok := b.Next()
+		require.True(t, ok)
+		_, ok = b.Next()
+		require.False(t, ok)
+		require.False(t, x.Keep(), "released by the Next after it")
 		x.Release() // not kept: nothing
-		require.Equal(t, []string{"a", "b"}, values(t, x))
 	})
 	t.Run("Close releases what is still kept", func(t *testing.T) {
 		mem := reorderbuffer.NewMemory(1 << 20)

@@ -78,9 +78,10 @@ type job struct {
 	members []groupMember
 	// The parts the worker reads where the reorder buffer holds them: the leader appends under
 	// mu, the worker reads the one a schedule.RecPart names under mu.
-	parts   []*keptPart
-	pr      plan.Run // leader only: what decides when the run is full, and whether it is chained
-	unwoken int      // leader only: records appended to a run's queue since its worker was woken (see runWake)
+	parts       []*keptPart
+	spilledKept int      // under mu: parts kept that are read back from a spill log (keep)
+	pr          plan.Run // leader only: what decides when the run is full, and whether it is chained
+	unwoken     int      // leader only: records appended to a run's queue since its worker was woken (see runWake)
 
 	// Leader only.
 	begun  bool       // direct: the target transaction has begun

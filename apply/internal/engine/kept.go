@@ -10,14 +10,16 @@ import (
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 )
 
-// Parts read in place. A part (or a run's transaction) that the reorder buffer holds in memory
-// and that fits the job queue's share (schedule.Queue.Hold) is not copied into the queue: the
+// Parts read in place. A part (or a run's transaction) whose bytes in the reorder buffer's
+// memory fit the job queue's share (schedule.Queue.Hold) is not copied into the queue: the
 // leader keeps it (reorderbuffer.Txn.Keep), reads it once to resolve its relations and queue the
 // waits its changes need, and queues one schedule.RecPart naming it; the worker reads its changes
 // where the buffer holds them and lets it go (Txn.Release), and the buffer frees it at its next
-// call. A part read back from a spill log, or one that does not fit, is copied record by record
-// as before (encodeChange): the queue spills what does not fit, and the memory bound holds
-// either way, the kept bytes counting in the reorder buffer's share of the one limit.
+// call. A part read back from a spill log is kept too, its log read in place by the worker, while
+// the job keeps fewer than maxSpilledKept of them (each holds a file and a read buffer). Any other
+// part is copied record by record (encodeChange): the queue spills what does not fit, and the
+// memory bound holds either way, the kept bytes counting in the reorder buffer's share of the one
+// limit.
 
 // keptPart is a part a worker reads where the reorder buffer holds it, with the relations the
 // leader resolved for its changes, in order.
@@ -27,6 +29,9 @@ type keptPart struct {
 	rels  []relRun
 	inl   [2]relRun // rels' first backing array: most parts change few relations in turn
 	done  bool      // under the job's mu: let go of
+	// spilled: read back from a spill log (reorderbuffer.Txn.Spilled), counted in the job's
+	// spilledKept.
+	spilled bool
 	// member is the run's transaction the part is (its index in job.members), -1 for a part of
 	// a job of one transaction: a run's kept transaction needs no schedule.RecTxn of its own.
 	member int32
@@ -44,23 +49,47 @@ type relRun struct {
 	n   uint32
 }
 
-// keep keeps t for j's worker, if the buffer holds it in memory and it fits j's queue: nil
-// otherwise (t is then copied into the queue). The leader reads a kept part with a parser of its
-// own: the buffer's is lent to the transaction it hands out next.
+// keep keeps t for j's worker, if what the buffer holds of it in memory fits j's queue and, read
+// back from a spill log, j holds fewer than maxSpilledKept such parts: nil otherwise (t is then
+// copied into the queue). The leader reads a kept part with a parser of its own: the buffer's is
+// lent to the transaction it hands out next.
 func (e *Engine) keep(j *job, t *reorderbuffer.Txn) *keptPart {
-	n := t.MemoryBytes()
-	if n == 0 || !j.q.Hold(n) {
+	n, spilled := t.MemoryBytes(), t.Spilled()
+	if n == 0 && !spilled {
 		return nil
 	}
-	if !t.Keep() {
-		j.q.Unhold(n)
+	if spilled {
+		j.mu.Lock()
+		ok := j.spilledKept < maxSpilledKept
+		if ok {
+			j.spilledKept++
+		}
+		j.mu.Unlock()
+		if !ok {
+			return nil
+		}
+	}
+	held := j.q.Hold(n)
+	if !held || !t.Keep() {
+		if held {
+			j.q.Unhold(n)
+		}
+		if spilled {
+			j.mu.Lock()
+			j.spilledKept--
+			j.mu.Unlock()
+		}
 		return nil
 	}
 	t.UseParser(&e.keptParser)
-	kp := &keptPart{txn: t, bytes: n, member: -1}
+	kp := &keptPart{txn: t, bytes: n, member: -1, spilled: spilled}
 	kp.rels = kp.inl[:0]
 	return kp
 }
+
+// maxSpilledKept is how many parts read back from a spill log a job keeps at once: each holds a
+// file and a read buffer (256 KiB) outside the memory limit until its worker has read it.
+const maxSpilledKept = 2
 
 // note records the relations the leader resolved for the next change of kp.
 func (kp *keptPart) note(rels []*target.Relation) {
@@ -135,6 +164,9 @@ func (j *job) letGo(kp *keptPart) {
 	j.mu.Lock()
 	done := kp.done
 	kp.done = true
+	if !done && kp.spilled {
+		j.spilledKept--
+	}
 	j.mu.Unlock()
 	if !done {
 		kp.txn.Release()
