@@ -129,7 +129,7 @@ func TestEagerDeadlock(t *testing.T) {
 					_, err := big.Exec(ctx, q)
 					must(t, err)
 				}
-				waitWorkerWrote(t, ctx, e.dst) // the streamed part is on the target, uncommitted
+				waitWorkerWrote(t, ctx, r, e.dst) // the streamed part is on the target, uncommitted
 				must(t, pgtest.Exec(ctx, e.src, `BEGIN; INSERT INTO items VALUES (2, 5, 'small'); UPDATE items SET qty = 6 WHERE id = 2; COMMIT`))
 				_, err = big.Exec(ctx, `COMMIT`)
 				must(t, err)
@@ -148,11 +148,13 @@ func TestEagerDeadlock(t *testing.T) {
 }
 
 // waitWorkerWrote waits until a worker connection of the target has written in its open
-// transaction.
-func waitWorkerWrote(t testing.TB, ctx context.Context, dsn string) {
+// transaction, while r's applier runs.
+func waitWorkerWrote(t testing.TB, ctx context.Context, r *running, dsn string) {
 	t.Helper()
+	ctx, cancel := r.alive(ctx)
+	defer cancel()
 	if err := workerWrote(ctx, dsn); err != nil {
-		t.Fatalf("no worker wrote: %v", err)
+		t.Fatalf("no worker wrote: %v (%v)", err, context.Cause(ctx))
 	}
 }
 
@@ -312,7 +314,7 @@ func TestEagerSavepointFirst(t *testing.T) {
 				must(t, err)
 			}
 			must(t, src.QueryRow(ctx, `SELECT txid_current()::bigint`).Scan(&xid))
-			waitWorkerWrote(t, ctx, e.dst) // the conflict is met while the transaction is open
+			waitWorkerWrote(t, ctx, r, e.dst) // the conflict is met while the transaction is open
 			var committed time.Time
 			_, err = src.Exec(ctx, `COMMIT`)
 			must(t, err)

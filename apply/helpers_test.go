@@ -81,9 +81,11 @@ func (e *env) config(t testing.TB, mode Mode) Config {
 
 // running is an Applier running in the background.
 type running struct {
-	a    *Applier
-	stop context.CancelFunc
-	done chan error
+	a      *Applier
+	stop   context.CancelFunc
+	done   chan error
+	exited chan struct{} // closed when Run returns, after err is set
+	err    error
 }
 
 func start(t testing.TB, cfg Config) *running {
@@ -91,10 +93,28 @@ func start(t testing.TB, cfg Config) *running {
 	a, err := New(cfg)
 	must(t, err)
 	ctx, stop := context.WithCancel(context.Background())
-	r := &running{a: a, stop: stop, done: make(chan error, 1)}
-	go func() { r.done <- a.Run(ctx) }()
+	r := &running{a: a, stop: stop, done: make(chan error, 1), exited: make(chan struct{})}
+	go func() {
+		r.err = a.Run(ctx)
+		close(r.exited)
+		r.done <- r.err
+	}()
 	t.Cleanup(func() { r.halt(t) })
 	return r
+}
+
+// alive returns ctx, ended early if the applier stops by itself, with its error as the cause:
+// for waiting on the target for something only a running applier does.
+func (r *running) alive(ctx context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	go func() {
+		select {
+		case <-r.exited:
+			cancel(fmt.Errorf("the applier stopped: %v", r.err))
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, func() { cancel(nil) }
 }
 
 // halt stops the applier and fails t if it had stopped with an error of its own.
