@@ -109,7 +109,9 @@ func TestFencing(t *testing.T) {
 		require.ErrorIs(t, err, kafkasink.ErrFenced)
 		require.Contains(t, err.Error(), "pgreorder-s")
 		t.Logf("the first sink: %v", err)
-		require.Less(t, confirmedFlush(t, ctx, dsn), last, "the fenced sink acknowledged a transaction it did not commit")
+		// The first sink's own acknowledgements: the slot's confirmed position may be the second
+		// sink's by now (it takes the slot as soon as the first lets go of it).
+		require.Less(t, a.feed.Progress().Flushed, last, "the fenced sink acknowledged a transaction it did not commit")
 		require.GreaterOrEqual(t, confirmedFlush(t, ctx, dsn), acked)
 		b.waitPast(t, ctx, last)
 		require.NoError(t, b.stop())

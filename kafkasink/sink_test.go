@@ -34,6 +34,7 @@ var testLogger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Le
 // running is a changefeed into a Sink, run in the background.
 type running struct {
 	sink   *kafkasink.Sink
+	feed   *changefeed.Feed
 	cancel context.CancelFunc
 	done   chan error
 }
@@ -46,8 +47,10 @@ func start(t *testing.T, ctx context.Context, cfg changefeed.Config, kcfg kafkas
 	sink, err := kafkasink.Open(kcfg)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(ctx)
-	r := &running{sink: sink, cancel: cancel, done: make(chan error, 1)}
-	go func() { r.done <- changefeed.Run(ctx, cfg, sink, sink.Handle) }()
+	feed, err := changefeed.New(cfg, sink, sink.Handle)
+	require.NoError(t, err)
+	r := &running{sink: sink, feed: feed, cancel: cancel, done: make(chan error, 1)}
+	go func() { r.done <- feed.Run(ctx) }()
 	t.Cleanup(func() { r.stop() })
 	return r
 }
