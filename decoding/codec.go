@@ -455,6 +455,13 @@ func (c *codec) messageFlags(p *uint8) {
 	c.u8(p)
 }
 
+// relationID is the relation a row change changes or a Relation message describes
+// (Header.RelationID).
+func (c *codec) relationID(p *uint32) {
+	c.routed(routeRelation, 4)
+	c.u32(p)
+}
+
 // abortInfo says whether a Stream Abort carries abort_lsn and abort_time (Options.AbortInfo):
 // decoding, AbortInfoAuto decides from whether bytes are left, and *p records the decision;
 // encoding, AbortInfoAuto follows *p.

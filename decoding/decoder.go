@@ -44,11 +44,11 @@ func (d *Decoder) Accept(data []byte) (Header, error) {
 			switch {
 			case d.st.inBlock:
 				if validRow(data, true) {
-					return Header{Type: t, InStream: true, Xid: be.Uint32(data[1:])}, nil
+					return Header{Type: t, InStream: true, Xid: be.Uint32(data[1:]), RelationID: be.Uint32(data[5:])}, nil
 				}
 			case d.st.inTxn:
 				if validRow(data, false) {
-					return Header{Type: t, Xid: d.st.txnXid}, nil
+					return Header{Type: t, Xid: d.st.txnXid, RelationID: be.Uint32(data[1:])}, nil
 				}
 			}
 		}

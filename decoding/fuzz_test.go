@@ -87,6 +87,10 @@ func routing(m decoding.Message, inStream bool) (h decoding.Header, hasXid bool)
 		h.SubXid = v.SubXid
 	case *decoding.LogicalMessage:
 		h.Transactional = v.Transactional()
+	case *decoding.Relation:
+		h.RelationID = v.RelationID
+	case decoding.RowChange:
+		h.RelationID = v.RelationOID()
 	}
 	if inStream && m.Type().IsChange() {
 		xid(reflect.ValueOf(m).Elem().FieldByName("Xid").Interface().(uint32))

@@ -35,7 +35,7 @@ func (m *Origin) fields(c *codec) {
 // logicalrep_write_rel
 func (m *Relation) fields(c *codec) {
 	c.leadingXid(&m.Xid)
-	c.u32(&m.RelationID)
+	c.relationID(&m.RelationID)
 	c.str(&m.Namespace)
 	c.str(&m.Name)
 	c.u8(&m.ReplicaIdentity)
@@ -62,7 +62,7 @@ func (m *DataType) fields(c *codec) {
 // logicalrep_write_insert
 func (m *Insert) fields(c *codec) {
 	c.leadingXid(&m.Xid)
-	c.u32(&m.RelationID)
+	c.relationID(&m.RelationID)
 	c.marker('N')
 	c.tuple(&m.New, newTuple)
 }
@@ -70,7 +70,7 @@ func (m *Insert) fields(c *codec) {
 // logicalrep_write_update
 func (m *Update) fields(c *codec) {
 	c.leadingXid(&m.Xid)
-	c.u32(&m.RelationID)
+	c.relationID(&m.RelationID)
 	if c.oldKind(&m.OldKind, true) {
 		c.tuple(&m.Old, oldTuple)
 	}
@@ -81,7 +81,7 @@ func (m *Update) fields(c *codec) {
 // logicalrep_write_delete
 func (m *Delete) fields(c *codec) {
 	c.leadingXid(&m.Xid)
-	c.u32(&m.RelationID)
+	c.relationID(&m.RelationID)
 	if c.oldKind(&m.OldKind, false) {
 		c.tuple(&m.Old, oldTuple)
 	}
@@ -311,6 +311,7 @@ const (
 	routeSubXid
 	routeFirstSegment
 	routeFlags
+	routeRelation
 	routingFields
 )
 
@@ -320,7 +321,7 @@ type route struct {
 	need   uint8 // 0: not a message type
 	at     [routingFields]uint8
 	change bool // the type carries a leading xid inside stream blocks
-	_      [2]byte
+	_      [1]byte
 }
 
 // routes is indexed by inStream (0 or 1) and the type byte.

@@ -22,6 +22,10 @@ type Header struct {
 	// Transactional: Message only, its flags bit 1 (a reorder buffer routes a Message on it
 	// without parsing the message).
 	Transactional bool
+	// RelationID: Insert, Update and Delete, the relation they change; Relation, the relation it
+	// describes. A consumer that needs only which relation a row change names reads it here
+	// without parsing the tuples.
+	RelationID uint32
 }
 
 // ParseHeader reads the type and the routing fields of one message. It checks only the bytes it
@@ -53,6 +57,9 @@ func ParseHeader(data []byte, inStream bool) (h Header, err error) {
 	}
 	if at := r.at[routeFlags]; at != 0 {
 		h.Transactional = data[at]&1 != 0
+	}
+	if at := r.at[routeRelation]; at != 0 {
+		h.RelationID = be.Uint32(data[at:])
 	}
 	return h, nil
 }
