@@ -137,7 +137,10 @@
 // Add copies what it keeps: the caller may reuse data when Add returns (pgconn reuses its
 // receive buffer).
 //
-// Messages yielded by Txn.Changes, and every byte slice and tuple inside them, alias the
+// Txn.Heads yields the same messages with each Insert, Update and Delete read only as far as its
+// relation, for a consumer that routes the records and parses each where it applies it.
+//
+// Messages yielded by Txn.Changes (and Txn.Heads), and every byte slice and tuple inside them, alias the
 // buffer's memory, its read buffer or a reused message struct, and are valid ONLY until the next
 // iteration step, like bufio.Scanner.Bytes (so is the Change's Schema; the relations and types
 // it resolves to, and Change.Relation, stay valid). Keep one longer with its Clone method. A Txn's

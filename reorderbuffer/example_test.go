@@ -79,3 +79,47 @@ func Example() {
 	// xid 700 ends at 0/2F30: public.t+"a" public.t+"c"
 	// flush position: 0/2F30
 }
+
+// ExampleTxn_Heads routes a transaction's changes by relation without parsing their rows: each
+// Head carries the record (Raw) for whoever applies it to parse.
+func ExampleTxn_Heads() {
+	b, err := reorderbuffer.New(reorderbuffer.Config{})
+	if err != nil {
+		panic(err)
+	}
+	defer b.Close()
+	rel := func(id uint32, name string) *decoding.Relation {
+		return &decoding.Relation{RelationID: id, Namespace: "public", Name: name,
+			Columns: []decoding.RelationColumn{{Flags: 1, Name: "id", TypeOID: 23, TypeMod: -1}}}
+	}
+	row := func(id uint32, v string) *decoding.Insert {
+		return &decoding.Insert{RelationID: id, New: decoding.Tuple{{Kind: 't', Data: []byte(v)}}}
+	}
+	for i, m := range []decoding.Message{
+		&decoding.Begin{FinalLSN: 0x1F00, Xid: 750},
+		rel(16384, "accounts"), row(16384, "1"),
+		rel(16390, "history"), row(16390, "2"), row(16384, "3"),
+		&decoding.Commit{CommitLSN: 0x1F00, EndLSN: 0x1F30},
+	} {
+		data, err := decoding.Append(nil, m, false, decoding.Options{})
+		if err != nil {
+			panic(err)
+		}
+		if err := b.Add(decoding.LSN(0x1000+i), data); err != nil {
+			panic(err)
+		}
+	}
+	x, _ := b.Next()
+	perRelation := map[string]int{}
+	for h, err := range x.Heads() {
+		if err != nil {
+			panic(err)
+		}
+		if h.Type == decoding.MsgInsert { // h.Msg is nil: the row is in h.Raw, unparsed
+			perRelation[h.Relation.Name] += len(h.Raw)
+		}
+	}
+	fmt.Println("bytes of rows for accounts:", perRelation["accounts"], "for history:", perRelation["history"])
+	// Output:
+	// bytes of rows for accounts: 28 for history: 14
+}

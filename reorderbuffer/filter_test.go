@@ -11,7 +11,7 @@ import (
 
 // TestFilter: a filtered transaction yields the row changes of the relations kept only, a
 // Truncate with its kept relations only (without the server's record when it named others),
-// and every Relation message; Described lists those without reading the changes; Filter(nil)
+// and every Relation message, and Heads likewise; Described lists those without reading the changes; Filter(nil)
 // yields everything again.
 func TestFilter(t *testing.T) {
 	b := newBuffer(t, reorderbuffer.Config{})
@@ -58,6 +58,31 @@ func TestFilter(t *testing.T) {
 				out = append(out, s)
 			}
 		}
+		// Heads yields the same, its row changes read only as far as their relation.
+		var heads []string
+		for h, err := range x.Heads() {
+			require.NoError(t, err)
+			switch h.Type {
+			case decoding.MsgInsert, decoding.MsgUpdate, decoding.MsgDelete:
+				require.Nil(t, h.Msg)
+				require.Equal(t, h.RelationID, h.Relation.RelationID)
+				heads = append(heads, map[decoding.MessageType]string{
+					decoding.MsgInsert: "insert ", decoding.MsgUpdate: "update ", decoding.MsgDelete: "delete "}[h.Type]+h.Relation.Name)
+			case decoding.MsgRelation:
+				heads = append(heads, "relation "+h.Msg.(*decoding.Relation).Name)
+			case decoding.MsgTruncate:
+				s := "truncate"
+				for _, id := range h.Msg.(*decoding.Truncate).RelationIDs {
+					r, _ := h.Schema.Relation(id)
+					s += " " + r.Name
+				}
+				if h.Raw == nil {
+					s += " (no raw)"
+				}
+				heads = append(heads, s)
+			}
+		}
+		require.Equal(t, out, heads, "Heads")
 		return out
 	}
 	all := []string{"relation t1", "insert t1", "relation t2", "insert t2", "update t2", "delete t1", "truncate t1 t2", "truncate t2"}

@@ -459,6 +459,7 @@ func generate(t testing.TB, seed uint64, steps int) *gen {
 func record(t testing.TB, x *reorderbuffer.Txn) wantTxn {
 	t.Helper()
 	out := wantTxn{xid: x.Xid, gid: x.GID, nontx: x.NonTransactional, end: x.EndLSN}
+	checkHeads(t, x)
 	for c, err := range x.Changes() {
 		m := c.Msg
 		require.NoError(t, err)
@@ -476,6 +477,42 @@ func record(t testing.TB, x *reorderbuffer.Txn) wantTxn {
 		}
 	}
 	return out
+}
+
+// checkHeads checks that x.Heads yields what x.Changes yields, its row changes unparsed: the
+// same types, relations, records and schema messages, in the same order.
+func checkHeads(t testing.TB, x *reorderbuffer.Txn) {
+	t.Helper()
+	type seen struct {
+		typ      decoding.MessageType
+		relID    uint32
+		rel      *decoding.Relation
+		raw      string
+		inStream bool
+		msg      string
+	}
+	var want, got []seen
+	for c, err := range x.Changes() {
+		require.NoError(t, err)
+		s := seen{typ: c.Msg.Type(), rel: c.Relation, raw: string(c.Raw), inStream: c.InStream}
+		switch m := c.Msg.(type) {
+		case decoding.RowChange:
+			s.relID = m.RelationOID()
+		default:
+			s.msg = fmt.Sprintf("%+v", m)
+		}
+		want = append(want, s)
+	}
+	for h, err := range x.Heads() {
+		require.NoError(t, err)
+		s := seen{typ: h.Type, relID: h.RelationID, rel: h.Relation, raw: string(h.Raw), inStream: h.InStream}
+		if h.Msg != nil {
+			require.Equal(t, h.Type, h.Msg.Type())
+			s.msg = fmt.Sprintf("%+v", h.Msg)
+		}
+		got = append(got, s)
+	}
+	require.Equal(t, want, got, "Heads against Changes, transaction %d", x.Xid)
 }
 
 // assembler is a consumer of parts (Config.Incremental): it applies each part as it comes,
@@ -525,6 +562,7 @@ func (a *assembler) take(t testing.TB, x *reorderbuffer.Txn) (wantTxn, bool) {
 		delete(a.open, x.Xid)
 		return wantTxn{}, false
 	}
+	checkHeads(t, x)
 	for c, err := range x.Changes() {
 		m := c.Msg
 		require.NoError(t, err)

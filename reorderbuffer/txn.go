@@ -143,7 +143,92 @@ func (x *Txn) Changes() iter.Seq2[decoding.Change, error] {
 	}
 }
 
-// Filter makes Changes yield only the row changes (Insert, Update, Delete, and a Truncate's
+// Head is one message of a transaction as Heads yields it: a row change read only as far as
+// its header, any other message parsed.
+type Head struct {
+	// Change is the message as Changes yields it, with the same lifetimes, except that Msg is
+	// nil for an Insert, Update or Delete: their tuples are not parsed. Relation, Schema, Raw and
+	// InStream are set as Changes sets them, Raw is the whole record.
+	decoding.Change
+	// Type is the message's type.
+	Type decoding.MessageType
+	// RelationID is the relation an Insert, Update or Delete changes (0 for other messages).
+	RelationID uint32
+}
+
+// Heads yields what Changes yields, in the same order and with the same filter, but reads an
+// Insert, Update or Delete only as far as its relation: a consumer that needs to know which
+// relations the changes name (to route or schedule them), and hands the records on to be parsed
+// where they are applied, reads each record once. The other messages (Truncate, Relation and
+// Type descriptions, logical messages) are parsed as Changes parses them. The header checks
+// only the bytes it reads; a record is parsed in full, and checked, by whoever parses Raw. The
+// rules of Changes hold: one iteration of a transaction at a time, valid until the step moves on.
+func (x *Txn) Heads() iter.Seq2[Head, error] {
+	return func(yield func(Head, error) bool) {
+		if x.released {
+			yield(Head{}, ErrReleased)
+			return
+		}
+		p := x.parser
+		if p == nil {
+			p = &decoding.Parser{Options: x.opts}
+		}
+		x.view.reset()
+		inStream := x.data.streamed && x.incremental
+		rs := newRecords(x.data, x.src, &x.released)
+		defer rs.close()
+		for {
+			rec, err := rs.next()
+			if errors.Is(err, io.EOF) {
+				return
+			}
+			var h decoding.Header
+			if err == nil {
+				h, err = decoding.ParseHeader(rec, inStream)
+			}
+			if err != nil {
+				yield(Head{}, err)
+				return
+			}
+			switch h.Type {
+			case decoding.MsgInsert, decoding.MsgUpdate, decoding.MsgDelete:
+				if x.keep != nil && !x.keep(h.RelationID) {
+					continue
+				}
+				c := decoding.Change{Relation: x.view.rowRelation(h.RelationID), Schema: &x.view, Raw: rec, InStream: inStream}
+				if !yield(Head{Change: c, Type: h.Type, RelationID: h.RelationID}, nil) {
+					return
+				}
+				continue
+			}
+			m, err := p.Parse(rec, inStream)
+			if err != nil {
+				yield(Head{}, err)
+				return
+			}
+			var rel *decoding.Relation
+			if t, ok := m.(*decoding.Truncate); ok {
+				if x.keep != nil {
+					if m = x.keepTruncate(t); m == nil {
+						continue
+					}
+					if m != t {
+						rec = nil // as in Changes
+					}
+				}
+			} else {
+				x.view.read(m)
+				rel = decoding.RelationOf(&x.view, m)
+			}
+			c := decoding.Change{Msg: m, Relation: rel, Schema: &x.view, Raw: rec, InStream: inStream}
+			if !yield(Head{Change: c, Type: h.Type}, nil) {
+				return
+			}
+		}
+	}
+}
+
+// Filter makes Changes (and Heads) yield only the row changes (Insert, Update, Delete, and a Truncate's
 // relations) of the relations keep reports true for; schema descriptions and logical messages
 // are yielded whatever keep says. A Truncate of several relations, some of them filtered out, is
 // yielded with the others only, and with no Raw record. nil yields everything again. It is the
