@@ -100,51 +100,72 @@ func (e *Engine) advanced(ctx context.Context, t *reorderbuffer.Txn) error {
 // eachChange calls f with each of t's changes that changes the target, and the relations it
 // names, in order; it stops at the first error, t's or f's. The message is valid only during f.
 func (e *Engine) eachChange(t *reorderbuffer.Txn, f func(m decoding.Message, rels []*target.Relation) error) error {
-	return e.eachRecord(t, func(c decoding.Change, rels []*target.Relation) error { return f(c.Msg, rels) })
+	return e.eachRecord(t, false, func(h reorderbuffer.Head, rels []*target.Relation) error { return f(h.Msg, rels) })
 }
 
-// eachRecord is eachChange with the whole decoding.Change (its Raw record too), valid until f
-// returns.
-func (e *Engine) eachRecord(t *reorderbuffer.Txn, f func(c decoding.Change, rels []*target.Relation) error) error {
+// eachRecord is eachChange with the whole message (its Raw record too), valid until f returns.
+// With heads, an Insert, Update or Delete is read only as far as its relation
+// (reorderbuffer.Txn.Heads), and comes with no Msg: for a caller that hands the record on.
+func (e *Engine) eachRecord(t *reorderbuffer.Txn, heads bool, f func(h reorderbuffer.Head, rels []*target.Relation) error) error {
+	step := func(h reorderbuffer.Head) error {
+		rels, err := e.relations(t.Xid, h)
+		if err != nil || rels == nil {
+			return err
+		}
+		return f(h, rels)
+	}
+	if heads {
+		for h, err := range t.Heads() {
+			if err == nil {
+				err = step(h)
+			}
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 	for c, err := range t.Changes() {
+		if err == nil {
+			err = step(headOf(c))
+		}
 		if err != nil {
-			return err
-		}
-		rels, err := e.relations(t.Xid, c)
-		if err != nil {
-			return err
-		}
-		if rels == nil {
-			continue
-		}
-		if err := f(c, rels); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// relations resolves the relations a change of transaction xid names, as described at its
+// headOf is c as reorderbuffer.Txn.Heads describes a message, its Msg parsed.
+func headOf(c decoding.Change) reorderbuffer.Head {
+	h := reorderbuffer.Head{Change: c, Type: c.Msg.Type()}
+	if r, ok := c.Msg.(decoding.RowChange); ok {
+		h.RelationID = r.RelationOID()
+	}
+	return h
+}
+
+// relations resolves the relations a message of transaction xid names, as described at its
 // position: nil for a message that changes nothing on the target (Relation, Type, logical
 // messages).
-func (e *Engine) relations(xid uint32, c decoding.Change) ([]*target.Relation, error) {
-	switch m := c.Msg.(type) {
-	case *decoding.Insert, *decoding.Update, *decoding.Delete:
-		if c.Relation == nil {
-			return nil, fmt.Errorf("apply: transaction %d changes relation %d, which the stream never described", xid,
-				m.(decoding.RowChange).RelationOID())
+func (e *Engine) relations(xid uint32, h reorderbuffer.Head) ([]*target.Relation, error) {
+	switch h.Type {
+	case decoding.MsgInsert, decoding.MsgUpdate, decoding.MsgDelete:
+		if h.Relation == nil {
+			return nil, fmt.Errorf("apply: transaction %d changes relation %d, which the stream never described", xid, h.RelationID)
 		}
-		e.relBuf[0] = e.reg.Intern(c.Relation, c.Schema)
+		e.relBuf[0] = e.reg.Intern(h.Relation, h.Schema)
 		e.host.NoteRelation(e.relBuf[0])
 		return e.relBuf[:], nil
-	case *decoding.Truncate:
+	case decoding.MsgTruncate:
+		m := h.Msg.(*decoding.Truncate)
 		rels := make([]*target.Relation, len(m.RelationIDs))
 		for i, id := range m.RelationIDs {
-			r, ok := c.Schema.Relation(id)
+			r, ok := h.Schema.Relation(id)
 			if !ok {
 				return nil, fmt.Errorf("apply: transaction %d truncates relation %d, which the stream never described", xid, id)
 			}
-			rels[i] = e.reg.Intern(r, c.Schema)
+			rels[i] = e.reg.Intern(r, h.Schema)
 			e.host.NoteRelation(rels[i])
 		}
 		return rels, nil
@@ -267,7 +288,7 @@ func (e *Engine) maybeSkip(ctx context.Context, t *reorderbuffer.Txn) (bool, err
 		case *decoding.Truncate:
 			trunc++
 		}
-		rs, err := e.relations(t.Xid, c)
+		rs, err := e.relations(t.Xid, headOf(c))
 		if err != nil {
 			return false, err
 		}

@@ -336,9 +336,11 @@ func (e *Engine) conflict(j *job, err error) error {
 func (e *Engine) enqueue(ctx context.Context, j *job, t *reorderbuffer.Txn) error {
 	kp := e.keep(j, t)
 	changed := false
-	err := e.eachRecord(t, func(c decoding.Change, rels []*target.Relation) error {
+	// A streamed transaction's changes need only their relations here: they are parsed once, by
+	// the worker. A committed one's are parsed for their keys too (depend).
+	err := e.eachRecord(t, j.streamed, func(h reorderbuffer.Head, rels []*target.Relation) error {
 		if !j.streamed {
-			if err := e.depend(ctx, j, c.Msg, rels); err != nil {
+			if err := e.depend(ctx, j, h.Msg, rels); err != nil {
 				return err
 			}
 		} else if last := e.order.Last(); j.waits.Prefix(last, e.order.Committed()) {
@@ -352,7 +354,7 @@ func (e *Engine) enqueue(ctx context.Context, j *job, t *reorderbuffer.Txn) erro
 			changed = true
 			return nil
 		}
-		rec, err := encodeChange(c, rels)
+		rec, err := encodeChange(h.Change, rels)
 		if err != nil {
 			return err
 		}

@@ -13,7 +13,9 @@ import (
 // Parts read in place. A part (or a run's transaction) whose bytes in the reorder buffer's
 // memory fit the job queue's share (schedule.Queue.Hold) is not copied into the queue: the
 // leader keeps it (reorderbuffer.Txn.Keep), reads it once to resolve its relations and queue the
-// waits its changes need, and queues one schedule.RecPart naming it; the worker reads its changes
+// waits its changes need (a streamed transaction's part only as far as each change's relation,
+// reorderbuffer.Txn.Heads: the worker's is then the one parse), and queues one schedule.RecPart
+// naming it; the worker reads its changes
 // where the buffer holds them and lets it go (Txn.Release), and the buffer frees it at its next
 // call. A part read back from a spill log is kept too, its log read in place by the worker, while
 // the job keeps fewer than maxSpilledKept of them (each holds a file and a read buffer). Any other

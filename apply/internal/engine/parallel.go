@@ -159,8 +159,8 @@ func (e *Engine) addToRun(ctx context.Context, t *reorderbuffer.Txn) error {
 		}
 	}
 	changed := false
-	err := e.eachRecord(t, func(c decoding.Change, rels []*target.Relation) error {
-		if err := e.depend(ctx, j, c.Msg, rels); err != nil {
+	err := e.eachRecord(t, false, func(h reorderbuffer.Head, rels []*target.Relation) error {
+		if err := e.depend(ctx, j, h.Msg, rels); err != nil {
 			return err
 		}
 		changed = true
@@ -170,7 +170,7 @@ func (e *Engine) addToRun(ctx context.Context, t *reorderbuffer.Txn) error {
 			kp.note(rels)
 			return nil
 		}
-		rec, err := encodeChange(c, rels)
+		rec, err := encodeChange(h.Change, rels)
 		if err != nil {
 			return err
 		}

@@ -92,11 +92,9 @@ func BenchmarkHandOver(b *testing.B) {
 	}
 	relMsg, upMsg := enc(rel), enc(up)
 	for _, changes := range []int{2, 20} {
-		for _, kept := range []bool{false, true} {
-			name := fmt.Sprintf("changes=%d/copied", changes)
-			if kept {
-				name = fmt.Sprintf("changes=%d/kept", changes)
-			}
+		for _, how := range []string{"copied", "kept", "kept-heads"} {
+			kept, heads := how != "copied", how == "kept-heads"
+			name := fmt.Sprintf("changes=%d/%s", changes, how)
 			b.Run(name, func(b *testing.B) {
 				mem := reorderbuffer.NewMemory(64 << 20)
 				buf, err := reorderbuffer.New(reorderbuffer.Config{Dir: b.TempDir(), Incremental: true, Memory: mem})
@@ -142,17 +140,14 @@ func BenchmarkHandOver(b *testing.B) {
 							b.Fatal("not kept")
 						}
 					}
-					for c, err := range t.Changes() {
-						if err != nil {
-							b.Fatal(err)
-						}
-						if c.Relation == nil {
-							continue
+					lead := func(c decoding.Change) {
+						if c.Relation == nil || c.Msg != nil && c.Msg.Type() == decoding.MsgRelation {
+							return
 						}
 						rels[0] = e.reg.Intern(c.Relation, c.Schema)
 						if kept {
 							kp.note(rels)
-							continue
+							return
 						}
 						rec, err := encodeChange(c, rels)
 						if err != nil {
@@ -160,6 +155,21 @@ func BenchmarkHandOver(b *testing.B) {
 						}
 						if err := q.Append(rec); err != nil {
 							b.Fatal(err)
+						}
+					}
+					if heads { // the leader reads only the relations, as for a streamed part
+						for h, err := range t.Heads() {
+							if err != nil {
+								b.Fatal(err)
+							}
+							lead(h.Change)
+						}
+					} else {
+						for c, err := range t.Changes() {
+							if err != nil {
+								b.Fatal(err)
+							}
+							lead(c)
 						}
 					}
 					if kept {
