@@ -35,6 +35,16 @@ func ParseHeader(data []byte, inStream bool) (h Header, err error) {
 		return Header{}, decodeErr(0, 0, ErrTruncated)
 	}
 	t := MessageType(data[0])
+	if t == MsgInsert || t == MsgUpdate || t == MsgDelete {
+		// The bulk of a stream, its routing fields at fixed places: the writer's xid in a stream
+		// block, then the relation.
+		if !inStream && len(data) >= 5 {
+			return Header{Type: t, RelationID: be.Uint32(data[1:])}, nil
+		}
+		if inStream && len(data) >= 9 {
+			return Header{Type: t, InStream: true, Xid: be.Uint32(data[1:]), RelationID: be.Uint32(data[5:])}, nil
+		}
+	}
 	r := &routes[0][t]
 	if inStream {
 		r = &routes[1][t]

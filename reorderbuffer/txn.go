@@ -179,24 +179,22 @@ func (x *Txn) Heads() iter.Seq2[Head, error] {
 		defer rs.close()
 		for {
 			rec, err := rs.next()
-			if errors.Is(err, io.EOF) {
-				return
-			}
 			var h decoding.Header
 			if err == nil {
 				h, err = decoding.ParseHeader(rec, inStream)
+			} else if errors.Is(err, io.EOF) {
+				return
 			}
 			if err != nil {
 				yield(Head{}, err)
 				return
 			}
-			switch h.Type {
-			case decoding.MsgInsert, decoding.MsgUpdate, decoding.MsgDelete:
+			if h.Type == decoding.MsgInsert || h.Type == decoding.MsgUpdate || h.Type == decoding.MsgDelete {
 				if x.keep != nil && !x.keep(h.RelationID) {
 					continue
 				}
-				c := decoding.Change{Relation: x.view.rowRelation(h.RelationID), Schema: &x.view, Raw: rec, InStream: inStream}
-				if !yield(Head{Change: c, Type: h.Type, RelationID: h.RelationID}, nil) {
+				if !yield(Head{Change: decoding.Change{Relation: x.view.rowRelation(h.RelationID), Schema: &x.view, Raw: rec,
+					InStream: inStream}, Type: h.Type, RelationID: h.RelationID}, nil) {
 					return
 				}
 				continue
