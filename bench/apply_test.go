@@ -33,8 +33,8 @@ import (
 // developing and for comparisons with figures measured so. Subscribers keep the settings
 // PostgreSQL's subscription uses: their commits with synchronous_commit off, acknowledged once
 // flushed. PGREORDER_BENCH_APPLY_CPUPROFILE=DIR writes the CPU profile of each pgreorder
-// catch-up (-cpuprofile) into DIR. PGREORDER_BENCH_APPLY_BASELINE=PATH adds to the catch-up
-// the contender pgreorder-buffered-baseline: `PATH apply -mode buffered`, another build of
+// catch-up, and of each run of ApplySync (-cpuprofile), into DIR.
+// PGREORDER_BENCH_APPLY_BASELINE=PATH adds to the catch-up the contender pgreorder-buffered-baseline: `PATH apply -mode buffered`, another build of
 // pgreorder (an earlier commit, say), measured in the same run as this one; and to ApplySync
 // pgreorder-eager-baseline and pgreorder-buffered-baseline, the same build's two modes.
 //
@@ -325,6 +325,10 @@ func medianOf(xs []float64) float64 {
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
+// syncProfiles numbers the CPU profiles of BenchmarkApplySync's runs (envApplyProfile): one per
+// run of each of our contenders. The runs are made one at a time.
+var syncProfiles int
+
 // syncOnce makes one run: reset, start the contender, time the transaction, check, stop.
 func syncOnce(p *pair, c contender, workMem, sql string, kept int64) (_ time.Duration, _ slotStats, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute+time.Duration(kept)*time.Millisecond)
@@ -342,6 +346,15 @@ func syncOnce(p *pair, c contender, workMem, sql string, kept int64) (_ time.Dur
 		return 0, slotStats{}, err
 	}
 	r := p.newRun(workMem)
+	if dir := os.Getenv(envApplyProfile); dir != "" {
+		if _, ok := c.(pgreorderApply); ok {
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				return 0, slotStats{}, err
+			}
+			syncProfiles++
+			r.cpuProfile = filepath.Join(dir, fmt.Sprintf("sync-%s-%s-%03d.pprof", workMem, c.name(), syncProfiles))
+		}
+	}
 	defer func() {
 		if derr := c.drop(context.WithoutCancel(ctx), r); derr != nil && err == nil {
 			err = fmt.Errorf("dropping: %w", derr)

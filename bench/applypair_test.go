@@ -315,7 +315,8 @@ func (o pgreorderApply) start(ctx context.Context, r *run) (applying, error) {
 	args = append(args, o.extra...)
 	if r.first {
 		args = append(args, "-create-slot")
-	} else if r.cpuProfile != "" {
+	}
+	if r.cpuProfile != "" { // a catch-up's first start only creates the slot: the next overwrites it
 		args = append(args, "-cpuprofile", r.cpuProfile)
 		if os.Getenv(envApplyMemProfile) != "" {
 			args = append(args, "-memprofile", strings.TrimSuffix(r.cpuProfile, ".pprof")+".allocs.pprof")
