@@ -85,14 +85,7 @@ func (x *Txn) Changes() iter.Seq2[decoding.Change, error] {
 			yield(decoding.Change{}, ErrReleased)
 			return
 		}
-		p := x.parser
-		if p == nil {
-			p = &decoding.Parser{Options: x.opts}
-		}
-		x.view.reset() // reading from the start
-		// In parts, a streamed transaction's records keep the writer's xid.
-		inStream := x.data.streamed && x.incremental
-		rs := newRecords(x.data, x.src, &x.released)
+		p, inStream, rs := x.read()
 		defer rs.close()
 		for {
 			rec, err := rs.next()
@@ -143,6 +136,17 @@ func (x *Txn) Changes() iter.Seq2[decoding.Change, error] {
 	}
 }
 
+// read starts reading the transaction from the start, for Changes and Heads: the parser to use,
+// whether the records are in the in-stream form, and the records, to close when done.
+func (x *Txn) read() (p *decoding.Parser, inStream bool, rs records) {
+	if p = x.parser; p == nil {
+		p = &decoding.Parser{Options: x.opts}
+	}
+	x.view.reset()
+	// In parts, a streamed transaction's records keep the writer's xid.
+	return p, x.data.streamed && x.incremental, newRecords(x.data, x.src, &x.released)
+}
+
 // Head is one message of a transaction as Heads yields it: a row change read only as far as
 // its header, any other message parsed.
 type Head struct {
@@ -169,13 +173,7 @@ func (x *Txn) Heads() iter.Seq2[Head, error] {
 			yield(Head{}, ErrReleased)
 			return
 		}
-		p := x.parser
-		if p == nil {
-			p = &decoding.Parser{Options: x.opts}
-		}
-		x.view.reset()
-		inStream := x.data.streamed && x.incremental
-		rs := newRecords(x.data, x.src, &x.released)
+		p, inStream, rs := x.read()
 		defer rs.close()
 		for {
 			rec, err := rs.next()
