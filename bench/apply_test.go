@@ -38,6 +38,9 @@ import (
 // pgreorder (an earlier commit, say), measured in the same run as this one; and to ApplySync
 // pgreorder-eager-baseline and pgreorder-buffered-baseline, the same build's two modes.
 //
+// PGREORDER_BENCH_APPLY_TCP=1 connects the subscribers (ours, the native subscription and
+// pg_recvlogical) to the publisher over TCP to 127.0.0.1 instead of its Unix socket.
+//
 // PGREORDER_BENCH_APPLY_WORKERS=N[,N...] sets the worker counts of the catch-up's parallel
 // contenders, pgreorder-parallel-N and pgreorder-parallel-N-relaxed (4 when unset).
 // PGREORDER_BENCH_BIN=PATH starts that pgreorder binary instead of building ./cmd/pgreorder, so
@@ -57,6 +60,7 @@ const (
 	envApplyRuns  = "PGREORDER_BENCH_APPLY_RUNS"
 	envApplyFsync = "PGREORDER_BENCH_APPLY_FSYNC"
 	envApplyBase  = "PGREORDER_BENCH_APPLY_BASELINE"
+	envApplyTCP   = "PGREORDER_BENCH_APPLY_TCP"
 
 	envApplyWorkers = "PGREORDER_BENCH_APPLY_WORKERS"
 

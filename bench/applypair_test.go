@@ -141,7 +141,17 @@ func (p *pair) pubAdmin(db string) string {
 
 // pubSource is the connection string a contender replicates from.
 func (p *pair) pubSource() string {
-	return p.pub.ConnString(benchDB) + " application_name=" + appName
+	return p.pubReplication() + " application_name=" + appName
+}
+
+// pubReplication is how the subscribers reach the publisher for its stream: over its Unix
+// socket, or with PGREORDER_BENCH_APPLY_TCP=1 over TCP to 127.0.0.1, as a subscriber on another
+// machine would.
+func (p *pair) pubReplication() string {
+	if os.Getenv(envApplyTCP) != "" {
+		return p.pub.TCPConnString(benchDB)
+	}
+	return p.pub.ConnString(benchDB)
 }
 
 // run is one replication of the publication into the subscriber by one contender: its slot
@@ -217,7 +227,7 @@ func (n native) start(ctx context.Context, r *run) (applying, error) {
 			}
 		}
 		sql = fmt.Sprintf("CREATE SUBSCRIPTION %s CONNECTION %s PUBLICATION pub WITH (slot_name = %s, copy_data = false, streaming = %s)",
-			appName, quoteLiteral(r.p.pub.ConnString(benchDB)), quoteLiteral(r.slot), streaming)
+			appName, quoteLiteral(r.p.pubReplication()), quoteLiteral(r.slot), streaming)
 	} else {
 		sql = "ALTER SUBSCRIPTION " + appName + " ENABLE"
 	}
