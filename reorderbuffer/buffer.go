@@ -10,6 +10,7 @@ import (
 
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/heap"
+	"github.com/pgreorder/pgreorder/internal/ilist"
 	"github.com/pgreorder/pgreorder/spill"
 )
 
@@ -42,11 +43,11 @@ type Buffer struct {
 	// Transactions the consumer kept (Txn.Keep) and let go of (Txn.Release, on any goroutine):
 	// what they hold is freed on the Buffer's goroutine, at its next Add, Next or Close.
 	keptMu   sync.Mutex
-	kept     keptList    // under keptMu
-	returned []*Txn      // under keptMu: released, not yet freed
-	spare    []*Txn      // the Buffer's: returned's previous backing array
-	anyBack  atomic.Bool // returned is not empty
-	keptDone bool        // under keptMu: Close let go of every kept transaction
+	kept     ilist.List[Txn] // kept transactions (Txn.Keep), under keptMu
+	returned []*Txn          // under keptMu: released, not yet freed
+	spare    []*Txn          // the Buffer's: returned's previous backing array
+	anyBack  atomic.Bool     // returned is not empty
+	keptDone bool            // under keptMu: Close let go of every kept transaction
 
 	stats Stats
 	err   error
@@ -74,6 +75,7 @@ func New(cfg Config) (*Buffer, error) {
 		prog:    newProgress(cfg.SkipThrough, cfg.HandOutAdvances),
 		partMax: partSize(cfg.limit()),
 		qmem:    make([]*Txn, 0, 8),
+		kept:    ilist.New(keptLinks),
 		evict: heap.New(func(x, y *xact) bool { return x.mem.bytes() > y.mem.bytes() },
 			func(t *xact) *heap.Node[*xact] { return &t.node }),
 	}
@@ -958,11 +960,12 @@ func (b *Buffer) Close() error {
 	b.keptMu.Lock()
 	b.keptDone = true
 	var kept []*Txn
-	for x := b.kept.first; x != nil; x = x.keptNext {
+	for x := b.kept.Front(); x != nil; x = b.kept.Next(x) {
 		kept = append(kept, x)
 	}
 	for _, x := range kept {
-		b.kept.remove(x)
+		b.kept.Remove(x)
+		x.kept = false
 	}
 	back := b.returned
 	b.returned = nil

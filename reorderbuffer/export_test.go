@@ -58,8 +58,8 @@ func (b *Buffer) CheckInvariants() error {
 	// Txn.Release may run meanwhile: it changes a kept transaction only under keptMu.
 	b.keptMu.Lock()
 	defer b.keptMu.Unlock()
-	for x := b.kept.first; x != nil; x = x.keptNext {
-		if !x.kept || (x.keptNext != nil && x.keptNext.keptPrev != x) {
+	for x := b.kept.Front(); x != nil; x = b.kept.Next(x) {
+		if !x.kept || !b.kept.Linked(x) {
 			return fmt.Errorf("txn %d: the list of kept transactions is broken", x.Xid)
 		}
 		txns = append(txns[:len(txns):len(txns)], x)

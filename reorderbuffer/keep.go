@@ -1,33 +1,16 @@
 package reorderbuffer
 
-import "github.com/pgreorder/pgreorder/decoding"
+import (
+	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/internal/ilist"
+)
 
 // Releasing what was handed out: the transaction the last Next lent, released by the next Next
 // or Close; those the consumer kept (Txn.Keep), released by Txn.Release on any goroutine and
 // freed on the Buffer's goroutine at its next Add, Next or Close.
 
-// keptList is a list of the transactions a Buffer's consumer kept, linked through them.
-type keptList struct{ first *Txn }
-
-func (l *keptList) push(x *Txn) {
-	x.kept, x.keptPrev, x.keptNext = true, nil, l.first
-	if l.first != nil {
-		l.first.keptPrev = x
-	}
-	l.first = x
-}
-
-func (l *keptList) remove(x *Txn) {
-	if x.keptPrev != nil {
-		x.keptPrev.keptNext = x.keptNext
-	} else {
-		l.first = x.keptNext
-	}
-	if x.keptNext != nil {
-		x.keptNext.keptPrev = x.keptPrev
-	}
-	x.kept, x.keptPrev, x.keptNext = false, nil, nil
-}
+// keptLinks are x's place on its Buffer's list of kept transactions (Buffer.kept).
+func keptLinks(x *Txn) *ilist.Links[Txn] { return &x.keptLinks }
 
 // Keep takes x out of the Buffer's hands, so that a consumer can read it after the next Next:
 // the next Next or Close does not release it, Release does. Until then x's records stay in
@@ -54,7 +37,8 @@ func (x *Txn) Keep() bool {
 	if b.keptDone {
 		return false
 	}
-	b.kept.push(x)
+	x.kept = true
+	b.kept.PushFront(x)
 	return true
 }
 
@@ -72,7 +56,8 @@ func (x *Txn) Release() {
 	if !x.kept {
 		return
 	}
-	b.kept.remove(x)
+	b.kept.Remove(x)
+	x.kept = false
 	x.released = true
 	b.returned = append(b.returned, x)
 	b.anyBack.Store(true)

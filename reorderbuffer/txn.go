@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/internal/ilist"
 	"github.com/pgreorder/pgreorder/spill"
 )
 
@@ -53,9 +54,8 @@ type Txn struct {
 	seq         uint64 // in the buffer's acknowledgement queue
 	pinned      bool   // a committed prepared transaction pins the flush position at its PREPARE until acknowledged
 	released    bool
-	kept        bool // under b.keptMu: kept (Keep) and not yet released
-	// The Buffer's list of kept transactions, under b.keptMu.
-	keptPrev, keptNext *Txn
+	kept        bool             // under b.keptMu: kept (Keep) and not yet released
+	keptLinks   ilist.Links[Txn] // on the Buffer's list of kept transactions, under b.keptMu
 }
 
 // Changes yields the transaction's messages in the order the server sent them, each with the

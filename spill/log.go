@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 
+	"github.com/pgreorder/pgreorder/internal/ilist"
 	"github.com/pgreorder/pgreorder/vfs"
 )
 
@@ -23,11 +24,10 @@ type Log struct {
 	s   *Store
 	seq uint64 // the file is log-<seq>.spill in the store's directory
 
-	f          vfs.File // nil while closed by the descriptor budget (or not yet created)
-	prev, next *Log     // LRU links while f != nil
-	lprev      *Log     // the store's list of live logs
-	lnext      *Log     //
-	flushed    int64    // logical bytes in the file: the raw bytes of its blocks
+	f       vfs.File         // nil while closed by the descriptor budget (or not yet created)
+	lru     ilist.Links[Log] // on the store's LRU while f != nil
+	live    ilist.Links[Log] // on the store's list of live logs
+	flushed int64            // logical bytes in the file: the raw bytes of its blocks
 
 	// The file's size, and the file offset and logical offset of its last block (lastFile 0: no
 	// block).
@@ -285,7 +285,7 @@ func (l *Log) OpenReader() *Reader {
 		r.fixed = err
 		return r
 	}
-	s.unlink(l)
+	s.lru.Remove(l)
 	s.nOpen--
 	l.lent = true
 	r.f = f
@@ -306,7 +306,7 @@ func (l *Log) giveBack() {
 	l.lent = false
 	if l.f != nil && !l.removed && !l.s.closed {
 		l.s.nOpen++
-		l.s.pushFront(l)
+		l.s.lru.PushFront(l)
 	}
 }
 
@@ -317,7 +317,7 @@ func (l *Log) closeFile() error {
 	}
 	s := l.s
 	if !l.lent {
-		s.unlink(l)
+		s.lru.Remove(l)
 		s.nOpen--
 	}
 	f := l.f
@@ -359,7 +359,7 @@ func (l *Log) Remove() error {
 	if l.removed || l.s.closed {
 		return nil
 	}
-	l.s.unlist(l)
+	l.s.logs.Remove(l)
 	if err := l.release(); err != nil {
 		return fmt.Errorf("spill: remove: %w", err)
 	}

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/pgreorder/pgreorder/internal/ilist"
 	"github.com/pgreorder/pgreorder/vfs"
 )
 
@@ -93,11 +94,11 @@ type Store struct {
 	written int64      // bytes written to log files
 
 	seq  uint64
-	logs *Log // live (not removed) logs, linked by lnext
+	logs ilist.List[Log] // live (not removed) logs
 
-	// LRU of logs with an open file: head is the most recently used.
-	head, tail *Log
-	nOpen      int
+	// The logs with an open file, the most recently used first.
+	lru   ilist.List[Log]
+	nOpen int
 
 	wbuf  []byte // shared write buffer; holds bytes of owner only
 	wmem  []byte // wbuf's memory: front bytes in front of wbuf for the headers
@@ -120,6 +121,8 @@ func Open(opts Options) (*Store, error) {
 		sync:    opts.Sync,
 		codec:   opts.Compressor,
 		front:   headerSize + blockHeaderSize,
+		logs:    ilist.New(liveLinks),
+		lru:     ilist.New(lruLinks),
 	}
 	if s.fs == nil {
 		s.fs = vfs.OS()
@@ -311,26 +314,13 @@ func (s *Store) Create() (*Log, error) {
 		return nil, ErrClosed
 	}
 	s.seq++
-	l := &Log{s: s, seq: s.seq, lnext: s.logs}
-	if s.logs != nil {
-		s.logs.lprev = l
-	}
-	s.logs = l
+	l := &Log{s: s, seq: s.seq}
+	s.logs.PushFront(l)
 	return l, nil
 }
 
-// unlist takes l out of the store's list of live logs.
-func (s *Store) unlist(l *Log) {
-	if l.lprev != nil {
-		l.lprev.lnext = l.lnext
-	} else if s.logs == l {
-		s.logs = l.lnext
-	}
-	if l.lnext != nil {
-		l.lnext.lprev = l.lprev
-	}
-	l.lprev, l.lnext = nil, nil
-}
+func liveLinks(l *Log) *ilist.Links[Log] { return &l.live }
+func lruLinks(l *Log) *ilist.Links[Log]  { return &l.lru }
 
 // Close removes every file the store made: its logs, its lock file and its directory. Logs and
 // Readers return ErrClosed afterwards. Close is safe to call twice; the second call returns nil.
@@ -340,12 +330,12 @@ func (s *Store) Close() error {
 	}
 	s.closed = true
 	var errs []error
-	for l := s.logs; l != nil; l = l.lnext {
+	for l := s.logs.Front(); l != nil; l = s.logs.Next(l) {
 		if err := l.release(); err != nil {
 			errs = append(errs, err)
 		}
 	}
-	s.logs = nil
+	s.logs = ilist.New(liveLinks)
 	s.wbuf, s.wmem, s.owner, s.spare, s.cmem, s.cspare = nil, nil, nil, nil, nil, nil
 	if err := s.dir.Remove(lockName); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		errs = append(errs, err)
@@ -404,14 +394,14 @@ func (s *Store) file(l *Log) (vfs.File, error) {
 		if l.lent { // out of the LRU while a reader of OpenReader holds it
 			return l.f, nil
 		}
-		if s.head != l {
-			s.unlink(l)
-			s.pushFront(l)
+		if s.lru.Front() != l {
+			s.lru.Remove(l)
+			s.lru.PushFront(l)
 		}
 		return l.f, nil
 	}
-	for s.nOpen >= s.maxOpen && s.tail != nil {
-		victim := s.tail
+	for s.nOpen >= s.maxOpen && s.lru.Back() != nil {
+		victim := s.lru.Back()
 		if err := victim.closeFile(); err != nil {
 			return nil, otherLogError(victim, err)
 		}
@@ -421,9 +411,9 @@ func (s *Store) file(l *Log) (vfs.File, error) {
 		op, flag = "create", os.O_RDWR|os.O_CREATE|os.O_EXCL
 	}
 	f, err := s.dir.OpenFile(l.name(), flag, 0o600)
-	for err != nil && tooManyFiles(err) && s.tail != nil {
+	for err != nil && tooManyFiles(err) && s.lru.Back() != nil {
 		// The process is out of descriptors: give one of ours back and try again.
-		victim := s.tail
+		victim := s.lru.Back()
 		if err := victim.closeFile(); err != nil {
 			return nil, otherLogError(victim, err)
 		}
@@ -435,32 +425,8 @@ func (s *Store) file(l *Log) (vfs.File, error) {
 	l.created = true // the header is written with the first bytes
 	l.f = f
 	s.nOpen++
-	s.pushFront(l)
+	s.lru.PushFront(l)
 	return f, nil
-}
-
-func (s *Store) pushFront(l *Log) {
-	l.prev, l.next = nil, s.head
-	if s.head != nil {
-		s.head.prev = l
-	} else {
-		s.tail = l
-	}
-	s.head = l
-}
-
-func (s *Store) unlink(l *Log) {
-	if l.prev != nil {
-		l.prev.next = l.next
-	} else {
-		s.head = l.next
-	}
-	if l.next != nil {
-		l.next.prev = l.prev
-	} else {
-		s.tail = l.prev
-	}
-	l.prev, l.next = nil, nil
 }
 
 // putHeader writes the file header into b.
