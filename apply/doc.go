@@ -195,8 +195,10 @@
 //     win.
 //   - Eager, where transactions larger than the source's logical_decoding_work_mem must commit
 //     soon after their source commit: synchronous replication, or a lag bound. It applies them as
-//     they stream, so their commit waits for the last part only (0.65–0.74× the time of
-//     PostgreSQL's streaming = parallel on 2 cores); everything else goes as in Buffered.
+//     they stream, so their commit waits for the last part only (0.55–0.74× the time of
+//     PostgreSQL's streaming = parallel on 2 cores, with less than half its subscriber-side
+//     CPU); everything else goes as in Buffered. Where the source's walsender is short of CPU
+//     (it shares the cores, and sends over TCP), the walsender sets the pace and the lead goes.
 //   - Parallel, where the target has cores to spare beyond those of the Applier's one reader and
 //     the source's walsender, and transactions seldom touch the same rows. On 2 cores it catches
 //     up in 0.77–1.03× of PostgreSQL's time with 8 workers but spends more CPU than Buffered (the

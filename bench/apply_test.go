@@ -70,7 +70,7 @@ const (
 	envApplyMemProfile = "PGREORDER_BENCH_APPLY_MEMPROFILE"
 	envApplyRollback   = "PGREORDER_BENCH_APPLY_ROLLBACK"
 	// envApplyWalsenderPerf=1 attaches perf record to the source's walsender during each catch-up
-	// and logs the top of its report: a diagnosis (perf runs on the same cores), not a figure.
+	// (and each run of ApplySync) and logs the top of its report: a diagnosis (perf runs on the same cores), not a figure.
 	envApplyWalsenderPerf = "PGREORDER_BENCH_APPLY_WALSENDER_PERF"
 )
 
@@ -190,7 +190,9 @@ func catchupSubscribers(b testing.TB) []contender {
 // synchronous standby, and times the transaction from BEGIN to the return of COMMIT; then
 // checks the subscriber holds exactly the rows kept. A case makes PGREORDER_BENCH_APPLY_RUNS
 // rounds, each running every subscriber once in turn, and reports each one's median. Metrics:
-// sql-ms (publisher SQL time), the slot's pub-spill-bytes, pub-stream-bytes and pub-streams
+// sql-ms (publisher SQL time), the CPU time each process spent during the transaction
+// (backend-cpu-ms, walsender-cpu-ms, target-cpu-ms, applier-cpu-ms, sub-cpu-ms: medians; see
+// syncCPU), the slot's pub-spill-bytes, pub-stream-bytes and pub-streams
 // (pg_stat_replication_slots, last round), and the syncRatios. Every subscriber of a case runs
 // whichever of them -bench selects: the rounds alternate between all of them.
 func BenchmarkApplySync(b *testing.B) {
@@ -222,8 +224,11 @@ func BenchmarkApplySync(b *testing.B) {
 								if err != nil {
 									b.Fatalf("%s: %v", c.name(), err)
 								}
-								b.Logf("round %d, %s: %v, publisher spilled %d B, streamed %d B in %d blocks", round+1, c.name(),
-									r.d.Round(time.Millisecond), r.st.spillBytes, r.st.streamBytes, r.st.streamCount)
+								b.Logf("round %d, %s: %v, publisher spilled %d B, streamed %d B in %d blocks, %v", round+1, c.name(),
+									r.d.Round(time.Millisecond), r.st.spillBytes, r.st.streamBytes, r.st.streamCount, r.cpu)
+								if r.walsenderPerf != "" {
+									b.Logf("the walsender's perf report (self time by symbol):\n%s", r.walsenderPerf)
+								}
 								runs[c.name()] = append(runs[c.name()], r)
 							}
 						}
@@ -277,26 +282,58 @@ func syncSQL(rows, kept int64) string {
 		"INSERT INTO test SELECT generate_series(%d, %d); ROLLBACK TO SAVEPOINT s1; COMMIT", kept, kept+1, rows)
 }
 
-// syncRun is one run of the synchronous benchmark: the publisher's SQL time and the slot's
-// statistics.
+// syncRun is one run of the synchronous benchmark: the publisher's SQL time, the slot's
+// statistics and the CPU time each process spent while the transaction ran.
 type syncRun struct {
-	d  time.Duration
-	st slotStats
+	d             time.Duration
+	st            slotStats
+	cpu           syncCPU
+	walsenderPerf string // the top of the walsender's perf report (PGREORDER_BENCH_APPLY_WALSENDER_PERF)
+}
+
+// syncCPU is the CPU time spent from the transaction's start to its COMMIT's return: the
+// publisher's backend running it and the walsender streaming it (to the nanosecond), the
+// subscriber server (all its processes: the target's backends, or PostgreSQL's apply workers)
+// and our applier process (zero for a native subscriber, which runs inside the subscriber
+// server), in clock ticks.
+type syncCPU struct{ backend, walsender, target, applier time.Duration }
+
+func (c syncCPU) String() string {
+	return fmt.Sprintf("CPU backend %v walsender %v target %v applier %v",
+		c.backend.Round(time.Millisecond), c.walsender.Round(time.Millisecond),
+		c.target.Round(time.Millisecond), c.applier.Round(time.Millisecond))
 }
 
 // syncRunOnce makes one run of a case with contender c.
 func syncRunOnce(p *pair, c contender, rows int64, workMem string, pct int) (syncRun, error) {
 	kept := rows * int64(100-pct) / 100
-	d, st, err := syncOnce(p, c, workMem, syncSQL(rows, kept), kept)
-	return syncRun{d, st}, err
+	return syncOnce(p, c, workMem, syncSQL(rows, kept), kept)
 }
 
-// reportSync reports a contender's runs of one case: the median SQL time (sql-ms) and the last
-// run's slot statistics; it returns the median.
+// reportSync reports a contender's runs of one case: the median SQL time (sql-ms), the median
+// CPU time of each process while it ran (backend-cpu-ms, walsender-cpu-ms, target-cpu-ms,
+// applier-cpu-ms, and sub-cpu-ms: target and applier) and the last run's slot statistics; it
+// returns the median SQL time.
 func reportSync(b *testing.B, runs []syncRun) float64 {
 	t := medianOf(syncMillis(runs))
 	b.ReportMetric(0, "ns/op") // setup included: meaningless
 	b.ReportMetric(t, "sql-ms")
+	for _, m := range []struct {
+		unit string
+		of   func(syncCPU) time.Duration
+	}{
+		{"backend-cpu-ms", func(c syncCPU) time.Duration { return c.backend }},
+		{"walsender-cpu-ms", func(c syncCPU) time.Duration { return c.walsender }},
+		{"target-cpu-ms", func(c syncCPU) time.Duration { return c.target }},
+		{"applier-cpu-ms", func(c syncCPU) time.Duration { return c.applier }},
+		{"sub-cpu-ms", func(c syncCPU) time.Duration { return c.target + c.applier }},
+	} {
+		ms := make([]float64, len(runs))
+		for i, r := range runs {
+			ms[i] = float64(m.of(r.cpu).Microseconds()) / 1000
+		}
+		b.ReportMetric(medianOf(ms), m.unit)
+	}
 	if len(runs) > 0 {
 		st := runs[len(runs)-1].st
 		b.ReportMetric(float64(st.spillBytes), "pub-spill-bytes")
@@ -334,26 +371,26 @@ func medianOf(xs []float64) float64 {
 var syncProfiles int
 
 // syncOnce makes one run: reset, start the contender, time the transaction, check, stop.
-func syncOnce(p *pair, c contender, workMem, sql string, kept int64) (_ time.Duration, _ slotStats, err error) {
+func syncOnce(p *pair, c contender, workMem, sql string, kept int64) (run syncRun, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute+time.Duration(kept)*time.Millisecond)
 	defer cancel()
 	if err := dropLeftovers(ctx, p); err != nil {
-		return 0, slotStats{}, err
+		return run, err
 	}
 	if err := pgtest.Exec(ctx, p.pubAdmin(benchDB), "TRUNCATE test", "CHECKPOINT"); err != nil {
-		return 0, slotStats{}, err
+		return run, err
 	}
 	if err := pgtest.Exec(ctx, p.sub.ConnString(benchDB), "TRUNCATE test", "CHECKPOINT"); err != nil {
-		return 0, slotStats{}, err
+		return run, err
 	}
 	if err := setPublisherSetting(ctx, p, "logical_decoding_work_mem", workMem); err != nil {
-		return 0, slotStats{}, err
+		return run, err
 	}
 	r := p.newRun(workMem)
 	if dir := os.Getenv(envApplyProfile); dir != "" {
 		if _, ok := c.(pgreorderApply); ok {
 			if err := os.MkdirAll(dir, 0o755); err != nil {
-				return 0, slotStats{}, err
+				return run, err
 			}
 			syncProfiles++
 			r.cpuProfile = filepath.Join(dir, fmt.Sprintf("sync-%s-%s-%03d.pprof", workMem, c.name(), syncProfiles))
@@ -366,7 +403,7 @@ func syncOnce(p *pair, c contender, workMem, sql string, kept int64) (_ time.Dur
 	}()
 	a, err := c.start(ctx, r)
 	if err != nil {
-		return 0, slotStats{}, err
+		return run, err
 	}
 	stopped := false
 	defer func() {
@@ -375,35 +412,89 @@ func syncOnce(p *pair, c contender, workMem, sql string, kept int64) (_ time.Dur
 		}
 	}()
 	if err := waitConnected(ctx, r, a, true); err != nil {
-		return 0, slotStats{}, err
+		return run, err
 	}
 	conn, err := pgconn.Connect(ctx, p.pub.ConnString(benchDB)+" options='-c synchronous_commit=on'")
 	if err != nil {
-		return 0, slotStats{}, err
+		return run, err
 	}
 	defer conn.Close(context.Background())
+	v, err := connRow(ctx, conn, "SELECT coalesce(active_pid, 0) FROM pg_replication_slots WHERE slot_name = "+quoteLiteral(r.slot))
+	if err != nil {
+		return run, err
+	}
+	walsender, _ := strconv.Atoi(v[0])
+	if walsender == 0 {
+		return run, fmt.Errorf("slot %s has no walsender", r.slot)
+	}
+	var perf *perfRecorder
+	if os.Getenv(envApplyWalsenderPerf) == "1" {
+		if perf, err = startPerf(walsender, filepath.Join(p.tmp, r.slot+"-walsender.perf")); err != nil {
+			return run, err
+		}
+		defer func() {
+			if perf != nil {
+				perf.stop(0)
+			}
+		}()
+	}
+	cpu0, err := syncCPUNow(p, a, int(conn.PID()), walsender)
+	if err != nil {
+		return run, err
+	}
 	t0 := time.Now()
 	err = execWatching(ctx, conn, sql, a)
-	d := time.Since(t0)
+	run.d = time.Since(t0)
 	if err != nil {
-		return 0, slotStats{}, err
+		return run, err
 	}
+	if perf != nil {
+		if run.walsenderPerf, err = perf.stop(25); err != nil {
+			return run, err
+		}
+		perf = nil
+	}
+	cpu1, err := syncCPUNow(p, a, int(conn.PID()), walsender)
+	if err != nil {
+		return run, err
+	}
+	run.cpu = syncCPU{cpu1.backend - cpu0.backend, cpu1.walsender - cpu0.walsender, cpu1.target - cpu0.target, cpu1.applier - cpu0.applier}
 	got, err := queryRow(ctx, p.sub.ConnString(benchDB), "SELECT count(*), coalesce(sum(c::bigint), 0) FROM test")
 	if err != nil {
-		return 0, slotStats{}, err
+		return run, err
 	}
 	if want := []string{strconv.FormatInt(kept, 10), strconv.FormatInt(kept*(kept+1)/2, 10)}; !slices.Equal(got, want) {
-		return 0, slotStats{}, fmt.Errorf("when COMMIT returned, the subscriber had count, sum = %v, want %v", got, want)
+		return run, fmt.Errorf("when COMMIT returned, the subscriber had count, sum = %v, want %v", got, want)
 	}
 	stopped = true
 	if err := a.stop(ctx); err != nil {
-		return 0, slotStats{}, err
+		return run, err
 	}
 	if err := waitSlotInactive(ctx, r); err != nil {
-		return 0, slotStats{}, err
+		return run, err
 	}
-	st, err := readSlotStats(ctx, p, r.slot)
-	return d, st, err
+	run.st, err = readSlotStats(ctx, p, r.slot)
+	return run, err
+}
+
+// syncCPUNow reads the CPU time each process of a synchronous run has used so far: the
+// publisher's backend, the walsender, the subscriber server and the applier a.
+func syncCPUNow(p *pair, a applying, backend, walsender int) (c syncCPU, err error) {
+	if c.backend, err = procRunTime(backend); err != nil {
+		return c, fmt.Errorf("the publisher's backend's CPU time: %w", err)
+	}
+	if c.walsender, err = procRunTime(walsender); err != nil {
+		return c, fmt.Errorf("the walsender's CPU time: %w", err)
+	}
+	if c.target, err = serverCPU(p.subPostmaster); err != nil {
+		return c, fmt.Errorf("the subscriber's CPU time: %w", err)
+	}
+	if ct, ok := a.(cpuTimer); ok {
+		if c.applier, err = ct.cpu(); err != nil {
+			return c, fmt.Errorf("the applier's CPU time: %w", err)
+		}
+	}
+	return c, nil
 }
 
 // execWatching runs sql on conn, and cancels it if the contender stops applying meanwhile (the

@@ -25,13 +25,19 @@ func TestApplyHarness(t *testing.T) {
 			const rows, kept = 5000, 4000 // 20% rolled back
 			sql := syncSQL(rows, kept)
 			for _, c := range []native{{streaming: "off"}, {streaming: "on"}} {
-				d, st, err := syncOnce(p, c, "64kB", sql, kept)
+				run, err := syncOnce(p, c, "64kB", sql, kept)
 				if err != nil {
 					t.Fatalf("%s: %v", c.name(), err)
 				}
-				t.Logf("%s: %v, %+v", c.name(), d, st)
+				d, st := run.d, run.st
+				t.Logf("%s: %v, %+v, %v", c.name(), d, st, run.cpu)
 				if d <= 0 {
 					t.Errorf("%s: timed %v", c.name(), d)
+				}
+				// The backend and the walsender are read to the nanosecond; the subscriber in clock
+				// ticks, which 5000 rows may not reach.
+				if u := run.cpu; u.backend <= 0 || u.walsender <= 0 || u.target < 0 {
+					t.Errorf("%s: %v; want the processes' CPU time while the transaction ran", c.name(), u)
 				}
 				// 5000 rows are well over 64kB in the publisher's reorder buffer.
 				if c.streaming == "off" && (st.spillBytes == 0 || st.streamBytes != 0) {
@@ -52,7 +58,7 @@ func TestApplyHarness(t *testing.T) {
 				"ALTER TABLE test ENABLE REPLICA TRIGGER drop_odd"); err != nil {
 				t.Fatal(err)
 			}
-			_, _, err := syncOnce(p, native{streaming: "on"}, "64kB", sql, kept)
+			_, err := syncOnce(p, native{streaming: "on"}, "64kB", sql, kept)
 			if err == nil || !strings.Contains(err.Error(), "the subscriber had count, sum") {
 				t.Errorf("a subscriber losing rows: got %v, want a count mismatch", err)
 			}
@@ -61,7 +67,7 @@ func TestApplyHarness(t *testing.T) {
 			}
 
 			// An applier that exits at once (an unknown mode) fails the run with its output.
-			_, _, err = syncOnce(p, pgreorderApply{mode: "no-such-mode"}, "64kB", sql, kept)
+			_, err = syncOnce(p, pgreorderApply{mode: "no-such-mode"}, "64kB", sql, kept)
 			if err == nil || !strings.Contains(err.Error(), "pgreorder apply exited") {
 				t.Errorf("an applier that exits: got %v, want it reported", err)
 			}

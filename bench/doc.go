@@ -35,7 +35,9 @@
 //
 // Both servers keep PostgreSQL's durability settings (fsync, full_page_writes) unless
 // PGREORDER_BENCH_APPLY_FSYNC=0. ApplySync times the publisher's transaction under synchronous
-// logical replication (metric sql-ms, the median of alternating rounds); ApplyCatchup times a
+// logical replication (metric sql-ms, the median of alternating rounds, beside the CPU time each
+// process spent meanwhile: the publisher's backend and walsender, the subscriber server and the
+// applier); ApplyCatchup times a
 // subscriber catching up with a backlog made while it was stopped (catchup-s), for four
 // workloads (pgbench, simple-update, spread, identity-full), beside a limit (pg_recvlogical reading the backlog
 // and applying nothing: x-limit) and PostgreSQL's worker (x-native), and the CPU time the
