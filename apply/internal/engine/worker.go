@@ -255,7 +255,7 @@ func (r *jobRun) Flush(ctx context.Context) error {
 	if r.j.isRun { // a run's changes go as one group (commitOn)
 		return nil
 	}
-	return r.tg.FlushPending(ctx)
+	return r.tg.SendAhead(ctx)
 }
 
 func (r *jobRun) Wait(ctx context.Context, seq uint64) error { return r.e.order.Wait(ctx, seq) }

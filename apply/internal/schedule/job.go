@@ -60,7 +60,8 @@ type JobTarget interface {
 	Part(ctx context.Context, i uint32) error
 	// RollbackTo rolls back to the savepoint of subtransaction sub, if Change or Part took one.
 	RollbackTo(ctx context.Context, sub uint32) error
-	// Flush sends what is pending: RunJob calls it before waiting for more records.
+	// Flush sends what is pending (a target may keep a short run of inserts for the next records
+	// to join): RunJob calls it before waiting for more records.
 	Flush(ctx context.Context) error
 	// Wait waits until sequence number seq and every one before it committed.
 	Wait(ctx context.Context, seq uint64) error

@@ -19,6 +19,8 @@ const (
 	copyMinRows = 4
 	// insertBufMax bounds the bytes of a run of inserts held before it is sent.
 	insertBufMax = 1 << 20
+	// copyHoldRows is the run of inserts SendAhead sends rather than keeps for more to join.
+	copyHoldRows = 8192
 )
 
 // insertRun is the run of inserts not yet sent: rows of m, each field as in COPY binary (a
