@@ -38,7 +38,7 @@ func BenchmarkCopyRun(b *testing.B) {
 		Columns: []decoding.RelationColumn{{Name: "c", TypeOID: 23}}}, nil)
 	const perTxn = 200_000
 	key := ProgressKey{Slot: "s", System: "1", Timeline: 1}
-	for _, run := range []int{300, 1000, 2000, 5000, copyHoldRows} {
+	for _, run := range []int{100, 300, 500, 700, 1000, 2000, 5000, copyHoldRows} {
 		b.Run(fmt.Sprintf("rows=%d", run), func(b *testing.B) {
 			txn := func(end decoding.LSN) {
 				c.Begin(1, nil)
