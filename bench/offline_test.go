@@ -18,8 +18,8 @@ func TestOfflineSummary(t *testing.T) {
 	raw := `BenchmarkApplyCatchup/pg=18/load=simple-update-s100/clients=32/txns=6250/sub=native-16         	       1	         0 applier-cpu-ms/txn	      8000 apply-txn/s	        20.00 catchup-s	         0.02000 cpu-ms/txn
 BenchmarkApplyCatchup/pg=18/load=simple-update-s100/clients=32/txns=6250/sub=pgreorder-buffered-16         	       1	         0.01000 applier-cpu-ms/txn	     16000 apply-txn/s	        10.00 catchup-s	         0.01600 cpu-ms/txn	         0.01200 walsender-cpu-ms/txn
 BenchmarkApplyCatchup/pg=18/load=simple-update-s100/clients=32/txns=6250/sub=pgreorder-parallel-8-16         	       1	         0.01000 applier-cpu-ms/txn	     40000 apply-txn/s	         5.000 catchup-s	         0.01800 cpu-ms/txn
-BenchmarkApplySync/pg=18/rows=1M/workmem=64kB/rollback=0%/sub=native-parallel-16	       1	      4000 sql-ms
-BenchmarkApplySync/pg=18/rows=1M/workmem=64kB/rollback=0%/sub=pgreorder-eager-16	       1	      2000 sql-ms	         0.5000 eager/native-parallel
+BenchmarkApplySync/pg=18/rows=1M/workmem=64kB/rollback=0%/sub=native-parallel-16	       1	      4000 sql-ms	      3000 sub-cpu-ms	      2500 walsender-cpu-ms
+BenchmarkApplySync/pg=18/rows=1M/workmem=64kB/rollback=0%/sub=pgreorder-eager-16	       1	      2000 sql-ms	         0.5000 eager/native-parallel	      1500 sub-cpu-ms	      2400 walsender-cpu-ms
 BenchmarkApplySync/pg=18/rows=1M/workmem=64kB/rollback=0%/sub=pgreorder-eager-synccommit-16	       1	      2100 sql-ms
 `
 	in := filepath.Join(t.TempDir(), "raw.txt")
@@ -37,10 +37,10 @@ BenchmarkApplySync/pg=18/rows=1M/workmem=64kB/rollback=0%/sub=pgreorder-eager-sy
   pgreorder-buffered 10.00 0.50 1.00 0.01600 0.80 0.01200
   pgreorder-parallel-8 5.000 0.25 0.50 0.01800 0.90 -
 synchronous replication pg=18/rows=1M/workmem=64kB/rollback=0%
-  subscriber sql-ms x native-parallel x eager-synccommit
-  native-parallel 4000 1.00 1.90
-  pgreorder-eager 2000 0.50 0.95
-  pgreorder-eager-synccommit 2100 0.53 1.00`)
+  subscriber sql-ms x native-parallel x eager-synccommit sub-cpu-ms cpu x np walsender-ms
+  native-parallel 4000 1.00 1.90 3000 1.00 2500
+  pgreorder-eager 2000 0.50 0.95 1500 0.50 2400
+  pgreorder-eager-synccommit 2100 0.53 1.00 - - -`)
 	if strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Errorf("summary printed\n%s\nwant (spacing aside)\n%s", out, strings.Join(want, " "))
 	}
