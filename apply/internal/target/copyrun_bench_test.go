@@ -1,15 +1,11 @@
 package target
 
 import (
-	"context"
 	"fmt"
-	"log/slog"
 	"strconv"
 	"testing"
-	"time"
 
 	"github.com/pgreorder/pgreorder/decoding"
-	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
 )
 
 // BenchmarkCopyRun inserts rows into a one-int table in runs of a given length, each run one
@@ -19,21 +15,7 @@ import (
 // statement costs the target beyond its rows, and so how long a run SendAhead keeps
 // (copyHoldRows) before sending it.
 func BenchmarkCopyRun(b *testing.B) {
-	majors := pgtest.Majors(b)
-	srv := pgtest.Shared(b, majors[len(majors)-1])
-	dsn := srv.ConnString(pgtest.NewDatabase(b, srv))
-	ctx := pgtest.Context(b, 10*time.Minute)
-	pgtest.ExecAll(b, dsn, "CREATE TABLE t (c int)",
-		"CREATE TABLE progress (slot text PRIMARY KEY, end_lsn pg_lsn NOT NULL, system_id text, timeline int)")
-	c, err := Connect(ctx, &Options{ConnString: dsn, Logger: slog.New(slog.DiscardHandler), Now: time.Now}, "bench", &Counters{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer c.Close(context.Background())
-	upsert, _ := ProgressSQL(`"public"."progress"`)
-	if err := c.PrepareProgress(ctx, upsert); err != nil {
-		b.Fatal(err)
-	}
+	ctx, c := benchConn(b, "CREATE TABLE t (c int)")
 	rel := NewRegistry().Intern(&decoding.Relation{RelationID: 1, Namespace: "public", Name: "t", ReplicaIdentity: 'd',
 		Columns: []decoding.RelationColumn{{Name: "c", TypeOID: 23}}}, nil)
 	const perTxn = 200_000

@@ -35,21 +35,7 @@ func TestLSNs(t *testing.T) {
 // CPU time per commit (backend-cpu-us/commit, from /proc/PID/schedstat: Linux only), which the
 // machine's load changes less than the wall time.
 func BenchmarkCommitProgress(b *testing.B) {
-	majors := pgtest.Majors(b)
-	srv := pgtest.Shared(b, majors[len(majors)-1])
-	dsn := srv.ConnString(pgtest.NewDatabase(b, srv))
-	ctx := pgtest.Context(b, 5*time.Minute)
-	pgtest.ExecAll(b, dsn, "CREATE TABLE progress (slot text PRIMARY KEY, end_lsn pg_lsn NOT NULL, system_id text, timeline int)",
-		"INSERT INTO progress VALUES ('s', '0/0', '7000000000000000001', 1)")
-	c, err := Connect(ctx, &Options{ConnString: dsn, Logger: slog.New(slog.DiscardHandler), Now: time.Now}, "bench", &Counters{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer c.Close(context.Background())
-	upsert, _ := ProgressSQL(`"public"."progress"`)
-	if err := c.PrepareProgress(ctx, upsert); err != nil {
-		b.Fatal(err)
-	}
+	ctx, c := benchConn(b, "INSERT INTO progress VALUES ('s', '0/0', '7000000000000000001', 1)")
 	key := ProgressKey{Slot: "s", System: "7000000000000000001", Timeline: 1}
 	commit := func(end decoding.LSN) {
 		c.Begin(1, nil)
@@ -69,6 +55,28 @@ func BenchmarkCommitProgress(b *testing.B) {
 	if err != nil || len(rows) != 1 || string(rows[0][0]) != decoding.LSN(1+b.N).String() {
 		b.Fatalf("the progress row after %d commits: %q, %v", b.N, rows, err)
 	}
+}
+
+// benchConn connects to a new database of the newest PostgreSQL installed, with the table
+// public.progress made and its statement prepared, after running setup there; the connection is
+// closed when the benchmark ends.
+func benchConn(b *testing.B, setup ...string) (context.Context, *Conn) {
+	majors := pgtest.Majors(b)
+	srv := pgtest.Shared(b, majors[len(majors)-1])
+	dsn := srv.ConnString(pgtest.NewDatabase(b, srv))
+	ctx := pgtest.Context(b, 10*time.Minute)
+	pgtest.ExecAll(b, dsn, "CREATE TABLE progress (slot text PRIMARY KEY, end_lsn pg_lsn NOT NULL, system_id text, timeline int)")
+	pgtest.ExecAll(b, dsn, setup...)
+	c, err := Connect(ctx, &Options{ConnString: dsn, Logger: slog.New(slog.DiscardHandler), Now: time.Now}, "bench", &Counters{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { c.Close(context.Background()) })
+	upsert, _ := ProgressSQL(`"public"."progress"`)
+	if err := c.PrepareProgress(ctx, upsert); err != nil {
+		b.Fatal(err)
+	}
+	return ctx, c
 }
 
 // backendCPU returns the CPU time of process pid so far, in nanoseconds.
