@@ -480,10 +480,10 @@ func syncOnce(p *pair, c contender, workMem, sql string, kept int64) (run syncRu
 // syncCPUNow reads the CPU time each process of a synchronous run has used so far: the
 // publisher's backend, the walsender, the subscriber server and the applier a.
 func syncCPUNow(p *pair, a applying, backend, walsender int) (c syncCPU, err error) {
-	if c.backend, err = procRunTime(backend); err != nil {
+	if c.backend, err = pgtest.RunTime(backend); err != nil {
 		return c, fmt.Errorf("the publisher's backend's CPU time: %w", err)
 	}
-	if c.walsender, err = procRunTime(walsender); err != nil {
+	if c.walsender, err = pgtest.RunTime(walsender); err != nil {
 		return c, fmt.Errorf("the walsender's CPU time: %w", err)
 	}
 	if c.target, err = serverCPU(p.subPostmaster); err != nil {

@@ -173,25 +173,6 @@ func procTimes(pid int) (ppid int, self, children time.Duration, err error) {
 	return int(n[1]), time.Duration(n[11]+n[12]) * clockTick, time.Duration(n[13]+n[14]) * clockTick, nil
 }
 
-// procRunTime reads /proc/PID/schedstat's time on a CPU (all the process's threads' for a
-// single-threaded PostgreSQL process; the main thread's otherwise), to the nanosecond where
-// procTimes counts in clock ticks.
-func procRunTime(pid int) (time.Duration, error) {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/schedstat", pid))
-	if err != nil {
-		return 0, err
-	}
-	f := strings.Fields(string(data))
-	if len(f) < 1 {
-		return 0, fmt.Errorf("/proc/%d/schedstat: empty", pid)
-	}
-	ns, err := strconv.ParseInt(f[0], 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("/proc/%d/schedstat: %w", pid, err)
-	}
-	return time.Duration(ns), nil
-}
-
 // serverCPU returns the CPU time a server has used: its postmaster's, the children it has waited
 // for (backends, workers that exited), and its live children's. A child waited for between the
 // reads would count twice (live, then waited for) or not at all: the postmaster is read before

@@ -2,12 +2,8 @@ package target
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
-	"os"
 	"slices"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -79,16 +75,12 @@ func benchConn(b *testing.B, setup ...string) (context.Context, *Conn) {
 	return ctx, c
 }
 
-// backendCPU returns the CPU time of process pid so far, in nanoseconds.
+// backendCPU returns the CPU time of process pid so far, in nanoseconds (pgtest.RunTime); the
+// benchmark is skipped where it cannot be read.
 func backendCPU(b *testing.B, pid uint32) int64 {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/schedstat", pid))
+	d, err := pgtest.RunTime(int(pid))
 	if err != nil {
 		b.Skipf("the backend's CPU time: %v", err)
 	}
-	f := strings.Fields(string(data))
-	ns, err := strconv.ParseInt(f[0], 10, 64)
-	if err != nil {
-		b.Fatal(err)
-	}
-	return ns
+	return d.Nanoseconds()
 }
