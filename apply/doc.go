@@ -18,16 +18,15 @@
 // # Initial copy
 //
 // With Config.Copy, a session that finds no progress row for the slot makes the initial copy: it
-// creates the slot with an exported snapshot (the slot must not exist), copies the published
-// tables as that snapshot sees them with package snapshot (Config.CopyWorkers tables, or page
-// ranges of large tables, at once, each chunk written through the same COPY path as streamed
-// inserts, in a target transaction of its own), then writes the progress row at the slot's
-// consistent point, durably, and streams from it: every transaction that committed before that
-// point is in the copy, every later one in the stream, none in both. The schema is not copied:
-// the target's tables must exist (or, with Config.SchemaChanges, are created before the copy),
-// and be empty; one that holds rows stops Run with
-// ErrTargetNotEmpty before anything is copied (and the slot is dropped again), unless
-// Config.CopyTruncate lets the copy truncate it.
+// creates the slot with an exported snapshot (the slot must not exist), copies the published tables
+// as that snapshot sees them with package snapshot (Config.CopyWorkers tables, or page ranges of
+// large tables, at once, each chunk written through the same COPY path as streamed inserts, in a
+// target transaction of its own), then writes the progress row at the slot's consistent point,
+// durably, and streams from it: every transaction that committed before that point is in the copy,
+// every later one in the stream, none in both. The schema is not copied: the target's tables must
+// exist (or, with Config.SchemaChanges, are created before the copy), and be empty; one that holds
+// rows stops Run with ErrTargetNotEmpty before anything is copied (and the slot is dropped again),
+// unless Config.CopyTruncate lets the copy truncate it.
 //
 // A crash, kill or lost connection during the copy leaves part of it on the target. The copy
 // table (the progress table's name with "_copy", created next to it) records, before the slot is
@@ -84,17 +83,16 @@
 // commit. Transactions that change nothing on the target are acknowledged without a target
 // transaction of their own.
 //
-// Acknowledged means: the target has flushed to disk the transaction's commit and a progress row
-// at or past its end LSN, so it survives a crash of the target server too (as long as the
-// target's own fsync is on: a server that does not flush its WAL keeps nothing). By default target
-// transactions commit with synchronous_commit = off, as PostgreSQL's subscriber does, and a
-// synchronous commit every few dozen transactions or milliseconds makes the earlier ones durable
-// before they are acknowledged: one WAL flush for many transactions, checked against the target's
-// flush position. Once the stream goes idle (nothing to read for a millisecond: the source may be
-// waiting for the acknowledgement, as under synchronous replication), every commit is synchronous
-// and acknowledged at once, and one made just before is flushed at once by a transaction that
-// writes the progress row. Config.SynchronousCommit makes each commit wait for its own flush
-// instead. Transactions with
+// Acknowledged means: the target has flushed to disk the transaction's commit and a progress row at
+// or past its end LSN, so it survives a crash of the target server too (as long as the target's own
+// fsync is on: a server that does not flush its WAL keeps nothing). By default target transactions
+// commit with synchronous_commit = off, as PostgreSQL's subscriber does, and a synchronous commit
+// every few dozen transactions or milliseconds makes the earlier ones durable before they are
+// acknowledged: one WAL flush for many transactions, checked against the target's flush position.
+// Once the stream goes idle (nothing to read for a millisecond: the source may be waiting for the
+// acknowledgement, as under synchronous replication), every commit is synchronous and acknowledged
+// at once, and one made just before is flushed at once by a transaction that writes the progress
+// row. Config.SynchronousCommit makes each commit wait for its own flush instead. Transactions with
 // nothing to apply, and idle advances (the source's WAL moving on with nothing published), are
 // acknowledged once the progress row has durably reached them.
 //
@@ -284,63 +282,37 @@
 // Config.SchemaChanges = SchemaAddColumns creates the published tables the target lacks, from the
 // source's catalog: the published columns in the source's order, each with the source's type
 // (schema, name and type modifier, looked up on the target by schema and name: numeric(10,2),
-// text[] and timestamptz(3) come as they are, an enum, domain or extension's type must exist
-// there) and NOT NULL, and the primary key when every one of its columns is published. Nothing
-// else: no default, identity, check, unique or foreign key constraint, other index, trigger,
-// collation, storage option or partitioning. The table goes into the schema of the source's name,
-// which must exist on the target: a schema or a type the target lacks stops Run with a
-// *MissingTablesError naming each table that cannot be created and why (none is created then).
-// The tables are created on connections outside any applied transaction (each statement commits
-// on its own), before the initial copy, when a session starts streaming (a table added to the
-// publications too, before it is copied), and, with NewTablesStream, for a table that first
-// appears in the stream, before its first change is applied; each is logged and counted in
-// Stats.TablesCreated. It also adds to a target table a
-// column the source added, with the source catalog's type (format_type, typmod included; a
-// user-defined type must exist on the target by schema and name), nullable and without default,
-// in the target transaction of the first change that needs it; columns dropped or renamed on the
-// source are logged, counted in Stats.SourceColumnsGone and kept on the target. Without it, a
-// missing table stops Run (a *MissingTablesError when a session starts; with NewTablesStream, an
-// *ApplyError wrapping ErrMissingTable for a table that first appears in the stream), and a
-// missing column with an
-// *ApplyError wrapping ErrSchemaMismatch; each names the table, the column if any, and the
-// option.
-// Config.SkipLSN skips the one source transaction with that commit LSN, as ALTER SUBSCRIPTION ...
-// SKIP does, and records it in the progress row (see the field). Config.SyncSequences (and
-// Applier.SyncSequences) copies the values of the sequences owned by the published tables'
-// columns forward to the target; Config.UntilCaughtUp makes Run return nil once it has applied
-// and acknowledged everything up to the source's WAL position when it started. docs/migrations.md
-// in the repository describes a cut-over with them.
+// text[] and timestamptz(3) come as they are, an enum, domain or extension's type must exist there)
+// and NOT NULL, and the primary key when every one of its columns is published. Nothing else: no
+// default, identity, check, unique or foreign key constraint, other index, trigger, collation,
+// storage option or partitioning. The table goes into the schema of the source's name, which must
+// exist on the target: a schema or a type the target lacks stops Run with a *MissingTablesError
+// naming each table that cannot be created and why (none is created then). The tables are created
+// on connections outside any applied transaction (each statement commits on its own), before the
+// initial copy, when a session starts streaming (a table added to the publications too, before it
+// is copied), and, with NewTablesStream, for a table that first appears in the stream, before its
+// first change is applied; each is logged and counted in Stats.TablesCreated. It also adds to a
+// target table a column the source added, with the source catalog's type (format_type, typmod
+// included; a user-defined type must exist on the target by schema and name), nullable and without
+// default, in the target transaction of the first change that needs it; columns dropped or renamed
+// on the source are logged, counted in Stats.SourceColumnsGone and kept on the target. Without it,
+// a missing table stops Run (a *MissingTablesError when a session starts; with NewTablesStream, an
+// *ApplyError wrapping ErrMissingTable for a table that first appears in the stream), and a missing
+// column with an *ApplyError wrapping ErrSchemaMismatch; each names the table, the column if any,
+// and the option. Config.SkipLSN skips the one source transaction with that commit LSN, as ALTER
+// SUBSCRIPTION ... SKIP does, and records it in the progress row (see the field).
+// Config.SyncSequences (and Applier.SyncSequences) copies the values of the sequences owned by the
+// published tables' columns forward to the target; Config.UntilCaughtUp makes Run return nil once
+// it has applied and acknowledged everything up to the source's WAL position when it started.
+// docs/migrations.md in the repository describes a cut-over with them.
 //
 // # Layout
 //
 // Package apply is the public API (Applier, Config, the errors and Stats) and each session's
 // setup: the fence, the progress row, conflict detection and origins, the tables' check, then the
-// changefeed.Feed that runs the session. Beneath it, internal packages, each with its job:
-//
-//   - apply/internal/engine: what applies a session's stream in each mode (the leader's loop,
-//     the workers, grouping and runs, the commit order, acknowledgements, the watchdog of Eager
-//     and Parallel), over apply/internal/plan, their decisions as plain state (no goroutine, no
-//     clock, no connection);
-//   - apply/internal/initcopy: the initial copy on the target (the copy table, the chunks), and
-//     the tables added to the publications (the tables table, their copy, what the stream leaves
-//     out of the transactions before it);
-//   - apply/internal/ddl: the target's tables made to follow the source's (Config.SchemaChanges:
-//     tables created, columns added, columns the source dropped reported);
-//   - apply/internal/target: the target connections and every statement sent on them. A target
-//     connection takes its own options and counters, not the Config; its conflict detection is a
-//     detector (apply/internal/detect), which the target calls as it queues statements, as their
-//     results arrive, and as it rolls back and commits.
-//
-// Beside them:
-//
-//   - apply/conflict, public, imported by users: conflict types, resolutions, reports and their
-//     configuration (Config.Conflicts is a conflict.Config; a conflict that stops Run carries a
-//     *conflict.StopError). It depends on nothing of apply.
-//   - apply/internal/schedule: what Eager and Parallel schedule transactions with, touching no
-//     server: the commit order (and the transactions committed ahead of its prefix), the per-transaction queues with their shared memory budget and
-//     spill files, the state machine a worker applies a queue's records with (RunJob, over the
-//     target it is given), Parallel's dependency tracker, and the watchdog's rule for lock waits
-//     between the Applier's own connections.
-//   - internal/copycodec: COPY's text and binary formats, which apply writes (inserts go out as
-//     COPY) and package snapshot reads.
+// changefeed.Feed that runs the session. Beneath it, internal packages apply the stream in each
+// mode, schedule the workers, write the initial copy, follow the source's schema and send every
+// statement to the target; docs/architecture.md in the repository describes each, and the
+// imports between them. Package apply/conflict, public, holds the conflict types, resolutions
+// and reports, and depends on nothing of apply.
 package apply

@@ -21,12 +21,12 @@ const DefaultSyncSequencesInterval = 10 * time.Second
 var ErrMissingSequence = retry.Stop("apply: a sequence of the source does not exist on the target")
 
 // SyncSequences copies, once, the values of the source's sequences owned by the published tables'
-// columns to the target's sequences of the same schema and name, which only move forward: a
-// target sequence already at or past the source's value is left as it is. A sequence the source
-// never used is left out. The values it set are durable on the target (flushed to its WAL) when
-// it returns: a crash of the target after it does not take them back. It returns the number of
-// target sequences moved. It opens connections
-// of its own and may be called while Run runs (Config.SyncSequences makes Run call it).
+// columns to the target's sequences of the same schema and name, which only move forward: a target
+// sequence already at or past the source's value is left as it is. A sequence the source never used
+// is left out. The values it set are durable on the target (flushed to its WAL) when it returns: a
+// crash of the target after it does not take them back. It returns the number of target sequences
+// moved. It opens connections of its own and may be called while Run runs (Config.SyncSequences
+// makes Run call it).
 //
 // Sequences that only an ALL SEQUENCES publication (PostgreSQL 19) names, not owned by a
 // published table's column, are not synchronized.
@@ -60,30 +60,17 @@ func (a *Applier) SyncSequences(ctx context.Context) (moved int, err error) {
 			return 0, fmt.Errorf("apply: synchronizing sequences: %w", err)
 		}
 	}
-	for _, s := range seqs {
-		if s[2] == nil {
-			continue // never used on the source
-		}
-		ns, name, value := string(s[0]), string(s[1]), string(s[2])
-		seq := pgsession.QuoteQualified(ns, name)
-		found, set, err := tg.SetSequence(ctx, ns, name, value)
-		switch {
-		case err != nil && !found: // looking the sequence up
-			return moved, fmt.Errorf("apply: synchronizing sequences: %w", err)
-		case err != nil:
-			return moved, fmt.Errorf("apply: synchronizing sequence %s: %w", seq, err)
-		}
-		if !found {
-			return moved, configerr.WithHint(ErrMissingSequence, ": ", "sequence %s (owned by a published table's column on the source) "+
-				"does not exist on the target: create it there, or stop synchronizing sequences (%s)", seq, field("SyncSequences"))
-		}
+	moved, err = tg.SyncSequences(ctx, seqs, func(seq, value string, set bool) error {
 		if set {
-			moved++
 			a.cfg.Logger.Debug("sequence synchronized", "sequence", seq, "value", value)
 		}
-		if err := a.cfg.hook(ctx, "sequence-set", txnRef{}); err != nil {
-			return moved, err
-		}
+		return a.cfg.hook(ctx, "sequence-set", txnRef{})
+	})
+	if missing, ok := errors.AsType[*target.MissingSequenceError](err); ok {
+		return moved, configerr.WithHint(ErrMissingSequence, ": ", "%v: create it there, or stop synchronizing sequences (%s)", missing, field("SyncSequences"))
+	}
+	if err != nil {
+		return moved, fmt.Errorf("apply: synchronizing sequences: %w", err)
 	}
 	a.stats.sequenceSyncs.Add(1)
 	a.cfg.Logger.Info("sequences synchronized", "sequences", len(seqs), "moved", moved)

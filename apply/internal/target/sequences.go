@@ -2,9 +2,51 @@ package target
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/pgreorder/pgreorder/internal/pgsession"
 )
+
+// MissingSequenceError is SyncSequences's error for a sequence of the source that the target
+// lacks.
+type MissingSequenceError struct {
+	Sequence string // schema-qualified, quoted
+}
+
+func (e *MissingSequenceError) Error() string {
+	return "sequence " + e.Sequence + " (owned by a published table's column on the source) does not exist on the target"
+}
+
+// SyncSequences moves the target's sequences forward to the source's values, seqs being the rows
+// of OwnedSequencesQuery read from the source: a sequence the source never used (no value) is
+// left out. after is called with each sequence handled (quoted), its value, and whether it
+// moved. It returns how many moved, and stops at the first error: a *MissingSequenceError for a
+// sequence the target lacks, or after's.
+func (t *Conn) SyncSequences(ctx context.Context, seqs [][][]byte, after func(seq, value string, moved bool) error) (moved int, err error) {
+	for _, s := range seqs {
+		if s[2] == nil {
+			continue // never used on the source
+		}
+		ns, name, value := string(s[0]), string(s[1]), string(s[2])
+		seq := pgsession.QuoteQualified(ns, name)
+		found, set, err := t.SetSequence(ctx, ns, name, value)
+		switch {
+		case err != nil && !found: // looking the sequence up
+			return moved, err
+		case err != nil:
+			return moved, fmt.Errorf("sequence %s: %w", seq, err)
+		case !found:
+			return moved, &MissingSequenceError{Sequence: seq}
+		}
+		if set {
+			moved++
+		}
+		if err := after(seq, value, set); err != nil {
+			return moved, err
+		}
+	}
+	return moved, nil
+}
 
 // SetSequence moves the target's sequence of schema ns and name forward to value, the source's
 // last value (as text): only forward, so that the target's next value is not below the source's

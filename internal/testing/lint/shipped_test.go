@@ -132,3 +132,29 @@ func TestFileSize(t *testing.T) {
 	require.NoError(t, err)
 	require.Greater(t, files, 100, "the walk found too few files")
 }
+
+// maxApplyLines bounds the lines of package apply's own Go files (tests aside): the public API
+// and each session's setup. What applies the stream, schedules workers and talks to the target
+// lives in apply's internal packages; apply growing past this means such work crept back in.
+const maxApplyLines = 3500
+
+// TestApplyPackageSize: package apply's shipped files hold at most maxApplyLines lines.
+func TestApplyPackageSize(t *testing.T) {
+	files, err := filepath.Glob(filepath.Join(root, "apply", "*.go"))
+	require.NoError(t, err)
+	lines, n := 0, 0
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		b, err := os.ReadFile(f)
+		require.NoError(t, err)
+		lines += bytes.Count(b, []byte("\n"))
+		n++
+	}
+	require.Greater(t, n, 10, "the glob found too few files")
+	if lines > maxApplyLines {
+		t.Errorf("package apply has %d lines in %d files, more than %d: move what is not its API or session setup into its internal packages",
+			lines, n, maxApplyLines)
+	}
+}
