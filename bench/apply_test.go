@@ -72,6 +72,10 @@ const (
 	// envApplyWalsenderPerf=1 attaches perf record to the source's walsender during each catch-up
 	// (and each run of ApplySync) and logs the top of its report: a diagnosis (perf runs on the same cores), not a figure.
 	envApplyWalsenderPerf = "PGREORDER_BENCH_APPLY_WALSENDER_PERF"
+	// envApplyTargetPerf=1 records every CPU with perf during each catch-up and logs the top of
+	// the report of the subscriber server's processes (the target's backends, or PostgreSQL's
+	// apply workers) alive at its end: a diagnosis, not a figure.
+	envApplyTargetPerf = "PGREORDER_BENCH_APPLY_TARGET_PERF"
 )
 
 // tpcbClients is the number of concurrent sessions making the catch-up backlog.
@@ -607,6 +611,7 @@ type catchupResult struct {
 	targetCPU, applierCPU     time.Duration // from the start to the catch-up
 	walsenderCPU              time.Duration // the source's walsender, from its start to the catch-up (0: not read)
 	walsenderPerf             string        // the top of its perf report (PGREORDER_BENCH_APPLY_WALSENDER_PERF)
+	targetPerf                string        // the top of the subscriber server's (PGREORDER_BENCH_APPLY_TARGET_PERF)
 	applierRSS                int64         // the applier's peak resident set, bytes (0: not a process of ours)
 	walBytes                  int64
 	stats                     slotStats
@@ -631,6 +636,9 @@ func benchCatchup(b *testing.B, p *pair, c contender, load catchupLoad, profile 
 		b.Logf("run %d (seed %d): backlog %v (%.1f MB of WAL), caught up in %v, marker visible after %v, CPU target %v applier %v walsender %v",
 			i+1, seed+uint64(i), res.backlog.Round(time.Millisecond), float64(res.walBytes)/1e6, res.catchup.Round(time.Millisecond),
 			res.visible.Round(time.Millisecond), res.targetCPU, res.applierCPU, res.walsenderCPU)
+		if res.targetPerf != "" {
+			b.Logf("run %d, the subscriber server's perf report (self time by symbol):\n%s", i+1, res.targetPerf)
+		}
 		if res.walsenderPerf != "" {
 			b.Logf("run %d, the walsender's perf report (self time by symbol):\n%s", i+1, res.walsenderPerf)
 		}
@@ -751,6 +759,17 @@ func catchupOnce(p *pair, c contender, load catchupLoad, profile string) (res ca
 	if err != nil {
 		return res, fmt.Errorf("the subscriber's CPU time: %w", err)
 	}
+	var targetPerf *perfRecorder
+	if os.Getenv(envApplyTargetPerf) == "1" {
+		if targetPerf, err = startPerf(0, filepath.Join(p.tmp, r.slot+"-target.perf")); err != nil {
+			return res, err
+		}
+		defer func() {
+			if targetPerf != nil {
+				targetPerf.stop(0)
+			}
+		}()
+	}
 	t0 := time.Now()
 	a, err = c.start(ctx, r)
 	if err != nil {
@@ -805,6 +824,16 @@ func catchupOnce(p *pair, c contender, load catchupLoad, profile string) (res ca
 					return res, fmt.Errorf("the subscriber's CPU time: %w", err)
 				}
 				res.targetCPU = cpu1 - cpu0
+				if targetPerf != nil {
+					pids, err := children(p.subPostmaster)
+					if err != nil {
+						return res, err
+					}
+					if res.targetPerf, err = targetPerf.stop(30, pids...); err != nil {
+						return res, err
+					}
+					targetPerf = nil
+				}
 				if ct, ok := a.(cpuTimer); ok {
 					if res.applierCPU, err = ct.cpu(); err != nil {
 						return res, fmt.Errorf("the applier's CPU time: %w", err)

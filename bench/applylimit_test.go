@@ -199,11 +199,24 @@ func serverCPU(postmaster int) (time.Duration, error) {
 
 // childrenCPU sums utime + stime of the live processes whose parent is pid.
 func childrenCPU(pid int) (time.Duration, error) {
+	var sum time.Duration
+	err := eachChild(pid, func(_ int, self time.Duration) { sum += self })
+	return sum, err
+}
+
+// children returns the live processes whose parent is pid.
+func children(pid int) ([]int, error) {
+	var pids []int
+	err := eachChild(pid, func(child int, _ time.Duration) { pids = append(pids, child) })
+	return pids, err
+}
+
+// eachChild calls f with each live process whose parent is pid, and its utime + stime.
+func eachChild(pid int, f func(child int, self time.Duration)) error {
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
-		return 0, err
+		return err
 	}
-	var sum time.Duration
 	for _, e := range ents {
 		child, err := strconv.Atoi(e.Name())
 		if err != nil {
@@ -213,9 +226,9 @@ func childrenCPU(pid int) (time.Duration, error) {
 		if err != nil || ppid != pid {
 			continue // gone meanwhile, or not a child
 		}
-		sum += self
+		f(child, self)
 	}
-	return sum, nil
+	return nil
 }
 
 // postmasterPID returns the PID of the postmaster of the server at connString: the parent of

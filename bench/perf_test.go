@@ -16,9 +16,14 @@ type perfRecorder struct {
 	data string
 }
 
-// startPerf attaches perf record (call graphs, 499 Hz) to pid, writing to data.
+// startPerf attaches perf record (call graphs, 499 Hz) to pid, or to every CPU for pid 0,
+// writing to data.
 func startPerf(pid int, data string) (*perfRecorder, error) {
-	cmd := exec.Command("perf", "record", "-F", "499", "-g", "-o", data, "-p", strconv.Itoa(pid))
+	target := []string{"-p", strconv.Itoa(pid)}
+	if pid == 0 {
+		target = []string{"-a"}
+	}
+	cmd := exec.Command("perf", append([]string{"record", "-F", "499", "-g", "-o", data}, target...)...)
 	cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("perf record: %w", err)
@@ -26,12 +31,20 @@ func startPerf(pid int, data string) (*perfRecorder, error) {
 	return &perfRecorder{cmd: cmd, data: data}, nil
 }
 
-// stop ends the recording and returns the top n lines of its report by symbol, self time only.
-func (p *perfRecorder) stop(n int) (string, error) {
+// stop ends the recording and returns the top n lines of its report by symbol, self time only:
+// of the processes pids only, if any are given.
+func (p *perfRecorder) stop(n int, pids ...int) (string, error) {
 	p.cmd.Process.Signal(os.Interrupt)
 	p.cmd.Wait()
-	out, err := exec.Command("perf", "report", "-i", p.data, "--stdio", "--no-children", "--sort", "symbol", "-g", "none",
-		"--percent-limit", "1").Output()
+	args := []string{"report", "-i", p.data, "--stdio", "--no-children", "--sort", "symbol", "-g", "none", "--percent-limit", "1"}
+	if len(pids) > 0 {
+		list := make([]string, len(pids))
+		for i, pid := range pids {
+			list[i] = strconv.Itoa(pid)
+		}
+		args = append(args, "--pid", strings.Join(list, ","), "--percentage", "relative")
+	}
+	out, err := exec.Command("perf", args...).Output()
 	if err != nil {
 		return "", fmt.Errorf("perf report: %w", err)
 	}
