@@ -25,8 +25,9 @@ import (
 //     insert, in that order;
 //   - deletes go as one DELETE ... USING unnest($1, ...), updates as one UPDATE ... FROM
 //     unnest($1, ...), inserts as one INSERT ... SELECT FROM unnest($1, ...), each value array
-//     a parameter of the column's array type; keys inserted and deleted again are checked to be
-//     absent (the insert would have found them);
+//     a parameter of the column's array type (binary for integers and text, see columnArray);
+//     keys inserted and deleted again are checked to be absent (the insert would have found
+//     them);
 //   - for a FULL table, the DELETE and the UPDATE join on every column of the old row, compared
 //     as whereSQL compares them ("=" for a column NOT NULL on the target, else IS NOT DISTINCT
 //     FROM; text output for a type without equality), the key's columns among them, so the plan

@@ -48,37 +48,35 @@ func (t *Conn) queueTableSets(nt *netTable, rows *rowCounts) {
 	if len(probe) > 0 {
 		t.queueSet(m, "SP", keyArrays(m, nt.key, probe), func() string {
 			return "SELECT 1 / (NOT EXISTS (SELECT FROM " + m.Name + " AS pgr_t, " + unnest(1, nk) + " AS v(" + aliases(1, nk) + ") WHERE " + keyMatch(m, nt.key) + "))::int"
-		}, keyOIDs(m, nt.key))
+		})
 	}
 	// A keyed table's rows are named by the key; a FULL table's by the whole old row.
-	named := func(rows []decoding.Tuple) ([][]byte, []uint32) {
+	named := func(rows []decoding.Tuple) setArgs {
 		if nt.full {
-			return allArrays(m, rows), allOIDs(m)
+			return allArrays(m, rows)
 		}
-		return keyArrays(m, nt.key, rows), keyOIDs(m, nt.key)
+		return keyArrays(m, nt.key, rows)
 	}
 	if len(delKeys) > 0 {
-		arrays, oids := named(delKeys)
-		t.queueSet(m, "SD", arrays, func() string { return setDeleteSQL(m, nt.key, nt.full, t.originMatch()) }, oids)
+		t.queueSet(m, "SD", named(delKeys), func() string { return setDeleteSQL(m, nt.key, nt.full, t.originMatch()) })
 	}
 	if set := setColumns(m, nt.key, nt.full); len(upd) > 0 && len(set) > 0 { // a table of only the key has nothing to write
 		old := upd
 		if nt.full {
 			old = updOld
 		}
-		arrays, oids := named(old)
+		args := named(old)
 		for _, c := range set {
-			arrays = append(arrays, columnArray(m, upd, c))
-			oids = append(oids, m.cols[c].arrayOID)
+			args.add(m, upd, c)
 		}
-		t.queueSet(m, "SU", arrays, func() string { return setUpdateSQL(m, nt.key, nt.full, t.originMatch()) }, oids)
+		t.queueSet(m, "SU", args, func() string { return setUpdateSQL(m, nt.key, nt.full, t.originMatch()) })
 	}
 
 	if len(ins) > 0 {
 		t.queueSet(m, "SI", allArrays(m, ins), func() string {
 			return asserted("INSERT INTO " + m.Name + " " + m.insertCols + " SELECT * FROM " +
 				unnest(1, len(m.cols)) + " ON CONFLICT DO NOTHING")
-		}, allOIDs(m))
+		})
 	}
 }
 
@@ -205,23 +203,6 @@ func aliases(from, n int) string {
 	return b.String()
 }
 
-func keyOIDs(m *Table, key []int) []uint32 {
-	oids := make([]uint32, len(key))
-	for j, c := range key {
-		oids[j] = m.cols[c].arrayOID
-	}
-	return oids
-}
-
-// allOIDs returns the array types of every column of m.
-func allOIDs(m *Table) []uint32 {
-	oids := make([]uint32, len(m.cols))
-	for c := range m.cols {
-		oids[c] = m.cols[c].arrayOID
-	}
-	return oids
-}
-
 // nonKey returns the columns of m not in key.
 func nonKey(m *Table, key []int) []int {
 	var out []int
@@ -233,63 +214,14 @@ func nonKey(m *Table, key []int) []int {
 	return out
 }
 
-// keyArrays returns the arrays of the key columns of rows.
-func keyArrays(m *Table, key []int, rows []decoding.Tuple) [][]byte {
-	out := make([][]byte, len(key))
-	for j, c := range key {
-		out[j] = columnArray(m, rows, c)
-	}
-	return out
-}
-
-// allArrays returns the arrays of every column of rows.
-func allArrays(m *Table, rows []decoding.Tuple) [][]byte {
-	out := make([][]byte, len(m.cols))
-	for c := range m.cols {
-		out[c] = columnArray(m, rows, c)
-	}
-	return out
-}
-
-// columnArray returns the text of the array of column c's values in rows: each element quoted
-// (so that neither the delimiter nor braces, spaces or the word NULL in a value mean anything),
-// NULL unquoted.
-func columnArray(m *Table, rows []decoding.Tuple, c int) []byte {
-	n := 2
-	for _, r := range rows {
-		n += len(r[c].Data) + 3
-	}
-	b := make([]byte, 0, n)
-	b = append(b, '{')
-	for i, r := range rows {
-		if i > 0 {
-			b = append(b, m.cols[c].delim)
-		}
-		v := r[c]
-		if v.Kind == decoding.ColumnNull {
-			b = append(b, "NULL"...)
-			continue
-		}
-		b = append(b, '"')
-		for _, ch := range v.Data {
-			if ch == '"' || ch == '\\' {
-				b = append(b, '\\')
-			}
-			b = append(b, ch)
-		}
-		b = append(b, '"')
-	}
-	return append(b, '}')
-}
-
 // queueSet queues one set statement of m. It is not prepared: parsed in the batch, after the
 // savepoint, whatever the server refuses in it (a rule, a type without the operators) is a
 // failed set statement, which falls back to row by row, not an error of the transaction. Once
 // per group and table, the parse costs little, and the plan sees the arrays' sizes.
-func (t *Conn) queueSet(m *Table, shape string, arrays [][]byte, sql func() string, oids []uint32) {
+func (t *Conn) queueSet(m *Table, shape string, args setArgs, sql func() string) {
 	t.newBatch()
 	text := sql()
-	t.batch.ExecParams(text, arrays, oids, nil, nil)
+	t.batch.ExecParams(text, args.vals, args.oids, args.fmts, nil)
 	t.bytes += len(text)
 	op := shape[1]
 	if op == 'P' {
@@ -297,7 +229,7 @@ func (t *Conn) queueSet(m *Table, shape string, arrays [][]byte, sql func() stri
 	}
 	t.ops = append(t.ops, batchOp{op: op, rel: m, set: true})
 	t.bytes += 32
-	for _, a := range arrays {
+	for _, a := range args.vals {
 		t.bytes += len(a)
 	}
 }
