@@ -28,7 +28,7 @@ func (s *session) setupConflicts(ctx context.Context) error {
 		var ids []uint32
 		for _, n := range names {
 			id, err := tg.CreateOrigin(ctx, n)
-			if pgsession.IsCode(err, "42501") {
+			if pgsession.IsCode(err, pgsession.InsufficientPrivilege) {
 				s.a.once("origin", func() {
 					s.log.Warn("the target role may not use replication origins: transactions are committed without origin "+
 						"(no loop protection, no *_origin_differs detection)", "err", err)

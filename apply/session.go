@@ -350,7 +350,7 @@ func (s *session) txnError(x txnRef, err error) error {
 		// one statement at a time.
 		return &restartError{xids: []uint32{x.Xid}, reason: err, stepwise: true}
 	}
-	if ce.Kind == target.KindSchemaMismatch && pgsession.IsCode(err, "42703") && !s.a.serial[x.Xid] {
+	if ce.Kind == target.KindSchemaMismatch && pgsession.IsCode(err, pgsession.UndefinedColumn) && !s.a.serial[x.Xid] {
 		// undefined_column: the target table lost a column after the session read it; a new
 		// session reads the table again, and names the column (or adds it back).
 		return &restartError{xids: []uint32{x.Xid}, reason: err}

@@ -37,7 +37,7 @@ func (s *session) newTables() *initcopy.Tables {
 func (s *session) followTables(ctx context.Context, published []target.Published, resume decoding.LSN) error {
 	tt := s.tablesTable()
 	if err := s.leader.CreateTablesTable(ctx, tt); err != nil {
-		if !pgsession.IsCode(err, "42501") {
+		if !pgsession.IsCode(err, pgsession.InsufficientPrivilege) {
 			return fmt.Errorf("apply: %w", err)
 		}
 		s.a.once("tables table", func() {

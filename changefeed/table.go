@@ -86,14 +86,14 @@ func OpenTableStore(ctx context.Context, cfg TableConfig) (*TableStore, error) {
 	}
 	_, err = conn.Exec(ctx, "CREATE TABLE IF NOT EXISTS "+s.table+
 		" (slot text PRIMARY KEY, system_id text NOT NULL, copy_done boolean NOT NULL, end_lsn pg_lsn NOT NULL, state bytea)")
-	if err != nil && !pgsession.IsCode(err, "23505") && !pgsession.IsCode(err, "42P07") { // made meanwhile
+	if err != nil && !pgsession.IsCode(err, pgsession.UniqueViolation) && !pgsession.IsCode(err, pgsession.DuplicateTable) { // made meanwhile
 		s.Close()
 		return nil, fmt.Errorf("changefeed: creating the position table %s: %w", s.table, err)
 	}
 	// The known tables and the table whose copy began (Position.Tables, Position.Sync), added
 	// to a table an earlier release made: NULL reads as none.
 	_, err = conn.Exec(ctx, "ALTER TABLE "+s.table+" ADD COLUMN IF NOT EXISTS tables bigint[], ADD COLUMN IF NOT EXISTS sync jsonb")
-	if err != nil && !pgsession.IsCode(err, "42701") { // added meanwhile
+	if err != nil && !pgsession.IsCode(err, pgsession.DuplicateColumn) { // added meanwhile
 		s.Close()
 		return nil, fmt.Errorf("changefeed: adding columns to the position table %s: %w", s.table, err)
 	}

@@ -475,7 +475,7 @@ func (c *Config) dial(ctx context.Context, base *pgconn.Config, log *slog.Logger
 	}
 	if err != nil {
 		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "53300" && strings.Contains(pgErr.Message, "max_wal_senders") {
+		if errors.As(err, &pgErr) && pgErr.Code == pgsession.TooManyConnections && strings.Contains(pgErr.Message, "max_wal_senders") {
 			return nil, nh, &CheckError{Setting: "max_wal_senders", Err: ErrServerConfig, Cause: err,
 				Problem: "the server has no walsender left for this connection",
 				Fix:     "raise max_wal_senders (needs a server restart) or stop other replication connections"}
@@ -788,9 +788,9 @@ func createSlot(ctx context.Context, conn *pgconn.PgConn, major int, cfg *Config
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) {
 			switch pgErr.Code {
-			case "42710": // duplicate_object
+			case pgsession.DuplicateObject:
 				return Snapshot{}, fmt.Errorf("%w: %q: %w", ErrSlotExists, cfg.Slot, err)
-			case "53400": // configuration_limit_exceeded
+			case pgsession.ConfigurationLimitExceeded:
 				return Snapshot{}, &CheckError{Setting: "max_replication_slots", Err: ErrServerConfig, Cause: err,
 					Problem: "all replication slots are in use",
 					Fix:     "drop an unused slot with pg_drop_replication_slot, or raise max_replication_slots (needs a server restart)"}
@@ -829,7 +829,7 @@ func startReplication(ctx context.Context, conn *pgconn.PgConn, slot string, arg
 			return nil
 		case *pgproto3.ErrorResponse:
 			err := pgconn.ErrorResponseToPgError(msg)
-			if err.Code == "55006" { // object_in_use
+			if err.Code == pgsession.ObjectInUse {
 				return slotActive(ctx, conn, slot, err)
 			}
 			return fmt.Errorf("replication: START_REPLICATION: %w", err)

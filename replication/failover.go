@@ -35,7 +35,7 @@ func enableFailover(ctx context.Context, sess *session, cfg *Config, log *slog.L
 	_, err := query(ctx, sess.conn, "ALTER_REPLICATION_SLOT "+cfg.Slot+" (FAILOVER true)")
 	if err != nil {
 		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "55006" { // object_in_use
+		if errors.As(err, &pgErr) && pgErr.Code == pgsession.ObjectInUse {
 			e := &SlotActiveError{Slot: cfg.Slot, Cause: err}
 			rows, qerr := query(ctx, sess.conn, "SELECT "+pgsession.BackendColumns+" FROM pg_catalog.pg_replication_slots s "+
 				"JOIN pg_catalog.pg_stat_activity a ON a.pid = s.active_pid WHERE s.slot_name = "+pgsession.QuoteLiteral(cfg.Slot))

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgreorder/pgreorder/internal/pgsession"
 )
 
 // DropSlot drops the slot named in Config (DROP_REPLICATION_SLOT), if it exists; the Conn can
@@ -25,11 +27,11 @@ func (c *Conn) DropSlot(ctx context.Context) error {
 		_, err := query(ctx, c.sess.conn, "DROP_REPLICATION_SLOT "+c.cfg.Slot)
 		var pgErr *pgconn.PgError
 		switch {
-		case err == nil, errors.As(err, &pgErr) && pgErr.Code == "42704": // undefined_object: gone meanwhile
+		case err == nil, errors.As(err, &pgErr) && pgErr.Code == pgsession.UndefinedObject: // gone meanwhile
 			c.sess.slot = nil
 			c.log.Info("dropped slot", "slot", c.cfg.Slot)
 			return nil
-		case !errors.As(err, &pgErr) || pgErr.Code != "55006": // object_in_use: a walsender holds it
+		case !errors.As(err, &pgErr) || pgErr.Code != pgsession.ObjectInUse: // a walsender holds it
 			return fmt.Errorf("replication: DROP_REPLICATION_SLOT %s: %w", c.cfg.Slot, err)
 		}
 		t := time.NewTimer(100 * time.Millisecond)

@@ -226,7 +226,7 @@ func begin(ctx context.Context, conn *pgconn.PgConn, name string) error {
 	switch {
 	case err == nil:
 		return nil
-	case pgsession.IsCode(err, "22023") || pgsession.IsCode(err, "42704"):
+	case pgsession.IsCode(err, pgsession.InvalidParameterValue) || pgsession.IsCode(err, pgsession.UndefinedObject):
 		// "invalid snapshot identifier" (invalid_parameter_value) before PostgreSQL 18,
 		// "snapshot ... does not exist" (undefined_object) since.
 		return fmt.Errorf("%w: snapshot %q: %w", ErrSnapshotNotExported, name, err)

@@ -353,7 +353,7 @@ func connectNewer(ctx context.Context, pc *pgconn.Config, all []Setting, dial di
 			with.RuntimeParams[s.Name] = s.Value
 		}
 		conn, err := connect(ctx, with, dial)
-		if !IsCode(err, "42704") {
+		if !IsCode(err, UndefinedObject) {
 			return conn, err
 		}
 		tooOld.Store(key, true)

@@ -9,6 +9,30 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
+// SQLSTATE codes the packages decide on, named as PostgreSQL's errcodes.txt names them.
+const (
+	UniqueViolation            = "23505" // unique_violation
+	ExclusionViolation         = "23P01" // exclusion_violation
+	StringDataRightTruncation  = "22001" // string_data_right_truncation
+	InvalidParameterValue      = "22023" // invalid_parameter_value
+	ProtocolViolation          = "08P01" // protocol_violation
+	InsufficientPrivilege      = "42501" // insufficient_privilege
+	DuplicateColumn            = "42701" // duplicate_column
+	UndefinedColumn            = "42703" // undefined_column
+	UndefinedObject            = "42704" // undefined_object
+	DuplicateObject            = "42710" // duplicate_object
+	DatatypeMismatch           = "42804" // datatype_mismatch
+	GeneratedAlways            = "428C9" // generated_always
+	UndefinedTable             = "42P01" // undefined_table
+	DuplicateTable             = "42P07" // duplicate_table
+	TooManyConnections         = "53300" // too_many_connections
+	ConfigurationLimitExceeded = "53400" // configuration_limit_exceeded
+	ObjectInUse                = "55006" // object_in_use
+	LockNotAvailable           = "55P03" // lock_not_available
+	SerializationFailure       = "40001" // serialization_failure
+	DeadlockDetected           = "40P01" // deadlock_detected
+)
+
 // transientClasses are the SQLSTATE classes whose every code is transient.
 var transientClasses = [...]string{
 	"08", // connection_exception: the connection failed or was refused
@@ -26,12 +50,12 @@ var transientCodes = [...]string{
 	"57014", // query_canceled
 	"25P03", // idle_in_transaction_session_timeout
 	"25P04", // transaction_timeout
-	"40001", // serialization_failure
-	"40P01", // deadlock_detected
-	"55P03", // lock_not_available
-	"55006", // object_in_use: a slot still active for a previous connection
-	"58000", // system_error
-	"58030", // io_error
+	SerializationFailure,
+	DeadlockDetected,
+	LockNotAvailable,
+	ObjectInUse, // a slot still active for a previous connection
+	"58000",     // system_error
+	"58030",     // io_error
 }
 
 // TransientSQLState reports whether a server error with SQLSTATE code can go away by itself, so

@@ -153,7 +153,7 @@ func SetupLogTable(ctx context.Context, conn *pgconn.PgConn, table string) (stri
 	remote_tuple jsonb,
 	local_conflicts jsonb,
 	note text)`, nil, nil, nil, nil).Close()
-	if err != nil && !pgsession.IsCode(err, "42P07") {
+	if err != nil && !pgsession.IsCode(err, pgsession.DuplicateTable) {
 		return "", fmt.Errorf("apply: creating the conflict log table %s: %w", table, err)
 	}
 	return "INSERT INTO " + table + " (" + logColumns + ") SELECT " + logColumns +

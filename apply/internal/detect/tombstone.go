@@ -224,7 +224,7 @@ func (tb *Tombstones) maintain(ctx context.Context, conn *pgconn.PgConn) error {
 	tb.mu.Unlock()
 	for _, m := range todo {
 		if err := tb.install(ctx, conn, m); err != nil {
-			if pgsession.IsCode(err, "42501") {
+			if pgsession.IsCode(err, pgsession.InsufficientPrivilege) {
 				tb.log.Warn("the target role may not create the tombstone trigger: update_deleted is not detected for the table",
 					"relation", m.Name, "err", err)
 			} else {
@@ -274,7 +274,7 @@ func (tb *Tombstones) install(ctx context.Context, conn *pgconn.PgConn, m *Table
 	}
 	_, err = conn.ExecParams(ctx, "CREATE TRIGGER "+TombstoneTrigger+" AFTER DELETE ON "+m.Name+" FOR EACH ROW EXECUTE FUNCTION "+
 		tb.fn+"("+strings.Join(args, ", ")+")", nil, nil, nil, nil).Close()
-	if pgsession.IsCode(err, "42710") { // made meanwhile
+	if pgsession.IsCode(err, pgsession.DuplicateObject) { // made meanwhile
 		return nil
 	}
 	return err

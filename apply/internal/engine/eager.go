@@ -15,6 +15,7 @@ import (
 	"github.com/pgreorder/pgreorder/apply/internal/schedule"
 	"github.com/pgreorder/pgreorder/apply/internal/target"
 	"github.com/pgreorder/pgreorder/decoding"
+	"github.com/pgreorder/pgreorder/internal/pgsession"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 )
 
@@ -315,7 +316,7 @@ func (e *Engine) conflict(j *job, err error) error {
 		return err
 	}
 	switch pgErr.Code {
-	case "40P01", "40001", "55P03":
+	case pgsession.DeadlockDetected, pgsession.SerializationFailure, pgsession.LockNotAvailable:
 	default:
 		return err
 	}

@@ -210,7 +210,7 @@ func Connect(ctx context.Context, o *Options, name string, stats *Counters) (*Co
 	}
 	if err := conn.Exec(ctx, "SET session_replication_role = replica").Close(); err == nil {
 		t.replicaRole = true
-	} else if !pgsession.IsCode(err, "42501") {
+	} else if !pgsession.IsCode(err, pgsession.InsufficientPrivilege) {
 		conn.Close(context.WithoutCancel(ctx))
 		return nil, fmt.Errorf("apply: setting up the target connection: %w", err)
 	}

@@ -31,7 +31,7 @@ func (t *Conn) createIfMissing(ctx context.Context, what, table, columns string)
 		return nil
 	}
 	err = t.pg.Exec(ctx, "CREATE TABLE "+table+" "+columns).Close()
-	if err != nil && !pgsession.IsCode(err, "42P07") && !pgsession.IsCode(err, "23505") { // made meanwhile
+	if err != nil && !pgsession.IsCode(err, pgsession.DuplicateTable) && !pgsession.IsCode(err, pgsession.UniqueViolation) { // made meanwhile
 		return fmt.Errorf("creating %s %s: %w", what, table, err)
 	}
 	return nil

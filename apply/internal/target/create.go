@@ -182,9 +182,9 @@ func CreateTable(ctx context.Context, conn *pgconn.PgConn, stmt string) (bool, e
 	switch {
 	case err == nil:
 		return true, nil
-	case pgsession.IsCode(err, "42P07"): // duplicate_table
+	case pgsession.IsCode(err, pgsession.DuplicateTable):
 		return false, nil
-	case pgsession.IsCode(err, "23505"): // unique_violation of the catalog: another one committed meanwhile
+	case pgsession.IsCode(err, pgsession.UniqueViolation): // of the catalog: another one committed meanwhile
 		return false, nil
 	}
 	return false, err

@@ -149,7 +149,7 @@ func (t *Conn) ProgressSystem(ctx context.Context, progressTable, slot string) (
 	rows, err = Query(ctx, t.pg, `SELECT system_id FROM `+table+` WHERE slot OPERATOR(pg_catalog.=) $1`, slot)
 	if err != nil {
 		// A table made before it recorded the source system.
-		if pgsession.IsCode(err, "42703") {
+		if pgsession.IsCode(err, pgsession.UndefinedColumn) {
 			return "", nil
 		}
 		return "", fmt.Errorf("reading the progress table %s: %w", table, err)

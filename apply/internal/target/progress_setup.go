@@ -24,7 +24,7 @@ func (t *Conn) SetupProgressTable(ctx context.Context, table string) (upgraded b
 	}
 	if string(rows[0][0]) != "t" {
 		err := t.pg.Exec(ctx, "CREATE TABLE "+table+" (slot text PRIMARY KEY, end_lsn pg_lsn NOT NULL, system_id text, timeline int)").Close()
-		if err != nil && !pgsession.IsCode(err, "42P07") { // duplicate_table: made meanwhile
+		if err != nil && !pgsession.IsCode(err, pgsession.DuplicateTable) { // made meanwhile
 			return false, fmt.Errorf("creating the progress table %s: %w", table, err)
 		}
 	}
@@ -149,7 +149,7 @@ func (t *Conn) AheadRows(ctx context.Context, ahead, slot, system string, create
 			return nil, 0, false, nil
 		}
 		err := t.pg.Exec(ctx, AheadTableSQL(ahead)).Close()
-		if err != nil && !pgsession.IsCode(err, "42P07") && !pgsession.IsCode(err, "23505") { // made meanwhile
+		if err != nil && !pgsession.IsCode(err, pgsession.DuplicateTable) && !pgsession.IsCode(err, pgsession.UniqueViolation) { // made meanwhile
 			return nil, 0, false, fmt.Errorf("creating the ahead table %s (relaxed commit order; as the progress table's owner, run %s): %w",
 				ahead, AheadTableSQL(ahead), err)
 		}

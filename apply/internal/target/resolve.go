@@ -165,7 +165,7 @@ func (t *Conn) settleChecks(ctx context.Context) error {
 
 // isViolation reports whether err is a unique or exclusion constraint violation.
 func isViolation(err error) bool {
-	return pgsession.IsCode(err, "23505") || pgsession.IsCode(err, "23P01")
+	return pgsession.IsCode(err, pgsession.UniqueViolation) || pgsession.IsCode(err, pgsession.ExclusionViolation)
 }
 
 // exec runs one statement of conflict resolution and returns its rows as text.
@@ -411,7 +411,7 @@ func (t *Conn) insertResolved(ctx context.Context, op batchOp, row [][]byte, for
 			_, err = t.exec(ctx, "RELEASE SAVEPOINT pgr_insert", nil, nil, nil)
 			return err
 		}
-		if !pgsession.IsCode(err, "23505") || attempt == attempts {
+		if !pgsession.IsCode(err, pgsession.UniqueViolation) || attempt == attempts {
 			return t.lateError(op, err)
 		}
 		if _, err := t.exec(ctx, "ROLLBACK TO SAVEPOINT pgr_insert", nil, nil, nil); err != nil {
