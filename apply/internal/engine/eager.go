@@ -8,14 +8,11 @@ import (
 	"fmt"
 	"sync"
 
-	"github.com/jackc/pgx/v5/pgconn"
-
 	"github.com/pgreorder/pgreorder/apply/internal/detect"
 	"github.com/pgreorder/pgreorder/apply/internal/plan"
 	"github.com/pgreorder/pgreorder/apply/internal/schedule"
 	"github.com/pgreorder/pgreorder/apply/internal/target"
 	"github.com/pgreorder/pgreorder/decoding"
-	"github.com/pgreorder/pgreorder/internal/pgsession"
 	"github.com/pgreorder/pgreorder/reorderbuffer"
 )
 
@@ -311,13 +308,7 @@ func (e *Engine) directFailed(ctx context.Context, j *job, err error) error {
 // serialization failure, a lock timeout) into a restart that applies the transactions involved
 // alone: j and the streamed ones other connections hold open. Other errors pass.
 func (e *Engine) conflict(j *job, err error) error {
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) {
-		return err
-	}
-	switch pgErr.Code {
-	case pgsession.DeadlockDetected, pgsession.SerializationFailure, pgsession.LockNotAvailable:
-	default:
+	if !target.Concurrent(err) {
 		return err
 	}
 	xids := j.xids()

@@ -130,6 +130,17 @@ func (e *columnError) Error() string {
 
 func (e *columnError) Unwrap() error { return e.err }
 
+// Concurrent reports whether err is, or wraps, an error the concurrency of several sessions may
+// cause, which the same statements applied alone would not meet: a deadlock detected, a
+// serialization failure, a lock not available.
+func Concurrent(err error) bool {
+	switch pgsession.Code(err) {
+	case pgsession.DeadlockDetected, pgsession.SerializationFailure, pgsession.LockNotAvailable:
+		return true
+	}
+	return false
+}
+
 // kindOf classifies an error of the target by its SQLSTATE.
 func kindOf(err error) Kind {
 	var pgErr *pgconn.PgError
