@@ -5,6 +5,8 @@ import (
 	"math"
 	"strconv"
 
+	"github.com/jackc/pgx/v5/pgtype"
+
 	"github.com/pgreorder/pgreorder/decoding"
 )
 
@@ -57,32 +59,22 @@ func columnArray(m *Table, rows []decoding.Tuple, c int) ([]byte, int16) {
 	return textArray(rows, c, m.cols[c].delim), 0
 }
 
-// The array types whose binary format set statements use, and their element types.
-const (
-	oidInt2Array    = 1005
-	oidInt4Array    = 1007
-	oidInt8Array    = 1016
-	oidTextArray    = 1009
-	oidVarcharArray = 1015
-	oidBpcharArray  = 1014
-)
-
 // binaryElem returns, for an array type whose binary format set statements use, its element
 // type and the size of an integer element (0: a text type, whose binary form is its text).
 func binaryElem(arrayOID uint32) (elem uint32, size int, ok bool) {
 	switch arrayOID {
-	case oidInt2Array:
-		return 21, 2, true
-	case oidInt4Array:
-		return 23, 4, true
-	case oidInt8Array:
-		return 20, 8, true
-	case oidTextArray:
-		return 25, 0, true
-	case oidVarcharArray:
-		return 1043, 0, true
-	case oidBpcharArray:
-		return 1042, 0, true
+	case pgtype.Int2ArrayOID:
+		return pgtype.Int2OID, 2, true
+	case pgtype.Int4ArrayOID:
+		return pgtype.Int4OID, 4, true
+	case pgtype.Int8ArrayOID:
+		return pgtype.Int8OID, 8, true
+	case pgtype.TextArrayOID:
+		return pgtype.TextOID, 0, true
+	case pgtype.VarcharArrayOID:
+		return pgtype.VarcharOID, 0, true
+	case pgtype.BPCharArrayOID:
+		return pgtype.BPCharOID, 0, true
 	}
 	return 0, 0, false
 }

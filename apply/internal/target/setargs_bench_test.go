@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5/pgtype"
+
 	"github.com/pgreorder/pgreorder/decoding"
 )
 
@@ -29,9 +31,9 @@ func BenchmarkSetUpdate(b *testing.B) {
 		"read":   "SELECT pg_catalog.count(v.d) FROM " + unnest,
 		"update": "UPDATE public.t SET bid = v.b, abalance = v.c, filler = v.d FROM " + unnest + " WHERE t.aid = v.a",
 	}
-	m := &Table{cols: []colMap{{arrayOID: oidInt4Array, delim: ','}, {arrayOID: oidInt4Array, delim: ','},
-		{arrayOID: oidInt4Array, delim: ','}, {arrayOID: oidBpcharArray, delim: ','}}}
-	oids := []uint32{oidInt4Array, oidInt4Array, oidInt4Array, oidBpcharArray}
+	m := &Table{cols: []colMap{{arrayOID: pgtype.Int4ArrayOID, delim: ','}, {arrayOID: pgtype.Int4ArrayOID, delim: ','},
+		{arrayOID: pgtype.Int4ArrayOID, delim: ','}, {arrayOID: pgtype.BPCharArrayOID, delim: ','}}}
+	oids := []uint32{pgtype.Int4ArrayOID, pgtype.Int4ArrayOID, pgtype.Int4ArrayOID, pgtype.BPCharArrayOID}
 	filler := strings.Repeat(" ", 84)
 	rng := rand.New(rand.NewPCG(1, 2))
 	batch := func() []decoding.Tuple {

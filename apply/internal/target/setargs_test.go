@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/pgreorder/pgreorder/decoding"
 	"github.com/pgreorder/pgreorder/internal/testing/pgtest"
@@ -28,18 +29,18 @@ func TestColumnArray(t *testing.T) {
 		want     []*string // nil: the values themselves
 		refused  bool      // the server refuses the array
 	}{
-		{"int2", oidInt2Array, []*string{s("0"), s("-32768"), s("32767"), null}, 1, nil, false},
-		{"int2 out of range", oidInt2Array, []*string{s("1"), s("40000")}, 0, nil, true},
-		{"int4", oidInt4Array, []*string{s("-2147483648"), s("2147483647"), s("+7"), s("007"), null}, 1,
+		{"int2", pgtype.Int2ArrayOID, []*string{s("0"), s("-32768"), s("32767"), null}, 1, nil, false},
+		{"int2 out of range", pgtype.Int2ArrayOID, []*string{s("1"), s("40000")}, 0, nil, true},
+		{"int4", pgtype.Int4ArrayOID, []*string{s("-2147483648"), s("2147483647"), s("+7"), s("007"), null}, 1,
 			[]*string{s("-2147483648"), s("2147483647"), s("7"), s("7"), null}, false},
-		{"int4 spaces", oidInt4Array, []*string{s(" 5 "), s("6")}, 0, []*string{s("5"), s("6")}, false},
-		{"int4 not a number", oidInt4Array, []*string{s("x")}, 0, nil, true},
-		{"int8", oidInt8Array, []*string{s("-9223372036854775808"), s("9223372036854775807"), null, s("0")}, 1, nil, false},
-		{"text", oidTextArray, []*string{s(""), s(`q"uote`), s(`back\slash`), s("com,ma"), s("{brace}"), s("NULL"), s(" spaced "), s("ü"), null}, 1, nil, false},
-		{"varchar", oidVarcharArray, []*string{s("a"), null, s(`"`)}, 1, nil, false},
-		{"bpchar", oidBpcharArray, []*string{s("ab   "), s("c"), null}, 1, nil, false},
-		{"numeric, as text", 1231, []*string{s("1.50"), null, s("-2")}, 0, nil, false},
-		{"no nulls", oidTextArray, []*string{s("x")}, 1, nil, false},
+		{"int4 spaces", pgtype.Int4ArrayOID, []*string{s(" 5 "), s("6")}, 0, []*string{s("5"), s("6")}, false},
+		{"int4 not a number", pgtype.Int4ArrayOID, []*string{s("x")}, 0, nil, true},
+		{"int8", pgtype.Int8ArrayOID, []*string{s("-9223372036854775808"), s("9223372036854775807"), null, s("0")}, 1, nil, false},
+		{"text", pgtype.TextArrayOID, []*string{s(""), s(`q"uote`), s(`back\slash`), s("com,ma"), s("{brace}"), s("NULL"), s(" spaced "), s("ü"), null}, 1, nil, false},
+		{"varchar", pgtype.VarcharArrayOID, []*string{s("a"), null, s(`"`)}, 1, nil, false},
+		{"bpchar", pgtype.BPCharArrayOID, []*string{s("ab   "), s("c"), null}, 1, nil, false},
+		{"numeric, as text", pgtype.NumericArrayOID, []*string{s("1.50"), null, s("-2")}, 0, nil, false},
+		{"no nulls", pgtype.TextArrayOID, []*string{s("x")}, 1, nil, false},
 	}
 	pgtest.EachMajor(t, pgtest.Majors(t), func(t *testing.T, srv *Server) {
 		ctx := pgtest.Context(t, time.Minute)
